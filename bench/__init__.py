@@ -1,0 +1,1 @@
+"""Benchmarks: run each as ``python bench/<name>.py --help``; see ``docs/benchmarks.md``."""

@@ -1,0 +1,503 @@
+"""Helpers shared by the benchmarks: timing loops, throwaway PostgreSQL schemas and
+databases, storage sizes, machine facts, rich tables and JSON output.
+
+Benchmarks are scripts (``python bench/<name>.py``); they read the environment
+and their flags in ``main`` and pass explicit values to these helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import sqlite3
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import sqlalchemy
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection, Engine
+
+from lr_client import create_engine
+
+#: Where the benchmarks find PostgreSQL unless ``LR_BENCH_PG_URL`` says otherwise.
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+_IDENT_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def quote_ident(name: str) -> str:
+    """A validated, quoted SQL identifier (only names the benchmarks generate)."""
+    if _IDENT_RE.fullmatch(name) is None:
+        raise ValueError(f"refusing identifier {name!r}")
+    return f'"{name}"'
+
+
+def unique_name(prefix: str) -> str:
+    """``<prefix>_<random hex>``, checked to be a plain identifier."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    quote_ident(name)
+    return name
+
+
+# -- timing ------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """``count`` operations (entries) done in ``seconds`` of wall time.
+
+    ``client_cpu`` is this process's CPU time, ``server_cpu`` that of the
+    PostgreSQL backends (see :class:`ServerCpu`): unlike wall time, CPU per
+    entry barely moves when other jobs share the machine.
+    """
+
+    count: int = 0
+    seconds: float = 0.0
+    slices: list[float] = field(default_factory=list)  # the rate of each timed slice
+    client_cpu: float = 0.0
+    server_cpu: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_us_per_entry(self) -> float:
+        total = self.client_cpu + self.server_cpu
+        return 1e6 * total / self.count if self.count else 0.0
+
+    def add(self, other: Measurement) -> None:
+        self.count += other.count
+        self.seconds += other.seconds
+        self.slices.append(other.rate)
+        self.client_cpu += other.client_cpu
+        self.server_cpu += other.server_cpu
+
+
+class ServerCpu:
+    """CPU seconds used by the backends connected to one database of a PostgreSQL
+    server on this host (``/proc/<pid>/stat``), excluding its own connection.
+
+    ``available`` is False when the server's processes cannot be seen (a remote
+    server, another OS); then :meth:`sample` returns nothing.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._engine = create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+        self._conn: Connection | None = self._engine.connect().execution_options(
+            isolation_level="AUTOCOMMIT"
+        )
+        own = int(self._conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+        self.available = self._cpu(own) is not None
+        self._tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+    @staticmethod
+    def _cpu(pid: int) -> float | None:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()
+        return float(int(fields[11]) + int(fields[12]))  # utime + stime, in ticks
+
+    def sample(self) -> dict[int, float]:
+        if not self.available or self._conn is None:
+            return {}
+        pids = self._conn.execute(
+            text(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).scalars()
+        out = {}
+        for pid in pids:
+            ticks = self._cpu(int(pid))
+            if ticks is not None:
+                out[int(pid)] = ticks / self._tick
+        return out
+
+    @staticmethod
+    def used(before: dict[int, float], after: dict[int, float]) -> float:
+        return sum(v - before.get(pid, 0.0) for pid, v in after.items())
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._engine.dispose()
+
+
+def paired_ratio(a: Measurement, b: Measurement) -> float:
+    """Median over rounds of ``a``'s slice rate / ``b``'s (measured close in time).
+
+    Robust to the load swings of a shared machine; falls back to total rates.
+    """
+    pairs = [x / y for x, y in zip(a.slices, b.slices, strict=False) if y > 0]
+    if not pairs:
+        return a.rate / b.rate if b.rate > 0 else 0.0
+    return statistics.median(pairs)
+
+
+def run_for(
+    seconds: float, step: Callable[[], int], server: ServerCpu | None = None
+) -> Measurement:
+    """Call ``step`` (which returns how many entries it did) until ``seconds`` have passed."""
+    before = server.sample() if server is not None else {}
+    count = 0
+    cpu = time.process_time()
+    start = time.perf_counter()
+    deadline = start + seconds
+    now = start
+    while now < deadline or count == 0:
+        count += step()
+        now = time.perf_counter()
+    client = time.process_time() - cpu
+    used = ServerCpu.used(before, server.sample()) if server is not None else 0.0
+    return Measurement(count, now - start, client_cpu=client, server_cpu=used)
+
+
+def run_threads(
+    seconds: float, steps: Sequence[Callable[[], int]], server: ServerCpu | None = None
+) -> Measurement:
+    """Run one thread per step function for ``seconds``; the aggregate rate."""
+    stop = threading.Event()
+    ready = threading.Barrier(len(steps) + 1)
+    counts = [0] * len(steps)
+    errors: list[BaseException] = []
+
+    def worker(i: int, step: Callable[[], int]) -> None:
+        ready.wait()
+        try:
+            while not stop.is_set():
+                counts[i] += step()
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=worker, args=(i, s), daemon=True) for i, s in enumerate(steps)
+    ]
+    for t in threads:
+        t.start()
+    before = server.sample() if server is not None else {}
+    cpu = time.process_time()
+    ready.wait()
+    start = time.perf_counter()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    client = time.process_time() - cpu
+    used = ServerCpu.used(before, server.sample()) if server is not None else 0.0
+    if errors:
+        raise errors[0]
+    return Measurement(sum(counts), elapsed, client_cpu=client, server_cpu=used)
+
+
+def interleaved(
+    cases: dict[str, Callable[[float], Measurement]], seconds: float, rounds: int
+) -> dict[str, Measurement]:
+    """Give each case ``seconds`` in total, as ``rounds`` slices in rotating order.
+
+    On a shared machine the load drifts; interleaving spreads the drift over
+    every case, so ratios between cases are fairer than back-to-back runs.
+    """
+    names = list(cases)
+    totals = {n: Measurement() for n in names}
+    rounds = max(1, rounds)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            totals[name].add(cases[name](seconds / rounds))
+    return totals
+
+
+class SqlTrace:
+    """Statements per transaction and their client-side time, per labelled case.
+
+    ``attach`` an engine, then run each transaction inside ``section(label)``.
+    The listeners cost time themselves: rates measured while tracing are not
+    comparable with untraced ones.
+    """
+
+    def __init__(self) -> None:
+        self.transactions: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self.statements: dict[str, dict[str, list[float]]] = {}
+        self._label: str | None = None
+        self._started: dict[int, float] = {}
+
+    def attach(self, engine: Engine) -> None:
+        event.listen(engine, "before_cursor_execute", self._before)
+        event.listen(engine, "after_cursor_execute", self._after)
+
+    @contextmanager
+    def section(self, label: str) -> Iterator[None]:
+        self._label = label
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._label = None
+            self.transactions[label] = self.transactions.get(label, 0) + 1
+            self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - start
+
+    def _before(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self._started[id(cursor)] = time.perf_counter()
+
+    def _after(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        started = self._started.pop(id(cursor), None)
+        if self._label is None or started is None:
+            return
+        key = " ".join(statement.split())[:80]
+        per_label = self.statements.setdefault(self._label, {})
+        per_label.setdefault(key, []).append(time.perf_counter() - started)
+
+    def rows(self) -> list[list[str]]:
+        """Table rows: label, statement, calls per transaction, microseconds per transaction.
+
+        The last row of each label is the rest of the transaction's time
+        (BEGIN, COMMIT, pool checkout and Python).
+        """
+        out = []
+        for label, txns in self.transactions.items():
+            spent = 0.0
+            for stmt, times in self.statements.get(label, {}).items():
+                spent += sum(times)
+                out.append(
+                    [label, stmt, f"{len(times) / txns:.2f}", f"{1e6 * sum(times) / txns:,.0f}"]
+                )
+            rest = self.seconds[label] - spent
+            out.append(
+                [label, "(rest: BEGIN/COMMIT, checkout, Python)", "", f"{1e6 * rest / txns:,.0f}"]
+            )
+        return out
+
+
+# -- PostgreSQL throwaways ------------------------------------------------------------
+
+
+def sqlalchemy_pg_url(url: str) -> str:
+    """``postgresql://`` -> ``postgresql+psycopg://``."""
+    return "postgresql+psycopg://" + url.split("://", 1)[1]
+
+
+def _replace_database(url: str, database: str) -> str:
+    parsed = sqlalchemy.make_url(sqlalchemy_pg_url(url))
+    return parsed.set(database=database).render_as_string(hide_password=False)
+
+
+class PgSchema:
+    """A schema created on entry and dropped (with everything in it) on exit.
+
+    ``url`` points at it through ``search_path``; :meth:`engine` makes engines
+    (through :func:`lr_client.create_engine`) that are disposed on exit.
+    """
+
+    def __init__(self, admin_url: str, prefix: str = "lrbench") -> None:
+        self.admin_url = admin_url
+        self.name = unique_name(prefix)
+        base = sqlalchemy_pg_url(admin_url)
+        sep = "&" if "?" in base else "?"
+        self.url = f"{base}{sep}options=-csearch_path%3D{self.name}"
+        self._engines: list[Engine] = []
+        self._admin: Engine | None = None
+
+    def __enter__(self) -> PgSchema:
+        self._admin = create_engine(self.admin_url, poolclass=sqlalchemy.pool.NullPool)
+        with self._admin.begin() as conn:
+            conn.exec_driver_sql(f"CREATE SCHEMA {quote_ident(self.name)}")
+        return self
+
+    def engine(self, **kwargs: Any) -> Engine:
+        eng = create_engine(self.url, **kwargs)
+        self._engines.append(eng)
+        return eng
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for eng in self._engines:
+            eng.dispose()
+        if self._admin is not None:
+            with self._admin.begin() as conn:
+                conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quote_ident(self.name)} CASCADE")
+            self._admin.dispose()
+
+
+class PgDatabase:
+    """A database created on entry and dropped on exit (needs CREATEDB)."""
+
+    def __init__(self, admin_url: str, prefix: str = "lrbench") -> None:
+        self.admin_url = admin_url
+        self.name = unique_name(prefix)
+        self.url = _replace_database(admin_url, self.name)
+        self._engines: list[Engine] = []
+        self._admin: Engine | None = None
+
+    def __enter__(self) -> PgDatabase:
+        self._admin = create_engine(
+            self.admin_url, poolclass=sqlalchemy.pool.NullPool, isolation_level="AUTOCOMMIT"
+        )
+        with self._admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {quote_ident(self.name)}")
+        return self
+
+    def engine(self, **kwargs: Any) -> Engine:
+        eng = create_engine(self.url, **kwargs)
+        self._engines.append(eng)
+        return eng
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for eng in self._engines:
+            eng.dispose()
+        if self._admin is not None:
+            with self._admin.connect() as conn:
+                conn.exec_driver_sql(
+                    f"DROP DATABASE IF EXISTS {quote_ident(self.name)} WITH (FORCE)"
+                )
+            self._admin.dispose()
+
+
+def pg_relation_bytes(conn: Connection, schema: str, tables: Sequence[str]) -> int:
+    """``pg_total_relation_size`` (heap, TOAST, indexes, FSM/VM) summed over ``tables``."""
+    query = text(
+        "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = :schema AND c.relname = ANY(:tables) AND c.relkind IN ('r', 'p')"
+    )
+    return int(conn.execute(query, {"schema": schema, "tables": list(tables)}).scalar_one())
+
+
+def pg_facts(conn: Connection) -> dict[str, str]:
+    """Server version and the settings that decide commit-bound rates."""
+    names = ["fsync", "synchronous_commit", "wal_sync_method", "commit_delay", "shared_buffers"]
+    rows = conn.execute(
+        text("SELECT name, setting FROM pg_settings WHERE name = ANY(:names)"), {"names": names}
+    ).all()
+    facts = {str(r[0]): str(r[1]) for r in rows}
+    facts["server_version"] = str(conn.execute(text("SHOW server_version")).scalar_one())
+    return facts
+
+
+# -- SQLite ----------------------------------------------------------------------------
+
+
+def sqlite_table_bytes(conn: Connection, tables: Sequence[str]) -> int:
+    """Pages used by ``tables`` and their indexes (the ``dbstat`` virtual table)."""
+    names = list(tables)
+    for table in tables:
+        rows = conn.execute(
+            text("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = :t"),
+            {"t": table},
+        ).all()
+        names.extend(str(r[0]) for r in rows)
+    total = 0
+    for name in names:
+        value = conn.execute(
+            text("SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name = :n"), {"n": name}
+        ).scalar_one()
+        total += int(value)
+    return total
+
+
+# -- the machine ---------------------------------------------------------------------
+
+
+def loadavg() -> list[float]:
+    """1, 5 and 15 minute load averages (zeros where the OS has none)."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return [round(x, 2) for x in load]
+
+
+def machine_facts() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": loadavg(),
+        "sqlite": sqlite3.sqlite_version,
+        "sqlalchemy": sqlalchemy.__version__,
+    }
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def fmt_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def fmt_ratio(value: float | None, target: float | None = None, *, at_most: bool = False) -> str:
+    """``0.93x``, coloured against a target (``at_most`` for a ceiling)."""
+    if value is None:
+        return "-"
+    shown = f"{value:.2f}x"
+    if target is None:
+        return shown
+    met = value <= target if at_most else value >= target
+    return f"[green]{shown}[/]" if met else f"[red]{shown}[/]"
+
+
+def print_table(
+    console: Console,
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    caption: str | None = None,
+    left: int = 1,
+) -> None:
+    """A rich table; the first ``left`` columns are left-justified, the rest right."""
+    table = Table(title=title, caption=caption, title_justify="left")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i < left else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if hasattr(data, "__dataclass_fields__"):
+        data = asdict(data)
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+__all__ = [
+    "DEFAULT_PG_URL",
+    "Measurement",
+    "PgDatabase",
+    "PgSchema",
+    "ServerCpu",
+    "SqlTrace",
+    "fmt_rate",
+    "fmt_ratio",
+    "interleaved",
+    "loadavg",
+    "machine_facts",
+    "paired_ratio",
+    "pg_facts",
+    "pg_relation_bytes",
+    "print_table",
+    "quote_ident",
+    "run_for",
+    "run_threads",
+    "sqlite_table_bytes",
+    "unique_name",
+    "write_json",
+]

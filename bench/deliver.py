@@ -1,0 +1,319 @@
+"""Delivery throughput: ``RoutingQueueSubscriber`` against reading + deleting with plain SQL.
+
+    python bench/deliver.py [--entries N] [--batch-size B] [--rounds R]
+                            [--backend sqlite|postgresql|both] [--out bench/results/deliver.json]
+
+A receive queue is pre-filled (untimed, through ``apply_log_batch``) with
+``--entries`` log entries of 256-byte payloads, then drained; the rate is
+entries per second of wall time until the queue is empty. Cases:
+
+* ``raw``: one transaction per batch: ``SELECT ... ORDER BY seq LIMIT B`` then
+  ``DELETE`` of those rows (plain SQL, same engine and batch size);
+* ``raw+insert``: the same plus one INSERT per entry into an application table
+  (an executemany in the same transaction);
+* ``noop``: the subscriber, with a listener that returns True;
+* ``insert``: the subscriber, with a listener that inserts one application row per
+  entry through the session it is given (the same executemany).
+
+Each case drains ``--entries`` in total, as ``--rounds`` slices in rotating
+order (the queue is refilled before each slice, untimed), so load drift on a
+shared machine hits every case alike. PostgreSQL tables are VACUUMed after each
+refill, also untimed. SQLite: a file in a temporary directory; PostgreSQL: a
+throwaway schema on ``LR_BENCH_PG_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from sqlalchemy import Column, Integer, LargeBinary, MetaData, String, Table, insert, text  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    DEFAULT_PG_URL,
+    Measurement,
+    PgSchema,
+    fmt_rate,
+    fmt_ratio,
+    machine_facts,
+    pg_facts,
+    print_table,
+    quote_ident,
+    write_json,
+)
+from lr_client import (  # noqa: E402
+    RoutingQueueListener,
+    RoutingQueueMessage,
+    RoutingQueueSubscriber,
+    create_engine,
+    open_store,
+)
+from lr_client.records import ReplicationType, WireEntry  # noqa: E402
+from lr_client.store import SQLAlchemyQueueStore  # noqa: E402
+
+PAYLOAD_BYTES = 256
+SOURCE_ID = "bench-src"
+CLIENT_NAME = "bench"
+CASES = ("raw", "raw+insert", "noop", "insert")
+#: From the issue: the subscriber delivers at least half the raw read+delete rate.
+TARGET = 0.5
+
+app_meta = MetaData()
+app_table = Table(
+    "bench_app",
+    app_meta,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("source_id", String(63), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+)
+
+_READ = text(
+    "SELECT seq, type, source_position, snapshot_id, payload FROM lrq_recv_entries "
+    "WHERE queue_id = :q ORDER BY seq LIMIT :n"
+)
+_DELETE = text("DELETE FROM lrq_recv_entries WHERE seq >= :lo AND seq <= :hi AND queue_id = :q")
+
+
+class NoopListener(RoutingQueueListener):
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    def on_error(self, error: BaseException) -> None:
+        raise RuntimeError(f"delivery failed during the benchmark: {error}") from error
+
+
+class InsertListener(NoopListener):
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        session.execute(
+            insert(app_table),
+            [
+                {"source_id": m.source_id, "position": m.source_position, "payload": m.payload}
+                for m in messages
+            ],
+        )
+        return True
+
+
+# -- one backend -------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, store: SQLAlchemyQueueStore, batch_size: int, schema: str | None) -> None:
+        self.store = store
+        self.batch_size = batch_size
+        self.schema = schema
+        self.position = 0
+        store.create_schema()
+        app_meta.create_all(store.engine)
+        self.payload = os.urandom(PAYLOAD_BYTES)
+
+    def refill(self, count: int) -> None:
+        """Append ``count`` log entries to the queue and tidy up (untimed)."""
+        for first in range(self.position + 1, self.position + count + 1, 2000):
+            last = min(self.position + count, first + 1999)
+            self.store.apply_log_batch(
+                SOURCE_ID,
+                CLIENT_NAME,
+                [
+                    WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, self.payload)
+                    for p in range(first, last + 1)
+                ],
+            )
+        self.position += count
+        if self.schema is not None:
+            with self.store.engine.connect().execution_options(
+                isolation_level="AUTOCOMMIT"
+            ) as conn:
+                for table in ("lrq_recv_entries", "bench_app", "lrq_subscriber_state"):
+                    conn.exec_driver_sql(f"VACUUM ANALYZE {quote_ident(self.schema)}.{table}")
+
+    def queue_id(self) -> int:
+        return self.store.list_queues(CLIENT_NAME)[0].queue_id
+
+    def raw(self, with_insert: bool) -> Callable[[], int]:
+        qid = self.queue_id()
+
+        def step() -> int:
+            with self.store.write() as conn:
+                rows = conn.execute(_READ, {"q": qid, "n": self.batch_size}).all()
+                if not rows:
+                    return 0
+                entries = [
+                    (r.seq, ReplicationType(r.type), r.source_position, r.snapshot_id, r.payload)
+                    for r in rows
+                ]
+                if with_insert:
+                    conn.execute(
+                        insert(app_table),
+                        [
+                            {"source_id": SOURCE_ID, "position": e[2], "payload": bytes(e[4])}
+                            for e in entries
+                        ],
+                    )
+                conn.execute(_DELETE, {"lo": entries[0][0], "hi": entries[-1][0], "q": qid})
+                return len(entries)
+
+        return step
+
+    def subscriber(self, listener: RoutingQueueListener) -> Callable[[], int]:
+        sub = RoutingQueueSubscriber(
+            self.store, CLIENT_NAME, listener, batch_size=self.batch_size, owner="bench"
+        )
+        return sub.poll_once
+
+    def step_for(self, case: str) -> Callable[[], int]:
+        if case == "raw":
+            return self.raw(with_insert=False)
+        if case == "raw+insert":
+            return self.raw(with_insert=True)
+        if case == "noop":
+            return self.subscriber(NoopListener())
+        return self.subscriber(InsertListener())
+
+    def drain(self, case: str, count: int) -> Measurement:
+        self.refill(count)
+        step = self.step_for(case)
+        done = 0
+        start = time.perf_counter()
+        while done < count:
+            n = step()
+            if n == 0:
+                raise RuntimeError(f"{case}: queue empty after {done} of {count} entries")
+            done += n
+        return Measurement(done, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def backend_store(name: str, pg_url: str) -> Iterator[tuple[SQLAlchemyQueueStore, str | None]]:
+    if name == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="lrbench-") as tmp:
+            engine = create_engine(f"sqlite:///{tmp}/deliver.db")
+            try:
+                yield open_store(engine), None
+            finally:
+                engine.dispose()
+        return
+    with PgSchema(pg_url, prefix="lrbench_deliver") as schema:
+        yield open_store(schema.engine()), schema.name
+
+
+def measure(bench: Bench, entries: int, rounds: int, console: Console) -> dict[str, Measurement]:
+    totals = {c: Measurement() for c in CASES}
+    per_round = max(1, entries // rounds)
+    for r in range(rounds):
+        order = CASES[r % len(CASES) :] + CASES[: r % len(CASES)]
+        for case in order:
+            m = bench.drain(case, per_round)
+            totals[case].add(m)
+            console.log(f"round {r + 1}/{rounds} {case}: {m.rate:,.0f} entries/s")
+    return totals
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entries", type=int, default=50_000, help="per case (default 50000)")
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "deliver.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
+    console = Console(width=120)
+    names = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "benchmark": "deliver",
+        "format": 1,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "settings": {
+            "entries_per_case": args.entries,
+            "batch_size": args.batch_size,
+            "rounds": args.rounds,
+            "payload_bytes": PAYLOAD_BYTES,
+            "backends": names,
+        },
+        "machine": machine_facts(),
+        "backend_facts": {},
+        "target_vs_raw_at_least": TARGET,
+        "results": {},
+    }
+    rows: list[list[str]] = []
+    for name in names:
+        with backend_store(name, pg_url) as (store, schema):
+            if schema is not None:
+                with store.engine.connect() as conn:
+                    result["backend_facts"][name] = pg_facts(conn)
+            bench = Bench(store, args.batch_size, schema)
+            totals = measure(bench, args.entries, args.rounds, console)
+        rate = {c: totals[c].rate for c in CASES}
+        ratios = {
+            "noop_vs_raw": rate["noop"] / rate["raw"],
+            "insert_vs_raw": rate["insert"] / rate["raw"],
+            "insert_vs_raw_insert": rate["insert"] / rate["raw+insert"],
+        }
+        result["results"][name] = {
+            "cases": {
+                c: {
+                    "entries": totals[c].count,
+                    "seconds": round(totals[c].seconds, 3),
+                    "rate": round(rate[c], 1),
+                    "round_rates": [round(x, 1) for x in totals[c].slices],
+                }
+                for c in CASES
+            },
+            "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        }
+        rows.append(
+            [
+                name,
+                *(fmt_rate(rate[c]) for c in CASES),
+                fmt_ratio(ratios["noop_vs_raw"], TARGET),
+                fmt_ratio(ratios["insert_vs_raw"], TARGET),
+                fmt_ratio(ratios["insert_vs_raw_insert"], TARGET),
+            ]
+        )
+    result["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+    print_table(
+        console,
+        f"Delivery, entries/s ({args.entries:,} per case, batch {args.batch_size}, "
+        f"{PAYLOAD_BYTES}-byte payloads)",
+        ["backend", *CASES, "noop/raw", "insert/raw", "insert/raw+insert"],
+        rows,
+        caption=f"target: subscriber >= {TARGET}x raw",
+    )
+    write_json(args.out, result)
+    console.print(f"wrote {args.out} in {result['elapsed_seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

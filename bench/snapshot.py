@@ -1,0 +1,396 @@
+"""Snapshot job throughput: the PySpark job into the send queue against plain Spark writes.
+
+    python bench/snapshot.py [--rows 1000000] [--backend sqlite|postgresql|both]
+                             [--partitions 2] [--master local[2]] [--repeat 1]
+                             [--out bench/results/snapshot.json]
+
+One DataFrame, ``spark.range(rows)`` plus a string column, so that each row
+encodes (default JSON encoder) to about 200 bytes: ``{"body":"xxx...","id":123}``.
+Every case writes all of it and is timed from the Spark action to the last
+commit (for the job: to the end marker, READY). Cases:
+
+* ``job``: :func:`spark_jobs.run_snapshot_job`, Arrow batches into the Python
+  workers, PostgreSQL through binary ``COPY`` (SQLite through the store);
+* ``job-rdd``: the same job forced onto Spark's Row path (as ``foreachPartition``);
+* ``job-store``: PostgreSQL through the store's INSERTs instead of ``COPY``;
+* ``plain-insert``: ``df.foreachPartition`` encoding each Row with the same encoder
+  and inserting ``(payload)`` into a bare table with the same driver (psycopg
+  ``executemany`` / sqlite3 ``executemany``), 20,000 rows per transaction:
+  no queue logic, no idempotence;
+* ``plain-copy``: the same with psycopg binary ``COPY`` (PostgreSQL);
+* ``copy-no-spark``: no Spark at all: two processes write pre-encoded payloads of
+  the same shape into the send queue through the job's COPY writer (PostgreSQL):
+  the database's own rate for this table, the ceiling for the job;
+* ``spark-jdbc``: Spark's own JDBC writer appending the DataFrame's columns
+  (no Python, no encoding) to a bare table, when Debian's PostgreSQL JDBC
+  driver is at ``/usr/share/java/postgresql.jar`` (``reWriteBatchedInserts``,
+  ``batchsize=10000``).
+
+PostgreSQL: a throwaway schema per case on ``LR_BENCH_PG_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``); SQLite: a file per case in a
+temporary directory. A small warm-up job runs first (untimed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    DEFAULT_PG_URL,
+    PgSchema,
+    fmt_rate,
+    machine_facts,
+    pg_facts,
+    print_table,
+    write_json,
+)
+from lr_client.store import create_engine, open_store  # noqa: E402
+
+JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+PLAIN_BATCH = 20_000
+BODY_CHARS = 175  # {"body":"<175 chars>","id":123456} is about 200 bytes
+
+
+def make_dataframe(spark: Any, rows: int, partitions: int) -> Any:
+    from pyspark.sql import functions as F
+
+    padded_id = F.lpad(F.col("id").cast("string"), 7, "0")
+    body = F.concat(F.repeat(F.lit("x"), BODY_CHARS - 7), padded_id)
+    return spark.range(0, rows, numPartitions=partitions).select("id", body.alias("body"))
+
+
+# -- the baselines: Spark writes with no queue logic ------------------------------------
+
+
+def _pg_conninfo(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class PlainWriter:
+    """``foreachPartition`` function: encode each Row, insert ``(payload)`` into ``table``."""
+
+    def __init__(self, url: str, table: str, copy: bool) -> None:
+        self.url = url
+        self.table = table
+        self.copy = copy
+
+    def __call__(self, rows: Iterable[Any]) -> None:
+        import itertools
+
+        from spark_jobs.encoders import json_encoder
+
+        payloads = (json_encoder(r) for r in rows)
+        if self.url.startswith("sqlite"):
+            import sqlite3
+
+            conn = sqlite3.connect(make_url(self.url).database or "", timeout=60)
+            try:
+                sql = f"INSERT INTO {self.table} (payload) VALUES (?)"
+                while batch := list(itertools.islice(payloads, PLAIN_BATCH)):
+                    with conn:
+                        conn.executemany(sql, ((p,) for p in batch))
+            finally:
+                conn.close()
+            return
+        import psycopg
+
+        with psycopg.connect(_pg_conninfo(self.url)) as pg:
+            while batch := list(itertools.islice(payloads, PLAIN_BATCH)):
+                with pg.transaction(), pg.cursor() as cur:
+                    if self.copy:
+                        stmt = f"COPY {self.table} (payload) FROM STDIN (FORMAT BINARY)"
+                        with cur.copy(stmt) as cp:
+                            cp.set_types(["bytea"])
+                            for p in batch:
+                                cp.write_row((p,))
+                    else:
+                        sql = f"INSERT INTO {self.table} (payload) VALUES (%s)"
+                        cur.executemany(sql, [(p,) for p in batch])
+
+
+def _create_bare_table(url: str, name: str, columns: str) -> None:
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE TABLE {name} ({columns})")
+    finally:
+        engine.dispose()
+
+
+def _count(url: str, table: str) -> int:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one())
+    finally:
+        engine.dispose()
+
+
+# -- cases --------------------------------------------------------------------------------
+
+
+def run_job(spark: Any, url: str, df: Any, rows: int, **kwargs: Any) -> float:
+    from spark_jobs.snapshot_job import run_snapshot_job
+
+    store = open_store(create_engine(url))
+    try:
+        store.create_schema()
+        sid = store.request_snapshot(None, "bench", "bench")
+        store.start_snapshot(sid)
+        start = time.perf_counter()
+        count = run_snapshot_job(spark, url, sid, df, progress_interval=5.0, **kwargs)
+        seconds = time.perf_counter() - start
+        req = store.get_snapshot(sid)
+        assert count == rows and req is not None and req.entry_count == rows, (count, req)
+        return seconds
+    finally:
+        store.engine.dispose()
+
+
+def run_plain(spark: Any, url: str, df: Any, rows: int, copy: bool) -> float:
+    pk = "id INTEGER PRIMARY KEY" if url.startswith("sqlite") else "id bigserial PRIMARY KEY"
+    blob = "BLOB" if url.startswith("sqlite") else "bytea"
+    _create_bare_table(url, "plain_rows", f"{pk}, payload {blob} NOT NULL")
+    start = time.perf_counter()
+    df.foreachPartition(PlainWriter(url, "plain_rows", copy))
+    seconds = time.perf_counter() - start
+    assert _count(url, "plain_rows") == rows
+    return seconds
+
+
+def run_jdbc(spark: Any, url: str, df: Any, rows: int) -> float:
+    u = make_url(url)
+    schema = (u.query.get("options") or "").removeprefix("-csearch_path=")
+    if isinstance(schema, tuple):
+        schema = schema[0]
+    _create_bare_table(url, "jdbc_rows", "id bigint NOT NULL, body text NOT NULL")
+    jdbc = f"jdbc:postgresql://{u.host or '127.0.0.1'}:{u.port or 5432}/{u.database}"
+    props = {
+        "user": u.username or "postgres",
+        "driver": "org.postgresql.Driver",
+        "batchsize": "10000",
+        "reWriteBatchedInserts": "true",
+    }
+    if u.password:
+        props["password"] = u.password
+    if schema:
+        props["currentSchema"] = str(schema)
+    start = time.perf_counter()
+    df.write.mode("append").jdbc(jdbc, "jdbc_rows", properties=props)
+    seconds = time.perf_counter() - start
+    assert _count(url, "jdbc_rows") == rows
+    return seconds
+
+
+def _copy_worker(url: str, snapshot_id: str, part: int, lo: int, hi: int) -> float:
+    """Write rows ``lo..hi`` as part ``part`` with the job's COPY writer; return seconds."""
+    from spark_jobs.writer import DEFAULT_CHUNK_ROWS, open_sink
+
+    body = "x" * (BODY_CHARS - 7)
+    payloads = [b'{"body":"%s%07d","id":%d}' % (body.encode(), i, i) for i in range(lo, hi)]
+    sink = open_sink(url, snapshot_id)
+    try:
+        start = time.perf_counter()
+        sink.write_part(part, iter(payloads), DEFAULT_CHUNK_ROWS["postgresql"])
+        return time.perf_counter() - start
+    finally:
+        sink.close()
+
+
+def run_copy_no_spark(spark: Any, url: str, df: Any, rows: int, workers: int = 2) -> float:
+    import multiprocessing
+
+    store = open_store(create_engine(url))
+    try:
+        store.create_schema()
+        sid = store.request_snapshot(None, "bench", "bench")
+        store.start_snapshot(sid)
+        step = -(-rows // workers)
+        jobs = [(url, sid, i, i * step, min(rows, (i + 1) * step)) for i in range(workers)]
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            seconds = max(pool.starmap(_copy_worker, jobs))
+        assert store.count_snapshot_entries(sid) == rows
+        return seconds
+    finally:
+        store.engine.dispose()
+
+
+@contextmanager
+def sqlite_db(tmp: Path, name: str) -> Iterator[str]:
+    path = tmp / f"{name}-{time.monotonic_ns()}.db"
+    yield f"sqlite:///{path}"
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+
+
+@contextmanager
+def pg_db(admin_url: str) -> Iterator[str]:
+    with PgSchema(admin_url, "lrsnapbench") as schema:
+        yield schema.url
+
+
+def cases(backend: str) -> dict[str, Callable[[Any, str, Any, int], float]]:
+    out: dict[str, Callable[[Any, str, Any, int], float]] = {
+        "job": lambda spark, url, df, rows: run_job(spark, url, df, rows),
+        "job-rdd": lambda spark, url, df, rows: run_job(spark, url, df, rows, path="rdd"),
+    }
+    if backend == "postgresql":
+        out["job-store"] = lambda spark, url, df, rows: run_job(
+            spark, url, df, rows, method="store"
+        )
+    out["plain-insert"] = lambda spark, url, df, rows: run_plain(spark, url, df, rows, False)
+    if backend == "postgresql":
+        out["plain-copy"] = lambda spark, url, df, rows: run_plain(spark, url, df, rows, True)
+        out["copy-no-spark"] = run_copy_no_spark
+        if JDBC_JAR.exists():
+            out["spark-jdbc"] = run_jdbc
+    return out
+
+
+def build_spark(master: str) -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    import warnings
+
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("lr-bench-snapshot")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if JDBC_JAR.exists():
+        builder = builder.config("spark.jars", str(JDBC_JAR))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--repeat", type=int, default=1, help="rounds over the cases (median reported)")
+    p.add_argument("--cases", help="comma-separated subset of cases")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "snapshot.json")
+    args = p.parse_args(argv)
+    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
+    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    wanted = set(args.cases.split(",")) if args.cases else None
+
+    console = Console(width=160)
+    facts: dict[str, Any] = machine_facts()
+    spark = build_spark(args.master)
+    facts["spark"] = spark.version
+    facts["master"] = args.master
+    df = make_dataframe(spark, args.rows, args.partitions)
+    sample = df.limit(1).collect()[0]
+    from spark_jobs.encoders import json_encoder
+
+    payload_bytes = len(json_encoder(sample))
+    results: dict[str, dict[str, Any]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="lr-snapbench-"))
+    try:
+        for backend in backends:
+            if backend == "postgresql":
+                engine = create_engine(pg_url)
+                with engine.connect() as conn:
+                    facts["postgresql"] = pg_facts(conn)
+                engine.dispose()
+
+            def database(backend: str = backend) -> AbstractContextManager[str]:
+                return pg_db(pg_url) if backend == "postgresql" else sqlite_db(tmp, "bench")
+
+            with database() as url:  # warm-up: JVM, Python workers, imports
+                run_job(spark, url, make_dataframe(spark, 20_000, args.partitions), 20_000)
+            chosen = {n: c for n, c in cases(backend).items() if wanted is None or n in wanted}
+            names = list(chosen)
+            times: dict[str, list[float]] = {n: [] for n in names}
+            loads: dict[str, list[float]] = {n: [] for n in names}
+            rounds = max(1, args.repeat)
+            for r in range(rounds):  # rotating order: load drift hits every case alike
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    with database() as url:
+                        seconds = chosen[name](spark, url, df, args.rows)
+                    times[name].append(seconds)
+                    loads[name].append(round(os.getloadavg()[0], 1))
+                    console.print(
+                        f"{backend:10} {name:13} {args.rows / seconds:>10,.0f} rows/s"
+                        f"  ({seconds:.1f}s, load {loads[name][-1]})"
+                    )
+            results[backend] = {}
+            for name in names:
+                seconds = statistics.median(times[name])
+                results[backend][name] = {
+                    "seconds": round(seconds, 3),
+                    "rows_per_second": round(args.rows / seconds),
+                    "best_rows_per_second": round(args.rows / min(times[name])),
+                    "runs": [round(t, 3) for t in times[name]],
+                    "loadavg_after_runs": loads[name],
+                }
+    finally:
+        spark.stop()
+        for leftover in tmp.glob("*"):
+            leftover.unlink()
+        tmp.rmdir()
+
+    names = list(dict.fromkeys(n for r in results.values() for n in r))
+    rows_out = []
+    for backend, r in results.items():
+        job = r.get("job", {}).get("rows_per_second")
+        ratios = []
+        for ref in ("plain-insert", "copy-no-spark"):
+            base = r.get(ref, {}).get("rows_per_second")
+            ratios.append(f"{job / base:.2f}x" if job and base else "-")
+        rows_out.append(
+            [backend]
+            + [fmt_rate(r[n]["rows_per_second"]) if n in r else "-" for n in names]
+            + ratios
+        )
+    print_table(
+        console,
+        f"Snapshot job, {args.rows:,} rows of ~{payload_bytes} bytes, {args.master}, rows/s",
+        ["backend", *names, "job / plain-insert", "job / copy-no-spark"],
+        rows_out,
+        caption="target: job >= 100,000 rows/s into PostgreSQL",
+    )
+    write_json(
+        args.out,
+        {
+            "benchmark": "snapshot",
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "rows": args.rows,
+            "payload_bytes": payload_bytes,
+            "partitions": args.partitions,
+            "facts": facts,
+            "results": results,
+        },
+    )
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1067 @@
+"""Transmit throughput: ``RoutingQueueClient`` against a plain INSERT, a naive outbox and PgQ.
+
+    python bench/transmit.py [--seconds N] [--backend sqlite|postgresql|both]
+                             [--out bench/results/transmit.json]
+
+Entries per second with 1 KiB payloads, one entry per transaction and 100 per
+transaction, to 1 and 8 destinations, on SQLite (a file in a temporary
+directory, through lr_client.create_engine: WAL, synchronous=NORMAL) and
+PostgreSQL (a schema per case in a throwaway database on the server of
+$LR_BENCH_PG_URL, default postgresql://postgres@127.0.0.1:5432/test; a database
+of its own because our commit-order lock is database-wide). Every system writes
+through an application-style Session(engine) with one begin() per transaction, with the
+same driver and commit pattern:
+
+  ours    transmit_log_entry_message (1/txn) or transmit_log_entry_messages (100/txn)
+  plain   INSERT of the same row (client name, payload, timestamp) into a bare table
+          with an identity primary key (executemany for 100/txn)
+  outbox  a naive outbox: one row per destination (payload duplicated), indexed by
+          (destination, id) so a per-destination reader can find its rows
+  pgq     pgq.insert_event into a PgQ queue (PostgreSQL, when the pgq extension is
+          installed on the server; it is created in the throwaway database). ev_data
+          is text, so the payload goes in as encode(payload, 'base64'); the
+          destinations go in ev_extra1.
+
+The cases of one group run interleaved (--rounds slices each, in rotating
+order) and ratios are the median of per-round ratios, so load swings on a
+shared machine hit every case alike. PostgreSQL also runs 4 concurrent writers
+(1 entry/txn, 1 destination) for ours and plain: our commit-order lock (I1)
+serialises transmitting transactions, and this shows its price. Storage is
+measured apart: --storage-entries entries into fresh tables, then bytes per
+entry. --experiment adds a locally patched variant of ours (never the shipped
+code) to test a suggested change side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import os
+import sys
+import tempfile
+import time
+import types
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import sqlalchemy  # noqa: E402
+from rich.console import Console  # noqa: E402
+from sqlalchemy import (  # noqa: E402
+    BigInteger,
+    Column,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    text,
+)
+from sqlalchemy.engine import Connection, Engine  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    DEFAULT_PG_URL,
+    Measurement,
+    PgDatabase,
+    PgSchema,
+    ServerCpu,
+    SqlTrace,
+    fmt_rate,
+    fmt_ratio,
+    interleaved,
+    loadavg,
+    machine_facts,
+    paired_ratio,
+    pg_facts,
+    pg_relation_bytes,
+    print_table,
+    quote_ident,
+    run_for,
+    run_threads,
+    sqlite_table_bytes,
+    unique_name,
+    write_json,
+)
+from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine  # noqa: E402
+from lr_client.store.sqlite import encode_dests  # noqa: E402
+
+PAYLOAD_BYTES = 1024
+ENTRIES_PER_TXN = (1, 100)
+DESTINATION_COUNTS = (1, 8)
+CONCURRENT_WRITERS = 4
+SOURCE_ID = "bench-src"
+CLIENT_NAME = "bench"
+DESTINATIONS = [f"site-{i}" for i in range(1, max(DESTINATION_COUNTS) + 1)]
+
+#: Targets from the issue: measured and reported, never asserted.
+TARGET_VS_PLAIN = 0.9
+TARGET_VS_PGQ = 1.0
+TARGET_STORAGE_8_VS_1 = 1.2
+
+PGQ_INSTALL = "apt-get install postgresql-15-pgq3 pgqd; then CREATE EXTENSION pgq"
+
+# -- the baselines' tables -------------------------------------------------------------
+
+bench_meta = MetaData()
+_Id = BigInteger().with_variant(Integer(), "sqlite")
+
+plain_table = Table(
+    "bench_plain",
+    bench_meta,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("client_name", String(63), nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("created_at", Double, nullable=False),
+)
+
+outbox_table = Table(
+    "bench_outbox",
+    bench_meta,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("destination", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("created_at", Double, nullable=False),
+)
+Index("bench_outbox_dest", outbox_table.c.destination, outbox_table.c.id)
+
+_PLAIN_INSERT = text(
+    "INSERT INTO bench_plain (client_name, payload, created_at) "
+    "VALUES (:client_name, :payload, :created_at)"
+)
+_OUTBOX_INSERT = text(
+    "INSERT INTO bench_outbox (destination, client_name, payload, created_at) "
+    "VALUES (:destination, :client_name, :payload, :created_at)"
+)
+_PGQ_INSERT = text(
+    "SELECT pgq.insert_event(:queue, 'lr', encode(:payload, 'base64'), :dests, :client_name, "
+    "NULL, NULL)"
+)
+
+
+# -- where a system writes -----------------------------------------------------------------
+
+
+@dataclass
+class Slot:
+    """A fresh database for one system: a SQLite file or a PostgreSQL schema/database."""
+
+    backend: str
+    engine: Engine
+    schema: str | None = None  # PostgreSQL: the schema holding the system's tables
+
+
+class System(ABC):
+    """One way of durably queueing a payload for some destinations."""
+
+    name: ClassVar[str]
+
+    def __init__(self, slot: Slot, destinations: list[str]) -> None:
+        self.slot = slot
+        self.engine = slot.engine
+        self.destinations = destinations
+
+    @abstractmethod
+    def setup(self) -> None: ...
+
+    @abstractmethod
+    def write(self, session: Session, payloads: list[bytes]) -> None:
+        """The body of one application transaction."""
+
+    @abstractmethod
+    def tables(self) -> tuple[str | None, list[str]]:
+        """(schema, tables) holding what this system stored; None is the slot's schema."""
+
+    def stored_bytes(self) -> int:
+        schema, tables = self.tables()
+        with self.engine.connect() as conn:
+            if self.slot.backend == "sqlite":
+                return sqlite_table_bytes(conn, tables)
+            return pg_relation_bytes(conn, schema or self.slot.schema or "public", tables)
+
+    def vacuum(self) -> None:
+        """PostgreSQL: VACUUM the tables (merges the GIN pending list, as autovacuum would)."""
+        if self.slot.backend != "postgresql":
+            return
+        schema, tables = self.tables()
+        where = quote_ident(schema or self.slot.schema or "public")
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for table in tables:
+                conn.exec_driver_sql(f"VACUUM {where}.{quote_ident(table)}")
+
+
+class Ours(System):
+    name = "ours"
+
+    def setup(self) -> None:
+        self.client = RoutingQueueClient(self.engine, source_id=SOURCE_ID, client_name=CLIENT_NAME)
+        self.client.store.create_schema()
+        self.client.register_destinations(DESTINATIONS)
+
+    def write(self, session: Session, payloads: list[bytes]) -> None:
+        if len(payloads) == 1:
+            self.client.transmit_log_entry_message(session, payloads[0], self.destinations)
+        else:
+            self.client.transmit_log_entry_messages(
+                session, [LRMessageWithDestinations(p, self.destinations) for p in payloads]
+            )
+
+    def tables(self) -> tuple[str | None, list[str]]:
+        if self.slot.backend == "sqlite":
+            return None, ["lrq_send_log_entries", "lrq_send_tags"]
+        return None, ["lrq_send_log_entries"]
+
+
+class Plain(System):
+    name = "plain"
+
+    def setup(self) -> None:
+        bench_meta.create_all(self.engine, tables=[plain_table])
+
+    def write(self, session: Session, payloads: list[bytes]) -> None:
+        now = time.time()
+        rows = [{"client_name": CLIENT_NAME, "payload": p, "created_at": now} for p in payloads]
+        session.execute(_PLAIN_INSERT, rows[0] if len(rows) == 1 else rows)
+
+    def tables(self) -> tuple[str | None, list[str]]:
+        return None, ["bench_plain"]
+
+
+class Outbox(System):
+    name = "outbox"
+
+    def setup(self) -> None:
+        bench_meta.create_all(self.engine, tables=[outbox_table])
+
+    def write(self, session: Session, payloads: list[bytes]) -> None:
+        now = time.time()
+        rows = [
+            {"destination": d, "client_name": CLIENT_NAME, "payload": p, "created_at": now}
+            for p in payloads
+            for d in self.destinations
+        ]
+        session.execute(_OUTBOX_INSERT, rows[0] if len(rows) == 1 else rows)
+
+    def tables(self) -> tuple[str | None, list[str]]:
+        return None, ["bench_outbox"]
+
+
+class PgQ(System):
+    name = "pgq"
+
+    def setup(self) -> None:
+        self.queue = unique_name("bench_q")
+        with self.engine.begin() as conn:
+            conn.execute(text("SELECT pgq.create_queue(:q)"), {"q": self.queue})
+        self.fixed = {
+            "queue": self.queue,
+            "dests": ",".join(self.destinations),
+            "client_name": CLIENT_NAME,
+        }
+
+    def write(self, session: Session, payloads: list[bytes]) -> None:
+        rows = [{**self.fixed, "payload": p} for p in payloads]
+        session.execute(_PGQ_INSERT, rows[0] if len(rows) == 1 else rows)
+
+    def tables(self) -> tuple[str | None, list[str]]:
+        with self.engine.connect() as conn:
+            pfx, ntables = conn.execute(
+                text("SELECT queue_data_pfx, queue_ntables FROM pgq.queue WHERE queue_name = :q"),
+                {"q": self.queue},
+            ).one()
+        base = str(pfx).split(".", 1)[1]
+        return "pgq", [base] + [f"{base}_{i}" for i in range(int(ntables))]
+
+
+# -- experiments: locally patched variants of ours (not the shipped code) -------------------
+
+_PG_INSERT_ROW = (
+    "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at) "
+    "VALUES (%s, %s, CAST(%s AS smallint[]), %s) RETURNING position"
+)
+
+
+def _pg_executemany(
+    store: Any, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+) -> list[int]:
+    """Batches as one pipelined executemany of a short statement instead of insertmanyvalues.
+
+    insertmanyvalues renders a >4 KiB statement that psycopg re-parses on every
+    call (its query cache stops at 4096 characters); the destination array goes
+    as a '{1,5}' literal rather than a Python list psycopg must dump.
+    """
+    if len(messages) == 1:
+        return list(type(store)._insert_entries(store, conn, client_name, messages))
+    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": store.lock_key(conn)})
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    now = time.time()
+    rows = [(client_name, p, "{" + ",".join(map(str, n)) + "}", now) for p, n in messages]
+    positions: list[int] = []
+    with raw.cursor() as cur:
+        cur.executemany(_PG_INSERT_ROW, rows, returning=True)
+        while True:
+            positions.append(int(cur.fetchone()[0]))
+            if not cur.nextset():
+                break
+    return positions
+
+
+def _sqlite_executemany(
+    store: Any, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+) -> list[int]:
+    """One executemany for the entries; positions from last_insert_rowid (the writer lock
+    is held, so they are consecutive); tag rows as tuples."""
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    now = time.time()
+    cur = raw.cursor()
+    try:
+        cur.executemany(
+            "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at) "
+            "VALUES (?, ?, ?, ?)",
+            [(client_name, p, encode_dests(n), now) for p, n in messages],
+        )
+        last = int(cur.execute("SELECT last_insert_rowid()").fetchone()[0])
+        positions = list(range(last - len(messages) + 1, last + 1))
+        cur.executemany(
+            "INSERT INTO lrq_send_tags (dest_num, position) VALUES (?, ?)",
+            [(n, pos) for pos, (_, nums) in zip(positions, messages, strict=True) for n in nums],
+        )
+    finally:
+        cur.close()
+    return positions
+
+
+_SQLITE_POSITION_TAGS = [
+    "DROP TABLE lrq_send_tags",
+    "CREATE TABLE lrq_send_tags (dest_num SMALLINT NOT NULL, position BIGINT NOT NULL, "
+    "PRIMARY KEY (position, dest_num)) WITHOUT ROWID",
+]
+_SQLITE_NO_AUTOINCREMENT = [
+    "DROP INDEX lrq_send_log_entries_client",
+    "DROP TABLE lrq_send_log_entries",
+    "CREATE TABLE lrq_send_log_entries (position INTEGER PRIMARY KEY, "
+    "client_name VARCHAR(63) NOT NULL, payload BLOB NOT NULL, dest_nums TEXT NOT NULL, "
+    "created_at FLOAT NOT NULL)",
+]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    backend: str
+    description: str
+    insert: Callable[..., list[int]] | None = None
+    ddl: tuple[str, ...] = ()
+
+
+EXPERIMENTS = {
+    "pg-executemany": Experiment(
+        "postgresql",
+        "batches: pipelined executemany of a short INSERT ... RETURNING, '{..}' array literal",
+        insert=_pg_executemany,
+    ),
+    "sqlite-position-tags": Experiment(
+        "sqlite",
+        "lrq_send_tags keyed (position, dest_num): one appended leaf page per commit",
+        ddl=tuple(_SQLITE_POSITION_TAGS),
+    ),
+    "sqlite-lean": Experiment(
+        "sqlite",
+        "position-keyed tags, no AUTOINCREMENT, no (client, position) index, executemany",
+        insert=_sqlite_executemany,
+        ddl=tuple(_SQLITE_POSITION_TAGS + _SQLITE_NO_AUTOINCREMENT),
+    ),
+}
+
+
+def experiment_kind(name: str) -> type[System]:
+    exp = EXPERIMENTS[name]
+
+    class Patched(Ours):
+        def setup(self) -> None:
+            super().setup()
+            with self.engine.begin() as conn:
+                for stmt in exp.ddl:
+                    conn.exec_driver_sql(stmt)
+            if exp.insert is not None:
+                store = self.client.store
+                store._insert_entries = types.MethodType(exp.insert, store)  # type: ignore[method-assign]
+
+    Patched.name = f"ours:{name}"
+    return Patched
+
+
+# -- backends --------------------------------------------------------------------------------
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self.stack = stack
+        self.cpu: ServerCpu | None = None  # the database server's CPU, when visible
+
+    @abstractmethod
+    def slot(self) -> Slot: ...
+
+    def pgq_slot(self) -> Slot | None:
+        return None
+
+    def facts(self) -> dict[str, Any]:
+        return {}
+
+    def make(self, kind: type[System], dests: int) -> System | None:
+        slot = self.pgq_slot() if kind is PgQ else self.slot()
+        if slot is None:
+            return None
+        system = kind(slot, DESTINATIONS[:dests])
+        system.setup()
+        return system
+
+
+class SQLiteBackend(Backend):
+    name = "sqlite"
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        super().__init__(stack)
+        self.dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lrbench-")))
+        self.count = 0
+
+    def slot(self) -> Slot:
+        self.count += 1
+        engine = create_engine(f"sqlite:///{self.dir / f'slot{self.count}.db'}")
+        self.stack.callback(engine.dispose)
+        return Slot("sqlite", engine)
+
+    def facts(self) -> dict[str, Any]:
+        return {"journal_mode": "wal", "synchronous": "NORMAL", "location": "a temp directory"}
+
+
+class PostgresBackend(Backend):
+    """Schemas in one throwaway database, which also holds PgQ.
+
+    A database of its own, not just a schema: our commit-order lock is a
+    database-wide advisory lock, so transmitters of any other store in the
+    same database (other schemas, other people's tests) would queue with ours.
+    """
+
+    name = "postgresql"
+
+    def __init__(self, stack: contextlib.ExitStack, url: str) -> None:
+        super().__init__(stack)
+        self.server_url = url
+        self.url = url
+        self.database: dict[str, Any] = {}
+        self.pgq_status: dict[str, Any] = {"available": False, "reason": "not checked"}
+
+    def open(self) -> None:
+        try:
+            db = self.stack.enter_context(PgDatabase(self.server_url, "lrbench"))
+        except sqlalchemy.exc.DBAPIError as exc:
+            self.database = {"throwaway": False, "warning": f"no CREATE DATABASE: {_first(exc)}"}
+        else:
+            self.url = db.url
+            self.database = {"throwaway": True, "name": db.name}
+        self.open_pgq()
+        cpu = ServerCpu(self.url)
+        self.stack.callback(cpu.close)
+        self.database["server_cpu_visible"] = cpu.available
+        if cpu.available and self.database["throwaway"]:
+            self.cpu = cpu
+
+    def slot(self) -> Slot:
+        schema = self.stack.enter_context(PgSchema(self.url))
+        return Slot("postgresql", schema.engine(), schema.name)
+
+    def open_pgq(self) -> None:
+        """Install pgq in the throwaway database (it creates its own schema ``pgq``)."""
+        admin = create_engine(self.url, poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with admin.connect() as conn:
+                version = conn.execute(
+                    text("SELECT default_version FROM pg_available_extensions WHERE name = 'pgq'")
+                ).scalar()
+            if version is None:
+                reason = f"pgq not installed on the server: {PGQ_INSTALL}"
+                self.pgq_status = {"available": False, "reason": reason}
+                return
+            if not self.database.get("throwaway"):
+                reason = "no throwaway database to install pgq into"
+                self.pgq_status = {"available": False, "reason": reason}
+                return
+            with admin.begin() as conn:
+                conn.exec_driver_sql("CREATE EXTENSION pgq")
+        except sqlalchemy.exc.DBAPIError as exc:
+            self.pgq_status = {"available": False, "reason": f"cannot set up pgq: {_first(exc)}"}
+            return
+        finally:
+            admin.dispose()
+        self.pgq_status = {"available": True, "version": str(version)}
+
+    def pgq_slot(self) -> Slot | None:
+        if not self.pgq_status["available"]:
+            return None
+        engine = create_engine(self.url)
+        self.stack.callback(engine.dispose)
+        return Slot("postgresql", engine, "pgq")
+
+    def facts(self) -> dict[str, Any]:
+        admin = create_engine(self.url, poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with admin.connect() as conn:
+                return {**pg_facts(conn), "database": self.database}
+        finally:
+            admin.dispose()
+
+
+def _first(exc: sqlalchemy.exc.DBAPIError) -> str:
+    return (str(exc.orig) if exc.orig else str(exc)).strip().splitlines()[0]
+
+
+@contextlib.contextmanager
+def open_backend(name: str, pg_url: str) -> Iterator[Backend]:
+    """The backend; everything it created is dropped on exit."""
+    with contextlib.ExitStack() as stack:
+        if name == "sqlite":
+            yield SQLiteBackend(stack)
+        else:
+            backend = PostgresBackend(stack, pg_url)
+            backend.open()
+            yield backend
+
+
+# -- measuring --------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    backend: str
+    system: str
+    entries_per_txn: int
+    destinations: int
+    writers: int
+    entries: int
+    seconds: float
+    rate: float
+    slice_rates: list[float]
+    client_cpu_us_per_entry: float
+    server_cpu_us_per_entry: float | None  # PostgreSQL backends; None when not visible
+
+
+@dataclass
+class Ratio:
+    backend: str
+    system: str
+    entries_per_txn: int
+    destinations: int
+    writers: int
+    baseline: str
+    ratio: float  # median of per-round ratios
+    ratio_of_totals: float
+    cpu_ratio: float | None  # baseline CPU per entry / ours: the ratio if CPU-bound
+    target: float | None
+    met: bool | None
+
+
+@dataclass
+class Storage:
+    backend: str
+    system: str
+    destinations: int
+    entries: int
+    state: str  # "inserted", or "vacuumed" (PostgreSQL, after VACUUM)
+    bytes: int
+    bytes_per_entry: float
+
+
+def make_step(
+    system: System,
+    per_txn: int,
+    payloads: Sequence[bytes],
+    trace: SqlTrace | None = None,
+    label: str = "",
+) -> Callable[[], int]:
+    """One application transaction of ``per_txn`` entries per call."""
+    pool = itertools.cycle(payloads)
+    engine = system.engine
+
+    def step() -> int:
+        batch = [next(pool) for _ in range(per_txn)]
+        with Session(engine) as session, session.begin():
+            system.write(session, batch)
+        return per_txn
+
+    if trace is None:
+        return step
+
+    def traced() -> int:
+        with trace.section(label):
+            return step()
+
+    return traced
+
+
+def timed(step: Callable[[], int], cpu: ServerCpu | None, seconds: float) -> Measurement:
+    return run_for(seconds, step, cpu)
+
+
+def timed_threads(
+    steps: Sequence[Callable[[], int]], cpu: ServerCpu | None, seconds: float
+) -> Measurement:
+    return run_threads(seconds, steps, cpu)
+
+
+def kinds_for(backend: Backend, experiments: Sequence[str]) -> list[type[System]]:
+    kinds: list[type[System]] = [Ours, Plain, Outbox]
+    if backend.pgq_slot() is not None:
+        kinds.append(PgQ)
+    kinds += [experiment_kind(e) for e in experiments if EXPERIMENTS[e].backend == backend.name]
+    return kinds
+
+
+def measure_backend(
+    backend: Backend,
+    seconds: float,
+    rounds: int,
+    payloads: Sequence[bytes],
+    experiments: Sequence[str],
+    console: Console,
+    trace: SqlTrace | None,
+) -> tuple[list[Cell], dict[tuple[Any, ...], Measurement]]:
+    systems: dict[tuple[str, int], System] = {}
+    for dests in DESTINATION_COUNTS:
+        for kind in kinds_for(backend, experiments):
+            system = backend.make(kind, dests)
+            if system is not None:
+                systems[(kind.name, dests)] = system
+                if trace is not None:
+                    trace.attach(system.engine)
+    cells: list[Cell] = []
+    measured: dict[tuple[Any, ...], Measurement] = {}
+    warm = min(0.3, seconds / 10)
+
+    def record(name: str, per_txn: int, dests: int, writers: int, m: Measurement) -> None:
+        measured[(backend.name, name, per_txn, dests, writers)] = m
+        server = 1e6 * m.server_cpu / m.count if backend.cpu is not None else None
+        cells.append(
+            Cell(
+                backend.name,
+                name,
+                per_txn,
+                dests,
+                writers,
+                m.count,
+                m.seconds,
+                m.rate,
+                m.slices,
+                1e6 * m.client_cpu / m.count,
+                server,
+            )
+        )
+
+    for per_txn in ENTRIES_PER_TXN:
+        for dests in DESTINATION_COUNTS:
+            group = {name: s for (name, d), s in systems.items() if d == dests}
+            console.log(f"{backend.name}: {per_txn}/txn, {dests} dest(s): {', '.join(group)}")
+            cases: dict[str, Callable[[float], Measurement]] = {}
+            for name, system in group.items():
+                label = f"{backend.name} {name} {per_txn}/txn {dests}d"
+                step = make_step(system, per_txn, payloads, trace, label)
+                run_for(warm, step)
+                cases[name] = functools.partial(timed, step, backend.cpu)
+            for name, m in interleaved(cases, seconds, rounds).items():
+                record(name, per_txn, dests, 1, m)
+    if backend.name == "postgresql":
+        console.log(f"{backend.name}: {CONCURRENT_WRITERS} concurrent writers, 1/txn, 1 dest")
+        cases = {}
+        for name in ("ours", "plain"):
+            steps = [
+                make_step(systems[(name, 1)], 1, [*payloads[i:], *payloads[:i]])
+                for i in range(CONCURRENT_WRITERS)
+            ]
+            run_threads(warm, steps)
+            cases[name] = functools.partial(timed_threads, steps, backend.cpu)
+        for name, m in interleaved(cases, seconds, rounds).items():
+            record(name, 1, 1, CONCURRENT_WRITERS, m)
+    return cells, measured
+
+
+def measure_storage(
+    backend: Backend, entries: int, payloads: Sequence[bytes], experiments: Sequence[str]
+) -> list[Storage]:
+    out: list[Storage] = []
+    per_txn = 100
+    txns = max(1, entries // per_txn)
+    n = txns * per_txn
+    for kind in kinds_for(backend, experiments):
+        for dests in DESTINATION_COUNTS:
+            system = backend.make(kind, dests)
+            if system is None:
+                continue
+            step = make_step(system, per_txn, payloads)
+            for _ in range(txns):
+                step()
+            size = system.stored_bytes()
+            out.append(Storage(backend.name, kind.name, dests, n, "inserted", size, size / n))
+            if backend.name == "postgresql":
+                system.vacuum()
+                size = system.stored_bytes()
+                out.append(Storage(backend.name, kind.name, dests, n, "vacuumed", size, size / n))
+    return out
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+
+def ratios_of(measured: dict[tuple[Any, ...], Measurement]) -> list[Ratio]:
+    targets = {"plain": TARGET_VS_PLAIN, "pgq": TARGET_VS_PGQ, "outbox": None, "ours": None}
+    out = []
+    for (backend, system, per_txn, dests, writers), m in measured.items():
+        if not system.startswith("ours"):
+            continue
+        for baseline, target in targets.items():
+            b = measured.get((backend, baseline, per_txn, dests, writers))
+            if b is None or b is m or b.rate <= 0:
+                continue
+            ratio = paired_ratio(m, b)
+            cpu = b.cpu_us_per_entry / m.cpu_us_per_entry if m.cpu_us_per_entry > 0 else None
+            met = None if target is None or system != "ours" else ratio >= target
+            out.append(
+                Ratio(
+                    backend,
+                    system,
+                    per_txn,
+                    dests,
+                    writers,
+                    baseline,
+                    ratio,
+                    m.rate / b.rate,
+                    cpu,
+                    target,
+                    met,
+                )
+            )
+    return out
+
+
+def storage_ratios(storage: list[Storage]) -> list[dict[str, Any]]:
+    out = []
+    by_key = {(s.backend, s.system, s.state, s.destinations): s for s in storage}
+    lo, hi = min(DESTINATION_COUNTS), max(DESTINATION_COUNTS)
+    for (backend, system, state, dests), s in by_key.items():
+        if dests != lo or (backend, system, state, hi) not in by_key:
+            continue
+        ratio = by_key[(backend, system, state, hi)].bytes_per_entry / s.bytes_per_entry
+        target = TARGET_STORAGE_8_VS_1 if system == "ours" else None
+        out.append(
+            {
+                "backend": backend,
+                "system": system,
+                "state": state,
+                "bytes_per_entry_1": s.bytes_per_entry,
+                "bytes_per_entry_8": by_key[(backend, system, state, hi)].bytes_per_entry,
+                "ratio_8_to_1": ratio,
+                "target": target,
+                "met": None if target is None else ratio <= target,
+            }
+        )
+    return out
+
+
+def report(
+    console: Console,
+    cells: list[Cell],
+    ratios: list[Ratio],
+    st_ratios: list[dict[str, Any]],
+) -> None:
+    rate = {(c.backend, c.system, c.entries_per_txn, c.destinations, c.writers): c for c in cells}
+    ratio = {
+        (x.backend, x.system, x.entries_per_txn, x.destinations, x.writers, x.baseline): x
+        for x in ratios
+    }
+
+    def r(*key: Any) -> float | None:
+        found = rate.get(key)
+        return None if found is None else found.rate
+
+    def q(*key: Any) -> float | None:
+        found = ratio.get(key)
+        return None if found is None else found.ratio
+
+    def cpu_ratio(b: str, system: str, n: int, d: int, baseline: str) -> float | None:
+        found = ratio.get((b, system, n, d, 1, baseline))
+        return None if found is None else found.cpu_ratio
+
+    rows = []
+    exp_rows = []
+    for c in cells:
+        if c.writers != 1 or not c.system.startswith("ours"):
+            continue
+        b, n, d = c.backend, c.entries_per_txn, c.destinations
+        if c.system == "ours":
+            rows.append(
+                [
+                    b,
+                    str(n),
+                    str(d),
+                    fmt_rate(c.rate),
+                    fmt_rate(r(b, "plain", n, d, 1)),
+                    fmt_rate(r(b, "outbox", n, d, 1)),
+                    fmt_rate(r(b, "pgq", n, d, 1)),
+                    fmt_ratio(q(b, "ours", n, d, 1, "plain"), TARGET_VS_PLAIN),
+                    fmt_ratio(q(b, "ours", n, d, 1, "outbox")),
+                    fmt_ratio(q(b, "ours", n, d, 1, "pgq"), TARGET_VS_PGQ),
+                ]
+            )
+        else:
+            exp_rows.append(
+                [
+                    b,
+                    c.system,
+                    str(n),
+                    str(d),
+                    fmt_rate(c.rate),
+                    fmt_ratio(q(b, c.system, n, d, 1, "plain"), TARGET_VS_PLAIN),
+                    fmt_ratio(q(b, "ours", n, d, 1, "plain")),
+                    fmt_ratio(q(b, c.system, n, d, 1, "ours")),
+                    fmt_ratio(cpu_ratio(b, c.system, n, d, "ours")),
+                ]
+            )
+    print_table(
+        console,
+        "Transmit throughput, entries/s (1 KiB payloads, one writer)",
+        ["db", "per txn", "dests", "ours", "plain", "outbox", "PgQ", "/plain", "/outbox", "/PgQ"],
+        rows,
+        caption=f"targets: ours/plain >= {TARGET_VS_PLAIN}, ours/PgQ >= {TARGET_VS_PGQ} "
+        "(ratios: median of per-round ratios)",
+    )
+    rows = []
+    for c in cells:
+        if c.writers != 1 or c.system != "ours":
+            continue
+        b, n, d = c.backend, c.entries_per_txn, c.destinations
+
+        def cpu(system: str, b: str = b, n: int = n, d: int = d) -> str:
+            found = rate.get((b, system, n, d, 1))
+            if found is None:
+                return "-"
+            shown = f"{found.client_cpu_us_per_entry:,.0f}"
+            if found.server_cpu_us_per_entry is not None:
+                shown += f" + {found.server_cpu_us_per_entry:,.0f}"
+            return shown
+
+        rows.append(
+            [
+                b,
+                str(n),
+                str(d),
+                cpu("ours"),
+                cpu("plain"),
+                cpu("outbox"),
+                cpu("pgq"),
+                fmt_ratio(cpu_ratio(b, "ours", n, d, "plain"), TARGET_VS_PLAIN),
+                fmt_ratio(cpu_ratio(b, "ours", n, d, "pgq"), TARGET_VS_PGQ),
+            ]
+        )
+    print_table(
+        console,
+        "CPU per entry, microseconds (this process + PostgreSQL backends)",
+        ["db", "per txn", "dests", "ours", "plain", "outbox", "PgQ", "plain/ours", "PgQ/ours"],
+        rows,
+        caption="less sensitive to a shared machine than entries/s; the ratio is the "
+        "throughput ratio if CPU-bound (not for commit-bound 1/txn on PostgreSQL)",
+    )
+    conc = [c for c in cells if c.writers > 1]
+    if conc:
+        rows = []
+        for c in conc:
+            single = r(c.backend, c.system, 1, 1, 1)
+            rows.append(
+                [
+                    c.backend,
+                    c.system,
+                    str(c.writers),
+                    fmt_rate(c.rate),
+                    fmt_rate(single),
+                    fmt_ratio(c.rate / single if single else None),
+                    fmt_ratio(q(c.backend, c.system, 1, 1, c.writers, "plain")),
+                ]
+            )
+        print_table(
+            console,
+            "Concurrent writers (1 entry/txn, 1 destination)",
+            ["db", "system", "writers", "entries/s", "1 writer", "scaling", "/plain"],
+            rows,
+            left=2,
+        )
+    if exp_rows:
+        print_table(
+            console,
+            "Experiments: locally patched variants of ours (not the shipped code)",
+            [
+                "db",
+                "variant",
+                "per txn",
+                "dests",
+                "entries/s",
+                "/plain",
+                "ours/plain",
+                "/ours",
+                "CPU ours/variant",
+            ],
+            exp_rows,
+            left=2,
+        )
+    rows = [
+        [
+            x["backend"],
+            x["system"],
+            x["state"],
+            f"{x['bytes_per_entry_1']:,.0f}",
+            f"{x['bytes_per_entry_8']:,.0f}",
+            fmt_ratio(x["ratio_8_to_1"], x["target"], at_most=True),
+        ]
+        for x in st_ratios
+    ]
+    print_table(
+        console,
+        "Bytes stored per entry (tables + indexes)",
+        ["db", "system", "state", "1 dest", "8 dests", "8/1"],
+        rows,
+        caption=f"target (ours): 8 destinations <= {TARGET_STORAGE_8_VS_1}x 1 destination",
+        left=3,
+    )
+
+
+# -- entry point --------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per case (3)")
+    p.add_argument(
+        "--backend", choices=["sqlite", "postgresql", "both"], default="both", help="(both)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "bench" / "results" / "transmit.json",
+        help="JSON results (bench/results/transmit.json)",
+    )
+    p.add_argument("--rounds", type=int, default=5, help="interleaved slices per case (5)")
+    p.add_argument(
+        "--storage-entries",
+        type=int,
+        default=5000,
+        help="entries written per case to measure bytes per entry (5000)",
+    )
+    p.add_argument(
+        "--experiment",
+        action="append",
+        default=[],
+        choices=sorted(EXPERIMENTS),
+        help="add a locally patched variant of ours:\n"
+        + "\n".join(f"  {k}: {v.description}" for k, v in EXPERIMENTS.items()),
+    )
+    p.add_argument(
+        "--trace-sql",
+        action="store_true",
+        help="print the SQL issued per transaction (slows every case)",
+    )
+    args = p.parse_args(argv)
+    if args.seconds <= 0 or args.rounds < 1 or args.storage_entries < 100:
+        p.error("--seconds must be > 0, --rounds >= 1, --storage-entries >= 100")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
+    console = Console(width=None if sys.stdout.isatty() else 130)
+    names = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    payloads = [os.urandom(PAYLOAD_BYTES) for _ in range(1024)]
+    trace = SqlTrace() if args.trace_sql else None
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "benchmark": "transmit",
+        "format": 1,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "settings": {
+            "seconds_per_case": args.seconds,
+            "rounds": args.rounds,
+            "payload_bytes": PAYLOAD_BYTES,
+            "entries_per_txn": list(ENTRIES_PER_TXN),
+            "destinations": list(DESTINATION_COUNTS),
+            "concurrent_writers": CONCURRENT_WRITERS,
+            "storage_entries": args.storage_entries,
+            "backends": names,
+            "experiments": args.experiment,
+            "trace_sql": args.trace_sql,
+        },
+        "machine": machine_facts(),
+        "backend_facts": {},
+        "pgq": {"available": False, "reason": "PostgreSQL not benchmarked"},
+        "targets": {
+            "ours_vs_plain_at_least": TARGET_VS_PLAIN,
+            "ours_vs_pgq_at_least": TARGET_VS_PGQ,
+            "storage_8_vs_1_at_most": TARGET_STORAGE_8_VS_1,
+        },
+    }
+    cells: list[Cell] = []
+    measured: dict[tuple[Any, ...], Measurement] = {}
+    storage: list[Storage] = []
+    for name in names:
+        with open_backend(name, pg_url) as backend:
+            result["backend_facts"][name] = backend.facts()
+            if isinstance(backend, PostgresBackend):
+                result["pgq"] = backend.pgq_status
+                if not backend.pgq_status["available"]:
+                    console.log(f"PgQ baseline skipped: {backend.pgq_status['reason']}")
+            c, m = measure_backend(
+                backend, args.seconds, args.rounds, payloads, args.experiment, console, trace
+            )
+            cells += c
+            measured.update(m)
+            console.log(f"{name}: storage, {args.storage_entries} entries per case")
+            storage += measure_storage(backend, args.storage_entries, payloads, args.experiment)
+    ratios = ratios_of(measured)
+    st_ratios = storage_ratios(storage)
+    result["results"] = [asdict(c) for c in cells]
+    result["ratios"] = [asdict(r) for r in ratios]
+    result["storage"] = [asdict(s) for s in storage]
+    result["storage_ratios"] = st_ratios
+    result["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+    result["machine"]["loadavg_at_end"] = loadavg()
+    report(console, cells, ratios, st_ratios)
+    if trace is not None:
+        print_table(
+            console,
+            "SQL per transaction (client-side time, traced run)",
+            ["case", "statement", "calls/txn", "us/txn"],
+            trace.rows(),
+            left=2,
+        )
+    write_json(args.out, result)
+    m = result["machine"]
+    console.print(
+        f"{m['cpus']} CPUs, load average {m['loadavg_at_start'][0]} at start, "
+        f"{m['loadavg_at_end'][0]} at end; wrote {args.out} in {result['elapsed_seconds']} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Routing-queue log replication: the library applications import.
+
+Sender side: :class:`RoutingQueueClient` transmits payloads inside the
+application's own transaction. Sink side: :class:`RoutingQueueSubscriber`
+delivers them to a :class:`RoutingQueueListener`, exactly once.
+"""
+
+from __future__ import annotations
+
+from lr_client.errors import (
+    AuthenticationError,
+    BackpressureError,
+    ConfigError,
+    InvalidDestinationsError,
+    InvalidInputError,
+    InvalidNameError,
+    InvalidPayloadError,
+    InvalidSessionError,
+    ListenerError,
+    LRError,
+    PayloadTooLargeError,
+    PermanentError,
+    PermissionDeniedError,
+    ProtocolError,
+    SchemaError,
+    SnapshotError,
+    StoreUnavailableError,
+    TransientError,
+    TransportError,
+    UnknownDestinationError,
+)
+from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
+from lr_client.records import LRMessageWithDestinations, ReplicationType
+from lr_client.sender import DEFAULT_MAX_PAYLOAD_BYTES, RoutingQueueClient
+from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
+from lr_client.store import QueueStore, create_engine, open_store
+from lr_client.subscriber import RoutingQueueSubscriber
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "AuthenticationError",
+    "BackpressureError",
+    "ConfigError",
+    "InvalidDestinationsError",
+    "InvalidInputError",
+    "InvalidNameError",
+    "InvalidPayloadError",
+    "InvalidSessionError",
+    "LRError",
+    "LRMessageWithDestinations",
+    "ListenerError",
+    "PayloadTooLargeError",
+    "PermanentError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "QueueStore",
+    "ReplicationType",
+    "RoutingQueueClient",
+    "RoutingQueueListener",
+    "RoutingQueueMessage",
+    "RoutingQueueSubscriber",
+    "SchemaError",
+    "SnapshotContext",
+    "SnapshotError",
+    "SnapshotProviderRunner",
+    "StoreUnavailableError",
+    "TransientError",
+    "TransportError",
+    "UnknownDestinationError",
+    "__version__",
+    "create_engine",
+    "open_store",
+]

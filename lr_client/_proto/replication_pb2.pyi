@@ -1,0 +1,123 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReplicationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NONE: _ClassVar[ReplicationType]
+    LOG_ENTRY_SYNC: _ClassVar[ReplicationType]
+    SNAPSHOT_SYNC: _ClassVar[ReplicationType]
+    LAST_FULL_SYNC_ENTRY: _ClassVar[ReplicationType]
+
+class SnapshotState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SNAPSHOT_NONE: _ClassVar[SnapshotState]
+    SNAPSHOT_ONGOING: _ClassVar[SnapshotState]
+    SNAPSHOT_COMPLETED: _ClassVar[SnapshotState]
+
+class BatchKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BATCH_NONE: _ClassVar[BatchKind]
+    BATCH_LOG_ENTRY: _ClassVar[BatchKind]
+    BATCH_SNAPSHOT: _ClassVar[BatchKind]
+NONE: ReplicationType
+LOG_ENTRY_SYNC: ReplicationType
+SNAPSHOT_SYNC: ReplicationType
+LAST_FULL_SYNC_ENTRY: ReplicationType
+SNAPSHOT_NONE: SnapshotState
+SNAPSHOT_ONGOING: SnapshotState
+SNAPSHOT_COMPLETED: SnapshotState
+BATCH_NONE: BatchKind
+BATCH_LOG_ENTRY: BatchKind
+BATCH_SNAPSHOT: BatchKind
+
+class RoutingTableEntryMsg(_message.Message):
+    __slots__ = ("destinations", "type", "opaque_payload", "source_id", "client_name", "snapshot_id", "position", "snapshot_count", "base_position")
+    DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    OPAQUE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    destinations: _containers.RepeatedScalarFieldContainer[str]
+    type: ReplicationType
+    opaque_payload: bytes
+    source_id: str
+    client_name: str
+    snapshot_id: str
+    position: int
+    snapshot_count: int
+    base_position: int
+    def __init__(self, destinations: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[ReplicationType, str]] = ..., opaque_payload: _Optional[bytes] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., position: _Optional[int] = ..., snapshot_count: _Optional[int] = ..., base_position: _Optional[int] = ...) -> None: ...
+
+class ClientState(_message.Message):
+    __slots__ = ("client_name", "last_position", "snapshot_state", "snapshot_id", "snapshot_position")
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_STATE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_POSITION_FIELD_NUMBER: _ClassVar[int]
+    client_name: str
+    last_position: int
+    snapshot_state: SnapshotState
+    snapshot_id: str
+    snapshot_position: int
+    def __init__(self, client_name: _Optional[str] = ..., last_position: _Optional[int] = ..., snapshot_state: _Optional[_Union[SnapshotState, str]] = ..., snapshot_id: _Optional[str] = ..., snapshot_position: _Optional[int] = ...) -> None: ...
+
+class NegotiateRequest(_message.Message):
+    __slots__ = ("source_id", "clients")
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    source_id: str
+    clients: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NegotiateResponse(_message.Message):
+    __slots__ = ("sink_id", "clients")
+    SINK_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    sink_id: str
+    clients: _containers.RepeatedCompositeFieldContainer[ClientState]
+    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ...) -> None: ...
+
+class ReplicationBatch(_message.Message):
+    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    source_id: str
+    client_name: str
+    kind: BatchKind
+    snapshot_id: str
+    first_position: int
+    last_position: int
+    previous_position: int
+    entries: _containers.RepeatedCompositeFieldContainer[RoutingTableEntryMsg]
+    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ...) -> None: ...
+
+class ReplicationAck(_message.Message):
+    __slots__ = ("batch_id", "client_name", "last_position", "duplicate")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    client_name: str
+    last_position: int
+    duplicate: bool
+    def __init__(self, batch_id: _Optional[int] = ..., client_name: _Optional[str] = ..., last_position: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...

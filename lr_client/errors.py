@@ -1,0 +1,155 @@
+"""The exception tree of the SDK.
+
+::
+
+    LRError
+    ├── InvalidInputError          bad input from the caller; nothing was changed
+    │   ├── InvalidNameError       a site id or client name outside [a-z0-9][a-z0-9-]{0,62}
+    │   ├── InvalidDestinationsError   empty, duplicated or malformed destination list
+    │   ├── UnknownDestinationError    a destination that is not registered
+    │   ├── InvalidSessionError        not a SQLAlchemy Session or Connection
+    │   ├── InvalidPayloadError        payload not bytes
+    │   └── PayloadTooLargeError       payload over the configured limit
+    ├── ConfigError                a configuration file or value is wrong
+    ├── TransientError             worth retrying: the operation may succeed later
+    │   ├── StoreUnavailableError  the database could not be reached
+    │   ├── TransportError         the peer could not be reached or the stream broke
+    │   ├── ListenerError          a listener rejected or failed a batch; it comes again
+    │   └── BackpressureError      destinations are too far behind; slow down
+    └── PermanentError             retrying will not help
+        ├── SchemaError            the database schema is missing or not ours
+        ├── AuthenticationError    the peer rejected our identity (UNAUTHENTICATED)
+        ├── PermissionDeniedError  the peer does not accept us (PERMISSION_DENIED)
+        ├── ProtocolError          the peer sent something malformed or out of order
+        └── SnapshotError          a snapshot was cancelled, superseded or failed
+
+Each class's docstring is its default message.
+"""
+
+from __future__ import annotations
+
+
+class LRError(Exception):
+    """Routing-queue replication error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (type(self).__doc__ or "").strip().splitlines()[0])
+
+
+class InvalidInputError(LRError, ValueError):
+    """Invalid input; nothing was changed."""
+
+
+class InvalidNameError(InvalidInputError):
+    """Invalid name: expected [a-z0-9][a-z0-9-]{0,62}."""
+
+
+class InvalidDestinationsError(InvalidInputError):
+    """Invalid destination list."""
+
+
+class UnknownDestinationError(InvalidInputError):
+    """Destination is not a registered site."""
+
+
+class InvalidSessionError(InvalidInputError, TypeError):
+    """Expected a SQLAlchemy Session or Connection."""
+
+
+class InvalidPayloadError(InvalidInputError, TypeError):
+    """Payload must be bytes."""
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """Payload exceeds the configured maximum size."""
+
+
+class ConfigError(LRError):
+    """Invalid configuration."""
+
+
+class TransientError(LRError):
+    """Transient failure; the operation may succeed if retried."""
+
+
+class StoreUnavailableError(TransientError):
+    """The database could not be reached."""
+
+
+class TransportError(TransientError):
+    """The peer could not be reached or the stream broke."""
+
+
+class ListenerError(TransientError):
+    """The listener rejected or failed a batch; it will be delivered again."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        source_id: str = "",
+        client_name: str = "",
+        callback: str = "",
+        first_seq: int = 0,
+        last_seq: int = 0,
+        attempt: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.source_id = source_id
+        self.client_name = client_name
+        self.callback = callback
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.attempt = attempt
+
+
+class BackpressureError(TransientError):
+    """Too many destinations are behind; transmit refused to protect the queue."""
+
+
+class PermanentError(LRError):
+    """Permanent failure; retrying will not help."""
+
+
+class SchemaError(PermanentError):
+    """The database schema is missing or incompatible."""
+
+
+class AuthenticationError(PermanentError):
+    """The peer did not accept our credentials."""
+
+
+class PermissionDeniedError(PermanentError):
+    """The peer does not accept this source."""
+
+
+class ProtocolError(PermanentError):
+    """The peer sent a malformed or out-of-order message."""
+
+
+class SnapshotError(PermanentError):
+    """The snapshot was cancelled, superseded or failed."""
+
+
+__all__ = [
+    "AuthenticationError",
+    "BackpressureError",
+    "ConfigError",
+    "InvalidDestinationsError",
+    "InvalidInputError",
+    "InvalidNameError",
+    "InvalidPayloadError",
+    "InvalidSessionError",
+    "LRError",
+    "ListenerError",
+    "PayloadTooLargeError",
+    "PermanentError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "SchemaError",
+    "SnapshotError",
+    "StoreUnavailableError",
+    "TransientError",
+    "TransportError",
+    "UnknownDestinationError",
+]

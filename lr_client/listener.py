@@ -1,0 +1,85 @@
+"""What the sink application implements: a listener and the messages it receives."""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from lr_client.records import ReplicationType
+
+log = logging.getLogger("lr_client.subscriber")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingQueueMessage:
+    """One replicated entry as the listener sees it.
+
+    ``source_position`` is the entry's position in the source's log (for a
+    snapshot entry: its ordinal in the snapshot ``snapshot_id``); together with
+    ``source_id`` and ``client_name`` it identifies the entry.
+    """
+
+    payload: bytes
+    source_id: str
+    client_name: str
+    source_position: int
+    type: ReplicationType
+    snapshot_id: str = ""
+
+
+class RoutingQueueListener(abc.ABC):
+    """Receives one client's entries from every source, in order, exactly once.
+
+    Each callback gets ``session``, an ORM session joined to the transaction
+    that deletes the delivered entries: whatever the listener writes with it
+    commits together with that deletion, or not at all. ``session.commit()``
+    inside a callback does not commit early (it only flushes); the subscriber
+    commits after the callbacks return.
+
+    Per source, the listener sees ``on_full_sync_start``, any number of
+    ``process_full_sync`` batches, ``on_full_sync_end``, then
+    ``process_log_entries`` batches, each in source order; a batch holds one
+    type only. A second ``on_full_sync_start`` without an ``on_full_sync_end``
+    means the earlier snapshot was superseded: the listener should discard
+    what it staged for it. Snapshot entries may overlap log entries delivered
+    later (the source replays from the snapshot's base position), so applying
+    an entry must be idempotent per key.
+
+    Returning False from ``process_*`` (or raising from any callback) rolls
+    the whole transaction back; the same entries come again after a backoff
+    and :meth:`on_error` is told why.
+    """
+
+    def on_full_sync_start(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        """A full sync from ``source_id`` begins (no-op by default)."""
+        return None
+
+    @abc.abstractmethod
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        """Apply one batch of snapshot entries; return True to commit it."""
+
+    def on_full_sync_end(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        """The full sync ``snapshot_id`` is complete (no-op by default)."""
+        return None
+
+    @abc.abstractmethod
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        """Apply one batch of log entries; return True to commit it."""
+
+    def on_error(self, error: BaseException) -> None:
+        """A delivery failed and will be retried (logs a warning by default).
+
+        Called outside the delivery transaction, after its rollback.
+        """
+        log.warning("routing queue delivery failed: %s", error)
+
+
+__all__ = ["RoutingQueueListener", "RoutingQueueMessage"]

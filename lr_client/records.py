@@ -1,0 +1,160 @@
+"""Plain records exchanged between the store, the sessions and applications."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ReplicationType(enum.IntEnum):
+    """Why an entry exists (same values as the protobuf enum)."""
+
+    NONE = 0
+    LOG_ENTRY_SYNC = 1
+    SNAPSHOT_SYNC = 2
+    LAST_FULL_SYNC_ENTRY = 3
+
+
+class SnapshotStatus(enum.StrEnum):
+    """Lifecycle of a snapshot request on the source."""
+
+    REQUESTED = "requested"  # recorded; no provider has started
+    RUNNING = "running"  # a provider is writing entries
+    READY = "ready"  # the end marker is written; the session may ship it
+    COMPLETED = "completed"  # the sink has everything; log entries resumed
+    CANCELLED = "cancelled"  # superseded or cancelled: never delivered
+    FAILED = "failed"  # the provider failed; a new request will follow
+
+    @property
+    def is_open(self) -> bool:
+        return self in (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
+
+
+class SinkSnapshotState(enum.IntEnum):
+    """Snapshot state of one (source, client) on the sink."""
+
+    NONE = 0
+    ONGOING = 1
+    COMPLETED = 2
+
+
+@dataclass(frozen=True, slots=True)
+class LRMessageWithDestinations:
+    """One payload and the sites it must reach."""
+
+    payload: bytes
+    destinations: list[str] | tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendEntry:
+    """An entry of a send queue as a sender session reads it."""
+
+    position: int
+    client_name: str
+    type: ReplicationType
+    payload: bytes
+    destinations: tuple[str, ...] = ()
+    snapshot_id: str = ""
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WireEntry:
+    """An entry as it travels to a sink (destinations stripped)."""
+
+    position: int
+    type: ReplicationType
+    payload: bytes
+    snapshot_id: str = ""
+    snapshot_count: int = 0
+    base_position: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RecvEntry:
+    """An entry of a receive queue ``LRQ_Recv_<client>__<source>``."""
+
+    seq: int
+    queue_id: int
+    source_id: str
+    client_name: str
+    source_position: int
+    type: ReplicationType
+    payload: bytes
+    snapshot_id: str = ""
+    snapshot_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A registered receive queue."""
+
+    queue_id: int
+    queue_name: str
+    client_name: str
+    source_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SinkProgress:
+    """What a sink has durably received from one (source, client)."""
+
+    source_id: str
+    client_name: str
+    last_position: int = 0
+    snapshot_state: SinkSnapshotState = SinkSnapshotState.NONE
+    snapshot_id: str = ""
+    snapshot_position: int = 0
+    entries_received: int = 0
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRequest:
+    """A full-sync request of one client for one destination."""
+
+    snapshot_id: str
+    destination: str
+    client_name: str
+    status: SnapshotStatus
+    base_position: int | None = None
+    reason: str = ""
+    rows_written: int = 0
+    entry_count: int | None = None
+    shipped_position: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """How far a destination has acknowledged one client's log entries."""
+
+    destination: str
+    client_name: str
+    position: int = 0
+    acked_at: float = 0.0
+    needs_snapshot: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DropRecord:
+    """A destination dropped for falling too far behind (the seeds' DropData)."""
+
+    destination: str
+    client_name: str
+    first_dropped_position: int
+    dropped_at: float
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Unacknowledged log entries of one (destination, client)."""
+
+    destination: str
+    client_name: str
+    entries: int = 0
+    bytes: int = 0
+    oldest_created_at: float | None = None

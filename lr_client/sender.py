@@ -1,0 +1,175 @@
+"""The sender API: transmit payloads inside the application's own transaction."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
+
+from lr_client.errors import (
+    BackpressureError,
+    InvalidDestinationsError,
+    InvalidPayloadError,
+    InvalidSessionError,
+    PayloadTooLargeError,
+    UnknownDestinationError,
+)
+from lr_client.names import validate_name
+from lr_client.records import LRMessageWithDestinations
+from lr_client.store import SQLAlchemyQueueStore, open_store
+
+#: Default payload limit, as Corfu's maximum message size.
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+
+
+def _connection(session: Session | Connection) -> Connection:
+    if isinstance(session, Session):
+        return session.connection()
+    if isinstance(session, Connection):
+        return session
+    raise InvalidSessionError(
+        f"expected a SQLAlchemy Session or Connection, got {type(session).__name__}"
+    )
+
+
+class RoutingQueueClient:
+    """Transmits payloads to remote sites, atomically with the application's writes.
+
+    ``destinations`` must be registered sites (``lr init-db`` and ``lr server``
+    register those of the site config; :meth:`register_destinations` does it
+    from code). Duplicate destinations in one message are rejected, not
+    deduplicated: a list with a repeat is almost always a bug in the caller.
+
+    Backpressure: when the site's server finds most of this client's
+    destinations too far behind, ``transmit`` either raises
+    :class:`~lr_client.errors.BackpressureError` at once (``backpressure="raise"``,
+    the default) or waits up to ``backpressure_timeout`` seconds for them to
+    recover before raising (``"wait"``); ``"ignore"`` never checks. The check
+    happens before anything is written.
+    """
+
+    def __init__(
+        self,
+        engine: Engine | SQLAlchemyQueueStore,
+        source_id: str,
+        client_name: str,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        backpressure: str = "raise",
+        backpressure_timeout: float = 30.0,
+        flow_check_interval: float = 0.25,
+    ) -> None:
+        self.store = engine if isinstance(engine, SQLAlchemyQueueStore) else open_store(engine)
+        self.source_id = validate_name(source_id, "source site id")
+        self.client_name = validate_name(client_name, "client name")
+        if max_payload_bytes <= 0:
+            raise ValueError("max_payload_bytes must be positive")
+        self.max_payload_bytes = max_payload_bytes
+        if backpressure not in ("raise", "wait", "ignore"):
+            raise ValueError("backpressure must be 'raise', 'wait' or 'ignore'")
+        self.backpressure = backpressure
+        self.backpressure_timeout = backpressure_timeout
+        self.flow_check_interval = flow_check_interval
+        self._flow: tuple[float, bool, list[str]] = (-1e9, False, [])
+
+    def _flow_state(self) -> tuple[bool, list[str]]:
+        checked, on, slow = self._flow
+        now = time.monotonic()
+        if now - checked >= self.flow_check_interval:
+            on, slow = self.store.flow_state(self.client_name)
+            self._flow = (now, on, slow)
+        return on, slow
+
+    def _check_backpressure(self) -> None:
+        if self.backpressure == "ignore":
+            return
+        on, slow = self._flow_state()
+        if not on:
+            return
+        if self.backpressure == "wait":
+            deadline = time.monotonic() + self.backpressure_timeout
+            while on and time.monotonic() < deadline:
+                time.sleep(min(self.flow_check_interval, max(0.0, deadline - time.monotonic())))
+                on, slow = self._flow_state()
+            if not on:
+                return
+        raise BackpressureError(
+            f"most destinations of {self.client_name!r} are behind ({', '.join(slow)}); retry later"
+        )
+
+    def register_destinations(self, destinations: Iterable[str]) -> None:
+        """Register sites this client may send to."""
+        self.store.register_sites(list(destinations))
+
+    # -- validation ------------------------------------------------------------------
+    def _dest_nums(self, destinations: object) -> list[int]:
+        if isinstance(destinations, (str, bytes)) or not isinstance(destinations, Sequence):
+            raise InvalidDestinationsError(
+                f"destinations must be a list of site ids, got {type(destinations).__name__}"
+            )
+        if not destinations:
+            raise InvalidDestinationsError("destinations must not be empty")
+        names = [validate_name(d, "destination site id") for d in destinations]
+        if len(set(names)) != len(names):
+            raise InvalidDestinationsError(f"duplicate destinations in {names!r}")
+        if self.source_id in names:
+            raise InvalidDestinationsError(f"a site cannot send to itself ({self.source_id!r})")
+        known = self.store.site_numbers()
+        if any(n not in known for n in names):
+            known = self.store.site_numbers(refresh=True)
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise UnknownDestinationError(f"unknown destinations: {', '.join(unknown)}")
+        return [known[n] for n in names]
+
+    def _payload(self, payload: object) -> bytes:
+        if isinstance(payload, (bytearray, memoryview)):
+            payload = bytes(payload)
+        if not isinstance(payload, bytes):
+            raise InvalidPayloadError(f"payload must be bytes, got {type(payload).__name__}")
+        if len(payload) > self.max_payload_bytes:
+            raise PayloadTooLargeError(
+                f"payload of {len(payload)} bytes exceeds the limit of {self.max_payload_bytes}"
+            )
+        return payload
+
+    # -- transmit ----------------------------------------------------------------------
+    def transmit_log_entry_message(
+        self, session: Session | Connection, payload: bytes, destinations: Sequence[str]
+    ) -> int:
+        """Queue one payload for ``destinations`` in the caller's transaction.
+
+        Returns its position. Nothing is sent unless the transaction commits.
+        """
+        conn = _connection(session)
+        row = (self._payload(payload), self._dest_nums(destinations))
+        self._check_backpressure()
+        return self.store.append_log_entries(conn, self.client_name, [row])[0]
+
+    def transmit_log_entry_messages(
+        self, session: Session | Connection, messages: Sequence[LRMessageWithDestinations]
+    ) -> list[int]:
+        """Queue several payloads in the caller's transaction; all or none are valid."""
+        conn = _connection(session)
+        rows = []
+        for m in messages:
+            if not isinstance(m, LRMessageWithDestinations):
+                raise InvalidPayloadError(
+                    f"expected LRMessageWithDestinations, got {type(m).__name__}"
+                )
+            rows.append((self._payload(m.payload), self._dest_nums(m.destinations)))
+        self._check_backpressure()
+        return self.store.append_log_entries(conn, self.client_name, rows)
+
+    def request_snapshot_sync(
+        self, session: Session | Connection | None, destination: str, reason: str = "application"
+    ) -> str:
+        """Ask for a full sync of this client to ``destination`` (in the caller's transaction).
+
+        Any open snapshot of the same destination and client is cancelled.
+        """
+        self._dest_nums([destination])
+        conn = None if session is None else _connection(session)
+        return self.store.request_snapshot(conn, destination, self.client_name, reason)

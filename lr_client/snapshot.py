@@ -1,0 +1,389 @@
+"""In-process snapshot providers: the application writes a full sync itself.
+
+A full sync of one client for one destination is a *snapshot request*
+(:meth:`~lr_client.store.contract.QueueStore.request_snapshot`). A provider
+turns a request into entries of ``LRQ_Send_SnapSync`` and closes it with the
+``LAST_FULL_SYNC_ENTRY`` marker; the sender session then ships it. Two kinds
+of provider exist: the PySpark job (:mod:`spark_jobs.snapshot_job`) and the
+in-process one here, for applications whose state fits a Python loop::
+
+    def provide(ctx: SnapshotContext) -> None:
+        with app_engine.connect() as conn:
+            for batch in batches(conn.execute(select(policies))):
+                if ctx.is_cancelled():
+                    return
+                ctx.transmit(encode(row) for row in batch)
+
+    runner = SnapshotProviderRunner(engine, "policy", provide)
+    runner.run(stop_event)  # or runner.poll_once() from your own loop
+
+Entries are written in chunks, each in its own short transaction, keyed by
+``(snapshot_id, part, seq)``: re-writing a chunk replaces it, so a provider
+that is retried never duplicates entries. A request that is superseded (a new
+request for the same destination) or cancelled while the provider runs makes
+the next :meth:`SnapshotContext.transmit` raise
+:class:`~lr_client.errors.SnapshotError`; :meth:`SnapshotContext.is_cancelled`
+lets a provider stop earlier. Nothing of a cancelled snapshot is ever
+delivered, and the runner releases whatever it had written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from sqlalchemy.engine import Engine
+
+from lr_client.errors import (
+    InvalidPayloadError,
+    LRError,
+    PayloadTooLargeError,
+    SnapshotError,
+    TransientError,
+)
+from lr_client.names import validate_name
+from lr_client.records import SnapshotRequest, SnapshotStatus
+from lr_client.store import SQLAlchemyQueueStore, open_store
+
+log = logging.getLogger("lr_client.snapshot")
+
+#: Entries written per transaction by :meth:`SnapshotContext.transmit`.
+DEFAULT_CHUNK_SIZE = 1000
+#: Default payload limit of snapshot entries (as for log entries).
+DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES = 64 * 1024 * 1024
+#: Minimum seconds between two progress writes while a transmit is running.
+PROGRESS_INTERVAL_S = 1.0
+
+
+def _check_payload(payload: object, limit: int) -> bytes:
+    if isinstance(payload, (bytearray, memoryview)):
+        payload = bytes(payload)
+    if not isinstance(payload, bytes):
+        raise InvalidPayloadError(f"snapshot payload must be bytes, got {type(payload).__name__}")
+    if len(payload) > limit:
+        raise PayloadTooLargeError(
+            f"snapshot payload of {len(payload)} bytes exceeds the limit of {limit}"
+        )
+    return payload
+
+
+def _chunks(items: Iterable[object], size: int) -> Iterator[list[object]]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+class SnapshotContext:
+    """What a provider callback gets: one RUNNING snapshot to fill.
+
+    Use :meth:`transmit` to write entries, :meth:`is_cancelled` to stop early
+    when the request was superseded, and :meth:`mark_completed` (or just
+    return: the runner completes it) to write the end marker.
+    """
+
+    def __init__(
+        self,
+        store: SQLAlchemyQueueStore,
+        request: SnapshotRequest,
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_payload_bytes: int = DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES,
+    ) -> None:
+        if request.status != SnapshotStatus.RUNNING:
+            raise SnapshotError(
+                f"snapshot {request.snapshot_id} is {request.status.value}, not running"
+            )
+        if chunk_size <= 0:
+            raise ValueError("chunk_size must be positive")
+        self.store = store
+        self.request = request
+        self.chunk_size = chunk_size
+        self.max_payload_bytes = max_payload_bytes
+        self._next_seq = 0  # append position in part 0
+        self._parts: dict[int, int] = {}  # explicit part -> entries written
+        self._completed = False
+        self._cancelled = False
+        self._count: int | None = None
+        self._progress_at = 0.0
+
+    # -- the request ----------------------------------------------------------------
+    @property
+    def snapshot_id(self) -> str:
+        """The id every entry of this snapshot is stamped with."""
+        return self.request.snapshot_id
+
+    @property
+    def destination(self) -> str:
+        """The site this snapshot is for."""
+        return self.request.destination
+
+    @property
+    def client_name(self) -> str:
+        """The application stream this snapshot is of."""
+        return self.request.client_name
+
+    @property
+    def base_position(self) -> int:
+        """Send-queue position the snapshot starts from.
+
+        Log entries after it are shipped after the snapshot, so they may
+        repeat changes already in it: apply must be idempotent per key.
+        """
+        return int(self.request.base_position or 0)
+
+    @property
+    def progress(self) -> int:
+        """Entries written so far by this context."""
+        return self._next_seq + sum(self._parts.values())
+
+    @property
+    def completed(self) -> bool:
+        """Whether :meth:`mark_completed` has written the end marker."""
+        return self._completed
+
+    @property
+    def entry_count(self) -> int | None:
+        """The count in the end marker, once completed."""
+        return self._count
+
+    # -- writing ----------------------------------------------------------------------
+    def transmit(self, payloads: Iterable[bytes], *, part: int | None = None) -> int:
+        """Write snapshot entries; return how many this call wrote.
+
+        Without ``part``, entries are appended after those of earlier calls
+        (part 0). With ``part=n`` (n >= 1) the call writes part ``n`` from its
+        start, replacing entries a previous write of the same part left at the
+        same places: a provider that splits its state into deterministic parts
+        can retry a part safely.
+
+        Entries are written in chunks of ``chunk_size``, each in its own
+        transaction. A list or tuple is validated whole before anything is
+        written; a lazy iterable is validated chunk by chunk, so on a bad
+        payload the earlier chunks of the call stay written.
+
+        Raises :class:`~lr_client.errors.InvalidPayloadError` (not bytes),
+        :class:`~lr_client.errors.PayloadTooLargeError`, or
+        :class:`~lr_client.errors.SnapshotError` once the snapshot is no longer
+        running (cancelled, superseded, or already completed).
+        """
+        if self._completed:
+            raise SnapshotError(f"snapshot {self.snapshot_id} is already completed")
+        if part is not None and (isinstance(part, bool) or not isinstance(part, int) or part < 1):
+            raise ValueError(f"part must be an int >= 1 (part 0 is the append part), got {part!r}")
+        limit = self.max_payload_bytes
+        if isinstance(payloads, (bytes, bytearray, memoryview, str)):
+            raise InvalidPayloadError(
+                "transmit takes an iterable of payloads, not a single " + type(payloads).__name__
+            )
+        source: Iterable[object] = payloads
+        if isinstance(payloads, Sequence):
+            source = [_check_payload(p, limit) for p in payloads]
+        seq = self._next_seq if part is None else 0
+        target = 0 if part is None else part
+        written = 0
+        for chunk in _chunks(source, self.chunk_size):
+            batch = [_check_payload(p, limit) for p in chunk]
+            self._write(target, batch, seq)
+            seq += len(batch)
+            written += len(batch)
+            if part is None:
+                self._next_seq = seq
+            else:
+                self._parts[part] = max(self._parts.get(part, 0), seq)
+            if time.monotonic() - self._progress_at >= PROGRESS_INTERVAL_S:
+                self._save_progress()
+        return written
+
+    def _write(self, part: int, payloads: list[bytes], first_seq: int) -> None:
+        try:
+            with self.store.write() as conn:
+                self.store.write_snapshot_entries(conn, self.snapshot_id, part, payloads, first_seq)
+        except SnapshotError:
+            self._cancelled = True
+            raise
+
+    def _save_progress(self) -> None:
+        self._progress_at = time.monotonic()
+        self.store.set_snapshot_progress(self.snapshot_id, self.progress)
+
+    def mark_completed(self) -> int:
+        """Write the end marker (with the entry count); the snapshot becomes READY.
+
+        Returns the entry count. Raises :class:`~lr_client.errors.SnapshotError`
+        if the snapshot was cancelled or superseded meanwhile.
+        """
+        if self._completed:
+            assert self._count is not None
+            return self._count
+        try:
+            self._count = self.store.finish_snapshot(self.snapshot_id)
+        except SnapshotError:
+            self._cancelled = True
+            raise
+        self._completed = True
+        return self._count
+
+    def cancel(self, reason: str = "cancelled by the provider") -> None:
+        """Give up this snapshot: cancel the request and release its entries."""
+        self._cancelled = True
+        self.store.cancel_snapshot(self.snapshot_id, reason)
+
+    def is_cancelled(self) -> bool:
+        """Whether the request was cancelled or superseded (asks the database).
+
+        Call it between batches, not for every row.
+        """
+        if self._cancelled:
+            return True
+        req = self.store.get_snapshot(self.snapshot_id)
+        if req is None or req.status in (SnapshotStatus.CANCELLED, SnapshotStatus.FAILED):
+            self._cancelled = True
+        return self._cancelled
+
+
+#: A provider callback: fill the snapshot through the context.
+Provider = Callable[[SnapshotContext], None]
+
+
+class SnapshotProviderRunner:
+    """Runs an in-process provider for every snapshot request of one client.
+
+    Each :meth:`poll_once` takes the REQUESTED snapshots of ``client_name``
+    (optionally only those for ``destinations``), starts each one (fixing its
+    base position; a request another runner started, or one cancelled
+    meanwhile, is skipped), calls ``provider`` with a :class:`SnapshotContext`
+    and, when the provider returns without completing it, writes the end
+    marker. A provider that raises marks the snapshot FAILED (the sender
+    session asks for a new one) and its entries are released; a snapshot
+    superseded while its provider ran is left CANCELLED, its entries released.
+    """
+
+    def __init__(
+        self,
+        engine_or_store: Engine | SQLAlchemyQueueStore,
+        client_name: str,
+        provider: Provider,
+        *,
+        destinations: Iterable[str] | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_payload_bytes: int = DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES,
+    ) -> None:
+        if isinstance(engine_or_store, SQLAlchemyQueueStore):
+            self.store = engine_or_store
+        else:
+            self.store = open_store(engine_or_store)
+        self.client_name = validate_name(client_name, "client name")
+        if not callable(provider):
+            raise TypeError("provider must be callable with a SnapshotContext")
+        self.provider = provider
+        self.destinations = (
+            None
+            if destinations is None
+            else frozenset(validate_name(d, "site id") for d in destinations)
+        )
+        self.chunk_size = chunk_size
+        self.max_payload_bytes = max_payload_bytes
+
+    def pending(self) -> list[SnapshotRequest]:
+        """REQUESTED snapshots this runner would handle, oldest first."""
+        found = self.store.list_snapshots(
+            client_name=self.client_name, statuses=[SnapshotStatus.REQUESTED]
+        )
+        if self.destinations is not None:
+            found = [r for r in found if r.destination in self.destinations]
+        return list(reversed(found))
+
+    def poll_once(self, *, raise_errors: bool = True) -> int:
+        """Handle every pending request once; return how many snapshots were handled.
+
+        A provider's exception is re-raised (after the snapshot is marked
+        FAILED) unless ``raise_errors`` is false, in which case it is logged.
+        """
+        handled = 0
+        for req in self.pending():
+            started = self.store.start_snapshot(req.snapshot_id)
+            if started is None:
+                continue  # another runner took it, or it was cancelled meanwhile
+            handled += 1
+            try:
+                self.provide(started)
+            except Exception:
+                if raise_errors:
+                    raise
+                log.exception("snapshot %s of %s failed", req.snapshot_id, self.client_name)
+        return handled
+
+    def provide(self, request: SnapshotRequest) -> SnapshotContext:
+        """Run the provider for one RUNNING snapshot; return its context."""
+        ctx = SnapshotContext(
+            self.store,
+            request,
+            chunk_size=self.chunk_size,
+            max_payload_bytes=self.max_payload_bytes,
+        )
+        sid = request.snapshot_id
+        try:
+            self.provider(ctx)
+            if not ctx.completed and not ctx.is_cancelled():
+                ctx.mark_completed()
+        except BaseException as exc:
+            if ctx.is_cancelled():
+                # Superseded or cancelled while the provider ran: release, not a failure.
+                log.info("snapshot %s of %s was cancelled (%r)", sid, self.client_name, exc)
+                self._release(sid)
+                if isinstance(exc, SnapshotError):
+                    return ctx
+                raise
+            self._fail(sid, f"provider failed: {exc!r}"[:500])
+            self._release(sid)
+            raise
+        if not ctx.completed:
+            log.info("snapshot %s of %s was cancelled or superseded", sid, self.client_name)
+            self._release(sid)
+        else:
+            log.info(
+                "snapshot %s of %s for %s: %s entries",
+                sid,
+                self.client_name,
+                request.destination,
+                ctx.entry_count,
+            )
+        return ctx
+
+    def _fail(self, snapshot_id: str, reason: str) -> None:
+        self.store.update_snapshot(
+            snapshot_id,
+            expect=[SnapshotStatus.RUNNING],
+            status=SnapshotStatus.FAILED,
+            reason=reason,
+        )
+
+    def _release(self, snapshot_id: str) -> None:
+        """Delete whatever the provider wrote (the request is already closed)."""
+        try:
+            self.store.cancel_snapshot(snapshot_id, "released by the provider runner")
+        except LRError:
+            log.warning("could not release the entries of snapshot %s", snapshot_id)
+
+    def run(self, stop: threading.Event, interval: float = 0.5) -> None:
+        """Poll every ``interval`` seconds until ``stop`` is set.
+
+        Provider failures and transient store errors are logged, not raised.
+        """
+        while not stop.is_set():
+            try:
+                self.poll_once(raise_errors=False)
+            except TransientError as exc:
+                log.warning("snapshot runner of %s: %s", self.client_name, exc)
+            stop.wait(interval)
+
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "Provider",
+    "SnapshotContext",
+    "SnapshotProviderRunner",
+]

@@ -1,0 +1,75 @@
+"""The queue store: one contract, a SQLite and a PostgreSQL backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from lr_client.store.contract import QueueStore
+from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.sqla import SQLAlchemyQueueStore
+from lr_client.store.sqlite import SQLiteQueueStore
+
+SQLITE_BUSY_TIMEOUT_S = 60.0
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL, a busy timeout, and explicit BEGIN (IMMEDIATE for the store's writes)."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        immediate = conn.get_execution_options().get("lr_immediate", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def create_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine configured for the queue store.
+
+    SQLite gets WAL mode, a busy timeout and transactions that begin when the
+    application begins them (``BEGIN IMMEDIATE`` for the store's own writes);
+    ``postgresql://`` URLs use psycopg 3.
+    """
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite"):
+        kwargs.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
+        kwargs["connect_args"].setdefault("check_same_thread", False)
+        engine = sqlalchemy.create_engine(url, **kwargs)
+        _configure_sqlite(engine)
+        return engine
+    # No pool_pre_ping: it costs a round trip per checkout on the hot path; a
+    # dead connection surfaces as StoreUnavailableError and the caller retries.
+    return sqlalchemy.create_engine(url, **kwargs)
+
+
+def open_store(engine_or_url: Engine | str) -> SQLAlchemyQueueStore:
+    """The store backend for an engine (or a URL, through :func:`create_engine`)."""
+    engine = create_engine(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
+    name = engine.dialect.name
+    if name == "sqlite":
+        return SQLiteQueueStore(engine)
+    if name == "postgresql":
+        return PostgresQueueStore(engine)
+    raise ValueError(f"unsupported database dialect {name!r} (SQLite and PostgreSQL are)")
+
+
+__all__ = [
+    "PostgresQueueStore",
+    "QueueStore",
+    "SQLAlchemyQueueStore",
+    "SQLiteQueueStore",
+    "create_engine",
+    "open_store",
+]

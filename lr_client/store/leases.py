@@ -1,0 +1,170 @@
+"""Per-queue subscriber state and leases in ``lrq_subscriber_state``.
+
+Every function takes a ``Connection`` and runs in the caller's transaction.
+
+A lease row says which subscriber (``lease_owner``) may deliver a receive
+queue until ``lease_expires`` (wall-clock seconds). It is taken with one
+conditional ``UPDATE`` (free, expired or already ours), so two subscribers can
+never both succeed, on SQLite or PostgreSQL. The delivering transaction then
+*fences* itself: it writes the queue's new state with
+``WHERE lease_owner = :me`` and rolls back when that matches no row, so a
+subscriber whose lease was taken over can never commit a delivery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+
+from lr_client.records import ReplicationType
+from lr_client.store import schema as s
+
+_T = s.subscriber_state
+_R = s.recv_entries
+_TYPES = {int(t): t for t in ReplicationType}
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberState:
+    """Delivery state of one receive queue."""
+
+    queue_id: int
+    snapshot_id: str = ""  # the snapshot whose start callback was issued last
+    in_snapshot: bool = False  # started and not yet ended
+    delivered: int = 0  # entries delivered to the listener so far
+    lease_owner: str = ""
+    lease_expires: float = 0.0
+
+
+def load_state(conn: Connection, queue_id: int) -> SubscriberState:
+    """The queue's state (defaults if it has no row yet)."""
+    row = conn.execute(select(_T).where(_T.c.queue_id == queue_id)).first()
+    if row is None:
+        return SubscriberState(queue_id)
+    return SubscriberState(
+        queue_id=row.queue_id,
+        snapshot_id=row.snapshot_id,
+        in_snapshot=bool(row.in_snapshot),
+        delivered=int(row.delivered),
+        lease_owner=row.lease_owner,
+        lease_expires=float(row.lease_expires),
+    )
+
+
+def _ensure_row(conn: Connection, queue_id: int) -> None:
+    values = {
+        "queue_id": queue_id,
+        "snapshot_id": "",
+        "in_snapshot": False,
+        "delivered": 0,
+        "lease_owner": "",
+        "lease_expires": 0.0,
+    }
+    if conn.dialect.name == "postgresql":
+        conn.execute(pg_insert(_T).values(**values).on_conflict_do_nothing())
+    else:
+        conn.execute(sqlite_insert(_T).values(**values).on_conflict_do_nothing())
+
+
+def acquire_lease(
+    conn: Connection, queue_id: int, owner: str, now: float, lease_seconds: float
+) -> float | None:
+    """Take or renew the queue's lease; return its expiry, or None if another holds it."""
+    expires = now + lease_seconds
+    stmt = (
+        update(_T)
+        .where(
+            _T.c.queue_id == queue_id,
+            or_(_T.c.lease_owner == owner, _T.c.lease_owner == "", _T.c.lease_expires < now),
+        )
+        .values(lease_owner=owner, lease_expires=expires)
+    )
+    if conn.execute(stmt).rowcount == 1:
+        return expires
+    if conn.execute(select(_T.c.queue_id).where(_T.c.queue_id == queue_id)).first() is not None:
+        return None
+    _ensure_row(conn, queue_id)
+    return expires if conn.execute(stmt).rowcount == 1 else None
+
+
+def save_state(
+    conn: Connection,
+    queue_id: int,
+    owner: str,
+    *,
+    snapshot_id: str,
+    in_snapshot: bool,
+    delivered: int,
+    lease_expires: float,
+) -> bool:
+    """Write the queue's new state if ``owner`` still holds the lease (renewing it).
+
+    Returns False when the lease was lost: the caller must roll back.
+    """
+    result = conn.execute(
+        update(_T)
+        .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
+        .values(
+            snapshot_id=snapshot_id,
+            in_snapshot=in_snapshot,
+            delivered=delivered,
+            lease_expires=lease_expires,
+        )
+    )
+    return result.rowcount == 1
+
+
+def release_leases(conn: Connection, owner: str, queue_ids: list[int] | None = None) -> int:
+    """Give up ``owner``'s leases (all of them, or those of ``queue_ids``)."""
+    stmt = update(_T).where(_T.c.lease_owner == owner)
+    if queue_ids is not None:
+        stmt = stmt.where(_T.c.queue_id.in_(queue_ids))
+    return int(conn.execute(stmt.values(lease_owner="", lease_expires=0.0)).rowcount or 0)
+
+
+class HeadEntry(NamedTuple):
+    """An entry at the head of a receive queue (what delivery needs of it)."""
+
+    seq: int
+    type: ReplicationType
+    source_position: int
+    snapshot_id: str
+    payload: bytes
+
+
+def read_head(conn: Connection, queue_id: int, limit: int) -> list[HeadEntry]:
+    """The oldest ``limit`` entries of a receive queue, in seq order."""
+    rows = conn.execute(
+        select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.payload)
+        .where(_R.c.queue_id == queue_id)
+        .order_by(_R.c.seq)
+        .limit(limit)
+    ).all()
+    make, types = HeadEntry._make, _TYPES
+    return [
+        make((r[0], types[r[1]], r[2], r[3], r[4] if type(r[4]) is bytes else bytes(r[4])))
+        for r in rows
+    ]
+
+
+def has_entries(conn: Connection, queue_id: int) -> bool:
+    """Whether the receive queue holds anything (a cheap indexed probe)."""
+    probe = select(_R.c.seq).where(_R.c.queue_id == queue_id).limit(1)
+    return conn.execute(probe).first() is not None
+
+
+__all__ = [
+    "HeadEntry",
+    "SubscriberState",
+    "acquire_lease",
+    "has_entries",
+    "load_state",
+    "read_head",
+    "release_leases",
+    "save_state",
+]

@@ -1,0 +1,230 @@
+"""The database schema, defined once.
+
+Table names are fixed; every name that comes from input (site ids, client
+names, snapshot ids) is a column value bound as a parameter, never SQL text.
+
+Queue layout:
+
+* ``lrq_send_log_entries`` is ``LRQ_Send_LogEntries``: one row per transmitted
+  payload, whatever the number of destinations (I4). Its destinations are kept
+  as small site numbers; the stream tags ``lrq_logentry_<dest>`` are an index
+  from destination to positions: a GIN index over ``dest_nums`` on PostgreSQL
+  (a few bytes per tag) and the ``lrq_send_tags`` table on SQLite.
+* ``lrq_send_snapsync`` is ``LRQ_Send_SnapSync``: snapshot entries, keyed by
+  ``(snapshot_id, part, seq)`` so a retried writer never duplicates.
+* ``lrq_recv_entries`` holds every ``LRQ_Recv_<client>__<source>`` queue,
+  each a ``queue_id`` of ``lrq_queue_registry``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import postgresql
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+# BIGINT on PostgreSQL; INTEGER on SQLite so the column is the rowid alias.
+_BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+meta = Table(
+    "lrq_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+sites = Table(
+    "lrq_sites",
+    metadata,
+    Column("site_num", Integer, primary_key=True, autoincrement=True),
+    Column("site_id", String(63), nullable=False, unique=True),
+)
+
+send_log_entries = Table(
+    "lrq_send_log_entries",
+    metadata,
+    Column("position", _BigId, primary_key=True, autoincrement=True),
+    Column("client_name", String(63), nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    # PostgreSQL: smallint[] with a GIN index; SQLite: ",1,5," (tags table indexes it).
+    Column(
+        "dest_nums",
+        Text().with_variant(postgresql.ARRAY(SmallInteger), "postgresql"),
+        nullable=False,
+    ),
+    Column("created_at", Double, nullable=False),
+    sqlite_autoincrement=True,
+)
+Index("lrq_send_log_entries_client", send_log_entries.c.client_name, send_log_entries.c.position)
+Index("lrq_send_log_entries_dests", send_log_entries.c.dest_nums, postgresql_using="gin").ddl_if(
+    dialect="postgresql"
+)
+
+send_tags = Table(
+    "lrq_send_tags",
+    metadata,
+    Column("dest_num", SmallInteger, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    PrimaryKeyConstraint("dest_num", "position"),
+    sqlite_with_rowid=False,
+    info={"only": "sqlite"},
+)
+
+send_snapsync = Table(
+    "lrq_send_snapsync",
+    metadata,
+    Column("position", _BigId, primary_key=True, autoincrement=True),
+    Column("snapshot_id", String(64), nullable=False),
+    Column("part", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("type", SmallInteger, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    UniqueConstraint("snapshot_id", "part", "seq", name="lrq_send_snapsync_key"),
+    sqlite_autoincrement=True,
+)
+
+snapshots = Table(
+    "lrq_snapshots",
+    metadata,
+    Column("snapshot_id", String(64), primary_key=True),
+    Column("destination", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("base_position", BigInteger),
+    Column("reason", Text, nullable=False, default=""),
+    Column("rows_written", BigInteger, nullable=False, default=0),
+    Column("entry_count", BigInteger),
+    Column("shipped_position", BigInteger, nullable=False, default=0),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+)
+Index("lrq_snapshots_stream", snapshots.c.destination, snapshots.c.client_name, snapshots.c.status)
+
+cursors = Table(
+    "lrq_cursors",
+    metadata,
+    Column("destination", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("position", BigInteger, nullable=False, default=0),
+    Column("acked_at", Double, nullable=False, default=0.0),
+    Column("needs_snapshot", Boolean, nullable=False, default=False),
+    PrimaryKeyConstraint("destination", "client_name"),
+)
+
+drops = Table(
+    "lrq_drops",
+    metadata,
+    Column("destination", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("first_dropped_position", BigInteger, nullable=False),
+    Column("dropped_at", Double, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    PrimaryKeyConstraint("destination", "client_name"),
+)
+
+queue_registry = Table(
+    "lrq_queue_registry",
+    metadata,
+    Column("queue_id", Integer, primary_key=True, autoincrement=True),
+    Column("queue_name", String(200), nullable=False, unique=True),
+    Column("client_name", String(63), nullable=False),
+    Column("source_id", String(63), nullable=False),
+    Column("created_at", Double, nullable=False),
+)
+
+recv_entries = Table(
+    "lrq_recv_entries",
+    metadata,
+    Column("seq", _BigId, primary_key=True, autoincrement=True),
+    Column("queue_id", Integer, nullable=False),
+    Column("type", SmallInteger, nullable=False),
+    Column("source_position", BigInteger, nullable=False),
+    Column("snapshot_id", String(64), nullable=False, default=""),
+    Column("snapshot_count", BigInteger, nullable=False, default=0),
+    Column("payload", LargeBinary, nullable=False),
+    Column("received_at", Double, nullable=False),
+    sqlite_autoincrement=True,
+)
+Index("lrq_recv_entries_queue", recv_entries.c.queue_id, recv_entries.c.seq)
+
+sink_progress = Table(
+    "lrq_sink_progress",
+    metadata,
+    Column("source_id", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("last_position", BigInteger, nullable=False, default=0),
+    Column("snapshot_state", SmallInteger, nullable=False, default=0),
+    Column("snapshot_id", String(64), nullable=False, default=""),
+    Column("snapshot_position", BigInteger, nullable=False, default=0),
+    Column("entries_received", BigInteger, nullable=False, default=0),
+    Column("updated_at", Double, nullable=False, default=0.0),
+    PrimaryKeyConstraint("source_id", "client_name"),
+)
+
+subscriber_state = Table(
+    "lrq_subscriber_state",
+    metadata,
+    Column("queue_id", Integer, primary_key=True, autoincrement=False),
+    Column("snapshot_id", String(64), nullable=False, default=""),
+    Column("in_snapshot", Boolean, nullable=False, default=False),
+    Column("delivered", BigInteger, nullable=False, default=0),
+    Column("lease_owner", String(128), nullable=False, default=""),
+    Column("lease_expires", Double, nullable=False, default=0.0),
+)
+
+flow_control = Table(
+    "lrq_flow_control",
+    metadata,
+    Column("client_name", String(63), primary_key=True),
+    Column("backpressure", Boolean, nullable=False, default=False),
+    Column("slow_destinations", Text, nullable=False, default=""),
+    Column("updated_at", Double, nullable=False),
+)
+
+session_status = Table(
+    "lrq_session_status",
+    metadata,
+    Column("destination", String(63), primary_key=True),
+    Column("state", String(32), nullable=False),
+    Column("connected", Boolean, nullable=False, default=False),
+    Column("inflight_batches", Integer, nullable=False, default=0),
+    Column("inflight_bytes", BigInteger, nullable=False, default=0),
+    Column("last_error", Text, nullable=False, default=""),
+    Column("updated_at", Double, nullable=False),
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "cursors",
+    "drops",
+    "flow_control",
+    "meta",
+    "metadata",
+    "queue_registry",
+    "recv_entries",
+    "send_log_entries",
+    "send_snapsync",
+    "send_tags",
+    "session_status",
+    "sink_progress",
+    "sites",
+    "snapshots",
+    "subscriber_state",
+]

@@ -1,0 +1,1008 @@
+"""The SQLAlchemy queue store, shared by the SQLite and PostgreSQL backends.
+
+Dialect-specific pieces (commit-ordered positions, the tag index, upserts)
+are the few methods :mod:`lr_client.store.sqlite` and
+:mod:`lr_client.store.postgres` override.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import and_, delete, func, insert, inspect, select, update
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.exc import OperationalError
+
+from lr_client.errors import ProtocolError, SchemaError, SnapshotError, StoreUnavailableError
+from lr_client.names import recv_queue_name, validate_name
+from lr_client.records import (
+    Backlog,
+    Cursor,
+    DropRecord,
+    QueueInfo,
+    RecvEntry,
+    ReplicationType,
+    SendEntry,
+    SinkProgress,
+    SinkSnapshotState,
+    SnapshotRequest,
+    SnapshotStatus,
+    WireEntry,
+)
+from lr_client.store import schema as s
+from lr_client.store.contract import QueueStore
+
+OPEN_STATUSES = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
+
+
+def _cut(rows: Sequence[Any], max_bytes: int | None, size: Any) -> list[Any]:
+    """Keep a prefix of ``rows`` within ``max_bytes`` (always at least one)."""
+    rows = list(rows)
+    if max_bytes is None:
+        return rows
+    total = 0
+    for i, row in enumerate(rows):
+        total += size(row)
+        if total > max_bytes and i > 0:
+            return rows[:i]
+    return rows
+
+
+class SQLAlchemyQueueStore(QueueStore):
+    """Common implementation; use :func:`lr_client.store.open_store`."""
+
+    dialect = "generic"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sites: dict[str, int] = {}
+        self._site_names: dict[int, str] = {}
+        self._queue_ids: dict[str, int] = {}
+
+    # -- transactions -----------------------------------------------------------
+    #: Isolation for trim: every read of the transaction sees one snapshot.
+    consistent_isolation: str | None = None
+
+    @contextmanager
+    def write(self, consistent: bool = False) -> Iterator[Connection]:
+        """A read-write transaction of the store's own."""
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(lr_immediate=True)
+                if consistent and self.consistent_isolation:
+                    conn = conn.execution_options(isolation_level=self.consistent_isolation)
+                with conn.begin():
+                    yield conn
+        except OperationalError as exc:
+            raise StoreUnavailableError(str(exc.orig) if exc.orig else str(exc)) from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction."""
+        try:
+            with self.engine.connect() as conn, conn.begin():
+                yield conn
+        except OperationalError as exc:
+            raise StoreUnavailableError(str(exc.orig) if exc.orig else str(exc)) from exc
+
+    # -- schema and sites ---------------------------------------------------------
+    def _tables(self) -> list[Any]:
+        return [t for t in s.metadata.sorted_tables if t.info.get("only") in (None, self.dialect)]
+
+    def create_schema(self) -> None:
+        with self.write() as conn:
+            s.metadata.create_all(conn, tables=self._tables())
+            found = conn.execute(select(s.meta.c.value).where(s.meta.c.key == "schema_version"))
+            if found.scalar() is None:
+                conn.execute(
+                    insert(s.meta).values(key="schema_version", value=str(s.SCHEMA_VERSION))
+                )
+
+    def check_schema(self) -> None:
+        with self.read() as conn:
+            names = set(inspect(conn).get_table_names())
+            missing = [t.name for t in self._tables() if t.name not in names]
+            if missing:
+                raise SchemaError(f"schema missing tables: {', '.join(missing)} (run `lr init-db`)")
+            version = conn.execute(
+                select(s.meta.c.value).where(s.meta.c.key == "schema_version")
+            ).scalar()
+        if version != str(s.SCHEMA_VERSION):
+            raise SchemaError(f"schema version {version!r}, expected {s.SCHEMA_VERSION}")
+
+    def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
+        wanted = [validate_name(x, "site id") for x in site_ids]
+        known = self.site_numbers(refresh=True)
+        new = [x for x in dict.fromkeys(wanted) if x not in known]
+        if new:
+            with self.write() as conn:
+                self._insert_ignore(conn, s.sites, [{"site_id": x} for x in new], ["site_id"])
+        return self.site_numbers(refresh=True)
+
+    def site_numbers(self, refresh: bool = False) -> dict[str, int]:
+        if refresh or not self._sites:
+            with self.read() as conn:
+                rows = conn.execute(select(s.sites.c.site_id, s.sites.c.site_num)).all()
+            self._sites = {r.site_id: r.site_num for r in rows}
+            self._site_names = {num: name for name, num in self._sites.items()}
+        return dict(self._sites)
+
+    def site_name(self, num: int) -> str:
+        if num not in self._site_names:
+            self.site_numbers(refresh=True)
+        return self._site_names.get(num, f"#{num}")
+
+    # -- dialect hooks ------------------------------------------------------------------
+    #: The dialect's INSERT construct (it has ``on_conflict_do_nothing/update``).
+    dialect_insert: Any = None
+
+    def _insert_ignore(
+        self, conn: Connection, table: Any, rows: list[dict[str, Any]], keys: list[str]
+    ) -> None:
+        conn.execute(self.dialect_insert(table).on_conflict_do_nothing(index_elements=keys), rows)
+
+    def _upsert(
+        self,
+        conn: Connection,
+        table: Any,
+        row: dict[str, Any],
+        keys: list[str],
+        keep: Sequence[str] = (),
+    ) -> None:
+        """Insert ``row``, or update it on a key conflict (except the ``keep`` columns)."""
+        stmt = self.dialect_insert(table).values(**row)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=keys,
+            set_={k: v for k, v in row.items() if k not in keys and k not in keep},
+        )
+        conn.execute(stmt)
+
+    def _insert_entries(
+        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+    ) -> list[int]:
+        raise NotImplementedError
+
+    def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+        raise NotImplementedError
+
+    def _trim_log(self, conn: Connection, batch_size: int) -> int:
+        raise NotImplementedError
+
+    def _release_tags(self, conn: Connection, dest_num: int, client_name: str) -> None:
+        """Backend hook run when a stream is dropped."""
+
+    def _lock_stream(self, conn: Connection, source_id: str, client_name: str) -> None:
+        """Serialise appends to one receive queue (SQLite already serialises writers)."""
+
+    def head_position(self, conn: Connection | None = None) -> int:
+        raise NotImplementedError
+
+    def analyze(self) -> None:
+        """Refresh the planner's statistics of the send queue (a backend hook)."""
+
+    # -- send side ----------------------------------------------------------------------
+    def append_log_entries(
+        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+    ) -> list[int]:
+        if not messages:
+            return []
+        return self._insert_entries(conn, client_name, messages)
+
+    def read_log_entries(
+        self,
+        destination: str,
+        client_name: str,
+        after: int,
+        limit: int,
+        max_bytes: int | None = None,
+        up_to: int | None = None,
+    ) -> list[SendEntry]:
+        num = self.site_numbers().get(destination)
+        if num is None:
+            num = self.site_numbers(refresh=True).get(destination)
+            if num is None:
+                return []
+        query = self._tagged_query(num, client_name, after)
+        if up_to is not None:
+            query = query.where(s.send_log_entries.c.position <= up_to)
+        query = query.order_by(s.send_log_entries.c.position).limit(limit)
+        with self.read() as conn:
+            rows = conn.execute(query).all()
+        rows = _cut(rows, max_bytes, lambda r: len(r.payload) + 32)
+        return [
+            SendEntry(
+                position=r.position,
+                client_name=r.client_name,
+                type=ReplicationType.LOG_ENTRY_SYNC,
+                payload=bytes(r.payload),
+                created_at=r.created_at,
+            )
+            for r in rows
+        ]
+
+    def oldest_position(self, client_name: str | None = None) -> int | None:
+        query = select(func.min(s.send_log_entries.c.position))
+        if client_name is not None:
+            query = query.where(s.send_log_entries.c.client_name == client_name)
+        with self.read() as conn:
+            value = conn.execute(query).scalar()
+        return None if value is None else int(value)
+
+    @staticmethod
+    def _cursor(row: Row[Any]) -> Cursor:
+        return Cursor(
+            destination=row.destination,
+            client_name=row.client_name,
+            position=row.position,
+            acked_at=row.acked_at,
+            needs_snapshot=bool(row.needs_snapshot),
+        )
+
+    def get_cursor(self, destination: str, client_name: str) -> Cursor:
+        with self.read() as conn:
+            row = conn.execute(
+                select(s.cursors).where(
+                    s.cursors.c.destination == destination, s.cursors.c.client_name == client_name
+                )
+            ).first()
+        return self._cursor(row) if row else Cursor(destination, client_name)
+
+    def list_cursors(self) -> list[Cursor]:
+        with self.read() as conn:
+            rows = conn.execute(
+                select(s.cursors).order_by(s.cursors.c.destination, s.cursors.c.client_name)
+            ).all()
+        return [self._cursor(r) for r in rows]
+
+    def set_cursor(
+        self,
+        destination: str,
+        client_name: str,
+        position: int,
+        *,
+        needs_snapshot: bool | None = None,
+    ) -> None:
+        with self.write() as conn:
+            self._set_cursor(conn, destination, client_name, position, needs_snapshot)
+
+    def _set_cursor(
+        self,
+        conn: Connection,
+        destination: str,
+        client_name: str,
+        position: int,
+        needs_snapshot: bool | None,
+    ) -> None:
+        """Upsert a cursor; ``needs_snapshot=None`` keeps the flag as it is."""
+        row: dict[str, Any] = {
+            "destination": destination,
+            "client_name": client_name,
+            "position": position,
+            "acked_at": time.time(),
+            "needs_snapshot": bool(needs_snapshot),
+        }
+        keep = ["needs_snapshot"] if needs_snapshot is None else []
+        self._upsert(conn, s.cursors, row, ["destination", "client_name"], keep)
+
+    def backlog(self, destination: str, client_name: str) -> Backlog:
+        cursor = self.get_cursor(destination, client_name)
+        num = self.site_numbers().get(destination)
+        if num is None:
+            return Backlog(destination, client_name)
+        sub = self._tagged_query(num, client_name, cursor.position).subquery()
+        with self.read() as conn:
+            row = conn.execute(
+                select(
+                    func.count(),
+                    func.coalesce(func.sum(func.length(sub.c.payload)), 0),
+                    func.min(sub.c.created_at),
+                )
+            ).one()
+        return Backlog(destination, client_name, int(row[0]), int(row[1]), row[2])
+
+    # -- snapshots ----------------------------------------------------------------------
+    @staticmethod
+    def _snapshot(row: Row[Any]) -> SnapshotRequest:
+        return SnapshotRequest(
+            snapshot_id=row.snapshot_id,
+            destination=row.destination,
+            client_name=row.client_name,
+            status=SnapshotStatus(row.status),
+            base_position=row.base_position,
+            reason=row.reason,
+            rows_written=row.rows_written,
+            entry_count=row.entry_count,
+            shipped_position=row.shipped_position,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+    def request_snapshot(
+        self, conn: Connection | None, destination: str, client_name: str, reason: str = ""
+    ) -> str:
+        validate_name(destination, "site id")
+        validate_name(client_name, "client name")
+        if conn is None:
+            with self.write() as own:
+                return self._request_snapshot(own, destination, client_name, reason)
+        return self._request_snapshot(conn, destination, client_name, reason)
+
+    def _request_snapshot(
+        self, conn: Connection, destination: str, client_name: str, reason: str
+    ) -> str:
+        now = time.time()
+        snapshot_id = uuid.uuid4().hex
+        stale = (
+            conn.execute(
+                select(s.snapshots.c.snapshot_id).where(
+                    s.snapshots.c.destination == destination,
+                    s.snapshots.c.client_name == client_name,
+                    s.snapshots.c.status.in_([x.value for x in OPEN_STATUSES]),
+                )
+            )
+            .scalars()
+            .all()
+        )
+        for old in stale:
+            self._cancel(conn, old, f"superseded by {snapshot_id}")
+        conn.execute(
+            insert(s.snapshots).values(
+                snapshot_id=snapshot_id,
+                destination=destination,
+                client_name=client_name,
+                status=SnapshotStatus.REQUESTED.value,
+                reason=reason,
+                rows_written=0,
+                shipped_position=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        return snapshot_id
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
+        with self.read() as conn:
+            row = conn.execute(
+                select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
+            ).first()
+        return self._snapshot(row) if row else None
+
+    def list_snapshots(
+        self,
+        destination: str | None = None,
+        client_name: str | None = None,
+        statuses: Sequence[SnapshotStatus] | None = None,
+    ) -> list[SnapshotRequest]:
+        query = select(s.snapshots)
+        if destination is not None:
+            query = query.where(s.snapshots.c.destination == destination)
+        if client_name is not None:
+            query = query.where(s.snapshots.c.client_name == client_name)
+        if statuses is not None:
+            query = query.where(s.snapshots.c.status.in_([x.value for x in statuses]))
+        query = query.order_by(s.snapshots.c.created_at.desc())
+        with self.read() as conn:
+            return [self._snapshot(r) for r in conn.execute(query).all()]
+
+    def update_snapshot(
+        self,
+        snapshot_id: str,
+        *,
+        expect: Sequence[SnapshotStatus] | None = None,
+        **values: object,
+    ) -> bool:
+        with self.write() as conn:
+            return self._update_snapshot(conn, snapshot_id, expect, values)
+
+    def _update_snapshot(
+        self,
+        conn: Connection,
+        snapshot_id: str,
+        expect: Sequence[SnapshotStatus] | None,
+        values: dict[str, object],
+    ) -> bool:
+        values = {k: (v.value if isinstance(v, SnapshotStatus) else v) for k, v in values.items()}
+        values["updated_at"] = time.time()
+        query = update(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
+        if expect is not None:
+            query = query.where(s.snapshots.c.status.in_([x.value for x in expect]))
+        return bool(conn.execute(query.values(**values)).rowcount)
+
+    def start_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
+        with self.write() as conn:
+            base = self.head_position(conn)
+            ok = self._update_snapshot(
+                conn,
+                snapshot_id,
+                [SnapshotStatus.REQUESTED],
+                {"status": SnapshotStatus.RUNNING, "base_position": base},
+            )
+            if not ok:
+                return None
+            row = conn.execute(
+                select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
+            ).one()
+        return self._snapshot(row)
+
+    def _require_writable(self, conn: Connection, snapshot_id: str) -> None:
+        # A shared row lock: a concurrent cancel waits for this write, or this
+        # write sees the cancel, so no entry of a cancelled snapshot survives it.
+        status = conn.execute(
+            select(s.snapshots.c.status)
+            .where(s.snapshots.c.snapshot_id == snapshot_id)
+            .with_for_update(read=True)
+        ).scalar()
+        if status != SnapshotStatus.RUNNING.value:
+            raise SnapshotError(f"snapshot {snapshot_id} is {status or 'unknown'}, not running")
+
+    def write_snapshot_entries(
+        self,
+        conn: Connection,
+        snapshot_id: str,
+        part: int,
+        payloads: Sequence[bytes],
+        first_seq: int = 0,
+    ) -> int:
+        self._require_writable(conn, snapshot_id)
+        t = s.send_snapsync
+        conn.execute(
+            delete(t).where(
+                t.c.snapshot_id == snapshot_id,
+                t.c.part == part,
+                t.c.seq >= first_seq,
+                t.c.seq < first_seq + len(payloads),
+            )
+        )
+        if payloads:
+            conn.execute(
+                insert(t),
+                [
+                    {
+                        "snapshot_id": snapshot_id,
+                        "part": part,
+                        "seq": first_seq + i,
+                        "type": int(ReplicationType.SNAPSHOT_SYNC),
+                        "payload": p,
+                    }
+                    for i, p in enumerate(payloads)
+                ],
+            )
+        return len(payloads)
+
+    def count_snapshot_entries(self, snapshot_id: str) -> int:
+        t = s.send_snapsync
+        with self.read() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).where(
+                        t.c.snapshot_id == snapshot_id,
+                        t.c.type == int(ReplicationType.SNAPSHOT_SYNC),
+                    )
+                ).scalar_one()
+            )
+
+    def set_snapshot_progress(self, snapshot_id: str, rows_written: int) -> None:
+        self.update_snapshot(
+            snapshot_id, expect=[SnapshotStatus.RUNNING], rows_written=rows_written
+        )
+
+    def finish_snapshot(self, snapshot_id: str) -> int:
+        t = s.send_snapsync
+        with self.write() as conn:
+            self._require_writable(conn, snapshot_id)
+            count = int(
+                conn.execute(
+                    select(func.count()).where(
+                        t.c.snapshot_id == snapshot_id,
+                        t.c.type == int(ReplicationType.SNAPSHOT_SYNC),
+                    )
+                ).scalar_one()
+            )
+            conn.execute(
+                delete(t).where(
+                    t.c.snapshot_id == snapshot_id,
+                    t.c.type == int(ReplicationType.LAST_FULL_SYNC_ENTRY),
+                )
+            )
+            conn.execute(
+                insert(t).values(
+                    snapshot_id=snapshot_id,
+                    part=-1,
+                    seq=0,
+                    type=int(ReplicationType.LAST_FULL_SYNC_ENTRY),
+                    payload=str(count).encode(),
+                )
+            )
+            self._update_snapshot(
+                conn,
+                snapshot_id,
+                [SnapshotStatus.RUNNING],
+                {"status": SnapshotStatus.READY, "entry_count": count, "rows_written": count},
+            )
+        return count
+
+    def _cancel(self, conn: Connection, snapshot_id: str, reason: str) -> bool:
+        ok = self._update_snapshot(
+            conn,
+            snapshot_id,
+            OPEN_STATUSES,
+            {"status": SnapshotStatus.CANCELLED, "reason": reason},
+        )
+        conn.execute(delete(s.send_snapsync).where(s.send_snapsync.c.snapshot_id == snapshot_id))
+        return ok
+
+    def cancel_snapshot(self, snapshot_id: str, reason: str = "cancelled") -> bool:
+        with self.write() as conn:
+            return self._cancel(conn, snapshot_id, reason)
+
+    def complete_snapshot(self, snapshot_id: str) -> bool:
+        """READY -> COMPLETED: the sink has it all; release its entries."""
+        with self.write() as conn:
+            ok = self._update_snapshot(
+                conn, snapshot_id, [SnapshotStatus.READY], {"status": SnapshotStatus.COMPLETED}
+            )
+            conn.execute(
+                delete(s.send_snapsync).where(s.send_snapsync.c.snapshot_id == snapshot_id)
+            )
+        return ok
+
+    def read_snapshot_entries(
+        self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
+    ) -> list[SendEntry]:
+        t = s.send_snapsync
+        with self.read() as conn:
+            req = conn.execute(
+                select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
+            ).first()
+            if req is None or req.status != SnapshotStatus.READY.value:
+                return []
+            # Ordinals: end marker (part -1) last; the rest by (part, seq).
+            rows = conn.execute(
+                select(t.c.position, t.c.type, t.c.payload, t.c.part, t.c.seq)
+                .where(t.c.snapshot_id == snapshot_id)
+                .order_by((t.c.part < 0), t.c.part, t.c.seq)
+                .offset(after)
+                .limit(limit)
+            ).all()
+        rows = _cut(rows, max_bytes, lambda r: len(r.payload) + 32)
+        return [
+            SendEntry(
+                position=after + i + 1,
+                client_name=req.client_name,
+                type=ReplicationType(r.type),
+                payload=bytes(r.payload),
+                snapshot_id=snapshot_id,
+            )
+            for i, r in enumerate(rows)
+        ]
+
+    # -- trim and retention --------------------------------------------------------------
+    def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
+        total = 0
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            # One snapshot for the acknowledgements read and the delete, so an
+            # entry committed meanwhile is never judged by stale acknowledgements.
+            with self.write(consistent=True) as conn:
+                n = self._trim_log(conn, batch_size)
+            total += n
+            batches += 1
+            if n < batch_size:
+                break
+        with self.write() as conn:
+            done = select(s.snapshots.c.snapshot_id).where(
+                s.snapshots.c.status.in_(
+                    [
+                        SnapshotStatus.COMPLETED.value,
+                        SnapshotStatus.CANCELLED.value,
+                        SnapshotStatus.FAILED.value,
+                    ]
+                )
+            )
+            total += (
+                conn.execute(
+                    delete(s.send_snapsync).where(s.send_snapsync.c.snapshot_id.in_(done))
+                ).rowcount
+                or 0
+            )
+        return total
+
+    def _acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
+        """{(site number, client): position below which the stream needs nothing}."""
+        rows = conn.execute(select(s.cursors)).all()
+        nums = self._sites if self._sites else self.site_numbers()
+        out: dict[tuple[int, str], int] = {}
+        for r in rows:
+            if r.destination in nums:
+                out[(nums[r.destination], r.client_name)] = r.position
+        # A stream with an open snapshot needs everything after its base
+        # position: log entries resume from there once the snapshot is shipped.
+        # A dropped stream needs nothing until such a base is fixed.
+        bases = {
+            (r.destination, r.client_name): r.base_position
+            for r in conn.execute(
+                select(s.snapshots).where(
+                    s.snapshots.c.status.in_([x.value for x in OPEN_STATUSES]),
+                    s.snapshots.c.base_position.is_not(None),
+                )
+            ).all()
+        }
+        for r in conn.execute(select(s.drops)).all():
+            if r.destination in nums:
+                out[(nums[r.destination], r.client_name)] = 2**62
+        for (dest, client), base in bases.items():
+            if dest in nums:
+                key = (nums[dest], client)
+                out[key] = min(out.get(key, 0), base)
+        return out
+
+    def drop_stream(self, destination: str, client_name: str, reason: str) -> DropRecord | None:
+        num = self.site_numbers().get(destination)
+        if num is None:
+            return None
+        with self.write() as conn:
+            existing = conn.execute(
+                select(s.drops).where(
+                    s.drops.c.destination == destination, s.drops.c.client_name == client_name
+                )
+            ).first()
+            if existing is not None:
+                return self._drop(existing)
+            cursor = (
+                conn.execute(
+                    select(s.cursors.c.position).where(
+                        s.cursors.c.destination == destination,
+                        s.cursors.c.client_name == client_name,
+                    )
+                ).scalar()
+                or 0
+            )
+            now = time.time()
+            row = {
+                "destination": destination,
+                "client_name": client_name,
+                "first_dropped_position": cursor + 1,
+                "dropped_at": now,
+                "reason": reason,
+            }
+            conn.execute(insert(s.drops).values(**row))
+            self._set_cursor(conn, destination, client_name, cursor, True)
+            self._release_tags(conn, num, client_name)
+        return DropRecord(destination, client_name, cursor + 1, now, reason)
+
+    @staticmethod
+    def _drop(row: Row[Any]) -> DropRecord:
+        return DropRecord(
+            row.destination, row.client_name, row.first_dropped_position, row.dropped_at, row.reason
+        )
+
+    def list_drops(self) -> list[DropRecord]:
+        with self.read() as conn:
+            return [self._drop(r) for r in conn.execute(select(s.drops)).all()]
+
+    def clear_drop(self, destination: str, client_name: str) -> None:
+        with self.write() as conn:
+            conn.execute(
+                delete(s.drops).where(
+                    s.drops.c.destination == destination, s.drops.c.client_name == client_name
+                )
+            )
+
+    # -- receive side -------------------------------------------------------------------
+    @staticmethod
+    def _progress(row: Row[Any]) -> SinkProgress:
+        return SinkProgress(
+            source_id=row.source_id,
+            client_name=row.client_name,
+            last_position=row.last_position,
+            snapshot_state=SinkSnapshotState(row.snapshot_state),
+            snapshot_id=row.snapshot_id,
+            snapshot_position=row.snapshot_position,
+            entries_received=row.entries_received,
+            updated_at=row.updated_at,
+        )
+
+    def sink_progress(self, source_id: str, client_name: str) -> SinkProgress:
+        with self.read() as conn:
+            row = self._progress_row(conn, source_id, client_name)
+        return self._progress(row) if row else SinkProgress(source_id, client_name)
+
+    @staticmethod
+    def _progress_row(conn: Connection, source_id: str, client_name: str) -> Row[Any] | None:
+        return conn.execute(
+            select(s.sink_progress).where(
+                s.sink_progress.c.source_id == source_id,
+                s.sink_progress.c.client_name == client_name,
+            )
+        ).first()
+
+    def list_sink_progress(self) -> list[SinkProgress]:
+        with self.read() as conn:
+            rows = conn.execute(
+                select(s.sink_progress).order_by(
+                    s.sink_progress.c.source_id, s.sink_progress.c.client_name
+                )
+            ).all()
+        return [self._progress(r) for r in rows]
+
+    def _ensure_queue(self, conn: Connection, source_id: str, client_name: str) -> int:
+        name = recv_queue_name(client_name, source_id)
+        if name in self._queue_ids:  # registrations are never removed
+            return self._queue_ids[name]
+        qid = conn.execute(
+            select(s.queue_registry.c.queue_id).where(s.queue_registry.c.queue_name == name)
+        ).scalar()
+        if qid is None:
+            self._insert_ignore(
+                conn,
+                s.queue_registry,
+                [
+                    {
+                        "queue_name": name,
+                        "client_name": client_name,
+                        "source_id": source_id,
+                        "created_at": time.time(),
+                    }
+                ],
+                ["queue_name"],
+            )
+            qid = conn.execute(
+                select(s.queue_registry.c.queue_id).where(s.queue_registry.c.queue_name == name)
+            ).scalar_one()
+        self._queue_ids[name] = int(qid)
+        return int(qid)
+
+    def _save_progress(self, conn: Connection, progress: SinkProgress) -> None:
+        self._upsert(
+            conn,
+            s.sink_progress,
+            {
+                "source_id": progress.source_id,
+                "client_name": progress.client_name,
+                "last_position": progress.last_position,
+                "snapshot_state": int(progress.snapshot_state),
+                "snapshot_id": progress.snapshot_id,
+                "snapshot_position": progress.snapshot_position,
+                "entries_received": progress.entries_received,
+                "updated_at": time.time(),
+            },
+            ["source_id", "client_name"],
+        )
+
+    def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
+        now = time.time()
+        conn.execute(
+            insert(s.recv_entries),
+            [
+                {
+                    "queue_id": queue_id,
+                    "type": int(e.type),
+                    "source_position": e.position,
+                    "snapshot_id": e.snapshot_id,
+                    "snapshot_count": e.snapshot_count,
+                    "payload": e.payload,
+                    "received_at": now,
+                }
+                for e in entries
+            ],
+        )
+
+    def apply_log_batch(
+        self,
+        source_id: str,
+        client_name: str,
+        entries: Sequence[WireEntry],
+        previous_position: int | None = None,
+    ) -> tuple[bool, int]:
+        with self.write() as conn:
+            self._lock_stream(conn, source_id, client_name)
+            row = self._progress_row(conn, source_id, client_name)
+            progress = self._progress(row) if row else SinkProgress(source_id, client_name)
+            if previous_position is not None and previous_position > progress.last_position:
+                raise ProtocolError(
+                    f"gap: batch follows position {previous_position}, "
+                    f"sink has {progress.last_position}"
+                )
+            fresh = [e for e in entries if e.position > progress.last_position]
+            if not fresh:
+                return False, progress.last_position
+            qid = self._ensure_queue(conn, source_id, client_name)
+            self._append_recv(conn, qid, fresh)
+            last = fresh[-1].position
+            self._save_progress(
+                conn,
+                SinkProgress(
+                    source_id,
+                    client_name,
+                    last_position=last,
+                    snapshot_state=progress.snapshot_state,
+                    snapshot_id=progress.snapshot_id,
+                    snapshot_position=progress.snapshot_position,
+                    entries_received=progress.entries_received + len(fresh),
+                ),
+            )
+        return True, last
+
+    def apply_snapshot_batch(
+        self,
+        source_id: str,
+        client_name: str,
+        snapshot_id: str,
+        entries: Sequence[WireEntry],
+        previous_position: int | None = None,
+    ) -> tuple[bool, int]:
+        with self.write() as conn:
+            self._lock_stream(conn, source_id, client_name)
+            row = self._progress_row(conn, source_id, client_name)
+            progress = self._progress(row) if row else SinkProgress(source_id, client_name)
+            same = progress.snapshot_id == snapshot_id
+            if previous_position is not None:
+                if same and previous_position > progress.snapshot_position:
+                    raise ProtocolError("gap in snapshot batch")
+                if not same and previous_position != 0:
+                    raise ProtocolError("a new snapshot must start at its first entry")
+            qid = self._ensure_queue(conn, source_id, client_name)
+            if not same:
+                # A new snapshot supersedes what is still queued of an unfinished
+                # one. A completed one stays whole: the log entries replayed after
+                # its base follow it in the queue and need its end before them.
+                if progress.snapshot_id and progress.snapshot_state == SinkSnapshotState.ONGOING:
+                    conn.execute(
+                        delete(s.recv_entries).where(
+                            s.recv_entries.c.queue_id == qid,
+                            s.recv_entries.c.snapshot_id == progress.snapshot_id,
+                        )
+                    )
+                progress = SinkProgress(
+                    source_id,
+                    client_name,
+                    last_position=progress.last_position,
+                    snapshot_state=SinkSnapshotState.ONGOING,
+                    snapshot_id=snapshot_id,
+                    snapshot_position=0,
+                    entries_received=progress.entries_received,
+                )
+            elif progress.snapshot_state == SinkSnapshotState.COMPLETED:
+                return False, progress.snapshot_position
+            fresh = [e for e in entries if e.position > progress.snapshot_position]
+            if not fresh:
+                self._save_progress(conn, progress)
+                return False, progress.snapshot_position
+            self._append_recv(conn, qid, fresh)
+            last = fresh[-1]
+            done = last.type == ReplicationType.LAST_FULL_SYNC_ENTRY
+            # After the end marker, log entries resume after the snapshot's base
+            # position, even those already received: the snapshot may have
+            # overwritten their effect, so they must be applied again after it.
+            base = last.base_position if done else progress.last_position
+            self._save_progress(
+                conn,
+                SinkProgress(
+                    source_id,
+                    client_name,
+                    last_position=base,
+                    snapshot_state=SinkSnapshotState.COMPLETED
+                    if done
+                    else SinkSnapshotState.ONGOING,
+                    snapshot_id=snapshot_id,
+                    snapshot_position=last.position,
+                    entries_received=progress.entries_received + len(fresh),
+                ),
+            )
+        return True, last.position
+
+    # -- subscriber ---------------------------------------------------------------------
+    def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
+        query = select(s.queue_registry).order_by(s.queue_registry.c.queue_id)
+        if client_name is not None:
+            query = query.where(s.queue_registry.c.client_name == client_name)
+        with self.read() as conn:
+            rows = conn.execute(query).all()
+        return [QueueInfo(r.queue_id, r.queue_name, r.client_name, r.source_id) for r in rows]
+
+    def read_queue(self, conn: Connection, queue_id: int, limit: int) -> list[RecvEntry]:
+        t = s.recv_entries
+        reg = s.queue_registry
+        rows = conn.execute(
+            select(t, reg.c.source_id, reg.c.client_name)
+            .join(reg, reg.c.queue_id == t.c.queue_id)
+            .where(t.c.queue_id == queue_id)
+            .order_by(t.c.seq)
+            .limit(limit)
+        ).all()
+        return [
+            RecvEntry(
+                seq=r.seq,
+                queue_id=r.queue_id,
+                source_id=r.source_id,
+                client_name=r.client_name,
+                source_position=r.source_position,
+                type=ReplicationType(r.type),
+                payload=bytes(r.payload),
+                snapshot_id=r.snapshot_id,
+                snapshot_count=r.snapshot_count,
+            )
+            for r in rows
+        ]
+
+    def delete_entries(self, conn: Connection, seqs: Sequence[int]) -> int:
+        if not seqs:
+            return 0
+        lo, hi = min(seqs), max(seqs)
+        t = s.recv_entries
+        if hi - lo + 1 == len(seqs):
+            query = delete(t).where(and_(t.c.seq >= lo, t.c.seq <= hi))
+        else:
+            query = delete(t).where(t.c.seq.in_(list(seqs)))
+        return int(conn.execute(query).rowcount or 0)
+
+    # -- flow control (written by the server's retention policy) ------------------------
+    def set_flow_state(self, client_name: str, backpressure: bool, slow: Sequence[str]) -> None:
+        with self.write() as conn:
+            self._upsert(
+                conn,
+                s.flow_control,
+                {
+                    "client_name": client_name,
+                    "backpressure": backpressure,
+                    "slow_destinations": ",".join(sorted(slow)),
+                    "updated_at": time.time(),
+                },
+                ["client_name"],
+            )
+
+    def flow_state(self, client_name: str) -> tuple[bool, list[str]]:
+        """(backpressure on, slow destinations) for a client."""
+        with self.read() as conn:
+            row = conn.execute(
+                select(s.flow_control).where(s.flow_control.c.client_name == client_name)
+            ).first()
+        if row is None:
+            return False, []
+        return bool(row.backpressure), [x for x in row.slow_destinations.split(",") if x]
+
+    # -- session status (written by running sender sessions) ----------------------------
+    def save_session_status(
+        self,
+        destination: str,
+        state: str,
+        *,
+        connected: bool,
+        inflight_batches: int,
+        inflight_bytes: int,
+        last_error: str = "",
+    ) -> None:
+        with self.write() as conn:
+            self._upsert(
+                conn,
+                s.session_status,
+                {
+                    "destination": destination,
+                    "state": state,
+                    "connected": connected,
+                    "inflight_batches": inflight_batches,
+                    "inflight_bytes": inflight_bytes,
+                    "last_error": last_error[:2000],
+                    "updated_at": time.time(),
+                },
+                ["destination"],
+            )
+
+    def list_session_status(self) -> list[dict[str, Any]]:
+        with self.read() as conn:
+            rows = conn.execute(
+                select(s.session_status).order_by(s.session_status.c.destination)
+            ).all()
+        return [dict(r._mapping) for r in rows]
+
+    def queue_depth(self, queue_id: int) -> int:
+        with self.read() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).where(s.recv_entries.c.queue_id == queue_id)
+                ).scalar_one()
+            )

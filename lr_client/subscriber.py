@@ -1,0 +1,381 @@
+"""The sink subscriber: delivers receive queues to a listener, exactly once.
+
+One delivery is one database transaction: read the oldest entries of a queue,
+call the listener with an ORM session bound to that transaction, delete the
+entries, and record the queue's state (snapshot started or not, entries
+delivered) while checking that this subscriber still holds the queue's lease.
+The listener's writes, the deletion and the state commit together or not at
+all, so a crash anywhere loses nothing and applies nothing twice (I3).
+
+Leases (see :mod:`lr_client.store.leases`) let several subscribers of one
+client run at once: each queue is delivered by one of them at a time, and one
+that lost its lease cannot commit. A lease outlives a crashed holder by at
+most ``lease_seconds``; a callback running longer than that may be rolled back
+and redelivered, so choose ``lease_seconds`` well above the slowest batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from lr_client.errors import ListenerError, ProtocolError, StoreUnavailableError
+from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
+from lr_client.names import validate_name
+from lr_client.records import QueueInfo, ReplicationType
+from lr_client.store import SQLAlchemyQueueStore, leases, open_store
+from lr_client.store.leases import HeadEntry, SubscriberState
+
+log = logging.getLogger("lr_client.subscriber")
+
+_SNAPSHOT_TYPES = (ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY)
+
+
+class _LeaseLost(Exception):
+    """Another subscriber holds the queue now: roll back and leave it."""
+
+
+class _Conflict(Exception):
+    """Entries vanished under the delivery (a superseded snapshot): roll back and retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one delivery transaction does with the head of a queue."""
+
+    kind: str  # "log", "snapshot" or "stale" (entries of an ended snapshot: dropped)
+    seqs: list[int]
+    messages: list[RoutingQueueMessage]
+    snapshot_id: str
+    start: bool
+    end: bool
+    in_snapshot: bool
+
+
+def _run_length(
+    entries: Sequence[HeadEntry], types: Sequence[ReplicationType], snapshot_id: str | None
+) -> int:
+    """How many leading entries have one of ``types`` (and ``snapshot_id``, unless None)."""
+    n = 0
+    for e in entries:
+        if e.type not in types or (snapshot_id is not None and e.snapshot_id != snapshot_id):
+            break
+        n += 1
+    return n
+
+
+def _messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueueMessage]:
+    source, client, make = queue.source_id, queue.client_name, RoutingQueueMessage
+    return [
+        make(e.payload, source, client, e.source_position, e.type, e.snapshot_id) for e in entries
+    ]
+
+
+def _plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[HeadEntry]) -> _Plan:
+    """Decide the callbacks for the head of a queue (``entries`` in seq order, not empty)."""
+    first = entries[0]
+    if first.type == ReplicationType.LOG_ENTRY_SYNC:
+        run = entries[: _run_length(entries, (first.type,), None)]
+        return _Plan(
+            "log",
+            [e.seq for e in run],
+            _messages(queue, run),
+            state.snapshot_id,
+            start=False,
+            end=False,
+            in_snapshot=state.in_snapshot,
+        )
+    if first.type not in _SNAPSHOT_TYPES:
+        raise ProtocolError(f"entry seq {first.seq} has type {first.type.name}")
+    sid = first.snapshot_id
+    if sid and sid == state.snapshot_id and not state.in_snapshot:
+        # Left over from a snapshot whose end was already delivered: never redeliver it.
+        stale = entries[: _run_length(entries, _SNAPSHOT_TYPES, sid)]
+        return _Plan("stale", [e.seq for e in stale], [], sid, False, False, False)
+    start = not (state.in_snapshot and state.snapshot_id == sid)
+    run = entries[: _run_length(entries, (ReplicationType.SNAPSHOT_SYNC,), sid)]
+    seqs = [e.seq for e in run]
+    end = False
+    if len(run) < len(entries):
+        nxt = entries[len(run)]
+        if nxt.type == ReplicationType.LAST_FULL_SYNC_ENTRY and nxt.snapshot_id == sid:
+            end = True
+            seqs.append(nxt.seq)
+    return _Plan(
+        "snapshot",
+        seqs,
+        _messages(queue, run),
+        sid,
+        start=start,
+        end=end,
+        in_snapshot=not end,
+    )
+
+
+def default_owner() -> str:
+    """``host:pid:random``, unique per subscriber instance."""
+    return f"{socket.gethostname()[:80]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class RoutingQueueSubscriber:
+    """Delivers one client's receive queues ``LRQ_Recv_<client>__*`` to a listener.
+
+    ``batch_size`` bounds the entries per callback; ``max_batches`` the
+    batches delivered per queue in one :meth:`poll_once` (so queues take
+    turns). ``owner`` names this subscriber in lease rows (unique by
+    default). A failed batch of a queue is retried after ``retry_initial``
+    seconds, doubling up to ``retry_max``, each delay shortened by up to
+    ``retry_jitter`` of itself at random; other queues go on meanwhile.
+
+    One instance serves one thread; run several instances (or processes) to
+    deliver in parallel, the leases keep them apart.
+    """
+
+    def __init__(
+        self,
+        engine: Engine | SQLAlchemyQueueStore,
+        client_name: str,
+        listener: RoutingQueueListener,
+        *,
+        batch_size: int = 500,
+        max_batches: int = 20,
+        owner: str | None = None,
+        lease_seconds: float = 30.0,
+        poll_interval: float = 0.5,
+        retry_initial: float = 0.5,
+        retry_max: float = 60.0,
+        retry_jitter: float = 0.5,
+    ) -> None:
+        if batch_size < 1 or max_batches < 1:
+            raise ValueError("batch_size and max_batches must be at least 1")
+        if lease_seconds <= 0 or poll_interval < 0 or retry_initial < 0 or retry_max < 0:
+            raise ValueError("lease_seconds must be positive, intervals not negative")
+        if not 0 <= retry_jitter <= 1:
+            raise ValueError("retry_jitter must be between 0 and 1")
+        self.store = engine if isinstance(engine, SQLAlchemyQueueStore) else open_store(engine)
+        self.client_name = validate_name(client_name, "client name")
+        self.listener = listener
+        self.batch_size = batch_size
+        self.max_batches = max_batches
+        self.owner = owner or default_owner()
+        if len(self.owner) > 128:
+            raise ValueError("owner must be at most 128 characters")
+        self.lease_seconds = lease_seconds
+        self.poll_interval = poll_interval
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.retry_jitter = retry_jitter
+        self._lease_until: dict[int, float] = {}  # wall clock, as stored in the lease row
+        self._failures: dict[int, int] = {}
+        self._retry_at: dict[int, float] = {}  # monotonic
+
+    # -- public API ------------------------------------------------------------------
+    def poll_once(self) -> int:
+        """Deliver what is ready in every queue; return how many entries the listener got."""
+        return self._poll()[0]
+
+    def run(self, stop: threading.Event) -> None:
+        """Deliver until ``stop`` is set, then release this subscriber's leases."""
+        try:
+            while not stop.is_set():
+                try:
+                    progressed = self._poll()[1]
+                except Exception as exc:  # the registry could not be read
+                    self._report(exc)
+                    progressed = False
+                if not progressed:
+                    stop.wait(self._idle_wait())
+        finally:
+            self.release_leases()
+
+    def release_leases(self) -> None:
+        """Let other subscribers take this one's queues at once."""
+        self._lease_until.clear()
+        try:
+            with self.store.write() as conn:
+                leases.release_leases(conn, self.owner)
+        except Exception as exc:  # they expire anyway
+            log.warning("could not release leases of %s: %s", self.owner, exc)
+
+    def close(self) -> None:
+        """Release the leases (the engine belongs to the caller)."""
+        self.release_leases()
+
+    def __enter__(self) -> RoutingQueueSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def backoff(self, failures: int) -> float:
+        """The delay before retrying a queue that failed ``failures`` times in a row."""
+        delay = min(self.retry_max, self.retry_initial * 2.0 ** max(0, failures - 1))
+        return delay * (1.0 - self.retry_jitter * random.random())
+
+    # -- polling ----------------------------------------------------------------------
+    def _poll(self) -> tuple[int, bool]:
+        queues = self.store.list_queues(self.client_name)
+        now = time.monotonic()
+        due = [q for q in queues if self._retry_at.get(q.queue_id, 0.0) <= now]
+        if not due:
+            return 0, False
+        with self.store.read() as conn:
+            ready = [q for q in due if leases.has_entries(conn, q.queue_id)]
+        delivered, progressed = 0, False
+        for queue in ready:
+            n, moved = self._drain(queue)
+            delivered += n
+            progressed = progressed or moved
+        return delivered, progressed
+
+    def _idle_wait(self) -> float:
+        if not self._retry_at:
+            return self.poll_interval
+        soonest = min(self._retry_at.values()) - time.monotonic()
+        return max(0.0, min(self.poll_interval, soonest))
+
+    def _drain(self, queue: QueueInfo) -> tuple[int, bool]:
+        qid = queue.queue_id
+        delivered, progressed = 0, False
+        try:
+            if not self._hold_lease(qid):
+                return 0, False
+            for _ in range(self.max_batches):
+                n = self._deliver(queue, self._failures.get(qid, 0) + 1)
+                if n is None:
+                    break
+                self._failures.pop(qid, None)
+                self._retry_at.pop(qid, None)
+                delivered += n
+                progressed = True
+        except _LeaseLost:
+            self._lease_until.pop(qid, None)
+        except _Conflict:
+            log.debug("queue %s changed during delivery; retrying", queue.queue_name)
+            progressed = True
+        except Exception as exc:
+            self._fail(qid, exc)
+        return delivered, progressed
+
+    def _hold_lease(self, queue_id: int) -> bool:
+        now = time.time()
+        if self._lease_until.get(queue_id, 0.0) - now > self.lease_seconds / 2:
+            return True
+        with self.store.write() as conn:
+            expires = leases.acquire_lease(conn, queue_id, self.owner, now, self.lease_seconds)
+        if expires is None:
+            self._lease_until.pop(queue_id, None)
+            return False
+        self._lease_until[queue_id] = expires
+        return True
+
+    def _fail(self, queue_id: int, error: BaseException) -> None:
+        failures = self._failures.get(queue_id, 0) + 1
+        self._failures[queue_id] = failures
+        self._retry_at[queue_id] = time.monotonic() + self.backoff(failures)
+        if isinstance(error, SQLAlchemyError):
+            wrapped = StoreUnavailableError(str(error))
+            wrapped.__cause__ = error
+            error = wrapped
+        self._report(error)
+
+    def _report(self, error: BaseException) -> None:
+        try:
+            self.listener.on_error(error)
+        except Exception:
+            log.exception("listener.on_error raised")
+
+    # -- one delivery transaction -------------------------------------------------
+    def _deliver(self, queue: QueueInfo, attempt: int) -> int | None:
+        """Deliver the head of ``queue``: the number of messages, or None if it is empty."""
+        with self.store.write() as conn:
+            state = leases.load_state(conn, queue.queue_id)
+            if state.lease_owner != self.owner:
+                raise _LeaseLost
+            entries = leases.read_head(conn, queue.queue_id, self.batch_size)
+            if not entries:
+                return None
+            plan = _plan_delivery(queue, state, entries)
+            if plan.kind == "stale":
+                log.warning(
+                    "dropping %d entries of ended snapshot %s from %s",
+                    len(plan.seqs),
+                    plan.snapshot_id,
+                    queue.queue_name,
+                )
+            else:
+                self._call_listener(conn, queue, plan, attempt)
+            if self.store.delete_entries(conn, plan.seqs) != len(plan.seqs):
+                raise _Conflict
+            expires = time.time() + self.lease_seconds
+            saved = leases.save_state(
+                conn,
+                queue.queue_id,
+                self.owner,
+                snapshot_id=plan.snapshot_id,
+                in_snapshot=plan.in_snapshot,
+                delivered=state.delivered + len(plan.messages),
+                lease_expires=expires,
+            )
+            if not saved:
+                raise _LeaseLost
+        self._lease_until[queue.queue_id] = expires
+        return len(plan.messages)
+
+    def _call_listener(self, conn: Connection, queue: QueueInfo, plan: _Plan, attempt: int) -> None:
+        listener, source = self.listener, queue.source_id
+        txn = conn.get_transaction()
+        session = Session(bind=conn, join_transaction_mode="rollback_only")
+
+        def failed(callback: str, message: str) -> ListenerError:
+            return ListenerError(
+                f"{callback} for {queue.queue_name} (seq {plan.seqs[0]}..{plan.seqs[-1]}, "
+                f"attempt {attempt}): {message}",
+                source_id=source,
+                client_name=queue.client_name,
+                callback=callback,
+                first_seq=plan.seqs[0],
+                last_seq=plan.seqs[-1],
+                attempt=attempt,
+            )
+
+        callback = ""
+        try:
+            if plan.start:
+                callback = "on_full_sync_start"
+                listener.on_full_sync_start(session, source, plan.snapshot_id)
+            if plan.messages:
+                if plan.kind == "log":
+                    callback = "process_log_entries"
+                    ok = listener.process_log_entries(session, source, plan.messages)
+                else:
+                    callback = "process_full_sync"
+                    ok = listener.process_full_sync(session, source, plan.messages)
+                if not ok:
+                    raise failed(callback, f"returned {ok!r}")
+            if plan.end:
+                callback = "on_full_sync_end"
+                listener.on_full_sync_end(session, source, plan.snapshot_id)
+            session.flush()
+        except ListenerError:
+            raise
+        except Exception as exc:
+            raise failed(callback, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            session.close()
+        if txn is None or not txn.is_active:
+            raise failed(callback, "the listener rolled back the delivery transaction")
+
+
+__all__ = ["RoutingQueueSubscriber", "default_owner"]

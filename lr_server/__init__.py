@@ -1,0 +1,3 @@
+"""The per-site ``lr`` server: sender sessions, sink receiver, trim, status, metrics, CLI."""
+
+from __future__ import annotations

@@ -1,0 +1,684 @@
+"""The ``lr`` command line: run a site's server, set up its database, look inside it.
+
+Exit codes: 0 success; 1 a check failed or an operation failed (database
+unreachable, schema missing, snapshot not open); 2 a usage or configuration
+error. Errors are one line on stderr, never a traceback. Every read command
+takes ``--json``. Environment: ``LR_CONFIG`` is the default for ``--config``.
+
+Heavy modules (grpc, the server) are imported inside the commands that need
+them, so ``lr --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import click
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+from lr_client.errors import ConfigError, LRError, SchemaError
+from lr_server.config import SiteConfig, load_config
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from sqlalchemy.engine import URL
+
+    from lr_client.store import SQLAlchemyQueueStore
+    from lr_server.status import SiteStatus
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Short labels of entry types in ``lr browse`` tables.
+TYPE_LABELS = {"LOG_ENTRY_SYNC": "log", "SNAPSHOT_SYNC": "snapshot", "LAST_FULL_SYNC_ENTRY": "end"}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Print ``lr: error: message`` on stderr and exit with ``code``."""
+    click.echo(f"lr: error: {message}", err=True)
+    raise click.exceptions.Exit(code)
+
+
+class LRGroup(click.Group):
+    """Maps the SDK's errors to exit codes and one-line messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            fail(_first_line(exc), EXIT_USAGE)
+        except LRError as exc:
+            fail(_first_line(exc), EXIT_FAILED)
+        except SQLAlchemyError as exc:
+            fail(f"database error: {_first_line(getattr(exc, 'orig', None) or exc)}")
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
+def config_option(func: F) -> F:
+    return click.option(
+        "--config",
+        "-c",
+        "config_path",
+        required=True,
+        envvar="LR_CONFIG",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="The site's TOML config file (default: $LR_CONFIG).",
+    )(func)
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")(
+        func
+    )
+
+
+def database_url(config: SiteConfig) -> URL:
+    """``site.database_url`` parsed, or a :class:`ConfigError` naming the key."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(config.database_url)
+    except ArgumentError as exc:
+        raise ConfigError(f"site.database_url: {_first_line(exc)}") from exc
+
+
+@contextmanager
+def open_site_store(config: SiteConfig, *, check: bool = True) -> Iterator[SQLAlchemyQueueStore]:
+    """The site's store (schema checked unless ``check`` is false); disposed on exit."""
+    from lr_client.store import open_store
+
+    database_url(config)
+    try:
+        store = open_store(config.database_url)
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(f"site.database_url: {_first_line(exc)}") from exc
+    try:
+        if check:
+            store.check_schema()
+        yield store
+    finally:
+        store.engine.dispose()
+
+
+def print_json(value: object) -> None:
+    click.echo(json.dumps(value, indent=2, default=str))
+
+
+# -- formatting ---------------------------------------------------------------------------
+def console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def table(title: str, *columns: str) -> Table:
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    return t
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_seconds(sec: float) -> str:
+    if sec < 10:
+        return f"{sec:.1f}s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if sec >= size:
+            return f"{sec / size:.0f}{unit}"
+    return f"{sec:.0f}s"
+
+
+def ago(ts: float | None, now: float) -> str:
+    if not ts:
+        return "never"
+    return human_seconds(max(now - ts, 0.0)) + " ago"
+
+
+def shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def short_id(snapshot_id: str) -> str:
+    return snapshot_id[:8]
+
+
+# -- the group ----------------------------------------------------------------------------
+@click.group(cls=LRGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lr-routing-queue", prog_name="lr")
+def cli() -> None:
+    """Routing-queue log replication: run and inspect a site.
+
+    Exit codes: 0 ok, 1 check or operation failed, 2 usage or config error.
+    """
+
+
+@cli.command()
+@config_option
+def server(config_path: Path) -> None:
+    """Run the site's server until SIGTERM or SIGINT.
+
+    It plays both roles: a sender session per configured destination and a
+    receiver for the configured sources, plus trim and metrics.
+    """
+    config = load_config(config_path)
+    from lr_server.server import run_server
+
+    run_server(config)
+
+
+@cli.command("init-db")
+@config_option
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Only check: exit 1 unless the schema is current and the destinations registered.",
+)
+def init_db(config_path: Path, check: bool) -> None:
+    """Create the site's schema (idempotent) and register its destinations."""
+    from lr_client.store.schema import SCHEMA_VERSION
+
+    config = load_config(config_path)
+    url = database_url(config)
+    where = url.render_as_string(hide_password=True)
+    dests = [d.id for d in config.destinations]
+    if (
+        not check
+        and url.get_backend_name() == "sqlite"
+        and url.database not in (None, "", ":memory:")
+    ):
+        Path(str(url.database)).parent.mkdir(parents=True, exist_ok=True)
+    with open_site_store(config, check=check) as store:
+        if check:
+            missing = [d for d in dests if d not in store.site_numbers(refresh=True)]
+            if missing:
+                raise SchemaError(
+                    f"destinations not registered: {', '.join(missing)} (run init-db)"
+                )
+            click.echo(f"schema version {SCHEMA_VERSION} ok at {where}")
+            return
+        store.create_schema()
+        store.check_schema()
+        store.register_sites(dests)
+    click.echo(f"schema version {SCHEMA_VERSION} ready at {where}")
+    if dests:
+        click.echo(f"destinations registered: {', '.join(dests)}")
+
+
+# -- status -------------------------------------------------------------------------------
+@cli.command()
+@config_option
+@json_option
+def status(config_path: Path, as_json: bool) -> None:
+    """Where every stream stands: lag, state, acks, in-flight, snapshots, drops."""
+    from lr_server.status import collect_status
+
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        report = collect_status(config, store)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        render_status(report)
+
+
+def render_status(report: SiteStatus) -> None:
+    from lr_server.status import DROPPED
+
+    out = console()
+    now = report.time
+    oldest = "-" if report.oldest_position is None else str(report.oldest_position)
+    out.print(
+        f"[bold]site {report.site}[/]  head position {report.head_position}, oldest stored {oldest}"
+    )
+    if report.send:
+        t = table("send streams", "dest", "client", "state", "lag", "bytes", "age", "ack", "in-fl")
+        for x in report.send:
+            t.add_row(
+                x.destination + ("" if x.configured else "*"),
+                x.client,
+                x.state,
+                str(x.lag_entries) + ("!" if x.slow and x.state != DROPPED else ""),
+                human_bytes(x.lag_bytes),
+                human_seconds(x.lag_seconds),
+                ago(x.last_ack, now),
+                "-" if x.inflight_batches is None else str(x.inflight_batches),
+            )
+        out.print(t)
+    snaps = [x for x in report.send if x.snapshot]
+    if snaps:
+        t = table("open snapshots", "dest", "client", "id", "status", "rows", "base")
+        for x in snaps:
+            assert x.snapshot is not None
+            total = "?" if x.snapshot.entry_count is None else str(x.snapshot.entry_count)
+            t.add_row(
+                x.destination,
+                x.client,
+                short_id(x.snapshot.snapshot_id),
+                x.snapshot.status,
+                f"{x.snapshot.rows_written}/{total}",
+                "-" if x.snapshot.base_position is None else str(x.snapshot.base_position),
+            )
+        out.print(t)
+    drops = [x for x in report.send if x.drop]
+    if drops:
+        t = table("dropped (full sync on return)", "dest", "client", "from pos", "when", "reason")
+        for x in drops:
+            assert x.drop is not None
+            t.add_row(
+                x.destination,
+                x.client,
+                str(x.drop.first_dropped_position),
+                ago(x.drop.dropped_at, now),
+                x.drop.reason,
+            )
+        out.print(t)
+    if report.sessions:
+        t = table("sessions", "dest", "state", "conn", "in-flight", "updated", "last error")
+        for s in report.sessions:
+            t.add_row(
+                s.destination,
+                s.state,
+                "yes" if s.connected else "no",
+                f"{s.inflight_batches} / {human_bytes(s.inflight_bytes)}",
+                ago(s.updated_at, now),
+                shorten(s.last_error, 60) or "-",
+            )
+        out.print(t)
+    if report.sink:
+        t = table("sink streams", "source", "client", "last pos", "snapshot", "recv", "queued")
+        for y in report.sink:
+            t.add_row(
+                y.source + ("" if y.configured else "*"),
+                y.client,
+                str(y.last_position),
+                y.snapshot_state + (f" {short_id(y.snapshot_id)}" if y.snapshot_id else ""),
+                str(y.entries_received),
+                str(y.queue_depth),
+            )
+        out.print(t)
+    if not report.send and not report.sink:
+        out.print("no streams yet: no destinations, sources or traffic")
+    if any(x.slow and x.state != DROPPED for x in report.send):
+        out.print("! slow: past retention.soft_fraction of a retention limit")
+    if any(not x.configured for x in report.send) or any(not y.configured for y in report.sink):
+        out.print("* not in this config file")
+
+
+# -- browse -------------------------------------------------------------------------------
+@cli.command()
+@config_option
+@click.argument("queue", required=False)
+@click.option("--tag", help="A stream tag: lrq_logentry_<dest>, lrq_snapsync_<dest>, lrq_recv_<c>.")
+@click.option("--client", help="Only this client's entries.")
+@click.option(
+    "--after",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Start after this position (receive queues: this sequence number).",
+)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Entries at most."
+)
+@json_option
+def browse(
+    config_path: Path,
+    queue: str | None,
+    tag: str | None,
+    client: str | None,
+    after: int,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Show the outstanding entries of QUEUE, decoded; without QUEUE, list the queues.
+
+    QUEUE is LRQ_Send_LogEntries, LRQ_Send_SnapSync or LRQ_Recv_<client>__<source>.
+    """
+    from lr_client.errors import InvalidInputError
+    from lr_server import browse as b
+
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        if queue is None:
+            if tag is not None or client is not None:
+                raise click.UsageError("--tag and --client need a QUEUE")
+            queues = b.list_queues(store)
+            if as_json:
+                print_json([q.to_dict() for q in queues])
+                return
+            t = table(f"queues of site {config.id}", "queue", "entries", "tags")
+            for q in queues:
+                t.add_row(q.queue, str(q.entries), " ".join(q.tags) or "-")
+            console().print(t)
+            return
+        try:
+            entries = b.browse(store, queue, tag=tag, client=client, after=after, limit=limit)
+        except InvalidInputError as exc:
+            raise click.UsageError(str(exc)) from exc
+    if as_json:
+        print_json([e.to_dict() for e in entries])
+        return
+    title = queue + (f" [{tag}]" if tag else "")
+    recv = queue.startswith("LRQ_Recv_")
+    t = table(
+        title,
+        "seq" if recv else "pos",
+        "type",
+        "src pos" if recv else "dests",
+        "snap",
+        "size",
+        "preview",
+    )
+    for e in entries:
+        t.add_row(
+            str(e.seq if recv else e.position),
+            TYPE_LABELS.get(e.type, e.type.lower()),
+            str(e.position) if recv else ",".join(e.destinations),
+            short_id(e.snapshot_id) or "-",
+            str(e.size),
+            e.preview,
+        )
+    out = console()
+    out.print(t)
+    if not entries:
+        out.print("no outstanding entries")
+    elif len(entries) == limit:
+        last = entries[-1].seq if recv else entries[-1].position
+        out.print(f"more may follow: --after {last}")
+
+
+# -- snapshots ----------------------------------------------------------------------------
+@cli.group()
+def snapshot() -> None:
+    """Full syncs: request, run (PySpark), list, cancel."""
+
+
+def _check_stream(config: SiteConfig, destination: str, client: str) -> None:
+    dest = next((d for d in config.destinations if d.id == destination), None)
+    if dest is None:
+        known = ", ".join(d.id for d in config.destinations) or "none"
+        raise click.BadParameter(
+            f"{destination!r} is not a destination of site {config.id} (configured: {known})",
+            param_hint="--destination",
+        )
+    clients = config.clients_for(dest)
+    if clients and client not in clients:
+        raise click.BadParameter(
+            f"{client!r} is not replicated to {destination} (clients: {', '.join(clients)})",
+            param_hint="--client",
+        )
+
+
+@snapshot.command("request")
+@config_option
+@click.option("--destination", "-d", required=True, help="The destination site id.")
+@click.option("--client", required=True, help="The client name.")
+@click.option("--reason", default="operator request", show_default=True)
+def snapshot_request(config_path: Path, destination: str, client: str, reason: str) -> None:
+    """Ask for a full sync of CLIENT to DESTINATION; prints the snapshot id.
+
+    An open snapshot of the same destination and client is cancelled; the
+    running server picks the request up (and launches the Spark job for
+    clients with snapshot = "spark").
+    """
+    config = load_config(config_path)
+    _check_stream(config, destination, client)
+    with open_site_store(config) as store:
+        snapshot_id = store.request_snapshot(None, destination, client, reason)
+    click.echo(snapshot_id)
+
+
+@snapshot.command("list")
+@config_option
+@click.option("--destination", "-d", help="Only this destination.")
+@click.option("--client", help="Only this client.")
+@click.option("--open", "only_open", is_flag=True, help="Only requested, running or ready ones.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Requests at most."
+)
+@json_option
+def snapshot_list(
+    config_path: Path,
+    destination: str | None,
+    client: str | None,
+    only_open: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List snapshot requests, newest first."""
+    from lr_server.status import OPEN
+
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        snaps = store.list_snapshots(destination, client, OPEN if only_open else None)[:limit]
+    if as_json:
+        print_json(
+            [
+                {
+                    "snapshot_id": x.snapshot_id,
+                    "destination": x.destination,
+                    "client": x.client_name,
+                    "status": x.status.value,
+                    "base_position": x.base_position,
+                    "rows_written": x.rows_written,
+                    "entry_count": x.entry_count,
+                    "shipped_position": x.shipped_position,
+                    "reason": x.reason,
+                    "created_at": x.created_at,
+                    "updated_at": x.updated_at,
+                }
+                for x in snaps
+            ]
+        )
+        return
+    now = time.time()
+    t = table("snapshots", "id", "dest", "client", "status", "rows", "created", "reason")
+    for x in snaps:
+        total = "?" if x.entry_count is None else str(x.entry_count)
+        t.add_row(
+            short_id(x.snapshot_id),
+            x.destination,
+            x.client_name,
+            x.status.value,
+            f"{x.rows_written}/{total}",
+            ago(x.created_at, now),
+            x.reason,
+        )
+    out = console()
+    out.print(t)
+    if not snaps:
+        out.print("no snapshots")
+
+
+@snapshot.command("cancel")
+@config_option
+@click.argument("snapshot_id")
+@click.option("--reason", default="cancelled by operator", show_default=True)
+def snapshot_cancel(config_path: Path, snapshot_id: str, reason: str) -> None:
+    """Cancel an open snapshot (SNAPSHOT_ID or a unique prefix of it)."""
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        matches = [x for x in store.list_snapshots() if x.snapshot_id.startswith(snapshot_id)]
+        if not matches:
+            fail(f"no snapshot {snapshot_id}")
+        if len(matches) > 1:
+            fail(f"{snapshot_id} matches {len(matches)} snapshots; give more of the id")
+        found = matches[0]
+        if not store.cancel_snapshot(found.snapshot_id, reason):
+            fail(f"snapshot {found.snapshot_id} is {found.status.value}, not open")
+    click.echo(f"cancelled {found.snapshot_id}")
+
+
+#: The job reads the database URL from this variable (``ps`` would show a password in argv).
+DATABASE_URL_ENV = "LR_DATABASE_URL"
+
+
+def snapshot_job_command(
+    config: SiteConfig,
+    destination: str,
+    client: str,
+    source: str | None,
+    snapshot_id: str | None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The ``python -m spark_jobs.snapshot_job`` command line for a client of ``config``.
+
+    The database URL is not part of it: the job reads ``$LR_DATABASE_URL``.
+    """
+    conf = config.client(client)
+    spec = source or (conf.spark_source if conf else "")
+    if not spec:
+        raise click.BadParameter(
+            f"client {client!r} has no spark_source in the config; give one", param_hint="--source"
+        )
+    cmd = [sys.executable, "-m", "spark_jobs.snapshot_job"]
+    if snapshot_id:
+        cmd += ["--snapshot-id", snapshot_id, "--start"]
+    else:
+        cmd += ["--destination", destination, "--client", client]
+    cmd += ["--source", spec]
+    if conf is not None:
+        if conf.spark_encoder:
+            cmd += ["--encoder", conf.spark_encoder]
+        cmd += ["--master", conf.spark_master]
+        for k, v in conf.spark_options.items():
+            cmd += ["--conf", f"{k}={v}"]
+    return cmd + list(extra)
+
+
+@snapshot.command("run", context_settings={"ignore_unknown_options": True})
+@config_option
+@click.option("--destination", "-d", required=True, help="The destination site id.")
+@click.option("--client", required=True, help="The client name.")
+@click.option("--source", help="Source spec (jdbc:, parquet:, csv:, module:function).")
+@click.option("--snapshot-id", help="Fill this existing request instead of creating one.")
+@click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
+@click.argument("job_args", nargs=-1, type=click.UNPROCESSED)
+def snapshot_run(
+    config_path: Path,
+    destination: str,
+    client: str,
+    source: str | None,
+    snapshot_id: str | None,
+    dry_run: bool,
+    job_args: tuple[str, ...],
+) -> None:
+    """Run the PySpark snapshot job for CLIENT to DESTINATION, in the foreground.
+
+    Without --snapshot-id the job records a new request (cancelling an open
+    one of the same stream). The source defaults to the client's
+    spark_source; JOB_ARGS after -- go to ``python -m spark_jobs.snapshot_job``.
+    Exit code 1 if the job failed or the snapshot was cancelled or superseded.
+    """
+    import os
+    import shlex
+
+    config = load_config(config_path)
+    _check_stream(config, destination, client)
+    cmd = snapshot_job_command(config, destination, client, source, snapshot_id, job_args)
+    if dry_run:
+        click.echo(f"{DATABASE_URL_ENV}=... {shlex.join(cmd)}")
+        return
+    if not _module_exists("spark_jobs.snapshot_job"):
+        fail("spark_jobs.snapshot_job is not installed")
+    env = {**os.environ, DATABASE_URL_ENV: config.database_url}
+    conf = config.client(client)
+    if conf is None or conf.spark_master.startswith("local"):
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+    code = subprocess.run(cmd, env=env, check=False).returncode
+    if code == 3:
+        fail("the snapshot was cancelled, superseded or not startable")
+    if code == 2:
+        fail("the snapshot job rejected its arguments", EXIT_USAGE)
+    if code != 0:
+        fail(f"the snapshot job failed (exit code {code})")
+
+
+# -- demo -------------------------------------------------------------------------------
+@cli.command()
+@click.option(
+    "--transactions",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="Application transactions at the source site.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=1),
+    default=20.0,
+    show_default=True,
+    help="Seconds over which the application spreads them.",
+)
+@click.option("--keep", is_flag=True, help="Keep the temporary directory (databases, logs).")
+def demo(transactions: int, duration: float, keep: bool) -> None:
+    """Replicate between sites on embedded SQLite, as real `lr server` processes.
+
+    Needs nothing but this package (Java and PySpark make the late site's
+    full sync a Spark job). Ends with a table and a check of every sink;
+    exit code 1 if a sink does not hold what it should.
+    """
+    from lr_server.demo import run_demo
+
+    code = int(run_demo(transactions=transactions, duration=duration, keep=keep))
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+# -- trim ---------------------------------------------------------------------------------
+@cli.command()
+@config_option
+@click.option("--batch", type=click.IntRange(min=1), help="Rows per transaction.")
+def trim(config_path: Path, batch: int | None) -> None:
+    """Delete send-queue entries every destination has acknowledged; print how many."""
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        n = store.trim(batch or config.retention.trim_batch)
+    click.echo(f"trimmed {n} entries")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point of ``lr``."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="lr")
+
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m lr_server.cli`
+    main()

@@ -1,0 +1,321 @@
+"""Site configuration: one TOML file per site, every key documented in docs/configuration.md.
+
+Errors name the offending key (``destinations[1].address: expected host:port``).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from lr_client.errors import ConfigError, InvalidNameError
+from lr_client.names import validate_name
+
+SECURITY_TRANSPORTS = ("tls", "plaintext")
+CLIENT_AUTH_MODES = ("mtls", "token")
+SNAPSHOT_PROVIDERS = ("none", "app", "spark")
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """How sites authenticate each other."""
+
+    transport: str = "tls"  # "tls" or, only when written explicitly, "plaintext"
+    client_auth: str = "mtls"  # "mtls": peer certificate names the source; "token"
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    token: str = ""  # the token this site presents to its destinations (token mode)
+
+
+@dataclass(frozen=True)
+class DestinationConfig:
+    id: str
+    address: str
+    clients: tuple[str, ...] = ()  # empty: every client in [clients]
+    token: str = ""  # overrides security.token for this destination
+    server_name: str = ""  # TLS name to expect (default: the address host)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    id: str
+    token: str = ""  # expected token in token mode
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """One application stream and how its full syncs are produced."""
+
+    name: str
+    snapshot: str = "none"  # "none": no full sync; "app": in-process provider; "spark": the job
+    spark_source: str = ""  # jdbc:/parquet:/csv:/module:function (spark_jobs.snapshot_job)
+    spark_encoder: str = ""  # module:function row -> bytes
+    spark_master: str = "local[*]"
+    spark_options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    batch_max_entries: int = 500
+    batch_max_bytes: int = 4 * 1024 * 1024
+    window_batches: int = 8
+    window_bytes: int = 32 * 1024 * 1024
+    poll_interval: float = 0.02
+    max_message_bytes: int = 64 * 1024 * 1024 + 1024 * 1024
+    stream_idle_timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    initial_backoff: float = 0.1
+    max_backoff: float = 5.0
+    jitter: float = 0.5
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """Limits per destination; past a hard limit it is dropped to a full sync."""
+
+    max_entries: int = 1_000_000
+    max_bytes: int = 1024 * 1024 * 1024
+    max_age_seconds: float = 24 * 3600.0
+    soft_fraction: float = 0.5  # a destination past this fraction of a limit is "slow"
+    trim_interval: float = 1.0
+    trim_batch: int = 5000
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    id: str
+    database_url: str
+    listen: str = ""  # host:port of the receiver; empty: send only
+    metrics_port: int = 0  # 0: no metrics endpoint
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    destinations: tuple[DestinationConfig, ...] = ()
+    sources: tuple[SourceConfig, ...] = ()
+    clients: tuple[ClientConfig, ...] = ()
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    path: Path | None = None
+
+    def client_names(self) -> list[str]:
+        return [c.name for c in self.clients]
+
+    def clients_for(self, dest: DestinationConfig) -> list[str]:
+        return list(dest.clients) or self.client_names()
+
+    def client(self, name: str) -> ClientConfig | None:
+        return next((c for c in self.clients if c.name == name), None)
+
+    def source(self, source_id: str) -> SourceConfig | None:
+        return next((s for s in self.sources if s.id == source_id), None)
+
+
+def _address(value: object, key: str) -> str:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"{key}: expected host:port, got {value!r}")
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: expected host:port, got {value!r}")
+    return value
+
+
+def _name(value: object, key: str) -> str:
+    try:
+        return validate_name(value, key)
+    except InvalidNameError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
+def _table(value: object, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table")
+    return value
+
+
+def _section(cls: type[Any], raw: object, key: str, base: Path | None = None) -> Any:
+    """Build a flat dataclass from a TOML table, checking key names and value types."""
+    data = _table(raw, key)
+    known = {f.name: str(f.type) for f in fields(cls)}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        kind = known.get(k)
+        if kind is None:
+            raise ConfigError(f"{key}.{k}: unknown key (known: {', '.join(sorted(known))})")
+        if kind == "Path | None":
+            if not isinstance(v, str):
+                raise ConfigError(f"{key}.{k}: expected a path string")
+            p = Path(v)
+            out[k] = p if p.is_absolute() or base is None else base / p
+        elif kind == "bool":
+            if not isinstance(v, bool):
+                raise ConfigError(f"{key}.{k}: expected true or false")
+            out[k] = v
+        elif kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(f"{key}.{k}: expected a non-negative number, got {v!r}")
+            out[k] = float(v)
+        elif kind == "int":
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"{key}.{k}: expected a positive integer, got {v!r}")
+            out[k] = v
+        elif kind == "str":
+            if not isinstance(v, str):
+                raise ConfigError(f"{key}.{k}: expected a string, got {v!r}")
+            out[k] = v
+        else:
+            raise ConfigError(f"{key}.{k}: not settable here")
+    try:
+        return cls(**out)
+    except TypeError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
+def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
+    """Validate a parsed TOML document."""
+    base = path.parent if path else None
+    site = _table(raw.get("site"), "site")
+    for k in site:
+        if k not in ("id", "database_url", "listen", "metrics_port"):
+            raise ConfigError(f"site.{k}: unknown key")
+    site_id = _name(site.get("id"), "site.id")
+    url = site.get("database_url")
+    if not isinstance(url, str) or not url:
+        raise ConfigError("site.database_url: expected a database URL")
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and base is not None:
+        url = f"sqlite:///{(base / url[len('sqlite:///') :]).resolve()}"
+    listen = site.get("listen", "")
+    if listen:
+        listen = _address(listen, "site.listen")
+    metrics_port = site.get("metrics_port", 0)
+    if (
+        isinstance(metrics_port, bool)
+        or not isinstance(metrics_port, int)
+        or not 0 <= metrics_port < 65536
+    ):
+        raise ConfigError(f"site.metrics_port: expected a port number, got {metrics_port!r}")
+
+    security: SecurityConfig = _section(SecurityConfig, raw.get("security", {}), "security", base)
+    if security.transport not in SECURITY_TRANSPORTS:
+        raise ConfigError(f"security.transport: expected one of {SECURITY_TRANSPORTS}")
+    if security.client_auth not in CLIENT_AUTH_MODES:
+        raise ConfigError(f"security.client_auth: expected one of {CLIENT_AUTH_MODES}")
+    if security.transport == "tls":
+        for k in ("ca_file", "cert_file", "key_file"):
+            p = getattr(security, k)
+            if p is None:
+                raise ConfigError(f"security.{k}: required when security.transport = 'tls'")
+            if not p.exists():
+                raise ConfigError(f"security.{k}: no such file {p}")
+    elif security.client_auth == "mtls":
+        raise ConfigError("security.client_auth: 'mtls' needs security.transport = 'tls'")
+
+    clients = []
+    for i, c in enumerate(raw.get("clients", [])):
+        key = f"clients[{i}]"
+        data = dict(_table(c, key))
+        _name(data.get("name"), f"{key}.name")
+        opts = data.pop("spark_options", {})
+        client: ClientConfig = _section(ClientConfig, {k: v for k, v in data.items()}, key)
+        if client.snapshot not in SNAPSHOT_PROVIDERS:
+            raise ConfigError(f"{key}.snapshot: expected one of {SNAPSHOT_PROVIDERS}")
+        if client.snapshot == "spark" and not client.spark_source:
+            raise ConfigError(f"{key}.spark_source: required when snapshot = 'spark'")
+        clients.append(
+            replace(
+                client,
+                spark_options={
+                    str(k): str(v) for k, v in _table(opts, key + ".spark_options").items()
+                },
+            )
+        )
+    names = [c.name for c in clients]
+    if len(set(names)) != len(names):
+        raise ConfigError("clients: duplicate client names")
+
+    destinations = []
+    for i, d in enumerate(raw.get("destinations", [])):
+        key = f"destinations[{i}]"
+        data = dict(_table(d, key))
+        dest_clients = data.pop("clients", [])
+        if not isinstance(dest_clients, list):
+            raise ConfigError(f"{key}.clients: expected a list of client names")
+        for j, cn in enumerate(dest_clients):
+            _name(cn, f"{key}.clients[{j}]")
+            if cn not in names:
+                raise ConfigError(f"{key}.clients[{j}]: {cn!r} is not in [[clients]]")
+        dest: DestinationConfig = _section(DestinationConfig, data, key)
+        _name(dest.id, f"{key}.id")
+        if dest.id == site_id:
+            raise ConfigError(f"{key}.id: a site cannot replicate to itself")
+        _address(dest.address, f"{key}.address")
+        if security.client_auth == "token" and not (dest.token or security.token):
+            raise ConfigError(
+                f"{key}.token: token auth needs security.token or a per-destination token"
+            )
+        destinations.append(replace(dest, clients=tuple(dest_clients)))
+    if len({d.id for d in destinations}) != len(destinations):
+        raise ConfigError("destinations: duplicate ids")
+
+    sources = []
+    for i, s in enumerate(raw.get("sources", [])):
+        key = f"sources[{i}]"
+        src: SourceConfig = _section(SourceConfig, s, key)
+        _name(src.id, f"{key}.id")
+        if security.client_auth == "token" and not src.token:
+            raise ConfigError(f"{key}.token: required when security.client_auth = 'token'")
+        sources.append(src)
+    if len({s.id for s in sources}) != len(sources):
+        raise ConfigError("sources: duplicate ids")
+    if sources and not listen:
+        raise ConfigError("site.listen: required when [[sources]] are configured")
+
+    replication: ReplicationConfig = _section(
+        ReplicationConfig, raw.get("replication", {}), "replication"
+    )
+    retry: RetryConfig = _section(RetryConfig, raw.get("retry", {}), "retry")
+    retention: RetentionConfig = _section(RetentionConfig, raw.get("retention", {}), "retention")
+    if not 0 < retention.soft_fraction <= 1:
+        raise ConfigError("retention.soft_fraction: expected a number in (0, 1]")
+    for k in raw:
+        if k not in (
+            "site",
+            "security",
+            "destinations",
+            "sources",
+            "clients",
+            "replication",
+            "retry",
+            "retention",
+        ):
+            raise ConfigError(f"{k}: unknown section")
+    return SiteConfig(
+        id=site_id,
+        database_url=url,
+        listen=listen,
+        metrics_port=metrics_port,
+        security=security,
+        destinations=tuple(destinations),
+        sources=tuple(sources),
+        clients=tuple(clients),
+        replication=replication,
+        retry=retry,
+        retention=retention,
+        path=path,
+    )
+
+
+def load_config(path: str | Path) -> SiteConfig:
+    """Read and validate a site config file."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {p}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from exc
+    return parse_config(raw, p.resolve())

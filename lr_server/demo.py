@@ -1,0 +1,451 @@
+"""``lr demo``: four sites replicating on embedded SQLite, as real ``lr server`` processes.
+
+Site ``a`` runs an application that changes its own tables and, in the same
+transactions, transmits each change: ``orders`` to ``b`` and/or ``c``
+(overlapping destination lists, chosen by key) and ``catalog`` to ``d``.
+``d`` joins late: it gets a full sync of the catalog (a PySpark job when Java
+and PySpark are available, an in-process provider otherwise) and then the
+log entries that followed. Listeners at ``b``, ``c`` and ``d`` apply what
+they receive to their own tables; the demo ends with a table and a check
+that every sink holds exactly what it should (exit code 1 if not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import Column, Integer, MetaData, String, insert, select, update
+from sqlalchemy import Table as SqlTable
+from sqlalchemy.orm import Session
+
+from lr_client import RoutingQueueClient
+from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
+from lr_client.records import SnapshotStatus
+from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.subscriber import RoutingQueueSubscriber
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SOURCE_DB_ENV = "LR_DEMO_SOURCE_DB"
+
+app_meta = MetaData()
+orders = SqlTable(
+    "demo_orders", app_meta, Column("key", String(32), primary_key=True), Column("value", Integer)
+)
+catalog = SqlTable(
+    "demo_catalog", app_meta, Column("key", String(32), primary_key=True), Column("value", Integer)
+)
+
+
+def order_destinations(key: int) -> list[str]:
+    """Overlapping destination lists: a third to b and c, a third to each."""
+    return [["b", "c"], ["b"], ["c"]][key % 3]
+
+
+def encode(key: str, value: int) -> bytes:
+    return json.dumps({"key": key, "value": value}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def catalog_frame(spark: SparkSession) -> DataFrame:
+    """The Spark job's source: the catalog table of site a (path in $LR_DEMO_SOURCE_DB)."""
+    with sqlite3.connect(os.environ[SOURCE_DB_ENV]) as conn:
+        rows = conn.execute("SELECT key, value FROM demo_catalog ORDER BY key").fetchall()
+    return spark.createDataFrame(rows, "key string, value long")
+
+
+def spark_available() -> tuple[bool, str]:
+    if shutil.which("java") is None:
+        return False, "Java was not found on PATH"
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return False, "PySpark is not installed (pip install '.[spark]')"
+    return True, ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _upsert(session: Session, table: SqlTable, key: str, value: int) -> None:
+    done = session.execute(update(table).where(table.c.key == key).values(value=value))
+    if not getattr(done, "rowcount", 0):
+        session.execute(insert(table).values(key=key, value=value))
+
+
+def _rows(store: SQLAlchemyQueueStore, table: SqlTable) -> dict[str, int]:
+    with store.read() as conn:
+        return {r.key: r.value for r in conn.execute(select(table))}
+
+
+class ApplyListener(RoutingQueueListener):
+    """A sink application: upserts every change into its own table (idempotent per key)."""
+
+    def __init__(self, table: SqlTable) -> None:
+        self.table = table
+        self.applied = 0
+        self.snapshot_rows = 0
+
+    def _apply(self, session: Session, messages: Sequence[RoutingQueueMessage]) -> None:
+        for m in messages:
+            row = json.loads(m.payload)
+            _upsert(session, self.table, str(row["key"]), int(row["value"]))
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self._apply(session, messages)
+        self.snapshot_rows += len(messages)
+        return True
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self._apply(session, messages)
+        self.applied += len(messages)
+        return True
+
+
+@dataclass
+class Site:
+    id: str
+    db: Path
+    port: int = 0
+    config: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.db}"
+
+
+def _config(
+    site: Site, dests: list[tuple[Site, list[str]]], sources: list[str], spark: bool
+) -> str:
+    lines = [
+        "[site]",
+        f'id = "{site.id}"',
+        f'database_url = "{site.url}"',
+    ]
+    if site.port:
+        lines.append(f'listen = "127.0.0.1:{site.port}"')
+    lines += [
+        "[security]",
+        "# Loopback demo: plaintext must be chosen explicitly; use TLS between real sites.",
+        'transport = "plaintext"',
+        'client_auth = "token"',
+        f'token = "demo-token-{site.id}"',
+        "[replication]",
+        "poll_interval = 0.02",
+        "[retry]",
+        "initial_backoff = 0.2",
+        "max_backoff = 1.0",
+        "[retention]",
+        "trim_interval = 0.5",
+        "[[clients]]",
+        'name = "orders"',
+        "[[clients]]",
+        'name = "catalog"',
+        f'snapshot = "{"spark" if spark else "app"}"',
+    ]
+    if spark:
+        lines += [
+            'spark_source = "lr_server.demo:catalog_frame"',
+            'spark_master = "local[2]"',
+        ]
+    for dest, clients in dests:
+        lines += [
+            "[[destinations]]",
+            f'id = "{dest.id}"',
+            f'address = "127.0.0.1:{dest.port}"',
+            "clients = [" + ", ".join(f'"{c}"' for c in clients) + "]",
+        ]
+    for src in sources:
+        lines += ["[[sources]]", f'id = "{src}"', f'token = "demo-token-{src}"']
+    return "\n".join(lines) + "\n"
+
+
+class Demo:
+    def __init__(self, console: Console, workdir: Path, transactions: int, duration: float) -> None:
+        self.console = console
+        self.workdir = workdir
+        self.transactions = transactions
+        self.duration = duration
+        self.spark, self.spark_reason = spark_available()
+        self.sites = {name: Site(name, workdir / f"{name}.db") for name in "abcd"}
+        for name in "bcd":
+            self.sites[name].port = _free_port()
+        self.stores: dict[str, SQLAlchemyQueueStore] = {}
+        self.listeners = {"b": ApplyListener(orders), "c": ApplyListener(orders)}
+        self.listeners["d"] = ApplyListener(catalog)
+        self.sent = {"b": 0, "c": 0, "d": 0}
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self._synced_at: float | None = None
+
+    # -- processes --------------------------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[SOURCE_DB_ENV] = str(self.sites["a"].db)
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        return env
+
+    def _start(self, site: Site) -> None:
+        assert site.config is not None
+        log = (self.workdir / f"{site.id}.log").open("ab")
+        site.proc = subprocess.Popen(
+            [sys.executable, "-m", "lr_server.cli", "server", "--config", str(site.config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self._env(),
+        )
+        log.close()
+        site.started_at = time.monotonic()
+        if site.port:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if site.proc.poll() is not None:
+                    raise RuntimeError(f"lr server for {site.id} exited; see {self.workdir}")
+                try:
+                    with socket.create_connection(("127.0.0.1", site.port), timeout=0.5):
+                        return
+                except OSError:
+                    time.sleep(0.05)
+            raise RuntimeError(f"lr server for {site.id} did not start listening")
+
+    def _stop_all(self) -> None:
+        for site in self.sites.values():
+            if site.proc is not None and site.proc.poll() is None:
+                site.proc.send_signal(signal.SIGTERM)
+        for site in self.sites.values():
+            if site.proc is not None:
+                try:
+                    site.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    site.proc.kill()
+
+    # -- setup ------------------------------------------------------------------------------
+    def setup(self) -> None:
+        s = self.sites
+        s["a"].config = self.workdir / "a.toml"
+        s["a"].config.write_text(
+            _config(
+                s["a"],
+                [(s["b"], ["orders"]), (s["c"], ["orders"]), (s["d"], ["catalog"])],
+                [],
+                self.spark,
+            )
+        )
+        for name in "bcd":
+            path = s[name].config = self.workdir / f"{name}.toml"
+            path.write_text(_config(s[name], [], ["a"], self.spark))
+        for name, site in s.items():
+            store = open_store(site.url)
+            store.create_schema()
+            app_meta.create_all(store.engine)
+            self.stores[name] = store
+        self.stores["a"].register_sites(["b", "c", "d"])
+
+    def _loop(self, target: Any) -> None:
+        t = threading.Thread(target=target.run, args=(self.stop,), daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    # -- the application at a ---------------------------------------------------------------
+    def _write(self, progress: Progress, task: Any) -> None:
+        store = self.stores["a"]
+        order_client = RoutingQueueClient(store, source_id="a", client_name="orders")
+        catalog_client = RoutingQueueClient(store, source_id="a", client_name="catalog")
+        pace = self.duration / max(1, self.transactions)
+        start = time.monotonic()
+        late_join = int(self.transactions * 0.4)
+        i, stop_at = 0, self.transactions
+        deadline = start + self.duration + 120
+        while i < stop_at or not self._d_synced(stop_at):
+            if i >= stop_at and time.monotonic() > deadline:
+                break
+            if i == self.transactions:
+                progress.console.log("the application keeps writing until d's full sync is done")
+            if i >= self.transactions:
+                progress.update(task, total=i + 1)
+            if i == late_join:
+                self._start(self.sites["d"])
+                progress.console.log("site d joins late: it will get a full sync of the catalog")
+            key = i % 500
+            dests = order_destinations(key)
+            with Session(store.engine) as session, session.begin():
+                _upsert(session, orders, f"o{key}", i)
+                order_client.transmit_log_entry_message(session, encode(f"o{key}", i), dests)
+                if i % 2 == 0:
+                    ckey = f"c{(i // 2) % 300}"
+                    _upsert(session, catalog, ckey, i)
+                    catalog_client.transmit_log_entry_message(session, encode(ckey, i), ["d"])
+            for d in dests:
+                self.sent[d] += 1
+            if i % 2 == 0:
+                self.sent["d"] += 1
+            progress.update(task, completed=i + 1)
+            behind = start + (i + 1) * pace - time.monotonic()
+            if behind > 0:
+                time.sleep(behind)
+            i += 1
+        progress.update(task, total=i, completed=i)
+
+    def _d_synced(self, stop_at: int) -> bool:
+        """True once d's full sync is complete (then a few more changes follow it)."""
+        if self._synced_at is None:
+            done = self.stores["a"].list_snapshots("d", "catalog", [SnapshotStatus.COMPLETED])
+            if not done:
+                return False
+            self._synced_at = time.monotonic()
+        return time.monotonic() - self._synced_at > 2.0
+
+    def _expected(self) -> dict[str, dict[str, int]]:
+        a_orders = _rows(self.stores["a"], orders)
+        return {
+            "b": {k: v for k, v in a_orders.items() if "b" in order_destinations(int(k[1:]))},
+            "c": {k: v for k, v in a_orders.items() if "c" in order_destinations(int(k[1:]))},
+            "d": _rows(self.stores["a"], catalog),
+        }
+
+    def _actual(self) -> dict[str, dict[str, int]]:
+        return {
+            "b": _rows(self.stores["b"], orders),
+            "c": _rows(self.stores["c"], orders),
+            "d": _rows(self.stores["d"], catalog),
+        }
+
+    # -- run --------------------------------------------------------------------------------
+    def run(self) -> bool:
+        c = self.console
+        if not self.spark:
+            c.print(
+                f"[yellow]Spark full sync skipped: {self.spark_reason}. "
+                "Site d gets its full sync from an in-process provider instead.[/]"
+            )
+        self.setup()
+        c.print(f"Four sites in {self.workdir} (SQLite, loopback gRPC)")
+        for name in "bca":
+            self._start(self.sites[name])
+        for name in "bcd":
+            self._loop(
+                RoutingQueueSubscriber(
+                    self.stores[name],
+                    "catalog" if name == "d" else "orders",
+                    self.listeners[name],
+                    poll_interval=0.05,
+                )
+            )
+        if not self.spark:
+            a = self.stores["a"]
+            self._loop(SnapshotProviderRunner(a, "catalog", self._provide_catalog))
+        t0 = time.monotonic()
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=24),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            console=c,
+        ) as progress:
+            write = progress.add_task("a: transactions", total=self.transactions)
+            self._write(progress, write)
+            sync = progress.add_task("sinks caught up", total=3)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                expected, actual = self._expected(), self._actual()
+                done = sum(expected[s] == actual[s] for s in "bcd")
+                progress.update(sync, completed=done)
+                if done == 3:
+                    break
+                time.sleep(0.25)
+        elapsed = time.monotonic() - t0
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+        ok = self._report(elapsed)
+        self._stop_all()
+        for store in self.stores.values():
+            store.engine.dispose()
+        return ok
+
+    def _provide_catalog(self, ctx: SnapshotContext) -> None:
+        ctx.transmit(encode(k, v) for k, v in sorted(_rows(self.stores["a"], catalog).items()))
+
+    def _report(self, elapsed: float) -> bool:
+        expected, actual = self._expected(), self._actual()
+        a = self.stores["a"]
+        table = Table(title="Replication summary", title_justify="left")
+        for col, just in (
+            ("site", "left"),
+            ("client", "left"),
+            ("sent", "right"),
+            ("applied", "right"),
+            ("lag", "right"),
+            ("snap rows", "right"),
+            ("entries/s", "right"),
+            ("check", "left"),
+        ):
+            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        ok = True
+        for name, client in (("b", "orders"), ("c", "orders"), ("d", "catalog")):
+            listener = self.listeners[name]
+            lag = a.backlog(name, client).entries
+            match = expected[name] == actual[name]
+            ok &= match
+            snaps = [x for x in a.list_snapshots(name, client) if x.entry_count is not None]
+            snap_rows = sum(x.entry_count or 0 for x in snaps)
+            table.add_row(
+                name,
+                client,
+                str(self.sent[name]),
+                str(listener.applied),
+                str(lag),
+                str(snap_rows) if snaps else "-",
+                f"{(listener.applied + listener.snapshot_rows) / elapsed:,.0f}",
+                f"[green]{len(actual[name])} rows ok[/]" if match else "[red]MISMATCH[/]",
+            )
+        self.console.print(table)
+        how = "PySpark job" if self.spark else "in-process provider"
+        self.console.print(
+            f"Full sync of d by {how}; log entries applied after it. Elapsed {elapsed:.1f}s."
+        )
+        self.console.print("[green]All sinks match their source.[/]" if ok else "[red]Mismatch.[/]")
+        return ok
+
+
+def run_demo(transactions: int = 2000, duration: float = 20.0, keep: bool = False) -> int:
+    """Run the demo; returns the process exit code."""
+    console = Console(width=min(Console().width, 100))
+    workdir = Path(tempfile.mkdtemp(prefix="lr-demo-"))
+    try:
+        ok = Demo(console, workdir, transactions, duration).run()
+    finally:
+        if keep:
+            console.print(f"Databases, configs and logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if ok else 1

@@ -1,0 +1,63 @@
+"""Prometheus metrics of an ``lr`` server (documented in docs/configuration.md)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+ENTRIES_SHIPPED = Counter(
+    "lr_entries_shipped", "Entries acknowledged by a destination", ["destination", "client"]
+)
+BYTES_SHIPPED = Counter(
+    "lr_bytes_shipped", "Payload bytes acknowledged by a destination", ["destination", "client"]
+)
+BATCHES_ACKED = Counter("lr_batches_acked", "Batches acknowledged", ["destination"])
+BATCH_LATENCY = Histogram(
+    "lr_batch_latency_seconds",
+    "Time from sending a batch to its acknowledgement",
+    ["destination"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+INFLIGHT_BATCHES = Gauge("lr_inflight_batches", "Unacknowledged batches", ["destination"])
+LAG_ENTRIES = Gauge("lr_lag_entries", "Unacknowledged entries", ["destination", "client"])
+LAG_BYTES = Gauge("lr_lag_bytes", "Unacknowledged payload bytes", ["destination", "client"])
+LAG_SECONDS = Gauge(
+    "lr_lag_seconds", "Age of the oldest unacknowledged entry", ["destination", "client"]
+)
+ENTRIES_APPLIED = Counter(
+    "lr_entries_applied", "Entries written to receive queues", ["source", "client"]
+)
+BYTES_APPLIED = Counter(
+    "lr_bytes_applied", "Payload bytes written to receive queues", ["source", "client"]
+)
+SNAPSHOT_ROWS = Gauge(
+    "lr_snapshot_rows", "Rows of the current snapshot shipped", ["destination", "client"]
+)
+DROPS = Counter("lr_drops", "Destinations dropped to a full sync", ["destination", "client"])
+BACKPRESSURE_EVENTS = Counter("lr_backpressure_events", "Transmits refused or delayed")
+ERRORS = Counter("lr_errors", "Errors by kind", ["kind"])
+TRIMMED = Counter("lr_trimmed_entries", "Send-queue entries trimmed")
+
+
+def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread."""
+    start_http_server(port, addr=addr)
+
+
+__all__ = [
+    "BACKPRESSURE_EVENTS",
+    "BATCHES_ACKED",
+    "BATCH_LATENCY",
+    "BYTES_APPLIED",
+    "BYTES_SHIPPED",
+    "DROPS",
+    "ENTRIES_APPLIED",
+    "ENTRIES_SHIPPED",
+    "ERRORS",
+    "INFLIGHT_BATCHES",
+    "LAG_BYTES",
+    "LAG_ENTRIES",
+    "LAG_SECONDS",
+    "SNAPSHOT_ROWS",
+    "TRIMMED",
+    "start_metrics_server",
+]

@@ -1,0 +1,139 @@
+"""The sink receiver: applies batches from sources into receive queues.
+
+Each batch is applied in one database transaction (entries appended to
+``LRQ_Recv_<client>__<source>``, the last applied position recorded, the queue
+registered), then acknowledged. A batch at or below the recorded position is
+acknowledged without being applied again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from lr_client._proto import replication_pb2 as pb
+from lr_client.errors import InvalidNameError, ProtocolError
+from lr_client.names import validate_name
+from lr_client.records import ReplicationType, SinkSnapshotState, WireEntry
+from lr_client.store import SQLAlchemyQueueStore
+from lr_server import metrics
+
+log = logging.getLogger("lr.receiver")
+
+_SNAPSHOT_STATE = {
+    SinkSnapshotState.NONE: pb.SNAPSHOT_NONE,
+    SinkSnapshotState.ONGOING: pb.SNAPSHOT_ONGOING,
+    SinkSnapshotState.COMPLETED: pb.SNAPSHOT_COMPLETED,
+}
+_LOG_TYPES = {ReplicationType.LOG_ENTRY_SYNC}
+_SNAP_TYPES = {ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY}
+
+
+class Receiver:
+    """Applies batches of accepted sources to the sink's store."""
+
+    def __init__(
+        self,
+        store: SQLAlchemyQueueStore,
+        sink_id: str,
+        accepted_sources: Collection[str],
+        *,
+        max_batch_entries: int = 100_000,
+    ) -> None:
+        self.store = store
+        self.sink_id = sink_id
+        self.accepted_sources = frozenset(accepted_sources)
+        self.max_batch_entries = max_batch_entries
+
+    def negotiate(self, source_id: str, request: pb.NegotiateRequest) -> pb.NegotiateResponse:
+        """Report, per client, what this sink has durably received from ``source_id``."""
+        if request.source_id and request.source_id != source_id:
+            raise ProtocolError(
+                f"negotiation names source {request.source_id!r}, not {source_id!r}"
+            )
+        response = pb.NegotiateResponse(sink_id=self.sink_id)
+        for client in request.clients:
+            _valid(client, "client name")
+            p = self.store.sink_progress(source_id, client)
+            response.clients.append(
+                pb.ClientState(
+                    client_name=client,
+                    last_position=p.last_position,
+                    snapshot_state=_SNAPSHOT_STATE[p.snapshot_state],
+                    snapshot_id=p.snapshot_id,
+                    snapshot_position=p.snapshot_position,
+                )
+            )
+        return response
+
+    def apply(self, source_id: str, batch: pb.ReplicationBatch) -> pb.ReplicationAck:
+        """Validate and apply one batch; return its acknowledgement."""
+        if batch.source_id and batch.source_id != source_id:
+            raise ProtocolError(f"batch claims source {batch.source_id!r}, sender is {source_id!r}")
+        client = _valid(batch.client_name, "client name")
+        if len(batch.entries) > self.max_batch_entries:
+            raise ProtocolError(f"batch of {len(batch.entries)} entries exceeds the limit")
+        entries = [_entry(e) for e in batch.entries]
+        previous = batch.previous_position
+        for e in entries:
+            if e.position <= previous:
+                raise ProtocolError("batch positions must be strictly increasing")
+            previous = e.position
+        if batch.kind == pb.BATCH_LOG_ENTRY:
+            if any(e.type not in _LOG_TYPES for e in entries):
+                raise ProtocolError("log entry batch holds entries of another type")
+            applied, last = self.store.apply_log_batch(
+                source_id, client, entries, batch.previous_position
+            )
+        elif batch.kind == pb.BATCH_SNAPSHOT:
+            if not batch.snapshot_id:
+                raise ProtocolError("snapshot batch without snapshot_id")
+            _valid_snapshot_id(batch.snapshot_id)
+            if any(
+                e.type not in _SNAP_TYPES or e.snapshot_id != batch.snapshot_id for e in entries
+            ):
+                raise ProtocolError("snapshot batch holds entries of another type or snapshot")
+            applied, last = self.store.apply_snapshot_batch(
+                source_id, client, batch.snapshot_id, entries, batch.previous_position
+            )
+        else:
+            raise ProtocolError(f"unknown batch kind {batch.kind}")
+        if applied:
+            metrics.ENTRIES_APPLIED.labels(source_id, client).inc(len(entries))
+            metrics.BYTES_APPLIED.labels(source_id, client).inc(
+                sum(len(e.payload) for e in entries)
+            )
+        return pb.ReplicationAck(
+            batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
+        )
+
+
+def _valid(value: str, what: str) -> str:
+    try:
+        return validate_name(value, what)
+    except InvalidNameError as exc:
+        raise ProtocolError(str(exc)) from exc
+
+
+def _valid_snapshot_id(value: str) -> None:
+    if len(value) > 64 or not (value.isascii() and value.isalnum()):
+        raise ProtocolError(f"invalid snapshot id {value[:80]!r}")
+
+
+def _entry(msg: pb.RoutingTableEntryMsg) -> WireEntry:
+    if msg.destinations:
+        raise ProtocolError("entries must arrive with destinations stripped")
+    try:
+        kind = ReplicationType(msg.type)
+    except ValueError as exc:
+        raise ProtocolError(f"unknown entry type {msg.type}") from exc
+    if kind is ReplicationType.NONE:
+        raise ProtocolError("entry without a type")
+    return WireEntry(
+        position=msg.position,
+        type=kind,
+        payload=msg.opaque_payload,
+        snapshot_id=msg.snapshot_id,
+        snapshot_count=msg.snapshot_count,
+        base_position=msg.base_position,
+    )

@@ -1,0 +1,171 @@
+"""One ``lr`` server per site: sender sessions, the sink receiver, trim, metrics."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lr_client.records import SnapshotRequest
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_server import metrics
+from lr_server.config import ClientConfig, SiteConfig
+from lr_server.logs import configure_logging
+from lr_server.receiver import Receiver
+from lr_server.retention import RetentionPolicy
+from lr_server.session import SenderSession
+from lr_server.transport.base import Transport
+from spark_jobs.launch import launch_snapshot_job
+
+log = logging.getLogger("lr.server")
+
+#: Seconds between refreshes of the send queue's planner statistics.
+ANALYZE_INTERVAL = 15.0
+
+
+def spark_launcher(
+    config: SiteConfig, children: list[subprocess.Popen[bytes]]
+) -> Callable[[SnapshotRequest, ClientConfig], None]:
+    """Start the PySpark snapshot job for a request, as a child process."""
+
+    def launch(req: SnapshotRequest, client: ClientConfig) -> None:
+        log_path = Path(tempfile.gettempdir()) / f"lr-snapshot-{req.snapshot_id}.log"
+        proc = launch_snapshot_job(
+            config.database_url,
+            req.snapshot_id,
+            source=client.spark_source,
+            encoder=client.spark_encoder,
+            master=client.spark_master,
+            spark_options=client.spark_options,
+            log_path=log_path,
+        )
+        children.append(proc)
+        log.info(
+            "launched snapshot job",
+            extra={"snapshot_id": req.snapshot_id, "pid": proc.pid, "log": str(log_path)},
+        )
+
+    return launch
+
+
+class SiteServer:
+    """Everything one site runs; :meth:`start` returns once it is serving."""
+
+    def __init__(
+        self,
+        config: SiteConfig,
+        store: SQLAlchemyQueueStore | None = None,
+        transport_factory: Callable[[str], Transport] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store or open_store(config.database_url)
+        self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._grpc: Any = None
+        self._transport_factory = transport_factory
+        self.sessions: dict[str, SenderSession] = {}
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        cfg = self.config
+        self.store.create_schema()
+        self.store.check_schema()
+        self.store.register_sites([d.id for d in cfg.destinations])
+        if cfg.metrics_port:
+            metrics.start_metrics_server(cfg.metrics_port)
+        if cfg.listen:
+            from lr_server.transport.grpc_server import start_grpc_server
+
+            receiver = Receiver(self.store, cfg.id, [s.id for s in cfg.sources])
+            self._grpc = start_grpc_server(cfg, receiver)
+            log.info("receiver listening on %s", cfg.listen)
+        launcher = spark_launcher(cfg, self.children)
+        for dest in cfg.destinations:
+            clients = [c for c in cfg.clients if c.name in cfg.clients_for(dest)]
+            session = SenderSession(
+                self.store,
+                cfg.id,
+                dest.id,
+                clients,
+                self._factory(dest.id),
+                cfg.replication,
+                cfg.retry,
+                launcher,
+            )
+            self.sessions[dest.id] = session
+            self._spawn(f"lr-session-{dest.id}", session.run)
+        self._spawn("lr-trim", self._trim_loop)
+
+    def _factory(self, dest_id: str) -> Callable[[], Transport]:
+        if self._transport_factory is not None:
+            factory = self._transport_factory
+            return lambda: factory(dest_id)
+        from lr_server.transport.grpc_client import GrpcTransport
+
+        dest = next(d for d in self.config.destinations if d.id == dest_id)
+        cfg = self.config
+        return lambda: GrpcTransport(cfg.id, dest, cfg.security, cfg.replication.max_message_bytes)
+
+    def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
+        t = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _trim_loop(self, stop: threading.Event) -> None:
+        """Retention (drops, backpressure, lag metrics) then trim, on a schedule."""
+        interval = self.config.retention.trim_interval
+        policy = RetentionPolicy(self.store, self.config)
+        analyzed = time.monotonic()
+        while not stop.wait(interval):
+            try:
+                if self.config.destinations:
+                    policy.run_once()
+                n = self.store.trim(self.config.retention.trim_batch, max_batches=10)
+                if n:
+                    metrics.TRIMMED.inc(n)
+                self._reap()
+                if time.monotonic() - analyzed > ANALYZE_INTERVAL:
+                    self.store.analyze()
+                    analyzed = time.monotonic()
+            except Exception:
+                log.exception("retention or trim failed")
+
+    def _reap(self) -> None:
+        """Collect finished snapshot jobs (their outcome is in the snapshot request)."""
+        for proc in list(self.children):
+            code = proc.poll()
+            if code is not None:
+                self.children.remove(proc)
+                log.info("snapshot job exited", extra={"pid": proc.pid, "code": code})
+
+    def stop(self, grace: float = 10.0) -> None:
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(timeout=grace)
+        if self._grpc is not None:
+            self._grpc.stop(grace=2.0).wait(5.0)
+        self.store.engine.dispose()
+
+
+def run_server(config: SiteConfig, stop: threading.Event | None = None) -> None:
+    """Run a site until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    configure_logging(config.id)
+    server = SiteServer(config)
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    log.info("site %s running", config.id)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        log.info("site %s stopping", config.id)
+        server.stop()

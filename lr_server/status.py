@@ -1,0 +1,318 @@
+"""Where every replication stream of a site stands: the data behind ``lr status``.
+
+Send side, per (destination, client): the state, the lag from
+:meth:`~lr_client.store.QueueStore.backlog`, the last ack, the session's
+in-flight window (from ``lrq_session_status`` when the server has written it),
+the open snapshot's progress and any drop record. Sink side, per (source,
+client): the last applied source position, the snapshot state, how many
+entries were received and how many still wait in the receive queue.
+
+States of a send stream, first match wins:
+
+* ``dropped``: a drop record exists (the destination fell past a retention
+  limit); it will be re-synced by a full sync.
+* ``snapshot sync``: a snapshot is open (requested, running or ready) or the
+  cursor says one is needed.
+* ``backpressure``: the server's retention policy has turned backpressure on
+  for the client (more than half of its destinations are slow) and this
+  destination is one of the slow ones; ``transmit`` refuses or waits.
+* ``log entry sync``: otherwise.
+
+``slow`` says whether the stream is past ``retention.soft_fraction`` of any
+retention limit (entries, bytes, age of the oldest unacknowledged entry).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from lr_client.names import recv_queue_name
+from lr_client.records import SinkSnapshotState, SnapshotRequest, SnapshotStatus
+from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import schema as s
+from lr_server.config import SiteConfig
+
+LOG_ENTRY_SYNC = "log entry sync"
+SNAPSHOT_SYNC = "snapshot sync"
+DROPPED = "dropped"
+BACKPRESSURE = "backpressure"
+
+OPEN = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
+
+
+@dataclass
+class SnapshotProgress:
+    snapshot_id: str
+    status: str
+    rows_written: int
+    entry_count: int | None
+    base_position: int | None
+    shipped_position: int
+
+
+@dataclass
+class DropInfo:
+    first_dropped_position: int
+    dropped_at: float
+    reason: str
+
+
+@dataclass
+class SessionInfo:
+    """One row of ``lrq_session_status`` (written by the running server)."""
+
+    destination: str
+    state: str = ""
+    connected: bool = False
+    inflight_batches: int = 0
+    inflight_bytes: int = 0
+    last_error: str = ""
+    updated_at: float = 0.0
+
+
+@dataclass
+class SendStream:
+    destination: str
+    client: str
+    state: str
+    cursor: int
+    lag_entries: int
+    lag_bytes: int
+    lag_seconds: float
+    slow: bool
+    last_ack: float | None
+    inflight_batches: int | None  # None: no session has reported for the destination
+    configured: bool
+    snapshot: SnapshotProgress | None = None
+    drop: DropInfo | None = None
+
+
+@dataclass
+class SinkStream:
+    source: str
+    client: str
+    queue: str
+    last_position: int
+    snapshot_state: str
+    snapshot_id: str
+    snapshot_position: int
+    entries_received: int
+    queue_depth: int
+    updated_at: float
+    configured: bool
+
+
+@dataclass
+class SiteStatus:
+    site: str
+    time: float
+    head_position: int
+    oldest_position: int | None
+    sessions_known: bool
+    sessions: list[SessionInfo] = field(default_factory=list)
+    send: list[SendStream] = field(default_factory=list)
+    sink: list[SinkStream] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``lr status --json``)."""
+        return asdict(self)
+
+
+def read_session_status(store: SQLAlchemyQueueStore) -> list[SessionInfo] | None:
+    """Rows of ``lrq_session_status``, or None if this store version has no such table."""
+    lister = getattr(store, "list_session_status", None)
+    if lister is None:
+        return None
+    out = []
+    for row in lister():
+        out.append(
+            SessionInfo(
+                destination=str(row["destination"]),
+                state=str(row.get("state") or ""),
+                connected=bool(row.get("connected")),
+                inflight_batches=int(row.get("inflight_batches") or 0),
+                inflight_bytes=int(row.get("inflight_bytes") or 0),
+                last_error=str(row.get("last_error") or ""),
+                updated_at=float(row.get("updated_at") or 0.0),
+            )
+        )
+    return out
+
+
+def queue_depths(store: SQLAlchemyQueueStore) -> dict[int, int]:
+    """{queue_id: entries waiting in the receive queue}, in one query."""
+    t = s.recv_entries
+    with store.read() as conn:
+        rows = conn.execute(select(t.c.queue_id, func.count()).group_by(t.c.queue_id)).all()
+    return {int(r[0]): int(r[1]) for r in rows}
+
+
+def head_position(store: SQLAlchemyQueueStore) -> int:
+    """The highest position assigned so far, read without waiting for transmitters.
+
+    On PostgreSQL :meth:`~lr_client.store.QueueStore.head_position` takes the
+    transmit lock (to be exact); a status display reads the sequence instead,
+    which may count a position whose transaction has not committed yet.
+    """
+    if store.dialect != "postgresql":
+        return store.head_position()
+    with store.read() as conn:
+        row = conn.execute(
+            text("SELECT last_value, is_called FROM lrq_send_log_entries_position_seq")
+        ).one()
+    return int(row[0]) if row[1] else 0
+
+
+def _progress(req: SnapshotRequest) -> SnapshotProgress:
+    return SnapshotProgress(
+        snapshot_id=req.snapshot_id,
+        status=req.status.value,
+        rows_written=req.rows_written,
+        entry_count=req.entry_count,
+        base_position=req.base_position,
+        shipped_position=req.shipped_position,
+    )
+
+
+def is_slow(config: SiteConfig, entries: int, size: int, age: float) -> bool:
+    """Past ``retention.soft_fraction`` of any retention limit."""
+    r = config.retention
+    worst = max(
+        entries / r.max_entries,
+        size / r.max_bytes,
+        age / r.max_age_seconds if r.max_age_seconds else 0.0,
+    )
+    return worst >= r.soft_fraction
+
+
+def flow_states(store: SQLAlchemyQueueStore, clients: set[str]) -> dict[str, set[str]]:
+    """{client: slow destinations} for clients under backpressure (as the server set it)."""
+    reader = getattr(store, "flow_state", None)
+    if reader is None:
+        return {}
+    out = {}
+    for client in sorted(clients):
+        on, slow = reader(client)
+        if on:
+            out[client] = set(slow)
+    return out
+
+
+def _send_streams(
+    config: SiteConfig, store: SQLAlchemyQueueStore, sessions: dict[str, SessionInfo] | None
+) -> list[SendStream]:
+    now = time.time()
+    configured = {(d.id, c) for d in config.destinations for c in config.clients_for(d)}
+    cursors = {(c.destination, c.client_name): c for c in store.list_cursors()}
+    drops = {(d.destination, d.client_name): d for d in store.list_drops()}
+    open_snaps: dict[tuple[str, str], SnapshotRequest] = {}
+    for req in store.list_snapshots(statuses=OPEN):  # newest first: keep the newest
+        open_snaps.setdefault((req.destination, req.client_name), req)
+    keys = sorted(configured | set(cursors) | set(drops) | set(open_snaps))
+    throttled = flow_states(store, {c for _, c in keys})
+
+    streams = []
+    for dest, client in keys:
+        backlog = store.backlog(dest, client)
+        age = now - backlog.oldest_created_at if backlog.oldest_created_at else 0.0
+        cursor = cursors.get((dest, client))
+        drop = drops.get((dest, client))
+        snap = open_snaps.get((dest, client))
+        session = sessions.get(dest) if sessions else None
+        inflight = session.inflight_batches if session else None
+        if drop:
+            state = DROPPED
+        elif snap or (cursor and cursor.needs_snapshot):
+            state = SNAPSHOT_SYNC
+        elif dest in throttled.get(client, ()):
+            state = BACKPRESSURE
+        else:
+            state = LOG_ENTRY_SYNC
+        streams.append(
+            SendStream(
+                destination=dest,
+                client=client,
+                state=state,
+                cursor=cursor.position if cursor else 0,
+                lag_entries=backlog.entries,
+                lag_bytes=backlog.bytes,
+                lag_seconds=max(age, 0.0),
+                slow=is_slow(config, backlog.entries, backlog.bytes, max(age, 0.0)),
+                last_ack=cursor.acked_at if cursor and cursor.acked_at else None,
+                inflight_batches=inflight,
+                configured=(dest, client) in configured,
+                snapshot=_progress(snap) if snap else None,
+                drop=DropInfo(drop.first_dropped_position, drop.dropped_at, drop.reason)
+                if drop
+                else None,
+            )
+        )
+    return streams
+
+
+def _sink_streams(config: SiteConfig, store: SQLAlchemyQueueStore) -> list[SinkStream]:
+    depths = queue_depths(store)
+    queues = {(q.source_id, q.client_name): q for q in store.list_queues()}
+    progress = {(p.source_id, p.client_name): p for p in store.list_sink_progress()}
+    configured_sources = {x.id for x in config.sources}
+    out = []
+    for source, client in sorted(set(queues) | set(progress)):
+        p = progress.get((source, client))
+        q = queues.get((source, client))
+        out.append(
+            SinkStream(
+                source=source,
+                client=client,
+                queue=q.queue_name if q else recv_queue_name(client, source),
+                last_position=p.last_position if p else 0,
+                snapshot_state=SinkSnapshotState(p.snapshot_state).name.lower()
+                if p
+                else SinkSnapshotState.NONE.name.lower(),
+                snapshot_id=p.snapshot_id if p else "",
+                snapshot_position=p.snapshot_position if p else 0,
+                entries_received=p.entries_received if p else 0,
+                queue_depth=depths.get(q.queue_id, 0) if q else 0,
+                updated_at=p.updated_at if p else 0.0,
+                configured=source in configured_sources,
+            )
+        )
+    return out
+
+
+def collect_status(config: SiteConfig, store: SQLAlchemyQueueStore) -> SiteStatus:
+    """Everything ``lr status`` shows, read in a few short transactions."""
+    session_rows = read_session_status(store)
+    sessions = None if session_rows is None else {x.destination: x for x in session_rows}
+    return SiteStatus(
+        site=config.id,
+        time=time.time(),
+        head_position=head_position(store),
+        oldest_position=store.oldest_position(),
+        sessions_known=session_rows is not None,
+        sessions=session_rows or [],
+        send=_send_streams(config, store, sessions),
+        sink=_sink_streams(config, store),
+    )
+
+
+__all__ = [
+    "BACKPRESSURE",
+    "DROPPED",
+    "LOG_ENTRY_SYNC",
+    "SNAPSHOT_SYNC",
+    "DropInfo",
+    "SendStream",
+    "SessionInfo",
+    "SinkStream",
+    "SiteStatus",
+    "SnapshotProgress",
+    "collect_status",
+    "flow_states",
+    "is_slow",
+    "queue_depths",
+    "read_session_status",
+]

@@ -1,0 +1,58 @@
+"""bench/transmit.py runs end to end on SQLite and writes the JSON it documents."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_transmit_bench_sqlite_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "transmit.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "transmit.py"),
+            "--seconds",
+            "0.2",
+            "--backend",
+            "sqlite",
+            "--storage-entries",
+            "200",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "Transmit throughput" in proc.stdout
+
+    data = json.loads(out.read_text())
+    for key in ("settings", "machine", "targets", "results", "ratios", "storage", "storage_ratios"):
+        assert key in data, key
+    assert data["settings"]["backends"] == ["sqlite"]
+
+    cells = {(c["system"], c["entries_per_txn"], c["destinations"]) for c in data["results"]}
+    for system in ("ours", "plain", "outbox"):
+        for per_txn in (1, 100):
+            for dests in (1, 8):
+                assert (system, per_txn, dests) in cells
+    assert all(c["backend"] == "sqlite" and c["writers"] == 1 for c in data["results"])
+    assert all(c["rate"] > 0 and c["entries"] > 0 for c in data["results"])
+
+    plain_ratios = [r for r in data["ratios"] if r["system"] == "ours" and r["baseline"] == "plain"]
+    assert len(plain_ratios) == 4
+    assert all(r["ratio"] > 0 and r["target"] == 0.9 for r in plain_ratios)
+
+    ours_storage = {s["destinations"]: s for s in data["storage"] if s["system"] == "ours"}
+    assert set(ours_storage) == {1, 8}
+    # 1 KiB payloads: at least the payload is stored per entry.
+    assert all(s["bytes_per_entry"] >= 1024 for s in ours_storage.values())
+    (ours_ratio,) = [x for x in data["storage_ratios"] if x["system"] == "ours"]
+    assert ours_ratio["ratio_8_to_1"] > 0

@@ -1,0 +1,95 @@
+"""Invariant I1: no committed entry is ever skipped by a reader.
+
+Two real connections: a long transaction transmits first (so it would get
+the earlier position), a short one transmits and commits, the reader reads,
+then the long one commits and the reader reads again.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy.orm import Session
+
+from lr_client import RoutingQueueClient
+from lr_client.store import open_store
+from tests.conftest import PgSchema
+
+
+def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
+    store = open_store(pg_schema.engine())
+    store.create_schema()
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+
+    long_session = Session(store.engine)
+    long_session.begin()
+    client.transmit_log_entry_message(long_session, b"long", ["site-b"])
+
+    # The short writer must not be able to commit a position the reader could pass.
+    short_done = threading.Event()
+
+    def short_writer() -> None:
+        with Session(store.engine) as session, session.begin():
+            client.transmit_log_entry_message(session, b"short", ["site-b"])
+        short_done.set()
+
+    t = threading.Thread(target=short_writer)
+    t.start()
+    short_done.wait(timeout=1.0)
+
+    cursor = 0
+    seen: list[bytes] = []
+    first = store.read_log_entries("site-b", "policy", cursor, 100)
+    seen += [e.payload for e in first]
+    if first:
+        cursor = first[-1].position
+
+    long_session.commit()
+    long_session.close()
+    t.join(timeout=30)
+    assert short_done.is_set()
+
+    rest = store.read_log_entries("site-b", "policy", cursor, 100)
+    seen += [e.payload for e in rest]
+    assert sorted(seen) == [b"long", b"short"], seen
+    positions = [e.position for e in store.read_log_entries("site-b", "policy", 0, 100)]
+    assert positions == sorted(positions)
+
+
+def test_many_concurrent_writers_never_skip(pg_schema: PgSchema) -> None:
+    store = open_store(pg_schema.engine(pool_size=10))
+    store.create_schema()
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+    n_threads, per_thread = 6, 40
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def reader() -> None:
+        cursor = 0
+        while True:
+            done = stop.is_set()
+            batch = store.read_log_entries("site-b", "policy", cursor, 1000)
+            seen.extend(e.position for e in batch)
+            if batch:
+                cursor = batch[-1].position
+            elif done:
+                return
+
+    def writer(k: int) -> None:
+        for i in range(per_thread):
+            with Session(store.engine) as session, session.begin():
+                client.transmit_log_entry_message(session, b"%d-%d" % (k, i), ["site-b"])
+
+    r = threading.Thread(target=reader)
+    r.start()
+    writers = [threading.Thread(target=writer, args=(k,)) for k in range(n_threads)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    r.join()
+    assert len(seen) == n_threads * per_thread
+    assert seen == sorted(seen)

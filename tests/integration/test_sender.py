@@ -1,0 +1,147 @@
+"""The transactional sender API and its bad-input rules (I4, I7), on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+from sqlalchemy.orm import Session
+
+from lr_client import (
+    InvalidDestinationsError,
+    InvalidInputError,
+    InvalidNameError,
+    InvalidPayloadError,
+    LRMessageWithDestinations,
+    PayloadTooLargeError,
+    RoutingQueueClient,
+    UnknownDestinationError,
+)
+from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import schema as s
+
+app_meta = MetaData()
+orders = Table(
+    "app_orders", app_meta, Column("id", Integer, primary_key=True), Column("name", String(50))
+)
+
+
+@pytest.fixture
+def client(store: SQLAlchemyQueueStore) -> Iterator[RoutingQueueClient]:
+    app_meta.create_all(store.engine)
+    c = RoutingQueueClient(store, source_id="site-a", client_name="policy", max_payload_bytes=1024)
+    c.register_destinations(["site-b", "site-c"])
+    yield c
+
+
+def counts(store: SQLAlchemyQueueStore) -> tuple[int, int]:
+    with store.read() as conn:
+        entries = conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar_one()
+        apps = conn.execute(select(func.count()).select_from(orders)).scalar_one()
+    return int(entries), int(apps)
+
+
+def test_commits_with_the_application(client: RoutingQueueClient) -> None:
+    store = client.store
+    with Session(store.engine) as session, session.begin():
+        session.execute(insert(orders).values(name="o1"))
+        client.transmit_log_entry_message(session, b"o1", ["site-b", "site-c"])
+        client.transmit_log_entry_messages(
+            session,
+            [
+                LRMessageWithDestinations(b"o2", ["site-b"]),
+                LRMessageWithDestinations(b"o3", ["site-c"]),
+            ],
+        )
+    assert counts(store) == (3, 1)
+    assert [e.payload for e in store.read_log_entries("site-b", "policy", 0, 9)] == [b"o1", b"o2"]
+    assert [e.payload for e in store.read_log_entries("site-c", "policy", 0, 9)] == [b"o1", b"o3"]
+
+
+def test_rolls_back_with_the_application(client: RoutingQueueClient) -> None:
+    with pytest.raises(RuntimeError), Session(client.store.engine) as session, session.begin():
+        session.execute(insert(orders).values(name="o1"))
+        client.transmit_log_entry_message(session, b"o1", ["site-b"])
+        raise RuntimeError("application failure")
+    assert counts(client.store) == (0, 0)
+
+
+def test_accepts_a_connection(client: RoutingQueueClient) -> None:
+    with client.store.engine.begin() as conn:
+        client.transmit_log_entry_message(conn, b"x", ["site-b"])
+    assert counts(client.store) == (1, 0)
+
+
+BAD: list[tuple[object, object, type[Exception]]] = [
+    (b"x", [], InvalidDestinationsError),
+    (b"x", "site-b", InvalidDestinationsError),
+    (b"x", ["site-b", "site-b"], InvalidDestinationsError),
+    (b"x", ["site-a"], InvalidDestinationsError),
+    (b"x", ["Site_B"], InvalidNameError),
+    (b"x", ["site-b'; drop table lrq_send_log_entries; --"], InvalidNameError),
+    (b"x", ["site-z"], UnknownDestinationError),
+    (b"x", [None], InvalidNameError),
+    ("text", ["site-b"], InvalidPayloadError),
+    (None, ["site-b"], InvalidPayloadError),
+    (12, ["site-b"], InvalidPayloadError),
+    (b"x" * 1025, ["site-b"], PayloadTooLargeError),
+]
+
+
+@pytest.mark.parametrize(("payload", "dests", "error"), BAD)
+def test_bad_input_is_typed_and_changes_nothing(
+    client: RoutingQueueClient, payload: object, dests: object, error: type[Exception]
+) -> None:
+    with Session(client.store.engine) as session, session.begin():
+        session.execute(insert(orders).values(name="before"))
+        client.transmit_log_entry_message(session, b"ok", ["site-b"])
+    before = counts(client.store)
+    with pytest.raises(error), Session(client.store.engine) as session, session.begin():
+        client.transmit_log_entry_message(session, payload, dests)  # type: ignore[arg-type]
+    assert counts(client.store) == before
+
+
+def test_one_bad_message_rejects_the_whole_batch(client: RoutingQueueClient) -> None:
+    batch = [LRMessageWithDestinations(b"ok", ["site-b"]), LRMessageWithDestinations(b"x", [])]
+    with (
+        pytest.raises(InvalidDestinationsError),
+        Session(client.store.engine) as session,
+        session.begin(),
+    ):
+        client.transmit_log_entry_messages(session, batch)
+    assert counts(client.store) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["", "A", "a_b", "x" * 70])
+def test_client_names_are_validated(store: SQLAlchemyQueueStore, name: str) -> None:
+    with pytest.raises(InvalidNameError):
+        RoutingQueueClient(store, source_id="site-a", client_name=name)
+    with pytest.raises(InvalidNameError):
+        RoutingQueueClient(store, source_id=name, client_name="policy")
+
+
+@settings(
+    max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None
+)
+@given(
+    payload=st.one_of(st.binary(max_size=2048), st.text(max_size=5), st.integers(), st.none()),
+    dests=st.one_of(
+        st.lists(st.sampled_from(["site-b", "site-c", "site-a", "x_y", "", "site-q"]), max_size=4),
+        st.text(max_size=5),
+        st.none(),
+    ),
+)
+def test_fuzzed_input_either_succeeds_or_changes_nothing(
+    client: RoutingQueueClient, payload: object, dests: object
+) -> None:
+    before = counts(client.store)
+    try:
+        with Session(client.store.engine) as session, session.begin():
+            client.transmit_log_entry_message(session, payload, dests)  # type: ignore[arg-type]
+    except InvalidInputError:
+        assert counts(client.store) == before
+    else:
+        assert counts(client.store) == (before[0] + 1, before[1])

@@ -1,0 +1,145 @@
+"""Session mechanics with scripted transports: the in-flight window, a lost acknowledgement."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from lr_client._proto import replication_pb2 as pb
+from lr_client.errors import TransportError
+from lr_client.records import SnapshotStatus
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
+from lr_server.receiver import Receiver
+from lr_server.session import SenderSession
+from lr_server.transport.base import BatchStream, Transport
+from lr_server.transport.inproc import InProcessTransport
+from tests.kit.sites import wait_for
+
+
+class SilentStream(BatchStream):
+    """Takes batches and never acknowledges them (a sink that stopped reading)."""
+
+    def __init__(self, sent: list[pb.ReplicationBatch]) -> None:
+        self.sent = sent
+
+    def send(self, batch: pb.ReplicationBatch) -> None:
+        self.sent.append(batch)
+
+    def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
+        threading.Event().wait(min(timeout, 0.01))
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class SilentTransport(Transport):
+    def __init__(self) -> None:
+        self.sent: list[pb.ReplicationBatch] = []
+
+    def negotiate(self, request: pb.NegotiateRequest, timeout: float) -> pb.NegotiateResponse:
+        return pb.NegotiateResponse(sink_id="b")
+
+    def open_stream(self) -> BatchStream:
+        return SilentStream(self.sent)
+
+
+def test_window_bounds_batches_and_bytes(store: SQLAlchemyQueueStore) -> None:
+    nums = store.register_sites(["b"])
+    with store.write() as conn:
+        store.append_log_entries(conn, "policy", [(bytes(1000), [nums["b"]])] * 500)
+    for cfg, expect in (
+        (ReplicationConfig(batch_max_entries=10, window_batches=3, poll_interval=0.01), 3),
+        # 10 KB batches against a 25 KB byte window: the third batch fills it
+        (
+            ReplicationConfig(
+                batch_max_entries=10, window_batches=100, window_bytes=25_000, poll_interval=0.01
+            ),
+            3,
+        ),
+    ):
+        transport = SilentTransport()
+        session = SenderSession(
+            store, "a", "b", [ClientConfig("policy")], lambda t=transport: t, cfg
+        )
+        stop = threading.Event()
+        worker = threading.Thread(target=session.run, args=(stop,))
+        worker.start()
+        try:
+            wait_for(lambda t=transport, n=expect: len(t.sent) >= n)
+            # it keeps running, but sends nothing more while nothing is acknowledged
+            stop.wait(0.5)
+            assert len(transport.sent) == expect
+            assert store.get_cursor("b", "policy").position == 0
+        finally:
+            stop.set()
+            worker.join(timeout=30)
+
+
+class LosesEndMarkerAck(Transport):
+    """Applies batches at the sink but loses the acknowledgement of the snapshot's end once."""
+
+    def __init__(self, inner: InProcessTransport) -> None:
+        self.inner = inner
+        self.lost = False
+        self.snapshot_batches_after_loss = 0
+
+    def negotiate(self, request: pb.NegotiateRequest, timeout: float) -> pb.NegotiateResponse:
+        return self.inner.negotiate(request, timeout)
+
+    def open_stream(self) -> BatchStream:
+        outer = self
+        stream = self.inner.open_stream()
+
+        class Stream(BatchStream):
+            def send(self, batch: pb.ReplicationBatch) -> None:
+                if outer.lost and batch.kind == pb.BATCH_SNAPSHOT:
+                    outer.snapshot_batches_after_loss += 1
+                stream.send(batch)
+                ends = [e for e in batch.entries if e.type == pb.LAST_FULL_SYNC_ENTRY]
+                if ends and not outer.lost:
+                    outer.lost = True
+                    stream.next_ack(5.0)  # swallow it
+                    raise TransportError("connection lost before the ack arrived")
+
+            def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
+                return stream.next_ack(timeout)
+
+            def close(self) -> None:
+                stream.close()
+
+        return Stream()
+
+
+def test_lost_end_marker_ack_completes_without_resending(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    sink = open_store(db_url_factory("sink"))
+    sink.create_schema()
+    try:
+        store.register_sites(["b"])
+        sid = store.request_snapshot(None, "b", "policy", "test")
+        store.start_snapshot(sid)
+        with store.write() as conn:
+            store.write_snapshot_entries(conn, sid, 0, [b"%d" % i for i in range(30)])
+        store.finish_snapshot(sid)
+        transport = LosesEndMarkerAck(InProcessTransport(Receiver(sink, "b", ["a"]), "a"))
+        cfg = ReplicationConfig(batch_max_entries=10, poll_interval=0.01)
+        retry = RetryConfig(initial_backoff=0.01, max_backoff=0.05)
+        session = SenderSession(
+            store, "a", "b", [ClientConfig("policy", snapshot="app")], lambda: transport, cfg, retry
+        )
+        stop = threading.Event()
+        worker = threading.Thread(target=session.run, args=(stop,))
+        worker.start()
+        try:
+            wait_for(lambda: store.get_snapshot(sid).status is SnapshotStatus.COMPLETED)  # type: ignore[union-attr]
+        finally:
+            stop.set()
+            worker.join(timeout=30)
+        assert transport.lost
+        assert transport.snapshot_batches_after_loss == 0
+        assert sink.sink_progress("a", "policy").entries_received == 31
+    finally:
+        sink.engine.dispose()

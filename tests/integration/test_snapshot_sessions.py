@@ -1,0 +1,152 @@
+"""Snapshots through real sessions and receivers: restarts, supersession, repeated full syncs."""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import select
+
+from lr_client import RoutingQueueClient
+from lr_client.records import SnapshotStatus
+from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
+from lr_client.store import SQLAlchemyQueueStore
+from lr_client.subscriber import RoutingQueueSubscriber
+from tests.kit import kvapp
+from tests.kit.sites import Sites, wait_for
+
+SMALL_BATCHES = "batch_max_entries = 10\nwindow_batches = 2"
+
+
+def applied_kinds(store: SQLAlchemyQueueStore) -> list[str]:
+    with store.read() as conn:
+        return [r.kind for r in conn.execute(select(kvapp.applied).order_by(kvapp.applied.c.id))]
+
+
+class Loops:
+    def __init__(self, *loops: object) -> None:
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=x.run, args=(self.stop,)) for x in loops]  # type: ignore[attr-defined]
+
+    def __enter__(self) -> Loops:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+
+def setup(sites: Sites) -> tuple[SQLAlchemyQueueStore, RoutingQueueClient, SQLAlchemyQueueStore]:
+    src = sites.store("a")
+    sink = sites.store("b")
+    for st in (src, sink):
+        kvapp.meta.create_all(st.engine)
+    client = RoutingQueueClient(src, source_id="a", client_name="policy")
+    client.register_destinations(["b"])
+    return src, client, sink
+
+
+def test_sender_restarted_mid_snapshot_resumes_without_duplicates(sites: Sites) -> None:
+    src, client, sink = setup(sites)
+    for i in range(8):
+        kvapp.write(src.engine, client, {f"k{i}": i}, ["b"])
+    with src.engine.begin() as conn:  # state written before replication: only a snapshot has it
+        conn.execute(kvapp.kv.insert(), [{"key": f"x{i}", "value": i} for i in range(3000)])
+    listener = kvapp.KvListener()
+    subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
+    runner = SnapshotProviderRunner(src, "policy", kvapp.provider(src.engine))
+    sites.start("b", sources=["a"])
+    with Loops(runner):
+        sites.start("a", dests=["b"], snapshot="app", replication=SMALL_BATCHES)
+        wait_for(lambda: sink.sink_progress("a", "policy").snapshot_position > 100, timeout=60)
+        sites.stop("a")  # mid-transfer
+        progress = sink.sink_progress("a", "policy")
+        assert progress.snapshot_position < 3000
+        sites.start("a", dests=["b"], snapshot="app", replication=SMALL_BATCHES)
+        with Loops(subscriber):
+            wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
+    (snap,) = src.list_snapshots("b", "policy")
+    assert snap.status is SnapshotStatus.COMPLETED
+    # resumed, not restarted: each snapshot entry was delivered exactly once
+    assert applied_kinds(sink).count("snapshot") == snap.entry_count
+    assert len(listener.full_syncs) == 1
+
+
+def test_superseded_snapshot_delivers_nothing_of_itself(sites: Sites) -> None:
+    src, client, sink = setup(sites)
+    kvapp.write(src.engine, client, {"k": 1}, ["b"])
+    first = src.request_snapshot(None, "b", "policy", "operator")
+    src.start_snapshot(first)
+    with src.write() as conn:
+        src.write_snapshot_entries(conn, first, 0, [kvapp.encode("stale", 666)])
+    src.finish_snapshot(first)  # READY, but the sink is not up yet
+    second = client.request_snapshot_sync(None, "b")
+    old = src.get_snapshot(first)
+    assert old is not None and old.status is SnapshotStatus.CANCELLED
+    listener = kvapp.KvListener()
+    subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
+    runner = SnapshotProviderRunner(src, "policy", kvapp.provider(src.engine))
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app")
+    with Loops(runner, subscriber):
+        wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
+    assert listener.full_syncs == [second]
+    assert "stale" not in kvapp.table(sink.engine)
+
+
+def test_three_successive_full_syncs_deliver_five_each(sites: Sites) -> None:
+    src, client, sink = setup(sites)
+    for i in range(5):
+        kvapp.write(src.engine, client, {f"k{i}": i}, ["b"])
+    counts: dict[str, int] = {}
+
+    class Counting(kvapp.KvListener):
+        def process_full_sync(self, session, source_id, messages):  # type: ignore[no-untyped-def]
+            sid = messages[0].snapshot_id
+            counts[sid] = counts.get(sid, 0) + len(messages)
+            return super().process_full_sync(session, source_id, messages)
+
+    listener = Counting()
+    subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
+    runner = SnapshotProviderRunner(src, "policy", kvapp.provider(src.engine))
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app")
+    with Loops(runner, subscriber):
+        for round_ in range(3):
+            wait_for(lambda round_=round_: len(listener.full_syncs) == round_ + 1, timeout=60)
+            wait_for(
+                lambda: all(
+                    s.status is SnapshotStatus.COMPLETED for s in src.list_snapshots("b", "policy")
+                )
+            )
+            wait_for(
+                lambda round_=round_: (
+                    len(counts) == round_ + 1
+                    and all(sink.queue_depth(q.queue_id) == 0 for q in sink.list_queues())
+                ),
+                timeout=60,
+            )
+            if round_ < 2:
+                client.request_snapshot_sync(None, "b", "operator asked")
+    assert sorted(counts.values()) == [5, 5, 5]
+    assert len(src.list_snapshots("b", "policy")) == 3
+
+
+def provide_none(ctx: SnapshotContext) -> None:
+    """A provider with nothing to send: an empty full sync."""
+
+
+def test_zero_row_snapshot(sites: Sites) -> None:
+    src, client, sink = setup(sites)
+    listener = kvapp.KvListener()
+    subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
+    runner = SnapshotProviderRunner(src, "policy", provide_none)
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app")
+    with Loops(runner, subscriber):
+        wait_for(lambda: len(listener.full_syncs) == 1, timeout=60)
+        kvapp.write(src.engine, client, {"after": 1}, ["b"])
+        wait_for(lambda: kvapp.table(sink.engine) == {"after": 1}, timeout=60)
+    assert applied_kinds(sink) == ["log"]

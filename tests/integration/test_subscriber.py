@@ -1,0 +1,576 @@
+"""The sink subscriber on SQLite and PostgreSQL: order, exactly-once, snapshots, leases."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+from sqlalchemy import String, func, insert, select, text, update
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from lr_client import (
+    ListenerError,
+    ProtocolError,
+    RoutingQueueListener,
+    RoutingQueueMessage,
+    RoutingQueueSubscriber,
+)
+from lr_client.records import ReplicationType, WireEntry
+from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import schema as s
+
+CLIENT = "policy"
+LOG = ReplicationType.LOG_ENTRY_SYNC
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class AppRow(Base):
+    """What the sink application writes for each message (and each snapshot start/end)."""
+
+    __tablename__ = "app_rows"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    source_id: Mapped[str] = mapped_column(String(63))
+    kind: Mapped[str] = mapped_column(String(16))
+    snapshot_id: Mapped[str] = mapped_column(String(64), default="")
+    position: Mapped[int] = mapped_column(default=0)
+
+
+Event = tuple[str, str, str, tuple[int, ...]]  # (callback, source, snapshot id, positions)
+
+
+class AppListener(RoutingQueueListener):
+    """Writes one AppRow per message through the session; records the callbacks it saw.
+
+    ``fail`` decides, per call, whether a callback fails: it gets the callback
+    name and returns None (succeed), "false" (return False) or "raise".
+    """
+
+    def __init__(self, fail: Callable[[str, str, int], str | None] | None = None) -> None:
+        self.events: list[Event] = []  # committed or not: an in-memory trace
+        self.errors: list[BaseException] = []
+        self.calls = 0
+        self.fail = fail or (lambda callback, source, call: None)
+
+    def _maybe_fail(self, session: Session, callback: str, source_id: str) -> bool:
+        self.calls += 1
+        how = self.fail(callback, source_id, self.calls)
+        if how == "raise":
+            raise RuntimeError(f"boom in {callback}")
+        if how == "false":
+            session.commit()  # must not commit the delivery transaction early
+            return False
+        return True
+
+    def on_full_sync_start(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        session.add(AppRow(source_id=source_id, kind="start", snapshot_id=snapshot_id))
+        self.events.append(("start", source_id, snapshot_id, ()))
+        self._maybe_fail(session, "on_full_sync_start", source_id)
+
+    def on_full_sync_end(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        session.add(AppRow(source_id=source_id, kind="end", snapshot_id=snapshot_id))
+        self.events.append(("end", source_id, snapshot_id, ()))
+        self._maybe_fail(session, "on_full_sync_end", source_id)
+
+    def _apply(
+        self, session: Session, kind: str, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        for m in messages:
+            assert m.source_id == source_id and m.client_name == CLIENT
+            session.add(
+                AppRow(
+                    source_id=source_id,
+                    kind=kind,
+                    snapshot_id=m.snapshot_id,
+                    position=m.source_position,
+                )
+            )
+        sid = messages[0].snapshot_id
+        self.events.append((kind, source_id, sid, tuple(m.source_position for m in messages)))
+        return self._maybe_fail(session, "process_" + kind, source_id)
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        assert {m.type for m in messages} == {ReplicationType.SNAPSHOT_SYNC}
+        return self._apply(session, "full_sync", source_id, messages)
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        assert {m.type for m in messages} == {LOG}
+        return self._apply(session, "log_entries", source_id, messages)
+
+    def on_error(self, error: BaseException) -> None:
+        self.errors.append(error)
+
+
+# -- helpers -------------------------------------------------------------------------
+def log_entries(first: int, count: int) -> list[WireEntry]:
+    return [WireEntry(p, LOG, b"log-%d" % p) for p in range(first, first + count)]
+
+
+def snapshot_entries(snapshot_id: str, count: int, base: int = 0) -> list[WireEntry]:
+    entries = [
+        WireEntry(i, ReplicationType.SNAPSHOT_SYNC, b"snap-%d" % i, snapshot_id=snapshot_id)
+        for i in range(1, count + 1)
+    ]
+    marker = WireEntry(
+        count + 1,
+        ReplicationType.LAST_FULL_SYNC_ENTRY,
+        b"",
+        snapshot_id=snapshot_id,
+        snapshot_count=count,
+        base_position=base,
+    )
+    return [*entries, marker]
+
+
+def app_rows(store: SQLAlchemyQueueStore, kind: str | None = None) -> list[tuple[str, str, int]]:
+    query = select(AppRow.source_id, AppRow.snapshot_id, AppRow.position).order_by(AppRow.id)
+    if kind is not None:
+        query = query.where(AppRow.kind == kind)
+    with Session(store.engine) as session:
+        return [(r[0], r[1], r[2]) for r in session.execute(query).all()]
+
+
+def queued(store: SQLAlchemyQueueStore) -> int:
+    with store.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(s.recv_entries)).scalar_one())
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.01)
+
+
+def poll_until(
+    sub: RoutingQueueSubscriber, done: Callable[[], bool], timeout: float = 20.0
+) -> None:
+    def step() -> bool:
+        sub.poll_once()
+        return done()
+
+    wait_for(step, timeout)
+
+
+@pytest.fixture
+def app_store(store: SQLAlchemyQueueStore) -> SQLAlchemyQueueStore:
+    Base.metadata.create_all(store.engine)
+    return store
+
+
+@pytest.fixture
+def subscribers(app_store: SQLAlchemyQueueStore) -> Iterator[list[RoutingQueueSubscriber]]:
+    made: list[RoutingQueueSubscriber] = []
+    yield made
+    for sub in made:
+        sub.close()
+
+
+@pytest.fixture
+def make_sub(
+    app_store: SQLAlchemyQueueStore, subscribers: list[RoutingQueueSubscriber]
+) -> Callable[..., RoutingQueueSubscriber]:
+    def make(listener: RoutingQueueListener, **kwargs: object) -> RoutingQueueSubscriber:
+        kwargs.setdefault("retry_initial", 0.0)
+        sub = RoutingQueueSubscriber(app_store, CLIENT, listener, **kwargs)  # type: ignore[arg-type]
+        subscribers.append(sub)
+        return sub
+
+    return make
+
+
+# -- order and exactly-once ------------------------------------------------------------
+def test_log_entries_arrive_in_order_in_bounded_batches(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 12))
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(13, 13))
+    listener = AppListener()
+    sub = make_sub(listener, batch_size=10)
+
+    assert sub.poll_once() == 25
+    assert [e[3] for e in listener.events] == [
+        tuple(range(1, 11)),
+        tuple(range(11, 21)),
+        tuple(range(21, 26)),
+    ]
+    assert [p for _, _, p in app_rows(app_store)] == list(range(1, 26))
+    assert queued(app_store) == 0
+    assert sub.poll_once() == 0
+    assert len(app_rows(app_store)) == 25 and listener.errors == []
+
+
+def test_messages_expose_the_entry(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, [WireEntry(7, LOG, b"\x00payload")])
+    seen: list[RoutingQueueMessage] = []
+
+    class Keep(AppListener):
+        def process_log_entries(
+            self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+        ) -> bool:
+            seen.extend(messages)
+            return True
+
+    assert make_sub(Keep()).poll_once() == 1
+    assert seen == [RoutingQueueMessage(b"\x00payload", "src-a", CLIENT, 7, LOG, "")]
+
+
+def test_other_clients_queues_are_not_delivered(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", "other", log_entries(1, 3))
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    assert make_sub(AppListener()).poll_once() == 2
+    assert queued(app_store) == 3
+
+
+@pytest.mark.parametrize("how", ["false", "raise"])
+def test_failed_batch_applies_nothing_and_is_redelivered(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber], how: str
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 8))
+    listener = AppListener(fail=lambda cb, src, call: how if call <= 2 else None)
+    sub = make_sub(listener, batch_size=5)
+
+    assert sub.poll_once() == 0
+    assert app_rows(app_store) == []  # the failed callback's writes were rolled back
+    assert queued(app_store) == 8  # and nothing was deleted
+    assert len(listener.errors) == 1
+    err = listener.errors[0]
+    assert isinstance(err, ListenerError)
+    assert (err.source_id, err.client_name, err.callback) == (
+        "src-a",
+        CLIENT,
+        "process_log_entries",
+    )
+    assert (err.first_seq, err.last_seq, err.attempt) == (1, 5, 1)
+    if how == "raise":
+        assert isinstance(err.__cause__, RuntimeError)
+
+    poll_until(sub, lambda: queued(app_store) == 0)
+    assert [p for _, _, p in app_rows(app_store)] == list(range(1, 9))
+    assert [e.attempt for e in listener.errors if isinstance(e, ListenerError)] == [1, 2]
+    # the same batch came three times, the rest once
+    assert [e[3] for e in listener.events] == [tuple(range(1, 6))] * 3 + [(6, 7, 8)]
+
+
+def test_failed_queue_waits_for_its_backoff(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    listener = AppListener(fail=lambda cb, src, call: "false" if call == 1 else None)
+    sub = make_sub(listener, retry_initial=30.0, retry_max=100.0, retry_jitter=0.0)
+    assert sub.poll_once() == 0
+    assert sub.poll_once() == 0  # still backing off: not even tried
+    assert listener.calls == 1
+    assert [sub.backoff(n) for n in (1, 2, 3)] == [30.0, 60.0, 100.0]  # capped by retry_max
+
+
+def test_listener_that_rolls_back_the_session_fails_the_batch(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+
+    class RollsBack(AppListener):
+        def process_log_entries(
+            self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+        ) -> bool:
+            session.execute(text("SELECT 1"))
+            session.rollback()
+            return True
+
+    listener = RollsBack()
+    assert make_sub(listener).poll_once() == 0
+    assert queued(app_store) == 2
+    assert len(listener.errors) == 1 and "rolled back" in str(listener.errors[0])
+
+
+def test_one_failing_source_does_not_block_another(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("bad", CLIENT, log_entries(1, 4))
+    app_store.apply_log_batch("good", CLIENT, log_entries(1, 6))
+    listener = AppListener(fail=lambda cb, src, call: "raise" if src == "bad" else None)
+    sub = make_sub(listener, batch_size=2)
+
+    assert sub.poll_once() == 6
+    assert sub.poll_once() == 0
+    assert {src for src, _, _ in app_rows(app_store)} == {"good"}
+    assert len(app_rows(app_store)) == 6
+    assert queued(app_store) == 4
+    assert listener.errors and all(
+        isinstance(e, ListenerError) and e.source_id == "bad" for e in listener.errors
+    )
+
+
+# -- full sync ---------------------------------------------------------------------------
+def test_snapshot_batches_come_between_start_and_end_then_log_entries(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_snapshot_batch("src-a", CLIENT, "snap-1", snapshot_entries("snap-1", 5, 10))
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(11, 3))
+    listener = AppListener()
+    sub = make_sub(listener, batch_size=2)
+
+    assert sub.poll_once() == 8
+    assert listener.events == [
+        ("start", "src-a", "snap-1", ()),
+        ("full_sync", "src-a", "snap-1", (1, 2)),
+        ("full_sync", "src-a", "snap-1", (3, 4)),
+        ("full_sync", "src-a", "snap-1", (5,)),
+        ("end", "src-a", "snap-1", ()),
+        ("log_entries", "src-a", "", (11, 12)),
+        ("log_entries", "src-a", "", (13,)),
+    ]
+    assert len(app_rows(app_store, "start")) == len(app_rows(app_store, "end")) == 1
+    assert queued(app_store) == 0
+
+
+def test_zero_row_snapshot_is_start_then_end(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_snapshot_batch("src-a", CLIENT, "empty", snapshot_entries("empty", 0))
+    listener = AppListener()
+    assert make_sub(listener).poll_once() == 0
+    assert listener.events == [("start", "src-a", "empty", ()), ("end", "src-a", "empty", ())]
+    assert queued(app_store) == 0
+    assert len(app_rows(app_store)) == 2
+
+
+def test_superseded_snapshot_is_never_delivered(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    old = snapshot_entries("old", 6)[:-1]  # interrupted: no end marker
+    app_store.apply_snapshot_batch("src-a", CLIENT, "old", old)
+    listener = AppListener()
+    sub = make_sub(listener, batch_size=2, max_batches=1)
+    assert sub.poll_once() == 2  # part of the old snapshot was delivered
+    app_store.apply_snapshot_batch("src-a", CLIENT, "new", snapshot_entries("new", 3))
+    poll_until(sub, lambda: queued(app_store) == 0)
+
+    assert listener.events == [
+        ("start", "src-a", "old", ()),
+        ("full_sync", "src-a", "old", (1, 2)),
+        ("start", "src-a", "new", ()),  # a new start without an end: "old" was superseded
+        ("full_sync", "src-a", "new", (1, 2)),
+        ("full_sync", "src-a", "new", (3,)),
+        ("end", "src-a", "new", ()),
+    ]
+
+
+def test_failed_first_snapshot_batch_rolls_back_its_start(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 4))
+
+    def fail(callback: str, source: str, call: int) -> str | None:
+        # first transaction: start ok, batch fails; later the second batch fails once
+        return "false" if call in (2, 5) else None
+
+    listener = AppListener(fail=fail)
+    sub = make_sub(listener, batch_size=2, max_batches=1)
+    poll_until(sub, lambda: queued(app_store) == 0)
+
+    assert [e[0] for e in listener.events] == [
+        "start",  # rolled back with the failed batch...
+        "full_sync",
+        "start",  # ...so issued again
+        "full_sync",
+        "full_sync",  # second batch fails: start is not repeated
+        "full_sync",
+        "end",
+    ]
+    assert len(listener.errors) == 2
+    assert len(app_rows(app_store, "start")) == 1
+    assert sorted(p for _, _, p in app_rows(app_store, "full_sync")) == [1, 2, 3, 4]
+    assert len(app_rows(app_store, "end")) == 1
+
+
+def test_failing_end_callback_redelivers_the_end_only(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2))
+    listener = AppListener(
+        fail=lambda cb, src, call: "raise" if cb == "on_full_sync_end" and call < 5 else None
+    )
+    sub = make_sub(listener, batch_size=2)
+    poll_until(sub, lambda: queued(app_store) == 0)
+    assert len(app_rows(app_store, "full_sync")) == 2
+    assert len(app_rows(app_store, "end")) == 1
+    assert listener.errors and listener.errors[0].__cause__ is not None
+
+
+def raw_append(store: SQLAlchemyQueueStore, rows: list[tuple[ReplicationType, int, str]]) -> None:
+    """Append entries behind the receiver's back (what a faulty receiver could leave)."""
+    qid = store.list_queues(CLIENT)[0].queue_id
+    with store.write() as conn:
+        conn.execute(
+            insert(s.recv_entries),
+            [
+                {
+                    "queue_id": qid,
+                    "type": int(t),
+                    "source_position": pos,
+                    "snapshot_id": sid,
+                    "snapshot_count": 0,
+                    "payload": b"x",
+                    "received_at": 0.0,
+                }
+                for t, pos, sid in rows
+            ],
+        )
+
+
+def test_entries_of_an_ended_snapshot_are_never_delivered(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2))
+    listener = AppListener()
+    sub = make_sub(listener)
+    assert sub.poll_once() == 2
+    raw_append(
+        app_store,
+        [
+            (ReplicationType.SNAPSHOT_SYNC, 1, "s1"),
+            (ReplicationType.LAST_FULL_SYNC_ENTRY, 2, "s1"),
+            (LOG, 3, ""),
+        ],
+    )
+    assert sub.poll_once() == 1
+    assert [e[0] for e in listener.events] == ["start", "full_sync", "end", "log_entries"]
+    assert queued(app_store) == 0
+
+
+def test_an_entry_of_no_type_blocks_its_queue_with_a_protocol_error(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    raw_append(app_store, [(ReplicationType.NONE, 2, "")])
+    listener = AppListener()
+    sub = make_sub(listener)
+    assert sub.poll_once() == 1  # the good entry before it is delivered
+    assert sub.poll_once() == 0
+    assert queued(app_store) == 1  # nothing skipped
+    assert listener.errors and isinstance(listener.errors[0], ProtocolError)
+
+
+# -- discovery and run() -------------------------------------------------------------------
+def test_run_discovers_new_sources_without_restart(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    listener = AppListener()
+    sub = make_sub(listener, poll_interval=0.02)
+    stop = threading.Event()
+    thread = threading.Thread(target=sub.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(lambda: len(app_rows(app_store)) == 3)
+        app_store.apply_log_batch("src-b", CLIENT, log_entries(1, 4))  # a source seen later
+        app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 1))
+        wait_for(lambda: len(app_rows(app_store)) == 8)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    rows = app_rows(app_store)
+    assert sorted(p for src, _, p in rows if src == "src-b") == [1, 2, 3, 4]
+    assert sorted(p for src, _, p in rows if src == "src-a") == [1, 2, 3, 4]
+    with app_store.read() as conn:  # run() released its leases on the way out
+        owners = conn.execute(select(s.subscriber_state.c.lease_owner)).scalars().all()
+    assert owners and set(owners) == {""}
+
+
+# -- leases ---------------------------------------------------------------------------------
+def test_a_leased_queue_is_left_to_its_holder(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 4))
+    first = make_sub(AppListener(), owner="first", batch_size=2, max_batches=1)
+    second_listener = AppListener()
+    second = make_sub(second_listener, owner="second")
+
+    assert first.poll_once() == 2
+    assert second.poll_once() == 0  # "first" holds the lease
+    assert second_listener.calls == 0
+    first.release_leases()
+    assert second.poll_once() == 2
+    assert [p for _, _, p in app_rows(app_store)] == [1, 2, 3, 4]
+
+
+def test_an_expired_lease_is_taken_over(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 4))
+    first = make_sub(AppListener(), owner="first", batch_size=2, max_batches=1, lease_seconds=0.2)
+    second = make_sub(AppListener(), owner="second")
+    assert first.poll_once() == 2
+    poll_until(second, lambda: queued(app_store) == 0)  # after "first"'s lease expired
+    assert [p for _, _, p in app_rows(app_store)] == [1, 2, 3, 4]
+
+
+def test_delivery_rolls_back_when_the_lease_was_lost(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+
+    class LosesLease(AppListener):
+        def process_log_entries(
+            self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+        ) -> bool:
+            ok = super().process_log_entries(session, source_id, messages)
+            if self.calls == 1:  # another subscriber takes the lease meanwhile
+                session.execute(update(s.subscriber_state).values(lease_owner="intruder"))
+            return ok
+
+    listener = LosesLease()
+    sub = make_sub(listener, owner="me")
+    assert sub.poll_once() == 0
+    assert app_rows(app_store) == [] and queued(app_store) == 3
+    assert listener.errors == []  # not the listener's fault
+    assert sub.poll_once() == 3  # the lease row is free again: take it back
+    assert len(app_rows(app_store)) == 3
+
+
+def test_entries_deleted_under_the_delivery_roll_it_back(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+
+    class Vanishing(AppListener):
+        def process_log_entries(
+            self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+        ) -> bool:
+            ok = super().process_log_entries(session, source_id, messages)
+            if self.calls == 1:  # as if a superseding snapshot deleted one meanwhile
+                session.execute(
+                    s.recv_entries.delete().where(s.recv_entries.c.source_position == 2)
+                )
+            return ok
+
+    listener = Vanishing()
+    sub = make_sub(listener)
+    assert sub.poll_once() == 0
+    assert app_rows(app_store) == [] and queued(app_store) == 3
+    assert sub.poll_once() == 3
+    assert len(app_rows(app_store)) == 3
+
+
+def test_settings_are_validated(app_store: SQLAlchemyQueueStore) -> None:
+    with pytest.raises(ValueError):
+        RoutingQueueSubscriber(app_store, CLIENT, AppListener(), batch_size=0)
+    with pytest.raises(ValueError):
+        RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=0)
+    with pytest.raises(ValueError):
+        RoutingQueueSubscriber(app_store, "Bad_Name", AppListener())

@@ -1,0 +1,162 @@
+"""Build site config files and running sites for tests."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_server.config import load_config
+from lr_server.server import SiteServer
+from tests.kit.certs import Pki
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SiteSpec:
+    id: str
+    db_url: str
+    port: int = 0
+    destinations: Sequence[tuple[str, int]] = ()  # (site id, port)
+    sources: Sequence[str] = ()
+    clients: Sequence[str] = ("policy",)
+    snapshot: str = "none"
+    metrics_port: int = 0
+    replication: str = ""  # extra lines of the [replication] section
+    client_options: str = ""  # extra lines of each [[clients]] table
+    extra: str = ""
+
+
+def _q(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_config(
+    directory: Path,
+    spec: SiteSpec,
+    *,
+    security: str = "token",
+    pki: Pki | None = None,
+    tokens: dict[str, str] | None = None,
+) -> Path:
+    """Write ``<directory>/<id>.toml``; security is "token" (plaintext) or "mtls"."""
+    tokens = tokens or {}
+    lines = ["[site]", f"id = {_q(spec.id)}", f"database_url = {_q(spec.db_url)}"]
+    if spec.port:
+        lines.append(f'listen = "127.0.0.1:{spec.port}"')
+    if spec.metrics_port:
+        lines.append(f"metrics_port = {spec.metrics_port}")
+    lines.append("[security]")
+    if security == "mtls":
+        assert pki is not None
+        client = pki.client(spec.id)
+        lines += [
+            'transport = "tls"',
+            'client_auth = "mtls"',
+            f"ca_file = {_q(str(pki.ca.cert))}",
+            f"cert_file = {_q(str(client.cert))}",
+            f"key_file = {_q(str(client.key))}",
+        ]
+    else:
+        lines += [
+            'transport = "plaintext"',
+            'client_auth = "token"',
+            f"token = {_q(tokens.get(spec.id, 'token-' + spec.id))}",
+        ]
+    lines += [
+        "[replication]",
+        "poll_interval = 0.01",
+        *([spec.replication] if spec.replication else []),
+        "[retry]",
+        "initial_backoff = 0.05",
+        "max_backoff = 0.5",
+    ]
+    for name in spec.clients:
+        lines += ["[[clients]]", f"name = {_q(name)}", f"snapshot = {_q(spec.snapshot)}"]
+        if spec.client_options:
+            lines.append(spec.client_options)
+    for dest, port in spec.destinations:
+        lines += ["[[destinations]]", f"id = {_q(dest)}", f'address = "127.0.0.1:{port}"']
+        if security == "mtls":
+            lines.append(f"server_name = {_q(dest)}")
+    for src in spec.sources:
+        lines += ["[[sources]]", f"id = {_q(src)}"]
+        if security != "mtls":
+            lines.append(f"token = {_q(tokens.get(src, 'token-' + src))}")
+    if spec.extra:
+        lines.append(spec.extra)
+    path = directory / f"{spec.id}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> None:
+    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+class Sites:
+    """Start and stop in-process sites; everything is stopped at the end."""
+
+    def __init__(self, tmp_path: Path, make_url: Callable[[str], str]) -> None:
+        self.tmp_path = tmp_path
+        self.make_url = make_url
+        self.urls: dict[str, str] = {}
+        self.ports: dict[str, int] = {}
+        self.running: dict[str, SiteServer] = {}
+        self.stores: list[SQLAlchemyQueueStore] = []
+
+    def port(self, site: str) -> int:
+        return self.ports.setdefault(site, free_port())
+
+    def url(self, site: str) -> str:
+        return self.urls.setdefault(site, self.make_url(site))
+
+    def start(
+        self,
+        site: str,
+        dests: Sequence[str] = (),
+        sources: Sequence[str] = (),
+        **kw: object,
+    ) -> SiteServer:
+        spec = SiteSpec(
+            site,
+            self.url(site),
+            port=self.port(site) if sources else 0,
+            destinations=[(d, self.port(d)) for d in dests],
+            sources=list(sources),
+            **kw,  # type: ignore[arg-type]
+        )
+        server = SiteServer(load_config(write_config(self.tmp_path, spec)))
+        server.start()
+        self.running[site] = server
+        return server
+
+    def stop(self, site: str) -> None:
+        self.running.pop(site).stop()
+
+    def store(self, site: str) -> SQLAlchemyQueueStore:
+        st = open_store(self.url(site))
+        st.create_schema()
+        self.stores.append(st)
+        return st
+
+    def close(self) -> None:
+        for site in list(self.running):
+            self.stop(site)
+        for st in self.stores:
+            st.engine.dispose()

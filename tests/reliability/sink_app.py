@@ -1,0 +1,73 @@
+"""The sink application as a process: subscribers applying with the recording listener.
+
+Runs one :class:`~lr_client.RoutingQueueSubscriber` per ``--client`` (threads),
+each applying with :class:`tests.kit.traffic.RecordingListener`, until SIGTERM
+(clean stop: leases released) or SIGKILL (the tests' fault). Writes
+``--ready`` once its tables exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from lr_client.errors import SchemaError, StoreUnavailableError  # noqa: E402
+from lr_client.store import open_store  # noqa: E402
+from tests.kit.traffic import SinkApp  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--client", action="append", default=[])
+    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--lease-seconds", type=float, default=2.0)
+    parser.add_argument("--ready", type=Path)
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    wait_for_schema(args.url, stop)
+    app = SinkApp(
+        args.url,
+        args.client or ["policy"],
+        batch_size=args.batch_size,
+        lease_seconds=args.lease_seconds,
+    )
+    try:
+        app.start()
+        if args.ready:
+            args.ready.write_text("ready")
+        stop.wait()
+    finally:
+        app.close()
+    return 0
+
+
+def wait_for_schema(url: str, stop: threading.Event, timeout: float = 60.0) -> None:
+    """The sink's ``lr server`` creates the queue schema: wait for it rather than race it."""
+    store = open_store(url)
+    deadline = time.monotonic() + timeout
+    try:
+        while not stop.is_set():
+            try:
+                store.check_schema()
+                return
+            except (SchemaError, StoreUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                stop.wait(0.1)
+    finally:
+        store.engine.dispose()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""A subscriber process for the reliability tests.
+
+Its listener writes one ``app_applied`` row per message (and per snapshot
+start / end) through the session it is given. ``--block-in CALLBACK
+--block-at N`` makes the N-th call of that callback write its rows, create
+``--marker`` (holding the batch's positions as JSON) and hang, so a test can
+SIGKILL it mid-callback. ``--exit-when-empty`` ends the process once every
+receive queue of the client is empty; ``--release-every-poll`` gives the
+leases up after each poll so competing processes trade queues constantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+from sqlalchemy.orm import Session
+
+from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from lr_client.store import schema as s
+
+app_metadata = MetaData()
+app_applied = Table(
+    "app_applied",
+    app_metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("owner", String(128), nullable=False),
+    Column("source_id", String(63), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("snapshot_id", String(64), nullable=False),
+    Column("position", Integer, nullable=False),
+)
+
+
+class AppListener(RoutingQueueListener):
+    def __init__(self, owner: str, block_in: str, block_at: int, marker: Path | None) -> None:
+        self.owner = owner
+        self.block_in = block_in
+        self.block_at = block_at
+        self.marker = marker
+        self.calls: dict[str, int] = {}
+
+    def _write(
+        self, session: Session, callback: str, kind: str, source: str, rows: list[tuple[str, int]]
+    ) -> None:
+        if rows:
+            session.execute(
+                insert(app_applied),
+                [
+                    {
+                        "owner": self.owner,
+                        "source_id": source,
+                        "kind": kind,
+                        "snapshot_id": sid,
+                        "position": pos,
+                    }
+                    for sid, pos in rows
+                ],
+            )
+        self.calls[callback] = self.calls.get(callback, 0) + 1
+        if callback == self.block_in and self.calls[callback] == self.block_at:
+            session.flush()
+            assert self.marker is not None
+            tmp = self.marker.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"kind": kind, "source": source, "rows": rows}))
+            tmp.rename(self.marker)
+            while True:  # hang inside the callback, rows written, until killed
+                time.sleep(60)
+
+    def on_full_sync_start(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        self._write(session, "on_full_sync_start", "start", source_id, [(snapshot_id, 0)])
+
+    def on_full_sync_end(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        self._write(session, "on_full_sync_end", "end", source_id, [(snapshot_id, 0)])
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        rows = [(m.snapshot_id, m.source_position) for m in messages]
+        self._write(session, "process_full_sync", "full_sync", source_id, rows)
+        return True
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        rows = [("", m.source_position) for m in messages]
+        self._write(session, "process_log_entries", "log_entries", source_id, rows)
+        return True
+
+    def on_error(self, error: BaseException) -> None:
+        print(f"on_error: {error}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--client", default="policy")
+    parser.add_argument("--owner", required=True)
+    parser.add_argument("--lease-seconds", type=float, default=30.0)
+    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--block-in", default="")
+    parser.add_argument("--block-at", type=int, default=1)
+    parser.add_argument("--marker", type=Path)
+    parser.add_argument("--exit-when-empty", action="store_true")
+    parser.add_argument("--release-every-poll", action="store_true")
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+
+    engine = create_engine(args.url)
+    store = open_store(engine)
+    listener = AppListener(args.owner, args.block_in, args.block_at, args.marker)
+    delivered = 0
+    try:
+        with RoutingQueueSubscriber(
+            store,
+            args.client,
+            listener,
+            batch_size=args.batch_size,
+            max_batches=3,
+            owner=args.owner,
+            lease_seconds=args.lease_seconds,
+            retry_initial=0.05,
+        ) as sub:
+            deadline = time.monotonic() + args.timeout
+            while time.monotonic() < deadline:
+                n = sub.poll_once()
+                delivered += n
+                if args.release_every_poll:
+                    sub.release_leases()
+                if n == 0:
+                    if args.exit_when_empty and store_is_empty(store):
+                        break
+                    time.sleep(0.01)
+            else:
+                print("timed out", file=sys.stderr)
+                return 3
+    finally:
+        engine.dispose()
+    print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": delivered}))
+    return 0
+
+
+def store_is_empty(store: SQLAlchemyQueueStore) -> bool:
+    with store.read() as conn:
+        return conn.execute(select(func.count()).select_from(s.recv_entries)).scalar_one() == 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Subscriber processes killed with SIGKILL mid-callback, and competing subscribers.
+
+Invariant I3: whatever happens to the subscriber, the application table ends
+up with every entry exactly once.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from lr_client.records import ReplicationType, WireEntry
+from lr_client.store import SQLAlchemyQueueStore
+from tests.reliability.subscriber_proc import app_applied, app_metadata
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = Path(__file__).with_name("subscriber_proc.py")
+CLIENT = "policy"
+
+
+def runner(url: str, owner: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(RUNNER), "--url", url, "--owner", owner, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict[str, object]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def fill(store: SQLAlchemyQueueStore, source: str, snapshot: int, log: int) -> None:
+    """A snapshot of ``snapshot`` entries (if any), then log entries after it."""
+    if snapshot:
+        sid = f"snap-{source}"
+        entries = [
+            WireEntry(i, ReplicationType.SNAPSHOT_SYNC, b"s%d" % i, snapshot_id=sid)
+            for i in range(1, snapshot + 1)
+        ]
+        marker = WireEntry(
+            snapshot + 1,
+            ReplicationType.LAST_FULL_SYNC_ENTRY,
+            b"",
+            snapshot_id=sid,
+            snapshot_count=snapshot,
+            base_position=snapshot,
+        )
+        store.apply_snapshot_batch(source, CLIENT, sid, [*entries, marker])
+    for first in range(snapshot + 1, snapshot + log + 1, 50):
+        last = min(snapshot + log, first + 49)
+        entries = [
+            WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"l%d" % p) for p in range(first, last + 1)
+        ]
+        store.apply_log_batch(source, CLIENT, entries)
+
+
+def applied(store: SQLAlchemyQueueStore) -> list[tuple[str, str, str, int]]:
+    a = app_applied.c
+    with store.read() as conn:
+        rows = conn.execute(select(a.source_id, a.kind, a.snapshot_id, a.position)).all()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+def expected(
+    source: str, snapshot: int, log: int
+) -> collections.Counter[tuple[str, str, str, int]]:
+    want: collections.Counter[tuple[str, str, str, int]] = collections.Counter()
+    if snapshot:
+        sid = f"snap-{source}"
+        want[(source, "start", sid, 0)] = 1
+        want[(source, "end", sid, 0)] = 1
+        want.update((source, "full_sync", sid, i) for i in range(1, snapshot + 1))
+    want.update((source, "log_entries", "", p) for p in range(snapshot + 1, snapshot + log + 1))
+    return want
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"runner exited early: {proc.communicate()[1]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("runner never reached the blocking callback")
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("block_in", "block_at"),
+    [
+        ("process_log_entries", 2),
+        ("process_full_sync", 1),  # the same transaction issued on_full_sync_start
+        ("on_full_sync_end", 1),
+    ],
+)
+def test_sigkill_mid_callback_then_restart_applies_each_entry_once(
+    store: SQLAlchemyQueueStore, db_url: str, tmp_path: Path, block_in: str, block_at: int
+) -> None:
+    app_metadata.create_all(store.engine)
+    fill(store, "src-a", snapshot=10, log=20)
+    marker = tmp_path / "blocked.json"
+
+    victim = runner(
+        db_url,
+        "victim",
+        "--batch-size=4",
+        "--lease-seconds=1",
+        f"--block-in={block_in}",
+        f"--block-at={block_at}",
+        f"--marker={marker}",
+    )
+    wait_for_file(marker, victim)
+    victim.kill()  # SIGKILL, inside the callback, its rows written but not committed
+    victim.communicate(timeout=30)
+    assert victim.returncode == -9
+
+    blocked = json.loads(marker.read_text())
+    before = collections.Counter(applied(store))
+    assert max(before.values(), default=1) == 1
+    kind = blocked["kind"]
+    lost = {(blocked["source"], kind, sid, pos) for sid, pos in blocked["rows"]}
+    assert lost and not lost & set(before)  # the killed transaction left nothing behind
+
+    result = finish(runner(db_url, "survivor", "--batch-size=4", "--exit-when-empty"))
+    after = collections.Counter(applied(store))
+    assert after == expected("src-a", snapshot=10, log=20)  # everything, exactly once
+    assert result["delivered"] == 30 - sum(1 for r in before if r[1] not in ("start", "end"))
+
+
+def test_competing_subscriber_processes_never_deliver_twice(
+    store: SQLAlchemyQueueStore, db_url: str
+) -> None:
+    app_metadata.create_all(store.engine)
+    fill(store, "src-a", snapshot=0, log=150)
+    fill(store, "src-b", snapshot=0, log=150)
+    fill(store, "src-s", snapshot=40, log=60)
+
+    procs = [
+        runner(db_url, name, "--batch-size=7", "--exit-when-empty", "--release-every-poll")
+        for name in ("one", "two")
+    ]
+    results = [finish(p) for p in procs]
+
+    got = collections.Counter(applied(store))
+    want = expected("src-a", 0, 150) + expected("src-b", 0, 150) + expected("src-s", 40, 60)
+    assert max(got.values()) == 1  # no entry twice
+    assert got == want  # and none missing
+    assert sum(int(str(r["delivered"])) for r in results) == 400

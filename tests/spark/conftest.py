@@ -1,0 +1,92 @@
+"""One SparkSession for every Spark test: ``local[2,3]`` (2 cores, a task may run 3 times).
+
+``local[N,F]`` is how local mode allows task retries (``spark.task.maxFailures``
+is ignored there); the retry tests need it. The session skips cleanly when
+pyspark or Java is missing, except with ``CI=true``, where that fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ON_CI
+
+ROOT = Path(__file__).resolve().parents[2]
+POSTGRESQL_JAR = Path("/usr/share/java/postgresql.jar")
+
+#: Warnings pyspark emits that the tests cannot avoid (pandas 3 is newer than it knows).
+PYSPARK_WARNINGS = [("PySpark does not yet fully support pandas", FutureWarning)]
+
+
+def _missing() -> str | None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        return f"pyspark is not installed ({exc})"
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        return "Java is not installed (no java on PATH, no JAVA_HOME)"
+    return None
+
+
+def require_spark() -> None:
+    """Skip (or, on CI, fail) unless pyspark and Java are available."""
+    reason = _missing()
+    if reason is None:
+        return
+    if ON_CI:
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The shared SparkSession."""
+    require_spark()
+    from pyspark.sql import SparkSession
+
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP", "PYTHONPATH")}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers import test helpers (encoders) from the repository.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
+    builder = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("lr-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if POSTGRESQL_JAR.exists():
+        builder = builder.config("spark.jars", str(POSTGRESQL_JAR))
+    with warnings.catch_warnings():
+        for message, category in PYSPARK_WARNINGS:
+            warnings.filterwarnings("ignore", message, category)
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Ignore pyspark's unavoidable warnings in the Spark tests only."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            for message, category in PYSPARK_WARNINGS:
+                item.add_marker(pytest.mark.filterwarnings(f"ignore:{message}:{category.__name__}"))

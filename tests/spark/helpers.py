@@ -1,0 +1,55 @@
+"""Encoders and sources the Spark tests name as ``module:function``.
+
+They run in Spark's Python workers, which import this module by name.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pyspark import TaskContext
+
+
+def id_encoder(row: Any) -> bytes:
+    """The row's ``id`` as ASCII digits."""
+    return str(row.id).encode()
+
+
+def flaky_encoder(row: Any) -> bytes:
+    """Fails once: on the first attempt of partition 1, at the row ``id == fail_at``.
+
+    Touches ``row.marker`` first so the test knows the failure happened.
+    """
+    ctx = TaskContext.get()
+    assert ctx is not None
+    if ctx.partitionId() == 1 and ctx.attemptNumber() == 0 and row.id == row.fail_at:
+        Path(row.marker).touch()
+        raise RuntimeError("injected failure on the first attempt")
+    return id_encoder(row)
+
+
+def always_failing_encoder(row: Any) -> bytes:
+    """Fails every attempt of partition 1 at ``fail_at`` (a job that dies midway)."""
+    ctx = TaskContext.get()
+    assert ctx is not None
+    if ctx.partitionId() == 1 and row.id == row.fail_at:
+        raise RuntimeError("partition 1 always fails")
+    return id_encoder(row)
+
+
+def slow_encoder(row: Any) -> bytes:
+    """2 ms per row: long enough to cancel the job while it runs."""
+    time.sleep(0.002)
+    return id_encoder(row)
+
+
+def text_encoder(row: Any) -> Any:
+    """Wrong: returns str, not bytes."""
+    return str(row.id)
+
+
+def people(spark: Any) -> Any:
+    """A ``module:function`` source."""
+    return spark.createDataFrame([(1, "ann"), (2, "bob"), (3, "cy")], "id long, name string")

@@ -1,0 +1,182 @@
+"""The job's command line: ``python -m``, the server's launcher, and ``spark-submit``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lr_client.records import SnapshotStatus
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job, snapshot_job_command
+from spark_jobs.snapshot_job import main
+from tests.spark.conftest import require_spark
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def site(sqlite_url: str) -> Iterator[tuple[str, SQLAlchemyQueueStore]]:
+    st = open_store(create_engine(sqlite_url))
+    st.create_schema()
+    yield sqlite_url, st
+    st.engine.dispose()
+
+
+@pytest.fixture
+def people_csv(tmp_path: Path) -> Path:
+    path = tmp_path / "people.csv"
+    path.write_text("id,name\n1,ann\n2,bob\n3,cy\n4,di\n")
+    return path
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _result(output: str) -> dict[str, object]:
+    lines = [ln for ln in output.splitlines() if ln.startswith("{")]
+    assert lines, output[-3000:]
+    return dict(json.loads(lines[-1]))
+
+
+def test_bad_arguments_exit_2_before_spark_starts(
+    site: tuple[str, SQLAlchemyQueueStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = site
+    assert main(["--database-url", url, "--snapshot-id", "x", "--source", "bogus"]) == 2
+    assert main(["--database-url", url, "--destination", "b", "--source", "csv:/x"]) == 2
+    args = ["--database-url", url, "--snapshot-id", "x", "--source", "csv:/x"]
+    assert main([*args, "--encoder", "json:nope"]) == 2
+    assert main([*args, "--conf", "novalue"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err and "--client" in err and "json:nope" in err
+
+
+def test_command_line_of_the_launcher() -> None:
+    cmd = snapshot_job_command(
+        "abc",
+        source="csv:/data/p.csv",
+        encoder="app.enc:row",
+        master="spark://m:7077",
+        spark_options={"spark.executor.memory": "2g"},
+        python="/venv/bin/python",
+    )
+    assert cmd == [
+        "/venv/bin/python",
+        "-m",
+        "spark_jobs.snapshot_job",
+        "--snapshot-id",
+        "abc",
+        "--source",
+        "csv:/data/p.csv",
+        "--encoder",
+        "app.enc:row",
+        "--master",
+        "spark://m:7077",
+        "--conf",
+        "spark.executor.memory=2g",
+        "--start",
+    ]
+    with pytest.raises(ValueError):
+        snapshot_job_command(None, source="csv:/x")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_launch_snapshot_job_runs_a_requested_snapshot(
+    site: tuple[str, SQLAlchemyQueueStore], people_csv: Path, tmp_path: Path
+) -> None:
+    require_spark()
+    url, store = site
+    sid = store.request_snapshot(None, "b", "policy", "server")
+    log = tmp_path / "job.log"
+    proc = launch_snapshot_job(
+        url,
+        sid,
+        source=f"csv:{people_csv}",
+        master="local[2]",
+        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        log_path=log,
+        env=_env(),
+        cwd=tmp_path,
+    )
+    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert url not in " ".join(map(str, proc.args))  # the URL travels in the environment
+    result = _result(log.read_text())
+    assert result["status"] == "ready" and result["entry_count"] == 4
+    req = store.get_snapshot(sid)
+    assert req is not None and req.status == SnapshotStatus.READY and req.entry_count == 4
+    # Launched again for the same request: it is not REQUESTED any more, exit 3.
+    again = launch_snapshot_job(
+        url, sid, source=f"csv:{people_csv}", master="local[1]", env=_env(), cwd=tmp_path
+    )
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 3
+    assert _result(out.decode())["status"] == "stopped"
+    assert store.count_snapshot_entries(sid) == 4
+
+
+def _spark_submit() -> Path | None:
+    for candidate in (Path(sys.executable).parent / "spark-submit",):
+        if candidate.exists():
+            return candidate
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    path = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    return path if path.exists() else None
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_submit_with_destination_and_client(
+    site: tuple[str, SQLAlchemyQueueStore], people_csv: Path, tmp_path: Path
+) -> None:
+    require_spark()
+    submit = _spark_submit()
+    if submit is None:
+        pytest.skip("no spark-submit next to pyspark")
+    url, store = site
+    env = _env()
+    env[DATABASE_URL_ENV] = url
+    done = subprocess.run(
+        [
+            str(submit),
+            "--master",
+            "local[2]",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+            "--conf",
+            f"spark.pyspark.driver.python={sys.executable}",
+            str(ROOT / "spark_jobs" / "snapshot_job.py"),
+            "--destination",
+            "b",
+            "--client",
+            "policy",
+            "--source",
+            f"csv:{people_csv}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _result(done.stdout)
+    assert result["entry_count"] == 4
+    (req,) = store.list_snapshots(destination="b", client_name="policy")
+    assert req.snapshot_id == result["snapshot_id"]
+    assert req.status == SnapshotStatus.READY and req.reason == "lr snapshot run"

@@ -1,0 +1,49 @@
+"""Packaging rules: the public API, the import boundaries, generated code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import lr_client
+from lr_client import records
+from lr_client._proto import replication_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_all_is_what_is_exported() -> None:
+    import types
+
+    public = {
+        n
+        for n, v in vars(lr_client).items()
+        if not n.startswith("_") and not isinstance(v, types.ModuleType) and n != "annotations"
+    }
+    assert set(lr_client.__all__) - {"__version__"} == public
+
+
+def test_client_imports_neither_grpc_nor_pyspark() -> None:
+    code = (
+        "import sys, lr_client, lr_client.store;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('grpc', 'pyspark')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_generated_code_is_current() -> None:
+    done = subprocess.run(
+        [sys.executable, "scripts/gen_protos.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_enums_match_the_protocol() -> None:
+    for member in records.ReplicationType:
+        assert pb.ReplicationType.Value(member.name) == member.value
