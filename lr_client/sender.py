@@ -74,10 +74,10 @@ class RoutingQueueClient:
         self.flow_check_interval = flow_check_interval
         self._flow: tuple[float, bool, list[str]] = (-1e9, False, [])
 
-    def _flow_state(self) -> tuple[bool, list[str]]:
+    def _flow_state(self, fresh: bool = False) -> tuple[bool, list[str]]:
         checked, on, slow = self._flow
         now = time.monotonic()
-        if now - checked >= self.flow_check_interval:
+        if fresh or now - checked >= self.flow_check_interval:
             on, slow = self.store.flow_state(self.client_name)
             self._flow = (now, on, slow)
         return on, slow
@@ -86,6 +86,11 @@ class RoutingQueueClient:
         if self.backpressure == "ignore":
             return
         on, slow = self._flow_state()
+        if not on:
+            return
+        # The cached state said "on": confirm it before refusing, so a caller that
+        # saw backpressure lift is never refused on a stale reading.
+        on, slow = self._flow_state(fresh=True)
         if not on:
             return
         if self.backpressure == "wait":
