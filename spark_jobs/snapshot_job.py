@@ -208,7 +208,11 @@ def run_snapshot_job(
     """Write ``df`` as the entries of snapshot ``snapshot_id``; return the entry count.
 
     The request must be RUNNING (or REQUESTED with ``start=True``, which
-    starts it and fixes its base position). ``encoder`` is a
+    starts it and fixes its base position). The rows must be read after the
+    base position is fixed: a lazy DataFrame (a JDBC or file source) is read
+    by this job, but one built from rows collected beforehand must be built
+    after the request is started (``store.start_snapshot``), as the command
+    line does. ``encoder`` is a
     ``Callable[[Row], bytes]`` or ``"module:function"``; the default is
     :func:`spark_jobs.encoders.json_encoder`. Each partition writes its rows
     in transactions of ``chunk_rows``; on PostgreSQL through binary ``COPY``
@@ -422,6 +426,15 @@ def build_session(
     return builder.getOrCreate()
 
 
+def _fail_request(database_url: str, snapshot_id: str, exc: BaseException) -> None:
+    """Mark a RUNNING request FAILED when its job could not even start."""
+    store = open_store(create_engine(database_url))
+    try:
+        _after_failure(store, snapshot_id, exc, mark_failed=True)
+    finally:
+        store.engine.dispose()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m spark_jobs.snapshot_job`` and ``spark-submit``."""
     logging.basicConfig(
@@ -471,6 +484,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out = {"snapshot_id": snapshot_id, "status": "stopped", "error": error}
                 print(json.dumps({**out, "seconds": 0}, sort_keys=True))
                 return 3
+        if start and store.start_snapshot(snapshot_id) is None:
+            # Started here, before the source is read: a source that reads eagerly
+            # (a ``module:function`` that collects rows) must not read before the
+            # base position is fixed, or changes committed in between would be in
+            # neither the snapshot nor the log entries that follow it.
+            req = store.get_snapshot(snapshot_id)
+            if req is None or req.status != SnapshotStatus.RUNNING:
+                state = req.status.value if req else "unknown"
+                error = f"snapshot {snapshot_id} is {state}: nothing to do"
+                out = {"snapshot_id": snapshot_id, "status": "stopped", "error": error}
+                print(json.dumps({**out, "seconds": 0}, sort_keys=True))
+                return 3
     except LRError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -478,19 +503,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         store.engine.dispose()
 
     started = time.monotonic()
-    spark = build_session(args.master, conf, args.app_name, source)
     code = 1
     result: dict[str, Any] = {"snapshot_id": snapshot_id}
+    spark: SparkSession | None = None
     try:
+        spark = build_session(args.master, conf, args.app_name, source)
         spark.sparkContext.setLogLevel(args.log_level)
         df = load_dataframe(spark, source)
+    except Exception as exc:
+        log.exception("snapshot job could not start")
+        if spark is not None:
+            spark.stop()
+        _fail_request(args.database_url, snapshot_id, exc)
+        result.update(status="failed", error=_summary(exc))
+        result["seconds"] = round(time.monotonic() - started, 3)
+        print(json.dumps(result, sort_keys=True), flush=True)
+        return 1
+    try:
         count = run_snapshot_job(
             spark,
             args.database_url,
             snapshot_id,
             df,
             encoder,
-            start=start,
             chunk_rows=args.chunk_rows,
             method=args.method,
             progress_interval=args.progress_interval,

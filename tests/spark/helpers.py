@@ -53,3 +53,31 @@ def text_encoder(row: Any) -> Any:
 def people(spark: Any) -> Any:
     """A ``module:function`` source."""
     return spark.createDataFrame([(1, "ann"), (2, "bob"), (3, "cy")], "id long, name string")
+
+
+def rows_then_a_change(spark: Any) -> Any:
+    """An eager source that reads its rows, then sees the application commit a change.
+
+    The change (a log entry to ``b``) is committed after the rows were read, so
+    it must come after the snapshot's base position, or it would be lost.
+    """
+    import os
+
+    from lr_client import RoutingQueueClient
+    from lr_client.store import create_engine, open_store
+    from spark_jobs.launch import DATABASE_URL_ENV
+
+    df = spark.createDataFrame([(1, "ann"), (2, "bob")], "id long, name string")
+    store = open_store(create_engine(os.environ[DATABASE_URL_ENV]))
+    try:
+        client = RoutingQueueClient(store, source_id="a", client_name="policy")
+        with store.engine.begin() as conn:
+            client.transmit_log_entry_message(conn, b"committed-after-the-read", ["b"])
+    finally:
+        store.engine.dispose()
+    return df
+
+
+def broken_source(spark: Any) -> Any:
+    """A ``module:function`` source that fails before any row is read."""
+    raise RuntimeError("the source is unreachable")

@@ -125,6 +125,60 @@ def test_launch_snapshot_job_runs_a_requested_snapshot(
     assert store.count_snapshot_entries(sid) == 4
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+def test_job_fixes_the_base_position_before_reading_its_source(
+    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+) -> None:
+    """A change committed after an eager source read its rows follows the snapshot."""
+    require_spark()
+    url, store = site
+    store.register_sites(["b"])
+    sid = store.request_snapshot(None, "b", "policy", "server")
+    log = tmp_path / "job.log"
+    proc = launch_snapshot_job(
+        url,
+        sid,
+        source="tests.spark.helpers:rows_then_a_change",
+        master="local[1]",
+        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        log_path=log,
+        env=_env(),
+        cwd=ROOT,
+    )
+    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    req = store.get_snapshot(sid)
+    assert req is not None and req.status == SnapshotStatus.READY and req.entry_count == 2
+    after = store.read_log_entries("b", "policy", after=req.base_position or 0, limit=10)
+    assert [e.payload for e in after] == [b"committed-after-the-read"]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_job_whose_source_fails_marks_the_request_failed(
+    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+) -> None:
+    require_spark()
+    url, store = site
+    sid = store.request_snapshot(None, "b", "policy", "server")
+    log = tmp_path / "job.log"
+    proc = launch_snapshot_job(
+        url,
+        sid,
+        source="tests.spark.helpers:broken_source",
+        master="local[1]",
+        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        log_path=log,
+        env=_env(),
+        cwd=ROOT,
+    )
+    assert proc.wait(timeout=600) == 1, log.read_text()[-3000:]
+    assert _result(log.read_text())["status"] == "failed"
+    req = store.get_snapshot(sid)
+    assert req is not None and req.status == SnapshotStatus.FAILED
+    assert "the source is unreachable" in req.reason
+
+
 def _spark_submit() -> Path | None:
     for candidate in (Path(sys.executable).parent / "spark-submit",):
         if candidate.exists():
