@@ -434,17 +434,30 @@ class Demo:
             f"Full sync of d by {how}; log entries applied after it. Elapsed {elapsed:.1f}s."
         )
         self.console.print("[green]All sinks match their source.[/]" if ok else "[red]Mismatch.[/]")
+        for name in "bcd":
+            for line in _differences(expected[name], actual[name]):
+                self.console.print(f"  {name}: {line}")
         return ok
+
+
+def _differences(expected: dict[str, int], actual: dict[str, int], limit: int = 5) -> list[str]:
+    """Up to ``limit`` keys where a sink differs from what it should hold."""
+    keys = sorted(k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
+    lines = [f"{k}: expected {expected.get(k)}, found {actual.get(k)}" for k in keys[:limit]]
+    if len(keys) > limit:
+        lines.append(f"... and {len(keys) - limit} more keys")
+    return lines
 
 
 def run_demo(transactions: int = 2000, duration: float = 20.0, keep: bool = False) -> int:
     """Run the demo; returns the process exit code."""
     console = Console(width=min(Console().width, 100))
     workdir = Path(tempfile.mkdtemp(prefix="lr-demo-"))
+    ok = False
     try:
         ok = Demo(console, workdir, transactions, duration).run()
     finally:
-        if keep:
+        if keep or not ok:
             console.print(f"Databases, configs and logs kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
