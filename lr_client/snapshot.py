@@ -56,6 +56,49 @@ DEFAULT_CHUNK_SIZE = 1000
 DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES = 64 * 1024 * 1024
 #: Minimum seconds between two progress writes while a transmit is running.
 PROGRESS_INTERVAL_S = 1.0
+#: Seconds between two heartbeats of a running snapshot's worker. The sender
+#: session fails a RUNNING snapshot not heard of for ``snapshot_stall_timeout``
+#: (``[replication]``, 60 s by default) and asks for a new one.
+HEARTBEAT_INTERVAL_S = 5.0
+
+
+class SnapshotHeartbeat:
+    """While the block runs, tell the sender that a RUNNING snapshot's worker is alive.
+
+    A daemon thread refreshes the request every ``interval`` seconds, so a
+    worker that crashes (its process killed) stops the heartbeat and the
+    sender session replaces the snapshot instead of waiting for it forever::
+
+        with SnapshotHeartbeat(store, snapshot_id):
+            ...  # read the source, write the entries
+    """
+
+    def __init__(
+        self, store: SQLAlchemyQueueStore, snapshot_id: str, interval: float = HEARTBEAT_INTERVAL_S
+    ) -> None:
+        self.store = store
+        self.snapshot_id = snapshot_id
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"lr-snapshot-heartbeat-{snapshot_id[:8]}", daemon=True
+        )
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                if not self.store.heartbeat_snapshot(self.snapshot_id):
+                    return  # completed, cancelled or failed: nothing to keep alive
+            except Exception:  # a missed beat is retried; the timeout is many beats long
+                log.warning("snapshot %s: heartbeat failed", self.snapshot_id, exc_info=True)
+
+    def __enter__(self) -> SnapshotHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _check_payload(payload: object, limit: int) -> bytes:
@@ -259,6 +302,10 @@ class SnapshotProviderRunner:
     marker. A provider that raises marks the snapshot FAILED (the sender
     session asks for a new one) and its entries are released; a snapshot
     superseded while its provider ran is left CANCELLED, its entries released.
+    While a provider runs, the runner sends heartbeats (every
+    ``heartbeat_interval`` seconds): if its process dies, the sender session
+    fails the snapshot once it has been silent for ``snapshot_stall_timeout``
+    and asks for a new one, which a live runner then takes.
     """
 
     def __init__(
@@ -270,6 +317,7 @@ class SnapshotProviderRunner:
         destinations: Iterable[str] | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         max_payload_bytes: int = DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
         if isinstance(engine_or_store, SQLAlchemyQueueStore):
             self.store = engine_or_store
@@ -286,6 +334,9 @@ class SnapshotProviderRunner:
         )
         self.chunk_size = chunk_size
         self.max_payload_bytes = max_payload_bytes
+        if heartbeat_interval <= 0:
+            raise ValueError("heartbeat_interval must be positive")
+        self.heartbeat_interval = heartbeat_interval
 
     def pending(self) -> list[SnapshotRequest]:
         """REQUESTED snapshots this runner would handle, oldest first."""
@@ -326,7 +377,8 @@ class SnapshotProviderRunner:
         )
         sid = request.snapshot_id
         try:
-            self.provider(ctx)
+            with SnapshotHeartbeat(self.store, sid, self.heartbeat_interval):
+                self.provider(ctx)
             if not ctx.completed and not ctx.is_cancelled():
                 ctx.mark_completed()
         except BaseException as exc:
@@ -383,7 +435,9 @@ class SnapshotProviderRunner:
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "HEARTBEAT_INTERVAL_S",
     "Provider",
     "SnapshotContext",
+    "SnapshotHeartbeat",
     "SnapshotProviderRunner",
 ]

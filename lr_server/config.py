@@ -66,6 +66,7 @@ class ReplicationConfig:
     poll_interval: float = 0.02
     max_message_bytes: int = 64 * 1024 * 1024 + 1024 * 1024
     stream_idle_timeout: float = 30.0
+    snapshot_stall_timeout: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,8 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     replication: ReplicationConfig = _section(
         ReplicationConfig, raw.get("replication", {}), "replication"
     )
+    if replication.snapshot_stall_timeout <= 0:
+        raise ConfigError("replication.snapshot_stall_timeout: expected a positive number")
     retry: RetryConfig = _section(RetryConfig, raw.get("retry", {}), "retry")
     retention: RetentionConfig = _section(RetentionConfig, raw.get("retention", {}), "retention")
     if not 0 < retention.soft_fraction <= 1:

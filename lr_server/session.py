@@ -469,7 +469,7 @@ class SenderSession:
             d.client_name for d in self.store.list_drops() if d.destination == self.destination
         }
         for name, cs in streams.items():
-            open_req = self._open_snapshot(name)
+            open_req = self._reclaim_stalled(self._open_snapshot(name))
             if cs.mode is Mode.LOG and name in dropped and open_req is None:
                 if cs.config.snapshot == "none":
                     cs.mode = Mode.DROPPED
@@ -515,6 +515,25 @@ class SenderSession:
             req = cs.snapshot
             if req is not None and req.status is SnapshotStatus.REQUESTED:
                 self._launch(req, cs.config)
+
+    def _reclaim_stalled(self, req: SnapshotRequest | None) -> SnapshotRequest | None:
+        """Fail a RUNNING snapshot whose worker went silent (it crashed); None if so."""
+        if req is None or req.status is not SnapshotStatus.RUNNING:
+            return req
+        silent_since = time.time() - self.cfg.snapshot_stall_timeout
+        if req.updated_at >= silent_since:
+            return req
+        reason = f"no heartbeat from its worker for {self.cfg.snapshot_stall_timeout:g}s"
+        if not self.store.fail_stalled_snapshot(req.snapshot_id, silent_since, reason):
+            return self._open_snapshot(req.client_name)  # it beat meanwhile, or moved on
+        self._log.warning(
+            "%s/%s: snapshot %s failed: %s",
+            self.destination,
+            req.client_name,
+            req.snapshot_id,
+            reason,
+        )
+        return self._open_snapshot(req.client_name)
 
     def _launch(self, req: SnapshotRequest, config: ClientConfig) -> None:
         if config.snapshot != "spark" or self.launcher is None:

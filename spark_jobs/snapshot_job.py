@@ -50,6 +50,7 @@ if __package__ in (None, ""):  # run as a file: spark-submit spark_jobs/snapshot
 from lr_client import errors as lr_errors
 from lr_client.errors import ConfigError, InvalidInputError, LRError, SnapshotError
 from lr_client.records import SnapshotStatus
+from lr_client.snapshot import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from spark_jobs.encoders import Encoder, arrow_compatible, json_encoder, load_encoder
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job
@@ -503,6 +504,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         store.engine.dispose()
 
     started = time.monotonic()
+    heartbeat_store = open_store(create_engine(args.database_url))
+    try:
+        # From the start of the request to the job's end, so a job that dies (or a
+        # driver killed) stops the beats and the sender session replaces it.
+        with SnapshotHeartbeat(heartbeat_store, snapshot_id, HEARTBEAT_INTERVAL_S):
+            code, result = _execute(args, source, conf, encoder, snapshot_id)
+    finally:
+        heartbeat_store.engine.dispose()
+    result["seconds"] = round(time.monotonic() - started, 3)
+    print(json.dumps(result, sort_keys=True), flush=True)
+    return code
+
+
+def _execute(
+    args: argparse.Namespace,
+    source: SourceSpec,
+    conf: dict[str, str],
+    encoder: Encoder | None,
+    snapshot_id: str,
+) -> tuple[int, dict[str, Any]]:
+    """Start Spark, load the source and run the job; the exit code and the result line."""
     code = 1
     result: dict[str, Any] = {"snapshot_id": snapshot_id}
     spark: SparkSession | None = None
@@ -516,9 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark.stop()
         _fail_request(args.database_url, snapshot_id, exc)
         result.update(status="failed", error=_summary(exc))
-        result["seconds"] = round(time.monotonic() - started, 3)
-        print(json.dumps(result, sort_keys=True), flush=True)
-        return 1
+        return 1, result
     try:
         count = run_snapshot_job(
             spark,
@@ -544,9 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 1
     finally:
         spark.stop()
-    result["seconds"] = round(time.monotonic() - started, 3)
-    print(json.dumps(result, sort_keys=True), flush=True)
-    return code
+    return code, result
 
 
 __all__ = [

@@ -138,6 +138,18 @@ class QueueStore(abc.ABC):
         """REQUESTED -> RUNNING, fixing ``base_position``; None if no longer requested."""
 
     @abc.abstractmethod
+    def heartbeat_snapshot(self, snapshot_id: str) -> bool:
+        """Record that the worker of a RUNNING request is alive; False if it is not running."""
+
+    @abc.abstractmethod
+    def fail_stalled_snapshot(self, snapshot_id: str, silent_since: float, reason: str) -> bool:
+        """RUNNING -> FAILED if its worker was last heard of before ``silent_since``.
+
+        ``silent_since`` is a wall-clock time (``time.time()``). Entries the
+        worker wrote are released. Returns whether the request was failed.
+        """
+
+    @abc.abstractmethod
     def write_snapshot_entries(
         self,
         conn: Connection,

@@ -428,6 +428,27 @@ class SQLAlchemyQueueStore(QueueStore):
             ).one()
         return self._snapshot(row)
 
+    def heartbeat_snapshot(self, snapshot_id: str) -> bool:
+        return self.update_snapshot(snapshot_id, expect=[SnapshotStatus.RUNNING])
+
+    def fail_stalled_snapshot(self, snapshot_id: str, silent_since: float, reason: str) -> bool:
+        t = s.snapshots
+        with self.write() as conn:
+            failed = conn.execute(
+                update(t)
+                .where(
+                    t.c.snapshot_id == snapshot_id,
+                    t.c.status == SnapshotStatus.RUNNING.value,
+                    t.c.updated_at < silent_since,
+                )
+                .values(status=SnapshotStatus.FAILED.value, reason=reason, updated_at=time.time())
+            ).rowcount
+            if failed:
+                conn.execute(
+                    delete(s.send_snapsync).where(s.send_snapsync.c.snapshot_id == snapshot_id)
+                )
+        return bool(failed)
+
     def _require_writable(self, conn: Connection, snapshot_id: str) -> None:
         # A shared row lock: a concurrent cancel waits for this write, or this
         # write sees the cancel, so no entry of a cancelled snapshot survives it.

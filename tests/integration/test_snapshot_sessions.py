@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from sqlalchemy import select
 
@@ -150,3 +151,55 @@ def test_zero_row_snapshot(sites: Sites) -> None:
         kvapp.write(src.engine, client, {"after": 1}, ["b"])
         wait_for(lambda: kvapp.table(sink.engine) == {"after": 1}, timeout=60)
     assert applied_kinds(sink) == ["log"]
+
+
+def test_a_snapshot_whose_provider_died_is_replaced(sites: Sites) -> None:
+    """A provider took the request and went silent: the session fails it and asks again."""
+    src, client, sink = setup(sites)
+    for i in range(5):
+        kvapp.write(src.engine, client, {f"k{i}": i}, ["b"])
+    dead = src.request_snapshot(None, "b", "policy", "first contact")
+    src.start_snapshot(dead)  # taken by a provider that then crashed: no heartbeat
+    with src.write() as conn:
+        src.write_snapshot_entries(conn, dead, 0, [kvapp.encode("half-written", 1)])
+    listener = kvapp.KvListener()
+    subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
+    runner = SnapshotProviderRunner(
+        src, "policy", kvapp.provider(src.engine), heartbeat_interval=0.1
+    )
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app", replication="snapshot_stall_timeout = 1.0")
+    with Loops(runner, subscriber):
+        wait_for(
+            lambda: src.get_snapshot(dead).status is SnapshotStatus.FAILED,  # type: ignore[union-attr]
+            timeout=30,
+        )
+        wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
+    failed = src.get_snapshot(dead)
+    assert failed is not None and "heartbeat" in failed.reason
+    assert src.count_snapshot_entries(dead) == 0
+    (done,) = src.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])
+    assert listener.full_syncs == [done.snapshot_id]
+    assert "half-written" not in kvapp.table(sink.engine)
+
+
+def test_a_slow_provider_keeps_its_snapshot_by_heartbeat(sites: Sites) -> None:
+    """Silent in its writes for longer than the timeout, but its runner beats: kept."""
+    src, client, sink = setup(sites)
+    kvapp.write(src.engine, client, {"k": 1}, ["b"])
+    slow = kvapp.provider(src.engine)
+
+    def provide(ctx: SnapshotContext) -> None:
+        time.sleep(2.5)  # a long source query: no entries written meanwhile
+        slow(ctx)
+
+    listener = kvapp.KvListener()
+    subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
+    runner = SnapshotProviderRunner(src, "policy", provide, heartbeat_interval=0.1)
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app", replication="snapshot_stall_timeout = 1.0")
+    with Loops(runner, subscriber):
+        wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
+    snaps = src.list_snapshots("b", "policy")
+    assert [x.status for x in snaps] == [SnapshotStatus.COMPLETED]
+    assert len(listener.full_syncs) == 1

@@ -166,3 +166,38 @@ def test_sink_snapshot_supersedes_and_sets_base(store: SQLAlchemyQueueStore) -> 
     assert progress.last_position == 42 and progress.snapshot_id == "s2"
     # a replayed batch of the completed snapshot is not applied again
     assert store.apply_snapshot_batch("a", "policy", "s2", [end])[0] is False
+
+
+def test_heartbeat_keeps_a_running_snapshot_alive(store: SQLAlchemyQueueStore) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    assert not store.heartbeat_snapshot(sid)  # REQUESTED: no worker to hear from
+    store.start_snapshot(sid)
+    before = store.get_snapshot(sid)
+    assert before is not None
+    assert store.heartbeat_snapshot(sid)
+    after = store.get_snapshot(sid)
+    assert after is not None and after.updated_at >= before.updated_at
+    # Heard of after `silent_since`: not stalled.
+    assert not store.fail_stalled_snapshot(sid, after.updated_at - 1.0, "stalled")
+    assert store.get_snapshot(sid).status is SnapshotStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_a_silent_running_snapshot_is_failed_and_released(store: SQLAlchemyQueueStore) -> None:
+    store.register_sites(["b"])
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
+    req = store.get_snapshot(sid)
+    assert req is not None
+    assert store.fail_stalled_snapshot(sid, req.updated_at + 1.0, "no heartbeat")
+    failed = store.get_snapshot(sid)
+    assert failed is not None and failed.status is SnapshotStatus.FAILED
+    assert failed.reason == "no heartbeat"
+    assert store.count_snapshot_entries(sid) == 0
+    assert not store.heartbeat_snapshot(sid)
+    # Only RUNNING requests are failed.
+    assert not store.fail_stalled_snapshot(sid, req.updated_at + 1.0, "again")
+    other = store.request_snapshot(None, "b", "policy")
+    assert not store.fail_stalled_snapshot(other, req.updated_at + 3600, "requested")
+    assert store.get_snapshot(other).status is SnapshotStatus.REQUESTED  # type: ignore[union-attr]
