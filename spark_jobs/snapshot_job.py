@@ -387,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=int, help="rows per transaction")
     p.add_argument("--method", choices=METHODS, default="copy", help="PostgreSQL write method")
     p.add_argument("--progress-interval", type=float, default=2.0, help="seconds")
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=HEARTBEAT_INTERVAL_S,
+        help="seconds between heartbeats to the sender session",
+    )
     p.add_argument("--app-name", default="lr-snapshot", help="Spark application name")
     p.add_argument("--log-level", default="WARN", help="Spark log level")
     return p
@@ -450,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--database-url (or ${DATABASE_URL_ENV}) is required")
         if args.destination and not args.client:
             raise ConfigError("--destination needs --client")
+        if args.heartbeat_interval <= 0:
+            raise ConfigError("--heartbeat-interval must be positive")
         if args.jdbc_url:
             if args.source:
                 raise ConfigError("give --source or --jdbc-url, not both")
@@ -508,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # From the start of the request to the job's end, so a job that dies (or a
         # driver killed) stops the beats and the sender session replaces it.
-        with SnapshotHeartbeat(heartbeat_store, snapshot_id, HEARTBEAT_INTERVAL_S):
+        with SnapshotHeartbeat(heartbeat_store, snapshot_id, args.heartbeat_interval):
             code, result = _execute(args, source, conf, encoder, snapshot_id)
     finally:
         heartbeat_store.engine.dispose()

@@ -81,3 +81,9 @@ def rows_then_a_change(spark: Any) -> Any:
 def broken_source(spark: Any) -> Any:
     """A ``module:function`` source that fails before any row is read."""
     raise RuntimeError("the source is unreachable")
+
+
+def slow_rows(spark: Any) -> Any:
+    """A source whose loading takes 3 s (a long query) before any row is written."""
+    time.sleep(3.0)
+    return spark.createDataFrame([(1, "ann"), (2, "bob")], "id long, name string")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,6 +178,40 @@ def test_job_whose_source_fails_marks_the_request_failed(
     req = store.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.FAILED
     assert "the source is unreachable" in req.reason
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_job_sends_heartbeats_while_its_source_loads(
+    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+) -> None:
+    require_spark()
+    url, store = site
+    sid = store.request_snapshot(None, "b", "policy", "server")
+    log = tmp_path / "job.log"
+    cmd = snapshot_job_command(
+        sid, source="tests.spark.helpers:slow_rows", master="local[1]", python=sys.executable
+    )
+    conf = ["--conf", "spark.ui.enabled=false", "--heartbeat-interval", "0.2"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*cmd, *conf],
+            env={**_env(), DATABASE_URL_ENV: url},
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    beats: set[float] = set()
+    while proc.poll() is None:
+        req = store.get_snapshot(sid)
+        if req is not None and req.status is SnapshotStatus.RUNNING and req.rows_written == 0:
+            beats.add(req.updated_at)
+        time.sleep(0.05)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    # Beats while nothing was written yet: Spark starting and the 3 s source loading.
+    assert len(beats) >= 5, beats
+    done = store.get_snapshot(sid)
+    assert done is not None and done.status is SnapshotStatus.READY
 
 
 def _spark_submit() -> Path | None:
