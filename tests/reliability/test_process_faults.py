@@ -16,6 +16,8 @@ CI runs 2 trials per test and backend; ``LR_RELIABILITY_TRIALS=N`` runs N,
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -35,7 +37,7 @@ from lr_client import (
     RoutingQueueSubscriber,
 )
 from lr_client._proto import replication_pb2 as pb
-from lr_client.records import ReplicationType, WireEntry
+from lr_client.records import ReplicationType, SnapshotStatus, WireEntry
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_server.config import ClientConfig, ReplicationConfig
@@ -44,6 +46,7 @@ from lr_server.session import SenderSession
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.inproc import InProcessTransport
 from tests.conftest import PG_URL
+from tests.kit.procs import ROOT, lr_env
 from tests.kit.sites import Sites, wait_for
 from tests.kit.traffic import (
     SinkApp,
@@ -58,6 +61,8 @@ from tests.kit.verifier import END, SNAPSHOT, START, Report, verify
 from tests.reliability.harness import ROLES, Deployment, reliability_seed, trial_count
 
 pytestmark = pytest.mark.slow
+
+PROVIDER_PROC = Path(__file__).with_name("provider_proc.py")
 
 
 def run_trial(dep: Deployment, source: SourceApp, rng: random.Random) -> list[str]:
@@ -236,6 +241,80 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
     finally:
         stop.set()
         provider.join(timeout=30)
+        source.close()
+        dep.close()
+
+
+def _start_provider(url: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """The application's snapshot provider, as its own process (``provider_proc.py``)."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, str(PROVIDER_PROC), "--url", url, "--pause", "0.2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=lr_env(),
+            cwd=ROOT,
+        )
+
+
+def test_sigkill_of_the_snapshot_provider(
+    tmp_path: Path, db_url_factory: Callable[[str], str]
+) -> None:
+    """The provider process dies mid-snapshot: its snapshot is failed, a new one completes."""
+    seed = reliability_seed()
+    dep = Deployment(
+        tmp_path,
+        db_url_factory,
+        sinks=("b",),
+        snapshot="app",
+        tune={"replication": {"snapshot_stall_timeout": 2.0}},
+    )
+    source = SourceApp(
+        dep.raw_urls["a"], "a", ["b"], seed=seed, rate=40, all_destinations=True, keys=300
+    )
+    _preload(source.engine, 600)
+    store = source.store
+    provider = _start_provider(dep.raw_urls["a"], tmp_path / "provider-1.log")
+    try:
+        dep.start()
+        source.start()
+        deadline = time.monotonic() + 60
+        killed = ""
+        while not killed:
+            assert time.monotonic() < deadline, "no snapshot entries written"
+            for req in store.list_snapshots("b", "policy", [SnapshotStatus.RUNNING]):
+                if store.count_snapshot_entries(req.snapshot_id) > 0:
+                    killed = req.snapshot_id
+            time.sleep(0.02)
+        provider.kill()  # SIGKILL mid-snapshot: no heartbeat any more
+        provider.wait(timeout=10)
+        provider = _start_provider(dep.raw_urls["a"], tmp_path / "provider-2.log")
+        wait_for(lambda: store.get_snapshot(killed).status is SnapshotStatus.FAILED, timeout=60)  # type: ignore[union-attr]
+        wait_for(
+            lambda: bool(store.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])),
+            timeout=90,
+        )
+        source.stop()
+        report = dep.wait_drained(source)
+        print(f"provider killed mid-snapshot {killed}: {report.counts()}")
+        report.assert_clean()
+        failed = store.get_snapshot(killed)
+        assert failed is not None and "heartbeat" in failed.reason
+        assert store.count_snapshot_entries(killed) == 0
+        (done,) = store.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])
+        marks = [
+            (a.kind, a.snapshot_id)
+            for a in read_applied(dep.engine("b"), "b")
+            if a.kind in (START, END)
+        ]
+        assert marks[-2:] == [(START, done.snapshot_id), (END, done.snapshot_id)], marks
+        assert sink_state(dep.engine("b"), "a") == source_state(source.engine)
+    except BaseException:
+        print("\n".join(dep.events))
+        raise
+    finally:
+        provider.kill()
+        provider.wait(timeout=10)
         source.close()
         dep.close()
 
