@@ -1,7 +1,8 @@
 """Replication throughput and delivery latency: source send queue -> sink receive queues.
 
     python bench/replicate.py [--backend sqlite|postgresql|both] [--seconds N] [--entries N]
-                              [--rate N] [--destinations N] [--rounds N] [--workarounds]
+                              [--rate N] [--entries-per-txn N] [--destinations N]
+                              [--rounds N] [--workarounds]
                               [--out bench/results/replicate.json] [--svg docs/send-queue-size.svg]
 
 Every site is a real ``lr server`` process started from a config file (plaintext gRPC on
@@ -22,13 +23,14 @@ sites are started once; every cell below gets a fresh source site (own database 
   limit is counted up to the limit). The aggregate divides every entry delivered by the
   span from the first batch anywhere to the last batch anywhere. The 8-destination drains
   run healthy, stalled, stalled, healthy (``--rounds 2``) so drift hits both kinds alike.
-* ``latency``: a paced transmitter (1 entry per transaction) offers ``--rate`` entries/s
-  for ``--seconds`` to 1 or 8 sinks (it catches up when late, and gives up at 3x the
-  planned time: the cell is then marked "cut"). Latency of an entry at a sink is its
-  ``received_at`` there minus the time its source transaction's COMMIT returned (both
-  clocks are this machine's). The first second is warm-up and excluded. While the load
-  runs, the source's send-queue size (``count(*)`` of ``lrq_send_log_entries``) is sampled
-  every 0.5 s. A control cell runs the same transmitter with no site running.
+* ``latency``: a paced transmitter (``--entries-per-txn``, 1 by default, entries per
+  transaction) offers ``--rate`` entries/s for ``--seconds`` to 1 or 8 sinks (it catches up
+  when late, and gives up at 3x the planned time: the cell is then marked "cut"). Latency of
+  an entry at a sink is its ``received_at`` there minus the time its source transaction's
+  COMMIT returned (both clocks are this machine's). The first second is warm-up and
+  excluded. While the load runs, the source's send-queue size (``count(*)`` of
+  ``lrq_send_log_entries``) is sampled every 0.5 s. A control cell runs the same transmitter
+  with no site running.
 * ``stalled`` (issue 6): the 8-destination cells again, with the eighth destination behind
   a ``FaultProxy`` in ``stall()`` mode (connections accepted, nothing forwarded): the
   seven healthy destinations' throughput and p99 against the all-healthy run. Paced cells
@@ -704,8 +706,9 @@ def paced_load(
     rate: float,
     seconds: float,
     payloads: Sequence[bytes],
+    per_txn: int = 1,
 ) -> PacedLoad:
-    """1 entry per transaction at ``rate``/s for ``rate * seconds`` entries.
+    """``per_txn`` entries per transaction at ``rate`` entries/s for ``rate * seconds``.
 
     A transmitter that falls behind catches up without pausing, but stops at three times
     the planned duration: the offered load was not reached then, and the cell says so.
@@ -719,7 +722,7 @@ def paced_load(
     engine: Engine = store.engine
     start = time.perf_counter()
     cap = start + 3 * seconds
-    for i in range(n):
+    for i in range(0, n, per_txn):
         due = start + i / rate
         now = time.perf_counter()
         if due > now:
@@ -731,11 +734,15 @@ def paced_load(
         began = time.perf_counter()
         try:
             with engine.begin() as conn:
-                pos = client.transmit_log_entry_message(conn, next(pool), destinations)
-            commits.append((pos, time.time()))
+                positions = [
+                    client.transmit_log_entry_message(conn, next(pool), destinations)
+                    for _ in range(min(per_txn, n - i))
+                ]
+            committed = time.time()
+            commits.extend((pos, committed) for pos in positions)
             txn_ms.append((time.perf_counter() - began) * 1000.0)
         except Exception:  # e.g. BackpressureError: counted, the load goes on
-            errors += 1
+            errors += min(per_txn, n - i)
     elapsed = time.perf_counter() - start
     return PacedLoad(
         commits,
@@ -748,7 +755,12 @@ def paced_load(
 
 
 def transmit_control(
-    dbs: Databases, sinks: int, rate: float, seconds: float, payloads: Sequence[bytes]
+    dbs: Databases,
+    sinks: int,
+    rate: float,
+    seconds: float,
+    payloads: Sequence[bytes],
+    per_txn: int = 1,
 ) -> PacedLoad:
     """The paced transmitter alone (no site running): what this machine allows right now."""
     store = open_store(dbs.new("control"))
@@ -757,7 +769,7 @@ def transmit_control(
         names = [f"sink-{i}" for i in range(1, sinks + 1)]
         client = RoutingQueueClient(store, source_id="src-control", client_name=CLIENT)
         client.register_destinations(names)
-        load = paced_load(store, client, names, rate, seconds, payloads)
+        load = paced_load(store, client, names, rate, seconds, payloads, per_txn)
         load.commits = []
         return load
     finally:
@@ -796,6 +808,7 @@ def latency_cell(
     payloads: Sequence[bytes],
     provider: bool,
     workarounds: bool,
+    per_txn: int = 1,
 ) -> LatencyCell:
     stop = threading.Event()
     with source_site(cluster, site_id, dests, stalled) as src:
@@ -813,7 +826,9 @@ def latency_cell(
             sampler = Sampler(src.store, SAMPLE_INTERVAL).start()
             meter = CpuMeter(cluster, src)
             load_started = time.time()
-            load = paced_load(src.store, src.client, src.destinations, rate, seconds, payloads)
+            load = paced_load(
+                src.store, src.client, src.destinations, rate, seconds, payloads, per_txn
+            )
             commits = load.commits
             last = max((p for p, _ in commits), default=first)
             complete, _ = wait_delivered(cluster, src, last, timeout=max(30.0, 3 * seconds))
@@ -925,7 +940,9 @@ def run_backend(
             throughput.append(cell)
         control_seconds = min(2.0, args.seconds)
         console.log(f"{name}: control, the paced transmitter alone for {control_seconds:g} s")
-        control = transmit_control(dbs, sinks, args.rate, control_seconds, payloads)
+        control = transmit_control(
+            dbs, sinks, args.rate, control_seconds, payloads, args.entries_per_txn
+        )
         latency = []
         provider = has_snapshot_provider()
         for dests, stalled in ((1, False), (sinks, False), (sinks, True)):
@@ -944,6 +961,7 @@ def run_backend(
                     payloads,
                     provider and dests > 1,
                     args.workarounds,
+                    args.entries_per_txn,
                 )
             )
     return BackendResult(name, baseline, throughput, latency, facts, control)
@@ -1273,6 +1291,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="many-destination drains per kind: 2 runs healthy/stalled as ABBA (2)",
     )
     p.add_argument("--rate", type=float, default=1000.0, help="offered load, entries/s (1000)")
+    p.add_argument(
+        "--entries-per-txn",
+        type=int,
+        default=1,
+        help="entries per transaction of the paced transmitter (1)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replicate.json")
     p.add_argument(
         "--workarounds",
@@ -1289,6 +1313,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         or args.entries < 0
         or args.destinations < 2
         or args.rounds < 1
+        or args.entries_per_txn < 1
     ):
         p.error(
             "--seconds and --rate must be > 0, --entries >= 0, --destinations >= 2, --rounds >= 1"
@@ -1311,6 +1336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seconds_per_cell": args.seconds,
             "entries_override": args.entries,
             "offered_rate": args.rate,
+            "paced_entries_per_txn": args.entries_per_txn,
             "payload_bytes": PAYLOAD_BYTES,
             "sinks": args.destinations,
             "prefill_per_txn": PREFILL_PER_TXN,

@@ -32,6 +32,8 @@ def test_replicate_benchmark_writes_positive_rates(tmp_path: Path) -> None:
         "1000",
         "--rate",
         "200",
+        "--entries-per-txn",
+        "2",
         "--destinations",
         "2",
         "--rounds",
@@ -44,6 +46,7 @@ def test_replicate_benchmark_writes_positive_rates(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, env=lr_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data: dict[str, Any] = json.loads(out.read_text())
+    assert data["settings"]["paced_entries_per_txn"] == 2
     sqlite = data["results"]["sqlite"]
     assert sqlite["baseline"]["rate"] > 0
     cells = sqlite["throughput"]
@@ -59,6 +62,7 @@ def test_replicate_benchmark_writes_positive_rates(tmp_path: Path) -> None:
     for cell in sqlite["latency"]:
         assert cell["complete"], cell
         assert cell["achieved_rate"] > 0 and 0 < cell["transmitted"] <= 100  # 200/s, 0.5 s
+        assert cell["transmitted"] % 2 == 0  # two entries per transaction
         assert cell["pooled"]["entries"] > 0
         assert 0 < cell["pooled"]["p50_ms"] <= cell["pooled"]["p99_ms"]
         assert cell["send_queue"], "the send queue was sampled"
