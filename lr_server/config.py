@@ -67,6 +67,9 @@ class ReplicationConfig:
     max_message_bytes: int = 64 * 1024 * 1024 + 1024 * 1024
     stream_idle_timeout: float = 30.0
     snapshot_stall_timeout: float = 60.0
+    shared_reader: bool = True
+    shared_reader_entries: int = 20_000
+    shared_reader_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from lr_client.records import SnapshotRequest
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_server import metrics
 from lr_server.config import ClientConfig, SiteConfig
+from lr_server.fanout import LogFanout
 from lr_server.logs import configure_logging
 from lr_server.receiver import Receiver
 from lr_server.retention import RetentionPolicy
@@ -71,6 +72,7 @@ class SiteServer:
         self._transport_factory = transport_factory
         self.sessions: dict[str, SenderSession] = {}
         self.children: list[subprocess.Popen[bytes]] = []
+        self.reader: LogFanout | None = None
 
     def start(self) -> None:
         cfg = self.config
@@ -86,6 +88,12 @@ class SiteServer:
             self._grpc = start_grpc_server(cfg, receiver)
             log.info("receiver listening on %s", cfg.listen)
         launcher = spark_launcher(cfg, self.children)
+        rep = cfg.replication
+        self.reader = (
+            LogFanout(self.store, rep.shared_reader_entries, rep.shared_reader_bytes)
+            if rep.shared_reader and len(cfg.destinations) > 1
+            else None
+        )
         for dest in cfg.destinations:
             clients = [c for c in cfg.clients if c.name in cfg.clients_for(dest)]
             session = SenderSession(
@@ -97,6 +105,7 @@ class SiteServer:
                 cfg.replication,
                 cfg.retry,
                 launcher,
+                self.reader,
             )
             self.sessions[dest.id] = session
             self._spawn(f"lr-session-{dest.id}", session.run)

@@ -39,6 +39,7 @@ from lr_client.records import (
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server import metrics
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
+from lr_server.fanout import LogFanout
 from lr_server.transport.base import BatchStream, Transport
 
 log = logging.getLogger("lr.session")
@@ -90,8 +91,10 @@ class SenderSession:
         replication: ReplicationConfig | None = None,
         retry: RetryConfig | None = None,
         snapshot_launcher: SnapshotLauncher | None = None,
+        reader: LogFanout | None = None,
     ) -> None:
         self.store = store
+        self.reader = reader
         self.source_id = source_id
         self.destination = destination
         self.clients = {c.name: c for c in clients}
@@ -312,7 +315,8 @@ class SenderSession:
             # Caught up: while a partial batch is in flight, let new entries gather
             # into the next batch rather than paying a sink transaction per trickle.
             return False
-        entries = self.store.read_log_entries(
+        read = self.reader.read if self.reader is not None else self.store.read_log_entries
+        entries = read(
             self.destination,
             name,
             cs.sent,

@@ -77,6 +77,15 @@ class QueueStore(abc.ABC):
         """The highest position assigned so far (0 if none)."""
 
     @abc.abstractmethod
+    def read_client_log(self, client_name: str, after: int, limit: int) -> list[SendEntry]:
+        """Log entries of a client after ``after``, in order, for every destination.
+
+        Each entry's ``destinations`` names the sites it was transmitted to. A
+        reader shared by the sender sessions reads a range once with it and
+        hands each session the entries addressed to its destination.
+        """
+
+    @abc.abstractmethod
     def oldest_position(self, client_name: str | None = None) -> int | None:
         """The lowest position still in the send queue, or None if it is empty."""
 

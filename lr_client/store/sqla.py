@@ -224,6 +224,35 @@ class SQLAlchemyQueueStore(QueueStore):
             for r in rows
         ]
 
+    def read_client_log(self, client_name: str, after: int, limit: int) -> list[SendEntry]:
+        e = s.send_log_entries
+        query = (
+            select(e.c.position, e.c.payload, e.c.dest_nums, e.c.created_at)
+            .where(e.c.client_name == client_name, e.c.position > after)
+            .order_by(e.c.position)
+            .limit(limit)
+        )
+        with self.read() as conn:
+            rows = conn.execute(query).all()
+        return [
+            SendEntry(
+                position=r.position,
+                client_name=client_name,
+                type=ReplicationType.LOG_ENTRY_SYNC,
+                payload=bytes(r.payload),
+                destinations=tuple(self.site_name(n) for n in self._dest_nums_of(r.dest_nums)),
+                created_at=r.created_at,
+            )
+            for r in rows
+        ]
+
+    @staticmethod
+    def _dest_nums_of(value: Any) -> list[int]:
+        """The destination numbers stored with an entry (a backend's encoding)."""
+        if isinstance(value, str):  # SQLite: ",1,5,"
+            return [int(x) for x in value.split(",") if x]
+        return [int(x) for x in value]
+
     def oldest_position(self, client_name: str | None = None) -> int | None:
         query = select(func.min(s.send_log_entries.c.position))
         if client_name is not None:

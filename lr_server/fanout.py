@@ -1,0 +1,190 @@
+"""One reader of the send queue for every sender session of a site.
+
+An entry addressed to eight destinations is stored once (I4), but eight
+sessions reading it each on their own would fetch, convert and copy it eight
+times. The fan-out keeps, per client, a *window* of its most recent entries in
+memory: every entry of the client with a position in ``(lo, hi]``, in order,
+with the destinations it was transmitted to. A session whose position lies in
+the window is served from it, and the session that reaches its end reads the
+next range once for all (:meth:`~lr_client.store.contract.QueueStore.read_client_log`).
+
+The window follows the sessions that keep up; it holds at most
+``max_entries`` entries and ``max_bytes`` payload bytes, dropping the oldest.
+A session behind the window (a destination catching up a backlog) reads its
+own entries from the database, as without the fan-out, until it reaches it.
+
+It returns exactly what :meth:`~lr_client.store.contract.QueueStore.read_log_entries`
+would: a range ``(lo, hi]`` read once stays complete because positions follow
+commit order (I1), the property per-destination reads rely on as well.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from dataclasses import dataclass, field
+
+from lr_client.records import SendEntry
+from lr_client.store import SQLAlchemyQueueStore
+
+#: Entry overhead counted against ``max_bytes`` of a batch (as the store counts it).
+ENTRY_OVERHEAD = 32
+
+
+@dataclass
+class _Window:
+    lo: int = -1  # -1: not started
+    hi: int = -1
+    positions: list[int] = field(default_factory=list)
+    entries: list[SendEntry] = field(default_factory=list)
+    nbytes: int = 0
+    refreshed_at: float = 0.0
+    at_end: bool = False  # the last refresh reached the end of the queue
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LogFanout:
+    """Serves the sender sessions' log reads from a shared window per client."""
+
+    def __init__(
+        self,
+        store: SQLAlchemyQueueStore,
+        max_entries: int = 20_000,
+        max_bytes: int = 64 * 1024 * 1024,
+        read_batch: int = 2_000,
+        min_refresh_interval: float = 0.005,
+    ) -> None:
+        if max_entries < 1 or max_bytes < 1 or read_batch < 1:
+            raise ValueError("max_entries, max_bytes and read_batch must be positive")
+        self.store = store
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.read_batch = read_batch
+        self.min_refresh_interval = min_refresh_interval
+        self._windows: dict[str, _Window] = {}
+        self._lock = threading.Lock()
+        #: Reads served from the window, and reads that went to the database directly.
+        self.hits = 0
+        self.misses = 0
+
+    def _window(self, client_name: str) -> _Window:
+        with self._lock:
+            w = self._windows.get(client_name)
+            if w is None:
+                w = self._windows[client_name] = _Window()
+            return w
+
+    def read(
+        self,
+        destination: str,
+        client_name: str,
+        after: int,
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> list[SendEntry]:
+        """The next entries of one stream, as ``store.read_log_entries`` returns them."""
+        w = self._window(client_name)
+        with w.lock:
+            if w.lo < 0:
+                w.lo = w.hi = after
+            if after > w.hi:
+                self._refresh(w, client_name, force=True)
+                if after > w.hi:  # the window fell behind its readers: restart it here
+                    self._restart(w, after)
+            if after >= w.lo:
+                self.hits += 1
+                return self._serve(w, destination, client_name, after, limit, max_bytes)
+        self.misses += 1
+        return self.store.read_log_entries(
+            destination, client_name, after, limit, max_bytes=max_bytes
+        )
+
+    # -- inside the window's lock ---------------------------------------------------------------
+    def _serve(
+        self,
+        w: _Window,
+        destination: str,
+        client_name: str,
+        after: int,
+        limit: int,
+        max_bytes: int | None,
+    ) -> list[SendEntry]:
+        out: list[SendEntry] = []
+        size = 0
+
+        def take(entry: SendEntry) -> bool:
+            """Add an entry of this stream; False once the batch is full."""
+            nonlocal size
+            size += len(entry.payload) + ENTRY_OVERHEAD
+            if max_bytes is not None and size > max_bytes and out:
+                return False
+            out.append(entry)
+            return len(out) < limit
+
+        i = bisect.bisect_right(w.positions, after)
+        refreshed = False
+        while True:
+            if i >= len(w.entries):
+                # The end of the window: read the next range for every session, once.
+                # A range shorter than read_batch was the end of the queue: stop there.
+                if w.at_end and refreshed:
+                    return out
+                if not self._refresh(w, client_name, force=refreshed):
+                    return out
+                refreshed = True
+                reached = out[-1].position if out else after
+                if reached < w.lo:
+                    # The refresh evicted entries this stream still needs: read the rest.
+                    rest = self.store.read_log_entries(
+                        destination, client_name, reached, limit - len(out)
+                    )
+                    for entry in rest:
+                        if not take(entry):
+                            break
+                    return out
+                i = bisect.bisect_right(w.positions, reached)
+                continue
+            entry = w.entries[i]
+            i += 1
+            if destination in entry.destinations and not take(entry):
+                return out
+
+    def _refresh(self, w: _Window, client_name: str, force: bool = False) -> bool:
+        """Append the entries after ``hi``; whether any came."""
+        now = time.monotonic()
+        if not force and now - w.refreshed_at < self.min_refresh_interval:
+            return False
+        w.refreshed_at = now
+        rows = self.store.read_client_log(client_name, w.hi, self.read_batch)
+        w.at_end = len(rows) < self.read_batch
+        if not rows:
+            return False
+        w.positions.extend(e.position for e in rows)
+        w.entries.extend(rows)
+        w.nbytes += sum(len(e.payload) for e in rows)
+        w.hi = rows[-1].position
+        self._evict(w)
+        return True
+
+    def _evict(self, w: _Window) -> None:
+        excess = len(w.entries) - self.max_entries
+        n, freed = 0, 0
+        while n < len(w.entries) and (n < excess or w.nbytes - freed > self.max_bytes):
+            freed += len(w.entries[n].payload)
+            n += 1
+        if n:
+            w.lo = w.positions[n - 1]
+            del w.positions[:n]
+            del w.entries[:n]
+            w.nbytes -= freed
+
+    @staticmethod
+    def _restart(w: _Window, at: int) -> None:
+        w.lo = w.hi = at
+        w.positions.clear()
+        w.entries.clear()
+        w.nbytes = 0
+
+
+__all__ = ["LogFanout"]
