@@ -28,7 +28,7 @@ def received(store: SQLAlchemyQueueStore, source: str, client: str = "policy") -
 def test_one_source_three_sinks_with_overlapping_destinations(sites: Sites) -> None:
     for sink in ("b", "c", "d"):
         sites.start(sink, sources=["a"])
-    sites.start("a", dests=["b", "c", "d"])
+    server = sites.start("a", dests=["b", "c", "d"])
     src = sites.store("a")
     rows = [
         (b"bc", ["b", "c"]),
@@ -42,6 +42,7 @@ def test_one_source_three_sinks_with_overlapping_destinations(sites: Sites) -> N
     wait_for(lambda: all(received(stores[s], "a") == expect[s] for s in expect))
     progress = stores["b"].sink_progress("a", "policy")
     assert progress.entries_received == len(expect["b"])
+    assert server.reader is not None and server.reader.hits > 0  # the shared reader served
 
 
 def test_three_sources_one_sink(sites: Sites) -> None:
