@@ -2,7 +2,7 @@
 
     python bench/snapshot.py [--rows 1000000] [--backend sqlite|postgresql|both]
                              [--partitions 2] [--master local[2]] [--repeat 1]
-                             [--out bench/results/snapshot.json]
+                             [--deliver-rows N] [--out bench/results/snapshot.json]
 
 One DataFrame, ``spark.range(rows)`` plus a string column, so that each row
 encodes (default JSON encoder) to about 200 bytes: ``{"body":"xxx...","id":123}``.
@@ -26,6 +26,12 @@ commit (for the job: to the end marker, READY). Cases:
   driver is at ``/usr/share/java/postgresql.jar`` (``reWriteBatchedInserts``,
   ``batchsize=10000``).
 
+Then, per backend, the delivery run (``--deliver-rows``, default ``--rows``): the job
+writes a snapshot for a destination, the source and the sink run as ``lr server``
+processes (gRPC on loopback, default settings) and a subscriber in this process delivers
+the snapshot to a no-op listener; rows/s from the servers' start (the snapshot READY) to
+the listener's ``on_full_sync_end``, and between the listener's first and last call.
+
 PostgreSQL: a throwaway schema per case on ``LR_BENCH_PG_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``); SQLite: a file per case in a
 temporary directory. A small warm-up job runs first (untimed).
@@ -38,8 +44,9 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,7 +68,11 @@ from bench.common import (  # noqa: E402
     print_table,
     write_json,
 )
+from bench.replicate import CLIENT, stop_process, write_site_config  # noqa: E402
+from lr_client.listener import RoutingQueueListener, RoutingQueueMessage  # noqa: E402
 from lr_client.store import create_engine, open_store  # noqa: E402
+from tests.kit.procs import LrServer  # noqa: E402
+from tests.kit.sites import free_port  # noqa: E402
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 PLAIN_BATCH = 20_000
@@ -141,6 +152,92 @@ def _count(url: str, table: str) -> int:
             return int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one())
     finally:
         engine.dispose()
+
+
+# -- delivery: the snapshot from the send queue to the sink's listener ------------------
+
+
+class _CountingListener(RoutingQueueListener):
+    """A no-op sink application: counts the snapshot rows and stamps the first and last."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.first = 0.0
+        self.ended = 0.0
+
+    def process_full_sync(
+        self, session: Any, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        if not self.first:
+            self.first = time.perf_counter()
+        self.rows += len(messages)
+        return True
+
+    def on_full_sync_end(self, session: Any, source_id: str, snapshot_id: str) -> None:
+        self.ended = time.perf_counter()
+
+    def process_log_entries(
+        self, session: Any, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+
+def run_delivery(
+    spark: Any, src_url: str, sink_url: str, df: Any, rows: int, workdir: Path
+) -> dict[str, Any]:
+    """Write the snapshot with the job, then ship it to a sink and deliver it to a listener.
+
+    Both sites are ``lr server`` processes (gRPC on loopback, the product's defaults);
+    the subscriber runs here with a no-op listener. Timed from the servers' start
+    (the snapshot READY in the send queue) to the listener's ``on_full_sync_end``.
+    """
+    from lr_client.subscriber import RoutingQueueSubscriber
+    from spark_jobs.snapshot_job import run_snapshot_job
+
+    store = open_store(create_engine(src_url))
+    sink = open_store(create_engine(sink_url))
+    servers: list[LrServer] = []
+    stop = threading.Event()
+    try:
+        store.create_schema()
+        sink.create_schema()
+        store.register_sites(["sink"])
+        sid = store.request_snapshot(None, "sink", CLIENT, "bench")
+        store.start_snapshot(sid)
+        assert run_snapshot_job(spark, src_url, sid, df, progress_interval=5.0) == rows
+        port = free_port()
+        sink_cfg = write_site_config(
+            workdir / "sink.toml", "sink", sink_url, listen_port=port, sources=["src"]
+        )
+        src_cfg = write_site_config(
+            workdir / "src.toml", "src", src_url, destinations=[("sink", port)], snapshot="app"
+        )
+        listener = _CountingListener()
+        subscriber = RoutingQueueSubscriber(sink, CLIENT, listener, poll_interval=0.01)
+        thread = threading.Thread(target=subscriber.run, args=(stop,), daemon=True)
+        servers.append(LrServer(sink_cfg, workdir).start())
+        servers[0].wait_listening(port)
+        start = time.perf_counter()
+        servers.append(LrServer(src_cfg, workdir).start())
+        thread.start()
+        deadline = start + max(120.0, rows / 1000.0)
+        while not listener.ended and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        if not listener.ended:
+            raise RuntimeError(f"snapshot not delivered: {listener.rows:,} of {rows:,} rows")
+        assert listener.rows == rows, (listener.rows, rows)
+        seconds = listener.ended - start
+        return {
+            "seconds": round(seconds, 3),
+            "rows_per_second": round(rows / seconds),
+            "listener_rows_per_second": round(rows / (listener.ended - listener.first)),
+        }
+    finally:
+        stop.set()
+        for server in reversed(servers):
+            stop_process(server, timeout=10)
+        store.engine.dispose()
+        sink.engine.dispose()
 
 
 # -- cases --------------------------------------------------------------------------------
@@ -294,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--repeat", type=int, default=1, help="rounds over the cases (median reported)")
     p.add_argument("--cases", help="comma-separated subset of cases")
+    p.add_argument(
+        "--deliver-rows",
+        type=int,
+        default=None,
+        help="rows of the delivery run, source to listener (default: --rows; 0 skips it)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "snapshot.json")
     args = p.parse_args(argv)
     pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
@@ -311,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
 
     payload_bytes = len(json_encoder(sample))
     results: dict[str, dict[str, Any]] = {}
+    deliveries: dict[str, dict[str, Any]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="lr-snapbench-"))
     try:
         for backend in backends:
@@ -340,7 +444,26 @@ def main(argv: list[str] | None = None) -> int:
                         f"{backend:10} {name:13} {args.rows / seconds:>10,.0f} rows/s"
                         f"  ({seconds:.1f}s, load {loads[name][-1]})"
                     )
+            deliver_rows = args.rows if args.deliver_rows is None else args.deliver_rows
+            delivery: dict[str, Any] | None = None
+            if deliver_rows > 0:
+                with database() as src_url, database() as sink_url:
+                    delivery = run_delivery(
+                        spark,
+                        src_url,
+                        sink_url,
+                        make_dataframe(spark, deliver_rows, args.partitions),
+                        deliver_rows,
+                        tmp,
+                    )
+                delivery["rows"] = deliver_rows
+                console.print(
+                    f"{backend:10} {'delivered':13} {delivery['rows_per_second']:>10,} rows/s"
+                    f"  ({delivery['seconds']:.1f}s from READY to the listener's end)"
+                )
             results[backend] = {}
+            if delivery is not None:
+                deliveries[backend] = delivery
             for name in names:
                 seconds = statistics.median(times[name])
                 results[backend][name] = {
@@ -376,6 +499,23 @@ def main(argv: list[str] | None = None) -> int:
         rows_out,
         caption="target: job >= 100,000 rows/s into PostgreSQL",
     )
+    if deliveries:
+        print_table(
+            console,
+            "Snapshot delivery: the job's READY snapshot, source lr server -> sink lr server"
+            " -> subscriber (no-op listener)",
+            ["backend", "rows", "seconds", "rows/s (READY to end)", "rows/s at the listener"],
+            [
+                [
+                    backend,
+                    f"{d['rows']:,}",
+                    f"{d['seconds']:.1f}",
+                    fmt_rate(d["rows_per_second"]),
+                    fmt_rate(d["listener_rows_per_second"]),
+                ]
+                for backend, d in deliveries.items()
+            ],
+        )
     write_json(
         args.out,
         {
@@ -386,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
             "partitions": args.partitions,
             "facts": facts,
             "results": results,
+            "delivery": deliveries,
         },
     )
     console.print(f"wrote {args.out}")

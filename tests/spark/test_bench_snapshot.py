@@ -45,3 +45,6 @@ def test_snapshot_bench_sqlite_smoke(tmp_path: Path) -> None:
     cases = data["results"]["sqlite"]
     assert set(cases) == {"job", "job-rdd", "plain-insert"}
     assert all(c["rows_per_second"] > 0 for c in cases.values())
+    delivered = data["delivery"]["sqlite"]  # the snapshot reached the listener, every row
+    assert delivered["rows"] == 3000 and delivered["rows_per_second"] > 0
+    assert delivered["listener_rows_per_second"] >= delivered["rows_per_second"]
