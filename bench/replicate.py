@@ -2,7 +2,7 @@
 
     python bench/replicate.py [--backend sqlite|postgresql|both] [--seconds N] [--entries N]
                               [--rate N] [--entries-per-txn N] [--destinations N]
-                              [--rounds N] [--workarounds]
+                              [--rounds N] [--workarounds] [--no-shared-reader]
                               [--out bench/results/replicate.json] [--svg docs/send-queue-size.svg]
 
 Every site is a real ``lr server`` process started from a config file (plaintext gRPC on
@@ -226,6 +226,7 @@ def write_site_config(
     sources: Sequence[str] = (),
     snapshot: str = "none",
     retention_max_entries: int | None = None,
+    shared_reader: bool = True,
 ) -> Path:
     """A site config with the product's replication and retry defaults (plaintext + token)."""
     lines = ["[site]", f"id = {_q(site_id)}", f"database_url = {_q(db_url)}"]
@@ -244,6 +245,8 @@ def write_site_config(
         lines += ["[[destinations]]", f"id = {_q(dest)}", f'address = "127.0.0.1:{port}"']
     for src in sources:
         lines += ["[[sources]]", f"id = {_q(src)}", f"token = {_q('token-' + src)}"]
+    if not shared_reader:
+        lines += ["[replication]", "shared_reader = false"]
     if retention_max_entries is not None:
         lines += ["[retention]", f"max_entries = {retention_max_entries}"]
     path.write_text("\n".join(lines) + "\n")
@@ -313,6 +316,7 @@ class Cluster:
         self.urls = {s: dbs.new(s.replace("-", "_")) for s in self.sink_ids}
         self.servers: dict[str, LrServer] = {}
         self.stores: dict[str, SQLAlchemyQueueStore] = {}
+        self.shared_reader = True  # sources' [replication] shared_reader
 
     def start(self) -> None:
         for sink in self.sink_ids:
@@ -437,6 +441,7 @@ def start_source(cluster: Cluster, src: Source, *, paced: bool, provider: bool) 
         destinations=ports,
         snapshot="app" if provider else "none",
         retention_max_entries=RETENTION_MAX_ENTRIES if paced else None,
+        shared_reader=cluster.shared_reader,
     )
     src.server = LrServer(cfg, cluster.workdir).start()
     src.started_at = time.time()
@@ -913,6 +918,7 @@ def run_backend(
         sinks = args.destinations
         console.log(f"{name}: baseline {baseline.rate:,.0f} entries/s; starting {sinks} sinks")
         cluster = Cluster(dbs, workdir, cell_sources(args.rounds), sinks)
+        cluster.shared_reader = not args.no_shared_reader
         stack.callback(cluster.close)
         cluster.start()
         timeout = max(15.0, 3 * args.seconds)
@@ -1306,6 +1312,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--svg", type=Path, default=None, help="also draw the send-queue chart to this file"
     )
+    p.add_argument(
+        "--no-shared-reader",
+        action="store_true",
+        help="sources run with [replication] shared_reader = false (each session reads alone)",
+    )
     args = p.parse_args(argv)
     if (
         args.seconds <= 0
@@ -1350,6 +1361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "stall": "FaultProxy.stall() in front of sink-8 (accepts, forwards nothing)",
             "backends": names,
             "workarounds": args.workarounds,
+            "shared_reader": not args.no_shared_reader,
         },
         "machine": machine_facts(),
         "code": code_state(),
