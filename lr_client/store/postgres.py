@@ -32,6 +32,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
+from lr_client.records import WireEntry
 from lr_client.store import schema as s
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
@@ -55,6 +56,20 @@ _INSERT_ONE = text(
 ).bindparams(bindparam("dest_nums", type_=postgresql.ARRAY(postgresql.SMALLINT)))
 
 _LOCK = text("SELECT pg_advisory_xact_lock(:lock_key)")
+
+_RECV_COLUMNS = (
+    "queue_id",
+    "type",
+    "source_position",
+    "snapshot_id",
+    "snapshot_count",
+    "payload",
+    "received_at",
+)
+_RECV_TYPES = ("int4", "int2", "int8", "varchar", "int8", "bytea", "float8")
+_COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
+    s.recv_entries.name, ", ".join(_RECV_COLUMNS)
+)
 
 _TRIM = text(
     """
@@ -162,6 +177,26 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             return int(conn.execute(query, {"k": self.lock_key(conn)}).one()[1])
         with self.write() as own:
             return int(own.execute(query, {"k": self.lock_key(own)}).one()[1])
+
+    def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
+        # Binary COPY in the apply transaction: one round trip for the whole batch.
+        now = time.time()
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with raw.cursor() as cur, cur.copy(_COPY_RECV) as copy:
+            copy.set_types(list(_RECV_TYPES))
+            for e in entries:
+                copy.write_row(
+                    (
+                        queue_id,
+                        int(e.type),
+                        e.position,
+                        e.snapshot_id,
+                        e.snapshot_count,
+                        e.payload,
+                        now,
+                    )
+                )
 
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
         acked = self._acked_positions(conn)
