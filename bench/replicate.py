@@ -14,8 +14,9 @@ the PostgreSQL server at ``LR_BENCH_PG_URL`` (default
 sites are started once; every cell below gets a fresh source site (own database and id).
 
 * ``baseline``: the sink's raw rate: batches of ``batch_max_entries`` (500) rows shaped
-  like ``lrq_recv_entries`` (same columns and index) inserted into a bare table with the
-  same driver, one transaction per batch, from one thread, for ``--seconds``. On
+  like ``lrq_recv_entries`` (same columns and index) inserted into a bare table by the
+  driver's own ``executemany`` (sqlite3, psycopg), one transaction per batch, from one
+  thread, for ``--seconds``. On
   PostgreSQL also the same rows by binary ``COPY`` (the receiver's own method), reported
   as a second reference.
 * ``throughput``: N entries of 1 KiB are pre-filled at the source (500 per transaction),
@@ -85,7 +86,6 @@ from sqlalchemy import (  # noqa: E402
     SmallInteger,
     String,
     Table,
-    insert,
     text,
 )
 from sqlalchemy.engine import Engine  # noqa: E402
@@ -161,24 +161,25 @@ def measure_baseline(url: str, backend: str, seconds: float, payloads: Sequence[
         pool = itertools.cycle(payloads)
         position = itertools.count(1)
 
+        mark = "?" if backend == "sqlite" else "%s"
+        insert_sql = (
+            "INSERT INTO bench_recv_baseline (queue_id, type, source_position, snapshot_id,"
+            f" snapshot_count, payload, received_at) VALUES ({', '.join([mark] * 7)})"
+        )
+
         def step() -> int:
             now = time.time()
-            rows = [
-                {
-                    "queue_id": 1,
-                    "type": 1,
-                    "source_position": next(position),
-                    "snapshot_id": "",
-                    "snapshot_count": 0,
-                    "payload": next(pool),
-                    "received_at": now,
-                }
-                for _ in range(BATCH_ENTRIES)
-            ]
+            rows = [(1, 1, next(position), "", 0, next(pool), now) for _ in range(BATCH_ENTRIES)]
             with engine.connect() as conn:
                 conn = conn.execution_options(lr_immediate=True)  # as the store's writes
                 with conn.begin():
-                    conn.execute(insert(baseline_table), rows)
+                    # The driver's own executemany with tuples: the rawest batched insert.
+                    raw = conn.connection.driver_connection
+                    cur = raw.cursor()
+                    try:
+                        cur.executemany(insert_sql, rows)
+                    finally:
+                        cur.close()
             return BATCH_ENTRIES
 
         run_for(min(0.5, seconds / 5), step)  # warm-up

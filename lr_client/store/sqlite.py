@@ -7,6 +7,7 @@ assigned in commit order and invariant I1 holds by construction.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy import delete, exists, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from lr_client.records import WireEntry
 from lr_client.store import schema as s
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
@@ -29,8 +31,6 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     def _insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
     ) -> list[int]:
-        import time
-
         now = time.time()
         positions: list[int] = []
         tags: list[dict[str, int]] = []
@@ -97,6 +97,20 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             .limit(batch_size)
         )
         return int(conn.execute(delete(e).where(e.c.position.in_(victims))).rowcount or 0)
+
+    def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
+        # The driver's executemany with tuples: no per-row dictionaries to build and bind.
+        now = time.time()
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        raw.executemany(
+            "INSERT INTO lrq_recv_entries (queue_id, type, source_position, snapshot_id,"
+            " snapshot_count, payload, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (queue_id, int(e.type), e.position, e.snapshot_id, e.snapshot_count, e.payload, now)
+                for e in entries
+            ],
+        )
 
     def _release_tags(self, conn: Connection, dest_num: int, client_name: str) -> None:
         e, t = s.send_log_entries, s.send_tags
