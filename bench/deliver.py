@@ -70,7 +70,7 @@ PAYLOAD_BYTES = 256
 SOURCE_ID = "bench-src"
 CLIENT_NAME = "bench"
 CASES = ("raw", "raw+insert", "noop", "insert")
-#: From the issue: the subscriber delivers at least half the raw read+delete rate.
+#: Target: the subscriber delivers at least half the raw read+delete rate.
 TARGET = 0.5
 
 app_meta = MetaData()

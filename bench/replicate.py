@@ -34,7 +34,7 @@ sites are started once; every cell below gets a fresh source site (own database 
   excluded. While the load runs, the source's send-queue size (``count(*)`` of
   ``lrq_send_log_entries``) is sampled every 0.5 s. A control cell runs the same transmitter
   with no site running.
-* ``stalled`` (issue 6): the 8-destination cells again, with the eighth destination behind
+* ``stalled``: the 8-destination cells again, with the eighth destination behind
   a ``FaultProxy`` in ``stall()`` mode (connections accepted, nothing forwarded): the
   seven healthy destinations' throughput and p99 against the all-healthy run. Paced cells
   run with ``[retention] max_entries = 5000`` and, when :mod:`lr_client.snapshot` exists, a
@@ -46,7 +46,7 @@ per 1,000 entry deliveries (less sensitive to a busy machine than wall-clock rat
 ``--workarounds`` emulates two proposed store fixes from outside (see
 :func:`apply_workarounds`); without it the product is measured as it is.
 
-Targets from the issues (reported, never asserted): 1 destination >= 0.5x the baseline;
+Targets (reported, never asserted): 1 destination >= 0.5x the baseline;
 p99 <= 100 ms at 1,000 entries/s; healthy destinations with one stalled >= 0.9x the
 all-healthy run (throughput: stalled/healthy; latency: p99 healthy-run / p99 stalled-run).
 ``--svg`` draws the send-queue samples of the 8-destination paced cells.
@@ -117,7 +117,7 @@ SAMPLE_INTERVAL = 0.5
 WARMUP_SECONDS = 1.0
 RETENTION_MAX_ENTRIES = 5000  # paced cells only: a stalled destination crosses it
 
-#: Targets from the issues: measured and reported, never asserted.
+#: Targets: measured and reported, never asserted.
 TARGET_VS_BASELINE = 0.5
 TARGET_P99_MS = 100.0
 TARGET_STALLED = 0.9

@@ -105,7 +105,7 @@ SOURCE_ID = "bench-src"
 CLIENT_NAME = "bench"
 DESTINATIONS = [f"site-{i}" for i in range(1, max(DESTINATION_COUNTS) + 1)]
 
-#: Targets from the issue: measured and reported, never asserted.
+#: Targets: measured and reported, never asserted.
 TARGET_VS_PLAIN = 0.9
 TARGET_VS_PGQ = 1.0
 TARGET_STORAGE_8_VS_1 = 1.2

@@ -1,4 +1,4 @@
-"""Full sync end to end (issues 5 and 6): snapshot then log entries, drops, backpressure.
+"""Full sync end to end: snapshot then log entries, drops, backpressure.
 
 Real gRPC between in-process sites, an in-process snapshot provider at the
 source, a subscriber applying to the sink's own table; on both backends.
