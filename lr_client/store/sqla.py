@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, inspect, select, update
+from sqlalchemy import and_, delete, func, insert, inspect, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import OperationalError
 
@@ -62,6 +62,8 @@ class SQLAlchemyQueueStore(QueueStore):
         self._sites: dict[str, int] = {}
         self._site_names: dict[int, str] = {}
         self._queue_ids: dict[str, int] = {}
+        #: snapshot_id -> (ordinal, part, seq) of the last entry a read returned.
+        self._snapshot_marks: dict[str, tuple[int, int, int]] = {}
 
     # -- transactions -----------------------------------------------------------
     #: Isolation for trim: every read of the transaction sees one snapshot.
@@ -604,21 +606,42 @@ class SQLAlchemyQueueStore(QueueStore):
         self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
     ) -> list[SendEntry]:
         t = s.send_snapsync
+        cols = (t.c.position, t.c.type, t.c.payload, t.c.part, t.c.seq)
         with self.read() as conn:
             req = conn.execute(
                 select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
             ).first()
             if req is None or req.status != SnapshotStatus.READY.value:
                 return []
-            # Ordinals: end marker (part -1) last; the rest by (part, seq).
-            rows = conn.execute(
-                select(t.c.position, t.c.type, t.c.payload, t.c.part, t.c.seq)
-                .where(t.c.snapshot_id == snapshot_id)
-                .order_by((t.c.part < 0), t.c.part, t.c.seq)
-                .offset(after)
-                .limit(limit)
-            ).all()
+            # Ordinals: the entries by (part, seq), then the end marker (part -1). A READY
+            # snapshot no longer changes, so where the previous read of this snapshot
+            # ended is a key to continue from: each read is an index range, not an OFFSET
+            # that rescans everything already shipped.
+            mark = self._snapshot_marks.get(snapshot_id)
+            if after == 0 or (mark is not None and mark[0] == after):
+                query = select(*cols).where(t.c.snapshot_id == snapshot_id, t.c.part >= 0)
+                if after:
+                    assert mark is not None
+                    query = query.where(tuple_(t.c.part, t.c.seq) > tuple_(mark[1], mark[2]))
+                rows = list(conn.execute(query.order_by(t.c.part, t.c.seq).limit(limit)).all())
+                if len(rows) < limit:
+                    end = select(*cols).where(t.c.snapshot_id == snapshot_id, t.c.part < 0)
+                    rows += conn.execute(end.order_by(t.c.part, t.c.seq)).all()[: limit - len(rows)]
+            else:  # resuming elsewhere (a reconnect): find the place once
+                rows = list(
+                    conn.execute(
+                        select(*cols)
+                        .where(t.c.snapshot_id == snapshot_id)
+                        .order_by((t.c.part < 0), t.c.part, t.c.seq)
+                        .offset(after)
+                        .limit(limit)
+                    ).all()
+                )
         rows = _cut(rows, max_bytes, lambda r: len(r.payload) + 32)
+        if rows and rows[-1].part >= 0:
+            self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
+        else:
+            self._snapshot_marks.pop(snapshot_id, None)
         return [
             SendEntry(
                 position=after + i + 1,
