@@ -619,10 +619,12 @@ class SQLAlchemyQueueStore(QueueStore):
             # that rescans everything already shipped.
             mark = self._snapshot_marks.get(snapshot_id)
             if after == 0 or (mark is not None and mark[0] == after):
-                query = select(*cols).where(t.c.snapshot_id == snapshot_id, t.c.part >= 0)
+                query = select(*cols).where(t.c.snapshot_id == snapshot_id)
                 if after:
-                    assert mark is not None
+                    assert mark is not None  # its part is >= 0: the end marker stays out
                     query = query.where(tuple_(t.c.part, t.c.seq) > tuple_(mark[1], mark[2]))
+                else:
+                    query = query.where(t.c.part >= 0)
                 rows = list(conn.execute(query.order_by(t.c.part, t.c.seq).limit(limit)).all())
                 if len(rows) < limit:
                     end = select(*cols).where(t.c.snapshot_id == snapshot_id, t.c.part < 0)
