@@ -47,7 +47,10 @@ class RoutingQueueClient:
     :class:`~lr_client.errors.BackpressureError` at once (``backpressure="raise"``,
     the default) or waits up to ``backpressure_timeout`` seconds for them to
     recover before raising (``"wait"``); ``"ignore"`` never checks. The check
-    happens before anything is written.
+    happens before anything is written. The state is read from the database at
+    most every ``flow_check_interval`` seconds (0: on every transmit); a cached
+    "on" is confirmed before a transmit is refused, and a cached "off" may let
+    transmits through for up to that long after backpressure begins.
     """
 
     def __init__(
@@ -70,6 +73,8 @@ class RoutingQueueClient:
         if backpressure not in ("raise", "wait", "ignore"):
             raise ValueError("backpressure must be 'raise', 'wait' or 'ignore'")
         self.backpressure = backpressure
+        if backpressure_timeout < 0 or flow_check_interval < 0:
+            raise ValueError("backpressure_timeout and flow_check_interval must be >= 0")
         self.backpressure_timeout = backpressure_timeout
         self.flow_check_interval = flow_check_interval
         self._flow: tuple[float, bool, list[str]] = (-1e9, False, [])
@@ -96,7 +101,8 @@ class RoutingQueueClient:
         if self.backpressure == "wait":
             deadline = time.monotonic() + self.backpressure_timeout
             while on and time.monotonic() < deadline:
-                time.sleep(min(self.flow_check_interval, max(0.0, deadline - time.monotonic())))
+                pause = max(self.flow_check_interval, 0.01)  # never a busy loop
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 on, slow = self._flow_state()
             if not on:
                 return

@@ -137,7 +137,11 @@ def test_down_destination_is_dropped_then_fully_synced(sites: Sites) -> None:
 def test_majority_down_applies_backpressure_until_they_recover(sites: Sites) -> None:
     dests = ["b", "c", "d"]
     src = sites.store("a")
-    client = RoutingQueueClient(src, source_id="a", client_name="policy", backpressure="raise")
+    # Every transmit reads the flow state (no cache), so the first one after
+    # backpressure turns on in the store is refused, however fast the loop runs.
+    client = RoutingQueueClient(
+        src, source_id="a", client_name="policy", backpressure="raise", flow_check_interval=0.0
+    )
     client.register_destinations(dests)
     sites.start("d", sources=["a"])
     sites.start("a", dests=dests, snapshot="none", extra=RETENTION)
@@ -190,3 +194,13 @@ def test_raise_mode_rechecks_a_cached_on_before_refusing(store: SQLAlchemyQueueS
     with store.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"x", ["b"])
     assert store.backlog("b", "policy").entries == 1
+
+
+def test_backpressure_settings_are_checked(store: SQLAlchemyQueueStore) -> None:
+    for bad in (
+        {"backpressure": "sometimes"},
+        {"backpressure_timeout": -1.0},
+        {"flow_check_interval": -0.1},
+    ):
+        with pytest.raises(ValueError):
+            RoutingQueueClient(store, source_id="a", client_name="policy", **bad)  # type: ignore[arg-type]
