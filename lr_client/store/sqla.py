@@ -236,13 +236,22 @@ class SQLAlchemyQueueStore(QueueStore):
         )
         with self.read() as conn:
             rows = conn.execute(query).all()
+        names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
+
+        def destinations(value: Any) -> tuple[str, ...]:
+            key = value if isinstance(value, str) else tuple(value)
+            found = names.get(key)
+            if found is None:
+                found = names[key] = tuple(self.site_name(n) for n in self._dest_nums_of(value))
+            return found
+
         return [
             SendEntry(
                 position=r.position,
                 client_name=client_name,
                 type=ReplicationType.LOG_ENTRY_SYNC,
                 payload=bytes(r.payload),
-                destinations=tuple(self.site_name(n) for n in self._dest_nums_of(r.dest_nums)),
+                destinations=destinations(r.dest_nums),
                 created_at=r.created_at,
             )
             for r in rows
