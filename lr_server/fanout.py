@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 
 from lr_client.records import SendEntry
 from lr_client.store import SQLAlchemyQueueStore
-
-#: Entry overhead counted against ``max_bytes`` of a batch (as the store counts it).
-ENTRY_OVERHEAD = 32
+from lr_client.store.sqla import cut_to_bytes
 
 
 @dataclass
@@ -111,44 +109,29 @@ class LogFanout:
         max_bytes: int | None,
     ) -> list[SendEntry]:
         out: list[SendEntry] = []
-        size = 0
-
-        def take(entry: SendEntry) -> bool:
-            """Add an entry of this stream; False once the batch is full."""
-            nonlocal size
-            size += len(entry.payload) + ENTRY_OVERHEAD
-            if max_bytes is not None and size > max_bytes and out:
-                return False
-            out.append(entry)
-            return len(out) < limit
-
         i = bisect.bisect_right(w.positions, after)
         refreshed = False
-        while True:
+        while len(out) < limit:
             if i >= len(w.entries):
                 # The end of the window: read the next range for every session, once.
                 # A range shorter than read_batch was the end of the queue: stop there.
-                if w.at_end and refreshed:
-                    return out
-                if not self._refresh(w, client_name, force=refreshed):
-                    return out
+                if (w.at_end and refreshed) or not self._refresh(w, client_name, refreshed):
+                    break
                 refreshed = True
                 reached = out[-1].position if out else after
                 if reached < w.lo:
                     # The refresh evicted entries this stream still needs: read the rest.
-                    rest = self.store.read_log_entries(
+                    out += self.store.read_log_entries(
                         destination, client_name, reached, limit - len(out)
                     )
-                    for entry in rest:
-                        if not take(entry):
-                            break
-                    return out
+                    break
                 i = bisect.bisect_right(w.positions, reached)
                 continue
             entry = w.entries[i]
             i += 1
-            if destination in entry.destinations and not take(entry):
-                return out
+            if destination in entry.destinations:
+                out.append(entry)
+        return cut_to_bytes(out, max_bytes)
 
     def _refresh(self, w: _Window, client_name: str, force: bool = False) -> bool:
         """Append the entries after ``hi``; whether any came."""

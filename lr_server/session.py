@@ -528,15 +528,15 @@ class SenderSession:
         if req.updated_at >= silent_since:
             return req
         reason = f"no heartbeat from its worker for {self.cfg.snapshot_stall_timeout:g}s"
-        if not self.store.fail_stalled_snapshot(req.snapshot_id, silent_since, reason):
-            return self._open_snapshot(req.client_name)  # it beat meanwhile, or moved on
-        self._log.warning(
-            "%s/%s: snapshot %s failed: %s",
-            self.destination,
-            req.client_name,
-            req.snapshot_id,
-            reason,
-        )
+        # Conditional on the silence, so a beat that came meanwhile keeps it.
+        if self.store.fail_stalled_snapshot(req.snapshot_id, silent_since, reason):
+            self._log.warning(
+                "%s/%s: snapshot %s failed: %s",
+                self.destination,
+                req.client_name,
+                req.snapshot_id,
+                reason,
+            )
         return self._open_snapshot(req.client_name)
 
     def _launch(self, req: SnapshotRequest, config: ClientConfig) -> None:

@@ -49,7 +49,7 @@ if __package__ in (None, ""):  # run as a file: spark-submit spark_jobs/snapshot
 
 from lr_client import errors as lr_errors
 from lr_client.errors import ConfigError, InvalidInputError, LRError, SnapshotError
-from lr_client.records import SnapshotStatus
+from lr_client.records import SnapshotRequest, SnapshotStatus
 from lr_client.snapshot import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from spark_jobs.encoders import Encoder, arrow_compatible, json_encoder, load_encoder
@@ -433,13 +433,13 @@ def build_session(
     return builder.getOrCreate()
 
 
-def _fail_request(database_url: str, snapshot_id: str, exc: BaseException) -> None:
-    """Mark a RUNNING request FAILED when its job could not even start."""
-    store = open_store(create_engine(database_url))
-    try:
-        _after_failure(store, snapshot_id, exc, mark_failed=True)
-    finally:
-        store.engine.dispose()
+def _nothing_to_do(snapshot_id: str, req: SnapshotRequest | None) -> int:
+    """Print the result line of a request the job cannot run; exit code 3."""
+    state = req.status.value if req else "unknown"
+    error = f"snapshot {snapshot_id} is {state}: nothing to do"
+    out = {"snapshot_id": snapshot_id, "status": "stopped", "error": error}
+    print(json.dumps({**out, "seconds": 0}, sort_keys=True))
+    return 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -488,11 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             req = store.get_snapshot(snapshot_id)
             usable = [SnapshotStatus.RUNNING] + ([SnapshotStatus.REQUESTED] if start else [])
             if req is None or req.status not in usable:
-                state = req.status.value if req else "unknown"
-                error = f"snapshot {snapshot_id} is {state}: nothing to do"
-                out = {"snapshot_id": snapshot_id, "status": "stopped", "error": error}
-                print(json.dumps({**out, "seconds": 0}, sort_keys=True))
-                return 3
+                return _nothing_to_do(snapshot_id, req)
         if start and store.start_snapshot(snapshot_id) is None:
             # Started here, before the source is read: a source that reads eagerly
             # (a ``module:function`` that collects rows) must not read before the
@@ -500,11 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # neither the snapshot nor the log entries that follow it.
             req = store.get_snapshot(snapshot_id)
             if req is None or req.status != SnapshotStatus.RUNNING:
-                state = req.status.value if req else "unknown"
-                error = f"snapshot {snapshot_id} is {state}: nothing to do"
-                out = {"snapshot_id": snapshot_id, "status": "stopped", "error": error}
-                print(json.dumps({**out, "seconds": 0}, sort_keys=True))
-                return 3
+                return _nothing_to_do(snapshot_id, req)
     except LRError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -512,20 +504,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         store.engine.dispose()
 
     started = time.monotonic()
-    heartbeat_store = open_store(create_engine(args.database_url))
+    store = open_store(create_engine(args.database_url))
     try:
         # From the start of the request to the job's end, so a job that dies (or a
         # driver killed) stops the beats and the sender session replaces it.
-        with SnapshotHeartbeat(heartbeat_store, snapshot_id, args.heartbeat_interval):
-            code, result = _execute(args, source, conf, encoder, snapshot_id)
+        with SnapshotHeartbeat(store, snapshot_id, args.heartbeat_interval):
+            code, result = _execute(store, args, source, conf, encoder, snapshot_id)
     finally:
-        heartbeat_store.engine.dispose()
+        store.engine.dispose()
     result["seconds"] = round(time.monotonic() - started, 3)
     print(json.dumps(result, sort_keys=True), flush=True)
     return code
 
 
 def _execute(
+    store: SQLAlchemyQueueStore,
     args: argparse.Namespace,
     source: SourceSpec,
     conf: dict[str, str],
@@ -544,7 +537,7 @@ def _execute(
         log.exception("snapshot job could not start")
         if spark is not None:
             spark.stop()
-        _fail_request(args.database_url, snapshot_id, exc)
+        _after_failure(store, snapshot_id, exc, mark_failed=True)  # not left RUNNING
         result.update(status="failed", error=_summary(exc))
         return 1, result
     try:

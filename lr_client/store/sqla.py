@@ -39,14 +39,18 @@ from lr_client.store.contract import QueueStore
 OPEN_STATUSES = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
 
 
-def _cut(rows: Sequence[Any], max_bytes: int | None, size: Any) -> list[Any]:
-    """Keep a prefix of ``rows`` within ``max_bytes`` (always at least one)."""
+#: Bytes counted per entry on top of its payload when a read is bounded by bytes.
+ENTRY_OVERHEAD = 32
+
+
+def cut_to_bytes(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
+    """The prefix of ``rows`` (each with a ``payload``) within ``max_bytes``; at least one."""
     rows = list(rows)
     if max_bytes is None:
         return rows
     total = 0
     for i, row in enumerate(rows):
-        total += size(row)
+        total += len(row.payload) + ENTRY_OVERHEAD
         if total > max_bytes and i > 0:
             return rows[:i]
     return rows
@@ -214,7 +218,7 @@ class SQLAlchemyQueueStore(QueueStore):
         query = query.order_by(s.send_log_entries.c.position).limit(limit)
         with self.read() as conn:
             rows = conn.execute(query).all()
-        rows = _cut(rows, max_bytes, lambda r: len(r.payload) + 32)
+        rows = cut_to_bytes(rows, max_bytes)
         return [
             SendEntry(
                 position=r.position,
@@ -637,7 +641,7 @@ class SQLAlchemyQueueStore(QueueStore):
                 rows = list(conn.execute(query.order_by(t.c.part, t.c.seq).limit(limit)).all())
                 if len(rows) < limit:
                     end = select(*cols).where(t.c.snapshot_id == snapshot_id, t.c.part < 0)
-                    rows += conn.execute(end.order_by(t.c.part, t.c.seq)).all()[: limit - len(rows)]
+                    rows += conn.execute(end.limit(limit - len(rows))).all()  # the end marker
             else:  # resuming elsewhere (a reconnect): find the place once
                 rows = list(
                     conn.execute(
@@ -648,7 +652,7 @@ class SQLAlchemyQueueStore(QueueStore):
                         .limit(limit)
                     ).all()
                 )
-        rows = _cut(rows, max_bytes, lambda r: len(r.payload) + 32)
+        rows = cut_to_bytes(rows, max_bytes)
         if rows and rows[-1].part >= 0:
             self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
         else:

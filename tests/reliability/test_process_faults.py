@@ -147,6 +147,11 @@ def _latest_snapshot(engine: Engine) -> str:
         )
 
 
+def _full_sync_marks(engine: Engine) -> list[tuple[str, str]]:
+    """(start or end, snapshot id) of every full sync the sink's listener saw, in order."""
+    return [(a.kind, a.snapshot_id) for a in read_applied(engine, "b") if a.kind in (START, END)]
+
+
 def _preload(engine: Engine, keys: int) -> None:
     """State that exists before replication starts: only a full sync can carry it."""
     with engine.begin() as conn:
@@ -225,11 +230,7 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
         # The latest full sync reached the listener whole (an earlier one may have been
         # superseded before it was delivered: the sink drops its undelivered rest).
         latest = _latest_snapshot(src_engine)
-        marks = [
-            (a.kind, a.snapshot_id)
-            for a in read_applied(dep.engine("b"), "b")
-            if a.kind in (START, END)
-        ]
+        marks = _full_sync_marks(dep.engine("b"))
         assert marks[-2:] == [(START, latest), (END, latest)], marks
         assert stream.snapshots_completed >= 1
         assert stream.covered > 0 or stream.snapshot_entries > 0
@@ -302,11 +303,7 @@ def test_sigkill_of_the_snapshot_provider(
         assert failed is not None and "heartbeat" in failed.reason
         assert store.count_snapshot_entries(killed) == 0
         (done,) = store.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])
-        marks = [
-            (a.kind, a.snapshot_id)
-            for a in read_applied(dep.engine("b"), "b")
-            if a.kind in (START, END)
-        ]
+        marks = _full_sync_marks(dep.engine("b"))
         assert marks[-2:] == [(START, done.snapshot_id), (END, done.snapshot_id)], marks
         assert sink_state(dep.engine("b"), "a") == source_state(source.engine)
     except BaseException:

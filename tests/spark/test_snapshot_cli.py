@@ -49,6 +49,21 @@ def _result(output: str) -> dict[str, object]:
     return dict(json.loads(lines[-1]))
 
 
+def _run_helper_source(url: str, sid: str, function: str, log: Path) -> int:
+    """Launch the job on a ``tests.spark.helpers`` source, as the server does; its exit code."""
+    proc = launch_snapshot_job(
+        url,
+        sid,
+        source=f"tests.spark.helpers:{function}",
+        master="local[1]",
+        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        log_path=log,
+        env=_env(),
+        cwd=ROOT,
+    )
+    return proc.wait(timeout=600)
+
+
 def test_bad_arguments_exit_2_before_spark_starts(
     site: tuple[str, SQLAlchemyQueueStore], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -137,17 +152,7 @@ def test_job_fixes_the_base_position_before_reading_its_source(
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy", "server")
     log = tmp_path / "job.log"
-    proc = launch_snapshot_job(
-        url,
-        sid,
-        source="tests.spark.helpers:rows_then_a_change",
-        master="local[1]",
-        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
-        log_path=log,
-        env=_env(),
-        cwd=ROOT,
-    )
-    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert _run_helper_source(url, sid, "rows_then_a_change", log) == 0, log.read_text()[-3000:]
     req = store.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.READY and req.entry_count == 2
     after = store.read_log_entries("b", "policy", after=req.base_position or 0, limit=10)
@@ -163,17 +168,7 @@ def test_job_whose_source_fails_marks_the_request_failed(
     url, store = site
     sid = store.request_snapshot(None, "b", "policy", "server")
     log = tmp_path / "job.log"
-    proc = launch_snapshot_job(
-        url,
-        sid,
-        source="tests.spark.helpers:broken_source",
-        master="local[1]",
-        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
-        log_path=log,
-        env=_env(),
-        cwd=ROOT,
-    )
-    assert proc.wait(timeout=600) == 1, log.read_text()[-3000:]
+    assert _run_helper_source(url, sid, "broken_source", log) == 1, log.read_text()[-3000:]
     assert _result(log.read_text())["status"] == "failed"
     req = store.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.FAILED

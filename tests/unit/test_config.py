@@ -204,6 +204,21 @@ BAD: list[tuple[str, Mutation, str]] = [
     ("retired key", _set("retention", "backpressure", "wait"), "retention.backpressure"),
     ("soft fraction > 1", _set("retention", "soft_fraction", 1.5), "retention.soft_fraction"),
     ("soft fraction 0", _set("retention", "soft_fraction", 0), "retention.soft_fraction"),
+    (
+        "stall timeout 0",
+        _set("replication", "snapshot_stall_timeout", 0),
+        "replication.snapshot_stall_timeout",
+    ),
+    (
+        "shared reader not bool",
+        _set("replication", "shared_reader", 1),
+        "replication.shared_reader",
+    ),
+    (
+        "shared reader window 0",
+        _set("replication", "shared_reader_entries", 0),
+        "replication.shared_reader_entries",
+    ),
 ]
 
 
