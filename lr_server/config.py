@@ -92,6 +92,15 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class ReceiverConfig:
+    """Limits of the receiver's gRPC server (the site's ``listen``)."""
+
+    max_concurrent_calls: int = 256
+    max_calls_per_source: int = 4
+    idle_call_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     id: str
     database_url: str
@@ -104,6 +113,7 @@ class SiteConfig:
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
     path: Path | None = None
 
     def client_names(self) -> list[str]:
@@ -287,6 +297,9 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     retention: RetentionConfig = _section(RetentionConfig, raw.get("retention", {}), "retention")
     if not 0 < retention.soft_fraction <= 1:
         raise ConfigError("retention.soft_fraction: expected a number in (0, 1]")
+    receiver: ReceiverConfig = _section(ReceiverConfig, raw.get("receiver", {}), "receiver")
+    if receiver.idle_call_timeout <= 0:
+        raise ConfigError("receiver.idle_call_timeout: expected a positive number")
     for k in raw:
         if k not in (
             "site",
@@ -297,6 +310,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
             "replication",
             "retry",
             "retention",
+            "receiver",
         ):
             raise ConfigError(f"{k}: unknown section")
     return SiteConfig(
@@ -311,6 +325,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         replication=replication,
         retry=retry,
         retention=retention,
+        receiver=receiver,
         path=path,
     )
 

@@ -36,6 +36,10 @@ DROPS = Counter("lr_drops", "Destinations dropped to a full sync", ["destination
 BACKPRESSURE_EVENTS = Counter("lr_backpressure_events", "Transmits refused or delayed")
 ERRORS = Counter("lr_errors", "Errors by kind", ["kind"])
 TRIMMED = Counter("lr_trimmed_entries", "Send-queue entries trimmed")
+RECEIVER_OPEN_CALLS = Gauge("lr_receiver_open_calls", "Authenticated calls open at the receiver")
+RECEIVER_CALLS_REFUSED = Counter(
+    "lr_receiver_calls_refused", "Receiver calls refused or ended by its limits", ["reason"]
+)
 
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
@@ -57,6 +61,8 @@ __all__ = [
     "LAG_BYTES",
     "LAG_ENTRIES",
     "LAG_SECONDS",
+    "RECEIVER_CALLS_REFUSED",
+    "RECEIVER_OPEN_CALLS",
     "SNAPSHOT_ROWS",
     "TRIMMED",
     "start_metrics_server",

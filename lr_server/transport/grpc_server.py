@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -14,14 +15,18 @@ from lr_client.errors import (
     AuthenticationError,
     LRError,
     PermissionDeniedError,
+    ProtocolError,
 )
 from lr_server import metrics
-from lr_server._proto import replication_pb2_grpc as pb_grpc
 from lr_server.config import SiteConfig
 from lr_server.receiver import Receiver
+from lr_server.transport.calls import CallLimitError, CallTracker, OpenCall
 from lr_server.transport.errors import status_for
 
 log = logging.getLogger("lr.grpc")
+
+#: The full name of the gRPC service (``lr.v1.LogReplication``).
+SERVICE: str = pb.DESCRIPTOR.services_by_name["LogReplication"].full_name
 
 
 class Authenticator:
@@ -57,47 +62,124 @@ class Authenticator:
         return claimed
 
 
-class LogReplicationService(pb_grpc.LogReplicationServicer):
-    def __init__(self, receiver: Receiver, auth: Authenticator) -> None:
+class LogReplicationService:
+    """The sink side of ``LogReplication``; every call is authenticated before any read.
+
+    ``Negotiate`` is served as a client-streaming method: its wire format is the same as
+    a unary call's (unary clients call it unchanged), but the handler starts at once, so
+    it authenticates the caller from the call's metadata and peer certificate before it
+    waits for the request message. (gRPC's own unary handling reads the request first,
+    holding a server thread for as long as the client sends nothing.)
+    """
+
+    def __init__(self, receiver: Receiver, auth: Authenticator, calls: CallTracker) -> None:
         self.receiver = receiver
         self.auth = auth
+        self.calls = calls
 
     def _fail(self, context: grpc.ServicerContext, exc: LRError) -> None:
         metrics.ERRORS.labels(type(exc).__name__).inc()
         log.warning("rejected: %s", exc)
         context.abort(status_for(exc), str(exc))
 
-    def Negotiate(
-        self, request: pb.NegotiateRequest, context: grpc.ServicerContext
-    ) -> pb.NegotiateResponse:
+    def _admit(self, context: grpc.ServicerContext, method: str) -> OpenCall:
+        """Authenticate and register the call; aborts it when it cannot be served."""
         try:
             source = self.auth.identify(context)
-            return self.receiver.negotiate(source, request)
         except LRError as exc:
             self._fail(context, exc)
             raise  # unreachable: abort raises
+        try:
+            call = self.calls.admit(source, method, context.cancel)
+        except CallLimitError as exc:
+            log.warning("refused a %s call of %s: %s", method, source, exc)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise  # unreachable: abort raises
+        if not context.add_callback(lambda: self.calls.release(call)):
+            self.calls.release(call)  # already over; the first read raises
+        return call
+
+    def Negotiate(
+        self, request_iterator: Iterator[pb.NegotiateRequest], context: grpc.ServicerContext
+    ) -> pb.NegotiateResponse:
+        call = self._admit(context, "Negotiate")
+        try:
+            with self.calls.waiting(call):
+                request = next(request_iterator, None)
+            if request is None:
+                raise ProtocolError("Negotiate takes exactly one request message")
+            return self.receiver.negotiate(call.source, request)
+        except LRError as exc:
+            self._fail(context, exc)
+            raise  # unreachable: abort raises
+        finally:
+            self.calls.release(call)
 
     def Replicate(
         self, request_iterator: Iterator[pb.ReplicationBatch], context: grpc.ServicerContext
     ) -> Iterator[pb.ReplicationAck]:
+        call = self._admit(context, "Replicate")
         try:
-            source = self.auth.identify(context)
-        except LRError as exc:
-            self._fail(context, exc)
-            return
-        for batch in request_iterator:
-            try:
-                ack = self.receiver.apply(source, batch)
-            except LRError as exc:
-                self._fail(context, exc)
-                return
-            yield ack
+            # No idle time-out here: a source with nothing to send keeps its stream open
+            # (its channel pings the sink every 10 s); the per-source cap bounds these.
+            for batch in request_iterator:
+                try:
+                    ack = self.receiver.apply(call.source, batch)
+                except LRError as exc:
+                    self._fail(context, exc)
+                    return
+                yield ack
+        finally:
+            self.calls.release(call)
 
 
-def start_grpc_server(config: SiteConfig, receiver: Receiver, max_workers: int = 16) -> grpc.Server:
+def method_handlers(service: LogReplicationService) -> dict[str, grpc.RpcMethodHandler]:
+    """The service's methods, with ``Negotiate`` read as a stream (see the class)."""
+    return {
+        "Negotiate": grpc.stream_unary_rpc_method_handler(
+            service.Negotiate,
+            request_deserializer=pb.NegotiateRequest.FromString,
+            response_serializer=pb.NegotiateResponse.SerializeToString,
+        ),
+        "Replicate": grpc.stream_stream_rpc_method_handler(
+            service.Replicate,
+            request_deserializer=pb.ReplicationBatch.FromString,
+            response_serializer=pb.ReplicationAck.SerializeToString,
+        ),
+    }
+
+
+#: Threads (and gRPC's own call limit) beyond ``max_concurrent_calls``: they serve the
+#: calls that are refused at once (unauthenticated, over the limit) without queueing.
+REFUSAL_THREADS = 16
+
+
+class GrpcReceiver:
+    """The started gRPC server of a sink, with its call tracker."""
+
+    def __init__(self, server: grpc.Server, calls: CallTracker) -> None:
+        self.server = server
+        self.calls = calls
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stop serving; returns the event set once every call has ended."""
+        done: threading.Event = self.server.stop(grace)
+        self.calls.stop()
+        return done
+
+
+def start_grpc_server(config: SiteConfig, receiver: Receiver) -> GrpcReceiver:
     """Serve ``LogReplication`` on ``config.listen``; returns the started server."""
+    limits = config.receiver
+    calls = CallTracker(
+        limits.max_concurrent_calls, limits.max_calls_per_source, limits.idle_call_timeout
+    )
+    # Every admitted call holds one thread for its whole life: the pool has one per
+    # allowed call plus some for refusals, and gRPC refuses (RESOURCE_EXHAUSTED) what
+    # would otherwise queue for a thread.
+    workers = limits.max_concurrent_calls + REFUSAL_THREADS
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="lr-rpc"),
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lr-rpc"),
         options=[
             ("grpc.max_send_message_length", config.replication.max_message_bytes),
             ("grpc.max_receive_message_length", config.replication.max_message_bytes),
@@ -106,10 +188,11 @@ def start_grpc_server(config: SiteConfig, receiver: Receiver, max_workers: int =
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.http2.max_ping_strikes", 0),
         ],
+        maximum_concurrent_rpcs=workers,
     )
-    pb_grpc.add_LogReplicationServicer_to_server(  # type: ignore[no-untyped-call]
-        LogReplicationService(receiver, Authenticator(config)), server
-    )
+    handlers = method_handlers(LogReplicationService(receiver, Authenticator(config), calls))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
     sec = config.security
     if sec.transport == "plaintext":
         bound = server.add_insecure_port(config.listen)
@@ -124,4 +207,5 @@ def start_grpc_server(config: SiteConfig, receiver: Receiver, max_workers: int =
     if bound == 0:
         raise OSError(f"cannot listen on {config.listen}")
     server.start()
-    return server
+    calls.start()
+    return GrpcReceiver(server, calls)

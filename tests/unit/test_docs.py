@@ -71,6 +71,7 @@ SECTIONS: dict[str, type[Any]] = {
     "replication": config_module.ReplicationConfig,
     "retry": config_module.RetryConfig,
     "retention": config_module.RetentionConfig,
+    "receiver": config_module.ReceiverConfig,
 }
 #: SiteConfig fields that are sections (or not settable) rather than [site] keys.
 NOT_SITE_KEYS = {*SECTIONS, "path"} - {"site"}
