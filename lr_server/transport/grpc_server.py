@@ -5,8 +5,9 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from typing import TypeVar
 
 import grpc
 
@@ -24,6 +25,9 @@ from lr_server.transport.calls import CallLimitError, CallTracker, OpenCall
 from lr_server.transport.errors import status_for
 
 log = logging.getLogger("lr.grpc")
+
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 
 #: The full name of the gRPC service (``lr.v1.LogReplication``).
 SERVICE: str = pb.DESCRIPTOR.services_by_name["LogReplication"].full_name
@@ -99,21 +103,31 @@ class LogReplicationService:
             self.calls.release(call)  # already over; the first read raises
         return call
 
-    def Negotiate(
-        self, request_iterator: Iterator[pb.NegotiateRequest], context: grpc.ServicerContext
-    ) -> pb.NegotiateResponse:
-        call = self._admit(context, "Negotiate")
+    def _one_request(
+        self,
+        method: str,
+        request_iterator: Iterator[RequestT],
+        context: grpc.ServicerContext,
+        serve: Callable[[str, RequestT], ResponseT],
+    ) -> ResponseT:
+        """A unary method: admit the caller, then wait (bounded) for its one request."""
+        call = self._admit(context, method)
         try:
             with self.calls.waiting(call):
                 request = next(request_iterator, None)
             if request is None:
-                raise ProtocolError("Negotiate takes exactly one request message")
-            return self.receiver.negotiate(call.source, request)
+                raise ProtocolError(f"{method} takes exactly one request message")
+            return serve(call.source, request)
         except LRError as exc:
             self._fail(context, exc)
             raise  # unreachable: abort raises
         finally:
             self.calls.release(call)
+
+    def Negotiate(
+        self, request_iterator: Iterator[pb.NegotiateRequest], context: grpc.ServicerContext
+    ) -> pb.NegotiateResponse:
+        return self._one_request("Negotiate", request_iterator, context, self.receiver.negotiate)
 
     def Replicate(
         self, request_iterator: Iterator[pb.ReplicationBatch], context: grpc.ServicerContext
@@ -134,8 +148,12 @@ class LogReplicationService:
 
 
 def method_handlers(service: LogReplicationService) -> dict[str, grpc.RpcMethodHandler]:
-    """The service's methods, with ``Negotiate`` read as a stream (see the class)."""
-    return {
+    """The service's methods, with ``Negotiate`` read as a stream (see the class).
+
+    Raises if the service (``protos/lr/replication.proto``) has a method not served here:
+    a new unary method must be registered as a stream too, through ``_one_request``.
+    """
+    handlers = {
         "Negotiate": grpc.stream_unary_rpc_method_handler(
             service.Negotiate,
             request_deserializer=pb.NegotiateRequest.FromString,
@@ -147,6 +165,12 @@ def method_handlers(service: LogReplicationService) -> dict[str, grpc.RpcMethodH
             response_serializer=pb.ReplicationAck.SerializeToString,
         ),
     }
+    declared = {m.name for m in pb.DESCRIPTOR.services_by_name["LogReplication"].methods}
+    if declared != set(handlers):
+        raise RuntimeError(
+            f"LogReplication methods {sorted(declared)} != served {sorted(handlers)}"
+        )
+    return handlers
 
 
 #: Threads (and gRPC's own call limit) beyond ``max_concurrent_calls``: they serve the

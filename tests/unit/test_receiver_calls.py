@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 
+from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import ConfigError
 from lr_server.config import ReceiverConfig, parse_config
 from lr_server.transport.calls import CallLimitError, CallTracker
+from lr_server.transport.grpc_server import LogReplicationService, method_handlers
 
 
 class Clock:
@@ -113,3 +115,13 @@ def test_receiver_defaults_and_errors_naming_the_key() -> None:
     ]:
         with pytest.raises(ConfigError, match=rf"^receiver\.{key}:"):
             parse_config({**base, "receiver": {key: value}})
+
+
+def test_every_method_is_served_as_a_client_stream() -> None:
+    """So that each handler runs, and authenticates, before the caller's first message."""
+    service = LogReplicationService(None, None, CallTracker(1, 1, 1.0))  # type: ignore[arg-type]
+    handlers = method_handlers(service)
+    declared = [m.name for m in pb.DESCRIPTOR.services_by_name["LogReplication"].methods]
+    assert sorted(handlers) == sorted(declared) == ["Negotiate", "Replicate"]
+    assert all(h.request_streaming for h in handlers.values())
+    assert [n for n, h in sorted(handlers.items()) if h.response_streaming] == ["Replicate"]
