@@ -443,6 +443,7 @@ def test_calls_beyond_the_bound_get_resource_exhausted(tmp_path: Path) -> None:
         for call, feed in ((first, first_feed), (second, second_feed)):
             feed.put(log_batch([1]))
             assert next_ack(call).last_position == 1  # both admitted
+        assert metrics.RECEIVER_OPEN_CALLS._value.get() == 2
         third, third_feed = calls.replicate(token_meta("c"))
         third_feed.put(log_batch([1]))
         assert code_of(third) == grpc.StatusCode.RESOURCE_EXHAUSTED
