@@ -40,6 +40,7 @@ class OpenCall:
     cancel: Callable[[], None]
     seq: int
     waiting_since: float | None = None
+    ended_by: str = ""  # why the tracker cancelled it: "idle" or "replaced"
 
 
 class CallTracker:
@@ -94,6 +95,7 @@ class CallTracker:
                     " (receiver.max_concurrent_calls)"
                 )
             for old in evicted:
+                old.ended_by = "replaced"
                 self._end(old)
             call = OpenCall(source, method, cancel, next(self._seq))
             self._calls[call.seq] = call
@@ -145,6 +147,7 @@ class CallTracker:
                 if c.waiting_since is not None and now - c.waiting_since >= self.idle_timeout
             ]
             for c in idle:
+                c.ended_by = "idle"
                 self._end(c)
             metrics.RECEIVER_OPEN_CALLS.set(len(self._calls))
         for c in idle:

@@ -116,6 +116,8 @@ class LogReplicationService:
             with self.calls.waiting(call):
                 request = next(request_iterator, None)
             if request is None:
+                if call.ended_by:  # cancelled here: the stream looks closed, not failed
+                    context.abort(grpc.StatusCode.CANCELLED, f"{method} call {call.ended_by}")
                 raise ProtocolError(f"{method} takes exactly one request message")
             return serve(call.source, request)
         except LRError as exc:

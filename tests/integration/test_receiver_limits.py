@@ -203,6 +203,7 @@ def test_an_idle_negotiate_is_cancelled_and_an_idle_stream_is_kept(tmp_path: Pat
     sink = Sink(tmp_path, ["a"], receiver="idle_call_timeout = 0.5")
     calls = Calls(sink.target)
     idle_before = refused_count("idle")
+    protocol_errors = metrics.ERRORS.labels("ProtocolError")._value.get()
     try:
         stream, stream_feed = calls.replicate(token_meta("a"))
         stream_feed.put(log_batch([1]))
@@ -211,6 +212,8 @@ def test_an_idle_negotiate_is_cancelled_and_an_idle_stream_is_kept(tmp_path: Pat
         assert code_of(negotiate) == grpc.StatusCode.CANCELLED
         assert feed.sent == 0
         assert refused_count("idle") == idle_before + 1
+        # A cancelled call is not a protocol error of the caller.
+        assert metrics.ERRORS.labels("ProtocolError")._value.get() == protocol_errors
         # The stream has been idle longer than the cancelled call, and it still works.
         assert not stream.done()
         stream_feed.put(log_batch([2, 3], previous=1))
