@@ -16,7 +16,6 @@ from lr_client.errors import (
     AuthenticationError,
     LRError,
     PermissionDeniedError,
-    ProtocolError,
 )
 from lr_server import metrics
 from lr_server.config import SiteConfig
@@ -116,9 +115,15 @@ class LogReplicationService:
             with self.calls.waiting(call):
                 request = next(request_iterator, None)
             if request is None:
-                if call.ended_by:  # cancelled here: the stream looks closed, not failed
+                # The stream ended without a message, or the call was cancelled (here or
+                # by the caller: gRPC shows that the same way), so neither logged nor
+                # counted as the caller's error.
+                if call.ended_by:
                     context.abort(grpc.StatusCode.CANCELLED, f"{method} call {call.ended_by}")
-                raise ProtocolError(f"{method} takes exactly one request message")
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{method} takes exactly one request message"
+                )
+                raise AssertionError("unreachable: abort raises")
             return serve(call.source, request)
         except LRError as exc:
             self._fail(context, exc)

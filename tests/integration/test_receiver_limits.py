@@ -235,10 +235,18 @@ def test_a_negotiate_that_sends_its_request_in_time_is_answered(tmp_path: Path) 
         feed.end()
         response = negotiate.result(timeout=DEADLINE)
         assert [c.client_name for c in response.clients] == ["policy"]
-        # A call that ends without its request message is a protocol error.
+        # A call that ends without its request message is refused.
         empty, empty_feed = calls.negotiate(token_meta("a"))
         empty_feed.end()
         assert code_of(empty) == grpc.StatusCode.INVALID_ARGUMENT
+        # Callers that give up before sending are not counted as protocol errors.
+        protocol_errors = metrics.ERRORS.labels("ProtocolError")._value.get()
+        for _ in range(20):
+            gave_up, _ = calls.negotiate(token_meta("a"))
+            wait_for(lambda: len(sink.calls.open_calls("a")) == 1)
+            gave_up.cancel()
+            wait_for(lambda: sink.calls.open_calls("a") == [])
+        assert metrics.ERRORS.labels("ProtocolError")._value.get() == protocol_errors
     finally:
         calls.close()
         sink.close()
