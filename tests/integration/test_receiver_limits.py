@@ -11,6 +11,7 @@ calls are open (one more gets ``RESOURCE_EXHAUSTED``).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import grpc
@@ -350,5 +351,43 @@ def test_calls_beyond_the_bound_get_resource_exhausted(tmp_path: Path) -> None:
         assert next_ack(again).last_position == 1
         assert sink.received("c") == [b"p1"]
     finally:
+        calls.close()
+        sink.close()
+
+
+def test_calls_that_would_wait_for_a_thread_are_refused_not_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool has a thread per allowed call plus REFUSAL_THREADS; gRPC refuses beyond."""
+    from lr_server.transport import grpc_server
+
+    entered: list[str] = []
+    release = threading.Event()
+    identify = grpc_server.Authenticator.identify
+
+    def slow_identify(self: grpc_server.Authenticator, context: grpc.ServicerContext) -> str:
+        entered.append("x")
+        release.wait(DEADLINE)
+        return identify(self, context)
+
+    monkeypatch.setattr(grpc_server.Authenticator, "identify", slow_identify)
+    sink = Sink(tmp_path, ["a"], receiver="max_concurrent_calls = 1")
+    calls = Calls(sink.target)
+    threads = 1 + grpc_server.REFUSAL_THREADS
+    try:
+        held = [calls.negotiate(token_meta("a"))[0] for _ in range(threads)]
+        wait_for(lambda: len(entered) == threads, DEADLINE)  # every thread is busy
+        extra, _ = calls.replicate(token_meta("a"))
+        assert code_of(extra) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert extra.details() == "Concurrent RPC limit exceeded!"  # gRPC's own refusal
+        assert len(entered) == threads  # it never reached a thread
+        release.set()
+        # Then one held call is admitted (and waits for its request), the rest are over
+        # the bound.
+        wait_for(lambda: sum(c.done() for c in held) >= threads - 1, DEADLINE)
+        busy = [c for c in held if c.done() and c.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
+        assert len(busy) == threads - 1
+    finally:
+        release.set()
         calls.close()
         sink.close()
