@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import Column, Integer, MetaData, String, insert, select, update
@@ -344,11 +345,11 @@ class Demo:
         c = self.console
         if not self.spark:
             c.print(
-                f"[yellow]Spark full sync skipped: {self.spark_reason}. "
+                f"[yellow]Spark full sync skipped: {escape(self.spark_reason)}. "
                 "Site d gets its full sync from an in-process provider instead.[/]"
             )
         self.setup()
-        c.print(f"Four sites in {self.workdir} (SQLite, loopback gRPC)")
+        c.print(f"Four sites in {escape(str(self.workdir))} (SQLite, loopback gRPC)")
         for name in "bca":
             self._start(self.sites[name])
         for name in "bcd":
@@ -436,7 +437,7 @@ class Demo:
         self.console.print("[green]All sinks match their source.[/]" if ok else "[red]Mismatch.[/]")
         for name in "bcd":
             for line in _differences(expected[name], actual[name]):
-                self.console.print(f"  {name}: {line}")
+                self.console.print(f"  {name}: {escape(line)}")
         return ok
 
 
@@ -451,14 +452,14 @@ def _differences(expected: dict[str, int], actual: dict[str, int], limit: int = 
 
 def run_demo(transactions: int = 2000, duration: float = 20.0, keep: bool = False) -> int:
     """Run the demo; returns the process exit code."""
-    console = Console(width=min(Console().width, 100))
+    console = Console(width=min(Console().width, 100), emoji=False)
     workdir = Path(tempfile.mkdtemp(prefix="lr-demo-"))
     ok = False
     try:
         ok = Demo(console, workdir, transactions, duration).run()
     finally:
         if keep or not ok:
-            console.print(f"Databases, configs and logs kept in {workdir}")
+            console.print(f"Databases, configs and logs kept in {escape(str(workdir))}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     return 0 if ok else 1
