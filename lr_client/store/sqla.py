@@ -699,10 +699,20 @@ class SQLAlchemyQueueStore(QueueStore):
             )
         return total
 
+    @staticmethod
+    def _trim_sites(conn: Connection) -> dict[str, int]:
+        """Every registered site, read in the trim's transaction.
+
+        Not this store's cache: an application may have registered a
+        destination since, and its entries must be judged by its tags too.
+        """
+        rows = conn.execute(select(s.sites.c.site_id, s.sites.c.site_num)).all()
+        return {r.site_id: r.site_num for r in rows}
+
     def _acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
         """{(site number, client): position below which the stream needs nothing}."""
         rows = conn.execute(select(s.cursors)).all()
-        nums = self._sites if self._sites else self.site_numbers()
+        nums = self._trim_sites(conn)
         out: dict[tuple[int, str], int] = {}
         for r in rows:
             if r.destination in nums:
