@@ -699,6 +699,22 @@ class SQLAlchemyQueueStore(QueueStore):
             )
         return total
 
+    def log_clients(self) -> list[str]:
+        """The clients that have entries in the send queue, sorted.
+
+        A skip scan of the ``(client_name, position)`` index: one probe per
+        client, however many entries each has.
+        """
+        e = s.send_log_entries
+        names = select(func.min(e.c.client_name).label("name")).cte("names", recursive=True)
+        following = select(func.min(e.c.client_name)).where(e.c.client_name > names.c.name)
+        names = names.union_all(
+            select(following.scalar_subquery()).where(names.c.name.is_not(None))
+        )
+        with self.read() as conn:
+            rows = conn.execute(select(names.c.name).where(names.c.name.is_not(None))).all()
+        return sorted(str(r[0]) for r in rows)
+
     @staticmethod
     def _trim_sites(conn: Connection) -> dict[str, int]:
         """Every registered site, read in the trim's transaction.
