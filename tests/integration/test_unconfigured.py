@@ -55,6 +55,17 @@ def unconfigured_metric(dest: str, client: str) -> float | None:
     )
 
 
+class Recorder(logging.Handler):
+    """Keeps the records it is given."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def site_config(store: SQLAlchemyQueueStore, retention: RetentionConfig) -> SiteConfig:
     """Site a: destinations b and c, client policy without a snapshot provider."""
     return SiteConfig(
@@ -98,15 +109,20 @@ def test_status_shows_streams_the_config_does_not_list(
 
 # -- retention --------------------------------------------------------------------------
 def test_an_unconfigured_stream_is_kept_under_the_limits_and_warned_once(
-    store: SQLAlchemyQueueStore, caplog: pytest.LogCaptureFixture
+    store: SQLAlchemyQueueStore,
 ) -> None:
     send(store, "policy", [(b"bz", ["b", "z"])] * 3 + [(b"b", ["b"])])
     store.set_cursor("b", "policy", 4)  # b has everything
     store.set_cursor("c", "policy", 4)
     policy = RetentionPolicy(store, site_config(store, RetentionConfig(max_entries=5)))
-    with caplog.at_level(logging.WARNING, logger="lr.retention"):
+    handler = Recorder(logging.WARNING)
+    logger = logging.getLogger("lr.retention")
+    logger.addHandler(handler)  # whether or not "lr" propagates to the root
+    try:
         first = policy.run_once()
         second = policy.run_once()
+    finally:
+        logger.removeHandler(handler)
     for report in (first, second):
         (z,) = [h for h in report.streams if h.destination == "z"]
         assert (z.client_name, z.configured, z.backlog.entries, z.over) == (
@@ -116,7 +132,7 @@ def test_an_unconfigured_stream_is_kept_under_the_limits_and_warned_once(
             False,
         )
         assert report.dropped == []
-    warnings = [r.getMessage() for r in caplog.records if "z/policy" in r.getMessage()]
+    warnings = [r.getMessage() for r in handler.records if "z/policy" in r.getMessage()]
     assert len(warnings) == 1 and "does not list" in warnings[0], warnings
     assert unconfigured_metric("z", "policy") == 3
 
