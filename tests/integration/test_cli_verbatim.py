@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server.cli import cli
+from lr_server.demo import demo_console
 from tests.integration.test_cli import ok, transmit, write_config
 
 #: Text that rich would read as markup (or an emoji code) if it were not escaped.
@@ -88,3 +89,11 @@ def test_status_shows_errors_and_reasons_verbatim(
     in_order(
         text, ["site site-a", "[/x] over [red]limit[/red]", "[/x] [red]boom[/red] [bold] :smile:"]
     )
+
+
+def test_demo_prints_paths_and_messages_verbatim() -> None:
+    console = demo_console()
+    with console.capture() as out:
+        for text in MARKUP:
+            console.print(f"kept in /tmp/{text}/lr-demo")
+    assert out.get().splitlines() == [f"kept in /tmp/{text}/lr-demo" for text in MARKUP]
