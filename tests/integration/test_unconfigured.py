@@ -10,6 +10,7 @@ full sync if it was dropped. On both backends.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store import schema as s
 from lr_server.config import ClientConfig, DestinationConfig, RetentionConfig, SiteConfig
 from lr_server.retention import RetentionPolicy
+from lr_server.status import collect_status
 from tests.integration.test_cli import as_json, ok, write_config
 from tests.integration.test_full_sync import running, sink_app
 from tests.integration.test_replication import received
@@ -35,7 +37,7 @@ def send(
     store: SQLAlchemyQueueStore, client: str, rows: list[tuple[bytes, list[str]]], source: str = "a"
 ) -> None:
     """Transmit as an application that registers every destination it addresses."""
-    sender = RoutingQueueClient(store, source_id=source, client_name=client)
+    sender = RoutingQueueClient(store, source_id=source, client_name=client, backpressure="ignore")
     sender.register_destinations(sorted({d for _, ds in rows for d in ds}))
     with store.engine.begin() as conn:
         for payload, dests in rows:
@@ -261,3 +263,41 @@ def test_dropped_then_configured_it_gets_a_full_sync(sites: Sites) -> None:
             )
     assert sinks["c"][2].full_syncs and sinks["c"][2].errors == []
     wait_for(lambda: src.list_drops() == [])
+
+
+def test_dropped_without_a_provider_it_stops_when_configured(sites: Sites) -> None:
+    src = sites.store("a")
+    sites.start("b", sources=["a"])
+    sites.start("c", sources=["a"])
+    retention = "[retention]\nmax_entries = 5\ntrim_interval = 0.1\n"
+    sites.start("a", dests=["b"], extra=retention)  # snapshot = "none"
+    first = [(b"bc-%d" % i, ["b", "c"]) for i in range(6)]
+    send(src, "policy", first)
+    wait_for(
+        lambda: [(d.destination, d.client_name) for d in src.list_drops()] == [("c", "policy")]
+    )
+    wait_for(lambda: positions(src) == [], timeout=60)  # b has them; c's were released
+
+    sites.stop("a")
+    server = sites.start("a", dests=["b", "c"], extra=retention)
+    committed = time.time()
+    later = [(b"later-%d" % i, ["b", "c"]) for i in range(2)]
+    send(src, "policy", later)
+    b, c = sites.store("b"), sites.store("c")
+    wait_for(lambda: received(b, "a") == [p for p, _ in first + later], timeout=60)
+
+    def c_reported_after(t: float) -> float | None:
+        rows = [r for r in src.list_session_status() if r["destination"] == "c"]
+        if rows and rows[0]["connected"] and rows[0]["updated_at"] > t:
+            return float(rows[0]["updated_at"])
+        return None
+
+    # Two status reports of c's session after the commit: a whole pump pass saw it.
+    wait_for(lambda: c_reported_after(committed) is not None, timeout=60)
+    seen = c_reported_after(committed)
+    assert seen is not None
+    wait_for(lambda: c_reported_after(seen) is not None, timeout=60)
+    assert received(c, "a") == []  # never the entries after the hole: no silent skip
+    assert [(d.destination, d.client_name) for d in src.list_drops()] == [("c", "policy")]
+    streams = {(x.destination, x.client): x for x in collect_status(server.config, src).send}
+    assert streams[("c", "policy")].state == "dropped"
