@@ -75,6 +75,10 @@ class RetentionPolicy:
         self.config = config
         self._warned: set[tuple[str, str]] = set()  # unconfigured streams already logged
         self._reported: set[tuple[str, str]] = set()  # ... with lr_unconfigured_entries set
+        # Unconfigured streams found so far, and the send queue's position read up to:
+        # each run reads only the entries appended since.
+        self._found: set[tuple[str, str]] = set()
+        self._scanned = 0
 
     def run_once(self) -> RetentionReport:
         limits = self.config.retention
@@ -140,11 +144,15 @@ class RetentionPolicy:
         limits = self.config.retention
         health = []
         reported = set()
-        for dest, client in unconfigured_streams(self.config, self.store):
+        found, self._scanned = unconfigured_streams(self.config, self.store, self._scanned)
+        self._found |= set(found)
+        for dest, client in sorted(self._found):
             if (dest, client) in already:
+                self._found.discard((dest, client))
                 continue  # released: new entries are trimmed as they come
             backlog = self.store.backlog(dest, client)
             if not backlog.entries:
+                self._found.discard((dest, client))  # new entries will find it again
                 continue
             age, is_slow, over = measure(backlog, limits, now)
             health.append(StreamHealth(dest, client, backlog, age, is_slow, over, False))

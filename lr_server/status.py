@@ -212,17 +212,17 @@ def configured_streams(config: SiteConfig) -> set[tuple[str, str]]:
     return {(d.id, c) for d in config.destinations for c in config.clients_for(d)}
 
 
-def unconfigured_streams(config: SiteConfig, store: SQLAlchemyQueueStore) -> list[tuple[str, str]]:
-    """(destination, client) streams that may hold entries no session ships, sorted.
+def unconfigured_streams(
+    config: SiteConfig, store: SQLAlchemyQueueStore, after: int = 0
+) -> tuple[list[tuple[str, str]], int]:
+    """(destination, client) streams of the entries after ``after`` that no session ships.
 
-    Every registered site (the config's destinations, and those the
-    application registered) paired with every client that has entries in the
-    send queue, less the configured streams. Some may have no entry at all.
+    Sorted; with the highest position read, from which a caller that keeps
+    what it found can go on next time.
     """
+    pairs, top = store.log_streams(after)
     configured = configured_streams(config)
-    clients = store.log_clients()
-    sites = sorted(store.site_numbers(refresh=True))
-    return [(d, c) for d in sites for c in clients if (d, c) not in configured]
+    return sorted(pairs - configured), top
 
 
 def _send_streams(
@@ -236,7 +236,7 @@ def _send_streams(
     for req in store.list_snapshots(statuses=OPEN):  # newest first: keep the newest
         open_snaps.setdefault((req.destination, req.client_name), req)
     recorded = configured | set(cursors) | set(drops) | set(open_snaps)
-    backlogs = {key: store.backlog(*key) for key in unconfigured_streams(config, store)}
+    backlogs = {key: store.backlog(*key) for key in unconfigured_streams(config, store)[0]}
     keys = sorted(recorded | {key for key, b in backlogs.items() if b.entries})
     throttled = flow_states(store, {c for _, c in keys})
 

@@ -699,21 +699,29 @@ class SQLAlchemyQueueStore(QueueStore):
             )
         return total
 
-    def log_clients(self) -> list[str]:
-        """The clients that have entries in the send queue, sorted.
+    def log_streams(self, after: int = 0) -> tuple[set[tuple[str, str]], int]:
+        """The (destination, client) pairs of the send queue's entries after ``after``.
 
-        A skip scan of the ``(client_name, position)`` index: one probe per
-        client, however many entries each has.
+        Also the highest position read (``after`` when there is none), so a
+        caller can read only what was appended since: positions are assigned
+        in commit order, none can appear below it later.
         """
         e = s.send_log_entries
-        names = select(func.min(e.c.client_name).label("name")).cte("names", recursive=True)
-        following = select(func.min(e.c.client_name)).where(e.c.client_name > names.c.name)
-        names = names.union_all(
-            select(following.scalar_subquery()).where(names.c.name.is_not(None))
-        )
         with self.read() as conn:
-            rows = conn.execute(select(names.c.name).where(names.c.name.is_not(None))).all()
-        return sorted(str(r[0]) for r in rows)
+            top = conn.execute(select(func.max(e.c.position)).where(e.c.position > after)).scalar()
+            if top is None:
+                return set(), after
+            rows = conn.execute(
+                select(e.c.client_name, e.c.dest_nums)
+                .where(e.c.position > after, e.c.position <= top)
+                .distinct()
+            ).all()
+        pairs = {
+            (self.site_name(num), str(r.client_name))
+            for r in rows
+            for num in self._dest_nums_of(r.dest_nums)
+        }
+        return pairs, int(top)
 
     @staticmethod
     def _trim_sites(conn: Connection) -> dict[str, int]:

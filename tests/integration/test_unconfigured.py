@@ -138,9 +138,19 @@ def test_an_unconfigured_stream_is_kept_under_the_limits_and_warned_once(
     assert len(warnings) == 1 and "does not list" in warnings[0], warnings
     assert unconfigured_metric("z", "policy") == 3
 
+    # Each run reads only what was appended since, and still measures what it found.
+    send(store, "policy", [(b"by", ["b", "y"])])
+    store.set_cursor("b", "policy", 5)
+    store.set_cursor("c", "policy", 5)
+    third = {(h.destination, h.client_name): h.backlog.entries for h in policy.run_once().streams}
+    assert {k: v for k, v in third.items() if k[0] in "yz"} == {
+        ("y", "policy"): 1,
+        ("z", "policy"): 3,
+    }
+
     # Kept meanwhile: trim removes only what no one needs any more (position 4).
     assert store.trim() == 1
-    assert positions(store) == [1, 2, 3]
+    assert positions(store) == [1, 2, 3, 5]
     assert store.list_drops() == []
 
 
