@@ -130,9 +130,16 @@ def print_json(value: object) -> None:
 
 # -- formatting ---------------------------------------------------------------------------
 def console() -> Console:
+    """A console that shows every string verbatim.
+
+    Tables show data (payloads, reasons, errors, names read from the database
+    or the network): nothing printed is read as rich markup or emoji codes, so
+    ``[red]`` or ``[/x]`` in the data is shown as it is. Styles come only from
+    :class:`rich.text.Text` objects built here.
+    """
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    return Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
 
 
 def table(title: str, *columns: str) -> Table:
@@ -257,13 +264,18 @@ def status(config_path: Path, as_json: bool) -> None:
 
 
 def render_status(report: SiteStatus) -> None:
+    from rich.text import Text
+
     from lr_server.status import DROPPED
 
     out = console()
     now = report.time
     oldest = "-" if report.oldest_position is None else str(report.oldest_position)
     out.print(
-        f"[bold]site {report.site}[/]  head position {report.head_position}, oldest stored {oldest}"
+        Text.assemble(
+            (f"site {report.site}", "bold"),
+            f"  head position {report.head_position}, oldest stored {oldest}",
+        )
     )
     if report.send:
         t = table("send streams", "dest", "client", "state", "lag", "bytes", "age", "ack", "in-fl")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy import Column, Integer, MetaData, String, insert, select, update
 from sqlalchemy import Table as SqlTable
 from sqlalchemy.orm import Session
@@ -344,8 +345,11 @@ class Demo:
         c = self.console
         if not self.spark:
             c.print(
-                f"[yellow]Spark full sync skipped: {self.spark_reason}. "
-                "Site d gets its full sync from an in-process provider instead.[/]"
+                Text(
+                    f"Spark full sync skipped: {self.spark_reason}. "
+                    "Site d gets its full sync from an in-process provider instead.",
+                    style="yellow",
+                )
             )
         self.setup()
         c.print(f"Four sites in {self.workdir} (SQLite, loopback gRPC)")
@@ -426,14 +430,16 @@ class Demo:
                 str(lag),
                 str(snap_rows) if snaps else "-",
                 f"{(listener.applied + listener.snapshot_rows) / elapsed:,.0f}",
-                f"[green]{len(actual[name])} rows ok[/]" if match else "[red]MISMATCH[/]",
+                Text(f"{len(actual[name])} rows ok", "green") if match else Text("MISMATCH", "red"),
             )
         self.console.print(table)
         how = "PySpark job" if self.spark else "in-process provider"
         self.console.print(
             f"Full sync of d by {how}; log entries applied after it. Elapsed {elapsed:.1f}s."
         )
-        self.console.print("[green]All sinks match their source.[/]" if ok else "[red]Mismatch.[/]")
+        self.console.print(
+            Text("All sinks match their source.", "green") if ok else Text("Mismatch.", "red")
+        )
         for name in "bcd":
             for line in _differences(expected[name], actual[name]):
                 self.console.print(f"  {name}: {line}")
@@ -449,9 +455,14 @@ def _differences(expected: dict[str, int], actual: dict[str, int], limit: int = 
     return lines
 
 
+def demo_console() -> Console:
+    """At most 100 columns; paths and messages shown verbatim, never read as markup."""
+    return Console(width=min(Console().width, 100), markup=False, emoji=False)
+
+
 def run_demo(transactions: int = 2000, duration: float = 20.0, keep: bool = False) -> int:
     """Run the demo; returns the process exit code."""
-    console = Console(width=min(Console().width, 100))
+    console = demo_console()
     workdir = Path(tempfile.mkdtemp(prefix="lr-demo-"))
     ok = False
     try:

@@ -32,6 +32,11 @@ BYTES_APPLIED = Counter(
 SNAPSHOT_ROWS = Gauge(
     "lr_snapshot_rows", "Rows of the current snapshot shipped", ["destination", "client"]
 )
+UNCONFIGURED_ENTRIES = Gauge(
+    "lr_unconfigured_entries",
+    "Entries queued for a destination and client the config does not list",
+    ["destination", "client"],
+)
 DROPS = Counter("lr_drops", "Destinations dropped to a full sync", ["destination", "client"])
 BACKPRESSURE_EVENTS = Counter("lr_backpressure_events", "Transmits refused or delayed")
 ERRORS = Counter("lr_errors", "Errors by kind", ["kind"])
@@ -65,5 +70,6 @@ __all__ = [
     "RECEIVER_OPEN_CALLS",
     "SNAPSHOT_ROWS",
     "TRIMMED",
+    "UNCONFIGURED_ENTRIES",
     "start_metrics_server",
 ]

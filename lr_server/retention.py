@@ -12,6 +12,14 @@ limit itself it is *over*. Per client (the seeds' smart throttling):
   released for trimming, a drop record keeps the first dropped position, and
   it gets a full sync before log entries resume. Only clients with a
   snapshot provider are dropped; without one a destination stays slow.
+
+Streams the config does not list (a destination the application registered
+or addressed, or a client a destination is not given) are shipped by no
+session. Their entries are kept, so that a destination configured later gets
+its backlog, and counted in ``lr_unconfigured_entries``; the server warns
+once per stream. Past a limit such a stream is dropped whatever the client's
+snapshot mode (nobody could ship its backlog, and it must not fill the
+disk); it takes no part in backpressure.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from lr_client.records import Backlog
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server import metrics
 from lr_server.config import RetentionConfig, SiteConfig
+from lr_server.status import unconfigured_streams
 
 log = logging.getLogger("lr.retention")
 
@@ -36,6 +45,7 @@ class StreamHealth:
     age_seconds: float
     slow: bool
     over: bool
+    configured: bool = True
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,12 @@ class RetentionPolicy:
     def __init__(self, store: SQLAlchemyQueueStore, config: SiteConfig) -> None:
         self.store = store
         self.config = config
+        self._warned: set[tuple[str, str]] = set()  # unconfigured streams already logged
+        self._reported: set[tuple[str, str]] = set()  # ... with lr_unconfigured_entries set
+        # Unconfigured streams found so far, and the send queue's position read up to:
+        # each run reads only the entries appended since.
+        self._found: set[tuple[str, str]] = set()
+        self._scanned = 0
 
     def run_once(self) -> RetentionReport:
         limits = self.config.retention
@@ -71,7 +87,8 @@ class RetentionPolicy:
         already = {(d.destination, d.client_name) for d in self.store.list_drops()}
         streams: list[StreamHealth] = []
         backpressure: dict[str, bool] = {}
-        for client in self.config.clients:
+        # A site without destinations has no flow to control (a pure sink).
+        for client in self.config.clients if self.config.destinations else ():
             dests = [
                 d.id for d in self.config.destinations if client.name in self.config.clients_for(d)
             ]
@@ -117,4 +134,57 @@ class RetentionPolicy:
                 )
             self.store.set_flow_state(client.name, on, slow)
             backpressure[client.name] = on
+        streams += self._unconfigured(already, now, dropped_now)
         return RetentionReport(streams, dropped_now, backpressure)
+
+    def _unconfigured(
+        self, already: set[tuple[str, str]], now: float, dropped_now: list[tuple[str, str]]
+    ) -> list[StreamHealth]:
+        """Measure, report and drop past a limit the streams no session ships."""
+        limits = self.config.retention
+        health = []
+        reported = set()
+        found, self._scanned = unconfigured_streams(self.config, self.store, self._scanned)
+        self._found |= set(found)
+        for dest, client in sorted(self._found):
+            if (dest, client) in already:
+                self._found.discard((dest, client))
+                continue  # released: new entries are trimmed as they come
+            backlog = self.store.backlog(dest, client)
+            if not backlog.entries:
+                self._found.discard((dest, client))  # new entries will find it again
+                continue
+            age, is_slow, over = measure(backlog, limits, now)
+            health.append(StreamHealth(dest, client, backlog, age, is_slow, over, False))
+            reported.add((dest, client))
+            metrics.UNCONFIGURED_ENTRIES.labels(dest, client).set(backlog.entries)
+            metrics.LAG_ENTRIES.labels(dest, client).set(backlog.entries)
+            metrics.LAG_BYTES.labels(dest, client).set(backlog.bytes)
+            metrics.LAG_SECONDS.labels(dest, client).set(age)
+            fields = {"destination": dest, "client": client}
+            if (dest, client) not in self._warned:
+                self._warned.add((dest, client))
+                log.warning(
+                    "%d entries queued for %s/%s, which this site's config does not list: "
+                    "not shipped; kept until a retention limit drops them",
+                    backlog.entries,
+                    dest,
+                    client,
+                    extra=fields,
+                )
+            if not over:
+                continue
+            reason = (
+                f"not configured; over retention: {backlog.entries} entries, "
+                f"{backlog.bytes} bytes, oldest {age:.0f}s"
+            )
+            if self.store.drop_stream(dest, client, reason):
+                metrics.DROPS.labels(dest, client).inc()
+                log.warning("dropped %s/%s: %s", dest, client, reason, extra=fields)
+                dropped_now.append((dest, client))
+                metrics.UNCONFIGURED_ENTRIES.labels(dest, client).set(0)
+                reported.discard((dest, client))
+        for dest, client in self._reported - reported:
+            metrics.UNCONFIGURED_ENTRIES.labels(dest, client).set(0)
+        self._reported = reported
+        return health

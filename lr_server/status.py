@@ -9,6 +9,10 @@ entries were received and how many still wait in the receive queue.
 
 States of a send stream, first match wins:
 
+* ``not configured``: entries are queued for a (destination, client) that
+  this site's config does not list (the application registered or addressed
+  the destination, or transmits a client the destination is not given). No
+  session ships it; its entries are kept until a retention limit drops it.
 * ``dropped``: a drop record exists (the destination fell past a retention
   limit); it will be re-synced by a full sync.
 * ``snapshot sync``: a snapshot is open (requested, running or ready) or the
@@ -36,6 +40,7 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
 from lr_server.config import SiteConfig
 
+NOT_CONFIGURED = "not configured"
 LOG_ENTRY_SYNC = "log entry sync"
 SNAPSHOT_SYNC = "snapshot sync"
 DROPPED = "dropped"
@@ -202,29 +207,51 @@ def flow_states(store: SQLAlchemyQueueStore, clients: set[str]) -> dict[str, set
     return out
 
 
+def configured_streams(config: SiteConfig) -> set[tuple[str, str]]:
+    """The (destination, client) streams the config's sessions ship."""
+    return {(d.id, c) for d in config.destinations for c in config.clients_for(d)}
+
+
+def unconfigured_streams(
+    config: SiteConfig, store: SQLAlchemyQueueStore, after: int = 0
+) -> tuple[list[tuple[str, str]], int]:
+    """(destination, client) streams of the entries after ``after`` that no session ships.
+
+    Sorted; with the highest position read, from which a caller that keeps
+    what it found can go on next time.
+    """
+    pairs, top = store.log_streams(after)
+    configured = configured_streams(config)
+    return sorted(pairs - configured), top
+
+
 def _send_streams(
     config: SiteConfig, store: SQLAlchemyQueueStore, sessions: dict[str, SessionInfo] | None
 ) -> list[SendStream]:
     now = time.time()
-    configured = {(d.id, c) for d in config.destinations for c in config.clients_for(d)}
+    configured = configured_streams(config)
     cursors = {(c.destination, c.client_name): c for c in store.list_cursors()}
     drops = {(d.destination, d.client_name): d for d in store.list_drops()}
     open_snaps: dict[tuple[str, str], SnapshotRequest] = {}
     for req in store.list_snapshots(statuses=OPEN):  # newest first: keep the newest
         open_snaps.setdefault((req.destination, req.client_name), req)
-    keys = sorted(configured | set(cursors) | set(drops) | set(open_snaps))
+    recorded = configured | set(cursors) | set(drops) | set(open_snaps)
+    backlogs = {key: store.backlog(*key) for key in unconfigured_streams(config, store)[0]}
+    keys = sorted(recorded | {key for key, b in backlogs.items() if b.entries})
     throttled = flow_states(store, {c for _, c in keys})
 
     streams = []
     for dest, client in keys:
-        backlog = store.backlog(dest, client)
+        backlog = backlogs.get((dest, client)) or store.backlog(dest, client)
         age = now - backlog.oldest_created_at if backlog.oldest_created_at else 0.0
         cursor = cursors.get((dest, client))
         drop = drops.get((dest, client))
         snap = open_snaps.get((dest, client))
         session = sessions.get(dest) if sessions else None
         inflight = session.inflight_batches if session else None
-        if drop:
+        if (dest, client) not in configured:
+            state = NOT_CONFIGURED
+        elif drop:
             state = DROPPED
         elif snap or (cursor and cursor.needs_snapshot):
             state = SNAPSHOT_SYNC
@@ -303,6 +330,7 @@ __all__ = [
     "BACKPRESSURE",
     "DROPPED",
     "LOG_ENTRY_SYNC",
+    "NOT_CONFIGURED",
     "SNAPSHOT_SYNC",
     "DropInfo",
     "SendStream",
@@ -311,8 +339,10 @@ __all__ = [
     "SiteStatus",
     "SnapshotProgress",
     "collect_status",
+    "configured_streams",
     "flow_states",
     "is_slow",
     "queue_depths",
     "read_session_status",
+    "unconfigured_streams",
 ]

@@ -699,10 +699,44 @@ class SQLAlchemyQueueStore(QueueStore):
             )
         return total
 
+    def log_streams(self, after: int = 0) -> tuple[set[tuple[str, str]], int]:
+        """The (destination, client) pairs of the send queue's entries after ``after``.
+
+        Also the highest position read (``after`` when there is none), so a
+        caller can read only what was appended since: positions are assigned
+        in commit order, none can appear below it later.
+        """
+        e = s.send_log_entries
+        with self.read() as conn:
+            top = conn.execute(select(func.max(e.c.position)).where(e.c.position > after)).scalar()
+            if top is None:
+                return set(), after
+            rows = conn.execute(
+                select(e.c.client_name, e.c.dest_nums)
+                .where(e.c.position > after, e.c.position <= top)
+                .distinct()
+            ).all()
+        pairs = {
+            (self.site_name(num), str(r.client_name))
+            for r in rows
+            for num in self._dest_nums_of(r.dest_nums)
+        }
+        return pairs, int(top)
+
+    @staticmethod
+    def _trim_sites(conn: Connection) -> dict[str, int]:
+        """Every registered site, read in the trim's transaction.
+
+        Not this store's cache: an application may have registered a
+        destination since, and its entries must be judged by its tags too.
+        """
+        rows = conn.execute(select(s.sites.c.site_id, s.sites.c.site_num)).all()
+        return {r.site_id: r.site_num for r in rows}
+
     def _acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
         """{(site number, client): position below which the stream needs nothing}."""
         rows = conn.execute(select(s.cursors)).all()
-        nums = self._sites if self._sites else self.site_numbers()
+        nums = self._trim_sites(conn)
         out: dict[tuple[int, str], int] = {}
         for r in rows:
             if r.destination in nums:

@@ -86,7 +86,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         # Entries left without any tag row. The tag table is keyed by
         # (destination, position): probing it per destination number keeps this
         # an index lookup per entry rather than a scan of every tag.
-        nums = sorted(set(self.site_numbers().values()) | {num for num, _ in acked})
+        nums = sorted(set(self._trim_sites(conn).values()) | {num for num, _ in acked})
         victims = (
             select(e.c.position)
             .where(
