@@ -1,0 +1,324 @@
+"""No log entry past a snapshot's base reaches the sink before the snapshot, and none twice.
+
+The first tests drive one sender session step by step against a real
+receiver and sink store (no timing involved): ship log entries, open a full
+sync, fix its base, transmit more, let the session take one round, and look
+at what the sink holds. The last one runs real sites over gRPC while the
+application keeps writing and the provider starts each full sync at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from lr_client import RoutingQueueClient
+from lr_client._proto import replication_pb2 as pb
+from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
+from lr_client.records import ReplicationType, SnapshotStatus, WireEntry
+from lr_client.snapshot import SnapshotProviderRunner
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store import schema as s
+from lr_client.subscriber import RoutingQueueSubscriber
+from lr_server.config import ClientConfig, ReplicationConfig
+from lr_server.receiver import Receiver
+from lr_server.session import ClientStream, Mode, SenderSession
+from lr_server.transport.base import BatchStream
+from lr_server.transport.inproc import InProcessTransport
+from tests.kit import kvapp
+from tests.kit.sites import Sites, wait_for
+
+CLIENT = "policy"
+LOG = ReplicationType.LOG_ENTRY_SYNC
+
+
+class Recorder(RoutingQueueListener):
+    """Records every callback in order: ("log", positions), ("start", id), ..."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+
+    def on_full_sync_start(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        self.events.append(("start", snapshot_id))
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self.events.append(("snapshot", tuple(m.payload for m in messages)))
+        return True
+
+    def on_full_sync_end(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        self.events.append(("end", snapshot_id))
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self.events.append(("log", tuple(m.source_position for m in messages)))
+        return True
+
+
+class Rig:
+    """A source store, a sink store and one session between them, driven by hand."""
+
+    def __init__(self, src: SQLAlchemyQueueStore, sink: SQLAlchemyQueueStore) -> None:
+        self.src, self.sink = src, sink
+        self.num = src.register_sites(["b"])["b"]
+        self.transport = InProcessTransport(Receiver(sink, "b", ["a"]), "a")
+        self.session = SenderSession(
+            src,
+            "a",
+            "b",
+            [ClientConfig(CLIENT, snapshot="app")],
+            lambda: self.transport,
+            ReplicationConfig(batch_max_entries=100, poll_interval=0.01),
+        )
+        self.streams: dict[str, ClientStream] = {}
+        self.stream: BatchStream | None = None
+
+    def transmit(self, n: int) -> list[int]:
+        """``n`` application transactions of one entry each; their positions."""
+        out: list[int] = []
+        for _ in range(n):
+            with self.src.write() as conn:
+                out += self.src.append_log_entries(conn, CLIENT, [(b"e", [self.num])])
+        return out
+
+    def connect(self) -> None:
+        request = pb.NegotiateRequest(source_id="a", clients=[CLIENT])
+        self.streams = self.session._plan(self.transport.negotiate(request, 10.0))
+        self.stream = self.transport.open_stream()
+
+    def step(self) -> None:
+        """One round of the session's pump: send what it may, take the acknowledgements."""
+        assert self.stream is not None
+        self.session._ship(self.stream, self.streams)
+        self.session._drain_acks(self.stream, self.streams, 0.0)
+
+    def at_sink(self) -> list[tuple[ReplicationType, int]]:
+        """(type, source position) of every entry in the sink's receive queue, in order."""
+        r = s.recv_entries
+        with self.sink.read() as conn:
+            rows = conn.execute(select(r.c.type, r.c.source_position).order_by(r.c.seq)).all()
+        return [(ReplicationType(t), p) for t, p in rows]
+
+    def log_at_sink(self) -> list[int]:
+        return [p for t, p in self.at_sink() if t is LOG]
+
+    def provide(self, sid: str, payloads: list[bytes]) -> None:
+        with self.src.write() as conn:
+            self.src.write_snapshot_entries(conn, sid, 0, payloads)
+        self.src.finish_snapshot(sid)
+
+    def until_complete(self, sid: str) -> None:
+        """Run the session (request checks included) until the sink has the whole snapshot."""
+
+        def done() -> bool:
+            self.session._check_requests(self.streams)
+            self.step()
+            snap = self.src.get_snapshot(sid)
+            return snap is not None and snap.status is SnapshotStatus.COMPLETED
+
+        wait_for(done, timeout=60, interval=0.01)
+
+    def drain(self, last: int) -> None:
+        """Run the session until the sink has received every log entry up to ``last``."""
+
+        def done() -> bool:
+            self.step()
+            return self.sink.sink_progress("a", CLIENT).last_position >= last
+
+        wait_for(done, timeout=60, interval=0.01)
+
+    def deliver(self) -> list[tuple[str, object]]:
+        listener = Recorder()
+        with RoutingQueueSubscriber(self.sink, CLIENT, listener) as sub:
+            while sub.poll_once():
+                pass
+        return listener.events
+
+
+@pytest.fixture
+def rig(store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]) -> Iterator[Rig]:
+    sink = open_store(db_url_factory("sink"))
+    sink.create_schema()
+    try:
+        r = Rig(store, sink)
+        first = r.transmit(1)[0]
+        # The sink already has the first entry: the session starts in log entry sync.
+        sink.apply_log_batch("a", CLIENT, [WireEntry(first, LOG, b"e")])
+        yield r
+    finally:
+        sink.engine.dispose()
+
+
+def test_a_running_snapshot_stops_log_entries_at_its_base(rig: Rig) -> None:
+    first = rig.log_at_sink()
+    shipped = rig.transmit(4)
+    rig.connect()
+    assert rig.streams[CLIENT].mode is Mode.LOG
+    rig.step()
+    assert rig.log_at_sink() == first + shipped
+
+    sid = rig.src.request_snapshot(None, "b", CLIENT, "operator")
+    below = rig.transmit(2)  # committed before the base is fixed
+    started = rig.src.start_snapshot(sid)
+    assert started is not None and started.base_position == below[-1]
+    above = rig.transmit(3)
+    rig.step()  # the session has not run its periodic request check since
+
+    assert rig.log_at_sink() == first + shipped + below  # nothing past the base
+    assert rig.streams[CLIENT].mode is Mode.SNAPSHOT
+
+    rig.provide(sid, [b"row-1", b"row-2"])
+    rig.until_complete(sid)
+    rig.drain(above[-1])
+    assert rig.deliver() == [
+        ("log", tuple(first + shipped + below)),
+        ("start", sid),
+        ("snapshot", (b"row-1", b"row-2")),
+        ("end", sid),
+        ("log", tuple(above)),
+    ]
+
+
+def test_a_requested_snapshot_stops_log_entries_at_once(rig: Rig) -> None:
+    first = rig.log_at_sink()
+    shipped = rig.transmit(3)
+    rig.connect()
+    rig.step()
+    assert rig.log_at_sink() == first + shipped
+
+    sid = rig.src.request_snapshot(None, "b", CLIENT, "operator")
+    rig.transmit(2)  # before the base: the snapshot holds their effect
+    rig.step()
+    assert rig.log_at_sink() == first + shipped
+    assert rig.streams[CLIENT].mode is Mode.SNAPSHOT
+
+    started = rig.src.start_snapshot(sid)
+    assert started is not None and started.base_position is not None
+    above = rig.transmit(2)
+    rig.step()
+    assert rig.log_at_sink() == first + shipped  # and nothing past the base either
+
+    rig.provide(sid, [b"row"])
+    rig.until_complete(sid)
+    rig.drain(above[-1])
+    assert rig.deliver() == [
+        ("log", tuple(first + shipped)),
+        ("start", sid),
+        ("snapshot", (b"row",)),
+        ("end", sid),
+        ("log", tuple(above)),
+    ]
+
+
+def test_with_no_open_request_log_entries_flow(rig: Rig) -> None:
+    """The gate costs nothing when no full sync is open: every round ships."""
+    first = rig.log_at_sink()
+    rig.connect()
+    expected = list(first)
+    for _ in range(3):
+        batch = rig.transmit(2)
+        rig.step()
+        expected += batch
+        assert rig.log_at_sink() == expected
+    assert rig.streams[CLIENT].mode is Mode.LOG
+
+
+# -- end to end ---------------------------------------------------------------------------
+def _applied(store: SQLAlchemyQueueStore) -> list[tuple[str, int]]:
+    with store.read() as conn:
+        rows = conn.execute(
+            select(kvapp.applied.c.kind, kvapp.applied.c.position).order_by(kvapp.applied.c.id)
+        ).all()
+    return [(r.kind, r.position) for r in rows]
+
+
+def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
+    sites: Sites,
+) -> None:
+    src = sites.store("a")
+    sink = sites.store("b")
+    for st in (src, sink):
+        kvapp.meta.create_all(st.engine)
+    client = RoutingQueueClient(src, source_id="a", client_name=CLIENT, backpressure="ignore")
+    client.register_destinations(["b"])
+    for i in range(20):
+        kvapp.write(src.engine, client, {f"k{i}": i}, ["b"])
+    listener = kvapp.KvListener()
+    sub = RoutingQueueSubscriber(sink, CLIENT, listener, poll_interval=0.02)
+    runner = SnapshotProviderRunner(src, CLIENT, kvapp.provider(src.engine))
+    stop = threading.Event()
+    writes = [0]
+
+    def writer() -> None:  # the application keeps writing every few milliseconds
+        while not stop.is_set():
+            kvapp.write(src.engine, client, {f"k{writes[0] % 50}": writes[0]}, ["b"])
+            writes[0] += 1
+            stop.wait(0.003)
+
+    def provider_loop() -> None:  # starts each requested full sync at once
+        while not stop.is_set():
+            if not runner.poll_once():
+                stop.wait(0.005)
+
+    def logs_after_last_snapshot() -> int:
+        kinds = [k for k, _ in _applied(sink)]
+        if "snapshot" not in kinds:
+            return 0
+        return kinds[::-1].index("snapshot")
+
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app")
+    threads = [
+        threading.Thread(target=f, daemon=True)
+        for f in (writer, provider_loop, lambda: sub.run(stop))
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for round_ in range(3):  # first contact, then two requested mid-stream
+            if round_:
+                client.request_snapshot_sync(None, "b", reason="test")
+            wait_for(lambda r=round_: len(listener.full_syncs) == r + 1, timeout=90)
+            wait_for(lambda: logs_after_last_snapshot() >= 20, timeout=90)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    sites.stop("a")
+    sites.stop("b")
+    while sub.poll_once():  # whatever reached the sink before the stop
+        pass
+
+    snaps = {x.snapshot_id: x for x in src.list_snapshots("b", CLIENT)}
+    bases = []
+    for sid in listener.full_syncs:
+        assert snaps[sid].status is SnapshotStatus.COMPLETED
+        assert snaps[sid].base_position is not None
+        bases.append(snaps[sid].base_position)
+
+    # Split what the listener applied into log runs around the snapshot blocks.
+    applied = _applied(sink)
+    runs: list[list[int]] = [[]]
+    blocks = 0
+    for i, (kind, position) in enumerate(applied):
+        if kind == "snapshot":
+            if i == 0 or applied[i - 1][0] != "snapshot":
+                blocks += 1
+                runs.append([])
+        else:
+            runs[-1].append(position)
+    assert blocks == len(bases) == 3
+    logs = [p for run in runs for p in run]
+    assert logs == sorted(set(logs)), "a log entry came twice or out of order"
+    for k, base in enumerate(bases):
+        assert all(p <= base for p in runs[k]), f"log entries past base {base} before snapshot {k}"
+        after = runs[k + 1]
+        # Log entries resume right after the base, none missing.
+        assert after == list(range(base + 1, base + 1 + len(after))), (base, after[:5])
+    assert listener.errors == []
