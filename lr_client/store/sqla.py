@@ -102,6 +102,11 @@ class SQLAlchemyQueueStore(QueueStore):
     def create_schema(self) -> None:
         with self.write() as conn:
             s.metadata.create_all(conn, tables=self._tables())
+            # create_all adds indexes only with new tables: add those a newer
+            # version defines on tables that already exist.
+            for table in self._tables():
+                for index in table.indexes:
+                    index.create(conn, checkfirst=True)
             found = conn.execute(select(s.meta.c.value).where(s.meta.c.key == "schema_version"))
             if found.scalar() is None:
                 conn.execute(
