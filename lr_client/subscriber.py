@@ -144,16 +144,17 @@ def _plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[H
     )
 
 
-def _snapshot_incomplete(conn: Connection, queue_id: int, state: SubscriberState) -> bool:
-    """Whether the queue starts with a snapshot whose end marker has not arrived yet.
+def _awaits_end(
+    conn: Connection, queue_id: int, state: SubscriberState, head: HeadEntry | None
+) -> bool:
+    """Whether ``head``, the queue's oldest entry, starts a snapshot whose end has not arrived.
 
     Once its end marker is in the queue a snapshot stays whole: the sink
     deletes the queued entries of a snapshot only while it is unfinished.
     """
-    head = leases.head_kind(conn, queue_id)
-    if head is None or head[0] is not ReplicationType.SNAPSHOT_SYNC:
+    if head is None or head.type is not ReplicationType.SNAPSHOT_SYNC:
         return False
-    sid = head[1]
+    sid = head.snapshot_id
     if sid == state.snapshot_id and not state.in_snapshot:
         return False  # left over from an ended snapshot: the delivery drops it
     return not leases.has_snapshot_end(conn, queue_id, sid)
@@ -227,6 +228,7 @@ class RoutingQueueSubscriber:
         self._lease_until: dict[int, float] = {}  # wall clock, as stored in the lease row
         self._failures: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}  # monotonic
+        self._awaiting: set[int] = set()  # queues whose head snapshot lacks its end
 
     # -- public API ------------------------------------------------------------------
     def poll_once(self) -> int:
@@ -351,13 +353,22 @@ class RoutingQueueSubscriber:
             state = leases.load_state(conn, queue.queue_id)
             if state.lease_owner != self.owner:
                 raise _LeaseLost
-            if self.snapshot_delivery is SnapshotDelivery.COMPLETE and _snapshot_incomplete(
-                conn, queue.queue_id, state
-            ):
-                return None
-            entries = leases.read_head(conn, queue.queue_id, self.batch_size)
+            qid = queue.queue_id
+            if qid in self._awaiting:
+                # Waiting for a snapshot's end: look at the head alone, not a whole batch.
+                if _awaits_end(conn, qid, state, leases.peek_head(conn, qid)):
+                    return None
+                self._awaiting.discard(qid)
+            entries = leases.read_head(conn, qid, self.batch_size)
             if not entries:
                 return None
+            if self.snapshot_delivery is SnapshotDelivery.COMPLETE:
+                first = entries[0]
+                ends = ReplicationType.LAST_FULL_SYNC_ENTRY
+                whole = any(e.type is ends and e.snapshot_id == first.snapshot_id for e in entries)
+                if not whole and _awaits_end(conn, qid, state, first):
+                    self._awaiting.add(qid)
+                    return None
             plan = _plan_delivery(queue, state, entries)
             if plan.kind == "stale":
                 log.warning(

@@ -152,15 +152,15 @@ def read_head(conn: Connection, queue_id: int, limit: int) -> list[HeadEntry]:
     ]
 
 
-def head_kind(conn: Connection, queue_id: int) -> tuple[ReplicationType, str] | None:
-    """Type and snapshot id of the oldest entry of a receive queue (no payload read)."""
+def peek_head(conn: Connection, queue_id: int) -> HeadEntry | None:
+    """The oldest entry of a receive queue, without its payload (``b""``)."""
     row = conn.execute(
-        select(_R.c.type, _R.c.snapshot_id)
+        select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id)
         .where(_R.c.queue_id == queue_id)
         .order_by(_R.c.seq)
         .limit(1)
     ).first()
-    return None if row is None else (_TYPES[row[0]], row[1])
+    return None if row is None else HeadEntry(row[0], _TYPES[row[1]], row[2], row[3], b"")
 
 
 def has_snapshot_end(conn: Connection, queue_id: int, snapshot_id: str) -> bool:
@@ -186,8 +186,8 @@ __all__ = [
     "acquire_lease",
     "has_entries",
     "has_snapshot_end",
-    "head_kind",
     "load_state",
+    "peek_head",
     "read_head",
     "release_leases",
     "save_state",
