@@ -37,7 +37,6 @@ from lr_client.records import (
     SnapshotStatus,
 )
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.sqla import OPEN_STATUSES
 from lr_server import metrics
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
 from lr_server.fanout import LogFanout
@@ -317,17 +316,10 @@ class SenderSession:
             elif cs.mode is Mode.SNAPSHOT:
                 sent_any |= self._send_snapshot(stream, name, cs)
         if reads:
-            requests = self._open_snapshots()
+            requests = self.store.open_snapshots(self.destination, list(reads))
             for name, entries in reads.items():
                 sent_any |= self._ship_log(stream, name, streams[name], entries, requests.get(name))
         return sent_any
-
-    def _open_snapshots(self) -> dict[str, SnapshotRequest]:
-        """The open snapshot request of each client of this destination (one query)."""
-        found: dict[str, SnapshotRequest] = {}
-        for req in self.store.list_snapshots(self.destination, None, OPEN_STATUSES):
-            found.setdefault(req.client_name, req)  # the newest first
-        return found
 
     def _window_full(self, batches: int = 0, nbytes: int = 0) -> bool:
         """Whether the window is full, counting ``batches`` / ``nbytes`` about to be sent."""

@@ -437,6 +437,25 @@ class SQLAlchemyQueueStore(QueueStore):
         with self.read() as conn:
             return [self._snapshot(r) for r in conn.execute(query).all()]
 
+    def open_snapshots(
+        self, destination: str, client_names: Sequence[str]
+    ) -> dict[str, SnapshotRequest]:
+        t = s.snapshots
+        query = (
+            select(t)
+            .where(
+                t.c.destination == destination,
+                t.c.client_name.in_(list(client_names)),
+                t.c.status.in_([x.value for x in OPEN_STATUSES]),
+            )
+            .order_by(t.c.created_at.desc())
+        )
+        found: dict[str, SnapshotRequest] = {}
+        with self.read() as conn:
+            for row in conn.execute(query).all():
+                found.setdefault(row.client_name, self._snapshot(row))  # the newest
+        return found
+
     def update_snapshot(
         self,
         snapshot_id: str,
