@@ -297,9 +297,9 @@ class SenderSession:
     def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         """One round over the clients: send what each may send now; whether any went.
 
-        Log entries are read first, then the open snapshot requests are read
-        once for every client, and only then are the entries sent, cut at an
-        open snapshot's base: see :meth:`_ship_log`.
+        Log entries are read first, then the open snapshot requests of the
+        clients read for are looked up in one query, and only then are the
+        entries sent, cut at an open snapshot's base: see :meth:`_ship_log`.
         """
         sent_any = False
         reads: dict[str, list[SendEntry]] = {}
