@@ -34,7 +34,7 @@ from lr_client.records import LRMessageWithDestinations, ReplicationType
 from lr_client.sender import DEFAULT_MAX_PAYLOAD_BYTES, RoutingQueueClient
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
 from lr_client.store import QueueStore, create_engine, open_store
-from lr_client.subscriber import RoutingQueueSubscriber
+from lr_client.subscriber import RoutingQueueSubscriber, SnapshotDelivery
 
 __version__ = "0.1.0"
 
@@ -63,6 +63,7 @@ __all__ = [
     "RoutingQueueSubscriber",
     "SchemaError",
     "SnapshotContext",
+    "SnapshotDelivery",
     "SnapshotError",
     "SnapshotProviderRunner",
     "StoreUnavailableError",

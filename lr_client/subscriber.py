@@ -12,10 +12,15 @@ client run at once: each queue is delivered by one of them at a time, and one
 that lost its lease cannot commit. A lease outlives a crashed holder by at
 most ``lease_seconds``; a callback running longer than that may be rolled back
 and redelivered, so choose ``lease_seconds`` well above the slowest batch.
+
+A full sync is delivered only once it is complete at the sink (its end
+marker received), so one superseded during its transfer never reaches the
+listener; ``snapshot_delivery="streaming"`` delivers it as it arrives.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import random
@@ -30,7 +35,12 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from lr_client.errors import ListenerError, ProtocolError, StoreUnavailableError
+from lr_client.errors import (
+    InvalidInputError,
+    ListenerError,
+    ProtocolError,
+    StoreUnavailableError,
+)
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.names import validate_name
 from lr_client.records import QueueInfo, ReplicationType
@@ -40,6 +50,17 @@ from lr_client.store.leases import HeadEntry, SubscriberState
 log = logging.getLogger("lr_client.subscriber")
 
 _SNAPSHOT_TYPES = (ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY)
+
+
+class SnapshotDelivery(enum.StrEnum):
+    """When the entries of a full sync reach the listener."""
+
+    #: Only once the whole snapshot is at the sink (its end marker received): a
+    #: snapshot superseded during its transfer never reaches the listener at all.
+    COMPLETE = "complete"
+    #: As its entries arrive: the listener starts sooner and the sink holds less,
+    #: but a snapshot superseded mid-transfer may have reached it in part.
+    STREAMING = "streaming"
 
 
 class _LeaseLost(Exception):
@@ -123,6 +144,22 @@ def _plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[H
     )
 
 
+def _awaits_end(
+    conn: Connection, queue_id: int, state: SubscriberState, head: HeadEntry | None
+) -> bool:
+    """Whether ``head``, the queue's oldest entry, starts a snapshot whose end has not arrived.
+
+    Once its end marker is in the queue a snapshot stays whole: the sink
+    deletes the queued entries of a snapshot only while it is unfinished.
+    """
+    if head is None or head.type is not ReplicationType.SNAPSHOT_SYNC:
+        return False
+    sid = head.snapshot_id
+    if sid == state.snapshot_id and not state.in_snapshot:
+        return False  # left over from an ended snapshot: the delivery drops it
+    return not leases.has_snapshot_end(conn, queue_id, sid)
+
+
 def default_owner() -> str:
     """``host:pid:random``, unique per subscriber instance."""
     return f"{socket.gethostname()[:80]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -137,6 +174,10 @@ class RoutingQueueSubscriber:
     default). A failed batch of a queue is retried after ``retry_initial``
     seconds, doubling up to ``retry_max``, each delay shortened by up to
     ``retry_jitter`` of itself at random; other queues go on meanwhile.
+
+    ``snapshot_delivery`` (:class:`SnapshotDelivery`) says when a full sync
+    reaches the listener: ``"complete"`` (the default) waits until the sink
+    has all of it, ``"streaming"`` delivers its entries as they arrive.
 
     One instance serves one thread; run several instances (or processes) to
     deliver in parallel, the leases keep them apart.
@@ -156,6 +197,7 @@ class RoutingQueueSubscriber:
         retry_initial: float = 0.5,
         retry_max: float = 60.0,
         retry_jitter: float = 0.5,
+        snapshot_delivery: SnapshotDelivery | str = SnapshotDelivery.COMPLETE,
     ) -> None:
         if batch_size < 1 or max_batches < 1:
             raise ValueError("batch_size and max_batches must be at least 1")
@@ -163,6 +205,13 @@ class RoutingQueueSubscriber:
             raise ValueError("lease_seconds must be positive, intervals not negative")
         if not 0 <= retry_jitter <= 1:
             raise ValueError("retry_jitter must be between 0 and 1")
+        try:
+            self.snapshot_delivery = SnapshotDelivery(snapshot_delivery)
+        except ValueError:
+            choices = ", ".join(repr(x.value) for x in SnapshotDelivery)
+            raise InvalidInputError(
+                f"snapshot_delivery must be one of {choices}, not {snapshot_delivery!r}"
+            ) from None
         self.store = engine if isinstance(engine, SQLAlchemyQueueStore) else open_store(engine)
         self.client_name = validate_name(client_name, "client name")
         self.listener = listener
@@ -179,6 +228,7 @@ class RoutingQueueSubscriber:
         self._lease_until: dict[int, float] = {}  # wall clock, as stored in the lease row
         self._failures: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}  # monotonic
+        self._awaiting: set[int] = set()  # queues whose head snapshot lacks its end
 
     # -- public API ------------------------------------------------------------------
     def poll_once(self) -> int:
@@ -298,14 +348,27 @@ class RoutingQueueSubscriber:
 
     # -- one delivery transaction -------------------------------------------------
     def _deliver(self, queue: QueueInfo, attempt: int) -> int | None:
-        """Deliver the head of ``queue``: the number of messages, or None if it is empty."""
+        """Deliver the head of ``queue``: the number of messages, or None if none is ready."""
         with self.store.write() as conn:
             state = leases.load_state(conn, queue.queue_id)
             if state.lease_owner != self.owner:
                 raise _LeaseLost
-            entries = leases.read_head(conn, queue.queue_id, self.batch_size)
+            qid = queue.queue_id
+            if qid in self._awaiting:
+                # Waiting for a snapshot's end: look at the head alone, not a whole batch.
+                if _awaits_end(conn, qid, state, leases.peek_head(conn, qid)):
+                    return None
+                self._awaiting.discard(qid)
+            entries = leases.read_head(conn, qid, self.batch_size)
             if not entries:
                 return None
+            if self.snapshot_delivery is SnapshotDelivery.COMPLETE:
+                first = entries[0]
+                ends = ReplicationType.LAST_FULL_SYNC_ENTRY
+                whole = any(e.type is ends and e.snapshot_id == first.snapshot_id for e in entries)
+                if not whole and _awaits_end(conn, qid, state, first):
+                    self._awaiting.add(qid)
+                    return None
             plan = _plan_delivery(queue, state, entries)
             if plan.kind == "stale":
                 log.warning(
@@ -378,4 +441,4 @@ class RoutingQueueSubscriber:
             raise failed(callback, "the listener rolled back the delivery transaction")
 
 
-__all__ = ["RoutingQueueSubscriber", "default_owner"]
+__all__ = ["RoutingQueueSubscriber", "SnapshotDelivery", "default_owner"]

@@ -279,14 +279,7 @@ class SenderSession:
             if now - last_check > 0.5:
                 self._check_requests(streams)
                 last_check = now
-            sent_any = False
-            for name, cs in streams.items():
-                if self._window_full():
-                    break
-                if cs.mode is Mode.LOG:
-                    sent_any |= self._send_log(stream, name, cs)
-                elif cs.mode is Mode.SNAPSHOT:
-                    sent_any |= self._send_snapshot(stream, name, cs)
+            sent_any = self._ship(stream, streams)
             timeout = 0.0 if sent_any and not self._window_full() else self.cfg.poll_interval
             self._drain_acks(stream, streams, timeout)
             if self._inflight and now - self._inflight[0].sent_at > self.cfg.stream_idle_timeout:
@@ -301,43 +294,108 @@ class SenderSession:
             self._drain_acks(stream, streams, 0.1)
         self._flush_cursors()
 
-    def _window_full(self) -> bool:
-        return len(self._inflight) >= self.cfg.window_batches or (
-            sum(f.nbytes for f in self._inflight) >= self.cfg.window_bytes
+    def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
+        """One round over the clients: send what each may send now; whether any went.
+
+        Log entries are read first, then the open snapshot requests of the
+        clients read for are looked up in one query, and only then are the
+        entries sent, cut at an open snapshot's base: see :meth:`_ship_log`.
+        """
+        sent_any = False
+        reads: dict[str, list[SendEntry]] = {}
+        batches = nbytes = 0  # what the reads will add to the window
+        for name, cs in streams.items():
+            if self._window_full(batches, nbytes):
+                break
+            if cs.mode is Mode.LOG:
+                entries = self._read_log(name, cs)
+                if entries:
+                    reads[name] = entries
+                    batches += 1
+                    nbytes += sum(len(e.payload) for e in entries)
+            elif cs.mode is Mode.SNAPSHOT:
+                sent_any |= self._send_snapshot(stream, name, cs)
+        if reads:
+            requests = self.store.open_snapshots(self.destination, list(reads))
+            for name, entries in reads.items():
+                sent_any |= self._ship_log(stream, name, streams[name], entries, requests.get(name))
+        return sent_any
+
+    def _window_full(self, batches: int = 0, nbytes: int = 0) -> bool:
+        """Whether the window is full, counting ``batches`` / ``nbytes`` about to be sent."""
+        return len(self._inflight) + batches >= self.cfg.window_batches or (
+            sum(f.nbytes for f in self._inflight) + nbytes >= self.cfg.window_bytes
         )
 
     def _next_batch_id(self) -> int:
         self._batch_id += 1
         return self._batch_id
 
-    def _send_log(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:
+    def _read_log(self, name: str, cs: ClientStream) -> list[SendEntry]:
+        """The client's next batch of log entries (not sent yet: see :meth:`_ship_log`)."""
         if cs.partial_batch and self._inflight and self._inflight[0].batch_id <= cs.partial_batch:
             # Caught up: while a partial batch is in flight, let new entries gather
             # into the next batch rather than paying a sink transaction per trickle.
-            return False
+            return []
         read = self.reader.read if self.reader is not None else self.store.read_log_entries
-        entries = read(
+        return read(
             self.destination,
             name,
             cs.sent,
             self.cfg.batch_max_entries,
             max_bytes=self.cfg.batch_max_bytes,
         )
-        if not entries:
-            return False
-        batch = pb.ReplicationBatch(
-            batch_id=self._next_batch_id(),
-            source_id=self.source_id,
-            client_name=name,
-            kind=pb.BATCH_LOG_ENTRY,
-            first_position=entries[0].position,
-            last_position=entries[-1].position,
-            previous_position=cs.sent,
-            entries=[_wire(e) for e in entries],
+
+    def _ship_log(
+        self,
+        stream: BatchStream,
+        name: str,
+        cs: ClientStream,
+        entries: list[SendEntry],
+        request: SnapshotRequest | None,
+    ) -> bool:
+        """Send entries read before ``request`` (the client's open snapshot) was looked up.
+
+        No log entry past a snapshot's base may reach the sink before the
+        snapshot: the sink would deliver it, then again after the snapshot.
+        With no open request, every entry read is sent: a request made later
+        gets a base at or after every position committed before the lookup,
+        so at or after every entry read (see docs/architecture.md). A request
+        without a base yet stops log entries at once; one with a base lets
+        through the entries up to it. Either way the stream turns to the
+        snapshot, and log entries resume after its base once it is shipped.
+        """
+        if request is not None:
+            base = request.base_position
+            entries = [] if base is None else [e for e in entries if e.position <= base]
+        if entries:
+            batch = pb.ReplicationBatch(
+                batch_id=self._next_batch_id(),
+                source_id=self.source_id,
+                client_name=name,
+                kind=pb.BATCH_LOG_ENTRY,
+                first_position=entries[0].position,
+                last_position=entries[-1].position,
+                previous_position=cs.sent,
+                entries=[_wire(e) for e in entries],
+            )
+            self._send(stream, batch, name, entries)
+            cs.sent = entries[-1].position
+            cs.partial_batch = batch.batch_id if len(entries) < self.cfg.batch_max_entries else 0
+        if request is None:
+            return bool(entries)
+        # Log batches already in flight reach the sink before the snapshot's, and
+        # their acks never move the cursor past its base.
+        self._log.info(
+            "%s/%s: log entries stop at %d for full sync %s",
+            self.destination,
+            name,
+            cs.sent,
+            request.snapshot_id,
         )
-        self._send(stream, batch, name, entries)
-        cs.sent = entries[-1].position
-        cs.partial_batch = batch.batch_id if len(entries) < self.cfg.batch_max_entries else 0
+        cs.mode, cs.snapshot, cs.snap_sent, cs.snap_done_sent = Mode.SNAPSHOT, request, 0, False
+        if request.status is SnapshotStatus.REQUESTED:
+            self._launch(request, cs.config)
         return True
 
     def _send_snapshot(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:

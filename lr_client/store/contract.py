@@ -133,6 +133,12 @@ class QueueStore(abc.ABC):
         """Snapshot requests, newest first."""
 
     @abc.abstractmethod
+    def open_snapshots(
+        self, destination: str, client_names: Sequence[str]
+    ) -> dict[str, SnapshotRequest]:
+        """The open (requested, running or ready) request of each client that has one."""
+
+    @abc.abstractmethod
     def update_snapshot(
         self,
         snapshot_id: str,

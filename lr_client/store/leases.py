@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import literal, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -152,6 +152,28 @@ def read_head(conn: Connection, queue_id: int, limit: int) -> list[HeadEntry]:
     ]
 
 
+def peek_head(conn: Connection, queue_id: int) -> HeadEntry | None:
+    """The oldest entry of a receive queue, without its payload (``b""``)."""
+    row = conn.execute(
+        select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id)
+        .where(_R.c.queue_id == queue_id)
+        .order_by(_R.c.seq)
+        .limit(1)
+    ).first()
+    return None if row is None else HeadEntry(row[0], _TYPES[row[1]], row[2], row[3], b"")
+
+
+def has_snapshot_end(conn: Connection, queue_id: int, snapshot_id: str) -> bool:
+    """Whether the end marker of ``snapshot_id`` is in the receive queue (an index probe)."""
+    end = literal(int(ReplicationType.LAST_FULL_SYNC_ENTRY), literal_execute=True)
+    probe = (
+        select(_R.c.seq)
+        .where(_R.c.queue_id == queue_id, _R.c.snapshot_id == snapshot_id, _R.c.type == end)
+        .limit(1)
+    )
+    return conn.execute(probe).first() is not None
+
+
 def has_entries(conn: Connection, queue_id: int) -> bool:
     """Whether the receive queue holds anything (a cheap indexed probe)."""
     probe = select(_R.c.seq).where(_R.c.queue_id == queue_id).limit(1)
@@ -163,7 +185,9 @@ __all__ = [
     "SubscriberState",
     "acquire_lease",
     "has_entries",
+    "has_snapshot_end",
     "load_state",
+    "peek_head",
     "read_head",
     "release_leases",
     "save_state",

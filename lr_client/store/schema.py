@@ -36,6 +36,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
+from lr_client.records import ReplicationType
+
 SCHEMA_VERSION = 1
 
 metadata = MetaData()
@@ -163,6 +165,16 @@ recv_entries = Table(
     sqlite_autoincrement=True,
 )
 Index("lrq_recv_entries_queue", recv_entries.c.queue_id, recv_entries.c.seq)
+#: The end markers only: whether a snapshot is whole at the sink is one probe,
+#: and log and snapshot entries cost this index nothing.
+_END = recv_entries.c.type == int(ReplicationType.LAST_FULL_SYNC_ENTRY)
+Index(
+    "lrq_recv_entries_ends",
+    recv_entries.c.queue_id,
+    recv_entries.c.snapshot_id,
+    postgresql_where=_END,
+    sqlite_where=_END,
+)
 
 sink_progress = Table(
     "lrq_sink_progress",

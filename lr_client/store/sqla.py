@@ -102,6 +102,11 @@ class SQLAlchemyQueueStore(QueueStore):
     def create_schema(self) -> None:
         with self.write() as conn:
             s.metadata.create_all(conn, tables=self._tables())
+            # create_all adds indexes only with new tables: add those a newer
+            # version defines on tables that already exist.
+            for table in self._tables():
+                for index in table.indexes:
+                    index.create(conn, checkfirst=True)
             found = conn.execute(select(s.meta.c.value).where(s.meta.c.key == "schema_version"))
             if found.scalar() is None:
                 conn.execute(
@@ -431,6 +436,25 @@ class SQLAlchemyQueueStore(QueueStore):
         query = query.order_by(s.snapshots.c.created_at.desc())
         with self.read() as conn:
             return [self._snapshot(r) for r in conn.execute(query).all()]
+
+    def open_snapshots(
+        self, destination: str, client_names: Sequence[str]
+    ) -> dict[str, SnapshotRequest]:
+        t = s.snapshots
+        query = (
+            select(t)
+            .where(
+                t.c.destination == destination,
+                t.c.client_name.in_(list(client_names)),
+                t.c.status.in_([x.value for x in OPEN_STATUSES]),
+            )
+            .order_by(t.c.created_at.desc())
+        )
+        found: dict[str, SnapshotRequest] = {}
+        with self.read() as conn:
+            for row in conn.execute(query).all():
+                found.setdefault(row.client_name, self._snapshot(row))  # the newest
+        return found
 
     def update_snapshot(
         self,

@@ -143,3 +143,27 @@ def test_lost_end_marker_ack_completes_without_resending(
         assert sink.sink_progress("a", "policy").entries_received == 31
     finally:
         sink.engine.dispose()
+
+
+def test_window_bounds_batches_across_clients(store: SQLAlchemyQueueStore) -> None:
+    """A round reads every client's batch before sending: the reads count against the window."""
+    nums = store.register_sites(["b"])
+    clients = ["c1", "c2", "c3"]
+    with store.write() as conn:
+        for name in clients:
+            store.append_log_entries(conn, name, [(b"x", [nums["b"]])] * 5)
+    transport = SilentTransport()
+    cfg = ReplicationConfig(batch_max_entries=10, window_batches=2, poll_interval=0.01)
+    session = SenderSession(
+        store, "a", "b", [ClientConfig(n) for n in clients], lambda: transport, cfg
+    )
+    stop = threading.Event()
+    worker = threading.Thread(target=session.run, args=(stop,))
+    worker.start()
+    try:
+        # The state is written after the first round, the one that reads all three.
+        wait_for(lambda: session.state == "log_entry_sync")
+        assert [b.client_name for b in transport.sent] == ["c1", "c2"]
+    finally:
+        stop.set()
+        worker.join(timeout=30)

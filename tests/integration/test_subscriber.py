@@ -7,15 +7,17 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
-from sqlalchemy import String, func, insert, select, text, update
+from sqlalchemy import String, func, insert, inspect, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from lr_client import (
+    InvalidInputError,
     ListenerError,
     ProtocolError,
     RoutingQueueListener,
     RoutingQueueMessage,
     RoutingQueueSubscriber,
+    SnapshotDelivery,
 )
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
@@ -348,13 +350,74 @@ def test_zero_row_snapshot_is_start_then_end(
     assert len(app_rows(app_store)) == 2
 
 
-def test_superseded_snapshot_is_never_delivered(
+def test_a_snapshot_is_delivered_only_once_its_end_has_arrived(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    snap = snapshot_entries("s1", 4, base=3)
+    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snap[:3])  # the end is still on its way
+    app_store.apply_log_batch("src-b", CLIENT, log_entries(1, 2))
+    listener = AppListener()
+    sub = make_sub(listener, batch_size=2)
+
+    # The log entries before the snapshot and another source's were delivered: the
+    # poll ran past the snapshot and delivered nothing of it.
+    assert sub.poll_once() == 5
+    assert listener.events == [
+        ("log_entries", "src-a", "", (1, 2)),
+        ("log_entries", "src-a", "", (3,)),
+        ("log_entries", "src-b", "", (1, 2)),
+    ]
+    assert sub._poll() == (0, False)  # no progress: run() waits its poll interval
+    assert queued(app_store) == 3 and len(listener.events) == 3
+
+    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snap[3:], previous_position=3)
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 1))
+    assert sub.poll_once() == 5
+    assert listener.events[3:] == [
+        ("start", "src-a", "s1", ()),
+        ("full_sync", "src-a", "s1", (1, 2)),
+        ("full_sync", "src-a", "s1", (3, 4)),
+        ("end", "src-a", "s1", ()),
+        ("log_entries", "src-a", "", (4,)),
+    ]
+    assert queued(app_store) == 0
+    assert [r[2] for r in app_rows(app_store, "full_sync")] == [1, 2, 3, 4]
+
+
+def test_a_snapshot_superseded_at_the_sink_never_reaches_the_listener(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    app_store.apply_snapshot_batch("src-a", CLIENT, "old", snapshot_entries("old", 6)[:4])
+    listener = AppListener()
+    sub = make_sub(listener, batch_size=2)
+    assert sub.poll_once() == 2  # the log entries before it
+    new = snapshot_entries("new", 3, base=2)
+    app_store.apply_snapshot_batch("src-a", CLIENT, "new", new[:2])  # drops what "old" queued
+    assert sub.poll_once() == 0
+    assert listener.events == [("log_entries", "src-a", "", (1, 2))]
+    app_store.apply_snapshot_batch("src-a", CLIENT, "new", new[2:], previous_position=2)
+    assert sub.poll_once() == 3
+
+    assert listener.events == [
+        ("log_entries", "src-a", "", (1, 2)),
+        ("start", "src-a", "new", ()),
+        ("full_sync", "src-a", "new", (1, 2)),
+        ("full_sync", "src-a", "new", (3,)),
+        ("end", "src-a", "new", ()),
+    ]
+    assert {sid for _, sid, _ in app_rows(app_store)} == {"", "new"}
+    assert queued(app_store) == 0
+
+
+def test_streaming_delivery_may_deliver_part_of_a_superseded_snapshot(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
     old = snapshot_entries("old", 6)[:-1]  # interrupted: no end marker
     app_store.apply_snapshot_batch("src-a", CLIENT, "old", old)
     listener = AppListener()
-    sub = make_sub(listener, batch_size=2, max_batches=1)
+    sub = make_sub(listener, batch_size=2, max_batches=1, snapshot_delivery="streaming")
     assert sub.poll_once() == 2  # part of the old snapshot was delivered
     app_store.apply_snapshot_batch("src-a", CLIENT, "new", snapshot_entries("new", 3))
     poll_until(sub, lambda: queued(app_store) == 0)
@@ -367,6 +430,22 @@ def test_superseded_snapshot_is_never_delivered(
         ("full_sync", "src-a", "new", (3,)),
         ("end", "src-a", "new", ()),
     ]
+
+
+def test_create_schema_adds_the_end_marker_index_to_an_existing_database(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    def indexes() -> set[str]:
+        with store.read() as conn:
+            return {str(i["name"]) for i in inspect(conn).get_indexes(s.recv_entries.name)}
+
+    assert "lrq_recv_entries_ends" in indexes()
+    with store.write() as conn:  # a database made before the index existed
+        conn.execute(text("DROP INDEX lrq_recv_entries_ends"))
+    assert "lrq_recv_entries_ends" not in indexes()
+    store.create_schema()
+    assert "lrq_recv_entries_ends" in indexes()
+    store.check_schema()
 
 
 def test_failed_first_snapshot_batch_rolls_back_its_start(
@@ -568,6 +647,13 @@ def test_entries_deleted_under_the_delivery_roll_it_back(
 
 
 def test_settings_are_validated(app_store: SQLAlchemyQueueStore) -> None:
+    with pytest.raises(InvalidInputError, match="snapshot_delivery"):
+        RoutingQueueSubscriber(app_store, CLIENT, AppListener(), snapshot_delivery="whole")
+    for mode in ("streaming", SnapshotDelivery.COMPLETE):
+        sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), snapshot_delivery=mode)
+        assert sub.snapshot_delivery is SnapshotDelivery(mode)
+    default = RoutingQueueSubscriber(app_store, CLIENT, AppListener())
+    assert default.snapshot_delivery is SnapshotDelivery.COMPLETE
     with pytest.raises(ValueError):
         RoutingQueueSubscriber(app_store, CLIENT, AppListener(), batch_size=0)
     with pytest.raises(ValueError):
