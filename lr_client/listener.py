@@ -74,6 +74,19 @@ class RoutingQueueListener(abc.ABC):
     ) -> bool:
         """Apply one batch of log entries; return True to commit it."""
 
+    def on_stream_dropped(
+        self, session: Session, source_id: str, first_dropped_position: int, reason: str
+    ) -> None:
+        """Entries of ``source_id`` from ``first_dropped_position`` on may never arrive.
+
+        The source dropped this stream: it fell behind what the source still
+        holds, or the source was restored to an older state. A full sync
+        usually follows (``on_full_sync_start``); without a snapshot provider,
+        log entries resume after an operator accepted the loss. Delivered once,
+        in the stream's order, in the delivery transaction (no-op by default).
+        """
+        return None
+
     def on_error(self, error: BaseException) -> None:
         """A delivery failed and will be retried (logs a warning by default).
 

@@ -33,6 +33,11 @@ SNAPSHOT_ROWS = Gauge(
     "lr_snapshot_rows", "Rows of the current snapshot shipped", ["destination", "client"]
 )
 DROPS = Counter("lr_drops", "Destinations dropped to a full sync", ["destination", "client"])
+STREAM_STOPPED = Gauge(
+    "lr_stream_stopped",
+    "1 while a stream is stopped: the sink lacks entries the source no longer holds",
+    ["destination", "client"],
+)
 BACKPRESSURE_EVENTS = Counter("lr_backpressure_events", "Transmits refused or delayed")
 ERRORS = Counter("lr_errors", "Errors by kind", ["kind"])
 TRIMMED = Counter("lr_trimmed_entries", "Send-queue entries trimmed")
@@ -58,6 +63,7 @@ __all__ = [
     "LAG_ENTRIES",
     "LAG_SECONDS",
     "SNAPSHOT_ROWS",
+    "STREAM_STOPPED",
     "TRIMMED",
     "start_metrics_server",
 ]

@@ -9,6 +9,9 @@ entries were received and how many still wait in the receive queue.
 
 States of a send stream, first match wins:
 
+* ``stopped``: the sink lacks entries the source no longer holds and the
+  client has no snapshot provider; nothing is shipped until an operator
+  acts (``lr accept-loss``, or a provider and ``lr snapshot request``).
 * ``dropped``: a drop record exists (the destination fell past a retention
   limit); it will be re-synced by a full sync.
 * ``snapshot sync``: a snapshot is open (requested, running or ready) or the
@@ -39,6 +42,7 @@ from lr_server.config import SiteConfig
 LOG_ENTRY_SYNC = "log entry sync"
 SNAPSHOT_SYNC = "snapshot sync"
 DROPPED = "dropped"
+STOPPED = "stopped"
 BACKPRESSURE = "backpressure"
 
 OPEN = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
@@ -59,6 +63,14 @@ class DropInfo:
     first_dropped_position: int
     dropped_at: float
     reason: str
+
+
+@dataclass
+class StopInfo:
+    reason: str
+    resume_after: int
+    stopped_at: float
+    accepted: bool
 
 
 @dataclass
@@ -89,6 +101,7 @@ class SendStream:
     configured: bool
     snapshot: SnapshotProgress | None = None
     drop: DropInfo | None = None
+    stop: StopInfo | None = None
 
 
 @dataclass
@@ -104,6 +117,7 @@ class SinkStream:
     queue_depth: int
     updated_at: float
     configured: bool
+    drop: DropInfo | None = None  # the last drop notice received
 
 
 @dataclass
@@ -209,6 +223,7 @@ def _send_streams(
     configured = {(d.id, c) for d in config.destinations for c in config.clients_for(d)}
     cursors = {(c.destination, c.client_name): c for c in store.list_cursors()}
     drops = {(d.destination, d.client_name): d for d in store.list_drops()}
+    stops = {(x.destination, x.client_name): x for x in store.list_stream_stops()}
     open_snaps: dict[tuple[str, str], SnapshotRequest] = {}
     for req in store.list_snapshots(statuses=OPEN):  # newest first: keep the newest
         open_snaps.setdefault((req.destination, req.client_name), req)
@@ -224,7 +239,10 @@ def _send_streams(
         snap = open_snaps.get((dest, client))
         session = sessions.get(dest) if sessions else None
         inflight = session.inflight_batches if session else None
-        if drop:
+        stop = stops.get((dest, client))
+        if stop and stop.accepted_at is None:
+            state = STOPPED
+        elif drop:
             state = DROPPED
         elif snap or (cursor and cursor.needs_snapshot):
             state = SNAPSHOT_SYNC
@@ -249,6 +267,11 @@ def _send_streams(
                 drop=DropInfo(drop.first_dropped_position, drop.dropped_at, drop.reason)
                 if drop
                 else None,
+                stop=StopInfo(
+                    stop.reason, stop.resume_after, stop.stopped_at, bool(stop.accepted_at)
+                )
+                if stop
+                else None,
             )
         )
     return streams
@@ -258,6 +281,7 @@ def _sink_streams(config: SiteConfig, store: SQLAlchemyQueueStore) -> list[SinkS
     depths = queue_depths(store)
     queues = {(q.source_id, q.client_name): q for q in store.list_queues()}
     progress = {(p.source_id, p.client_name): p for p in store.list_sink_progress()}
+    notices = {(d.source_id, d.client_name): d for d in store.list_sink_drops()}
     configured_sources = {x.id for x in config.sources}
     out = []
     for source, client in sorted(set(queues) | set(progress)):
@@ -278,6 +302,9 @@ def _sink_streams(config: SiteConfig, store: SQLAlchemyQueueStore) -> list[SinkS
                 queue_depth=depths.get(q.queue_id, 0) if q else 0,
                 updated_at=p.updated_at if p else 0.0,
                 configured=source in configured_sources,
+                drop=DropInfo(n.first_dropped_position, n.received_at, n.reason)
+                if (n := notices.get((source, client)))
+                else None,
             )
         )
     return out
@@ -304,12 +331,14 @@ __all__ = [
     "DROPPED",
     "LOG_ENTRY_SYNC",
     "SNAPSHOT_SYNC",
+    "STOPPED",
     "DropInfo",
     "SendStream",
     "SessionInfo",
     "SinkStream",
     "SiteStatus",
     "SnapshotProgress",
+    "StopInfo",
     "collect_status",
     "flow_states",
     "is_slow",

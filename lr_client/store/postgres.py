@@ -87,7 +87,19 @@ _TRIM = text(
         ORDER BY e.position
         LIMIT :batch
     )
-    DELETE FROM lrq_send_log_entries WHERE position IN (SELECT position FROM victims)
+    ), deleted AS (
+        DELETE FROM lrq_send_log_entries WHERE position IN (SELECT position FROM victims)
+        RETURNING position, client_name, dest_nums
+    ), marks AS (
+        INSERT INTO lrq_trim_marks (dest_num, client_name, trimmed_through)
+        SELECT d.num, x.client_name, max(x.position)
+        FROM deleted x CROSS JOIN LATERAL unnest(x.dest_nums) AS d(num)
+        GROUP BY d.num, x.client_name
+        ON CONFLICT (dest_num, client_name) DO UPDATE
+        SET trimmed_through = GREATEST(lrq_trim_marks.trimmed_through,
+                                       EXCLUDED.trimmed_through)
+    )
+    SELECT count(*) FROM deleted
     """
 )
 
@@ -206,7 +218,8 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             "positions": [v for v in acked.values()],
             "batch": batch_size,
         }
-        return int(conn.execute(_TRIM, params).rowcount or 0)
+        # The trim marks rise in the statement that deletes (see ``trimmed_through``).
+        return int(conn.execute(_TRIM, params).scalar_one())
 
 
 __all__ = ["TRANSMIT_LOCK_KEY", "PostgresQueueStore"]
