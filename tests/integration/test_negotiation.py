@@ -1,0 +1,358 @@
+"""A sink that lacks entries the source no longer holds is never skipped silently.
+
+In-process sites (real gRPC on loopback) on both backends. A sink "restored
+from a backup" is simulated by stopping its server and setting its recorded
+position (and the listener's table) back; trim runs only when a test calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client import REGISTRY
+from sqlalchemy import Column, Integer, MetaData, String, Table, delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueMessage
+from lr_client.records import SnapshotStatus
+from lr_client.snapshot import SnapshotProviderRunner
+from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import schema as s
+from lr_client.subscriber import RoutingQueueSubscriber
+from lr_server.cli import cli
+from lr_server.status import STOPPED, collect_status
+from tests.kit import kvapp
+from tests.kit.sites import Sites, wait_for
+
+NO_AUTO_TRIM = "[retention]\ntrim_interval = 3600\n"
+
+meta = MetaData()
+events = Table(
+    "test_events",
+    meta,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("detail", String(500), nullable=False, default=""),
+)
+
+
+class EventListener(RoutingQueueListener):
+    """Records every callback in the sink's database, in the delivery transaction."""
+
+    def __init__(self, fail_first_drop: bool = False) -> None:
+        self.fail_first_drop = fail_first_drop
+        self.drop_calls = 0
+
+    def _event(self, session: Session, kind: str, position: int = 0, detail: str = "") -> None:
+        session.execute(insert(events).values(kind=kind, position=position, detail=detail))
+
+    def on_stream_dropped(
+        self, session: Session, source_id: str, first_dropped_position: int, reason: str
+    ) -> None:
+        self.drop_calls += 1
+        self._event(session, "dropped", first_dropped_position, reason)
+        if self.fail_first_drop and self.drop_calls == 1:
+            raise RuntimeError("crash inside the delivery")
+
+    def on_full_sync_start(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        self._event(session, "start")
+
+    def on_full_sync_end(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        self._event(session, "end")
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        for m in messages:
+            kvapp.upsert(session, *_kv(m.payload))
+        return True
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        for m in messages:
+            kvapp.upsert(session, *_kv(m.payload))
+            self._event(session, "log", m.source_position)
+        return True
+
+    def on_error(self, error: BaseException) -> None:
+        pass
+
+
+def _kv(payload: bytes) -> tuple[str, int]:
+    import json
+
+    d = json.loads(payload)
+    return d["k"], d["v"]
+
+
+@contextmanager
+def running(*loops: object) -> Iterator[None]:
+    stop = threading.Event()
+    threads = [threading.Thread(target=x.run, args=(stop,), daemon=True) for x in loops]  # type: ignore[attr-defined]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+
+
+def seen(sink: SQLAlchemyQueueStore) -> list[tuple[str, int]]:
+    with sink.read() as conn:
+        rows = conn.execute(select(events.c.kind, events.c.position).order_by(events.c.id))
+        return [(r.kind, r.position) for r in rows]
+
+
+def logs(sink: SQLAlchemyQueueStore) -> list[int]:
+    return [p for k, p in seen(sink) if k == "log"]
+
+
+def stopped_gauge() -> float | None:
+    return REGISTRY.get_sample_value("lr_stream_stopped", {"destination": "b", "client": "policy"})
+
+
+class Pair:
+    """Source a -> sink b, one client, a subscriber on b."""
+
+    def __init__(self, sites: Sites, snapshot: str, listener: EventListener) -> None:
+        self.sites = sites
+        self.snapshot = snapshot
+        self.src = sites.store("a")
+        kvapp.meta.create_all(self.src.engine)
+        self.client = RoutingQueueClient(
+            self.src, source_id="a", client_name="policy", backpressure="ignore"
+        )
+        self.client.register_destinations(["b"])
+        self.sink = sites.store("b")
+        kvapp.meta.create_all(self.sink.engine)
+        meta.create_all(self.sink.engine)
+        self.sub = RoutingQueueSubscriber(self.sink, "policy", listener, poll_interval=0.02)
+        self.runner = SnapshotProviderRunner(self.src, "policy", kvapp.provider(self.src.engine))
+        self.n = 0
+
+    def start_source(self) -> None:
+        self.sites.start("a", dests=["b"], snapshot=self.snapshot, extra=NO_AUTO_TRIM)
+
+    def start_sink(self) -> None:
+        self.sites.start("b", sources=["a"])
+
+    def wait_first_contact(self) -> None:
+        """With a provider, the first contact is a full sync: let it complete."""
+
+        def done() -> bool:
+            snaps = self.src.list_snapshots("b", "policy")
+            return any(x.status is SnapshotStatus.COMPLETED for x in snaps)
+
+        wait_for(done, timeout=60)
+
+    def write(self, count: int) -> None:
+        for _ in range(count):
+            self.n += 1
+            kvapp.write(self.src.engine, self.client, {f"k{self.n % 7}": self.n}, ["b"])
+
+    def loops(self) -> list[object]:
+        return [self.sub, self.runner] if self.snapshot != "none" else [self.sub]
+
+    def restore_sink(self, position: int) -> None:
+        """The sink's database as a backup taken when it held ``position`` had it."""
+        self.sites.stop("b")
+        with self.sink.write() as conn:
+            conn.execute(update(s.sink_progress).values(last_position=position))
+            conn.execute(delete(events).where(events.c.kind == "log", events.c.position > position))
+
+    def config_path(self) -> str:
+        return str(self.sites.tmp_path / "a.toml")
+
+
+def wait_stopped(pair: Pair, reason: str) -> None:
+    def session_says_stopped() -> bool:
+        rows = pair.src.list_session_status()
+        return bool(rows) and rows[0]["state"] == "stopped" and reason in rows[0]["last_error"]
+
+    wait_for(session_says_stopped, timeout=60)
+
+
+@pytest.mark.parametrize("case", ["behind the trim point", "ahead of the source"])
+def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
+    sites: Sites, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lr.session")
+    pair = Pair(sites, "none", EventListener())
+    pair.start_sink()
+    pair.start_source()
+    with running(*pair.loops()):
+        pair.write(20)
+        wait_for(lambda: logs(pair.sink) == list(range(1, 21)), timeout=60)
+        wait_for(lambda: pair.src.get_cursor("b", "policy").position == 20)
+    if case == "behind the trim point":
+        pair.restore_sink(5)
+        assert pair.src.trim() == 20
+        assert pair.src.trimmed_through("b", "policy") == 20
+        first_missing, reason = 6, "behind what this source still holds"
+    else:  # the source's database is older than the sink's
+        pair.restore_sink(1000)
+        first_missing, reason = 21, "this source's head is 30"
+    before = seen(pair.sink)
+    pair.write(10)  # positions 21..30
+    pair.start_sink()
+    with running(*pair.loops()):
+        wait_stopped(pair, reason)
+        # Stopped: nothing after the hole reached the sink, status and metric say so.
+        assert seen(pair.sink) == before
+        assert pair.sink.sink_progress("a", "policy").last_position in (5, 1000)
+        assert stopped_gauge() == 1.0
+        report = collect_status(sites.running["a"].config, pair.src)
+        (stream,) = report.send
+        assert stream.state == STOPPED and stream.stop is not None
+        assert reason in stream.stop.reason
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "stopped" in r.msg]
+        assert len(errors) == 1, errors
+
+        result = CliRunner().invoke(
+            cli, ["accept-loss", "--config", pair.config_path(), "-d", "b", "--client", "policy"]
+        )
+        assert result.exit_code == 0, result.output
+        wait_for(lambda: logs(pair.sink)[-1:] == [30], timeout=60)
+    after = seen(pair.sink)[len(before) :]
+    assert after == [("dropped", first_missing)] + [("log", p) for p in range(21, 31)]
+    assert pair.src.get_stream_stop("b", "policy") is None
+    assert stopped_gauge() == 0.0
+    (notice,) = pair.sink.list_sink_drops()
+    assert notice.first_dropped_position == first_missing
+    assert "accepted" in notice.reason
+    # Running again: the next entry flows normally.
+    again = CliRunner().invoke(
+        cli, ["accept-loss", "--config", pair.config_path(), "-d", "b", "--client", "policy"]
+    )
+    assert again.exit_code == 1 and "not stopped" in again.stderr
+
+
+def test_behind_the_trim_point_with_a_provider_gets_one_notice_then_a_full_sync(
+    sites: Sites,
+) -> None:
+    listener = EventListener(fail_first_drop=True)
+    pair = Pair(sites, "app", listener)
+    pair.start_sink()
+    pair.start_source()
+    with running(*pair.loops()):
+        pair.wait_first_contact()
+        pair.write(20)
+        wait_for(lambda: len(logs(pair.sink)) == 20, timeout=60)
+        wait_for(lambda: pair.src.get_cursor("b", "policy").position == pair.n)
+    cursor = pair.src.get_cursor("b", "policy").position
+    sink_at = cursor - 15
+    pair.restore_sink(sink_at)
+    assert pair.src.trim() > 0
+    before = seen(pair.sink)
+    pair.write(10)
+    pair.start_sink()
+    with running(*pair.loops()):
+
+        def synced() -> bool:
+            snaps = pair.src.list_snapshots("b", "policy")
+            return any(x.status is SnapshotStatus.COMPLETED and "behind" in x.reason for x in snaps)
+
+        wait_for(synced, timeout=60)
+        pair.write(3)
+        wait_for(lambda: logs(pair.sink)[-1:] == [pair.n], timeout=60)
+        wait_for(lambda: kvapp.table(pair.sink.engine) == kvapp.table(pair.src.engine))
+    after = seen(pair.sink)[len(before) :]
+    # The notice first (exactly once, although its first delivery was rolled back),
+    # then the full sync, then log entries after its base.
+    assert after[0] == ("dropped", sink_at + 1)
+    assert [k for k, _ in after].count("dropped") == 1
+    assert listener.drop_calls == 2
+    assert after[1] == ("start", 0) and ("end", 0) in after
+    assert [k for k, _ in after[after.index(("end", 0)) + 1 :]] == ["log"] * (
+        len(after) - after.index(("end", 0)) - 1
+    )
+    (snap,) = [x for x in pair.src.list_snapshots("b", "policy") if "behind" in x.reason]
+    assert snap.status is SnapshotStatus.COMPLETED
+    assert pair.src.list_drops() == [] and pair.src.get_stream_stop("b", "policy") is None
+
+
+def test_behind_the_cursor_with_nothing_trimmed_replays_without_a_full_sync(
+    sites: Sites,
+) -> None:
+    pair = Pair(sites, "app", EventListener())
+    pair.start_sink()
+    pair.start_source()
+    with running(*pair.loops()):
+        pair.wait_first_contact()
+        pair.write(20)
+        wait_for(lambda: len(logs(pair.sink)) == 20, timeout=60)
+        wait_for(lambda: pair.src.get_cursor("b", "policy").position == pair.n)
+    delivered = logs(pair.sink)
+    syncs = [k for k, _ in seen(pair.sink)].count("start")
+    pair.restore_sink(delivered[4])
+    pair.write(10)
+    pair.start_sink()
+    with running(*pair.loops()):
+        wait_for(lambda: logs(pair.sink)[-1:] == [pair.n], timeout=60)
+        wait_for(lambda: kvapp.table(pair.sink.engine) == kvapp.table(pair.src.engine))
+    final = logs(pair.sink)
+    # Every entry once, in order, and no second full sync.
+    assert final == sorted(set(final)) and final[:20] == delivered
+    assert len(final) == 30
+    assert [k for k, _ in seen(pair.sink)].count("start") == syncs
+    assert "dropped" not in [k for k, _ in seen(pair.sink)]
+
+
+def test_a_full_sync_request_for_a_client_without_provider_is_cancelled(sites: Sites) -> None:
+    pair = Pair(sites, "none", EventListener())
+    pair.start_sink()
+    pair.start_source()
+    with running(*pair.loops()):
+        pair.write(5)
+        wait_for(lambda: logs(pair.sink) == [1, 2, 3, 4, 5], timeout=60)
+        sid = pair.src.request_snapshot(None, "b", "policy", "by the library")
+
+        def cancelled() -> bool:
+            req = pair.src.get_snapshot(sid)
+            return req is not None and req.status is SnapshotStatus.CANCELLED
+
+        wait_for(cancelled, timeout=60)
+        req = pair.src.get_snapshot(sid)
+        assert req is not None and "no snapshot provider" in req.reason
+        pair.write(5)
+        wait_for(lambda: logs(pair.sink) == list(range(1, 11)), timeout=60)
+    assert pair.src.list_snapshots("b", "policy") == [req]
+    assert [k for k, _ in seen(pair.sink)] == ["log"] * 10
+
+
+def test_trim_marks_follow_each_destination(store: SQLAlchemyQueueStore) -> None:
+    client = RoutingQueueClient(store, source_id="a", client_name="policy")
+    client.register_destinations(["b", "c"])
+    with store.engine.begin() as conn:
+        for dests in (["b"], ["b", "c"], ["c"], ["b"], ["c"]):  # positions 1..5
+            client.transmit_log_entry_message(conn, b"x", dests)
+    store.set_cursor("b", "policy", 4)
+    store.set_cursor("c", "policy", 2)
+    assert store.trim() == 3  # 1, 2 and 4 (3 and 5 wait for c)
+    assert store.trimmed_through("b", "policy") == 4
+    assert store.trimmed_through("c", "policy") == 2
+    assert store.trimmed_through("b", "other") == 0
+    store.set_cursor("c", "policy", 5)
+    assert store.trim() == 2
+    assert store.trimmed_through("c", "policy") == 5
+    assert store.trimmed_through("b", "policy") == 4
+
+
+def test_an_older_database_is_told_to_run_init_db(store: SQLAlchemyQueueStore) -> None:
+    from lr_client.errors import SchemaError
+
+    with store.write() as conn:
+        s.trim_marks.drop(conn)
+    with pytest.raises(SchemaError, match=r"lrq_trim_marks.*lr init-db"):
+        store.check_schema()
+    store.create_schema()
+    store.check_schema()
