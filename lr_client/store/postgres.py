@@ -86,7 +86,6 @@ _TRIM = text(
                   AND a.position >= e.position))
         ORDER BY e.position
         LIMIT :batch
-    )
     ), deleted AS (
         DELETE FROM lrq_send_log_entries WHERE position IN (SELECT position FROM victims)
         RETURNING position, client_name, dest_nums

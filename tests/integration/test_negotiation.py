@@ -229,6 +229,9 @@ def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
     (notice,) = pair.sink.list_sink_drops()
     assert notice.first_dropped_position == first_missing
     assert "accepted" in notice.reason
+    (sink_stream,) = collect_status(sites.running["b"].config, pair.sink).sink
+    assert sink_stream.drop is not None
+    assert sink_stream.drop.first_dropped_position == first_missing
     # Running again: the next entry flows normally.
     again = CliRunner().invoke(
         cli, ["accept-loss", "--config", pair.config_path(), "-d", "b", "--client", "policy"]
