@@ -43,7 +43,9 @@ class RoutingQueueListener(abc.ABC):
     Per source, the listener sees ``on_full_sync_start``, any number of
     ``process_full_sync`` batches, ``on_full_sync_end``, then
     ``process_log_entries`` batches, each in source order; a batch holds one
-    type only. A second ``on_full_sync_start`` without an ``on_full_sync_end``
+    type only. ``on_stream_dropped`` comes first when the source dropped the
+    stream (a full sync, or after an accepted loss a gap, follows). A second
+    ``on_full_sync_start`` without an ``on_full_sync_end``
     means the earlier snapshot was superseded: the listener should discard
     what it staged for it. Snapshot entries may overlap log entries delivered
     later (the source replays from the snapshot's base position), so applying

@@ -53,7 +53,7 @@ SnapshotLauncher = Callable[[SnapshotRequest, ClientConfig], None]
 class Mode(enum.StrEnum):
     LOG = "log_entry_sync"
     SNAPSHOT = "snapshot_sync"  # waiting for or shipping a snapshot
-    STOPPED = "stopped"  # the sink lacks entries the source no longer holds; no provider
+    STOPPED = "stream_stopped"  # the sink lacks entries the source no longer holds; no provider
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,12 @@ class SenderSession:
                 self._refuse(open_req)
                 open_req = None
             stream = ClientStream(config)
-            stop = None if has_provider else self.store.get_stream_stop(self.destination, name)
+            stop = self.store.get_stream_stop(self.destination, name)
+            if stop is not None and has_provider:
+                # A provider was configured since: the loss becomes a full sync below.
+                self.store.clear_stream_stop(self.destination, name)
+                metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
+                stop = None
             if stop is not None and stop.accepted_at is not None:
                 self._resume_accepted(stream, stop)
                 streams[name] = stream

@@ -176,7 +176,9 @@ class Pair:
 def wait_stopped(pair: Pair, reason: str) -> None:
     def session_says_stopped() -> bool:
         rows = pair.src.list_session_status()
-        return bool(rows) and rows[0]["state"] == "stopped" and reason in rows[0]["last_error"]
+        return (
+            bool(rows) and rows[0]["state"] == "stream_stopped" and reason in rows[0]["last_error"]
+        )
 
     wait_for(session_says_stopped, timeout=60)
 
@@ -359,3 +361,56 @@ def test_an_older_database_is_told_to_run_init_db(store: SQLAlchemyQueueStore) -
         store.check_schema()
     store.create_schema()
     store.check_schema()
+
+
+def test_a_drop_notice_is_queued_once_and_moves_a_sink_back(store: SQLAlchemyQueueStore) -> None:
+    from lr_client.records import ReplicationType, WireEntry
+
+    entries = [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"x") for p in (3, 9, 12)]
+    store.apply_log_batch("a", "policy", entries, 0)
+    assert store.apply_drop_notice("a", "policy", "d1", 10, "why") is True
+    assert store.sink_progress("a", "policy").last_position == 9
+    assert store.apply_drop_notice("a", "policy", "d1", 10, "why") is False  # a re-send
+    (queue,) = store.list_queues("policy")
+    with store.read() as conn:
+        queued = store.read_queue(conn, queue.queue_id, 10)
+    assert [(e.type, e.source_position) for e in queued] == [
+        (ReplicationType.LOG_ENTRY_SYNC, 3),
+        (ReplicationType.LOG_ENTRY_SYNC, 9),
+        (ReplicationType.LOG_ENTRY_SYNC, 12),
+        (ReplicationType.STREAM_DROPPED, 10),
+    ]
+    assert queued[-1].payload == b"why" and queued[-1].snapshot_id == "d1"
+    # Behind the notice's position already: the sink's position stays.
+    assert store.apply_drop_notice("a", "policy", "d2", 20, "again") is True
+    assert store.sink_progress("a", "policy").last_position == 9
+    (notice,) = store.list_sink_drops()
+    assert (notice.notice_id, notice.first_dropped_position) == ("d2", 20)
+
+
+def test_the_receiver_checks_drop_notices(store: SQLAlchemyQueueStore) -> None:
+    from lr_client._proto import replication_pb2 as pb
+    from lr_client.errors import ProtocolError
+    from lr_server.receiver import Receiver
+
+    receiver = Receiver(store, "b", ["a"])
+    assert receiver.negotiate("a", pb.NegotiateRequest(clients=["policy"])).drop_notices
+
+    def notice(sid: str, kind: str = "STREAM_DROPPED", n: int = 1) -> pb.ReplicationBatch:
+        entry = pb.RoutingTableEntryMsg(type=kind, position=6, opaque_payload=b"lost")  # type: ignore[arg-type]
+        return pb.ReplicationBatch(
+            batch_id=1,
+            client_name="policy",
+            kind=pb.BATCH_DROP_NOTICE,
+            snapshot_id=sid,
+            entries=[entry] * n,
+        )
+
+    for bad in (notice("d1", "LOG_ENTRY_SYNC"), notice("d1", n=2), notice("not-alnum")):
+        with pytest.raises(ProtocolError):
+            receiver.apply("a", bad)
+    assert store.list_sink_drops() == []
+    assert receiver.apply("a", notice("d1")).duplicate is False
+    assert receiver.apply("a", notice("d1")).duplicate is True
+    (queue,) = store.list_queues("policy")
+    assert store.queue_depth(queue.queue_id) == 1
