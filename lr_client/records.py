@@ -160,6 +160,12 @@ class StreamStop:
     resume_after: int  # where log entries resume once an operator accepts the loss
     stopped_at: float
     accepted_at: float | None = None
+    accepted_through: int | None = None  # the trim mark when the loss was accepted
+    resumed_at: float | None = None  # the stream runs again: only a record now
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.accepted_at is None
 
 
 @dataclass(frozen=True, slots=True)

@@ -312,7 +312,7 @@ def render_status(report: SiteStatus) -> None:
     stops = [x for x in report.send if x.stop]
     if stops:
         t = table(
-            "stopped (lr accept-loss to resume)",
+            "stopped streams (lr accept-loss to resume) and accepted losses",
             "dest",
             "client",
             "resume after",

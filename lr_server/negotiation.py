@@ -35,6 +35,7 @@ def decide(
     trimmed_through: int,
     head: int,
     has_provider: bool,
+    accepted: tuple[int, int] | None = None,
 ) -> Decision:
     """The rule for a stream in log entry sync (no drop, no open snapshot).
 
@@ -42,11 +43,15 @@ def decide(
       what the sink received (restored from a backup); entries the source
       writes from now on would take positions the sink already holds and be
       skipped as duplicates. A loss, from the source's cursor on.
-    * The sink holds at least what it acknowledged (``sink >= cursor``):
-      resume after the sink's position.
-    * The sink is behind its cursor (a sink restored from a backup) but trim
-      deleted nothing of the stream after the sink's position: resume there,
-      replaying from the source's copy.
+    * Trim deleted nothing of the stream after the sink's position (the
+      sink holds what it acknowledged, or it is behind its cursor, restored
+      from a backup, and the source still holds the rest): resume after the
+      sink's position, replaying from the source's copy. The cursor plays no
+      part: trim never deletes past it unless the stream was dropped, and a
+      session lowers it to replay.
+    * An operator accepted the loss of ``accepted = (after, through)`` (the
+      trim mark then): resume if the sink is past ``after`` and nothing was
+      trimmed since.
     * Otherwise entries the sink lacks are gone at the source: a loss, from
       the sink's position on.
 
@@ -62,7 +67,9 @@ def decide(
             f"the sink is at position {sink_position} but this source's head is {head}: "
             "the source's database is older than the sink's (restored from a backup?)",
         )
-    if sink_position >= cursor or sink_position >= trimmed_through:
+    if sink_position >= trimmed_through:
+        return Decision(Action.RESUME, sink_position)
+    if accepted is not None and sink_position >= accepted[0] and trimmed_through <= accepted[1]:
         return Decision(Action.RESUME, sink_position)
     return Decision(
         loss,

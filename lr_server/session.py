@@ -231,7 +231,7 @@ class SenderSession:
                 self.store.clear_stream_stop(self.destination, name)
                 metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
                 stop = None
-            if stop is not None and stop.accepted_at is not None:
+            if stop is not None and stop.accepted_at is not None and stop.resumed_at is None:
                 self._resume_accepted(stream, stop)
                 streams[name] = stream
                 continue
@@ -276,6 +276,7 @@ class SenderSession:
                     self.store.trimmed_through(self.destination, name),
                     self.store.head_position(),
                     has_provider,
+                    _accepted(stop),
                 )
                 if decision.action is Action.FULL_SYNC:
                     reason = decision.reason
@@ -288,7 +289,7 @@ class SenderSession:
                     self._stop(stream, decision.reason, decision.resume_after)
                     streams[name] = stream
                     continue
-            if stop is not None and not reason and not open_req:
+            if stop is not None and stop.is_stopped and not reason and not open_req:
                 # Stopped before, and the sink now holds what it needs (restored again?).
                 self.store.clear_stream_stop(self.destination, name)
                 metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
@@ -375,7 +376,7 @@ class SenderSession:
     def _resumed(self, name: str, resume_after: int) -> None:
         self.store.clear_drop(self.destination, name)
         self.store.set_cursor(self.destination, name, resume_after, needs_snapshot=False)
-        self.store.clear_stream_stop(self.destination, name)
+        self.store.mark_stream_resumed(self.destination, name)
         metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
 
     def _drop_notice(self, drop: DropRecord | None) -> Notice | None:
@@ -645,7 +646,7 @@ class SenderSession:
                 open_req = None
             if cs.mode is Mode.STOPPED:
                 stop = self.store.get_stream_stop(self.destination, name)
-                if stop is not None and stop.accepted_at is not None:
+                if stop is not None and stop.accepted_at is not None and stop.resumed_at is None:
                     self._resume_accepted(cs, stop)
                 continue
             if cs.mode is Mode.LOG and name in dropped and open_req is None:
@@ -750,6 +751,13 @@ class SenderSession:
             )
         except LRError as exc:
             self._log.warning("cannot save session status: %s", exc)
+
+
+def _accepted(stop: StreamStop | None) -> tuple[int, int] | None:
+    """The loss an operator accepted for the stream, if the sink was told of it."""
+    if stop is None or stop.resumed_at is None or stop.accepted_through is None:
+        return None
+    return stop.resume_after, stop.accepted_through
 
 
 def _wire(e: SendEntry) -> pb.RoutingTableEntryMsg:

@@ -240,7 +240,7 @@ def _send_streams(
         session = sessions.get(dest) if sessions else None
         inflight = session.inflight_batches if session else None
         stop = stops.get((dest, client))
-        if stop and stop.accepted_at is None:
+        if stop and stop.is_stopped:
             state = STOPPED
         elif drop:
             state = DROPPED

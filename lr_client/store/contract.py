@@ -235,6 +235,10 @@ class QueueStore(abc.ABC):
         """Mark a stopped stream's loss accepted (the session then resumes it)."""
 
     @abc.abstractmethod
+    def mark_stream_resumed(self, destination: str, client_name: str) -> None:
+        """The sink was told of an accepted loss; the stop record stays as a record."""
+
+    @abc.abstractmethod
     def clear_stream_stop(self, destination: str, client_name: str) -> None:
         """Forget a stop record once the stream runs again."""
 

@@ -155,13 +155,18 @@ stream_stops = Table(
     "lrq_stream_stops",
     metadata,
     # A stream stopped because the sink lacks entries the source no longer holds
-    # (and the client has no snapshot provider), until an operator accepts the loss.
+    # (and the client has no snapshot provider), until an operator accepts the
+    # loss; then the record of that acceptance.
     Column("destination", String(63), nullable=False),
     Column("client_name", String(63), nullable=False),
     Column("reason", Text, nullable=False),
     Column("resume_after", BigInteger, nullable=False),
     Column("stopped_at", Double, nullable=False),
     Column("accepted_at", Double),
+    # The stream's trim mark when the loss was accepted: the loss covers
+    # (resume_after, accepted_through]; a later one stops the stream again.
+    Column("accepted_through", BigInteger),
+    Column("resumed_at", Double),  # the sink was told; the row stays as the record
     PrimaryKeyConstraint("destination", "client_name"),
 )
 

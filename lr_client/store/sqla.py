@@ -839,21 +839,30 @@ class SQLAlchemyQueueStore(QueueStore):
             int(row.resume_after),
             float(row.stopped_at),
             None if row.accepted_at is None else float(row.accepted_at),
+            None if row.accepted_through is None else int(row.accepted_through),
+            None if row.resumed_at is None else float(row.resumed_at),
         )
 
     def stop_stream(
         self, destination: str, client_name: str, reason: str, resume_after: int
     ) -> bool:
-        """Record that the stream stopped (True), or keep the existing record (False)."""
+        """Record that the stream stopped (True), or keep a stop still open (False).
+
+        The record of an earlier loss, accepted and resumed, is replaced.
+        """
+        t = s.stream_stops
         with self.write() as conn:
             found = conn.execute(
-                select(s.stream_stops.c.destination).where(
-                    s.stream_stops.c.destination == destination,
-                    s.stream_stops.c.client_name == client_name,
+                select(t.c.resumed_at).where(
+                    t.c.destination == destination, t.c.client_name == client_name
                 )
             ).first()
             if found is not None:
-                return False
+                if found.resumed_at is None:
+                    return False
+                conn.execute(
+                    delete(t).where(t.c.destination == destination, t.c.client_name == client_name)
+                )
             conn.execute(
                 insert(s.stream_stops).values(
                     destination=destination,
@@ -862,6 +871,8 @@ class SQLAlchemyQueueStore(QueueStore):
                     resume_after=resume_after,
                     stopped_at=time.time(),
                     accepted_at=None,
+                    accepted_through=None,
+                    resumed_at=None,
                 )
             )
         return True
@@ -887,6 +898,30 @@ class SQLAlchemyQueueStore(QueueStore):
 
     def accept_stream_loss(self, destination: str, client_name: str) -> StreamStop | None:
         """Mark a stopped stream's loss accepted; None if the stream is not stopped."""
+        t, m = s.stream_stops, s.trim_marks
+        num = self.site_numbers(refresh=True).get(destination, -1)
+        with self.write() as conn:
+            mark = conn.execute(
+                select(m.c.trimmed_through).where(
+                    m.c.dest_num == num, m.c.client_name == client_name
+                )
+            ).scalar()
+            done = conn.execute(
+                update(t)
+                .where(
+                    t.c.destination == destination,
+                    t.c.client_name == client_name,
+                    t.c.accepted_at.is_(None),
+                )
+                .values(accepted_at=time.time(), accepted_through=int(mark or 0))
+            ).rowcount
+            row = conn.execute(
+                select(t).where(t.c.destination == destination, t.c.client_name == client_name)
+            ).first()
+        return self._stop(row) if done and row else None
+
+    def mark_stream_resumed(self, destination: str, client_name: str) -> None:
+        """The sink was told of an accepted loss: the stop is only a record now."""
         t = s.stream_stops
         with self.write() as conn:
             conn.execute(
@@ -894,14 +929,10 @@ class SQLAlchemyQueueStore(QueueStore):
                 .where(
                     t.c.destination == destination,
                     t.c.client_name == client_name,
-                    t.c.accepted_at.is_(None),
+                    t.c.accepted_at.is_not(None),
                 )
-                .values(accepted_at=time.time())
+                .values(resumed_at=time.time())
             )
-            row = conn.execute(
-                select(t).where(t.c.destination == destination, t.c.client_name == client_name)
-            ).first()
-        return self._stop(row) if row else None
 
     def clear_stream_stop(self, destination: str, client_name: str) -> None:
         with self.write() as conn:

@@ -123,15 +123,18 @@ def stopped_gauge() -> float | None:
 class Pair:
     """Source a -> sink b, one client, a subscriber on b."""
 
-    def __init__(self, sites: Sites, snapshot: str, listener: EventListener) -> None:
+    def __init__(
+        self, sites: Sites, snapshot: str, listener: EventListener, dests: Sequence[str] = ("b",)
+    ) -> None:
         self.sites = sites
+        self.dests = list(dests)
         self.snapshot = snapshot
         self.src = sites.store("a")
         kvapp.meta.create_all(self.src.engine)
         self.client = RoutingQueueClient(
             self.src, source_id="a", client_name="policy", backpressure="ignore"
         )
-        self.client.register_destinations(["b"])
+        self.client.register_destinations(self.dests)
         self.sink = sites.store("b")
         kvapp.meta.create_all(self.sink.engine)
         meta.create_all(self.sink.engine)
@@ -157,7 +160,7 @@ class Pair:
     def write(self, count: int) -> None:
         for _ in range(count):
             self.n += 1
-            kvapp.write(self.src.engine, self.client, {f"k{self.n % 7}": self.n}, ["b"])
+            kvapp.write(self.src.engine, self.client, {f"k{self.n % 7}": self.n}, self.dests)
 
     def loops(self) -> list[object]:
         return [self.sub, self.runner] if self.snapshot != "none" else [self.sub]
@@ -226,7 +229,8 @@ def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
         wait_for(lambda: logs(pair.sink)[-1:] == [30], timeout=60)
     after = seen(pair.sink)[len(before) :]
     assert after == [("dropped", first_missing)] + [("log", p) for p in range(21, 31)]
-    assert pair.src.get_stream_stop("b", "policy") is None
+    record = pair.src.get_stream_stop("b", "policy")
+    assert record is not None and record.resumed_at is not None and not record.is_stopped
     assert stopped_gauge() == 0.0
     (notice,) = pair.sink.list_sink_drops()
     assert notice.first_dropped_position == first_missing
@@ -234,7 +238,14 @@ def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
     (sink_stream,) = collect_status(sites.running["b"].config, pair.sink).sink
     assert sink_stream.drop is not None
     assert sink_stream.drop.first_dropped_position == first_missing
-    # Running again: the next entry flows normally.
+    # A reconnection with nothing shipped since does not stop the stream again.
+    pair.sites.stop("b")
+    pair.start_sink()
+    pair.write(3)
+    with running(*pair.loops()):
+        wait_for(lambda: logs(pair.sink)[-1:] == [33], timeout=60)
+    assert seen(pair.sink)[len(before) + 11 :] == [("log", 31), ("log", 32), ("log", 33)]
+    assert pair.src.list_session_status()[0]["state"] != "stream_stopped"
     again = CliRunner().invoke(
         cli, ["accept-loss", "--config", pair.config_path(), "-d", "b", "--client", "policy"]
     )
@@ -414,3 +425,90 @@ def test_the_receiver_checks_drop_notices(store: SQLAlchemyQueueStore) -> None:
     assert receiver.apply("a", notice("d1")).duplicate is True
     (queue,) = store.list_queues("policy")
     assert store.queue_depth(queue.queue_id) == 1
+
+
+@pytest.mark.parametrize("action", ["sink made whole", "provider configured"])
+def test_a_stopped_stream_resumes_when_the_operator_fixes_the_cause(
+    sites: Sites, action: str
+) -> None:
+    listener = EventListener()
+    pair = Pair(sites, "none", listener)
+    pair.start_sink()
+    pair.start_source()
+    with running(*pair.loops()):
+        pair.write(20)
+        wait_for(lambda: logs(pair.sink) == list(range(1, 21)), timeout=60)
+        wait_for(lambda: pair.src.get_cursor("b", "policy").position == 20)
+    pair.restore_sink(5)
+    assert pair.src.trim() == 20
+    pair.start_sink()
+    with running(*pair.loops()):
+        wait_stopped(pair, "behind what this source still holds")
+    if action == "sink made whole":
+        pair.restore_sink(20)  # a newer backup: everything it acknowledged
+        with pair.sink.write() as conn:
+            conn.execute(insert(events), [{"kind": "log", "position": p} for p in range(6, 21)])
+        pair.write(5)
+        pair.start_sink()
+        with running(*pair.loops()):
+            wait_for(lambda: logs(pair.sink)[-1:] == [25], timeout=60)
+        assert logs(pair.sink) == list(range(1, 26))
+        assert "dropped" not in [k for k, _ in seen(pair.sink)]
+    else:
+        pair.sites.stop("a")
+        pair.snapshot = "app"
+        pair.start_source()
+        with running(*pair.loops()):
+
+            def synced() -> bool:
+                snaps = pair.src.list_snapshots("b", "policy")
+                return any(x.status is SnapshotStatus.COMPLETED for x in snaps)
+
+            wait_for(synced, timeout=60)
+            wait_for(lambda: kvapp.table(pair.sink.engine) == kvapp.table(pair.src.engine))
+        kinds = [k for k, _ in seen(pair.sink)]
+        assert kinds == ["log"] * 5 + ["dropped", "start", "end"]
+        assert seen(pair.sink)[5] == ("dropped", 6)
+    assert pair.src.get_stream_stop("b", "policy") is None
+    assert stopped_gauge() == 0.0
+    assert pair.src.list_session_status()[0]["last_error"] == ""
+
+
+def test_a_destination_dropped_by_retention_is_told_before_its_full_sync(
+    sites: Sites,
+) -> None:
+    listener = EventListener(fail_first_drop=True)
+    pair = Pair(sites, "app", listener, dests=("b", "c", "d"))
+    pair.start_sink()
+    for healthy in ("c", "d"):  # a majority keeps up: b is dropped, not throttled
+        sites.store(healthy)
+        sites.start(healthy, sources=["a"])
+    pair.sites.start(
+        "a",
+        dests=pair.dests,
+        snapshot="app",
+        extra="[retention]\nmax_entries = 10\ntrim_interval = 0.1\n",
+    )
+    with running(*pair.loops()):
+        pair.wait_first_contact()
+        pair.write(3)
+        wait_for(lambda: logs(pair.sink)[-1:] == [pair.n], timeout=60)
+        pair.sites.stop("b")
+        before = seen(pair.sink)
+        pair.write(30)
+        wait_for(lambda: bool(pair.src.list_drops()), timeout=60)
+        (drop,) = pair.src.list_drops()
+        pair.start_sink()
+
+        def resynced() -> bool:
+            snaps = pair.src.list_snapshots("b", "policy")
+            return any(
+                x.status is SnapshotStatus.COMPLETED and "dropped" in x.reason for x in snaps
+            )
+
+        wait_for(resynced, timeout=60)
+        wait_for(lambda: kvapp.table(pair.sink.engine) == kvapp.table(pair.src.engine))
+    after = seen(pair.sink)[len(before) :]
+    assert after[:2] == [("dropped", drop.first_dropped_position), ("start", 0)]
+    assert [k for k, _ in after].count("dropped") == 1 and listener.drop_calls == 2
+    assert pair.sink.list_sink_drops()[0].reason == drop.reason

@@ -19,6 +19,14 @@ CASES = [
     ("sink past the source's head, provider", 40, 20, 20, 30, True, Action.FULL_SYNC, 20, 21),
     ("sink past the source's head, no provider", 40, 20, 0, 30, False, Action.STOP, 20, 21),
     ("cursor past a restored head", 40, 35, 0, 30, False, Action.STOP, 30, 31),
+    ("cursor lowered to the sink, trimmed past it", 5, 5, 20, 30, False, Action.STOP, 5, 6),
+]
+
+ACCEPTED = [
+    ("at the accepted point", 5, 20, None, Action.RESUME),
+    ("past it", 12, 20, None, Action.RESUME),
+    ("trimmed further since", 5, 30, 6, Action.STOP),
+    ("behind the accepted point", 3, 20, 4, Action.STOP),
 ]
 
 
@@ -44,3 +52,18 @@ def test_decide(
     else:
         assert d.first_missing == missing
         assert d.reason
+
+
+@pytest.mark.parametrize(
+    ("sink", "trimmed", "missing", "action"),
+    [c[1:] for c in ACCEPTED],
+    ids=[c[0] for c in ACCEPTED],
+)
+def test_decide_after_an_accepted_loss(
+    sink: int, trimmed: int, missing: int | None, action: Action
+) -> None:
+    # An operator accepted the loss after position 5 when the trim mark was 20.
+    d = decide(sink, 40, trimmed, 50, False, accepted=(5, 20))
+    assert d.action is action
+    if missing is not None:
+        assert d.first_missing == missing
