@@ -210,6 +210,12 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                 )
 
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
+        # Before the snapshot is taken (the first query): no cursor changes until
+        # this trim commits. A session lowering a cursor to replay for a sink
+        # behind it then either waits for this trim and reads its trim marks,
+        # or committed first and this trim sees the lowered cursor. (SQLite
+        # serialises writers: the same holds there by construction.)
+        conn.execute(text("LOCK TABLE lrq_cursors IN SHARE MODE"))
         acked = self._acked_positions(conn)
         params = {
             "nums": [k[0] for k in acked],

@@ -703,10 +703,7 @@ class SQLAlchemyQueueStore(QueueStore):
 
     def _acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
         """{(site number, client): position below which the stream needs nothing}."""
-        # Shared row locks until the trim commits: a session lowering a cursor
-        # (to replay for a sink behind it) waits for this trim, then sees its
-        # trim marks; or this trim sees the lowered cursor.
-        rows = conn.execute(select(s.cursors).with_for_update(read=True)).all()
+        rows = conn.execute(select(s.cursors)).all()
         nums = self._sites if self._sites else self.site_numbers()
         out: dict[tuple[int, str], int] = {}
         for r in rows:
