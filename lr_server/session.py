@@ -248,6 +248,7 @@ class SenderSession:
                 open_req = None
                 cursor = self.store.get_cursor(self.destination, name)
                 drops.discard(name)
+                drop_records.pop(name, None)
             if int(cs.snapshot_state) == SinkSnapshotState.ONGOING:
                 if (
                     open_req
@@ -730,11 +731,11 @@ class SenderSession:
     # -- status ----------------------------------------------------------------------------------
     def _summary(self, streams: dict[str, ClientStream]) -> str:
         modes = {cs.mode for cs in streams.values()}
-        if Mode.SNAPSHOT in modes:
-            return Mode.SNAPSHOT.value
         self._stopped = "; ".join(
             cs.stop_reason for cs in streams.values() if cs.mode is Mode.STOPPED
         )
+        if Mode.SNAPSHOT in modes:
+            return Mode.SNAPSHOT.value
         if Mode.STOPPED in modes:
             return Mode.STOPPED.value
         return Mode.LOG.value
