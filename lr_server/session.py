@@ -43,6 +43,7 @@ from lr_server import metrics
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
 from lr_server.fanout import LogFanout
 from lr_server.negotiation import Action, decide
+from lr_server.status import head_position as assigned_head
 from lr_server.transport.base import BatchStream, Transport
 
 log = logging.getLogger("lr.session")
@@ -275,7 +276,9 @@ class SenderSession:
                     cs.last_position,
                     cursor.position,
                     self.store.trimmed_through(self.destination, name),
-                    self.store.head_position(),
+                    # The highest position assigned, read without waiting for
+                    # transmitters: the sink can never be past it.
+                    assigned_head(self.store),
                     has_provider,
                     _accepted(stop),
                 )
