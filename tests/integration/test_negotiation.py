@@ -512,3 +512,38 @@ def test_a_destination_dropped_by_retention_is_told_before_its_full_sync(
     assert after[:2] == [("dropped", drop.first_dropped_position), ("start", 0)]
     assert [k for k, _ in after].count("dropped") == 1 and listener.drop_calls == 2
     assert pair.sink.list_sink_drops()[0].reason == drop.reason
+
+
+def test_a_sink_without_drop_notices_gets_none_and_the_stream_still_resumes(
+    sites: Sites, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lr_server.receiver import Receiver
+
+    plain = Receiver.negotiate
+
+    def older_sink(self: Receiver, source_id: str, request: object) -> object:
+        response = plain(self, source_id, request)  # type: ignore[arg-type]
+        response.drop_notices = False  # what a sink of an older version answers
+        return response
+
+    monkeypatch.setattr(Receiver, "negotiate", older_sink)
+    pair = Pair(sites, "none", EventListener())
+    pair.start_sink()
+    pair.start_source()
+    with running(*pair.loops()):
+        pair.write(20)
+        wait_for(lambda: logs(pair.sink) == list(range(1, 21)), timeout=60)
+        wait_for(lambda: pair.src.get_cursor("b", "policy").position == 20)
+    pair.restore_sink(5)
+    assert pair.src.trim() == 20
+    pair.write(10)
+    pair.start_sink()
+    with running(*pair.loops()):
+        wait_stopped(pair, "behind what this source still holds")
+        assert logs(pair.sink) == [1, 2, 3, 4, 5]
+        assert pair.src.accept_stream_loss("b", "policy") is not None
+        wait_for(lambda: logs(pair.sink)[-1:] == [30], timeout=60)
+    assert seen(pair.sink) == [("log", p) for p in [1, 2, 3, 4, 5, *range(21, 31)]]
+    assert pair.sink.list_sink_drops() == []
+    record = pair.src.get_stream_stop("b", "policy")
+    assert record is not None and record.resumed_at is not None
