@@ -348,8 +348,8 @@ class SenderSession:
         if self.store.stop_stream(self.destination, name, reason, resume_after):
             self._log.error(
                 "%s/%s stopped: %s. The client has no snapshot provider: configure one and "
-                "run `lr snapshot request`, or accept the loss with `lr accept-loss` "
-                "(log entries then resume after %d)",
+                "restart the server (a full sync follows), or accept the loss with "
+                "`lr accept-loss` (log entries then resume after %d)",
                 self.destination,
                 name,
                 reason,

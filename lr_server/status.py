@@ -11,7 +11,7 @@ States of a send stream, first match wins:
 
 * ``stopped``: the sink lacks entries the source no longer holds and the
   client has no snapshot provider; nothing is shipped until an operator
-  acts (``lr accept-loss``, or a provider and ``lr snapshot request``).
+  acts (``lr accept-loss``, or a provider configured: a full sync follows).
 * ``dropped``: a drop record exists (the destination fell past a retention
   limit); it will be re-synced by a full sync.
 * ``snapshot sync``: a snapshot is open (requested, running or ready) or the
