@@ -547,3 +547,45 @@ def test_a_sink_without_drop_notices_gets_none_and_the_stream_still_resumes(
     assert pair.sink.list_sink_drops() == []
     record = pair.src.get_stream_stop("b", "policy")
     assert record is not None and record.resumed_at is not None
+
+
+def test_a_cursor_lowered_during_a_trim_waits_for_its_trim_marks(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The replay's cursor write and its trim mark read never straddle a trim."""
+    from sqlalchemy import text
+
+    client = RoutingQueueClient(store, source_id="a", client_name="policy")
+    client.register_destinations(["b"])
+    with store.engine.begin() as conn:
+        for _ in range(5):
+            client.transmit_log_entry_message(conn, b"x", ["b"])
+    store.set_cursor("b", "policy", 5)
+    marks: list[int] = []
+
+    def session_replays_after_2() -> None:
+        store.set_cursor("b", "policy", 2)
+        marks.append(store.trimmed_through("b", "policy"))
+
+    replay = threading.Thread(target=session_replays_after_2)
+    with store.write(consistent=True) as conn:
+        assert store._trim_log(conn, 100) == 5  # judged by cursor 5, not yet committed
+        replay.start()
+        if store.dialect == "postgresql":  # the cursor write waits for this trim
+
+            def waiting() -> bool:
+                with store.engine.connect() as probe:
+                    return bool(
+                        probe.execute(
+                            text(
+                                "SELECT count(*) FROM pg_locks l JOIN pg_class c "
+                                "ON c.oid = l.relation WHERE NOT l.granted "
+                                "AND c.relname = 'lrq_cursors'"
+                            )
+                        ).scalar()
+                    )
+
+            wait_for(waiting, timeout=30)
+    replay.join(timeout=60)
+    # The session saw the deletion's mark, so it knows 3..5 are gone.
+    assert marks == [5]
