@@ -43,7 +43,9 @@ class RoutingQueueListener(abc.ABC):
     Per source, the listener sees ``on_full_sync_start``, any number of
     ``process_full_sync`` batches, ``on_full_sync_end``, then
     ``process_log_entries`` batches, each in source order; a batch holds one
-    type only. A second ``on_full_sync_start`` without an ``on_full_sync_end``
+    type only. ``on_stream_dropped`` comes first when the source dropped the
+    stream (a full sync, or after an accepted loss a gap, follows). A second
+    ``on_full_sync_start`` without an ``on_full_sync_end``
     means the earlier snapshot was superseded: the listener should discard
     what it staged for it. Snapshot entries may overlap log entries delivered
     later (the source replays from the snapshot's base position), so applying
@@ -73,6 +75,19 @@ class RoutingQueueListener(abc.ABC):
         self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
     ) -> bool:
         """Apply one batch of log entries; return True to commit it."""
+
+    def on_stream_dropped(
+        self, session: Session, source_id: str, first_dropped_position: int, reason: str
+    ) -> None:
+        """Entries of ``source_id`` from ``first_dropped_position`` on may never arrive.
+
+        The source dropped this stream: it fell behind what the source still
+        holds, or the source was restored to an older state. A full sync
+        usually follows (``on_full_sync_start``); without a snapshot provider,
+        log entries resume after an operator accepted the loss. Delivered once,
+        in the stream's order, in the delivery transaction (no-op by default).
+        """
+        return None
 
     def on_error(self, error: BaseException) -> None:
         """A delivery failed and will be retried (logs a warning by default).

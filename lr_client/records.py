@@ -13,6 +13,7 @@ class ReplicationType(enum.IntEnum):
     LOG_ENTRY_SYNC = 1
     SNAPSHOT_SYNC = 2
     LAST_FULL_SYNC_ENTRY = 3
+    STREAM_DROPPED = 4  # a drop notice: entries from its position on may be missing
 
 
 class SnapshotStatus(enum.StrEnum):
@@ -147,6 +148,36 @@ class DropRecord:
     first_dropped_position: int
     dropped_at: float
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    """A stream stopped because the sink lacks entries the source no longer holds."""
+
+    destination: str
+    client_name: str
+    reason: str
+    resume_after: int  # where log entries resume once an operator accepts the loss
+    stopped_at: float
+    accepted_at: float | None = None
+    accepted_through: int | None = None  # the trim mark when the loss was accepted
+    resumed_at: float | None = None  # the stream runs again: only a record now
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.accepted_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class SinkDrop:
+    """The last drop notice a sink received from one (source, client)."""
+
+    source_id: str
+    client_name: str
+    notice_id: str
+    first_dropped_position: int
+    reason: str
+    received_at: float
 
 
 @dataclass(frozen=True, slots=True)

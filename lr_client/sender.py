@@ -179,7 +179,11 @@ class RoutingQueueClient:
     ) -> str:
         """Ask for a full sync of this client to ``destination`` (in the caller's transaction).
 
-        Any open snapshot of the same destination and client is cancelled.
+        Any open snapshot of the same destination and client is cancelled. The
+        client's snapshot provider is configured on the server, which this call
+        cannot see: for a client with ``snapshot = "none"`` the running server
+        cancels the request (reason ``... has no snapshot provider ...``) and
+        log entries go on.
         """
         self._dest_nums([destination])
         conn = None if session is None else _connection(session)

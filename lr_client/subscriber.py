@@ -75,7 +75,7 @@ class _Conflict(Exception):
 class _Plan:
     """What one delivery transaction does with the head of a queue."""
 
-    kind: str  # "log", "snapshot" or "stale" (entries of an ended snapshot: dropped)
+    kind: str  # "log", "snapshot", "drop" (a drop notice) or "stale" (of an ended snapshot)
     seqs: list[int]
     messages: list[RoutingQueueMessage]
     snapshot_id: str
@@ -106,6 +106,12 @@ def _messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQue
 def _plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[HeadEntry]) -> _Plan:
     """Decide the callbacks for the head of a queue (``entries`` in seq order, not empty)."""
     first = entries[0]
+    if first.type == ReplicationType.STREAM_DROPPED:
+        # Alone in its transaction; the snapshot state is left as it is.
+        notice = _messages(queue, entries[:1])
+        return _Plan(
+            "drop", [first.seq], notice, state.snapshot_id, False, False, state.in_snapshot
+        )
     if first.type == ReplicationType.LOG_ENTRY_SYNC:
         run = entries[: _run_length(entries, (first.type,), None)]
         return _Plan(
@@ -388,7 +394,7 @@ class RoutingQueueSubscriber:
                 self.owner,
                 snapshot_id=plan.snapshot_id,
                 in_snapshot=plan.in_snapshot,
-                delivered=state.delivered + len(plan.messages),
+                delivered=state.delivered + (0 if plan.kind == "drop" else len(plan.messages)),
                 lease_expires=expires,
             )
             if not saved:
@@ -418,7 +424,13 @@ class RoutingQueueSubscriber:
             if plan.start:
                 callback = "on_full_sync_start"
                 listener.on_full_sync_start(session, source, plan.snapshot_id)
-            if plan.messages:
+            if plan.kind == "drop":
+                callback = "on_stream_dropped"
+                notice = plan.messages[0]
+                listener.on_stream_dropped(
+                    session, source, notice.source_position, notice.payload.decode()
+                )
+            elif plan.messages:
                 if plan.kind == "log":
                     callback = "process_log_entries"
                     ok = listener.process_log_entries(session, source, plan.messages)

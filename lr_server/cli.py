@@ -319,6 +319,26 @@ def render_status(report: SiteStatus) -> None:
                 x.drop.reason,
             )
         out.print(t)
+    stops = [x for x in report.send if x.stop]
+    if stops:
+        t = table(
+            "stopped streams (lr accept-loss to resume) and accepted losses",
+            "dest",
+            "client",
+            "resume after",
+            "since",
+            "reason",
+        )
+        for x in stops:
+            assert x.stop is not None
+            t.add_row(
+                x.destination,
+                x.client,
+                str(x.stop.resume_after) + (" (accepted)" if x.stop.accepted else ""),
+                ago(x.stop.stopped_at, now),
+                Text(x.stop.reason),
+            )
+        out.print(t)
     if report.sessions:
         t = table("sessions", "dest", "state", "conn", "in-flight", "updated", "last error")
         for s in report.sessions:
@@ -341,6 +361,19 @@ def render_status(report: SiteStatus) -> None:
                 y.snapshot_state + (f" {short_id(y.snapshot_id)}" if y.snapshot_id else ""),
                 str(y.entries_received),
                 str(y.queue_depth),
+            )
+        out.print(t)
+    notices = [y for y in report.sink if y.drop]
+    if notices:
+        t = table("drop notices received", "source", "client", "from pos", "when", "reason")
+        for y in notices:
+            assert y.drop is not None
+            t.add_row(
+                y.source,
+                y.client,
+                str(y.drop.first_dropped_position),
+                ago(y.drop.dropped_at, now),
+                Text(y.drop.reason),
             )
         out.print(t)
     if not report.send and not report.sink:
@@ -470,6 +503,13 @@ def snapshot_request(config_path: Path, destination: str, client: str, reason: s
     """
     config = load_config(config_path)
     _check_stream(config, destination, client)
+    found = config.client(client)
+    if found is not None and found.snapshot == "none":
+        fail(
+            f'client {client!r} has no snapshot provider (snapshot = "none"), so nobody '
+            f'could make a full sync for {destination}; set snapshot = "app" or "spark"',
+            EXIT_USAGE,
+        )
     with open_site_store(config) as store:
         snapshot_id = store.request_snapshot(None, destination, client, reason)
     click.echo(snapshot_id)
@@ -670,6 +710,30 @@ def demo(transactions: int, duration: float, keep: bool) -> None:
     code = int(run_demo(transactions=transactions, duration=duration, keep=keep))
     if code:
         raise click.exceptions.Exit(code)
+
+
+# -- stopped streams ----------------------------------------------------------------------
+@cli.command("accept-loss")
+@config_option
+@click.option("--destination", "-d", required=True, help="The destination site id.")
+@click.option("--client", required=True, help="The client name.")
+def accept_loss(config_path: Path, destination: str, client: str) -> None:
+    """Resume a stopped stream, accepting that its sink misses some entries.
+
+    A stream stops when its sink lacks entries this source no longer holds
+    and the client has no snapshot provider. The running server then tells
+    the sink (its listener's on_stream_dropped) and ships log entries again.
+    """
+    config = load_config(config_path)
+    _check_stream(config, destination, client)
+    with open_site_store(config) as store:
+        stop = store.accept_stream_loss(destination, client)
+    if stop is None:
+        fail(f"stream {destination}/{client} is not stopped")
+    click.echo(
+        f"accepted the loss of {destination}/{client} ({stop.reason}); "
+        f"log entries resume after position {stop.resume_after}"
+    )
 
 
 # -- trim ---------------------------------------------------------------------------------

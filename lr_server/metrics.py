@@ -38,6 +38,11 @@ UNCONFIGURED_ENTRIES = Gauge(
     ["destination", "client"],
 )
 DROPS = Counter("lr_drops", "Destinations dropped to a full sync", ["destination", "client"])
+STREAM_STOPPED = Gauge(
+    "lr_stream_stopped",
+    "1 while a stream is stopped: the sink lacks entries the source no longer holds",
+    ["destination", "client"],
+)
 BACKPRESSURE_EVENTS = Counter("lr_backpressure_events", "Transmits refused or delayed")
 ERRORS = Counter("lr_errors", "Errors by kind", ["kind"])
 TRIMMED = Counter("lr_trimmed_entries", "Send-queue entries trimmed")
@@ -69,6 +74,7 @@ __all__ = [
     "RECEIVER_CALLS_REFUSED",
     "RECEIVER_OPEN_CALLS",
     "SNAPSHOT_ROWS",
+    "STREAM_STOPPED",
     "TRIMMED",
     "UNCONFIGURED_ENTRIES",
     "start_metrics_server",

@@ -51,7 +51,7 @@ class Receiver:
             raise ProtocolError(
                 f"negotiation names source {request.source_id!r}, not {source_id!r}"
             )
-        response = pb.NegotiateResponse(sink_id=self.sink_id)
+        response = pb.NegotiateResponse(sink_id=self.sink_id, drop_notices=True)
         for client in request.clients:
             _valid(client, "client name")
             p = self.store.sink_progress(source_id, client)
@@ -95,6 +95,33 @@ class Receiver:
                 raise ProtocolError("snapshot batch holds entries of another type or snapshot")
             applied, last = self.store.apply_snapshot_batch(
                 source_id, client, batch.snapshot_id, entries, batch.previous_position
+            )
+        elif batch.kind == pb.BATCH_DROP_NOTICE:
+            if len(entries) != 1 or entries[0].type is not ReplicationType.STREAM_DROPPED:
+                raise ProtocolError("a drop notice holds exactly one STREAM_DROPPED entry")
+            _valid_snapshot_id(batch.snapshot_id)
+            notice = entries[0]
+            try:
+                reason = notice.payload.decode()
+            except UnicodeDecodeError as exc:
+                raise ProtocolError("drop notice reason is not UTF-8") from exc
+            applied = self.store.apply_drop_notice(
+                source_id, client, batch.snapshot_id, notice.position, reason
+            )
+            last = notice.position
+            if applied:
+                log.warning(
+                    "%s/%s: stream dropped from position %d: %s",
+                    source_id,
+                    client,
+                    notice.position,
+                    reason,
+                )
+            return pb.ReplicationAck(
+                batch_id=batch.batch_id,
+                client_name=client,
+                last_position=last,
+                duplicate=not applied,
             )
         else:
             raise ProtocolError(f"unknown batch kind {batch.kind}")

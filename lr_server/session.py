@@ -30,16 +30,20 @@ from tenacity import (
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import LRError, TransportError
 from lr_client.records import (
+    DropRecord,
     ReplicationType,
     SendEntry,
     SinkSnapshotState,
     SnapshotRequest,
     SnapshotStatus,
+    StreamStop,
 )
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server import metrics
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
 from lr_server.fanout import LogFanout
+from lr_server.negotiation import Action, decide
+from lr_server.status import head_position as assigned_head
 from lr_server.transport.base import BatchStream, Transport
 
 log = logging.getLogger("lr.session")
@@ -50,7 +54,16 @@ SnapshotLauncher = Callable[[SnapshotRequest, ClientConfig], None]
 class Mode(enum.StrEnum):
     LOG = "log_entry_sync"
     SNAPSHOT = "snapshot_sync"  # waiting for or shipping a snapshot
-    DROPPED = "dropped"  # needs a full sync but no provider can make one
+    STOPPED = "stream_stopped"  # the sink lacks entries the source no longer holds; no provider
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A drop notice to send before anything else of the stream."""
+
+    notice_id: str
+    first_dropped_position: int
+    reason: str
 
 
 @dataclass
@@ -63,6 +76,8 @@ class ClientStream:
     snap_done_sent: bool = False
     retry_at: float = 0.0  # when a failed snapshot may be asked for again
     partial_batch: int = 0  # id of the last log batch sent that was not full
+    notice: Notice | None = None  # sent before the stream's next batch
+    stop_reason: str = ""
 
 
 @dataclass
@@ -110,6 +125,8 @@ class SenderSession:
         self._pending_cursors: dict[str, int] = {}
         self._cursor_flushed = 0.0
         self._batch_id = 0
+        self._notices = False  # the sink accepts drop notices
+        self._stopped = ""  # why streams are stopped, for the session status
         self._log = logging.LoggerAdapter(log, {"destination": destination})
 
     # -- the loop -----------------------------------------------------------------------------
@@ -194,16 +211,31 @@ class SenderSession:
     def _plan(self, response: pb.NegotiateResponse) -> dict[str, ClientStream]:
         """Decide, per client, where to resume (Corfu's negotiation rules)."""
         states = {c.client_name: c for c in response.clients}
-        drops = {
-            d.client_name for d in self.store.list_drops() if d.destination == self.destination
+        self._notices = bool(response.drop_notices)
+        drop_records = {
+            d.client_name: d for d in self.store.list_drops() if d.destination == self.destination
         }
+        drops = set(drop_records)
         streams: dict[str, ClientStream] = {}
         for name, config in self.clients.items():
             cs = states.get(name, pb.ClientState(client_name=name))
             cursor = self.store.get_cursor(self.destination, name)
-            open_req = self._open_snapshot(name)
-            stream = ClientStream(config)
             has_provider = config.snapshot != "none"
+            open_req = self._open_snapshot(name)
+            if open_req is not None and not has_provider:
+                self._refuse(open_req)
+                open_req = None
+            stream = ClientStream(config)
+            stop = self.store.get_stream_stop(self.destination, name)
+            if stop is not None and has_provider:
+                # A provider was configured since: the loss becomes a full sync below.
+                self.store.clear_stream_stop(self.destination, name)
+                metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
+                stop = None
+            if stop is not None and stop.accepted_at is not None and stop.resumed_at is None:
+                self._resume_accepted(stream, stop)
+                streams[name] = stream
+                continue
             reason = ""
             if (
                 open_req is not None
@@ -217,6 +249,7 @@ class SenderSession:
                 open_req = None
                 cursor = self.store.get_cursor(self.destination, name)
                 drops.discard(name)
+                drop_records.pop(name, None)
             if int(cs.snapshot_state) == SinkSnapshotState.ONGOING:
                 if (
                     open_req
@@ -234,17 +267,44 @@ class SenderSession:
                 and has_provider
             ):
                 reason = "first contact"
-            elif cs.last_position < cursor.position and has_provider:
-                reason = "sink is behind what the source still holds"
-            if open_req or reason:
-                if not has_provider and not open_req:
-                    stream.mode = Mode.DROPPED
-                    self._log.error(
-                        "%s/%s needs a full sync (%s) but the client has no snapshot provider",
-                        self.destination,
-                        name,
-                        reason,
+            elif not open_req:
+                if cs.last_position < cursor.position:
+                    # Lower the cursor first: a trim from now on keeps what the
+                    # replay needs, and the trim mark read next covers any before.
+                    self.store.set_cursor(self.destination, name, cs.last_position)
+                decision = decide(
+                    cs.last_position,
+                    cursor.position,
+                    self.store.trimmed_through(self.destination, name),
+                    # The highest position assigned, read without waiting for
+                    # transmitters: the sink can never be past it.
+                    assigned_head(self.store),
+                    has_provider,
+                    _accepted(stop),
+                )
+                if decision.action is Action.FULL_SYNC:
+                    reason = decision.reason
+                    drop = self.store.drop_stream(
+                        self.destination, name, reason, decision.first_missing
                     )
+                    if drop is not None:
+                        drop_records[name] = drop
+                elif decision.action is Action.STOP:
+                    self._stop(stream, decision.reason, decision.resume_after)
+                    streams[name] = stream
+                    continue
+            if stop is not None and stop.is_stopped and not reason and not open_req:
+                # Stopped before, and the sink now holds what it needs (restored again?).
+                self.store.clear_stream_stop(self.destination, name)
+                metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
+                self._log.info("%s/%s: no longer stopped: %s", self.destination, name, stop.reason)
+            if open_req or reason:
+                if not has_provider:
+                    drop_rec = drop_records.get(name)
+                    after = cs.last_position
+                    if drop_rec is not None:
+                        after = min(after, drop_rec.first_dropped_position - 1)
+                    self._stop(stream, f"needs a full sync ({reason})", after)
                 else:
                     stream.mode = Mode.SNAPSHOT
                     if not open_req:
@@ -254,12 +314,118 @@ class SenderSession:
                             "%s/%s: full sync %s (%s)", self.destination, name, sid, reason
                         )
                     stream.snapshot = open_req
+                    if stream.snap_sent == 0:
+                        stream.notice = self._drop_notice(drop_records.get(name))
             else:
                 stream.sent = cs.last_position
                 if cs.last_position > cursor.position:
                     self.store.set_cursor(self.destination, name, cs.last_position)
             streams[name] = stream
         return streams
+
+    # -- losses, stops and drop notices -------------------------------------------------------
+    def _refuse(self, req: SnapshotRequest) -> None:
+        """Cancel a full-sync request of a client that has no snapshot provider."""
+        reason = (
+            f'client {req.client_name} has no snapshot provider (snapshot = "none"): '
+            "log entries go on"
+        )
+        if self.store.cancel_snapshot(req.snapshot_id, reason):
+            self._log.warning(
+                "%s/%s: snapshot %s cancelled: %s",
+                self.destination,
+                req.client_name,
+                req.snapshot_id,
+                reason,
+            )
+
+    def _stop(self, cs: ClientStream, reason: str, resume_after: int) -> None:
+        """Stop a stream whose sink lacks entries the source no longer holds."""
+        name = cs.config.name
+        cs.mode, cs.snapshot, cs.notice = Mode.STOPPED, None, None
+        cs.stop_reason = f"{name}: {reason}"
+        metrics.STREAM_STOPPED.labels(self.destination, name).set(1)
+        if self.store.stop_stream(self.destination, name, reason, resume_after):
+            self._log.error(
+                "%s/%s stopped: %s. The client has no snapshot provider: configure one and "
+                "restart the server (a full sync follows), or accept the loss with "
+                "`lr accept-loss` (log entries then resume after %d)",
+                self.destination,
+                name,
+                reason,
+                resume_after,
+            )
+
+    def _resume_accepted(self, cs: ClientStream, stop: StreamStop) -> None:
+        """An operator accepted the loss: notify the sink, then ship after ``resume_after``."""
+        assert stop.accepted_at is not None
+        name = cs.config.name
+        cs.mode, cs.sent, cs.stop_reason = Mode.LOG, stop.resume_after, ""
+        self._log.warning(
+            "%s/%s: loss accepted by an operator; log entries resume after %d (%s)",
+            self.destination,
+            name,
+            stop.resume_after,
+            stop.reason,
+        )
+        if self._notices:
+            cs.notice = Notice(
+                f"a{int(stop.accepted_at * 1e6)}",
+                stop.resume_after + 1,
+                f"loss accepted by an operator: {stop.reason}",
+            )
+        else:  # the sink cannot be told; nothing to wait for
+            self._resumed(name, stop.resume_after)
+
+    def _resumed(self, name: str, resume_after: int) -> None:
+        self.store.clear_drop(self.destination, name)
+        self.store.set_cursor(self.destination, name, resume_after, needs_snapshot=False)
+        self.store.mark_stream_resumed(self.destination, name)
+        metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
+
+    def _drop_notice(self, drop: DropRecord | None) -> Notice | None:
+        """The notice that precedes the full sync of a dropped stream (if the sink takes it)."""
+        if drop is None or not self._notices:
+            return None
+        return Notice(
+            f"d{int(drop.dropped_at * 1e6)}", drop.first_dropped_position, drop.reason or "dropped"
+        )
+
+    def _send_notice(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:
+        notice = cs.notice
+        assert notice is not None
+        cs.notice = None
+        entry = pb.RoutingTableEntryMsg(
+            type=ReplicationType.STREAM_DROPPED.name,
+            opaque_payload=notice.reason.encode(),
+            position=notice.first_dropped_position,
+            snapshot_id=notice.notice_id,
+            client_name=name,
+        )
+        batch = pb.ReplicationBatch(
+            batch_id=self._next_batch_id(),
+            source_id=self.source_id,
+            client_name=name,
+            kind=pb.BATCH_DROP_NOTICE,
+            snapshot_id=notice.notice_id,
+            first_position=notice.first_dropped_position,
+            last_position=notice.first_dropped_position,
+            entries=[entry],
+        )
+        self._inflight.append(
+            InFlight(
+                batch.batch_id,
+                name,
+                batch.kind,
+                notice.first_dropped_position,
+                0,
+                0,
+                time.monotonic(),
+                notice.notice_id,
+            )
+        )
+        stream.send(batch)
+        return True
 
     def _open_snapshot(self, client: str) -> SnapshotRequest | None:
         found = self.store.list_snapshots(
@@ -307,7 +473,9 @@ class SenderSession:
         for name, cs in streams.items():
             if self._window_full(batches, nbytes):
                 break
-            if cs.mode is Mode.LOG:
+            if cs.notice is not None:  # a drop notice goes before anything else
+                sent_any |= self._send_notice(stream, name, cs)
+            elif cs.mode is Mode.LOG:
                 entries = self._read_log(name, cs)
                 if entries:
                     reads[name] = entries
@@ -477,6 +645,9 @@ class SenderSession:
             metrics.BYTES_SHIPPED.labels(self.destination, f.client).inc(f.nbytes)
             if f.kind == pb.BATCH_LOG_ENTRY:
                 log_cursors[f.client] = f.last_position
+            elif f.kind == pb.BATCH_DROP_NOTICE:
+                if f.snapshot_id.startswith("a"):  # an accepted loss: the stream runs again
+                    self._resumed(f.client, f.last_position - 1)
             elif f.is_end:
                 # Log acks from before the snapshot must not move the cursor past its base.
                 log_cursors.pop(f.client, None)
@@ -528,13 +699,22 @@ class SenderSession:
     def _check_requests(self, streams: dict[str, ClientStream]) -> None:
         """Pick up drops and new or changed snapshot requests; launch providers."""
         dropped = {
-            d.client_name for d in self.store.list_drops() if d.destination == self.destination
+            d.client_name: d for d in self.store.list_drops() if d.destination == self.destination
         }
         for name, cs in streams.items():
             open_req = self._reclaim_stalled(self._open_snapshot(name))
+            if open_req is not None and cs.config.snapshot == "none":
+                self._refuse(open_req)
+                open_req = None
+            if cs.mode is Mode.STOPPED:
+                stop = self.store.get_stream_stop(self.destination, name)
+                if stop is not None and stop.accepted_at is not None and stop.resumed_at is None:
+                    self._resume_accepted(cs, stop)
+                continue
             if cs.mode is Mode.LOG and name in dropped and open_req is None:
                 if cs.config.snapshot == "none":
-                    cs.mode = Mode.DROPPED
+                    drop = dropped[name]
+                    self._stop(cs, f"dropped ({drop.reason})", drop.first_dropped_position - 1)
                     continue
                 sid = self.store.request_snapshot(
                     None, self.destination, name, "dropped for falling behind"
@@ -551,6 +731,7 @@ class SenderSession:
                     0,
                     False,
                 )
+                cs.notice = self._drop_notice(dropped.get(name))
             elif cs.mode is Mode.SNAPSHOT:
                 if cs.snapshot is None or open_req is None:
                     if cs.snap_done_sent:
@@ -611,10 +792,13 @@ class SenderSession:
     # -- status ----------------------------------------------------------------------------------
     def _summary(self, streams: dict[str, ClientStream]) -> str:
         modes = {cs.mode for cs in streams.values()}
+        self._stopped = "; ".join(
+            cs.stop_reason for cs in streams.values() if cs.mode is Mode.STOPPED
+        )
         if Mode.SNAPSHOT in modes:
             return Mode.SNAPSHOT.value
-        if Mode.DROPPED in modes:
-            return Mode.DROPPED.value
+        if Mode.STOPPED in modes:
+            return Mode.STOPPED.value
         return Mode.LOG.value
 
     def _save_status(self) -> None:
@@ -625,10 +809,17 @@ class SenderSession:
                 connected=self.connected,
                 inflight_batches=len(self._inflight),
                 inflight_bytes=sum(f.nbytes for f in self._inflight),
-                last_error=self.last_error,
+                last_error=self.last_error or self._stopped,
             )
         except LRError as exc:
             self._log.warning("cannot save session status: %s", exc)
+
+
+def _accepted(stop: StreamStop | None) -> tuple[int, int] | None:
+    """The loss an operator accepted for the stream, if the sink was told of it."""
+    if stop is None or stop.resumed_at is None or stop.accepted_through is None:
+        return None
+    return stop.resume_after, stop.accepted_through
 
 
 def _wire(e: SendEntry) -> pb.RoutingTableEntryMsg:

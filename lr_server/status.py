@@ -13,6 +13,9 @@ States of a send stream, first match wins:
   this site's config does not list (the application registered or addressed
   the destination, or transmits a client the destination is not given). No
   session ships it; its entries are kept until a retention limit drops it.
+* ``stopped``: the sink lacks entries the source no longer holds and the
+  client has no snapshot provider; nothing is shipped until an operator
+  acts (``lr accept-loss``, or a provider configured: a full sync follows).
 * ``dropped``: a drop record exists (the destination fell past a retention
   limit); it will be re-synced by a full sync.
 * ``snapshot sync``: a snapshot is open (requested, running or ready) or the
@@ -44,6 +47,7 @@ NOT_CONFIGURED = "not configured"
 LOG_ENTRY_SYNC = "log entry sync"
 SNAPSHOT_SYNC = "snapshot sync"
 DROPPED = "dropped"
+STOPPED = "stopped"
 BACKPRESSURE = "backpressure"
 
 OPEN = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
@@ -64,6 +68,14 @@ class DropInfo:
     first_dropped_position: int
     dropped_at: float
     reason: str
+
+
+@dataclass
+class StopInfo:
+    reason: str
+    resume_after: int
+    stopped_at: float
+    accepted: bool
 
 
 @dataclass
@@ -94,6 +106,7 @@ class SendStream:
     configured: bool
     snapshot: SnapshotProgress | None = None
     drop: DropInfo | None = None
+    stop: StopInfo | None = None
 
 
 @dataclass
@@ -109,6 +122,7 @@ class SinkStream:
     queue_depth: int
     updated_at: float
     configured: bool
+    drop: DropInfo | None = None  # the last drop notice received
 
 
 @dataclass
@@ -232,6 +246,7 @@ def _send_streams(
     configured = configured_streams(config)
     cursors = {(c.destination, c.client_name): c for c in store.list_cursors()}
     drops = {(d.destination, d.client_name): d for d in store.list_drops()}
+    stops = {(x.destination, x.client_name): x for x in store.list_stream_stops()}
     open_snaps: dict[tuple[str, str], SnapshotRequest] = {}
     for req in store.list_snapshots(statuses=OPEN):  # newest first: keep the newest
         open_snaps.setdefault((req.destination, req.client_name), req)
@@ -249,8 +264,11 @@ def _send_streams(
         snap = open_snaps.get((dest, client))
         session = sessions.get(dest) if sessions else None
         inflight = session.inflight_batches if session else None
+        stop = stops.get((dest, client))
         if (dest, client) not in configured:
             state = NOT_CONFIGURED
+        elif stop and stop.is_stopped:
+            state = STOPPED
         elif drop:
             state = DROPPED
         elif snap or (cursor and cursor.needs_snapshot):
@@ -276,6 +294,11 @@ def _send_streams(
                 drop=DropInfo(drop.first_dropped_position, drop.dropped_at, drop.reason)
                 if drop
                 else None,
+                stop=StopInfo(
+                    stop.reason, stop.resume_after, stop.stopped_at, bool(stop.accepted_at)
+                )
+                if stop
+                else None,
             )
         )
     return streams
@@ -285,6 +308,7 @@ def _sink_streams(config: SiteConfig, store: SQLAlchemyQueueStore) -> list[SinkS
     depths = queue_depths(store)
     queues = {(q.source_id, q.client_name): q for q in store.list_queues()}
     progress = {(p.source_id, p.client_name): p for p in store.list_sink_progress()}
+    notices = {(d.source_id, d.client_name): d for d in store.list_sink_drops()}
     configured_sources = {x.id for x in config.sources}
     out = []
     for source, client in sorted(set(queues) | set(progress)):
@@ -305,6 +329,9 @@ def _sink_streams(config: SiteConfig, store: SQLAlchemyQueueStore) -> list[SinkS
                 queue_depth=depths.get(q.queue_id, 0) if q else 0,
                 updated_at=p.updated_at if p else 0.0,
                 configured=source in configured_sources,
+                drop=DropInfo(n.first_dropped_position, n.received_at, n.reason)
+                if (n := notices.get((source, client)))
+                else None,
             )
         )
     return out
@@ -332,12 +359,14 @@ __all__ = [
     "LOG_ENTRY_SYNC",
     "NOT_CONFIGURED",
     "SNAPSHOT_SYNC",
+    "STOPPED",
     "DropInfo",
     "SendStream",
     "SessionInfo",
     "SinkStream",
     "SiteStatus",
     "SnapshotProgress",
+    "StopInfo",
     "collect_status",
     "configured_streams",
     "flow_states",

@@ -13,6 +13,7 @@ class ReplicationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LOG_ENTRY_SYNC: _ClassVar[ReplicationType]
     SNAPSHOT_SYNC: _ClassVar[ReplicationType]
     LAST_FULL_SYNC_ENTRY: _ClassVar[ReplicationType]
+    STREAM_DROPPED: _ClassVar[ReplicationType]
 
 class SnapshotState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -25,16 +26,19 @@ class BatchKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BATCH_NONE: _ClassVar[BatchKind]
     BATCH_LOG_ENTRY: _ClassVar[BatchKind]
     BATCH_SNAPSHOT: _ClassVar[BatchKind]
+    BATCH_DROP_NOTICE: _ClassVar[BatchKind]
 NONE: ReplicationType
 LOG_ENTRY_SYNC: ReplicationType
 SNAPSHOT_SYNC: ReplicationType
 LAST_FULL_SYNC_ENTRY: ReplicationType
+STREAM_DROPPED: ReplicationType
 SNAPSHOT_NONE: SnapshotState
 SNAPSHOT_ONGOING: SnapshotState
 SNAPSHOT_COMPLETED: SnapshotState
 BATCH_NONE: BatchKind
 BATCH_LOG_ENTRY: BatchKind
 BATCH_SNAPSHOT: BatchKind
+BATCH_DROP_NOTICE: BatchKind
 
 class RoutingTableEntryMsg(_message.Message):
     __slots__ = ("destinations", "type", "opaque_payload", "source_id", "client_name", "snapshot_id", "position", "snapshot_count", "base_position")
@@ -81,12 +85,14 @@ class NegotiateRequest(_message.Message):
     def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NegotiateResponse(_message.Message):
-    __slots__ = ("sink_id", "clients")
+    __slots__ = ("sink_id", "clients", "drop_notices")
     SINK_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    DROP_NOTICES_FIELD_NUMBER: _ClassVar[int]
     sink_id: str
     clients: _containers.RepeatedCompositeFieldContainer[ClientState]
-    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ...) -> None: ...
+    drop_notices: bool
+    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ...) -> None: ...
 
 class ReplicationBatch(_message.Message):
     __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries")

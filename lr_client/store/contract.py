@@ -19,9 +19,11 @@ from lr_client.records import (
     QueueInfo,
     RecvEntry,
     SendEntry,
+    SinkDrop,
     SinkProgress,
     SnapshotRequest,
     SnapshotStatus,
+    StreamStop,
     WireEntry,
 )
 
@@ -195,8 +197,18 @@ class QueueStore(abc.ABC):
         """Delete entries every destination has acknowledged; return how many."""
 
     @abc.abstractmethod
-    def drop_stream(self, destination: str, client_name: str, reason: str) -> DropRecord | None:
-        """Release a destination's backlog (it will be re-synced by a full sync)."""
+    def drop_stream(
+        self,
+        destination: str,
+        client_name: str,
+        reason: str,
+        first_dropped_position: int | None = None,
+    ) -> DropRecord | None:
+        """Release a destination's backlog (it will be re-synced by a full sync).
+
+        The drop record's first dropped position is the cursor's successor
+        unless ``first_dropped_position`` says otherwise.
+        """
 
     @abc.abstractmethod
     def list_drops(self) -> list[DropRecord]:
@@ -206,7 +218,52 @@ class QueueStore(abc.ABC):
     def clear_drop(self, destination: str, client_name: str) -> None:
         """Forget a drop record once the destination has been re-synced."""
 
+    @abc.abstractmethod
+    def trimmed_through(self, destination: str, client_name: str) -> int:
+        """The highest position trim deleted among the stream's entries (0: none)."""
+
+    @abc.abstractmethod
+    def stop_stream(
+        self, destination: str, client_name: str, reason: str, resume_after: int
+    ) -> bool:
+        """Record a stopped stream; False if it was already recorded."""
+
+    @abc.abstractmethod
+    def get_stream_stop(self, destination: str, client_name: str) -> StreamStop | None:
+        """The stream's stop record, if it is stopped."""
+
+    @abc.abstractmethod
+    def list_stream_stops(self) -> list[StreamStop]:
+        """Every stop record."""
+
+    @abc.abstractmethod
+    def accept_stream_loss(self, destination: str, client_name: str) -> StreamStop | None:
+        """Mark a stopped stream's loss accepted (the session then resumes it)."""
+
+    @abc.abstractmethod
+    def mark_stream_resumed(self, destination: str, client_name: str) -> None:
+        """The sink was told of an accepted loss; the stop record stays as a record."""
+
+    @abc.abstractmethod
+    def clear_stream_stop(self, destination: str, client_name: str) -> None:
+        """Forget a stop record once the stream runs again."""
+
     # -- receive side ---------------------------------------------------------
+    @abc.abstractmethod
+    def apply_drop_notice(
+        self,
+        source_id: str,
+        client_name: str,
+        notice_id: str,
+        first_dropped_position: int,
+        reason: str,
+    ) -> bool:
+        """Queue a drop notice for the listener once per ``notice_id``; False if a repeat."""
+
+    @abc.abstractmethod
+    def list_sink_drops(self) -> list[SinkDrop]:
+        """The last drop notice received per (source, client)."""
+
     @abc.abstractmethod
     def sink_progress(self, source_id: str, client_name: str) -> SinkProgress:
         """What this sink has received from one (source, client)."""

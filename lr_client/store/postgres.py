@@ -86,8 +86,19 @@ _TRIM = text(
                   AND a.position >= e.position))
         ORDER BY e.position
         LIMIT :batch
+    ), deleted AS (
+        DELETE FROM lrq_send_log_entries WHERE position IN (SELECT position FROM victims)
+        RETURNING position, client_name, dest_nums
+    ), marks AS (
+        INSERT INTO lrq_trim_marks (dest_num, client_name, trimmed_through)
+        SELECT d.num, x.client_name, max(x.position)
+        FROM deleted x CROSS JOIN LATERAL unnest(x.dest_nums) AS d(num)
+        GROUP BY d.num, x.client_name
+        ON CONFLICT (dest_num, client_name) DO UPDATE
+        SET trimmed_through = GREATEST(lrq_trim_marks.trimmed_through,
+                                       EXCLUDED.trimmed_through)
     )
-    DELETE FROM lrq_send_log_entries WHERE position IN (SELECT position FROM victims)
+    SELECT count(*) FROM deleted
     """
 )
 
@@ -199,6 +210,12 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                 )
 
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
+        # Before the snapshot is taken (the first query): no cursor changes until
+        # this trim commits. A session lowering a cursor to replay for a sink
+        # behind it then either waits for this trim and reads its trim marks,
+        # or committed first and this trim sees the lowered cursor. (SQLite
+        # serialises writers: the same holds there by construction.)
+        conn.execute(text("LOCK TABLE lrq_cursors IN SHARE MODE"))
         acked = self._acked_positions(conn)
         params = {
             "nums": [k[0] for k in acked],
@@ -206,7 +223,8 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             "positions": [v for v in acked.values()],
             "batch": batch_size,
         }
-        return int(conn.execute(_TRIM, params).rowcount or 0)
+        # The trim marks rise in the statement that deletes (see ``trimmed_through``).
+        return int(conn.execute(_TRIM, params).scalar_one())
 
 
 __all__ = ["TRANSMIT_LOCK_KEY", "PostgresQueueStore"]

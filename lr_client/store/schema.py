@@ -141,6 +141,37 @@ drops = Table(
     PrimaryKeyConstraint("destination", "client_name"),
 )
 
+trim_marks = Table(
+    "lrq_trim_marks",
+    metadata,
+    # Per (destination number, client): the highest position trim ever deleted
+    # among the entries tagged for that destination. Every entry of the stream
+    # above it is still stored.
+    Column("dest_num", SmallInteger, nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("trimmed_through", BigInteger, nullable=False),
+    PrimaryKeyConstraint("dest_num", "client_name"),
+)
+
+stream_stops = Table(
+    "lrq_stream_stops",
+    metadata,
+    # A stream stopped because the sink lacks entries the source no longer holds
+    # (and the client has no snapshot provider), until an operator accepts the
+    # loss; then the record of that acceptance.
+    Column("destination", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("resume_after", BigInteger, nullable=False),
+    Column("stopped_at", Double, nullable=False),
+    Column("accepted_at", Double),
+    # The stream's trim mark when the loss was accepted: the loss covers
+    # (resume_after, accepted_through]; a later one stops the stream again.
+    Column("accepted_through", BigInteger),
+    Column("resumed_at", Double),  # the sink was told; the row stays as the record
+    PrimaryKeyConstraint("destination", "client_name"),
+)
+
 queue_registry = Table(
     "lrq_queue_registry",
     metadata,
@@ -190,6 +221,19 @@ sink_progress = Table(
     PrimaryKeyConstraint("source_id", "client_name"),
 )
 
+sink_drops = Table(
+    "lrq_sink_drops",
+    metadata,
+    # The last drop notice a sink received per (source, client).
+    Column("source_id", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("notice_id", String(64), nullable=False),
+    Column("first_dropped_position", BigInteger, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("received_at", Double, nullable=False),
+    PrimaryKeyConstraint("source_id", "client_name"),
+)
+
 subscriber_state = Table(
     "lrq_subscriber_state",
     metadata,
@@ -235,8 +279,11 @@ __all__ = [
     "send_snapsync",
     "send_tags",
     "session_status",
+    "sink_drops",
     "sink_progress",
     "sites",
     "snapshots",
+    "stream_stops",
     "subscriber_state",
+    "trim_marks",
 ]

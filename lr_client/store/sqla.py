@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, inspect, select, tuple_, update
+from sqlalchemy import and_, case, delete, func, insert, inspect, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import OperationalError
 
@@ -27,10 +27,12 @@ from lr_client.records import (
     RecvEntry,
     ReplicationType,
     SendEntry,
+    SinkDrop,
     SinkProgress,
     SinkSnapshotState,
     SnapshotRequest,
     SnapshotStatus,
+    StreamStop,
     WireEntry,
 )
 from lr_client.store import schema as s
@@ -786,7 +788,13 @@ class SQLAlchemyQueueStore(QueueStore):
                 out[key] = min(out.get(key, 0), base)
         return out
 
-    def drop_stream(self, destination: str, client_name: str, reason: str) -> DropRecord | None:
+    def drop_stream(
+        self,
+        destination: str,
+        client_name: str,
+        reason: str,
+        first_dropped_position: int | None = None,
+    ) -> DropRecord | None:
         num = self.site_numbers().get(destination)
         if num is None:
             return None
@@ -808,17 +816,18 @@ class SQLAlchemyQueueStore(QueueStore):
                 or 0
             )
             now = time.time()
+            first = cursor + 1 if first_dropped_position is None else first_dropped_position
             row = {
                 "destination": destination,
                 "client_name": client_name,
-                "first_dropped_position": cursor + 1,
+                "first_dropped_position": first,
                 "dropped_at": now,
                 "reason": reason,
             }
             conn.execute(insert(s.drops).values(**row))
             self._set_cursor(conn, destination, client_name, cursor, True)
             self._release_tags(conn, num, client_name)
-        return DropRecord(destination, client_name, cursor + 1, now, reason)
+        return DropRecord(destination, client_name, first, now, reason)
 
     @staticmethod
     def _drop(row: Row[Any]) -> DropRecord:
@@ -838,7 +847,236 @@ class SQLAlchemyQueueStore(QueueStore):
                 )
             )
 
+    # -- trim marks and stopped streams ---------------------------------------------------
+    def _record_trim_marks(self, conn: Connection, marks: dict[tuple[int, str], int]) -> None:
+        """Raise the trim marks of the streams whose entries were just deleted."""
+        if not marks:
+            return
+        t = s.trim_marks
+        for (num, client), position in sorted(marks.items()):
+            stmt = self.dialect_insert(t).values(
+                dest_num=num, client_name=client, trimmed_through=position
+            )
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["dest_num", "client_name"],
+                set_={
+                    "trimmed_through": case(
+                        (t.c.trimmed_through > stmt.excluded.trimmed_through, t.c.trimmed_through),
+                        else_=stmt.excluded.trimmed_through,
+                    )
+                },
+            )
+            conn.execute(stmt)
+
+    def trimmed_through(self, destination: str, client_name: str) -> int:
+        """The highest position trim deleted among the entries tagged for the stream (0: none).
+
+        Every entry of the stream above it is still stored.
+        """
+        num = self.site_numbers().get(destination)
+        if num is None:
+            return 0
+        t = s.trim_marks
+        with self.read() as conn:
+            value = conn.execute(
+                select(t.c.trimmed_through).where(
+                    t.c.dest_num == num, t.c.client_name == client_name
+                )
+            ).scalar()
+        return int(value or 0)
+
+    @staticmethod
+    def _stop(row: Row[Any]) -> StreamStop:
+        return StreamStop(
+            row.destination,
+            row.client_name,
+            row.reason,
+            int(row.resume_after),
+            float(row.stopped_at),
+            None if row.accepted_at is None else float(row.accepted_at),
+            None if row.accepted_through is None else int(row.accepted_through),
+            None if row.resumed_at is None else float(row.resumed_at),
+        )
+
+    def stop_stream(
+        self, destination: str, client_name: str, reason: str, resume_after: int
+    ) -> bool:
+        """Record that the stream stopped (True), or keep a stop still open (False).
+
+        The record of an earlier loss, accepted and resumed, is replaced.
+        """
+        t = s.stream_stops
+        with self.write() as conn:
+            found = conn.execute(
+                select(t.c.resumed_at).where(
+                    t.c.destination == destination, t.c.client_name == client_name
+                )
+            ).first()
+            if found is not None:
+                if found.resumed_at is None:
+                    return False
+                conn.execute(
+                    delete(t).where(t.c.destination == destination, t.c.client_name == client_name)
+                )
+            conn.execute(
+                insert(s.stream_stops).values(
+                    destination=destination,
+                    client_name=client_name,
+                    reason=reason,
+                    resume_after=resume_after,
+                    stopped_at=time.time(),
+                    accepted_at=None,
+                    accepted_through=None,
+                    resumed_at=None,
+                )
+            )
+        return True
+
+    def get_stream_stop(self, destination: str, client_name: str) -> StreamStop | None:
+        with self.read() as conn:
+            row = conn.execute(
+                select(s.stream_stops).where(
+                    s.stream_stops.c.destination == destination,
+                    s.stream_stops.c.client_name == client_name,
+                )
+            ).first()
+        return self._stop(row) if row else None
+
+    def list_stream_stops(self) -> list[StreamStop]:
+        with self.read() as conn:
+            rows = conn.execute(
+                select(s.stream_stops).order_by(
+                    s.stream_stops.c.destination, s.stream_stops.c.client_name
+                )
+            ).all()
+        return [self._stop(r) for r in rows]
+
+    def accept_stream_loss(self, destination: str, client_name: str) -> StreamStop | None:
+        """Mark a stopped stream's loss accepted; None if the stream is not stopped."""
+        t, m = s.stream_stops, s.trim_marks
+        num = self.site_numbers(refresh=True).get(destination, -1)
+        with self.write() as conn:
+            mark = conn.execute(
+                select(m.c.trimmed_through).where(
+                    m.c.dest_num == num, m.c.client_name == client_name
+                )
+            ).scalar()
+            done = conn.execute(
+                update(t)
+                .where(
+                    t.c.destination == destination,
+                    t.c.client_name == client_name,
+                    t.c.accepted_at.is_(None),
+                )
+                .values(accepted_at=time.time(), accepted_through=int(mark or 0))
+            ).rowcount
+            row = conn.execute(
+                select(t).where(t.c.destination == destination, t.c.client_name == client_name)
+            ).first()
+        return self._stop(row) if done and row else None
+
+    def mark_stream_resumed(self, destination: str, client_name: str) -> None:
+        """The sink was told of an accepted loss: the stop is only a record now."""
+        t = s.stream_stops
+        with self.write() as conn:
+            conn.execute(
+                update(t)
+                .where(
+                    t.c.destination == destination,
+                    t.c.client_name == client_name,
+                    t.c.accepted_at.is_not(None),
+                )
+                .values(resumed_at=time.time())
+            )
+
+    def clear_stream_stop(self, destination: str, client_name: str) -> None:
+        with self.write() as conn:
+            conn.execute(
+                delete(s.stream_stops).where(
+                    s.stream_stops.c.destination == destination,
+                    s.stream_stops.c.client_name == client_name,
+                )
+            )
+
     # -- receive side -------------------------------------------------------------------
+    def apply_drop_notice(
+        self,
+        source_id: str,
+        client_name: str,
+        notice_id: str,
+        first_dropped_position: int,
+        reason: str,
+    ) -> bool:
+        """Queue a drop notice for the listener, once per ``notice_id``; False if a repeat.
+
+        The stream's position goes back to just before ``first_dropped_position``
+        if it was further: what follows is sent again from there.
+        """
+        t = s.sink_drops
+        with self.write() as conn:
+            self._lock_stream(conn, source_id, client_name)
+            last = conn.execute(
+                select(t.c.notice_id).where(
+                    t.c.source_id == source_id, t.c.client_name == client_name
+                )
+            ).scalar()
+            if last == notice_id:
+                return False
+            qid = self._ensure_queue(conn, source_id, client_name)
+            entry = WireEntry(
+                first_dropped_position,
+                ReplicationType.STREAM_DROPPED,
+                reason.encode(),
+                snapshot_id=notice_id,
+            )
+            self._append_recv(conn, qid, [entry])
+            self._upsert(
+                conn,
+                t,
+                {
+                    "source_id": source_id,
+                    "client_name": client_name,
+                    "notice_id": notice_id,
+                    "first_dropped_position": first_dropped_position,
+                    "reason": reason,
+                    "received_at": time.time(),
+                },
+                ["source_id", "client_name"],
+            )
+            row = self._progress_row(conn, source_id, client_name)
+            progress = self._progress(row) if row else SinkProgress(source_id, client_name)
+            rewind = max(first_dropped_position - 1, 0)
+            if progress.last_position > rewind:
+                self._save_progress(
+                    conn,
+                    SinkProgress(
+                        source_id,
+                        client_name,
+                        last_position=rewind,
+                        snapshot_state=progress.snapshot_state,
+                        snapshot_id=progress.snapshot_id,
+                        snapshot_position=progress.snapshot_position,
+                        entries_received=progress.entries_received,
+                    ),
+                )
+        return True
+
+    def list_sink_drops(self) -> list[SinkDrop]:
+        t = s.sink_drops
+        with self.read() as conn:
+            rows = conn.execute(select(t).order_by(t.c.source_id, t.c.client_name)).all()
+        return [
+            SinkDrop(
+                r.source_id,
+                r.client_name,
+                r.notice_id,
+                int(r.first_dropped_position),
+                r.reason,
+                float(r.received_at),
+            )
+            for r in rows
+        ]
+
     @staticmethod
     def _progress(row: Row[Any]) -> SinkProgress:
         return SinkProgress(

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, exists, select, text
+from sqlalchemy import delete, exists, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
@@ -96,7 +96,20 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             .order_by(e.c.position)
             .limit(batch_size)
         )
-        return int(conn.execute(delete(e).where(e.c.position.in_(victims))).rowcount or 0)
+        # Per stream, the highest position deleted: recorded in this transaction.
+        picked = victims.subquery()
+        marks: dict[tuple[int, str], int] = {}
+        for row in conn.execute(
+            select(e.c.client_name, e.c.dest_nums, func.max(e.c.position))
+            .where(e.c.position.in_(select(picked.c.position)))
+            .group_by(e.c.client_name, e.c.dest_nums)
+        ).all():
+            for num in self._dest_nums_of(row[1]):
+                key = (num, row[0])
+                marks[key] = max(marks.get(key, 0), int(row[2]))
+        n = int(conn.execute(delete(e).where(e.c.position.in_(victims))).rowcount or 0)
+        self._record_trim_marks(conn, marks)
+        return n
 
     def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
         # The driver's executemany with tuples: no per-row dictionaries to build and bind.

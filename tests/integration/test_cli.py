@@ -628,3 +628,33 @@ def test_snapshot_run_fills_a_new_request(tmp_path: Path, sqlite_url: str) -> No
         "browse", "--config", cfg, "LRQ_Send_SnapSync", "--tag", "lrq_snapsync_site-b"
     )
     assert [e["type"] for e in entries] == ["SNAPSHOT_SYNC"] * 3 + ["LAST_FULL_SYNC_ENTRY"]
+
+
+def test_snapshot_request_for_a_client_without_provider_is_refused(
+    site: Path, store: SQLAlchemyQueueStore
+) -> None:
+    result = lr("snapshot", "request", "--config", site, "-d", "site-b", "--client", "inventory")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("lr: error: client 'inventory' has no snapshot provider")
+    no_traceback(result)
+    assert store.list_snapshots() == []
+
+
+def test_accept_loss_of_a_stream_that_is_not_stopped_fails(
+    site: Path, store: SQLAlchemyQueueStore
+) -> None:
+    result = lr("accept-loss", "--config", site, "-d", "site-b", "--client", "inventory")
+    assert result.exit_code == EXIT_FAILED
+    assert result.stderr == "lr: error: stream site-b/inventory is not stopped\n"
+    store.stop_stream("site-b", "inventory", "test loss [/x]", 7)
+    shown_text = ok("status", "--config", site).stdout
+    assert "stopped" in shown_text and "test loss [/x]" in shown_text
+    accepted = ok("accept-loss", "--config", site, "-d", "site-b", "--client", "inventory")
+    assert "resume after position 7" in accepted.stdout
+    stop = store.get_stream_stop("site-b", "inventory")
+    assert stop is not None and stop.accepted_at is not None
+    shown = as_json("status", "--config", site)
+    (stream,) = [
+        x for x in shown["send"] if x["client"] == "inventory" and x["destination"] == "site-b"
+    ]
+    assert stream["stop"]["accepted"] is True and stream["state"] != "stopped"
