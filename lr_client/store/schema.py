@@ -73,9 +73,12 @@ send_log_entries = Table(
     sqlite_autoincrement=True,
 )
 Index("lrq_send_log_entries_client", send_log_entries.c.client_name, send_log_entries.c.position)
-Index("lrq_send_log_entries_dests", send_log_entries.c.dest_nums, postgresql_using="gin").ddl_if(
-    dialect="postgresql"
-)
+Index(
+    "lrq_send_log_entries_dests",
+    send_log_entries.c.dest_nums,
+    postgresql_using="gin",
+    info={"only": "postgresql"},
+).ddl_if(dialect="postgresql")
 
 send_tags = Table(
     "lrq_send_tags",
