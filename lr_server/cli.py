@@ -2,8 +2,10 @@
 
 Exit codes: 0 success; 1 a check failed or an operation failed (database
 unreachable, schema missing, snapshot not open); 2 a usage or configuration
-error. Errors are one line on stderr, never a traceback. Every read command
-takes ``--json``. Environment: ``LR_CONFIG`` is the default for ``--config``.
+error; ``lr init-db --check`` also 3 (an upgrade is pending) and 4 (the
+database was made by a newer release). Errors are one line on stderr, never
+a traceback. Every read command takes ``--json``. Environment: ``LR_CONFIG``
+is the default for ``--config``.
 
 Heavy modules (grpc, the server) are imported inside the commands that need
 them, so ``lr --help`` is fast.
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
-from lr_client.errors import ConfigError, LRError, SchemaError
+from lr_client.errors import ConfigError, LRError
 from lr_server.config import SiteConfig, load_config
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_PENDING = 3  # `lr init-db --check`: an upgrade is pending
+EXIT_NEWER = 4  # `lr init-db --check`: the database was made by a newer release
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -213,35 +217,65 @@ def server(config_path: Path) -> None:
 @click.option(
     "--check",
     is_flag=True,
-    help="Only check: exit 1 unless the schema is current and the destinations registered.",
+    help=(
+        "Only check, change nothing: exit 0 if the schema is current and the destinations "
+        "registered, 3 if an upgrade is pending (or the database is empty), 4 if the "
+        "database was made by a newer release, 1 if it cannot be read."
+    ),
 )
-def init_db(config_path: Path, check: bool) -> None:
-    """Create the site's schema (idempotent) and register its destinations."""
-    from lr_client.store.schema import SCHEMA_VERSION
+@json_option
+def init_db(config_path: Path, check: bool, as_json: bool) -> None:
+    """Create or upgrade the site's schema (concurrency-safe) and register its destinations."""
+    from lr_client.store import lifecycle
+    from lr_client.store.lifecycle import SchemaState
 
     config = load_config(config_path)
     url = database_url(config)
     where = url.render_as_string(hide_password=True)
     dests = [d.id for d in config.destinations]
-    if (
-        not check
-        and url.get_backend_name() == "sqlite"
-        and url.database not in (None, "", ":memory:")
-    ):
+    is_file = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
+    if check:
+        if is_file and not Path(str(url.database)).exists():
+            fail(f"no database file at {url.database} (run `lr init-db`)", EXIT_PENDING)
+        with open_site_store(config, check=False) as store:
+            status = lifecycle.schema_status(store.engine)
+            missing = (
+                [d for d in dests if d not in store.site_numbers(refresh=True)]
+                if status.state is SchemaState.CURRENT
+                else dests
+            )
+        if as_json:
+            print_json(
+                {
+                    "database": where,
+                    "state": status.state.value,
+                    "current": status.current,
+                    "expected": status.expected,
+                    "pending": list(status.pending),
+                    "unregistered_destinations": missing,
+                }
+            )
+        elif status.state is SchemaState.CURRENT:
+            click.echo(f"{where}: {status.describe()}")
+        if status.state is SchemaState.AHEAD:
+            fail(f"{where}: {status.describe()}", EXIT_NEWER) if not as_json else None
+            raise click.exceptions.Exit(EXIT_NEWER)
+        if status.state is not SchemaState.CURRENT:
+            fail(f"{where}: {status.describe()}", EXIT_PENDING) if not as_json else None
+            raise click.exceptions.Exit(EXIT_PENDING)
+        if missing:
+            fail(f"destinations not registered: {', '.join(missing)} (run `lr init-db`)")
+        return
+    if is_file:
         Path(str(url.database)).parent.mkdir(parents=True, exist_ok=True)
-    with open_site_store(config, check=check) as store:
-        if check:
-            missing = [d for d in dests if d not in store.site_numbers(refresh=True)]
-            if missing:
-                raise SchemaError(
-                    f"destinations not registered: {', '.join(missing)} (run init-db)"
-                )
-            click.echo(f"schema version {SCHEMA_VERSION} ok at {where}")
-            return
-        store.create_schema()
-        store.check_schema()
+    with open_site_store(config, check=False) as store:
+        before = lifecycle.upgrade_schema(store.engine)
         store.register_sites(dests)
-    click.echo(f"schema version {SCHEMA_VERSION} ready at {where}")
+    if before.state is SchemaState.CURRENT:
+        click.echo(f"schema revision {before.expected} already current at {where}")
+    else:
+        applied = ", ".join(before.pending)
+        click.echo(f"schema revision {before.expected} ready at {where} (applied: {applied})")
     if dests:
         click.echo(f"destinations registered: {', '.join(dests)}")
 
@@ -753,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli.main(args=list(argv) if argv is not None else None, prog_name="lr")
 
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
+__all__ = ["EXIT_FAILED", "EXIT_NEWER", "EXIT_OK", "EXIT_PENDING", "EXIT_USAGE", "cli", "main"]
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m lr_server.cli`

@@ -38,7 +38,8 @@ from sqlalchemy.dialects import postgresql
 
 from lr_client.records import ReplicationType
 
-SCHEMA_VERSION = 1
+#: The current schema revision (``lr_client/store/migrations``), as a number.
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -75,9 +76,12 @@ send_log_entries = Table(
     sqlite_autoincrement=True,
 )
 Index("lrq_send_log_entries_client", send_log_entries.c.client_name, send_log_entries.c.position)
-Index("lrq_send_log_entries_dests", send_log_entries.c.dest_nums, postgresql_using="gin").ddl_if(
-    dialect="postgresql"
-)
+Index(
+    "lrq_send_log_entries_dests",
+    send_log_entries.c.dest_nums,
+    postgresql_using="gin",
+    info={"only": "postgresql"},
+).ddl_if(dialect="postgresql")
 
 send_tags = Table(
     "lrq_send_tags",

@@ -13,11 +13,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, insert, inspect, select, tuple_, update
+from sqlalchemy import and_, case, delete, func, insert, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import OperationalError
 
-from lr_client.errors import ProtocolError, SchemaError, SnapshotError, StoreUnavailableError
+from lr_client.errors import ProtocolError, SnapshotError, StoreUnavailableError
 from lr_client.names import recv_queue_name, validate_name
 from lr_client.records import (
     Backlog,
@@ -35,6 +35,7 @@ from lr_client.records import (
     StreamStop,
     WireEntry,
 )
+from lr_client.store import lifecycle
 from lr_client.store import schema as s
 from lr_client.store.contract import QueueStore
 
@@ -98,34 +99,12 @@ class SQLAlchemyQueueStore(QueueStore):
             raise StoreUnavailableError(str(exc.orig) if exc.orig else str(exc)) from exc
 
     # -- schema and sites ---------------------------------------------------------
-    def _tables(self) -> list[Any]:
-        return [t for t in s.metadata.sorted_tables if t.info.get("only") in (None, self.dialect)]
-
     def create_schema(self) -> None:
-        with self.write() as conn:
-            s.metadata.create_all(conn, tables=self._tables())
-            # create_all adds indexes only with new tables: add those a newer
-            # version defines on tables that already exist.
-            for table in self._tables():
-                for index in table.indexes:
-                    index.create(conn, checkfirst=True)
-            found = conn.execute(select(s.meta.c.value).where(s.meta.c.key == "schema_version"))
-            if found.scalar() is None:
-                conn.execute(
-                    insert(s.meta).values(key="schema_version", value=str(s.SCHEMA_VERSION))
-                )
+        """Create or upgrade the schema (concurrency-safe; see :mod:`lifecycle`)."""
+        lifecycle.upgrade_schema(self.engine)
 
     def check_schema(self) -> None:
-        with self.read() as conn:
-            names = set(inspect(conn).get_table_names())
-            missing = [t.name for t in self._tables() if t.name not in names]
-            if missing:
-                raise SchemaError(f"schema missing tables: {', '.join(missing)} (run `lr init-db`)")
-            version = conn.execute(
-                select(s.meta.c.value).where(s.meta.c.key == "schema_version")
-            ).scalar()
-        if version != str(s.SCHEMA_VERSION):
-            raise SchemaError(f"schema version {version!r}, expected {s.SCHEMA_VERSION}")
+        lifecycle.require_current(self.engine)
 
     def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
         wanted = [validate_name(x, "site id") for x in site_ids]

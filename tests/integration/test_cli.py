@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from sqlalchemy import text
 
 from lr_client import LRMessageWithDestinations, RoutingQueueClient
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_server.cli import EXIT_FAILED, EXIT_USAGE, cli
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from lr_client.store.lifecycle import LEGACY_REVISION, VERSION_TABLE, head_revision
+from lr_server.cli import EXIT_FAILED, EXIT_NEWER, EXIT_PENDING, EXIT_USAGE, cli
 from tests.kit.procs import LrServer
 from tests.kit.sites import wait_for
 
@@ -147,15 +149,21 @@ def test_help_does_not_load_grpc() -> None:
 def test_init_db_creates_and_checks(tmp_path: Path, db_url: str) -> None:
     cfg = write_config(tmp_path, db_url)
     empty = lr("init-db", "--config", cfg, "--check")
-    assert empty.exit_code == EXIT_FAILED
-    assert "init-db" in empty.stderr
+    assert empty.exit_code == EXIT_PENDING
+    assert "lr init-db" in empty.stdout + empty.stderr
     no_traceback(empty)
+    if db_url.startswith("sqlite"):  # a check creates no file
+        assert not (tmp_path / "site.db").exists()
 
     created = ok("init-db", "--config", cfg)
-    assert "ready" in created.stdout
+    assert f"schema revision {head_revision()} ready" in created.stdout
     assert "site-b, site-c" in created.stdout
-    assert "ok" in ok("init-db", "--config", cfg, "--check").stdout
-    ok("init-db", "--config", cfg)  # idempotent
+    assert "(current)" in ok("init-db", "--config", cfg, "--check").stdout
+    checked = json.loads(ok("init-db", "--config", cfg, "--check", "--json").stdout)
+    assert checked["state"] == "current"
+    assert checked["current"] == checked["expected"] == head_revision()
+    assert checked["pending"] == [] and checked["unregistered_destinations"] == []
+    assert "already current" in ok("init-db", "--config", cfg).stdout  # idempotent
 
     store = open_store(db_url)
     try:
@@ -163,6 +171,36 @@ def test_init_db_creates_and_checks(tmp_path: Path, db_url: str) -> None:
         assert {"site-b", "site-c"} <= set(store.site_numbers(refresh=True))
     finally:
         store.engine.dispose()
+
+
+def test_init_db_check_reports_a_pending_upgrade_and_a_newer_database(
+    tmp_path: Path, db_url: str
+) -> None:
+    cfg = write_config(tmp_path, db_url)
+    ok("init-db", "--config", cfg)
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as conn:  # as if a newer release had migrated it
+            conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = 'ffff'"))
+        newer = lr("init-db", "--config", cfg, "--check")
+        assert newer.exit_code == EXIT_NEWER
+        assert "newer than this release" in newer.stderr
+        no_traceback(newer)
+        refused = lr("init-db", "--config", cfg)
+        assert refused.exit_code == EXIT_FAILED
+        assert "newer than this release" in refused.stderr
+        no_traceback(refused)
+        with engine.begin() as conn:  # back to a database of the first release
+            conn.execute(text(f"DROP TABLE {VERSION_TABLE}"))
+            conn.execute(text("UPDATE lrq_meta SET value = '1' WHERE key = 'schema_version'"))
+        legacy = json.loads(lr("init-db", "--config", cfg, "--check", "--json").stdout)
+        assert legacy["current"] == LEGACY_REVISION
+        if head_revision() != LEGACY_REVISION:
+            assert legacy["state"] == "behind" and legacy["pending"]
+        ok("init-db", "--config", cfg)
+        assert "(current)" in ok("init-db", "--config", cfg, "--check").stdout
+    finally:
+        engine.dispose()
 
 
 def test_check_fails_when_a_destination_is_not_registered(tmp_path: Path, db_url: str) -> None:

@@ -1,0 +1,367 @@
+"""The schema's lifecycle: versioned upgrades, concurrent set-up, nothing lost.
+
+Every test runs on SQLite and PostgreSQL (the ``db_url`` fixture).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import MetaData, inspect, text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
+
+from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueSubscriber
+from lr_client.errors import SchemaError
+from lr_client.listener import RoutingQueueMessage
+from lr_client.store import create_engine, lifecycle, open_store
+from lr_client.store import schema as s
+from lr_client.store.lifecycle import SchemaState
+from tests.kit.procs import lr_env
+from tests.kit.sites import Sites, SiteSpec, wait_for, write_config
+
+
+def _dialect_metadata(dialect: str) -> MetaData:
+    """The declared schema as the dialect gets it (tables for one backend only left out)."""
+    md = MetaData()
+    for table in s.metadata.sorted_tables:
+        if table.info.get("only") in (None, dialect):
+            copy = table.to_metadata(md)
+            skip = {i.name for i in table.indexes if i.info.get("only") not in (None, dialect)}
+            copy.indexes -= {i for i in copy.indexes if i.name in skip}
+    return md
+
+
+def _diff(conn: Connection) -> list[object]:
+    ctx = MigrationContext.configure(
+        conn,
+        opts={
+            "compare_type": True,
+            "compare_server_default": True,
+            "include_name": lambda name, kind, _parent: (
+                not (kind == "table" and name == lifecycle.VERSION_TABLE)
+            ),
+        },
+    )
+    return list(compare_metadata(ctx, _dialect_metadata(conn.dialect.name)))
+
+
+def _indexes(conn: Connection) -> dict[str, list[tuple[str, tuple[str, ...], bool]]]:
+    insp = inspect(conn)
+    return {
+        t: sorted(
+            (i["name"] or "", tuple(c or "" for c in i["column_names"]), bool(i["unique"]))
+            for i in insp.get_indexes(t)
+        )
+        for t in insp.get_table_names()
+        if t != lifecycle.VERSION_TABLE
+    }
+
+
+def test_upgrading_an_empty_database_gives_the_declared_schema(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        assert lifecycle.schema_status(engine).state is SchemaState.EMPTY
+        before = lifecycle.upgrade_schema(engine)
+        assert before.state is SchemaState.EMPTY
+        assert before.pending[-1] == lifecycle.head_revision()
+        with engine.connect() as conn:
+            assert _diff(conn) == []
+            names = set(inspect(conn).get_table_names())
+        expected = {t.name for t in _dialect_metadata(engine.dialect.name).sorted_tables}
+        assert names == expected | {lifecycle.VERSION_TABLE}
+        assert lifecycle.schema_status(engine).state is SchemaState.CURRENT
+    finally:
+        engine.dispose()
+
+
+def test_migrated_and_created_schemas_match_index_for_index(
+    db_url: str, db_url_factory: Callable[[str], str]
+) -> None:
+    migrated, created = create_engine(db_url), create_engine(db_url_factory("created"))
+    try:
+        lifecycle.upgrade_schema(migrated)
+        with created.begin() as conn:
+            s.metadata.create_all(
+                conn, tables=list(_dialect_metadata(conn.dialect.name).sorted_tables)
+            )
+        with migrated.connect() as a, created.connect() as b:
+            assert _indexes(a) == _indexes(b)
+            for table in inspect(b).get_table_names():
+                cols_a = [
+                    (c["name"], str(c["type"]), c["nullable"])
+                    for c in inspect(a).get_columns(table)
+                ]
+                cols_b = [
+                    (c["name"], str(c["type"]), c["nullable"])
+                    for c in inspect(b).get_columns(table)
+                ]
+                assert cols_a == cols_b, table
+    finally:
+        migrated.dispose()
+        created.dispose()
+
+
+def test_schema_version_constant_is_the_head_revision() -> None:
+    assert int(lifecycle.head_revision()) == s.SCHEMA_VERSION
+
+
+def test_concurrent_setup_from_threads_succeeds_once(db_url: str) -> None:
+    engines = [create_engine(db_url) for _ in range(8)]
+    barrier = threading.Barrier(len(engines))
+    results: list[object] = []
+
+    def setup(engine: Engine) -> None:
+        barrier.wait()
+        try:
+            results.append(lifecycle.upgrade_schema(engine).state)
+        except Exception as exc:  # collected and asserted below
+            results.append(exc)
+
+    threads = [threading.Thread(target=setup, args=(e,)) for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        assert not [t for t in threads if t.is_alive()], "set-up deadlocked"
+        assert not [r for r in results if isinstance(r, Exception)], results
+        assert sorted(str(r) for r in results) == sorted(["empty"] + ["current"] * 7)
+        assert lifecycle.schema_status(engines[0]).state is SchemaState.CURRENT
+    finally:
+        for e in engines:
+            e.dispose()
+
+
+def test_concurrent_init_db_processes_all_succeed(db_url: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, SiteSpec("site-a", db_url, destinations=[("site-b", 1)]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "lr_server.cli", "init-db", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=lr_env(),
+        )
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=180)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
+    engine = create_engine(db_url)
+    try:
+        assert lifecycle.schema_status(engine).state is SchemaState.CURRENT
+        assert open_store(engine).site_numbers(refresh=True).keys() == {"site-b"}
+    finally:
+        engine.dispose()
+
+
+def test_a_failed_upgrade_leaves_the_previous_version(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = create_engine(db_url)
+    real = command.upgrade
+
+    def upgrade_then_fail(cfg: object, revision: str) -> None:
+        real(cfg, revision)  # type: ignore[arg-type]
+        raise RuntimeError("power cut")
+
+    monkeypatch.setattr(command, "upgrade", upgrade_then_fail)
+    try:
+        with pytest.raises(RuntimeError, match="power cut"):
+            lifecycle.upgrade_schema(engine)
+        assert lifecycle.schema_status(engine).state is SchemaState.EMPTY
+        with engine.connect() as conn:
+            assert inspect(conn).get_table_names() == []
+        monkeypatch.setattr(command, "upgrade", real)
+        lifecycle.upgrade_schema(engine)  # simply run again
+        assert lifecycle.schema_status(engine).state is SchemaState.CURRENT
+    finally:
+        engine.dispose()
+
+
+def test_a_database_of_a_newer_release_is_refused(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        lifecycle.upgrade_schema(engine)
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE {lifecycle.VERSION_TABLE} SET version_num = 'ffff'"))
+        status = lifecycle.schema_status(engine)
+        assert status.state is SchemaState.AHEAD
+        with pytest.raises(SchemaError, match="newer than this release"):
+            open_store(engine).check_schema()
+        with pytest.raises(SchemaError, match="newer than this release"):
+            open_store(engine).create_schema()
+        with engine.connect() as conn:
+            assert (
+                conn.execute(text(f"SELECT version_num FROM {lifecycle.VERSION_TABLE}")).scalar()
+                == "ffff"
+            )
+    finally:
+        engine.dispose()
+
+
+def test_check_schema_names_the_command_that_upgrades(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        with pytest.raises(SchemaError, match="lr init-db"):
+            open_store(engine).check_schema()
+    finally:
+        engine.dispose()
+
+
+# -- an upgrade of a first-release database loses nothing ----------------------------------
+def make_legacy_v1(engine: Engine) -> None:
+    """A database as the first release created it: revision 0001, no revision table."""
+    with engine.connect() as conn, conn.begin():
+        cfg = lifecycle._config(conn)
+        command.upgrade(cfg, lifecycle.LEGACY_REVISION)
+        conn.execute(text(f"DROP TABLE {lifecycle.VERSION_TABLE}"))
+        conn.execute(text("INSERT INTO lrq_meta (key, value) VALUES ('schema_version', '1')"))
+
+
+def _populate_source(conn: Connection) -> None:
+    """Site a as a running first-release server leaves it.
+
+    Entries 1..10 of client ``policy`` to b and c; b acknowledged 1..4; c was
+    dropped and its full sync (base 10) is READY but not shipped yet.
+    """
+    pg = conn.dialect.name == "postgresql"
+    conn.execute(text("INSERT INTO lrq_sites (site_num, site_id) VALUES (1, 'b'), (2, 'c')"))
+    for pos in range(1, 11):
+        dests = "{1,2}" if pg else ",1,2,"
+        conn.execute(
+            text(
+                "INSERT INTO lrq_send_log_entries (position, client_name, payload, dest_nums,"
+                " created_at) VALUES (:p, 'policy', :payload, "
+                + ("CAST(:d AS smallint[])" if pg else ":d")
+                + ", 1.0)"
+            ),
+            {"p": pos, "payload": f"e{pos}".encode(), "d": dests},
+        )
+        if not pg:  # c's tags were released by its drop; b's remain
+            conn.execute(text("INSERT INTO lrq_send_tags VALUES (1, :p)"), {"p": pos})
+    if pg:
+        conn.execute(text("SELECT setval('lrq_send_log_entries_position_seq', 10)"))
+    conn.execute(
+        text(
+            "INSERT INTO lrq_cursors VALUES"
+            " ('b', 'policy', 4, 1.0, :f), ('c', 'policy', 0, 1.0, :t)"
+        ),
+        {"f": False, "t": True},
+    )
+    conn.execute(text("INSERT INTO lrq_drops VALUES ('c', 'policy', 1, 1.0, 'over max_entries')"))
+    conn.execute(
+        text(
+            "INSERT INTO lrq_snapshots VALUES ('snap1', 'c', 'policy', 'ready', 10, 'dropped',"
+            " 3, 3, 0, 1.0, 1.0)"
+        )
+    )
+    for seq, payload in enumerate([b"s1", b"s2", b"s3"]):
+        conn.execute(
+            text(
+                "INSERT INTO lrq_send_snapsync (snapshot_id, part, seq, type, payload)"
+                " VALUES ('snap1', 0, :seq, 2, :payload)"
+            ),
+            {"seq": seq, "payload": payload},
+        )
+    conn.execute(
+        text(
+            "INSERT INTO lrq_send_snapsync (snapshot_id, part, seq, type, payload)"
+            " VALUES ('snap1', -1, 0, 3, '3')".replace("'3')", ":end)")
+        ),
+        {"end": b"3"},
+    )
+
+
+def _populate_sink_b(conn: Connection) -> None:
+    """Sink b received 1..4 from a; its subscriber delivered 1 and 2."""
+    conn.execute(
+        text("INSERT INTO lrq_queue_registry VALUES (1, 'LRQ_Recv_policy__a', 'policy', 'a', 1.0)")
+    )
+    for seq, pos in ((3, 3), (4, 4)):
+        conn.execute(
+            text("INSERT INTO lrq_recv_entries VALUES (:seq, 1, 1, :pos, '', 0, :payload, 1.0)"),
+            {"seq": seq, "pos": pos, "payload": f"e{pos}".encode()},
+        )
+    conn.execute(text("INSERT INTO lrq_sink_progress VALUES ('a', 'policy', 4, 0, '', 0, 4, 1.0)"))
+    conn.execute(
+        text("INSERT INTO lrq_subscriber_state VALUES (1, '', :f, 2, '', 0.0)"), {"f": False}
+    )
+
+
+class Recorder(RoutingQueueListener):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_full_sync_start(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        self.seen.append(f"start:{snapshot_id}")
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self.seen += [m.payload.decode() for m in messages]
+        return True
+
+    def on_full_sync_end(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        self.seen.append(f"end:{snapshot_id}")
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self.seen += [m.payload.decode() for m in messages]
+        return True
+
+
+def test_upgrading_a_running_sites_databases_loses_nothing(sites: Sites) -> None:
+    engines = {site: create_engine(sites.url(site)) for site in ("a", "b", "c")}
+    try:
+        for engine in engines.values():
+            make_legacy_v1(engine)
+            assert lifecycle.schema_status(engine).current == lifecycle.LEGACY_REVISION
+        with engines["a"].begin() as conn:
+            _populate_source(conn)
+        with engines["b"].begin() as conn:
+            _populate_sink_b(conn)
+
+        # Servers start on the old databases and upgrade them.
+        sites.start("b", sources=["a"])
+        sites.start("c", sources=["a"])
+        sites.start("a", dests=["b", "c"], snapshot="app")
+        for engine in engines.values():
+            assert lifecycle.schema_status(engine).state is SchemaState.CURRENT
+
+        client = RoutingQueueClient(engines["a"], "a", "policy")
+        with Session(engines["a"]) as session, session.begin():
+            client.transmit_log_entry_message(session, b"e11", ["b", "c"])
+            client.transmit_log_entry_message(session, b"e12", ["b", "c"])
+
+        listeners = {site: Recorder() for site in ("b", "c")}
+        subscribers = {
+            site: RoutingQueueSubscriber(engines[site], "policy", listeners[site], poll_interval=0)
+            for site in ("b", "c")
+        }
+        want_b = [f"e{i}" for i in range(3, 13)]
+        want_c = ["start:snap1", "s1", "s2", "s3", "end:snap1", "e11", "e12"]
+
+        def delivered() -> bool:
+            for sub in subscribers.values():
+                sub.poll_once()
+            return len(listeners["b"].seen) >= len(want_b) and len(listeners["c"].seen) >= len(
+                want_c
+            )
+
+        wait_for(delivered, timeout=90)
+        assert listeners["b"].seen == want_b
+        assert listeners["c"].seen == want_c
+        for sub in subscribers.values():
+            sub.close()
+    finally:
+        for engine in engines.values():
+            engine.dispose()
