@@ -21,6 +21,7 @@
         ├── AuthenticationError    the peer rejected our identity (UNAUTHENTICATED)
         ├── PermissionDeniedError  the peer does not accept us (PERMISSION_DENIED)
         ├── ProtocolError          the peer sent something malformed or out of order
+        │   └── IncompatibleVersionError  the peer speaks a wire protocol too old for us
         └── SnapshotError          a snapshot was cancelled, superseded or failed
 
 Each class's docstring is its default message.
@@ -127,6 +128,10 @@ class ProtocolError(PermanentError):
     """The peer sent a malformed or out-of-order message."""
 
 
+class IncompatibleVersionError(ProtocolError):
+    """The peer speaks a wire protocol version this release no longer accepts."""
+
+
 class SnapshotError(PermanentError):
     """The snapshot was cancelled, superseded or failed."""
 
@@ -135,6 +140,7 @@ __all__ = [
     "AuthenticationError",
     "BackpressureError",
     "ConfigError",
+    "IncompatibleVersionError",
     "InvalidDestinationsError",
     "InvalidInputError",
     "InvalidNameError",

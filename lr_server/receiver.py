@@ -16,7 +16,7 @@ from lr_client.errors import InvalidNameError, ProtocolError
 from lr_client.names import validate_name
 from lr_client.records import ReplicationType, SinkSnapshotState, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server import metrics
+from lr_server import metrics, protocol
 
 log = logging.getLogger("lr.receiver")
 
@@ -51,7 +51,10 @@ class Receiver:
             raise ProtocolError(
                 f"negotiation names source {request.source_id!r}, not {source_id!r}"
             )
-        response = pb.NegotiateResponse(sink_id=self.sink_id, drop_notices=True)
+        protocol.require_compatible(request.protocol_version, f"source {source_id!r}")
+        response = pb.NegotiateResponse(
+            sink_id=self.sink_id, drop_notices=True, protocol_version=protocol.PROTOCOL_VERSION
+        )
         for client in request.clients:
             _valid(client, "client name")
             p = self.store.sink_progress(source_id, client)

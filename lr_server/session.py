@@ -39,7 +39,7 @@ from lr_client.records import (
     StreamStop,
 )
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server import metrics
+from lr_server import metrics, protocol
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
 from lr_server.fanout import LogFanout
 from lr_server.negotiation import Action, decide
@@ -188,7 +188,9 @@ class SenderSession:
                     transport = self.transport_factory()
                     try:
                         request = pb.NegotiateRequest(
-                            source_id=self.source_id, clients=sorted(self.clients)
+                            source_id=self.source_id,
+                            clients=sorted(self.clients),
+                            protocol_version=protocol.PROTOCOL_VERSION,
                         )
                         response = transport.negotiate(request, timeout=10.0)
                         streams = self._plan(response)
@@ -210,6 +212,7 @@ class SenderSession:
     # -- negotiation ----------------------------------------------------------------------------
     def _plan(self, response: pb.NegotiateResponse) -> dict[str, ClientStream]:
         """Decide, per client, where to resume (Corfu's negotiation rules)."""
+        protocol.require_compatible(response.protocol_version, f"sink {self.destination!r}")
         states = {c.client_name: c for c in response.clients}
         self._notices = bool(response.drop_notices)
         drop_records = {

@@ -77,22 +77,26 @@ class ClientState(_message.Message):
     def __init__(self, client_name: _Optional[str] = ..., last_position: _Optional[int] = ..., snapshot_state: _Optional[_Union[SnapshotState, str]] = ..., snapshot_id: _Optional[str] = ..., snapshot_position: _Optional[int] = ...) -> None: ...
 
 class NegotiateRequest(_message.Message):
-    __slots__ = ("source_id", "clients")
+    __slots__ = ("source_id", "clients", "protocol_version")
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     source_id: str
     clients: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ...) -> None: ...
+    protocol_version: int
+    def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class NegotiateResponse(_message.Message):
-    __slots__ = ("sink_id", "clients", "drop_notices")
+    __slots__ = ("sink_id", "clients", "drop_notices", "protocol_version")
     SINK_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     DROP_NOTICES_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     sink_id: str
     clients: _containers.RepeatedCompositeFieldContainer[ClientState]
     drop_notices: bool
-    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ...) -> None: ...
+    protocol_version: int
+    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class ReplicationBatch(_message.Message):
     __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries")

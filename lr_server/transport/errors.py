@@ -6,6 +6,7 @@ import grpc
 
 from lr_client.errors import (
     AuthenticationError,
+    IncompatibleVersionError,
     LRError,
     PermissionDeniedError,
     ProtocolError,
@@ -24,7 +25,7 @@ STATUS_TO_ERROR: dict[grpc.StatusCode, type[LRError]] = {
     grpc.StatusCode.ALREADY_EXISTS: ProtocolError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ProtocolError,
-    grpc.StatusCode.FAILED_PRECONDITION: ProtocolError,
+    grpc.StatusCode.FAILED_PRECONDITION: IncompatibleVersionError,
     grpc.StatusCode.ABORTED: TransportError,
     grpc.StatusCode.OUT_OF_RANGE: ProtocolError,
     grpc.StatusCode.UNIMPLEMENTED: ProtocolError,
@@ -37,6 +38,7 @@ STATUS_TO_ERROR: dict[grpc.StatusCode, type[LRError]] = {
 #: What the sink answers for each of our errors.
 ERROR_TO_STATUS: dict[type[LRError], grpc.StatusCode] = {
     AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
+    IncompatibleVersionError: grpc.StatusCode.FAILED_PRECONDITION,
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ProtocolError: grpc.StatusCode.INVALID_ARGUMENT,
     StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,

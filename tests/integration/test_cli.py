@@ -25,6 +25,7 @@ from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store.lifecycle import LEGACY_REVISION, VERSION_TABLE, head_revision
 from lr_server.cli import EXIT_FAILED, EXIT_NEWER, EXIT_PENDING, EXIT_USAGE, cli
+from tests.integration.test_schema_lifecycle import make_legacy_v1
 from tests.kit.procs import LrServer
 from tests.kit.sites import wait_for
 
@@ -190,13 +191,22 @@ def test_init_db_check_reports_a_pending_upgrade_and_a_newer_database(
         assert refused.exit_code == EXIT_FAILED
         assert "newer than this release" in refused.stderr
         no_traceback(refused)
-        with engine.begin() as conn:  # back to a database of the first release
-            conn.execute(text(f"DROP TABLE {VERSION_TABLE}"))
-            conn.execute(text("UPDATE lrq_meta SET value = '1' WHERE key = 'schema_version'"))
-        legacy = json.loads(lr("init-db", "--config", cfg, "--check", "--json").stdout)
-        assert legacy["current"] == LEGACY_REVISION
-        if head_revision() != LEGACY_REVISION:
-            assert legacy["state"] == "behind" and legacy["pending"]
+        with engine.begin() as conn:  # back to this release's revision
+            conn.execute(
+                text(f"UPDATE {VERSION_TABLE} SET version_num = :v"), {"v": head_revision()}
+            )
+        assert "(current)" in ok("init-db", "--config", cfg, "--check").stdout
+        with engine.begin() as conn:  # a database of the first release
+            for table in reversed(conn.dialect.get_table_names(conn)):
+                conn.execute(text(f'DROP TABLE "{table}"'))
+        make_legacy_v1(engine)
+        legacy = lr("init-db", "--config", cfg, "--check", "--json")
+        assert legacy.exit_code == EXIT_PENDING
+        assert json.loads(legacy.stdout)["current"] == LEGACY_REVISION
+        assert (
+            json.loads(legacy.stdout)["pending"] == [r for r in ("0002",) if head_revision() >= r]
+            or head_revision() == LEGACY_REVISION
+        )
         ok("init-db", "--config", cfg)
         assert "(current)" in ok("init-db", "--config", cfg, "--check").stdout
     finally:

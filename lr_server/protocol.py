@@ -1,0 +1,43 @@
+"""The wire protocol's version: what this release speaks and the oldest peer it accepts.
+
+Versions (``NegotiateRequest.protocol_version`` from the source,
+``NegotiateResponse.protocol_version`` from the sink; a peer that sends none
+is version 1):
+
+1. The first release: log entry and snapshot batches.
+2. Drop notices (``BATCH_DROP_NOTICE``, sent only to sinks that announce
+   ``drop_notices``) and the version exchange itself.
+
+A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
+upgraded one at a time; an older peer is refused at negotiation with
+:class:`~lr_client.errors.IncompatibleVersionError` (gRPC
+``FAILED_PRECONDITION``), which names both versions.
+"""
+
+from __future__ import annotations
+
+from lr_client.errors import IncompatibleVersionError
+
+#: The wire protocol this release speaks.
+PROTOCOL_VERSION = 2
+#: The oldest peer version this release accepts.
+MIN_PEER_VERSION = 1
+
+
+def peer_version(announced: int) -> int:
+    """The peer's version from the field it sent (0: a peer that predates the field)."""
+    return announced or 1
+
+
+def require_compatible(announced: int, peer: str) -> int:
+    """The peer's version, or :class:`IncompatibleVersionError` if it is too old."""
+    version = peer_version(announced)
+    if version < MIN_PEER_VERSION:
+        raise IncompatibleVersionError(
+            f"{peer} speaks wire protocol {version}; this release needs {MIN_PEER_VERSION} "
+            f"or newer (it speaks {PROTOCOL_VERSION}): upgrade {peer}"
+        )
+    return version
+
+
+__all__ = ["MIN_PEER_VERSION", "PROTOCOL_VERSION", "peer_version", "require_compatible"]
