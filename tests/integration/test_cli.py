@@ -203,10 +203,7 @@ def test_init_db_check_reports_a_pending_upgrade_and_a_newer_database(
         legacy = lr("init-db", "--config", cfg, "--check", "--json")
         assert legacy.exit_code == EXIT_PENDING
         assert json.loads(legacy.stdout)["current"] == LEGACY_REVISION
-        assert (
-            json.loads(legacy.stdout)["pending"] == [r for r in ("0002",) if head_revision() >= r]
-            or head_revision() == LEGACY_REVISION
-        )
+        assert json.loads(legacy.stdout)["pending"][-1] == head_revision()
         ok("init-db", "--config", cfg)
         assert "(current)" in ok("init-db", "--config", cfg, "--check").stdout
     finally:
