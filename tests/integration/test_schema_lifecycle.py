@@ -216,6 +216,29 @@ def test_check_schema_names_the_command_that_upgrades(db_url: str) -> None:
         engine.dispose()
 
 
+def test_a_first_release_database_is_told_to_upgrade_then_gets_every_revision(
+    db_url: str,
+) -> None:
+    engine = create_engine(db_url)
+    try:
+        make_legacy_v1(engine)
+        store = open_store(engine)
+        with pytest.raises(SchemaError, match=r"revision 0001, this release needs .*lr init-db"):
+            store.check_schema()
+        store.create_schema()
+        store.check_schema()
+        with engine.connect() as conn:
+            insp = inspect(conn)
+            tables = set(insp.get_table_names())
+            ends = {i["name"] for i in insp.get_indexes("lrq_recv_entries")}
+        assert {"lrq_trim_marks", "lrq_stream_stops", "lrq_sink_drops"} <= tables
+        assert "lrq_recv_entries_ends" in ends
+        with engine.connect() as conn:
+            assert _diff(conn) == []
+    finally:
+        engine.dispose()
+
+
 # -- an upgrade of a first-release database loses nothing ----------------------------------
 def make_legacy_v1(engine: Engine) -> None:
     """A database as the first release created it: revision 0001, no revision table."""

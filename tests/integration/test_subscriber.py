@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
-from sqlalchemy import String, func, insert, inspect, select, text, update
+from sqlalchemy import String, func, insert, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from lr_client import (
@@ -430,22 +430,6 @@ def test_streaming_delivery_may_deliver_part_of_a_superseded_snapshot(
         ("full_sync", "src-a", "new", (3,)),
         ("end", "src-a", "new", ()),
     ]
-
-
-def test_create_schema_adds_the_end_marker_index_to_an_existing_database(
-    store: SQLAlchemyQueueStore,
-) -> None:
-    def indexes() -> set[str]:
-        with store.read() as conn:
-            return {str(i["name"]) for i in inspect(conn).get_indexes(s.recv_entries.name)}
-
-    assert "lrq_recv_entries_ends" in indexes()
-    with store.write() as conn:  # a database made before the index existed
-        conn.execute(text("DROP INDEX lrq_recv_entries_ends"))
-    assert "lrq_recv_entries_ends" not in indexes()
-    store.create_schema()
-    assert "lrq_recv_entries_ends" in indexes()
-    store.check_schema()
 
 
 def test_failed_first_snapshot_batch_rolls_back_its_start(
