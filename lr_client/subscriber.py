@@ -39,6 +39,9 @@ from lr_client.store.leases import HeadEntry, SubscriberState
 
 log = logging.getLogger("lr_client.subscriber")
 
+#: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
+DEFAULT_BATCH_MAX_BYTES = 4 * 1024 * 1024
+
 _SNAPSHOT_TYPES = (ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY)
 
 
@@ -131,7 +134,8 @@ def default_owner() -> str:
 class RoutingQueueSubscriber:
     """Delivers one client's receive queues ``LRQ_Recv_<client>__*`` to a listener.
 
-    ``batch_size`` bounds the entries per callback; ``max_batches`` the
+    ``batch_size`` bounds the entries per callback and ``batch_max_bytes``
+    their payload bytes (a larger entry comes alone); ``max_batches`` the
     batches delivered per queue in one :meth:`poll_once` (so queues take
     turns). ``owner`` names this subscriber in lease rows (unique by
     default). A failed batch of a queue is retried after ``retry_initial``
@@ -149,6 +153,7 @@ class RoutingQueueSubscriber:
         listener: RoutingQueueListener,
         *,
         batch_size: int = 500,
+        batch_max_bytes: int = DEFAULT_BATCH_MAX_BYTES,
         max_batches: int = 20,
         owner: str | None = None,
         lease_seconds: float = 30.0,
@@ -157,8 +162,8 @@ class RoutingQueueSubscriber:
         retry_max: float = 60.0,
         retry_jitter: float = 0.5,
     ) -> None:
-        if batch_size < 1 or max_batches < 1:
-            raise ValueError("batch_size and max_batches must be at least 1")
+        if batch_size < 1 or max_batches < 1 or batch_max_bytes < 1:
+            raise ValueError("batch_size, batch_max_bytes and max_batches must be at least 1")
         if lease_seconds <= 0 or poll_interval < 0 or retry_initial < 0 or retry_max < 0:
             raise ValueError("lease_seconds must be positive, intervals not negative")
         if not 0 <= retry_jitter <= 1:
@@ -167,6 +172,7 @@ class RoutingQueueSubscriber:
         self.client_name = validate_name(client_name, "client name")
         self.listener = listener
         self.batch_size = batch_size
+        self.batch_max_bytes = batch_max_bytes
         self.max_batches = max_batches
         self.owner = owner or default_owner()
         if len(self.owner) > 128:
@@ -303,7 +309,7 @@ class RoutingQueueSubscriber:
             state = leases.load_state(conn, queue.queue_id)
             if state.lease_owner != self.owner:
                 raise _LeaseLost
-            entries = leases.read_head(conn, queue.queue_id, self.batch_size)
+            entries = leases.read_head(conn, queue.queue_id, self.batch_size, self.batch_max_bytes)
             if not entries:
                 return None
             plan = _plan_delivery(queue, state, entries)
@@ -378,4 +384,4 @@ class RoutingQueueSubscriber:
             raise failed(callback, "the listener rolled back the delivery transaction")
 
 
-__all__ = ["RoutingQueueSubscriber", "default_owner"]
+__all__ = ["DEFAULT_BATCH_MAX_BYTES", "RoutingQueueSubscriber", "default_owner"]

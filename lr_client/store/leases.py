@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import ReplicationType
 from lr_client.store import schema as s
+from lr_client.store.sqla import bytes_prefix, payload_size
 
 _T = s.subscriber_state
 _R = s.recv_entries
@@ -137,19 +138,38 @@ class HeadEntry(NamedTuple):
     payload: bytes
 
 
-def read_head(conn: Connection, queue_id: int, limit: int) -> list[HeadEntry]:
-    """The oldest ``limit`` entries of a receive queue, in seq order."""
+def read_head(
+    conn: Connection, queue_id: int, limit: int, max_bytes: int | None = None
+) -> list[HeadEntry]:
+    """The oldest entries of a receive queue, in seq order: at most ``limit``, and
+    past the first no more than ``max_bytes`` (the store's one byte-cut rule).
+
+    The sizes are read first and then exactly the payloads that fit, so a queue
+    of large payloads never loads more than the limit.
+    """
     rows = conn.execute(
-        select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.payload)
+        select(
+            _R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, payload_size(_R.c.payload)
+        )
         .where(_R.c.queue_id == queue_id)
         .order_by(_R.c.seq)
         .limit(limit)
     ).all()
+    rows = rows[: bytes_prefix((r.size for r in rows), max_bytes)]
+    if not rows:
+        return []
+    found = conn.execute(
+        select(_R.c.seq, _R.c.payload).where(_R.c.seq.in_([r.seq for r in rows]))
+    ).all()
+    payloads = {r[0]: r[1] if type(r[1]) is bytes else bytes(r[1]) for r in found}
     make, types = HeadEntry._make, _TYPES
-    return [
-        make((r[0], types[r[1]], r[2], r[3], r[4] if type(r[4]) is bytes else bytes(r[4])))
-        for r in rows
-    ]
+    out = []
+    for r in rows:
+        payload = payloads.get(r[0])
+        if payload is None:  # deleted meanwhile (a superseded snapshot): stop before it
+            break
+        out.append(make((r[0], types[r[1]], r[2], r[3], payload)))
+    return out
 
 
 def has_entries(conn: Connection, queue_id: int) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,17 +43,80 @@ OPEN_STATUSES = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatu
 ENTRY_OVERHEAD = 32
 
 
+class ByteCut:
+    """The one byte-cut rule of every read bounded by bytes.
+
+    Entries are taken in order while their payloads, plus ``ENTRY_OVERHEAD``
+    each, stay within ``max_bytes`` (no limit if None); the first is always
+    taken, so an entry larger than the limit travels alone.
+    """
+
+    __slots__ = ("count", "max_bytes", "total")
+
+    def __init__(self, max_bytes: int | None) -> None:
+        self.max_bytes = max_bytes
+        self.total = 0
+        self.count = 0
+
+    def take(self, payload_bytes: int) -> bool:
+        """Count the next entry if it is within the limit; whether it is."""
+        total = self.total + payload_bytes + ENTRY_OVERHEAD
+        if self.max_bytes is not None and self.count and total > self.max_bytes:
+            return False
+        self.total, self.count = total, self.count + 1
+        return True
+
+
+def bytes_prefix(sizes: Iterable[int], max_bytes: int | None) -> int:
+    """How many leading entries of these payload sizes one read within ``max_bytes`` takes."""
+    cut = ByteCut(max_bytes)
+    for size in sizes:
+        if not cut.take(size):
+            break
+    return cut.count
+
+
 def cut_to_bytes(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
     """The prefix of ``rows`` (each with a ``payload``) within ``max_bytes``; at least one."""
-    rows = list(rows)
-    if max_bytes is None:
-        return rows
-    total = 0
-    for i, row in enumerate(rows):
-        total += len(row.payload) + ENTRY_OVERHEAD
-        if total > max_bytes and i > 0:
-            return rows[:i]
-    return rows
+    return list(rows[: bytes_prefix((len(r.payload) for r in rows), max_bytes)])
+
+
+class LogRange(list[SendEntry]):
+    """Entries of one read, and whether the read reached the end of the queue."""
+
+    def __init__(self, entries: Iterable[SendEntry], complete: bool) -> None:
+        super().__init__(entries)
+        self.complete = complete
+
+
+def payload_size(payload: Any) -> Any:
+    """A payload's size in bytes, read without loading the payload.
+
+    SQLite takes a blob's length from its record header, PostgreSQL a bytea's
+    from its (TOAST) header: neither reads the value itself.
+    """
+    return func.length(payload).label("size")
+
+
+def _within(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
+    """The leading ``rows`` (each with the ``size`` of its payload) one read takes."""
+    return list(rows[: bytes_prefix((r.size for r in rows), max_bytes)])
+
+
+def _payloads(conn: Connection, key: Any, payload: Any, keys: Sequence[Any]) -> dict[Any, bytes]:
+    """The payloads of exactly these rows, by key: the one query of a read that loads any."""
+    if not keys:
+        return {}
+    found = conn.execute(select(key, payload).where(key.in_(list(keys)))).all()
+    return {r[0]: r[1] if type(r[1]) is bytes else bytes(r[1]) for r in found}
+
+
+def _present(rows: Sequence[Any], payloads: dict[Any, bytes], key: str) -> list[Any]:
+    """The leading ``rows`` whose payload was found (a concurrent trim may remove the rest)."""
+    for i, r in enumerate(rows):
+        if getattr(r, key) not in payloads:
+            return list(rows[:i])
+    return list(rows)
 
 
 class SQLAlchemyQueueStore(QueueStore):
@@ -173,6 +236,7 @@ class SQLAlchemyQueueStore(QueueStore):
         raise NotImplementedError
 
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+        """``position, size, created_at`` of a stream's entries after ``after`` (no payloads)."""
         raise NotImplementedError
 
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
@@ -212,54 +276,63 @@ class SQLAlchemyQueueStore(QueueStore):
             num = self.site_numbers(refresh=True).get(destination)
             if num is None:
                 return []
+        e = s.send_log_entries
         query = self._tagged_query(num, client_name, after)
         if up_to is not None:
-            query = query.where(s.send_log_entries.c.position <= up_to)
-        query = query.order_by(s.send_log_entries.c.position).limit(limit)
+            query = query.where(e.c.position <= up_to)
+        query = query.order_by(e.c.position).limit(limit)
         with self.read() as conn:
-            rows = conn.execute(query).all()
-        rows = cut_to_bytes(rows, max_bytes)
-        return [
-            SendEntry(
-                position=r.position,
-                client_name=r.client_name,
-                type=ReplicationType.LOG_ENTRY_SYNC,
-                payload=bytes(r.payload),
-                created_at=r.created_at,
-            )
-            for r in rows
-        ]
-
-    def read_client_log(self, client_name: str, after: int, limit: int) -> list[SendEntry]:
-        e = s.send_log_entries
-        query = (
-            select(e.c.position, e.c.payload, e.c.dest_nums, e.c.created_at)
-            .where(e.c.client_name == client_name, e.c.position > after)
-            .order_by(e.c.position)
-            .limit(limit)
-        )
-        with self.read() as conn:
-            rows = conn.execute(query).all()
-        names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
-
-        def destinations(value: Any) -> tuple[str, ...]:
-            key = value if isinstance(value, str) else tuple(value)
-            found = names.get(key)
-            if found is None:
-                found = names[key] = tuple(self.site_name(n) for n in self._dest_nums_of(value))
-            return found
-
+            rows = _within(conn.execute(query).all(), max_bytes)
+            payloads = _payloads(conn, e.c.position, e.c.payload, [r.position for r in rows])
         return [
             SendEntry(
                 position=r.position,
                 client_name=client_name,
                 type=ReplicationType.LOG_ENTRY_SYNC,
-                payload=bytes(r.payload),
-                destinations=destinations(r.dest_nums),
+                payload=payloads[r.position],
                 created_at=r.created_at,
             )
-            for r in rows
+            for r in _present(rows, payloads, "position")
         ]
+
+    def read_client_log(
+        self, client_name: str, after: int, limit: int, max_bytes: int | None = None
+    ) -> LogRange:
+        e = s.send_log_entries
+        query = (
+            select(e.c.position, payload_size(e.c.payload), e.c.dest_nums, e.c.created_at)
+            .where(e.c.client_name == client_name, e.c.position > after)
+            .order_by(e.c.position)
+            .limit(limit)
+        )
+        with self.read() as conn:
+            found = conn.execute(query).all()
+            rows = _within(found, max_bytes)
+            payloads = _payloads(conn, e.c.position, e.c.payload, [r.position for r in rows])
+        present = _present(rows, payloads, "position")
+        names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
+
+        def destinations(value: Any) -> tuple[str, ...]:
+            key = value if isinstance(value, str) else tuple(value)
+            got = names.get(key)
+            if got is None:
+                got = names[key] = tuple(self.site_name(n) for n in self._dest_nums_of(value))
+            return got
+
+        return LogRange(
+            (
+                SendEntry(
+                    position=r.position,
+                    client_name=client_name,
+                    type=ReplicationType.LOG_ENTRY_SYNC,
+                    payload=payloads[r.position],
+                    destinations=destinations(r.dest_nums),
+                    created_at=r.created_at,
+                )
+                for r in present
+            ),
+            complete=len(found) < limit and len(present) == len(found),
+        )
 
     @staticmethod
     def _dest_nums_of(value: Any) -> list[int]:
@@ -342,7 +415,7 @@ class SQLAlchemyQueueStore(QueueStore):
             row = conn.execute(
                 select(
                     func.count(),
-                    func.coalesce(func.sum(func.length(sub.c.payload)), 0),
+                    func.coalesce(func.sum(sub.c.size), 0),
                     func.min(sub.c.created_at),
                 )
             ).one()
@@ -619,7 +692,7 @@ class SQLAlchemyQueueStore(QueueStore):
         self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
     ) -> list[SendEntry]:
         t = s.send_snapsync
-        cols = (t.c.position, t.c.type, t.c.payload, t.c.part, t.c.seq)
+        cols = (t.c.position, t.c.type, payload_size(t.c.payload), t.c.part, t.c.seq)
         with self.read() as conn:
             req = conn.execute(
                 select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
@@ -652,7 +725,10 @@ class SQLAlchemyQueueStore(QueueStore):
                         .limit(limit)
                     ).all()
                 )
-        rows = cut_to_bytes(rows, max_bytes)
+            rows = _within(rows, max_bytes)
+            payloads = _payloads(conn, t.c.position, t.c.payload, [r.position for r in rows])
+        if len(payloads) < len(rows):  # cancelled meanwhile
+            return []
         if rows and rows[-1].part >= 0:
             self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
         else:
@@ -662,7 +738,7 @@ class SQLAlchemyQueueStore(QueueStore):
                 position=after + i + 1,
                 client_name=req.client_name,
                 type=ReplicationType(r.type),
-                payload=bytes(r.payload),
+                payload=payloads[r.position],
                 snapshot_id=snapshot_id,
             )
             for i, r in enumerate(rows)
