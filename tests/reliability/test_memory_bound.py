@@ -4,7 +4,8 @@ A real ``lr server`` process ships a backlog of large payloads, committed at
 once, to two sinks. Its peak resident size (``VmHWM``) may exceed the peak it
 had already reached while idle and connected (the baseline, measured in the
 same process) only by the bound that ``docs/operations.md`` derives from the
-byte settings, whatever the payload sizes and the backlog's length.
+byte settings, whatever the payload sizes and the backlog's length; so may
+each sink's, by the bound derived from the sender's settings.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def source_memory_bound(cfg: ReplicationConfig, destinations: int, largest: int)
     shared = cfg.shared_reader and destinations > 1
     reader = cfg.shared_reader_bytes * 3 // 2 if shared else 2 * batch
     return reader + destinations * (cfg.window_bytes + 3 * batch)
+
+
+def sink_memory_bound(sender: ReplicationConfig, sources: int, largest: int) -> int:
+    """The sink's bound of docs/operations.md (no subscriber running): bytes above its idle peak."""
+    batch = max(sender.batch_max_bytes, largest)
+    return sources * (sender.window_bytes + 6 * batch)
 
 
 def peak_rss(pid: int) -> int:
@@ -102,6 +109,7 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
             timeout=60,
         )
         baseline = peak_rss(source.proc.pid)
+        sink_baselines = [peak_rss(s.proc.pid) for s in sinks if s.proc is not None]
 
         expected = [(1, hashlib.sha256(b"warm-up").hexdigest())]
         with Session(src.engine) as session, session.begin():
@@ -118,6 +126,11 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
             timeout=180,
         )
         peak = peak_rss(source.proc.pid)
+        sink_growth = [
+            peak_rss(s.proc.pid) - base
+            for s, base in zip(sinks, sink_baselines, strict=True)
+            if s.proc is not None
+        ]
         for s, st in sink_stores.items():
             assert _digests(st) == expected, s
     finally:
@@ -131,3 +144,6 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
         f"growth {(peak - baseline) / MIB:.0f} MiB, bound {bound / MIB:.0f} MiB"
     )
     assert peak - baseline <= bound, (baseline, peak, bound)
+    sink_bound = sink_memory_bound(LIMITS, 1, PAYLOAD)
+    print(f"sinks' growth {[g // MIB for g in sink_growth]} MiB, bound {sink_bound // MIB} MiB")
+    assert len(sink_growth) == len(SINKS) and max(sink_growth) <= sink_bound, sink_growth
