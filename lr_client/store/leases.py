@@ -158,8 +158,12 @@ def read_head(
     rows = rows[: bytes_prefix((r.size for r in rows), max_bytes)]
     if not rows:
         return []
+    # The same entries again: appends to a queue commit in seq order, so none can
+    # have appeared among them (one may have been deleted: the head stops before it).
     found = conn.execute(
-        select(_R.c.seq, _R.c.payload).where(_R.c.seq.in_([r.seq for r in rows]))
+        select(_R.c.seq, _R.c.payload).where(
+            _R.c.queue_id == queue_id, _R.c.seq >= rows[0].seq, _R.c.seq <= rows[-1].seq
+        )
     ).all()
     payloads = {r[0]: r[1] if type(r[1]) is bytes else bytes(r[1]) for r in found}
     make, types = HeadEntry._make, _TYPES

@@ -103,12 +103,10 @@ def _within(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
     return list(rows[: bytes_prefix((r.size for r in rows), max_bytes)])
 
 
-def _payloads(conn: Connection, key: Any, payload: Any, keys: Sequence[Any]) -> dict[Any, bytes]:
-    """The payloads of exactly these rows, by key: the one query of a read that loads any."""
-    if not keys:
-        return {}
-    found = conn.execute(select(key, payload).where(key.in_(list(keys)))).all()
-    return {r[0]: r[1] if type(r[1]) is bytes else bytes(r[1]) for r in found}
+def _payloads(conn: Connection, query: Any) -> dict[Any, bytes]:
+    """``{key: payload}`` of a query of (key, payload) rows: the one query of a read
+    that loads payloads, and only those of the entries that fit."""
+    return {r[0]: r[1] if type(r[1]) is bytes else bytes(r[1]) for r in conn.execute(query)}
 
 
 def _present(rows: Sequence[Any], payloads: dict[Any, bytes], key: str) -> list[Any]:
@@ -283,7 +281,13 @@ class SQLAlchemyQueueStore(QueueStore):
         query = query.order_by(e.c.position).limit(limit)
         with self.read() as conn:
             rows = _within(conn.execute(query).all(), max_bytes)
-            payloads = _payloads(conn, e.c.position, e.c.payload, [r.position for r in rows])
+            payloads: dict[Any, bytes] = {}
+            if rows:
+                # The same entries again, up to the last that fits: positions follow
+                # commit order (I1), so no other entry can have appeared among them.
+                again = self._tagged_query(num, client_name, after)
+                again = again.with_only_columns(e.c.position, e.c.payload)
+                payloads = _payloads(conn, again.where(e.c.position <= rows[-1].position))
         return [
             SendEntry(
                 position=r.position,
@@ -308,7 +312,16 @@ class SQLAlchemyQueueStore(QueueStore):
         with self.read() as conn:
             found = conn.execute(query).all()
             rows = _within(found, max_bytes)
-            payloads = _payloads(conn, e.c.position, e.c.payload, [r.position for r in rows])
+            payloads: dict[Any, bytes] = {}
+            if rows:  # the same entries again, as in read_log_entries
+                payloads = _payloads(
+                    conn,
+                    select(e.c.position, e.c.payload).where(
+                        e.c.client_name == client_name,
+                        e.c.position > after,
+                        e.c.position <= rows[-1].position,
+                    ),
+                )
         present = _present(rows, payloads, "position")
         names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
 
@@ -726,7 +739,10 @@ class SQLAlchemyQueueStore(QueueStore):
                     ).all()
                 )
             rows = _within(rows, max_bytes)
-            payloads = _payloads(conn, t.c.position, t.c.payload, [r.position for r in rows])
+            keys = [r.position for r in rows]
+            payloads = _payloads(
+                conn, select(t.c.position, t.c.payload).where(t.c.position.in_(keys))
+            )
         if len(payloads) < len(rows):  # cancelled meanwhile
             return []
         if rows and rows[-1].part >= 0:
