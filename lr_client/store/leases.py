@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import ReplicationType
 from lr_client.store import schema as s
-from lr_client.store.sqla import bytes_prefix, payload_size
+from lr_client.store.sqla import fill, sized, within
 
 _T = s.subscriber_state
 _R = s.recv_entries
@@ -144,36 +144,19 @@ def read_head(
     """The oldest entries of a receive queue, in seq order: at most ``limit``, and
     past the first no more than ``max_bytes`` (the store's one byte-cut rule).
 
-    The sizes are read first and then exactly the payloads that fit, so a queue
-    of large payloads never loads more than the limit.
+    Sizes come first and large payloads only once their entry fits, so a queue
+    of large payloads never loads more than the limit (see :func:`sized`).
     """
-    rows = conn.execute(
-        select(
-            _R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, payload_size(_R.c.payload)
-        )
+    query = (
+        select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id)
+        .add_columns(*sized(_R.c.payload, limit, max_bytes))
         .where(_R.c.queue_id == queue_id)
         .order_by(_R.c.seq)
         .limit(limit)
-    ).all()
-    rows = rows[: bytes_prefix((r.size for r in rows), max_bytes)]
-    if not rows:
-        return []
-    # The same entries again: appends to a queue commit in seq order, so none can
-    # have appeared among them (one may have been deleted: the head stops before it).
-    found = conn.execute(
-        select(_R.c.seq, _R.c.payload).where(
-            _R.c.queue_id == queue_id, _R.c.seq >= rows[0].seq, _R.c.seq <= rows[-1].seq
-        )
-    ).all()
-    payloads = {r[0]: r[1] if type(r[1]) is bytes else bytes(r[1]) for r in found}
+    )
+    rows = fill(conn, within(conn.execute(query).all(), max_bytes), _R.c.seq, _R.c.payload)
     make, types = HeadEntry._make, _TYPES
-    out = []
-    for r in rows:
-        payload = payloads.get(r[0])
-        if payload is None:  # deleted meanwhile (a superseded snapshot): stop before it
-            break
-        out.append(make((r[0], types[r[1]], r[2], r[3], payload)))
-    return out
+    return [make((r[0], types[r[1]], r[2], r[3], payload)) for r, payload in rows]
 
 
 def has_entries(conn: Connection, queue_id: int) -> bool:

@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import WireEntry
 from lr_client.store import schema as s
-from lr_client.store.sqla import SQLAlchemyQueueStore, payload_size
+from lr_client.store.sqla import SQLAlchemyQueueStore
 
 #: High half of the advisory lock key serialising transmit commits ("LRQ1"); the
 #: low half is the queue table's oid, so stores in different schemas of one
@@ -160,7 +160,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
 
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         e = s.send_log_entries
-        return select(e.c.position, payload_size(e.c.payload), e.c.created_at).where(
+        return select(e.c.position, e.c.created_at).where(
             e.c.dest_nums.op("@>")(literal([dest_num], postgresql.ARRAY(postgresql.SMALLINT))),
             e.c.client_name == client_name,
             e.c.position > after,

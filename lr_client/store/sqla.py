@@ -7,13 +7,14 @@ are the few methods :mod:`lr_client.store.sqlite` and
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, inspect, select, tuple_, update
+from sqlalchemy import and_, case, delete, func, insert, inspect, null, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import OperationalError
 
@@ -98,23 +99,49 @@ def payload_size(payload: Any) -> Any:
     return func.length(payload).label("size")
 
 
-def _within(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
-    """The leading ``rows`` (each with the ``size`` of its payload) one read takes."""
-    return list(rows[: bytes_prefix((r.size for r in rows), max_bytes)])
+@functools.lru_cache(maxsize=64)
+def sized(payload: Any, limit: int, max_bytes: int | None) -> tuple[Any, Any]:
+    """The last two columns, ``size`` and ``inline``, of a read of at most ``limit`` entries.
+
+    ``inline`` is the payload itself when it is small (at most ``max_bytes //
+    limit``, so all such payloads of the read together stay within
+    ``max_bytes``), else NULL: the payload is loaded afterwards (:func:`fill`)
+    only if its entry is within the byte limit. So a read of small entries
+    stays one query, and a read never loads more than twice its limit.
+    """
+    size = payload_size(payload)
+    if max_bytes is None:
+        return size, payload.label("inline")
+    small = max(0, max_bytes // max(1, limit))
+    return size, case((func.length(payload) <= small, payload), else_=null()).label("inline")
 
 
-def _payloads(conn: Connection, query: Any) -> dict[Any, bytes]:
-    """``{key: payload}`` of a query of (key, payload) rows: the one query of a read
-    that loads payloads, and only those of the entries that fit."""
-    return {r[0]: r[1] if type(r[1]) is bytes else bytes(r[1]) for r in conn.execute(query)}
+def within(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
+    """The leading ``rows`` (read with :func:`sized`) one read takes, by the byte-cut rule."""
+    if max_bytes is None or sum(r[-2] for r in rows) + ENTRY_OVERHEAD * len(rows) <= max_bytes:
+        return list(rows)
+    return list(rows[: bytes_prefix((r[-2] for r in rows), max_bytes)])
 
 
-def _present(rows: Sequence[Any], payloads: dict[Any, bytes], key: str) -> list[Any]:
-    """The leading ``rows`` whose payload was found (a concurrent trim may remove the rest)."""
-    for i, r in enumerate(rows):
-        if getattr(r, key) not in payloads:
-            return list(rows[:i])
-    return list(rows)
+def fill(conn: Connection, rows: Sequence[Any], key: Any, payload: Any) -> list[tuple[Any, bytes]]:
+    """Each of ``rows`` (key first, read with :func:`sized`) with its payload.
+
+    Loads the payloads that were not inline, by their ``key`` column; stops
+    before an entry deleted meanwhile (a trim, a superseded snapshot).
+    """
+    missing = [r[0] for r in rows if r[-1] is None]
+    found: dict[Any, Any] = {}
+    if missing:
+        found = {k: v for k, v in conn.execute(select(key, payload).where(key.in_(missing)))}
+    out: list[tuple[Any, bytes]] = []
+    for r in rows:
+        value = r[-1]
+        if value is None:
+            value = found.get(r[0])
+            if value is None:
+                break
+        out.append((r, value if type(value) is bytes else bytes(value)))
+    return out
 
 
 class SQLAlchemyQueueStore(QueueStore):
@@ -234,7 +261,7 @@ class SQLAlchemyQueueStore(QueueStore):
         raise NotImplementedError
 
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
-        """``position, size, created_at`` of a stream's entries after ``after`` (no payloads)."""
+        """``position, created_at`` of a stream's entries after ``after`` (no payloads)."""
         raise NotImplementedError
 
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
@@ -276,27 +303,23 @@ class SQLAlchemyQueueStore(QueueStore):
                 return []
         e = s.send_log_entries
         query = self._tagged_query(num, client_name, after)
+        query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
         if up_to is not None:
             query = query.where(e.c.position <= up_to)
         query = query.order_by(e.c.position).limit(limit)
         with self.read() as conn:
-            rows = _within(conn.execute(query).all(), max_bytes)
-            payloads: dict[Any, bytes] = {}
-            if rows:
-                # The same entries again, up to the last that fits: positions follow
-                # commit order (I1), so no other entry can have appeared among them.
-                again = self._tagged_query(num, client_name, after)
-                again = again.with_only_columns(e.c.position, e.c.payload)
-                payloads = _payloads(conn, again.where(e.c.position <= rows[-1].position))
+            rows = fill(
+                conn, within(conn.execute(query).all(), max_bytes), e.c.position, e.c.payload
+            )
         return [
             SendEntry(
                 position=r.position,
                 client_name=client_name,
                 type=ReplicationType.LOG_ENTRY_SYNC,
-                payload=payloads[r.position],
+                payload=payload,
                 created_at=r.created_at,
             )
-            for r in _present(rows, payloads, "position")
+            for r, payload in rows
         ]
 
     def read_client_log(
@@ -304,25 +327,16 @@ class SQLAlchemyQueueStore(QueueStore):
     ) -> LogRange:
         e = s.send_log_entries
         query = (
-            select(e.c.position, payload_size(e.c.payload), e.c.dest_nums, e.c.created_at)
+            select(
+                e.c.position, e.c.dest_nums, e.c.created_at, *sized(e.c.payload, limit, max_bytes)
+            )
             .where(e.c.client_name == client_name, e.c.position > after)
             .order_by(e.c.position)
             .limit(limit)
         )
         with self.read() as conn:
             found = conn.execute(query).all()
-            rows = _within(found, max_bytes)
-            payloads: dict[Any, bytes] = {}
-            if rows:  # the same entries again, as in read_log_entries
-                payloads = _payloads(
-                    conn,
-                    select(e.c.position, e.c.payload).where(
-                        e.c.client_name == client_name,
-                        e.c.position > after,
-                        e.c.position <= rows[-1].position,
-                    ),
-                )
-        present = _present(rows, payloads, "position")
+            rows = fill(conn, within(found, max_bytes), e.c.position, e.c.payload)
         names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
 
         def destinations(value: Any) -> tuple[str, ...]:
@@ -338,13 +352,13 @@ class SQLAlchemyQueueStore(QueueStore):
                     position=r.position,
                     client_name=client_name,
                     type=ReplicationType.LOG_ENTRY_SYNC,
-                    payload=payloads[r.position],
+                    payload=payload,
                     destinations=destinations(r.dest_nums),
                     created_at=r.created_at,
                 )
-                for r in present
+                for r, payload in rows
             ),
-            complete=len(found) < limit and len(present) == len(found),
+            complete=len(found) < limit and len(rows) == len(found),
         )
 
     @staticmethod
@@ -423,7 +437,8 @@ class SQLAlchemyQueueStore(QueueStore):
         num = self.site_numbers().get(destination)
         if num is None:
             return Backlog(destination, client_name)
-        sub = self._tagged_query(num, client_name, cursor.position).subquery()
+        query = self._tagged_query(num, client_name, cursor.position)
+        sub = query.add_columns(payload_size(s.send_log_entries.c.payload)).subquery()
         with self.read() as conn:
             row = conn.execute(
                 select(
@@ -705,7 +720,7 @@ class SQLAlchemyQueueStore(QueueStore):
         self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
     ) -> list[SendEntry]:
         t = s.send_snapsync
-        cols = (t.c.position, t.c.type, payload_size(t.c.payload), t.c.part, t.c.seq)
+        cols = (t.c.position, t.c.type, t.c.part, t.c.seq, *sized(t.c.payload, limit, max_bytes))
         with self.read() as conn:
             req = conn.execute(
                 select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
@@ -738,12 +753,9 @@ class SQLAlchemyQueueStore(QueueStore):
                         .limit(limit)
                     ).all()
                 )
-            rows = _within(rows, max_bytes)
-            keys = [r.position for r in rows]
-            payloads = _payloads(
-                conn, select(t.c.position, t.c.payload).where(t.c.position.in_(keys))
-            )
-        if len(payloads) < len(rows):  # cancelled meanwhile
+            rows = within(rows, max_bytes)
+            filled = fill(conn, rows, t.c.position, t.c.payload)
+        if len(filled) < len(rows):  # cancelled meanwhile
             return []
         if rows and rows[-1].part >= 0:
             self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
@@ -754,10 +766,10 @@ class SQLAlchemyQueueStore(QueueStore):
                 position=after + i + 1,
                 client_name=req.client_name,
                 type=ReplicationType(r.type),
-                payload=payloads[r.position],
+                payload=payload,
                 snapshot_id=snapshot_id,
             )
-            for i, r in enumerate(rows)
+            for i, (r, payload) in enumerate(filled)
         ]
 
     # -- trim and retention --------------------------------------------------------------

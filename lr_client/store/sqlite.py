@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import WireEntry
 from lr_client.store import schema as s
-from lr_client.store.sqla import SQLAlchemyQueueStore, payload_size
+from lr_client.store.sqla import SQLAlchemyQueueStore
 
 
 def encode_dests(nums: Sequence[int]) -> str:
@@ -57,7 +57,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         e, t = s.send_log_entries, s.send_tags
         return (
-            select(e.c.position, payload_size(e.c.payload), e.c.created_at)
+            select(e.c.position, e.c.created_at)
             .select_from(t.join(e, e.c.position == t.c.position))
             .where(t.c.dest_num == dest_num, t.c.position > after, e.c.client_name == client_name)
         )
