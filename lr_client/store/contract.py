@@ -82,9 +82,9 @@ class QueueStore(abc.ABC):
     ) -> list[SendEntry]:
         """Log entries of a client after ``after``, in order, for every destination.
 
-        Like every read of entries, it loads at most ``limit`` entries and, past
-        the first, no more than ``max_bytes`` (payloads plus a fixed overhead
-        each): the sizes are read first, then exactly the payloads that fit.
+        Like every read of entries, it returns at most ``limit`` entries and,
+        past the first, no more than ``max_bytes`` (payloads plus a fixed
+        overhead each), and loads no large payload of an entry beyond that.
 
         Each entry's ``destinations`` names the sites it was transmitted to. A
         reader shared by the sender sessions reads a range once with it and

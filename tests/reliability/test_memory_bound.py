@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,19 +67,22 @@ def _digests(store: SQLAlchemyQueueStore) -> list[tuple[int, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shared_reader", [True, False], ids=["shared-reader", "own-reads"])
 def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
-    tmp_path: Path, db_url_factory: Callable[[str], str]
+    tmp_path: Path, db_url_factory: Callable[[str], str], shared_reader: bool
 ) -> None:
     ports = {s: free_port() for s in SINKS}
     urls = {s: db_url_factory(s) for s in ("a", *SINKS)}
-    limits = (
-        f"batch_max_bytes = {LIMITS.batch_max_bytes}\n"
-        f"window_bytes = {LIMITS.window_bytes}\n"
-        f"shared_reader_bytes = {LIMITS.shared_reader_bytes}"
+    limits = replace(LIMITS, shared_reader=shared_reader)
+    settings = (
+        f"batch_max_bytes = {limits.batch_max_bytes}\n"
+        f"window_bytes = {limits.window_bytes}\n"
+        f"shared_reader_bytes = {limits.shared_reader_bytes}\n"
+        f"shared_reader = {str(limits.shared_reader).lower()}"
     )
     cfg_a = write_config(
         tmp_path,
-        SiteSpec("a", urls["a"], destinations=[(s, ports[s]) for s in SINKS], replication=limits),
+        SiteSpec("a", urls["a"], destinations=[(s, ports[s]) for s in SINKS], replication=settings),
     )
     sinks = [
         LrServer(write_config(tmp_path, SiteSpec(s, urls[s], port=ports[s], sources=["a"])))
@@ -138,12 +142,12 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
         for st in stores:
             st.engine.dispose()
     assert codes == [0] * len(servers), [s.log() for s in servers]
-    bound = source_memory_bound(LIMITS, len(SINKS), PAYLOAD)
+    bound = source_memory_bound(limits, len(SINKS), PAYLOAD)
     print(
         f"baseline {baseline / MIB:.0f} MiB, peak {peak / MIB:.0f} MiB, "
         f"growth {(peak - baseline) / MIB:.0f} MiB, bound {bound / MIB:.0f} MiB"
     )
     assert peak - baseline <= bound, (baseline, peak, bound)
-    sink_bound = sink_memory_bound(LIMITS, 1, PAYLOAD)
+    sink_bound = sink_memory_bound(limits, 1, PAYLOAD)
     print(f"sinks' growth {[g // MIB for g in sink_growth]} MiB, bound {sink_bound // MIB} MiB")
     assert len(sink_growth) == len(SINKS) and max(sink_growth) <= sink_bound, sink_growth
