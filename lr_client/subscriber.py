@@ -49,6 +49,9 @@ from lr_client.store.leases import HeadEntry, SubscriberState
 
 log = logging.getLogger("lr_client.subscriber")
 
+#: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
+DEFAULT_BATCH_MAX_BYTES = 4 * 1024 * 1024
+
 _SNAPSHOT_TYPES = (ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY)
 
 
@@ -174,7 +177,8 @@ def default_owner() -> str:
 class RoutingQueueSubscriber:
     """Delivers one client's receive queues ``LRQ_Recv_<client>__*`` to a listener.
 
-    ``batch_size`` bounds the entries per callback; ``max_batches`` the
+    ``batch_size`` bounds the entries per callback and ``batch_max_bytes``
+    their payload bytes (a larger entry comes alone); ``max_batches`` the
     batches delivered per queue in one :meth:`poll_once` (so queues take
     turns). ``owner`` names this subscriber in lease rows (unique by
     default). A failed batch of a queue is retried after ``retry_initial``
@@ -196,6 +200,7 @@ class RoutingQueueSubscriber:
         listener: RoutingQueueListener,
         *,
         batch_size: int = 500,
+        batch_max_bytes: int = DEFAULT_BATCH_MAX_BYTES,
         max_batches: int = 20,
         owner: str | None = None,
         lease_seconds: float = 30.0,
@@ -205,8 +210,8 @@ class RoutingQueueSubscriber:
         retry_jitter: float = 0.5,
         snapshot_delivery: SnapshotDelivery | str = SnapshotDelivery.COMPLETE,
     ) -> None:
-        if batch_size < 1 or max_batches < 1:
-            raise ValueError("batch_size and max_batches must be at least 1")
+        if batch_size < 1 or max_batches < 1 or batch_max_bytes < 1:
+            raise ValueError("batch_size, batch_max_bytes and max_batches must be at least 1")
         if lease_seconds <= 0 or poll_interval < 0 or retry_initial < 0 or retry_max < 0:
             raise ValueError("lease_seconds must be positive, intervals not negative")
         if not 0 <= retry_jitter <= 1:
@@ -222,6 +227,7 @@ class RoutingQueueSubscriber:
         self.client_name = validate_name(client_name, "client name")
         self.listener = listener
         self.batch_size = batch_size
+        self.batch_max_bytes = batch_max_bytes
         self.max_batches = max_batches
         self.owner = owner or default_owner()
         if len(self.owner) > 128:
@@ -365,7 +371,7 @@ class RoutingQueueSubscriber:
                 if _awaits_end(conn, qid, state, leases.peek_head(conn, qid)):
                     return None
                 self._awaiting.discard(qid)
-            entries = leases.read_head(conn, qid, self.batch_size)
+            entries = leases.read_head(conn, qid, self.batch_size, self.batch_max_bytes)
             if not entries:
                 return None
             if self.snapshot_delivery is SnapshotDelivery.COMPLETE:
@@ -453,4 +459,9 @@ class RoutingQueueSubscriber:
             raise failed(callback, "the listener rolled back the delivery transaction")
 
 
-__all__ = ["RoutingQueueSubscriber", "SnapshotDelivery", "default_owner"]
+__all__ = [
+    "DEFAULT_BATCH_MAX_BYTES",
+    "RoutingQueueSubscriber",
+    "SnapshotDelivery",
+    "default_owner",
+]

@@ -16,6 +16,8 @@ from lr_client.names import validate_name
 SECURITY_TRANSPORTS = ("tls", "plaintext")
 CLIENT_AUTH_MODES = ("mtls", "token")
 SNAPSHOT_PROVIDERS = ("none", "app", "spark")
+#: Bytes of a gRPC message left for what a batch holds besides its payloads.
+MESSAGE_HEADROOM = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,11 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     )
     if replication.snapshot_stall_timeout <= 0:
         raise ConfigError("replication.snapshot_stall_timeout: expected a positive number")
+    if replication.batch_max_bytes > replication.max_message_bytes - MESSAGE_HEADROOM:
+        raise ConfigError(
+            "replication.batch_max_bytes: a batch must fit in a gRPC message: at most "
+            f"max_message_bytes - {MESSAGE_HEADROOM} ({replication.max_message_bytes})"
+        )
     retry: RetryConfig = _section(RetryConfig, raw.get("retry", {}), "retry")
     retention: RetentionConfig = _section(RetentionConfig, raw.get("retention", {}), "retention")
     if not 0 < retention.soft_fraction <= 1:

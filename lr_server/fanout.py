@@ -9,9 +9,14 @@ the window is served from it, and the session that reaches its end reads the
 next range once for all (:meth:`~lr_client.store.contract.QueueStore.read_client_log`).
 
 The window follows the sessions that keep up; it holds at most
-``max_entries`` entries and ``max_bytes`` payload bytes, dropping the oldest.
+``max_entries`` entries and ``max_bytes`` payload bytes, dropping the oldest,
+and that includes the read that extends it: before each read the oldest
+entries make room for it, and the read itself loads at most ``read_batch``
+entries and a quarter of ``max_bytes`` (one larger entry alone exceeds it).
 A session behind the window (a destination catching up a backlog) reads its
 own entries from the database, as without the fan-out, until it reaches it.
+A session's batch is cut to its byte limit as it is gathered, so it never
+holds more than that either.
 
 It returns exactly what :meth:`~lr_client.store.contract.QueueStore.read_log_entries`
 would: a range ``(lo, hi]`` read once stays complete because positions follow
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 
 from lr_client.records import SendEntry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.sqla import cut_to_bytes
+from lr_client.store.sqla import ByteCut
 
 
 @dataclass
@@ -59,6 +64,8 @@ class LogFanout:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.read_batch = read_batch
+        #: Payload bytes one read of the window loads (past its first entry).
+        self.read_bytes = max(1, max_bytes // 4)
         self.min_refresh_interval = min_refresh_interval
         self._windows: dict[str, _Window] = {}
         self._lock = threading.Lock()
@@ -109,29 +116,38 @@ class LogFanout:
         max_bytes: int | None,
     ) -> list[SendEntry]:
         out: list[SendEntry] = []
+        cut = ByteCut(max_bytes)
         i = bisect.bisect_right(w.positions, after)
         refreshed = False
         while len(out) < limit:
             if i >= len(w.entries):
                 # The end of the window: read the next range for every session, once.
-                # A range shorter than read_batch was the end of the queue: stop there.
+                # A read that reached the end of the queue is not repeated at once.
                 if (w.at_end and refreshed) or not self._refresh(w, client_name, refreshed):
                     break
                 refreshed = True
                 reached = out[-1].position if out else after
                 if reached < w.lo:
-                    # The refresh evicted entries this stream still needs: read the rest.
-                    out += self.store.read_log_entries(
-                        destination, client_name, reached, limit - len(out)
+                    # Making room evicted entries this stream still needs: read the
+                    # rest, within what is left of the byte limit.
+                    left = None if max_bytes is None else max(1, max_bytes - cut.total)
+                    rest = self.store.read_log_entries(
+                        destination, client_name, reached, limit - len(out), max_bytes=left
                     )
+                    for entry in rest:
+                        if not cut.take(len(entry.payload)):
+                            break
+                        out.append(entry)
                     break
                 i = bisect.bisect_right(w.positions, reached)
                 continue
             entry = w.entries[i]
             i += 1
             if destination in entry.destinations:
+                if not cut.take(len(entry.payload)):
+                    break
                 out.append(entry)
-        return cut_to_bytes(out, max_bytes)
+        return out
 
     def _refresh(self, w: _Window, client_name: str, force: bool = False) -> bool:
         """Append the entries after ``hi``; whether any came."""
@@ -139,8 +155,12 @@ class LogFanout:
         if not force and now - w.refreshed_at < self.min_refresh_interval:
             return False
         w.refreshed_at = now
-        rows = self.store.read_client_log(client_name, w.hi, self.read_batch)
-        w.at_end = len(rows) < self.read_batch
+        # Room first, so the window and the read together stay within the limits.
+        self._evict(w, room_bytes=self.read_bytes)
+        rows = self.store.read_client_log(
+            client_name, w.hi, self.read_batch, max_bytes=self.read_bytes
+        )
+        w.at_end = rows.complete
         if not rows:
             return False
         w.positions.extend(e.position for e in rows)
@@ -150,10 +170,12 @@ class LogFanout:
         self._evict(w)
         return True
 
-    def _evict(self, w: _Window) -> None:
+    def _evict(self, w: _Window, room_bytes: int = 0) -> None:
+        """Drop the oldest entries until the window, plus ``room_bytes``, fits the limits."""
         excess = len(w.entries) - self.max_entries
+        limit = self.max_bytes - room_bytes
         n, freed = 0, 0
-        while n < len(w.entries) and (n < excess or w.nbytes - freed > self.max_bytes):
+        while n < len(w.entries) and (n < excess or w.nbytes - freed > limit):
             freed += len(w.entries[n].payload)
             n += 1
         if n:

@@ -18,6 +18,7 @@ from lr_server import metrics
 from lr_server.config import ClientConfig, SiteConfig
 from lr_server.fanout import LogFanout
 from lr_server.logs import configure_logging
+from lr_server.memory import map_large_blocks
 from lr_server.receiver import Receiver
 from lr_server.retention import RetentionPolicy
 from lr_server.session import SenderSession
@@ -76,6 +77,7 @@ class SiteServer:
 
     def start(self) -> None:
         cfg = self.config
+        map_large_blocks()
         self.store.create_schema()
         self.store.check_schema()
         self.store.register_sites([d.id for d in cfg.destinations])

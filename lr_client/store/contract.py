@@ -79,8 +79,14 @@ class QueueStore(abc.ABC):
         """The highest position assigned so far (0 if none)."""
 
     @abc.abstractmethod
-    def read_client_log(self, client_name: str, after: int, limit: int) -> list[SendEntry]:
+    def read_client_log(
+        self, client_name: str, after: int, limit: int, max_bytes: int | None = None
+    ) -> list[SendEntry]:
         """Log entries of a client after ``after``, in order, for every destination.
+
+        Like every read of entries, it returns at most ``limit`` entries and,
+        past the first, no more than ``max_bytes`` (payloads plus a fixed
+        overhead each), and loads no large payload of an entry beyond that.
 
         Each entry's ``destinations`` names the sites it was transmitted to. A
         reader shared by the sender sessions reads a range once with it and

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import ReplicationType
 from lr_client.store import schema as s
+from lr_client.store.sqla import fill, sized, within
 
 _T = s.subscriber_state
 _R = s.recv_entries
@@ -137,19 +138,25 @@ class HeadEntry(NamedTuple):
     payload: bytes
 
 
-def read_head(conn: Connection, queue_id: int, limit: int) -> list[HeadEntry]:
-    """The oldest ``limit`` entries of a receive queue, in seq order."""
-    rows = conn.execute(
-        select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.payload)
+def read_head(
+    conn: Connection, queue_id: int, limit: int, max_bytes: int | None = None
+) -> list[HeadEntry]:
+    """The oldest entries of a receive queue, in seq order: at most ``limit``, and
+    past the first no more than ``max_bytes`` (the store's one byte-cut rule).
+
+    Sizes come first and large payloads only once their entry fits, so a queue
+    of large payloads never loads more than the limit (see :func:`sized`).
+    """
+    query = (
+        select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id)
+        .add_columns(*sized(_R.c.payload, limit, max_bytes))
         .where(_R.c.queue_id == queue_id)
         .order_by(_R.c.seq)
         .limit(limit)
-    ).all()
+    )
+    rows = fill(conn, within(conn.execute(query).all(), max_bytes), _R.c.seq, _R.c.payload)
     make, types = HeadEntry._make, _TYPES
-    return [
-        make((r[0], types[r[1]], r[2], r[3], r[4] if type(r[4]) is bytes else bytes(r[4])))
-        for r in rows
-    ]
+    return [make((r[0], types[r[1]], r[2], r[3], payload)) for r, payload in rows]
 
 
 def peek_head(conn: Connection, queue_id: int) -> HeadEntry | None:

@@ -171,7 +171,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
 
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         e = s.send_log_entries
-        return select(e.c.position, e.c.client_name, e.c.payload, e.c.created_at).where(
+        return select(e.c.position, e.c.created_at).where(
             e.c.dest_nums.op("@>")(literal([dest_num], postgresql.ARRAY(postgresql.SMALLINT))),
             e.c.client_name == client_name,
             e.c.position > after,

@@ -7,13 +7,14 @@ are the few methods :mod:`lr_client.store.sqlite` and
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, insert, select, tuple_, update
+from sqlalchemy import and_, case, delete, func, insert, null, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import OperationalError
 
@@ -46,17 +47,104 @@ OPEN_STATUSES = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatu
 ENTRY_OVERHEAD = 32
 
 
+class ByteCut:
+    """The one byte-cut rule of every read bounded by bytes.
+
+    Entries are taken in order while their payloads, plus ``ENTRY_OVERHEAD``
+    each, stay within ``max_bytes`` (no limit if None); the first is always
+    taken, so an entry larger than the limit travels alone.
+    """
+
+    __slots__ = ("count", "max_bytes", "total")
+
+    def __init__(self, max_bytes: int | None) -> None:
+        self.max_bytes = max_bytes
+        self.total = 0
+        self.count = 0
+
+    def take(self, payload_bytes: int) -> bool:
+        """Count the next entry if it is within the limit; whether it is."""
+        total = self.total + payload_bytes + ENTRY_OVERHEAD
+        if self.max_bytes is not None and self.count and total > self.max_bytes:
+            return False
+        self.total, self.count = total, self.count + 1
+        return True
+
+
+def bytes_prefix(sizes: Iterable[int], max_bytes: int | None) -> int:
+    """How many leading entries of these payload sizes one read within ``max_bytes`` takes."""
+    cut = ByteCut(max_bytes)
+    for size in sizes:
+        if not cut.take(size):
+            break
+    return cut.count
+
+
 def cut_to_bytes(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
     """The prefix of ``rows`` (each with a ``payload``) within ``max_bytes``; at least one."""
-    rows = list(rows)
+    return list(rows[: bytes_prefix((len(r.payload) for r in rows), max_bytes)])
+
+
+class LogRange(list[SendEntry]):
+    """Entries of one read, and whether the read reached the end of the queue."""
+
+    def __init__(self, entries: Iterable[SendEntry], complete: bool) -> None:
+        super().__init__(entries)
+        self.complete = complete
+
+
+def payload_size(payload: Any) -> Any:
+    """A payload's size in bytes, read without loading the payload.
+
+    SQLite takes a blob's length from its record header, PostgreSQL a bytea's
+    from its (TOAST) header: neither reads the value itself.
+    """
+    return func.length(payload).label("size")
+
+
+@functools.lru_cache(maxsize=64)
+def sized(payload: Any, limit: int, max_bytes: int | None) -> tuple[Any, Any]:
+    """The last two columns, ``size`` and ``inline``, of a read of at most ``limit`` entries.
+
+    ``inline`` is the payload itself when it is small (at most ``max_bytes //
+    limit``, so all such payloads of the read together stay within
+    ``max_bytes``), else NULL: the payload is loaded afterwards (:func:`fill`)
+    only if its entry is within the byte limit. So a read of small entries
+    stays one query, and a read never loads more than twice its limit.
+    """
+    size = payload_size(payload)
     if max_bytes is None:
-        return rows
-    total = 0
-    for i, row in enumerate(rows):
-        total += len(row.payload) + ENTRY_OVERHEAD
-        if total > max_bytes and i > 0:
-            return rows[:i]
-    return rows
+        return size, payload.label("inline")
+    small = max(0, max_bytes // max(1, limit))
+    return size, case((func.length(payload) <= small, payload), else_=null()).label("inline")
+
+
+def within(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
+    """The leading ``rows`` (read with :func:`sized`) one read takes, by the byte-cut rule."""
+    if max_bytes is None or sum(r[-2] for r in rows) + ENTRY_OVERHEAD * len(rows) <= max_bytes:
+        return list(rows)
+    return list(rows[: bytes_prefix((r[-2] for r in rows), max_bytes)])
+
+
+def fill(conn: Connection, rows: Sequence[Any], key: Any, payload: Any) -> list[tuple[Any, bytes]]:
+    """Each of ``rows`` (key first, read with :func:`sized`) with its payload.
+
+    Loads the payloads that were not inline, by their ``key`` column; stops
+    before an entry deleted meanwhile (a trim, a superseded snapshot).
+    """
+    missing = [r[0] for r in rows if r[-1] is None]
+    found: dict[Any, Any] = {}
+    if missing:
+        found = {k: v for k, v in conn.execute(select(key, payload).where(key.in_(missing)))}
+    out: list[tuple[Any, bytes]] = []
+    for r in rows:
+        value = r[-1]
+        if value is None:
+            value = found.get(r[0])
+            if value is None:
+                break
+        out.append((r, value if type(value) is bytes else bytes(value)))
+    return out
 
 
 class SQLAlchemyQueueStore(QueueStore):
@@ -159,6 +247,7 @@ class SQLAlchemyQueueStore(QueueStore):
         raise NotImplementedError
 
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+        """``position, created_at`` of a stream's entries after ``after`` (no payloads)."""
         raise NotImplementedError
 
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
@@ -198,54 +287,65 @@ class SQLAlchemyQueueStore(QueueStore):
             num = self.site_numbers(refresh=True).get(destination)
             if num is None:
                 return []
-        query = self._tagged_query(num, client_name, after)
-        if up_to is not None:
-            query = query.where(s.send_log_entries.c.position <= up_to)
-        query = query.order_by(s.send_log_entries.c.position).limit(limit)
-        with self.read() as conn:
-            rows = conn.execute(query).all()
-        rows = cut_to_bytes(rows, max_bytes)
-        return [
-            SendEntry(
-                position=r.position,
-                client_name=r.client_name,
-                type=ReplicationType.LOG_ENTRY_SYNC,
-                payload=bytes(r.payload),
-                created_at=r.created_at,
-            )
-            for r in rows
-        ]
-
-    def read_client_log(self, client_name: str, after: int, limit: int) -> list[SendEntry]:
         e = s.send_log_entries
-        query = (
-            select(e.c.position, e.c.payload, e.c.dest_nums, e.c.created_at)
-            .where(e.c.client_name == client_name, e.c.position > after)
-            .order_by(e.c.position)
-            .limit(limit)
-        )
+        query = self._tagged_query(num, client_name, after)
+        query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
+        if up_to is not None:
+            query = query.where(e.c.position <= up_to)
+        query = query.order_by(e.c.position).limit(limit)
         with self.read() as conn:
-            rows = conn.execute(query).all()
-        names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
-
-        def destinations(value: Any) -> tuple[str, ...]:
-            key = value if isinstance(value, str) else tuple(value)
-            found = names.get(key)
-            if found is None:
-                found = names[key] = tuple(self.site_name(n) for n in self._dest_nums_of(value))
-            return found
-
+            rows = fill(
+                conn, within(conn.execute(query).all(), max_bytes), e.c.position, e.c.payload
+            )
         return [
             SendEntry(
                 position=r.position,
                 client_name=client_name,
                 type=ReplicationType.LOG_ENTRY_SYNC,
-                payload=bytes(r.payload),
-                destinations=destinations(r.dest_nums),
+                payload=payload,
                 created_at=r.created_at,
             )
-            for r in rows
+            for r, payload in rows
         ]
+
+    def read_client_log(
+        self, client_name: str, after: int, limit: int, max_bytes: int | None = None
+    ) -> LogRange:
+        e = s.send_log_entries
+        query = (
+            select(
+                e.c.position, e.c.dest_nums, e.c.created_at, *sized(e.c.payload, limit, max_bytes)
+            )
+            .where(e.c.client_name == client_name, e.c.position > after)
+            .order_by(e.c.position)
+            .limit(limit)
+        )
+        with self.read() as conn:
+            found = conn.execute(query).all()
+            rows = fill(conn, within(found, max_bytes), e.c.position, e.c.payload)
+        names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
+
+        def destinations(value: Any) -> tuple[str, ...]:
+            key = value if isinstance(value, str) else tuple(value)
+            got = names.get(key)
+            if got is None:
+                got = names[key] = tuple(self.site_name(n) for n in self._dest_nums_of(value))
+            return got
+
+        return LogRange(
+            (
+                SendEntry(
+                    position=r.position,
+                    client_name=client_name,
+                    type=ReplicationType.LOG_ENTRY_SYNC,
+                    payload=payload,
+                    destinations=destinations(r.dest_nums),
+                    created_at=r.created_at,
+                )
+                for r, payload in rows
+            ),
+            complete=len(found) < limit and len(rows) == len(found),
+        )
 
     @staticmethod
     def _dest_nums_of(value: Any) -> list[int]:
@@ -323,12 +423,13 @@ class SQLAlchemyQueueStore(QueueStore):
         num = self.site_numbers().get(destination)
         if num is None:
             return Backlog(destination, client_name)
-        sub = self._tagged_query(num, client_name, cursor.position).subquery()
+        query = self._tagged_query(num, client_name, cursor.position)
+        sub = query.add_columns(payload_size(s.send_log_entries.c.payload)).subquery()
         with self.read() as conn:
             row = conn.execute(
                 select(
                     func.count(),
-                    func.coalesce(func.sum(func.length(sub.c.payload)), 0),
+                    func.coalesce(func.sum(sub.c.size), 0),
                     func.min(sub.c.created_at),
                 )
             ).one()
@@ -624,7 +725,7 @@ class SQLAlchemyQueueStore(QueueStore):
         self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
     ) -> list[SendEntry]:
         t = s.send_snapsync
-        cols = (t.c.position, t.c.type, t.c.payload, t.c.part, t.c.seq)
+        cols = (t.c.position, t.c.type, t.c.part, t.c.seq, *sized(t.c.payload, limit, max_bytes))
         with self.read() as conn:
             req = conn.execute(
                 select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
@@ -657,7 +758,10 @@ class SQLAlchemyQueueStore(QueueStore):
                         .limit(limit)
                     ).all()
                 )
-        rows = cut_to_bytes(rows, max_bytes)
+            rows = within(rows, max_bytes)
+            filled = fill(conn, rows, t.c.position, t.c.payload)
+        if len(filled) < len(rows):  # cancelled meanwhile
+            return []
         if rows and rows[-1].part >= 0:
             self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
         else:
@@ -667,10 +771,10 @@ class SQLAlchemyQueueStore(QueueStore):
                 position=after + i + 1,
                 client_name=req.client_name,
                 type=ReplicationType(r.type),
-                payload=bytes(r.payload),
+                payload=payload,
                 snapshot_id=snapshot_id,
             )
-            for i, r in enumerate(rows)
+            for i, (r, payload) in enumerate(filled)
         ]
 
     # -- trim and retention --------------------------------------------------------------

@@ -57,7 +57,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         e, t = s.send_log_entries, s.send_tags
         return (
-            select(e.c.position, e.c.client_name, e.c.payload, e.c.created_at)
+            select(e.c.position, e.c.created_at)
             .select_from(t.join(e, e.c.position == t.c.position))
             .where(t.c.dest_num == dest_num, t.c.position > after, e.c.client_name == client_name)
         )

@@ -8,6 +8,7 @@ import pytest
 
 from lr_client.records import SendEntry
 from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.sqla import LogRange
 from lr_server.fanout import LogFanout
 
 DESTS = ["b", "c", "d", "e"]
@@ -78,9 +79,9 @@ def test_one_read_of_the_database_serves_every_destination(
     calls: list[int] = []
     real = store.read_client_log
 
-    def counted(client_name: str, after: int, limit: int) -> list[SendEntry]:
+    def counted(client_name: str, after: int, limit: int, max_bytes: int | None) -> LogRange:
         calls.append(after)
-        return real(client_name, after, limit)
+        return real(client_name, after, limit, max_bytes)
 
     monkeypatch.setattr(store, "read_client_log", counted)
     fanout = LogFanout(store, min_refresh_interval=60.0)

@@ -219,6 +219,11 @@ BAD: list[tuple[str, Mutation, str]] = [
         _set("replication", "shared_reader_entries", 0),
         "replication.shared_reader_entries",
     ),
+    (
+        "batch larger than a message",
+        _set("replication", "batch_max_bytes", 64 * 1024 * 1024 + 1),
+        "replication.batch_max_bytes",
+    ),
 ]
 
 

@@ -1,0 +1,153 @@
+"""The source server's memory stays within its byte limits (invariant I9).
+
+A real ``lr server`` process ships a backlog of large payloads, committed at
+once, to two sinks. Its peak resident size (``VmHWM``) may exceed the peak it
+had already reached while idle and connected (the baseline, measured in the
+same process) only by the bound that ``docs/operations.md`` derives from the
+byte settings, whatever the payload sizes and the backlog's length; so may
+each sink's, by the bound derived from the sender's settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from lr_client import RoutingQueueClient
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_server.config import ReplicationConfig
+from tests.kit.procs import LrServer
+from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
+
+MIB = 1024 * 1024
+ENTRIES, PAYLOAD = 40, 4 * MIB
+LIMITS = ReplicationConfig(
+    batch_max_bytes=8 * MIB, window_bytes=16 * MIB, shared_reader_bytes=16 * MIB
+)
+SINKS = ("b", "c")
+
+
+def source_memory_bound(cfg: ReplicationConfig, destinations: int, largest: int) -> int:
+    """The bound of docs/operations.md: bytes above the idle server's peak."""
+    batch = max(cfg.batch_max_bytes, largest)
+    shared = cfg.shared_reader and destinations > 1
+    reader = cfg.shared_reader_bytes * 3 // 2 if shared else 2 * batch
+    return reader + destinations * (cfg.window_bytes + 3 * batch)
+
+
+def sink_memory_bound(sender: ReplicationConfig, sources: int, largest: int) -> int:
+    """The sink's bound of docs/operations.md (no subscriber running): bytes above its idle peak."""
+    batch = max(sender.batch_max_bytes, largest)
+    return sources * (sender.window_bytes + 6 * batch)
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set size, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def _digests(store: SQLAlchemyQueueStore) -> list[tuple[int, str]]:
+    """(source position, payload digest) of every queued entry from ``a``, in queue order."""
+    out: list[tuple[int, str]] = []
+    for q in store.list_queues("policy"):
+        assert q.source_id == "a"
+        with store.read() as conn:
+            for e in store.read_queue(conn, q.queue_id, 100_000):
+                out.append((e.source_position, hashlib.sha256(e.payload).hexdigest()))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared_reader", [True, False], ids=["shared-reader", "own-reads"])
+def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
+    tmp_path: Path, db_url_factory: Callable[[str], str], shared_reader: bool
+) -> None:
+    ports = {s: free_port() for s in SINKS}
+    urls = {s: db_url_factory(s) for s in ("a", *SINKS)}
+    limits = replace(LIMITS, shared_reader=shared_reader)
+    settings = (
+        f"batch_max_bytes = {limits.batch_max_bytes}\n"
+        f"window_bytes = {limits.window_bytes}\n"
+        f"shared_reader_bytes = {limits.shared_reader_bytes}\n"
+        f"shared_reader = {str(limits.shared_reader).lower()}"
+    )
+    cfg_a = write_config(
+        tmp_path,
+        SiteSpec("a", urls["a"], destinations=[(s, ports[s]) for s in SINKS], replication=settings),
+    )
+    sinks = [
+        LrServer(write_config(tmp_path, SiteSpec(s, urls[s], port=ports[s], sources=["a"])))
+        for s in SINKS
+    ]
+    source = LrServer(cfg_a)
+    stores: list[SQLAlchemyQueueStore] = []
+    servers = [*sinks]
+    try:
+        for server, s in zip(sinks, SINKS, strict=True):
+            server.start().wait_listening(ports[s])
+        src = open_store(urls["a"])
+        stores.append(src)
+        src.create_schema()
+        client = RoutingQueueClient(src, source_id="a", client_name="policy")
+        client.register_destinations(list(SINKS))
+        sink_stores = {s: open_store(urls[s]) for s in SINKS}
+        stores += sink_stores.values()
+        servers.append(source.start())
+        assert source.proc is not None
+        # Warm up: both sessions connected and one small entry shipped to both.
+        with Session(src.engine) as session, session.begin():
+            client.transmit_log_entry_message(session, b"warm-up", list(SINKS))
+        wait_for(
+            lambda: all(
+                st.sink_progress("a", "policy").last_position == 1 for st in sink_stores.values()
+            ),
+            timeout=60,
+        )
+        baseline = peak_rss(source.proc.pid)
+        sink_baselines = [peak_rss(s.proc.pid) for s in sinks if s.proc is not None]
+
+        expected = [(1, hashlib.sha256(b"warm-up").hexdigest())]
+        with Session(src.engine) as session, session.begin():
+            for i in range(ENTRIES):
+                payload = i.to_bytes(4, "big") + os.urandom(PAYLOAD - 4)
+                client.transmit_log_entry_message(session, payload, list(SINKS))
+                expected.append((i + 2, hashlib.sha256(payload).hexdigest()))
+                del payload
+        last = expected[-1][0]
+        wait_for(
+            lambda: all(
+                st.sink_progress("a", "policy").last_position == last for st in sink_stores.values()
+            ),
+            timeout=180,
+        )
+        peak = peak_rss(source.proc.pid)
+        sink_growth = [
+            peak_rss(s.proc.pid) - base
+            for s, base in zip(sinks, sink_baselines, strict=True)
+            if s.proc is not None
+        ]
+        for s, st in sink_stores.items():
+            assert _digests(st) == expected, s
+    finally:
+        codes = [s.stop() for s in servers]
+        for st in stores:
+            st.engine.dispose()
+    assert codes == [0] * len(servers), [s.log() for s in servers]
+    bound = source_memory_bound(limits, len(SINKS), PAYLOAD)
+    print(
+        f"baseline {baseline / MIB:.0f} MiB, peak {peak / MIB:.0f} MiB, "
+        f"growth {(peak - baseline) / MIB:.0f} MiB, bound {bound / MIB:.0f} MiB"
+    )
+    assert peak - baseline <= bound, (baseline, peak, bound)
+    sink_bound = sink_memory_bound(limits, 1, PAYLOAD)
+    print(f"sinks' growth {[g // MIB for g in sink_growth]} MiB, bound {sink_bound // MIB} MiB")
+    assert len(sink_growth) == len(SINKS) and max(sink_growth) <= sink_bound, sink_growth
