@@ -221,25 +221,27 @@ def results(work: Path, mutmut: str, env: dict[str, str]) -> dict[str, str]:
     return found
 
 
-def run(name: str, target: Target, jobs: int) -> dict[str, int]:
+def run(name: str, target: Target, jobs: int, report_only: bool = False) -> dict[str, int]:
     mutmut = str(Path(sys.executable).with_name("mutmut"))
-    work = prepare(name, target)
     env = {**os.environ, "CI": "true", **dict(target.env)}
     env.pop("PYTHONPATH", None)
     print(f"== {name}: {target.about}", flush=True)
+    work = WORK / name
     started = time.monotonic()
-    proc = subprocess.run(
-        [mutmut, "run", "--max-children", str(jobs), *target.mutants],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    if not report_only:
+        work = prepare(name, target)
+        proc = subprocess.run(
+            [mutmut, "run", "--max-children", str(jobs), *target.mutants],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        (work / "mutmut.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            print(proc.stdout[-4000:] + proc.stderr[-4000:])
+            raise SystemExit(f"mutmut failed for {name} (exit {proc.returncode}); see {work}")
     seconds = time.monotonic() - started
-    (work / "mutmut.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        print(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"mutmut failed for {name} (exit {proc.returncode}); see {work}")
     statuses = {
         k: v
         for k, v in results(work, mutmut, env).items()
@@ -273,6 +275,9 @@ def main() -> None:
     parser.add_argument("targets", nargs="*", help=f"of: {', '.join(TARGETS)}; 'all' for every one")
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
     parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once (1)")
+    parser.add_argument(
+        "--report", action="store_true", help="summarise the last run of the targets again"
+    )
     args = parser.parse_args()
     if args.list or not args.targets:
         for name, t in TARGETS.items():
@@ -283,7 +288,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown targets: {', '.join(unknown)}")
     for name in names:
-        run(name, TARGETS[name], args.jobs)
+        run(name, TARGETS[name], args.jobs, args.report)
 
 
 if __name__ == "__main__":
