@@ -106,6 +106,12 @@ TARGETS: dict[str, Target] = {
         ],
         "the sink receiver: batch checks, duplicates, snapshot supersession",
     ),
+    "receiver": Target(
+        ["lr_server/receiver.py"],
+        ["lr_server.receiver.*"],
+        ["tests/integration/test_sink_exactly_once.py"],
+        "the receiver's checks of batches from the wire (a quick subset of 'receive')",
+    ),
     "snapshot": Target(
         STORE_FILES,
         _methods(

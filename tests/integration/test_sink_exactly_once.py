@@ -149,6 +149,7 @@ def test_resent_log_batches_are_duplicates_and_delivered_once(
     first = log_batch(0, [1, 2, 3])
     ack = receiver.apply(SOURCE, first)
     assert (ack.batch_id, ack.last_position, ack.duplicate) == (first.batch_id, 3, False)
+    assert ack.client_name == CLIENT
     # The next batch starts right after the recorded position: applied.
     second = log_batch(3, [4, 5])
     ack = receiver.apply(SOURCE, second)
@@ -238,3 +239,72 @@ def test_a_replayed_batch_of_a_delivered_snapshot_is_never_delivered_again(
     # s1 ended at the listener: none of its entries, and no second start, ever again.
     assert recorder.events == [("start", "s1", ()), ("snapshot", "s1", (1, 2)), ("end", "s1", ())]
     assert recorder.payloads == [b"s1-1", b"s1-2"]
+
+
+def _bad_batches() -> list[tuple[str, pb.ReplicationBatch, str]]:
+    """(case, batch, the start of the error's message)."""
+    cases: list[tuple[str, pb.ReplicationBatch, str]] = []
+
+    def case(name: str, batch: pb.ReplicationBatch, message: str) -> None:
+        cases.append((name, batch, message))
+
+    b = log_batch(0, [1])
+    b.source_id = "src-z"
+    case("another source", b, "batch claims source 'src-z', sender is 'src-a'")
+    b = log_batch(0, [1])
+    b.client_name = "Bad_Name"
+    case("bad client name", b, "invalid client name 'Bad_Name'")
+    case("too many entries", log_batch(0, [1, 2, 3]), "batch of 3 entries exceeds the limit")
+    case("repeated position", log_batch(0, [1, 1]), "batch positions must be strictly increasing")
+    case("position not after previous", log_batch(2, [2]), "batch positions must be strictly")
+    b = log_batch(0, [1])
+    b.entries[0].destinations.append("sink-b")
+    case("destinations kept", b, "entries must arrive with destinations stripped")
+    b = log_batch(0, [1])
+    b.entries[0].type = 0  # type: ignore[assignment]
+    case("entry without a type", b, "entry without a type")
+    b = log_batch(0, [1])
+    b.entries[0].type = 99  # type: ignore[assignment]
+    case("unknown entry type", b, "unknown entry type 99")
+    b = log_batch(0, [1])
+    b.entries[0].type = "SNAPSHOT_SYNC"
+    case("snapshot entry in a log batch", b, "log entry batch holds entries of another type")
+    b = snapshot_batch("s1", 0, [1])
+    b.entries[0].type = "LOG_ENTRY_SYNC"
+    case("log entry in a snapshot batch", b, "snapshot batch holds entries of another type")
+    b = snapshot_batch("s1", 0, [1])
+    b.snapshot_id = ""
+    case("no snapshot id", b, "snapshot batch without snapshot_id")
+    case("snapshot id too long", snapshot_batch("a" * 65, 0, [1]), "invalid snapshot id 'aaa")
+    case("snapshot id not ascii", snapshot_batch("sé", 0, [1]), "invalid snapshot id 'sé'")
+    case("snapshot id not alnum", snapshot_batch("s-1", 0, [1]), "invalid snapshot id 's-1'")
+    case("snapshot gap", snapshot_batch("s1", 2, [3]), "a new snapshot must start at its first")
+    b = log_batch(0, [1])
+    b.kind = 7  # type: ignore[assignment]
+    case("unknown kind", b, "unknown batch kind 7")
+    return cases
+
+
+@pytest.mark.parametrize(
+    "batch, message",
+    [pytest.param(b, m, id=name.replace(" ", "-")) for name, b, m in _bad_batches()],
+)
+def test_a_bad_batch_is_refused_with_its_reason_and_stores_nothing(
+    store: SQLAlchemyQueueStore, batch: pb.ReplicationBatch, message: str
+) -> None:
+    receiver = Receiver(store, "sink-b", [SOURCE], max_batch_entries=2)
+    with pytest.raises(ProtocolError) as caught:
+        receiver.apply(SOURCE, batch)
+    assert str(caught.value).startswith(message), str(caught.value)
+    assert store.list_queues() == [] and store.list_sink_progress() == []
+
+
+def test_batch_limits_are_inclusive(store: SQLAlchemyQueueStore) -> None:
+    receiver = Receiver(store, "sink-b", [SOURCE], max_batch_entries=2)
+    assert receiver.apply(SOURCE, log_batch(0, [1, 2])).last_position == 2
+    longest = "a" * 64  # the longest snapshot id accepted
+    ack = receiver.apply(SOURCE, snapshot_batch(longest, 0, [1]))
+    assert (ack.last_position, ack.duplicate) == (1, False)
+    with pytest.raises(ProtocolError, match="gap in snapshot batch"):
+        receiver.apply(SOURCE, snapshot_batch(longest, 2, [3]))
+    assert store.sink_progress(SOURCE, CLIENT).snapshot_position == 1
