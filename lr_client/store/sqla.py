@@ -253,8 +253,13 @@ class SQLAlchemyQueueStore(QueueStore):
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
         raise NotImplementedError
 
-    def _release_tags(self, conn: Connection, dest_num: int, client_name: str) -> None:
-        """Backend hook run when a stream is dropped."""
+    def _release_tags(
+        self, conn: Connection, dest_num: int, client_name: str, up_to: int | None
+    ) -> None:
+        """Backend hook run when a stream is dropped: release what it needs up to ``up_to``.
+
+        ``up_to`` None: everything.
+        """
 
     def _lock_stream(self, conn: Connection, source_id: str, client_name: str) -> None:
         """Serialise appends to one receive queue (SQLite already serialises writers)."""
@@ -909,7 +914,16 @@ class SQLAlchemyQueueStore(QueueStore):
             }
             conn.execute(insert(s.drops).values(**row))
             self._set_cursor(conn, destination, client_name, cursor, True)
-            self._release_tags(conn, num, client_name)
+            # An open snapshot whose base is fixed still needs the entries after it:
+            # log entries resume from there once the snapshot is shipped.
+            base = conn.execute(
+                select(func.min(s.snapshots.c.base_position)).where(
+                    s.snapshots.c.destination == destination,
+                    s.snapshots.c.client_name == client_name,
+                    s.snapshots.c.status.in_([x.value for x in OPEN_STATUSES]),
+                )
+            ).scalar()
+            self._release_tags(conn, num, client_name, None if base is None else int(base))
         return DropRecord(destination, client_name, first, now, reason)
 
     @staticmethod

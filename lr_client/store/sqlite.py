@@ -125,14 +125,17 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             ],
         )
 
-    def _release_tags(self, conn: Connection, dest_num: int, client_name: str) -> None:
+    def _release_tags(
+        self, conn: Connection, dest_num: int, client_name: str, up_to: int | None
+    ) -> None:
         e, t = s.send_log_entries, s.send_tags
-        conn.execute(
-            delete(t).where(
-                t.c.dest_num == dest_num,
-                t.c.position.in_(select(e.c.position).where(e.c.client_name == client_name)),
-            )
+        query = delete(t).where(
+            t.c.dest_num == dest_num,
+            t.c.position.in_(select(e.c.position).where(e.c.client_name == client_name)),
         )
+        if up_to is not None:
+            query = query.where(t.c.position <= up_to)
+        conn.execute(query)
 
 
 __all__ = ["SQLiteQueueStore", "encode_dests"]

@@ -159,6 +159,18 @@ def test_majority_down_applies_backpressure_until_they_recover(sites: Sites) -> 
     wait_for(lambda: not src.flow_state("policy")[0], timeout=60)
     with src.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"after", dests)
+    # Everything accepted reaches every destination once, in order, the last one too.
+    expected = [b"x"] * sent + [b"after"]
+    wait_for(lambda: all(queued(sites.store(d)) == expected for d in dests), timeout=60)
+
+
+def queued(sink: SQLAlchemyQueueStore) -> list[bytes]:
+    """The payloads waiting in a sink's receive queue from source ``a``."""
+    queues = [q for q in sink.list_queues("policy") if q.source_id == "a"]
+    if not queues:
+        return []
+    with sink.read() as conn:
+        return [e.payload for e in sink.read_queue(conn, queues[0].queue_id, 100_000)]
 
 
 def test_wait_mode_waits_then_raises(store: SQLAlchemyQueueStore) -> None:

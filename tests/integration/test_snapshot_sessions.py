@@ -18,9 +18,15 @@ from tests.kit.sites import Sites, wait_for
 SMALL_BATCHES = "batch_max_entries = 10\nwindow_batches = 2"
 
 
-def applied_kinds(store: SQLAlchemyQueueStore) -> list[str]:
+def applied(store: SQLAlchemyQueueStore, kind: str) -> list[int]:
+    """The positions the sink application applied, of one kind, in the order it applied them."""
     with store.read() as conn:
-        return [r.kind for r in conn.execute(select(kvapp.applied).order_by(kvapp.applied.c.id))]
+        rows = conn.execute(
+            select(kvapp.applied.c.position)
+            .where(kvapp.applied.c.kind == kind)
+            .order_by(kvapp.applied.c.id)
+        )
+        return [r.position for r in rows]
 
 
 class Loops:
@@ -70,8 +76,9 @@ def test_sender_restarted_mid_snapshot_resumes_without_duplicates(sites: Sites) 
             wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
     (snap,) = src.list_snapshots("b", "policy")
     assert snap.status is SnapshotStatus.COMPLETED
-    # resumed, not restarted: each snapshot entry was delivered exactly once
-    assert applied_kinds(sink).count("snapshot") == snap.entry_count
+    # resumed, not restarted: each snapshot entry was delivered exactly once, in order
+    assert snap.entry_count == 3008
+    assert applied(sink, "snapshot") == list(range(1, snap.entry_count + 1))
     assert len(listener.full_syncs) == 1
 
 
@@ -101,12 +108,12 @@ def test_three_successive_full_syncs_deliver_five_each(sites: Sites) -> None:
     src, client, sink = setup(sites)
     for i in range(5):
         kvapp.write(src.engine, client, {f"k{i}": i}, ["b"])
-    counts: dict[str, int] = {}
+    got: dict[str, list[tuple[int, bytes]]] = {}  # snapshot id -> (ordinal, payload) delivered
 
     class Counting(kvapp.KvListener):
         def process_full_sync(self, session, source_id, messages):  # type: ignore[no-untyped-def]
             sid = messages[0].snapshot_id
-            counts[sid] = counts.get(sid, 0) + len(messages)
+            got.setdefault(sid, []).extend((m.source_position, m.payload) for m in messages)
             return super().process_full_sync(session, source_id, messages)
 
     listener = Counting()
@@ -124,15 +131,19 @@ def test_three_successive_full_syncs_deliver_five_each(sites: Sites) -> None:
             )
             wait_for(
                 lambda round_=round_: (
-                    len(counts) == round_ + 1
+                    len(got) == round_ + 1
                     and all(sink.queue_depth(q.queue_id) == 0 for q in sink.list_queues())
                 ),
                 timeout=60,
             )
             if round_ < 2:
                 client.request_snapshot_sync(None, "b", "operator asked")
-    assert sorted(counts.values()) == [5, 5, 5]
-    assert len(src.list_snapshots("b", "policy")) == 3
+    # Each full sync delivered the five rows once each, in the provider's order.
+    rows = [(i + 1, kvapp.encode(f"k{i}", i)) for i in range(5)]
+    assert listener.full_syncs == list(got)
+    assert list(got.values()) == [rows, rows, rows]
+    snapshots = src.list_snapshots("b", "policy")
+    assert sorted(s.snapshot_id for s in snapshots) == sorted(got)
 
 
 def provide_none(ctx: SnapshotContext) -> None:
@@ -150,7 +161,8 @@ def test_zero_row_snapshot(sites: Sites) -> None:
         wait_for(lambda: len(listener.full_syncs) == 1, timeout=60)
         kvapp.write(src.engine, client, {"after": 1}, ["b"])
         wait_for(lambda: kvapp.table(sink.engine) == {"after": 1}, timeout=60)
-    assert applied_kinds(sink) == ["log"]
+    # The empty snapshot applied nothing; the one log entry after it applied once.
+    assert (applied(sink, "snapshot"), applied(sink, "log")) == ([], [src.head_position()])
 
 
 def test_a_snapshot_whose_provider_died_is_replaced(sites: Sites) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+import pytest
+from sqlalchemy import func, select, update
 
+from lr_client.errors import SchemaError
 from lr_client.records import ReplicationType, SnapshotStatus, WireEntry
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store import schema as s
 
 
@@ -17,10 +19,23 @@ def _append(store: SQLAlchemyQueueStore, client: str, *rows: tuple[bytes, list[s
         )
 
 
-def test_schema_is_checked(store: SQLAlchemyQueueStore) -> None:
-    store.check_schema()
-    store.create_schema()  # idempotent
-    store.check_schema()
+def test_schema_is_checked(db_url: str) -> None:
+    store = open_store(create_engine(db_url))
+    try:
+        with pytest.raises(SchemaError, match="lrq_send_log_entries"):
+            store.check_schema()  # an empty database
+        store.create_schema()
+        store.check_schema()
+        p = _append(store, "policy", (b"1", ["b"]))
+        store.create_schema()  # idempotent: what is there stays
+        store.check_schema()
+        assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p
+        with store.write() as conn:
+            conn.execute(update(s.meta).where(s.meta.c.key == "schema_version").values(value="0"))
+        with pytest.raises(SchemaError, match="schema version '0'"):
+            store.check_schema()
+    finally:
+        store.engine.dispose()
 
 
 def test_positions_are_monotonic_and_reads_are_per_tag(store: SQLAlchemyQueueStore) -> None:

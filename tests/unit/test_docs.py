@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.engine import Engine
 
+from lr_client.records import SnapshotStatus
 from lr_server import config as config_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +49,22 @@ DOC_FILES = [ROOT / "README.md"] + [
 ]
 
 
+def readme_effects(namespace: dict[str, Any]) -> None:
+    """What the README's quickstart did: entries queued per destination, a full sync asked."""
+    store = namespace["client"].store
+    b = [e.payload for e in store.read_log_entries("site-b", "policy", 0, 10)]
+    c = [e.payload for e in store.read_log_entries("site-c", "policy", 0, 10)]
+    assert (b, c) == ([b"payload", b"p2"], [b"payload"])
+    (request,) = store.list_snapshots("site-b", "policy")
+    assert request.status is SnapshotStatus.REQUESTED
+    assert namespace["delivered"] == 0  # nothing has reached the sink yet
+    assert namespace["subscriber"].store.list_queues() == []
+
+
+#: Per document, a check of what its blocks did (a block may also assert for itself).
+EFFECTS: dict[str, Callable[[dict[str, Any]], None]] = {"README.md": readme_effects}
+
+
 @pytest.mark.parametrize("path", DOC_FILES, ids=[p.name for p in DOC_FILES])
 def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = python_blocks(path)
@@ -57,6 +75,10 @@ def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
         for i, block in enumerate(blocks):
             code = compile(block, f"{path.name}[python block {i + 1}]", "exec")
             exec(code, namespace)
+        if path.name in EFFECTS:
+            EFFECTS[path.name](namespace)
+        else:  # the block checks its own effect
+            assert any("assert " in block for block in blocks), path.name
     finally:
         _dispose(namespace)
 

@@ -1,0 +1,301 @@
+"""Mutation testing of the code that holds the invariants (run it as ``scripts/mutate``).
+
+Each *target* names the functions to mutate and the fast deterministic tests
+(SQLite and PostgreSQL) that must kill their mutants. For each target a copy of
+the sources and tests is made in ``.mutate/<target>/`` with mutmut's settings
+for it, mutmut runs there (the work tree is never modified), and the result is
+summed up: mutants killed, survived, not covered by any test of the pool, timed
+out. Survivors are printed as diffs and kept in ``.mutate/<target>/survivors.txt``.
+
+    scripts/mutate names trim          # some targets
+    scripts/mutate --list              # the targets, their code and tests
+    scripts/mutate receive --jobs 1    # one mutant at a time (the default)
+
+PostgreSQL tests need the server of ``LR_TEST_PG_URL`` (``CI=true`` is set, so
+an unreachable server fails instead of skipping). docs/reliability.md records
+the scores and explains every survivor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutate"
+COPY = ["lr_client", "lr_server", "tests", "setup.cfg", "pyproject.toml"]
+
+SQLA = "lr_client.store.sqla.xǁSQLAlchemyQueueStoreǁ"
+SQLITE = "lr_client.store.sqlite.xǁSQLiteQueueStoreǁ"
+PG = "lr_client.store.postgres.xǁPostgresQueueStoreǁ"
+STORE_FILES = [
+    "lr_client/store/sqla.py",
+    "lr_client/store/sqlite.py",
+    "lr_client/store/postgres.py",
+]
+CONTRACT = "tests/integration/test_store_contract.py"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Functions to mutate (mutmut names, globs allowed) and the tests that must kill them."""
+
+    files: list[str]
+    mutants: list[str]
+    tests: list[str]
+    about: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _methods(prefix: str, *names: str) -> list[str]:
+    return [f"{prefix}{n}__mutmut_*" for n in names]
+
+
+TARGETS: dict[str, Target] = {
+    "names": Target(
+        ["lr_client/names.py"],
+        ["lr_client.names.*"],
+        ["tests/unit/test_names.py"],
+        "name validation and receive-queue names",
+    ),
+    "trim": Target(
+        STORE_FILES,
+        [
+            *_methods(SQLA, "trim", "_acked_positions", "drop_stream", "list_drops", "clear_drop"),
+            *_methods(SQLITE, "_trim_log", "_release_tags"),
+            *_methods(PG, "_trim_log"),
+        ],
+        [
+            "tests/integration/test_trim.py",
+            "tests/integration/test_trim_property.py",
+            CONTRACT,
+        ],
+        "trim watermark, open snapshot bases, drops",
+        (("LR_TRIM_EXAMPLES", "25"),),
+    ),
+    "receive": Target(
+        [*STORE_FILES, "lr_server/receiver.py"],
+        [
+            *_methods(
+                SQLA,
+                "apply_log_batch",
+                "apply_snapshot_batch",
+                "_save_progress",
+                "_progress",
+                "_progress_row",
+                "sink_progress",
+                "_ensure_queue",
+                "_append_recv",
+            ),
+            *_methods(SQLITE, "_append_recv"),
+            *_methods(PG, "_append_recv", "_lock_stream"),
+            "lr_server.receiver.*",
+        ],
+        [
+            CONTRACT,
+            "tests/integration/test_sink_exactly_once.py",
+            "tests/integration/test_subscriber.py",
+        ],
+        "the sink receiver: batch checks, duplicates, snapshot supersession",
+    ),
+    "receiver": Target(
+        ["lr_server/receiver.py"],
+        ["lr_server.receiver.*"],
+        ["tests/integration/test_sink_exactly_once.py"],
+        "the receiver's checks of batches from the wire (a quick subset of 'receive')",
+    ),
+    "snapshot": Target(
+        STORE_FILES,
+        _methods(
+            SQLA,
+            "request_snapshot",
+            "_request_snapshot",
+            "start_snapshot",
+            "finish_snapshot",
+            "_cancel",
+            "cancel_snapshot",
+            "complete_snapshot",
+            "read_snapshot_entries",
+            "_require_writable",
+            "write_snapshot_entries",
+            "fail_stalled_snapshot",
+            "heartbeat_snapshot",
+            "_update_snapshot",
+        ),
+        [
+            CONTRACT,
+            "tests/integration/test_snapshot_provider.py",
+            "tests/integration/test_trim.py",
+        ],
+        "the source's snapshot requests and snapshot queue",
+    ),
+    "send": Target(
+        [*STORE_FILES, "lr_client/sender.py"],
+        [
+            *_methods(SQLA, "append_log_entries", "read_log_entries", "read_client_log", "backlog"),
+            *_methods(SQLA, "get_cursor", "set_cursor", "_set_cursor", "oldest_position"),
+            "lr_client.store.sqla.x_cut_to_bytes__mutmut_*",
+            *_methods(SQLITE, "_insert_entries", "_tagged_query", "head_position"),
+            *_methods(PG, "_insert_entries", "_tagged_query", "head_position", "lock_key"),
+        ],
+        [
+            CONTRACT,
+            "tests/integration/test_sender.py",
+            "tests/integration/test_commit_order.py",
+            "tests/integration/test_trim.py",
+        ],
+        "transmit, tagged reads, cursors, commit order",
+    ),
+    "subscriber": Target(
+        ["lr_client/subscriber.py"],
+        ["lr_client.subscriber.*"],
+        ["tests/integration/test_subscriber.py", "tests/integration/test_sink_exactly_once.py"],
+        "delivery plans (snapshot filter), exactly-once delivery, leases",
+    ),
+    "session": Target(
+        ["lr_server/session.py"],
+        [
+            "lr_server.session.xǁSenderSessionǁ_plan__mutmut_*",
+            "lr_server.session.xǁSenderSessionǁ_on_ack__mutmut_*",
+            "lr_server.session.xǁSenderSessionǁ_finish_snapshot__mutmut_*",
+            "lr_server.session.xǁSenderSessionǁ_snapshot_done__mutmut_*",
+            "lr_server.session.xǁSenderSessionǁ_flush_cursors__mutmut_*",
+        ],
+        [
+            "tests/integration/test_session_window.py",
+            "tests/integration/test_replication.py",
+            "tests/integration/test_full_sync.py",
+        ],
+        "negotiation and acknowledgements (slow: real gRPC sites)",
+    ),
+}
+
+STATUS = re.compile(r"^\s*(\S+): (.+)$")
+
+
+def prepare(name: str, target: Target) -> Path:
+    """A fresh copy of the sources and tests, configured for ``target``."""
+    work = WORK / name
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.db", "*.db-*")
+    for item in COPY:
+        src = ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, work / item, ignore=skip)
+        else:
+            shutil.copy2(src, work / item)
+    config = [
+        "",
+        "[tool.mutmut]",
+        'source_paths = ["lr_client", "lr_server"]',
+        f"only_mutate = {target.files!r}",
+        f"pytest_add_cli_args_test_selection = {target.tests!r}",
+        'pytest_add_cli_args = ["-p", "no:randomly", "-q", "-x"]',
+        'process_isolation = "forkserver"',
+        "use_git_change_detection = false",
+        "",
+    ]
+    with (work / "pyproject.toml").open("a") as f:
+        f.write("\n".join(config).replace("'", '"'))
+    return work
+
+
+def results(work: Path, mutmut: str, env: dict[str, str]) -> dict[str, str]:
+    out = subprocess.run(
+        [mutmut, "results", "--all", "true"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        m = STATUS.match(line)
+        if m:
+            found[m.group(1)] = m.group(2).strip()
+    return found
+
+
+def run(name: str, target: Target, jobs: int, report_only: bool = False) -> dict[str, int]:
+    mutmut = str(Path(sys.executable).with_name("mutmut"))
+    env = {**os.environ, "CI": "true", **dict(target.env)}
+    env.pop("PYTHONPATH", None)
+    print(f"== {name}: {target.about}", flush=True)
+    work = WORK / name
+    started = time.monotonic()
+    if not report_only:
+        work = prepare(name, target)
+        proc = subprocess.run(
+            [mutmut, "run", "--max-children", str(jobs), *target.mutants],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        (work / "mutmut.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            print(proc.stdout[-4000:] + proc.stderr[-4000:])
+            raise SystemExit(f"mutmut failed for {name} (exit {proc.returncode}); see {work}")
+    seconds = time.monotonic() - started
+    statuses = {
+        k: v
+        for k, v in results(work, mutmut, env).items()
+        if any(fnmatch.fnmatchcase(k, pattern) for pattern in target.mutants)
+    }
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    survivors = sorted(
+        k for k, v in statuses.items() if v not in ("killed", "caught by type check")
+    )
+    with (work / "survivors.txt").open("w") as f:
+        for mutant in survivors:
+            diff = subprocess.run(
+                [mutmut, "show", mutant], cwd=work, env=env, capture_output=True, text=True
+            ).stdout
+            f.write(f"## {mutant}: {statuses[mutant]}\n{diff}\n")
+    killed = counts.get("killed", 0)
+    total = len(statuses)
+    score = 100.0 * killed / total if total else 0.0
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    print(f"   {total} mutants: {summary}; score {score:.1f}% in {seconds:.0f} s")
+    for mutant in survivors:
+        print(f"   {statuses[mutant]}: {mutant}")
+    print(f"   diffs: {work / 'survivors.txt'}", flush=True)
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("targets", nargs="*", help=f"of: {', '.join(TARGETS)}; 'all' for every one")
+    parser.add_argument("--list", action="store_true", help="list the targets and exit")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once (1)")
+    parser.add_argument(
+        "--report", action="store_true", help="summarise the last run of the targets again"
+    )
+    args = parser.parse_args()
+    if args.list or not args.targets:
+        for name, t in TARGETS.items():
+            print(f"{name}: {t.about}\n  code: {', '.join(t.files)}\n  tests: {', '.join(t.tests)}")
+        return
+    names = list(TARGETS) if args.targets == ["all"] else args.targets
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        parser.error(f"unknown targets: {', '.join(unknown)}")
+    for name in names:
+        run(name, TARGETS[name], args.jobs, args.report)
+
+
+if __name__ == "__main__":
+    main()

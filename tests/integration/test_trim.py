@@ -1,0 +1,287 @@
+"""Trim and retention on SQLite and PostgreSQL: the exact shapes where data is lost.
+
+Each test names its positions and checks which entries remain, by position, after
+an unbounded trim: what a destination still needs stays, the rest goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy.engine import Connection
+
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store.postgres import PostgresQueueStore
+from tests.conftest import PgSchema
+
+CLIENT = "policy"
+
+
+def send(store: SQLAlchemyQueueStore, *destinations: list[str]) -> list[int]:
+    """Transmit one entry per list of destinations; their positions."""
+    nums = store.register_sites(sorted({d for ds in destinations for d in ds}))
+    with store.write() as conn:
+        return store.append_log_entries(
+            conn, CLIENT, [(b"%d" % i, [nums[d] for d in ds]) for i, ds in enumerate(destinations)]
+        )
+
+
+def left(store: SQLAlchemyQueueStore) -> list[int]:
+    return [e.position for e in store.read_client_log(CLIENT, 0, 1000)]
+
+
+def reads(store: SQLAlchemyQueueStore, destination: str, after: int) -> list[int]:
+    return [e.position for e in store.read_log_entries(destination, CLIENT, after, 1000)]
+
+
+def test_the_first_unacknowledged_entry_survives_the_trim(store: SQLAlchemyQueueStore) -> None:
+    p = send(store, ["b"], ["b"], ["b"])
+    store.set_cursor("b", CLIENT, p[0])  # b has the first; the next one is b's too
+    store.trim()
+    assert left(store) == p[1:]
+    assert reads(store, "b", p[0]) == p[1:]
+    store.set_cursor("b", CLIENT, p[1])
+    store.trim(batch_size=1)
+    assert left(store) == p[2:]
+
+
+def test_an_entry_is_trimmed_only_once_every_destination_acknowledged_it(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    p = send(store, ["b", "c"], ["b", "c"], ["c"], ["b"])
+    store.set_cursor("b", CLIENT, p[0])
+    store.set_cursor("c", CLIENT, p[1])
+    store.trim()
+    assert left(store) == p[1:]  # p1 waits for b, p2 for c, p3 for b
+    assert reads(store, "b", p[0]) == [p[1], p[3]]
+    assert reads(store, "c", p[1]) == [p[2]]
+    store.set_cursor("b", CLIENT, p[3])
+    store.trim()
+    assert left(store) == [p[2]]
+    store.set_cursor("c", CLIENT, p[2])
+    store.trim()
+    assert left(store) == []
+
+
+def test_a_destination_without_a_cursor_keeps_everything_it_was_sent(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    p = send(store, ["b"], ["b", "c"], ["c"])
+    store.set_cursor("b", CLIENT, p[1])
+    store.trim()
+    assert left(store) == p[1:]
+    assert reads(store, "c", 0) == p[1:]
+
+
+def test_trim_keeps_what_an_open_snapshots_base_needs(store: SQLAlchemyQueueStore) -> None:
+    before = send(store, ["b"], ["b"])
+    sid = store.request_snapshot(None, "b", CLIENT, "test")
+    store.set_cursor("b", CLIENT, before[-1])
+    store.trim()
+    assert left(store) == []  # a request without a base pins nothing
+    started = store.start_snapshot(sid)
+    assert started is not None and started.base_position == before[-1]
+    after = send(store, ["b"], ["b"], ["b"])
+    store.set_cursor("b", CLIENT, after[-1])  # the sink acknowledges them meanwhile
+    store.trim()
+    # After the snapshot, log entries resume from its base: they must still be there.
+    assert left(store) == after
+    assert reads(store, "b", before[-1]) == after
+    store.finish_snapshot(sid)  # READY: still open
+    store.trim()
+    assert left(store) == after
+    store.complete_snapshot(sid)  # done: the cursor alone counts again
+    store.trim()
+    assert left(store) == []
+
+
+def test_an_open_snapshots_base_pins_only_its_own_stream(store: SQLAlchemyQueueStore) -> None:
+    p = send(store, ["b", "c"], ["b", "c"])
+    sid = store.request_snapshot(None, "b", CLIENT, "test")
+    started = store.start_snapshot(sid)
+    assert started is not None and started.base_position == p[1]
+    q = send(store, ["b", "c"], ["c"])
+    store.set_cursor("b", CLIENT, q[0])
+    store.set_cursor("c", CLIENT, q[1])
+    store.trim()
+    assert left(store) == [q[0]]  # b needs what follows its base; c needs nothing more
+
+
+def test_a_dropped_stream_releases_its_retention(store: SQLAlchemyQueueStore) -> None:
+    p = send(store, ["b", "c"], ["c"], ["c"])
+    store.set_cursor("b", CLIENT, p[0])
+    assert store.drop_stream("c", CLIENT, "too far behind") is not None
+    store.trim()
+    assert left(store) == []  # only c needed them
+    # What is sent to the dropped stream afterwards waits for nobody either,
+    q = send(store, ["c"], ["b", "c"])
+    store.set_cursor("b", CLIENT, q[1])
+    store.trim()
+    assert left(store) == []
+    # until its full sync fixes a base: from there the stream needs its entries again.
+    sid = store.request_snapshot(None, "c", CLIENT, "dropped")
+    started = store.start_snapshot(sid)
+    assert started is not None and started.base_position == q[1]
+    r = send(store, ["c"], ["b"])
+    store.set_cursor("b", CLIENT, r[1])
+    store.trim()
+    assert left(store) == [r[0]]
+    assert reads(store, "c", q[1]) == [r[0]]
+
+
+def test_a_drop_during_an_open_snapshot_keeps_what_follows_its_base(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    p = send(store, ["b"])
+    sid = store.request_snapshot(None, "b", CLIENT, "test")
+    started = store.start_snapshot(sid)
+    assert started is not None and started.base_position == p[0]
+    q = send(store, ["b"], ["b", "c"])
+    assert store.drop_stream("b", CLIENT, "over retention") is not None
+    store.set_cursor("c", CLIENT, q[1])
+    store.trim()
+    # The snapshot still resumes log entries after its base: nothing after it is lost.
+    assert reads(store, "b", p[0]) == q
+    assert left(store) == q
+
+
+def test_trim_works_in_bounded_batches_oldest_first(store: SQLAlchemyQueueStore) -> None:
+    p = send(store, *[["b"]] * 6)
+    store.set_cursor("b", CLIENT, p[-1])
+    assert store.trim(batch_size=1, max_batches=1) == 1
+    assert left(store) == p[1:]
+    assert store.trim(batch_size=2, max_batches=2) == 4
+    assert left(store) == p[5:]
+    assert store.trim(batch_size=2) == 1  # unbounded: until a batch is not full
+    assert left(store) == []
+
+
+def test_one_clients_acknowledgement_trims_nothing_of_another(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    nums = store.register_sites(["b"])
+    with store.write() as conn:
+        mixed = [
+            store.append_log_entries(conn, client, [(b"x", [nums["b"]])])[0]
+            for client in ("policy", "inventory", "policy", "inventory")
+        ]
+    store.set_cursor("b", "policy", mixed[2])
+    store.trim()
+    assert [e.position for e in store.read_client_log("policy", 0, 10)] == []
+    kept = [mixed[1], mixed[3]]
+    assert [e.position for e in store.read_client_log("inventory", 0, 10)] == kept
+    assert [e.position for e in store.read_log_entries("b", "inventory", 0, 10)] == kept
+
+
+def test_a_store_that_never_read_its_sites_trims_too(store: SQLAlchemyQueueStore) -> None:
+    p = send(store, ["b"], ["b"])
+    store.set_cursor("b", CLIENT, p[0])
+    fresh = open_store(store.engine)  # a new process: no cached site numbers
+    assert fresh.trim() == 1
+    assert left(store) == p[1:]
+
+
+def test_drop_records_its_own_stream(store: SQLAlchemyQueueStore) -> None:
+    p = send(store, ["b", "c"], ["b", "c"], ["c"])
+    store.set_cursor("b", CLIENT, p[0])
+    store.set_cursor("c", CLIENT, p[1])
+    drop = store.drop_stream("c", CLIENT, "over retention")
+    assert drop is not None
+    assert (drop.destination, drop.client_name, drop.first_dropped_position, drop.reason) == (
+        "c",
+        CLIENT,
+        p[1] + 1,
+        "over retention",
+    )
+    assert store.list_drops() == [drop]
+    assert store.drop_stream("c", CLIENT, "again") == drop  # one record per stream
+    cursor = store.get_cursor("c", CLIENT)
+    assert (cursor.position, cursor.needs_snapshot) == (p[1], True)
+    other = store.get_cursor("b", CLIENT)
+    assert (other.position, other.needs_snapshot) == (p[0], False)
+    # The other destination still reads all it has not acknowledged.
+    assert reads(store, "b", p[0]) == [p[1]]
+    # Other streams get their own records; clearing one keeps the others.
+    second = store.drop_stream("b", CLIENT, "b too")
+    third = store.drop_stream("c", "inventory", "other client")
+    assert second is not None and (second.destination, second.first_dropped_position) == (
+        "b",
+        p[0] + 1,
+    )
+    assert third is not None and (third.client_name, third.first_dropped_position) == (
+        "inventory",
+        1,
+    )
+    key = lambda d: (d.destination, d.client_name)  # noqa: E731
+    assert sorted(store.list_drops(), key=key) == sorted([drop, second, third], key=key)
+    store.clear_drop("c", CLIENT)
+    assert sorted(store.list_drops(), key=key) == sorted([second, third], key=key)
+
+
+def test_a_drop_keeps_other_streams_entries(store: SQLAlchemyQueueStore) -> None:
+    nums = store.register_sites(["b", "c"])
+    with store.write() as conn:
+        mine = store.append_log_entries(conn, CLIENT, [(b"x", [nums["b"], nums["c"]])] * 3)
+        theirs = store.append_log_entries(conn, "inventory", [(b"y", [nums["c"]])] * 2)
+    assert store.drop_stream("c", CLIENT, "too slow") is not None
+    assert reads(store, "b", 0) == mine  # another destination of the same client
+    got = [e.position for e in store.read_log_entries("c", "inventory", 0, 10)]
+    assert got == theirs  # the same destination, another client
+    store.trim()
+    assert left(store) == mine
+    assert [e.position for e in store.read_client_log("inventory", 0, 10)] == theirs
+
+
+def test_a_dropped_stream_holds_nothing_however_far_the_positions_go(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    assert store.drop_stream("c", CLIENT, "gone") is None  # unknown destination: no drop
+    store.register_sites(["c"])
+    assert store.drop_stream("c", CLIENT, "gone") is not None
+    p = send(store, *[["c"]] * 300)
+    store.trim()
+    assert p[-1] >= 300 and left(store) == []
+
+
+def test_trim_keeps_the_entries_of_a_ready_snapshot(store: SQLAlchemyQueueStore) -> None:
+    store.register_sites(["b"])
+    sid = store.request_snapshot(None, "b", CLIENT, "test")
+    assert store.start_snapshot(sid) is not None
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, sid, 0, [b"r1", b"r2"])
+    store.finish_snapshot(sid)
+    store.trim()
+    payloads = [e.payload for e in store.read_snapshot_entries(sid, 0, 10)]
+    assert payloads == [b"r1", b"r2", b"2"]
+
+
+def test_trim_judges_by_one_snapshot_of_the_acknowledgements(pg_schema: PgSchema) -> None:
+    """A base fixed and entries committed while trim runs are not trimmed by what it read."""
+
+    class Interleaved(PostgresQueueStore):
+        meanwhile: Callable[[], None] | None = None
+
+        def _acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
+            out = super()._acked_positions(conn)
+            if self.meanwhile is not None:
+                run, self.meanwhile = self.meanwhile, None
+                run()
+            return out
+
+    store = Interleaved(pg_schema.engine())
+    store.create_schema()
+    send(store, ["c"])
+    assert store.drop_stream("c", CLIENT, "too slow") is not None  # c needs nothing now
+    added: list[int] = []
+
+    def full_sync_starts_and_entries_follow() -> None:
+        other = open_store(pg_schema.engine())
+        sid = other.request_snapshot(None, "c", CLIENT, "dropped")
+        assert other.start_snapshot(sid) is not None
+        added.extend(send(other, ["c"], ["c"]))
+
+    store.meanwhile = full_sync_starts_and_entries_follow
+    store.trim()
+    assert store.meanwhile is None and len(added) == 2  # the interleaving happened
+    # The entries after the new base are needed by c's full sync: still there.
+    assert left(store) == added
