@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,8 +21,10 @@ from lr_client import LRMessageWithDestinations, RoutingQueueClient
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_server.cli import EXIT_FAILED, EXIT_USAGE, cli
+from tests.kit.guards import need
 from tests.kit.procs import LrServer
-from tests.kit.sites import wait_for
+from tests.kit.sites import free_port, wait_for
+from tests.spark.conftest import require_spark
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,12 +68,6 @@ token = "token-of-x"
 """
     )
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def lr(*args: str | Path) -> Result:
@@ -257,8 +251,6 @@ def test_status_slow_and_backpressure(
     assert send[("site-b", "policy")]["slow"] is False
     assert {x["state"] for x in send.values()} == {"log entry sync"}
     assert "! slow" in ok("status", "--config", cfg).stdout
-    if not hasattr(store, "set_flow_state"):
-        pytest.skip("the store has no flow control state yet")
     # As the server's retention policy records it: backpressure on for policy, site-c slow.
     store.set_flow_state("policy", True, ["site-c"])
     send = {(x["destination"], x["client"]): x for x in as_json("status", "--config", cfg)["send"]}
@@ -543,9 +535,9 @@ def _received(url: str) -> dict[str, list[bytes]]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="make-pki.sh needs openssl")
 def test_example_configs_replicate_over_mtls(tmp_path: Path) -> None:
     """examples/configs as documented: make-pki.sh, init-db, three servers, mTLS traffic."""
+    need(shutil.which("openssl"), "make-pki.sh needs openssl")
     src = ROOT / "examples" / "configs"
     subprocess.run(["bash", str(src / "make-pki.sh"), str(tmp_path / "pki")], check=True)
     ports = {"7442": str(free_port()), "7443": str(free_port()), "9461": str(free_port())}
@@ -608,14 +600,9 @@ def test_example_configs_replicate_over_mtls(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("java") is None
-    or importlib.util.find_spec("pyspark") is None
-    or importlib.util.find_spec("spark_jobs.snapshot_job") is None,
-    reason="needs Java, PySpark and spark_jobs.snapshot_job",
-)
 def test_snapshot_run_fills_a_new_request(tmp_path: Path, sqlite_url: str) -> None:
     """`lr snapshot run` runs the real job on the client's spark_source."""
+    require_spark()
     (tmp_path / "policy.csv").write_text("key,value\np1,a\np2,b\np3,c\n")
     cfg = write_config(tmp_path, sqlite_url)
     source = f'"csv:{tmp_path / "policy.csv"}"\nspark_master = "local[1]"'
