@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.kit.wait import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,7 +30,7 @@ def test_transmit_bench_sqlite_smoke(tmp_path: Path) -> None:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(60),
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "Transmit throughput" in proc.stdout

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,9 @@ from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_server.cli import EXIT_FAILED, EXIT_USAGE, cli
 from tests.kit.guards import need
-from tests.kit.procs import LrServer
+from tests.kit.procs import LrServer, track
 from tests.kit.sites import free_port, wait_for
+from tests.kit.wait import scaled
 from tests.spark.conftest import require_spark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -492,32 +492,29 @@ def test_server_runs_until_sigterm(tmp_path: Path, sqlite_url: str) -> None:
     ok("init-db", "--config", cfg)
     lr_bin = Path(sys.executable).with_name("lr")
     cmd = [str(lr_bin)] if lr_bin.exists() else [sys.executable, "-m", "lr_server.cli"]
-    proc = subprocess.Popen(
-        [*cmd, "server", "--config", str(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*cmd, "server", "--config", str(cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    track("lr server (console script)", log, proc)
     try:
-        assert proc.stderr is not None
-        deadline = time.monotonic() + 30
-        lines = []
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline().decode()
-            lines.append(line)
-            if "running" in line or not line:
-                break
-        assert any("running" in x for x in lines), lines
+
+        def running() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return "running" in log.read_text()
+
+        wait_for(running, 60, what="the server's 'running' log line")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=scaled(30)) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 # -- the example config set ---------------------------------------------------------------

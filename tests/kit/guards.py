@@ -12,13 +12,19 @@ import os
 
 import pytest
 
-ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+def on_ci() -> bool:
+    """Whether ``CI`` is set (``true``, ``1`` or ``yes``)."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+ON_CI = on_ci()
 
 
 def need(condition: object, reason: str) -> None:
     """Go on if ``condition`` holds; else skip with ``reason`` (on CI: fail with it)."""
     if condition:
         return
-    if ON_CI:
+    if on_ci():
         pytest.fail(f"CI=true and {reason} (scripts/ci-deps installs it)", pytrace=False)
     pytest.skip(reason)
