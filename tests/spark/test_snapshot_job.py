@@ -19,7 +19,7 @@ from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from spark_jobs.encoders import json_encoder
 from spark_jobs.snapshot_job import run_snapshot_job
 from spark_jobs.sources import load_dataframe, parse_source
-from spark_jobs.writer import rows_committed
+from spark_jobs.writer import open_sink, rows_committed
 from tests.kit.guards import need
 from tests.kit.wait import join, wait_for
 from tests.spark.conftest import require_spark
@@ -146,6 +146,10 @@ def test_zero_rows(spark: Any, site: tuple[str, SQLAlchemyQueueStore]) -> None:
 def test_a_superseded_snapshot_stops_the_job_and_keeps_nothing(
     spark: Any, site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
 ) -> None:
+    """Through the store's inserts, which encode a chunk before its transaction: the test
+    supersedes while the encoders wait. (A COPY chunk encodes inside its transaction, which
+    holds the request's row lock, so a supersede waits for the chunk to commit; the COPY
+    sink's own check is ``test_a_copy_chunk_after_a_supersede_writes_nothing``.)"""
     url, store = site
     sid = _running(store)
     gate = tmp_path / "gate"
@@ -179,6 +183,7 @@ def test_a_superseded_snapshot_stops_the_job_and_keeps_nothing(
                 df,
                 "tests.spark.helpers:gated_encoder",
                 chunk_rows=25,
+                method="store",
                 progress_interval=0.2,
             )
     finally:
@@ -190,6 +195,25 @@ def test_a_superseded_snapshot_stops_the_job_and_keeps_nothing(
     assert store.count_snapshot_entries(sid) == 0
     assert store.read_snapshot_entries(sid, 0, 100) == []
     assert _status(store, newer[0]) == SnapshotStatus.REQUESTED
+
+
+@pytest.mark.postgres
+def test_a_copy_chunk_after_a_supersede_writes_nothing(pg_schema: Any) -> None:
+    store = open_store(pg_schema.engine())
+    store.create_schema()
+    sid = _running(store)
+    sink = open_sink(pg_schema.url, sid, "copy")
+    try:
+        assert sink.write_part(0, iter([b"a", b"b", b"c"]), 2) == 3
+        assert store.count_snapshot_entries(sid) == 3
+        newer = store.request_snapshot(None, "b", "policy", "operator")
+        with pytest.raises(SnapshotError, match="cancelled, not running"):
+            sink.write_part(1, iter([b"x", b"y", b"z"]), 2)
+    finally:
+        sink.close()
+    assert store.read_snapshot_entries(sid, 0, 100) == []
+    assert _status(store, sid) == SnapshotStatus.CANCELLED
+    assert _status(store, newer) == SnapshotStatus.REQUESTED
 
 
 def test_a_cancelled_snapshot_is_refused_up_front(

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.kit.ports import reserve_port
 from tests.kit.tcp_proxy import FaultProxy
 from tests.kit.wait import scaled, wait_for
 
@@ -237,8 +238,7 @@ def test_half_close_is_propagated(proxy: FaultProxy) -> None:
 
 
 def test_unreachable_target_resets_the_client() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as placeholder:
-        dead_port = placeholder.getsockname()[1]
+    dead_port = reserve_port()  # nobody listens there, and nobody else may take it
     with FaultProxy("127.0.0.1", dead_port) as proxy, connect(proxy.port) as sock:
         assert_dead(sock)
         assert proxy.bytes_forwarded == 0
