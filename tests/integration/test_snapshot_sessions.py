@@ -13,7 +13,7 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
 from tests.kit import kvapp
 from tests.kit.sites import Sites
-from tests.kit.wait import join, wait_for
+from tests.kit.wait import scaled, wait_for
 
 SMALL_BATCHES = "batch_max_entries = 10\nwindow_batches = 2"
 #: 20 heartbeats of the runners below (every 0.1 s): room for a loaded machine.
@@ -39,7 +39,7 @@ class Loops:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         for t in self.threads:
-            join(t, 30)
+            t.join(scaled(30))
 
 
 def setup(sites: Sites) -> tuple[SQLAlchemyQueueStore, RoutingQueueClient, SQLAlchemyQueueStore]:

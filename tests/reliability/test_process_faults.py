@@ -58,7 +58,7 @@ from tests.kit.traffic import (
     source_state,
 )
 from tests.kit.verifier import END, SNAPSHOT, START, Report, verify
-from tests.kit.wait import join, scaled, wait_for
+from tests.kit.wait import scaled, wait_for
 from tests.reliability.harness import ROLES, Deployment, reliability_seed, trial_count
 
 pytestmark = pytest.mark.slow
@@ -249,7 +249,7 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
         raise
     finally:
         stop.set()
-        join(provider, 30)
+        provider.join(scaled(30))
         source.close()
         dep.close()
 
@@ -569,7 +569,7 @@ def test_a_requested_snapshot_is_not_starved_by_steady_traffic(
         writing.set()
         stop.set()
         for t in threads:
-            join(t, 30)
+            t.join(scaled(30))
         sink.engine.dispose()
 
 
