@@ -446,10 +446,14 @@ def test_snapshot_requested_under_traffic_converges(sites: Sites) -> None:
         for _ in range(2):
             wait_for(lambda: runner.poll_once() >= 0 and not _open(source.engine), 60)
             at = sink_store.sink_progress("a", "policy").last_position
-            wait_for(
-                lambda at=at: sink_store.sink_progress("a", "policy").last_position > at,
+            wait_for(  # the runner serves a first-contact request the session may file now
+                lambda at=at: (
+                    runner.poll_once() >= 0
+                    and not _open(source.engine)
+                    and sink_store.sink_progress("a", "policy").last_position > at
+                ),
                 60,
-                what="log entries flowing again",
+                what="log entries flowing again, no snapshot open",
             )
             sid = source.apis["policy"].request_snapshot_sync(None, "b", reason="test")
             assert runner.poll_once() == 1  # base fixed now; the session still ships entries
