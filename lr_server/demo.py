@@ -83,10 +83,17 @@ def spark_available() -> tuple[bool, str]:
     return True, ""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _reserve_port() -> socket.socket:
+    """A loopback port bound (never listened on) until the demo ends.
+
+    The ``lr server`` child binds it too (gRPC sets ``SO_REUSEPORT``), while no
+    other process can take it between its choice and the child's bind.
+    """
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def _upsert(session: Session, table: SqlTable, key: str, value: int) -> None:
@@ -197,8 +204,9 @@ class Demo:
         self.duration = duration
         self.spark, self.spark_reason = spark_available()
         self.sites = {name: Site(name, workdir / f"{name}.db") for name in "abcd"}
-        for name in "bcd":
-            self.sites[name].port = _free_port()
+        self._reserved = [_reserve_port() for _ in "bcd"]
+        for name, sock in zip("bcd", self._reserved, strict=True):
+            self.sites[name].port = int(sock.getsockname()[1])
         self.stores: dict[str, SQLAlchemyQueueStore] = {}
         self.listeners = {"b": ApplyListener(orders), "c": ApplyListener(orders)}
         self.listeners["d"] = ApplyListener(catalog)
@@ -248,6 +256,8 @@ class Demo:
                     site.proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     site.proc.kill()
+        for sock in self._reserved:
+            sock.close()
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self) -> None:

@@ -3,7 +3,10 @@
 PostgreSQL tests take their server from ``LR_TEST_PG_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``) and isolate themselves in a
 schema per test. Without a server they skip, except with ``CI=true``, where
-an unreachable server fails the run.
+an unreachable server fails the run (:func:`tests.kit.guards.need`).
+
+When a test fails, the tail of the log of every process it started through
+``tests.kit.procs`` (``lr server``, sink applications) is added to its report.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,10 +26,36 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store  # noqa: E402
+from tests.kit import procs  # noqa: E402
+from tests.kit.guards import ON_CI, need  # noqa: E402
+from tests.kit.ports import release_ports  # noqa: E402
 from tests.kit.sites import Sites  # noqa: E402
 
+__all__ = ["ON_CI", "PG_URL", "PgSchema", "pg_available", "require_pg"]
+
 PG_URL = os.environ.get("LR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    procs.forget_exited()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """On failure, show the log tail of each process the test (or its fixtures) started."""
+    report = yield
+    if report.failed:
+        for title, text in procs.tracked_logs():
+            report.sections.append((f"log of {title}", text or "(empty)"))
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    release_ports()
+
 
 _pg_state: dict[str, object] = {}
 
@@ -49,12 +78,7 @@ def pg_available() -> bool:
 
 
 def require_pg() -> None:
-    if pg_available():
-        return
-    message = f"PostgreSQL unreachable at {PG_URL}: {_pg_state.get('error')}"
-    if ON_CI:
-        pytest.fail("CI=true and " + message, pytrace=False)
-    pytest.skip(message)
+    need(pg_available(), f"PostgreSQL unreachable at {PG_URL}: {_pg_state.get('error')}")
 
 
 class PgSchema:

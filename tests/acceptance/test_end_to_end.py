@@ -13,6 +13,7 @@ from lr_client.subscriber import RoutingQueueSubscriber
 from tests.kit import kvapp
 from tests.kit.procs import LrServer
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
+from tests.kit.wait import scaled
 
 
 def test_application_to_application(tmp_path: Path, db_url_factory: Callable[[str], str]) -> None:
@@ -48,7 +49,7 @@ def test_application_to_application(tmp_path: Path, db_url_factory: Callable[[st
         stop.set()
         for t in loops:
             if t.is_alive():
-                t.join(timeout=30)
+                t.join(scaled(30))
         codes = [s.stop() for s in servers]
         subscriber.close()
         src.engine.dispose()

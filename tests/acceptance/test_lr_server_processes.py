@@ -31,16 +31,17 @@ def test_two_sites_as_processes(tmp_path: Path, db_url_factory: Callable[[str], 
     )
     cfg_b = write_config(tmp_path, SiteSpec("b", urls["b"], port=port_b, sources=["a"]))
     cfg_c = write_config(tmp_path, SiteSpec("c", urls["c"], port=port_c, sources=["a"]))
+    # Each database is set up before its server starts (as `lr init-db` does).
+    stores = {s: open_store(urls[s]) for s in urls}
+    for st in stores.values():
+        st.create_schema()
+    src = stores["a"]
+    client = RoutingQueueClient(src, source_id="a", client_name="policy")
+    client.register_destinations(["b", "c"])
     servers = [LrServer(cfg_b).start(), LrServer(cfg_c).start(), LrServer(cfg_a).start()]
-    stores: list[SQLAlchemyQueueStore] = []
     try:
         servers[0].wait_listening(port_b)
         servers[1].wait_listening(port_c)
-        src = open_store(urls["a"])
-        stores.append(src)
-        src.create_schema()
-        client = RoutingQueueClient(src, source_id="a", client_name="policy")
-        client.register_destinations(["b", "c"])
         expected: dict[str, list[bytes]] = {"b": [], "c": []}
         for i in range(300):
             dests = [["b"], ["c"], ["b", "c"]][i % 3]
@@ -48,18 +49,28 @@ def test_two_sites_as_processes(tmp_path: Path, db_url_factory: Callable[[str], 
                 client.transmit_log_entry_message(session, b"%d" % i, dests)
             for d in dests:
                 expected[d].append(b"%d" % i)
-        sinks = {s: open_store(urls[s]) for s in ("b", "c")}
-        stores += sinks.values()
-        wait_for(lambda: all(_received(sinks[s], "a") == expected[s] for s in sinks), timeout=60)
+        sinks = {s: stores[s] for s in ("b", "c")}
+        wait_for(
+            lambda: all(_received(sinks[s], "a") == expected[s] for s in sinks),
+            60,
+            what="the 300 entries delivered in order to b and c",
+            detail=lambda: {s: len(_received(sinks[s], "a")) for s in sinks},
+        )
         # The sender's cursors are durable and its status is visible.
-        wait_for(lambda: src.get_cursor("c", "policy").position == src.head_position(), timeout=30)
+        for dest in ("b", "c"):
+            wait_for(
+                lambda d=dest: src.get_cursor(d, "policy").position == src.head_position(),
+                30,
+                what=f"the cursor of {dest} at the head",
+            )
         status = {r["destination"]: r for r in src.list_session_status()}
         assert set(status) == {"b", "c"}
     finally:
         codes = [s.stop() for s in servers]
-        for st in stores:
+        for st in stores.values():
             st.engine.dispose()
     assert codes == [0, 0, 0], [s.log() for s in servers]
     # Structured logs: every line of the sender's log is a JSON object naming the site.
-    lines = [json.loads(x) for x in servers[2].log().splitlines() if x.startswith("{")]
+    text = servers[2].log_path.read_text()
+    lines = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
     assert lines and all(x["site"] == "a" for x in lines)

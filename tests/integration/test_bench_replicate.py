@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.kit.procs import ROOT, lr_env
+from tests.kit.wait import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,9 @@ def test_replicate_benchmark_writes_positive_rates(tmp_path: Path) -> None:
         "--svg",
         str(svg),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=lr_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=lr_env(), capture_output=True, text=True, timeout=scaled(60)
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data: dict[str, Any] = json.loads(out.read_text())
     assert data["settings"]["paced_entries_per_txn"] == 2

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.wait import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,7 +33,7 @@ def test_transmit_bench_sqlite_smoke(tmp_path: Path) -> None:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(60),
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "Transmit throughput" in proc.stdout

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -26,8 +23,11 @@ from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store.lifecycle import LEGACY_REVISION, VERSION_TABLE, head_revision
 from lr_server.cli import EXIT_FAILED, EXIT_NEWER, EXIT_PENDING, EXIT_USAGE, cli
 from tests.integration.test_schema_lifecycle import make_legacy_v1
-from tests.kit.procs import LrServer
-from tests.kit.sites import wait_for
+from tests.kit.guards import need
+from tests.kit.procs import LrServer, track
+from tests.kit.sites import free_port, wait_for
+from tests.kit.wait import scaled
+from tests.spark.conftest import require_spark
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,12 +71,6 @@ token = "token-of-x"
 """
     )
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def lr(*args: str | Path) -> Result:
@@ -302,8 +296,6 @@ def test_status_slow_and_backpressure(
     assert send[("site-b", "policy")]["slow"] is False
     assert {x["state"] for x in send.values()} == {"log entry sync"}
     assert "! slow" in ok("status", "--config", cfg).stdout
-    if not hasattr(store, "set_flow_state"):
-        pytest.skip("the store has no flow control state yet")
     # As the server's retention policy records it: backpressure on for policy, site-c slow.
     store.set_flow_state("policy", True, ["site-c"])
     send = {(x["destination"], x["client"]): x for x in as_json("status", "--config", cfg)["send"]}
@@ -545,32 +537,29 @@ def test_server_runs_until_sigterm(tmp_path: Path, sqlite_url: str) -> None:
     ok("init-db", "--config", cfg)
     lr_bin = Path(sys.executable).with_name("lr")
     cmd = [str(lr_bin)] if lr_bin.exists() else [sys.executable, "-m", "lr_server.cli"]
-    proc = subprocess.Popen(
-        [*cmd, "server", "--config", str(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*cmd, "server", "--config", str(cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    track("lr server (console script)", log, proc)
     try:
-        assert proc.stderr is not None
-        deadline = time.monotonic() + 30
-        lines = []
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline().decode()
-            lines.append(line)
-            if "running" in line or not line:
-                break
-        assert any("running" in x for x in lines), lines
+
+        def running() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return "running" in log.read_text()
+
+        wait_for(running, 60, what="the server's 'running' log line")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=scaled(30)) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 # -- the example config set ---------------------------------------------------------------
@@ -588,9 +577,9 @@ def _received(url: str) -> dict[str, list[bytes]]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="make-pki.sh needs openssl")
 def test_example_configs_replicate_over_mtls(tmp_path: Path) -> None:
     """examples/configs as documented: make-pki.sh, init-db, three servers, mTLS traffic."""
+    need(shutil.which("openssl"), "make-pki.sh needs openssl")
     src = ROOT / "examples" / "configs"
     subprocess.run(["bash", str(src / "make-pki.sh"), str(tmp_path / "pki")], check=True)
     ports = {"7442": str(free_port()), "7443": str(free_port()), "9461": str(free_port())}
@@ -653,14 +642,9 @@ def test_example_configs_replicate_over_mtls(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("java") is None
-    or importlib.util.find_spec("pyspark") is None
-    or importlib.util.find_spec("spark_jobs.snapshot_job") is None,
-    reason="needs Java, PySpark and spark_jobs.snapshot_job",
-)
 def test_snapshot_run_fills_a_new_request(tmp_path: Path, sqlite_url: str) -> None:
     """`lr snapshot run` runs the real job on the client's spark_source."""
+    require_spark()
     (tmp_path / "policy.csv").write_text("key,value\np1,a\np2,b\np3,c\n")
     cfg = write_config(tmp_path, sqlite_url)
     source = f'"csv:{tmp_path / "policy.csv"}"\nspark_master = "local[1]"'

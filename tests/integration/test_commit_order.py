@@ -8,12 +8,15 @@ then the long one commits and the reader reads again.
 from __future__ import annotations
 
 import threading
+import uuid
 
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client.store import open_store
 from tests.conftest import PgSchema
+from tests.kit.wait import join, wait_for
 
 
 def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
@@ -28,15 +31,30 @@ def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
 
     # The short writer must not be able to commit a position the reader could pass.
     short_done = threading.Event()
+    tag = "short-" + uuid.uuid4().hex[:8]
+    short_store = open_store(pg_schema.engine(connect_args={"application_name": tag}))
 
     def short_writer() -> None:
-        with Session(store.engine) as session, session.begin():
-            client.transmit_log_entry_message(session, b"short", ["site-b"])
+        short_client = RoutingQueueClient(short_store, source_id="site-a", client_name="policy")
+        with Session(short_store.engine) as session, session.begin():
+            short_client.transmit_log_entry_message(session, b"short", ["site-b"])
         short_done.set()
+
+    def short_blocked() -> bool:
+        with pg_schema.admin.connect() as conn:
+            waiting = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = :tag AND wait_event_type = 'Lock'"
+                ),
+                {"tag": tag},
+            ).scalar_one()
+        return bool(waiting)
 
     t = threading.Thread(target=short_writer)
     t.start()
-    short_done.wait(timeout=1.0)
+    # Read once the short writer has committed, or waits for the long one's lock.
+    wait_for(lambda: short_done.is_set() or short_blocked(), 60, what="the short writer's turn")
 
     cursor = 0
     seen: list[bytes] = []
@@ -47,7 +65,7 @@ def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
 
     long_session.commit()
     long_session.close()
-    t.join(timeout=30)
+    join(t, 30)
     assert short_done.is_set()
 
     rest = store.read_log_entries("site-b", "policy", cursor, 100)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.kit.procs import ROOT, lr_env
+from tests.kit.wait import scaled
 
 
 def _run(script: str, *args: str) -> str:
@@ -15,7 +16,7 @@ def _run(script: str, *args: str) -> str:
         capture_output=True,
         text=True,
         env=lr_env(),
-        timeout=120,
+        timeout=scaled(60),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

@@ -21,7 +21,8 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
 from lr_client.subscriber import RoutingQueueSubscriber
 from tests.kit import kvapp
-from tests.kit.sites import Sites, wait_for
+from tests.kit.sites import Sites
+from tests.kit.wait import scaled, wait_for
 
 RETENTION = "[retention]\nmax_entries = 40\ntrim_interval = 0.1\n"
 
@@ -38,7 +39,7 @@ def running(*loops: object) -> Iterator[threading.Event]:
     finally:
         stop.set()
         for t in threads:
-            t.join(timeout=30)
+            t.join(scaled(30))
 
 
 def source_app(

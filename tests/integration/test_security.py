@@ -16,6 +16,7 @@ from lr_server.server import SiteServer
 from lr_server.transport.grpc_client import GrpcTransport
 from tests.kit.certs import Pki, make_pki
 from tests.kit.sites import SiteSpec, free_port, write_config
+from tests.kit.wait import scaled
 
 
 def _batch(
@@ -38,7 +39,7 @@ def _push(transport: GrpcTransport, batch: pb.ReplicationBatch) -> pb.Replicatio
     stream = transport.open_stream()
     try:
         stream.send(batch)
-        ack = stream.next_ack(timeout=15)
+        ack = stream.next_ack(timeout=scaled(15))
         assert ack is not None
         return ack
     finally:
@@ -103,7 +104,9 @@ def test_token_auth_rejects(
     t = token_sink.transport(source, _token(token))
     try:
         with pytest.raises(error):
-            t.negotiate(pb.NegotiateRequest(source_id=source, clients=["policy"]), timeout=10)
+            t.negotiate(
+                pb.NegotiateRequest(source_id=source, clients=["policy"]), timeout=scaled(10)
+            )
         with pytest.raises(error):
             _push(t, _batch())
     finally:
@@ -210,7 +213,9 @@ def test_mtls_rejects_bad_certificates(mtls_sink: Sink, pki: Pki, which: str) ->
     t = mtls_sink.transport(source, sec)
     try:
         with pytest.raises(LRError) as info:
-            t.negotiate(pb.NegotiateRequest(source_id=source, clients=["policy"]), timeout=10)
+            t.negotiate(
+                pb.NegotiateRequest(source_id=source, clients=["policy"]), timeout=scaled(10)
+            )
     finally:
         t.close()
     if which in ("unknown_site", "impersonation"):

@@ -14,19 +14,24 @@ from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.inproc import InProcessTransport
-from tests.kit.sites import wait_for
+from tests.kit.wait import join, wait_for
 
 
 class SilentStream(BatchStream):
-    """Takes batches and never acknowledges them (a sink that stopped reading)."""
+    """Takes batches and never acknowledges them (a sink that stopped reading).
 
-    def __init__(self, sent: list[pb.ReplicationBatch]) -> None:
-        self.sent = sent
+    Counts the session's waits for an acknowledgement (``polls``): each one ends a
+    round of its loop in which it could have sent more.
+    """
+
+    def __init__(self, transport: SilentTransport) -> None:
+        self.transport = transport
 
     def send(self, batch: pb.ReplicationBatch) -> None:
-        self.sent.append(batch)
+        self.transport.sent.append(batch)
 
     def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
+        self.transport.polls += 1
         threading.Event().wait(min(timeout, 0.01))
         return None
 
@@ -37,12 +42,13 @@ class SilentStream(BatchStream):
 class SilentTransport(Transport):
     def __init__(self) -> None:
         self.sent: list[pb.ReplicationBatch] = []
+        self.polls = 0
 
     def negotiate(self, request: pb.NegotiateRequest, timeout: float) -> pb.NegotiateResponse:
         return pb.NegotiateResponse(sink_id="b")
 
     def open_stream(self) -> BatchStream:
-        return SilentStream(self.sent)
+        return SilentStream(self)
 
 
 def test_window_bounds_batches_and_bytes(store: SQLAlchemyQueueStore) -> None:
@@ -68,13 +74,15 @@ def test_window_bounds_batches_and_bytes(store: SQLAlchemyQueueStore) -> None:
         worker.start()
         try:
             wait_for(lambda t=transport, n=expect: len(t.sent) >= n)
-            # it keeps running, but sends nothing more while nothing is acknowledged
-            stop.wait(0.5)
+            # It keeps running (20 more rounds of its loop, each a chance to send),
+            # but sends nothing more while nothing is acknowledged.
+            polls = transport.polls
+            wait_for(lambda t=transport, p=polls: t.polls >= p + 20, what="20 more rounds")
             assert len(transport.sent) == expect
             assert store.get_cursor("b", "policy").position == 0
         finally:
             stop.set()
-            worker.join(timeout=30)
+            join(worker, 30)
 
 
 class LosesEndMarkerAck(Transport):
@@ -137,7 +145,7 @@ def test_lost_end_marker_ack_completes_without_resending(
             wait_for(lambda: store.get_snapshot(sid).status is SnapshotStatus.COMPLETED)  # type: ignore[union-attr]
         finally:
             stop.set()
-            worker.join(timeout=30)
+            join(worker, 30)
         assert transport.lost
         assert transport.snapshot_batches_after_loss == 0
         assert sink.sink_progress("a", "policy").entries_received == 31

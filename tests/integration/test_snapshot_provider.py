@@ -10,6 +10,7 @@ from lr_client import SnapshotContext, SnapshotProviderRunner
 from lr_client.errors import InvalidPayloadError, PayloadTooLargeError, SnapshotError
 from lr_client.records import ReplicationType, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore
+from tests.kit.wait import join, wait_event, wait_for
 
 
 def _entries(store: SQLAlchemyQueueStore, snapshot_id: str) -> list[tuple[ReplicationType, bytes]]:
@@ -229,13 +230,8 @@ def test_run_serves_requests_until_stopped(store: SQLAlchemyQueueStore) -> None:
     thread.start()
     try:
         sid = store.request_snapshot(None, "b", "policy")
-        assert served.wait(30)
-        for _ in range(1500):  # poll with a deadline for the end marker
-            if _status(store, sid) == SnapshotStatus.READY:
-                break
-            stop.wait(0.02)
-        assert _status(store, sid) == SnapshotStatus.READY
+        wait_event(served, 30, what="the provider called")
+        wait_for(lambda: _status(store, sid) == SnapshotStatus.READY, 30, what="the end marker")
     finally:
         stop.set()
-        thread.join(30)
-    assert not thread.is_alive()
+        join(thread, 30)

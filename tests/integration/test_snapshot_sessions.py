@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from sqlalchemy import select
 
@@ -13,9 +12,13 @@ from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
 from tests.kit import kvapp
-from tests.kit.sites import Sites, wait_for
+from tests.kit.sites import Sites
+from tests.kit.wait import scaled, wait_for
 
 SMALL_BATCHES = "batch_max_entries = 10\nwindow_batches = 2"
+#: 20 heartbeats of the runners below (every 0.1 s): room for a loaded machine.
+STALL_TIMEOUT = 2.0
+STALL = f"snapshot_stall_timeout = {STALL_TIMEOUT}"
 
 
 def applied(store: SQLAlchemyQueueStore, kind: str) -> list[int]:
@@ -42,7 +45,7 @@ class Loops:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         for t in self.threads:
-            t.join(timeout=30)
+            t.join(scaled(30))
 
 
 def setup(sites: Sites) -> tuple[SQLAlchemyQueueStore, RoutingQueueClient, SQLAlchemyQueueStore]:
@@ -180,7 +183,7 @@ def test_a_snapshot_whose_provider_died_is_replaced(sites: Sites) -> None:
         src, "policy", kvapp.provider(src.engine), heartbeat_interval=0.1
     )
     sites.start("b", sources=["a"])
-    sites.start("a", dests=["b"], snapshot="app", replication="snapshot_stall_timeout = 1.0")
+    sites.start("a", dests=["b"], snapshot="app", replication=STALL)
     with Loops(runner, subscriber):
         wait_for(
             lambda: src.get_snapshot(dead).status is SnapshotStatus.FAILED,  # type: ignore[union-attr]
@@ -201,15 +204,26 @@ def test_a_slow_provider_keeps_its_snapshot_by_heartbeat(sites: Sites) -> None:
     kvapp.write(src.engine, client, {"k": 1}, ["b"])
     slow = kvapp.provider(src.engine)
 
+    def beaten_for(sid: str, since: float, seconds: float) -> bool:
+        req = src.get_snapshot(sid)
+        return req is not None and req.updated_at >= since + seconds
+
     def provide(ctx: SnapshotContext) -> None:
-        time.sleep(2.5)  # a long source query: no entries written meanwhile
+        # A long source query: nothing written until the runner's heartbeats have kept
+        # the request alive for twice the stall timeout.
+        since = ctx.request.updated_at
+        wait_for(
+            lambda: beaten_for(ctx.request.snapshot_id, since, 2 * STALL_TIMEOUT),
+            60,
+            what="heartbeats for two stall timeouts",
+        )
         slow(ctx)
 
     listener = kvapp.KvListener()
     subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
     runner = SnapshotProviderRunner(src, "policy", provide, heartbeat_interval=0.1)
     sites.start("b", sources=["a"])
-    sites.start("a", dests=["b"], snapshot="app", replication="snapshot_stall_timeout = 1.0")
+    sites.start("a", dests=["b"], snapshot="app", replication=STALL)
     with Loops(runner, subscriber):
         wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
     snaps = src.list_snapshots("b", "policy")

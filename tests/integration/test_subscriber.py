@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
@@ -22,6 +21,7 @@ from lr_client import (
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
+from tests.kit.wait import join, wait_for
 
 CLIENT = "policy"
 LOG = ReplicationType.LOG_ENTRY_SYNC
@@ -145,14 +145,6 @@ def queued(store: SQLAlchemyQueueStore) -> int:
         return int(conn.execute(select(func.count()).select_from(s.recv_entries)).scalar_one())
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.01)
-
-
 def poll_until(
     sub: RoutingQueueSubscriber, done: Callable[[], bool], timeout: float = 20.0
 ) -> None:
@@ -160,7 +152,7 @@ def poll_until(
         sub.poll_once()
         return done()
 
-    wait_for(step, timeout)
+    wait_for(step, timeout, 0.01)
 
 
 @pytest.fixture
@@ -545,8 +537,7 @@ def test_run_discovers_new_sources_without_restart(
         wait_for(lambda: len(app_rows(app_store)) == 8)
     finally:
         stop.set()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
+        join(thread, 30)
     rows = app_rows(app_store)
     assert sorted(p for src, _, p in rows if src == "src-b") == [1, 2, 3, 4]
     assert sorted(p for src, _, p in rows if src == "src-a") == [1, 2, 3, 4]

@@ -1,4 +1,9 @@
-"""Run ``lr server`` (and other helpers) as real subprocesses."""
+"""Run ``lr server`` (and other helpers) as real subprocesses.
+
+Every process started through :func:`track` logs to a file; when a test
+fails, ``tests/conftest.py`` appends the tail of each tracked process's log to
+the failure report, so the reason a server did not deliver is on screen.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,53 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from tests.kit.wait import scaled, wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
+LOG_TAIL_CHARS = 6000
+
+
+@dataclass
+class Tracked:
+    name: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+
+_tracked: list[Tracked] = []
+
+
+def track(name: str, log_path: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Show ``log_path`` (``proc``'s output) in the report of a test that fails."""
+    _tracked.append(Tracked(name, log_path, proc))
+
+
+def forget_exited() -> None:
+    """Drop processes that have ended (a new test starts; running ones stay shown)."""
+    _tracked[:] = [t for t in _tracked if t.proc.poll() is None]
+
+
+def tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    """The last ``chars`` characters of a log file ("" if there is none)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def tracked_logs() -> list[tuple[str, str]]:
+    """``(title, log tail)`` of every tracked process."""
+    out = []
+    for t in _tracked:
+        state = "running" if t.proc.poll() is None else f"exit code {t.proc.returncode}"
+        out.append((f"{t.name} (pid {t.proc.pid}, {state}): {t.log_path}", tail(t.log_path)))
+    return out
 
 
 def lr_env() -> dict[str, str]:
@@ -39,18 +87,21 @@ class LrServer:
             cwd=ROOT,
         )
         log.close()
+        track(f"lr server {self.config.stem}", self.log_path, self.proc)
         return self
 
-    def wait_listening(self, port: int, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_listening(self, port: int, timeout: float = 60.0) -> None:
+        """Wait until the server accepts connections on ``port`` (fails if it exits)."""
+
+        def listening() -> bool:
             assert self.proc is not None and self.proc.poll() is None, self.log()
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return
+                with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                    return True
             except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"port {port} not listening after {timeout}s\n{self.log()}")
+                return False
+
+        wait_for(listening, timeout, what=f"lr server listening on {port}", detail=self.log)
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
@@ -60,7 +111,7 @@ class LrServer:
         """SIGKILL: no cleanup at all."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=scaled(10))
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM and wait; returns the exit code."""
@@ -68,15 +119,12 @@ class LrServer:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=timeout)
+                self.proc.wait(timeout=scaled(timeout))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=scaled(10))
                 raise AssertionError(f"did not stop on SIGTERM\n{self.log()}") from None
         return int(self.proc.returncode)
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text()[-5000:]
-        except FileNotFoundError:
-            return ""
+        return tail(self.log_path)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +10,15 @@ from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_server.config import load_config
 from lr_server.server import SiteServer
 from tests.kit.certs import Pki
+from tests.kit.ports import reserve_port
+from tests.kit.wait import wait_for
+
+__all__ = ["SiteSpec", "Sites", "free_port", "wait_for", "write_config"]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port reserved for this test process's servers (see ``tests.kit.ports``)."""
+    return reserve_port()
 
 
 @dataclass
@@ -96,17 +97,6 @@ def write_config(
     path = directory / f"{spec.id}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> None:
-    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 class Sites:

@@ -51,6 +51,7 @@ from lr_client.snapshot import SnapshotContext
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store import schema as lrq
 from tests.kit.verifier import END, LOG, SNAPSHOT, START, AppliedEntry, SentEntry, SnapshotInfo
+from tests.kit.wait import scaled
 
 log = logging.getLogger("tests.traffic")
 
@@ -244,7 +245,7 @@ class SourceApp:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(scaled(60))
             assert not self._thread.is_alive(), "source application did not stop"
             self._thread = None
 
@@ -412,7 +413,7 @@ class SinkApp:
     def stop(self) -> None:
         self._stop.set()
         for t in self._threads:
-            t.join(timeout=30)
+            t.join(scaled(30))
         self._threads.clear()
 
     def close(self) -> None:

@@ -33,10 +33,11 @@ from sqlalchemy.engine import Engine
 
 from lr_client.store import create_engine
 from lr_client.store import schema as lrq
-from tests.kit.procs import ROOT, LrServer, lr_env
+from tests.kit.procs import ROOT, LrServer, lr_env, tail, track
 from tests.kit.sites import SiteSpec, free_port, write_config
 from tests.kit.traffic import SourceApp, read_applied, read_sent, read_snapshots
 from tests.kit.verifier import Report, verify
+from tests.kit.wait import scaled, wait_for
 
 SINK_APP = Path(__file__).with_name("sink_app.py")
 
@@ -140,38 +141,37 @@ class SinkProc:
             self.proc = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, env=lr_env(), cwd=ROOT
             )
+        track(f"sink app {self.log_path.stem}", self.log_path, self.proc)
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until its subscribers run (the sink's schema exists, its tables too)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while not self.ready.exists():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sink app exited with {self.proc.returncode}\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"sink app not ready after {timeout}s\n{self.log()}")
-            time.sleep(0.05)
+        proc = self.proc
+        assert proc is not None
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"sink app exited with {proc.returncode}\n{self.log()}")
+            return self.ready.exists()
+
+        wait_for(ready, timeout, what="the sink app ready", detail=self.log)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=scaled(10))
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=timeout)
+            self.proc.wait(timeout=scaled(timeout))
         except subprocess.TimeoutExpired:
             self.kill()
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text()[-4000:]
-        except FileNotFoundError:
-            return ""
+        return tail(self.log_path, 4000)
 
 
 def stop_server(server: LrServer) -> None:
@@ -336,16 +336,19 @@ class Deployment:
 
     def wait_drained(self, source: SourceApp | None = None, timeout: float = 120.0) -> Report:
         """Poll until nothing is missing and the receive queues are empty; the final report."""
-        deadline = time.monotonic() + timeout
-        while True:
+        last: list[Report] = []
+
+        def drained() -> Report | None:
             report = self.verify(source)
+            last[:] = [report]
             if report.lost == 0 and report.snapshot_problems == 0 and not self.received_backlog():
                 return report
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"not drained after {timeout}s: {report.summary()}\n"
-                    + "\n".join(self.events)
-                    + "\n"
-                    + self.logs()
-                )
-            time.sleep(0.25)
+            return None
+
+        return wait_for(
+            drained,
+            timeout,
+            0.25,
+            what="every entry delivered and the receive queues empty",
+            detail=lambda: "\n".join([last[0].summary() if last else "", *self.events]),
+        )

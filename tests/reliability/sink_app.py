@@ -12,7 +12,6 @@ import argparse
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +21,7 @@ if str(ROOT) not in sys.path:
 from lr_client.errors import SchemaError, StoreUnavailableError  # noqa: E402
 from lr_client.store import open_store  # noqa: E402
 from tests.kit.traffic import SinkApp  # noqa: E402
+from tests.kit.wait import Deadline  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 def wait_for_schema(url: str, stop: threading.Event, timeout: float = 60.0) -> None:
     """The sink's ``lr server`` creates the queue schema: wait for it rather than race it."""
     store = open_store(url)
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     try:
         while not stop.is_set():
             try:
                 store.check_schema()
                 return
             except (SchemaError, StoreUnavailableError):
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     raise
                 stop.wait(0.1)
     finally:

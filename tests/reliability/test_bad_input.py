@@ -5,12 +5,12 @@
   :class:`~lr_client.errors.InvalidInputError` subclass, and a failed call
   leaves the database as it was (even when the application's transaction
   goes on and commits).
-* The gRPC boundary of a running sink, while a well-behaved source replicates
-  to it through the real sender: generated garbage bytes, generated invalid
-  batches (positions, types, names, snapshot ids, claimed sources), oversized
-  batches, replays, unknown clients and impersonation. Each gets an error
-  status, the sink stores nothing from the offender, and at the end the
-  verifier finds the good source's traffic complete.
+* The gRPC boundary of a running sink (a fresh one per test): generated
+  garbage bytes, generated invalid batches (positions, types, names, snapshot
+  ids, claimed sources), oversized batches, replays, unknown clients and
+  impersonation. Each gets an error status and the sink stores nothing from
+  the offender; a burst of them while a well-behaved source replicates
+  through the real sender leaves that source's traffic complete.
 * Names that become queue names: invalid ones are rejected everywhere
   (config, sender API, wire); valid look-alikes make distinct queues.
 * Security with real processes: no plaintext listener unless configured, TLS
@@ -54,12 +54,12 @@ from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store import schema as lrq
 from lr_server.config import load_config, parse_config
 from lr_server.server import SiteServer
-from tests.conftest import PgSchema
 from tests.kit.certs import Pki, make_pki
 from tests.kit.procs import ROOT, LrServer, lr_env
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
 from tests.kit.traffic import SinkApp, SourceApp, read_applied, read_sent
 from tests.kit.verifier import AppliedEntry, verify
+from tests.kit.wait import scaled
 from tests.reliability.harness import fuzz_examples, tune_config
 
 FUZZ = settings(
@@ -231,7 +231,7 @@ class RawClient:
             REPLICATE,
             request_serializer=lambda b: b,
             response_deserializer=pb.ReplicationAck.FromString,
-        )(iter(chunks), metadata=self.metadata, timeout=20)
+        )(iter(chunks), metadata=self.metadata, timeout=scaled(20))
         acks: list[pb.ReplicationAck] = []
         try:
             acks.extend(call)
@@ -251,16 +251,19 @@ class RawClient:
             response_deserializer=pb.NegotiateResponse.FromString,
         )
         try:
-            call(request, metadata=self.metadata, timeout=20)
+            call(request, metadata=self.metadata, timeout=scaled(20))
         except grpc.RpcError as exc:
             return exc.code()
         return grpc.StatusCode.OK
 
 
 class Boundary:
-    """Sink ``b`` (token auth) serving the real sender of ``a``, plus raw clients."""
+    """Sink ``b`` (token auth) and raw clients; with ``traffic``, also serving the real
+    sender of ``a`` (its source application writing, a sink application applying)."""
 
-    def __init__(self, tmp_path: Path, make_url: Callable[[str], str]) -> None:
+    def __init__(
+        self, tmp_path: Path, make_url: Callable[[str], str], traffic: bool = False
+    ) -> None:
         self.port = free_port()
         self.url_b = make_url("b")
         sink_cfg = write_config(
@@ -269,15 +272,19 @@ class Boundary:
         tune_config(sink_cfg, {"replication": {"max_message_bytes": 1 << 20}})
         self.sink = SiteServer(load_config(sink_cfg))
         self.sink.start()
-        url_a = make_url("a")
-        self.source = SourceApp(url_a, "a", ["b"], rate=30, max_batch=2)
-        self.app = SinkApp(self.url_b).start()
-        spec = SiteSpec("a", url_a, destinations=[("b", self.port)])
-        self.sender = SiteServer(load_config(write_config(tmp_path, spec)))
-        self.sender.start()
-        self.source.start()
         self.store = open_store(self.url_b)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.source: SourceApp | None = None
+        self.app: SinkApp | None = None
+        self.sender: SiteServer | None = None
+        if traffic:
+            url_a = make_url("a")
+            self.source = SourceApp(url_a, "a", ["b"], rate=30, max_batch=2)
+            self.app = SinkApp(self.url_b).start()
+            spec = SiteSpec("a", url_a, destinations=[("b", self.port)])
+            self.sender = SiteServer(load_config(write_config(tmp_path, spec)))
+            self.sender.start()
+            self.source.start()
 
     def client(self, source: str = "f", token: str | None = None, **extra: str) -> RawClient:
         """A raw client speaking as ``source`` (``extra`` replaces or, if empty, drops headers)."""
@@ -303,55 +310,49 @@ class Boundary:
 
     def finish(self) -> None:
         """Stop the good source's traffic: all of it must arrive, exactly once, in order."""
-        self.source.stop()
-        sent = read_sent(self.source.engine, "a")
+        source, app = self.source, self.app
+        assert source is not None and app is not None, "a Boundary with traffic"
+        source.stop()
+        sent = read_sent(source.engine, "a")
 
         def applied() -> list[AppliedEntry]:
-            return [a for a in read_applied(self.app.engine, "b") if a.source == "a"]
+            return [a for a in read_applied(app.engine, "b") if a.source == "a"]
 
-        wait_for(lambda: verify(sent, applied()).lost == 0, 60)
-        report = verify(sent, applied(), rolled_back=self.source.rolled_back)
+        wait_for(lambda: verify(sent, applied()).lost == 0, 60, what="a's entries delivered")
+        report = verify(sent, applied(), rolled_back=source.rolled_back)
         report.assert_clean()
         assert report.applied > 0
 
     def close(self) -> None:
         self.channel.close()
-        self.sender.stop()
-        self.source.close()
-        self.app.close()
+        if self.sender is not None:
+            self.sender.stop()
+        if self.source is not None:
+            self.source.close()
+        if self.app is not None:
+            self.app.close()
         self.sink.stop()
         self.store.engine.dispose()
 
 
-@pytest.fixture(
-    scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-)
-def boundary(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Boundary]:
-    """One sink and good source per backend, shared by the boundary tests of this module.
-
-    Each test speaks as its own source identity, so they do not see each other's entries;
-    the last test checks the good source was served throughout.
-    """
-    tmp = tmp_path_factory.mktemp(f"boundary-{request.param}")
-    schemas: list[PgSchema] = []
-
-    def make_url(site: str) -> str:
-        if request.param == "sqlite":
-            return f"sqlite:///{tmp / (site + '.db')}"
-        schemas.append(PgSchema())
-        return schemas[-1].url
-
+@pytest.fixture
+def boundary(tmp_path: Path, db_url_factory: Callable[[str], str]) -> Iterator[Boundary]:
+    """A fresh sink per test, on each backend: what one test leaves cannot fail another."""
+    b = Boundary(tmp_path, db_url_factory)
     try:
-        b = Boundary(tmp, make_url)
-        try:
-            yield b
-        finally:
-            b.close()
+        yield b
     finally:
-        for schema in schemas:
-            schema.drop()
+        b.close()
+
+
+@pytest.fixture
+def busy_boundary(tmp_path: Path, db_url_factory: Callable[[str], str]) -> Iterator[Boundary]:
+    """:func:`boundary` while the real sender of ``a`` replicates to it."""
+    b = Boundary(tmp_path, db_url_factory, traffic=True)
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 def log_batch(
@@ -483,8 +484,10 @@ def test_invalid_batches_get_invalid_argument_and_store_nothing(
     assert boundary.stored_from("f") == (0, 0, 0), defect
 
 
-def test_a_burst_of_bad_batches_is_rejected(boundary: Boundary) -> None:
-    """Every kind of defect, again and again, while the real sender replicates."""
+def test_a_burst_of_bad_batches_is_rejected(busy_boundary: Boundary) -> None:
+    """Every kind of defect, again and again, while the real sender replicates: each is
+    refused, and the good source's traffic all arrives, once each, in order."""
+    boundary = busy_boundary
     client = boundary.client()
     bad = [
         log_batch([3, 2]),
@@ -497,7 +500,9 @@ def test_a_burst_of_bad_batches_is_rejected(boundary: Boundary) -> None:
     for _ in range(5):
         for batch in bad:
             assert client.push(batch)[1] == grpc.StatusCode.INVALID_ARGUMENT
+        assert client.push_raw([b"\xff\xff\xff"])[1] == grpc.StatusCode.INTERNAL
     assert boundary.stored_from("f") == (0, 0, 0)
+    boundary.finish()
 
 
 def test_oversized_batches(boundary: Boundary) -> None:
@@ -641,7 +646,7 @@ def _lr(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         text=True,
         env=lr_env(),
         cwd=ROOT,
-        timeout=timeout,
+        timeout=scaled(timeout),
     )
 
 
@@ -682,7 +687,7 @@ def test_tls_port_refuses_plaintext_and_clients_without_valid_certificates(
                     NEGOTIATE,
                     request_serializer=pb.NegotiateRequest.SerializeToString,
                     response_deserializer=pb.NegotiateResponse.FromString,
-                )(request, metadata=meta, timeout=10)
+                )(request, metadata=meta, timeout=scaled(10))
             except grpc.RpcError as exc:
                 return exc.code()
             finally:
@@ -792,7 +797,9 @@ def test_tokens_never_reach_the_logs(tmp_path: Path) -> None:
             assert client.push(log_batch([1]))[1] != grpc.StatusCode.OK
         # The sender keeps failing to authenticate (and says so in its log).
         wait_for(
-            lambda: "UNAUTHENTICATED" in sender.log() and sink.log().count("rejected") >= 5, 60
+            lambda: "UNAUTHENTICATED" in sender.log() and sink.log().count("rejected") >= 5,
+            60,
+            what="the sender's and the sink's log entries of the rejections",
         )
     finally:
         channel.close()
@@ -803,8 +810,3 @@ def test_tokens_never_reach_the_logs(tmp_path: Path) -> None:
         assert secret not in logs
         assert secret[:12] not in logs  # nor a prefix of it
     assert re.search(r"invalid token|UNAUTHENTICATED", logs)
-
-
-def test_the_good_source_was_served_throughout(boundary: Boundary) -> None:
-    """Last: the real sender of ``a`` replicated through all of the above, nothing lost."""
-    boundary.finish()

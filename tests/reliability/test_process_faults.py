@@ -46,8 +46,8 @@ from lr_server.session import SenderSession
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.inproc import InProcessTransport
 from tests.conftest import PG_URL
-from tests.kit.procs import ROOT, lr_env
-from tests.kit.sites import Sites, wait_for
+from tests.kit.procs import ROOT, lr_env, track
+from tests.kit.sites import Sites
 from tests.kit.traffic import (
     SinkApp,
     SourceApp,
@@ -58,6 +58,7 @@ from tests.kit.traffic import (
     source_state,
 )
 from tests.kit.verifier import END, SNAPSHOT, START, Report, verify
+from tests.kit.wait import scaled, wait_for
 from tests.reliability.harness import ROLES, Deployment, reliability_seed, trial_count
 
 pytestmark = pytest.mark.slow
@@ -191,10 +192,14 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
             sid = ""
             if trial:  # an operator asks for a new full sync while log entries flow
                 sid = source.apis["policy"].request_snapshot_sync(None, "b", reason="trial")
-            deadline = time.monotonic() + 60
-            while not (status := _snapshot_status(src_engine, sid)) or "requested" in status:
-                assert time.monotonic() < deadline, "no snapshot started"
-                time.sleep(0.02)
+            wait_for(
+                lambda sid=sid: (
+                    (status := _snapshot_status(src_engine, sid)) and "requested" not in status
+                ),
+                60,
+                0.02,
+                what="a snapshot started",
+            )
             role = rng.choice(ROLES)
             site = dep.site_of(role, rng)
             time.sleep(rng.uniform(0.0, 2.0))  # a random moment of the snapshot
@@ -209,10 +214,13 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
             dep.kill(role, site)
             time.sleep(rng.uniform(0.0, 0.5))
             dep.restart(role, site)
-            deadline = time.monotonic() + 90
-            while set(_snapshot_status(src_engine)) - {"completed", "cancelled"}:
-                assert time.monotonic() < deadline, dict(_snapshot_status(src_engine))
-                time.sleep(0.1)
+            wait_for(
+                lambda: not _open(src_engine),
+                90,
+                0.1,
+                what="every snapshot completed or cancelled",
+                detail=lambda: dict(_snapshot_status(src_engine)),
+            )
             print(
                 f"trial {trial} (seed {seed}): killed {role} at {killed_at:.1f}s, snapshot at the"
                 f" source {during}, {delivered} entries at the listener;"
@@ -241,7 +249,7 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
         raise
     finally:
         stop.set()
-        provider.join(timeout=30)
+        provider.join(scaled(30))
         source.close()
         dep.close()
 
@@ -249,13 +257,15 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
 def _start_provider(url: str, log_path: Path) -> subprocess.Popen[bytes]:
     """The application's snapshot provider, as its own process (``provider_proc.py``)."""
     with log_path.open("ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, str(PROVIDER_PROC), "--url", url, "--pause", "0.2"],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=lr_env(),
             cwd=ROOT,
         )
+    track(f"snapshot provider {log_path.stem}", log_path, proc)
+    return proc
 
 
 def test_sigkill_of_the_snapshot_provider(
@@ -279,16 +289,16 @@ def test_sigkill_of_the_snapshot_provider(
     try:
         dep.start()
         source.start()
-        deadline = time.monotonic() + 60
-        killed = ""
-        while not killed:
-            assert time.monotonic() < deadline, "no snapshot entries written"
+
+        def writing() -> str:
             for req in store.list_snapshots("b", "policy", [SnapshotStatus.RUNNING]):
                 if store.count_snapshot_entries(req.snapshot_id) > 0:
-                    killed = req.snapshot_id
-            time.sleep(0.02)
+                    return req.snapshot_id
+            return ""
+
+        killed = wait_for(writing, 60, 0.02, what="snapshot entries written")
         provider.kill()  # SIGKILL mid-snapshot: no heartbeat any more
-        provider.wait(timeout=10)
+        provider.wait(timeout=scaled(10))
         provider = _start_provider(dep.raw_urls["a"], tmp_path / "provider-2.log")
         wait_for(lambda: store.get_snapshot(killed).status is SnapshotStatus.FAILED, timeout=60)  # type: ignore[union-attr]
         wait_for(
@@ -311,7 +321,7 @@ def test_sigkill_of_the_snapshot_provider(
         raise
     finally:
         provider.kill()
-        provider.wait(timeout=10)
+        provider.wait(timeout=scaled(10))
         source.close()
         dep.close()
 
@@ -435,18 +445,31 @@ def test_snapshot_requested_under_traffic_converges(sites: Sites) -> None:
         source.start()
         for _ in range(2):
             wait_for(lambda: runner.poll_once() >= 0 and not _open(source.engine), 60)
-            time.sleep(0.3)  # log entries flow again
+            at = sink_store.sink_progress("a", "policy").last_position
+            wait_for(  # the runner serves a first-contact request the session may file now
+                lambda at=at: (
+                    runner.poll_once() >= 0
+                    and not _open(source.engine)
+                    and sink_store.sink_progress("a", "policy").last_position > at
+                ),
+                60,
+                what="log entries flowing again, no snapshot open",
+            )
             sid = source.apis["policy"].request_snapshot_sync(None, "b", reason="test")
             assert runner.poll_once() == 1  # base fixed now; the session still ships entries
             wait_for(partial(_sink_snapshot_is, sink_store, sid), 60)
         wait_for(lambda: not _open(source.engine), 60)
         source.stop()
-        deadline = time.monotonic() + 60
-        while (report := verify_sites(source, sink)).lost or sum(
-            sink_store.queue_depth(q.queue_id) for q in sink_store.list_queues()
-        ):
-            assert time.monotonic() < deadline, report.summary()
-            time.sleep(0.2)
+        wait_for(
+            lambda: (
+                not verify_sites(source, sink).lost
+                and not sum(sink_store.queue_depth(q.queue_id) for q in sink_store.list_queues())
+            ),
+            60,
+            0.2,
+            what="every entry delivered and the receive queue empty",
+            detail=lambda: verify_sites(source, sink).summary(),
+        )
         report = verify_sites(source, sink)
         print(f"snapshots under traffic: {report.counts()}")
         assert sink_state(sink.engine, "a") == source_state(source.engine)
@@ -542,14 +565,15 @@ def test_a_requested_snapshot_is_not_starved_by_steady_traffic(
         sid = store.request_snapshot(None, "b", "policy", "operator")
         assert runner.poll_once() == 1  # READY at once
         started = time.monotonic()
-        # The session notices requests every 0.5 s; a few seconds is plenty to switch.
-        wait_for(partial(_sink_snapshot_is, sink, sid), timeout=4)
+        # The session notices requests every 0.5 s. The writer goes on until the switch:
+        # a session that waits for a quiet moment never switches.
+        wait_for(partial(_sink_snapshot_is, sink, sid), 60, what="the switch to the snapshot")
         print(f"switched after {time.monotonic() - started:.2f}s")
     finally:
         writing.set()
         stop.set()
         for t in threads:
-            t.join(timeout=30)
+            t.join(scaled(30))
         sink.engine.dispose()
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from lr_client.store import open_store
 from tests.kit.traffic import SourceApp, send_queue_size
+from tests.kit.wait import wait_for
 from tests.reliability.harness import (
     Deployment,
     reliability_seed,
@@ -86,10 +87,14 @@ def test_soak_memory_flat_and_queue_bounded(
         committed = source.committed
 
         # The sinks catch up and nothing is lost, duplicated or reordered.
-        deadline = time.monotonic() + 120
-        while (report := dep.verify(source)).lost or dep.received_backlog():
-            assert time.monotonic() < deadline, report.summary()
-            time.sleep(0.5)
+        wait_for(
+            lambda: not dep.verify(source).lost and not dep.received_backlog(),
+            120,
+            0.5,
+            what="every entry delivered and the receive queues empty",
+            detail=lambda: dep.verify(source).summary(),
+        )
+        report = dep.verify(source)
         print(
             f"\nsoak {elapsed:.0f}s at {committed / elapsed:.0f} entries/s x 3 destinations "
             f"({committed} entries, {report.applied} applied): {report.counts()}"

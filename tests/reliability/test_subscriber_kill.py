@@ -10,7 +10,6 @@ import collections
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from sqlalchemy import select
 
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
+from tests.kit.wait import scaled, wait_for
 from tests.reliability.subscriber_proc import app_applied, app_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +26,9 @@ CLIENT = "policy"
 
 
 def runner(url: str, owner: str, *args: str) -> subprocess.Popen[str]:
+    timeout = f"--timeout={scaled(120)}"  # the process gives up after this
     return subprocess.Popen(
-        [sys.executable, str(RUNNER), "--url", url, "--owner", owner, *args],
+        [sys.executable, str(RUNNER), f"--url={url}", f"--owner={owner}", *args, timeout],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -35,8 +36,8 @@ def runner(url: str, owner: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict[str, object]:
-    out, err = proc.communicate(timeout=timeout)
+def finish(proc: subprocess.Popen[str], timeout: float = 150.0) -> dict[str, object]:
+    out, err = proc.communicate(timeout=scaled(timeout))
     assert proc.returncode == 0, err
     result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
     return result
@@ -88,15 +89,18 @@ def expected(
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+    def there() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"runner exited early: {proc.communicate()[1]}")
-        if time.monotonic() > deadline:
+        return path.exists()
+
+    try:
+        wait_for(there, timeout, 0.02, what="the runner in its blocking callback")
+    except AssertionError:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
-            raise AssertionError("runner never reached the blocking callback")
-        time.sleep(0.02)
+        raise
 
 
 @pytest.mark.parametrize(
@@ -125,7 +129,7 @@ def test_sigkill_mid_callback_then_restart_applies_each_entry_once(
     )
     wait_for_file(marker, victim)
     victim.kill()  # SIGKILL, inside the callback, its rows written but not committed
-    victim.communicate(timeout=30)
+    victim.communicate(timeout=scaled(30))
     assert victim.returncode == -9
 
     blocked = json.loads(marker.read_text())

@@ -2,7 +2,8 @@
 
 ``local[N,F]`` is how local mode allows task retries (``spark.task.maxFailures``
 is ignored there); the retry tests need it. The session skips cleanly when
-pyspark or Java is missing, except with ``CI=true``, where that fails the run.
+pyspark or Java is missing, except with ``CI=true``, where that fails the run
+(:func:`tests.kit.guards.need`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ON_CI
+from tests.kit.guards import need
 
 ROOT = Path(__file__).resolve().parents[2]
 POSTGRESQL_JAR = Path("/usr/share/java/postgresql.jar")
@@ -39,11 +40,7 @@ def _missing() -> str | None:
 def require_spark() -> None:
     """Skip (or, on CI, fail) unless pyspark and Java are available."""
     reason = _missing()
-    if reason is None:
-        return
-    if ON_CI:
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(reason)
+    need(reason is None, reason or "")
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +62,7 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.session.timeZone", "UTC")
     )
-    if POSTGRESQL_JAR.exists():
+    if POSTGRESQL_JAR.exists():  # the JDBC source test needs it (need() there)
         builder = builder.config("spark.jars", str(POSTGRESQL_JAR))
     with warnings.catch_warnings():
         for message, category in PYSPARK_WARNINGS:

@@ -39,9 +39,29 @@ def always_failing_encoder(row: Any) -> bytes:
     return id_encoder(row)
 
 
-def slow_encoder(row: Any) -> bytes:
-    """2 ms per row: long enough to cancel the job while it runs."""
-    time.sleep(0.002)
+#: How long a gated encoder or source waits for its gate before it fails.
+GATE_TIMEOUT = 600.0
+#: The environment variable naming the gate file of :func:`gated_rows`.
+GATE_ENV = "LR_TEST_GATE"
+
+
+def wait_for_gate(gate: str) -> None:
+    """Block until the file ``gate`` exists (the test opens it); fail after a long deadline."""
+    deadline = time.monotonic() + GATE_TIMEOUT
+    while not Path(gate).exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gate {gate} not opened within {GATE_TIMEOUT:.0f}s")
+        time.sleep(0.02)
+
+
+def gated_encoder(row: Any) -> bytes:
+    """Blocks at the row ``id % 1000 == gate_at`` until the file ``row.gate`` exists.
+
+    Every partition stops there, after its first chunks are committed, so the
+    job cannot finish before the test has done what it waits to do.
+    """
+    if row.id % 1000 == row.gate_at:
+        wait_for_gate(row.gate)
     return id_encoder(row)
 
 
@@ -83,7 +103,12 @@ def broken_source(spark: Any) -> Any:
     raise RuntimeError("the source is unreachable")
 
 
-def slow_rows(spark: Any) -> Any:
-    """A source whose loading takes 3 s (a long query) before any row is written."""
-    time.sleep(3.0)
+def gated_rows(spark: Any) -> Any:
+    """A source whose loading lasts until the file named by ``LR_TEST_GATE`` exists.
+
+    A long query, as long as the test needs to watch the job while it loads.
+    """
+    import os
+
+    wait_for_gate(os.environ[GATE_ENV])
     return spark.createDataFrame([(1, "ann"), (2, "bob")], "id long, name string")

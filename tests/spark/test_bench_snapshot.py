@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.wait import scaled
 from tests.spark.conftest import require_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -37,7 +38,7 @@ def test_snapshot_bench_sqlite_smoke(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(300),
     )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout
     data = json.loads(out.read_text())

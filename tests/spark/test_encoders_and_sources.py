@@ -12,8 +12,18 @@ from hypothesis import strategies as st
 from lr_client.errors import ConfigError
 from spark_jobs.encoders import arrow_json, encode_json_dict, load_encoder
 from spark_jobs.sources import load_callable, parse_source
+from tests.kit.guards import need
 
-pa = pytest.importorskip("pyarrow")
+try:
+    import pyarrow as pa
+except ImportError:  # pragma: no cover - pyarrow comes with the spark extra
+    pa = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _pyarrow() -> None:
+    need(pa is not None, "pyarrow is not installed (pip install -e '.[spark]')")
+
 
 _text = st.one_of(st.none(), st.text(max_size=12))
 _rows = st.lists(

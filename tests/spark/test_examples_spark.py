@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.wait import scaled
 from tests.spark.conftest import require_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -35,7 +36,7 @@ def test_spark_snapshot_csv_example(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(300),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert ": 3 entries" in done.stdout

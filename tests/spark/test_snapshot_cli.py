@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,10 @@ from lr_client.records import SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job, snapshot_job_command
 from spark_jobs.snapshot_job import main
+from tests.kit.guards import need
+from tests.kit.wait import scaled, wait_for
 from tests.spark.conftest import require_spark
+from tests.spark.helpers import GATE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +63,7 @@ def _run_helper_source(url: str, sid: str, function: str, log: Path) -> int:
         env=_env(),
         cwd=ROOT,
     )
-    return proc.wait(timeout=600)
+    return proc.wait(timeout=scaled(300))
 
 
 def test_bad_arguments_exit_2_before_spark_starts(
@@ -125,7 +127,7 @@ def test_launch_snapshot_job_runs_a_requested_snapshot(
         env=_env(),
         cwd=tmp_path,
     )
-    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
     assert url not in " ".join(map(str, proc.args))  # the URL travels in the environment
     result = _result(log.read_text())
     assert result["status"] == "ready" and result["entry_count"] == 4
@@ -135,7 +137,7 @@ def test_launch_snapshot_job_runs_a_requested_snapshot(
     again = launch_snapshot_job(
         url, sid, source=f"csv:{people_csv}", master="local[1]", env=_env(), cwd=tmp_path
     )
-    out, _ = again.communicate(timeout=600)
+    out, _ = again.communicate(timeout=scaled(300))
     assert again.returncode == 3
     assert _result(out.decode())["status"] == "stopped"
     assert store.count_snapshot_entries(sid) == 4
@@ -184,29 +186,37 @@ def test_job_sends_heartbeats_while_its_source_loads(
     url, store = site
     sid = store.request_snapshot(None, "b", "policy", "server")
     log = tmp_path / "job.log"
+    gate = tmp_path / "gate"
     cmd = snapshot_job_command(
-        sid, source="tests.spark.helpers:slow_rows", master="local[1]", python=sys.executable
+        sid, source="tests.spark.helpers:gated_rows", master="local[1]", python=sys.executable
     )
     conf = ["--conf", "spark.ui.enabled=false", "--heartbeat-interval", "0.2"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [*cmd, *conf],
-            env={**_env(), DATABASE_URL_ENV: url},
+            env={**_env(), DATABASE_URL_ENV: url, GATE_ENV: str(gate)},
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
     beats: set[float] = set()
-    while proc.poll() is None:
+
+    def beating() -> bool:
+        assert proc.poll() is None, log.read_text()[-3000:]
         req = store.get_snapshot(sid)
-        if req is not None and req.status is SnapshotStatus.RUNNING and req.rows_written == 0:
+        assert req is not None and req.rows_written == 0  # the source is still loading
+        if req.status is SnapshotStatus.RUNNING:
             beats.add(req.updated_at)
-        time.sleep(0.05)
-    assert proc.returncode == 0, log.read_text()[-3000:]
-    # Beats while nothing was written yet: Spark starting and the 3 s source loading.
-    assert len(beats) >= 5, beats
+        return len(beats) >= 5
+
+    try:
+        # The source loads until the gate opens: every beat seen comes before any row.
+        wait_for(beating, 300, 0.02, what="5 heartbeats", detail=lambda: log.read_text()[-3000:])
+    finally:
+        gate.touch()
+    assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
     done = store.get_snapshot(sid)
-    assert done is not None and done.status is SnapshotStatus.READY
+    assert done is not None and done.status is SnapshotStatus.READY and done.entry_count == 2
 
 
 def _spark_submit() -> Path | None:
@@ -228,8 +238,8 @@ def test_spark_submit_with_destination_and_client(
 ) -> None:
     require_spark()
     submit = _spark_submit()
-    if submit is None:
-        pytest.skip("no spark-submit next to pyspark")
+    need(submit is not None, "no spark-submit next to pyspark")
+    assert submit is not None
     url, store = site
     env = _env()
     env[DATABASE_URL_ENV] = url
@@ -256,7 +266,7 @@ def test_spark_submit_with_destination_and_client(
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(300),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = _result(done.stdout)

@@ -19,7 +19,9 @@ from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from spark_jobs.encoders import json_encoder
 from spark_jobs.snapshot_job import run_snapshot_job
 from spark_jobs.sources import load_dataframe, parse_source
-from spark_jobs.writer import rows_committed
+from spark_jobs.writer import open_sink, rows_committed
+from tests.kit.guards import need
+from tests.kit.wait import join, wait_for
 from tests.spark.conftest import require_spark
 
 pytestmark = pytest.mark.spark
@@ -142,22 +144,33 @@ def test_zero_rows(spark: Any, site: tuple[str, SQLAlchemyQueueStore]) -> None:
 
 
 def test_a_superseded_snapshot_stops_the_job_and_keeps_nothing(
-    spark: Any, site: tuple[str, SQLAlchemyQueueStore]
+    spark: Any, site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
 ) -> None:
+    """Through the store's inserts, which encode a chunk before its transaction: the test
+    supersedes while the encoders wait. (A COPY chunk encodes inside its transaction, which
+    holds the request's row lock, so a supersede waits for the chunk to commit; the COPY
+    sink's own check is ``test_a_copy_chunk_after_a_supersede_writes_nothing``.)"""
     url, store = site
     sid = _running(store)
-    df = spark.range(0, 4000, numPartitions=2)
+    gate = tmp_path / "gate"
+    # Each partition commits 4 chunks of 25 rows, then blocks until the gate opens:
+    # the job cannot end before the test has superseded its snapshot.
+    df = spark.range(0, 4000, numPartitions=2).selectExpr(
+        "id", f"'{gate}' AS gate", "100 AS gate_at"
+    )
     newer: list[str] = []
     progress: list[int] = []
 
+    def written() -> int:
+        req = store.get_snapshot(sid)
+        return req.rows_written if req is not None else 0
+
     def supersede() -> None:
-        for _ in range(3000):  # poll with a deadline until the job reports progress
-            req = store.get_snapshot(sid)
-            if req is not None and req.rows_written > 0:
-                progress.append(req.rows_written)  # what `lr status` shows
-                break
-            threading.Event().wait(0.02)
-        newer.append(store.request_snapshot(None, "b", "policy", "operator"))
+        try:
+            progress.append(wait_for(written, 120, what="the job's progress recorded"))
+            newer.append(store.request_snapshot(None, "b", "policy", "operator"))
+        finally:
+            gate.touch()
 
     thread = threading.Thread(target=supersede)
     thread.start()
@@ -168,18 +181,39 @@ def test_a_superseded_snapshot_stops_the_job_and_keeps_nothing(
                 url,
                 sid,
                 df,
-                "tests.spark.helpers:slow_encoder",
+                "tests.spark.helpers:gated_encoder",
                 chunk_rows=25,
+                method="store",
                 progress_interval=0.2,
             )
     finally:
-        thread.join(60)
-    assert progress and 0 < progress[0] < 4000, "progress is recorded while the job runs"
-    assert newer, "the job ended before it could be superseded"
+        gate.touch()
+        join(thread, 120)
+    assert progress and 0 < progress[0] <= 200, "progress is recorded while the job runs"
+    assert newer, "the snapshot was not superseded"
     assert _status(store, sid) == SnapshotStatus.CANCELLED
     assert store.count_snapshot_entries(sid) == 0
     assert store.read_snapshot_entries(sid, 0, 100) == []
     assert _status(store, newer[0]) == SnapshotStatus.REQUESTED
+
+
+@pytest.mark.postgres
+def test_a_copy_chunk_after_a_supersede_writes_nothing(pg_schema: Any) -> None:
+    store = open_store(pg_schema.engine())
+    store.create_schema()
+    sid = _running(store)
+    sink = open_sink(pg_schema.url, sid, "copy")
+    try:
+        assert sink.write_part(0, iter([b"a", b"b", b"c"]), 2) == 3
+        assert store.count_snapshot_entries(sid) == 3
+        newer = store.request_snapshot(None, "b", "policy", "operator")
+        with pytest.raises(SnapshotError, match="cancelled, not running"):
+            sink.write_part(1, iter([b"x", b"y", b"z"]), 2)
+    finally:
+        sink.close()
+    assert store.read_snapshot_entries(sid, 0, 100) == []
+    assert _status(store, sid) == SnapshotStatus.CANCELLED
+    assert _status(store, newer) == SnapshotStatus.REQUESTED
 
 
 def test_a_cancelled_snapshot_is_refused_up_front(
@@ -293,8 +327,7 @@ def test_postgresql_copy_and_store_methods_agree(
 def test_jdbc_source(spark: Any, pg_schema: Any) -> None:
     from tests.spark.conftest import POSTGRESQL_JAR
 
-    if not POSTGRESQL_JAR.exists():
-        pytest.skip("no PostgreSQL JDBC driver at /usr/share/java/postgresql.jar")
+    need(POSTGRESQL_JAR.exists(), f"no PostgreSQL JDBC driver at {POSTGRESQL_JAR}")
     from sqlalchemy.engine import make_url
 
     engine = pg_schema.engine()

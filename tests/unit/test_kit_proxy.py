@@ -7,13 +7,15 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
+from tests.kit.ports import reserve_port
 from tests.kit.tcp_proxy import FaultProxy
+from tests.kit.wait import scaled, wait_for
 
-DEADLINE = 10.0  # generous: the suite must not flake on a loaded 2-core machine
+DEADLINE = scaled(10.0)  # generous: the suite must not flake on a loaded 2-core machine
 
 
 class EchoServer:
@@ -128,13 +130,6 @@ def assert_refused(port: int) -> None:
         assert_dead(sock)
 
 
-def wait_for(predicate: Callable[[], bool], deadline: float = DEADLINE) -> None:
-    end = time.monotonic() + deadline
-    while not predicate():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        time.sleep(0.01)
-
-
 def roundtrip(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(payload)
     assert recv_exactly(sock, len(payload)) == payload
@@ -149,7 +144,7 @@ def test_bytes_pass_intact_and_are_counted(proxy: FaultProxy) -> None:
         sender.join(DEADLINE)
     assert received == payload
     assert proxy.connections_total == 1
-    wait_for(lambda: proxy.bytes_forwarded == 2 * len(payload))
+    wait_for(lambda: proxy.bytes_forwarded == 2 * len(payload), 10, 0.01, what="bytes counted")
 
 
 def test_cut_resets_existing_and_refuses_new_until_restore(proxy: FaultProxy) -> None:
@@ -243,8 +238,7 @@ def test_half_close_is_propagated(proxy: FaultProxy) -> None:
 
 
 def test_unreachable_target_resets_the_client() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as placeholder:
-        dead_port = placeholder.getsockname()[1]
+    dead_port = reserve_port()  # nobody listens there, and nobody else may take it
     with FaultProxy("127.0.0.1", dead_port) as proxy, connect(proxy.port) as sock:
         assert_dead(sock)
         assert proxy.bytes_forwarded == 0
