@@ -17,7 +17,10 @@ SECURITY_TRANSPORTS = ("tls", "plaintext")
 CLIENT_AUTH_MODES = ("mtls", "token")
 SNAPSHOT_PROVIDERS = ("none", "app", "spark")
 #: Bytes of a gRPC message left for what a batch holds besides its payloads.
-MESSAGE_HEADROOM = 1024 * 1024
+#: Wire bytes a batch adds on top of its payloads: per entry (its fields: type,
+#: position, snapshot id, client name, counts, length prefixes) and per batch.
+WIRE_BYTES_PER_ENTRY = 256
+WIRE_BYTES_PER_BATCH = 4096
 
 
 @dataclass(frozen=True)
@@ -295,10 +298,13 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     )
     if replication.snapshot_stall_timeout <= 0:
         raise ConfigError("replication.snapshot_stall_timeout: expected a positive number")
-    if replication.batch_max_bytes > replication.max_message_bytes - MESSAGE_HEADROOM:
+    envelope = replication.batch_max_entries * WIRE_BYTES_PER_ENTRY + WIRE_BYTES_PER_BATCH
+    if replication.batch_max_bytes + envelope > replication.max_message_bytes:
         raise ConfigError(
             "replication.batch_max_bytes: a batch must fit in a gRPC message: at most "
-            f"max_message_bytes - {MESSAGE_HEADROOM} ({replication.max_message_bytes})"
+            f"max_message_bytes ({replication.max_message_bytes}) - {WIRE_BYTES_PER_ENTRY} "
+            f"x batch_max_entries - {WIRE_BYTES_PER_BATCH} = "
+            f"{replication.max_message_bytes - envelope}"
         )
     retry: RetryConfig = _section(RetryConfig, raw.get("retry", {}), "retry")
     retention: RetentionConfig = _section(RetentionConfig, raw.get("retention", {}), "retention")

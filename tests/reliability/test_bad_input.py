@@ -269,7 +269,9 @@ class Boundary:
         sink_cfg = write_config(
             tmp_path, SiteSpec("b", self.url_b, port=self.port, sources=list(SOURCES))
         )
-        tune_config(sink_cfg, {"replication": {"max_message_bytes": 1 << 20}})
+        tune_config(
+            sink_cfg, {"replication": {"max_message_bytes": 1 << 20, "batch_max_bytes": 1 << 19}}
+        )
         self.sink = SiteServer(load_config(sink_cfg))
         self.sink.start()
         self.store = open_store(self.url_b)

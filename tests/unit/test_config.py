@@ -221,7 +221,7 @@ BAD: list[tuple[str, Mutation, str]] = [
     ),
     (
         "batch larger than a message",
-        _set("replication", "batch_max_bytes", 64 * 1024 * 1024 + 1),
+        _set("replication", "batch_max_bytes", 65 * 1024 * 1024 - 64 * 1024),
         "replication.batch_max_bytes",
     ),
 ]
