@@ -488,8 +488,19 @@ class SenderSession:
                 sent_any |= self._send_snapshot(stream, name, cs)
         if reads:
             requests = self.store.open_snapshots(self.destination, list(reads))
+            drops = {d.client_name: d for d in self.store.list_drops(self.destination)}
             for name, entries in reads.items():
-                sent_any |= self._ship_log(stream, name, streams[name], entries, requests.get(name))
+                cs, request = streams[name], requests.get(name)
+                if request is not None and cs.config.snapshot == "none":
+                    self._refuse(request)  # a client without a provider keeps its log entries
+                    request = None
+                if name in drops:
+                    # Dropped: nothing more past the hole before the notice and the full
+                    # sync (or the stop) that ``_check_requests`` arranges.
+                    entries = []
+                    if request is None:
+                        continue
+                sent_any |= self._ship_log(stream, name, cs, entries, request, drops.get(name))
         return sent_any
 
     def _window_full(self, batches: int = 0, nbytes: int = 0) -> bool:
@@ -524,6 +535,7 @@ class SenderSession:
         cs: ClientStream,
         entries: list[SendEntry],
         request: SnapshotRequest | None,
+        drop: DropRecord | None = None,
     ) -> bool:
         """Send entries read before ``request`` (the client's open snapshot) was looked up.
 
@@ -565,6 +577,7 @@ class SenderSession:
             request.snapshot_id,
         )
         cs.mode, cs.snapshot, cs.snap_sent, cs.snap_done_sent = Mode.SNAPSHOT, request, 0, False
+        cs.notice = self._drop_notice(drop)  # the listener learns of a drop before its full sync
         if request.status is SnapshotStatus.REQUESTED:
             self._launch(request, cs.config)
         return True
@@ -655,7 +668,16 @@ class SenderSession:
                 # Log acks from before the snapshot must not move the cursor past its base.
                 log_cursors.pop(f.client, None)
                 self._pending_cursors.pop(f.client, None)
-                self._snapshot_done(f, streams[f.client])
+                current = streams[f.client].snapshot
+                if current is not None and current.snapshot_id == f.snapshot_id:
+                    self._snapshot_done(f, streams[f.client])
+                else:  # superseded while its end was in flight: the newer one goes on
+                    self._log.info(
+                        "%s/%s: end of superseded full sync %s acknowledged",
+                        self.destination,
+                        f.client,
+                        f.snapshot_id,
+                    )
             else:
                 metrics.SNAPSHOT_ROWS.labels(self.destination, f.client).set(f.last_position)
                 self.store.update_snapshot(

@@ -217,8 +217,8 @@ class QueueStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def list_drops(self) -> list[DropRecord]:
-        """Current drop records."""
+    def list_drops(self, destination: str | None = None) -> list[DropRecord]:
+        """Current drop records (of one destination, if given)."""
 
     @abc.abstractmethod
     def clear_drop(self, destination: str, client_name: str) -> None:

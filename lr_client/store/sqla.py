@@ -7,6 +7,7 @@ are the few methods :mod:`lr_client.store.sqlite` and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import uuid
@@ -932,9 +933,12 @@ class SQLAlchemyQueueStore(QueueStore):
             row.destination, row.client_name, row.first_dropped_position, row.dropped_at, row.reason
         )
 
-    def list_drops(self) -> list[DropRecord]:
+    def list_drops(self, destination: str | None = None) -> list[DropRecord]:
+        query = select(s.drops)
+        if destination is not None:
+            query = query.where(s.drops.c.destination == destination)
         with self.read() as conn:
-            return [self._drop(r) for r in conn.execute(select(s.drops)).all()]
+            return [self._drop(r) for r in conn.execute(query).all()]
 
     def clear_drop(self, destination: str, client_name: str) -> None:
         with self.write() as conn:
@@ -1120,6 +1124,22 @@ class SQLAlchemyQueueStore(QueueStore):
             if last == notice_id:
                 return False
             qid = self._ensure_queue(conn, source_id, client_name)
+            row = self._progress_row(conn, source_id, client_name)
+            progress = self._progress(row) if row else SinkProgress(source_id, client_name)
+            if progress.snapshot_state == SinkSnapshotState.ONGOING and progress.snapshot_id:
+                # An unfinished snapshot is dead once its stream was dropped: what
+                # follows is a new full sync or, after an accepted loss, log entries.
+                r = s.recv_entries
+                conn.execute(
+                    delete(r).where(r.c.queue_id == qid, r.c.snapshot_id == progress.snapshot_id)
+                )
+                progress = dataclasses.replace(
+                    progress,
+                    snapshot_state=SinkSnapshotState.NONE,
+                    snapshot_id="",
+                    snapshot_position=0,
+                )
+                self._save_progress(conn, progress)
             entry = WireEntry(
                 first_dropped_position,
                 ReplicationType.STREAM_DROPPED,
@@ -1140,8 +1160,6 @@ class SQLAlchemyQueueStore(QueueStore):
                 },
                 ["source_id", "client_name"],
             )
-            row = self._progress_row(conn, source_id, client_name)
-            progress = self._progress(row) if row else SinkProgress(source_id, client_name)
             rewind = max(first_dropped_position - 1, 0)
             if progress.last_position > rewind:
                 self._save_progress(

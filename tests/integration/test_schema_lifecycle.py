@@ -342,6 +342,23 @@ class Recorder(RoutingQueueListener):
         return True
 
 
+def test_an_upgrade_marks_what_trim_may_have_deleted_before_marks_existed(db_url: str) -> None:
+    """Before revision 0002 trim kept no marks: the cursors stand in, never zero."""
+    engine = create_engine(db_url)
+    try:
+        make_legacy_v1(engine)
+        with engine.begin() as conn:
+            _populate_source(conn)
+        lifecycle.upgrade_schema(engine)
+        with engine.connect() as conn:
+            marks = conn.execute(
+                text("SELECT dest_num, client_name, trimmed_through FROM lrq_trim_marks")
+            ).all()
+        assert sorted(tuple(m) for m in marks) == [(1, "policy", 4), (2, "policy", 0)]
+    finally:
+        engine.dispose()
+
+
 def test_upgrading_a_running_sites_databases_loses_nothing(sites: Sites) -> None:
     engines = {site: create_engine(sites.url(site)) for site in ("a", "b", "c")}
     try:

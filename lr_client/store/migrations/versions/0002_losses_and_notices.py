@@ -26,6 +26,15 @@ def upgrade() -> None:
         sa.Column("trimmed_through", sa.BigInteger, nullable=False),
         sa.PrimaryKeyConstraint("dest_num", "client_name"),
     )
+    # Before this revision trim kept no marks: anything of a stream at or below
+    # its cursor may already be gone, and nothing above it (a drop is recorded
+    # apart). So the cursor is a safe mark; a lower sink is then re-synced or
+    # stopped, never silently resumed past what was trimmed.
+    op.execute(
+        "INSERT INTO lrq_trim_marks (dest_num, client_name, trimmed_through) "
+        "SELECT s.site_num, c.client_name, c.position FROM lrq_cursors c "
+        "JOIN lrq_sites s ON s.site_id = c.destination"
+    )
     op.create_table(
         "lrq_stream_stops",
         sa.Column("destination", sa.String(63), nullable=False),
