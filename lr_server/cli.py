@@ -257,12 +257,11 @@ def init_db(config_path: Path, check: bool, as_json: bool) -> None:
             )
         elif status.state is SchemaState.CURRENT:
             click.echo(f"{where}: {status.describe()}")
-        if status.state is SchemaState.AHEAD:
-            fail(f"{where}: {status.describe()}", EXIT_NEWER) if not as_json else None
-            raise click.exceptions.Exit(EXIT_NEWER)
         if status.state is not SchemaState.CURRENT:
-            fail(f"{where}: {status.describe()}", EXIT_PENDING) if not as_json else None
-            raise click.exceptions.Exit(EXIT_PENDING)
+            code = EXIT_NEWER if status.state is SchemaState.AHEAD else EXIT_PENDING
+            if not as_json:
+                fail(f"{where}: {status.describe()}", code)
+            raise click.exceptions.Exit(code)
         if missing:
             fail(f"destinations not registered: {', '.join(missing)} (run `lr init-db`)")
         return
