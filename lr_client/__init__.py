@@ -32,7 +32,7 @@ from lr_client.errors import (
 )
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import LRMessageWithDestinations, ReplicationType
-from lr_client.sender import DEFAULT_MAX_PAYLOAD_BYTES, RoutingQueueClient
+from lr_client.sender import DEFAULT_MAX_PAYLOAD_BYTES, Backpressure, RoutingQueueClient
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
 from lr_client.store import QueueStore, create_engine, open_store
 from lr_client.subscriber import RoutingQueueSubscriber, SnapshotDelivery
@@ -42,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "AuthenticationError",
+    "Backpressure",
     "BackpressureError",
     "ConfigError",
     "IncompatibleVersionError",

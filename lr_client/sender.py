@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Iterable, Sequence
 
@@ -34,6 +35,14 @@ def _connection(session: Session | Connection) -> Connection:
     )
 
 
+class Backpressure(enum.StrEnum):
+    """What ``transmit`` does while the server holds a client under backpressure."""
+
+    RAISE = "raise"  # raise BackpressureError at once
+    WAIT = "wait"  # wait up to backpressure_timeout for it to lift, then raise
+    IGNORE = "ignore"  # never check
+
+
 class RoutingQueueClient:
     """Transmits payloads to remote sites, atomically with the application's writes.
 
@@ -60,7 +69,7 @@ class RoutingQueueClient:
         client_name: str,
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        backpressure: str = "raise",
+        backpressure: Backpressure | str = Backpressure.RAISE,
         backpressure_timeout: float = 30.0,
         flow_check_interval: float = 0.25,
     ) -> None:
@@ -70,9 +79,9 @@ class RoutingQueueClient:
         if max_payload_bytes <= 0:
             raise ValueError("max_payload_bytes must be positive")
         self.max_payload_bytes = max_payload_bytes
-        if backpressure not in ("raise", "wait", "ignore"):
+        if backpressure not in tuple(Backpressure):
             raise ValueError("backpressure must be 'raise', 'wait' or 'ignore'")
-        self.backpressure = backpressure
+        self.backpressure = Backpressure(backpressure)
         if backpressure_timeout < 0 or flow_check_interval < 0:
             raise ValueError("backpressure_timeout and flow_check_interval must be >= 0")
         self.backpressure_timeout = backpressure_timeout
@@ -88,7 +97,7 @@ class RoutingQueueClient:
         return on, slow
 
     def _check_backpressure(self) -> None:
-        if self.backpressure == "ignore":
+        if self.backpressure is Backpressure.IGNORE:
             return
         on, slow = self._flow_state()
         if not on:
@@ -98,7 +107,7 @@ class RoutingQueueClient:
         on, slow = self._flow_state(fresh=True)
         if not on:
             return
-        if self.backpressure == "wait":
+        if self.backpressure is Backpressure.WAIT:
             deadline = time.monotonic() + self.backpressure_timeout
             while on and time.monotonic() < deadline:
                 pause = max(self.flow_check_interval, 0.01)  # never a busy loop

@@ -28,7 +28,7 @@ import click
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from lr_client.errors import ConfigError, LRError
-from lr_server.config import SiteConfig, load_config
+from lr_server.config import SiteConfig, SnapshotProvider, load_config
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -299,7 +299,7 @@ def status(config_path: Path, as_json: bool) -> None:
 def render_status(report: SiteStatus) -> None:
     from rich.text import Text
 
-    from lr_server.status import DROPPED
+    from lr_server.status import StreamState
 
     out = console()
     now = report.time
@@ -317,7 +317,7 @@ def render_status(report: SiteStatus) -> None:
                 x.destination + ("" if x.configured else "*"),
                 x.client,
                 x.state,
-                str(x.lag_entries) + ("!" if x.slow and x.state != DROPPED else ""),
+                str(x.lag_entries) + ("!" if x.slow and x.state != StreamState.DROPPED else ""),
                 human_bytes(x.lag_bytes),
                 human_seconds(x.lag_seconds),
                 ago(x.last_ack, now),
@@ -411,7 +411,7 @@ def render_status(report: SiteStatus) -> None:
         out.print(t)
     if not report.send and not report.sink:
         out.print("no streams yet: no destinations, sources or traffic")
-    if any(x.slow and x.state != DROPPED for x in report.send):
+    if any(x.slow and x.state != StreamState.DROPPED for x in report.send):
         out.print("! slow: past retention.soft_fraction of a retention limit")
     if any(not x.configured for x in report.send) or any(not y.configured for y in report.sink):
         out.print("* not in this config file")
@@ -537,7 +537,7 @@ def snapshot_request(config_path: Path, destination: str, client: str, reason: s
     config = load_config(config_path)
     _check_stream(config, destination, client)
     found = config.client(client)
-    if found is not None and found.snapshot == "none":
+    if found is not None and found.snapshot == SnapshotProvider.NONE:
         fail(
             f'client {client!r} has no snapshot provider (snapshot = "none"), so nobody '
             f'could make a full sync for {destination}; set snapshot = "app" or "spark"',
@@ -629,10 +629,6 @@ def snapshot_cancel(config_path: Path, snapshot_id: str, reason: str) -> None:
     click.echo(f"cancelled {found.snapshot_id}")
 
 
-#: The job reads the database URL from this variable (``ps`` would show a password in argv).
-DATABASE_URL_ENV = "LR_DATABASE_URL"
-
-
 def snapshot_job_command(
     config: SiteConfig,
     destination: str,
@@ -641,29 +637,26 @@ def snapshot_job_command(
     snapshot_id: str | None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The ``python -m spark_jobs.snapshot_job`` command line for a client of ``config``.
+    """The snapshot job's command line for a client of ``config`` (see
+    :func:`spark_jobs.launch.snapshot_job_command`); the URL goes in ``$LR_DATABASE_URL``."""
+    from spark_jobs.launch import snapshot_job_command as job_command
 
-    The database URL is not part of it: the job reads ``$LR_DATABASE_URL``.
-    """
     conf = config.client(client)
     spec = source or (conf.spark_source if conf else "")
     if not spec:
         raise click.BadParameter(
             f"client {client!r} has no spark_source in the config; give one", param_hint="--source"
         )
-    cmd = [sys.executable, "-m", "spark_jobs.snapshot_job"]
-    if snapshot_id:
-        cmd += ["--snapshot-id", snapshot_id, "--start"]
-    else:
-        cmd += ["--destination", destination, "--client", client]
-    cmd += ["--source", spec]
-    if conf is not None:
-        if conf.spark_encoder:
-            cmd += ["--encoder", conf.spark_encoder]
-        cmd += ["--master", conf.spark_master]
-        for k, v in conf.spark_options.items():
-            cmd += ["--conf", f"{k}={v}"]
-    return cmd + list(extra)
+    return job_command(
+        snapshot_id,
+        source=spec,
+        encoder=conf.spark_encoder if conf else "",
+        master=conf.spark_master if conf else None,
+        spark_options=conf.spark_options if conf else None,
+        destination=None if snapshot_id else destination,
+        client=None if snapshot_id else client,
+        extra_args=extra,
+    )
 
 
 @snapshot.command("run", context_settings={"ignore_unknown_options": True})
@@ -692,6 +685,8 @@ def snapshot_run(
     """
     import os
     import shlex
+
+    from spark_jobs.launch import DATABASE_URL_ENV
 
     config = load_config(config_path)
     _check_stream(config, destination, client)

@@ -5,6 +5,7 @@ Errors name the offending key (``destinations[1].address: expected host:port``).
 
 from __future__ import annotations
 
+import enum
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -12,10 +13,21 @@ from typing import Any
 
 from lr_client.errors import ConfigError, InvalidNameError
 from lr_client.names import validate_name
+from lr_client.records import Backlog
 
 SECURITY_TRANSPORTS = ("tls", "plaintext")
 CLIENT_AUTH_MODES = ("mtls", "token")
-SNAPSHOT_PROVIDERS = ("none", "app", "spark")
+
+
+class SnapshotProvider(enum.StrEnum):
+    """Who makes a client's full syncs."""
+
+    NONE = "none"  # nobody: a stream that needs one stops until an operator acts
+    APP = "app"  # the application's in-process provider
+    SPARK = "spark"  # the PySpark job, launched by the server
+
+
+SNAPSHOT_PROVIDERS = tuple(p.value for p in SnapshotProvider)
 #: Bytes of a gRPC message left for what a batch holds besides its payloads.
 #: Wire bytes a batch adds on top of its payloads: per entry (its fields: type,
 #: position, snapshot id, client name, counts, length prefixes) and per batch.
@@ -55,11 +67,14 @@ class ClientConfig:
     """One application stream and how its full syncs are produced."""
 
     name: str
-    snapshot: str = "none"  # "none": no full sync; "app": in-process provider; "spark": the job
+    snapshot: SnapshotProvider = SnapshotProvider.NONE
     spark_source: str = ""  # jdbc:/parquet:/csv:/module:function (spark_jobs.snapshot_job)
     spark_encoder: str = ""  # module:function row -> bytes
     spark_master: str = "local[*]"
     spark_options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "snapshot", SnapshotProvider(self.snapshot))
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,20 @@ class RetentionConfig:
     soft_fraction: float = 0.5  # a destination past this fraction of a limit is "slow"
     trim_interval: float = 1.0
     trim_batch: int = 5000
+
+    def measure(self, backlog: Backlog, now: float) -> tuple[float, bool, bool]:
+        """(age of the oldest entry, slow, over a limit) of one stream's backlog.
+
+        Slow: past ``soft_fraction`` of any limit; over: past a limit (dropped to a full sync).
+        """
+        oldest = backlog.oldest_created_at
+        age = 0.0 if oldest is None else max(0.0, now - oldest)
+        worst = max(
+            backlog.entries / self.max_entries,
+            backlog.bytes / self.max_bytes,
+            age / self.max_age_seconds if self.max_age_seconds else 0.0,
+        )
+        return age, worst >= self.soft_fraction, worst >= 1.0
 
 
 @dataclass(frozen=True)
@@ -186,6 +215,10 @@ def _section(cls: type[Any], raw: object, key: str, base: Path | None = None) ->
             if not isinstance(v, str):
                 raise ConfigError(f"{key}.{k}: expected a string, got {v!r}")
             out[k] = v
+        elif kind == "SnapshotProvider":
+            if v not in SNAPSHOT_PROVIDERS:
+                raise ConfigError(f"{key}.{k}: expected one of {SNAPSHOT_PROVIDERS}")
+            out[k] = SnapshotProvider(v)
         else:
             raise ConfigError(f"{key}.{k}: not settable here")
     try:
@@ -240,9 +273,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         _name(data.get("name"), f"{key}.name")
         opts = data.pop("spark_options", {})
         client: ClientConfig = _section(ClientConfig, {k: v for k, v in data.items()}, key)
-        if client.snapshot not in SNAPSHOT_PROVIDERS:
-            raise ConfigError(f"{key}.snapshot: expected one of {SNAPSHOT_PROVIDERS}")
-        if client.snapshot == "spark" and not client.spark_source:
+        if client.snapshot == SnapshotProvider.SPARK and not client.spark_source:
             raise ConfigError(f"{key}.spark_source: required when snapshot = 'spark'")
         clients.append(
             replace(

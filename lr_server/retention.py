@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from lr_client.records import Backlog
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server import metrics
-from lr_server.config import RetentionConfig, SiteConfig
+from lr_server.config import SiteConfig, SnapshotProvider
 from lr_server.status import unconfigured_streams
 
 log = logging.getLogger("lr.retention")
@@ -53,18 +53,6 @@ class RetentionReport:
     streams: list[StreamHealth]
     dropped: list[tuple[str, str]]
     backpressure: dict[str, bool]
-
-
-def measure(backlog: Backlog, limits: RetentionConfig, now: float) -> tuple[float, bool, bool]:
-    """(age of the oldest entry, slow, over) of one backlog."""
-    age = 0.0 if backlog.oldest_created_at is None else max(0.0, now - backlog.oldest_created_at)
-    ratios = (
-        backlog.entries / limits.max_entries,
-        backlog.bytes / limits.max_bytes,
-        age / limits.max_age_seconds if limits.max_age_seconds else 0.0,
-    )
-    worst = max(ratios)
-    return age, worst >= limits.soft_fraction, worst >= 1.0
 
 
 class RetentionPolicy:
@@ -97,7 +85,7 @@ class RetentionPolicy:
                 if (dest, client.name) in already:
                     continue  # its backlog is released; the full sync will catch it up
                 backlog = self.store.backlog(dest, client.name)
-                age, is_slow, over = measure(backlog, limits, now)
+                age, is_slow, over = limits.measure(backlog, now)
                 health.append(StreamHealth(dest, client.name, backlog, age, is_slow, over))
                 metrics.LAG_ENTRIES.labels(dest, client.name).set(backlog.entries)
                 metrics.LAG_BYTES.labels(dest, client.name).set(backlog.bytes)
@@ -105,7 +93,7 @@ class RetentionPolicy:
             streams += health
             slow = [h.destination for h in health if h.slow]
             on = bool(dests) and len(slow) * 2 > len(dests)
-            if not on and client.snapshot != "none":
+            if not on and client.snapshot != SnapshotProvider.NONE:
                 for h in health:
                     if h.over:
                         reason = (
@@ -154,7 +142,7 @@ class RetentionPolicy:
             if not backlog.entries:
                 self._found.discard((dest, client))  # new entries will find it again
                 continue
-            age, is_slow, over = measure(backlog, limits, now)
+            age, is_slow, over = limits.measure(backlog, now)
             health.append(StreamHealth(dest, client, backlog, age, is_slow, over, False))
             reported.add((dest, client))
             metrics.UNCONFIGURED_ENTRIES.labels(dest, client).set(backlog.entries)

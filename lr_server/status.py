@@ -31,6 +31,7 @@ retention limit (entries, bytes, age of the oldest unacknowledged entry).
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,12 +44,17 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
 from lr_server.config import SiteConfig
 
-NOT_CONFIGURED = "not configured"
-LOG_ENTRY_SYNC = "log entry sync"
-SNAPSHOT_SYNC = "snapshot sync"
-DROPPED = "dropped"
-STOPPED = "stopped"
-BACKPRESSURE = "backpressure"
+
+class StreamState(enum.StrEnum):
+    """Where a send stream stands, as ``lr status`` shows it."""
+
+    NOT_CONFIGURED = "not configured"
+    LOG_ENTRY_SYNC = "log entry sync"
+    SNAPSHOT_SYNC = "snapshot sync"
+    DROPPED = "dropped"
+    STOPPED = "stopped"
+    BACKPRESSURE = "backpressure"
+
 
 OPEN = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
 
@@ -95,7 +101,7 @@ class SessionInfo:
 class SendStream:
     destination: str
     client: str
-    state: str
+    state: StreamState
     cursor: int
     lag_entries: int
     lag_bytes: int
@@ -197,17 +203,6 @@ def _progress(req: SnapshotRequest) -> SnapshotProgress:
     )
 
 
-def is_slow(config: SiteConfig, entries: int, size: int, age: float) -> bool:
-    """Past ``retention.soft_fraction`` of any retention limit."""
-    r = config.retention
-    worst = max(
-        entries / r.max_entries,
-        size / r.max_bytes,
-        age / r.max_age_seconds if r.max_age_seconds else 0.0,
-    )
-    return worst >= r.soft_fraction
-
-
 def flow_states(store: SQLAlchemyQueueStore, clients: set[str]) -> dict[str, set[str]]:
     """{client: slow destinations} for clients under backpressure (as the server set it)."""
     reader = getattr(store, "flow_state", None)
@@ -266,17 +261,17 @@ def _send_streams(
         inflight = session.inflight_batches if session else None
         stop = stops.get((dest, client))
         if (dest, client) not in configured:
-            state = NOT_CONFIGURED
+            state = StreamState.NOT_CONFIGURED
         elif stop and stop.is_stopped:
-            state = STOPPED
+            state = StreamState.STOPPED
         elif drop:
-            state = DROPPED
+            state = StreamState.DROPPED
         elif snap or (cursor and cursor.needs_snapshot):
-            state = SNAPSHOT_SYNC
+            state = StreamState.SNAPSHOT_SYNC
         elif dest in throttled.get(client, ()):
-            state = BACKPRESSURE
+            state = StreamState.BACKPRESSURE
         else:
-            state = LOG_ENTRY_SYNC
+            state = StreamState.LOG_ENTRY_SYNC
         streams.append(
             SendStream(
                 destination=dest,
@@ -286,7 +281,7 @@ def _send_streams(
                 lag_entries=backlog.entries,
                 lag_bytes=backlog.bytes,
                 lag_seconds=max(age, 0.0),
-                slow=is_slow(config, backlog.entries, backlog.bytes, max(age, 0.0)),
+                slow=config.retention.measure(backlog, now)[1],
                 last_ack=cursor.acked_at if cursor and cursor.acked_at else None,
                 inflight_batches=inflight,
                 configured=(dest, client) in configured,
@@ -354,12 +349,6 @@ def collect_status(config: SiteConfig, store: SQLAlchemyQueueStore) -> SiteStatu
 
 
 __all__ = [
-    "BACKPRESSURE",
-    "DROPPED",
-    "LOG_ENTRY_SYNC",
-    "NOT_CONFIGURED",
-    "SNAPSHOT_SYNC",
-    "STOPPED",
     "DropInfo",
     "SendStream",
     "SessionInfo",
@@ -367,10 +356,10 @@ __all__ = [
     "SiteStatus",
     "SnapshotProgress",
     "StopInfo",
+    "StreamState",
     "collect_status",
     "configured_streams",
     "flow_states",
-    "is_slow",
     "queue_depths",
     "read_session_status",
     "unconfigured_streams",

@@ -161,8 +161,9 @@ TARGETS: dict[str, Target] = {
         "delivery plans (snapshot filter), exactly-once delivery, leases",
     ),
     "session": Target(
-        ["lr_server/session.py"],
+        ["lr_server/session.py", "lr_server/negotiation.py"],
         [
+            "lr_server.negotiation.*",
             "lr_server.session.xǁSenderSessionǁ_plan__mutmut_*",
             "lr_server.session.xǁSenderSessionǁ_on_ack__mutmut_*",
             "lr_server.session.xǁSenderSessionǁ_finish_snapshot__mutmut_*",
@@ -170,6 +171,9 @@ TARGETS: dict[str, Target] = {
             "lr_server.session.xǁSenderSessionǁ_flush_cursors__mutmut_*",
         ],
         [
+            "tests/unit/test_negotiation.py",
+            "tests/integration/test_negotiation.py",
+            "tests/integration/test_session_edges.py",
             "tests/integration/test_session_window.py",
             "tests/integration/test_replication.py",
             "tests/integration/test_full_sync.py",

@@ -25,7 +25,7 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.cli import cli
-from lr_server.status import STOPPED, collect_status
+from lr_server.status import StreamState, collect_status
 from tests.kit import kvapp
 from tests.kit.sites import Sites, wait_for
 
@@ -217,7 +217,7 @@ def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
         assert stopped_gauge() == 1.0
         report = collect_status(sites.running["a"].config, pair.src)
         (stream,) = report.send
-        assert stream.state == STOPPED and stream.stop is not None
+        assert stream.state == StreamState.STOPPED and stream.stop is not None
         assert reason in stream.stop.reason
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "stopped" in r.msg]
         assert len(errors) == 1, errors

@@ -11,6 +11,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, s
 from sqlalchemy.orm import Session
 
 from lr_client import (
+    Backpressure,
     InvalidDestinationsError,
     InvalidInputError,
     InvalidNameError,
@@ -145,3 +146,14 @@ def test_fuzzed_input_either_succeeds_or_changes_nothing(
         assert counts(client.store) == before
     else:
         assert counts(client.store) == (before[0] + 1, before[1])
+
+
+@pytest.mark.parametrize("mode", ["raise", "wait", "ignore", *Backpressure])
+def test_backpressure_modes_are_an_enum(store: SQLAlchemyQueueStore, mode: str) -> None:
+    client = RoutingQueueClient(store, "site-a", "policy", backpressure=mode)
+    assert client.backpressure is Backpressure(mode)
+
+
+def test_an_unknown_backpressure_mode_is_refused(store: SQLAlchemyQueueStore) -> None:
+    with pytest.raises(ValueError, match="'raise', 'wait' or 'ignore'"):
+        RoutingQueueClient(store, "site-a", "policy", backpressure="drop")

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from lr_client.errors import ConfigError
-from lr_server.config import SiteConfig, load_config, parse_config
+from lr_client.records import Backlog
+from lr_server.config import (
+    ClientConfig,
+    RetentionConfig,
+    SiteConfig,
+    SnapshotProvider,
+    load_config,
+    parse_config,
+)
 
 GOOD = """
 [site]
@@ -283,3 +291,43 @@ def test_file_errors(tmp_path: Path) -> None:
     bad.write_text("[site\nid = 1\n")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(bad)
+
+
+def test_a_client_snapshot_provider_is_an_enum_whatever_it_was_given_as() -> None:
+    assert ClientConfig("c", snapshot="spark").snapshot is SnapshotProvider.SPARK
+    assert ClientConfig("c").snapshot is SnapshotProvider.NONE
+    with pytest.raises(ValueError):
+        ClientConfig("c", snapshot="cron")
+
+
+LIMITS = RetentionConfig(max_entries=100, max_bytes=1000, max_age_seconds=60.0, soft_fraction=0.5)
+
+
+@pytest.mark.parametrize(
+    ("entries", "nbytes", "oldest", "expected"),
+    [
+        pytest.param(0, 0, None, (0.0, False, False), id="empty"),
+        pytest.param(49, 0, None, (0.0, False, False), id="entries-below-soft"),
+        pytest.param(50, 0, None, (0.0, True, False), id="entries-at-soft"),
+        pytest.param(100, 0, None, (0.0, True, True), id="entries-at-limit"),
+        pytest.param(0, 500, None, (0.0, True, False), id="bytes-at-soft"),
+        pytest.param(0, 1000, None, (0.0, True, True), id="bytes-at-limit"),
+        pytest.param(0, 0, 970.0, (30.0, True, False), id="age-at-soft"),
+        pytest.param(0, 0, 940.0, (60.0, True, True), id="age-at-limit"),
+        pytest.param(0, 0, 1010.0, (0.0, False, False), id="clock-skew-counts-as-new"),
+    ],
+)
+def test_retention_measures_a_backlog_by_its_worst_limit(
+    entries: int, nbytes: int, oldest: float | None, expected: tuple[float, bool, bool]
+) -> None:
+    backlog = Backlog("b", "c", entries=entries, bytes=nbytes, oldest_created_at=oldest)
+    assert LIMITS.measure(backlog, now=1000.0) == expected
+
+
+def test_retention_without_an_age_limit_never_judges_by_age() -> None:
+    limits = RetentionConfig(max_entries=100, max_bytes=1000, max_age_seconds=0.0)
+    assert limits.measure(Backlog("b", "c", 1, 1, oldest_created_at=0.0), 1e9) == (
+        1e9,
+        False,
+        False,
+    )
