@@ -27,9 +27,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from lr_client.records import Backlog
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import Retention, SendLog, Shipping
 from lr_server import metrics
 from lr_server.config import RetentionConfig, SiteConfig
 from lr_server.status import unconfigured_streams
@@ -67,10 +68,14 @@ def measure(backlog: Backlog, limits: RetentionConfig, now: float) -> tuple[floa
     return age, worst >= limits.soft_fraction, worst >= 1.0
 
 
+class PolicyStore(Retention, Shipping, SendLog, Protocol):
+    """What the policy needs of the store: retention, backlogs, the flow state it sets."""
+
+
 class RetentionPolicy:
     """Applies the limits of a site's config to its send queue."""
 
-    def __init__(self, store: SQLAlchemyQueueStore, config: SiteConfig) -> None:
+    def __init__(self, store: PolicyStore, config: SiteConfig) -> None:
         self.store = store
         self.config = config
         self._warned: set[tuple[str, str]] = set()  # unconfigured streams already logged

@@ -36,6 +36,7 @@ from lr_client.records import (
     SubscriberState,
     WireEntry,
 )
+from lr_client.store.lifecycle import SchemaStatus
 
 
 class Transactions(Protocol):
@@ -54,11 +55,14 @@ class Sites(Protocol):
     #: The backend: ``"sqlite"`` or ``"postgresql"``.
     dialect: str
 
-    def create_schema(self) -> None:
-        """Create every table (idempotent)."""
+    def create_schema(self) -> SchemaStatus:
+        """Create or upgrade every table (idempotent); the schema's status before."""
 
     def check_schema(self) -> None:
         """Raise :class:`~lr_client.errors.SchemaError` unless the schema is ours and current."""
+
+    def schema_status(self) -> SchemaStatus:
+        """Where the database's schema stands against this version's."""
 
     def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
         """Register sites as possible destinations; return {site_id: site number}."""
@@ -434,8 +438,8 @@ class Inspection(Protocol):
     def queue_depths(self) -> dict[int, int]:
         """{queue_id: entries waiting} of every non-empty receive queue."""
 
-    def send_queue_sizes(self) -> tuple[int, int]:
-        """(entries in the send log, entries in the snapshot queue)."""
+    def queue_sizes(self) -> tuple[int, int, list[tuple[QueueInfo, int]]]:
+        """Entries in the send log, the snapshot queue, and each receive queue (by name)."""
 
     def browse_log_entries(
         self, destination: str | None, client_name: str | None, after: int, limit: int

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 
-from lr_client.records import ReplicationType, StoredEntry
+from lr_client.records import QueueInfo, ReplicationType, StoredEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 
@@ -60,12 +60,28 @@ class InspectionStore(StoreBase):
             rows = conn.execute(select(t.c.queue_id, func.count()).group_by(t.c.queue_id)).all()
         return {int(r[0]): int(r[1]) for r in rows}
 
-    def send_queue_sizes(self) -> tuple[int, int]:
-        """(entries in the send log, entries in the snapshot queue)."""
+    def queue_sizes(self) -> tuple[int, int, list[tuple[QueueInfo, int]]]:
+        """Entries in the send log, in the snapshot queue, and in each receive queue
+        (by queue name), read in one transaction."""
+        reg, recv = s.queue_registry, s.recv_entries
         with self.read() as conn:
             n_log = conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar_one()
             n_snap = conn.execute(select(func.count()).select_from(s.send_snapsync)).scalar_one()
-        return int(n_log), int(n_snap)
+            depths: dict[int, int] = {
+                int(r[0]): int(r[1])
+                for r in conn.execute(
+                    select(recv.c.queue_id, func.count()).group_by(recv.c.queue_id)
+                )
+            }
+            registry = conn.execute(select(reg).order_by(reg.c.queue_name)).all()
+        queues = [
+            (
+                QueueInfo(r.queue_id, r.queue_name, r.client_name, r.source_id),
+                depths.get(r.queue_id, 0),
+            )
+            for r in registry
+        ]
+        return int(n_log), int(n_snap), queues
 
     # -- browsing -----------------------------------------------------------------------
     def browse_log_entries(

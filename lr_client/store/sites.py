@@ -8,17 +8,21 @@ from lr_client.names import validate_name
 from lr_client.store import lifecycle
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
+from lr_client.store.lifecycle import SchemaStatus
 
 
 class SitesStore(StoreBase):
     """Schema and site registration (the site cache itself is on the base)."""
 
-    def create_schema(self) -> None:
+    def create_schema(self) -> SchemaStatus:
         """Create or upgrade the schema (concurrency-safe; see :mod:`lifecycle`)."""
-        lifecycle.upgrade_schema(self.engine)
+        return lifecycle.upgrade_schema(self.engine)
 
     def check_schema(self) -> None:
         lifecycle.require_current(self.engine)
+
+    def schema_status(self) -> SchemaStatus:
+        return lifecycle.schema_status(self.engine)
 
     def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
         wanted = [validate_name(x, "site id") for x in site_ids]
