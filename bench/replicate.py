@@ -568,8 +568,7 @@ def apply_workarounds(src: Source, backend: str, *, prefilled: bool) -> None:
 
 
 def send_queue_size(store: SQLAlchemyQueueStore) -> int:
-    with store.read() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM lrq_send_log_entries")).scalar_one())
+    return store.queue_sizes()[0]
 
 
 def throughput_cell(

@@ -72,7 +72,7 @@ def main() -> int:
     for entry in entries:
         print("  ", entry.payload.decode())
     print(f"end marker: {end[0].payload.decode()} entries")
-    store.engine.dispose()
+    store.close()
     shutil.rmtree(work)  # the sample file and default database, if we made them
     return 0
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from lr_client.errors import InvalidPayloadError, PayloadTooLargeError
 
 
 class ReplicationType(enum.IntEnum):
@@ -28,7 +32,26 @@ class SnapshotStatus(enum.StrEnum):
 
     @property
     def is_open(self) -> bool:
-        return self in (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
+        return self in OPEN_SNAPSHOT_STATUSES
+
+
+#: A request in one of these is open: it may still be shipped (at most one per stream).
+OPEN_SNAPSHOT_STATUSES = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
+
+
+def check_payload(value: object, limit: int, what: str = "payload") -> bytes:
+    """``value`` as bytes, if it is bytes-like and at most ``limit`` bytes long.
+
+    Raises :class:`~lr_client.errors.InvalidPayloadError` (not bytes) or
+    :class:`~lr_client.errors.PayloadTooLargeError`; ``what`` names it in the message.
+    """
+    if isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    if not isinstance(value, bytes):
+        raise InvalidPayloadError(f"{what} must be bytes, got {type(value).__name__}")
+    if len(value) > limit:
+        raise PayloadTooLargeError(f"{what} of {len(value)} bytes exceeds the limit of {limit}")
+    return value
 
 
 class SinkSnapshotState(enum.IntEnum):
@@ -189,3 +212,51 @@ class Backlog:
     entries: int = 0
     bytes: int = 0
     oldest_created_at: float | None = None
+
+
+class LogRange(list[SendEntry]):
+    """Entries of one read, and whether the read reached the end of the queue."""
+
+    def __init__(self, entries: Iterable[SendEntry], complete: bool) -> None:
+        super().__init__(entries)
+        self.complete = complete
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberState:
+    """Delivery state of one receive queue."""
+
+    queue_id: int
+    snapshot_id: str = ""  # the snapshot whose start callback was issued last
+    in_snapshot: bool = False  # started and not yet ended
+    delivered: int = 0  # entries delivered to the listener so far
+    lease_owner: str = ""
+    lease_expires: float = 0.0
+
+
+class HeadEntry(NamedTuple):
+    """An entry at the head of a receive queue (what delivery needs of it)."""
+
+    seq: int
+    type: ReplicationType
+    source_position: int
+    snapshot_id: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """An entry as one of the queues stores it (what ``lr browse`` shows).
+
+    ``position`` is the source position (receive queues: the entry's), ``seq``
+    a receive queue's own order; ``type`` is the stored integer.
+    """
+
+    position: int
+    type: int
+    client_name: str
+    payload: bytes
+    destinations: tuple[str, ...] = ()
+    snapshot_id: str = ""
+    created_at: float | None = None
+    seq: int | None = None

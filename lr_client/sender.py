@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
@@ -14,15 +15,18 @@ from lr_client.errors import (
     InvalidDestinationsError,
     InvalidPayloadError,
     InvalidSessionError,
-    PayloadTooLargeError,
     UnknownDestinationError,
 )
 from lr_client.names import validate_name
-from lr_client.records import LRMessageWithDestinations
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.records import LRMessageWithDestinations, check_payload
+from lr_client.store import SendLog, Sites, Snapshots, open_store
 
 #: Default payload limit, as Corfu's maximum message size.
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+
+
+class TransmitStore(Sites, SendLog, Snapshots, Protocol):
+    """What the sender API needs of the store: sites, the send log, snapshot requests."""
 
 
 def _connection(session: Session | Connection) -> Connection:
@@ -64,7 +68,7 @@ class RoutingQueueClient:
 
     def __init__(
         self,
-        engine: Engine | SQLAlchemyQueueStore,
+        engine: Engine | TransmitStore,
         source_id: str,
         client_name: str,
         *,
@@ -73,7 +77,9 @@ class RoutingQueueClient:
         backpressure_timeout: float = 30.0,
         flow_check_interval: float = 0.25,
     ) -> None:
-        self.store = engine if isinstance(engine, SQLAlchemyQueueStore) else open_store(engine)
+        self.store: TransmitStore = (
+            open_store(engine) if isinstance(engine, (Engine, str)) else engine
+        )
         self.source_id = validate_name(source_id, "source site id")
         self.client_name = validate_name(client_name, "client name")
         if max_payload_bytes <= 0:
@@ -145,15 +151,7 @@ class RoutingQueueClient:
         return [known[n] for n in names]
 
     def _payload(self, payload: object) -> bytes:
-        if isinstance(payload, (bytearray, memoryview)):
-            payload = bytes(payload)
-        if not isinstance(payload, bytes):
-            raise InvalidPayloadError(f"payload must be bytes, got {type(payload).__name__}")
-        if len(payload) > self.max_payload_bytes:
-            raise PayloadTooLargeError(
-                f"payload of {len(payload)} bytes exceeds the limit of {self.max_payload_bytes}"
-            )
-        return payload
+        return check_payload(payload, self.max_payload_bytes)
 
     # -- transmit ----------------------------------------------------------------------
     def transmit_log_entry_message(

@@ -40,13 +40,12 @@ from sqlalchemy.engine import Engine
 from lr_client.errors import (
     InvalidPayloadError,
     LRError,
-    PayloadTooLargeError,
     SnapshotError,
     TransientError,
 )
 from lr_client.names import validate_name
-from lr_client.records import SnapshotRequest, SnapshotStatus
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.records import SnapshotRequest, SnapshotStatus, check_payload
+from lr_client.store import Snapshots, open_store
 
 log = logging.getLogger("lr_client.snapshot")
 
@@ -74,7 +73,7 @@ class SnapshotHeartbeat:
     """
 
     def __init__(
-        self, store: SQLAlchemyQueueStore, snapshot_id: str, interval: float = HEARTBEAT_INTERVAL_S
+        self, store: Snapshots, snapshot_id: str, interval: float = HEARTBEAT_INTERVAL_S
     ) -> None:
         self.store = store
         self.snapshot_id = snapshot_id
@@ -102,15 +101,7 @@ class SnapshotHeartbeat:
 
 
 def _check_payload(payload: object, limit: int) -> bytes:
-    if isinstance(payload, (bytearray, memoryview)):
-        payload = bytes(payload)
-    if not isinstance(payload, bytes):
-        raise InvalidPayloadError(f"snapshot payload must be bytes, got {type(payload).__name__}")
-    if len(payload) > limit:
-        raise PayloadTooLargeError(
-            f"snapshot payload of {len(payload)} bytes exceeds the limit of {limit}"
-        )
-    return payload
+    return check_payload(payload, limit, "snapshot payload")
 
 
 def _chunks(items: Iterable[object], size: int) -> Iterator[list[object]]:
@@ -129,7 +120,7 @@ class SnapshotContext:
 
     def __init__(
         self,
-        store: SQLAlchemyQueueStore,
+        store: Snapshots,
         request: SnapshotRequest,
         *,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -310,7 +301,7 @@ class SnapshotProviderRunner:
 
     def __init__(
         self,
-        engine_or_store: Engine | SQLAlchemyQueueStore,
+        engine_or_store: Engine | Snapshots,
         client_name: str,
         provider: Provider,
         *,
@@ -319,10 +310,11 @@ class SnapshotProviderRunner:
         max_payload_bytes: int = DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES,
         heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
-        if isinstance(engine_or_store, SQLAlchemyQueueStore):
-            self.store = engine_or_store
-        else:
-            self.store = open_store(engine_or_store)
+        self.store: Snapshots = (
+            open_store(engine_or_store)
+            if isinstance(engine_or_store, (Engine, str))
+            else engine_or_store
+        )
         self.client_name = validate_name(client_name, "client name")
         if not callable(provider):
             raise TypeError("provider must be callable with a SnapshotContext")

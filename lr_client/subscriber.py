@@ -7,7 +7,7 @@ delivered) while checking that this subscriber still holds the queue's lease.
 The listener's writes, the deletion and the state commit together or not at
 all, so a crash anywhere loses nothing and applies nothing twice (I3).
 
-Leases (see :mod:`lr_client.store.leases`) let several subscribers of one
+Leases (see :mod:`lr_client.store.subscriber_queues`) let several subscribers of one
 client run at once: each queue is delivered by one of them at a time, and one
 that lost its lease cannot commit. A lease outlives a crashed holder by at
 most ``lease_seconds``; a callback running longer than that may be rolled back
@@ -43,9 +43,8 @@ from lr_client.errors import (
 )
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.names import validate_name
-from lr_client.records import QueueInfo, ReplicationType
-from lr_client.store import SQLAlchemyQueueStore, leases, open_store
-from lr_client.store.leases import HeadEntry, SubscriberState
+from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
+from lr_client.store import SubscriberQueues, open_store
 
 log = logging.getLogger("lr_client.subscriber")
 
@@ -154,7 +153,11 @@ def _plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[H
 
 
 def _awaits_end(
-    conn: Connection, queue_id: int, state: SubscriberState, head: HeadEntry | None
+    store: SubscriberQueues,
+    conn: Connection,
+    queue_id: int,
+    state: SubscriberState,
+    head: HeadEntry | None,
 ) -> bool:
     """Whether ``head``, the queue's oldest entry, starts a snapshot whose end has not arrived.
 
@@ -166,7 +169,7 @@ def _awaits_end(
     sid = head.snapshot_id
     if sid == state.snapshot_id and not state.in_snapshot:
         return False  # left over from an ended snapshot: the delivery drops it
-    return not leases.has_snapshot_end(conn, queue_id, sid)
+    return not store.has_snapshot_end(conn, queue_id, sid)
 
 
 def default_owner() -> str:
@@ -195,7 +198,7 @@ class RoutingQueueSubscriber:
 
     def __init__(
         self,
-        engine: Engine | SQLAlchemyQueueStore,
+        engine: Engine | SubscriberQueues,
         client_name: str,
         listener: RoutingQueueListener,
         *,
@@ -223,7 +226,9 @@ class RoutingQueueSubscriber:
             raise InvalidInputError(
                 f"snapshot_delivery must be one of {choices}, not {snapshot_delivery!r}"
             ) from None
-        self.store = engine if isinstance(engine, SQLAlchemyQueueStore) else open_store(engine)
+        self.store: SubscriberQueues = (
+            open_store(engine) if isinstance(engine, (Engine, str)) else engine
+        )
         self.client_name = validate_name(client_name, "client name")
         self.listener = listener
         self.batch_size = batch_size
@@ -266,7 +271,7 @@ class RoutingQueueSubscriber:
         self._lease_until.clear()
         try:
             with self.store.write() as conn:
-                leases.release_leases(conn, self.owner)
+                self.store.release_leases(conn, self.owner)
         except Exception as exc:  # they expire anyway
             log.warning("could not release leases of %s: %s", self.owner, exc)
 
@@ -293,7 +298,7 @@ class RoutingQueueSubscriber:
         if not due:
             return 0, False
         with self.store.read() as conn:
-            ready = [q for q in due if leases.has_entries(conn, q.queue_id)]
+            ready = [q for q in due if self.store.has_entries(conn, q.queue_id)]
         delivered, progressed = 0, False
         for queue in ready:
             n, moved = self._drain(queue)
@@ -335,7 +340,7 @@ class RoutingQueueSubscriber:
         if self._lease_until.get(queue_id, 0.0) - now > self.lease_seconds / 2:
             return True
         with self.store.write() as conn:
-            expires = leases.acquire_lease(conn, queue_id, self.owner, now, self.lease_seconds)
+            expires = self.store.acquire_lease(conn, queue_id, self.owner, now, self.lease_seconds)
         if expires is None:
             self._lease_until.pop(queue_id, None)
             return False
@@ -362,23 +367,23 @@ class RoutingQueueSubscriber:
     def _deliver(self, queue: QueueInfo, attempt: int) -> int | None:
         """Deliver the head of ``queue``: the number of messages, or None if none is ready."""
         with self.store.write() as conn:
-            state = leases.load_state(conn, queue.queue_id)
+            state = self.store.load_state(conn, queue.queue_id)
             if state.lease_owner != self.owner:
                 raise _LeaseLost
             qid = queue.queue_id
             if qid in self._awaiting:
                 # Waiting for a snapshot's end: look at the head alone, not a whole batch.
-                if _awaits_end(conn, qid, state, leases.peek_head(conn, qid)):
+                if _awaits_end(self.store, conn, qid, state, self.store.peek_head(conn, qid)):
                     return None
                 self._awaiting.discard(qid)
-            entries = leases.read_head(conn, qid, self.batch_size, self.batch_max_bytes)
+            entries = self.store.read_head(conn, qid, self.batch_size, self.batch_max_bytes)
             if not entries:
                 return None
             if self.snapshot_delivery is SnapshotDelivery.COMPLETE:
                 first = entries[0]
                 ends = ReplicationType.LAST_FULL_SYNC_ENTRY
                 whole = any(e.type is ends and e.snapshot_id == first.snapshot_id for e in entries)
-                if not whole and _awaits_end(conn, qid, state, first):
+                if not whole and _awaits_end(self.store, conn, qid, state, first):
                     self._awaiting.add(qid)
                     return None
             plan = _plan_delivery(queue, state, entries)
@@ -394,7 +399,7 @@ class RoutingQueueSubscriber:
             if self.store.delete_entries(conn, plan.seqs) != len(plan.seqs):
                 raise _Conflict
             expires = time.time() + self.lease_seconds
-            saved = leases.save_state(
+            saved = self.store.save_state(
                 conn,
                 queue.queue_id,
                 self.owner,

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from sqlalchemy.engine import URL
 
-    from lr_client.store import SQLAlchemyQueueStore
+    from lr_client.store import QueueStore
     from lr_server.status import SiteStatus
 
 EXIT_OK = 0
@@ -111,7 +111,7 @@ def database_url(config: SiteConfig) -> URL:
 
 
 @contextmanager
-def open_site_store(config: SiteConfig, *, check: bool = True) -> Iterator[SQLAlchemyQueueStore]:
+def open_site_store(config: SiteConfig, *, check: bool = True) -> Iterator[QueueStore]:
     """The site's store (schema checked unless ``check`` is false); disposed on exit."""
     from lr_client.store import open_store
 
@@ -125,7 +125,7 @@ def open_site_store(config: SiteConfig, *, check: bool = True) -> Iterator[SQLAl
             store.check_schema()
         yield store
     finally:
-        store.engine.dispose()
+        store.close()
 
 
 def print_json(value: object) -> None:
@@ -226,7 +226,6 @@ def server(config_path: Path) -> None:
 @json_option
 def init_db(config_path: Path, check: bool, as_json: bool) -> None:
     """Create or upgrade the site's schema (concurrency-safe) and register its destinations."""
-    from lr_client.store import lifecycle
     from lr_client.store.lifecycle import SchemaState
 
     config = load_config(config_path)
@@ -238,7 +237,7 @@ def init_db(config_path: Path, check: bool, as_json: bool) -> None:
         if is_file and not Path(str(url.database)).exists():
             fail(f"no database file at {url.database} (run `lr init-db`)", EXIT_PENDING)
         with open_site_store(config, check=False) as store:
-            status = lifecycle.schema_status(store.engine)
+            status = store.schema_status()
             missing = (
                 [d for d in dests if d not in store.site_numbers(refresh=True)]
                 if status.state is SchemaState.CURRENT
@@ -268,7 +267,7 @@ def init_db(config_path: Path, check: bool, as_json: bool) -> None:
     if is_file:
         Path(str(url.database)).parent.mkdir(parents=True, exist_ok=True)
     with open_site_store(config, check=False) as store:
-        before = lifecycle.upgrade_schema(store.engine)
+        before = store.create_schema()
         store.register_sites(dests)
     if before.state is SchemaState.CURRENT:
         click.echo(f"schema revision {before.expected} already current at {where}")
@@ -566,11 +565,13 @@ def snapshot_list(
     as_json: bool,
 ) -> None:
     """List snapshot requests, newest first."""
-    from lr_server.status import OPEN
+    from lr_client.records import OPEN_SNAPSHOT_STATUSES
 
     config = load_config(config_path)
     with open_site_store(config) as store:
-        snaps = store.list_snapshots(destination, client, OPEN if only_open else None)[:limit]
+        snaps = store.list_snapshots(
+            destination, client, OPEN_SNAPSHOT_STATUSES if only_open else None
+        )[:limit]
     if as_json:
         print_json(
             [

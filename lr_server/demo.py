@@ -34,13 +34,14 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Column, Integer, MetaData, String, insert, select, update
 from sqlalchemy import Table as SqlTable
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store import QueueStore, create_engine, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
 
 if TYPE_CHECKING:
@@ -102,8 +103,8 @@ def _upsert(session: Session, table: SqlTable, key: str, value: int) -> None:
         session.execute(insert(table).values(key=key, value=value))
 
 
-def _rows(store: SQLAlchemyQueueStore, table: SqlTable) -> dict[str, int]:
-    with store.read() as conn:
+def _rows(engine: Engine, table: SqlTable) -> dict[str, int]:
+    with engine.connect() as conn:
         return {r.key: r.value for r in conn.execute(select(table))}
 
 
@@ -207,7 +208,8 @@ class Demo:
         self._reserved = [_reserve_port() for _ in "bcd"]
         for name, sock in zip("bcd", self._reserved, strict=True):
             self.sites[name].port = int(sock.getsockname()[1])
-        self.stores: dict[str, SQLAlchemyQueueStore] = {}
+        self.stores: dict[str, QueueStore] = {}
+        self.engines: dict[str, Engine] = {}  # the applications' own tables
         self.listeners = {"b": ApplyListener(orders), "c": ApplyListener(orders)}
         self.listeners["d"] = ApplyListener(catalog)
         self.sent = {"b": 0, "c": 0, "d": 0}
@@ -275,9 +277,10 @@ class Demo:
             path = s[name].config = self.workdir / f"{name}.toml"
             path.write_text(_config(s[name], [], ["a"], self.spark))
         for name, site in s.items():
-            store = open_store(site.url)
+            engine = self.engines[name] = create_engine(site.url)
+            store = open_store(engine)
             store.create_schema()
-            app_meta.create_all(store.engine)
+            app_meta.create_all(engine)
             self.stores[name] = store
         self.stores["a"].register_sites(["b", "c", "d"])
 
@@ -308,7 +311,7 @@ class Demo:
                 progress.console.log("site d joins late: it will get a full sync of the catalog")
             key = i % 500
             dests = order_destinations(key)
-            with Session(store.engine) as session, session.begin():
+            with Session(self.engines["a"]) as session, session.begin():
                 _upsert(session, orders, f"o{key}", i)
                 order_client.transmit_log_entry_message(session, encode(f"o{key}", i), dests)
                 if i % 2 == 0:
@@ -336,18 +339,18 @@ class Demo:
         return time.monotonic() - self._synced_at > 2.0
 
     def _expected(self) -> dict[str, dict[str, int]]:
-        a_orders = _rows(self.stores["a"], orders)
+        a_orders = _rows(self.engines["a"], orders)
         return {
             "b": {k: v for k, v in a_orders.items() if "b" in order_destinations(int(k[1:]))},
             "c": {k: v for k, v in a_orders.items() if "c" in order_destinations(int(k[1:]))},
-            "d": _rows(self.stores["a"], catalog),
+            "d": _rows(self.engines["a"], catalog),
         }
 
     def _actual(self) -> dict[str, dict[str, int]]:
         return {
-            "b": _rows(self.stores["b"], orders),
-            "c": _rows(self.stores["c"], orders),
-            "d": _rows(self.stores["d"], catalog),
+            "b": _rows(self.engines["b"], orders),
+            "c": _rows(self.engines["c"], orders),
+            "d": _rows(self.engines["d"], catalog),
         }
 
     # -- run --------------------------------------------------------------------------------
@@ -403,11 +406,11 @@ class Demo:
         ok = self._report(elapsed)
         self._stop_all()
         for store in self.stores.values():
-            store.engine.dispose()
+            store.close()
         return ok
 
     def _provide_catalog(self, ctx: SnapshotContext) -> None:
-        ctx.transmit(encode(k, v) for k, v in sorted(_rows(self.stores["a"], catalog).items()))
+        ctx.transmit(encode(k, v) for k, v in sorted(_rows(self.engines["a"], catalog).items()))
 
     def _report(self, elapsed: float) -> bool:
         expected, actual = self._expected(), self._actual()

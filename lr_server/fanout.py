@@ -6,7 +6,7 @@ times. The fan-out keeps, per client, a *window* of its most recent entries in
 memory: every entry of the client with a position in ``(lo, hi]``, in order,
 with the destinations it was transmitted to. A session whose position lies in
 the window is served from it, and the session that reaches its end reads the
-next range once for all (:meth:`~lr_client.store.contract.QueueStore.read_client_log`).
+next range once for all (:meth:`~lr_client.store.contract.Shipping.read_client_log`).
 
 The window follows the sessions that keep up; it holds at most
 ``max_entries`` entries and ``max_bytes`` payload bytes, dropping the oldest,
@@ -18,7 +18,7 @@ own entries from the database, as without the fan-out, until it reaches it.
 A session's batch is cut to its byte limit as it is gathered, so it never
 holds more than that either.
 
-It returns exactly what :meth:`~lr_client.store.contract.QueueStore.read_log_entries`
+It returns exactly what :meth:`~lr_client.store.contract.Shipping.read_log_entries`
 would: a range ``(lo, hi]`` read once stays complete because positions follow
 commit order (I1), the property per-destination reads rely on as well.
 """
@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 
 from lr_client.records import SendEntry
-from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.sqla import ByteCut
+from lr_client.store import Shipping
+from lr_client.store.byte_bounds import ByteCut
 
 
 @dataclass
@@ -52,7 +52,7 @@ class LogFanout:
 
     def __init__(
         self,
-        store: SQLAlchemyQueueStore,
+        store: Shipping,
         max_entries: int = 20_000,
         max_bytes: int = 64 * 1024 * 1024,
         read_batch: int = 2_000,

@@ -15,7 +15,7 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import InvalidNameError, ProtocolError
 from lr_client.names import validate_name
 from lr_client.records import ReplicationType, SinkSnapshotState, WireEntry
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import Receiving
 from lr_server import metrics, protocol
 
 log = logging.getLogger("lr.receiver")
@@ -34,7 +34,7 @@ class Receiver:
 
     def __init__(
         self,
-        store: SQLAlchemyQueueStore,
+        store: Receiving,
         sink_id: str,
         accepted_sources: Collection[str],
         *,

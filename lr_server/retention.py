@@ -27,9 +27,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from lr_client.records import Backlog
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import Retention, SendLog, Shipping
 from lr_server import metrics
 from lr_server.config import SiteConfig, SnapshotProvider
 from lr_server.status import unconfigured_streams
@@ -55,10 +56,14 @@ class RetentionReport:
     backpressure: dict[str, bool]
 
 
+class PolicyStore(Retention, Shipping, SendLog, Protocol):
+    """What the policy needs of the store: retention, backlogs, the flow state it sets."""
+
+
 class RetentionPolicy:
     """Applies the limits of a site's config to its send queue."""
 
-    def __init__(self, store: SQLAlchemyQueueStore, config: SiteConfig) -> None:
+    def __init__(self, store: PolicyStore, config: SiteConfig) -> None:
         self.store = store
         self.config = config
         self._warned: set[tuple[str, str]] = set()  # unconfigured streams already logged

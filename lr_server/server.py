@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lr_client.records import SnapshotRequest
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store import QueueStore, open_store
 from lr_server import metrics
 from lr_server.config import ClientConfig, SiteConfig
 from lr_server.fanout import LogFanout
@@ -62,7 +62,7 @@ class SiteServer:
     def __init__(
         self,
         config: SiteConfig,
-        store: SQLAlchemyQueueStore | None = None,
+        store: QueueStore | None = None,
         transport_factory: Callable[[str], Transport] | None = None,
     ) -> None:
         self.config = config
@@ -160,7 +160,7 @@ class SiteServer:
             t.join(timeout=grace)
         if self._grpc is not None:
             self._grpc.stop(grace=2.0).wait(5.0)
-        self.store.engine.dispose()
+        self.store.close()
 
 
 def run_server(config: SiteConfig, stop: threading.Event | None = None) -> None:

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tenacity import (
     Retrying,
@@ -38,7 +39,7 @@ from lr_client.records import (
     SnapshotStatus,
     StreamStop,
 )
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import Inspection, Retention, Shipping, Snapshots
 from lr_server import metrics, protocol
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
 from lr_server.fanout import LogFanout
@@ -93,12 +94,17 @@ class InFlight:
     is_end: bool = False
 
 
+class SessionStore(Shipping, Snapshots, Retention, Inspection, Protocol):
+    """What a sender session needs of the store: reads and cursors, snapshots, the
+    records of dropped and stopped streams, and its status row."""
+
+
 class SenderSession:
     """Replicates every configured client of this site to one destination."""
 
     def __init__(
         self,
-        store: SQLAlchemyQueueStore,
+        store: SessionStore,
         source_id: str,
         destination: str,
         clients: list[ClientConfig],

@@ -36,12 +36,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, text
-
 from lr_client.names import recv_queue_name
-from lr_client.records import SinkSnapshotState, SnapshotRequest, SnapshotStatus
-from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import schema as s
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, SinkSnapshotState, SnapshotRequest
+from lr_client.store import Inspection, QueueStore, SendLog, Shipping
 from lr_server.config import SiteConfig
 
 
@@ -55,8 +52,6 @@ class StreamState(enum.StrEnum):
     STOPPED = "stopped"
     BACKPRESSURE = "backpressure"
 
-
-OPEN = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
 
 
 @dataclass
@@ -147,7 +142,7 @@ class SiteStatus:
         return asdict(self)
 
 
-def read_session_status(store: SQLAlchemyQueueStore) -> list[SessionInfo] | None:
+def read_session_status(store: Inspection) -> list[SessionInfo] | None:
     """Rows of ``lrq_session_status``, or None if this store version has no such table."""
     lister = getattr(store, "list_session_status", None)
     if lister is None:
@@ -168,28 +163,19 @@ def read_session_status(store: SQLAlchemyQueueStore) -> list[SessionInfo] | None
     return out
 
 
-def queue_depths(store: SQLAlchemyQueueStore) -> dict[int, int]:
+def queue_depths(store: Inspection) -> dict[int, int]:
     """{queue_id: entries waiting in the receive queue}, in one query."""
-    t = s.recv_entries
-    with store.read() as conn:
-        rows = conn.execute(select(t.c.queue_id, func.count()).group_by(t.c.queue_id)).all()
-    return {int(r[0]): int(r[1]) for r in rows}
+    return store.queue_depths()
 
 
-def head_position(store: SQLAlchemyQueueStore) -> int:
+def head_position(store: Inspection) -> int:
     """The highest position assigned so far, read without waiting for transmitters.
 
     On PostgreSQL :meth:`~lr_client.store.QueueStore.head_position` takes the
     transmit lock (to be exact); a status display reads the sequence instead,
     which may count a position whose transaction has not committed yet.
     """
-    if store.dialect != "postgresql":
-        return store.head_position()
-    with store.read() as conn:
-        row = conn.execute(
-            text("SELECT last_value, is_called FROM lrq_send_log_entries_position_seq")
-        ).one()
-    return int(row[0]) if row[1] else 0
+    return store.head_position_estimate()
 
 
 def _progress(req: SnapshotRequest) -> SnapshotProgress:
@@ -203,7 +189,7 @@ def _progress(req: SnapshotRequest) -> SnapshotProgress:
     )
 
 
-def flow_states(store: SQLAlchemyQueueStore, clients: set[str]) -> dict[str, set[str]]:
+def flow_states(store: SendLog, clients: set[str]) -> dict[str, set[str]]:
     """{client: slow destinations} for clients under backpressure (as the server set it)."""
     reader = getattr(store, "flow_state", None)
     if reader is None:
@@ -222,7 +208,7 @@ def configured_streams(config: SiteConfig) -> set[tuple[str, str]]:
 
 
 def unconfigured_streams(
-    config: SiteConfig, store: SQLAlchemyQueueStore, after: int = 0
+    config: SiteConfig, store: Shipping, after: int = 0
 ) -> tuple[list[tuple[str, str]], int]:
     """(destination, client) streams of the entries after ``after`` that no session ships.
 
@@ -235,7 +221,7 @@ def unconfigured_streams(
 
 
 def _send_streams(
-    config: SiteConfig, store: SQLAlchemyQueueStore, sessions: dict[str, SessionInfo] | None
+    config: SiteConfig, store: QueueStore, sessions: dict[str, SessionInfo] | None
 ) -> list[SendStream]:
     now = time.time()
     configured = configured_streams(config)
@@ -243,7 +229,9 @@ def _send_streams(
     drops = {(d.destination, d.client_name): d for d in store.list_drops()}
     stops = {(x.destination, x.client_name): x for x in store.list_stream_stops()}
     open_snaps: dict[tuple[str, str], SnapshotRequest] = {}
-    for req in store.list_snapshots(statuses=OPEN):  # newest first: keep the newest
+    for req in store.list_snapshots(
+        statuses=OPEN_SNAPSHOT_STATUSES
+    ):  # newest first: keep the newest
         open_snaps.setdefault((req.destination, req.client_name), req)
     recorded = configured | set(cursors) | set(drops) | set(open_snaps)
     backlogs = {key: store.backlog(*key) for key in unconfigured_streams(config, store)[0]}
@@ -299,7 +287,7 @@ def _send_streams(
     return streams
 
 
-def _sink_streams(config: SiteConfig, store: SQLAlchemyQueueStore) -> list[SinkStream]:
+def _sink_streams(config: SiteConfig, store: QueueStore) -> list[SinkStream]:
     depths = queue_depths(store)
     queues = {(q.source_id, q.client_name): q for q in store.list_queues()}
     progress = {(p.source_id, p.client_name): p for p in store.list_sink_progress()}
@@ -332,7 +320,7 @@ def _sink_streams(config: SiteConfig, store: SQLAlchemyQueueStore) -> list[SinkS
     return out
 
 
-def collect_status(config: SiteConfig, store: SQLAlchemyQueueStore) -> SiteStatus:
+def collect_status(config: SiteConfig, store: QueueStore) -> SiteStatus:
     """Everything ``lr status`` shows, read in a few short transactions."""
     session_rows = read_session_status(store)
     sessions = None if session_rows is None else {x.destination: x for x in session_rows}

@@ -33,11 +33,24 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutate"
 COPY = ["lr_client", "lr_server", "tests", "setup.cfg", "pyproject.toml"]
 
-SQLA = "lr_client.store.sqla.xǁSQLAlchemyQueueStoreǁ"
+BASE = "lr_client.store.base.xǁStoreBaseǁ"
+SEND_LOG = "lr_client.store.send_log.xǁSendLogStoreǁ"
+SHIPPING = "lr_client.store.shipping.xǁShippingStoreǁ"
+REQUESTS = "lr_client.store.snapshots.xǁSnapshotRequestsStoreǁ"
+SNAPSHOTS = "lr_client.store.snapshot_entries.xǁSnapshotsStoreǁ"
+RETENTION = "lr_client.store.retention.xǁRetentionStoreǁ"
+RECEIVING = "lr_client.store.receiving.xǁReceivingStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteQueueStoreǁ"
 PG = "lr_client.store.postgres.xǁPostgresQueueStoreǁ"
 STORE_FILES = [
-    "lr_client/store/sqla.py",
+    "lr_client/store/base.py",
+    "lr_client/store/byte_bounds.py",
+    "lr_client/store/send_log.py",
+    "lr_client/store/shipping.py",
+    "lr_client/store/snapshots.py",
+    "lr_client/store/snapshot_entries.py",
+    "lr_client/store/retention.py",
+    "lr_client/store/receiving.py",
     "lr_client/store/sqlite.py",
     "lr_client/store/postgres.py",
 ]
@@ -69,7 +82,9 @@ TARGETS: dict[str, Target] = {
     "trim": Target(
         STORE_FILES,
         [
-            *_methods(SQLA, "trim", "_acked_positions", "drop_stream", "list_drops", "clear_drop"),
+            *_methods(
+                RETENTION, "trim", "_acked_positions", "drop_stream", "list_drops", "clear_drop"
+            ),
             *_methods(SQLITE, "_trim_log", "_release_tags"),
             *_methods(PG, "_trim_log"),
         ],
@@ -85,7 +100,7 @@ TARGETS: dict[str, Target] = {
         [*STORE_FILES, "lr_server/receiver.py"],
         [
             *_methods(
-                SQLA,
+                RECEIVING,
                 "apply_log_batch",
                 "apply_snapshot_batch",
                 "_save_progress",
@@ -114,22 +129,27 @@ TARGETS: dict[str, Target] = {
     ),
     "snapshot": Target(
         STORE_FILES,
-        _methods(
-            SQLA,
-            "request_snapshot",
-            "_request_snapshot",
-            "start_snapshot",
-            "finish_snapshot",
-            "_cancel",
-            "cancel_snapshot",
-            "complete_snapshot",
-            "read_snapshot_entries",
-            "_require_writable",
-            "write_snapshot_entries",
-            "fail_stalled_snapshot",
-            "heartbeat_snapshot",
-            "_update_snapshot",
-        ),
+        [
+            *_methods(
+                REQUESTS,
+                "request_snapshot",
+                "_request_snapshot",
+                "start_snapshot",
+                "_cancel",
+                "cancel_snapshot",
+                "complete_snapshot",
+                "fail_stalled_snapshot",
+                "heartbeat_snapshot",
+                "_update_snapshot",
+            ),
+            *_methods(
+                SNAPSHOTS,
+                "finish_snapshot",
+                "read_snapshot_entries",
+                "_require_writable",
+                "write_snapshot_entries",
+            ),
+        ],
         [
             CONTRACT,
             "tests/integration/test_snapshot_provider.py",
@@ -140,11 +160,15 @@ TARGETS: dict[str, Target] = {
     "send": Target(
         [*STORE_FILES, "lr_client/sender.py"],
         [
-            *_methods(SQLA, "append_log_entries", "read_log_entries", "read_client_log", "backlog"),
-            *_methods(SQLA, "get_cursor", "set_cursor", "_set_cursor", "oldest_position"),
-            "lr_client.store.sqla.x_cut_to_bytes__mutmut_*",
+            *_methods(SEND_LOG, "append_log_entries"),
+            *_methods(SHIPPING, "read_log_entries", "read_client_log", "backlog"),
+            *_methods(SHIPPING, "get_cursor", "set_cursor", "oldest_position"),
+            *_methods(BASE, "_set_cursor"),
+            "lr_client.store.byte_bounds.x_cut_to_bytes__mutmut_*",
             *_methods(SQLITE, "_insert_entries", "_tagged_query", "head_position"),
-            *_methods(PG, "_insert_entries", "_tagged_query", "head_position", "lock_key"),
+            *_methods(
+                PG, "_insert_entries", "_tagged_query", "_with_tag", "head_position", "lock_key"
+            ),
         ],
         [
             CONTRACT,

@@ -51,7 +51,7 @@ from lr_client import errors as lr_errors
 from lr_client.errors import ConfigError, InvalidInputError, LRError, SnapshotError
 from lr_client.records import SnapshotRequest, SnapshotStatus
 from lr_client.snapshot import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat
-from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from lr_client.store import create_engine, open_store
 from spark_jobs.encoders import Encoder, arrow_compatible, json_encoder, load_encoder
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job
 from spark_jobs.sources import (
@@ -64,6 +64,7 @@ from spark_jobs.writer import (
     DEFAULT_CHUNK_ROWS,
     METHODS,
     RESULT_SCHEMA,
+    JobStore,
     PartitionWriter,
     drop_other_parts,
     rows_committed,
@@ -87,7 +88,7 @@ class _Monitor(threading.Thread):
 
     def __init__(
         self,
-        store: SQLAlchemyQueueStore,
+        store: JobStore,
         snapshot_id: str,
         parts: int,
         interval: float,
@@ -129,7 +130,7 @@ def _resolve_encoder(encoder: Encoder | str | None) -> Encoder | None:
     return fn
 
 
-def _require_running(store: SQLAlchemyQueueStore, snapshot_id: str, start: bool) -> None:
+def _require_running(store: JobStore, snapshot_id: str, start: bool) -> None:
     req = store.get_snapshot(snapshot_id)
     if req is None:
         raise SnapshotError(f"no snapshot request {snapshot_id}")
@@ -163,7 +164,7 @@ def _summary(exc: BaseException) -> str:
 
 
 def _after_failure(
-    store: SQLAlchemyQueueStore, snapshot_id: str, exc: BaseException, mark_failed: bool
+    store: JobStore, snapshot_id: str, exc: BaseException, mark_failed: bool
 ) -> BaseException:
     """Release what the job wrote and say why it stopped; return the error to raise."""
     req = store.get_snapshot(snapshot_id)
@@ -260,7 +261,7 @@ def run_snapshot_job(
                 raise
             raise err from exc
     finally:
-        store.engine.dispose()
+        store.close()
 
 
 def _wait_for_tasks(spark: SparkSession, group: str, timeout: float = 120.0) -> None:
@@ -282,7 +283,7 @@ def _wait_for_tasks(spark: SparkSession, group: str, timeout: float = 120.0) -> 
 
 def _run(
     spark: SparkSession,
-    store: SQLAlchemyQueueStore,
+    store: JobStore,
     snapshot_id: str,
     df: DataFrame,
     writer: PartitionWriter,
@@ -501,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
-        store.engine.dispose()
+        store.close()
 
     started = time.monotonic()
     store = open_store(create_engine(args.database_url))
@@ -511,14 +512,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with SnapshotHeartbeat(store, snapshot_id, args.heartbeat_interval):
             code, result = _execute(store, args, source, conf, encoder, snapshot_id)
     finally:
-        store.engine.dispose()
+        store.close()
     result["seconds"] = round(time.monotonic() - started, 3)
     print(json.dumps(result, sort_keys=True), flush=True)
     return code
 
 
 def _execute(
-    store: SQLAlchemyQueueStore,
+    store: JobStore,
     args: argparse.Namespace,
     source: SourceSpec,
     conf: dict[str, str],

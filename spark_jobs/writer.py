@@ -2,7 +2,9 @@
 
 Partition ``p`` writes its rows as entries ``(snapshot_id, part=p, seq=i)``,
 ``i`` the row's index in the partition, in chunks of ``chunk_rows``, one
-transaction per chunk. Each chunk transaction
+transaction per chunk (the store's
+:meth:`~lr_client.store.contract.Snapshots.write_snapshot_part`). Each chunk
+transaction
 
 1. checks the snapshot is still RUNNING, holding a share lock on its request
    row (PostgreSQL) or the database's write lock (SQLite) until commit, so a
@@ -10,8 +12,8 @@ transaction per chunk. Each chunk transaction
    for the chunk and then deletes it with the rest: a cancelled snapshot keeps
    no entries;
 2. deletes whatever an earlier attempt left in the chunk's seq range and
-   writes the chunk (PostgreSQL: binary ``COPY``; otherwise through the
-   store's ``write_snapshot_entries``);
+   writes the chunk (PostgreSQL: binary ``COPY``, unless ``method="store"``;
+   otherwise through the store's ``write_snapshot_entries``);
 3. on the partition's last chunk, deletes entries past its end.
 
 So a retried task, or the whole job run again for the same snapshot, leaves
@@ -26,14 +28,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import and_, delete, select, text
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from lr_client.errors import InvalidPayloadError, PayloadTooLargeError, SnapshotError
-from lr_client.records import ReplicationType, SnapshotStatus
-from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_client.store import schema as s
+from lr_client.errors import PayloadTooLargeError
+from lr_client.records import check_payload
+from lr_client.store import Sites, Snapshots, create_engine, open_store
 from spark_jobs.encoders import Encoder, arrow_json, encode_json_dict
 
 if TYPE_CHECKING:
@@ -46,17 +46,7 @@ METHODS = ("copy", "store")
 
 
 def _payload(value: object, limit: int) -> bytes:
-    if isinstance(value, (bytearray, memoryview)):
-        value = bytes(value)
-    if not isinstance(value, bytes):
-        raise InvalidPayloadError(f"encoder must return bytes, got {type(value).__name__}")
-    if len(value) > limit:
-        raise PayloadTooLargeError(f"encoded row of {len(value)} bytes exceeds the limit {limit}")
-    return value
-
-
-def _not_running(snapshot_id: str, status: object) -> SnapshotError:
-    return SnapshotError(f"snapshot {snapshot_id} is {status or 'unknown'}, not running")
+    return check_payload(value, limit, "encoded row")
 
 
 class _Sink(Protocol):
@@ -65,110 +55,37 @@ class _Sink(Protocol):
     def close(self) -> None: ...
 
 
-class _StoreSink:
-    """Any backend, through :meth:`SQLAlchemyQueueStore.write_snapshot_entries`."""
+class JobStore(Sites, Snapshots, Protocol):
+    """What the snapshot job needs of the store: the snapshot queue and the backend."""
 
-    def __init__(self, store: SQLAlchemyQueueStore, snapshot_id: str) -> None:
+
+class _StoreSink:
+    """Writes parts through :meth:`~lr_client.store.contract.Snapshots.write_snapshot_part`."""
+
+    def __init__(self, store: JobStore, snapshot_id: str, bulk: bool) -> None:
         self.store = store
         self.snapshot_id = snapshot_id
-
-    def _lock(self, conn: Connection) -> None:
-        status = conn.execute(
-            select(s.snapshots.c.status)
-            .where(s.snapshots.c.snapshot_id == self.snapshot_id)
-            .with_for_update(read=True)
-        ).scalar()
-        if status != SnapshotStatus.RUNNING.value:
-            raise _not_running(self.snapshot_id, status)
+        self.bulk = bulk
 
     def write_part(self, part: int, payloads: Iterator[bytes], chunk_rows: int) -> int:
-        t = s.send_snapsync
-        seq = 0
-        while True:
-            chunk = list(itertools.islice(payloads, chunk_rows))  # encoded outside the txn
-            with self.store.write() as conn:
-                self._lock(conn)
-                self.store.write_snapshot_entries(conn, self.snapshot_id, part, chunk, seq)
-                if len(chunk) < chunk_rows:
-                    conn.execute(
-                        delete(t).where(
-                            t.c.snapshot_id == self.snapshot_id,
-                            t.c.part == part,
-                            t.c.seq >= seq + len(chunk),
-                        )
-                    )
-            seq += len(chunk)
-            if len(chunk) < chunk_rows:
-                return seq
+        return self.store.write_snapshot_part(
+            self.snapshot_id, part, payloads, chunk_rows, bulk=self.bulk
+        )
 
     def close(self) -> None:
-        self.store.engine.dispose()
-
-
-class _CopySink:
-    """PostgreSQL: binary ``COPY`` straight into ``lrq_send_snapsync``, streamed."""
-
-    def __init__(self, database_url: str, snapshot_id: str) -> None:
-        import psycopg
-        from psycopg import sql
-
-        url = make_url(database_url).set(drivername="postgresql")
-        self.conn = psycopg.connect(
-            url.render_as_string(hide_password=False),
-            autocommit=True,
-            application_name=f"lr-snapshot-{snapshot_id[:12]}",  # visible in pg_stat_activity
-        )
-        self.snapshot_id = snapshot_id
-        entries = sql.Identifier(s.send_snapsync.name)
-        self.lock_sql = sql.SQL("SELECT status FROM {} WHERE snapshot_id = %s FOR SHARE").format(
-            sql.Identifier(s.snapshots.name)
-        )
-        self.clear_sql = sql.SQL(
-            "DELETE FROM {} WHERE snapshot_id = %s AND part = %s AND seq >= %s AND seq < %s"
-        ).format(entries)
-        self.tail_sql = sql.SQL(
-            "DELETE FROM {} WHERE snapshot_id = %s AND part = %s AND seq >= %s"
-        ).format(entries)
-        self.copy_sql = sql.SQL(
-            "COPY {} (snapshot_id, part, seq, type, payload) FROM STDIN (FORMAT BINARY)"
-        ).format(entries)
-
-    def write_part(self, part: int, payloads: Iterator[bytes], chunk_rows: int) -> int:
-        sid = self.snapshot_id
-        kind = int(ReplicationType.SNAPSHOT_SYNC)
-        seq = 0
-        while True:
-            n = 0
-            with self.conn.transaction(), self.conn.cursor() as cur:
-                status = cur.execute(self.lock_sql, (sid,)).fetchone()
-                if status is None or status[0] != SnapshotStatus.RUNNING.value:
-                    raise _not_running(sid, status[0] if status else None)
-                cur.execute(self.clear_sql, (sid, part, seq, seq + chunk_rows))
-                with cur.copy(self.copy_sql) as copy:
-                    copy.set_types(["varchar", "int4", "int8", "int2", "bytea"])
-                    write_row = copy.write_row
-                    # Rows are encoded while COPY streams the previous ones to the server.
-                    for payload in itertools.islice(payloads, chunk_rows):
-                        write_row((sid, part, seq + n, kind, payload))
-                        n += 1
-                if n < chunk_rows:
-                    cur.execute(self.tail_sql, (sid, part, seq + n))
-            seq += n
-            if n < chunk_rows:
-                return seq
-
-    def close(self) -> None:
-        self.conn.close()
+        self.store.close()
 
 
 def open_sink(database_url: str, snapshot_id: str, method: str = "copy") -> _Sink:
     """A writer for one snapshot: COPY on PostgreSQL (unless ``method="store"``)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    dialect = make_url(database_url).get_backend_name()
-    if dialect == "postgresql" and method == "copy":
-        return _CopySink(database_url, snapshot_id)
-    return _StoreSink(open_store(create_engine(database_url, poolclass=NullPool)), snapshot_id)
+    kwargs: dict[str, Any] = {"poolclass": NullPool}
+    if make_url(database_url).get_backend_name() == "postgresql":
+        # Visible in pg_stat_activity.
+        kwargs["connect_args"] = {"application_name": f"lr-snapshot-{snapshot_id[:12]}"}
+    store = open_store(create_engine(database_url, **kwargs))
+    return _StoreSink(store, snapshot_id, bulk=method == "copy")
 
 
 @dataclass(frozen=True)
@@ -251,56 +168,31 @@ RESULT_SCHEMA = "part long, entries long"
 
 # -- driver side ----------------------------------------------------------------------------
 
-_PROGRESS_SQL = text(
-    "WITH RECURSIVE parts(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM parts WHERE n < :last) "
-    "SELECT COALESCE(SUM((SELECT MAX(e.seq) + 1 FROM lrq_send_snapsync e "
-    "WHERE e.snapshot_id = :sid AND e.part = parts.n)), 0) FROM parts"
-)
 
-
-def rows_committed(store: SQLAlchemyQueueStore, snapshot_id: str, parts: int) -> int:
+def rows_committed(store: Snapshots, snapshot_id: str, parts: int) -> int:
     """Entries committed so far by the partitions (one index probe per part).
 
     Counts up to the highest seq of each part, so a part being re-written by
     a retry may count rows of its earlier attempt: good enough for progress.
     """
-    if parts <= 0:
-        return 0
-    with store.read() as conn:
-        value = conn.execute(_PROGRESS_SQL, {"sid": snapshot_id, "last": parts - 1}).scalar()
-    return int(value or 0)
+    return store.snapshot_rows_committed(snapshot_id, parts)
 
 
-def drop_other_parts(
-    store: SQLAlchemyQueueStore, snapshot_id: str, written: dict[int, int]
-) -> None:
+def drop_other_parts(store: Snapshots, snapshot_id: str, written: dict[int, int]) -> None:
     """Delete entries of parts this run did not write (left by an earlier run).
 
     ``written`` maps each part this run wrote to its entry count; every other
     part (a partition count that changed, an empty partition Spark skipped)
     is emptied. (Each partition already deleted anything past its own end.)
     """
-    t = s.send_snapsync
-    top = max(written, default=-1)
-    gaps = [p for p in range(top) if p not in written]
-    with store.write() as conn:
-        status = conn.execute(
-            select(s.snapshots.c.status)
-            .where(s.snapshots.c.snapshot_id == snapshot_id)
-            .with_for_update(read=True)
-        ).scalar()
-        if status != SnapshotStatus.RUNNING.value:
-            raise _not_running(snapshot_id, status)
-        base = and_(t.c.snapshot_id == snapshot_id, t.c.type == int(ReplicationType.SNAPSHOT_SYNC))
-        conn.execute(delete(t).where(base, t.c.part > top))
-        for i in range(0, len(gaps), 500):
-            conn.execute(delete(t).where(base, t.c.part.in_(gaps[i : i + 500])))
+    store.drop_unwritten_parts(snapshot_id, written)
 
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
     "METHODS",
     "RESULT_SCHEMA",
+    "JobStore",
     "PartitionWriter",
     "drop_other_parts",
     "open_sink",

@@ -1,4 +1,4 @@
-"""The queue store: one contract, a SQLite and a PostgreSQL backend."""
+"""The queue store: a contract split by role, a SQLite and a PostgreSQL backend."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from lr_client.store.contract import QueueStore
+from lr_client.store.contract import (
+    Inspection,
+    QueueStore,
+    Receiving,
+    Retention,
+    SendLog,
+    Shipping,
+    Sites,
+    Snapshots,
+    SubscriberQueues,
+)
 from lr_client.store.postgres import PostgresQueueStore
 from lr_client.store.sqla import SQLAlchemyQueueStore
 from lr_client.store.sqlite import SQLiteQueueStore
@@ -54,7 +64,7 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
     return sqlalchemy.create_engine(url, **kwargs)
 
 
-def open_store(engine_or_url: Engine | str) -> SQLAlchemyQueueStore:
+def open_store(engine_or_url: Engine | str) -> QueueStore:
     """The store backend for an engine (or a URL, through :func:`create_engine`)."""
     engine = create_engine(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
     name = engine.dialect.name
@@ -66,10 +76,18 @@ def open_store(engine_or_url: Engine | str) -> SQLAlchemyQueueStore:
 
 
 __all__ = [
+    "Inspection",
     "PostgresQueueStore",
     "QueueStore",
+    "Receiving",
+    "Retention",
     "SQLAlchemyQueueStore",
     "SQLiteQueueStore",
+    "SendLog",
+    "Shipping",
+    "Sites",
+    "Snapshots",
+    "SubscriberQueues",
     "create_engine",
     "open_store",
 ]

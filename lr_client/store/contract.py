@@ -1,4 +1,9 @@
-"""The queue store contract: what sessions, receivers and subscribers need.
+"""The queue store contract, split by role: what each caller needs of the store.
+
+Callers type against the role(s) they play (:class:`Shipping` for a sender
+session's reads, :class:`Receiving` for a sink's receiver, ...);
+:class:`QueueStore` combines them all and is what
+:func:`~lr_client.store.open_store` returns.
 
 Methods that take a ``conn`` run inside the caller's transaction (the
 application's, or a subscriber's) and commit or roll back with it; the others
@@ -7,15 +12,18 @@ run their own short transactions.
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from lr_client.records import (
     Backlog,
     Cursor,
     DropRecord,
+    HeadEntry,
+    LogRange,
     QueueInfo,
     RecvEntry,
     SendEntry,
@@ -23,36 +31,58 @@ from lr_client.records import (
     SinkProgress,
     SnapshotRequest,
     SnapshotStatus,
+    StoredEntry,
     StreamStop,
+    SubscriberState,
     WireEntry,
 )
+from lr_client.store.lifecycle import SchemaStatus
 
 
-class QueueStore(abc.ABC):
-    """Routing queues, stream tags and replication metadata in one database."""
+class Transactions(Protocol):
+    """The store's own transactions, for the methods that take a ``conn``."""
 
-    engine: Engine
+    def write(self, consistent: bool = False) -> AbstractContextManager[Connection]:
+        """A read-write transaction on the store's connection, in the caller's scope."""
+
+    def read(self) -> AbstractContextManager[Connection]:
+        """A read-only transaction."""
+
+
+class Sites(Protocol):
+    """Schema, registered sites and the connection: what every other role stands on."""
+
+    #: The backend: ``"sqlite"`` or ``"postgresql"``.
     dialect: str
 
-    # -- schema and sites -------------------------------------------------
-    @abc.abstractmethod
-    def create_schema(self) -> None:
-        """Create every table (idempotent)."""
+    def create_schema(self) -> SchemaStatus:
+        """Create or upgrade every table (idempotent); the schema's status before."""
 
-    @abc.abstractmethod
     def check_schema(self) -> None:
         """Raise :class:`~lr_client.errors.SchemaError` unless the schema is ours and current."""
 
-    @abc.abstractmethod
+    def schema_status(self) -> SchemaStatus:
+        """Where the database's schema stands against this version's."""
+
     def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
         """Register sites as possible destinations; return {site_id: site number}."""
 
-    @abc.abstractmethod
     def site_numbers(self, refresh: bool = False) -> dict[str, int]:
         """The registered sites."""
 
-    # -- send side ------------------------------------------------------------
-    @abc.abstractmethod
+    def site_name(self, num: int) -> str:
+        """The site id of a site number (``#<num>`` if it is not registered)."""
+
+    def analyze(self) -> None:
+        """Refresh the planner's statistics of the send queue (where the backend has them)."""
+
+    def close(self) -> None:
+        """Close the store's connections; a later call reconnects."""
+
+
+class SendLog(Protocol):
+    """The application's transmit path: append entries in the caller's transaction."""
+
     def append_log_entries(
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
     ) -> list[int]:
@@ -62,7 +92,16 @@ class QueueStore(abc.ABC):
         position ``p`` never later finds a committed entry below ``p`` (I1).
         """
 
-    @abc.abstractmethod
+    def head_position(self, conn: Connection | None = None) -> int:
+        """The highest position assigned so far (0 if none)."""
+
+    def flow_state(self, client_name: str) -> tuple[bool, list[str]]:
+        """(backpressure on, slow destinations) for a client, as retention set it."""
+
+
+class Shipping(Protocol):
+    """A sender session's reads of the send log, and its cursors."""
+
     def read_log_entries(
         self,
         destination: str,
@@ -74,14 +113,9 @@ class QueueStore(abc.ABC):
     ) -> list[SendEntry]:
         """Entries tagged ``lrq_logentry_<destination>`` after ``after``, in position order."""
 
-    @abc.abstractmethod
-    def head_position(self, conn: Connection | None = None) -> int:
-        """The highest position assigned so far (0 if none)."""
-
-    @abc.abstractmethod
     def read_client_log(
         self, client_name: str, after: int, limit: int, max_bytes: int | None = None
-    ) -> list[SendEntry]:
+    ) -> LogRange:
         """Log entries of a client after ``after``, in order, for every destination.
 
         Like every read of entries, it returns at most ``limit`` entries and,
@@ -93,19 +127,15 @@ class QueueStore(abc.ABC):
         hands each session the entries addressed to its destination.
         """
 
-    @abc.abstractmethod
     def oldest_position(self, client_name: str | None = None) -> int | None:
         """The lowest position still in the send queue, or None if it is empty."""
 
-    @abc.abstractmethod
     def get_cursor(self, destination: str, client_name: str) -> Cursor:
         """The acknowledged position of one stream (0 if it never acked)."""
 
-    @abc.abstractmethod
     def list_cursors(self) -> list[Cursor]:
         """All cursors."""
 
-    @abc.abstractmethod
     def set_cursor(
         self,
         destination: str,
@@ -116,22 +146,26 @@ class QueueStore(abc.ABC):
     ) -> None:
         """Record how far a destination has acknowledged (or where a full sync restarts it)."""
 
-    @abc.abstractmethod
     def backlog(self, destination: str, client_name: str) -> Backlog:
         """Unacknowledged log entries of one stream."""
 
-    # -- snapshots ------------------------------------------------------------
-    @abc.abstractmethod
+    def log_streams(self, after: int = 0) -> tuple[set[tuple[str, str]], int]:
+        """The (destination, client) pairs of the entries after ``after``, and the highest
+        position read (``after`` if none): positions commit in order, so a caller can go
+        on from there."""
+
+
+class Snapshots(Transactions, Protocol):
+    """Snapshot requests, the providers that write them, and the snapshot queue."""
+
     def request_snapshot(
         self, conn: Connection | None, destination: str, client_name: str, reason: str = ""
     ) -> str:
         """Record a snapshot request (cancelling any open one of the stream); return its id."""
 
-    @abc.abstractmethod
     def get_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
         """One snapshot request."""
 
-    @abc.abstractmethod
     def list_snapshots(
         self,
         destination: str | None = None,
@@ -140,13 +174,11 @@ class QueueStore(abc.ABC):
     ) -> list[SnapshotRequest]:
         """Snapshot requests, newest first."""
 
-    @abc.abstractmethod
     def open_snapshots(
         self, destination: str, client_names: Sequence[str]
     ) -> dict[str, SnapshotRequest]:
         """The open (requested, running or ready) request of each client that has one."""
 
-    @abc.abstractmethod
     def update_snapshot(
         self,
         snapshot_id: str,
@@ -156,15 +188,12 @@ class QueueStore(abc.ABC):
     ) -> bool:
         """Update a request if its status is in ``expect``; return whether it was updated."""
 
-    @abc.abstractmethod
     def start_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
         """REQUESTED -> RUNNING, fixing ``base_position``; None if no longer requested."""
 
-    @abc.abstractmethod
     def heartbeat_snapshot(self, snapshot_id: str) -> bool:
         """Record that the worker of a RUNNING request is alive; False if it is not running."""
 
-    @abc.abstractmethod
     def fail_stalled_snapshot(self, snapshot_id: str, silent_since: float, reason: str) -> bool:
         """RUNNING -> FAILED if its worker was last heard of before ``silent_since``.
 
@@ -172,7 +201,6 @@ class QueueStore(abc.ABC):
         worker wrote are released. Returns whether the request was failed.
         """
 
-    @abc.abstractmethod
     def write_snapshot_entries(
         self,
         conn: Connection,
@@ -183,26 +211,54 @@ class QueueStore(abc.ABC):
     ) -> int:
         """Write one part of a snapshot idempotently (re-writing a part replaces it)."""
 
-    @abc.abstractmethod
+    def write_snapshot_part(
+        self,
+        snapshot_id: str,
+        part: int,
+        payloads: Iterable[bytes],
+        chunk_rows: int,
+        *,
+        bulk: bool = True,
+    ) -> int:
+        """Write a whole part idempotently, ``chunk_rows`` entries per transaction.
+
+        Entries past the part's end (an earlier attempt's) are deleted; ``bulk``
+        lets a backend stream the rows in. Returns the part's entry count.
+        """
+
+    def drop_unwritten_parts(self, snapshot_id: str, written: Mapping[int, int]) -> None:
+        """Delete the entries of every part not in ``written`` (part -> entry count)."""
+
+    def snapshot_rows_committed(self, snapshot_id: str, parts: int) -> int:
+        """Entries committed so far by parts ``0 .. parts - 1`` (for progress)."""
+
+    def count_snapshot_entries(self, snapshot_id: str) -> int:
+        """How many entries (end marker aside) a snapshot has written."""
+
+    def set_snapshot_progress(self, snapshot_id: str, rows_written: int) -> None:
+        """Record a RUNNING snapshot's progress (and that its worker is alive)."""
+
     def finish_snapshot(self, snapshot_id: str) -> int:
         """Write the end marker with the entry count and mark the snapshot READY."""
 
-    @abc.abstractmethod
     def cancel_snapshot(self, snapshot_id: str, reason: str = "cancelled") -> bool:
         """Cancel an open snapshot and release its entries."""
 
-    @abc.abstractmethod
+    def complete_snapshot(self, snapshot_id: str) -> bool:
+        """READY -> COMPLETED: the sink has it all; release its entries."""
+
     def read_snapshot_entries(
         self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
     ) -> list[SendEntry]:
         """Entries of a READY snapshot after ``after`` (ordinal positions), end marker last."""
 
-    # -- trim and retention ------------------------------------------------
-    @abc.abstractmethod
+
+class Retention(Protocol):
+    """What the send queue keeps: trim, dropped and stopped streams, flow control."""
+
     def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
         """Delete entries every destination has acknowledged; return how many."""
 
-    @abc.abstractmethod
     def drop_stream(
         self,
         destination: str,
@@ -216,69 +272,42 @@ class QueueStore(abc.ABC):
         unless ``first_dropped_position`` says otherwise.
         """
 
-    @abc.abstractmethod
     def list_drops(self, destination: str | None = None) -> list[DropRecord]:
         """Current drop records (of one destination, if given)."""
 
-    @abc.abstractmethod
     def clear_drop(self, destination: str, client_name: str) -> None:
         """Forget a drop record once the destination has been re-synced."""
 
-    @abc.abstractmethod
     def trimmed_through(self, destination: str, client_name: str) -> int:
         """The highest position trim deleted among the stream's entries (0: none)."""
 
-    @abc.abstractmethod
     def stop_stream(
         self, destination: str, client_name: str, reason: str, resume_after: int
     ) -> bool:
         """Record a stopped stream; False if it was already recorded."""
 
-    @abc.abstractmethod
     def get_stream_stop(self, destination: str, client_name: str) -> StreamStop | None:
         """The stream's stop record, if it is stopped."""
 
-    @abc.abstractmethod
     def list_stream_stops(self) -> list[StreamStop]:
         """Every stop record."""
 
-    @abc.abstractmethod
     def accept_stream_loss(self, destination: str, client_name: str) -> StreamStop | None:
         """Mark a stopped stream's loss accepted (the session then resumes it)."""
 
-    @abc.abstractmethod
     def mark_stream_resumed(self, destination: str, client_name: str) -> None:
         """The sink was told of an accepted loss; the stop record stays as a record."""
 
-    @abc.abstractmethod
     def clear_stream_stop(self, destination: str, client_name: str) -> None:
         """Forget a stop record once the stream runs again."""
 
-    # -- receive side ---------------------------------------------------------
-    @abc.abstractmethod
-    def apply_drop_notice(
-        self,
-        source_id: str,
-        client_name: str,
-        notice_id: str,
-        first_dropped_position: int,
-        reason: str,
-    ) -> bool:
-        """Queue a drop notice for the listener once per ``notice_id``; False if a repeat."""
+    def set_flow_state(self, client_name: str, backpressure: bool, slow: Sequence[str]) -> None:
+        """Record a client's backpressure and slow destinations (the transmit path reads it)."""
 
-    @abc.abstractmethod
-    def list_sink_drops(self) -> list[SinkDrop]:
-        """The last drop notice received per (source, client)."""
 
-    @abc.abstractmethod
-    def sink_progress(self, source_id: str, client_name: str) -> SinkProgress:
-        """What this sink has received from one (source, client)."""
+class Receiving(Protocol):
+    """A sink's receiver: batches appended to receive queues exactly once."""
 
-    @abc.abstractmethod
-    def list_sink_progress(self) -> list[SinkProgress]:
-        """Every (source, client) this sink has heard of."""
-
-    @abc.abstractmethod
     def apply_log_batch(
         self,
         source_id: str,
@@ -294,7 +323,6 @@ class QueueStore(abc.ABC):
         last applied position).
         """
 
-    @abc.abstractmethod
     def apply_snapshot_batch(
         self,
         source_id: str,
@@ -305,15 +333,151 @@ class QueueStore(abc.ABC):
     ) -> tuple[bool, int]:
         """Append snapshot entries; a new snapshot id supersedes the previous one."""
 
-    # -- subscriber -----------------------------------------------------------
-    @abc.abstractmethod
+    def apply_drop_notice(
+        self,
+        source_id: str,
+        client_name: str,
+        notice_id: str,
+        first_dropped_position: int,
+        reason: str,
+    ) -> bool:
+        """Queue a drop notice for the listener once per ``notice_id``; False if a repeat."""
+
+    def sink_progress(self, source_id: str, client_name: str) -> SinkProgress:
+        """What this sink has received from one (source, client)."""
+
+    def list_sink_progress(self) -> list[SinkProgress]:
+        """Every (source, client) this sink has heard of."""
+
+    def list_sink_drops(self) -> list[SinkDrop]:
+        """The last drop notice received per (source, client)."""
+
+
+class SubscriberQueues(Transactions, Protocol):
+    """A sink's subscriber: receive queues, delivery state and leases.
+
+    The methods that take a ``conn`` run in the delivering transaction, which
+    the subscriber opens with :meth:`write` (or :meth:`read`).
+    """
+
     def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
         """Registered receive queues."""
 
-    @abc.abstractmethod
     def read_queue(self, conn: Connection, queue_id: int, limit: int) -> list[RecvEntry]:
         """The oldest entries of a receive queue."""
 
-    @abc.abstractmethod
     def delete_entries(self, conn: Connection, seqs: Sequence[int]) -> int:
         """Delete delivered entries (inside the delivering transaction)."""
+
+    def queue_depth(self, queue_id: int) -> int:
+        """How many entries wait in a receive queue."""
+
+    def load_state(self, conn: Connection, queue_id: int) -> SubscriberState:
+        """The queue's delivery state (defaults if it has none yet)."""
+
+    def acquire_lease(
+        self, conn: Connection, queue_id: int, owner: str, now: float, lease_seconds: float
+    ) -> float | None:
+        """Take or renew the queue's lease; return its expiry, or None if another holds it."""
+
+    def save_state(
+        self,
+        conn: Connection,
+        queue_id: int,
+        owner: str,
+        *,
+        snapshot_id: str,
+        in_snapshot: bool,
+        delivered: int,
+        lease_expires: float,
+    ) -> bool:
+        """Write the queue's state if ``owner`` still holds the lease; False: roll back."""
+
+    def release_leases(
+        self, conn: Connection, owner: str, queue_ids: list[int] | None = None
+    ) -> int:
+        """Give up ``owner``'s leases (all of them, or those of ``queue_ids``)."""
+
+    def read_head(
+        self, conn: Connection, queue_id: int, limit: int, max_bytes: int | None = None
+    ) -> list[HeadEntry]:
+        """The oldest entries of a receive queue, bounded by count and bytes."""
+
+    def peek_head(self, conn: Connection, queue_id: int) -> HeadEntry | None:
+        """The oldest entry of a receive queue, without its payload."""
+
+    def has_snapshot_end(self, conn: Connection, queue_id: int, snapshot_id: str) -> bool:
+        """Whether the end marker of ``snapshot_id`` is in the receive queue."""
+
+    def has_entries(self, conn: Connection, queue_id: int) -> bool:
+        """Whether the receive queue holds anything."""
+
+
+class Inspection(Protocol):
+    """Read-only views (``lr status``, ``lr browse``) and the sessions' status rows."""
+
+    def save_session_status(
+        self,
+        destination: str,
+        state: str,
+        *,
+        connected: bool,
+        inflight_batches: int,
+        inflight_bytes: int,
+        last_error: str = "",
+    ) -> None:
+        """Record a sender session's state (one row per destination)."""
+
+    def list_session_status(self) -> list[dict[str, Any]]:
+        """The sender sessions' status rows, by destination."""
+
+    def head_position_estimate(self) -> int:
+        """The highest position assigned so far, read without waiting for transmitters
+        (it may count one whose transaction has not committed yet)."""
+
+    def queue_depths(self) -> dict[int, int]:
+        """{queue_id: entries waiting} of every non-empty receive queue."""
+
+    def queue_sizes(self) -> tuple[int, int, list[tuple[QueueInfo, int]]]:
+        """Entries in the send log, the snapshot queue, and each receive queue (by name)."""
+
+    def browse_log_entries(
+        self, destination: str | None, client_name: str | None, after: int, limit: int
+    ) -> list[StoredEntry]:
+        """Send log entries after ``after``; with ``destination``, those it still needs."""
+
+    def browse_snapshot_entries(
+        self, destination: str | None, client_name: str | None, after: int, limit: int
+    ) -> list[StoredEntry]:
+        """Snapshot queue entries after ``after`` (of one destination's, one client's)."""
+
+    def browse_queue(self, queue_name: str, after: int, limit: int) -> list[StoredEntry] | None:
+        """A receive queue's entries after ``seq`` ``after``; None if there is no such queue."""
+
+
+class QueueStore(
+    Sites,
+    SendLog,
+    Shipping,
+    Snapshots,
+    Retention,
+    Receiving,
+    SubscriberQueues,
+    Inspection,
+    Protocol,
+):
+    """Every role: routing queues, stream tags and replication metadata in one database."""
+
+
+__all__ = [
+    "Inspection",
+    "QueueStore",
+    "Receiving",
+    "Retention",
+    "SendLog",
+    "Shipping",
+    "Sites",
+    "Snapshots",
+    "SubscriberQueues",
+    "Transactions",
+]

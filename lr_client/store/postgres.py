@@ -24,7 +24,7 @@ than one (I4).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, literal, select, text
@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from lr_client.records import WireEntry
+from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import schema as s
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
@@ -70,6 +70,11 @@ _RECV_TYPES = ("int4", "int2", "int8", "varchar", "int8", "bytea", "float8")
 _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
     s.recv_entries.name, ", ".join(_RECV_COLUMNS)
 )
+
+_SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload"
+_COPY_SNAPSYNC = f"COPY {s.send_snapsync.name} ({_SNAPSYNC_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+
+_SEQUENCE = text("SELECT last_value, is_called FROM lrq_send_log_entries_position_seq")
 
 _TRIM = text(
     """
@@ -169,13 +174,17 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             {"k": f"lrq_recv:{client_name}:{source_id}"},
         )
 
+    def _with_tag(self, query: Any, dest_num: int) -> Any:
+        e = s.send_log_entries
+        arr = literal([dest_num], postgresql.ARRAY(postgresql.SMALLINT))
+        return query.where(e.c.dest_nums.op("@>")(arr))
+
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         e = s.send_log_entries
-        return select(e.c.position, e.c.created_at).where(
-            e.c.dest_nums.op("@>")(literal([dest_num], postgresql.ARRAY(postgresql.SMALLINT))),
-            e.c.client_name == client_name,
-            e.c.position > after,
+        query = select(e.c.position, e.c.created_at).where(
+            e.c.client_name == client_name, e.c.position > after
         )
+        return self._with_tag(query, dest_num)
 
     def head_position(self, conn: Connection | None = None) -> int:
         # Under the transmit lock every assigned position is committed or rolled back.
@@ -188,6 +197,29 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             return int(conn.execute(query, {"k": self.lock_key(conn)}).one()[1])
         with self.write() as own:
             return int(own.execute(query, {"k": self.lock_key(own)}).one()[1])
+
+    def head_position_estimate(self) -> int:
+        # Reads the sequence instead of taking the transmit lock: it may count a
+        # position whose transaction has not committed yet.
+        with self.read() as conn:
+            row = conn.execute(_SEQUENCE).one()
+        return int(row[0]) if row[1] else 0
+
+    def _copy_snapshot_rows(
+        self, conn: Connection, snapshot_id: str, part: int, seq: int, payloads: Iterable[bytes]
+    ) -> int:
+        # Binary COPY, streamed: payloads are produced while earlier rows travel.
+        kind = int(ReplicationType.SNAPSHOT_SYNC)
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        n = 0
+        with raw.cursor() as cur, cur.copy(_COPY_SNAPSYNC) as copy:
+            copy.set_types(["varchar", "int4", "int8", "int2", "bytea"])
+            write_row = copy.write_row
+            for payload in payloads:
+                write_row((snapshot_id, part, seq + n, kind, payload))
+                n += 1
+        return n
 
     def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
         # Binary COPY in the apply transaction: one round trip for the whole batch.

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, exists, func, select, text
+from sqlalchemy import and_, delete, exists, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
@@ -53,6 +53,10 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         finally:
             cur.close()
         return positions
+
+    def _with_tag(self, query: Any, dest_num: int) -> Any:
+        t, e = s.send_tags, s.send_log_entries
+        return query.join(t, and_(t.c.position == e.c.position, t.c.dest_num == dest_num))
 
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         e, t = s.send_log_entries, s.send_tags

@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.leases import read_head
-from lr_client.store.sqla import ENTRY_OVERHEAD
+from lr_client.store.byte_bounds import ENTRY_OVERHEAD
 from lr_server.fanout import LogFanout
 
 MIB = 1024 * 1024
@@ -107,12 +106,12 @@ def test_the_subscribers_reads_load_only_what_fits(store: SQLAlchemyQueueStore) 
     store.apply_log_batch("a", "policy", [WireEntry(i + 1, log, p) for i, p in enumerate(payloads)])
     (queue,) = store.list_queues("policy")
     with store.read() as conn:
-        head, peak = _traced(lambda: read_head(conn, queue.queue_id, 500, LIMIT))
+        head, peak = _traced(lambda: store.read_head(conn, queue.queue_id, 500, LIMIT))
         assert [e.source_position for e in head] == [1, 2]
         assert [e.payload for e in head] == payloads[:2]
         assert peak < READ_PEAK, peak
-        assert len(read_head(conn, queue.queue_id, 500)) == COUNT
-        assert len(read_head(conn, queue.queue_id, 500, 1)) == 1  # never empty
+        assert len(store.read_head(conn, queue.queue_id, 500)) == COUNT
+        assert len(store.read_head(conn, queue.queue_id, 500, 1)) == 1  # never empty
 
 
 def test_the_shared_window_and_its_reads_stay_within_its_bytes(

@@ -6,9 +6,8 @@ import random
 
 import pytest
 
-from lr_client.records import SendEntry
+from lr_client.records import LogRange, SendEntry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.sqla import LogRange
 from lr_server.fanout import LogFanout
 
 DESTS = ["b", "c", "d", "e"]

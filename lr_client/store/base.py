@@ -1,0 +1,174 @@
+"""What every role of the SQLAlchemy store stands on: the engine, transactions,
+the site cache, upserts, and the hooks a dialect (SQLite, PostgreSQL) fills in.
+
+Each role's implementation is a mixin over :class:`StoreBase`
+(:mod:`~lr_client.store.sqla` composes them); the dialect classes override
+the abstract hooks.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
+
+from lr_client.errors import StoreUnavailableError
+from lr_client.store import schema as s
+
+
+class StoreBase(abc.ABC):
+    """The engine, the store's own transactions, the site cache and the dialect hooks."""
+
+    dialect = "generic"
+    #: Isolation for trim: every read of the transaction sees one snapshot.
+    consistent_isolation: str | None = None
+    #: The dialect's INSERT construct (it has ``on_conflict_do_nothing/update``).
+    dialect_insert: Any = None
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sites: dict[str, int] = {}
+        self._site_names: dict[int, str] = {}
+        self._queue_ids: dict[str, int] = {}
+        #: snapshot_id -> (ordinal, part, seq) of the last entry a read returned.
+        self._snapshot_marks: dict[str, tuple[int, int, int]] = {}
+
+    # -- transactions -----------------------------------------------------------
+    @contextmanager
+    def write(self, consistent: bool = False) -> Iterator[Connection]:
+        """A read-write transaction of the store's own."""
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(lr_immediate=True)
+                if consistent and self.consistent_isolation:
+                    conn = conn.execution_options(isolation_level=self.consistent_isolation)
+                with conn.begin():
+                    yield conn
+        except OperationalError as exc:
+            raise StoreUnavailableError(str(exc.orig) if exc.orig else str(exc)) from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction."""
+        try:
+            with self.engine.connect() as conn, conn.begin():
+                yield conn
+        except OperationalError as exc:
+            raise StoreUnavailableError(str(exc.orig) if exc.orig else str(exc)) from exc
+
+    # -- the site cache -----------------------------------------------------------
+    def site_numbers(self, refresh: bool = False) -> dict[str, int]:
+        if refresh or not self._sites:
+            with self.read() as conn:
+                rows = conn.execute(select(s.sites.c.site_id, s.sites.c.site_num)).all()
+            self._sites = {r.site_id: r.site_num for r in rows}
+            self._site_names = {num: name for name, num in self._sites.items()}
+        return dict(self._sites)
+
+    def site_name(self, num: int) -> str:
+        if num not in self._site_names:
+            self.site_numbers(refresh=True)
+        return self._site_names.get(num, f"#{num}")
+
+    @staticmethod
+    def _dest_nums_of(value: Any) -> list[int]:
+        """The destination numbers stored with an entry (a backend's encoding)."""
+        if isinstance(value, str):  # SQLite: ",1,5,"
+            return [int(x) for x in value.split(",") if x]
+        return [int(x) for x in value]
+
+    # -- upserts -------------------------------------------------------------------
+    def _insert_ignore(
+        self, conn: Connection, table: Any, rows: list[dict[str, Any]], keys: list[str]
+    ) -> None:
+        conn.execute(self.dialect_insert(table).on_conflict_do_nothing(index_elements=keys), rows)
+
+    def _upsert(
+        self,
+        conn: Connection,
+        table: Any,
+        row: dict[str, Any],
+        keys: list[str],
+        keep: Sequence[str] = (),
+    ) -> None:
+        """Insert ``row``, or update it on a key conflict (except the ``keep`` columns)."""
+        stmt = self.dialect_insert(table).values(**row)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=keys,
+            set_={k: v for k, v in row.items() if k not in keys and k not in keep},
+        )
+        conn.execute(stmt)
+
+    def _set_cursor(
+        self,
+        conn: Connection,
+        destination: str,
+        client_name: str,
+        position: int,
+        needs_snapshot: bool | None,
+    ) -> None:
+        """Upsert a cursor; ``needs_snapshot=None`` keeps the flag as it is."""
+        row: dict[str, Any] = {
+            "destination": destination,
+            "client_name": client_name,
+            "position": position,
+            "acked_at": time.time(),
+            "needs_snapshot": bool(needs_snapshot),
+        }
+        keep = ["needs_snapshot"] if needs_snapshot is None else []
+        self._upsert(conn, s.cursors, row, ["destination", "client_name"], keep)
+
+    # -- dialect hooks ------------------------------------------------------------------
+    @abc.abstractmethod
+    def head_position(self, conn: Connection | None = None) -> int:
+        """The highest position assigned so far (0 if none)."""
+
+    @abc.abstractmethod
+    def _insert_entries(
+        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+    ) -> list[int]:
+        """Insert send log entries with their tags; their positions, in commit order."""
+
+    @abc.abstractmethod
+    def _with_tag(self, query: Any, dest_num: int) -> Any:
+        """``query`` (over the send log) narrowed to the entries tagged for ``dest_num``."""
+
+    @abc.abstractmethod
+    def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+        """``position, created_at`` of a stream's entries after ``after`` (no payloads)."""
+
+    @abc.abstractmethod
+    def _trim_log(self, conn: Connection, batch_size: int) -> int:
+        """Delete up to ``batch_size`` acknowledged entries, raising the trim marks."""
+
+    def _release_tags(  # noqa: B027 (a hook: nothing to release by default)
+        self, conn: Connection, dest_num: int, client_name: str, up_to: int | None
+    ) -> None:
+        """Run when a stream is dropped: release what it needs up to ``up_to`` (None: all)."""
+
+    def _lock_stream(  # noqa: B027 (a hook: SQLite needs no lock)
+        self, conn: Connection, source_id: str, client_name: str
+    ) -> None:
+        """Serialise appends to one receive queue (SQLite already serialises writers)."""
+
+    def _copy_snapshot_rows(
+        self, conn: Connection, snapshot_id: str, part: int, seq: int, payloads: Iterable[bytes]
+    ) -> int | None:
+        """Bulk-insert snapshot entries from ``seq`` on; how many, or None if not supported."""
+        return None
+
+    def head_position_estimate(self) -> int:
+        """The highest position assigned so far, read without waiting for transmitters."""
+        return self.head_position()
+
+    def analyze(self) -> None:  # noqa: B027 (a hook: PostgreSQL analyzes)
+        """Refresh the planner's statistics of the send queue (a backend hook)."""
+
+
+__all__ = ["StoreBase"]

@@ -1,0 +1,196 @@
+"""The :class:`~lr_client.store.contract.Inspection` role: read-only views and session status.
+
+What ``lr status``, ``lr browse`` and the CLI show; sender sessions write
+their status rows here too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select
+
+from lr_client.records import QueueInfo, ReplicationType, StoredEntry
+from lr_client.store import schema as s
+from lr_client.store.base import StoreBase
+
+
+class InspectionStore(StoreBase):
+    """Counts, browsing and the sessions' status rows."""
+
+    def save_session_status(
+        self,
+        destination: str,
+        state: str,
+        *,
+        connected: bool,
+        inflight_batches: int,
+        inflight_bytes: int,
+        last_error: str = "",
+    ) -> None:
+        with self.write() as conn:
+            self._upsert(
+                conn,
+                s.session_status,
+                {
+                    "destination": destination,
+                    "state": state,
+                    "connected": connected,
+                    "inflight_batches": inflight_batches,
+                    "inflight_bytes": inflight_bytes,
+                    "last_error": last_error[:2000],
+                    "updated_at": time.time(),
+                },
+                ["destination"],
+            )
+
+    def list_session_status(self) -> list[dict[str, Any]]:
+        with self.read() as conn:
+            rows = conn.execute(
+                select(s.session_status).order_by(s.session_status.c.destination)
+            ).all()
+        return [dict(r._mapping) for r in rows]
+
+    # -- counts -------------------------------------------------------------------------
+    def queue_depths(self) -> dict[int, int]:
+        """{queue_id: entries waiting in the receive queue}, in one query."""
+        t = s.recv_entries
+        with self.read() as conn:
+            rows = conn.execute(select(t.c.queue_id, func.count()).group_by(t.c.queue_id)).all()
+        return {int(r[0]): int(r[1]) for r in rows}
+
+    def queue_sizes(self) -> tuple[int, int, list[tuple[QueueInfo, int]]]:
+        """Entries in the send log, in the snapshot queue, and in each receive queue
+        (by queue name), read in one transaction."""
+        reg, recv = s.queue_registry, s.recv_entries
+        with self.read() as conn:
+            n_log = conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar_one()
+            n_snap = conn.execute(select(func.count()).select_from(s.send_snapsync)).scalar_one()
+            depths: dict[int, int] = {
+                int(r[0]): int(r[1])
+                for r in conn.execute(
+                    select(recv.c.queue_id, func.count()).group_by(recv.c.queue_id)
+                )
+            }
+            registry = conn.execute(select(reg).order_by(reg.c.queue_name)).all()
+        queues = [
+            (
+                QueueInfo(r.queue_id, r.queue_name, r.client_name, r.source_id),
+                depths.get(r.queue_id, 0),
+            )
+            for r in registry
+        ]
+        return int(n_log), int(n_snap), queues
+
+    # -- browsing -----------------------------------------------------------------------
+    def browse_log_entries(
+        self, destination: str | None, client_name: str | None, after: int, limit: int
+    ) -> list[StoredEntry]:
+        """Send log entries after ``after``; with ``destination``, those it still needs.
+
+        Those are the entries tagged for it after its cursor, and none of a
+        dropped stream. An unknown destination has none.
+        """
+        e = s.send_log_entries
+        query = select(e.c.position, e.c.client_name, e.c.payload, e.c.dest_nums, e.c.created_at)
+        if destination is not None:
+            num = self.site_numbers(refresh=True).get(destination)
+            if num is None:
+                return []
+            query = self._with_tag(query, num)
+            c, d = s.cursors, s.drops
+            query = (
+                query.outerjoin(
+                    c, and_(c.c.destination == destination, c.c.client_name == e.c.client_name)
+                )
+                .outerjoin(
+                    d, and_(d.c.destination == destination, d.c.client_name == e.c.client_name)
+                )
+                .where(or_(c.c.position.is_(None), e.c.position > c.c.position))
+                .where(d.c.destination.is_(None))
+            )
+        if client_name is not None:
+            query = query.where(e.c.client_name == client_name)
+        query = query.where(e.c.position > after).order_by(e.c.position).limit(limit)
+        with self.read() as conn:
+            rows = conn.execute(query).all()
+        return [
+            StoredEntry(
+                position=int(r.position),
+                type=int(ReplicationType.LOG_ENTRY_SYNC),
+                client_name=r.client_name,
+                payload=bytes(r.payload),
+                destinations=tuple(
+                    self.site_name(n) for n in self._dest_nums_of(r.dest_nums or [])
+                ),
+                created_at=r.created_at,
+            )
+            for r in rows
+        ]
+
+    def browse_snapshot_entries(
+        self, destination: str | None, client_name: str | None, after: int, limit: int
+    ) -> list[StoredEntry]:
+        """Snapshot queue entries after ``after`` (of one destination's, one client's requests)."""
+        t, snap = s.send_snapsync, s.snapshots
+        query = (
+            select(
+                t.c.position,
+                t.c.type,
+                t.c.payload,
+                t.c.snapshot_id,
+                snap.c.destination,
+                snap.c.client_name,
+            )
+            .select_from(t.outerjoin(snap, snap.c.snapshot_id == t.c.snapshot_id))
+            .where(t.c.position > after)
+        )
+        if destination is not None:
+            query = query.where(snap.c.destination == destination)
+        if client_name is not None:
+            query = query.where(snap.c.client_name == client_name)
+        with self.read() as conn:
+            rows = conn.execute(query.order_by(t.c.position).limit(limit)).all()
+        return [
+            StoredEntry(
+                position=int(r.position),
+                type=int(r.type),
+                client_name=r.client_name or "",
+                payload=bytes(r.payload),
+                destinations=(r.destination,) if r.destination else (),
+                snapshot_id=r.snapshot_id,
+            )
+            for r in rows
+        ]
+
+    def browse_queue(self, queue_name: str, after: int, limit: int) -> list[StoredEntry] | None:
+        """A receive queue's entries with ``seq`` after ``after``; None if it does not exist."""
+        reg, t = s.queue_registry, s.recv_entries
+        with self.read() as conn:
+            found = conn.execute(
+                select(reg.c.queue_id, reg.c.client_name).where(reg.c.queue_name == queue_name)
+            ).first()
+            if found is None:
+                return None
+            rows = conn.execute(
+                select(t)
+                .where(t.c.queue_id == found.queue_id, t.c.seq > after)
+                .order_by(t.c.seq)
+                .limit(limit)
+            ).all()
+        return [
+            StoredEntry(
+                position=int(r.source_position),
+                type=int(r.type),
+                client_name=found.client_name,
+                payload=bytes(r.payload),
+                snapshot_id=r.snapshot_id,
+                created_at=r.received_at,
+                seq=int(r.seq),
+            )
+            for r in rows
+        ]
+
+
+__all__ = ["InspectionStore"]

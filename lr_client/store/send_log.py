@@ -1,0 +1,35 @@
+"""The :class:`~lr_client.store.contract.SendLog` role: the application's transmit path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from lr_client.store import schema as s
+from lr_client.store.base import StoreBase
+
+
+class SendLogStore(StoreBase):
+    """Appends to the send log in the application's transaction."""
+
+    def append_log_entries(
+        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+    ) -> list[int]:
+        if not messages:
+            return []
+        return self._insert_entries(conn, client_name, messages)
+
+    def flow_state(self, client_name: str) -> tuple[bool, list[str]]:
+        """(backpressure on, slow destinations) for a client."""
+        with self.read() as conn:
+            row = conn.execute(
+                select(s.flow_control).where(s.flow_control.c.client_name == client_name)
+            ).first()
+        if row is None:
+            return False, []
+        return bool(row.backpressure), [x for x in row.slow_destinations.split(",") if x]
+
+
+__all__ = ["SendLogStore"]

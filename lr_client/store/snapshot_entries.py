@@ -1,0 +1,267 @@
+"""The :class:`~lr_client.store.contract.Snapshots` role, part two: the snapshot queue.
+
+A provider writes a RUNNING request's entries as ``(part, seq)``; every write
+holds the request's share-lock (:meth:`SnapshotsStore._require_writable`) until
+it commits, so a concurrent cancel either comes first (and the write fails) or
+waits for the write and then deletes its entries with the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+
+from sqlalchemy import and_, delete, func, insert, select, text, tuple_
+from sqlalchemy.engine import Connection
+
+from lr_client.errors import SnapshotError
+from lr_client.records import ReplicationType, SendEntry, SnapshotStatus
+from lr_client.store import schema as s
+from lr_client.store.byte_bounds import fill, sized, within
+from lr_client.store.snapshots import SnapshotRequestsStore
+
+#: Entries committed so far: per part 0 .. ``last``, up to its highest seq.
+_PARTS_COMMITTED = text(
+    "WITH RECURSIVE parts(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM parts WHERE n < :last) "
+    "SELECT COALESCE(SUM((SELECT MAX(e.seq) + 1 FROM lrq_send_snapsync e "
+    "WHERE e.snapshot_id = :sid AND e.part = parts.n)), 0) FROM parts"
+)
+
+
+class SnapshotsStore(SnapshotRequestsStore):
+    """Snapshot requests (inherited) and the entries of the snapshot queue."""
+
+    def _require_writable(self, conn: Connection, snapshot_id: str) -> None:
+        # A shared row lock: a concurrent cancel waits for this write, or this
+        # write sees the cancel, so no entry of a cancelled snapshot survives it.
+        status = conn.execute(
+            select(s.snapshots.c.status)
+            .where(s.snapshots.c.snapshot_id == snapshot_id)
+            .with_for_update(read=True)
+        ).scalar()
+        if status != SnapshotStatus.RUNNING.value:
+            raise SnapshotError(f"snapshot {snapshot_id} is {status or 'unknown'}, not running")
+
+    def write_snapshot_entries(
+        self,
+        conn: Connection,
+        snapshot_id: str,
+        part: int,
+        payloads: Sequence[bytes],
+        first_seq: int = 0,
+    ) -> int:
+        self._require_writable(conn, snapshot_id)
+        t = s.send_snapsync
+        conn.execute(
+            delete(t).where(
+                t.c.snapshot_id == snapshot_id,
+                t.c.part == part,
+                t.c.seq >= first_seq,
+                t.c.seq < first_seq + len(payloads),
+            )
+        )
+        if payloads:
+            conn.execute(
+                insert(t),
+                [
+                    {
+                        "snapshot_id": snapshot_id,
+                        "part": part,
+                        "seq": first_seq + i,
+                        "type": int(ReplicationType.SNAPSHOT_SYNC),
+                        "payload": p,
+                    }
+                    for i, p in enumerate(payloads)
+                ],
+            )
+        return len(payloads)
+
+    def count_snapshot_entries(self, snapshot_id: str) -> int:
+        t = s.send_snapsync
+        with self.read() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).where(
+                        t.c.snapshot_id == snapshot_id,
+                        t.c.type == int(ReplicationType.SNAPSHOT_SYNC),
+                    )
+                ).scalar_one()
+            )
+
+    def finish_snapshot(self, snapshot_id: str) -> int:
+        t = s.send_snapsync
+        with self.write() as conn:
+            self._require_writable(conn, snapshot_id)
+            count = int(
+                conn.execute(
+                    select(func.count()).where(
+                        t.c.snapshot_id == snapshot_id,
+                        t.c.type == int(ReplicationType.SNAPSHOT_SYNC),
+                    )
+                ).scalar_one()
+            )
+            conn.execute(
+                delete(t).where(
+                    t.c.snapshot_id == snapshot_id,
+                    t.c.type == int(ReplicationType.LAST_FULL_SYNC_ENTRY),
+                )
+            )
+            conn.execute(
+                insert(t).values(
+                    snapshot_id=snapshot_id,
+                    part=-1,
+                    seq=0,
+                    type=int(ReplicationType.LAST_FULL_SYNC_ENTRY),
+                    payload=str(count).encode(),
+                )
+            )
+            self._update_snapshot(
+                conn,
+                snapshot_id,
+                [SnapshotStatus.RUNNING],
+                {"status": SnapshotStatus.READY, "entry_count": count, "rows_written": count},
+            )
+        return count
+
+    def read_snapshot_entries(
+        self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
+    ) -> list[SendEntry]:
+        t = s.send_snapsync
+        cols = (t.c.position, t.c.type, t.c.part, t.c.seq, *sized(t.c.payload, limit, max_bytes))
+        with self.read() as conn:
+            req = conn.execute(
+                select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
+            ).first()
+            if req is None or req.status != SnapshotStatus.READY.value:
+                return []
+            # Ordinals: the entries by (part, seq), then the end marker (part -1). A READY
+            # snapshot no longer changes, so where the previous read of this snapshot
+            # ended is a key to continue from: each read is an index range, not an OFFSET
+            # that rescans everything already shipped.
+            mark = self._snapshot_marks.get(snapshot_id)
+            if after == 0 or (mark is not None and mark[0] == after):
+                query = select(*cols).where(t.c.snapshot_id == snapshot_id)
+                if after:
+                    assert mark is not None  # its part is >= 0: the end marker stays out
+                    query = query.where(tuple_(t.c.part, t.c.seq) > tuple_(mark[1], mark[2]))
+                else:
+                    query = query.where(t.c.part >= 0)
+                rows = list(conn.execute(query.order_by(t.c.part, t.c.seq).limit(limit)).all())
+                if len(rows) < limit:
+                    end = select(*cols).where(t.c.snapshot_id == snapshot_id, t.c.part < 0)
+                    rows += conn.execute(end.limit(limit - len(rows))).all()  # the end marker
+            else:  # resuming elsewhere (a reconnect): find the place once
+                rows = list(
+                    conn.execute(
+                        select(*cols)
+                        .where(t.c.snapshot_id == snapshot_id)
+                        .order_by((t.c.part < 0), t.c.part, t.c.seq)
+                        .offset(after)
+                        .limit(limit)
+                    ).all()
+                )
+            rows = within(rows, max_bytes)
+            filled = fill(conn, rows, t.c.position, t.c.payload)
+        if len(filled) < len(rows):  # cancelled meanwhile
+            return []
+        if rows and rows[-1].part >= 0:
+            self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
+        else:
+            self._snapshot_marks.pop(snapshot_id, None)
+        return [
+            SendEntry(
+                position=after + i + 1,
+                client_name=req.client_name,
+                type=ReplicationType(r.type),
+                payload=payload,
+                snapshot_id=snapshot_id,
+            )
+            for i, (r, payload) in enumerate(filled)
+        ]
+
+    # -- bulk writes (the Spark job's partitions) ----------------------------------------
+    def write_snapshot_part(
+        self,
+        snapshot_id: str,
+        part: int,
+        payloads: Iterable[bytes],
+        chunk_rows: int,
+        *,
+        bulk: bool = True,
+    ) -> int:
+        """Write a whole part, ``chunk_rows`` entries per transaction; return how many.
+
+        Each chunk holds the request's share-lock, replaces what an earlier
+        attempt left in its seq range, and the last chunk deletes entries past
+        the part's end: a re-run leaves exactly one entry per payload. ``bulk``
+        lets a backend stream the chunk in (PostgreSQL: binary ``COPY``), while
+        the payloads are still being produced.
+        """
+        source = iter(payloads)
+        seq = 0
+        while True:
+            n: int | None = None
+            if bulk:
+                with self.write() as conn:
+                    self._require_writable(conn, snapshot_id)
+                    self._delete_part(conn, snapshot_id, part, seq, seq + chunk_rows)
+                    n = self._copy_snapshot_rows(
+                        conn, snapshot_id, part, seq, itertools.islice(source, chunk_rows)
+                    )
+                    if n is not None and n < chunk_rows:
+                        self._delete_part(conn, snapshot_id, part, seq + n, None)
+            if n is None:  # no bulk path: the chunk is produced outside the transaction
+                chunk = list(itertools.islice(source, chunk_rows))
+                n = len(chunk)
+                with self.write() as conn:
+                    self.write_snapshot_entries(conn, snapshot_id, part, chunk, seq)
+                    if n < chunk_rows:
+                        self._delete_part(conn, snapshot_id, part, seq + n, None)
+            seq += n
+            if n < chunk_rows:
+                return seq
+
+    @staticmethod
+    def _delete_part(
+        conn: Connection, snapshot_id: str, part: int, start: int, stop: int | None
+    ) -> None:
+        """Delete a part's entries with ``start <= seq < stop`` (no ``stop``: to its end)."""
+        t = s.send_snapsync
+        query = delete(t).where(t.c.snapshot_id == snapshot_id, t.c.part == part, t.c.seq >= start)
+        if stop is not None:
+            query = query.where(t.c.seq < stop)
+        conn.execute(query)
+
+    def snapshot_rows_committed(self, snapshot_id: str, parts: int) -> int:
+        """Entries committed so far by parts ``0 .. parts - 1`` (one index probe per part).
+
+        Counts up to the highest seq of each part, so a part being re-written by
+        a retry may count rows of its earlier attempt: good enough for progress.
+        """
+        if parts <= 0:
+            return 0
+        with self.read() as conn:
+            value = conn.execute(_PARTS_COMMITTED, {"sid": snapshot_id, "last": parts - 1}).scalar()
+        return int(value or 0)
+
+    def drop_unwritten_parts(self, snapshot_id: str, written: Mapping[int, int]) -> None:
+        """Delete entries of the parts not in ``written`` (left by an earlier run).
+
+        ``written`` maps each part a run wrote to its entry count; every other
+        part (a partition count that changed, an empty partition skipped) is
+        emptied, under the request's share-lock.
+        """
+        t = s.send_snapsync
+        top = max(written, default=-1)
+        gaps = [p for p in range(top) if p not in written]
+        with self.write() as conn:
+            self._require_writable(conn, snapshot_id)
+            base = and_(
+                t.c.snapshot_id == snapshot_id, t.c.type == int(ReplicationType.SNAPSHOT_SYNC)
+            )
+            conn.execute(delete(t).where(base, t.c.part > top))
+            for i in range(0, len(gaps), 500):
+                conn.execute(delete(t).where(base, t.c.part.in_(gaps[i : i + 500])))
+
+
+__all__ = ["SnapshotsStore"]
