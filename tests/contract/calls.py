@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -10,7 +11,6 @@ import pytest
 from lr_client.errors import SchemaError, StoreUnavailableError
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
-
 from tests.contract.outage import Outage
 
 T = TypeVar("T")
@@ -43,10 +43,8 @@ def across_outage(outage: Outage, call: Callable[[], T]) -> T:
             with pytest.raises(StoreUnavailableError):
                 call()
         else:
-            try:
+            with contextlib.suppress(StoreUnavailableError):
                 call()
-            except StoreUnavailableError:
-                pass
     finally:
         outage.end()
     return call()

@@ -23,7 +23,9 @@ def _summary(store: SQLAlchemyQueueStore) -> list[tuple[object, ...]]:
 
 def test_session_status_is_one_row_per_destination(store: SQLAlchemyQueueStore) -> None:
     assert store.list_session_status() == []
-    store.save_session_status("c", "streaming", connected=True, inflight_batches=2, inflight_bytes=9)
+    store.save_session_status(
+        "c", "streaming", connected=True, inflight_batches=2, inflight_bytes=9
+    )
     store.save_session_status(
         "b", "backoff", connected=False, inflight_batches=0, inflight_bytes=0, last_error="down"
     )
@@ -31,7 +33,9 @@ def test_session_status_is_one_row_per_destination(store: SQLAlchemyQueueStore) 
         ("b", "backoff", False, 0, 0, "down"),
         ("c", "streaming", True, 2, 9, ""),
     ]
-    store.save_session_status("b", "streaming", connected=True, inflight_batches=1, inflight_bytes=3)
+    store.save_session_status(
+        "b", "streaming", connected=True, inflight_batches=1, inflight_bytes=3
+    )
     assert _summary(store) == [
         ("b", "streaming", True, 1, 3, ""),
         ("c", "streaming", True, 2, 9, ""),

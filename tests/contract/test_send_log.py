@@ -17,7 +17,9 @@ def test_positions_increase_in_append_order(store: SQLAlchemyQueueStore) -> None
     q = append(store, "other", (b"5", ["b"]))
     assert q[0] > p[-1] and store.head_position() == q[0]
     read = store.read_client_log("policy", 0, 10)
-    assert [(e.position, e.payload) for e in read] == list(zip(p, [b"1", b"2", b"3", b"4"]))
+    assert [(e.position, e.payload) for e in read] == list(
+        zip(p, [b"1", b"2", b"3", b"4"], strict=True)
+    )
 
 
 def test_an_empty_append_assigns_nothing(store: SQLAlchemyQueueStore) -> None:
