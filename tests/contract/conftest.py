@@ -12,7 +12,9 @@ A few methods run inside the caller's transaction and take its ``conn``
 ``delete_entries``, and optionally ``request_snapshot`` and
 ``head_position``). The tests obtain that connection as an application
 does, from ``store.engine.begin()`` (or ``store.engine.connect()`` plus
-``begin()`` to roll back); nothing else of the engine is used.
+``begin()`` to roll back). Nothing else of the engine is used, but by the
+fixtures: they dispose of it at the end, and a SQLite outage closes its
+pooled connections.
 
 Fixtures: ``store`` (a store with its schema), ``bare_store`` (a store on an
 empty database) and ``outage`` (loses the store's connections), each on

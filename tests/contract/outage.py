@@ -33,12 +33,12 @@ class Outage:
             with self._admin.begin() as conn:
                 ended = conn.execute(
                     sqlalchemy.text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
                         " WHERE application_name = :name"
                     ),
                     {"name": self.app_name},
                 ).all()
-            assert ended, "the store had no connection to lose"
+            assert ended and all(ok for (ok,) in ended), "no connection of the store was ended"
             return
         self.store.engine.pool.dispose()  # the process's connections are gone
         self.path.rename(self.path.with_name(self.path.name + ".away"))

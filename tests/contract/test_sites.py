@@ -45,9 +45,11 @@ def test_sites_get_distinct_stable_numbers(store: SQLAlchemyQueueStore) -> None:
     assert store.site_name(unknown) == f"#{unknown}"
 
 
-def test_sites_registered_elsewhere_are_seen_on_refresh(store: SQLAlchemyQueueStore) -> None:
+def test_sites_registered_elsewhere_are_seen_on_refresh(
+    store: SQLAlchemyQueueStore, db_url: str
+) -> None:
     store.register_sites(["b"])
-    other = open_store(create_engine(store.engine.url.render_as_string(hide_password=False)))
+    other = open_store(create_engine(db_url))
     try:
         nums = other.register_sites(["c"])
     finally:
@@ -74,7 +76,6 @@ def test_analyze_changes_no_data(store: SQLAlchemyQueueStore) -> None:
 
 def test_dialect_names_the_backend(store: SQLAlchemyQueueStore, db_url: str) -> None:
     assert store.dialect == ("sqlite" if db_url.startswith("sqlite") else "postgresql")
-    assert store.dialect == store.engine.dialect.name
 
 
 def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
