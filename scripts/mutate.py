@@ -54,7 +54,10 @@ STORE_FILES = [
     "lr_client/store/sqlite.py",
     "lr_client/store/postgres.py",
 ]
-CONTRACT = "tests/integration/test_store_contract.py"
+#: The store contract suite, one module per role. mutmut wants every selected test
+#: green on the unmutated code; the checks of a store on an empty database reach no
+#: mutated function and are left out.
+CONTRACT = ["tests/contract", "-k", "not on_an_empty_database"]
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ TARGETS: dict[str, Target] = {
         [
             "tests/integration/test_trim.py",
             "tests/integration/test_trim_property.py",
-            CONTRACT,
+            *CONTRACT,
         ],
         "trim watermark, open snapshot bases, drops",
         (("LR_TRIM_EXAMPLES", "25"),),
@@ -115,7 +118,7 @@ TARGETS: dict[str, Target] = {
             "lr_server.receiver.*",
         ],
         [
-            CONTRACT,
+            *CONTRACT,
             "tests/integration/test_sink_exactly_once.py",
             "tests/integration/test_subscriber.py",
         ],
@@ -151,7 +154,7 @@ TARGETS: dict[str, Target] = {
             ),
         ],
         [
-            CONTRACT,
+            *CONTRACT,
             "tests/integration/test_snapshot_provider.py",
             "tests/integration/test_trim.py",
         ],
@@ -171,7 +174,7 @@ TARGETS: dict[str, Target] = {
             ),
         ],
         [
-            CONTRACT,
+            *CONTRACT,
             "tests/integration/test_sender.py",
             "tests/integration/test_commit_order.py",
             "tests/integration/test_trim.py",

@@ -1,0 +1,58 @@
+"""What the contract tests do through a store's public methods, more than once."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+from lr_client.errors import SchemaError, StoreUnavailableError
+from lr_client.records import ReplicationType, WireEntry
+from lr_client.store import SQLAlchemyQueueStore
+from tests.contract.outage import Outage
+
+T = TypeVar("T")
+
+
+def append(store: SQLAlchemyQueueStore, client: str, *rows: tuple[bytes, list[str]]) -> list[int]:
+    """Transmit ``(payload, destinations)`` rows in one committed transaction; their positions."""
+    nums = store.register_sites(sorted({d for _, ds in rows for d in ds}))
+    with store.engine.begin() as conn:
+        return store.append_log_entries(
+            conn, client, [(p, [nums[d] for d in ds]) for p, ds in rows]
+        )
+
+
+def log(*positions: int) -> list[WireEntry]:
+    """Log entries as they come from the wire, payload ``b"<position>"``."""
+    return [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"%d" % p) for p in positions]
+
+
+def across_outage(outage: Outage, call: Callable[[], T]) -> T:
+    """Lose the store's connections, then ``call``: a transient error, or an answer.
+
+    A lasting outage (SQLite: the file cannot be opened) must raise
+    :class:`StoreUnavailableError`; a short one (PostgreSQL: the server is up
+    again) may too. Once the database is back, ``call`` succeeds: its result.
+    """
+    outage.begin()
+    try:
+        if outage.lasting:
+            with pytest.raises(StoreUnavailableError):
+                call()
+        else:
+            with contextlib.suppress(StoreUnavailableError):
+                call()
+    finally:
+        outage.end()
+    return call()
+
+
+def refused_for_no_schema(bare: SQLAlchemyQueueStore, call: Callable[[], object]) -> None:
+    """On an empty database ``call`` raises :class:`SchemaError` and creates nothing."""
+    with pytest.raises(SchemaError):
+        call()
+    with pytest.raises(SchemaError, match="no schema"):
+        bare.check_schema()

@@ -1,0 +1,72 @@
+"""The queue store contract, one module per role, on SQLite and PostgreSQL.
+
+Each module exercises one role of the store (``Sites``, ``SendLog``,
+``Shipping``, ``Snapshots``, ``Retention``, ``Receiving``,
+``SubscriberQueues``, ``Inspection``) through that role's public methods
+only: no table is read or written directly and no schema object is imported
+(checks of rows and schema internals live in
+``tests/integration/test_store_backends.py``).
+
+A few methods run inside the caller's transaction and take its ``conn``
+(``append_log_entries``, ``write_snapshot_entries``, ``read_queue``,
+``delete_entries``, and optionally ``request_snapshot`` and
+``head_position``). The tests obtain that connection as an application
+does, from ``store.engine.begin()`` (or ``store.engine.connect()`` plus
+``begin()`` to roll back). Nothing else of the engine is used, but by the
+fixtures: they dispose of it at the end, and a SQLite outage closes its
+pooled connections.
+
+Fixtures: ``store`` (a store with its schema), ``bare_store`` (a store on an
+empty database) and ``outage`` (loses the store's connections), each on
+every backend of ``db_url``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from tests.contract.outage import Outage
+
+
+def _open(db_url: str) -> tuple[SQLAlchemyQueueStore, str]:
+    """A store on ``db_url`` whose PostgreSQL connections carry a name of their own."""
+    if db_url.startswith("sqlite"):
+        return open_store(create_engine(db_url)), ""
+    name = "lr-contract-" + uuid.uuid4().hex[:12]
+    engine = create_engine(db_url, connect_args={"application_name": name})
+    return open_store(engine), name
+
+
+@pytest.fixture
+def bare_store(db_url: str) -> Iterator[SQLAlchemyQueueStore]:
+    """A store on an empty database: no schema."""
+    st, _ = _open(db_url)
+    yield st
+    st.engine.dispose()
+
+
+@pytest.fixture
+def _store_and_name(db_url: str) -> Iterator[tuple[SQLAlchemyQueueStore, str]]:
+    st, name = _open(db_url)
+    st.create_schema()
+    yield st, name
+    st.engine.dispose()
+
+
+@pytest.fixture
+def store(_store_and_name: tuple[SQLAlchemyQueueStore, str]) -> SQLAlchemyQueueStore:
+    """An empty store with its schema, on each backend."""
+    return _store_and_name[0]
+
+
+@pytest.fixture
+def outage(_store_and_name: tuple[SQLAlchemyQueueStore, str], db_url: str) -> Iterator[Outage]:
+    """Cuts the ``store`` fixture's connections."""
+    st, name = _store_and_name
+    cut = Outage(st, db_url, name)
+    yield cut
+    cut.close()

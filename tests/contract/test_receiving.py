@@ -1,0 +1,158 @@
+"""Receiving: applying batches from a source to the sink's receive queues, exactly once."""
+
+from __future__ import annotations
+
+import pytest
+
+from lr_client.errors import InvalidNameError, ProtocolError
+from lr_client.records import ReplicationType, SinkSnapshotState, WireEntry
+from lr_client.store import SQLAlchemyQueueStore
+from tests.contract.calls import across_outage, log, refused_for_no_schema
+from tests.contract.outage import Outage
+
+SNAP = ReplicationType.SNAPSHOT_SYNC
+END = ReplicationType.LAST_FULL_SYNC_ENTRY
+
+
+def _queued(store: SQLAlchemyQueueStore, client: str = "policy") -> list[tuple[int, bytes, str]]:
+    """(source position, payload, snapshot id) of everything queued for ``client``, in order."""
+    (queue,) = store.list_queues(client)
+    with store.engine.begin() as conn:
+        got = store.read_queue(conn, queue.queue_id, 100)
+    return [(e.source_position, e.payload, e.snapshot_id) for e in got]
+
+
+def test_receiver_is_idempotent_and_registers_queue(store: SQLAlchemyQueueStore) -> None:
+    batch = log(3, 5, 9)
+    assert store.apply_log_batch("site-a", "policy", batch) == (True, 9)
+    assert store.apply_log_batch("site-a", "policy", batch) == (False, 9)
+    assert store.apply_log_batch("site-a", "policy", [*batch, *log(11)]) == (True, 11)
+    (queue,) = store.list_queues("policy")
+    assert queue.queue_name == "LRQ_Recv_policy__site-a"
+    assert (queue.source_id, queue.client_name) == ("site-a", "policy")
+    assert [p for p, _, _ in _queued(store)] == [3, 5, 9, 11]
+    progress = store.sink_progress("site-a", "policy")
+    assert progress.last_position == 11
+    assert progress.snapshot_state is SinkSnapshotState.NONE
+
+
+def test_a_gap_is_refused_and_applies_nothing(store: SQLAlchemyQueueStore) -> None:
+    store.apply_log_batch("site-a", "policy", log(1, 2))
+    with pytest.raises(ProtocolError, match="gap"):
+        store.apply_log_batch("site-a", "policy", log(5, 6), previous_position=4)
+    assert [p for p, _, _ in _queued(store)] == [1, 2]
+    assert store.sink_progress("site-a", "policy").last_position == 2
+    assert store.apply_log_batch("site-a", "policy", log(3, 4), previous_position=2) == (True, 4)
+    assert [p for p, _, _ in _queued(store)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("source", "client"), [("Site-A", "policy"), ("site-a", "po_licy")])
+def test_a_bad_name_applies_nothing(store: SQLAlchemyQueueStore, source: str, client: str) -> None:
+    with pytest.raises(InvalidNameError):
+        store.apply_log_batch(source, client, log(1))
+    with pytest.raises(InvalidNameError):
+        store.apply_snapshot_batch(source, client, "s1", [WireEntry(1, SNAP, b"x", "s1")])
+    assert store.list_queues() == []
+    assert store.list_sink_progress() == []
+
+
+def test_sources_get_separate_queues(store: SQLAlchemyQueueStore) -> None:
+    e = [WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"x")]
+    store.apply_log_batch("a-b", "c", e)
+    store.apply_log_batch("a", "b-c", e)
+    names = sorted(q.queue_name for q in store.list_queues())
+    assert names == ["LRQ_Recv_b-c__a", "LRQ_Recv_c__a-b"]
+
+
+def test_sink_snapshot_supersedes_and_sets_base(store: SQLAlchemyQueueStore) -> None:
+    store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"old", "s1")])
+    assert store.sink_progress("a", "policy").snapshot_state is SinkSnapshotState.ONGOING
+    store.apply_snapshot_batch("a", "policy", "s2", [WireEntry(1, SNAP, b"new", "s2")])
+    end = WireEntry(2, END, b"1", "s2", 1, base_position=42)
+    assert store.apply_snapshot_batch("a", "policy", "s2", [end]) == (True, 2)
+    assert [(b, s) for _, b, s in _queued(store)] == [(b"new", "s2"), (b"1", "s2")]
+    progress = store.sink_progress("a", "policy")
+    assert progress.last_position == 42 and progress.snapshot_id == "s2"
+    assert progress.snapshot_state is SinkSnapshotState.COMPLETED
+    # a replayed batch of the completed snapshot is not applied again
+    assert store.apply_snapshot_batch("a", "policy", "s2", [end])[0] is False
+    # log entries resume after the base
+    assert store.apply_log_batch("a", "policy", log(40, 43)) == (True, 43)
+    assert [p for p, _, _ in _queued(store)][-1:] == [43]
+
+
+def test_snapshot_batches_are_checked_for_gaps(store: SQLAlchemyQueueStore) -> None:
+    first = [WireEntry(1, SNAP, b"a", "s1"), WireEntry(2, SNAP, b"b", "s1")]
+    assert store.apply_snapshot_batch("a", "policy", "s1", first, previous_position=0) == (True, 2)
+    assert store.apply_snapshot_batch("a", "policy", "s1", first[1:], previous_position=1) == (
+        False,
+        2,
+    )
+    with pytest.raises(ProtocolError):
+        store.apply_snapshot_batch(
+            "a", "policy", "s1", [WireEntry(5, SNAP, b"e", "s1")], previous_position=4
+        )
+    with pytest.raises(ProtocolError):
+        store.apply_snapshot_batch(
+            "a", "policy", "s2", [WireEntry(3, SNAP, b"c", "s2")], previous_position=2
+        )
+    assert [(p, s) for p, _, s in _queued(store)] == [(1, "s1"), (2, "s1")]
+    assert store.sink_progress("a", "policy").snapshot_id == "s1"
+
+
+def test_a_drop_notice_is_queued_once_and_rewinds(store: SQLAlchemyQueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(1, 2, 3, 4))
+    assert store.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
+    assert not store.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
+    queued = _queued(store)
+    assert queued[-1] == (3, b"too far behind", "n1")
+    (queue,) = store.list_queues("policy")
+    with store.engine.begin() as conn:
+        assert store.read_queue(conn, queue.queue_id, 100)[-1].type is (
+            ReplicationType.STREAM_DROPPED
+        )
+    assert store.sink_progress("a", "policy").last_position == 2
+    (drop,) = store.list_sink_drops()
+    assert (drop.source_id, drop.client_name, drop.notice_id) == ("a", "policy", "n1")
+    assert (drop.first_dropped_position, drop.reason) == (3, "too far behind")
+    assert store.apply_drop_notice("a", "policy", "n2", 9, "again")
+    assert [d.notice_id for d in store.list_sink_drops()] == ["n2"]  # the last per stream
+    assert store.sink_progress("a", "policy").last_position == 2  # never moved forward
+
+
+def test_a_drop_notice_ends_a_partial_snapshot(store: SQLAlchemyQueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(1))
+    store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"part", "s1")])
+    assert store.apply_drop_notice("a", "policy", "n1", 2, "dropped")
+    assert [(p, s) for p, _, s in _queued(store)] == [(1, ""), (2, "n1")]
+    progress = store.sink_progress("a", "policy")
+    assert (progress.snapshot_state, progress.snapshot_id) == (SinkSnapshotState.NONE, "")
+
+
+def test_sink_progress_is_listed_per_source_and_client(store: SQLAlchemyQueueStore) -> None:
+    assert store.sink_progress("a", "policy").last_position == 0
+    store.apply_log_batch("b", "policy", log(7))
+    store.apply_log_batch("a", "zeta", log(5))
+    store.apply_log_batch("a", "alpha", log(3))
+    got = [(p.source_id, p.client_name, p.last_position) for p in store.list_sink_progress()]
+    assert got == [("a", "alpha", 3), ("a", "zeta", 5), ("b", "policy", 7)]
+    store.apply_drop_notice("b", "zeta", "n", 1, "r")
+    store.apply_drop_notice("a", "policy", "m", 1, "r")
+    assert [(d.source_id, d.client_name) for d in store.list_sink_drops()] == [
+        ("a", "policy"),
+        ("b", "zeta"),
+    ]
+
+
+def test_a_receiving_method_on_an_empty_database_is_a_schema_error(
+    bare_store: SQLAlchemyQueueStore,
+) -> None:
+    refused_for_no_schema(bare_store, lambda: bare_store.apply_log_batch("a", "policy", log(1)))
+    refused_for_no_schema(bare_store, bare_store.list_sink_progress)
+
+
+def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+    store.apply_log_batch("a", "policy", log(1))
+    assert across_outage(outage, lambda: store.apply_log_batch("a", "policy", log(1, 2)))[1] == 2
+    assert [p for p, _, _ in _queued(store)] == [1, 2]  # applied once
+    assert across_outage(outage, lambda: store.sink_progress("a", "policy")).last_position == 2

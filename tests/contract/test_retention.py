@@ -1,0 +1,191 @@
+"""Retention: trim, dropped streams, trim marks, stopped streams and flow state."""
+
+from __future__ import annotations
+
+from lr_client.records import SnapshotStatus
+from lr_client.store import SQLAlchemyQueueStore
+from tests.contract.calls import across_outage, append, refused_for_no_schema
+from tests.contract.outage import Outage
+
+
+def _positions(store: SQLAlchemyQueueStore, destination: str) -> list[int]:
+    return [e.position for e in store.read_log_entries(destination, "policy", 0, 100)]
+
+
+def test_trim_keeps_what_a_destination_needs(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
+    store.set_cursor("b", "policy", p[2])
+    assert store.trim() == 1  # only 2: 1 and 3 still wait for c
+    assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"1", b"3"]
+    assert [e.position for e in store.read_client_log("policy", 0, 10)] == [p[0], p[2]]
+    store.set_cursor("c", "policy", p[0])
+    assert store.trim() == 1
+    assert store.oldest_position() == p[2]
+    assert [e.position for e in store.read_client_log("policy", 0, 10)] == [p[2]]
+    # positions are never reused after a trim
+    store.set_cursor("c", "policy", p[2])
+    store.trim()
+    assert store.read_client_log("policy", 0, 10) == []
+    assert append(store, "policy", (b"4", ["b"]))[0] > p[2]
+
+
+def test_trim_in_batches_deletes_all_that_is_acknowledged(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", *[(b"%d" % i, ["b"]) for i in range(7)])
+    store.set_cursor("b", "policy", p[4])
+    assert store.trim(batch_size=2, max_batches=1) == 2
+    assert [e.position for e in store.read_client_log("policy", 0, 10)] == p[2:]  # the oldest
+    assert store.trim(batch_size=2) == 3
+    assert [e.position for e in store.read_client_log("policy", 0, 10)] == p[5:]
+    assert _positions(store, "b") == p[5:]
+
+
+def test_trim_keeps_what_follows_an_open_snapshots_base(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)  # base p[1]
+    q = append(store, "policy", (b"3", ["b"]))
+    store.set_cursor("b", "policy", q[0])
+    store.trim()
+    assert _positions(store, "b") == q  # what follows the base stays
+    assert p[1] not in _positions(store, "b")
+
+
+def test_trim_releases_the_entries_of_closed_snapshots(store: SQLAlchemyQueueStore) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    with store.engine.begin() as conn:
+        store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
+    store.finish_snapshot(sid)
+    kept = store.request_snapshot(None, "c", "policy")
+    store.start_snapshot(kept)
+    with store.engine.begin() as conn:
+        store.write_snapshot_entries(conn, kept, 0, [b"k"])
+    store.update_snapshot(sid, status=SnapshotStatus.FAILED)
+    assert store.trim() == 3  # two entries and the end marker of the failed one
+    assert store.count_snapshot_entries(sid) == 0
+    assert store.count_snapshot_entries(kept) == 1
+
+
+def test_trim_marks_follow_what_trim_deleted(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
+    assert store.trimmed_through("b", "policy") == 0
+    store.set_cursor("b", "policy", p[2])
+    store.trim()
+    assert store.trimmed_through("b", "policy") == p[1]
+    assert store.trimmed_through("c", "policy") == 0
+    store.set_cursor("c", "policy", p[0])
+    store.trim()
+    assert store.trimmed_through("b", "policy") == p[1]  # never lowered
+    assert store.trimmed_through("c", "policy") == p[0]
+    assert store.trimmed_through("unknown", "policy") == 0
+    assert store.trimmed_through("b", "other") == 0
+
+
+def test_drop_releases_backlog(store: SQLAlchemyQueueStore) -> None:
+    append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]))
+    store.register_sites(["b"])
+    drop = store.drop_stream("c", "policy", "too far behind")
+    assert drop is not None and drop.first_dropped_position == 1
+    assert (drop.destination, drop.client_name, drop.reason) == ("c", "policy", "too far behind")
+    assert store.get_cursor("c", "policy").needs_snapshot
+    store.set_cursor("c", "policy", 1)  # a late log ack keeps the flag
+    assert store.get_cursor("c", "policy").needs_snapshot
+    store.set_cursor("b", "policy", 10)
+    assert store.trim() == 2
+    assert store.read_client_log("policy", 0, 10) == []
+    assert [d.destination for d in store.list_drops()] == ["c"]
+    store.clear_drop("c", "policy")
+    assert store.list_drops() == []
+
+
+def test_a_drop_is_recorded_once(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]), (b"3", ["c"]))
+    store.set_cursor("b", "policy", p[0])
+    first = store.drop_stream("b", "policy", "behind")
+    assert first is not None and first.first_dropped_position == p[0] + 1
+    again = store.drop_stream("b", "policy", "again", first_dropped_position=99)
+    assert again == first
+    told = store.drop_stream("c", "policy", "told", first_dropped_position=p[2])
+    assert told is not None and told.first_dropped_position == p[2]
+    assert [(d.destination, d.reason) for d in store.list_drops("b")] == [("b", "behind")]
+    assert sorted(d.destination for d in store.list_drops()) == ["b", "c"]
+    store.clear_drop("b", "policy")
+    assert [d.destination for d in store.list_drops()] == ["c"]
+
+
+def test_an_unknown_destination_is_not_dropped(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b"]))
+    assert store.drop_stream("unknown", "policy", "x") is None
+    assert store.list_drops() == []
+    assert store.get_cursor("unknown", "policy").needs_snapshot is False
+    assert _positions(store, "b") == p
+
+
+def test_a_stopped_stream_is_recorded_accepted_and_resumed(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    store.set_cursor("b", "policy", p[1])
+    store.trim()
+    assert store.get_stream_stop("b", "policy") is None
+    assert store.accept_stream_loss("b", "policy") is None  # not stopped
+    assert store.stop_stream("b", "policy", "lost", resume_after=p[1])
+    assert not store.stop_stream("b", "policy", "again", resume_after=0)  # still open
+    stop = store.get_stream_stop("b", "policy")
+    assert stop is not None
+    assert (stop.destination, stop.client_name, stop.reason, stop.resume_after) == (
+        "b",
+        "policy",
+        "lost",
+        p[1],
+    )
+    assert (stop.accepted_at, stop.accepted_through, stop.resumed_at) == (None, None, None)
+    store.mark_stream_resumed("b", "policy")  # not accepted: stays stopped
+    still = store.get_stream_stop("b", "policy")
+    assert still is not None and still.resumed_at is None
+    accepted = store.accept_stream_loss("b", "policy")
+    assert accepted is not None and accepted.accepted_at is not None
+    assert accepted.accepted_through == p[1]  # the trim mark when the loss was accepted
+    assert store.accept_stream_loss("b", "policy") is None  # once
+    store.mark_stream_resumed("b", "policy")
+    resumed = store.get_stream_stop("b", "policy")
+    assert resumed is not None and resumed.resumed_at is not None
+    # A new loss after a resumed one replaces the record.
+    assert store.stop_stream("b", "policy", "lost again", resume_after=p[1] + 5)
+    fresh = store.get_stream_stop("b", "policy")
+    assert fresh is not None and (fresh.reason, fresh.accepted_at) == ("lost again", None)
+    store.clear_stream_stop("b", "policy")
+    assert store.get_stream_stop("b", "policy") is None
+
+
+def test_stream_stops_are_listed_by_destination_then_client(store: SQLAlchemyQueueStore) -> None:
+    store.stop_stream("c", "policy", "x", 1)
+    store.stop_stream("b", "zeta", "y", 2)
+    store.stop_stream("b", "alpha", "z", 3)
+    got = [(s.destination, s.client_name, s.reason) for s in store.list_stream_stops()]
+    assert got == [("b", "alpha", "z"), ("b", "zeta", "y"), ("c", "policy", "x")]
+    store.clear_stream_stop("b", "zeta")
+    assert [s.client_name for s in store.list_stream_stops()] == ["alpha", "policy"]
+
+
+def test_set_flow_state_is_per_client(store: SQLAlchemyQueueStore) -> None:
+    store.set_flow_state("policy", True, ["c", "b"])
+    store.set_flow_state("other", False, ["d"])
+    assert store.flow_state("policy") == (True, ["b", "c"])
+    assert store.flow_state("other") == (False, ["d"])
+    store.set_flow_state("policy", False, [])
+    assert store.flow_state("policy") == (False, [])
+    assert store.flow_state("other") == (False, ["d"])
+
+
+def test_a_retention_method_on_an_empty_database_is_a_schema_error(
+    bare_store: SQLAlchemyQueueStore,
+) -> None:
+    refused_for_no_schema(bare_store, bare_store.trim)
+    refused_for_no_schema(bare_store, bare_store.list_stream_stops)
+
+
+def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    store.set_cursor("b", "policy", p[0])
+    across_outage(outage, store.trim)
+    assert _positions(store, "b") == p[1:]
+    assert across_outage(outage, lambda: store.trimmed_through("b", "policy")) == p[0]

@@ -1,0 +1,82 @@
+"""SendLog: appending to the send queue in the caller's transaction, its head, flow state."""
+
+from __future__ import annotations
+
+import pytest
+
+from lr_client.store import SQLAlchemyQueueStore
+from tests.contract.calls import across_outage, append, refused_for_no_schema
+from tests.contract.outage import Outage
+
+
+def test_positions_increase_in_append_order(store: SQLAlchemyQueueStore) -> None:
+    assert store.head_position() == 0
+    p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]), (b"4", ["d"]))
+    assert p == sorted(p) and len(set(p)) == 4
+    assert store.head_position() == p[-1]
+    q = append(store, "other", (b"5", ["b"]))
+    assert q[0] > p[-1] and store.head_position() == q[0]
+    read = store.read_client_log("policy", 0, 10)
+    assert [(e.position, e.payload) for e in read] == list(
+        zip(p, [b"1", b"2", b"3", b"4"], strict=True)
+    )
+
+
+def test_an_empty_append_assigns_nothing(store: SQLAlchemyQueueStore) -> None:
+    store.register_sites(["b"])
+    with store.engine.begin() as conn:
+        assert store.append_log_entries(conn, "policy", []) == []
+    assert store.head_position() == 0
+
+
+def test_head_position_in_the_callers_transaction(store: SQLAlchemyQueueStore) -> None:
+    nums = store.register_sites(["b"])
+    with store.engine.begin() as conn:
+        (pos,) = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+        assert store.head_position(conn) == pos
+    assert store.head_position() == pos
+
+
+def test_rollback_leaves_nothing(store: SQLAlchemyQueueStore) -> None:
+    nums = store.register_sites(["b"])
+    kept = append(store, "policy", (b"kept", ["b"]))
+    with store.engine.connect() as conn:
+        tx = conn.begin()
+        store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+        tx.rollback()
+    assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [b"kept"]
+    assert [e.position for e in store.read_client_log("policy", 0, 10)] == kept
+
+
+def test_an_exception_in_the_callers_transaction_rolls_the_append_back(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    nums = store.register_sites(["b"])
+    with pytest.raises(RuntimeError), store.engine.begin() as conn:
+        store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+        raise RuntimeError("the application failed")
+    assert store.read_log_entries("b", "policy", 0, 10) == []
+    assert store.read_client_log("policy", 0, 10) == []
+
+
+def test_flow_state_is_what_retention_set(store: SQLAlchemyQueueStore) -> None:
+    assert store.flow_state("policy") == (False, [])
+    store.set_flow_state("policy", True, ["d", "b"])
+    assert store.flow_state("policy") == (True, ["b", "d"])
+    assert store.flow_state("other") == (False, [])
+    store.set_flow_state("policy", False, [])
+    assert store.flow_state("policy") == (False, [])
+
+
+def test_a_send_log_method_on_an_empty_database_is_a_schema_error(
+    bare_store: SQLAlchemyQueueStore,
+) -> None:
+    refused_for_no_schema(bare_store, bare_store.head_position)
+    refused_for_no_schema(bare_store, lambda: bare_store.flow_state("policy"))
+
+
+def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]))
+    store.set_flow_state("policy", True, ["b"])
+    assert across_outage(outage, store.head_position) == p[0]
+    assert across_outage(outage, lambda: store.flow_state("policy")) == (True, ["b"])

@@ -1,0 +1,127 @@
+"""Shipping: reading the send queue per destination, cursors and backlog."""
+
+from __future__ import annotations
+
+from lr_client.store import SQLAlchemyQueueStore
+from tests.contract.calls import across_outage, append, refused_for_no_schema
+from tests.contract.outage import Outage
+
+
+def test_reads_are_per_destination_and_client(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]), (b"4", ["d"]))
+    append(store, "other", (b"o", ["b"]))
+    assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [b"1", b"2"]
+    assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"1", b"3"]
+    assert [e.payload for e in store.read_log_entries("c", "policy", p[0], 10)] == [b"3"]
+    assert [e.position for e in store.read_log_entries("c", "policy", 0, 10)] == [p[0], p[2]]
+    assert {e.client_name for e in store.read_log_entries("b", "policy", 0, 10)} == {"policy"}
+    assert store.read_log_entries("c", "other", 0, 10) == []
+    assert store.read_log_entries("b", "policy", p[1], 10) == []
+
+
+def test_an_unknown_destination_has_nothing(store: SQLAlchemyQueueStore) -> None:
+    append(store, "policy", (b"1", ["b"]))
+    assert store.read_log_entries("unknown", "policy", 0, 10) == []
+    backlog = store.backlog("unknown", "policy")
+    assert (backlog.entries, backlog.bytes, backlog.oldest_created_at) == (0, 0, None)
+    cursor = store.get_cursor("unknown", "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (0, False)
+    assert "unknown" not in store.site_numbers(refresh=True)
+
+
+def test_read_limits(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", *[(bytes([i]) * 100, ["b"]) for i in range(10)])
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 3)] == p[:3]
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10, max_bytes=300)] == (
+        p[:2]
+    )
+    # never empty: the first entry whatever its size
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10, max_bytes=1)] == (
+        p[:1]
+    )
+    assert [e.position for e in store.read_log_entries("b", "policy", p[2], 10, up_to=p[5])] == (
+        p[3:6]
+    )
+    assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [
+        bytes([i]) * 100 for i in range(10)
+    ]
+
+
+def test_the_client_log_names_each_entrys_destinations(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]), (b"3", ["b"]))
+    append(store, "other", (b"o", ["b"]))
+    got = store.read_client_log("policy", 0, 10)
+    assert [(e.position, e.payload, sorted(e.destinations)) for e in got] == [
+        (p[0], b"1", ["b", "c"]),
+        (p[1], b"2", ["c"]),
+        (p[2], b"3", ["b"]),
+    ]
+    assert [e.position for e in store.read_client_log("policy", p[0], 1)] == [p[1]]
+    sized = store.read_client_log("policy", 0, 10, max_bytes=1)
+    assert [e.position for e in sized] == [p[0]]
+    assert store.read_client_log("nobody", 0, 10) == []
+
+
+def test_oldest_position_per_client(store: SQLAlchemyQueueStore) -> None:
+    assert store.oldest_position() is None
+    p = append(store, "policy", (b"1", ["b"]))
+    q = append(store, "other", (b"2", ["b"]))
+    assert store.oldest_position() == p[0]
+    assert store.oldest_position("other") == q[0]
+    assert store.oldest_position("nobody") is None
+
+
+def test_cursors_and_backlog(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"ab", ["b"]), (b"cde", ["b"]))
+    assert store.get_cursor("b", "policy").position == 0
+    assert store.backlog("b", "policy").entries == 2
+    assert store.backlog("b", "policy").bytes == 5
+    assert store.backlog("b", "policy").oldest_created_at is not None
+    store.set_cursor("b", "policy", p[0])
+    assert store.get_cursor("b", "policy").position == p[0]
+    assert store.backlog("b", "policy").entries == 1
+    assert store.backlog("b", "policy").bytes == 3
+    store.set_cursor("b", "policy", p[1])
+    assert store.backlog("b", "policy").entries == 0
+
+
+def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: SQLAlchemyQueueStore) -> None:
+    store.set_cursor("b", "policy", 4, needs_snapshot=True)
+    store.set_cursor("b", "policy", 7)
+    cursor = store.get_cursor("b", "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (7, True)
+    store.set_cursor("b", "policy", 7, needs_snapshot=False)
+    assert store.get_cursor("b", "policy").needs_snapshot is False
+    assert store.get_cursor("b", "policy").acked_at > 0
+
+
+def test_list_cursors_by_destination_then_client(store: SQLAlchemyQueueStore) -> None:
+    store.set_cursor("c", "policy", 3)
+    store.set_cursor("b", "zeta", 2)
+    store.set_cursor("b", "alpha", 1)
+    got = [(c.destination, c.client_name, c.position) for c in store.list_cursors()]
+    assert got == [("b", "alpha", 1), ("b", "zeta", 2), ("c", "policy", 3)]
+
+
+def test_log_streams_since_a_position(store: SQLAlchemyQueueStore) -> None:
+    assert store.log_streams() == (set(), 0)
+    p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]))
+    q = append(store, "other", (b"3", ["b"]))
+    assert store.log_streams() == ({("b", "policy"), ("c", "policy"), ("b", "other")}, q[0])
+    assert store.log_streams(p[0]) == ({("c", "policy"), ("b", "other")}, q[0])
+    assert store.log_streams(q[0]) == (set(), q[0])
+
+
+def test_a_shipping_method_on_an_empty_database_is_a_schema_error(
+    bare_store: SQLAlchemyQueueStore,
+) -> None:
+    refused_for_no_schema(bare_store, lambda: bare_store.get_cursor("b", "policy"))
+    refused_for_no_schema(bare_store, lambda: bare_store.read_client_log("policy", 0, 10))
+
+
+def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    across_outage(outage, lambda: store.set_cursor("b", "policy", p[0]))
+    assert store.get_cursor("b", "policy").position == p[0]
+    got = across_outage(outage, lambda: store.read_log_entries("b", "policy", 0, 10))
+    assert [e.position for e in got] == p

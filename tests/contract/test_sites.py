@@ -1,0 +1,85 @@
+"""Sites: the schema, the registered sites and the store's dialect."""
+
+from __future__ import annotations
+
+import pytest
+
+from lr_client.errors import InvalidNameError, SchemaError
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from tests.contract.calls import across_outage, append, refused_for_no_schema
+from tests.contract.outage import Outage
+
+
+def test_the_schema_is_checked_and_created_idempotently(
+    bare_store: SQLAlchemyQueueStore,
+) -> None:
+    with pytest.raises(SchemaError, match="no schema; `lr init-db` creates"):
+        bare_store.check_schema()  # an empty database
+    bare_store.create_schema()
+    bare_store.check_schema()
+    p = append(bare_store, "policy", (b"1", ["b"]))
+    bare_store.create_schema()  # idempotent: what is there stays
+    bare_store.check_schema()
+    assert [e.position for e in bare_store.read_log_entries("b", "policy", 0, 10)] == p
+    assert bare_store.site_numbers(refresh=True) == {"b": bare_store.site_numbers()["b"]}
+
+
+def test_a_site_method_on_an_empty_database_is_a_schema_error(
+    bare_store: SQLAlchemyQueueStore,
+) -> None:
+    refused_for_no_schema(bare_store, lambda: bare_store.register_sites(["b"]))
+    refused_for_no_schema(bare_store, lambda: bare_store.site_numbers(refresh=True))
+
+
+def test_sites_get_distinct_stable_numbers(store: SQLAlchemyQueueStore) -> None:
+    assert store.site_numbers(refresh=True) == {}
+    first = store.register_sites(["b", "c"])
+    assert sorted(first) == ["b", "c"] and first["b"] != first["c"]
+    again = store.register_sites(["c", "d", "d"])  # known ones keep their number
+    assert again["b"] == first["b"] and again["c"] == first["c"]
+    assert sorted(again) == ["b", "c", "d"]
+    assert len({again["b"], again["c"], again["d"]}) == 3
+    assert store.site_numbers() == again
+    assert {store.site_name(n): n for n in again.values()} == again
+    unknown = max(again.values()) + 1
+    assert store.site_name(unknown) == f"#{unknown}"
+
+
+def test_sites_registered_elsewhere_are_seen_on_refresh(
+    store: SQLAlchemyQueueStore, db_url: str
+) -> None:
+    store.register_sites(["b"])
+    other = open_store(create_engine(db_url))
+    try:
+        nums = other.register_sites(["c"])
+    finally:
+        other.engine.dispose()
+    assert store.site_numbers(refresh=True) == nums
+    assert store.site_name(nums["c"]) == "c"
+
+
+@pytest.mark.parametrize("bad", ["B", "", "-b", "b_c", "b" * 64, "b c"])
+def test_a_bad_site_name_registers_nothing(store: SQLAlchemyQueueStore, bad: str) -> None:
+    store.register_sites(["a"])
+    with pytest.raises(InvalidNameError):
+        store.register_sites(["c", bad])
+    assert sorted(store.site_numbers(refresh=True)) == ["a"]
+
+
+def test_analyze_changes_no_data(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
+    store.analyze()
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p
+    assert [e.position for e in store.read_log_entries("c", "policy", 0, 10)] == p[1:]
+    store.check_schema()
+
+
+def test_dialect_names_the_backend(store: SQLAlchemyQueueStore, db_url: str) -> None:
+    assert store.dialect == ("sqlite" if db_url.startswith("sqlite") else "postgresql")
+
+
+def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+    before = store.register_sites(["b"])
+    assert across_outage(outage, lambda: store.register_sites(["b", "c"]))["b"] == before["b"]
+    assert sorted(store.site_numbers(refresh=True)) == ["b", "c"]
+    store.check_schema()

@@ -1,0 +1,300 @@
+"""Snapshots: the source's snapshot requests and the entries of a full sync."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lr_client.errors import InvalidNameError, SnapshotError
+from lr_client.records import ReplicationType, SnapshotStatus
+from lr_client.store import SQLAlchemyQueueStore
+from tests.contract.calls import across_outage, append, refused_for_no_schema
+from tests.contract.outage import Outage
+
+OPEN = [SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY]
+
+
+def _status(store: SQLAlchemyQueueStore, sid: str) -> SnapshotStatus:
+    req = store.get_snapshot(sid)
+    assert req is not None
+    return req.status
+
+
+def _request_later(store: SQLAlchemyQueueStore, after: str, destination: str, client: str) -> str:
+    """A request created strictly after ``after`` (the listing is newest first)."""
+    req = store.get_snapshot(after)
+    assert req is not None
+    while time.time() <= req.created_at:
+        pass
+    return store.request_snapshot(None, destination, client)
+
+
+def _write(store: SQLAlchemyQueueStore, sid: str, part: int, payloads: list[bytes]) -> int:
+    with store.engine.begin() as conn:
+        return store.write_snapshot_entries(conn, sid, part, payloads)
+
+
+def test_a_request_is_recorded(store: SQLAlchemyQueueStore) -> None:
+    sid = store.request_snapshot(None, "b", "policy", "new destination")
+    req = store.get_snapshot(sid)
+    assert req is not None
+    assert (req.snapshot_id, req.destination, req.client_name) == (sid, "b", "policy")
+    assert (req.status, req.reason, req.base_position) == (
+        SnapshotStatus.REQUESTED,
+        "new destination",
+        None,
+    )
+    assert store.get_snapshot("no-such-snapshot") is None
+
+
+def test_a_request_in_the_callers_transaction_commits_with_it(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    with store.engine.connect() as conn:
+        tx = conn.begin()
+        gone = store.request_snapshot(conn, "b", "policy")
+        tx.rollback()
+    assert store.get_snapshot(gone) is None
+    with store.engine.begin() as conn:
+        kept = store.request_snapshot(conn, "b", "policy")
+    assert [r.snapshot_id for r in store.list_snapshots()] == [kept]
+
+
+@pytest.mark.parametrize(("destination", "client"), [("B", "policy"), ("b", "bad name"), ("", "p")])
+def test_a_bad_name_requests_nothing(
+    store: SQLAlchemyQueueStore, destination: str, client: str
+) -> None:
+    with pytest.raises(InvalidNameError):
+        store.request_snapshot(None, destination, client)
+    assert store.list_snapshots() == []
+
+
+def test_snapshot_lifecycle_is_idempotent(store: SQLAlchemyQueueStore) -> None:
+    store.register_sites(["b"])
+    sid = store.request_snapshot(None, "b", "policy")
+    req = store.start_snapshot(sid)
+    assert req is not None and req.status is SnapshotStatus.RUNNING
+    assert store.start_snapshot(sid) is None
+    with store.engine.begin() as conn:
+        store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
+        store.write_snapshot_entries(conn, sid, 1, [b"c"])
+    _write(store, sid, 0, [b"a", b"b"])  # a retried part replaces itself
+    assert store.count_snapshot_entries(sid) == 3
+    assert store.read_snapshot_entries(sid, 0, 10) == []  # not ready yet
+    assert store.finish_snapshot(sid) == 3
+    entries = store.read_snapshot_entries(sid, 0, 10)
+    assert [e.payload for e in entries[:-1]] == [b"a", b"b", b"c"]
+    assert entries[-1].type is ReplicationType.LAST_FULL_SYNC_ENTRY
+    assert [e.position for e in entries] == [1, 2, 3, 4]
+    assert {(e.snapshot_id, e.client_name) for e in entries} == {(sid, "policy")}
+    assert [e.payload for e in store.read_snapshot_entries(sid, 2, 10)] == [b"c", b"3"]
+    ready = store.get_snapshot(sid)
+    assert ready is not None and ready.status is SnapshotStatus.READY
+    assert (ready.entry_count, ready.rows_written) == (3, 3)
+
+
+def test_start_fixes_the_base_at_the_head(store: SQLAlchemyQueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["c"]))
+    sid = store.request_snapshot(None, "b", "policy")
+    req = store.start_snapshot(sid)
+    assert req is not None and req.base_position == p[-1]
+    append(store, "policy", (b"3", ["b"]))
+    again = store.get_snapshot(sid)
+    assert again is not None and again.base_position == p[-1]
+
+
+def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    _write(store, sid, 0, [b"a", b"b", b"c"])
+    with store.engine.begin() as conn:
+        assert store.write_snapshot_entries(conn, sid, 0, [b"B", b"C", b"D"], first_seq=1) == 3
+    store.finish_snapshot(sid)
+    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [
+        b"a",
+        b"B",
+        b"C",
+        b"D",
+        b"4",
+    ]
+
+
+def test_only_a_running_snapshot_takes_entries(store: SQLAlchemyQueueStore) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    with pytest.raises(SnapshotError):
+        _write(store, sid, 0, [b"a"])  # REQUESTED
+    with pytest.raises(SnapshotError):
+        _write(store, "no-such-snapshot", 0, [b"a"])
+    with pytest.raises(SnapshotError):
+        store.finish_snapshot(sid)
+    store.start_snapshot(sid)
+    _write(store, sid, 0, [b"a"])
+    store.finish_snapshot(sid)
+    with pytest.raises(SnapshotError):
+        _write(store, sid, 1, [b"late"])  # READY
+    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [b"a", b"1"]
+
+
+def test_new_request_cancels_the_open_one(store: SQLAlchemyQueueStore) -> None:
+    first = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(first)
+    _write(store, first, 0, [b"a"])
+    second = store.request_snapshot(None, "b", "policy")
+    old = store.get_snapshot(first)
+    assert old is not None and old.status is SnapshotStatus.CANCELLED
+    assert second in old.reason
+    assert store.count_snapshot_entries(first) == 0
+    assert store.read_snapshot_entries(first, 0, 10) == []
+    assert _status(store, second) is SnapshotStatus.REQUESTED
+    other = store.request_snapshot(None, "c", "policy")  # another stream: untouched
+    assert _status(store, second) is SnapshotStatus.REQUESTED
+    assert {r.snapshot_id for r in store.list_snapshots(statuses=OPEN)} == {second, other}
+
+
+def test_list_and_open_snapshots(store: SQLAlchemyQueueStore) -> None:
+    a = store.request_snapshot(None, "b", "policy")
+    b = _request_later(store, a, "b", "other")
+    c = _request_later(store, b, "c", "policy")
+    store.cancel_snapshot(b)
+    assert [r.snapshot_id for r in store.list_snapshots()] == [c, b, a]
+    assert [r.snapshot_id for r in store.list_snapshots(destination="b")] == [b, a]
+    assert [r.snapshot_id for r in store.list_snapshots(client_name="policy")] == [c, a]
+    assert [r.snapshot_id for r in store.list_snapshots(statuses=OPEN)] == [c, a]
+    got = store.list_snapshots("b", "other", [SnapshotStatus.CANCELLED])
+    assert [r.snapshot_id for r in got] == [b]
+    opened = store.open_snapshots("b", ["policy", "other", "none"])
+    assert {k: v.snapshot_id for k, v in opened.items()} == {"policy": a}
+    assert store.open_snapshots("d", ["policy"]) == {}
+
+
+def test_update_snapshot_only_from_expected_statuses(store: SQLAlchemyQueueStore) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    assert not store.update_snapshot(sid, expect=[SnapshotStatus.RUNNING], shipped_position=5)
+    req = store.get_snapshot(sid)
+    assert req is not None and req.shipped_position == 0
+    assert store.update_snapshot(sid, expect=[SnapshotStatus.REQUESTED], shipped_position=5)
+    req = store.get_snapshot(sid)
+    assert req is not None and req.shipped_position == 5
+    assert store.update_snapshot(sid, reason="any status")
+    assert not store.update_snapshot("no-such-snapshot", reason="x")
+    req = store.get_snapshot(sid)
+    assert req is not None and req.reason == "any status"
+
+
+def test_progress_is_recorded_while_running(store: SQLAlchemyQueueStore) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    store.set_snapshot_progress(sid, 10)  # not running yet: ignored
+    req = store.get_snapshot(sid)
+    assert req is not None and req.rows_written == 0
+    store.start_snapshot(sid)
+    store.set_snapshot_progress(sid, 10)
+    req = store.get_snapshot(sid)
+    assert req is not None and req.rows_written == 10
+
+
+def test_cancel_and_complete_release_the_entries(store: SQLAlchemyQueueStore) -> None:
+    done = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(done)
+    _write(store, done, 0, [b"a", b"b"])
+    assert not store.complete_snapshot(done)  # RUNNING, not READY
+    store.finish_snapshot(done)
+    assert store.complete_snapshot(done)
+    assert _status(store, done) is SnapshotStatus.COMPLETED
+    assert store.read_snapshot_entries(done, 0, 10) == []
+    assert store.count_snapshot_entries(done) == 0
+    assert not store.cancel_snapshot(done)  # closed: stays completed
+    assert _status(store, done) is SnapshotStatus.COMPLETED
+
+    gone = store.request_snapshot(None, "c", "policy")
+    store.start_snapshot(gone)
+    _write(store, gone, 0, [b"a"])
+    assert store.cancel_snapshot(gone, "operator")
+    req = store.get_snapshot(gone)
+    assert req is not None and (req.status, req.reason) == (SnapshotStatus.CANCELLED, "operator")
+    assert store.count_snapshot_entries(gone) == 0
+    assert not store.cancel_snapshot(gone)
+
+
+def test_heartbeat_keeps_a_running_snapshot_alive(store: SQLAlchemyQueueStore) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    assert not store.heartbeat_snapshot(sid)  # REQUESTED: no worker to hear from
+    store.start_snapshot(sid)
+    before = store.get_snapshot(sid)
+    assert before is not None
+    assert store.heartbeat_snapshot(sid)
+    after = store.get_snapshot(sid)
+    assert after is not None and after.updated_at >= before.updated_at
+    # Heard of after `silent_since`: not stalled.
+    assert not store.fail_stalled_snapshot(sid, after.updated_at - 1.0, "stalled")
+    assert _status(store, sid) is SnapshotStatus.RUNNING
+
+
+def test_a_silent_running_snapshot_is_failed_and_released(store: SQLAlchemyQueueStore) -> None:
+    store.register_sites(["b"])
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    _write(store, sid, 0, [b"a", b"b"])
+    req = store.get_snapshot(sid)
+    assert req is not None
+    assert store.fail_stalled_snapshot(sid, req.updated_at + 1.0, "no heartbeat")
+    failed = store.get_snapshot(sid)
+    assert failed is not None and failed.status is SnapshotStatus.FAILED
+    assert failed.reason == "no heartbeat"
+    assert store.count_snapshot_entries(sid) == 0
+    assert not store.heartbeat_snapshot(sid)
+    # Only RUNNING requests are failed.
+    assert not store.fail_stalled_snapshot(sid, req.updated_at + 1.0, "again")
+    other = store.request_snapshot(None, "b", "policy")
+    assert not store.fail_stalled_snapshot(other, req.updated_at + 3600, "requested")
+    assert _status(store, other) is SnapshotStatus.REQUESTED
+
+
+def test_snapshot_reads_continue_and_resume_in_order(store: SQLAlchemyQueueStore) -> None:
+    """Reading on from the last read, or resuming anywhere, gives the same ordinals."""
+    store.register_sites(["b"])
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    parts = {0: 7, 1: 5, 3: 9}  # part -> entries; parts need not be contiguous
+    with store.engine.begin() as conn:
+        for part, n in parts.items():
+            store.write_snapshot_entries(conn, sid, part, [b"%d-%d" % (part, i) for i in range(n)])
+    assert store.finish_snapshot(sid) == 21
+    every = store.read_snapshot_entries(sid, 0, 100)
+    expected = [b"%d-%d" % (p, i) for p, n in parts.items() for i in range(n)] + [b"21"]
+    assert [e.payload for e in every] == expected
+    assert every[-1].type is ReplicationType.LAST_FULL_SYNC_ENTRY
+    # Continuing from where each read ended, 4 at a time (across parts and the end).
+    got, after = [], 0
+    while batch := store.read_snapshot_entries(sid, after, 4):
+        assert [e.position for e in batch] == list(range(after + 1, after + len(batch) + 1))
+        got += batch
+        after = batch[-1].position
+    assert [e.payload for e in got] == expected
+    # Resuming at any ordinal (a reconnect), then continuing from there.
+    for start in (0, 3, 7, 12, 20, 21):
+        first = store.read_snapshot_entries(sid, start, 3)
+        rest = store.read_snapshot_entries(sid, start + len(first), 100)
+        assert [e.payload for e in first + rest] == expected[start:]
+    # A byte limit cuts a read short; the next read continues after what was returned.
+    short = store.read_snapshot_entries(sid, 0, 100, max_bytes=40)
+    assert 0 < len(short) < 22
+    more = store.read_snapshot_entries(sid, len(short), 100)
+    assert [e.payload for e in short + more] == expected
+
+
+def test_a_snapshot_method_on_an_empty_database_is_a_schema_error(
+    bare_store: SQLAlchemyQueueStore,
+) -> None:
+    refused_for_no_schema(bare_store, lambda: bare_store.request_snapshot(None, "b", "policy"))
+    refused_for_no_schema(bare_store, lambda: bare_store.list_snapshots())
+
+
+def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    started = across_outage(outage, lambda: store.start_snapshot(sid))
+    assert _status(store, sid) is SnapshotStatus.RUNNING  # started once, by either call
+    assert started is None or started.snapshot_id == sid
+    assert [r.snapshot_id for r in across_outage(outage, store.list_snapshots)] == [sid]
