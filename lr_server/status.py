@@ -31,6 +31,7 @@ retention limit (entries, bytes, age of the oldest unacknowledged entry).
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,12 +44,24 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
 from lr_server.config import SiteConfig
 
-NOT_CONFIGURED = "not configured"
-LOG_ENTRY_SYNC = "log entry sync"
-SNAPSHOT_SYNC = "snapshot sync"
-DROPPED = "dropped"
-STOPPED = "stopped"
-BACKPRESSURE = "backpressure"
+
+class StreamState(enum.StrEnum):
+    """The state of a send stream (see above; a session's own: ``streams.SessionState``)."""
+
+    NOT_CONFIGURED = "not configured"
+    LOG_ENTRY_SYNC = "log entry sync"
+    SNAPSHOT_SYNC = "snapshot sync"
+    DROPPED = "dropped"
+    STOPPED = "stopped"
+    BACKPRESSURE = "backpressure"
+
+
+NOT_CONFIGURED = StreamState.NOT_CONFIGURED
+LOG_ENTRY_SYNC = StreamState.LOG_ENTRY_SYNC
+SNAPSHOT_SYNC = StreamState.SNAPSHOT_SYNC
+DROPPED = StreamState.DROPPED
+STOPPED = StreamState.STOPPED
+BACKPRESSURE = StreamState.BACKPRESSURE
 
 OPEN = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
 
@@ -367,6 +380,7 @@ __all__ = [
     "SiteStatus",
     "SnapshotProgress",
     "StopInfo",
+    "StreamState",
     "collect_status",
     "configured_streams",
     "flow_states",

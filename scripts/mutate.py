@@ -36,6 +36,7 @@ COPY = ["lr_client", "lr_server", "tests", "setup.cfg", "pyproject.toml"]
 SQLA = "lr_client.store.sqla.xǁSQLAlchemyQueueStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteQueueStoreǁ"
 PG = "lr_client.store.postgres.xǁPostgresQueueStoreǁ"
+SESSION = "lr_server.session.xǁSenderSessionǁ"
 STORE_FILES = [
     "lr_client/store/sqla.py",
     "lr_client/store/sqlite.py",
@@ -161,20 +162,29 @@ TARGETS: dict[str, Target] = {
         "delivery plans (snapshot filter), exactly-once delivery, leases",
     ),
     "session": Target(
-        ["lr_server/session.py"],
         [
-            "lr_server.session.xǁSenderSessionǁ_plan__mutmut_*",
-            "lr_server.session.xǁSenderSessionǁ_on_ack__mutmut_*",
-            "lr_server.session.xǁSenderSessionǁ_finish_snapshot__mutmut_*",
-            "lr_server.session.xǁSenderSessionǁ_snapshot_done__mutmut_*",
-            "lr_server.session.xǁSenderSessionǁ_flush_cursors__mutmut_*",
+            "lr_server/negotiation.py",
+            "lr_server/window.py",
+            "lr_server/snapshot_requests.py",
+            "lr_server/session.py",
         ],
         [
+            "lr_server.negotiation.*",
+            "lr_server.window.*",
+            "lr_server.snapshot_requests.*",
+            *_methods(SESSION, "_plan", "_apply", "_on_ack", "_snapshot_end", "_flush_cursors"),
+        ],
+        [
+            "tests/unit/test_negotiation.py",
+            "tests/unit/test_window.py",
+            "tests/integration/test_session_edges.py",
+            "tests/integration/test_snapshot_base.py",
             "tests/integration/test_session_window.py",
             "tests/integration/test_replication.py",
             "tests/integration/test_full_sync.py",
         ],
-        "negotiation and acknowledgements (slow: real gRPC sites)",
+        "negotiation plans, the in-flight window, snapshot requests, acknowledgements "
+        "(unit tables first; then real sites: slow)",
     ),
 }
 
