@@ -53,7 +53,6 @@ class StreamState(enum.StrEnum):
     BACKPRESSURE = "backpressure"
 
 
-
 @dataclass
 class SnapshotProgress:
     snapshot_id: str

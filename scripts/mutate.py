@@ -42,6 +42,7 @@ RETENTION = "lr_client.store.retention.xǁRetentionStoreǁ"
 RECEIVING = "lr_client.store.receiving.xǁReceivingStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteQueueStoreǁ"
 PG = "lr_client.store.postgres.xǁPostgresQueueStoreǁ"
+SESSION = "lr_server.session.xǁSenderSessionǁ"
 STORE_FILES = [
     "lr_client/store/base.py",
     "lr_client/store/byte_bounds.py",
@@ -188,24 +189,30 @@ TARGETS: dict[str, Target] = {
         "delivery plans (snapshot filter), exactly-once delivery, leases",
     ),
     "session": Target(
-        ["lr_server/session.py", "lr_server/negotiation.py"],
+        [
+            "lr_server/negotiation.py",
+            "lr_server/window.py",
+            "lr_server/snapshot_requests.py",
+            "lr_server/session.py",
+        ],
         [
             "lr_server.negotiation.*",
-            "lr_server.session.xǁSenderSessionǁ_plan__mutmut_*",
-            "lr_server.session.xǁSenderSessionǁ_on_ack__mutmut_*",
-            "lr_server.session.xǁSenderSessionǁ_finish_snapshot__mutmut_*",
-            "lr_server.session.xǁSenderSessionǁ_snapshot_done__mutmut_*",
-            "lr_server.session.xǁSenderSessionǁ_flush_cursors__mutmut_*",
+            "lr_server.window.*",
+            "lr_server.snapshot_requests.*",
+            *_methods(SESSION, "_plan", "_apply", "_on_ack", "_snapshot_end", "_flush_cursors"),
         ],
         [
             "tests/unit/test_negotiation.py",
+            "tests/unit/test_window.py",
             "tests/integration/test_negotiation.py",
             "tests/integration/test_session_edges.py",
+            "tests/integration/test_snapshot_base.py",
             "tests/integration/test_session_window.py",
             "tests/integration/test_replication.py",
             "tests/integration/test_full_sync.py",
         ],
-        "negotiation and acknowledgements (slow: real gRPC sites)",
+        "negotiation plans, the in-flight window, snapshot requests, acknowledgements "
+        "(unit tables first; then real sites: slow)",
     ),
 }
 

@@ -7,12 +7,12 @@ import time
 import pytest
 
 from lr_client.errors import InvalidNameError, SnapshotError
-from lr_client.records import ReplicationType, SnapshotStatus
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
-OPEN = [SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY]
+OPEN = OPEN_SNAPSHOT_STATUSES
 
 
 def _status(store: SQLAlchemyQueueStore, sid: str) -> SnapshotStatus:

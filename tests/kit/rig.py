@@ -23,7 +23,8 @@ from lr_client.store import schema as s
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.config import ClientConfig, ReplicationConfig
 from lr_server.receiver import Receiver
-from lr_server.session import ClientStream, SenderSession
+from lr_server.session import SenderSession
+from lr_server.streams import ClientStream
 from lr_server.transport.base import BatchStream
 from lr_server.transport.inproc import InProcessTransport
 from tests.kit.sites import wait_for

@@ -1,10 +1,29 @@
-"""The resume decision of a stream, table-driven (no database)."""
+"""The resume decision of a stream and the plan of every client, table-driven (no database)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from lr_server.negotiation import Action, decide
+from lr_client.records import (
+    Cursor,
+    DropRecord,
+    SinkSnapshotState,
+    SnapshotRequest,
+    SnapshotStatus,
+    StreamStop,
+)
+from lr_server.negotiation import (
+    Action,
+    ClientFacts,
+    ClientPlan,
+    SinkState,
+    Step,
+    decide,
+    plan,
+    plan_client,
+)
 
 # sink, cursor, trimmed through, head, provider -> action, resume after, first missing
 CASES = [
@@ -67,3 +86,296 @@ def test_decide_after_an_accepted_loss(
     assert d.action is action
     if missing is not None:
         assert d.first_missing == missing
+
+
+# -- the plan of every client (plan_client), one row per rule ---------------------------------
+
+OPEN = SnapshotRequest("s1", "b", "c", SnapshotStatus.READY, base_position=40)
+RUNNING = replace(OPEN, status=SnapshotStatus.RUNNING)
+OTHER = replace(OPEN, snapshot_id="s2")
+DROP = DropRecord("b", "c", first_dropped_position=8, dropped_at=1.0, reason="too far behind")
+STOPPED = StreamStop("b", "c", "lost", resume_after=5, stopped_at=1.0)
+ACCEPTED_STOP = replace(STOPPED, accepted_at=2.0, accepted_through=20)
+RESUMED_STOP = replace(ACCEPTED_STOP, resumed_at=3.0)
+ONGOING, COMPLETED = SinkSnapshotState.ONGOING, SinkSnapshotState.COMPLETED
+CAUGHT_UP = SinkState(10)
+
+
+def at_sink(
+    last: int = 10, state: int = SinkSnapshotState.NONE, sid: str = "", at: int = 0
+) -> SinkState:
+    return SinkState(last, state, sid, at)
+
+
+def facts(
+    sink: SinkState = CAUGHT_UP,
+    cursor: int = 10,
+    provider: bool = True,
+    open_req: SnapshotRequest | None = None,
+    drop: DropRecord | None = None,
+    stop: StreamStop | None = None,
+    needs_snapshot: bool = False,
+    marks: tuple[int, int] | None = None,  # (trimmed through, head): the second call
+) -> ClientFacts:
+    trimmed, head = marks if marks is not None else (None, None)
+    return ClientFacts(
+        "c",
+        provider,
+        sink,
+        Cursor("b", "c", cursor, needs_snapshot=needs_snapshot),
+        open_req,
+        drop,
+        stop,
+        trimmed,
+        head,
+    )
+
+
+# case id, facts, the plan's step and the fields that matter (the others keep their defaults)
+PLANS: list[tuple[str, ClientFacts, Step, dict[str, object]]] = [
+    ("caught up: check the trim mark", facts(), Step.CHECK, {"sink_position": 10}),
+    (
+        "behind the cursor: lower it, then check",
+        facts(at_sink(5), cursor=10),
+        Step.CHECK,
+        {"sink_position": 5, "lower_cursor_to": 5},
+    ),
+    ("checked: resume", facts(marks=(10, 30)), Step.LOG, {"sink_position": 10, "resume_after": 10}),
+    (
+        "checked: behind the cursor, resume (replay)",
+        facts(at_sink(5), cursor=10, marks=(5, 30)),
+        Step.LOG,
+        {"sink_position": 5, "resume_after": 5, "lower_cursor_to": 5},
+    ),
+    (
+        "checked: ahead of the cursor, raise it",
+        facts(at_sink(25), cursor=20, marks=(20, 30)),
+        Step.LOG,
+        {"sink_position": 25, "resume_after": 25, "raise_cursor": True},
+    ),
+    (
+        "checked: a loss with a provider records a drop",
+        facts(at_sink(5), cursor=5, marks=(6, 30)),
+        Step.SNAPSHOT,
+        {
+            "sink_position": 5,
+            "record_drop": decide(5, 5, 6, 30, True),
+            "reason": decide(5, 5, 6, 30, True).reason,
+            "notify": True,
+        },
+    ),
+    (
+        "checked: a loss without a provider stops",
+        facts(at_sink(5), cursor=5, provider=False, marks=(6, 30)),
+        Step.STOP,
+        {"sink_position": 5, "resume_after": 5, "reason": decide(5, 5, 6, 30, False).reason},
+    ),
+    (
+        "checked: past the head, no provider, stops at the head",
+        facts(at_sink(40), cursor=20, provider=False, marks=(0, 30)),
+        Step.STOP,
+        {"sink_position": 40, "resume_after": 20, "reason": decide(40, 20, 0, 30, False).reason},
+    ),
+    (
+        "first contact with a provider: full sync",
+        facts(at_sink(0), cursor=0),
+        Step.SNAPSHOT,
+        {"reason": "first contact", "notify": True},
+    ),
+    (
+        "first contact without a provider: check",
+        facts(at_sink(0), cursor=0, provider=False),
+        Step.CHECK,
+        {},
+    ),
+    (
+        "first contact without a provider, checked: from the start",
+        facts(at_sink(0), cursor=0, provider=False, marks=(0, 30)),
+        Step.LOG,
+        {},
+    ),
+    (
+        "dropped: full sync, notice first",
+        facts(drop=DROP),
+        Step.SNAPSHOT,
+        {"sink_position": 10, "reason": "dropped for falling behind", "notify": True, "drop": DROP},
+    ),
+    (
+        "flagged for a snapshot: full sync",
+        facts(needs_snapshot=True),
+        Step.SNAPSHOT,
+        {"sink_position": 10, "reason": "dropped for falling behind", "notify": True},
+    ),
+    (
+        "dropped, no provider: stop before the hole",
+        facts(drop=DROP, provider=False),
+        Step.STOP,
+        {
+            "sink_position": 10,
+            "resume_after": 7,
+            "reason": "needs a full sync (dropped for falling behind)",
+            "drop": DROP,
+        },
+    ),
+    (
+        "dropped, no provider, sink before the hole: stop at the sink",
+        facts(at_sink(3), cursor=3, drop=DROP, provider=False),
+        Step.STOP,
+        {
+            "sink_position": 3,
+            "resume_after": 3,
+            "reason": "needs a full sync (dropped for falling behind)",
+            "drop": DROP,
+        },
+    ),
+    (
+        "open request, sink in log entry sync: continue it",
+        facts(open_req=OPEN),
+        Step.SNAPSHOT,
+        {"sink_position": 10, "snapshot": OPEN, "notify": True},
+    ),
+    (
+        "open request, no provider: refused, then check",
+        facts(open_req=OPEN, provider=False),
+        Step.CHECK,
+        {"sink_position": 10, "refuse": OPEN},
+    ),
+    (
+        "sink ongoing with the READY snapshot: resume its transfer",
+        facts(at_sink(10, ONGOING, "s1", 7), open_req=OPEN),
+        Step.SNAPSHOT,
+        {"sink_position": 10, "snapshot": OPEN, "snapshot_after": 7},
+    ),
+    (
+        "sink ongoing with the READY snapshot at ordinal 0: notice first",
+        facts(at_sink(10, ONGOING, "s1", 0), open_req=OPEN),
+        Step.SNAPSHOT,
+        {"sink_position": 10, "snapshot": OPEN, "notify": True},
+    ),
+    (
+        "sink ongoing with the snapshot not READY: start it over",
+        facts(at_sink(10, ONGOING, "s1", 7), open_req=RUNNING),
+        Step.SNAPSHOT,
+        {"sink_position": 10, "snapshot": RUNNING, "notify": True},
+    ),
+    (
+        "sink ongoing with another snapshot: ship the open one",
+        facts(at_sink(10, ONGOING, "s1", 7), open_req=OTHER),
+        Step.SNAPSHOT,
+        {"sink_position": 10, "snapshot": OTHER, "notify": True},
+    ),
+    (
+        "sink ongoing, nothing open: interrupted",
+        facts(at_sink(10, ONGOING, "s9", 7)),
+        Step.SNAPSHOT,
+        {"sink_position": 10, "reason": "interrupted snapshot", "notify": True},
+    ),
+    (
+        "sink ongoing, nothing open, no provider: stop",
+        facts(at_sink(10, ONGOING, "s9", 7), provider=False),
+        Step.STOP,
+        {
+            "sink_position": 10,
+            "resume_after": 10,
+            "reason": "needs a full sync (interrupted snapshot)",
+        },
+    ),
+    (
+        "sink completed the READY snapshot, its ack lost: finish, then check",
+        facts(at_sink(40, COMPLETED, "s1"), cursor=3, open_req=OPEN, drop=DROP),
+        Step.CHECK,
+        {"sink_position": 40, "finish": OPEN},
+    ),
+    (
+        "finished, checked: resume at the sink, the cursor is there",
+        facts(at_sink(40, COMPLETED, "s1"), cursor=3, open_req=OPEN, drop=DROP, marks=(3, 50)),
+        Step.LOG,
+        {"sink_position": 40, "finish": OPEN, "resume_after": 40},
+    ),
+    (
+        "sink completed a snapshot still RUNNING here: continue it",
+        facts(at_sink(40, COMPLETED, "s1"), open_req=RUNNING),
+        Step.SNAPSHOT,
+        {"sink_position": 40, "snapshot": RUNNING, "notify": True},
+    ),
+    (
+        "sink completed another snapshot: continue the open one",
+        facts(at_sink(40, COMPLETED, "s1"), open_req=OTHER),
+        Step.SNAPSHOT,
+        {"sink_position": 40, "snapshot": OTHER, "notify": True},
+    ),
+    (
+        "stopped, then a provider configured: clear the stop, full sync",
+        facts(drop=DROP, stop=STOPPED),
+        Step.SNAPSHOT,
+        {
+            "sink_position": 10,
+            "clear_stop": True,
+            "reason": "dropped for falling behind",
+            "notify": True,
+            "drop": DROP,
+        },
+    ),
+    (
+        "stopped, provider configured, stop accepted meanwhile: clear it, check",
+        facts(stop=ACCEPTED_STOP),
+        Step.CHECK,
+        {"sink_position": 10, "clear_stop": True},
+    ),
+    (
+        "a loss accepted, not resumed yet: resume after it",
+        facts(provider=False, stop=ACCEPTED_STOP),
+        Step.RESUME_ACCEPTED,
+        {"sink_position": 10, "stop": ACCEPTED_STOP},
+    ),
+    (
+        "a loss accepted, open request refused first",
+        facts(provider=False, stop=ACCEPTED_STOP, open_req=OPEN),
+        Step.RESUME_ACCEPTED,
+        {"sink_position": 10, "stop": ACCEPTED_STOP, "refuse": OPEN},
+    ),
+    (
+        "stopped, the sink now holds what it needs: no longer stopped",
+        facts(provider=False, stop=STOPPED, marks=(10, 30)),
+        Step.LOG,
+        {"sink_position": 10, "resume_after": 10, "unstop": True, "stop": STOPPED},
+    ),
+    (
+        "stopped, the sink still lacks entries: stays stopped",
+        facts(at_sink(5), cursor=5, provider=False, stop=STOPPED, marks=(30, 40)),
+        Step.STOP,
+        {"sink_position": 5, "resume_after": 5, "reason": decide(5, 5, 30, 40, False).reason},
+    ),
+    (
+        "accepted loss on record, sink past the accepted point: resume",
+        facts(at_sink(12), cursor=12, provider=False, stop=RESUMED_STOP, marks=(20, 40)),
+        Step.LOG,
+        {"sink_position": 12, "resume_after": 12, "stop": RESUMED_STOP},
+    ),
+    (
+        "accepted loss on record, trimmed further since: stop again",
+        facts(at_sink(12), cursor=12, provider=False, stop=RESUMED_STOP, marks=(25, 40)),
+        Step.STOP,
+        {"sink_position": 12, "resume_after": 12, "reason": decide(12, 12, 25, 40, False).reason},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("given", "step", "fields"), [c[1:] for c in PLANS], ids=[c[0] for c in PLANS]
+)
+def test_plan_client(given: ClientFacts, step: Step, fields: dict[str, object]) -> None:
+    expected = replace(ClientPlan("c", step), **fields)
+    assert plan_client(given) == expected
+
+
+def test_every_step_has_a_case() -> None:
+    assert {c[2] for c in PLANS} == set(Step)
+
+
+def test_plan_keeps_the_clients_order() -> None:
+    first = replace(facts(), name="z")
+    second = replace(facts(at_sink(0), cursor=0), name="a")
+    plans = plan([first, second])
+    assert list(plans) == ["z", "a"]
+    assert [p.step for p in plans.values()] == [Step.CHECK, Step.SNAPSHOT]

@@ -1,0 +1,237 @@
+"""One pump round of a sender session: what each client may send now, sent.
+
+Log entries are read first, then the open snapshot requests of the clients
+read for are looked up in one query, and only then are the entries sent, cut
+at an open snapshot's base (see :meth:`Shipper.ship_log` and
+docs/architecture.md). Snapshot batches and drop notices go as they come.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from lr_client._proto import replication_pb2 as pb
+from lr_client.records import (
+    DropRecord,
+    ReplicationType,
+    SendEntry,
+    SnapshotRequest,
+    SnapshotStatus,
+)
+from lr_client.store import Retention, Shipping, Snapshots
+from lr_server import metrics, wire
+from lr_server.config import ReplicationConfig, SnapshotProvider
+from lr_server.fanout import LogFanout
+from lr_server.snapshot_requests import SnapshotRequests
+from lr_server.stops import StreamStops
+from lr_server.streams import ClientStream, Mode
+from lr_server.transport.base import BatchStream
+from lr_server.window import InFlight, Window
+
+
+class ShipperStore(Shipping, Snapshots, Retention, Protocol):
+    """What it needs of the store: log reads, open snapshots, their entries, drop records."""
+
+
+class Shipper:
+    """Sends the batches of one destination's streams into its window."""
+
+    def __init__(
+        self,
+        store: ShipperStore,
+        source_id: str,
+        destination: str,
+        cfg: ReplicationConfig,
+        window: Window,
+        stops: StreamStops,
+        requests: SnapshotRequests,
+        reader: LogFanout | None,
+        log: logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        self.store = store
+        self.source_id = source_id
+        self.destination = destination
+        self.cfg = cfg
+        self.window = window
+        self.stops = stops
+        self.requests = requests
+        self.reader = reader
+        self._log = log
+
+    def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
+        """One round over the clients: send what each may send now; whether any went."""
+        sent_any = False
+        reads: dict[str, list[SendEntry]] = {}
+        batches = nbytes = 0  # what the reads will add to the window
+        for name, cs in streams.items():
+            if self.window.full(batches, nbytes):
+                break
+            if cs.notice is not None:  # a drop notice goes before anything else
+                sent_any |= self.send_notice(stream, name, cs)
+            elif cs.mode is Mode.LOG:
+                entries = self.read_log(name, cs)
+                if entries:
+                    reads[name] = entries
+                    batches += 1
+                    nbytes += sum(len(e.payload) for e in entries)
+            elif cs.mode is Mode.SNAPSHOT:
+                sent_any |= self.send_snapshot(stream, name, cs)
+        if reads:
+            requests = self.store.open_snapshots(self.destination, list(reads))
+            drops = {d.client_name: d for d in self.store.list_drops(self.destination)}
+            for name, entries in reads.items():
+                cs, request = streams[name], requests.get(name)
+                if request is not None and cs.config.snapshot == SnapshotProvider.NONE:
+                    self.requests.refuse(request)  # a client without a provider keeps its log
+                    request = None
+                if name in drops:
+                    # Dropped: nothing more past the hole before the notice and the full
+                    # sync (or the stop) that the request check arranges.
+                    entries = []
+                    if request is None:
+                        continue
+                sent_any |= self.ship_log(stream, name, cs, entries, request, drops.get(name))
+        return sent_any
+
+    def read_log(self, name: str, cs: ClientStream) -> list[SendEntry]:
+        """The client's next batch of log entries (not sent yet: see :meth:`ship_log`)."""
+        if cs.partial_batch and self.window.holds(cs.partial_batch):
+            # Caught up: while a partial batch is in flight, let new entries gather
+            # into the next batch rather than paying a sink transaction per trickle.
+            return []
+        read = self.reader.read if self.reader is not None else self.store.read_log_entries
+        return read(
+            self.destination,
+            name,
+            cs.sent,
+            self.cfg.batch_max_entries,
+            max_bytes=self.cfg.batch_max_bytes,
+        )
+
+    def ship_log(
+        self,
+        stream: BatchStream,
+        name: str,
+        cs: ClientStream,
+        entries: list[SendEntry],
+        request: SnapshotRequest | None,
+        drop: DropRecord | None = None,
+    ) -> bool:
+        """Send entries read before ``request`` (the client's open snapshot) was looked up.
+
+        No log entry past a snapshot's base may reach the sink before the
+        snapshot: the sink would deliver it, then again after the snapshot.
+        With no open request, every entry read is sent: a request made later
+        gets a base at or after every position committed before the lookup,
+        so at or after every entry read (see docs/architecture.md). A request
+        without a base yet stops log entries at once; one with a base lets
+        through the entries up to it. Either way the stream turns to the
+        snapshot, and log entries resume after its base once it is shipped.
+        """
+        if request is not None:
+            base = request.base_position
+            entries = [] if base is None else [e for e in entries if e.position <= base]
+        if entries:
+            batch_id = self.window.next_batch_id()
+            batch = wire.log_batch(batch_id, self.source_id, name, entries, cs.sent)
+            self.send(stream, batch, name, entries)
+            cs.sent = entries[-1].position
+            cs.partial_batch = batch.batch_id if len(entries) < self.cfg.batch_max_entries else 0
+        if request is None:
+            return bool(entries)
+        # Log batches already in flight reach the sink before the snapshot's, and
+        # their acks never move the cursor past its base.
+        self._log.info(
+            "%s/%s: log entries stop at %d for full sync %s",
+            self.destination,
+            name,
+            cs.sent,
+            request.snapshot_id,
+        )
+        cs.mode, cs.snapshot, cs.snap_sent, cs.snap_done_sent = Mode.SNAPSHOT, request, 0, False
+        cs.notice = self.stops.drop_notice(drop)  # the listener learns of a drop before its sync
+        if request.status is SnapshotStatus.REQUESTED:
+            self.requests.launch(request, cs.config)
+        return True
+
+    def send_snapshot(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:
+        """The stream's next batch of its READY snapshot, the end marker's included."""
+        req = cs.snapshot
+        if req is None or cs.snap_done_sent:
+            return False
+        if req.status is not SnapshotStatus.READY:
+            return False
+        entries = self.store.read_snapshot_entries(
+            req.snapshot_id, cs.snap_sent, self.cfg.batch_max_entries, self.cfg.batch_max_bytes
+        )
+        if not entries:
+            return False
+        msgs = []
+        for e in entries:
+            msg = wire.entry(e)
+            if e.type is ReplicationType.LAST_FULL_SYNC_ENTRY:
+                msg.snapshot_count = req.entry_count or 0
+                msg.base_position = req.base_position or 0
+                cs.snap_done_sent = True
+            msgs.append(msg)
+        batch = wire.snapshot_batch(
+            self.window.next_batch_id(),
+            self.source_id,
+            name,
+            req.snapshot_id,
+            entries,
+            cs.snap_sent,
+            msgs,
+        )
+        self.send(stream, batch, name, entries, cs.snap_done_sent)
+        cs.snap_sent = entries[-1].position
+        return True
+
+    def send_notice(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:
+        notice = cs.notice
+        assert notice is not None
+        cs.notice = None
+        batch = wire.notice_batch(self.window.next_batch_id(), self.source_id, name, notice)
+        self.window.add(
+            InFlight(
+                batch.batch_id,
+                name,
+                batch.kind,
+                notice.first_dropped_position,
+                0,
+                0,
+                time.monotonic(),
+                notice.notice_id,
+            )
+        )
+        stream.send(batch)
+        return True
+
+    def send(
+        self,
+        stream: BatchStream,
+        batch: pb.ReplicationBatch,
+        name: str,
+        entries: list[SendEntry],
+        is_end: bool = False,
+    ) -> None:
+        self.window.add(
+            InFlight(
+                batch.batch_id,
+                name,
+                batch.kind,
+                batch.last_position,
+                len(entries),
+                sum(len(e.payload) for e in entries),
+                time.monotonic(),
+                batch.snapshot_id,
+                is_end,
+            )
+        )
+        metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))
+        stream.send(batch)
+
+
+__all__ = ["Shipper"]

@@ -1,0 +1,191 @@
+"""The full-sync requests of one destination's streams, from request to completion.
+
+Every half second a session picks up drops and new or changed requests
+(:meth:`SnapshotRequests.check`), fails a RUNNING snapshot whose worker went
+silent, launches Spark providers, and turns streams to or between
+snapshots; when the sink acknowledges a snapshot's end marker it completes
+it and log entries resume after its base.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, SnapshotRequest, SnapshotStatus
+from lr_client.store import Retention, Shipping, Snapshots
+from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
+from lr_server.stops import StreamStops
+from lr_server.streams import ClientStream, Mode
+
+SnapshotLauncher = Callable[[SnapshotRequest, ClientConfig], None]
+
+
+class RequestStore(Snapshots, Retention, Shipping, Protocol):
+    """What it needs of the store: snapshot requests, drop records, cursors."""
+
+
+class SnapshotRequests:
+    """Requests, launches, reclaims and completes the snapshots of one destination."""
+
+    def __init__(
+        self,
+        store: RequestStore,
+        destination: str,
+        stops: StreamStops,
+        log: logging.LoggerAdapter[logging.Logger],
+        replication: ReplicationConfig,
+        retry: RetryConfig,
+        launcher: SnapshotLauncher | None = None,
+    ) -> None:
+        self.store = store
+        self.destination = destination
+        self.stops = stops
+        self.cfg = replication
+        self.retry = retry
+        self.launcher = launcher
+        self._launched: set[str] = set()
+        self._log = log
+
+    def open_snapshot(self, client: str) -> SnapshotRequest | None:
+        """The client's open (requested, running or ready) request, if any."""
+        found = self.store.list_snapshots(self.destination, client, OPEN_SNAPSHOT_STATUSES)
+        return found[0] if found else None
+
+    def request(self, client: str, reason: str) -> SnapshotRequest | None:
+        """Ask for a full sync of ``client``; the new request."""
+        sid = self.store.request_snapshot(None, self.destination, client, reason)
+        return self.store.get_snapshot(sid)
+
+    def refuse(self, req: SnapshotRequest) -> None:
+        """Cancel a full-sync request of a client that has no snapshot provider."""
+        reason = (
+            f'client {req.client_name} has no snapshot provider (snapshot = "none"): '
+            "log entries go on"
+        )
+        if self.store.cancel_snapshot(req.snapshot_id, reason):
+            self._log.warning(
+                "%s/%s: snapshot %s cancelled: %s",
+                self.destination,
+                req.client_name,
+                req.snapshot_id,
+                reason,
+            )
+
+    def finish(self, client: str, req: SnapshotRequest) -> None:
+        """The sink has every entry of ``req``: log entries resume after its base."""
+        self.store.complete_snapshot(req.snapshot_id)
+        self.store.set_cursor(
+            self.destination, client, req.base_position or 0, needs_snapshot=False
+        )
+        self.store.clear_drop(self.destination, client)
+
+    def done(self, cs: ClientStream) -> None:
+        """The sink acknowledged the end marker of the stream's current snapshot."""
+        req = cs.snapshot
+        assert req is not None
+        base = req.base_position or 0
+        self.finish(cs.config.name, req)
+        self._log.info(
+            "%s/%s: full sync %s complete (%s entries); log entries resume after %d",
+            self.destination,
+            cs.config.name,
+            req.snapshot_id,
+            req.entry_count,
+            base,
+        )
+        cs.mode, cs.snapshot, cs.sent = Mode.LOG, None, base
+        cs.snap_sent, cs.snap_done_sent = 0, False
+
+    def check(self, streams: dict[str, ClientStream]) -> None:
+        """Pick up drops and new or changed snapshot requests; launch providers."""
+        dropped = {
+            d.client_name: d for d in self.store.list_drops() if d.destination == self.destination
+        }
+        for name, cs in streams.items():
+            open_req = self.reclaim_stalled(self.open_snapshot(name))
+            if open_req is not None and cs.config.snapshot == SnapshotProvider.NONE:
+                self.refuse(open_req)
+                open_req = None
+            if cs.mode is Mode.STOPPED:
+                stop = self.store.get_stream_stop(self.destination, name)
+                if stop is not None and stop.accepted_at is not None and stop.resumed_at is None:
+                    self.stops.resume_accepted(cs, stop)
+                continue
+            if cs.mode is Mode.LOG and name in dropped and open_req is None:
+                if cs.config.snapshot == SnapshotProvider.NONE:
+                    drop = dropped[name]
+                    self.stops.stop(cs, f"dropped ({drop.reason})", drop.first_dropped_position - 1)
+                    continue
+                open_req = self.request(name, "dropped for falling behind")
+            if cs.mode is Mode.LOG:
+                if open_req is None:
+                    continue
+                # Switch now: log batches still in flight reach the sink before the
+                # snapshot's, and their acks never move the cursor past its base.
+                cs.mode, cs.snapshot, cs.snap_sent, cs.snap_done_sent = (
+                    Mode.SNAPSHOT,
+                    open_req,
+                    0,
+                    False,
+                )
+                cs.notice = self.stops.drop_notice(dropped.get(name))
+            elif cs.mode is Mode.SNAPSHOT:
+                if cs.snapshot is None or open_req is None:
+                    if cs.snap_done_sent:
+                        continue  # the end marker is in flight; its ack completes the snapshot
+                    if open_req is None:
+                        # Cancelled or failed with nothing newer: ask again, not too often.
+                        if time.monotonic() < cs.retry_at:
+                            continue
+                        cs.retry_at = time.monotonic() + self.retry.max_backoff
+                        open_req = self.request(name, "previous snapshot did not complete")
+                if open_req is not None and (
+                    cs.snapshot is None or open_req.snapshot_id != cs.snapshot.snapshot_id
+                ):
+                    # Superseded, perhaps mid-transfer: the sink drops what it
+                    # queued of the old snapshot when the new id arrives.
+                    cs.snapshot, cs.snap_sent, cs.snap_done_sent = open_req, 0, False
+                elif open_req is not None:
+                    cs.snapshot = open_req
+            else:
+                continue
+            req = cs.snapshot
+            if req is not None and req.status is SnapshotStatus.REQUESTED:
+                self.launch(req, cs.config)
+
+    def reclaim_stalled(self, req: SnapshotRequest | None) -> SnapshotRequest | None:
+        """Fail a RUNNING snapshot whose worker went silent (it crashed); None if so."""
+        if req is None or req.status is not SnapshotStatus.RUNNING:
+            return req
+        silent_since = time.time() - self.cfg.snapshot_stall_timeout
+        if req.updated_at >= silent_since:
+            return req
+        reason = f"no heartbeat from its worker for {self.cfg.snapshot_stall_timeout:g}s"
+        # Conditional on the silence, so a beat that came meanwhile keeps it.
+        if self.store.fail_stalled_snapshot(req.snapshot_id, silent_since, reason):
+            self._log.warning(
+                "%s/%s: snapshot %s failed: %s",
+                self.destination,
+                req.client_name,
+                req.snapshot_id,
+                reason,
+            )
+        return self.open_snapshot(req.client_name)
+
+    def launch(self, req: SnapshotRequest, config: ClientConfig) -> None:
+        """Start the client's Spark job for ``req`` once (in-process providers pick it up)."""
+        if config.snapshot != SnapshotProvider.SPARK or self.launcher is None:
+            return  # an in-process provider of the application picks it up
+        if req.snapshot_id in self._launched:
+            return
+        self._launched.add(req.snapshot_id)
+        self._log.info(
+            "%s/%s: launching snapshot job %s", self.destination, config.name, req.snapshot_id
+        )
+        self.launcher(req, config)
+
+
+__all__ = ["SnapshotLauncher", "SnapshotRequests"]

@@ -1,0 +1,95 @@
+"""The protobuf messages a sender session sends and reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lr_client._proto import replication_pb2 as pb
+from lr_client.records import ReplicationType, SendEntry
+from lr_server.negotiation import SinkState
+from lr_server.streams import Notice
+
+
+def sink_states(response: pb.NegotiateResponse) -> dict[str, SinkState]:
+    """The sink's state per client, as plain data."""
+    return {
+        c.client_name: SinkState(
+            c.last_position,
+            int(c.snapshot_state),  # a state this side does not know matches no rule
+            c.snapshot_id,
+            c.snapshot_position,
+        )
+        for c in response.clients
+    }
+
+
+def entry(e: SendEntry) -> pb.RoutingTableEntryMsg:
+    """Strip destinations; the sink learns the source from the authenticated stream."""
+    return pb.RoutingTableEntryMsg(
+        type=e.type.name,
+        opaque_payload=e.payload,
+        position=e.position,
+        snapshot_id=e.snapshot_id,
+        client_name=e.client_name,
+    )
+
+
+def log_batch(
+    batch_id: int, source_id: str, client: str, entries: Sequence[SendEntry], previous: int
+) -> pb.ReplicationBatch:
+    return pb.ReplicationBatch(
+        batch_id=batch_id,
+        source_id=source_id,
+        client_name=client,
+        kind=pb.BATCH_LOG_ENTRY,
+        first_position=entries[0].position,
+        last_position=entries[-1].position,
+        previous_position=previous,
+        entries=[entry(e) for e in entries],
+    )
+
+
+def snapshot_batch(
+    batch_id: int,
+    source_id: str,
+    client: str,
+    snapshot_id: str,
+    entries: Sequence[SendEntry],
+    previous: int,
+    wire: list[pb.RoutingTableEntryMsg],
+) -> pb.ReplicationBatch:
+    return pb.ReplicationBatch(
+        batch_id=batch_id,
+        source_id=source_id,
+        client_name=client,
+        kind=pb.BATCH_SNAPSHOT,
+        snapshot_id=snapshot_id,
+        first_position=entries[0].position,
+        last_position=entries[-1].position,
+        previous_position=previous,
+        entries=wire,
+    )
+
+
+def notice_batch(batch_id: int, source_id: str, client: str, notice: Notice) -> pb.ReplicationBatch:
+    """A drop notice: one ``STREAM_DROPPED`` entry at the first position that may be missing."""
+    msg = pb.RoutingTableEntryMsg(
+        type=ReplicationType.STREAM_DROPPED.name,
+        opaque_payload=notice.reason.encode(),
+        position=notice.first_dropped_position,
+        snapshot_id=notice.notice_id,
+        client_name=client,
+    )
+    return pb.ReplicationBatch(
+        batch_id=batch_id,
+        source_id=source_id,
+        client_name=client,
+        kind=pb.BATCH_DROP_NOTICE,
+        snapshot_id=notice.notice_id,
+        first_position=notice.first_dropped_position,
+        last_position=notice.first_dropped_position,
+        entries=[msg],
+    )
+
+
+__all__ = ["entry", "log_batch", "notice_batch", "sink_states", "snapshot_batch"]

@@ -1,0 +1,138 @@
+"""The in-flight window: limits, ack matching, cursor coalescing (no database)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lr_client._proto import replication_pb2 as pb
+from lr_server.config import ClientConfig
+from lr_server.streams import ClientStream, Mode, SessionState, summary
+from lr_server.window import FLUSH_INTERVAL, InFlight, Window
+
+LOG, SNAP, NOTICE = pb.BATCH_LOG_ENTRY, pb.BATCH_SNAPSHOT, pb.BATCH_DROP_NOTICE
+
+
+def batch(
+    w: Window, client: str, kind: int, last: int, nbytes: int = 10, end: bool = False
+) -> InFlight:
+    f = InFlight(w.next_batch_id(), client, kind, last, 1, nbytes, 0.0, "s1", end)
+    w.add(f)
+    return f
+
+
+# case id, batches in flight, batches / bytes about to be added -> full
+LIMITS = [
+    ("empty", 0, 0, 0, False),
+    ("one short of the batch limit", 2, 0, 0, False),
+    ("at the batch limit", 3, 0, 0, True),
+    ("the reads would reach the batch limit", 2, 1, 0, True),
+    ("at the byte limit", 1, 0, 90, True),
+    ("one byte short of the byte limit", 1, 0, 89, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("inflight", "batches", "nbytes", "full"), [c[1:] for c in LIMITS], ids=[c[0] for c in LIMITS]
+)
+def test_full(inflight: int, batches: int, nbytes: int, full: bool) -> None:
+    w = Window(max_batches=3, max_bytes=100)
+    for i in range(inflight):
+        batch(w, "c", LOG, i + 1)
+    assert w.full(batches, nbytes) is full
+
+
+def test_an_ack_settles_every_batch_up_to_it() -> None:
+    w = Window(10, 10_000)
+    a, b, c = (batch(w, "c", LOG, p) for p in (1, 2, 3))
+    assert (len(w), w.nbytes, w.oldest_sent_at()) == (3, 30, 0.0)
+    assert w.holds(a.batch_id) and w.holds(c.batch_id)
+    assert w.acknowledge(b.batch_id) == [a, b]
+    assert not w.holds(b.batch_id) and w.holds(c.batch_id)
+    assert w.acknowledge(b.batch_id) == []  # a duplicate ack settles nothing
+    assert w.acknowledge(c.batch_id + 5) == [c]
+    assert (len(w), w.oldest_sent_at()) == (0, None)
+
+
+def test_batch_ids_grow_across_connections() -> None:
+    w = Window(10, 10_000)
+    first = batch(w, "c", LOG, 1).batch_id
+    w.cursors["c"] = 1
+    w.clear()
+    assert (len(w), w.cursors) == (0, {})
+    assert w.next_batch_id() == first + 1
+
+
+# case id, settled batches (client, kind, last position, is end), cursors before -> after
+COALESCE = [
+    (
+        "log acks: the last one per client",
+        [("c", LOG, 3), ("c", LOG, 5), ("d", LOG, 2)],
+        {},
+        {"c": 5, "d": 2},
+    ),
+    ("a newer log ack replaces a pending one", [("c", LOG, 7)], {"c": 5}, {"c": 7}),
+    ("snapshot batches move no cursor", [("c", SNAP, 3)], {}, {}),
+    ("drop notices move no cursor", [("c", NOTICE, 3)], {"c": 2}, {"c": 2}),
+    ("a snapshot's end discards earlier log acks", [("c", LOG, 5), ("c", SNAP, 9, True)], {}, {}),
+    ("... and pending ones of the client", [("c", SNAP, 9, True)], {"c": 5, "d": 1}, {"d": 1}),
+    ("log acks after the end count", [("c", SNAP, 9, True), ("c", LOG, 12)], {"c": 5}, {"c": 12}),
+]
+
+
+@pytest.mark.parametrize(
+    ("done", "before", "after"), [c[1:] for c in COALESCE], ids=[c[0] for c in COALESCE]
+)
+def test_coalesce(
+    done: list[tuple[Any, ...]], before: dict[str, int], after: dict[str, int]
+) -> None:
+    w = Window(10, 10_000)
+    w.cursors.update(before)
+    settled = [
+        InFlight(i, d[0], d[1], d[2], 1, 1, 0.0, "s1", is_end=len(d) > 3 and d[3])
+        for i, d in enumerate(done)
+    ]
+    w.coalesce(settled)
+    assert w.cursors == after
+
+
+def test_cursor_writes_are_coalesced() -> None:
+    w = Window(10, 10_000)
+    assert not w.flush_due(100.0)  # nothing pending
+    f = batch(w, "c", LOG, 1)
+    batch(w, "c", LOG, 2)
+    w.coalesce(w.acknowledge(f.batch_id))
+    assert w.flush_due(100.0)  # never flushed yet
+    w.flushed(100.0)
+    assert (w.cursors, w.flushed_at) == ({}, 100.0)
+    w.cursors["c"] = 2
+    assert not w.flush_due(100.0 + FLUSH_INTERVAL)  # batches in flight, too soon
+    assert w.flush_due(100.0 + FLUSH_INTERVAL + 0.01)
+    w.acknowledge(99)
+    assert w.flush_due(100.0)  # the window is empty: save now
+
+
+# case id, modes of the streams -> session state
+SUMMARIES = [
+    ("all in log entry sync", [Mode.LOG, Mode.LOG], SessionState.LOG_ENTRY_SYNC),
+    ("no streams", [], SessionState.LOG_ENTRY_SYNC),
+    ("one stopped", [Mode.LOG, Mode.STOPPED], SessionState.STREAM_STOPPED),
+    ("a snapshot wins over a stop", [Mode.STOPPED, Mode.SNAPSHOT], SessionState.SNAPSHOT_SYNC),
+]
+
+
+@pytest.mark.parametrize(
+    ("modes", "state"), [c[1:] for c in SUMMARIES], ids=[c[0] for c in SUMMARIES]
+)
+def test_summary(modes: list[Mode], state: SessionState) -> None:
+    streams = [
+        ClientStream(
+            ClientConfig(f"c{i}"), mode=m, stop_reason=f"c{i}: lost" if m is Mode.STOPPED else ""
+        )
+        for i, m in enumerate(modes)
+    ]
+    got, stopped = summary(streams)
+    assert got is state
+    assert stopped == "; ".join(cs.stop_reason for cs in streams if cs.mode is Mode.STOPPED)
+    assert got == state.value  # written to lrq_session_status as the plain string
