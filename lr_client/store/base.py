@@ -16,10 +16,35 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 
-from lr_client.errors import StoreUnavailableError
+from lr_client.errors import LRError, SchemaError, StoreUnavailableError
 from lr_client.store import schema as s
+
+#: SQLSTATEs of a missing or older schema: undefined table, schema, column.
+MISSING_SCHEMA_STATES = frozenset({"42P01", "3F000", "42703"})
+
+
+def map_error(exc: DBAPIError) -> LRError | None:
+    """The store's error for a driver error raised in a store transaction (None: not ours).
+
+    A table, schema or column that does not exist is a :class:`SchemaError`
+    (permanent: ``lr init-db`` must run); any other operational error is a
+    :class:`StoreUnavailableError` (transient: the database may come back).
+    """
+    detail = str(exc.orig) if exc.orig else str(exc)
+    state = getattr(exc.orig, "sqlstate", None)
+    if state in MISSING_SCHEMA_STATES or (
+        isinstance(exc, OperationalError)
+        and ("no such table" in detail or "no such column" in detail)
+    ):
+        first = detail.splitlines()[0] if detail else ""
+        return SchemaError(
+            f"no schema, or an older one ({first}); `lr init-db` creates or upgrades it"
+        )
+    if isinstance(exc, OperationalError):
+        return StoreUnavailableError(detail)
+    return None
 
 
 class StoreBase(abc.ABC):
@@ -50,8 +75,11 @@ class StoreBase(abc.ABC):
                     conn = conn.execution_options(isolation_level=self.consistent_isolation)
                 with conn.begin():
                     yield conn
-        except OperationalError as exc:
-            raise StoreUnavailableError(str(exc.orig) if exc.orig else str(exc)) from exc
+        except (OperationalError, ProgrammingError) as exc:
+            mapped = map_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -59,8 +87,11 @@ class StoreBase(abc.ABC):
         try:
             with self.engine.connect() as conn, conn.begin():
                 yield conn
-        except OperationalError as exc:
-            raise StoreUnavailableError(str(exc.orig) if exc.orig else str(exc)) from exc
+        except (OperationalError, ProgrammingError) as exc:
+            mapped = map_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
 
     # -- the site cache -----------------------------------------------------------
     def site_numbers(self, refresh: bool = False) -> dict[str, int]:
