@@ -110,6 +110,7 @@ TARGETS: dict[str, Target] = {
                 "_save_progress",
                 "_progress",
                 "_progress_row",
+                "_locked_progress",
                 "sink_progress",
                 "_ensure_queue",
                 "_append_recv",

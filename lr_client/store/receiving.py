@@ -216,6 +216,12 @@ class ReceivingStore(StoreBase):
             ],
         )
 
+    def _locked_progress(self, conn: Connection, source_id: str, client_name: str) -> SinkProgress:
+        """The stream's progress, read under its lock (batches of one stream apply in turn)."""
+        self._lock_stream(conn, source_id, client_name)
+        row = self._progress_row(conn, source_id, client_name)
+        return self._progress(row) if row else SinkProgress(source_id, client_name)
+
     def apply_log_batch(
         self,
         source_id: str,
@@ -224,9 +230,7 @@ class ReceivingStore(StoreBase):
         previous_position: int | None = None,
     ) -> tuple[bool, int]:
         with self.write() as conn:
-            self._lock_stream(conn, source_id, client_name)
-            row = self._progress_row(conn, source_id, client_name)
-            progress = self._progress(row) if row else SinkProgress(source_id, client_name)
+            progress = self._locked_progress(conn, source_id, client_name)
             if previous_position is not None and previous_position > progress.last_position:
                 raise ProtocolError(
                     f"gap: batch follows position {previous_position}, "
@@ -261,9 +265,7 @@ class ReceivingStore(StoreBase):
         previous_position: int | None = None,
     ) -> tuple[bool, int]:
         with self.write() as conn:
-            self._lock_stream(conn, source_id, client_name)
-            row = self._progress_row(conn, source_id, client_name)
-            progress = self._progress(row) if row else SinkProgress(source_id, client_name)
+            progress = self._locked_progress(conn, source_id, client_name)
             same = progress.snapshot_id == snapshot_id
             if previous_position is not None:
                 if same and previous_position > progress.snapshot_position:
