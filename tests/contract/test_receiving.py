@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from lr_client.errors import InvalidNameError, ProtocolError
-from lr_client.records import ReplicationType, SinkSnapshotState, WireEntry
+from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from tests.contract.calls import across_outage, log, refused_for_no_schema
 from tests.contract.outage import Outage
@@ -156,3 +158,95 @@ def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Out
     assert across_outage(outage, lambda: store.apply_log_batch("a", "policy", log(1, 2)))[1] == 2
     assert [p for p, _, _ in _queued(store)] == [1, 2]  # applied once
     assert across_outage(outage, lambda: store.sink_progress("a", "policy")).last_position == 2
+
+
+# -- the progress a batch leaves behind, field by field --------------------------------
+def _snap(sid: str, *positions: int, end: int | None = None, base: int = 0) -> list[WireEntry]:
+    """Snapshot entries ``positions`` of ``sid`` (payload ``b"<sid>-<n>"``), then its end."""
+    out = [WireEntry(p, SNAP, b"%s-%d" % (sid.encode(), p), sid) for p in positions]
+    if end is not None:
+        out.append(WireEntry(end, END, b"", sid, snapshot_count=end - 1, base_position=base))
+    return out
+
+
+def test_a_stream_never_seen_has_empty_progress_of_its_own(store: SQLAlchemyQueueStore) -> None:
+    assert store.sink_progress("site-a", "policy") == SinkProgress("site-a", "policy")
+
+
+def test_progress_counts_every_entry_received_and_stamps_the_time(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    before = time.time()
+    store.apply_log_batch("site-a", "policy", log(1, 2, 3))
+    store.apply_log_batch("site-a", "policy", log(3, 4))  # 3 again: not counted
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 2, end=3, base=4))
+    got = store.sink_progress("site-a", "policy")
+    assert got.entries_received == 4 + 2 + 1
+    assert before - 1 <= got.updated_at <= time.time() + 1
+    assert store.list_sink_progress() == [got]
+
+
+def test_a_partial_snapshot_keeps_the_log_position_and_its_end_completes_it(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    store.apply_log_batch("site-a", "policy", log(4, 5))
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    got = store.sink_progress("site-a", "policy")
+    assert (got.last_position, got.snapshot_state) == (5, SinkSnapshotState.ONGOING)
+    assert (got.snapshot_id, got.snapshot_position) == ("s1", 2)
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", end=3, base=9))
+    got = store.sink_progress("site-a", "policy")
+    assert (got.last_position, got.snapshot_state) == (9, SinkSnapshotState.COMPLETED)
+    assert (got.snapshot_id, got.snapshot_position) == ("s1", 3)
+
+
+def test_an_empty_first_batch_of_a_new_snapshot_still_supersedes_the_unfinished_one(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    store.apply_log_batch("site-a", "policy", log(1, 2))
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    assert store.apply_snapshot_batch("site-a", "policy", "s2", []) == (False, 0)
+    got = store.sink_progress("site-a", "policy")
+    assert (got.source_id, got.client_name) == ("site-a", "policy")
+    assert (got.last_position, got.snapshot_state) == (2, SinkSnapshotState.ONGOING)
+    assert (got.snapshot_id, got.snapshot_position, got.entries_received) == ("s2", 0, 4)
+    assert _queued(store) == [(1, b"1", ""), (2, b"2", "")]
+
+
+def test_a_new_snapshot_removes_only_the_unfinished_one_of_its_own_stream(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """Queued log entries stay; another source's snapshot of the same id stays."""
+    store.apply_log_batch("site-a", "policy", log(1, 2))
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    store.apply_snapshot_batch("site-c", "policy", "s1", _snap("s1", 1))
+    store.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 1))
+    by_source = {q.source_id: q.queue_id for q in store.list_queues("policy")}
+    with store.engine.begin() as conn:
+        a = store.read_queue(conn, by_source["site-a"], 100)
+        c = store.read_queue(conn, by_source["site-c"], 100)
+    assert [(e.source_position, e.snapshot_id) for e in a] == [(1, ""), (2, ""), (1, "s2")]
+    assert [(e.source_position, e.snapshot_id) for e in c] == [(1, "s1")]
+
+
+def test_a_completed_snapshot_stays_whole_when_a_new_one_starts(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The log entries after its base follow it in the queue and need its end before them."""
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, end=2, base=5))
+    store.apply_log_batch("site-a", "policy", log(6))
+    store.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 1))
+    assert [(p, sid) for p, _, sid in _queued(store)] == [(1, "s1"), (2, "s1"), (6, ""), (1, "s2")]
+
+
+def test_gaps_are_refused_with_what_each_side_has(store: SQLAlchemyQueueStore) -> None:
+    store.apply_log_batch("site-a", "policy", log(1, 2))
+    with pytest.raises(ProtocolError, match="gap: batch follows position 4, sink has 2"):
+        store.apply_log_batch("site-a", "policy", log(5), previous_position=4)
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1))
+    with pytest.raises(ProtocolError, match=r"^gap in snapshot batch$"):
+        store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 3), previous_position=2)
+    with pytest.raises(ProtocolError, match="a new snapshot must start at its first entry"):
+        store.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 2), previous_position=1)
+    assert [(p, sid) for p, _, sid in _queued(store)] == [(1, ""), (2, ""), (1, "s1")]
