@@ -80,12 +80,17 @@ def open_sink(database_url: str, snapshot_id: str, method: str = "copy") -> _Sin
     """A writer for one snapshot: COPY on PostgreSQL (unless ``method="store"``)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    postgres = make_url(database_url).get_backend_name() == "postgresql"
     kwargs: dict[str, Any] = {"poolclass": NullPool}
-    if make_url(database_url).get_backend_name() == "postgresql":
-        # Visible in pg_stat_activity.
-        kwargs["connect_args"] = {"application_name": f"lr-snapshot-{snapshot_id[:12]}"}
+    if postgres:
+        # One connection for the partition's chunks, visible in pg_stat_activity.
+        kwargs = {
+            "pool_size": 1,
+            "max_overflow": 0,
+            "connect_args": {"application_name": f"lr-snapshot-{snapshot_id[:12]}"},
+        }
     store = open_store(create_engine(database_url, **kwargs))
-    return _StoreSink(store, snapshot_id, bulk=method == "copy")
+    return _StoreSink(store, snapshot_id, bulk=postgres and method == "copy")
 
 
 @dataclass(frozen=True)
