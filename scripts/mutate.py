@@ -58,7 +58,7 @@ STORE_FILES = [
 #: The store contract suite, one module per role. mutmut wants every selected test
 #: green on the unmutated code; the checks of a store on an empty database reach no
 #: mutated function and are left out.
-CONTRACT = ["tests/contract", "-k", "not on_an_empty_database"]
+CONTRACT = ["tests/contract"]
 
 
 @dataclass(frozen=True)
@@ -123,13 +123,19 @@ TARGETS: dict[str, Target] = {
             *CONTRACT,
             "tests/integration/test_sink_exactly_once.py",
             "tests/integration/test_subscriber.py",
+            "tests/integration/test_negotiation.py",
+            "tests/integration/test_session_edges.py",
         ],
-        "the sink receiver: batch checks, duplicates, snapshot supersession",
+        "the sink receiver: batch checks, duplicates, snapshot supersession, drop notices",
     ),
     "receiver": Target(
         ["lr_server/receiver.py"],
         ["lr_server.receiver.*"],
-        ["tests/integration/test_sink_exactly_once.py"],
+        [
+            "tests/integration/test_sink_exactly_once.py",
+            "tests/integration/test_negotiation.py",
+            "tests/integration/test_session_edges.py",
+        ],
         "the receiver's checks of batches from the wire (a quick subset of 'receive')",
     ),
     "snapshot": Target(
