@@ -17,18 +17,21 @@ fixtures: they dispose of it at the end, and a SQLite outage closes its
 pooled connections.
 
 Fixtures: ``store`` (a store with its schema), ``bare_store`` (a store on an
-empty database) and ``outage`` (loses the store's connections), each on
-every backend of ``db_url``.
+empty database), ``outage`` (loses the store's connections) and
+``connections`` (counts them), each on every backend of ``db_url``.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+import sqlalchemy
 
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from tests.conftest import PG_URL
 from tests.contract.outage import Outage
 
 
@@ -70,3 +73,38 @@ def outage(_store_and_name: tuple[SQLAlchemyQueueStore, str], db_url: str) -> It
     cut = Outage(st, db_url, name)
     yield cut
     cut.close()
+
+
+@pytest.fixture
+def connections(
+    _store_and_name: tuple[SQLAlchemyQueueStore, str],
+) -> Iterator[Callable[..., int]]:
+    """How many database connections the ``store`` fixture holds open.
+
+    PostgreSQL: the server's sessions of the store (``pg_stat_activity``;
+    ``closing=True`` waits a moment for the sessions being closed to end);
+    SQLite: the connections of the engine's pool.
+    """
+    st, name = _store_and_name
+    if not name:
+
+        def in_pool(closing: bool = False) -> int:
+            pool: sqlalchemy.pool.QueuePool = st.engine.pool  # type: ignore[assignment]
+            return pool.checkedin() + pool.checkedout()
+
+        yield in_pool
+        return
+    admin = create_engine(PG_URL, poolclass=sqlalchemy.pool.NullPool)
+    query = sqlalchemy.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :n")
+
+    def count(closing: bool = False) -> int:
+        deadline = time.monotonic() + 5
+        while True:
+            with admin.connect() as conn:
+                n = int(conn.execute(query, {"n": name}).scalar_one())
+            if not closing or n == 0 or time.monotonic() > deadline:
+                return n
+            time.sleep(0.05)
+
+    yield count
+    admin.dispose()

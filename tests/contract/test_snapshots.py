@@ -8,20 +8,20 @@ import pytest
 
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
-from lr_client.store import SQLAlchemyQueueStore
-from tests.contract.calls import across_outage, append, refused_for_no_schema
+from lr_client.store.contract import QueueStore, Snapshots
+from tests.contract.calls import rolled_back, across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 OPEN = OPEN_SNAPSHOT_STATUSES
 
 
-def _status(store: SQLAlchemyQueueStore, sid: str) -> SnapshotStatus:
+def _status(store: Snapshots, sid: str) -> SnapshotStatus:
     req = store.get_snapshot(sid)
     assert req is not None
     return req.status
 
 
-def _request_later(store: SQLAlchemyQueueStore, after: str, destination: str, client: str) -> str:
+def _request_later(store: Snapshots, after: str, destination: str, client: str) -> str:
     """A request created strictly after ``after`` (the listing is newest first)."""
     req = store.get_snapshot(after)
     assert req is not None
@@ -30,12 +30,12 @@ def _request_later(store: SQLAlchemyQueueStore, after: str, destination: str, cl
     return store.request_snapshot(None, destination, client)
 
 
-def _write(store: SQLAlchemyQueueStore, sid: str, part: int, payloads: list[bytes]) -> int:
-    with store.engine.begin() as conn:
+def _write(store: Snapshots, sid: str, part: int, payloads: list[bytes]) -> int:
+    with store.write() as conn:
         return store.write_snapshot_entries(conn, sid, part, payloads)
 
 
-def test_a_request_is_recorded(store: SQLAlchemyQueueStore) -> None:
+def test_a_request_is_recorded(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy", "new destination")
     req = store.get_snapshot(sid)
     assert req is not None
@@ -49,34 +49,32 @@ def test_a_request_is_recorded(store: SQLAlchemyQueueStore) -> None:
 
 
 def test_a_request_in_the_callers_transaction_commits_with_it(
-    store: SQLAlchemyQueueStore,
+    store: Snapshots,
 ) -> None:
-    with store.engine.connect() as conn:
-        tx = conn.begin()
+    with rolled_back(store) as conn:
         gone = store.request_snapshot(conn, "b", "policy")
-        tx.rollback()
     assert store.get_snapshot(gone) is None
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         kept = store.request_snapshot(conn, "b", "policy")
     assert [r.snapshot_id for r in store.list_snapshots()] == [kept]
 
 
 @pytest.mark.parametrize(("destination", "client"), [("B", "policy"), ("b", "bad name"), ("", "p")])
 def test_a_bad_name_requests_nothing(
-    store: SQLAlchemyQueueStore, destination: str, client: str
+    store: Snapshots, destination: str, client: str
 ) -> None:
     with pytest.raises(InvalidNameError):
         store.request_snapshot(None, destination, client)
     assert store.list_snapshots() == []
 
 
-def test_snapshot_lifecycle_is_idempotent(store: SQLAlchemyQueueStore) -> None:
+def test_snapshot_lifecycle_is_idempotent(store: Snapshots) -> None:
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
     req = store.start_snapshot(sid)
     assert req is not None and req.status is SnapshotStatus.RUNNING
     assert store.start_snapshot(sid) is None
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
         store.write_snapshot_entries(conn, sid, 1, [b"c"])
     _write(store, sid, 0, [b"a", b"b"])  # a retried part replaces itself
@@ -94,7 +92,7 @@ def test_snapshot_lifecycle_is_idempotent(store: SQLAlchemyQueueStore) -> None:
     assert (ready.entry_count, ready.rows_written) == (3, 3)
 
 
-def test_start_fixes_the_base_at_the_head(store: SQLAlchemyQueueStore) -> None:
+def test_start_fixes_the_base_at_the_head(store: Snapshots) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["c"]))
     sid = store.request_snapshot(None, "b", "policy")
     req = store.start_snapshot(sid)
@@ -105,12 +103,12 @@ def test_start_fixes_the_base_at_the_head(store: SQLAlchemyQueueStore) -> None:
 
 
 def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
-    store: SQLAlchemyQueueStore,
+    store: Snapshots,
 ) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
     _write(store, sid, 0, [b"a", b"b", b"c"])
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         assert store.write_snapshot_entries(conn, sid, 0, [b"B", b"C", b"D"], first_seq=1) == 3
     store.finish_snapshot(sid)
     assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [
@@ -122,7 +120,7 @@ def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
     ]
 
 
-def test_only_a_running_snapshot_takes_entries(store: SQLAlchemyQueueStore) -> None:
+def test_only_a_running_snapshot_takes_entries(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     with pytest.raises(SnapshotError):
         _write(store, sid, 0, [b"a"])  # REQUESTED
@@ -138,7 +136,7 @@ def test_only_a_running_snapshot_takes_entries(store: SQLAlchemyQueueStore) -> N
     assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [b"a", b"1"]
 
 
-def test_new_request_cancels_the_open_one(store: SQLAlchemyQueueStore) -> None:
+def test_new_request_cancels_the_open_one(store: Snapshots) -> None:
     first = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(first)
     _write(store, first, 0, [b"a"])
@@ -154,7 +152,7 @@ def test_new_request_cancels_the_open_one(store: SQLAlchemyQueueStore) -> None:
     assert {r.snapshot_id for r in store.list_snapshots(statuses=OPEN)} == {second, other}
 
 
-def test_list_and_open_snapshots(store: SQLAlchemyQueueStore) -> None:
+def test_list_and_open_snapshots(store: Snapshots) -> None:
     a = store.request_snapshot(None, "b", "policy")
     b = _request_later(store, a, "b", "other")
     c = _request_later(store, b, "c", "policy")
@@ -170,7 +168,7 @@ def test_list_and_open_snapshots(store: SQLAlchemyQueueStore) -> None:
     assert store.open_snapshots("d", ["policy"]) == {}
 
 
-def test_update_snapshot_only_from_expected_statuses(store: SQLAlchemyQueueStore) -> None:
+def test_update_snapshot_only_from_expected_statuses(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     assert not store.update_snapshot(sid, expect=[SnapshotStatus.RUNNING], shipped_position=5)
     req = store.get_snapshot(sid)
@@ -184,7 +182,7 @@ def test_update_snapshot_only_from_expected_statuses(store: SQLAlchemyQueueStore
     assert req is not None and req.reason == "any status"
 
 
-def test_progress_is_recorded_while_running(store: SQLAlchemyQueueStore) -> None:
+def test_progress_is_recorded_while_running(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     store.set_snapshot_progress(sid, 10)  # not running yet: ignored
     req = store.get_snapshot(sid)
@@ -195,7 +193,7 @@ def test_progress_is_recorded_while_running(store: SQLAlchemyQueueStore) -> None
     assert req is not None and req.rows_written == 10
 
 
-def test_cancel_and_complete_release_the_entries(store: SQLAlchemyQueueStore) -> None:
+def test_cancel_and_complete_release_the_entries(store: Snapshots) -> None:
     done = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(done)
     _write(store, done, 0, [b"a", b"b"])
@@ -218,7 +216,7 @@ def test_cancel_and_complete_release_the_entries(store: SQLAlchemyQueueStore) ->
     assert not store.cancel_snapshot(gone)
 
 
-def test_heartbeat_keeps_a_running_snapshot_alive(store: SQLAlchemyQueueStore) -> None:
+def test_heartbeat_keeps_a_running_snapshot_alive(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     assert not store.heartbeat_snapshot(sid)  # REQUESTED: no worker to hear from
     store.start_snapshot(sid)
@@ -232,7 +230,7 @@ def test_heartbeat_keeps_a_running_snapshot_alive(store: SQLAlchemyQueueStore) -
     assert _status(store, sid) is SnapshotStatus.RUNNING
 
 
-def test_a_silent_running_snapshot_is_failed_and_released(store: SQLAlchemyQueueStore) -> None:
+def test_a_silent_running_snapshot_is_failed_and_released(store: Snapshots) -> None:
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
@@ -252,13 +250,13 @@ def test_a_silent_running_snapshot_is_failed_and_released(store: SQLAlchemyQueue
     assert _status(store, other) is SnapshotStatus.REQUESTED
 
 
-def test_snapshot_reads_continue_and_resume_in_order(store: SQLAlchemyQueueStore) -> None:
+def test_snapshot_reads_continue_and_resume_in_order(store: Snapshots) -> None:
     """Reading on from the last read, or resuming anywhere, gives the same ordinals."""
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
     parts = {0: 7, 1: 5, 3: 9}  # part -> entries; parts need not be contiguous
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         for part, n in parts.items():
             store.write_snapshot_entries(conn, sid, part, [b"%d-%d" % (part, i) for i in range(n)])
     assert store.finish_snapshot(sid) == 21
@@ -286,13 +284,13 @@ def test_snapshot_reads_continue_and_resume_in_order(store: SQLAlchemyQueueStore
 
 
 def test_a_snapshot_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: Snapshots,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.request_snapshot(None, "b", "policy"))
     refused_for_no_schema(bare_store, lambda: bare_store.list_snapshots())
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: Snapshots, outage: Outage) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     started = across_outage(outage, lambda: store.start_snapshot(sid))
     assert _status(store, sid) is SnapshotStatus.RUNNING  # started once, by either call

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 from lr_client.records import ReplicationType
-from lr_client.store import SQLAlchemyQueueStore
-from tests.contract.calls import across_outage, log, refused_for_no_schema
+from lr_client.store.contract import QueueStore, SubscriberQueues
+from tests.contract.calls import rolled_back, across_outage, log, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
-def _queue_id(store: SQLAlchemyQueueStore, client: str) -> int:
+def _queue_id(store: SubscriberQueues, client: str) -> int:
     (queue,) = store.list_queues(client)
     return queue.queue_id
 
 
-def _positions(store: SQLAlchemyQueueStore, queue_id: int) -> list[int]:
-    with store.engine.begin() as conn:
+def _positions(store: SubscriberQueues, queue_id: int) -> list[int]:
+    with store.write() as conn:
         return [e.source_position for e in store.read_queue(conn, queue_id, 100)]
 
 
-def test_queues_are_listed_in_registration_order(store: SQLAlchemyQueueStore) -> None:
+def test_queues_are_listed_in_registration_order(store: SubscriberQueues) -> None:
     assert store.list_queues() == []
     store.apply_log_batch("b", "policy", log(1))
     store.apply_log_batch("a", "policy", log(1))
@@ -31,11 +31,11 @@ def test_queues_are_listed_in_registration_order(store: SQLAlchemyQueueStore) ->
     assert store.list_queues("nobody") == []
 
 
-def test_read_queue_gives_the_oldest_entries_of_one_queue(store: SQLAlchemyQueueStore) -> None:
+def test_read_queue_gives_the_oldest_entries_of_one_queue(store: SubscriberQueues) -> None:
     store.apply_log_batch("a", "policy", log(2, 4, 6, 8))
     store.apply_log_batch("b", "policy", log(1))
     qid = [q.queue_id for q in store.list_queues("policy")]
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         first = store.read_queue(conn, qid[0], 3)
         other = store.read_queue(conn, qid[1], 10)
     assert [e.source_position for e in first] == [2, 4, 6]
@@ -49,16 +49,14 @@ def test_read_queue_gives_the_oldest_entries_of_one_queue(store: SQLAlchemyQueue
     assert [(e.source_id, e.source_position) for e in other] == [("b", 1)]
 
 
-def test_delete_entries_commits_with_the_delivery(store: SQLAlchemyQueueStore) -> None:
+def test_delete_entries_commits_with_the_delivery(store: SubscriberQueues) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3, 4, 5))
     qid = _queue_id(store, "policy")
-    with store.engine.connect() as conn:
-        tx = conn.begin()
+    with rolled_back(store) as conn:
         seqs = [e.seq for e in store.read_queue(conn, qid, 2)]
         assert store.delete_entries(conn, seqs) == 2
-        tx.rollback()
     assert _positions(store, qid) == [1, 2, 3, 4, 5]
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         got = store.read_queue(conn, qid, 5)
         assert store.delete_entries(conn, [got[0].seq, got[1].seq]) == 2  # a range
         assert store.delete_entries(conn, [got[2].seq, got[4].seq]) == 2  # with a hole
@@ -66,12 +64,12 @@ def test_delete_entries_commits_with_the_delivery(store: SQLAlchemyQueueStore) -
     assert _positions(store, qid) == [4]
 
 
-def test_queue_depth_follows_appends_and_deletes(store: SQLAlchemyQueueStore) -> None:
+def test_queue_depth_follows_appends_and_deletes(store: SubscriberQueues) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3))
     store.apply_log_batch("b", "policy", log(1))
     qid = store.list_queues("policy")[0].queue_id  # source a, registered first
     assert store.queue_depth(qid) == 3
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         store.delete_entries(conn, [store.read_queue(conn, qid, 1)[0].seq])
     assert store.queue_depth(qid) == 2
     assert _positions(store, qid) == [2, 3]
@@ -79,13 +77,13 @@ def test_queue_depth_follows_appends_and_deletes(store: SQLAlchemyQueueStore) ->
 
 
 def test_a_queue_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: SubscriberQueues,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.list_queues)
     refused_for_no_schema(bare_store, lambda: bare_store.queue_depth(1))
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: SubscriberQueues, outage: Outage) -> None:
     store.apply_log_batch("a", "policy", log(1, 2))
     got = across_outage(outage, store.list_queues)
     assert [(q.source_id, q.client_name) for q in got] == [("a", "policy")]
