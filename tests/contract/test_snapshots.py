@@ -296,3 +296,116 @@ def test_a_lost_connection_is_transient(store: Snapshots, outage: Outage) -> Non
     assert _status(store, sid) is SnapshotStatus.RUNNING  # started once, by either call
     assert started is None or started.snapshot_id == sid
     assert [r.snapshot_id for r in across_outage(outage, store.list_snapshots)] == [sid]
+
+
+def _payloads(store: Snapshots, sid: str) -> list[bytes]:
+    """What a READY snapshot ships, end marker aside."""
+    return [e.payload for e in store.read_snapshot_entries(sid, 0, 100)[:-1]]
+
+
+def _running(store: Snapshots) -> str:
+    sid = store.request_snapshot(None, "b", "policy")
+    assert store.start_snapshot(sid) is not None
+    return sid
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
+def test_write_snapshot_part_writes_a_whole_part_in_chunks(store: Snapshots, bulk: bool) -> None:
+    sid = _running(store)
+    produced = (b"p%d" % i for i in range(5))  # produced while it is written
+    assert store.write_snapshot_part(sid, 1, produced, 2, bulk=bulk) == 5
+    assert store.write_snapshot_part(sid, 0, [b"a", b"b", b"c", b"d"], 2, bulk=bulk) == 4
+    assert store.write_snapshot_part(sid, 2, [], 2, bulk=bulk) == 0
+    assert store.count_snapshot_entries(sid) == 9
+    assert store.finish_snapshot(sid) == 9
+    assert _payloads(store, sid) == [b"a", b"b", b"c", b"d", b"p0", b"p1", b"p2", b"p3", b"p4"]
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
+def test_a_rewritten_part_leaves_one_entry_per_payload(store: Snapshots, bulk: bool) -> None:
+    sid = _running(store)
+    assert store.write_snapshot_part(sid, 0, [b"old%d" % i for i in range(7)], 3, bulk=bulk) == 7
+    store.write_snapshot_part(sid, 1, [b"x"], 3, bulk=bulk)
+    assert store.write_snapshot_part(sid, 0, [b"a", b"b", b"c", b"d"], 3, bulk=bulk) == 4
+    assert store.count_snapshot_entries(sid) == 5
+    store.finish_snapshot(sid)
+    assert _payloads(store, sid) == [b"a", b"b", b"c", b"d", b"x"]
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
+def test_write_snapshot_part_needs_a_running_snapshot(store: Snapshots, bulk: bool) -> None:
+    with pytest.raises(SnapshotError):
+        store.write_snapshot_part("no-such-snapshot", 0, [b"a"], 2, bulk=bulk)
+    sid = store.request_snapshot(None, "b", "policy")
+    with pytest.raises(SnapshotError):  # requested, not running
+        store.write_snapshot_part(sid, 0, [b"a"], 2, bulk=bulk)
+    store.start_snapshot(sid)
+    store.write_snapshot_part(sid, 0, [b"a"], 2, bulk=bulk)
+    store.cancel_snapshot(sid)
+    with pytest.raises(SnapshotError):
+        store.write_snapshot_part(sid, 0, [b"b"], 2, bulk=bulk)
+    assert store.count_snapshot_entries(sid) == 0
+
+
+def test_snapshot_rows_committed_counts_the_first_parts(store: Snapshots) -> None:
+    sid = _running(store)
+    store.write_snapshot_part(sid, 0, [b"a", b"b", b"c"], 2)
+    store.write_snapshot_part(sid, 2, [b"d", b"e"], 2)
+    assert [store.snapshot_rows_committed(sid, n) for n in range(5)] == [0, 3, 3, 5, 5]
+    assert store.snapshot_rows_committed(sid, -1) == 0
+    assert store.snapshot_rows_committed("no-such-snapshot", 3) == 0
+    other = store.request_snapshot(None, "c", "policy")  # another stream's snapshot
+    store.start_snapshot(other)
+    store.write_snapshot_part(other, 0, [b"z"], 2)
+    assert store.snapshot_rows_committed(sid, 3) == 5
+    assert store.snapshot_rows_committed(other, 3) == 1
+
+
+def test_drop_unwritten_parts_empties_the_parts_a_run_did_not_write(store: Snapshots) -> None:
+    sid = _running(store)
+    for part in range(5):  # an earlier run, with five partitions
+        store.write_snapshot_part(sid, part, [b"old%d" % part], 2)
+    store.write_snapshot_part(sid, 0, [b"a", b"b"], 2)  # this run: parts 0 and 2
+    store.write_snapshot_part(sid, 2, [b"c"], 2)
+    store.drop_unwritten_parts(sid, {0: 2, 2: 1})
+    assert store.count_snapshot_entries(sid) == 3
+    store.drop_unwritten_parts(sid, {0: 2, 2: 1})  # idempotent
+    store.finish_snapshot(sid)
+    assert _payloads(store, sid) == [b"a", b"b", b"c"]
+
+
+def test_drop_unwritten_parts_of_an_empty_run_empties_the_snapshot(store: Snapshots) -> None:
+    sid = _running(store)
+    store.write_snapshot_part(sid, 0, [b"a"], 2)
+    store.write_snapshot_part(sid, 3, [b"b"], 2)
+    store.drop_unwritten_parts(sid, {})
+    assert store.count_snapshot_entries(sid) == 0
+
+
+def test_drop_unwritten_parts_needs_a_running_snapshot(store: Snapshots) -> None:
+    with pytest.raises(SnapshotError):
+        store.drop_unwritten_parts("no-such-snapshot", {0: 1})
+    sid = _running(store)
+    store.write_snapshot_part(sid, 0, [b"a"], 2)
+    store.write_snapshot_part(sid, 1, [b"b"], 2)
+    store.finish_snapshot(sid)
+    with pytest.raises(SnapshotError):  # READY: its entries no longer change
+        store.drop_unwritten_parts(sid, {0: 1})
+    assert _payloads(store, sid) == [b"a", b"b"]
+
+
+def test_the_part_writes_on_an_empty_database_are_schema_errors(bare_store: QueueStore) -> None:
+    refused_for_no_schema(bare_store, lambda: bare_store.write_snapshot_part("s", 0, [b"a"], 2))
+    refused_for_no_schema(bare_store, lambda: bare_store.snapshot_rows_committed("s", 2))
+    refused_for_no_schema(bare_store, lambda: bare_store.drop_unwritten_parts("s", {0: 1}))
+
+
+def test_the_part_writes_survive_a_lost_connection(store: Snapshots, outage: Outage) -> None:
+    sid = _running(store)
+    assert across_outage(outage, lambda: store.write_snapshot_part(sid, 0, [b"a", b"b"], 1)) == 2
+    assert across_outage(outage, lambda: store.write_snapshot_part(sid, 1, [b"c"], 1)) == 1
+    assert across_outage(outage, lambda: store.snapshot_rows_committed(sid, 2)) == 3
+    across_outage(outage, lambda: store.drop_unwritten_parts(sid, {0: 2}))
+    assert store.count_snapshot_entries(sid) == 2
+    store.finish_snapshot(sid)
+    assert _payloads(store, sid) == [b"a", b"b"]
