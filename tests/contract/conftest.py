@@ -37,11 +37,11 @@ from tests.contract.outage import Outage
 
 def _open(db_url: str) -> tuple[SQLAlchemyQueueStore, str]:
     """A store on ``db_url`` whose PostgreSQL connections carry a name of their own."""
-    if db_url.startswith("sqlite"):
-        return open_store(create_engine(db_url)), ""
-    name = "lr-contract-" + uuid.uuid4().hex[:12]
-    engine = create_engine(db_url, connect_args={"application_name": name})
-    return open_store(engine), name
+    name = "" if db_url.startswith("sqlite") else "lr-contract-" + uuid.uuid4().hex[:12]
+    args = {"connect_args": {"application_name": name}} if name else {}
+    st = open_store(create_engine(db_url, **args))
+    assert isinstance(st, SQLAlchemyQueueStore)
+    return st, name
 
 
 @pytest.fixture

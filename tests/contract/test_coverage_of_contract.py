@@ -21,7 +21,7 @@ from lr_client.store import contract
 HERE = Path(__file__).parent
 
 #: Each role protocol and the module of its contract tests.
-ROLES = {
+ROLES: dict[type, str] = {
     contract.Sites: "test_sites.py",
     contract.SendLog: "test_send_log.py",
     contract.Shipping: "test_shipping.py",

@@ -14,7 +14,7 @@ SNAP = ReplicationType.SNAPSHOT_SYNC
 END = ReplicationType.LAST_FULL_SYNC_ENTRY
 
 
-def _queued(store: Receiving, client: str = "policy") -> list[tuple[int, bytes, str]]:
+def _queued(store: QueueStore, client: str = "policy") -> list[tuple[int, bytes, str]]:
     """(source position, payload, snapshot id) of everything queued for ``client``, in order."""
     (queue,) = store.list_queues(client)
     with store.write() as conn:
@@ -22,7 +22,7 @@ def _queued(store: Receiving, client: str = "policy") -> list[tuple[int, bytes, 
     return [(e.source_position, e.payload, e.snapshot_id) for e in got]
 
 
-def test_receiver_is_idempotent_and_registers_queue(store: Receiving) -> None:
+def test_receiver_is_idempotent_and_registers_queue(store: QueueStore) -> None:
     batch = log(3, 5, 9)
     assert store.apply_log_batch("site-a", "policy", batch) == (True, 9)
     assert store.apply_log_batch("site-a", "policy", batch) == (False, 9)
@@ -36,7 +36,7 @@ def test_receiver_is_idempotent_and_registers_queue(store: Receiving) -> None:
     assert progress.snapshot_state is SinkSnapshotState.NONE
 
 
-def test_a_gap_is_refused_and_applies_nothing(store: Receiving) -> None:
+def test_a_gap_is_refused_and_applies_nothing(store: QueueStore) -> None:
     store.apply_log_batch("site-a", "policy", log(1, 2))
     with pytest.raises(ProtocolError, match="gap"):
         store.apply_log_batch("site-a", "policy", log(5, 6), previous_position=4)
@@ -47,7 +47,7 @@ def test_a_gap_is_refused_and_applies_nothing(store: Receiving) -> None:
 
 
 @pytest.mark.parametrize(("source", "client"), [("Site-A", "policy"), ("site-a", "po_licy")])
-def test_a_bad_name_applies_nothing(store: Receiving, source: str, client: str) -> None:
+def test_a_bad_name_applies_nothing(store: QueueStore, source: str, client: str) -> None:
     with pytest.raises(InvalidNameError):
         store.apply_log_batch(source, client, log(1))
     with pytest.raises(InvalidNameError):
@@ -56,7 +56,7 @@ def test_a_bad_name_applies_nothing(store: Receiving, source: str, client: str) 
     assert store.list_sink_progress() == []
 
 
-def test_sources_get_separate_queues(store: Receiving) -> None:
+def test_sources_get_separate_queues(store: QueueStore) -> None:
     e = [WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"x")]
     store.apply_log_batch("a-b", "c", e)
     store.apply_log_batch("a", "b-c", e)
@@ -64,7 +64,7 @@ def test_sources_get_separate_queues(store: Receiving) -> None:
     assert names == ["LRQ_Recv_b-c__a", "LRQ_Recv_c__a-b"]
 
 
-def test_sink_snapshot_supersedes_and_sets_base(store: Receiving) -> None:
+def test_sink_snapshot_supersedes_and_sets_base(store: QueueStore) -> None:
     store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"old", "s1")])
     assert store.sink_progress("a", "policy").snapshot_state is SinkSnapshotState.ONGOING
     store.apply_snapshot_batch("a", "policy", "s2", [WireEntry(1, SNAP, b"new", "s2")])
@@ -81,7 +81,7 @@ def test_sink_snapshot_supersedes_and_sets_base(store: Receiving) -> None:
     assert [p for p, _, _ in _queued(store)][-1:] == [43]
 
 
-def test_snapshot_batches_are_checked_for_gaps(store: Receiving) -> None:
+def test_snapshot_batches_are_checked_for_gaps(store: QueueStore) -> None:
     first = [WireEntry(1, SNAP, b"a", "s1"), WireEntry(2, SNAP, b"b", "s1")]
     assert store.apply_snapshot_batch("a", "policy", "s1", first, previous_position=0) == (True, 2)
     assert store.apply_snapshot_batch("a", "policy", "s1", first[1:], previous_position=1) == (
@@ -100,7 +100,7 @@ def test_snapshot_batches_are_checked_for_gaps(store: Receiving) -> None:
     assert store.sink_progress("a", "policy").snapshot_id == "s1"
 
 
-def test_a_drop_notice_is_queued_once_and_rewinds(store: Receiving) -> None:
+def test_a_drop_notice_is_queued_once_and_rewinds(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3, 4))
     assert store.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
     assert not store.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
@@ -120,7 +120,7 @@ def test_a_drop_notice_is_queued_once_and_rewinds(store: Receiving) -> None:
     assert store.sink_progress("a", "policy").last_position == 2  # never moved forward
 
 
-def test_a_drop_notice_ends_a_partial_snapshot(store: Receiving) -> None:
+def test_a_drop_notice_ends_a_partial_snapshot(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1))
     store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"part", "s1")])
     assert store.apply_drop_notice("a", "policy", "n1", 2, "dropped")
@@ -145,13 +145,13 @@ def test_sink_progress_is_listed_per_source_and_client(store: Receiving) -> None
 
 
 def test_a_receiving_method_on_an_empty_database_is_a_schema_error(
-    bare_store: Receiving,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.apply_log_batch("a", "policy", log(1)))
     refused_for_no_schema(bare_store, bare_store.list_sink_progress)
 
 
-def test_a_lost_connection_is_transient(store: Receiving, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     store.apply_log_batch("a", "policy", log(1))
     assert across_outage(outage, lambda: store.apply_log_batch("a", "policy", log(1, 2)))[1] == 2
     assert [p for p, _, _ in _queued(store)] == [1, 2]  # applied once

@@ -8,11 +8,11 @@ from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
-def _positions(store: Retention, destination: str) -> list[int]:
+def _positions(store: QueueStore, destination: str) -> list[int]:
     return [e.position for e in store.read_log_entries(destination, "policy", 0, 100)]
 
 
-def test_trim_keeps_what_a_destination_needs(store: Retention) -> None:
+def test_trim_keeps_what_a_destination_needs(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
     store.set_cursor("b", "policy", p[2])
     assert store.trim() == 1  # only 2: 1 and 3 still wait for c
@@ -29,7 +29,7 @@ def test_trim_keeps_what_a_destination_needs(store: Retention) -> None:
     assert append(store, "policy", (b"4", ["b"]))[0] > p[2]
 
 
-def test_trim_in_batches_deletes_all_that_is_acknowledged(store: Retention) -> None:
+def test_trim_in_batches_deletes_all_that_is_acknowledged(store: QueueStore) -> None:
     p = append(store, "policy", *[(b"%d" % i, ["b"]) for i in range(7)])
     store.set_cursor("b", "policy", p[4])
     assert store.trim(batch_size=2, max_batches=1) == 2
@@ -39,7 +39,7 @@ def test_trim_in_batches_deletes_all_that_is_acknowledged(store: Retention) -> N
     assert _positions(store, "b") == p[5:]
 
 
-def test_trim_keeps_what_follows_an_open_snapshots_base(store: Retention) -> None:
+def test_trim_keeps_what_follows_an_open_snapshots_base(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)  # base p[1]
@@ -50,7 +50,7 @@ def test_trim_keeps_what_follows_an_open_snapshots_base(store: Retention) -> Non
     assert p[1] not in _positions(store, "b")
 
 
-def test_trim_releases_the_entries_of_closed_snapshots(store: Retention) -> None:
+def test_trim_releases_the_entries_of_closed_snapshots(store: QueueStore) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
     with store.write() as conn:
@@ -66,7 +66,7 @@ def test_trim_releases_the_entries_of_closed_snapshots(store: Retention) -> None
     assert store.count_snapshot_entries(kept) == 1
 
 
-def test_trim_marks_follow_what_trim_deleted(store: Retention) -> None:
+def test_trim_marks_follow_what_trim_deleted(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
     assert store.trimmed_through("b", "policy") == 0
     store.set_cursor("b", "policy", p[2])
@@ -81,7 +81,7 @@ def test_trim_marks_follow_what_trim_deleted(store: Retention) -> None:
     assert store.trimmed_through("b", "other") == 0
 
 
-def test_drop_releases_backlog(store: Retention) -> None:
+def test_drop_releases_backlog(store: QueueStore) -> None:
     append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]))
     store.register_sites(["b"])
     drop = store.drop_stream("c", "policy", "too far behind")
@@ -98,7 +98,7 @@ def test_drop_releases_backlog(store: Retention) -> None:
     assert store.list_drops() == []
 
 
-def test_a_drop_is_recorded_once(store: Retention) -> None:
+def test_a_drop_is_recorded_once(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]), (b"3", ["c"]))
     store.set_cursor("b", "policy", p[0])
     first = store.drop_stream("b", "policy", "behind")
@@ -113,7 +113,7 @@ def test_a_drop_is_recorded_once(store: Retention) -> None:
     assert [d.destination for d in store.list_drops()] == ["c"]
 
 
-def test_an_unknown_destination_is_not_dropped(store: Retention) -> None:
+def test_an_unknown_destination_is_not_dropped(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]))
     assert store.drop_stream("unknown", "policy", "x") is None
     assert store.list_drops() == []
@@ -121,7 +121,7 @@ def test_an_unknown_destination_is_not_dropped(store: Retention) -> None:
     assert _positions(store, "b") == p
 
 
-def test_a_stopped_stream_is_recorded_accepted_and_resumed(store: Retention) -> None:
+def test_a_stopped_stream_is_recorded_accepted_and_resumed(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     store.set_cursor("b", "policy", p[1])
     store.trim()
@@ -166,7 +166,7 @@ def test_stream_stops_are_listed_by_destination_then_client(store: Retention) ->
     assert [s.client_name for s in store.list_stream_stops()] == ["alpha", "policy"]
 
 
-def test_set_flow_state_is_per_client(store: Retention) -> None:
+def test_set_flow_state_is_per_client(store: QueueStore) -> None:
     store.set_flow_state("policy", True, ["c", "b"])
     store.set_flow_state("other", False, ["d"])
     assert store.flow_state("policy") == (True, ["b", "c"])
@@ -177,13 +177,13 @@ def test_set_flow_state_is_per_client(store: Retention) -> None:
 
 
 def test_a_retention_method_on_an_empty_database_is_a_schema_error(
-    bare_store: Retention,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.trim)
     refused_for_no_schema(bare_store, bare_store.list_stream_stops)
 
 
-def test_a_lost_connection_is_transient(store: Retention, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     store.set_cursor("b", "policy", p[0])
     across_outage(outage, store.trim)

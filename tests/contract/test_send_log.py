@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from lr_client.store.contract import QueueStore, SendLog
-from tests.contract.calls import rolled_back, across_outage, append, refused_for_no_schema
+from lr_client.store.contract import QueueStore
+from tests.contract.calls import across_outage, append, refused_for_no_schema, rolled_back
 from tests.contract.outage import Outage
 
 
-def test_positions_increase_in_append_order(store: SendLog) -> None:
+def test_positions_increase_in_append_order(store: QueueStore) -> None:
     assert store.head_position() == 0
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]), (b"4", ["d"]))
     assert p == sorted(p) and len(set(p)) == 4
@@ -22,14 +22,14 @@ def test_positions_increase_in_append_order(store: SendLog) -> None:
     )
 
 
-def test_an_empty_append_assigns_nothing(store: SendLog) -> None:
+def test_an_empty_append_assigns_nothing(store: QueueStore) -> None:
     store.register_sites(["b"])
     with store.write() as conn:
         assert store.append_log_entries(conn, "policy", []) == []
     assert store.head_position() == 0
 
 
-def test_head_position_in_the_callers_transaction(store: SendLog) -> None:
+def test_head_position_in_the_callers_transaction(store: QueueStore) -> None:
     nums = store.register_sites(["b"])
     with store.write() as conn:
         (pos,) = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
@@ -37,7 +37,7 @@ def test_head_position_in_the_callers_transaction(store: SendLog) -> None:
     assert store.head_position() == pos
 
 
-def test_rollback_leaves_nothing(store: SendLog) -> None:
+def test_rollback_leaves_nothing(store: QueueStore) -> None:
     nums = store.register_sites(["b"])
     kept = append(store, "policy", (b"kept", ["b"]))
     with rolled_back(store) as conn:
@@ -47,7 +47,7 @@ def test_rollback_leaves_nothing(store: SendLog) -> None:
 
 
 def test_an_exception_in_the_callers_transaction_rolls_the_append_back(
-    store: SendLog,
+    store: QueueStore,
 ) -> None:
     nums = store.register_sites(["b"])
     with pytest.raises(RuntimeError), store.write() as conn:
@@ -57,7 +57,7 @@ def test_an_exception_in_the_callers_transaction_rolls_the_append_back(
     assert store.read_client_log("policy", 0, 10) == []
 
 
-def test_flow_state_is_what_retention_set(store: SendLog) -> None:
+def test_flow_state_is_what_retention_set(store: QueueStore) -> None:
     assert store.flow_state("policy") == (False, [])
     store.set_flow_state("policy", True, ["d", "b"])
     assert store.flow_state("policy") == (True, ["b", "d"])
@@ -67,13 +67,13 @@ def test_flow_state_is_what_retention_set(store: SendLog) -> None:
 
 
 def test_a_send_log_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SendLog,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.head_position)
     refused_for_no_schema(bare_store, lambda: bare_store.flow_state("policy"))
 
 
-def test_a_lost_connection_is_transient(store: SendLog, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     p = append(store, "policy", (b"1", ["b"]))
     store.set_flow_state("policy", True, ["b"])
     assert across_outage(outage, store.head_position) == p[0]

@@ -7,7 +7,7 @@ from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
-def test_reads_are_per_destination_and_client(store: Shipping) -> None:
+def test_reads_are_per_destination_and_client(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]), (b"4", ["d"]))
     append(store, "other", (b"o", ["b"]))
     assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [b"1", b"2"]
@@ -19,7 +19,7 @@ def test_reads_are_per_destination_and_client(store: Shipping) -> None:
     assert store.read_log_entries("b", "policy", p[1], 10) == []
 
 
-def test_an_unknown_destination_has_nothing(store: Shipping) -> None:
+def test_an_unknown_destination_has_nothing(store: QueueStore) -> None:
     append(store, "policy", (b"1", ["b"]))
     assert store.read_log_entries("unknown", "policy", 0, 10) == []
     backlog = store.backlog("unknown", "policy")
@@ -29,7 +29,7 @@ def test_an_unknown_destination_has_nothing(store: Shipping) -> None:
     assert "unknown" not in store.site_numbers(refresh=True)
 
 
-def test_read_limits(store: Shipping) -> None:
+def test_read_limits(store: QueueStore) -> None:
     p = append(store, "policy", *[(bytes([i]) * 100, ["b"]) for i in range(10)])
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 3)] == p[:3]
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 10, max_bytes=300)] == (
@@ -47,7 +47,7 @@ def test_read_limits(store: Shipping) -> None:
     ]
 
 
-def test_the_client_log_names_each_entrys_destinations(store: Shipping) -> None:
+def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]), (b"3", ["b"]))
     append(store, "other", (b"o", ["b"]))
     got = store.read_client_log("policy", 0, 10)
@@ -62,7 +62,7 @@ def test_the_client_log_names_each_entrys_destinations(store: Shipping) -> None:
     assert store.read_client_log("nobody", 0, 10) == []
 
 
-def test_oldest_position_per_client(store: Shipping) -> None:
+def test_oldest_position_per_client(store: QueueStore) -> None:
     assert store.oldest_position() is None
     p = append(store, "policy", (b"1", ["b"]))
     q = append(store, "other", (b"2", ["b"]))
@@ -71,7 +71,7 @@ def test_oldest_position_per_client(store: Shipping) -> None:
     assert store.oldest_position("nobody") is None
 
 
-def test_cursors_and_backlog(store: Shipping) -> None:
+def test_cursors_and_backlog(store: QueueStore) -> None:
     p = append(store, "policy", (b"ab", ["b"]), (b"cde", ["b"]))
     assert store.get_cursor("b", "policy").position == 0
     assert store.backlog("b", "policy").entries == 2
@@ -103,7 +103,7 @@ def test_list_cursors_by_destination_then_client(store: Shipping) -> None:
     assert got == [("b", "alpha", 1), ("b", "zeta", 2), ("c", "policy", 3)]
 
 
-def test_log_streams_since_a_position(store: Shipping) -> None:
+def test_log_streams_since_a_position(store: QueueStore) -> None:
     assert store.log_streams() == (set(), 0)
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]))
     q = append(store, "other", (b"3", ["b"]))
@@ -113,13 +113,13 @@ def test_log_streams_since_a_position(store: Shipping) -> None:
 
 
 def test_a_shipping_method_on_an_empty_database_is_a_schema_error(
-    bare_store: Shipping,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.get_cursor("b", "policy"))
     refused_for_no_schema(bare_store, lambda: bare_store.read_client_log("policy", 0, 10))
 
 
-def test_a_lost_connection_is_transient(store: Shipping, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     across_outage(outage, lambda: store.set_cursor("b", "policy", p[0]))
     assert store.get_cursor("b", "policy").position == p[0]

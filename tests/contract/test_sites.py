@@ -15,7 +15,7 @@ from tests.contract.outage import Outage
 
 
 def test_the_schema_is_checked_and_created_idempotently(
-    bare_store: Sites,
+    bare_store: QueueStore,
 ) -> None:
     with pytest.raises(SchemaError, match="no schema; `lr init-db` creates"):
         bare_store.check_schema()  # an empty database
@@ -49,9 +49,7 @@ def test_sites_get_distinct_stable_numbers(store: Sites) -> None:
     assert store.site_name(unknown) == f"#{unknown}"
 
 
-def test_sites_registered_elsewhere_are_seen_on_refresh(
-    store: Sites, db_url: str
-) -> None:
+def test_sites_registered_elsewhere_are_seen_on_refresh(store: Sites, db_url: str) -> None:
     store.register_sites(["b"])
     other = open_store(create_engine(db_url))
     try:
@@ -70,7 +68,7 @@ def test_a_bad_site_name_registers_nothing(store: Sites, bad: str) -> None:
     assert sorted(store.site_numbers(refresh=True)) == ["a"]
 
 
-def test_analyze_changes_no_data(store: Sites) -> None:
+def test_analyze_changes_no_data(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
     store.analyze()
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p

@@ -9,7 +9,7 @@ import pytest
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
 from lr_client.store.contract import QueueStore, Snapshots
-from tests.contract.calls import rolled_back, across_outage, append, refused_for_no_schema
+from tests.contract.calls import across_outage, append, refused_for_no_schema, rolled_back
 from tests.contract.outage import Outage
 
 OPEN = OPEN_SNAPSHOT_STATUSES
@@ -60,15 +60,13 @@ def test_a_request_in_the_callers_transaction_commits_with_it(
 
 
 @pytest.mark.parametrize(("destination", "client"), [("B", "policy"), ("b", "bad name"), ("", "p")])
-def test_a_bad_name_requests_nothing(
-    store: Snapshots, destination: str, client: str
-) -> None:
+def test_a_bad_name_requests_nothing(store: Snapshots, destination: str, client: str) -> None:
     with pytest.raises(InvalidNameError):
         store.request_snapshot(None, destination, client)
     assert store.list_snapshots() == []
 
 
-def test_snapshot_lifecycle_is_idempotent(store: Snapshots) -> None:
+def test_snapshot_lifecycle_is_idempotent(store: QueueStore) -> None:
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
     req = store.start_snapshot(sid)
@@ -92,7 +90,7 @@ def test_snapshot_lifecycle_is_idempotent(store: Snapshots) -> None:
     assert (ready.entry_count, ready.rows_written) == (3, 3)
 
 
-def test_start_fixes_the_base_at_the_head(store: Snapshots) -> None:
+def test_start_fixes_the_base_at_the_head(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["c"]))
     sid = store.request_snapshot(None, "b", "policy")
     req = store.start_snapshot(sid)
@@ -230,7 +228,7 @@ def test_heartbeat_keeps_a_running_snapshot_alive(store: Snapshots) -> None:
     assert _status(store, sid) is SnapshotStatus.RUNNING
 
 
-def test_a_silent_running_snapshot_is_failed_and_released(store: Snapshots) -> None:
+def test_a_silent_running_snapshot_is_failed_and_released(store: QueueStore) -> None:
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
@@ -250,7 +248,7 @@ def test_a_silent_running_snapshot_is_failed_and_released(store: Snapshots) -> N
     assert _status(store, other) is SnapshotStatus.REQUESTED
 
 
-def test_snapshot_reads_continue_and_resume_in_order(store: Snapshots) -> None:
+def test_snapshot_reads_continue_and_resume_in_order(store: QueueStore) -> None:
     """Reading on from the last read, or resuming anywhere, gives the same ordinals."""
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
@@ -284,7 +282,7 @@ def test_snapshot_reads_continue_and_resume_in_order(store: Snapshots) -> None:
 
 
 def test_a_snapshot_method_on_an_empty_database_is_a_schema_error(
-    bare_store: Snapshots,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.request_snapshot(None, "b", "policy"))
     refused_for_no_schema(bare_store, lambda: bare_store.list_snapshots())

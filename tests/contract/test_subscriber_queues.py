@@ -8,7 +8,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import ReplicationType, SubscriberState, WireEntry
 from lr_client.store.contract import QueueStore, SubscriberQueues
-from tests.contract.calls import rolled_back, across_outage, log, refused_for_no_schema
+from tests.contract.calls import across_outage, log, refused_for_no_schema, rolled_back
 from tests.contract.outage import Outage
 
 
@@ -22,7 +22,7 @@ def _positions(store: SubscriberQueues, queue_id: int) -> list[int]:
         return [e.source_position for e in store.read_queue(conn, queue_id, 100)]
 
 
-def test_queues_are_listed_in_registration_order(store: SubscriberQueues) -> None:
+def test_queues_are_listed_in_registration_order(store: QueueStore) -> None:
     assert store.list_queues() == []
     store.apply_log_batch("b", "policy", log(1))
     store.apply_log_batch("a", "policy", log(1))
@@ -35,7 +35,7 @@ def test_queues_are_listed_in_registration_order(store: SubscriberQueues) -> Non
     assert store.list_queues("nobody") == []
 
 
-def test_read_queue_gives_the_oldest_entries_of_one_queue(store: SubscriberQueues) -> None:
+def test_read_queue_gives_the_oldest_entries_of_one_queue(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(2, 4, 6, 8))
     store.apply_log_batch("b", "policy", log(1))
     qid = [q.queue_id for q in store.list_queues("policy")]
@@ -53,7 +53,7 @@ def test_read_queue_gives_the_oldest_entries_of_one_queue(store: SubscriberQueue
     assert [(e.source_id, e.source_position) for e in other] == [("b", 1)]
 
 
-def test_delete_entries_commits_with_the_delivery(store: SubscriberQueues) -> None:
+def test_delete_entries_commits_with_the_delivery(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3, 4, 5))
     qid = _queue_id(store, "policy")
     with rolled_back(store) as conn:
@@ -68,7 +68,7 @@ def test_delete_entries_commits_with_the_delivery(store: SubscriberQueues) -> No
     assert _positions(store, qid) == [4]
 
 
-def test_queue_depth_follows_appends_and_deletes(store: SubscriberQueues) -> None:
+def test_queue_depth_follows_appends_and_deletes(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3))
     store.apply_log_batch("b", "policy", log(1))
     qid = store.list_queues("policy")[0].queue_id  # source a, registered first
@@ -81,13 +81,13 @@ def test_queue_depth_follows_appends_and_deletes(store: SubscriberQueues) -> Non
 
 
 def test_a_queue_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SubscriberQueues,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.list_queues)
     refused_for_no_schema(bare_store, lambda: bare_store.queue_depth(1))
 
 
-def test_a_lost_connection_is_transient(store: SubscriberQueues, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     store.apply_log_batch("a", "policy", log(1, 2))
     got = across_outage(outage, store.list_queues)
     assert [(q.source_id, q.client_name) for q in got] == [("a", "policy")]
