@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from lr_client.errors import InvalidNameError, ProtocolError
@@ -52,8 +54,11 @@ def test_a_bad_name_applies_nothing(store: QueueStore, source: str, client: str)
         store.apply_log_batch(source, client, log(1))
     with pytest.raises(InvalidNameError):
         store.apply_snapshot_batch(source, client, "s1", [WireEntry(1, SNAP, b"x", "s1")])
+    with pytest.raises(InvalidNameError):
+        store.apply_drop_notice(source, client, "n1", 1, "dropped")
     assert store.list_queues() == []
     assert store.list_sink_progress() == []
+    assert store.list_sink_drops() == []
 
 
 def test_sources_get_separate_queues(store: QueueStore) -> None:
@@ -156,3 +161,37 @@ def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> No
     assert across_outage(outage, lambda: store.apply_log_batch("a", "policy", log(1, 2)))[1] == 2
     assert [p for p, _, _ in _queued(store)] == [1, 2]  # applied once
     assert across_outage(outage, lambda: store.sink_progress("a", "policy")).last_position == 2
+
+
+def test_every_receiving_method_on_an_empty_database_is_a_schema_error(
+    bare_store: QueueStore,
+) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: bare_store.apply_log_batch("a", "policy", log(1)),
+        lambda: bare_store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"x")]),
+        lambda: bare_store.apply_drop_notice("a", "policy", "n1", 1, "dropped"),
+        lambda: bare_store.sink_progress("a", "policy"),
+        bare_store.list_sink_progress,
+        bare_store.list_sink_drops,
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, call)
+
+
+def test_every_receiving_method_survives_a_lost_connection(
+    store: QueueStore, outage: Outage
+) -> None:
+    snap = [WireEntry(1, SNAP, b"x", "s1")]
+    assert across_outage(outage, lambda: store.apply_snapshot_batch("a", "p", "s1", snap)) in (
+        (True, 1),
+        (False, 1),
+    )
+    assert across_outage(outage, lambda: store.apply_drop_notice("a", "p", "n1", 2, "gone")) in (
+        True,
+        False,
+    )
+    drops = across_outage(outage, store.list_sink_drops)
+    assert [(d.source_id, d.client_name, d.notice_id) for d in drops] == [("a", "p", "n1")]
+    progress = across_outage(outage, store.list_sink_progress)
+    assert [(p.source_id, p.client_name) for p in progress] == [("a", "p")]
+    assert [(p, b) for p, b, _ in _queued(store, "p")] == [(2, b"gone")]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
+from sqlalchemy.engine import Connection
 
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
@@ -407,3 +409,79 @@ def test_the_part_writes_survive_a_lost_connection(store: Snapshots, outage: Out
     assert store.count_snapshot_entries(sid) == 2
     store.finish_snapshot(sid)
     assert _payloads(store, sid) == [b"a", b"b"]
+
+
+def test_an_unknown_snapshot_changes_nothing(store: QueueStore) -> None:
+    sid = _running(store)
+    _write(store, sid, 0, [b"a"])
+    before = store.list_snapshots()
+    nope = "no-such-snapshot"
+    assert store.start_snapshot(nope) is None
+    assert not store.heartbeat_snapshot(nope)
+    assert not store.fail_stalled_snapshot(nope, time.time() + 60, "stalled")
+    store.set_snapshot_progress(nope, 5)
+    assert not store.cancel_snapshot(nope)
+    assert not store.complete_snapshot(nope)
+    with pytest.raises(SnapshotError):
+        store.finish_snapshot(nope)
+    assert store.count_snapshot_entries(nope) == 0
+    assert store.read_snapshot_entries(nope, 0, 10) == []
+    assert store.open_snapshots("b", ["nobody"]) == {}
+    assert store.list_snapshots(destination="nobody") == []
+    assert store.get_snapshot(nope) is None
+    assert store.list_snapshots() == before
+    assert store.count_snapshot_entries(sid) == 1
+
+
+def test_every_snapshot_method_on_an_empty_database_is_a_schema_error(
+    bare_store: QueueStore,
+) -> None:
+    def in_transaction(call: Callable[[Connection], object]) -> Callable[[], object]:
+        def run() -> object:
+            with bare_store.write() as conn:
+                return call(conn)
+
+        return run
+
+    running = [SnapshotStatus.RUNNING]
+    calls: list[Callable[[], object]] = [
+        lambda: bare_store.get_snapshot("s"),
+        lambda: bare_store.open_snapshots("b", ["policy"]),
+        lambda: bare_store.update_snapshot("s", expect=running, reason="x"),
+        lambda: bare_store.start_snapshot("s"),
+        lambda: bare_store.heartbeat_snapshot("s"),
+        lambda: bare_store.fail_stalled_snapshot("s", time.time(), "stalled"),
+        in_transaction(lambda c: bare_store.write_snapshot_entries(c, "s", 0, [b"a"])),
+        lambda: bare_store.count_snapshot_entries("s"),
+        lambda: bare_store.set_snapshot_progress("s", 1),
+        lambda: bare_store.finish_snapshot("s"),
+        lambda: bare_store.cancel_snapshot("s"),
+        lambda: bare_store.complete_snapshot("s"),
+        lambda: bare_store.read_snapshot_entries("s", 0, 10),
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, call)
+
+
+def test_the_lifecycle_survives_a_lost_connection(store: Snapshots, outage: Outage) -> None:
+    sid = _running(store)
+    assert across_outage(outage, lambda: store.heartbeat_snapshot(sid))
+    across_outage(outage, lambda: store.set_snapshot_progress(sid, 1))
+
+    def write() -> int:
+        with store.write() as conn:
+            return store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
+
+    assert across_outage(outage, write) == 2
+    assert across_outage(outage, lambda: store.count_snapshot_entries(sid)) == 2
+    assert across_outage(outage, lambda: store.finish_snapshot(sid)) == 2
+    got = across_outage(outage, lambda: store.read_snapshot_entries(sid, 0, 10))
+    assert [e.payload for e in got] == [b"a", b"b", b"2"]
+    open_now = across_outage(outage, lambda: store.open_snapshots("b", ["policy", "other"]))
+    assert {c: r.snapshot_id for c, r in open_now.items()} == {"policy": sid}
+    across_outage(outage, lambda: store.complete_snapshot(sid))
+    done = store.get_snapshot(sid)
+    assert done is not None and done.status is SnapshotStatus.COMPLETED
+    other = across_outage(outage, lambda: store.request_snapshot(None, "c", "policy"))
+    assert across_outage(outage, lambda: store.cancel_snapshot(other)) in (True, False)
+    assert _status(store, other) is SnapshotStatus.CANCELLED
