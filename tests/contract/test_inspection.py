@@ -57,6 +57,12 @@ def test_an_inspection_method_on_an_empty_database_is_a_schema_error(
     bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.list_session_status)
+    refused_for_no_schema(
+        bare_store,
+        lambda: bare_store.save_session_status(
+            "b", "idle", connected=False, inflight_batches=0, inflight_bytes=0
+        ),
+    )
 
 
 def test_a_lost_connection_is_transient(store: Inspection, outage: Outage) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lr_client.records import SnapshotStatus
 from lr_client.store.contract import QueueStore, Retention
 from tests.contract.calls import across_outage, append, refused_for_no_schema
@@ -189,3 +191,59 @@ def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> No
     across_outage(outage, store.trim)
     assert _positions(store, "b") == p[1:]
     assert across_outage(outage, lambda: store.trimmed_through("b", "policy")) == p[0]
+
+
+def test_every_retention_method_on_an_empty_database_is_a_schema_error(
+    bare_store: QueueStore,
+) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: bare_store.drop_stream("b", "policy", "too slow"),
+        bare_store.list_drops,
+        lambda: bare_store.clear_drop("b", "policy"),
+        lambda: bare_store.trimmed_through("b", "policy"),
+        lambda: bare_store.stop_stream("b", "policy", "lost", 0),
+        lambda: bare_store.get_stream_stop("b", "policy"),
+        lambda: bare_store.accept_stream_loss("b", "policy"),
+        lambda: bare_store.mark_stream_resumed("b", "policy"),
+        lambda: bare_store.clear_stream_stop("b", "policy"),
+        lambda: bare_store.set_flow_state("policy", True, ["b"]),
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, call)
+
+
+def test_unknown_streams_have_no_records(store: Retention) -> None:
+    assert store.list_drops("nobody") == []
+    store.clear_drop("nobody", "policy")
+    assert store.get_stream_stop("nobody", "policy") is None
+    assert store.accept_stream_loss("nobody", "policy") is None
+    store.mark_stream_resumed("nobody", "policy")
+    store.clear_stream_stop("nobody", "policy")
+    assert store.list_stream_stops() == []
+    assert store.list_drops() == []
+
+
+def test_stops_and_drops_survive_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    drop = across_outage(outage, lambda: store.drop_stream("b", "policy", "too slow"))
+    assert drop is None or drop.first_dropped_position == p[0]  # None: recorded before
+    assert [(d.destination, d.client_name) for d in across_outage(outage, store.list_drops)] == [
+        ("b", "policy")
+    ]
+    across_outage(outage, lambda: store.clear_drop("b", "policy"))
+    assert store.list_drops() == []
+    assert across_outage(outage, lambda: store.stop_stream("c", "policy", "lost", 4)) in (
+        True,
+        False,
+    )
+    stop = across_outage(outage, lambda: store.get_stream_stop("c", "policy"))
+    assert stop is not None and (stop.reason, stop.resume_after) == ("lost", 4)
+    accepted = across_outage(outage, lambda: store.accept_stream_loss("c", "policy"))
+    assert accepted is not None and accepted.accepted_at is not None
+    across_outage(outage, lambda: store.mark_stream_resumed("c", "policy"))
+    stops = across_outage(outage, store.list_stream_stops)
+    assert [(s.destination, s.resumed_at is not None) for s in stops] == [("c", True)]
+    across_outage(outage, lambda: store.clear_stream_stop("c", "policy"))
+    assert store.list_stream_stops() == []
+    across_outage(outage, lambda: store.set_flow_state("policy", True, ["b"]))
+    assert store.flow_state("policy") == (True, ["b"])

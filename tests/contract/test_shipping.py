@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lr_client.store.contract import QueueStore, Shipping
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
@@ -125,3 +127,35 @@ def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> No
     assert store.get_cursor("b", "policy").position == p[0]
     got = across_outage(outage, lambda: store.read_log_entries("b", "policy", 0, 10))
     assert [e.position for e in got] == p
+
+
+def test_every_shipping_method_on_an_empty_database_is_a_schema_error(
+    bare_store: QueueStore,
+) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: bare_store.read_log_entries("b", "policy", 0, 10),
+        lambda: bare_store.oldest_position("policy"),
+        bare_store.oldest_position,
+        bare_store.list_cursors,
+        lambda: bare_store.set_cursor("b", "policy", 1),
+        lambda: bare_store.backlog("b", "policy"),
+        bare_store.log_streams,
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, call)
+
+
+def test_every_shipping_read_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
+    store.set_cursor("b", "policy", p[0])
+    got = across_outage(outage, lambda: store.read_client_log("policy", 0, 10))
+    assert [(e.position, sorted(e.destinations)) for e in got] == [
+        (p[0], ["b"]),
+        (p[1], ["b", "c"]),
+    ]
+    assert across_outage(outage, lambda: store.oldest_position("policy")) == p[0]
+    assert across_outage(outage, lambda: store.get_cursor("b", "policy")).position == p[0]
+    cursors = across_outage(outage, store.list_cursors)
+    assert [(c.destination, c.client_name, c.position) for c in cursors] == [("b", "policy", p[0])]
+    assert across_outage(outage, lambda: store.backlog("b", "policy")).entries == 1
+    assert across_outage(outage, store.log_streams) == ({("b", "policy"), ("c", "policy")}, p[1])

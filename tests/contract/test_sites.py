@@ -123,3 +123,26 @@ def test_schema_status_on_a_lost_connection(store: Sites, outage: Outage) -> Non
     assert across_outage(outage, store.schema_status).state is SchemaState.CURRENT
     across_outage(outage, store.check_schema)
     assert across_outage(outage, store.create_schema).state is SchemaState.CURRENT
+
+
+def test_every_site_method_on_an_empty_database_is_a_schema_error(bare_store: Sites) -> None:
+    refused_for_no_schema(bare_store, lambda: bare_store.site_name(1))
+    assert bare_store.schema_status().state is SchemaState.EMPTY
+    bare_store.close()  # nothing to give back but the connections
+
+
+def test_analyze_on_an_empty_database(bare_store: Sites) -> None:
+    if bare_store.dialect == "sqlite":  # no statistics to refresh: nothing is read
+        bare_store.analyze()
+        assert bare_store.schema_status().state is SchemaState.EMPTY
+    else:
+        refused_for_no_schema(bare_store, bare_store.analyze)
+
+
+def test_analyze_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]))
+    if store.dialect != "sqlite":  # SQLite: a no-op, it touches no connection
+        across_outage(outage, store.analyze)
+    unknown = store.site_numbers()["b"] + 1  # not cached: read from the database
+    assert across_outage(outage, lambda: store.site_name(unknown)) == f"#{unknown}"
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p
