@@ -10,15 +10,21 @@ only: no table is read or written directly and no schema object is imported
 A few methods run inside the caller's transaction and take its ``conn``
 (``append_log_entries``, ``write_snapshot_entries``, ``read_queue``,
 ``delete_entries``, and optionally ``request_snapshot`` and
-``head_position``). The tests obtain that connection as an application
-does, from ``store.engine.begin()`` (or ``store.engine.connect()`` plus
-``begin()`` to roll back). Nothing else of the engine is used, but by the
-fixtures: they dispose of it at the end, and a SQLite outage closes its
-pooled connections.
+``head_position``). The tests take that connection from the store's own
+transactions (:class:`~lr_client.store.contract.Transactions`), or, where the
+application's transaction is what is tested, from ``app_transaction`` (a
+plain ``engine.begin()``, as an application opens one). Nothing else of the
+engine is used, but by the fixtures: they dispose of it at the end, and a
+SQLite outage closes its pooled connections.
+
+Each test types its store as the role it exercises (``store: Shipping``), or
+as :class:`~lr_client.store.contract.QueueStore` where another role arranges
+the state; the fixtures give the real store.
 
 Fixtures: ``store`` (a store with its schema), ``bare_store`` (a store on an
-empty database), ``outage`` (loses the store's connections) and
-``connections`` (counts them), each on every backend of ``db_url``.
+empty database), ``outage`` (loses the store's connections),
+``connections`` (counts them) and ``app_transaction``, each on every backend
+of ``db_url``.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import pytest
 import sqlalchemy
+from sqlalchemy.engine import Connection
 
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from tests.conftest import PG_URL
@@ -64,6 +72,14 @@ def _store_and_name(db_url: str) -> Iterator[tuple[SQLAlchemyQueueStore, str]]:
 def store(_store_and_name: tuple[SQLAlchemyQueueStore, str]) -> SQLAlchemyQueueStore:
     """An empty store with its schema, on each backend."""
     return _store_and_name[0]
+
+
+@pytest.fixture
+def app_transaction(
+    store: SQLAlchemyQueueStore,
+) -> Callable[[], AbstractContextManager[Connection]]:
+    """Opens an application's transaction on the ``store`` fixture's database."""
+    return store.engine.begin
 
 
 @pytest.fixture

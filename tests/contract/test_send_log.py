@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
 import pytest
+from sqlalchemy.engine import Connection
 
 from lr_client.store.contract import QueueStore
 from tests.contract.calls import across_outage, append, refused_for_no_schema, rolled_back
 from tests.contract.outage import Outage
+
+Begin = Callable[[], AbstractContextManager[Connection]]
 
 
 def test_positions_increase_in_append_order(store: QueueStore) -> None:
@@ -22,16 +28,18 @@ def test_positions_increase_in_append_order(store: QueueStore) -> None:
     )
 
 
-def test_an_empty_append_assigns_nothing(store: QueueStore) -> None:
+def test_an_empty_append_assigns_nothing(store: QueueStore, app_transaction: Begin) -> None:
     store.register_sites(["b"])
-    with store.write() as conn:
+    with app_transaction() as conn:
         assert store.append_log_entries(conn, "policy", []) == []
     assert store.head_position() == 0
 
 
-def test_head_position_in_the_callers_transaction(store: QueueStore) -> None:
+def test_head_position_in_the_callers_transaction(
+    store: QueueStore, app_transaction: Begin
+) -> None:
     nums = store.register_sites(["b"])
-    with store.write() as conn:
+    with app_transaction() as conn:
         (pos,) = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
         assert store.head_position(conn) == pos
     assert store.head_position() == pos
@@ -47,10 +55,10 @@ def test_rollback_leaves_nothing(store: QueueStore) -> None:
 
 
 def test_an_exception_in_the_callers_transaction_rolls_the_append_back(
-    store: QueueStore,
+    store: QueueStore, app_transaction: Begin
 ) -> None:
     nums = store.register_sites(["b"])
-    with pytest.raises(RuntimeError), store.write() as conn:
+    with pytest.raises(RuntimeError), app_transaction() as conn:
         store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
         raise RuntimeError("the application failed")
     assert store.read_log_entries("b", "policy", 0, 10) == []

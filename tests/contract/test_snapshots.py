@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import pytest
 from sqlalchemy.engine import Connection
@@ -11,7 +12,7 @@ from sqlalchemy.engine import Connection
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
 from lr_client.store.contract import QueueStore, Snapshots
-from tests.contract.calls import across_outage, append, refused_for_no_schema, rolled_back
+from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 OPEN = OPEN_SNAPSHOT_STATUSES
@@ -51,12 +52,13 @@ def test_a_request_is_recorded(store: Snapshots) -> None:
 
 
 def test_a_request_in_the_callers_transaction_commits_with_it(
-    store: Snapshots,
+    store: Snapshots, app_transaction: Callable[[], AbstractContextManager[Connection]]
 ) -> None:
-    with rolled_back(store) as conn:
+    with pytest.raises(RuntimeError), app_transaction() as conn:
         gone = store.request_snapshot(conn, "b", "policy")
+        raise RuntimeError("the application failed")
     assert store.get_snapshot(gone) is None
-    with store.write() as conn:
+    with app_transaction() as conn:
         kept = store.request_snapshot(conn, "b", "policy")
     assert [r.snapshot_id for r in store.list_snapshots()] == [kept]
 
