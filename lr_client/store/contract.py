@@ -77,7 +77,7 @@ class Sites(Protocol):
         """Refresh the planner's statistics of the send queue (where the backend has them)."""
 
     def close(self) -> None:
-        """Close the store's connections; a later call reconnects."""
+        """Close the store's connections (again: a no-op); a later call reconnects."""
 
 
 class SendLog(Protocol):

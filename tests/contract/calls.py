@@ -3,23 +3,36 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
+from sqlalchemy.engine import Connection
 
 from lr_client.errors import SchemaError, StoreUnavailableError
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.contract import QueueStore, Sites, Transactions
 from tests.contract.outage import Outage
 
 T = TypeVar("T")
 
 
-def append(store: SQLAlchemyQueueStore, client: str, *rows: tuple[bytes, list[str]]) -> list[int]:
+class _RollBack(Exception):
+    """Ends :func:`rolled_back`'s transaction."""
+
+
+@contextlib.contextmanager
+def rolled_back(store: Transactions) -> Iterator[Connection]:
+    """A store transaction that is rolled back, not committed, at the end of the block."""
+    with contextlib.suppress(_RollBack), store.write() as conn:
+        yield conn
+        raise _RollBack
+
+
+def append(store: QueueStore, client: str, *rows: tuple[bytes, list[str]]) -> list[int]:
     """Transmit ``(payload, destinations)`` rows in one committed transaction; their positions."""
     nums = store.register_sites(sorted({d for _, ds in rows for d in ds}))
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         return store.append_log_entries(
             conn, client, [(p, [nums[d] for d in ds]) for p, ds in rows]
         )
@@ -50,7 +63,7 @@ def across_outage(outage: Outage, call: Callable[[], T]) -> T:
     return call()
 
 
-def refused_for_no_schema(bare: SQLAlchemyQueueStore, call: Callable[[], object]) -> None:
+def refused_for_no_schema(bare: Sites, call: Callable[[], object]) -> None:
     """On an empty database ``call`` raises :class:`SchemaError` and creates nothing."""
     with pytest.raises(SchemaError):
         call()

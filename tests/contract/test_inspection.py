@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from lr_client.store import SQLAlchemyQueueStore
-from tests.contract.calls import across_outage, refused_for_no_schema
+from lr_client.records import ReplicationType
+from lr_client.store.contract import Inspection, QueueStore
+from tests.contract.calls import across_outage, append, log, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
-def _summary(store: SQLAlchemyQueueStore) -> list[tuple[object, ...]]:
+def _summary(store: Inspection) -> list[tuple[object, ...]]:
     return [
         (
             r["destination"],
@@ -21,7 +22,7 @@ def _summary(store: SQLAlchemyQueueStore) -> list[tuple[object, ...]]:
     ]
 
 
-def test_session_status_is_one_row_per_destination(store: SQLAlchemyQueueStore) -> None:
+def test_session_status_is_one_row_per_destination(store: Inspection) -> None:
     assert store.list_session_status() == []
     store.save_session_status(
         "c", "streaming", connected=True, inflight_batches=2, inflight_bytes=9
@@ -43,7 +44,7 @@ def test_session_status_is_one_row_per_destination(store: SQLAlchemyQueueStore) 
     assert all(r["updated_at"] > 0 for r in store.list_session_status())
 
 
-def test_a_long_error_is_kept_to_its_start(store: SQLAlchemyQueueStore) -> None:
+def test_a_long_error_is_kept_to_its_start(store: Inspection) -> None:
     error = "".join(chr(ord("a") + i % 26) for i in range(5000))
     store.save_session_status(
         "b", "backoff", connected=False, inflight_batches=0, inflight_bytes=0, last_error=error
@@ -53,12 +54,18 @@ def test_a_long_error_is_kept_to_its_start(store: SQLAlchemyQueueStore) -> None:
 
 
 def test_an_inspection_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.list_session_status)
+    refused_for_no_schema(
+        bare_store,
+        lambda: bare_store.save_session_status(
+            "b", "idle", connected=False, inflight_batches=0, inflight_bytes=0
+        ),
+    )
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: Inspection, outage: Outage) -> None:
     store.save_session_status("b", "idle", connected=True, inflight_batches=0, inflight_bytes=0)
     across_outage(
         outage,
@@ -67,3 +74,139 @@ def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Out
         ),
     )
     assert across_outage(outage, lambda: _summary(store)) == [("b", "streaming", True, 1, 5, "")]
+
+
+def test_head_position_estimate_counts_what_was_assigned(store: QueueStore) -> None:
+    assert store.head_position_estimate() == 0
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["c"]))
+    assert store.head_position_estimate() == p[-1] == store.head_position()
+    nums = store.register_sites(["b"])
+    with store.write() as conn:  # a position assigned in an open transaction
+        (pending,) = store.append_log_entries(conn, "policy", [(b"3", [nums["b"]])])
+        assert p[-1] <= store.head_position_estimate() <= pending
+    assert store.head_position_estimate() == pending
+
+
+def test_queue_depths_are_those_of_the_non_empty_queues(store: QueueStore) -> None:
+    assert store.queue_depths() == {}
+    store.apply_log_batch("a", "policy", log(1, 2, 3))
+    store.apply_log_batch("b", "policy", log(1))
+    store.apply_log_batch("a", "other", log(7))
+    qa, qb = (q.queue_id for q in store.list_queues("policy"))
+    (qo,) = (q.queue_id for q in store.list_queues("other"))
+    assert store.queue_depths() == {qa: 3, qb: 1, qo: 1}
+    with store.write() as conn:
+        store.delete_entries(conn, [e.seq for e in store.read_queue(conn, qb, 10)])
+    assert store.queue_depths() == {qa: 3, qo: 1}
+
+
+def test_queue_sizes_count_every_queue_by_name(store: QueueStore) -> None:
+    assert store.queue_sizes() == (0, 0, [])
+    append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, sid, 0, [b"x", b"y", b"z"])
+    store.apply_log_batch("b", "policy", log(1, 2))
+    store.apply_log_batch("a", "policy", log(1))
+    n_log, n_snap, queues = store.queue_sizes()
+    assert (n_log, n_snap) == (2, 3)
+    assert [(q.queue_name, q.source_id, depth) for q, depth in queues] == [
+        ("LRQ_Recv_policy__a", "a", 1),
+        ("LRQ_Recv_policy__b", "b", 2),
+    ]
+    with store.write() as conn:
+        qid = queues[0][0].queue_id
+        store.delete_entries(conn, [e.seq for e in store.read_queue(conn, qid, 10)])
+    assert [(q.queue_name, d) for q, d in store.queue_sizes()[2]] == [
+        ("LRQ_Recv_policy__a", 0),
+        ("LRQ_Recv_policy__b", 2),
+    ]
+
+
+def test_browse_log_entries_shows_what_a_destination_still_needs(store: QueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]), (b"3", ["c"]))
+    q = append(store, "other", (b"4", ["b"]))
+    every = store.browse_log_entries(None, None, 0, 10)
+    assert [(e.position, e.client_name, e.payload) for e in every] == [
+        (p[0], "policy", b"1"),
+        (p[1], "policy", b"2"),
+        (p[2], "policy", b"3"),
+        (q[0], "other", b"4"),
+    ]
+    assert [sorted(e.destinations) for e in every] == [["b"], ["b", "c"], ["c"], ["b"]]
+    assert [e.position for e in store.browse_log_entries(None, None, p[0], 2)] == p[1:]
+    assert [e.position for e in store.browse_log_entries(None, "other", 0, 10)] == q
+    assert [e.position for e in store.browse_log_entries("b", None, 0, 10)] == [p[0], p[1], q[0]]
+    store.set_cursor("b", "policy", p[0])
+    assert [e.position for e in store.browse_log_entries("b", "policy", 0, 10)] == [p[1]]
+    store.drop_stream("b", "other", "too slow")
+    assert [e.position for e in store.browse_log_entries("b", None, 0, 10)] == [p[1]]
+    assert store.browse_log_entries("nobody", None, 0, 10) == []
+
+
+def test_browse_snapshot_entries_by_destination_and_client(store: QueueStore) -> None:
+    assert store.browse_snapshot_entries(None, None, 0, 10) == []
+    first = store.request_snapshot(None, "b", "policy")
+    second = store.request_snapshot(None, "c", "other")
+    for sid, payloads in ((first, [b"p0", b"p1"]), (second, [b"o0"])):
+        store.start_snapshot(sid)
+        with store.write() as conn:
+            store.write_snapshot_entries(conn, sid, 0, payloads)
+    every = store.browse_snapshot_entries(None, None, 0, 10)
+    assert [(e.snapshot_id, e.client_name, e.destinations, e.payload) for e in every] == [
+        (first, "policy", ("b",), b"p0"),
+        (first, "policy", ("b",), b"p1"),
+        (second, "other", ("c",), b"o0"),
+    ]
+    positions = [e.position for e in every]
+    assert positions == sorted(positions)
+    assert store.browse_snapshot_entries(None, None, positions[0], 1) == every[1:2]
+    assert [e.payload for e in store.browse_snapshot_entries("c", None, 0, 10)] == [b"o0"]
+    assert [e.payload for e in store.browse_snapshot_entries(None, "policy", 0, 10)] == [
+        b"p0",
+        b"p1",
+    ]
+    assert store.browse_snapshot_entries("b", "other", 0, 10) == []
+    assert store.browse_snapshot_entries("nobody", None, 0, 10) == []
+
+
+def test_browse_queue_by_name_from_a_seq(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(2, 4, 6))
+    store.apply_log_batch("b", "policy", log(1))
+    got = store.browse_queue("LRQ_Recv_policy__a", 0, 10)
+    assert got is not None
+    assert [(e.position, e.payload, e.client_name) for e in got] == [
+        (2, b"2", "policy"),
+        (4, b"4", "policy"),
+        (6, b"6", "policy"),
+    ]
+    seqs = [e.seq or 0 for e in got]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    assert {e.type for e in got} == {int(ReplicationType.LOG_ENTRY_SYNC)}
+    assert [e.position for e in store.browse_queue("LRQ_Recv_policy__a", seqs[0], 1) or []] == [4]
+    assert store.browse_queue("LRQ_Recv_policy__a", seqs[-1], 10) == []
+    assert store.browse_queue("LRQ_Recv_nobody__a", 0, 10) is None
+
+
+def test_the_views_on_an_empty_database_are_schema_errors(bare_store: QueueStore) -> None:
+    refused_for_no_schema(bare_store, bare_store.head_position_estimate)
+    refused_for_no_schema(bare_store, bare_store.queue_depths)
+    refused_for_no_schema(bare_store, bare_store.queue_sizes)
+    refused_for_no_schema(bare_store, lambda: bare_store.browse_log_entries(None, None, 0, 10))
+    refused_for_no_schema(bare_store, lambda: bare_store.browse_snapshot_entries(None, None, 0, 10))
+    refused_for_no_schema(bare_store, lambda: bare_store.browse_queue("LRQ_Recv_p__a", 0, 10))
+
+
+def test_the_views_survive_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]))
+    store.apply_log_batch("a", "policy", log(5))
+    (queue,) = store.list_queues("policy")
+    assert across_outage(outage, store.head_position_estimate) == p[0]
+    assert across_outage(outage, store.queue_depths) == {queue.queue_id: 1}
+    assert across_outage(outage, store.queue_sizes) == (1, 0, [(queue, 1)])
+    logged = across_outage(outage, lambda: store.browse_log_entries("b", None, 0, 10))
+    assert [e.position for e in logged] == p
+    assert across_outage(outage, lambda: store.browse_snapshot_entries(None, None, 0, 10)) == []
+    queued = across_outage(outage, lambda: store.browse_queue(queue.queue_name, 0, 10))
+    assert [e.position for e in queued or []] == [5]

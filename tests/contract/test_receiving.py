@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
 from lr_client.errors import InvalidNameError, ProtocolError
 from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, WireEntry
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.contract import QueueStore, Receiving
 from tests.contract.calls import across_outage, log, refused_for_no_schema
 from tests.contract.outage import Outage
 
@@ -16,15 +17,15 @@ SNAP = ReplicationType.SNAPSHOT_SYNC
 END = ReplicationType.LAST_FULL_SYNC_ENTRY
 
 
-def _queued(store: SQLAlchemyQueueStore, client: str = "policy") -> list[tuple[int, bytes, str]]:
+def _queued(store: QueueStore, client: str = "policy") -> list[tuple[int, bytes, str]]:
     """(source position, payload, snapshot id) of everything queued for ``client``, in order."""
     (queue,) = store.list_queues(client)
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         got = store.read_queue(conn, queue.queue_id, 100)
     return [(e.source_position, e.payload, e.snapshot_id) for e in got]
 
 
-def test_receiver_is_idempotent_and_registers_queue(store: SQLAlchemyQueueStore) -> None:
+def test_receiver_is_idempotent_and_registers_queue(store: QueueStore) -> None:
     batch = log(3, 5, 9)
     assert store.apply_log_batch("site-a", "policy", batch) == (True, 9)
     assert store.apply_log_batch("site-a", "policy", batch) == (False, 9)
@@ -38,7 +39,7 @@ def test_receiver_is_idempotent_and_registers_queue(store: SQLAlchemyQueueStore)
     assert progress.snapshot_state is SinkSnapshotState.NONE
 
 
-def test_a_gap_is_refused_and_applies_nothing(store: SQLAlchemyQueueStore) -> None:
+def test_a_gap_is_refused_and_applies_nothing(store: QueueStore) -> None:
     store.apply_log_batch("site-a", "policy", log(1, 2))
     with pytest.raises(ProtocolError, match="gap"):
         store.apply_log_batch("site-a", "policy", log(5, 6), previous_position=4)
@@ -49,16 +50,19 @@ def test_a_gap_is_refused_and_applies_nothing(store: SQLAlchemyQueueStore) -> No
 
 
 @pytest.mark.parametrize(("source", "client"), [("Site-A", "policy"), ("site-a", "po_licy")])
-def test_a_bad_name_applies_nothing(store: SQLAlchemyQueueStore, source: str, client: str) -> None:
+def test_a_bad_name_applies_nothing(store: QueueStore, source: str, client: str) -> None:
     with pytest.raises(InvalidNameError):
         store.apply_log_batch(source, client, log(1))
     with pytest.raises(InvalidNameError):
         store.apply_snapshot_batch(source, client, "s1", [WireEntry(1, SNAP, b"x", "s1")])
+    with pytest.raises(InvalidNameError):
+        store.apply_drop_notice(source, client, "n1", 1, "dropped")
     assert store.list_queues() == []
     assert store.list_sink_progress() == []
+    assert store.list_sink_drops() == []
 
 
-def test_sources_get_separate_queues(store: SQLAlchemyQueueStore) -> None:
+def test_sources_get_separate_queues(store: QueueStore) -> None:
     e = [WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"x")]
     store.apply_log_batch("a-b", "c", e)
     store.apply_log_batch("a", "b-c", e)
@@ -66,7 +70,7 @@ def test_sources_get_separate_queues(store: SQLAlchemyQueueStore) -> None:
     assert names == ["LRQ_Recv_b-c__a", "LRQ_Recv_c__a-b"]
 
 
-def test_sink_snapshot_supersedes_and_sets_base(store: SQLAlchemyQueueStore) -> None:
+def test_sink_snapshot_supersedes_and_sets_base(store: QueueStore) -> None:
     store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"old", "s1")])
     assert store.sink_progress("a", "policy").snapshot_state is SinkSnapshotState.ONGOING
     store.apply_snapshot_batch("a", "policy", "s2", [WireEntry(1, SNAP, b"new", "s2")])
@@ -83,7 +87,7 @@ def test_sink_snapshot_supersedes_and_sets_base(store: SQLAlchemyQueueStore) -> 
     assert [p for p, _, _ in _queued(store)][-1:] == [43]
 
 
-def test_snapshot_batches_are_checked_for_gaps(store: SQLAlchemyQueueStore) -> None:
+def test_snapshot_batches_are_checked_for_gaps(store: QueueStore) -> None:
     first = [WireEntry(1, SNAP, b"a", "s1"), WireEntry(2, SNAP, b"b", "s1")]
     assert store.apply_snapshot_batch("a", "policy", "s1", first, previous_position=0) == (True, 2)
     assert store.apply_snapshot_batch("a", "policy", "s1", first[1:], previous_position=1) == (
@@ -102,14 +106,14 @@ def test_snapshot_batches_are_checked_for_gaps(store: SQLAlchemyQueueStore) -> N
     assert store.sink_progress("a", "policy").snapshot_id == "s1"
 
 
-def test_a_drop_notice_is_queued_once_and_rewinds(store: SQLAlchemyQueueStore) -> None:
+def test_a_drop_notice_is_queued_once_and_rewinds(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3, 4))
     assert store.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
     assert not store.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
     queued = _queued(store)
     assert queued[-1] == (3, b"too far behind", "n1")
     (queue,) = store.list_queues("policy")
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         assert store.read_queue(conn, queue.queue_id, 100)[-1].type is (
             ReplicationType.STREAM_DROPPED
         )
@@ -122,7 +126,7 @@ def test_a_drop_notice_is_queued_once_and_rewinds(store: SQLAlchemyQueueStore) -
     assert store.sink_progress("a", "policy").last_position == 2  # never moved forward
 
 
-def test_a_drop_notice_ends_a_partial_snapshot(store: SQLAlchemyQueueStore) -> None:
+def test_a_drop_notice_ends_a_partial_snapshot(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1))
     store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"part", "s1")])
     assert store.apply_drop_notice("a", "policy", "n1", 2, "dropped")
@@ -131,7 +135,7 @@ def test_a_drop_notice_ends_a_partial_snapshot(store: SQLAlchemyQueueStore) -> N
     assert (progress.snapshot_state, progress.snapshot_id) == (SinkSnapshotState.NONE, "")
 
 
-def test_sink_progress_is_listed_per_source_and_client(store: SQLAlchemyQueueStore) -> None:
+def test_sink_progress_is_listed_per_source_and_client(store: Receiving) -> None:
     assert store.sink_progress("a", "policy").last_position == 0
     store.apply_log_batch("b", "policy", log(7))
     store.apply_log_batch("a", "zeta", log(5))
@@ -147,17 +151,51 @@ def test_sink_progress_is_listed_per_source_and_client(store: SQLAlchemyQueueSto
 
 
 def test_a_receiving_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.apply_log_batch("a", "policy", log(1)))
     refused_for_no_schema(bare_store, bare_store.list_sink_progress)
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     store.apply_log_batch("a", "policy", log(1))
     assert across_outage(outage, lambda: store.apply_log_batch("a", "policy", log(1, 2)))[1] == 2
     assert [p for p, _, _ in _queued(store)] == [1, 2]  # applied once
     assert across_outage(outage, lambda: store.sink_progress("a", "policy")).last_position == 2
+
+
+def test_every_receiving_method_on_an_empty_database_is_a_schema_error(
+    bare_store: QueueStore,
+) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: bare_store.apply_log_batch("a", "policy", log(1)),
+        lambda: bare_store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"x")]),
+        lambda: bare_store.apply_drop_notice("a", "policy", "n1", 1, "dropped"),
+        lambda: bare_store.sink_progress("a", "policy"),
+        bare_store.list_sink_progress,
+        bare_store.list_sink_drops,
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, call)
+
+
+def test_every_receiving_method_survives_a_lost_connection(
+    store: QueueStore, outage: Outage
+) -> None:
+    snap = [WireEntry(1, SNAP, b"x", "s1")]
+    assert across_outage(outage, lambda: store.apply_snapshot_batch("a", "p", "s1", snap)) in (
+        (True, 1),
+        (False, 1),
+    )
+    assert across_outage(outage, lambda: store.apply_drop_notice("a", "p", "n1", 2, "gone")) in (
+        True,
+        False,
+    )
+    drops = across_outage(outage, store.list_sink_drops)
+    assert [(d.source_id, d.client_name, d.notice_id) for d in drops] == [("a", "p", "n1")]
+    progress = across_outage(outage, store.list_sink_progress)
+    assert [(p.source_id, p.client_name) for p in progress] == [("a", "p")]
+    assert [(p, b) for p, b, _ in _queued(store, "p")] == [(2, b"gone")]
 
 
 # -- the progress a batch leaves behind, field by field --------------------------------
@@ -169,12 +207,12 @@ def _snap(sid: str, *positions: int, end: int | None = None, base: int = 0) -> l
     return out
 
 
-def test_a_stream_never_seen_has_empty_progress_of_its_own(store: SQLAlchemyQueueStore) -> None:
+def test_a_stream_never_seen_has_empty_progress_of_its_own(store: QueueStore) -> None:
     assert store.sink_progress("site-a", "policy") == SinkProgress("site-a", "policy")
 
 
 def test_progress_counts_every_entry_received_and_stamps_the_time(
-    store: SQLAlchemyQueueStore,
+    store: QueueStore,
 ) -> None:
     before = time.time()
     store.apply_log_batch("site-a", "policy", log(1, 2, 3))
@@ -188,7 +226,7 @@ def test_progress_counts_every_entry_received_and_stamps_the_time(
 
 
 def test_a_partial_snapshot_keeps_the_log_position_and_its_end_completes_it(
-    store: SQLAlchemyQueueStore,
+    store: QueueStore,
 ) -> None:
     store.apply_log_batch("site-a", "policy", log(4, 5))
     store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
@@ -202,7 +240,7 @@ def test_a_partial_snapshot_keeps_the_log_position_and_its_end_completes_it(
 
 
 def test_an_empty_first_batch_of_a_new_snapshot_still_supersedes_the_unfinished_one(
-    store: SQLAlchemyQueueStore,
+    store: QueueStore,
 ) -> None:
     store.apply_log_batch("site-a", "policy", log(1, 2))
     store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
@@ -215,7 +253,7 @@ def test_an_empty_first_batch_of_a_new_snapshot_still_supersedes_the_unfinished_
 
 
 def test_a_new_snapshot_removes_only_the_unfinished_one_of_its_own_stream(
-    store: SQLAlchemyQueueStore,
+    store: QueueStore,
 ) -> None:
     """Queued log entries stay; another source's snapshot of the same id stays."""
     store.apply_log_batch("site-a", "policy", log(1, 2))
@@ -231,7 +269,7 @@ def test_a_new_snapshot_removes_only_the_unfinished_one_of_its_own_stream(
 
 
 def test_a_completed_snapshot_stays_whole_when_a_new_one_starts(
-    store: SQLAlchemyQueueStore,
+    store: QueueStore,
 ) -> None:
     """The log entries after its base follow it in the queue and need its end before them."""
     store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, end=2, base=5))
@@ -240,7 +278,7 @@ def test_a_completed_snapshot_stays_whole_when_a_new_one_starts(
     assert [(p, sid) for p, _, sid in _queued(store)] == [(1, "s1"), (2, "s1"), (6, ""), (1, "s2")]
 
 
-def test_gaps_are_refused_with_what_each_side_has(store: SQLAlchemyQueueStore) -> None:
+def test_gaps_are_refused_with_what_each_side_has(store: QueueStore) -> None:
     store.apply_log_batch("site-a", "policy", log(1, 2))
     with pytest.raises(ProtocolError, match="gap: batch follows position 4, sink has 2"):
         store.apply_log_batch("site-a", "policy", log(5), previous_position=4)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lr_client.records import SnapshotStatus
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.contract import QueueStore, Retention
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
-def _positions(store: SQLAlchemyQueueStore, destination: str) -> list[int]:
+def _positions(store: QueueStore, destination: str) -> list[int]:
     return [e.position for e in store.read_log_entries(destination, "policy", 0, 100)]
 
 
-def test_trim_keeps_what_a_destination_needs(store: SQLAlchemyQueueStore) -> None:
+def test_trim_keeps_what_a_destination_needs(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
     store.set_cursor("b", "policy", p[2])
     assert store.trim() == 1  # only 2: 1 and 3 still wait for c
@@ -29,7 +31,7 @@ def test_trim_keeps_what_a_destination_needs(store: SQLAlchemyQueueStore) -> Non
     assert append(store, "policy", (b"4", ["b"]))[0] > p[2]
 
 
-def test_trim_in_batches_deletes_all_that_is_acknowledged(store: SQLAlchemyQueueStore) -> None:
+def test_trim_in_batches_deletes_all_that_is_acknowledged(store: QueueStore) -> None:
     p = append(store, "policy", *[(b"%d" % i, ["b"]) for i in range(7)])
     store.set_cursor("b", "policy", p[4])
     assert store.trim(batch_size=2, max_batches=1) == 2
@@ -39,7 +41,7 @@ def test_trim_in_batches_deletes_all_that_is_acknowledged(store: SQLAlchemyQueue
     assert _positions(store, "b") == p[5:]
 
 
-def test_trim_keeps_what_follows_an_open_snapshots_base(store: SQLAlchemyQueueStore) -> None:
+def test_trim_keeps_what_follows_an_open_snapshots_base(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)  # base p[1]
@@ -50,15 +52,15 @@ def test_trim_keeps_what_follows_an_open_snapshots_base(store: SQLAlchemyQueueSt
     assert p[1] not in _positions(store, "b")
 
 
-def test_trim_releases_the_entries_of_closed_snapshots(store: SQLAlchemyQueueStore) -> None:
+def test_trim_releases_the_entries_of_closed_snapshots(store: QueueStore) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
     store.finish_snapshot(sid)
     kept = store.request_snapshot(None, "c", "policy")
     store.start_snapshot(kept)
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         store.write_snapshot_entries(conn, kept, 0, [b"k"])
     store.update_snapshot(sid, status=SnapshotStatus.FAILED)
     assert store.trim() == 3  # two entries and the end marker of the failed one
@@ -66,7 +68,7 @@ def test_trim_releases_the_entries_of_closed_snapshots(store: SQLAlchemyQueueSto
     assert store.count_snapshot_entries(kept) == 1
 
 
-def test_trim_marks_follow_what_trim_deleted(store: SQLAlchemyQueueStore) -> None:
+def test_trim_marks_follow_what_trim_deleted(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
     assert store.trimmed_through("b", "policy") == 0
     store.set_cursor("b", "policy", p[2])
@@ -81,7 +83,7 @@ def test_trim_marks_follow_what_trim_deleted(store: SQLAlchemyQueueStore) -> Non
     assert store.trimmed_through("b", "other") == 0
 
 
-def test_drop_releases_backlog(store: SQLAlchemyQueueStore) -> None:
+def test_drop_releases_backlog(store: QueueStore) -> None:
     append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]))
     store.register_sites(["b"])
     drop = store.drop_stream("c", "policy", "too far behind")
@@ -98,7 +100,7 @@ def test_drop_releases_backlog(store: SQLAlchemyQueueStore) -> None:
     assert store.list_drops() == []
 
 
-def test_a_drop_is_recorded_once(store: SQLAlchemyQueueStore) -> None:
+def test_a_drop_is_recorded_once(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]), (b"3", ["c"]))
     store.set_cursor("b", "policy", p[0])
     first = store.drop_stream("b", "policy", "behind")
@@ -113,7 +115,7 @@ def test_a_drop_is_recorded_once(store: SQLAlchemyQueueStore) -> None:
     assert [d.destination for d in store.list_drops()] == ["c"]
 
 
-def test_an_unknown_destination_is_not_dropped(store: SQLAlchemyQueueStore) -> None:
+def test_an_unknown_destination_is_not_dropped(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]))
     assert store.drop_stream("unknown", "policy", "x") is None
     assert store.list_drops() == []
@@ -121,7 +123,7 @@ def test_an_unknown_destination_is_not_dropped(store: SQLAlchemyQueueStore) -> N
     assert _positions(store, "b") == p
 
 
-def test_a_stopped_stream_is_recorded_accepted_and_resumed(store: SQLAlchemyQueueStore) -> None:
+def test_a_stopped_stream_is_recorded_accepted_and_resumed(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     store.set_cursor("b", "policy", p[1])
     store.trim()
@@ -156,7 +158,7 @@ def test_a_stopped_stream_is_recorded_accepted_and_resumed(store: SQLAlchemyQueu
     assert store.get_stream_stop("b", "policy") is None
 
 
-def test_stream_stops_are_listed_by_destination_then_client(store: SQLAlchemyQueueStore) -> None:
+def test_stream_stops_are_listed_by_destination_then_client(store: Retention) -> None:
     store.stop_stream("c", "policy", "x", 1)
     store.stop_stream("b", "zeta", "y", 2)
     store.stop_stream("b", "alpha", "z", 3)
@@ -166,7 +168,7 @@ def test_stream_stops_are_listed_by_destination_then_client(store: SQLAlchemyQue
     assert [s.client_name for s in store.list_stream_stops()] == ["alpha", "policy"]
 
 
-def test_set_flow_state_is_per_client(store: SQLAlchemyQueueStore) -> None:
+def test_set_flow_state_is_per_client(store: QueueStore) -> None:
     store.set_flow_state("policy", True, ["c", "b"])
     store.set_flow_state("other", False, ["d"])
     assert store.flow_state("policy") == (True, ["b", "c"])
@@ -177,15 +179,71 @@ def test_set_flow_state_is_per_client(store: SQLAlchemyQueueStore) -> None:
 
 
 def test_a_retention_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.trim)
     refused_for_no_schema(bare_store, bare_store.list_stream_stops)
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     store.set_cursor("b", "policy", p[0])
     across_outage(outage, store.trim)
     assert _positions(store, "b") == p[1:]
     assert across_outage(outage, lambda: store.trimmed_through("b", "policy")) == p[0]
+
+
+def test_every_retention_method_on_an_empty_database_is_a_schema_error(
+    bare_store: QueueStore,
+) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: bare_store.drop_stream("b", "policy", "too slow"),
+        bare_store.list_drops,
+        lambda: bare_store.clear_drop("b", "policy"),
+        lambda: bare_store.trimmed_through("b", "policy"),
+        lambda: bare_store.stop_stream("b", "policy", "lost", 0),
+        lambda: bare_store.get_stream_stop("b", "policy"),
+        lambda: bare_store.accept_stream_loss("b", "policy"),
+        lambda: bare_store.mark_stream_resumed("b", "policy"),
+        lambda: bare_store.clear_stream_stop("b", "policy"),
+        lambda: bare_store.set_flow_state("policy", True, ["b"]),
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, call)
+
+
+def test_unknown_streams_have_no_records(store: Retention) -> None:
+    assert store.list_drops("nobody") == []
+    store.clear_drop("nobody", "policy")
+    assert store.get_stream_stop("nobody", "policy") is None
+    assert store.accept_stream_loss("nobody", "policy") is None
+    store.mark_stream_resumed("nobody", "policy")
+    store.clear_stream_stop("nobody", "policy")
+    assert store.list_stream_stops() == []
+    assert store.list_drops() == []
+
+
+def test_stops_and_drops_survive_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    drop = across_outage(outage, lambda: store.drop_stream("b", "policy", "too slow"))
+    assert drop is None or drop.first_dropped_position == p[0]  # None: recorded before
+    assert [(d.destination, d.client_name) for d in across_outage(outage, store.list_drops)] == [
+        ("b", "policy")
+    ]
+    across_outage(outage, lambda: store.clear_drop("b", "policy"))
+    assert store.list_drops() == []
+    assert across_outage(outage, lambda: store.stop_stream("c", "policy", "lost", 4)) in (
+        True,
+        False,
+    )
+    stop = across_outage(outage, lambda: store.get_stream_stop("c", "policy"))
+    assert stop is not None and (stop.reason, stop.resume_after) == ("lost", 4)
+    accepted = across_outage(outage, lambda: store.accept_stream_loss("c", "policy"))
+    assert accepted is not None and accepted.accepted_at is not None
+    across_outage(outage, lambda: store.mark_stream_resumed("c", "policy"))
+    stops = across_outage(outage, store.list_stream_stops)
+    assert [(s.destination, s.resumed_at is not None) for s in stops] == [("c", True)]
+    across_outage(outage, lambda: store.clear_stream_stop("c", "policy"))
+    assert store.list_stream_stops() == []
+    across_outage(outage, lambda: store.set_flow_state("policy", True, ["b"]))
+    assert store.flow_state("policy") == (True, ["b"])

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
-from lr_client.store import SQLAlchemyQueueStore
-from tests.contract.calls import across_outage, append, refused_for_no_schema
+import pytest
+from sqlalchemy.engine import Connection
+
+from lr_client.store.contract import QueueStore
+from tests.contract.calls import across_outage, append, refused_for_no_schema, rolled_back
 from tests.contract.outage import Outage
 
+Begin = Callable[[], AbstractContextManager[Connection]]
 
-def test_positions_increase_in_append_order(store: SQLAlchemyQueueStore) -> None:
+
+def test_positions_increase_in_append_order(store: QueueStore) -> None:
     assert store.head_position() == 0
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]), (b"4", ["d"]))
     assert p == sorted(p) and len(set(p)) == 4
@@ -22,44 +28,44 @@ def test_positions_increase_in_append_order(store: SQLAlchemyQueueStore) -> None
     )
 
 
-def test_an_empty_append_assigns_nothing(store: SQLAlchemyQueueStore) -> None:
+def test_an_empty_append_assigns_nothing(store: QueueStore, app_transaction: Begin) -> None:
     store.register_sites(["b"])
-    with store.engine.begin() as conn:
+    with app_transaction() as conn:
         assert store.append_log_entries(conn, "policy", []) == []
     assert store.head_position() == 0
 
 
-def test_head_position_in_the_callers_transaction(store: SQLAlchemyQueueStore) -> None:
+def test_head_position_in_the_callers_transaction(
+    store: QueueStore, app_transaction: Begin
+) -> None:
     nums = store.register_sites(["b"])
-    with store.engine.begin() as conn:
+    with app_transaction() as conn:
         (pos,) = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
         assert store.head_position(conn) == pos
     assert store.head_position() == pos
 
 
-def test_rollback_leaves_nothing(store: SQLAlchemyQueueStore) -> None:
+def test_rollback_leaves_nothing(store: QueueStore) -> None:
     nums = store.register_sites(["b"])
     kept = append(store, "policy", (b"kept", ["b"]))
-    with store.engine.connect() as conn:
-        tx = conn.begin()
+    with rolled_back(store) as conn:
         store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
-        tx.rollback()
     assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [b"kept"]
     assert [e.position for e in store.read_client_log("policy", 0, 10)] == kept
 
 
 def test_an_exception_in_the_callers_transaction_rolls_the_append_back(
-    store: SQLAlchemyQueueStore,
+    store: QueueStore, app_transaction: Begin
 ) -> None:
     nums = store.register_sites(["b"])
-    with pytest.raises(RuntimeError), store.engine.begin() as conn:
+    with pytest.raises(RuntimeError), app_transaction() as conn:
         store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
         raise RuntimeError("the application failed")
     assert store.read_log_entries("b", "policy", 0, 10) == []
     assert store.read_client_log("policy", 0, 10) == []
 
 
-def test_flow_state_is_what_retention_set(store: SQLAlchemyQueueStore) -> None:
+def test_flow_state_is_what_retention_set(store: QueueStore) -> None:
     assert store.flow_state("policy") == (False, [])
     store.set_flow_state("policy", True, ["d", "b"])
     assert store.flow_state("policy") == (True, ["b", "d"])
@@ -69,14 +75,34 @@ def test_flow_state_is_what_retention_set(store: SQLAlchemyQueueStore) -> None:
 
 
 def test_a_send_log_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.head_position)
     refused_for_no_schema(bare_store, lambda: bare_store.flow_state("policy"))
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     p = append(store, "policy", (b"1", ["b"]))
     store.set_flow_state("policy", True, ["b"])
     assert across_outage(outage, store.head_position) == p[0]
     assert across_outage(outage, lambda: store.flow_state("policy")) == (True, ["b"])
+
+
+def test_an_append_on_an_empty_database_is_a_schema_error(bare_store: QueueStore) -> None:
+    def transmit() -> list[int]:
+        with bare_store.write() as conn:
+            return bare_store.append_log_entries(conn, "policy", [(b"x", [1])])
+
+    refused_for_no_schema(bare_store, transmit)
+
+
+def test_an_append_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    nums = store.register_sites(["b"])
+
+    def transmit() -> list[int]:
+        with store.write() as conn:
+            return store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+
+    (pos,) = across_outage(outage, transmit)
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)][-1] == pos
+    assert store.head_position() == pos

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from lr_client.store import SQLAlchemyQueueStore
+from collections.abc import Callable
+
+from lr_client.store.contract import QueueStore, Shipping
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
-def test_reads_are_per_destination_and_client(store: SQLAlchemyQueueStore) -> None:
+def test_reads_are_per_destination_and_client(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]), (b"4", ["d"]))
     append(store, "other", (b"o", ["b"]))
     assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [b"1", b"2"]
@@ -19,7 +21,7 @@ def test_reads_are_per_destination_and_client(store: SQLAlchemyQueueStore) -> No
     assert store.read_log_entries("b", "policy", p[1], 10) == []
 
 
-def test_an_unknown_destination_has_nothing(store: SQLAlchemyQueueStore) -> None:
+def test_an_unknown_destination_has_nothing(store: QueueStore) -> None:
     append(store, "policy", (b"1", ["b"]))
     assert store.read_log_entries("unknown", "policy", 0, 10) == []
     backlog = store.backlog("unknown", "policy")
@@ -29,7 +31,7 @@ def test_an_unknown_destination_has_nothing(store: SQLAlchemyQueueStore) -> None
     assert "unknown" not in store.site_numbers(refresh=True)
 
 
-def test_read_limits(store: SQLAlchemyQueueStore) -> None:
+def test_read_limits(store: QueueStore) -> None:
     p = append(store, "policy", *[(bytes([i]) * 100, ["b"]) for i in range(10)])
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 3)] == p[:3]
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 10, max_bytes=300)] == (
@@ -47,7 +49,7 @@ def test_read_limits(store: SQLAlchemyQueueStore) -> None:
     ]
 
 
-def test_the_client_log_names_each_entrys_destinations(store: SQLAlchemyQueueStore) -> None:
+def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]), (b"3", ["b"]))
     append(store, "other", (b"o", ["b"]))
     got = store.read_client_log("policy", 0, 10)
@@ -62,7 +64,7 @@ def test_the_client_log_names_each_entrys_destinations(store: SQLAlchemyQueueSto
     assert store.read_client_log("nobody", 0, 10) == []
 
 
-def test_oldest_position_per_client(store: SQLAlchemyQueueStore) -> None:
+def test_oldest_position_per_client(store: QueueStore) -> None:
     assert store.oldest_position() is None
     p = append(store, "policy", (b"1", ["b"]))
     q = append(store, "other", (b"2", ["b"]))
@@ -71,7 +73,7 @@ def test_oldest_position_per_client(store: SQLAlchemyQueueStore) -> None:
     assert store.oldest_position("nobody") is None
 
 
-def test_cursors_and_backlog(store: SQLAlchemyQueueStore) -> None:
+def test_cursors_and_backlog(store: QueueStore) -> None:
     p = append(store, "policy", (b"ab", ["b"]), (b"cde", ["b"]))
     assert store.get_cursor("b", "policy").position == 0
     assert store.backlog("b", "policy").entries == 2
@@ -85,7 +87,7 @@ def test_cursors_and_backlog(store: SQLAlchemyQueueStore) -> None:
     assert store.backlog("b", "policy").entries == 0
 
 
-def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: SQLAlchemyQueueStore) -> None:
+def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: Shipping) -> None:
     store.set_cursor("b", "policy", 4, needs_snapshot=True)
     store.set_cursor("b", "policy", 7)
     cursor = store.get_cursor("b", "policy")
@@ -95,7 +97,7 @@ def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: SQLAlchemyQueueSt
     assert store.get_cursor("b", "policy").acked_at > 0
 
 
-def test_list_cursors_by_destination_then_client(store: SQLAlchemyQueueStore) -> None:
+def test_list_cursors_by_destination_then_client(store: Shipping) -> None:
     store.set_cursor("c", "policy", 3)
     store.set_cursor("b", "zeta", 2)
     store.set_cursor("b", "alpha", 1)
@@ -103,7 +105,7 @@ def test_list_cursors_by_destination_then_client(store: SQLAlchemyQueueStore) ->
     assert got == [("b", "alpha", 1), ("b", "zeta", 2), ("c", "policy", 3)]
 
 
-def test_log_streams_since_a_position(store: SQLAlchemyQueueStore) -> None:
+def test_log_streams_since_a_position(store: QueueStore) -> None:
     assert store.log_streams() == (set(), 0)
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]))
     q = append(store, "other", (b"3", ["b"]))
@@ -113,15 +115,47 @@ def test_log_streams_since_a_position(store: SQLAlchemyQueueStore) -> None:
 
 
 def test_a_shipping_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.get_cursor("b", "policy"))
     refused_for_no_schema(bare_store, lambda: bare_store.read_client_log("policy", 0, 10))
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     across_outage(outage, lambda: store.set_cursor("b", "policy", p[0]))
     assert store.get_cursor("b", "policy").position == p[0]
     got = across_outage(outage, lambda: store.read_log_entries("b", "policy", 0, 10))
     assert [e.position for e in got] == p
+
+
+def test_every_shipping_method_on_an_empty_database_is_a_schema_error(
+    bare_store: QueueStore,
+) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: bare_store.read_log_entries("b", "policy", 0, 10),
+        lambda: bare_store.oldest_position("policy"),
+        bare_store.oldest_position,
+        bare_store.list_cursors,
+        lambda: bare_store.set_cursor("b", "policy", 1),
+        lambda: bare_store.backlog("b", "policy"),
+        bare_store.log_streams,
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, call)
+
+
+def test_every_shipping_read_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
+    store.set_cursor("b", "policy", p[0])
+    got = across_outage(outage, lambda: store.read_client_log("policy", 0, 10))
+    assert [(e.position, sorted(e.destinations)) for e in got] == [
+        (p[0], ["b"]),
+        (p[1], ["b", "c"]),
+    ]
+    assert across_outage(outage, lambda: store.oldest_position("policy")) == p[0]
+    assert across_outage(outage, lambda: store.get_cursor("b", "policy")).position == p[0]
+    cursors = across_outage(outage, store.list_cursors)
+    assert [(c.destination, c.client_name, c.position) for c in cursors] == [("b", "policy", p[0])]
+    assert across_outage(outage, lambda: store.backlog("b", "policy")).entries == 1
+    assert across_outage(outage, store.log_streams) == ({("b", "policy"), ("c", "policy")}, p[1])

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from lr_client.errors import InvalidNameError, SchemaError
-from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from lr_client.store import create_engine, open_store
+from lr_client.store.contract import QueueStore, Sites
+from lr_client.store.lifecycle import SchemaState
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
 def test_the_schema_is_checked_and_created_idempotently(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: QueueStore,
 ) -> None:
     with pytest.raises(SchemaError, match="no schema; `lr init-db` creates"):
         bare_store.check_schema()  # an empty database
@@ -25,13 +29,13 @@ def test_the_schema_is_checked_and_created_idempotently(
 
 
 def test_a_site_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: Sites,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.register_sites(["b"]))
     refused_for_no_schema(bare_store, lambda: bare_store.site_numbers(refresh=True))
 
 
-def test_sites_get_distinct_stable_numbers(store: SQLAlchemyQueueStore) -> None:
+def test_sites_get_distinct_stable_numbers(store: Sites) -> None:
     assert store.site_numbers(refresh=True) == {}
     first = store.register_sites(["b", "c"])
     assert sorted(first) == ["b", "c"] and first["b"] != first["c"]
@@ -45,28 +49,26 @@ def test_sites_get_distinct_stable_numbers(store: SQLAlchemyQueueStore) -> None:
     assert store.site_name(unknown) == f"#{unknown}"
 
 
-def test_sites_registered_elsewhere_are_seen_on_refresh(
-    store: SQLAlchemyQueueStore, db_url: str
-) -> None:
+def test_sites_registered_elsewhere_are_seen_on_refresh(store: Sites, db_url: str) -> None:
     store.register_sites(["b"])
     other = open_store(create_engine(db_url))
     try:
         nums = other.register_sites(["c"])
     finally:
-        other.engine.dispose()
+        other.close()
     assert store.site_numbers(refresh=True) == nums
     assert store.site_name(nums["c"]) == "c"
 
 
 @pytest.mark.parametrize("bad", ["B", "", "-b", "b_c", "b" * 64, "b c"])
-def test_a_bad_site_name_registers_nothing(store: SQLAlchemyQueueStore, bad: str) -> None:
+def test_a_bad_site_name_registers_nothing(store: Sites, bad: str) -> None:
     store.register_sites(["a"])
     with pytest.raises(InvalidNameError):
         store.register_sites(["c", bad])
     assert sorted(store.site_numbers(refresh=True)) == ["a"]
 
 
-def test_analyze_changes_no_data(store: SQLAlchemyQueueStore) -> None:
+def test_analyze_changes_no_data(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
     store.analyze()
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p
@@ -74,12 +76,73 @@ def test_analyze_changes_no_data(store: SQLAlchemyQueueStore) -> None:
     store.check_schema()
 
 
-def test_dialect_names_the_backend(store: SQLAlchemyQueueStore, db_url: str) -> None:
+def test_dialect_names_the_backend(store: Sites, db_url: str) -> None:
     assert store.dialect == ("sqlite" if db_url.startswith("sqlite") else "postgresql")
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: Sites, outage: Outage) -> None:
     before = store.register_sites(["b"])
     assert across_outage(outage, lambda: store.register_sites(["b", "c"]))["b"] == before["b"]
     assert sorted(store.site_numbers(refresh=True)) == ["b", "c"]
     store.check_schema()
+
+
+def test_schema_status_says_where_the_schema_stands(bare_store: Sites) -> None:
+    empty = bare_store.schema_status()
+    assert (empty.state, empty.current) == (SchemaState.EMPTY, None)
+    assert empty.pending and empty.pending[-1] == empty.expected
+    assert bare_store.schema_status() == empty  # reading it changes nothing
+    assert bare_store.create_schema() == empty  # the status before
+    current = bare_store.schema_status()
+    assert (current.state, current.current, current.pending) == (
+        SchemaState.CURRENT,
+        empty.expected,
+        (),
+    )
+    assert current.expected == empty.expected
+    assert bare_store.create_schema() == current
+
+
+def test_close_gives_back_the_connections_and_a_later_call_reconnects(
+    store: QueueStore, connections: Callable[..., int]
+) -> None:
+    p = append(store, "policy", (b"1", ["b"]))
+    assert connections() >= 1
+    store.close()
+    assert connections(closing=True) == 0
+    store.close()  # closing again is harmless
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p
+    assert store.register_sites(["c"])["c"] != store.site_numbers()["b"]
+    store.check_schema()
+    assert connections() >= 1
+    store.close()
+    assert connections(closing=True) == 0
+
+
+def test_schema_status_on_a_lost_connection(store: Sites, outage: Outage) -> None:
+    assert across_outage(outage, store.schema_status).state is SchemaState.CURRENT
+    across_outage(outage, store.check_schema)
+    assert across_outage(outage, store.create_schema).state is SchemaState.CURRENT
+
+
+def test_every_site_method_on_an_empty_database_is_a_schema_error(bare_store: Sites) -> None:
+    refused_for_no_schema(bare_store, lambda: bare_store.site_name(1))
+    assert bare_store.schema_status().state is SchemaState.EMPTY
+    bare_store.close()  # nothing to give back but the connections
+
+
+def test_analyze_on_an_empty_database(bare_store: Sites) -> None:
+    if bare_store.dialect == "sqlite":  # no statistics to refresh: nothing is read
+        bare_store.analyze()
+        assert bare_store.schema_status().state is SchemaState.EMPTY
+    else:
+        refused_for_no_schema(bare_store, bare_store.analyze)
+
+
+def test_analyze_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]))
+    if store.dialect != "sqlite":  # SQLite: a no-op, it touches no connection
+        across_outage(outage, store.analyze)
+    unknown = store.site_numbers()["b"] + 1  # not cached: read from the database
+    assert across_outage(outage, lambda: store.site_name(unknown)) == f"#{unknown}"
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import pytest
+from sqlalchemy.engine import Connection
 
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.contract import QueueStore, Snapshots
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 OPEN = OPEN_SNAPSHOT_STATUSES
 
 
-def _status(store: SQLAlchemyQueueStore, sid: str) -> SnapshotStatus:
+def _status(store: Snapshots, sid: str) -> SnapshotStatus:
     req = store.get_snapshot(sid)
     assert req is not None
     return req.status
 
 
-def _request_later(store: SQLAlchemyQueueStore, after: str, destination: str, client: str) -> str:
+def _request_later(store: Snapshots, after: str, destination: str, client: str) -> str:
     """A request created strictly after ``after`` (the listing is newest first)."""
     req = store.get_snapshot(after)
     assert req is not None
@@ -30,12 +33,12 @@ def _request_later(store: SQLAlchemyQueueStore, after: str, destination: str, cl
     return store.request_snapshot(None, destination, client)
 
 
-def _write(store: SQLAlchemyQueueStore, sid: str, part: int, payloads: list[bytes]) -> int:
-    with store.engine.begin() as conn:
+def _write(store: Snapshots, sid: str, part: int, payloads: list[bytes]) -> int:
+    with store.write() as conn:
         return store.write_snapshot_entries(conn, sid, part, payloads)
 
 
-def test_a_request_is_recorded(store: SQLAlchemyQueueStore) -> None:
+def test_a_request_is_recorded(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy", "new destination")
     req = store.get_snapshot(sid)
     assert req is not None
@@ -49,34 +52,31 @@ def test_a_request_is_recorded(store: SQLAlchemyQueueStore) -> None:
 
 
 def test_a_request_in_the_callers_transaction_commits_with_it(
-    store: SQLAlchemyQueueStore,
+    store: Snapshots, app_transaction: Callable[[], AbstractContextManager[Connection]]
 ) -> None:
-    with store.engine.connect() as conn:
-        tx = conn.begin()
+    with pytest.raises(RuntimeError), app_transaction() as conn:
         gone = store.request_snapshot(conn, "b", "policy")
-        tx.rollback()
+        raise RuntimeError("the application failed")
     assert store.get_snapshot(gone) is None
-    with store.engine.begin() as conn:
+    with app_transaction() as conn:
         kept = store.request_snapshot(conn, "b", "policy")
     assert [r.snapshot_id for r in store.list_snapshots()] == [kept]
 
 
 @pytest.mark.parametrize(("destination", "client"), [("B", "policy"), ("b", "bad name"), ("", "p")])
-def test_a_bad_name_requests_nothing(
-    store: SQLAlchemyQueueStore, destination: str, client: str
-) -> None:
+def test_a_bad_name_requests_nothing(store: Snapshots, destination: str, client: str) -> None:
     with pytest.raises(InvalidNameError):
         store.request_snapshot(None, destination, client)
     assert store.list_snapshots() == []
 
 
-def test_snapshot_lifecycle_is_idempotent(store: SQLAlchemyQueueStore) -> None:
+def test_snapshot_lifecycle_is_idempotent(store: QueueStore) -> None:
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
     req = store.start_snapshot(sid)
     assert req is not None and req.status is SnapshotStatus.RUNNING
     assert store.start_snapshot(sid) is None
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
         store.write_snapshot_entries(conn, sid, 1, [b"c"])
     _write(store, sid, 0, [b"a", b"b"])  # a retried part replaces itself
@@ -94,7 +94,7 @@ def test_snapshot_lifecycle_is_idempotent(store: SQLAlchemyQueueStore) -> None:
     assert (ready.entry_count, ready.rows_written) == (3, 3)
 
 
-def test_start_fixes_the_base_at_the_head(store: SQLAlchemyQueueStore) -> None:
+def test_start_fixes_the_base_at_the_head(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["c"]))
     sid = store.request_snapshot(None, "b", "policy")
     req = store.start_snapshot(sid)
@@ -105,12 +105,12 @@ def test_start_fixes_the_base_at_the_head(store: SQLAlchemyQueueStore) -> None:
 
 
 def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
-    store: SQLAlchemyQueueStore,
+    store: Snapshots,
 ) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
     _write(store, sid, 0, [b"a", b"b", b"c"])
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         assert store.write_snapshot_entries(conn, sid, 0, [b"B", b"C", b"D"], first_seq=1) == 3
     store.finish_snapshot(sid)
     assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [
@@ -122,7 +122,7 @@ def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
     ]
 
 
-def test_only_a_running_snapshot_takes_entries(store: SQLAlchemyQueueStore) -> None:
+def test_only_a_running_snapshot_takes_entries(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     with pytest.raises(SnapshotError):
         _write(store, sid, 0, [b"a"])  # REQUESTED
@@ -138,7 +138,7 @@ def test_only_a_running_snapshot_takes_entries(store: SQLAlchemyQueueStore) -> N
     assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [b"a", b"1"]
 
 
-def test_new_request_cancels_the_open_one(store: SQLAlchemyQueueStore) -> None:
+def test_new_request_cancels_the_open_one(store: Snapshots) -> None:
     first = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(first)
     _write(store, first, 0, [b"a"])
@@ -154,7 +154,7 @@ def test_new_request_cancels_the_open_one(store: SQLAlchemyQueueStore) -> None:
     assert {r.snapshot_id for r in store.list_snapshots(statuses=OPEN)} == {second, other}
 
 
-def test_list_and_open_snapshots(store: SQLAlchemyQueueStore) -> None:
+def test_list_and_open_snapshots(store: Snapshots) -> None:
     a = store.request_snapshot(None, "b", "policy")
     b = _request_later(store, a, "b", "other")
     c = _request_later(store, b, "c", "policy")
@@ -170,7 +170,7 @@ def test_list_and_open_snapshots(store: SQLAlchemyQueueStore) -> None:
     assert store.open_snapshots("d", ["policy"]) == {}
 
 
-def test_update_snapshot_only_from_expected_statuses(store: SQLAlchemyQueueStore) -> None:
+def test_update_snapshot_only_from_expected_statuses(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     assert not store.update_snapshot(sid, expect=[SnapshotStatus.RUNNING], shipped_position=5)
     req = store.get_snapshot(sid)
@@ -184,7 +184,7 @@ def test_update_snapshot_only_from_expected_statuses(store: SQLAlchemyQueueStore
     assert req is not None and req.reason == "any status"
 
 
-def test_progress_is_recorded_while_running(store: SQLAlchemyQueueStore) -> None:
+def test_progress_is_recorded_while_running(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     store.set_snapshot_progress(sid, 10)  # not running yet: ignored
     req = store.get_snapshot(sid)
@@ -195,7 +195,7 @@ def test_progress_is_recorded_while_running(store: SQLAlchemyQueueStore) -> None
     assert req is not None and req.rows_written == 10
 
 
-def test_cancel_and_complete_release_the_entries(store: SQLAlchemyQueueStore) -> None:
+def test_cancel_and_complete_release_the_entries(store: Snapshots) -> None:
     done = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(done)
     _write(store, done, 0, [b"a", b"b"])
@@ -218,7 +218,7 @@ def test_cancel_and_complete_release_the_entries(store: SQLAlchemyQueueStore) ->
     assert not store.cancel_snapshot(gone)
 
 
-def test_heartbeat_keeps_a_running_snapshot_alive(store: SQLAlchemyQueueStore) -> None:
+def test_heartbeat_keeps_a_running_snapshot_alive(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     assert not store.heartbeat_snapshot(sid)  # REQUESTED: no worker to hear from
     store.start_snapshot(sid)
@@ -232,7 +232,7 @@ def test_heartbeat_keeps_a_running_snapshot_alive(store: SQLAlchemyQueueStore) -
     assert _status(store, sid) is SnapshotStatus.RUNNING
 
 
-def test_a_silent_running_snapshot_is_failed_and_released(store: SQLAlchemyQueueStore) -> None:
+def test_a_silent_running_snapshot_is_failed_and_released(store: QueueStore) -> None:
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
@@ -252,13 +252,13 @@ def test_a_silent_running_snapshot_is_failed_and_released(store: SQLAlchemyQueue
     assert _status(store, other) is SnapshotStatus.REQUESTED
 
 
-def test_snapshot_reads_continue_and_resume_in_order(store: SQLAlchemyQueueStore) -> None:
+def test_snapshot_reads_continue_and_resume_in_order(store: QueueStore) -> None:
     """Reading on from the last read, or resuming anywhere, gives the same ordinals."""
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
     parts = {0: 7, 1: 5, 3: 9}  # part -> entries; parts need not be contiguous
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         for part, n in parts.items():
             store.write_snapshot_entries(conn, sid, part, [b"%d-%d" % (part, i) for i in range(n)])
     assert store.finish_snapshot(sid) == 21
@@ -286,15 +286,204 @@ def test_snapshot_reads_continue_and_resume_in_order(store: SQLAlchemyQueueStore
 
 
 def test_a_snapshot_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.request_snapshot(None, "b", "policy"))
     refused_for_no_schema(bare_store, lambda: bare_store.list_snapshots())
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: Snapshots, outage: Outage) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     started = across_outage(outage, lambda: store.start_snapshot(sid))
     assert _status(store, sid) is SnapshotStatus.RUNNING  # started once, by either call
     assert started is None or started.snapshot_id == sid
     assert [r.snapshot_id for r in across_outage(outage, store.list_snapshots)] == [sid]
+
+
+def _payloads(store: Snapshots, sid: str) -> list[bytes]:
+    """What a READY snapshot ships, end marker aside."""
+    return [e.payload for e in store.read_snapshot_entries(sid, 0, 100)[:-1]]
+
+
+def _running(store: Snapshots) -> str:
+    sid = store.request_snapshot(None, "b", "policy")
+    assert store.start_snapshot(sid) is not None
+    return sid
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
+def test_write_snapshot_part_writes_a_whole_part_in_chunks(store: Snapshots, bulk: bool) -> None:
+    sid = _running(store)
+    produced = (b"p%d" % i for i in range(5))  # produced while it is written
+    assert store.write_snapshot_part(sid, 1, produced, 2, bulk=bulk) == 5
+    assert store.write_snapshot_part(sid, 0, [b"a", b"b", b"c", b"d"], 2, bulk=bulk) == 4
+    assert store.write_snapshot_part(sid, 2, [], 2, bulk=bulk) == 0
+    assert store.count_snapshot_entries(sid) == 9
+    assert store.finish_snapshot(sid) == 9
+    assert _payloads(store, sid) == [b"a", b"b", b"c", b"d", b"p0", b"p1", b"p2", b"p3", b"p4"]
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
+def test_a_rewritten_part_leaves_one_entry_per_payload(store: Snapshots, bulk: bool) -> None:
+    sid = _running(store)
+    assert store.write_snapshot_part(sid, 0, [b"old%d" % i for i in range(7)], 3, bulk=bulk) == 7
+    store.write_snapshot_part(sid, 1, [b"x"], 3, bulk=bulk)
+    assert store.write_snapshot_part(sid, 0, [b"a", b"b", b"c", b"d"], 3, bulk=bulk) == 4
+    assert store.count_snapshot_entries(sid) == 5
+    store.finish_snapshot(sid)
+    assert _payloads(store, sid) == [b"a", b"b", b"c", b"d", b"x"]
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
+def test_write_snapshot_part_needs_a_running_snapshot(store: Snapshots, bulk: bool) -> None:
+    with pytest.raises(SnapshotError):
+        store.write_snapshot_part("no-such-snapshot", 0, [b"a"], 2, bulk=bulk)
+    sid = store.request_snapshot(None, "b", "policy")
+    with pytest.raises(SnapshotError):  # requested, not running
+        store.write_snapshot_part(sid, 0, [b"a"], 2, bulk=bulk)
+    store.start_snapshot(sid)
+    store.write_snapshot_part(sid, 0, [b"a"], 2, bulk=bulk)
+    store.cancel_snapshot(sid)
+    with pytest.raises(SnapshotError):
+        store.write_snapshot_part(sid, 0, [b"b"], 2, bulk=bulk)
+    assert store.count_snapshot_entries(sid) == 0
+
+
+def test_snapshot_rows_committed_counts_the_first_parts(store: Snapshots) -> None:
+    sid = _running(store)
+    store.write_snapshot_part(sid, 0, [b"a", b"b", b"c"], 2)
+    store.write_snapshot_part(sid, 2, [b"d", b"e"], 2)
+    assert [store.snapshot_rows_committed(sid, n) for n in range(5)] == [0, 3, 3, 5, 5]
+    assert store.snapshot_rows_committed(sid, -1) == 0
+    assert store.snapshot_rows_committed("no-such-snapshot", 3) == 0
+    other = store.request_snapshot(None, "c", "policy")  # another stream's snapshot
+    store.start_snapshot(other)
+    store.write_snapshot_part(other, 0, [b"z"], 2)
+    assert store.snapshot_rows_committed(sid, 3) == 5
+    assert store.snapshot_rows_committed(other, 3) == 1
+
+
+def test_drop_unwritten_parts_empties_the_parts_a_run_did_not_write(store: Snapshots) -> None:
+    sid = _running(store)
+    for part in range(5):  # an earlier run, with five partitions
+        store.write_snapshot_part(sid, part, [b"old%d" % part], 2)
+    store.write_snapshot_part(sid, 0, [b"a", b"b"], 2)  # this run: parts 0 and 2
+    store.write_snapshot_part(sid, 2, [b"c"], 2)
+    store.drop_unwritten_parts(sid, {0: 2, 2: 1})
+    assert store.count_snapshot_entries(sid) == 3
+    store.drop_unwritten_parts(sid, {0: 2, 2: 1})  # idempotent
+    store.finish_snapshot(sid)
+    assert _payloads(store, sid) == [b"a", b"b", b"c"]
+
+
+def test_drop_unwritten_parts_of_an_empty_run_empties_the_snapshot(store: Snapshots) -> None:
+    sid = _running(store)
+    store.write_snapshot_part(sid, 0, [b"a"], 2)
+    store.write_snapshot_part(sid, 3, [b"b"], 2)
+    store.drop_unwritten_parts(sid, {})
+    assert store.count_snapshot_entries(sid) == 0
+
+
+def test_drop_unwritten_parts_needs_a_running_snapshot(store: Snapshots) -> None:
+    with pytest.raises(SnapshotError):
+        store.drop_unwritten_parts("no-such-snapshot", {0: 1})
+    sid = _running(store)
+    store.write_snapshot_part(sid, 0, [b"a"], 2)
+    store.write_snapshot_part(sid, 1, [b"b"], 2)
+    store.finish_snapshot(sid)
+    with pytest.raises(SnapshotError):  # READY: its entries no longer change
+        store.drop_unwritten_parts(sid, {0: 1})
+    assert _payloads(store, sid) == [b"a", b"b"]
+
+
+def test_the_part_writes_on_an_empty_database_are_schema_errors(bare_store: QueueStore) -> None:
+    refused_for_no_schema(bare_store, lambda: bare_store.write_snapshot_part("s", 0, [b"a"], 2))
+    refused_for_no_schema(bare_store, lambda: bare_store.snapshot_rows_committed("s", 2))
+    refused_for_no_schema(bare_store, lambda: bare_store.drop_unwritten_parts("s", {0: 1}))
+
+
+def test_the_part_writes_survive_a_lost_connection(store: Snapshots, outage: Outage) -> None:
+    sid = _running(store)
+    assert across_outage(outage, lambda: store.write_snapshot_part(sid, 0, [b"a", b"b"], 1)) == 2
+    assert across_outage(outage, lambda: store.write_snapshot_part(sid, 1, [b"c"], 1)) == 1
+    assert across_outage(outage, lambda: store.snapshot_rows_committed(sid, 2)) == 3
+    across_outage(outage, lambda: store.drop_unwritten_parts(sid, {0: 2}))
+    assert store.count_snapshot_entries(sid) == 2
+    store.finish_snapshot(sid)
+    assert _payloads(store, sid) == [b"a", b"b"]
+
+
+def test_an_unknown_snapshot_changes_nothing(store: QueueStore) -> None:
+    sid = _running(store)
+    _write(store, sid, 0, [b"a"])
+    before = store.list_snapshots()
+    nope = "no-such-snapshot"
+    assert store.start_snapshot(nope) is None
+    assert not store.heartbeat_snapshot(nope)
+    assert not store.fail_stalled_snapshot(nope, time.time() + 60, "stalled")
+    store.set_snapshot_progress(nope, 5)
+    assert not store.cancel_snapshot(nope)
+    assert not store.complete_snapshot(nope)
+    with pytest.raises(SnapshotError):
+        store.finish_snapshot(nope)
+    assert store.count_snapshot_entries(nope) == 0
+    assert store.read_snapshot_entries(nope, 0, 10) == []
+    assert store.open_snapshots("b", ["nobody"]) == {}
+    assert store.list_snapshots(destination="nobody") == []
+    assert store.get_snapshot(nope) is None
+    assert store.list_snapshots() == before
+    assert store.count_snapshot_entries(sid) == 1
+
+
+def test_every_snapshot_method_on_an_empty_database_is_a_schema_error(
+    bare_store: QueueStore,
+) -> None:
+    def in_transaction(call: Callable[[Connection], object]) -> Callable[[], object]:
+        def run() -> object:
+            with bare_store.write() as conn:
+                return call(conn)
+
+        return run
+
+    running = [SnapshotStatus.RUNNING]
+    calls: list[Callable[[], object]] = [
+        lambda: bare_store.get_snapshot("s"),
+        lambda: bare_store.open_snapshots("b", ["policy"]),
+        lambda: bare_store.update_snapshot("s", expect=running, reason="x"),
+        lambda: bare_store.start_snapshot("s"),
+        lambda: bare_store.heartbeat_snapshot("s"),
+        lambda: bare_store.fail_stalled_snapshot("s", time.time(), "stalled"),
+        in_transaction(lambda c: bare_store.write_snapshot_entries(c, "s", 0, [b"a"])),
+        lambda: bare_store.count_snapshot_entries("s"),
+        lambda: bare_store.set_snapshot_progress("s", 1),
+        lambda: bare_store.finish_snapshot("s"),
+        lambda: bare_store.cancel_snapshot("s"),
+        lambda: bare_store.complete_snapshot("s"),
+        lambda: bare_store.read_snapshot_entries("s", 0, 10),
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, call)
+
+
+def test_the_lifecycle_survives_a_lost_connection(store: Snapshots, outage: Outage) -> None:
+    sid = _running(store)
+    assert across_outage(outage, lambda: store.heartbeat_snapshot(sid))
+    across_outage(outage, lambda: store.set_snapshot_progress(sid, 1))
+
+    def write() -> int:
+        with store.write() as conn:
+            return store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
+
+    assert across_outage(outage, write) == 2
+    assert across_outage(outage, lambda: store.count_snapshot_entries(sid)) == 2
+    assert across_outage(outage, lambda: store.finish_snapshot(sid)) == 2
+    got = across_outage(outage, lambda: store.read_snapshot_entries(sid, 0, 10))
+    assert [e.payload for e in got] == [b"a", b"b", b"2"]
+    open_now = across_outage(outage, lambda: store.open_snapshots("b", ["policy", "other"]))
+    assert {c: r.snapshot_id for c, r in open_now.items()} == {"policy": sid}
+    across_outage(outage, lambda: store.complete_snapshot(sid))
+    done = store.get_snapshot(sid)
+    assert done is not None and done.status is SnapshotStatus.COMPLETED
+    other = across_outage(outage, lambda: store.request_snapshot(None, "c", "policy"))
+    assert across_outage(outage, lambda: store.cancel_snapshot(other)) in (True, False)
+    assert _status(store, other) is SnapshotStatus.CANCELLED

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-from lr_client.records import ReplicationType
-from lr_client.store import SQLAlchemyQueueStore
-from tests.contract.calls import across_outage, log, refused_for_no_schema
+from collections.abc import Callable
+
+from sqlalchemy.engine import Connection
+
+from lr_client.records import ReplicationType, SubscriberState, WireEntry
+from lr_client.store.contract import QueueStore, SubscriberQueues
+from tests.contract.calls import across_outage, log, refused_for_no_schema, rolled_back
 from tests.contract.outage import Outage
 
 
-def _queue_id(store: SQLAlchemyQueueStore, client: str) -> int:
+def _queue_id(store: SubscriberQueues, client: str) -> int:
     (queue,) = store.list_queues(client)
     return queue.queue_id
 
 
-def _positions(store: SQLAlchemyQueueStore, queue_id: int) -> list[int]:
-    with store.engine.begin() as conn:
+def _positions(store: SubscriberQueues, queue_id: int) -> list[int]:
+    with store.write() as conn:
         return [e.source_position for e in store.read_queue(conn, queue_id, 100)]
 
 
-def test_queues_are_listed_in_registration_order(store: SQLAlchemyQueueStore) -> None:
+def test_queues_are_listed_in_registration_order(store: QueueStore) -> None:
     assert store.list_queues() == []
     store.apply_log_batch("b", "policy", log(1))
     store.apply_log_batch("a", "policy", log(1))
@@ -31,11 +35,11 @@ def test_queues_are_listed_in_registration_order(store: SQLAlchemyQueueStore) ->
     assert store.list_queues("nobody") == []
 
 
-def test_read_queue_gives_the_oldest_entries_of_one_queue(store: SQLAlchemyQueueStore) -> None:
+def test_read_queue_gives_the_oldest_entries_of_one_queue(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(2, 4, 6, 8))
     store.apply_log_batch("b", "policy", log(1))
     qid = [q.queue_id for q in store.list_queues("policy")]
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         first = store.read_queue(conn, qid[0], 3)
         other = store.read_queue(conn, qid[1], 10)
     assert [e.source_position for e in first] == [2, 4, 6]
@@ -49,16 +53,14 @@ def test_read_queue_gives_the_oldest_entries_of_one_queue(store: SQLAlchemyQueue
     assert [(e.source_id, e.source_position) for e in other] == [("b", 1)]
 
 
-def test_delete_entries_commits_with_the_delivery(store: SQLAlchemyQueueStore) -> None:
+def test_delete_entries_commits_with_the_delivery(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3, 4, 5))
     qid = _queue_id(store, "policy")
-    with store.engine.connect() as conn:
-        tx = conn.begin()
+    with rolled_back(store) as conn:
         seqs = [e.seq for e in store.read_queue(conn, qid, 2)]
         assert store.delete_entries(conn, seqs) == 2
-        tx.rollback()
     assert _positions(store, qid) == [1, 2, 3, 4, 5]
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         got = store.read_queue(conn, qid, 5)
         assert store.delete_entries(conn, [got[0].seq, got[1].seq]) == 2  # a range
         assert store.delete_entries(conn, [got[2].seq, got[4].seq]) == 2  # with a hole
@@ -66,12 +68,12 @@ def test_delete_entries_commits_with_the_delivery(store: SQLAlchemyQueueStore) -
     assert _positions(store, qid) == [4]
 
 
-def test_queue_depth_follows_appends_and_deletes(store: SQLAlchemyQueueStore) -> None:
+def test_queue_depth_follows_appends_and_deletes(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3))
     store.apply_log_batch("b", "policy", log(1))
     qid = store.list_queues("policy")[0].queue_id  # source a, registered first
     assert store.queue_depth(qid) == 3
-    with store.engine.begin() as conn:
+    with store.write() as conn:
         store.delete_entries(conn, [store.read_queue(conn, qid, 1)[0].seq])
     assert store.queue_depth(qid) == 2
     assert _positions(store, qid) == [2, 3]
@@ -79,14 +81,224 @@ def test_queue_depth_follows_appends_and_deletes(store: SQLAlchemyQueueStore) ->
 
 
 def test_a_queue_method_on_an_empty_database_is_a_schema_error(
-    bare_store: SQLAlchemyQueueStore,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, bare_store.list_queues)
     refused_for_no_schema(bare_store, lambda: bare_store.queue_depth(1))
 
 
-def test_a_lost_connection_is_transient(store: SQLAlchemyQueueStore, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     store.apply_log_batch("a", "policy", log(1, 2))
     got = across_outage(outage, store.list_queues)
     assert [(q.source_id, q.client_name) for q in got] == [("a", "policy")]
     assert across_outage(outage, lambda: store.queue_depth(got[0].queue_id)) == 2
+
+
+def _lease(store: SubscriberQueues, qid: int, owner: str, now: float) -> float | None:
+    with store.write() as conn:
+        return store.acquire_lease(conn, qid, owner, now, 30.0)
+
+
+def _state(store: SubscriberQueues, qid: int) -> SubscriberState:
+    with store.read() as conn:
+        return store.load_state(conn, qid)
+
+
+def _save(store: SubscriberQueues, qid: int, owner: str, delivered: int) -> bool:
+    with store.write() as conn:
+        return store.save_state(
+            conn,
+            qid,
+            owner,
+            snapshot_id="s1",
+            in_snapshot=True,
+            delivered=delivered,
+            lease_expires=1000.0,
+        )
+
+
+def test_a_queue_without_state_has_the_defaults(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(1))
+    qid = _queue_id(store, "policy")
+    assert _state(store, qid) == SubscriberState(qid)
+    assert _state(store, qid + 1000) == SubscriberState(qid + 1000)
+    assert not _save(store, qid, "s1", 5)  # no lease, no state
+    assert _state(store, qid) == SubscriberState(qid)
+
+
+def test_one_owner_holds_a_lease_until_it_expires(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(1))
+    qid = _queue_id(store, "policy")
+    assert _lease(store, qid, "s1", 100.0) == 130.0
+    assert _state(store, qid) == SubscriberState(qid, lease_owner="s1", lease_expires=130.0)
+    assert _lease(store, qid, "s2", 110.0) is None  # a live lease of another
+    assert _lease(store, qid, "s1", 120.0) == 150.0  # renewed by its owner
+    assert _lease(store, qid, "s2", 149.0) is None
+    assert _lease(store, qid, "s2", 151.0) == 181.0  # an expired one is taken over
+    assert _state(store, qid).lease_owner == "s2"
+    assert _lease(store, qid, "s1", 160.0) is None
+
+
+def test_a_stale_owner_cannot_save_its_state(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(1))
+    qid = _queue_id(store, "policy")
+    _lease(store, qid, "s1", 100.0)
+    assert _save(store, qid, "s1", 3)
+    assert _state(store, qid) == SubscriberState(qid, "s1", True, 3, "s1", 1000.0)
+    with store.write() as conn:  # the lease expires and s2 takes it
+        taken = store.acquire_lease(conn, qid, "s2", 2000.0, 30.0)
+    assert taken == 2030.0
+    assert not _save(store, qid, "s1", 9)  # fenced: s1 must roll back
+    assert _state(store, qid) == SubscriberState(qid, "s1", True, 3, "s2", 2030.0)
+    assert _save(store, qid, "s2", 4)
+    assert _state(store, qid) == SubscriberState(qid, "s1", True, 4, "s2", 1000.0)
+
+
+def test_a_save_commits_or_rolls_back_with_the_delivery(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(1, 2))
+    qid = _queue_id(store, "policy")
+    _lease(store, qid, "s1", 100.0)
+    with rolled_back(store) as conn:
+        store.delete_entries(conn, [e.seq for e in store.read_head(conn, qid, 10)])
+        assert store.save_state(
+            conn, qid, "s1", snapshot_id="", in_snapshot=False, delivered=2, lease_expires=150.0
+        )
+    assert _state(store, qid) == SubscriberState(qid, lease_owner="s1", lease_expires=130.0)
+    assert _positions(store, qid) == [1, 2]
+
+
+def test_release_leases_gives_up_an_owners_leases(store: QueueStore) -> None:
+    for source in ("a", "b", "c"):
+        store.apply_log_batch(source, "policy", log(1))
+    qa, qb, qc = (q.queue_id for q in store.list_queues("policy"))
+    for qid in (qa, qb):
+        _lease(store, qid, "s1", 100.0)
+    _lease(store, qc, "s2", 100.0)
+    with store.write() as conn:
+        assert store.release_leases(conn, "s1", [qa, qc]) == 1  # qc is not s1's
+    assert [_state(store, q).lease_owner for q in (qa, qb, qc)] == ["", "s1", "s2"]
+    assert _lease(store, qa, "s2", 101.0) == 131.0  # released: free at once
+    with store.write() as conn:
+        assert store.release_leases(conn, "s1") == 1
+        assert store.release_leases(conn, "s1") == 0
+        assert store.release_leases(conn, "nobody", []) == 0
+    assert [_state(store, q).lease_owner for q in (qa, qb, qc)] == ["s2", "", "s2"]
+    assert _state(store, qb).lease_expires == 0.0
+    with rolled_back(store) as conn:
+        assert store.release_leases(conn, "s2") == 2
+    assert [_state(store, q).lease_owner for q in (qa, qb, qc)] == ["s2", "", "s2"]
+
+
+def test_read_head_is_bounded_by_count_and_bytes(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(10, 11, 12, 13))
+    store.apply_log_batch("b", "policy", log(1))
+    qa, qb = (q.queue_id for q in store.list_queues("policy"))
+    with store.read() as conn:
+        head = store.read_head(conn, qa, 3)
+        assert [(e.source_position, e.payload, e.type) for e in head] == [
+            (10, b"10", ReplicationType.LOG_ENTRY_SYNC),
+            (11, b"11", ReplicationType.LOG_ENTRY_SYNC),
+            (12, b"12", ReplicationType.LOG_ENTRY_SYNC),
+        ]
+        assert [e.seq for e in head] == sorted(e.seq for e in head)
+        assert [e.source_position for e in store.read_head(conn, qb, 10)] == [1]
+        # Past the first entry, no more than max_bytes: the first always comes.
+        assert [e.source_position for e in store.read_head(conn, qa, 10, max_bytes=1)] == [10]
+        whole = store.read_head(conn, qa, 10, max_bytes=10**6)
+        assert [e.source_position for e in whole] == [10, 11, 12, 13]
+        assert store.read_head(conn, qa + 1000, 10) == []
+
+
+def test_peek_head_and_has_entries_probe_the_oldest_entry(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(7, 8))
+    qid = _queue_id(store, "policy")
+    with store.read() as conn:
+        head = store.peek_head(conn, qid)
+        assert head is not None
+        assert (head.source_position, head.type, head.payload) == (
+            7,
+            ReplicationType.LOG_ENTRY_SYNC,
+            b"",  # without its payload
+        )
+        assert head.seq == store.read_head(conn, qid, 1)[0].seq
+        assert store.has_entries(conn, qid)
+        assert store.peek_head(conn, qid + 1000) is None
+        assert not store.has_entries(conn, qid + 1000)
+    with store.write() as conn:
+        store.delete_entries(conn, [e.seq for e in store.read_head(conn, qid, 10)])
+        assert store.peek_head(conn, qid) is None
+        assert not store.has_entries(conn, qid)
+
+
+def test_has_snapshot_end_finds_the_end_marker_of_one_snapshot(store: QueueStore) -> None:
+    snap = ReplicationType.SNAPSHOT_SYNC
+    store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, snap, b"x", "s1")])
+    qid = _queue_id(store, "policy")
+    with store.read() as conn:
+        assert not store.has_snapshot_end(conn, qid, "s1")
+        head = store.peek_head(conn, qid)
+        assert head is not None and (head.type, head.snapshot_id) == (snap, "s1")
+    end = WireEntry(2, ReplicationType.LAST_FULL_SYNC_ENTRY, b"1", "s1", 1, base_position=5)
+    store.apply_snapshot_batch("a", "policy", "s1", [end])
+    with store.read() as conn:
+        assert store.has_snapshot_end(conn, qid, "s1")
+        assert not store.has_snapshot_end(conn, qid, "s2")
+        assert not store.has_snapshot_end(conn, qid + 1000, "s1")
+        assert [(e.type, e.snapshot_id) for e in store.read_head(conn, qid, 10)] == [
+            (snap, "s1"),
+            (ReplicationType.LAST_FULL_SYNC_ENTRY, "s1"),
+        ]
+
+
+def test_the_delivery_methods_on_an_empty_database_are_schema_errors(
+    bare_store: QueueStore,
+) -> None:
+    def in_transaction(call: Callable[[Connection], object]) -> Callable[[], object]:
+        def run() -> object:
+            with bare_store.write() as conn:
+                return call(conn)
+
+        return run
+
+    calls: list[Callable[[Connection], object]] = [
+        lambda c: bare_store.load_state(c, 1),
+        lambda c: bare_store.acquire_lease(c, 1, "s1", 100.0, 30.0),
+        lambda c: bare_store.save_state(
+            c, 1, "s1", snapshot_id="", in_snapshot=False, delivered=0, lease_expires=1.0
+        ),
+        lambda c: bare_store.release_leases(c, "s1"),
+        lambda c: bare_store.read_head(c, 1, 10),
+        lambda c: bare_store.peek_head(c, 1),
+        lambda c: bare_store.has_snapshot_end(c, 1, "s1"),
+        lambda c: bare_store.has_entries(c, 1),
+        lambda c: bare_store.read_queue(c, 1, 10),
+        lambda c: bare_store.delete_entries(c, [1]),
+    ]
+    for call in calls:
+        refused_for_no_schema(bare_store, in_transaction(call))
+
+
+def test_delivery_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    store.apply_log_batch("a", "policy", log(1, 2))
+    qid = _queue_id(store, "policy")
+    assert across_outage(outage, lambda: _lease(store, qid, "s1", 100.0)) == 130.0
+    assert across_outage(outage, lambda: _save(store, qid, "s1", 1))
+
+    def head() -> list[int]:
+        with store.read() as conn:
+            assert store.has_entries(conn, qid) and not store.has_snapshot_end(conn, qid, "s1")
+            peeked = store.peek_head(conn, qid)
+            assert peeked is not None
+            return [peeked.source_position] + [
+                e.source_position for e in store.read_head(conn, qid, 10)
+            ]
+
+    assert across_outage(outage, head) == [1, 1, 2]
+    assert across_outage(outage, lambda: _state(store, qid)).delivered == 1
+
+    def release() -> int:
+        with store.write() as conn:
+            return store.release_leases(conn, "s1")
+
+    assert across_outage(outage, release) in (0, 1)  # 0: an earlier attempt committed
+    assert _state(store, qid).lease_owner == ""
