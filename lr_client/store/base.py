@@ -9,6 +9,7 @@ the abstract hooks.
 from __future__ import annotations
 
 import abc
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from lr_client.errors import LRError, SchemaError, StoreUnavailableError
 from lr_client.store import schema as s
@@ -25,26 +26,41 @@ from lr_client.store import schema as s
 MISSING_SCHEMA_STATES = frozenset({"42P01", "3F000", "42703"})
 
 
-def map_error(exc: DBAPIError) -> LRError | None:
-    """The store's error for a driver error raised in a store transaction (None: not ours).
+def map_error(exc: Exception) -> LRError | None:
+    """The store's error for a database error (None: not ours, re-raise it as it is).
 
-    A table, schema or column that does not exist is a :class:`SchemaError`
+    ``exc`` is SQLAlchemy's wrapper or a raw ``sqlite3`` error (the SQLite
+    backend writes some rows through the driver's own cursor). A table,
+    schema or column that does not exist is a :class:`SchemaError`
     (permanent: ``lr init-db`` must run); any other operational error is a
     :class:`StoreUnavailableError` (transient: the database may come back).
     """
-    detail = str(exc.orig) if exc.orig else str(exc)
-    state = getattr(exc.orig, "sqlstate", None)
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    detail = str(orig) if orig else str(exc)
+    state = getattr(orig, "sqlstate", None)
+    operational = isinstance(exc, (OperationalError, sqlite3.OperationalError))
     if state in MISSING_SCHEMA_STATES or (
-        isinstance(exc, OperationalError)
-        and ("no such table" in detail or "no such column" in detail)
+        operational and ("no such table" in detail or "no such column" in detail)
     ):
         first = detail.splitlines()[0] if detail else ""
         return SchemaError(
             f"no schema, or an older one ({first}); `lr init-db` creates or upgrades it"
         )
-    if isinstance(exc, OperationalError):
+    if operational:
         return StoreUnavailableError(detail)
     return None
+
+
+@contextmanager
+def mapped_errors() -> Iterator[None]:
+    """Raise the store's error (:func:`map_error`) for a database error in the block."""
+    try:
+        yield
+    except (DBAPIError, sqlite3.Error) as exc:
+        mapped = map_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
 
 
 class StoreBase(abc.ABC):
@@ -68,30 +84,18 @@ class StoreBase(abc.ABC):
     @contextmanager
     def write(self, consistent: bool = False) -> Iterator[Connection]:
         """A read-write transaction of the store's own."""
-        try:
-            with self.engine.connect() as conn:
-                conn = conn.execution_options(lr_immediate=True)
-                if consistent and self.consistent_isolation:
-                    conn = conn.execution_options(isolation_level=self.consistent_isolation)
-                with conn.begin():
-                    yield conn
-        except (OperationalError, ProgrammingError) as exc:
-            mapped = map_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
+        with mapped_errors(), self.engine.connect() as conn:
+            conn = conn.execution_options(lr_immediate=True)
+            if consistent and self.consistent_isolation:
+                conn = conn.execution_options(isolation_level=self.consistent_isolation)
+            with conn.begin():
+                yield conn
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only transaction."""
-        try:
-            with self.engine.connect() as conn, conn.begin():
-                yield conn
-        except (OperationalError, ProgrammingError) as exc:
-            mapped = map_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
+        with mapped_errors(), self.engine.connect() as conn, conn.begin():
+            yield conn
 
     # -- the site cache -----------------------------------------------------------
     def site_numbers(self, refresh: bool = False) -> dict[str, int]:

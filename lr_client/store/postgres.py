@@ -34,6 +34,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import schema as s
+from lr_client.store.base import mapped_errors
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
 #: High half of the advisory lock key serialising transmit commits ("LRQ1"); the
@@ -161,7 +162,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     def analyze(self) -> None:
         # The per-destination read plans badly on a freshly filled queue that
         # autovacuum has not analysed yet; the server calls this periodically.
-        with self.engine.connect() as conn:
+        with mapped_errors(), self.engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
                 "ANALYZE lrq_send_log_entries"
             )

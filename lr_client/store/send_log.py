@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import StoreBase, mapped_errors
 
 
 class SendLogStore(StoreBase):
@@ -19,7 +19,8 @@ class SendLogStore(StoreBase):
     ) -> list[int]:
         if not messages:
             return []
-        return self._insert_entries(conn, client_name, messages)
+        with mapped_errors():  # the application's transaction: map, never retry
+            return self._insert_entries(conn, client_name, messages)
 
     def flow_state(self, client_name: str) -> tuple[bool, list[str]]:
         """(backpressure on, slow destinations) for a client."""
