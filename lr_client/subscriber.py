@@ -28,20 +28,18 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from lr_client.delivery import Plan, PlanKind, plan_delivery
 from lr_client.errors import (
     InvalidInputError,
     ListenerError,
-    ProtocolError,
     StoreUnavailableError,
 )
-from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
+from lr_client.listener import RoutingQueueListener
 from lr_client.names import validate_name
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 from lr_client.store import SubscriberQueues, open_store
@@ -50,8 +48,6 @@ log = logging.getLogger("lr_client.subscriber")
 
 #: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
 DEFAULT_BATCH_MAX_BYTES = 4 * 1024 * 1024
-
-_SNAPSHOT_TYPES = (ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY)
 
 
 class SnapshotDelivery(enum.StrEnum):
@@ -71,85 +67,6 @@ class _LeaseLost(Exception):
 
 class _Conflict(Exception):
     """Entries vanished under the delivery (a superseded snapshot): roll back and retry."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """What one delivery transaction does with the head of a queue."""
-
-    kind: str  # "log", "snapshot", "drop" (a drop notice) or "stale" (of an ended snapshot)
-    seqs: list[int]
-    messages: list[RoutingQueueMessage]
-    snapshot_id: str
-    start: bool
-    end: bool
-    in_snapshot: bool
-
-
-def _run_length(
-    entries: Sequence[HeadEntry], types: Sequence[ReplicationType], snapshot_id: str | None
-) -> int:
-    """How many leading entries have one of ``types`` (and ``snapshot_id``, unless None)."""
-    n = 0
-    for e in entries:
-        if e.type not in types or (snapshot_id is not None and e.snapshot_id != snapshot_id):
-            break
-        n += 1
-    return n
-
-
-def _messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueueMessage]:
-    source, client, make = queue.source_id, queue.client_name, RoutingQueueMessage
-    return [
-        make(e.payload, source, client, e.source_position, e.type, e.snapshot_id) for e in entries
-    ]
-
-
-def _plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[HeadEntry]) -> _Plan:
-    """Decide the callbacks for the head of a queue (``entries`` in seq order, not empty)."""
-    first = entries[0]
-    if first.type == ReplicationType.STREAM_DROPPED:
-        # Alone in its transaction; the snapshot state is left as it is.
-        notice = _messages(queue, entries[:1])
-        return _Plan(
-            "drop", [first.seq], notice, state.snapshot_id, False, False, state.in_snapshot
-        )
-    if first.type == ReplicationType.LOG_ENTRY_SYNC:
-        run = entries[: _run_length(entries, (first.type,), None)]
-        return _Plan(
-            "log",
-            [e.seq for e in run],
-            _messages(queue, run),
-            state.snapshot_id,
-            start=False,
-            end=False,
-            in_snapshot=state.in_snapshot,
-        )
-    if first.type not in _SNAPSHOT_TYPES:
-        raise ProtocolError(f"entry seq {first.seq} has type {first.type.name}")
-    sid = first.snapshot_id
-    if sid and sid == state.snapshot_id and not state.in_snapshot:
-        # Left over from a snapshot whose end was already delivered: never redeliver it.
-        stale = entries[: _run_length(entries, _SNAPSHOT_TYPES, sid)]
-        return _Plan("stale", [e.seq for e in stale], [], sid, False, False, False)
-    start = not (state.in_snapshot and state.snapshot_id == sid)
-    run = entries[: _run_length(entries, (ReplicationType.SNAPSHOT_SYNC,), sid)]
-    seqs = [e.seq for e in run]
-    end = False
-    if len(run) < len(entries):
-        nxt = entries[len(run)]
-        if nxt.type == ReplicationType.LAST_FULL_SYNC_ENTRY and nxt.snapshot_id == sid:
-            end = True
-            seqs.append(nxt.seq)
-    return _Plan(
-        "snapshot",
-        seqs,
-        _messages(queue, run),
-        sid,
-        start=start,
-        end=end,
-        in_snapshot=not end,
-    )
 
 
 def _awaits_end(
@@ -386,8 +303,8 @@ class RoutingQueueSubscriber:
                 if not whole and _awaits_end(self.store, conn, qid, state, first):
                     self._awaiting.add(qid)
                     return None
-            plan = _plan_delivery(queue, state, entries)
-            if plan.kind == "stale":
+            plan = plan_delivery(queue, state, entries)
+            if plan.kind is PlanKind.STALE:
                 log.warning(
                     "dropping %d entries of ended snapshot %s from %s",
                     len(plan.seqs),
@@ -405,7 +322,8 @@ class RoutingQueueSubscriber:
                 self.owner,
                 snapshot_id=plan.snapshot_id,
                 in_snapshot=plan.in_snapshot,
-                delivered=state.delivered + (0 if plan.kind == "drop" else len(plan.messages)),
+                delivered=state.delivered
+                + (0 if plan.kind is PlanKind.DROP else len(plan.messages)),
                 lease_expires=expires,
             )
             if not saved:
@@ -413,7 +331,7 @@ class RoutingQueueSubscriber:
         self._lease_until[queue.queue_id] = expires
         return len(plan.messages)
 
-    def _call_listener(self, conn: Connection, queue: QueueInfo, plan: _Plan, attempt: int) -> None:
+    def _call_listener(self, conn: Connection, queue: QueueInfo, plan: Plan, attempt: int) -> None:
         listener, source = self.listener, queue.source_id
         txn = conn.get_transaction()
         session = Session(bind=conn, join_transaction_mode="rollback_only")
@@ -435,14 +353,14 @@ class RoutingQueueSubscriber:
             if plan.start:
                 callback = "on_full_sync_start"
                 listener.on_full_sync_start(session, source, plan.snapshot_id)
-            if plan.kind == "drop":
+            if plan.kind is PlanKind.DROP:
                 callback = "on_stream_dropped"
                 notice = plan.messages[0]
                 listener.on_stream_dropped(
                     session, source, notice.source_position, notice.payload.decode()
                 )
             elif plan.messages:
-                if plan.kind == "log":
+                if plan.kind is PlanKind.LOG:
                     callback = "process_log_entries"
                     ok = listener.process_log_entries(session, source, plan.messages)
                 else:

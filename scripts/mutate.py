@@ -190,9 +190,13 @@ TARGETS: dict[str, Target] = {
         "transmit, tagged reads, cursors, commit order",
     ),
     "subscriber": Target(
-        ["lr_client/subscriber.py"],
-        ["lr_client.subscriber.*"],
-        ["tests/integration/test_subscriber.py", "tests/integration/test_sink_exactly_once.py"],
+        ["lr_client/delivery.py", "lr_client/subscriber.py"],
+        ["lr_client.delivery.*", "lr_client.subscriber.*"],
+        [
+            "tests/unit/test_delivery_plan.py",
+            "tests/integration/test_subscriber.py",
+            "tests/integration/test_sink_exactly_once.py",
+        ],
         "delivery plans (snapshot filter), exactly-once delivery, leases",
     ),
     "session": Target(

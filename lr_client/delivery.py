@@ -1,0 +1,109 @@
+"""What one delivery does with the head of a receive queue: the plan, without I/O.
+
+The subscriber reads the oldest entries of a queue and its state, then asks
+:func:`plan_delivery` which callbacks they make: a run of log entries, a run
+of one snapshot's entries (with its start and end), a drop notice alone, or
+the left-overs of a snapshot whose end was already delivered (dropped
+unseen: a snapshot is never delivered twice).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lr_client.errors import ProtocolError
+from lr_client.listener import RoutingQueueMessage
+from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
+
+_SNAPSHOT_TYPES = (ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY)
+
+
+class PlanKind(enum.StrEnum):
+    LOG = "log"  # a run of log entries
+    SNAPSHOT = "snapshot"  # a run of one snapshot's entries (its start and end marked)
+    DROP = "drop"  # a drop notice, alone in its transaction
+    STALE = "stale"  # entries of a snapshot whose end was delivered: deleted, never delivered
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one delivery transaction does with the head of a queue."""
+
+    kind: PlanKind
+    seqs: list[int]
+    messages: list[RoutingQueueMessage]
+    snapshot_id: str
+    start: bool
+    end: bool
+    in_snapshot: bool
+
+
+def run_length(
+    entries: Sequence[HeadEntry], types: Sequence[ReplicationType], snapshot_id: str | None
+) -> int:
+    """How many leading entries have one of ``types`` (and ``snapshot_id``, unless None)."""
+    n = 0
+    for e in entries:
+        if e.type not in types or (snapshot_id is not None and e.snapshot_id != snapshot_id):
+            break
+        n += 1
+    return n
+
+
+def messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueueMessage]:
+    source, client, make = queue.source_id, queue.client_name, RoutingQueueMessage
+    return [
+        make(e.payload, source, client, e.source_position, e.type, e.snapshot_id) for e in entries
+    ]
+
+
+def plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[HeadEntry]) -> Plan:
+    """Decide the callbacks for the head of a queue (``entries`` in seq order, not empty)."""
+    first = entries[0]
+    if first.type == ReplicationType.STREAM_DROPPED:
+        # Alone in its transaction; the snapshot state is left as it is.
+        notice = messages(queue, entries[:1])
+        return Plan(
+            PlanKind.DROP, [first.seq], notice, state.snapshot_id, False, False, state.in_snapshot
+        )
+    if first.type == ReplicationType.LOG_ENTRY_SYNC:
+        run = entries[: run_length(entries, (first.type,), None)]
+        return Plan(
+            PlanKind.LOG,
+            [e.seq for e in run],
+            messages(queue, run),
+            state.snapshot_id,
+            start=False,
+            end=False,
+            in_snapshot=state.in_snapshot,
+        )
+    if first.type not in _SNAPSHOT_TYPES:
+        raise ProtocolError(f"entry seq {first.seq} has type {first.type.name}")
+    sid = first.snapshot_id
+    if sid and sid == state.snapshot_id and not state.in_snapshot:
+        # Left over from a snapshot whose end was already delivered: never redeliver it.
+        stale = entries[: run_length(entries, _SNAPSHOT_TYPES, sid)]
+        return Plan(PlanKind.STALE, [e.seq for e in stale], [], sid, False, False, False)
+    start = not (state.in_snapshot and state.snapshot_id == sid)
+    run = entries[: run_length(entries, (ReplicationType.SNAPSHOT_SYNC,), sid)]
+    seqs = [e.seq for e in run]
+    end = False
+    if len(run) < len(entries):
+        nxt = entries[len(run)]
+        if nxt.type == ReplicationType.LAST_FULL_SYNC_ENTRY and nxt.snapshot_id == sid:
+            end = True
+            seqs.append(nxt.seq)
+    return Plan(
+        PlanKind.SNAPSHOT,
+        seqs,
+        messages(queue, run),
+        sid,
+        start=start,
+        end=end,
+        in_snapshot=not end,
+    )
+
+
+__all__ = ["Plan", "PlanKind", "messages", "plan_delivery", "run_length"]

@@ -1,0 +1,134 @@
+"""The delivery plan: which callbacks the head of a receive queue makes (no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lr_client.delivery import PlanKind, plan_delivery, run_length
+from lr_client.errors import ProtocolError
+from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
+
+LOG = ReplicationType.LOG_ENTRY_SYNC
+SNAP = ReplicationType.SNAPSHOT_SYNC
+END = ReplicationType.LAST_FULL_SYNC_ENTRY
+DROPPED = ReplicationType.STREAM_DROPPED
+QUEUE = QueueInfo(7, "LRQ_Recv_policy__site-a", "policy", "site-a")
+
+
+def head(*items: tuple[ReplicationType, int, str]) -> list[HeadEntry]:
+    """Entries with seqs 10, 11, ...: (type, source position, snapshot id)."""
+    return [
+        HeadEntry(10 + i, t, pos, sid, b"%s-%d" % (sid.encode(), pos))
+        for i, (t, pos, sid) in enumerate(items)
+    ]
+
+
+IDLE = SubscriberState(7)
+IN_S1 = SubscriberState(7, snapshot_id="s1", in_snapshot=True)
+ENDED_S1 = SubscriberState(7, snapshot_id="s1", in_snapshot=False)
+
+CASES = [
+    pytest.param(
+        IDLE,
+        head((LOG, 3, ""), (LOG, 5, ""), (SNAP, 1, "s1")),
+        (PlanKind.LOG, [10, 11], [3, 5], "", False, False, False),
+        id="a-run-of-log-entries-stops-at-a-snapshot",
+    ),
+    pytest.param(
+        IN_S1,
+        head((LOG, 3, "")),
+        (PlanKind.LOG, [10], [3], "s1", False, False, True),
+        id="log-entries-keep-the-snapshot-state",
+    ),
+    pytest.param(
+        IDLE,
+        head((SNAP, 1, "s1"), (SNAP, 2, "s1"), (LOG, 9, "")),
+        (PlanKind.SNAPSHOT, [10, 11], [1, 2], "s1", True, False, True),
+        id="a-snapshot-starts-and-its-run-stops-at-another-type",
+    ),
+    pytest.param(
+        IN_S1,
+        head((SNAP, 3, "s1"), (END, 4, "s1"), (LOG, 9, "")),
+        (PlanKind.SNAPSHOT, [10, 11], [3], "s1", False, True, False),
+        id="a-started-snapshot-continues-and-its-end-is-taken-with-it",
+    ),
+    pytest.param(
+        IN_S1,
+        head((END, 4, "s1")),
+        (PlanKind.SNAPSHOT, [10], [], "s1", False, True, False),
+        id="an-end-alone-ends-the-started-snapshot",
+    ),
+    pytest.param(
+        IDLE,
+        head((SNAP, 1, "s2"), (END, 2, "s1")),
+        (PlanKind.SNAPSHOT, [10], [1], "s2", True, False, True),
+        id="another-snapshots-end-is-not-this-ones",
+    ),
+    pytest.param(
+        IN_S1,
+        head((SNAP, 1, "s2"), (SNAP, 2, "s2")),
+        (PlanKind.SNAPSHOT, [10, 11], [1, 2], "s2", True, False, True),
+        id="a-new-snapshot-restarts-over-an-unfinished-one",
+    ),
+    pytest.param(
+        IDLE,
+        head((SNAP, 1, "s1"), (SNAP, 2, "s2")),
+        (PlanKind.SNAPSHOT, [10], [1], "s1", True, False, True),
+        id="a-run-holds-one-snapshot-only",
+    ),
+    pytest.param(
+        ENDED_S1,
+        head((SNAP, 2, "s1"), (END, 3, "s1"), (SNAP, 1, "s2")),
+        (PlanKind.STALE, [10, 11], [], "s1", False, False, False),
+        id="left-overs-of-a-delivered-snapshot-are-stale",
+    ),
+    pytest.param(
+        IN_S1,
+        head((DROPPED, 5, ""), (LOG, 6, "")),
+        (PlanKind.DROP, [10], [5], "s1", False, False, True),
+        id="a-drop-notice-comes-alone-and-keeps-the-state",
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "entries", "expected"), CASES)
+def test_the_plan_for_the_head_of_a_queue(
+    state: SubscriberState,
+    entries: list[HeadEntry],
+    expected: tuple[PlanKind, list[int], list[int], str, bool, bool, bool],
+) -> None:
+    plan = plan_delivery(QUEUE, state, entries)
+    kind, seqs, positions, sid, start, end, in_snapshot = expected
+    assert (plan.kind, plan.seqs, plan.snapshot_id) == (kind, seqs, sid)
+    assert [m.source_position for m in plan.messages] == positions
+    assert (plan.start, plan.end, plan.in_snapshot) == (start, end, in_snapshot)
+
+
+def test_messages_carry_the_entry_and_its_queue() -> None:
+    entries = head((SNAP, 1, "s1"))
+    (message,) = plan_delivery(QUEUE, IDLE, entries).messages
+    assert (message.source_id, message.client_name) == ("site-a", "policy")
+    assert (message.payload, message.type, message.snapshot_id) == (b"s1-1", SNAP, "s1")
+
+
+def test_an_unknown_entry_type_is_a_protocol_error() -> None:
+    odd = head((ReplicationType.NONE, 1, ""))
+    with pytest.raises(ProtocolError, match="entry seq 10 has type NONE"):
+        plan_delivery(QUEUE, IDLE, odd)
+
+
+@pytest.mark.parametrize(
+    ("types", "sid", "expected"),
+    [
+        ((LOG,), None, 2),
+        ((SNAP,), "s1", 0),
+        ((LOG, SNAP), None, 5),
+        ((LOG, SNAP), "", 2),
+        ((SNAP, LOG), "s1", 0),
+    ],
+)
+def test_run_length_counts_leading_entries_of_the_types_and_snapshot(
+    types: tuple[ReplicationType, ...], sid: str | None, expected: int
+) -> None:
+    entries = head((LOG, 1, ""), (LOG, 2, ""), (SNAP, 1, "s1"), (SNAP, 2, "s1"), (LOG, 3, ""))
+    assert run_length(entries, types, sid) == expected
