@@ -28,12 +28,19 @@ def validate_name(value: object, what: str = "name") -> str:
     return value
 
 
+#: Tags (the seed's names for the per-destination indexes of the send queues).
+LOGENTRY_TAG = "lrq_logentry_"
+SNAPSYNC_TAG = "lrq_snapsync_"
+
+
 def logentry_tag(destination: str) -> str:
-    return f"lrq_logentry_{validate_name(destination, 'site id')}"
+    """``lrq_logentry_<site>``: the log entries addressed to a destination."""
+    return LOGENTRY_TAG + validate_name(destination, "site id")
 
 
 def snapsync_tag(destination: str) -> str:
-    return f"lrq_snapsync_{validate_name(destination, 'site id')}"
+    """``lrq_snapsync_<site>``: the snapshot entries made for a destination."""
+    return SNAPSYNC_TAG + validate_name(destination, "site id")
 
 
 def recv_tag(client_name: str) -> str:

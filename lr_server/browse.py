@@ -18,18 +18,20 @@ from typing import Any, Protocol
 
 from lr_client.errors import InvalidInputError, InvalidNameError
 from lr_client.names import (
+    LOGENTRY_TAG,
     RECV_PREFIX,
     SEND_LOG_ENTRIES,
     SEND_SNAPSYNC,
+    SNAPSYNC_TAG,
+    logentry_tag,
     parse_recv_queue_name,
     recv_tag,
+    snapsync_tag,
     validate_name,
 )
 from lr_client.records import ReplicationType, StoredEntry
 from lr_client.store import Inspection, Sites
 
-LOGENTRY_TAG = "lrq_logentry_"
-SNAPSYNC_TAG = "lrq_snapsync_"
 PREVIEW_CHARS = 32
 
 
@@ -175,8 +177,8 @@ def list_queues(store: BrowseStore) -> list[QueueSummary]:
     sites = sorted(store.site_numbers(refresh=True))
     n_log, n_snap, queues = store.queue_sizes()
     out = [
-        QueueSummary(SEND_LOG_ENTRIES, n_log, [LOGENTRY_TAG + x for x in sites]),
-        QueueSummary(SEND_SNAPSYNC, n_snap, [SNAPSYNC_TAG + x for x in sites]),
+        QueueSummary(SEND_LOG_ENTRIES, n_log, [logentry_tag(x) for x in sites]),
+        QueueSummary(SEND_SNAPSYNC, n_snap, [snapsync_tag(x) for x in sites]),
     ]
     out += [QueueSummary(q.queue_name, depth, [recv_tag(q.client_name)]) for q, depth in queues]
     return out
