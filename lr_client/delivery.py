@@ -10,7 +10,7 @@ unseen: a snapshot is never delivered twice).
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lr_client.errors import ProtocolError
@@ -106,4 +106,29 @@ def plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[He
     )
 
 
-__all__ = ["Plan", "PlanKind", "messages", "plan_delivery", "run_length"]
+def awaits_end(
+    state: SubscriberState, head: HeadEntry | None, has_end: Callable[[str], bool]
+) -> bool:
+    """Whether ``head``, a queue's oldest entry, starts a snapshot whose end has not arrived.
+
+    ``has_end(snapshot_id)`` tells whether the queue holds that snapshot's end
+    marker. Once it does, a snapshot stays whole: the sink deletes the queued
+    entries of a snapshot only while it is unfinished. The left-overs of a
+    snapshot whose end was delivered wait for nothing: the delivery drops them.
+    """
+    if head is None or head.type is not ReplicationType.SNAPSHOT_SYNC:
+        return False
+    sid = head.snapshot_id
+    if sid == state.snapshot_id and not state.in_snapshot:
+        return False
+    return not has_end(sid)
+
+
+__all__ = [
+    "Plan",
+    "PlanKind",
+    "awaits_end",
+    "messages",
+    "plan_delivery",
+    "run_length",
+]

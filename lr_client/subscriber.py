@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from lr_client.delivery import Plan, PlanKind, plan_delivery
+from lr_client.delivery import Plan, PlanKind, awaits_end, plan_delivery
 from lr_client.errors import (
     InvalidInputError,
     ListenerError,
@@ -76,17 +76,8 @@ def _awaits_end(
     state: SubscriberState,
     head: HeadEntry | None,
 ) -> bool:
-    """Whether ``head``, the queue's oldest entry, starts a snapshot whose end has not arrived.
-
-    Once its end marker is in the queue a snapshot stays whole: the sink
-    deletes the queued entries of a snapshot only while it is unfinished.
-    """
-    if head is None or head.type is not ReplicationType.SNAPSHOT_SYNC:
-        return False
-    sid = head.snapshot_id
-    if sid == state.snapshot_id and not state.in_snapshot:
-        return False  # left over from an ended snapshot: the delivery drops it
-    return not store.has_snapshot_end(conn, queue_id, sid)
+    """:func:`~lr_client.delivery.awaits_end`, asking the store whether the end arrived."""
+    return awaits_end(state, head, lambda sid: store.has_snapshot_end(conn, queue_id, sid))
 
 
 def default_owner() -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from lr_client.delivery import PlanKind, plan_delivery, run_length
+from lr_client.delivery import PlanKind, awaits_end, plan_delivery, run_length
 from lr_client.errors import ProtocolError
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 
@@ -132,3 +134,39 @@ def test_run_length_counts_leading_entries_of_the_types_and_snapshot(
 ) -> None:
     entries = head((LOG, 1, ""), (LOG, 2, ""), (SNAP, 1, "s1"), (SNAP, 2, "s1"), (LOG, 3, ""))
     assert run_length(entries, types, sid) == expected
+
+
+def _has_end(*ended: str) -> Callable[[str], bool]:
+    asked: list[str] = []
+
+    def has_end(sid: str) -> bool:
+        asked.append(sid)
+        return sid in ended
+
+    has_end.asked = asked  # type: ignore[attr-defined]
+    return has_end
+
+
+@pytest.mark.parametrize(
+    ("state", "entries", "ended", "expected", "asked"),
+    [
+        pytest.param(IDLE, [], (), False, [], id="an-empty-queue"),
+        pytest.param(IDLE, head((LOG, 1, "")), (), False, [], id="a-log-entry"),
+        pytest.param(IDLE, head((END, 3, "s1")), (), False, [], id="an-end-marker"),
+        pytest.param(IDLE, head((SNAP, 1, "s1")), (), True, ["s1"], id="a-snapshot-without-end"),
+        pytest.param(IDLE, head((SNAP, 1, "s1")), ("s1",), False, ["s1"], id="its-end-is-queued"),
+        pytest.param(IDLE, head((SNAP, 1, "s2")), ("s1",), True, ["s2"], id="another-ones-end"),
+        pytest.param(IN_S1, head((SNAP, 3, "s1")), (), True, ["s1"], id="a-started-one"),
+        pytest.param(ENDED_S1, head((SNAP, 2, "s1")), (), False, [], id="left-overs-wait-not"),
+    ],
+)
+def test_a_snapshot_at_the_head_waits_for_its_end_unless_it_was_delivered(
+    state: SubscriberState,
+    entries: list[HeadEntry],
+    ended: tuple[str, ...],
+    expected: bool,
+    asked: list[str],
+) -> None:
+    has_end = _has_end(*ended)
+    assert awaits_end(state, entries[0] if entries else None, has_end) is expected
+    assert has_end.asked == asked  # type: ignore[attr-defined]
