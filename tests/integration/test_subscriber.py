@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 from sqlalchemy import String, func, insert, select, text, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from lr_client import (
@@ -17,6 +19,7 @@ from lr_client import (
     RoutingQueueMessage,
     RoutingQueueSubscriber,
     SnapshotDelivery,
+    StoreUnavailableError,
 )
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
@@ -635,3 +638,66 @@ def test_settings_are_validated(app_store: SQLAlchemyQueueStore) -> None:
         RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=0)
     with pytest.raises(ValueError):
         RoutingQueueSubscriber(app_store, "Bad_Name", AppListener())
+
+
+# -- retry timing ------------------------------------------------------------------------
+class _ErrorLog(RoutingQueueListener):
+    def __init__(self) -> None:
+        self.errors: list[BaseException] = []
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    def on_error(self, error: BaseException) -> None:
+        self.errors.append(error)
+
+
+def test_backoff_doubles_up_to_its_cap_and_jitter_only_shortens_it(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    sub = RoutingQueueSubscriber(
+        store, "policy", _ErrorLog(), retry_initial=1.0, retry_max=8.0, retry_jitter=0.5
+    )
+    for failures, full in [(0, 1.0), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (9, 8.0)]:
+        delays = [sub.backoff(failures) for _ in range(200)]
+        assert all(full * 0.5 <= d <= full for d in delays), (failures, min(delays), max(delays))
+        assert min(delays) < full * 0.9  # jittered, not constant
+    exact = RoutingQueueSubscriber(store, "policy", _ErrorLog(), retry_initial=1.0, retry_jitter=0)
+    assert [exact.backoff(n) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
+
+
+def test_an_idle_subscriber_waits_until_its_soonest_retry_within_the_poll_interval(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    sub = RoutingQueueSubscriber(store, "policy", _ErrorLog(), poll_interval=5.0)
+    assert sub._idle_wait() == 5.0  # nothing to retry
+    sub._retry_at = {1: time.monotonic() + 60.0}
+    assert sub._idle_wait() == 5.0  # the retry is further than a poll
+    sub._retry_at = {1: time.monotonic() + 60.0, 2: time.monotonic() + 1.0}
+    assert 0.0 < sub._idle_wait() <= 1.0  # the soonest one
+    sub._retry_at = {1: time.monotonic() - 3.0}
+    assert sub._idle_wait() == 0.0  # overdue: at once
+
+
+def test_a_failed_delivery_is_retried_later_and_a_database_error_reported_as_transient(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    listener = _ErrorLog()
+    sub = RoutingQueueSubscriber(store, "policy", listener, retry_initial=30.0, retry_jitter=0)
+    cause = OperationalError("SELECT 1", None, Exception("server closed the connection"))
+    before = time.monotonic()
+    sub._fail(7, cause)
+    sub._fail(7, ValueError("listener bug"))
+    assert sub._failures == {7: 2}
+    assert before + 60.0 <= sub._retry_at[7] <= time.monotonic() + 60.0
+    first, second = listener.errors
+    assert isinstance(first, StoreUnavailableError) and first.__cause__ is cause
+    assert "server closed the connection" in str(first)
+    assert isinstance(second, ValueError) and str(second) == "listener bug"
