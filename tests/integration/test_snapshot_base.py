@@ -165,6 +165,10 @@ def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
             if not runner.poll_once():
                 stop.wait(0.005)
 
+    def completed(sid: str) -> bool:
+        req = src.get_snapshot(sid)
+        return req is not None and req.status is SnapshotStatus.COMPLETED
+
     def logs_after_last_snapshot() -> int:
         kinds = [k for k, _ in _applied(sink)]
         if "snapshot" not in kinds:
@@ -183,6 +187,9 @@ def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
                 client.request_snapshot_sync(None, "b", reason="test")
             wait_for(lambda r=round_: len(listener.full_syncs) == r + 1, timeout=90)
             wait_for(lambda: logs_after_last_snapshot() >= 20, timeout=90)
+            # The next request comes once the source has the sink's end ack too: a
+            # request before it would supersede (cancel) a snapshot the sink completed.
+            wait_for(lambda: completed(listener.full_syncs[-1]), timeout=90)
     finally:
         stop.set()
         for t in threads:
