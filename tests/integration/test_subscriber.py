@@ -701,3 +701,47 @@ def test_a_failed_delivery_is_retried_later_and_a_database_error_reported_as_tra
     assert isinstance(first, StoreUnavailableError) and first.__cause__ is cause
     assert "server closed the connection" in str(first)
     assert isinstance(second, ValueError) and str(second) == "listener bug"
+
+
+class _FailsOnce(_ErrorLog):
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[int] = []
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        if not self.errors:
+            raise ValueError("first attempt fails")
+        self.applied += [m.source_position for m in messages]
+        return True
+
+
+def test_a_success_clears_the_queues_failures_and_retry_time(store: SQLAlchemyQueueStore) -> None:
+    store.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2)])
+    listener = _FailsOnce()
+    sub = RoutingQueueSubscriber(store, "policy", listener, retry_initial=0.0, retry_jitter=0)
+    assert sub.poll_once() == 0
+    (qid,) = sub._failures
+    assert sub._failures == {qid: 1} and qid in sub._retry_at
+    assert sub.poll_once() == 2
+    assert listener.applied == [1, 2]
+    assert (sub._failures, sub._retry_at) == ({}, {})
+
+
+def test_a_running_subscriber_delivers_and_reports_nothing_when_nothing_fails(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    store.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
+    listener = _FailsOnce()
+    listener.errors.append(ValueError("marker: already failed once"))  # so it never fails
+    sub = RoutingQueueSubscriber(store, "policy", listener, poll_interval=0.01)
+    stop = threading.Event()
+    runner = threading.Thread(target=sub.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: listener.applied == [1, 2, 3])
+    finally:
+        stop.set()
+        join(runner)
+    assert [str(e) for e in listener.errors] == ["marker: already failed once"]
