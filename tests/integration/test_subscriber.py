@@ -745,3 +745,20 @@ def test_a_running_subscriber_delivers_and_reports_nothing_when_nothing_fails(
         stop.set()
         join(runner)
     assert [str(e) for e in listener.errors] == ["marker: already failed once"]
+
+
+def test_the_delivered_count_counts_entries_given_to_the_listener_not_drop_notices(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    store.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
+    assert store.apply_drop_notice("site-a", "policy", "d1", 4, "dropped")
+    store.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (9, 10)])
+    listener = _FailsOnce()
+    listener.errors.append(ValueError("marker: already failed once"))  # so it never fails
+    sub = RoutingQueueSubscriber(store, "policy", listener)
+    while sub.poll_once():
+        pass
+    assert listener.applied == [1, 2, 3, 9, 10]
+    (queue,) = store.list_queues("policy")
+    with store.read() as conn:
+        assert store.load_state(conn, queue.queue_id).delivered == 5
