@@ -196,6 +196,7 @@ TARGETS: dict[str, Target] = {
             "tests/unit/test_delivery_plan.py",
             "tests/integration/test_subscriber.py",
             "tests/integration/test_sink_exactly_once.py",
+            "tests/integration/test_bounded_reads.py",
         ],
         "delivery plans (snapshot filter), exactly-once delivery, leases",
     ),
