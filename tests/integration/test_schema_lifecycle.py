@@ -153,7 +153,8 @@ def test_concurrent_init_db_processes_all_succeed(db_url: str, tmp_path: Path) -
         for _ in range(4)
     ]
     outputs = [p.communicate(timeout=180)[0].decode() for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
+    failed = [f"exit {p.returncode}:\n{out}" for p, out in zip(procs, outputs, strict=True)]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], "\n---\n".join(failed)
     engine = create_engine(db_url)
     try:
         assert lifecycle.schema_status(engine).state is SchemaState.CURRENT
