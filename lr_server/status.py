@@ -190,12 +190,9 @@ def _progress(req: SnapshotRequest) -> SnapshotProgress:
 
 def flow_states(store: SendLog, clients: set[str]) -> dict[str, set[str]]:
     """{client: slow destinations} for clients under backpressure (as the server set it)."""
-    reader = getattr(store, "flow_state", None)
-    if reader is None:
-        return {}
     out = {}
     for client in sorted(clients):
-        on, slow = reader(client)
+        on, slow = store.flow_state(client)
         if on:
             out[client] = set(slow)
     return out
