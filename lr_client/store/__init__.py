@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
 import sqlalchemy
@@ -26,6 +28,29 @@ from lr_client.store.sqlite import SQLiteQueueStore
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
+def _enable_wal(cur: Any, timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
+    """Switch the database to WAL, waiting for other connections' locks.
+
+    SQLite answers ``database is locked`` at once, without its busy handler, when
+    another connection holds a lock while the journal mode changes (several
+    processes opening a new database together): retry until the busy timeout.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)  # a lock held by another process: nothing to poll but the lock
+            delay = min(delay * 2, 0.2)
+            continue
+        if str(mode).lower() in ("wal", "memory"):
+            return
+        raise sqlite3.OperationalError(f"cannot switch the database to WAL (journal mode {mode})")
+
+
 def _configure_sqlite(engine: Engine) -> None:
     """WAL, a busy timeout, and explicit BEGIN (IMMEDIATE for the store's writes)."""
 
@@ -33,9 +58,9 @@ def _configure_sqlite(engine: Engine) -> None:
     def _connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        _enable_wal(cur)
+        cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 
     @event.listens_for(engine, "begin")
