@@ -43,6 +43,29 @@ def require_spark() -> None:
     need(reason is None, reason or "")
 
 
+#: JVM starts tried before the session fixture fails.
+START_ATTEMPTS = 3
+
+
+def _start(builder: Any) -> Any:
+    """``getOrCreate``, again if the JVM gateway process dies while it starts.
+
+    The JVM is a separate process; on a machine short of CPU or memory its start
+    can fail (``JAVA_GATEWAY_EXITED``). Each failed start is reported on stderr,
+    with the JVM's own output above it, and the last failure is raised.
+    """
+    from pyspark.errors import PySparkRuntimeError
+
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return builder.getOrCreate()
+        except PySparkRuntimeError as exc:
+            if exc.getCondition() != "JAVA_GATEWAY_EXITED" or attempt == START_ATTEMPTS:
+                raise
+            print(f"spark: start {attempt} of {START_ATTEMPTS} failed: {exc}", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The shared SparkSession."""
@@ -67,7 +90,7 @@ def spark() -> Iterator[Any]:
     with warnings.catch_warnings():
         for message, category in PYSPARK_WARNINGS:
             warnings.filterwarnings("ignore", message, category)
-        session = builder.getOrCreate()
+        session = _start(builder)
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
