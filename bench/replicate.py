@@ -551,18 +551,13 @@ def prefill(src: Source, n: int, payloads: Sequence[bytes]) -> tuple[int, float]
 def apply_workarounds(src: Source, backend: str, *, prefilled: bool) -> None:
     """``--workarounds``: emulate two proposed fixes from outside the product.
 
-    SQLite: an index on ``lrq_send_tags(position)``, so trim's ``NOT EXISTS`` probe is an
-    index search instead of a scan of every tag row per entry (quadratic in the backlog).
+    SQLite: nothing (the tag table it indexed is gone since schema revision 0003).
     PostgreSQL: ``ANALYZE`` the freshly filled send queue (what autovacuum does on a site that
     has run for a while), so the per-destination read uses an ordered index scan instead of a
     bitmap scan over the whole backlog.
     """
     with src.store.engine.connect() as conn:
-        if backend == "sqlite":
-            conn.exec_driver_sql(
-                "CREATE INDEX IF NOT EXISTS bench_tags_position ON lrq_send_tags (position)"
-            )
-        elif prefilled:
+        if backend == "postgresql" and prefilled:
             conn.exec_driver_sql("ANALYZE lrq_send_log_entries")
         conn.commit()
 

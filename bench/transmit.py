@@ -95,7 +95,6 @@ from bench.common import (  # noqa: E402
     write_json,
 )
 from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine  # noqa: E402
-from lr_client.store.sqlite import encode_dests  # noqa: E402
 
 PAYLOAD_BYTES = 1024
 ENTRIES_PER_TXN = (1, 100)
@@ -219,8 +218,6 @@ class Ours(System):
             )
 
     def tables(self) -> tuple[str | None, list[str]]:
-        if self.slot.backend == "sqlite":
-            return None, ["lrq_send_log_entries", "lrq_send_tags"]
         return None, ["lrq_send_log_entries"]
 
 
@@ -319,46 +316,6 @@ def _pg_executemany(
     return positions
 
 
-def _sqlite_executemany(
-    store: Any, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
-) -> list[int]:
-    """One executemany for the entries; positions from last_insert_rowid (the writer lock
-    is held, so they are consecutive); tag rows as tuples."""
-    raw = conn.connection.driver_connection
-    assert raw is not None
-    now = time.time()
-    cur = raw.cursor()
-    try:
-        cur.executemany(
-            "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at) "
-            "VALUES (?, ?, ?, ?)",
-            [(client_name, p, encode_dests(n), now) for p, n in messages],
-        )
-        last = int(cur.execute("SELECT last_insert_rowid()").fetchone()[0])
-        positions = list(range(last - len(messages) + 1, last + 1))
-        cur.executemany(
-            "INSERT INTO lrq_send_tags (dest_num, position) VALUES (?, ?)",
-            [(n, pos) for pos, (_, nums) in zip(positions, messages, strict=True) for n in nums],
-        )
-    finally:
-        cur.close()
-    return positions
-
-
-_SQLITE_POSITION_TAGS = [
-    "DROP TABLE lrq_send_tags",
-    "CREATE TABLE lrq_send_tags (dest_num SMALLINT NOT NULL, position BIGINT NOT NULL, "
-    "PRIMARY KEY (position, dest_num)) WITHOUT ROWID",
-]
-_SQLITE_NO_AUTOINCREMENT = [
-    "DROP INDEX lrq_send_log_entries_client",
-    "DROP TABLE lrq_send_log_entries",
-    "CREATE TABLE lrq_send_log_entries (position INTEGER PRIMARY KEY, "
-    "client_name VARCHAR(63) NOT NULL, payload BLOB NOT NULL, dest_nums TEXT NOT NULL, "
-    "created_at FLOAT NOT NULL)",
-]
-
-
 @dataclass(frozen=True)
 class Experiment:
     backend: str
@@ -372,17 +329,6 @@ EXPERIMENTS = {
         "postgresql",
         "batches: pipelined executemany of a short INSERT ... RETURNING, '{..}' array literal",
         insert=_pg_executemany,
-    ),
-    "sqlite-position-tags": Experiment(
-        "sqlite",
-        "lrq_send_tags keyed (position, dest_num): one appended leaf page per commit",
-        ddl=tuple(_SQLITE_POSITION_TAGS),
-    ),
-    "sqlite-lean": Experiment(
-        "sqlite",
-        "position-keyed tags, no AUTOINCREMENT, no (client, position) index, executemany",
-        insert=_sqlite_executemany,
-        ddl=tuple(_SQLITE_POSITION_TAGS + _SQLITE_NO_AUTOINCREMENT),
     ),
 }
 

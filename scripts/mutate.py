@@ -89,7 +89,7 @@ TARGETS: dict[str, Target] = {
             *_methods(
                 RETENTION, "trim", "_acked_positions", "drop_stream", "list_drops", "clear_drop"
             ),
-            *_methods(SQLITE, "_trim_log", "_release_tags"),
+            *_methods(SQLITE, "_trim_log"),
             *_methods(PG, "_trim_log"),
         ],
         [
@@ -176,7 +176,8 @@ TARGETS: dict[str, Target] = {
             *_methods(SHIPPING, "get_cursor", "set_cursor", "oldest_position"),
             *_methods(BASE, "_set_cursor"),
             "lr_client.store.byte_bounds.x_cut_to_bytes__mutmut_*",
-            *_methods(SQLITE, "_insert_entries", "_tagged_query", "head_position"),
+            *_methods(SQLITE, "_insert_entries", "_with_tag", "_tagged_query", "head_position"),
+            "lr_client.store.sqlite.x__names*",
             *_methods(
                 PG, "_insert_entries", "_tagged_query", "_with_tag", "head_position", "lock_key"
             ),

@@ -182,11 +182,6 @@ class StoreBase(abc.ABC):
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
         """Delete up to ``batch_size`` acknowledged entries, raising the trim marks."""
 
-    def _release_tags(  # noqa: B027 (a hook: nothing to release by default)
-        self, conn: Connection, dest_num: int, client_name: str, up_to: int | None
-    ) -> None:
-        """Run when a stream is dropped: release what it needs up to ``up_to`` (None: all)."""
-
     def _lock_stream(  # noqa: B027 (a hook: SQLite needs no lock)
         self, conn: Connection, source_id: str, client_name: str
     ) -> None:

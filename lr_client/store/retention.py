@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy import case, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, SnapshotStatus, StreamStop
@@ -98,8 +98,7 @@ class RetentionStore(StoreBase):
         reason: str,
         first_dropped_position: int | None = None,
     ) -> DropRecord | None:
-        num = self.site_numbers().get(destination)
-        if num is None:
+        if destination not in self.site_numbers():
             return None
         with self.write() as conn:
             existing = conn.execute(
@@ -129,16 +128,6 @@ class RetentionStore(StoreBase):
             }
             conn.execute(insert(s.drops).values(**row))
             self._set_cursor(conn, destination, client_name, cursor, True)
-            # An open snapshot whose base is fixed still needs the entries after it:
-            # log entries resume from there once the snapshot is shipped.
-            base = conn.execute(
-                select(func.min(s.snapshots.c.base_position)).where(
-                    s.snapshots.c.destination == destination,
-                    s.snapshots.c.client_name == client_name,
-                    s.snapshots.c.status.in_([x.value for x in OPEN_SNAPSHOT_STATUSES]),
-                )
-            ).scalar()
-            self._release_tags(conn, num, client_name, None if base is None else int(base))
         return DropRecord(destination, client_name, first, now, reason)
 
     @staticmethod

@@ -7,9 +7,10 @@ Queue layout:
 
 * ``lrq_send_log_entries`` is ``LRQ_Send_LogEntries``: one row per transmitted
   payload, whatever the number of destinations (I4). Its destinations are kept
-  as small site numbers; the stream tags ``lrq_logentry_<dest>`` are an index
-  from destination to positions: a GIN index over ``dest_nums`` on PostgreSQL
-  (a few bytes per tag) and the ``lrq_send_tags`` table on SQLite.
+  as small site numbers; the stream tags ``lrq_logentry_<dest>`` are read
+  from them: through a GIN index over ``dest_nums`` on PostgreSQL (a few bytes
+  per tag), and on SQLite by walking the ``(client_name, position)`` index
+  (``dest_nums`` is the text ``",1,5,"`` there).
 * ``lrq_send_snapsync`` is ``LRQ_Send_SnapSync``: snapshot entries, keyed by
   ``(snapshot_id, part, seq)`` so a retried writer never duplicates.
 * ``lrq_recv_entries`` holds every ``LRQ_Recv_<client>__<source>`` queue,
@@ -39,7 +40,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -66,7 +67,7 @@ send_log_entries = Table(
     Column("position", _BigId, primary_key=True, autoincrement=True),
     Column("client_name", String(63), nullable=False),
     Column("payload", LargeBinary, nullable=False),
-    # PostgreSQL: smallint[] with a GIN index; SQLite: ",1,5," (tags table indexes it).
+    # PostgreSQL: smallint[] with a GIN index; SQLite: the text ",1,5,".
     Column(
         "dest_nums",
         Text().with_variant(postgresql.ARRAY(SmallInteger), "postgresql"),
@@ -82,16 +83,6 @@ Index(
     postgresql_using="gin",
     info={"only": "postgresql"},
 ).ddl_if(dialect="postgresql")
-
-send_tags = Table(
-    "lrq_send_tags",
-    metadata,
-    Column("dest_num", SmallInteger, nullable=False),
-    Column("position", BigInteger, nullable=False),
-    PrimaryKeyConstraint("dest_num", "position"),
-    sqlite_with_rowid=False,
-    info={"only": "sqlite"},
-)
 
 send_snapsync = Table(
     "lrq_send_snapsync",
@@ -281,7 +272,6 @@ __all__ = [
     "recv_entries",
     "send_log_entries",
     "send_snapsync",
-    "send_tags",
     "session_status",
     "sink_drops",
     "sink_progress",

@@ -1,8 +1,15 @@
-"""SQLite backend: WAL, one writer at a time, stream tags in ``lrq_send_tags``.
+"""SQLite backend: WAL, one writer at a time, destinations on the entry itself.
 
 SQLite serialises writers for the whole transaction, so positions are
 assigned in commit order and invariant I1 holds by construction.
 ``AUTOINCREMENT`` keeps positions from ever being reused after a trim.
+
+An entry's destinations are its ``dest_nums`` text (``",1,5,"``): transmit
+writes one row per entry whatever the number of destinations (I4). A
+stream's reads walk the ``(client_name, position)`` index and keep the rows
+naming the destination; trim deletes, per client and per range between two
+distinct acknowledged positions, the entries whose every destination has
+acknowledged that range.
 """
 
 from __future__ import annotations
@@ -11,17 +18,37 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, func, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from lr_client.records import WireEntry
 from lr_client.store import schema as s
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
+_INSERT = (
+    "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at)"
+    " VALUES (?, ?, ?, ?)"
+)
+
 
 def encode_dests(nums: Sequence[int]) -> str:
     return "," + ",".join(str(n) for n in nums) + ","
+
+
+def _names(dest_nums: Any, num: int) -> ColumnElement[bool]:
+    """``dest_nums`` (``",1,5,"``) names site ``num``."""
+    return func.instr(dest_nums, f",{int(num)},") > 0
+
+
+def _names_only(dest_nums: Any, nums: Sequence[int]) -> ColumnElement[bool]:
+    """``dest_nums`` names no site outside ``nums``: removing each leaves ``","``."""
+    rest: Any = dest_nums
+    for num in sorted(nums):
+        rest = func.replace(rest, f",{int(num)},", ",")
+    only: ColumnElement[bool] = rest == ","
+    return only
 
 
 class SQLiteQueueStore(SQLAlchemyQueueStore):
@@ -32,39 +59,30 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
     ) -> list[int]:
         now = time.time()
-        positions: list[int] = []
-        tags: list[dict[str, int]] = []
         raw = conn.connection.driver_connection
         assert raw is not None
         cur = raw.cursor()
         try:
-            for payload, nums in messages:
-                cur.execute(
-                    "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (client_name, payload, encode_dests(nums), now),
-                )
-                position = int(cur.lastrowid or 0)
-                positions.append(position)
-                tags.extend({"dest_num": n, "position": position} for n in nums)
             cur.executemany(
-                "INSERT INTO lrq_send_tags (dest_num, position) VALUES (:dest_num, :position)", tags
+                _INSERT,
+                [(client_name, payload, encode_dests(nums), now) for payload, nums in messages],
             )
+            # This transaction holds SQLite's only write lock, so the rows got
+            # consecutive rowids: the last one and the count give them all.
+            last = int(cur.execute("SELECT last_insert_rowid()").fetchone()[0])
         finally:
             cur.close()
-        return positions
+        return list(range(last - len(messages) + 1, last + 1))
 
     def _with_tag(self, query: Any, dest_num: int) -> Any:
-        t, e = s.send_tags, s.send_log_entries
-        return query.join(t, and_(t.c.position == e.c.position, t.c.dest_num == dest_num))
+        return query.where(_names(s.send_log_entries.c.dest_nums, dest_num))
 
     def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
-        e, t = s.send_log_entries, s.send_tags
-        return (
-            select(e.c.position, e.c.created_at)
-            .select_from(t.join(e, e.c.position == t.c.position))
-            .where(t.c.dest_num == dest_num, t.c.position > after, e.c.client_name == client_name)
+        e = s.send_log_entries
+        query = select(e.c.position, e.c.created_at).where(
+            e.c.client_name == client_name, e.c.position > after
         )
+        return self._with_tag(query, dest_num)
 
     def head_position(self, conn: Connection | None = None) -> int:
         query = text("SELECT seq FROM sqlite_sequence WHERE name = 'lrq_send_log_entries'")
@@ -74,46 +92,50 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             return int(own.execute(query).scalar() or 0)
 
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
-        e, t = s.send_log_entries, s.send_tags
+        e = s.send_log_entries
         acked = self._acked_positions(conn)
-        # A tag row means "this destination still needs this position": release acked ones.
-        for (num, client), pos in acked.items():
-            conn.execute(
-                delete(t).where(
-                    t.c.dest_num == num,
-                    t.c.position <= pos,
-                    t.c.position.in_(select(e.c.position).where(e.c.client_name == client)),
-                )
-            )
-        if not acked:
-            return 0
-        # Entries left without any tag row. The tag table is keyed by
-        # (destination, position): probing it per destination number keeps this
-        # an index lookup per entry rather than a scan of every tag.
-        nums = sorted(set(self._trim_sites(conn).values()) | {num for num, _ in acked})
-        victims = (
-            select(e.c.position)
-            .where(
-                e.c.position <= max(acked.values()),
-                ~exists().where(t.c.dest_num.in_(nums), t.c.position == e.c.position),
-            )
-            .order_by(e.c.position)
-            .limit(batch_size)
-        )
-        # Per stream, the highest position deleted: recorded in this transaction.
-        picked = victims.subquery()
+        streams: dict[str, dict[int, int]] = {}
+        for (num, client), position in acked.items():
+            streams.setdefault(client, {})[num] = position
         marks: dict[tuple[int, str], int] = {}
-        for row in conn.execute(
-            select(e.c.client_name, e.c.dest_nums, func.max(e.c.position))
-            .where(e.c.position.in_(select(picked.c.position)))
-            .group_by(e.c.client_name, e.c.dest_nums)
-        ).all():
-            for num in self._dest_nums_of(row[1]):
-                key = (num, row[0])
-                marks[key] = max(marks.get(key, 0), int(row[2]))
-        n = int(conn.execute(delete(e).where(e.c.position.in_(victims))).rowcount or 0)
+        left = batch_size
+        for client, acks in sorted(streams.items()):
+            # Between two distinct acknowledged positions the set of destinations
+            # done with an entry is fixed: those acknowledged at or past the
+            # range's top. An entry goes if it names no other destination (one
+            # with no cursor, or behind, keeps it).
+            low = 0
+            for high in sorted(set(acks.values())):
+                done = [num for num, position in acks.items() if position >= high]
+                victims = (
+                    select(e.c.position)
+                    .where(
+                        e.c.client_name == client,
+                        e.c.position > low,
+                        e.c.position <= high,
+                        _names_only(e.c.dest_nums, done),
+                    )
+                    .order_by(e.c.position)
+                    .limit(left)
+                )
+                deleted = conn.execute(
+                    delete(e)
+                    .where(e.c.position.in_(victims))
+                    .returning(e.c.position, e.c.dest_nums)
+                ).all()
+                for position, dests in deleted:
+                    for num in self._dest_nums_of(dests):
+                        key = (num, client)
+                        marks[key] = max(marks.get(key, 0), int(position))
+                left -= len(deleted)
+                if left <= 0:
+                    break
+                low = high
+            if left <= 0:
+                break
+        # Per stream, the highest position deleted: recorded in this transaction.
         self._record_trim_marks(conn, marks)
-        return n
+        return batch_size - left
 
     def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
         # The driver's executemany with tuples: no per-row dictionaries to build and bind.
@@ -128,18 +150,6 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
                 for e in entries
             ],
         )
-
-    def _release_tags(
-        self, conn: Connection, dest_num: int, client_name: str, up_to: int | None
-    ) -> None:
-        e, t = s.send_log_entries, s.send_tags
-        query = delete(t).where(
-            t.c.dest_num == dest_num,
-            t.c.position.in_(select(e.c.position).where(e.c.client_name == client_name)),
-        )
-        if up_to is not None:
-            query = query.where(t.c.position <= up_to)
-        conn.execute(query)
 
 
 __all__ = ["SQLiteQueueStore", "encode_dests"]

@@ -247,3 +247,39 @@ def test_stops_and_drops_survive_a_lost_connection(store: QueueStore, outage: Ou
     assert store.list_stream_stops() == []
     across_outage(outage, lambda: store.set_flow_state("policy", True, ["b"]))
     assert store.flow_state("policy") == (True, ["b"])
+
+
+def test_site_numbers_that_share_digits_are_kept_apart(store: QueueStore) -> None:
+    """Sites 1, 11 and 12: a stream's reads and trim never take another's entries for its own."""
+    sites = [f"s{i:02d}" for i in range(1, 13)]
+    nums = store.register_sites(sites)
+    one, eleven, twelve = (next(s for s, n in nums.items() if n == k) for k in (1, 11, 12))
+    p = append(
+        store, "policy", (b"to 11", [eleven]), (b"to 1", [one]), (b"to 1 and 12", [one, twelve])
+    )
+    assert [e.payload for e in store.read_log_entries(one, "policy", 0, 10)] == [
+        b"to 1",
+        b"to 1 and 12",
+    ]
+    assert [e.payload for e in store.read_log_entries(eleven, "policy", 0, 10)] == [b"to 11"]
+    assert store.backlog(one, "policy").entries == 2
+    store.set_cursor(one, "policy", p[2])
+    assert store.trim() == 1  # "to 1" only: 11 and 12 have not acknowledged theirs
+    assert [e.payload for e in store.read_client_log("policy", 0, 10)] == [
+        b"to 11",
+        b"to 1 and 12",
+    ]
+    store.set_cursor(twelve, "policy", p[2])
+    assert store.trim() == 1
+    assert store.trimmed_through(one, "policy") == p[2]
+    assert store.trimmed_through(twelve, "policy") == p[2]
+    assert store.trimmed_through(eleven, "policy") == 0
+    assert [e.payload for e in store.read_log_entries(eleven, "policy", 0, 10)] == [b"to 11"]
+
+
+def test_an_entry_for_a_destination_without_a_cursor_stays(store: QueueStore) -> None:
+    p = append(store, "policy", (b"b and c", ["b", "c"]), (b"b", ["b"]))
+    store.set_cursor("b", "policy", p[1])  # c never connected: no cursor
+    assert store.trim() == 1
+    assert [e.payload for e in store.read_client_log("policy", 0, 10)] == [b"b and c"]
+    assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"b and c"]

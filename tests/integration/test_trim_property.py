@@ -47,7 +47,7 @@ ops = st.lists(
 
 def _reset(store: SQLAlchemyQueueStore) -> None:
     with store.write() as conn:
-        for table in (s.send_log_entries, s.send_tags, s.cursors, s.drops, s.snapshots):
+        for table in (s.send_log_entries, s.cursors, s.drops, s.snapshots):
             if table.info.get("only") in (None, store.dialect):
                 conn.execute(delete(table))
 
