@@ -23,6 +23,8 @@ from lr_client.store import SendLog, Sites, Snapshots, open_store
 
 #: Default payload limit, as Corfu's maximum message size.
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+#: Distinct destination lists a client remembers as validated.
+RESOLVED_CACHE_SIZE = 1024
 
 
 class TransmitStore(Sites, SendLog, Snapshots, Protocol):
@@ -93,6 +95,8 @@ class RoutingQueueClient:
         self.backpressure_timeout = backpressure_timeout
         self.flow_check_interval = flow_check_interval
         self._flow: tuple[float, bool, list[str]] = (-1e9, False, [])
+        #: Destination lists already validated, with their site numbers (numbers never change).
+        self._resolved: dict[tuple[object, ...], list[int]] = {}
 
     def _flow_state(self, fresh: bool = False) -> tuple[bool, list[str]]:
         checked, on, slow = self._flow
@@ -131,6 +135,20 @@ class RoutingQueueClient:
 
     # -- validation ------------------------------------------------------------------
     def _dest_nums(self, destinations: object) -> list[int]:
+        key: tuple[object, ...] | None = (
+            tuple(destinations) if isinstance(destinations, (list, tuple)) else None
+        )
+        if key is not None:
+            try:
+                return self._resolved[key]
+            except (KeyError, TypeError):  # new, or an unhashable element
+                pass
+        nums = self._resolve(destinations)
+        if key is not None and len(self._resolved) < RESOLVED_CACHE_SIZE:
+            self._resolved[key] = nums
+        return nums
+
+    def _resolve(self, destinations: object) -> list[int]:
         if isinstance(destinations, (str, bytes)) or not isinstance(destinations, Sequence):
             raise InvalidDestinationsError(
                 f"destinations must be a list of site ids, got {type(destinations).__name__}"

@@ -14,6 +14,7 @@ acknowledged that range.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,13 @@ _INSERT = (
 
 
 def encode_dests(nums: Sequence[int]) -> str:
-    return "," + ",".join(str(n) for n in nums) + ","
+    """Site numbers as stored on SQLite: ``",1,5,"``."""
+    return _encoded(tuple(nums))
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded(nums: tuple[int, ...]) -> str:
+    return "," + ",".join(str(int(n)) for n in nums) + ","
 
 
 def _names(dest_nums: Any, num: int) -> ColumnElement[bool]:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 from sqlalchemy.orm import Session
 
+import lr_client.sender as sender_module
 from lr_client import (
     Backpressure,
     InvalidDestinationsError,
@@ -103,6 +104,52 @@ def test_bad_input_is_typed_and_changes_nothing(
     with pytest.raises(error), Session(client.store.engine) as session, session.begin():
         client.transmit_log_entry_message(session, payload, dests)  # type: ignore[arg-type]
     assert counts(client.store) == before
+
+
+def test_validated_destination_lists_are_remembered_but_never_trusted_blindly(
+    client: RoutingQueueClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with client.store.engine.begin() as conn:
+        client.transmit_log_entry_message(conn, b"1", ["site-b", "site-c"])
+        # A list seen before is not validated again (the hot path of a transmitting app)...
+        monkeypatch.setattr(sender_module, "validate_name", _must_not_run)
+        client.transmit_log_entry_message(conn, b"2", ("site-b", "site-c"))
+        monkeypatch.undo()
+        # ...but any other list is, whatever was remembered.
+        for dests, error in [
+            (["site-b", "site-b"], InvalidDestinationsError),
+            (["site-b", "site-a"], InvalidDestinationsError),
+            (["site-b", "Site_C"], InvalidNameError),
+            (["site-b", ["site-c"]], InvalidNameError),
+            (["site-z"], UnknownDestinationError),
+        ]:
+            with pytest.raises(error):
+                client.transmit_log_entry_message(conn, b"x", dests)
+    client.register_destinations(["site-z"])  # now known: the refusal was not remembered
+    with client.store.engine.begin() as conn:
+        client.transmit_log_entry_message(conn, b"3", ["site-z"])
+    assert [e.payload for e in client.store.read_log_entries("site-c", "policy", 0, 9)] == [
+        b"1",
+        b"2",
+    ]
+    assert [e.payload for e in client.store.read_log_entries("site-z", "policy", 0, 9)] == [b"3"]
+
+
+def test_the_remembered_destination_lists_are_bounded(client: RoutingQueueClient) -> None:
+    sites = [f"s{i}" for i in range(50)]
+    client.register_destinations(sites)
+    pairs = [[a, b] for i, a in enumerate(sites) for b in sites[i + 1 :]]  # 1,225 lists
+    assert len(pairs) > sender_module.RESOLVED_CACHE_SIZE
+    with client.store.engine.begin() as conn:
+        for dests in pairs:
+            client.transmit_log_entry_message(conn, b"x", dests)
+    assert len(client._resolved) == sender_module.RESOLVED_CACHE_SIZE
+    # Lists past the bound still work, validated each time.
+    assert client.store.backlog("s49", "policy").entries == 49
+
+
+def _must_not_run(*_args: object) -> str:
+    raise AssertionError("validated again")
 
 
 def test_one_bad_message_rejects_the_whole_batch(client: RoutingQueueClient) -> None:
