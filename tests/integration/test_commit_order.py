@@ -1,22 +1,33 @@
-"""Invariant I1: no committed entry is ever skipped by a reader.
+"""Invariants I1 and I2: no committed entry is ever skipped, and readers see commit order.
 
-Two real connections: a long transaction transmits first (so it would get
-the earlier position), a short one transmits and commits, the reader reads,
-then the long one commits and the reader reads again.
+Real connections: a long transaction that transmits first and commits last;
+many writers with rollbacks and work between their transmits under a live
+reader; a transaction left open beside them.
 """
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 import uuid
+from dataclasses import dataclass
 
-from sqlalchemy import text
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
-from lr_client.store import open_store
+from lr_client.store import SQLAlchemyQueueStore, open_store
 from tests.conftest import PgSchema
 from tests.kit.wait import join, wait_for
+
+app_meta = MetaData()
+app_rows = Table(
+    "app_rows",
+    app_meta,
+    Column("id", Integer, primary_key=True),
+    Column("note", String(40), nullable=False),
+)
 
 
 def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
@@ -121,3 +132,122 @@ def test_many_concurrent_writers_never_skip(pg_schema: PgSchema) -> None:
     for k in range(n_threads):  # each writer's entries in the order it committed them
         mine = [p for p in payloads if p.startswith(b"%d-" % k)]
         assert mine == [b"%d-%d" % (k, i) for i in range(per_thread)]
+
+
+@dataclass
+class Txn:
+    """One application transaction of a writer: what it sent and when it committed."""
+
+    payloads: list[bytes]
+    committed: bool = False
+    commit_started: float = 0.0
+    commit_returned: float = 0.0
+
+
+def test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """Concurrent application transactions, some rolled back, with work between transmits.
+
+    A live reader must see every committed entry once and nothing rolled back, and
+    a transaction whose COMMIT returned before another's began comes first.
+    """
+    app_meta.create_all(store.engine)
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+    n_writers, per_writer = 5, 24
+    txns: list[Txn] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    seen: list[tuple[int, bytes]] = []
+
+    def reader() -> None:
+        cursor = 0
+        while True:
+            done = stop.is_set()
+            batch = store.read_log_entries("site-b", "policy", cursor, 1000)
+            seen.extend((e.position, e.payload) for e in batch)
+            if batch:
+                cursor = batch[-1].position
+            elif done:
+                return
+
+    def writer(k: int) -> None:
+        rng = random.Random(k)
+        for i in range(per_writer):
+            txn = Txn([b"%d-%d-%d" % (k, i, j) for j in range(rng.randint(1, 3))])
+            session = Session(store.engine)
+            try:
+                session.begin()
+                session.execute(insert(app_rows).values(note=f"{k}-{i}"))
+                for payload in txn.payloads:
+                    client.transmit_log_entry_message(session, payload, ["site-b"])
+                    time.sleep(rng.uniform(0, 0.003))  # the application's own work
+                if rng.random() < 0.25:
+                    session.rollback()
+                else:
+                    txn.commit_started = time.monotonic()
+                    session.commit()
+                    txn.commit_returned = time.monotonic()
+                    txn.committed = True
+            finally:
+                session.close()
+            with lock:
+                txns.append(txn)
+
+    r = threading.Thread(target=reader)
+    r.start()
+    writers = [threading.Thread(target=writer, args=(k,)) for k in range(n_writers)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        join(w, 120)
+    stop.set()
+    join(r, 60)
+
+    committed = [t for t in txns if t.committed]
+    assert 0 < len(committed) < len(txns)  # both outcomes happened
+    everything = [
+        (e.position, e.payload) for e in store.read_log_entries("site-b", "policy", 0, 10_000)
+    ]
+    assert seen == everything  # the live reader skipped nothing and saw nothing twice
+    position = {payload: pos for pos, payload in everything}
+    assert sorted(position) == sorted(p for t in committed for p in t.payloads)
+    for t in committed:  # a transaction's entries in the order it transmitted them
+        assert [position[p] for p in t.payloads] == sorted(position[p] for p in t.payloads)
+    for a in committed:
+        for b in committed:
+            if a.commit_returned < b.commit_started:
+                assert max(position[p] for p in a.payloads) < min(
+                    position[p] for p in b.payloads
+                ), (a.payloads, b.payloads)
+
+
+def test_an_idle_transaction_does_not_hold_back_delivery(store: SQLAlchemyQueueStore) -> None:
+    """A session left open (it wrote an application row, PostgreSQL gave it a transaction id)."""
+    app_meta.create_all(store.engine)
+    with store.engine.begin() as conn:
+        conn.execute(insert(app_rows).values(note="before"))
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+    idle = Session(store.engine)
+    idle.begin()
+    if store.dialect == "postgresql":
+        idle.execute(update(app_rows).values(note="held"))  # an xid, a row lock, then nothing
+    else:  # SQLite has one writer: an idle reader is what can stay open beside writers
+        idle.execute(select(app_rows)).all()
+    try:
+        sent = []
+        for i in range(20):
+            with Session(store.engine) as session, session.begin():
+                client.transmit_log_entry_message(session, b"%d" % i, ["site-b"])
+            sent.append(b"%d" % i)
+        got = wait_for(
+            lambda: [e.payload for e in store.read_log_entries("site-b", "policy", 0, 100)] == sent,
+            30,
+            what="every entry readable while a transaction stays open",
+        )
+        assert got
+    finally:
+        idle.rollback()
+        idle.close()
