@@ -24,7 +24,10 @@ same driver and commit pattern:
 
 The cases of one group run interleaved (--rounds slices each, in rotating
 order) and ratios are the median of per-round ratios, so load swings on a
-shared machine hit every case alike. PostgreSQL also runs 4 concurrent writers
+shared machine hit every case alike. With --writers (the default) PostgreSQL
+also runs the concurrent-writers section of bench/writers.py: 1, 4, 16 and 64
+writer threads, each transaction an application row plus one entry, held open
+0, 2 and 10 ms, for ours, plain and PgQ. PostgreSQL also runs 4 concurrent writers
 (1 entry/txn, 1 destination) for ours and plain: our commit-order lock (I1)
 serialises transmitting transactions, and this shows its price. Storage is
 measured apart: --storage-entries entries into fresh tables, then bytes per
@@ -93,6 +96,14 @@ from bench.common import (  # noqa: E402
     sqlite_table_bytes,
     unique_name,
     write_json,
+)
+from bench.writers import (  # noqa: E402
+    HOLD_MS,
+    WRITER_COUNTS,
+    WriterCell,
+    WriterRatio,
+    measure_writers,
+    report_writers,
 )
 from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine  # noqa: E402
 
@@ -923,6 +934,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         + "\n".join(f"  {k}: {v.description}" for k, v in EXPERIMENTS.items()),
     )
     p.add_argument(
+        "--writers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="PostgreSQL: the concurrent-writers section (bench/writers.py; default on)",
+    )
+    p.add_argument(
+        "--writer-counts",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=list(WRITER_COUNTS),
+        help="writer threads per cell, comma-separated (1,4,16,64)",
+    )
+    p.add_argument(
+        "--hold-ms",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=list(HOLD_MS),
+        help="milliseconds each transaction stays open after its writes (0,2,10)",
+    )
+    p.add_argument(
         "--trace-sql",
         action="store_true",
         help="print the SQL issued per transaction (slows every case)",
@@ -930,6 +959,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.rounds < 1 or args.storage_entries < 100:
         p.error("--seconds must be > 0, --rounds >= 1, --storage-entries >= 100")
+    if any(n < 1 for n in args.writer_counts) or any(h < 0 for h in args.hold_ms):
+        p.error("--writer-counts must be >= 1 and --hold-ms >= 0")
     return args
 
 
@@ -969,6 +1000,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells: list[Cell] = []
     measured: dict[tuple[Any, ...], Measurement] = {}
     storage: list[Storage] = []
+    w_cells: list[WriterCell] = []
+    w_ratios: list[WriterRatio] = []
     for name in names:
         with open_backend(name, pg_url) as backend:
             result["backend_facts"][name] = backend.facts()
@@ -983,15 +1016,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             measured.update(m)
             console.log(f"{name}: storage, {args.storage_entries} entries per case")
             storage += measure_storage(backend, args.storage_entries, payloads, args.experiment)
+            if isinstance(backend, PostgresBackend) and args.writers:
+                kinds = [k for k in (Ours, Plain, PgQ) if k is not PgQ or backend.pgq_slot()]
+                systems = [s for s in (backend.make(k, 1) for k in kinds) if s is not None]
+                w_cells, w_ratios = measure_writers(
+                    systems,
+                    args.seconds,
+                    args.rounds,
+                    payloads,
+                    console,
+                    args.writer_counts,
+                    args.hold_ms,
+                )
     ratios = ratios_of(measured)
     st_ratios = storage_ratios(storage)
     result["results"] = [asdict(c) for c in cells]
     result["ratios"] = [asdict(r) for r in ratios]
     result["storage"] = [asdict(s) for s in storage]
     result["storage_ratios"] = st_ratios
+    result["writers"] = {
+        "settings": {"writer_counts": args.writer_counts, "hold_ms": args.hold_ms},
+        "results": [asdict(c) for c in w_cells],
+        "ratios": [asdict(r) for r in w_ratios],
+    }
     result["elapsed_seconds"] = round(time.perf_counter() - started, 1)
     result["machine"]["loadavg_at_end"] = loadavg()
     report(console, cells, ratios, st_ratios)
+    if w_cells:
+        report_writers(console, w_cells, w_ratios)
     if trace is not None:
         print_table(
             console,

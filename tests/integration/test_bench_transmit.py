@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
+from tests.conftest import PgSchema
 from tests.kit.wait import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +79,46 @@ def test_transmit_bench_sqlite_smoke(tmp_path: Path) -> None:
     assert all(s["bytes_per_entry"] >= 1024 for s in ours_storage.values())
     (ours_ratio,) = [x for x in data["storage_ratios"] if x["system"] == "ours"]
     assert ours_ratio["ratio_8_to_1"] > 0
+
+
+@pytest.mark.postgres
+def test_concurrent_writers_section_measures_each_system_and_its_ratio(
+    pg_schema: PgSchema,
+) -> None:
+    from rich.console import Console
+
+    from bench.transmit import Ours, Plain, Slot
+    from bench.writers import measure_writers, report_writers
+
+    systems = []
+    for kind in (Ours, Plain):
+        slot = Slot("postgresql", pg_schema.engine(), pg_schema.name)
+        system = kind(slot, ["site-1"])
+        system.setup()
+        systems.append(system)
+    console = Console(record=True, width=140)
+    cells, ratios = measure_writers(
+        systems, 0.4, 2, [b"x" * 1024], console, writer_counts=[1, 3], holds_ms=[0, 2]
+    )
+    assert sorted((c.system, c.writers, c.hold_ms) for c in cells) == sorted(
+        (s, w, h) for s in ("ours", "plain") for w in (1, 3) for h in (0, 2)
+    )
+    for c in cells:
+        assert c.entries > 0 and c.rate == pytest.approx(c.entries / c.seconds)
+        assert len(c.slice_rates) == 2
+    rate = {(c.system, c.writers, c.hold_ms): c for c in cells}
+    assert sorted((r.writers, r.hold_ms) for r in ratios) == [(1, 0), (1, 2), (3, 0), (3, 2)]
+    for r in ratios:
+        ours, plain = rate[("ours", r.writers, r.hold_ms)], rate[("plain", r.writers, r.hold_ms)]
+        pairs = [x / y for x, y in zip(ours.slice_rates, plain.slice_rates, strict=True)]
+        assert r.baseline == "plain" and r.ratio == pytest.approx(statistics.median(pairs))
+        assert r.met is (r.ratio >= 0.9)
+    # Every transaction wrote its application row and its entry, committed.
+    with pg_schema.engine().connect() as conn:
+        app = conn.execute(text("SELECT count(*) FROM bench_app_rows")).scalar_one()
+        sent = conn.execute(text("SELECT count(*) FROM lrq_send_log_entries")).scalar_one()
+        plain_rows = conn.execute(text("SELECT count(*) FROM bench_plain")).scalar_one()
+    assert sent >= sum(c.entries for c in cells if c.system == "ours")
+    assert app == sent + plain_rows  # one application row per transaction of either system
+    report_writers(console, cells, ratios)
+    assert "ours/plain" in console.export_text()
