@@ -653,6 +653,8 @@ def measure_backend(
             cases[name] = functools.partial(timed_threads, steps, backend.cpu)
         for name, m in interleaved(cases, seconds, rounds).items():
             record(name, 1, 1, CONCURRENT_WRITERS, m)
+    for system in systems.values():  # their pooled connections are not needed any more
+        system.engine.dispose()
     return cells, measured
 
 
@@ -677,6 +679,7 @@ def measure_storage(
                 system.vacuum()
                 size = system.stored_bytes()
                 out.append(Storage(backend.name, kind.name, dests, n, "vacuumed", size, size / n))
+            system.engine.dispose()
     return out
 
 

@@ -99,10 +99,37 @@ def _transaction(
     return step
 
 
+def _free_connections(engine: sqlalchemy.Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT current_setting('max_connections')::int"
+                    " - current_setting('superuser_reserved_connections')::int"
+                    " - (SELECT count(*) FROM pg_stat_activity)"
+                )
+            ).scalar_one()
+        )
+
+
+def _check_connections(engine: sqlalchemy.Engine, writers: int, wait_s: float = 30.0) -> None:
+    """Wait (connections just closed take a moment to go) until the server can take
+    one connection per writer; fail clearly if it cannot."""
+    deadline = time.monotonic() + wait_s
+    while (free := _free_connections(engine)) < writers:
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"{writers} writers need {writers} connections; the server has {free} free "
+                "(raise max_connections, or pass a smaller --writer-counts)"
+            )
+        time.sleep(0.5)
+
+
 def _slice(
     system: Writes, writers: int, hold_ms: int, payloads: Sequence[bytes], seconds: float
 ) -> Measurement:
     url = system.engine.url.render_as_string(hide_password=False)
+    _check_connections(system.engine, writers)
     engine = create_engine(url, pool_size=writers, max_overflow=0)
     try:
         steps = [
