@@ -134,8 +134,10 @@ class RoutingQueueSubscriber:
             raise InvalidInputError(
                 f"snapshot_delivery must be one of {choices}, not {snapshot_delivery!r}"
             ) from None
-        self.store: SubscriberQueues = (
-            open_store(engine) if isinstance(engine, (Engine, str)) else engine
+        #: A store this subscriber opened from a URL: its connections are closed by close().
+        self._owned = open_store(engine) if isinstance(engine, str) else None
+        self.store: SubscriberQueues = self._owned or (
+            open_store(engine) if isinstance(engine, Engine) else engine
         )
         self.client_name = validate_name(client_name, "client name")
         self.listener = listener
@@ -184,8 +186,13 @@ class RoutingQueueSubscriber:
             log.warning("could not release leases of %s: %s", self.owner, exc)
 
     def close(self) -> None:
-        """Release the leases (the engine belongs to the caller)."""
+        """Release the leases; close the connections if this subscriber opened them from a URL.
+
+        An engine or store given by the caller stays the caller's to close.
+        """
         self.release_leases()
+        if self._owned is not None:
+            self._owned.close()
 
     def __enter__(self) -> RoutingQueueSubscriber:
         return self

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -11,6 +14,7 @@ from sqlalchemy import String, func, insert, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+import lr_client.subscriber as subscriber_module
 from lr_client import (
     InvalidInputError,
     ListenerError,
@@ -21,9 +25,11 @@ from lr_client import (
     SnapshotDelivery,
     StoreUnavailableError,
 )
+from lr_client.errors import InvalidNameError
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
+from lr_client.subscriber import DEFAULT_BATCH_MAX_BYTES, default_owner
 from tests.kit.wait import join, wait_for
 
 CLIENT = "policy"
@@ -228,8 +234,10 @@ def test_other_clients_queues_are_not_delivered(
 ) -> None:
     app_store.apply_log_batch("src-a", "other", log_entries(1, 3))
     app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
-    assert make_sub(AppListener()).poll_once() == 2
+    listener = AppListener()
+    assert make_sub(listener).poll_once() == 2
     assert queued(app_store) == 3
+    assert listener.errors == []  # the other client's queue was not even tried
 
 
 @pytest.mark.parametrize("how", ["false", "raise"])
@@ -762,3 +770,294 @@ def test_the_delivered_count_counts_entries_given_to_the_listener_not_drop_notic
     (queue,) = store.list_queues("policy")
     with store.read() as conn:
         assert store.load_state(conn, queue.queue_id).delivered == 5
+
+
+# -- settings: defaults, bounds and messages ---------------------------------------------
+def test_the_defaults_are_the_documented_ones(app_store: SQLAlchemyQueueStore) -> None:
+    sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener())
+    settings = (sub.batch_size, sub.batch_max_bytes, sub.max_batches, sub.lease_seconds)
+    assert settings == (500, DEFAULT_BATCH_MAX_BYTES, 20, 30.0)
+    assert (sub.poll_interval, sub.retry_initial, sub.retry_max, sub.retry_jitter) == (
+        0.5,
+        0.5,
+        60.0,
+        0.5,
+    )
+
+
+def test_the_smallest_settings_are_accepted(app_store: SQLAlchemyQueueStore) -> None:
+    for jitter in (0.0, 1.0):
+        sub = RoutingQueueSubscriber(
+            app_store,
+            CLIENT,
+            AppListener(),
+            batch_size=1,
+            batch_max_bytes=1,
+            max_batches=1,
+            lease_seconds=0.001,
+            poll_interval=0,
+            retry_initial=0,
+            retry_max=0,
+            retry_jitter=jitter,
+            owner="o" * 128,
+        )
+        assert (sub.batch_size, sub.batch_max_bytes, sub.max_batches) == (1, 1, 1)
+        assert sub.owner == "o" * 128 and sub.retry_jitter == jitter
+
+
+SIZES = "batch_size, batch_max_bytes and max_batches must be at least 1"
+TIMES = "lease_seconds must be positive, intervals not negative"
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"batch_size": 0}, SIZES),
+        ({"batch_max_bytes": 0}, SIZES),
+        ({"max_batches": 0}, SIZES),
+        ({"lease_seconds": 0}, TIMES),
+        ({"poll_interval": -0.1}, TIMES),
+        ({"retry_initial": -0.1}, TIMES),
+        ({"retry_max": -0.1}, TIMES),
+        ({"retry_jitter": -0.01}, "retry_jitter must be between 0 and 1"),
+        ({"retry_jitter": 1.01}, "retry_jitter must be between 0 and 1"),
+        ({"owner": "o" * 129}, "owner must be at most 128 characters"),
+    ],
+)
+def test_each_setting_out_of_bounds_is_refused_by_name(
+    app_store: SQLAlchemyQueueStore, setting: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        RoutingQueueSubscriber(app_store, CLIENT, AppListener(), **setting)  # type: ignore[arg-type]
+
+
+def test_an_unknown_snapshot_delivery_names_the_choices(app_store: SQLAlchemyQueueStore) -> None:
+    expected = "snapshot_delivery must be one of 'complete', 'streaming', not 'whole'"
+    with pytest.raises(InvalidInputError, match=f"^{re.escape(expected)}$"):
+        RoutingQueueSubscriber(app_store, CLIENT, AppListener(), snapshot_delivery="whole")
+
+
+def test_a_bad_client_name_is_refused_as_a_client_name(app_store: SQLAlchemyQueueStore) -> None:
+    with pytest.raises(InvalidNameError, match=r"^invalid client name 'Bad_Name'"):
+        RoutingQueueSubscriber(app_store, "Bad_Name", AppListener())
+
+
+def test_a_database_url_or_engine_opens_the_store(app_store: SQLAlchemyQueueStore) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    url = app_store.engine.url.render_as_string(hide_password=False)
+    for target in (url, app_store.engine):
+        listener = AppListener()
+        sub = RoutingQueueSubscriber(target, CLIENT, listener)  # type: ignore[arg-type]
+        try:
+            assert isinstance(sub.store, SQLAlchemyQueueStore) and sub.store is not app_store
+            assert sub.store.list_queues(CLIENT) == app_store.list_queues(CLIENT)
+            assert sub.store.engine.pool.checkedin() == 1
+        finally:
+            sub.close()
+        # Connections it opened from a URL are closed with it; a given engine stays open.
+        assert sub.store.engine.pool.checkedin() == (0 if target is url else 1)
+
+
+def test_the_default_owner_is_host_pid_and_a_random_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(subscriber_module.socket, "gethostname", lambda: "h" * 100)
+    owner = default_owner()
+    assert re.fullmatch(rf"h{{80}}:{os.getpid()}:[0-9a-f]{{8}}", owner), owner
+    assert default_owner() != owner
+
+
+# -- what a failing listener is told -------------------------------------------------------
+class _Fails(AppListener):
+    """Fails the named callback once: ``raise`` or return ``result``."""
+
+    def __init__(self, callback: str, result: object = "raise") -> None:
+        super().__init__(lambda cb, _src, _n: None)
+        self.failing, self.result = callback, result
+        self.drops: list[tuple[str, int, str]] = []
+
+    def _maybe_fail(self, session: Session, callback: str, source_id: str) -> bool:
+        if callback == self.failing and not self.errors:
+            if self.result == "raise":
+                raise RuntimeError(f"boom in {callback}")
+            return self.result  # type: ignore[return-value]
+        return True
+
+    def on_stream_dropped(
+        self, session: Session, source_id: str, first_dropped_position: int, reason: str
+    ) -> None:
+        self.drops.append((source_id, first_dropped_position, reason))
+        self._maybe_fail(session, "on_stream_dropped", source_id)
+
+
+@pytest.mark.parametrize(
+    ("callback", "result", "says"),
+    [
+        ("on_full_sync_start", "raise", "RuntimeError: boom in on_full_sync_start"),
+        ("process_full_sync", False, "returned False"),
+        ("process_full_sync", "raise", "RuntimeError: boom in process_full_sync"),
+        ("on_full_sync_end", "raise", "RuntimeError: boom in on_full_sync_end"),
+        ("process_log_entries", None, "returned None"),
+    ],
+)
+def test_a_failing_callback_is_named_with_the_batch_and_the_reason(
+    app_store: SQLAlchemyQueueStore,
+    make_sub: Callable[..., RoutingQueueSubscriber],
+    callback: str,
+    result: object,
+    says: str,
+) -> None:
+    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2, base=0))
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    listener = _Fails(callback, result)
+    sub = make_sub(listener, retry_initial=0.0)
+    poll_until(sub, lambda: queued(app_store) == 0)
+    (error,) = listener.errors
+    assert isinstance(error, ListenerError)
+    (queue,) = app_store.list_queues(CLIENT)
+    assert (error.callback, error.source_id, error.client_name, error.attempt) == (
+        callback,
+        "src-a",
+        CLIENT,
+        1,
+    )
+    seqs = f"seq {error.first_seq}..{error.last_seq}"
+    assert str(error) == f"{callback} for {queue.queue_name} ({seqs}, attempt 1): {says}"
+
+
+def test_a_drop_notice_reaches_on_stream_dropped_with_its_position_and_reason(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    assert app_store.apply_drop_notice("src-a", CLIENT, "d1", 42, "over max_entries")
+    listener = _Fails("on_stream_dropped")
+    sub = make_sub(listener, retry_initial=0.0)
+    poll_until(sub, lambda: queued(app_store) == 0)
+    assert listener.drops == [("src-a", 42, "over max_entries")] * 2  # failed once, then done
+    (error,) = listener.errors
+    assert isinstance(error, ListenerError) and error.callback == "on_stream_dropped"
+    assert str(error).endswith("): RuntimeError: boom in on_stream_dropped")
+
+
+def test_a_listener_that_rolls_back_is_named_with_its_callback(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+
+    class RollsBack(AppListener):
+        def process_log_entries(
+            self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+        ) -> bool:
+            session.execute(text("SELECT 1"))
+            session.rollback()
+            return True
+
+    listener = RollsBack()
+    assert make_sub(listener).poll_once() == 0
+    (error,) = listener.errors
+    assert isinstance(error, ListenerError) and error.callback == "process_log_entries"
+    assert str(error).endswith("): the listener rolled back the delivery transaction")
+
+
+# -- the idle loop, and what is logged -----------------------------------------------------
+class _CountingStop(threading.Event):
+    """A stop event that records the waits of ``run`` and stops it after ``rounds`` of them."""
+
+    def __init__(self, rounds: int) -> None:
+        super().__init__()
+        self.rounds, self.waits = rounds, []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        if len(self.waits) >= self.rounds:
+            self.set()
+        return self.is_set()
+
+
+def test_run_waits_a_poll_interval_after_each_round_that_delivered_nothing(
+    app_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), poll_interval=0.25)
+    polls: list[int] = []
+    real = sub._poll
+    monkeypatch.setattr(sub, "_poll", lambda: (polls.append(1), real())[1])
+    stop = _CountingStop(3)
+    runner = threading.Thread(target=sub.run, args=(stop,), daemon=True)
+    runner.start()
+    join(runner)
+    assert stop.waits == [0.25, 0.25, 0.25] and len(polls) == 3  # one wait per idle round
+
+
+def test_run_reports_a_failed_poll_and_waits_before_the_next(
+    app_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listener = AppListener()
+    sub = RoutingQueueSubscriber(app_store, CLIENT, listener, poll_interval=0.25)
+    failure = StoreUnavailableError("the database went away")
+
+    def broken() -> tuple[int, bool]:
+        raise failure
+
+    monkeypatch.setattr(sub, "_poll", broken)
+    stop = _CountingStop(2)
+    runner = threading.Thread(target=sub.run, args=(stop,), daemon=True)
+    runner.start()
+    join(runner)
+    assert listener.errors == [failure, failure] and stop.waits == [0.25, 0.25]
+
+
+def test_an_on_error_that_raises_is_logged_not_propagated(
+    app_store: SQLAlchemyQueueStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Raises(AppListener):
+        def on_error(self, error: BaseException) -> None:
+            raise RuntimeError("on_error bug")
+
+    sub = RoutingQueueSubscriber(app_store, CLIENT, Raises())
+    with caplog.at_level(logging.ERROR, logger="lr_client.subscriber"):
+        sub._report(ValueError("x"))
+    (record,) = caplog.records
+    assert record.getMessage() == "listener.on_error raised" and record.exc_info is not None
+
+
+def test_a_failed_lease_release_is_logged_with_the_owner_and_the_error(
+    app_store: SQLAlchemyQueueStore,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), owner="me")
+
+    def unavailable(*_args: object) -> None:
+        raise StoreUnavailableError("gone")
+
+    monkeypatch.setattr(sub.store, "write", unavailable)
+    with caplog.at_level(logging.WARNING, logger="lr_client.subscriber"):
+        sub.release_leases()
+    (record,) = caplog.records
+    assert record.getMessage() == "could not release leases of me: gone"
+
+
+def test_a_lease_is_renewed_only_in_the_second_half_of_its_time(
+    app_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    (queue,) = app_store.list_queues(CLIENT)
+    sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=100.0)
+    acquired: list[float] = []
+    real = app_store.acquire_lease
+
+    def counting(conn: object, qid: int, owner: str, now: float, seconds: float) -> float | None:
+        acquired.append(now)
+        return real(conn, qid, owner, now, seconds)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(app_store, "acquire_lease", counting)
+    clock = [1_000_000.0]
+    monkeypatch.setattr(subscriber_module.time, "time", lambda: clock[0])
+    assert sub._hold_lease(queue.queue_id) and acquired == [1_000_000.0]
+    for later in (1.0, 49.9):  # more than half of the lease left: no round trip
+        clock[0] = 1_000_000.0 + later
+        assert sub._hold_lease(queue.queue_id)
+    assert len(acquired) == 1
+    clock[0] = 1_000_050.0  # exactly half left: renewed
+    assert sub._hold_lease(queue.queue_id) and acquired == [1_000_000.0, 1_000_050.0]
+    assert sub._lease_until[queue.queue_id] == 1_000_150.0
+    other = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=100.0)
+    assert not other._hold_lease(queue.queue_id)  # held by the first one
+    assert queue.queue_id not in other._lease_until
