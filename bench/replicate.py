@@ -1,7 +1,8 @@
 """Replication throughput and delivery latency: source send queue -> sink receive queues.
 
     python bench/replicate.py [--backend sqlite|postgresql|both] [--seconds N] [--entries N]
-                              [--rate N] [--entries-per-txn N] [--destinations N]
+                              [--rate N] [--entries-per-txn N] [--writers N]
+                              [--idle-transaction] [--destinations N]
                               [--rounds N] [--workarounds] [--no-shared-reader]
                               [--out bench/results/replicate.json] [--svg docs/send-queue-size.svg]
 
@@ -27,13 +28,16 @@ sites are started once; every cell below gets a fresh source site (own database 
   span from the first batch anywhere to the last batch anywhere. The 8-destination drains
   run healthy, stalled, stalled, healthy (``--rounds 2``) so drift hits both kinds alike.
 * ``latency``: a paced transmitter (``--entries-per-txn``, 1 by default, entries per
-  transaction) offers ``--rate`` entries/s for ``--seconds`` to 1 or 8 sinks (it catches up
+  transaction; ``--writers`` threads, 1 by default, share its schedule, each on a connection
+  of its own) offers ``--rate`` entries/s for ``--seconds`` to 1 or 8 sinks (it catches up
   when late, and gives up at 3x the planned time: the cell is then marked "cut"). Latency of
   an entry at a sink is its ``received_at`` there minus the time its source transaction's
   COMMIT returned (both clocks are this machine's). The first second is warm-up and
   excluded. While the load runs, the source's send-queue size (``count(*)`` of
   ``lrq_send_log_entries``) is sampled every 0.5 s. A control cell runs the same transmitter
-  with no site running.
+  with no site running. ``--idle-transaction`` adds a 1-destination cell with a session left
+  idle in transaction on the source database for the whole cell (PostgreSQL: it holds a
+  transaction id; SQLite: a read transaction).
 * ``stalled``: the 8-destination cells again, with the eighth destination behind
   a ``FaultProxy`` in ``stall()`` mode (connections accepted, nothing forwarded): the
   seven healthy destinations' throughput and p99 against the all-healthy run. Paced cells
@@ -660,6 +664,8 @@ class LatencyCell:
     drops: list[dict[str, Any]] = field(default_factory=list)
     snapshot_provider: bool = False
     cpu: CpuUse = field(default_factory=CpuUse)
+    writers: int = 1  # transmitting threads sharing the offered load
+    idle_transaction: bool = False  # a session idle in transaction on the source meanwhile
 
     @property
     def worst_p99_ms(self) -> float:
@@ -734,51 +740,103 @@ def paced_load(
     seconds: float,
     payloads: Sequence[bytes],
     per_txn: int = 1,
+    writers: int = 1,
 ) -> PacedLoad:
     """``per_txn`` entries per transaction at ``rate`` entries/s for ``rate * seconds``.
 
-    A transmitter that falls behind catches up without pausing, but stops at three times
-    the planned duration: the offered load was not reached then, and the cell says so.
+    ``writers`` threads share the schedule, each with its own connection: transaction
+    ``k`` is due at its slot and run by writer ``k % writers``. A writer that falls
+    behind catches up without pausing, but stops at three times the planned duration:
+    the offered load was not reached then, and the cell says so.
     """
-    pool = itertools.cycle(payloads)
     n = max(1, int(rate * seconds))
+    slots = list(range(0, n, per_txn))
     commits: list[tuple[int, float]] = []
     txn_ms: list[float] = []
-    errors = 0
-    behind = 0.0
-    engine: Engine = store.engine
+    errors = [0]
+    behind = [0.0]
+    lock = threading.Lock()
+    engine: Engine = (
+        store.engine
+        if writers == 1
+        else create_engine(
+            store.engine.url.render_as_string(hide_password=False),
+            pool_size=writers,
+            max_overflow=0,
+        )
+    )
     start = time.perf_counter()
     cap = start + 3 * seconds
-    for i in range(0, n, per_txn):
-        due = start + i / rate
-        now = time.perf_counter()
-        if due > now:
-            time.sleep(due - now)
-        else:
-            behind = max(behind, now - due)
-            if now > cap:
-                break
-        began = time.perf_counter()
-        try:
-            with engine.begin() as conn:
-                positions = [
-                    client.transmit_log_entry_message(conn, next(pool), destinations)
-                    for _ in range(min(per_txn, n - i))
-                ]
-            committed = time.time()
-            commits.extend((pos, committed) for pos in positions)
-            txn_ms.append((time.perf_counter() - began) * 1000.0)
-        except Exception:  # e.g. BackpressureError: counted, the load goes on
-            errors += min(per_txn, n - i)
+
+    def writer(w: int) -> None:
+        pool = itertools.cycle(payloads[w:] + payloads[:w])
+        for i in slots[w::writers]:
+            due = start + i / rate
+            now = time.perf_counter()
+            if due > now:
+                time.sleep(due - now)
+            else:
+                with lock:
+                    behind[0] = max(behind[0], now - due)
+                if now > cap:
+                    return
+            began = time.perf_counter()
+            count = min(per_txn, n - i)
+            try:
+                with engine.begin() as conn:
+                    positions = [
+                        client.transmit_log_entry_message(conn, next(pool), destinations)
+                        for _ in range(count)
+                    ]
+                committed = time.time()
+                with lock:
+                    commits.extend((pos, committed) for pos in positions)
+                    txn_ms.append((time.perf_counter() - began) * 1000.0)
+            except Exception:  # e.g. BackpressureError: counted, the load goes on
+                with lock:
+                    errors[0] += count
+
+    try:
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        if engine is not store.engine:
+            engine.dispose()
     elapsed = time.perf_counter() - start
     return PacedLoad(
         commits,
         len(commits) / elapsed,
-        errors,
-        behind * 1000.0,
+        errors[0],
+        behind[0] * 1000.0,
         latency_of(txn_ms),
-        len(commits) + errors < n,
+        len(commits) + errors[0] < n,
     )
+
+
+@contextlib.contextmanager
+def idle_transaction(store: SQLAlchemyQueueStore, wanted: bool) -> Iterator[None]:
+    """With ``wanted``, a session on the source database left open for the whole block.
+
+    PostgreSQL: it takes a transaction id (``pg_current_xact_id()``) and then does
+    nothing, as an application connection left idle in transaction would. SQLite has
+    one writer at a time, so the session holds a read transaction (a WAL snapshot).
+    """
+    if not wanted:
+        yield
+        return
+    with store.engine.connect() as conn:
+        conn.begin()
+        if store.dialect == "postgresql":
+            conn.execute(text("SELECT pg_current_xact_id()"))
+        else:
+            conn.execute(text("SELECT count(*) FROM lrq_send_log_entries"))
+        try:
+            yield
+        finally:
+            conn.rollback()
 
 
 def transmit_control(
@@ -836,6 +894,8 @@ def latency_cell(
     provider: bool,
     workarounds: bool,
     per_txn: int = 1,
+    writers: int = 1,
+    idle: bool = False,
 ) -> LatencyCell:
     stop = threading.Event()
     with source_site(cluster, site_id, dests, stalled) as src:
@@ -853,12 +913,20 @@ def latency_cell(
             sampler = Sampler(src.store, SAMPLE_INTERVAL).start()
             meter = CpuMeter(cluster, src)
             load_started = time.time()
-            load = paced_load(
-                src.store, src.client, src.destinations, rate, seconds, payloads, per_txn
-            )
-            commits = load.commits
-            last = max((p for p, _ in commits), default=first)
-            complete, _ = wait_delivered(cluster, src, last, timeout=max(30.0, 3 * seconds))
+            with idle_transaction(src.store, idle):
+                load = paced_load(
+                    src.store,
+                    src.client,
+                    src.destinations,
+                    rate,
+                    seconds,
+                    payloads,
+                    per_txn,
+                    writers,
+                )
+                commits = load.commits
+                last = max((p for p, _ in commits), default=first)
+                complete, _ = wait_delivered(cluster, src, last, timeout=max(30.0, 3 * seconds))
             cpu = meter.done(len(commits) * len(src.healthy))
             time.sleep(min(3.0, seconds))  # the tail: trim and retention once the load stops
             sampler.stop()
@@ -905,6 +973,8 @@ def latency_cell(
         drops,
         provider,
         cpu,
+        writers,
+        idle,
     )
 
 
@@ -914,7 +984,7 @@ def latency_cell(
 def cell_sources(rounds: int) -> list[str]:
     """Every cell's source id (each cell has its own source site): sinks must accept them."""
     many = [f"src-tn-{r}{'-stall' if s else ''}" for r in range(rounds) for s in (False, True)]
-    return ["src-t1", *many, "src-l1", "src-ln", "src-ln-stall"]
+    return ["src-t1", *many, "src-l1", "src-l1-idle", "src-ln", "src-ln-stall"]
 
 
 @dataclass
@@ -973,15 +1043,20 @@ def run_backend(
         )
         latency = []
         provider = has_snapshot_provider()
-        for dests, stalled in ((1, False), (sinks, False), (sinks, True)):
+        cells = [(1, False, False), (sinks, False, False), (sinks, True, False)]
+        if args.idle_transaction:
+            cells.insert(1, (1, False, True))
+        for dests, stalled, idle in cells:
             console.log(
                 f"{name}: latency at {args.rate:g}/s for {args.seconds:g} s, "
-                f"{dests} destination(s){', 1 stalled' if stalled else ''}"
+                f"{dests} destination(s){', 1 stalled' if stalled else ''}, "
+                f"{args.writers} writer(s){', a session idle in transaction' if idle else ''}"
             )
+            site = "src-l1" if dests == 1 else f"src-ln{'-stall' if stalled else ''}"
             latency.append(
                 latency_cell(
                     cluster,
-                    "src-l1" if dests == 1 else f"src-ln{'-stall' if stalled else ''}",
+                    site + ("-idle" if idle else ""),
                     dests,
                     stalled,
                     args.rate,
@@ -990,6 +1065,8 @@ def run_backend(
                     provider and dests > 1,
                     args.workarounds,
                     args.entries_per_txn,
+                    args.writers,
+                    idle,
                 )
             )
     return BackendResult(name, baseline, throughput, latency, facts, control)
@@ -1105,6 +1182,7 @@ def report(console: Console, results: list[BackendResult], ratios: dict[str, Any
         )
         for lc in r.latency:
             label = f"{lc.destinations}" + (" (1 stalled)" if lc.stalled else "")
+            label += " + idle txn" if lc.idle_transaction else ""
             rows.append(
                 [
                     r.backend,
@@ -1335,6 +1413,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1,
         help="entries per transaction of the paced transmitter (1)",
     )
+    p.add_argument(
+        "--writers",
+        type=int,
+        default=1,
+        help="transmitting threads sharing the paced load, a connection each (1)",
+    )
+    p.add_argument(
+        "--idle-transaction",
+        action="store_true",
+        help="add a 1-destination latency cell with a session idle in transaction on the "
+        "source for the whole cell",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replicate.json")
     p.add_argument(
         "--workarounds",
@@ -1357,9 +1447,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         or args.destinations < 2
         or args.rounds < 1
         or args.entries_per_txn < 1
+        or args.writers < 1
     ):
         p.error(
-            "--seconds and --rate must be > 0, --entries >= 0, --destinations >= 2, --rounds >= 1"
+            "--seconds and --rate must be > 0, --entries >= 0, --destinations >= 2, --rounds >= 1,"
+            " --entries-per-txn and --writers >= 1"
         )
     return args
 
@@ -1380,6 +1472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "entries_override": args.entries,
             "offered_rate": args.rate,
             "paced_entries_per_txn": args.entries_per_txn,
+            "paced_writers": args.writers,
+            "idle_transaction_cell": args.idle_transaction,
             "payload_bytes": PAYLOAD_BYTES,
             "sinks": args.destinations,
             "prefill_per_txn": PREFILL_PER_TXN,

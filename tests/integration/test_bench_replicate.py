@@ -35,6 +35,9 @@ def test_replicate_benchmark_writes_positive_rates(tmp_path: Path) -> None:
         "200",
         "--entries-per-txn",
         "2",
+        "--writers",
+        "3",
+        "--idle-transaction",
         "--destinations",
         "2",
         "--rounds",
@@ -50,6 +53,7 @@ def test_replicate_benchmark_writes_positive_rates(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data: dict[str, Any] = json.loads(out.read_text())
     assert data["settings"]["paced_entries_per_txn"] == 2
+    assert data["settings"]["paced_writers"] == 3
     sqlite = data["results"]["sqlite"]
     assert sqlite["baseline"]["rate"] > 0
     cells = sqlite["throughput"]
@@ -62,8 +66,11 @@ def test_replicate_benchmark_writes_positive_rates(tmp_path: Path) -> None:
         assert all(d["entries"] == 1000 and d["rate"] > 0 for d in cell["per_destination"])
     stalled = cells[2]
     assert stalled["send_queue_after"] == 1000  # the stalled destination acked nothing
+    shapes = [(c["destinations"], c["stalled"], c["idle_transaction"]) for c in sqlite["latency"]]
+    assert shapes == [(1, 0, False), (1, 0, True), (2, 0, False), (2, 1, False)]
     for cell in sqlite["latency"]:
         assert cell["complete"], cell
+        assert cell["writers"] == 3
         assert cell["achieved_rate"] > 0 and 0 < cell["transmitted"] <= 100  # 200/s, 0.5 s
         assert cell["transmitted"] % 2 == 0  # two entries per transaction
         assert cell["pooled"]["entries"] > 0
