@@ -269,6 +269,7 @@ def test_snapshot_reads_continue_and_resume_in_order(store: QueueStore) -> None:
     # Continuing from where each read ended, 4 at a time (across parts and the end).
     got, after = [], 0
     while batch := store.read_snapshot_entries(sid, after, 4):
+        assert len(batch) == min(4, 22 - after)
         assert [e.position for e in batch] == list(range(after + 1, after + len(batch) + 1))
         got += batch
         after = batch[-1].position
@@ -276,8 +277,13 @@ def test_snapshot_reads_continue_and_resume_in_order(store: QueueStore) -> None:
     # Resuming at any ordinal (a reconnect), then continuing from there.
     for start in (0, 3, 7, 12, 20, 21):
         first = store.read_snapshot_entries(sid, start, 3)
+        assert len(first) == min(3, 22 - start)
         rest = store.read_snapshot_entries(sid, start + len(first), 100)
         assert [e.payload for e in first + rest] == expected[start:]
+    # A read that does not continue the previous one starts where it is asked to.
+    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 4)] == expected[:4]
+    assert [e.payload for e in store.read_snapshot_entries(sid, 10, 3)] == expected[10:13]
+    assert [e.payload for e in store.read_snapshot_entries(sid, 1, 2)] == expected[1:3]
     # A byte limit cuts a read short; the next read continues after what was returned.
     short = store.read_snapshot_entries(sid, 0, 100, max_bytes=40)
     assert 0 < len(short) < 22
@@ -487,3 +493,82 @@ def test_the_lifecycle_survives_a_lost_connection(store: Snapshots, outage: Outa
     other = across_outage(outage, lambda: store.request_snapshot(None, "c", "policy"))
     assert across_outage(outage, lambda: store.cancel_snapshot(other)) in (True, False)
     assert _status(store, other) is SnapshotStatus.CANCELLED
+
+
+def test_a_first_read_may_start_anywhere(store: QueueStore) -> None:
+    store.register_sites(["b"])
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    _write(store, sid, 0, [b"a", b"b", b"c"])
+    assert store.finish_snapshot(sid) == 3
+    assert [e.payload for e in store.read_snapshot_entries(sid, 1, 10)] == [b"b", b"c", b"3"]
+
+
+def test_snapshots_never_share_counts_or_end_markers(store: QueueStore) -> None:
+    """Two snapshots at once: each end marker counts and closes its own snapshot only."""
+    store.register_sites(["b", "c"])
+    first = store.request_snapshot(None, "b", "policy")
+    second = store.request_snapshot(None, "c", "policy")
+    for sid in (first, second):
+        store.start_snapshot(sid)
+    _write(store, first, 0, [b"f1", b"f2"])
+    _write(store, second, 0, [b"s1", b"s2", b"s3"])
+    assert store.finish_snapshot(first) == 2
+    assert store.finish_snapshot(second) == 3
+    assert [e.payload for e in store.read_snapshot_entries(first, 0, 10)] == [b"f1", b"f2", b"2"]
+    assert [e.payload for e in store.read_snapshot_entries(second, 0, 10)] == [
+        b"s1",
+        b"s2",
+        b"s3",
+        b"3",
+    ]
+    for sid, count in ((first, 2), (second, 3)):
+        req = store.get_snapshot(sid)
+        assert req is not None and (req.entry_count, req.rows_written) == (count, count)
+
+
+def test_a_chunk_rewritten_in_the_middle_of_a_part_replaces_only_its_range(
+    store: Snapshots,
+) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    _write(store, sid, 0, [b"a", b"b", b"c", b"d", b"e", b"f"])
+    with store.write() as conn:
+        assert store.write_snapshot_entries(conn, sid, 0, [b"B", b"C"], first_seq=1) == 2
+    store.finish_snapshot(sid)
+    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [
+        b"a",
+        b"B",
+        b"C",
+        b"d",
+        b"e",
+        b"f",
+        b"6",
+    ]
+
+
+def test_writing_to_a_snapshot_that_is_not_running_says_its_state(store: Snapshots) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    with pytest.raises(SnapshotError, match=rf"^snapshot {sid} is requested, not running$"):
+        _write(store, sid, 0, [b"a"])
+    with pytest.raises(SnapshotError, match=r"^snapshot nope is unknown, not running$"):
+        _write(store, "nope", 0, [b"a"])
+
+
+def test_a_cancel_without_a_reason_says_cancelled(store: Snapshots) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    assert store.cancel_snapshot(sid)
+    req = store.get_snapshot(sid)
+    assert req is not None and (req.status, req.reason) == (SnapshotStatus.CANCELLED, "cancelled")
+
+
+def test_a_snapshot_heard_of_exactly_at_the_limit_is_not_stalled(store: Snapshots) -> None:
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    req = store.get_snapshot(sid)
+    assert req is not None
+    assert not store.fail_stalled_snapshot(sid, req.updated_at, "stalled")
+    assert _status(store, sid) is SnapshotStatus.RUNNING
+    assert store.fail_stalled_snapshot(sid, req.updated_at + 1.0, "stalled")
+    failed = store.get_snapshot(sid)
+    assert failed is not None and failed.updated_at > req.updated_at  # when it was failed
