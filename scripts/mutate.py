@@ -165,6 +165,7 @@ TARGETS: dict[str, Target] = {
             *CONTRACT,
             "tests/integration/test_snapshot_provider.py",
             "tests/integration/test_trim.py",
+            "tests/integration/test_bounded_reads.py",
         ],
         "the source's snapshot requests and snapshot queue",
     ),
