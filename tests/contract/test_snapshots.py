@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -63,11 +64,25 @@ def test_a_request_in_the_callers_transaction_commits_with_it(
     assert [r.snapshot_id for r in store.list_snapshots()] == [kept]
 
 
-@pytest.mark.parametrize(("destination", "client"), [("B", "policy"), ("b", "bad name"), ("", "p")])
-def test_a_bad_name_requests_nothing(store: Snapshots, destination: str, client: str) -> None:
-    with pytest.raises(InvalidNameError):
+@pytest.mark.parametrize(
+    ("destination", "client", "says"),
+    [
+        ("B", "policy", "invalid site id 'B'"),
+        ("b", "bad name", "invalid client name 'bad name'"),
+        ("", "p", "invalid site id ''"),
+    ],
+)
+def test_a_bad_name_requests_nothing(
+    store: Snapshots, destination: str, client: str, says: str
+) -> None:
+    with pytest.raises(InvalidNameError, match=f"^{re.escape(says)}:"):
         store.request_snapshot(None, destination, client)
     assert store.list_snapshots() == []
+
+
+def test_a_request_without_a_reason_has_an_empty_one(store: Snapshots) -> None:
+    req = store.get_snapshot(store.request_snapshot(None, "b", "policy"))
+    assert req is not None and req.reason == ""
 
 
 def test_snapshot_lifecycle_is_idempotent(store: QueueStore) -> None:
