@@ -10,6 +10,7 @@ out. Survivors are printed as diffs and kept in ``.mutate/<target>/survivors.txt
     scripts/mutate names trim          # some targets
     scripts/mutate --list              # the targets, their code and tests
     scripts/mutate receive --jobs 1    # one mutant at a time (the default)
+    scripts/mutate trim --survivors    # only the last run's survivors, after adding tests
 
 PostgreSQL tests need the server of ``LR_TEST_PG_URL`` (``CI=true`` is set, so
 an unreachable server fails instead of skipping). docs/reliability.md records
@@ -279,13 +280,27 @@ def results(work: Path, mutmut: str, env: dict[str, str]) -> dict[str, str]:
     return found
 
 
-def run(name: str, target: Target, jobs: int, report_only: bool = False) -> dict[str, int]:
+def last_survivors(name: str) -> list[str]:
+    """The mutants that survived the last run of target ``name`` (its survivors.txt)."""
+    path = WORK / name / "survivors.txt"
+    if not path.exists():
+        raise SystemExit(f"no earlier run of {name}: run it whole first")
+    return [m.group(1) for m in re.finditer(r"^## (\S+): ", path.read_text(), re.MULTILINE)]
+
+
+def run(
+    name: str, target: Target, jobs: int, report_only: bool = False, survivors: bool = False
+) -> dict[str, int]:
     mutmut = str(Path(sys.executable).with_name("mutmut"))
     env = {**os.environ, "CI": "true", **dict(target.env)}
     env.pop("PYTHONPATH", None)
     print(f"== {name}: {target.about}", flush=True)
     work = WORK / name
     started = time.monotonic()
+    if survivors:
+        # Only the last run's survivors, against the tests as they are now.
+        target = Target(target.files, last_survivors(name), target.tests, target.about, target.env)
+        print(f"   again: the {len(target.mutants)} survivors of the last run", flush=True)
     if not report_only:
         work = prepare(name, target)
         proc = subprocess.run(
@@ -336,6 +351,11 @@ def main() -> None:
     parser.add_argument(
         "--report", action="store_true", help="summarise the last run of the targets again"
     )
+    parser.add_argument(
+        "--survivors",
+        action="store_true",
+        help="test only the mutants that survived the last run (after adding tests)",
+    )
     args = parser.parse_args()
     if args.list or not args.targets:
         for name, t in TARGETS.items():
@@ -346,7 +366,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown targets: {', '.join(unknown)}")
     for name in names:
-        run(name, TARGETS[name], args.jobs, args.report)
+        run(name, TARGETS[name], args.jobs, args.report, args.survivors)
 
 
 if __name__ == "__main__":
