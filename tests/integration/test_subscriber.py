@@ -884,6 +884,7 @@ class _Fails(AppListener):
     def on_stream_dropped(
         self, session: Session, source_id: str, first_dropped_position: int, reason: str
     ) -> None:
+        session.add(AppRow(source_id=source_id, kind="dropped", position=first_dropped_position))
         self.drops.append((source_id, first_dropped_position, reason))
         self._maybe_fail(session, "on_stream_dropped", source_id)
 
@@ -931,6 +932,7 @@ def test_a_drop_notice_reaches_on_stream_dropped_with_its_position_and_reason(
     sub = make_sub(listener, retry_initial=0.0)
     poll_until(sub, lambda: queued(app_store) == 0)
     assert listener.drops == [("src-a", 42, "over max_entries")] * 2  # failed once, then done
+    assert app_rows(app_store, "dropped") == [("src-a", "", 42)]  # written in its session
     (error,) = listener.errors
     assert isinstance(error, ListenerError) and error.callback == "on_stream_dropped"
     assert str(error).endswith("): RuntimeError: boom in on_stream_dropped")
