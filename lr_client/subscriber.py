@@ -136,9 +136,13 @@ class RoutingQueueSubscriber:
             ) from None
         #: A store this subscriber opened from a URL: its connections are closed by close().
         self._owned = open_store(engine) if isinstance(engine, str) else None
-        self.store: SubscriberQueues = self._owned or (
-            open_store(engine) if isinstance(engine, Engine) else engine
-        )
+        self.store: SubscriberQueues
+        if self._owned is not None:
+            self.store = self._owned
+        elif isinstance(engine, Engine):
+            self.store = open_store(engine)
+        else:
+            self.store = engine
         self.client_name = validate_name(client_name, "client name")
         self.listener = listener
         self.batch_size = batch_size

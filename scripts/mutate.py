@@ -90,7 +90,7 @@ TARGETS: dict[str, Target] = {
             *_methods(
                 RETENTION, "trim", "_acked_positions", "drop_stream", "list_drops", "clear_drop"
             ),
-            *_methods(SQLITE, "_trim_log"),
+            *_methods(SQLITE, "_trim_log", "_trim_client"),
             *_methods(PG, "_trim_log"),
         ],
         [

@@ -99,50 +99,61 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             return int(own.execute(query).scalar() or 0)
 
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
-        e = s.send_log_entries
-        acked = self._acked_positions(conn)
         streams: dict[str, dict[int, int]] = {}
-        for (num, client), position in acked.items():
+        for (num, client), position in self._acked_positions(conn).items():
             streams.setdefault(client, {})[num] = position
         marks: dict[tuple[int, str], int] = {}
-        left = batch_size
+        deleted = 0
         for client, acks in sorted(streams.items()):
-            # Between two distinct acknowledged positions the set of destinations
-            # done with an entry is fixed: those acknowledged at or past the
-            # range's top. An entry goes if it names no other destination (one
-            # with no cursor, or behind, keeps it).
-            low = 0
-            for high in sorted(set(acks.values())):
-                done = [num for num, position in acks.items() if position >= high]
-                victims = (
-                    select(e.c.position)
-                    .where(
-                        e.c.client_name == client,
-                        e.c.position > low,
-                        e.c.position <= high,
-                        _names_only(e.c.dest_nums, done),
-                    )
-                    .order_by(e.c.position)
-                    .limit(left)
-                )
-                deleted = conn.execute(
-                    delete(e)
-                    .where(e.c.position.in_(victims))
-                    .returning(e.c.position, e.c.dest_nums)
-                ).all()
-                for position, dests in deleted:
-                    for num in self._dest_nums_of(dests):
-                        key = (num, client)
-                        marks[key] = max(marks.get(key, 0), int(position))
-                left -= len(deleted)
-                if left <= 0:
-                    break
-                low = high
-            if left <= 0:
+            deleted += self._trim_client(conn, client, acks, batch_size - deleted, marks)
+            if deleted >= batch_size:
                 break
         # Per stream, the highest position deleted: recorded in this transaction.
         self._record_trim_marks(conn, marks)
-        return batch_size - left
+        return deleted
+
+    def _trim_client(
+        self,
+        conn: Connection,
+        client: str,
+        acks: dict[int, int],
+        limit: int,
+        marks: dict[tuple[int, str], int],
+    ) -> int:
+        """Delete up to ``limit`` of ``client``'s entries acknowledged by all their destinations.
+
+        Between two distinct acknowledged positions the set of destinations done
+        with an entry is fixed: those acknowledged at or past the range's top. An
+        entry goes if it names no other destination (one with no cursor, or
+        behind, keeps it). ``marks`` gets each stream's highest deleted position.
+        """
+        e = s.send_log_entries
+        deleted, low = 0, 0
+        for high in sorted(set(acks.values())):
+            done = [num for num, position in acks.items() if position >= high]
+            victims = (
+                select(e.c.position)
+                .where(
+                    e.c.client_name == client,
+                    e.c.position > low,
+                    e.c.position <= high,
+                    _names_only(e.c.dest_nums, done),
+                )
+                .order_by(e.c.position)
+                .limit(limit - deleted)
+            )
+            rows = conn.execute(
+                delete(e).where(e.c.position.in_(victims)).returning(e.c.position, e.c.dest_nums)
+            ).all()
+            for position, dests in rows:
+                for num in self._dest_nums_of(dests):
+                    key = (num, client)
+                    marks[key] = max(marks.get(key, 0), int(position))
+            deleted += len(rows)
+            if deleted >= limit:
+                break
+            low = high
+        return deleted
 
     def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
         # The driver's executemany with tuples: no per-row dictionaries to build and bind.

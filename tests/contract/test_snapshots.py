@@ -124,16 +124,20 @@ def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
 ) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)
-    _write(store, sid, 0, [b"a", b"b", b"c"])
-    with store.write() as conn:
-        assert store.write_snapshot_entries(conn, sid, 0, [b"B", b"C", b"D"], first_seq=1) == 3
+    _write(store, sid, 0, [b"a", b"b", b"c", b"d", b"e", b"f"])
+    with store.write() as conn:  # a chunk in the middle, then one past the part's end
+        assert store.write_snapshot_entries(conn, sid, 0, [b"B", b"C"], first_seq=1) == 2
+        assert store.write_snapshot_entries(conn, sid, 0, [b"F", b"G"], first_seq=5) == 2
     store.finish_snapshot(sid)
     assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [
         b"a",
         b"B",
         b"C",
-        b"D",
-        b"4",
+        b"d",
+        b"e",
+        b"F",
+        b"G",
+        b"7",
     ]
 
 
@@ -540,26 +544,6 @@ def test_snapshots_never_share_counts_or_end_markers(store: QueueStore) -> None:
     for sid, count in ((first, 2), (second, 3)):
         req = store.get_snapshot(sid)
         assert req is not None and (req.entry_count, req.rows_written) == (count, count)
-
-
-def test_a_chunk_rewritten_in_the_middle_of_a_part_replaces_only_its_range(
-    store: Snapshots,
-) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(sid)
-    _write(store, sid, 0, [b"a", b"b", b"c", b"d", b"e", b"f"])
-    with store.write() as conn:
-        assert store.write_snapshot_entries(conn, sid, 0, [b"B", b"C"], first_seq=1) == 2
-    store.finish_snapshot(sid)
-    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [
-        b"a",
-        b"B",
-        b"C",
-        b"d",
-        b"e",
-        b"f",
-        b"6",
-    ]
 
 
 def test_writing_to_a_snapshot_that_is_not_running_says_its_state(store: Snapshots) -> None:

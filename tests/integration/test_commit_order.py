@@ -7,10 +7,12 @@ reader; a transaction left open beside them.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, text, update
@@ -28,6 +30,40 @@ app_rows = Table(
     Column("id", Integer, primary_key=True),
     Column("note", String(40), nullable=False),
 )
+
+
+def read_while_writing(
+    store: SQLAlchemyQueueStore, writers: Sequence[Callable[[], None]]
+) -> list[tuple[int, bytes]]:
+    """Run ``writers`` on threads while a reader follows site-b's stream with a cursor.
+
+    The reader stops at the first empty read after every writer ended; it
+    returns ``(position, payload)`` of each entry it read, in reading order.
+    """
+    stop = threading.Event()
+    seen: list[tuple[int, bytes]] = []
+
+    def reader() -> None:
+        cursor = 0
+        while True:
+            done = stop.is_set()
+            batch = store.read_log_entries("site-b", "policy", cursor, 1000)
+            seen.extend((e.position, e.payload) for e in batch)
+            if batch:
+                cursor = batch[-1].position
+            elif done:
+                return
+
+    r = threading.Thread(target=reader)
+    r.start()
+    threads = [threading.Thread(target=w) for w in writers]
+    for w in threads:
+        w.start()
+    for w in threads:
+        join(w, 120)
+    stop.set()
+    join(r, 60)
+    return seen
 
 
 def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
@@ -94,37 +130,16 @@ def test_many_concurrent_writers_never_skip(pg_schema: PgSchema) -> None:
     client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
     client.register_destinations(["site-b"])
     n_threads, per_thread = 6, 40
-    stop = threading.Event()
-    seen: list[int] = []
-
-    def reader() -> None:
-        cursor = 0
-        while True:
-            done = stop.is_set()
-            batch = store.read_log_entries("site-b", "policy", cursor, 1000)
-            seen.extend(e.position for e in batch)
-            if batch:
-                cursor = batch[-1].position
-            elif done:
-                return
 
     def writer(k: int) -> None:
         for i in range(per_thread):
             with Session(store.engine) as session, session.begin():
                 client.transmit_log_entry_message(session, b"%d-%d" % (k, i), ["site-b"])
 
-    r = threading.Thread(target=reader)
-    r.start()
-    writers = [threading.Thread(target=writer, args=(k,)) for k in range(n_threads)]
-    for w in writers:
-        w.start()
-    for w in writers:
-        w.join()
-    stop.set()
-    r.join()
+    seen = read_while_writing(store, [functools.partial(writer, k) for k in range(n_threads)])
     everything = store.read_log_entries("site-b", "policy", 0, 10_000)
     # The live reader saw every committed entry once, in position order.
-    assert seen == [e.position for e in everything]
+    assert seen == [(e.position, e.payload) for e in everything]
     payloads = [e.payload for e in everything]
     assert sorted(payloads) == sorted(
         b"%d-%d" % (k, i) for k in range(n_threads) for i in range(per_thread)
@@ -158,19 +173,6 @@ def test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order(
     n_writers, per_writer = 5, 24
     txns: list[Txn] = []
     lock = threading.Lock()
-    stop = threading.Event()
-    seen: list[tuple[int, bytes]] = []
-
-    def reader() -> None:
-        cursor = 0
-        while True:
-            done = stop.is_set()
-            batch = store.read_log_entries("site-b", "policy", cursor, 1000)
-            seen.extend((e.position, e.payload) for e in batch)
-            if batch:
-                cursor = batch[-1].position
-            elif done:
-                return
 
     def writer(k: int) -> None:
         rng = random.Random(k)
@@ -195,16 +197,7 @@ def test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order(
             with lock:
                 txns.append(txn)
 
-    r = threading.Thread(target=reader)
-    r.start()
-    writers = [threading.Thread(target=writer, args=(k,)) for k in range(n_writers)]
-    for w in writers:
-        w.start()
-    for w in writers:
-        join(w, 120)
-    stop.set()
-    join(r, 60)
-
+    seen = read_while_writing(store, [functools.partial(writer, k) for k in range(n_writers)])
     committed = [t for t in txns if t.committed]
     assert 0 < len(committed) < len(txns)  # both outcomes happened
     everything = [
