@@ -547,8 +547,10 @@ def prefill(src: Source, n: int, payloads: Sequence[bytes]) -> tuple[int, float]
         k = min(PREFILL_PER_TXN, n - done)
         msgs = [LRMessageWithDestinations(next(pool), src.destinations) for _ in range(k)]
         with src.store.engine.begin() as conn:
-            last = src.client.transmit_log_entry_messages(conn, msgs)[-1]
+            ref = src.client.transmit_log_entry_messages(conn, msgs)[-1]
         done += k
+    (last,) = src.client.positions_of([ref], timeout=60)
+    assert last is not None, "the prefill's last entry got no position"
     return last, n / (time.perf_counter() - start)
 
 
@@ -562,7 +564,7 @@ def apply_workarounds(src: Source, backend: str, *, prefilled: bool) -> None:
     """
     with src.store.engine.connect() as conn:
         if backend == "postgresql" and prefilled:
-            conn.exec_driver_sql("ANALYZE lrq_send_log_entries")
+            conn.exec_driver_sql("ANALYZE lrq_send_positions")
         conn.commit()
 
 
@@ -906,7 +908,10 @@ def latency_cell(
             start_source(cluster, src, paced=True, provider=provider)
             # Ready: one entry has reached every healthy sink (connections, first-contact syncs).
             with src.store.engine.begin() as conn:
-                first = src.client.transmit_log_entry_message(conn, payloads[0], src.destinations)
+                ref = src.client.transmit_log_entry_message(conn, payloads[0], src.destinations)
+            (first,) = src.client.positions_of([ref], timeout=60)
+            if first is None:
+                raise RuntimeError(f"{site_id}: the first entry got no position")
             ready, _ = wait_delivered(cluster, src, first, timeout=60)
             if not ready:
                 raise RuntimeError(f"{site_id}: sinks not ready\n{src.server and src.server.log()}")

@@ -71,7 +71,7 @@ from sqlalchemy import (  # noqa: E402
     Table,
     text,
 )
-from sqlalchemy.engine import Connection, Engine  # noqa: E402
+from sqlalchemy.engine import Engine  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.common import (  # noqa: E402
@@ -229,7 +229,19 @@ class Ours(System):
             )
 
     def tables(self) -> tuple[str | None, list[str]]:
-        return None, ["lrq_send_log_entries"]
+        if self.slot.backend == "sqlite":
+            return None, ["lrq_send_log_entries"]
+        # The entries, their commit stamps and what the sequencer wrote for them.
+        return None, [
+            "lrq_send_entries",
+            "lrq_send_commits",
+            "lrq_send_positions",
+            "lrq_send_blocks",
+        ]
+
+    def stored_bytes(self) -> int:
+        self.client.store.sequence()  # PostgreSQL: positions are written after commit
+        return super().stored_bytes()
 
 
 class Plain(System):
@@ -295,37 +307,6 @@ class PgQ(System):
 
 # -- experiments: locally patched variants of ours (not the shipped code) -------------------
 
-_PG_INSERT_ROW = (
-    "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at) "
-    "VALUES (%s, %s, CAST(%s AS smallint[]), %s) RETURNING position"
-)
-
-
-def _pg_executemany(
-    store: Any, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
-) -> list[int]:
-    """Batches as one pipelined executemany of a short statement instead of insertmanyvalues.
-
-    insertmanyvalues renders a >4 KiB statement that psycopg re-parses on every
-    call (its query cache stops at 4096 characters); the destination array goes
-    as a '{1,5}' literal rather than a Python list psycopg must dump.
-    """
-    if len(messages) == 1:
-        return list(type(store)._insert_entries(store, conn, client_name, messages))
-    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": store.lock_key(conn)})
-    raw = conn.connection.driver_connection
-    assert raw is not None
-    now = time.time()
-    rows = [(client_name, p, "{" + ",".join(map(str, n)) + "}", now) for p, n in messages]
-    positions: list[int] = []
-    with raw.cursor() as cur:
-        cur.executemany(_PG_INSERT_ROW, rows, returning=True)
-        while True:
-            positions.append(int(cur.fetchone()[0]))
-            if not cur.nextset():
-                break
-    return positions
-
 
 @dataclass(frozen=True)
 class Experiment:
@@ -335,13 +316,8 @@ class Experiment:
     ddl: tuple[str, ...] = ()
 
 
-EXPERIMENTS = {
-    "pg-executemany": Experiment(
-        "postgresql",
-        "batches: pipelined executemany of a short INSERT ... RETURNING, '{..}' array literal",
-        insert=_pg_executemany,
-    ),
-}
+#: Locally patched variants of ours, by name (none at present: the last one shipped).
+EXPERIMENTS: dict[str, Experiment] = {}
 
 
 def experiment_kind(name: str) -> type[System]:

@@ -31,7 +31,7 @@ from lr_client.errors import (
     UnknownDestinationError,
 )
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
-from lr_client.records import LRMessageWithDestinations, ReplicationType
+from lr_client.records import EntryRef, LRMessageWithDestinations, ReplicationType
 from lr_client.sender import DEFAULT_MAX_PAYLOAD_BYTES, Backpressure, RoutingQueueClient
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
 from lr_client.store import QueueStore, create_engine, open_store
@@ -45,6 +45,7 @@ __all__ = [
     "Backpressure",
     "BackpressureError",
     "ConfigError",
+    "EntryRef",
     "IncompatibleVersionError",
     "InvalidDestinationsError",
     "InvalidInputError",

@@ -71,6 +71,22 @@ class LRMessageWithDestinations:
 
 
 @dataclass(frozen=True, slots=True)
+class EntryRef:
+    """A transmitted entry, as its transaction wrote it.
+
+    Positions are given in commit order, so on PostgreSQL an entry has none
+    until its transaction has committed and been sequenced (``position`` is
+    None; ``Sender.positions_of`` waits for it). On SQLite writers commit one
+    at a time and the position is known at once. ``txid`` (the transaction)
+    and ``ord`` (the entry's ordinal in it) name the entry until then.
+    """
+
+    txid: int
+    ord: int
+    position: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SendEntry:
     """An entry of a send queue as a sender session reads it."""
 

@@ -18,13 +18,15 @@ from lr_client.errors import (
     UnknownDestinationError,
 )
 from lr_client.names import validate_name
-from lr_client.records import LRMessageWithDestinations, check_payload
+from lr_client.records import EntryRef, LRMessageWithDestinations, check_payload
 from lr_client.store import SendLog, Sites, Snapshots, open_store
 
 #: Default payload limit, as Corfu's maximum message size.
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 #: Distinct destination lists a client remembers as validated.
 RESOLVED_CACHE_SIZE = 1024
+#: How often :meth:`RoutingQueueClient.positions_of` asks again while waiting.
+POSITION_POLL_S = 0.01
 
 
 class TransmitStore(Sites, SendLog, Snapshots, Protocol):
@@ -174,10 +176,12 @@ class RoutingQueueClient:
     # -- transmit ----------------------------------------------------------------------
     def transmit_log_entry_message(
         self, session: Session | Connection, payload: bytes, destinations: Sequence[str]
-    ) -> int:
+    ) -> EntryRef:
         """Queue one payload for ``destinations`` in the caller's transaction.
 
-        Returns its position. Nothing is sent unless the transaction commits.
+        Nothing is sent unless the transaction commits. Returns a ref to the
+        entry: positions are given in commit order, so on PostgreSQL the
+        position is known only after commit (:meth:`positions_of`).
         """
         conn = _connection(session)
         row = (self._payload(payload), self._dest_nums(destinations))
@@ -186,7 +190,7 @@ class RoutingQueueClient:
 
     def transmit_log_entry_messages(
         self, session: Session | Connection, messages: Sequence[LRMessageWithDestinations]
-    ) -> list[int]:
+    ) -> list[EntryRef]:
         """Queue several payloads in the caller's transaction; all or none are valid."""
         conn = _connection(session)
         rows = []
@@ -198,6 +202,20 @@ class RoutingQueueClient:
             rows.append((self._payload(m.payload), self._dest_nums(m.destinations)))
         self._check_backpressure()
         return self.store.append_log_entries(conn, self.client_name, rows)
+
+    def positions_of(self, refs: Sequence[EntryRef], timeout: float = 0.0) -> list[int | None]:
+        """The positions of transmitted entries, waiting up to ``timeout`` s for all.
+
+        None for an entry without one by then: its transaction has not
+        committed (or rolled back), or, on PostgreSQL, the entry was
+        delivered everywhere and trimmed more than a minute ago.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.store.positions_of(refs)
+            if None not in found or time.monotonic() >= deadline:
+                return found
+            time.sleep(POSITION_POLL_S)
 
     def request_snapshot_sync(
         self, session: Session | Connection | None, destination: str, reason: str = "application"

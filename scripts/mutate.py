@@ -55,6 +55,7 @@ STORE_FILES = [
     "lr_client/store/receiving.py",
     "lr_client/store/sqlite.py",
     "lr_client/store/postgres.py",
+    "lr_client/store/sequencer.py",
 ]
 #: The store contract suite, one module per role. mutmut wants every selected test
 #: green on the unmutated code; the checks of a store on an empty database reach no
@@ -173,7 +174,7 @@ TARGETS: dict[str, Target] = {
     "send": Target(
         [*STORE_FILES, "lr_client/sender.py"],
         [
-            *_methods(SEND_LOG, "append_log_entries"),
+            *_methods(SEND_LOG, "append_log_entries", "positions_of"),
             *_methods(SHIPPING, "read_log_entries", "read_client_log", "backlog"),
             *_methods(SHIPPING, "get_cursor", "set_cursor", "oldest_position"),
             *_methods(BASE, "_set_cursor"),
@@ -181,8 +182,16 @@ TARGETS: dict[str, Target] = {
             *_methods(SQLITE, "_insert_entries", "_with_tag", "_tagged_query", "head_position"),
             "lr_client.store.sqlite.x__names*",
             *_methods(
-                PG, "_insert_entries", "_tagged_query", "_with_tag", "head_position", "lock_key"
+                PG,
+                "_insert_entries",
+                "_tagged_query",
+                "_with_tag",
+                "head_position",
+                "head_position_estimate",
+                "sequence",
+                "_bases",
             ),
+            "lr_client.store.sequencer.*",
         ],
         [
             *CONTRACT,
@@ -190,7 +199,7 @@ TARGETS: dict[str, Target] = {
             "tests/integration/test_commit_order.py",
             "tests/integration/test_trim.py",
         ],
-        "transmit, tagged reads, cursors, commit order",
+        "transmit, tagged reads, cursors, the commit-order sequencer",
     ),
     "subscriber": Target(
         ["lr_client/delivery.py", "lr_client/subscriber.py"],

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from lr_client.errors import LRError, SchemaError, StoreUnavailableError
+from lr_client.records import EntryRef
 from lr_client.store import schema as s
 
 #: SQLSTATEs of a missing or older schema: undefined table, schema, column.
@@ -167,8 +168,20 @@ class StoreBase(abc.ABC):
     @abc.abstractmethod
     def _insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
-    ) -> list[int]:
-        """Insert send log entries with their tags; their positions, in commit order."""
+    ) -> list[EntryRef]:
+        """Insert send log entries with their destinations; a ref for each."""
+
+    def sequence(self) -> int:
+        """Give positions to entries committed since the last call; how many (a hook).
+
+        Every read of positions calls it first. SQLite assigns positions at
+        insert: nothing to do.
+        """
+        return 0
+
+    def _bases(self, conn: Connection, txids: Sequence[int]) -> dict[int, int]:
+        """{txid: base} of sequenced transactions: an entry's position is base + ord."""
+        return {}
 
     @abc.abstractmethod
     def _with_tag(self, query: Any, dest_num: int) -> Any:

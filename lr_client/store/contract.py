@@ -22,6 +22,7 @@ from lr_client.records import (
     Backlog,
     Cursor,
     DropRecord,
+    EntryRef,
     HeadEntry,
     LogRange,
     QueueInfo,
@@ -85,11 +86,27 @@ class SendLog(Protocol):
 
     def append_log_entries(
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
-    ) -> list[int]:
-        """Append validated entries (payload, destination site numbers); return positions.
+    ) -> list[EntryRef]:
+        """Append validated entries (payload, destination site numbers); one ref each.
 
         Positions are assigned in commit order, so a reader that has read up to
         position ``p`` never later finds a committed entry below ``p`` (I1).
+        On PostgreSQL they are given after commit (the refs carry none).
+        """
+
+    def positions_of(self, refs: Sequence[EntryRef]) -> list[int | None]:
+        """The positions of entries transmitted earlier; None where not known.
+
+        SQLite knows a position at insert (the ref carries it). On PostgreSQL
+        it is known once the transaction has committed and been sequenced:
+        None before, for an entry whose transaction rolled back, and for one
+        trim has removed since.
+        """
+
+    def sequence(self) -> int:
+        """Give positions to what committed since the last call (PostgreSQL); how many.
+
+        Readers call it themselves; SQLite assigns positions at insert (0).
         """
 
     def head_position(self, conn: Connection | None = None) -> int:

@@ -1,24 +1,17 @@
-"""PostgreSQL backend: commit-ordered positions and a GIN tag index.
+"""PostgreSQL backend: positions after commit, in commit order, and a GIN tag index.
 
-Invariant I1. A sequence hands out positions at INSERT time, but transactions
-can commit in another order, so a reader could pass a position whose
-transaction commits later. Transmitting transactions therefore take a
-transaction-scoped advisory lock before their first insert; it is held until
-COMMIT/ROLLBACK, and PostgreSQL releases locks only after the commit is
-visible. So positions are assigned in commit order: whatever a reader sees,
-every lower position is already committed or never will be.
-
-Why this and not PgQ's snapshot batches: those order entries by transaction
-id, so delivery order differs from position order and a reader must wait for
-*every* older transaction of the cluster (even unrelated long ones); here one
-integer position is both the order and the resume point, and unrelated
-transactions never delay delivery. The cost is that transmitting transactions
-serialise from their first transmit to their commit: transmit late in the
-transaction. ``bench/transmit.py`` measures it, with concurrent writers too.
+Invariant I1 (no reader skips a committed entry) and commit order (I2) come
+from the sequencer (:mod:`lr_client.store.sequencer`): a transmitting
+transaction only inserts its entries and, at COMMIT, a stamp; positions are
+given to committed transactions in commit-stamp order by ticks, which every
+reader of positions runs first (:meth:`PostgresQueueStore.sequence`).
+Transmitting transactions share no lock, so they never wait for each other
+and transmit adds no deadlock to the application's.
 
 Stream tags: ``dest_nums smallint[]`` with a GIN index (compressed posting
 lists: a few bytes per destination), so eight destinations cost little more
-than one (I4).
+than one (I4). ``lrq_send_log_entries`` is a view (positions joined to
+entries) with the columns of SQLite's table, so readers share their queries.
 """
 
 from __future__ import annotations
@@ -32,31 +25,23 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
-from lr_client.records import ReplicationType, WireEntry
+from lr_client.records import EntryRef, ReplicationType, WireEntry
 from lr_client.store import schema as s
+from lr_client.store import sequencer
 from lr_client.store.base import mapped_errors
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
-#: High half of the advisory lock key serialising transmit commits ("LRQ1"); the
-#: low half is the queue table's oid, so stores in different schemas of one
-#: database never wait for each other.
-TRANSMIT_LOCK_KEY = 0x4C525131
-
-_TABLE_OID = text("SELECT CAST(CAST('lrq_send_log_entries' AS regclass) AS oid)")
-
-_INSERT_MANY = (
-    "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at) "
-    "VALUES (%s, %s, CAST(%s AS smallint[]), %s) RETURNING position"
-)
-
-_INSERT_ONE = text(
-    "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at) "
-    "SELECT :client_name, :payload, :dest_nums, :created_at "
-    "FROM (SELECT pg_advisory_xact_lock(:lock_key)) AS serialise "
-    "RETURNING position"
+_INSERT = text(
+    "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at) "
+    "VALUES (:client_name, :payload, :dest_nums, :created_at) "
+    "RETURNING CAST(CAST(txid AS text) AS bigint), ord"
 ).bindparams(bindparam("dest_nums", type_=postgresql.ARRAY(postgresql.SMALLINT)))
 
-_LOCK = text("SELECT pg_advisory_xact_lock(:lock_key)")
+_INSERT_MANY = (
+    "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at) "
+    "VALUES (%s, %s, CAST(%s AS smallint[]), %s) "
+    "RETURNING CAST(CAST(txid AS text) AS bigint), ord"
+)
 
 _RECV_COLUMNS = (
     "queue_id",
@@ -75,26 +60,26 @@ _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
 _SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload"
 _COPY_SNAPSYNC = f"COPY {s.send_snapsync.name} ({_SNAPSYNC_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 
-_SEQUENCE = text("SELECT last_value, is_called FROM lrq_send_log_entries_position_seq")
-
 _TRIM = text(
     """
     WITH acked(dest_num, client_name, position) AS (
         SELECT * FROM unnest(CAST(:nums AS smallint[]), CAST(:clients AS text[]),
                              CAST(:positions AS bigint[]))
     ), victims AS (
-        SELECT e.position FROM lrq_send_log_entries e
+        SELECT p.position FROM lrq_send_positions p
         WHERE NOT EXISTS (
-            SELECT 1 FROM unnest(e.dest_nums) AS d(num)
+            SELECT 1 FROM unnest(p.dest_nums) AS d(num)
             WHERE NOT EXISTS (
                 SELECT 1 FROM acked a
-                WHERE a.dest_num = d.num AND a.client_name = e.client_name
-                  AND a.position >= e.position))
-        ORDER BY e.position
+                WHERE a.dest_num = d.num AND a.client_name = p.client_name
+                  AND a.position >= p.position))
+        ORDER BY p.position
         LIMIT :batch
     ), deleted AS (
-        DELETE FROM lrq_send_log_entries WHERE position IN (SELECT position FROM victims)
-        RETURNING position, client_name, dest_nums
+        DELETE FROM lrq_send_positions WHERE position IN (SELECT position FROM victims)
+        RETURNING position, client_name, dest_nums, txid, ord
+    ), entries AS (
+        DELETE FROM lrq_send_entries e USING deleted x WHERE e.txid = x.txid AND e.ord = x.ord
     ), marks AS (
         INSERT INTO lrq_trim_marks (dest_num, client_name, trimmed_through)
         SELECT d.num, x.client_name, max(x.position)
@@ -114,34 +99,22 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     dialect_insert = staticmethod(pg_insert)
     consistent_isolation = "REPEATABLE READ"
 
-    _lock_key: int | None = None
-
-    def lock_key(self, conn: Connection) -> int:
-        """The transmit lock of this store's queue table."""
-        if self._lock_key is None:
-            oid = int(conn.execute(_TABLE_OID).scalar_one())
-            self._lock_key = (TRANSMIT_LOCK_KEY << 32) | oid
-        return self._lock_key
+    _tick_key: int | None = None
 
     def _insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
-    ) -> list[int]:
+    ) -> list[EntryRef]:
         now = time.time()
-        key = self.lock_key(conn)
         if len(messages) == 1:
             payload, nums = messages[0]
-            row = conn.execute(
-                _INSERT_ONE,
-                {
-                    "client_name": client_name,
-                    "payload": payload,
-                    "dest_nums": list(nums),
-                    "created_at": now,
-                    "lock_key": key,
-                },
-            )
-            return [int(row.scalar_one())]
-        conn.execute(_LOCK, {"lock_key": key})
+            params = {
+                "client_name": client_name,
+                "payload": payload,
+                "dest_nums": list(nums),
+                "created_at": now,
+            }
+            txid, ord_ = conn.execute(_INSERT, params).one()
+            return [EntryRef(int(txid), int(ord_))]
         # A short statement, pipelined by the driver: one prepared INSERT per row
         # instead of one huge multi-row statement re-parsed on every call.
         rows = [
@@ -150,22 +123,32 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         ]
         raw = conn.connection.driver_connection
         assert raw is not None
-        positions: list[int] = []
+        refs: list[EntryRef] = []
         with raw.cursor() as cur:
             cur.executemany(_INSERT_MANY, rows, returning=True)
             while True:
-                positions.append(int(cur.fetchone()[0]))
+                txid, ord_ = cur.fetchone()
+                refs.append(EntryRef(int(txid), int(ord_)))
                 if not cur.nextset():
                     break
-        return positions
+        return refs
+
+    def sequence(self) -> int:
+        with mapped_errors(), self.engine.connect() as conn, conn.begin():
+            if self._tick_key is None:
+                self._tick_key = sequencer.lock_key(conn)
+            return sequencer.tick(conn, self._tick_key)[1]
+
+    def _bases(self, conn: Connection, txids: Sequence[int]) -> dict[int, int]:
+        return sequencer.bases(conn, txids)
 
     def analyze(self) -> None:
         # The per-destination read plans badly on a freshly filled queue that
         # autovacuum has not analysed yet; the server calls this periodically.
         with mapped_errors(), self.engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                "ANALYZE lrq_send_log_entries"
-            )
+            auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+            auto.exec_driver_sql("ANALYZE lrq_send_positions")
+            auto.exec_driver_sql("ANALYZE lrq_send_entries")
 
     def _lock_stream(self, conn: Connection, source_id: str, client_name: str) -> None:
         # Two appends to one queue must commit in sequence order, or a
@@ -188,23 +171,18 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         return self._with_tag(query, dest_num)
 
     def head_position(self, conn: Connection | None = None) -> int:
-        # Under the transmit lock every assigned position is committed or rolled back.
-        query = text(
-            "SELECT pg_advisory_xact_lock(:k), "
-            "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
-            "FROM lrq_send_log_entries_position_seq)"
-        )
+        # Sequenced positions only: an entry committed since the last tick gets
+        # a higher one (a snapshot base read here is below it: it is replayed).
         if conn is not None:
-            return int(conn.execute(query, {"k": self.lock_key(conn)}).one()[1])
-        with self.write() as own:
-            return int(own.execute(query, {"k": self.lock_key(own)}).one()[1])
+            return sequencer.head(conn)
+        self.sequence()
+        with self.read() as own:
+            return sequencer.head(own)
 
     def head_position_estimate(self) -> int:
-        # Reads the sequence instead of taking the transmit lock: it may count a
-        # position whose transaction has not committed yet.
+        # The last tick's head, without ticking (a status display).
         with self.read() as conn:
-            row = conn.execute(_SEQUENCE).one()
-        return int(row[0]) if row[1] else 0
+            return sequencer.head(conn)
 
     def _copy_snapshot_rows(
         self, conn: Connection, snapshot_id: str, part: int, seq: int, payloads: Iterable[bytes]
@@ -257,7 +235,9 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             "batch": batch_size,
         }
         # The trim marks rise in the statement that deletes (see ``trimmed_through``).
-        return int(conn.execute(_TRIM, params).scalar_one())
+        deleted = int(conn.execute(_TRIM, params).scalar_one())
+        sequencer.forget(conn, batch_size)
+        return deleted
 
 
-__all__ = ["TRANSMIT_LOCK_KEY", "PostgresQueueStore"]
+__all__ = ["PostgresQueueStore"]

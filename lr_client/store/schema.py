@@ -10,7 +10,11 @@ Queue layout:
   as small site numbers; the stream tags ``lrq_logentry_<dest>`` are read
   from them: through a GIN index over ``dest_nums`` on PostgreSQL (a few bytes
   per tag), and on SQLite by walking the ``(client_name, position)`` index
-  (``dest_nums`` is the text ``",1,5,"`` there).
+  (``dest_nums`` is the text ``",1,5,"`` there). On PostgreSQL it is a view
+  of the same columns: entries are written to ``lrq_send_entries`` keyed by
+  transaction and ordinal, and the sequencer writes their positions
+  (``lrq_send_positions``, with the GIN index) after commit
+  (:mod:`lr_client.store.sequencer`, revision 0004).
 * ``lrq_send_snapsync`` is ``LRQ_Send_SnapSync``: snapshot entries, keyed by
   ``(snapshot_id, part, seq)`` so a retried writer never duplicates.
 * ``lrq_recv_entries`` holds every ``LRQ_Recv_<client>__<source>`` queue,
@@ -40,7 +44,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from lr_client.records import EntryRef
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase, mapped_errors
 
@@ -16,11 +17,26 @@ class SendLogStore(StoreBase):
 
     def append_log_entries(
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
-    ) -> list[int]:
+    ) -> list[EntryRef]:
         if not messages:
             return []
         with mapped_errors():  # the application's transaction: map, never retry
             return self._insert_entries(conn, client_name, messages)
+
+    def positions_of(self, refs: Sequence[EntryRef]) -> list[int | None]:
+        if all(r.position is not None for r in refs):
+            return [r.position for r in refs]
+        self.sequence()
+        with self.read() as conn:
+            found = self._bases(conn, sorted({r.txid for r in refs if r.position is None}))
+        out: list[int | None] = []
+        for r in refs:
+            base = found.get(r.txid)
+            if r.position is None and base is not None:
+                out.append(base + r.ord)
+            else:
+                out.append(r.position)
+        return out
 
     def flow_state(self, client_name: str) -> tuple[bool, list[str]]:
         """(backpressure on, slow destinations) for a client."""

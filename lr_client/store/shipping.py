@@ -30,6 +30,7 @@ class ShippingStore(StoreBase):
             num = self.site_numbers(refresh=True).get(destination)
             if num is None:
                 return []
+        self.sequence()
         e = s.send_log_entries
         query = self._tagged_query(num, client_name, after)
         query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
@@ -54,6 +55,7 @@ class ShippingStore(StoreBase):
     def read_client_log(
         self, client_name: str, after: int, limit: int, max_bytes: int | None = None
     ) -> LogRange:
+        self.sequence()
         e = s.send_log_entries
         query = (
             select(
@@ -140,6 +142,7 @@ class ShippingStore(StoreBase):
         num = self.site_numbers().get(destination)
         if num is None:
             return Backlog(destination, client_name)
+        self.sequence()
         query = self._tagged_query(num, client_name, cursor.position)
         sub = query.add_columns(payload_size(s.send_log_entries.c.payload)).subquery()
         with self.read() as conn:
@@ -156,9 +159,10 @@ class ShippingStore(StoreBase):
         """The (destination, client) pairs of the send queue's entries after ``after``.
 
         Also the highest position read (``after`` when there is none), so a
-        caller can read only what was appended since: positions are assigned
+        caller can read only what was sequenced since: positions are assigned
         in commit order, none can appear below it later.
         """
+        self.sequence()
         e = s.send_log_entries
         with self.read() as conn:
             top = conn.execute(select(func.max(e.c.position)).where(e.c.position > after)).scalar()

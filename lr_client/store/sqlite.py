@@ -24,7 +24,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from lr_client.records import WireEntry
+from lr_client.records import EntryRef, WireEntry
 from lr_client.store import schema as s
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
@@ -64,7 +64,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
 
     def _insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
-    ) -> list[int]:
+    ) -> list[EntryRef]:
         now = time.time()
         raw = conn.connection.driver_connection
         assert raw is not None
@@ -79,7 +79,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             last = int(cur.execute("SELECT last_insert_rowid()").fetchone()[0])
         finally:
             cur.close()
-        return list(range(last - len(messages) + 1, last + 1))
+        return [EntryRef(0, p, p) for p in range(last - len(messages) + 1, last + 1)]
 
     def _with_tag(self, query: Any, dest_num: int) -> Any:
         return query.where(_names(s.send_log_entries.c.dest_nums, dest_num))

@@ -13,6 +13,7 @@ from lr_client.errors import SchemaError, StoreUnavailableError
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store.contract import QueueStore, Sites, Transactions
 from tests.contract.outage import Outage
+from tests.kit.positions import positions
 
 T = TypeVar("T")
 
@@ -33,9 +34,10 @@ def append(store: QueueStore, client: str, *rows: tuple[bytes, list[str]]) -> li
     """Transmit ``(payload, destinations)`` rows in one committed transaction; their positions."""
     nums = store.register_sites(sorted({d for _, ds in rows for d in ds}))
     with store.write() as conn:
-        return store.append_log_entries(
+        refs = store.append_log_entries(
             conn, client, [(p, [nums[d] for d in ds]) for p, ds in rows]
         )
+    return positions(store, refs)
 
 
 def log(*positions: int) -> list[WireEntry]:

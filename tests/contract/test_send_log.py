@@ -8,8 +8,15 @@ from contextlib import AbstractContextManager
 import pytest
 from sqlalchemy.engine import Connection
 
+from lr_client.records import EntryRef
 from lr_client.store.contract import QueueStore
-from tests.contract.calls import across_outage, append, refused_for_no_schema, rolled_back
+from tests.contract.calls import (
+    across_outage,
+    append,
+    positions,
+    refused_for_no_schema,
+    rolled_back,
+)
 from tests.contract.outage import Outage
 
 Begin = Callable[[], AbstractContextManager[Connection]]
@@ -40,9 +47,43 @@ def test_head_position_in_the_callers_transaction(
 ) -> None:
     nums = store.register_sites(["b"])
     with app_transaction() as conn:
-        (pos,) = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+        (ref,) = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+    (pos,) = positions(store, [ref])
+    with app_transaction() as conn:
         assert store.head_position(conn) == pos
-    assert store.head_position() == pos
+        (later,) = store.append_log_entries(conn, "policy", [(b"y", [nums["b"]])])
+        # Not yet committed: no position above it is given, whatever the backend says of ``later``.
+        assert store.head_position(conn) in (pos, later.position)
+    assert store.head_position() == positions(store, [later])[0] > pos
+
+
+def test_refs_name_each_entry_until_its_position_is_known(
+    store: QueueStore, app_transaction: Begin
+) -> None:
+    nums = store.register_sites(["b", "c"])
+    with app_transaction() as conn:
+        refs = store.append_log_entries(
+            conn, "policy", [(b"1", [nums["b"]]), (b"2", [nums["c"]]), (b"3", [nums["b"]])]
+        )
+        more = store.append_log_entries(conn, "other", [(b"4", [nums["b"]])])
+    assert len({(r.txid, r.ord) for r in [*refs, *more]}) == 4
+    got = positions(store, [*refs, *more])
+    assert got == sorted(got) and len(set(got)) == 4  # one transaction: its order
+    assert store.positions_of(list(reversed(refs))) == list(reversed(got[:3]))
+    read = store.read_client_log("policy", 0, 10)
+    assert [(e.position, e.payload) for e in read] == list(
+        zip(got[:3], [b"1", b"2", b"3"], strict=True)
+    )
+    assert store.sequence() == 0  # nothing new committed since
+
+
+def test_a_rolled_back_entry_never_gets_a_position(store: QueueStore) -> None:
+    nums = store.register_sites(["b"])
+    with rolled_back(store) as conn:
+        (lost,) = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+    kept = append(store, "policy", (b"kept", ["b"]))
+    assert store.positions_of([lost]) == [None] or lost.position is not None
+    assert store.head_position() == kept[0]
 
 
 def test_rollback_leaves_nothing(store: QueueStore) -> None:
@@ -89,7 +130,7 @@ def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> No
 
 
 def test_an_append_on_an_empty_database_is_a_schema_error(bare_store: QueueStore) -> None:
-    def transmit() -> list[int]:
+    def transmit() -> list[EntryRef]:
         with bare_store.write() as conn:
             return bare_store.append_log_entries(conn, "policy", [(b"x", [1])])
 
@@ -99,10 +140,10 @@ def test_an_append_on_an_empty_database_is_a_schema_error(bare_store: QueueStore
 def test_an_append_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
     nums = store.register_sites(["b"])
 
-    def transmit() -> list[int]:
+    def transmit() -> list[EntryRef]:
         with store.write() as conn:
             return store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
 
-    (pos,) = across_outage(outage, transmit)
+    (pos,) = positions(store, across_outage(outage, transmit))
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)][-1] == pos
     assert store.head_position() == pos

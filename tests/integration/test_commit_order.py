@@ -8,13 +8,17 @@ reader; a transaction left open beside them.
 from __future__ import annotations
 
 import functools
+import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, text, update
 from sqlalchemy.orm import Session
 
@@ -67,6 +71,12 @@ def read_while_writing(
 
 
 def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
+    """A transaction that transmits first and commits last comes after a later, shorter one.
+
+    The short writer commits while the long one is open (it does not wait for
+    it), a reader passes the short one's entry, and the long one's entry,
+    committed afterwards, is still read: above the reader's cursor.
+    """
     store = open_store(pg_schema.engine())
     store.create_schema()
     client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
@@ -76,52 +86,24 @@ def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
     long_session.begin()
     client.transmit_log_entry_message(long_session, b"long", ["site-b"])
 
-    # The short writer must not be able to commit a position the reader could pass.
-    short_done = threading.Event()
-    tag = "short-" + uuid.uuid4().hex[:8]
-    short_store = open_store(pg_schema.engine(connect_args={"application_name": tag}))
+    short_store = open_store(pg_schema.engine())
+    short_client = RoutingQueueClient(short_store, source_id="site-a", client_name="policy")
+    with Session(short_store.engine) as session, session.begin():  # never waits for "long"
+        short_client.transmit_log_entry_message(session, b"short", ["site-b"])
 
-    def short_writer() -> None:
-        short_client = RoutingQueueClient(short_store, source_id="site-a", client_name="policy")
-        with Session(short_store.engine) as session, session.begin():
-            short_client.transmit_log_entry_message(session, b"short", ["site-b"])
-        short_done.set()
-
-    def short_blocked() -> bool:
-        with pg_schema.admin.connect() as conn:
-            waiting = conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE application_name = :tag AND wait_event_type = 'Lock'"
-                ),
-                {"tag": tag},
-            ).scalar_one()
-        return bool(waiting)
-
-    t = threading.Thread(target=short_writer)
-    t.start()
-    # Read once the short writer has committed, or waits for the long one's lock.
-    wait_for(lambda: short_done.is_set() or short_blocked(), 60, what="the short writer's turn")
-
-    cursor = 0
-    seen: list[bytes] = []
-    first = store.read_log_entries("site-b", "policy", cursor, 100)
-    seen += [e.payload for e in first]
-    if first:
-        cursor = first[-1].position
+    first = store.read_log_entries("site-b", "policy", 0, 100)
+    assert [e.payload for e in first] == [b"short"]
+    cursor = first[-1].position
 
     long_session.commit()
     long_session.close()
-    join(t, 30)
-    assert short_done.is_set()
 
     rest = store.read_log_entries("site-b", "policy", cursor, 100)
-    seen += [e.payload for e in rest]
-    # Each once, in commit order: the long transaction committed first.
-    assert seen == [b"long", b"short"], seen
+    assert [e.payload for e in rest] == [b"long"]  # not skipped: above the cursor
     everything = store.read_log_entries("site-b", "policy", 0, 100)
-    assert [e.payload for e in everything] == [b"long", b"short"]
-    assert cursor in (0, everything[0].position)  # the first read saw nothing or "long" only
+    assert [e.payload for e in everything] == [b"short", b"long"]  # commit order
+    assert everything[0].position == cursor < everything[1].position
+    short_store.engine.dispose()
 
 
 def test_many_concurrent_writers_never_skip(pg_schema: PgSchema) -> None:
@@ -244,3 +226,189 @@ def test_an_idle_transaction_does_not_hold_back_delivery(store: SQLAlchemyQueueS
     finally:
         idle.rollback()
         idle.close()
+
+
+def _lock_waiter(pg_schema: PgSchema, tag: str) -> Callable[[], bool]:
+    def waiting() -> bool:
+        with pg_schema.admin.connect() as conn:
+            n = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = :tag AND wait_event_type = 'Lock'"
+                ),
+                {"tag": tag},
+            ).scalar_one()
+        return bool(n)
+
+    return waiting
+
+
+def test_transactions_that_conflict_on_a_row_are_delivered_in_commit_order(
+    pg_schema: PgSchema,
+) -> None:
+    """B transmits first; A then updates a row and transmits; B waits for A's row lock.
+
+    Without the product B just waits for A. Transmitting adds no lock, so no
+    deadlock, and B's entry, committed after A's, is delivered after it,
+    although B transmitted (and got its transaction id) first.
+    """
+    store = open_store(pg_schema.engine())
+    store.create_schema()
+    app_meta.create_all(store.engine)
+    with store.engine.begin() as conn:
+        conn.execute(insert(app_rows).values(id=1, note="start"))
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+    tag = "txn-b-" + uuid.uuid4().hex[:8]
+    b_store = open_store(pg_schema.engine(connect_args={"application_name": tag}))
+    b_client = RoutingQueueClient(b_store, source_id="site-a", client_name="policy")
+
+    b_transmitted, a_holds_row = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def txn_b() -> None:
+        try:
+            with Session(b_store.engine) as b, b.begin():
+                b_client.transmit_log_entry_message(b, b"b", ["site-b"])  # B's xid comes first
+                b_transmitted.set()
+                wait_for(a_holds_row.is_set, 60, what="A's row lock")
+                b.execute(update(app_rows).where(app_rows.c.id == 1).values(note="b"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            b_transmitted.set()
+
+    t = threading.Thread(target=txn_b)
+    t.start()
+    wait_for(b_transmitted.is_set, 60, what="B's transmit")
+    a = Session(store.engine)
+    a.begin()
+    a.execute(update(app_rows).where(app_rows.c.id == 1).values(note="a"))
+    client.transmit_log_entry_message(a, b"a", ["site-b"])  # does not wait for B
+    a_holds_row.set()
+    wait_for(_lock_waiter(pg_schema, tag), 60, what="B waiting for A's row lock")
+    a.commit()
+    a.close()
+    join(t, 60)
+    assert errors == []
+    read = store.read_log_entries("site-b", "policy", 0, 10)
+    assert [e.payload for e in read] == [b"a", b"b"]
+    with store.engine.connect() as conn:
+        assert conn.execute(select(app_rows.c.note)).scalar_one() == "b"
+    b_store.engine.dispose()
+
+
+def test_savepoints_keep_a_transactions_entries_dense_and_in_order(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """Entries rolled back to a savepoint leave no gap and no stamp of their own."""
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+    with Session(store.engine) as session, session.begin():
+        with session.begin_nested() as sp:  # the first entry of the transaction, undone
+            client.transmit_log_entry_message(session, b"undone-1", ["site-b"])
+            sp.rollback()
+        kept = [client.transmit_log_entry_message(session, b"k1", ["site-b"])]
+        with session.begin_nested() as sp:
+            client.transmit_log_entry_message(session, b"undone-2", ["site-b"])
+            sp.rollback()
+        kept.append(client.transmit_log_entry_message(session, b"k2", ["site-b"]))
+    got = client.positions_of(kept)
+    read = store.read_log_entries("site-b", "policy", 0, 10)
+    assert [(e.position, e.payload) for e in read] == list(zip(got, [b"k1", b"k2"], strict=True))
+    assert got[1] == got[0] + 1  # dense: nothing between them was given out
+    assert store.head_position() == got[1]
+
+
+# -- a property: random interleavings of transactions on several connections ----------------
+@pytest.fixture
+def shared_pg_store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
+    """One PostgreSQL store for every generated example (each uses a client of its own)."""
+    store = open_store(pg_schema.engine())
+    store.create_schema()
+    store.register_sites(["site-b"])
+    assert isinstance(store, SQLAlchemyQueueStore)
+    yield store
+
+
+CONNS = 3
+EXAMPLES = int(os.environ.get("LR_COMMIT_ORDER_EXAMPLES", "40"))
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("transmit"), st.integers(0, CONNS - 1), st.integers(1, 3)),
+        st.tuples(st.just("commit"), st.integers(0, CONNS - 1)),
+        st.tuples(st.just("rollback"), st.integers(0, CONNS - 1)),
+        st.tuples(st.just("undone"), st.integers(0, CONNS - 1)),  # transmit, roll a savepoint back
+        st.tuples(st.just("read"), st.integers(1, 4)),
+    ),
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(program=steps)
+def test_any_interleaving_reads_each_committed_entry_once_in_commit_order(
+    shared_pg_store: SQLAlchemyQueueStore, program: list[tuple[object, ...]]
+) -> None:
+    """Begin / transmit / commit / rollback / read on three connections, in any order.
+
+    After every read the reader, following a cursor with small batches, has
+    seen exactly the entries committed so far, each once, in commit order.
+    """
+    store = shared_pg_store
+    client_name = "c" + uuid.uuid4().hex[:10]
+    client = RoutingQueueClient(store, source_id="site-a", client_name=client_name)
+    conns = [store.engine.connect() for _ in range(CONNS)]
+    pending: list[list[bytes]] = [[] for _ in range(CONNS)]
+    committed: list[bytes] = []
+    seen: list[bytes] = []
+    cursor, n = 0, 0
+    try:
+        for step in program:
+            kind = step[0]
+            if kind in ("transmit", "undone"):
+                i = int(step[1])  # type: ignore[call-overload]
+                conn = conns[i]
+                if not conn.in_transaction():
+                    conn.begin()
+                if kind == "undone":
+                    sp = conn.begin_nested()
+                    client.transmit_log_entry_message(conn, b"undone", ["site-b"])
+                    sp.rollback()
+                    continue
+                for _ in range(int(step[2])):  # type: ignore[call-overload]
+                    n += 1
+                    client.transmit_log_entry_message(conn, b"%d" % n, ["site-b"])
+                    pending[i].append(b"%d" % n)
+            elif kind in ("commit", "rollback"):
+                i = int(step[1])  # type: ignore[call-overload]
+                if conns[i].in_transaction():
+                    if kind == "commit":
+                        conns[i].commit()
+                        committed.extend(pending[i])
+                    else:
+                        conns[i].rollback()
+                pending[i] = []
+            else:
+                while True:
+                    batch = store.read_log_entries("site-b", client_name, cursor, int(step[1]))  # type: ignore[call-overload]
+                    if not batch:
+                        break
+                    seen.extend(e.payload for e in batch)
+                    cursor = batch[-1].position
+                assert seen == committed
+        for i, c in enumerate(conns):  # the open ones commit, in turn
+            if c.in_transaction():
+                c.commit()
+                committed.extend(pending[i])
+        seen.extend(e.payload for e in store.read_log_entries("site-b", client_name, cursor, 1000))
+        assert seen == committed
+        assert store.read_log_entries("site-b", client_name, 0, 1000) != [] or committed == []
+    finally:
+        for c in conns:
+            c.close()

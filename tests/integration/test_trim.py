@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.postgres import PostgresQueueStore
 from tests.conftest import PgSchema
+from tests.kit.positions import positions
 
 CLIENT = "policy"
 
@@ -161,10 +162,11 @@ def test_one_clients_acknowledgement_trims_nothing_of_another(
 ) -> None:
     nums = store.register_sites(["b"])
     with store.write() as conn:
-        mixed = [
+        refs = [
             store.append_log_entries(conn, client, [(b"x", [nums["b"]])])[0]
             for client in ("policy", "inventory", "policy", "inventory")
         ]
+    mixed = positions(store, refs)
     store.set_cursor("b", "policy", mixed[2])
     store.trim()
     assert [e.position for e in store.read_client_log("policy", 0, 10)] == []
@@ -221,8 +223,9 @@ def test_drop_records_its_own_stream(store: SQLAlchemyQueueStore) -> None:
 def test_a_drop_keeps_other_streams_entries(store: SQLAlchemyQueueStore) -> None:
     nums = store.register_sites(["b", "c"])
     with store.write() as conn:
-        mine = store.append_log_entries(conn, CLIENT, [(b"x", [nums["b"], nums["c"]])] * 3)
-        theirs = store.append_log_entries(conn, "inventory", [(b"y", [nums["c"]])] * 2)
+        mine_refs = store.append_log_entries(conn, CLIENT, [(b"x", [nums["b"], nums["c"]])] * 3)
+        theirs_refs = store.append_log_entries(conn, "inventory", [(b"y", [nums["c"]])] * 2)
+    mine, theirs = positions(store, mine_refs), positions(store, theirs_refs)
     assert store.drop_stream("c", CLIENT, "too slow") is not None
     assert reads(store, "b", 0) == mine  # another destination of the same client
     got = [e.position for e in store.read_log_entries("c", "inventory", 0, 10)]

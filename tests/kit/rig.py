@@ -80,11 +80,11 @@ class Rig:
 
     def transmit(self, n: int) -> list[int]:
         """``n`` application transactions of one entry each; their positions."""
-        out: list[int] = []
+        refs = []
         for _ in range(n):
             with self.src.write() as conn:
-                out += self.src.append_log_entries(conn, CLIENT, [(b"e", [self.num])])
-        return out
+                refs += self.src.append_log_entries(conn, CLIENT, [(b"e", [self.num])])
+        return [p for p in self.src.positions_of(refs) if p is not None]
 
     def connect(self) -> None:
         request = pb.NegotiateRequest(source_id="a", clients=[CLIENT])

@@ -41,6 +41,7 @@ from sqlalchemy.engine import CursorResult, Engine
 from sqlalchemy.orm import Session
 
 from lr_client import (
+    EntryRef,
     LRMessageWithDestinations,
     RoutingQueueClient,
     RoutingQueueListener,
@@ -63,7 +64,11 @@ rel_sent = Table(
     meta,
     Column("payload_id", String(64), primary_key=True),
     Column("client", String(63), nullable=False),
-    Column("position", BigInteger, nullable=False),
+    # Written in the transmitting transaction: the entry's ref (txid, ord), and
+    # its position once known (PostgreSQL gives it after commit).
+    Column("txid", BigInteger, nullable=False),
+    Column("ord", BigInteger, nullable=False),
+    Column("position", BigInteger, nullable=True),
     Column("dests", String(512), nullable=False),
 )
 rel_source_kv = Table(
@@ -203,11 +208,11 @@ class SourceApp:
                     ids.append(pid)
                 if len(messages) == 1:
                     m = messages[0]
-                    positions = [api.transmit_log_entry_message(session, m.payload, m.destinations)]
+                    refs = [api.transmit_log_entry_message(session, m.payload, m.destinations)]
                 else:
-                    positions = api.transmit_log_entry_messages(session, messages)
-                for row, position in zip(sent, positions, strict=True):
-                    row["position"] = position
+                    refs = api.transmit_log_entry_messages(session, messages)
+                for row, ref in zip(sent, refs, strict=True):
+                    row.update(txid=ref.txid, ord=ref.ord, position=ref.position)
                 session.execute(insert(rel_sent), sent)
                 if rollback:
                     raise _Rollback
@@ -217,7 +222,23 @@ class SourceApp:
             self.rolled_back.update(ids)
             return 0
         self.committed += len(ids)
+        if any(r["position"] is None for r in sent):
+            self._record_positions(api, sent, refs)
         return len(ids)
+
+    def _record_positions(
+        self, api: RoutingQueueClient, sent: list[dict[str, object]], refs: Sequence[EntryRef]
+    ) -> None:
+        """Record the positions given after commit (read_sent resolves any left out)."""
+        found = api.positions_of(refs, timeout=scaled(10.0))
+        with self.engine.begin() as conn:
+            for row, position in zip(sent, found, strict=True):
+                if position is not None:
+                    conn.execute(
+                        update(rel_sent)
+                        .where(rel_sent.c.payload_id == row["payload_id"])
+                        .values(position=position)
+                    )
 
     def run(self, stop: threading.Event) -> None:
         """Write at ``rate`` entries per second until ``stop`` is set."""
@@ -423,13 +444,22 @@ class SinkApp:
 
 # -- reading the records back ---------------------------------------------------------------
 def read_sent(engine: Engine, source: str) -> list[SentEntry]:
+    """What the source committed; a position not recorded yet is asked of the store."""
     t = rel_sent
     with engine.connect() as conn:
-        rows = conn.execute(select(t.c.payload_id, t.c.client, t.c.position, t.c.dests)).all()
-    return [
-        SentEntry(source, r.client, r.position, r.payload_id, tuple(r.dests.split(",")))
-        for r in rows
-    ]
+        rows = conn.execute(
+            select(t.c.payload_id, t.c.client, t.c.txid, t.c.ord, t.c.position, t.c.dests)
+        ).all()
+    missing = [EntryRef(int(r.txid), int(r.ord)) for r in rows if r.position is None]
+    found = dict(zip(missing, open_store(engine).positions_of(missing), strict=True))
+    out = []
+    for r in rows:
+        position = r.position
+        if position is None:
+            position = found[EntryRef(int(r.txid), int(r.ord))]
+            assert position is not None, f"{r.payload_id} committed but has no position"
+        out.append(SentEntry(source, r.client, position, r.payload_id, tuple(r.dests.split(","))))
+    return out
 
 
 def read_applied(engine: Engine, sink: str) -> list[AppliedEntry]:

@@ -421,7 +421,8 @@ def test_trim_keeps_the_entries_after_an_open_snapshots_base(
     started = store.start_snapshot(sid)  # the provider fixes the base: 5
     assert started is not None and started.base_position == 5
     with store.engine.begin() as conn:  # the session still ships these, the sink acks them
-        after = [api.transmit_log_entry_message(conn, b"%d" % i, ["b"]) for i in range(5, 10)]
+        refs = [api.transmit_log_entry_message(conn, b"%d" % i, ["b"]) for i in range(5, 10)]
+    after = api.positions_of(refs)
     store.set_cursor("b", "policy", after[-1])
     store.trim()
     # After the snapshot the session resumes from the base: 6..10 must still be there.
