@@ -168,12 +168,7 @@ def queue_depths(store: Inspection) -> dict[int, int]:
 
 
 def head_position(store: Inspection) -> int:
-    """The highest position assigned so far, read without waiting for transmitters.
-
-    On PostgreSQL :meth:`~lr_client.store.QueueStore.head_position` takes the
-    transmit lock (to be exact); a status display reads the sequence instead,
-    which may count a position whose transaction has not committed yet.
-    """
+    """The highest position assigned so far, read without waiting for transmitters."""
     return store.head_position_estimate()
 
 

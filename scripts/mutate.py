@@ -187,7 +187,6 @@ TARGETS: dict[str, Target] = {
                 "_tagged_query",
                 "_with_tag",
                 "head_position",
-                "head_position_estimate",
                 "sequence",
                 "_bases",
             ),

@@ -450,7 +450,7 @@ class Inspection(Protocol):
 
     def head_position_estimate(self) -> int:
         """The highest position assigned so far, read without waiting for transmitters
-        (it may count one whose transaction has not committed yet)."""
+        (SQLite: it may count one whose transaction has not committed yet)."""
 
     def queue_depths(self) -> dict[int, int]:
         """{queue_id: entries waiting} of every non-empty receive queue."""

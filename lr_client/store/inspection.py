@@ -64,6 +64,7 @@ class InspectionStore(StoreBase):
         """Entries in the send log, in the snapshot queue, and in each receive queue
         (by queue name), read in one transaction."""
         reg, recv = s.queue_registry, s.recv_entries
+        self.sequence()
         with self.read() as conn:
             n_log = conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar_one()
             n_snap = conn.execute(select(func.count()).select_from(s.send_snapsync)).scalar_one()
@@ -92,6 +93,7 @@ class InspectionStore(StoreBase):
         Those are the entries tagged for it after its cursor, and none of a
         dropped stream. An unknown destination has none.
         """
+        self.sequence()
         e = s.send_log_entries
         query = select(e.c.position, e.c.client_name, e.c.payload, e.c.dest_nums, e.c.created_at)
         if destination is not None:

@@ -179,11 +179,6 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         with self.read() as own:
             return sequencer.head(own)
 
-    def head_position_estimate(self) -> int:
-        # The last tick's head, without ticking (a status display).
-        with self.read() as conn:
-            return sequencer.head(conn)
-
     def _copy_snapshot_rows(
         self, conn: Connection, snapshot_id: str, part: int, seq: int, payloads: Iterable[bytes]
     ) -> int:

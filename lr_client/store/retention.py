@@ -23,6 +23,7 @@ class RetentionStore(StoreBase):
     """What the send queue keeps, and the records of streams it gave up."""
 
     def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
+        self.sequence()  # PostgreSQL: trim judges sequenced entries only
         total = 0
         batches = 0
         while max_batches is None or batches < max_batches:

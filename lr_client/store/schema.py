@@ -79,6 +79,18 @@ send_log_entries = Table(
     ),
     Column("created_at", Double, nullable=False),
     sqlite_autoincrement=True,
+    # PostgreSQL: a view of the sequencer's tables with these columns.
+    info={"view_on": "postgresql"},
+)
+#: PostgreSQL's send queue behind that view, created by revision 0004 in SQL
+#: (their ``xid8`` and ``pg_snapshot`` columns have no SQLAlchemy type);
+#: :mod:`lr_client.store.sequencer` reads and writes them.
+SEQUENCER_TABLES = (
+    "lrq_send_entries",
+    "lrq_send_commits",
+    "lrq_send_positions",
+    "lrq_send_blocks",
+    "lrq_send_ticks",
 )
 Index("lrq_send_log_entries_client", send_log_entries.c.client_name, send_log_entries.c.position)
 Index(
@@ -267,6 +279,7 @@ session_status = Table(
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SEQUENCER_TABLES",
     "cursors",
     "drops",
     "flow_control",

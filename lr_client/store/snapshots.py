@@ -151,6 +151,9 @@ class SnapshotRequestsStore(StoreBase):
         return bool(conn.execute(query.values(**values)).rowcount)
 
     def start_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
+        # PostgreSQL: what committed before the start gets its position first,
+        # so the base covers it (and it is not replayed after the snapshot).
+        self.sequence()
         with self.write() as conn:
             base = self.head_position(conn)
             ok = self._update_snapshot(

@@ -549,8 +549,8 @@ def test_a_cursor_lowered_during_a_trim_waits_for_its_trim_marks(
     client = RoutingQueueClient(store, source_id="a", client_name="policy")
     client.register_destinations(["b"])
     with store.engine.begin() as conn:
-        for _ in range(5):
-            client.transmit_log_entry_message(conn, b"x", ["b"])
+        refs = [client.transmit_log_entry_message(conn, b"x", ["b"]) for _ in range(5)]
+    assert client.positions_of(refs) == [1, 2, 3, 4, 5]
     store.set_cursor("b", "policy", 5)
     marks: list[int] = []
 

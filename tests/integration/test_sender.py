@@ -40,6 +40,7 @@ def client(store: SQLAlchemyQueueStore) -> Iterator[RoutingQueueClient]:
 
 
 def counts(store: SQLAlchemyQueueStore) -> tuple[int, int]:
+    store.sequence()  # PostgreSQL: the send log shows entries once sequenced
     with store.read() as conn:
         entries = conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar_one()
         apps = conn.execute(select(func.count()).select_from(orders)).scalar_one()

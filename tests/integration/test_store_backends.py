@@ -27,6 +27,7 @@ def test_payload_stored_once_whatever_the_destinations(store: SQLAlchemyQueueSto
     nums = store.register_sites(dests)
     with store.write() as conn:
         store.append_log_entries(conn, "policy", [(b"x" * 1024, [nums[d] for d in dests])])
+    assert store.sequence() == (1 if store.dialect == "postgresql" else 0)
     with store.read() as conn:
         assert conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar() == 1
     for d in dests:

@@ -22,9 +22,10 @@ def send(store: SQLAlchemyQueueStore, *destinations: list[str]) -> list[int]:
     """Transmit one entry per list of destinations; their positions."""
     nums = store.register_sites(sorted({d for ds in destinations for d in ds}))
     with store.write() as conn:
-        return store.append_log_entries(
+        refs = store.append_log_entries(
             conn, CLIENT, [(b"%d" % i, [nums[d] for d in ds]) for i, ds in enumerate(destinations)]
         )
+    return positions(store, refs)
 
 
 def left(store: SQLAlchemyQueueStore) -> list[int]:
