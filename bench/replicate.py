@@ -105,7 +105,12 @@ from bench.common import (  # noqa: E402
     run_for,
     write_json,
 )
-from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine  # noqa: E402
+from lr_client import (  # noqa: E402
+    EntryRef,
+    LRMessageWithDestinations,
+    RoutingQueueClient,
+    create_engine,
+)
 from lr_client.store import SQLAlchemyQueueStore, open_store  # noqa: E402
 from lr_server.config import ReplicationConfig, RetryConfig  # noqa: E402
 from tests.kit.procs import LrServer  # noqa: E402
@@ -753,7 +758,7 @@ def paced_load(
     """
     n = max(1, int(rate * seconds))
     slots = list(range(0, n, per_txn))
-    commits: list[tuple[int, float]] = []
+    sent: list[tuple[EntryRef, float]] = []
     txn_ms: list[float] = []
     errors = [0]
     behind = [0.0]
@@ -786,13 +791,13 @@ def paced_load(
             count = min(per_txn, n - i)
             try:
                 with engine.begin() as conn:
-                    positions = [
+                    refs = [
                         client.transmit_log_entry_message(conn, next(pool), destinations)
                         for _ in range(count)
                     ]
                 committed = time.time()
                 with lock:
-                    commits.extend((pos, committed) for pos in positions)
+                    sent.extend((ref, committed) for ref in refs)
                     txn_ms.append((time.perf_counter() - began) * 1000.0)
             except Exception:  # e.g. BackpressureError: counted, the load goes on
                 with lock:
@@ -808,6 +813,11 @@ def paced_load(
         if engine is not store.engine:
             engine.dispose()
     elapsed = time.perf_counter() - start
+    # PostgreSQL gives positions after commit: ask for them once the load is done.
+    found = client.positions_of([ref for ref, _ in sent], timeout=60)
+    commits = [(p, at) for p, (_, at) in zip(found, sent, strict=True) if p is not None]
+    if len(commits) < len(sent):
+        raise RuntimeError(f"{len(sent) - len(commits)} committed entries got no position")
     return PacedLoad(
         commits,
         len(commits) / elapsed,
