@@ -8,7 +8,7 @@ transaction, to 1 and 8 destinations, on SQLite (a file in a temporary
 directory, through lr_client.create_engine: WAL, synchronous=NORMAL) and
 PostgreSQL (a schema per case in a throwaway database on the server of
 $LR_BENCH_PG_URL, default postgresql://postgres@127.0.0.1:5432/test; a database
-of its own because our commit-order lock is database-wide). Every system writes
+of its own, so other users of the server's test database stay out of it). Every system writes
 through an application-style Session(engine) with one begin() per transaction, with the
 same driver and commit pattern:
 
@@ -28,8 +28,9 @@ shared machine hit every case alike. With --writers (the default) PostgreSQL
 also runs the concurrent-writers section of bench/writers.py: 1, 4, 16 and 64
 writer threads, each transaction an application row plus one entry, held open
 0, 2 and 10 ms, for ours, plain and PgQ. PostgreSQL also runs 4 concurrent writers
-(1 entry/txn, 1 destination) for ours and plain: our commit-order lock (I1)
-serialises transmitting transactions, and this shows its price. Storage is
+(1 entry/txn, 1 destination) for ours and plain. Ours on PostgreSQL includes the
+commit stamp each transmitting transaction writes at COMMIT; the positions its
+sequencer writes after commit are counted in storage. Storage is
 measured apart: --storage-entries entries into fresh tables, then bytes per
 entry. --experiment adds a locally patched variant of ours (never the shipped
 code) to test a suggested change side by side.
@@ -386,9 +387,8 @@ class SQLiteBackend(Backend):
 class PostgresBackend(Backend):
     """Schemas in one throwaway database, which also holds PgQ.
 
-    A database of its own, not just a schema: our commit-order lock is a
-    database-wide advisory lock, so transmitters of any other store in the
-    same database (other schemas, other people's tests) would queue with ours.
+    A database of its own, not just a schema: other schemas' writers (other
+    tests, other stores) stay out of the measurement.
     """
 
     name = "postgresql"

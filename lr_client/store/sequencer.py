@@ -54,13 +54,21 @@ _LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 _TICK = text(
     """
     WITH last AS (
-        SELECT tick_id, snap, head FROM lrq_send_ticks ORDER BY tick_id DESC LIMIT 1
+        SELECT tick_id, snap, head,
+               pg_snapshot_xmax(pg_current_snapshot()) < pg_snapshot_xmax(snap) AS went_back
+        FROM lrq_send_ticks ORDER BY tick_id DESC LIMIT 1
     ), fresh AS (
         SELECT c.txid, c.commit_seq FROM lrq_send_commits c, last
-        WHERE c.txid >= pg_snapshot_xmax(last.snap)
+        WHERE NOT last.went_back AND c.txid >= pg_snapshot_xmax(last.snap)
         UNION ALL
         SELECT c.txid, c.commit_seq FROM lrq_send_commits c, last
-        WHERE c.txid IN (SELECT pg_snapshot_xip(last.snap))
+        WHERE NOT last.went_back AND c.txid IN (SELECT pg_snapshot_xip(last.snap))
+        UNION ALL
+        -- Transaction ids went back (a database restored from a logical dump):
+        -- the last snapshot means nothing here; take every stamp not sequenced.
+        SELECT c.txid, c.commit_seq FROM lrq_send_commits c, last
+        WHERE last.went_back
+          AND NOT EXISTS (SELECT 1 FROM lrq_send_blocks b WHERE b.txid = c.txid)
     ), sized AS (
         SELECT f.txid, f.commit_seq,
                coalesce((SELECT max(e.ord) FROM lrq_send_entries e WHERE e.txid = f.txid), 0)

@@ -412,3 +412,28 @@ def test_any_interleaving_reads_each_committed_entry_once_in_commit_order(
     finally:
         for c in conns:
             c.close()
+
+
+def test_transaction_ids_that_went_back_do_not_stop_sequencing(pg_schema: PgSchema) -> None:
+    """A database restored from a logical dump: its last tick saw higher transaction ids.
+
+    Without a guard every new commit stamp would be taken for one already
+    sequenced, and nothing would be delivered again.
+    """
+    store = open_store(pg_schema.engine())
+    store.create_schema()
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+    with store.engine.begin() as conn:
+        before = client.transmit_log_entry_message(conn, b"before", ["site-b"])
+    (first,) = client.positions_of([before])
+    with store.engine.begin() as conn:  # as the dump recorded it, from a busier cluster
+        conn.execute(text("UPDATE lrq_send_ticks SET snap = '900000000:900000000:'"))
+    with store.engine.begin() as conn:
+        after = client.transmit_log_entry_message(conn, b"after", ["site-b"])
+    assert client.positions_of([after]) == [(first or 0) + 1]
+    read = store.read_log_entries("site-b", "policy", 0, 10)
+    assert [e.payload for e in read] == [b"before", b"after"]
+    with store.engine.begin() as conn:  # and the next ticks follow the new snapshot
+        later = client.transmit_log_entry_message(conn, b"later", ["site-b"])
+    assert client.positions_of([later]) == [(first or 0) + 2]
