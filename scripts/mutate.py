@@ -123,9 +123,7 @@ TARGETS: dict[str, Target] = {
         [
             *CONTRACT,
             "tests/integration/test_sink_exactly_once.py",
-            "tests/integration/test_subscriber.py",
-            "tests/integration/test_negotiation.py",
-            "tests/integration/test_session_edges.py",
+            "tests/integration/test_receiver_checks.py",
         ],
         "the sink receiver: batch checks, duplicates, snapshot supersession, drop notices",
     ),
@@ -134,8 +132,7 @@ TARGETS: dict[str, Target] = {
         ["lr_server.receiver.*"],
         [
             "tests/integration/test_sink_exactly_once.py",
-            "tests/integration/test_negotiation.py",
-            "tests/integration/test_session_edges.py",
+            "tests/integration/test_receiver_checks.py",
         ],
         "the receiver's checks of batches from the wire (a quick subset of 'receive')",
     ),
