@@ -216,15 +216,11 @@ TARGETS: dict[str, Target] = {
         [
             "tests/unit/test_negotiation.py",
             "tests/unit/test_window.py",
-            "tests/integration/test_negotiation.py",
-            "tests/integration/test_session_edges.py",
-            "tests/integration/test_snapshot_base.py",
-            "tests/integration/test_session_window.py",
-            "tests/integration/test_replication.py",
-            "tests/integration/test_full_sync.py",
+            "tests/integration/test_snapshot_requests.py",
+            "tests/integration/test_session_steps.py",
         ],
         "negotiation plans, the in-flight window, snapshot requests, acknowledgements "
-        "(unit tables first; then real sites: slow)",
+        "(unit tables; the session's steps and requests on a store, without a transport)",
     ),
 }
 

@@ -9,14 +9,17 @@ is compared whole.
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from prometheus_client import REGISTRY
+from sqlalchemy import select
 
 from lr_client._proto import replication_pb2 as pb
-from lr_client.errors import ProtocolError
+from lr_client.errors import IncompatibleVersionError, ProtocolError
 from lr_client.records import ReplicationType, SinkSnapshotState
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import SQLAlchemyQueueStore, schema
+from lr_client.store.receiving import ReceivingStore
 from lr_server import protocol
 from lr_server.receiver import Receiver
 from tests.integration.test_sink_exactly_once import CLIENT, SOURCE, log_batch, snapshot_batch
@@ -252,3 +255,61 @@ def test_applied_entries_and_bytes_are_counted_per_source_and_client_once(
     assert counted() == (5.0, 19.0)
     assert _applied("lr_entries_applied", "None", client) == 0.0
     assert _applied("lr_entries_applied", SOURCE, "None") == 0.0
+
+
+def test_negotiation_refuses_a_source_older_than_the_oldest_version_accepted(
+    monkeypatch: pytest.MonkeyPatch, receiver: Receiver
+) -> None:
+    monkeypatch.setattr(protocol, "MIN_PEER_VERSION", 2)
+    with pytest.raises(IncompatibleVersionError) as caught:
+        receiver.negotiate(SOURCE, pb.NegotiateRequest(clients=[CLIENT]))  # no version: 1
+    assert str(caught.value) == (
+        "source 'src-a' speaks wire protocol 1; this release needs 2 or newer "
+        "(it speaks 2): upgrade source 'src-a'"
+    )
+    response = receiver.negotiate(SOURCE, pb.NegotiateRequest(clients=[CLIENT], protocol_version=2))
+    assert [c.client_name for c in response.clients] == [CLIENT]
+
+
+def _portable(store: SQLAlchemyQueueStore) -> SQLAlchemyQueueStore:
+    """The same store with the portable receive insert instead of its dialect's fast path."""
+    base = type(store)
+    portable = type(f"Portable{base.__name__}", (base,), {})
+    portable._append_recv = ReceivingStore._append_recv  # type: ignore[method-assign]
+    return portable(store.engine)  # type: ignore[no-any-return]
+
+
+def test_the_portable_receive_insert_stores_what_the_fast_paths_store(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    batches = [
+        log_batch(0, [1, 2]),
+        snapshot_batch("s1", 0, [1, 2, 3], end=True, base=2),
+        notice("d1", 3, b"gone"),
+    ]
+    portable = _portable(store)
+    before = time.time()
+    for batch in batches:
+        Receiver(portable, "sink-b", [SOURCE]).apply(SOURCE, batch)
+        batch.client_name = "fast"
+        Receiver(store, "sink-b", [SOURCE]).apply(SOURCE, batch)
+    assert _queued(store, CLIENT) == _queued(store, "fast")
+    snap, end = ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY
+    log_entry = ReplicationType.LOG_ENTRY_SYNC
+    assert _queued(store, CLIENT) == [
+        (log_entry, 1, b"log-1", "", 0),
+        (log_entry, 2, b"log-2", "", 0),
+        (snap, 1, b"s1-1", "s1", 0),
+        (snap, 2, b"s1-2", "s1", 0),
+        (end, 3, b"", "s1", 2),
+        (ReplicationType.STREAM_DROPPED, 3, b"gone", "d1", 0),
+    ]
+    (queue,) = store.list_queues(CLIENT)
+    r = schema.recv_entries
+    with store.read() as conn:
+        times = conn.execute(
+            select(r.c.received_at).where(r.c.queue_id == queue.queue_id).order_by(r.c.seq)
+        ).scalars()
+        stamped = [t for t in times]
+    assert len(stamped) == 6 and stamped[0] == stamped[1]  # one time stamp per batch
+    assert all(before <= t <= time.time() for t in stamped)
