@@ -428,3 +428,17 @@ def test_the_ack_of_an_accepted_loss_notice_resumes_the_stream(
     assert (orders.position, orders.needs_snapshot) == (0, True)
     assert [d.client_name for d in store.list_drops()] == ["orders"]
     assert store.list_snapshots() == []
+
+
+def test_the_ack_of_a_batch_of_a_snapshot_no_longer_ready_changes_nothing(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    req = _ready(store, rows=5)
+    streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
+    bid = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id)
+    assert store.cancel_snapshot(req.snapshot_id, "by an operator")
+    cancelled = store.get_snapshot(req.snapshot_id)
+    s._on_ack(pb.ReplicationAck(batch_id=bid), streams)
+    assert store.get_snapshot(req.snapshot_id) == cancelled
+    assert cancelled is not None and cancelled.shipped_position == 0

@@ -518,3 +518,37 @@ def test_each_stream_is_checked_against_its_own_requests_and_drops(
     (audit,) = store.list_snapshots(DEST, "audit")
     assert streams["audit"].snapshot == audit
     assert sorted(r.client_name for r in store.list_snapshots(DEST)) == ["audit", "orders"]
+
+
+def test_a_stream_left_as_it_is_does_not_end_the_check_of_the_streams_after_it(
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests, clock: Clock
+) -> None:
+    """Stopped, stopping, waiting for an end's ack, waiting to ask again: the last still moves."""
+    stopped = stream("stopped", SnapshotProvider.NONE)
+    requests.stops.stop(stopped, "needs a full sync", 0)
+    store.drop_stream(DEST, "stopping", "too far behind")
+    ending = stream("ending")
+    ending_sid = store.request_snapshot(None, DEST, "ending", "r")
+    ending.mode, ending.snapshot = Mode.SNAPSHOT, store.get_snapshot(ending_sid)
+    ending.snap_done_sent = True
+    assert store.cancel_snapshot(ending_sid)
+    waiting = stream("waiting")
+    waiting.mode, waiting.retry_at = Mode.SNAPSHOT, clock.mono + 1
+    last_sid = store.request_snapshot(None, DEST, "last", "asked")
+    streams = {
+        "stopped": stopped,
+        "stopping": stream("stopping", SnapshotProvider.NONE),
+        "ending": ending,
+        "waiting": waiting,
+        "last": stream("last"),
+    }
+    requests.check(streams)
+    assert [cs.mode for cs in streams.values()] == [
+        Mode.STOPPED,
+        Mode.STOPPED,
+        Mode.SNAPSHOT,
+        Mode.SNAPSHOT,
+        Mode.SNAPSHOT,
+    ]
+    assert (waiting.snapshot, ending.snap_done_sent) == (None, True)
+    assert streams["last"].snapshot == store.get_snapshot(last_sid)
