@@ -248,6 +248,7 @@ def test_a_running_snapshot_whose_worker_went_silent_is_failed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="lr.test.requests")
+    store.request_snapshot(None, DEST, "orders", "another client's")
     sid = store.request_snapshot(None, DEST, "policy", "r")
     running = store.start_snapshot(sid)
     assert running is not None
@@ -255,7 +256,7 @@ def test_a_running_snapshot_whose_worker_went_silent_is_failed(
     assert requests.reclaim_stalled(running) == running
     assert store.get_snapshot(sid) == running
     clock.wall = running.updated_at + 30.5
-    assert requests.reclaim_stalled(running) is None
+    assert requests.reclaim_stalled(running) is None  # none of policy's is open now
     failed = store.get_snapshot(sid)
     assert failed is not None
     reason = "no heartbeat from its worker for 30s"

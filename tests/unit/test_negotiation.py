@@ -84,6 +84,7 @@ def test_decide_after_an_accepted_loss(
     # An operator accepted the loss after position 5 when the trim mark was 20.
     d = decide(sink, 40, trimmed, 50, False, accepted=(5, 20))
     assert d.action is action
+    assert d.resume_after == sink
     if missing is not None:
         assert d.first_missing == missing
 
