@@ -156,13 +156,49 @@ def test_a_sink_behind_the_trim_point_without_provider_stops_its_stream(
     assert store.list_snapshots() == [] and store.list_drops() == []
 
 
-def test_first_contact_with_a_provider_requests_a_full_sync(store: SQLAlchemyQueueStore) -> None:
-    s = session(store, policy=APP)
+def test_first_contact_with_a_provider_requests_a_full_sync(
+    store: SQLAlchemyQueueStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lr.session")
+    s = session(store, policy=APP, orders=NONE)
     _write(store, 3)
-    streams = s._plan(sink(policy=log_at(0)))
+    streams = s._plan(sink(policy=log_at(0), orders=log_at(0)))
     (req,) = store.list_snapshots(DEST, "policy")
     assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, "first contact")
     assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 0, None, "")
+    assert _state(streams["orders"]) == (Mode.LOG, 0, None, 0, None, "")  # checked, then log
+    assert f"b/policy: full sync {req.snapshot_id} (first contact)" in [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+def test_a_dropped_stream_is_told_of_its_drop_before_its_full_sync(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    _write(store, 9)
+    store.set_cursor(DEST, "policy", 4)
+    drop = store.drop_stream(DEST, "policy", "too far behind")
+    assert drop is not None
+    streams = s._plan(sink(policy=log_at(4)))
+    (req,) = store.list_snapshots(DEST, "policy")
+    assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, "dropped for falling behind")
+    notice = Notice(f"d{int(drop.dropped_at * 1e6)}", 5, "too far behind")
+    assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 0, notice, "")
+    assert store.list_drops() == [drop]
+
+
+def test_a_sink_past_a_restored_sources_head_is_dropped_from_the_head(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The cursor (35) is past the head (30) too: the drop starts after the head."""
+    s = session(store, policy=APP)
+    _write(store, 30)
+    store.set_cursor(DEST, "policy", 35)
+    s._plan(sink(policy=log_at(40)))
+    (drop,) = store.list_drops()
+    assert drop.first_dropped_position == 31
+    assert drop.reason.startswith("the sink is at position 40 but this source's head is 30")
 
 
 def test_a_transfer_in_progress_continues_after_what_the_sink_holds(
@@ -233,6 +269,20 @@ def test_a_stop_whose_loss_was_accepted_resumes_with_a_notice(
     )
     assert _state(streams["policy"]) == (Mode.LOG, 2, None, 0, notice, "")
     assert store.get_stream_stop(DEST, "policy") == stop  # resumed once the sink has the notice
+
+
+def test_the_record_of_a_resumed_loss_is_kept(store: SQLAlchemyQueueStore) -> None:
+    """It says what the operator accepted: a later negotiation needs it."""
+    s = session(store, policy=NONE)
+    _write(store, 3)
+    store.stop_stream(DEST, "policy", "lost", 1)
+    store.accept_stream_loss(DEST, "policy")
+    store.mark_stream_resumed(DEST, "policy")
+    record = store.get_stream_stop(DEST, "policy")
+    assert record is not None and record.resumed_at is not None
+    streams = s._plan(sink(policy=log_at(3)))
+    assert _state(streams["policy"]) == (Mode.LOG, 3, None, 0, None, "")
+    assert store.get_stream_stop(DEST, "policy") == record
 
 
 def test_a_stopped_stream_whose_sink_holds_what_it_needs_runs_again(
