@@ -166,6 +166,30 @@ PLANS: list[tuple[str, ClientFacts, Step, dict[str, object]]] = [
         },
     ),
     (
+        "checked: behind the cursor and the trim point, a drop after lowering the cursor",
+        facts(at_sink(5), cursor=10, marks=(6, 30)),
+        Step.SNAPSHOT,
+        {
+            "sink_position": 5,
+            "lower_cursor_to": 5,
+            "record_drop": decide(5, 5, 6, 30, True),
+            "reason": decide(5, 5, 6, 30, True).reason,
+            "notify": True,
+        },
+    ),
+    (
+        "the trim mark without the head: check",
+        replace(facts(), trimmed_through=10),
+        Step.CHECK,
+        {"sink_position": 10},
+    ),
+    (
+        "the head without the trim mark: check",
+        replace(facts(), head=30),
+        Step.CHECK,
+        {"sink_position": 10},
+    ),
+    (
         "checked: a loss without a provider stops",
         facts(at_sink(5), cursor=5, provider=False, marks=(6, 30)),
         Step.STOP,
