@@ -178,6 +178,17 @@ PLANS: list[tuple[str, ClientFacts, Step, dict[str, object]]] = [
         },
     ),
     (
+        "checked: behind the cursor and the trim point, no provider: stops, cursor lowered",
+        facts(at_sink(5), cursor=10, provider=False, marks=(6, 30)),
+        Step.STOP,
+        {
+            "sink_position": 5,
+            "lower_cursor_to": 5,
+            "resume_after": 5,
+            "reason": decide(5, 10, 6, 30, False).reason,
+        },
+    ),
+    (
         "the trim mark without the head: check",
         replace(facts(), trimmed_through=10),
         Step.CHECK,
