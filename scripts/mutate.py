@@ -124,9 +124,7 @@ TARGETS: dict[str, Target] = {
         [
             *CONTRACT,
             "tests/integration/test_sink_exactly_once.py",
-            "tests/integration/test_subscriber.py",
-            "tests/integration/test_negotiation.py",
-            "tests/integration/test_session_edges.py",
+            "tests/integration/test_receiver_checks.py",
         ],
         "the sink receiver: batch checks, duplicates, snapshot supersession, drop notices",
     ),
@@ -135,8 +133,7 @@ TARGETS: dict[str, Target] = {
         ["lr_server.receiver.*"],
         [
             "tests/integration/test_sink_exactly_once.py",
-            "tests/integration/test_negotiation.py",
-            "tests/integration/test_session_edges.py",
+            "tests/integration/test_receiver_checks.py",
         ],
         "the receiver's checks of batches from the wire (a quick subset of 'receive')",
     ),
@@ -227,15 +224,11 @@ TARGETS: dict[str, Target] = {
         [
             "tests/unit/test_negotiation.py",
             "tests/unit/test_window.py",
-            "tests/integration/test_negotiation.py",
-            "tests/integration/test_session_edges.py",
-            "tests/integration/test_snapshot_base.py",
-            "tests/integration/test_session_window.py",
-            "tests/integration/test_replication.py",
-            "tests/integration/test_full_sync.py",
+            "tests/integration/test_snapshot_requests.py",
+            "tests/integration/test_session_steps.py",
         ],
         "negotiation plans, the in-flight window, snapshot requests, acknowledgements "
-        "(unit tables first; then real sites: slow)",
+        "(unit tables; the session's steps and requests on a store, without a transport)",
     ),
 }
 

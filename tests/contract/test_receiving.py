@@ -288,3 +288,32 @@ def test_gaps_are_refused_with_what_each_side_has(store: QueueStore) -> None:
     with pytest.raises(ProtocolError, match="a new snapshot must start at its first entry"):
         store.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 2), previous_position=1)
     assert [(p, sid) for p, _, sid in _queued(store)] == [(1, ""), (2, ""), (1, "s1")]
+
+
+def test_log_batches_keep_the_streams_snapshot_state(store: QueueStore) -> None:
+    """An ongoing snapshot goes on after a log batch; a completed one's replay stays a duplicate."""
+    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    assert store.apply_log_batch("site-a", "policy", log(3)) == (True, 3)
+    got = store.sink_progress("site-a", "policy")
+    assert (got.last_position, got.snapshot_state) == (3, SinkSnapshotState.ONGOING)
+    assert (got.snapshot_id, got.snapshot_position) == ("s1", 2)
+    end = _snap("s1", end=3, base=4)
+    assert store.apply_snapshot_batch("site-a", "policy", "s1", end, previous_position=2) == (
+        True,
+        3,
+    )
+    assert store.apply_log_batch("site-a", "policy", log(5)) == (True, 5)
+    got = store.sink_progress("site-a", "policy")
+    assert (got.last_position, got.snapshot_state) == (5, SinkSnapshotState.COMPLETED)
+    assert (got.snapshot_id, got.snapshot_position) == ("s1", 3)
+    assert store.apply_snapshot_batch("site-a", "policy", "s1", end, previous_position=2) == (
+        False,
+        3,
+    )
+    assert [(p, sid) for p, _, sid in _queued(store)] == [
+        (1, "s1"),
+        (2, "s1"),
+        (3, ""),
+        (3, "s1"),
+        (5, ""),
+    ]

@@ -84,6 +84,7 @@ def test_decide_after_an_accepted_loss(
     # An operator accepted the loss after position 5 when the trim mark was 20.
     d = decide(sink, 40, trimmed, 50, False, accepted=(5, 20))
     assert d.action is action
+    assert d.resume_after == sink
     if missing is not None:
         assert d.first_missing == missing
 
@@ -163,6 +164,41 @@ PLANS: list[tuple[str, ClientFacts, Step, dict[str, object]]] = [
             "reason": decide(5, 5, 6, 30, True).reason,
             "notify": True,
         },
+    ),
+    (
+        "checked: behind the cursor and the trim point, a drop after lowering the cursor",
+        facts(at_sink(5), cursor=10, marks=(6, 30)),
+        Step.SNAPSHOT,
+        {
+            "sink_position": 5,
+            "lower_cursor_to": 5,
+            "record_drop": decide(5, 5, 6, 30, True),
+            "reason": decide(5, 5, 6, 30, True).reason,
+            "notify": True,
+        },
+    ),
+    (
+        "checked: behind the cursor and the trim point, no provider: stops, cursor lowered",
+        facts(at_sink(5), cursor=10, provider=False, marks=(6, 30)),
+        Step.STOP,
+        {
+            "sink_position": 5,
+            "lower_cursor_to": 5,
+            "resume_after": 5,
+            "reason": decide(5, 10, 6, 30, False).reason,
+        },
+    ),
+    (
+        "the trim mark without the head: check",
+        replace(facts(), trimmed_through=10),
+        Step.CHECK,
+        {"sink_position": 10},
+    ),
+    (
+        "the head without the trim mark: check",
+        replace(facts(), head=30),
+        Step.CHECK,
+        {"sink_position": 10},
     ),
     (
         "checked: a loss without a provider stops",

@@ -43,6 +43,23 @@ def test_full(inflight: int, batches: int, nbytes: int, full: bool) -> None:
     assert w.full(batches, nbytes) is full
 
 
+def test_full_without_arguments_counts_only_what_is_in_flight() -> None:
+    w = Window(max_batches=2, max_bytes=100)
+    w.add(InFlight(w.next_batch_id(), "c", LOG, 1, 1, 99, 0.0))
+    assert w.full() is False  # one batch of two, 99 bytes of 100
+    w.add(InFlight(w.next_batch_id(), "c", LOG, 2, 1, 0, 0.0))
+    assert w.full() is True
+
+
+def test_the_oldest_batch_gives_the_time_waited() -> None:
+    w = Window(10, 10_000)
+    for position, sent_at in ((1, 5.0), (2, 7.0)):
+        w.add(InFlight(w.next_batch_id(), "c", LOG, position, 1, 10, sent_at))
+    assert w.oldest_sent_at() == 5.0
+    w.acknowledge(1)
+    assert w.oldest_sent_at() == 7.0
+
+
 def test_an_ack_settles_every_batch_up_to_it() -> None:
     w = Window(10, 10_000)
     a, b, c = (batch(w, "c", LOG, p) for p in (1, 2, 3))
@@ -111,6 +128,11 @@ def test_cursor_writes_are_coalesced() -> None:
     assert w.flush_due(100.0 + FLUSH_INTERVAL + 0.01)
     w.acknowledge(99)
     assert w.flush_due(100.0)  # the window is empty: save now
+    batch(w, "c", LOG, 3)
+    w.flushed(0.0)
+    w.cursors["c"] = 3
+    assert not w.flush_due(FLUSH_INTERVAL)  # exactly the interval: not yet
+    assert w.flush_due(FLUSH_INTERVAL * 1.01)
 
 
 # case id, modes of the streams -> session state

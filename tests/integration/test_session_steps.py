@@ -1,0 +1,494 @@
+"""A sender session's steps without a transport, on SQLite and PostgreSQL.
+
+The negotiation response goes to :meth:`SenderSession._plan` as the transport
+would hand it over; acknowledgements go to :meth:`SenderSession._on_ack` for
+batches placed in its window. What the session then holds per client (its
+streams) and what the store holds (cursors, requests, drops, stops) is compared
+field by field.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from prometheus_client import REGISTRY
+
+from lr_client._proto import replication_pb2 as pb
+from lr_client.errors import IncompatibleVersionError
+from lr_client.records import SnapshotRequest, SnapshotStatus
+from lr_client.store import SQLAlchemyQueueStore
+from lr_server import protocol
+from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
+from lr_server.session import SenderSession
+from lr_server.streams import ClientStream, Mode, Notice
+from lr_server.transport.base import Transport
+from lr_server.window import InFlight
+
+DEST = "b"
+APP, NONE = SnapshotProvider.APP, SnapshotProvider.NONE
+
+
+def _no_transport() -> Transport:
+    raise AssertionError("these tests call the session's steps directly")
+
+
+def session(store: SQLAlchemyQueueStore, **clients: SnapshotProvider) -> SenderSession:
+    store.register_sites([DEST, "c"])
+    configs = [ClientConfig(name, provider) for name, provider in clients.items()]
+    return SenderSession(
+        store, "a", DEST, configs, _no_transport, ReplicationConfig(window_batches=8)
+    )
+
+
+def sink(notices: bool = True, **clients: tuple[int, int, str, int]) -> pb.NegotiateResponse:
+    """The sink's answer: per client (last position, snapshot state, snapshot id, ordinal)."""
+    return pb.NegotiateResponse(
+        sink_id=DEST,
+        drop_notices=notices,
+        protocol_version=2,
+        clients=[
+            pb.ClientState(
+                client_name=name,
+                last_position=last,
+                snapshot_state=state,  # type: ignore[arg-type]
+                snapshot_id=sid,
+                snapshot_position=ordinal,
+            )
+            for name, (last, state, sid, ordinal) in clients.items()
+        ],
+    )
+
+
+def log_at(position: int) -> tuple[int, int, str, int]:
+    return (position, pb.SNAPSHOT_NONE, "", 0)
+
+
+def _write(store: SQLAlchemyQueueStore, n: int, client: str = "policy") -> None:
+    """``n`` log entries of ``client`` for b."""
+    nums = store.site_numbers()
+    with store.write() as conn:
+        store.append_log_entries(conn, client, [(b"x", [nums[DEST]])] * n)
+
+
+def _ready(store: SQLAlchemyQueueStore, client: str = "policy", rows: int = 2) -> SnapshotRequest:
+    sid = store.request_snapshot(None, DEST, client, "asked")
+    assert store.start_snapshot(sid) is not None
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, sid, 0, [b"r%d" % i for i in range(rows)])
+    store.finish_snapshot(sid)
+    req = store.get_snapshot(sid)
+    assert req is not None and req.status is SnapshotStatus.READY
+    return req
+
+
+def _state(cs: ClientStream) -> tuple[object, ...]:
+    return (cs.mode, cs.sent, cs.snapshot, cs.snap_sent, cs.notice, cs.stop_reason)
+
+
+# -- negotiation ---------------------------------------------------------------------------
+def test_log_streams_resume_where_the_sink_is_and_cursors_follow_it(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE, orders=NONE, audit=NONE)
+    _write(store, 9)
+    _write(store, 4, "orders")
+    store.set_cursor(DEST, "policy", 3)
+    store.set_cursor(DEST, "orders", 12)
+    store.set_cursor("c", "audit", 2)
+    streams = s._plan(sink(policy=log_at(5), orders=log_at(11), audit=log_at(0)))
+    assert list(streams) == ["policy", "orders", "audit"]
+    assert _state(streams["policy"]) == (Mode.LOG, 5, None, 0, None, "")
+    assert _state(streams["orders"]) == (Mode.LOG, 11, None, 0, None, "")
+    assert _state(streams["audit"]) == (Mode.LOG, 0, None, 0, None, "")
+    assert streams["policy"].config == ClientConfig("policy", NONE)
+    cursors = {(c.destination, c.client_name): c.position for c in store.list_cursors()}
+    # Raised to an ack that was lost; lowered to replay what the sink lacks; c's untouched.
+    assert cursors == {(DEST, "policy"): 5, (DEST, "orders"): 11, ("c", "audit"): 2}
+    assert s.stops.notices is True
+    s._plan(sink(notices=False, policy=log_at(5)))
+    assert s.stops.notices is False
+    assert store.list_snapshots() == [] and store.list_drops() == []
+
+
+def test_a_sink_behind_the_trim_point_is_dropped_to_a_full_sync_with_a_notice_first(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    _write(store, 9)
+    store.set_cursor(DEST, "policy", 6)
+    assert store.trim() == 6
+    streams = s._plan(sink(policy=log_at(2)))
+    reason = (
+        "the sink is at position 2, behind what this source still holds "
+        "(entries of the stream up to 6 were trimmed)"
+    )
+    (drop,) = store.list_drops()
+    assert (drop.destination, drop.client_name, drop.first_dropped_position, drop.reason) == (
+        DEST,
+        "policy",
+        3,
+        reason,
+    )
+    (req,) = store.list_snapshots(DEST, "policy")
+    assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, reason)
+    notice = Notice(f"d{int(drop.dropped_at * 1e6)}", 3, reason)
+    assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 0, notice, "")
+    assert store.get_cursor(DEST, "policy").position == 2  # lowered before the trim mark
+
+
+def test_a_sink_behind_the_trim_point_without_provider_stops_its_stream(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE)
+    _write(store, 9)
+    store.set_cursor(DEST, "policy", 6)
+    store.trim()
+    streams = s._plan(sink(policy=log_at(2)))
+    reason = (
+        "the sink is at position 2, behind what this source still holds "
+        "(entries of the stream up to 6 were trimmed)"
+    )
+    assert _state(streams["policy"]) == (Mode.STOPPED, 0, None, 0, None, f"policy: {reason}")
+    stop = store.get_stream_stop(DEST, "policy")
+    assert stop is not None and (stop.reason, stop.resume_after) == (reason, 2)
+    assert store.list_snapshots() == [] and store.list_drops() == []
+
+
+def test_first_contact_with_a_provider_requests_a_full_sync(
+    store: SQLAlchemyQueueStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lr.session")
+    s = session(store, policy=APP, orders=NONE)
+    _write(store, 3)
+    streams = s._plan(sink(policy=log_at(0), orders=log_at(0)))
+    (req,) = store.list_snapshots(DEST, "policy")
+    assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, "first contact")
+    assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 0, None, "")
+    assert _state(streams["orders"]) == (Mode.LOG, 0, None, 0, None, "")  # checked, then log
+    assert f"b/policy: full sync {req.snapshot_id} (first contact)" in [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+def test_a_dropped_stream_is_told_of_its_drop_before_its_full_sync(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    _write(store, 9)
+    store.set_cursor(DEST, "policy", 4)
+    drop = store.drop_stream(DEST, "policy", "too far behind")
+    assert drop is not None
+    streams = s._plan(sink(policy=log_at(4)))
+    (req,) = store.list_snapshots(DEST, "policy")
+    assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, "dropped for falling behind")
+    notice = Notice(f"d{int(drop.dropped_at * 1e6)}", 5, "too far behind")
+    assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 0, notice, "")
+    assert store.list_drops() == [drop]
+
+
+def test_a_sink_past_a_restored_sources_head_is_dropped_from_the_head(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The cursor (35) is past the head (30) too: the drop starts after the head."""
+    s = session(store, policy=APP)
+    _write(store, 30)
+    store.set_cursor(DEST, "policy", 35)
+    s._plan(sink(policy=log_at(40)))
+    (drop,) = store.list_drops()
+    assert drop.first_dropped_position == 31
+    assert drop.reason.startswith("the sink is at position 40 but this source's head is 30")
+
+
+def test_a_transfer_in_progress_continues_after_what_the_sink_holds(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    req = _ready(store, rows=5)
+    streams = s._plan(sink(policy=(7, pb.SNAPSHOT_ONGOING, req.snapshot_id, 3)))
+    assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 3, None, "")
+    assert store.list_snapshots(DEST) == [req]
+
+
+def test_a_snapshot_the_sink_completed_is_finished_when_its_ack_was_lost(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    _write(store, 4)
+    store.set_cursor(DEST, "policy", 1, needs_snapshot=True)
+    store.drop_stream(DEST, "policy", "behind")
+    req = _ready(store)
+    assert req.base_position == 4
+    _write(store, 2)
+    # The sink has the snapshot and the log entry after its base: both acks were lost.
+    streams = s._plan(sink(policy=(5, pb.SNAPSHOT_COMPLETED, req.snapshot_id, 3)))
+    done = store.get_snapshot(req.snapshot_id)
+    assert done is not None and done.status is SnapshotStatus.COMPLETED
+    cursor = store.get_cursor(DEST, "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (5, False)
+    assert store.list_drops() == []
+    assert _state(streams["policy"]) == (Mode.LOG, 5, None, 0, None, "")
+
+
+def test_an_open_request_of_a_client_without_provider_is_refused(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE)
+    _write(store, 2)
+    sid = store.request_snapshot(None, DEST, "policy", "asked")
+    streams = s._plan(sink(policy=log_at(2)))
+    req = store.get_snapshot(sid)
+    assert req is not None and req.status is SnapshotStatus.CANCELLED
+    assert _state(streams["policy"]) == (Mode.LOG, 2, None, 0, None, "")
+
+
+def test_a_provider_configured_since_a_stop_clears_it_and_syncs(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    _write(store, 3)
+    store.set_cursor(DEST, "policy", 3)
+    store.stop_stream(DEST, "policy", "needs a full sync", 1)
+    streams = s._plan(sink(policy=log_at(1)))
+    assert store.get_stream_stop(DEST, "policy") is None
+    assert streams["policy"].mode is Mode.LOG and streams["policy"].sent == 1
+
+
+def test_a_stop_whose_loss_was_accepted_resumes_with_a_notice(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE)
+    _write(store, 3)
+    store.stop_stream(DEST, "policy", "needs a full sync", 2)
+    stop = store.accept_stream_loss(DEST, "policy")
+    assert stop is not None and stop.accepted_at is not None
+    streams = s._plan(sink(policy=log_at(1)))
+    notice = Notice(
+        f"a{int(stop.accepted_at * 1e6)}", 3, "loss accepted by an operator: needs a full sync"
+    )
+    assert _state(streams["policy"]) == (Mode.LOG, 2, None, 0, notice, "")
+    assert store.get_stream_stop(DEST, "policy") == stop  # resumed once the sink has the notice
+
+
+def test_the_record_of_a_resumed_loss_is_kept(store: SQLAlchemyQueueStore) -> None:
+    """It says what the operator accepted: a later negotiation needs it."""
+    s = session(store, policy=NONE)
+    _write(store, 3)
+    store.stop_stream(DEST, "policy", "lost", 1)
+    store.accept_stream_loss(DEST, "policy")
+    store.mark_stream_resumed(DEST, "policy")
+    record = store.get_stream_stop(DEST, "policy")
+    assert record is not None and record.resumed_at is not None
+    streams = s._plan(sink(policy=log_at(3)))
+    assert _state(streams["policy"]) == (Mode.LOG, 3, None, 0, None, "")
+    assert store.get_stream_stop(DEST, "policy") == record
+
+
+def test_a_stopped_stream_whose_sink_holds_what_it_needs_runs_again(
+    store: SQLAlchemyQueueStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lr.session")
+    s = session(store, policy=NONE)
+    _write(store, 3)
+    store.stop_stream(DEST, "policy", "was behind", 1)
+    streams = s._plan(sink(policy=log_at(3)))
+    assert _state(streams["policy"]) == (Mode.LOG, 3, None, 0, None, "")
+    assert store.get_stream_stop(DEST, "policy") is None
+    assert "b/policy: no longer stopped: was behind" in [r.getMessage() for r in caplog.records]
+
+
+def test_a_sink_too_old_is_refused_by_name(
+    store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = session(store, policy=NONE)
+    monkeypatch.setattr(protocol, "MIN_PEER_VERSION", 2)
+    old = sink(policy=log_at(0))
+    old.protocol_version = 1
+    with pytest.raises(IncompatibleVersionError) as caught:
+        s._plan(old)
+    assert str(caught.value).startswith("sink 'b' speaks wire protocol 1;")
+    assert s._plan(sink(policy=log_at(0)))["policy"].mode is Mode.LOG
+
+
+# -- acknowledgements ----------------------------------------------------------------------
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _inflight(
+    s: SenderSession,
+    client: str,
+    kind: int,
+    last: int,
+    *,
+    entries: int = 1,
+    nbytes: int = 10,
+    snapshot_id: str = "",
+    is_end: bool = False,
+    age: float = 0.0,
+) -> int:
+    bid = s.window.next_batch_id()
+    s.window.add(
+        InFlight(
+            bid,
+            client,
+            kind,
+            last,
+            entries,
+            nbytes,
+            time.monotonic() - age,
+            snapshot_id,
+            is_end,
+        )
+    )
+    return bid
+
+
+def test_log_acks_move_cursors_and_count_what_was_shipped(store: SQLAlchemyQueueStore) -> None:
+    s = session(store, policy=NONE, orders=NONE)
+    streams = s._plan(sink(policy=log_at(0), orders=log_at(0)))
+    labels = {"destination": DEST, "client": "policy"}
+    before = (
+        _sample("lr_entries_shipped_total", **labels),
+        _sample("lr_bytes_shipped_total", **labels),
+        _sample("lr_batches_acked_total", destination=DEST),
+        _sample("lr_batch_latency_seconds_count", destination=DEST),
+        _sample("lr_batch_latency_seconds_sum", destination=DEST),
+    )
+    first = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4, entries=3, nbytes=30, age=0.5)
+    _inflight(s, "orders", pb.BATCH_LOG_ENTRY, 9, entries=2, nbytes=7, age=0.5)
+    third = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 12, entries=1, nbytes=5, age=0.5)
+    s._on_ack(pb.ReplicationAck(batch_id=first - 1), streams)  # settles nothing
+    assert len(s.window) == 3 and store.list_cursors() == []
+    s._on_ack(pb.ReplicationAck(batch_id=first + 1), streams)
+    assert _sample("lr_inflight_batches", destination=DEST) == 1
+    # The first flush of a connection is due at once; the window is not empty.
+    positions = {c.client_name: c.position for c in store.list_cursors()}
+    assert positions == {"policy": 4, "orders": 9}
+    assert s.window.cursors == {}
+    s._on_ack(pb.ReplicationAck(batch_id=third), streams)
+    assert {c.client_name: c.position for c in store.list_cursors()} == {
+        "policy": 12,
+        "orders": 9,
+    }
+    assert _sample("lr_inflight_batches", destination=DEST) == 0
+    after = (
+        _sample("lr_entries_shipped_total", **labels),
+        _sample("lr_bytes_shipped_total", **labels),
+        _sample("lr_batches_acked_total", destination=DEST),
+        _sample("lr_batch_latency_seconds_count", destination=DEST),
+        _sample("lr_batch_latency_seconds_sum", destination=DEST),
+    )
+    delta = [a - b for a, b in zip(after, before, strict=True)]
+    assert delta[:4] == [4.0, 35.0, 3.0, 3.0]
+    assert 1.5 <= delta[4] < 1.5 + 60  # three batches, each sent 0.5 s before its ack
+    assert _sample("lr_entries_shipped_total", destination=DEST, client="orders") >= 2.0
+
+
+def test_cursors_wait_while_batches_are_in_flight_and_a_flush_is_not_due(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE)
+    streams = s._plan(sink(policy=log_at(0)))
+    s.window.flushed(time.monotonic())  # just flushed
+    first = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)
+    _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 8)
+    s._on_ack(pb.ReplicationAck(batch_id=first), streams)
+    assert s.window.cursors == {"policy": 4} and store.list_cursors() == []
+    s.window.flushed_at -= 1.0  # a while later
+    before = time.monotonic()
+    s._flush_cursors()
+    assert [(c.client_name, c.position) for c in store.list_cursors()] == [("policy", 4)]
+    assert s.window.cursors == {} and before <= s.window.flushed_at <= time.monotonic()
+
+
+def test_acks_of_snapshot_batches_record_what_was_shipped(store: SQLAlchemyQueueStore) -> None:
+    s = session(store, policy=APP)
+    req = _ready(store, rows=5)
+    streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
+    bid = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id)
+    s._on_ack(pb.ReplicationAck(batch_id=bid), streams)
+    got = store.get_snapshot(req.snapshot_id)
+    assert got is not None and (got.status, got.shipped_position) == (SnapshotStatus.READY, 3)
+    assert _sample("lr_snapshot_rows", destination=DEST, client="policy") == 3
+    assert store.list_cursors() == []
+
+
+def test_the_ack_of_a_snapshots_end_completes_it_and_discards_earlier_log_cursors(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    _write(store, 6)
+    req = _ready(store, rows=2)
+    streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
+    _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 9)  # an old log batch still in flight
+    end = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id, is_end=True)
+    s._on_ack(pb.ReplicationAck(batch_id=end), streams)
+    got = store.get_snapshot(req.snapshot_id)
+    assert got is not None and got.status is SnapshotStatus.COMPLETED
+    assert got.shipped_position == 0  # an end is not a shipped-rows update
+    cs = streams["policy"]
+    assert (cs.mode, cs.snapshot, cs.sent) == (Mode.LOG, None, 6)
+    cursor = store.get_cursor(DEST, "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (6, False)
+
+
+def test_the_end_of_a_superseded_snapshot_leaves_the_newer_one(
+    store: SQLAlchemyQueueStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lr.session")
+    s = session(store, policy=APP)
+    old = _ready(store, rows=2)
+    streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, old.snapshot_id, 0)))
+    newer = store.request_snapshot(None, DEST, "policy", "again")
+    streams["policy"].snapshot = store.get_snapshot(newer)
+    end = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=old.snapshot_id, is_end=True)
+    s._on_ack(pb.ReplicationAck(batch_id=end), streams)
+    cs = streams["policy"]
+    assert (cs.mode, cs.snapshot) == (Mode.SNAPSHOT, store.get_snapshot(newer))
+    assert [(r.snapshot_id, r.status) for r in store.list_snapshots(DEST)] == [
+        (newer, SnapshotStatus.REQUESTED),
+        (old.snapshot_id, SnapshotStatus.CANCELLED),
+    ]
+    assert f"b/policy: end of superseded full sync {old.snapshot_id} acknowledged" in [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+def test_the_ack_of_an_accepted_loss_notice_resumes_the_stream(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE, orders=NONE)
+    _write(store, 3)
+    streams = s._plan(sink(policy=log_at(0), orders=log_at(0)))
+    store.stop_stream(DEST, "policy", "lost", 2)
+    store.accept_stream_loss(DEST, "policy")
+    store.drop_stream(DEST, "orders", "behind")
+    accepted = _inflight(s, "policy", pb.BATCH_DROP_NOTICE, 3, snapshot_id="a17")
+    dropped = _inflight(s, "orders", pb.BATCH_DROP_NOTICE, 5, snapshot_id="d18")
+    s._on_ack(pb.ReplicationAck(batch_id=dropped), streams)
+    assert accepted < dropped
+    stop = store.get_stream_stop(DEST, "policy")
+    assert stop is not None and stop.resumed_at is not None
+    cursor = store.get_cursor(DEST, "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (2, False)
+    # A drop's notice moves nothing: its full sync follows.
+    orders = store.get_cursor(DEST, "orders")
+    assert (orders.position, orders.needs_snapshot) == (0, True)
+    assert [d.client_name for d in store.list_drops()] == ["orders"]
+    assert store.list_snapshots() == []
+
+
+def test_the_ack_of_a_batch_of_a_snapshot_no_longer_ready_changes_nothing(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    req = _ready(store, rows=5)
+    streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
+    bid = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id)
+    assert store.cancel_snapshot(req.snapshot_id, "by an operator")
+    cancelled = store.get_snapshot(req.snapshot_id)
+    s._on_ack(pb.ReplicationAck(batch_id=bid), streams)
+    assert store.get_snapshot(req.snapshot_id) == cancelled
+    assert cancelled is not None and cancelled.shipped_position == 0
