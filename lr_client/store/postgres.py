@@ -94,6 +94,10 @@ _TRIM = text(
 )
 
 
+#: A tick that sequenced at least this many entries refreshes the planner's statistics.
+ANALYZE_AFTER_TICK = 5000
+
+
 class PostgresQueueStore(SQLAlchemyQueueStore):
     dialect = "postgresql"
     dialect_insert = staticmethod(pg_insert)
@@ -137,7 +141,13 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         with mapped_errors(), self.engine.connect() as conn, conn.begin():
             if self._tick_key is None:
                 self._tick_key = sequencer.lock_key(conn)
-            return sequencer.tick(conn, self._tick_key)[1]
+            n = sequencer.tick(conn, self._tick_key)[1]
+        if n >= ANALYZE_AFTER_TICK:
+            # A burst (a backlog committed while nothing read): the readers'
+            # plans need the new rows counted before the next read, not at
+            # the next periodic analyze.
+            self.analyze()
+        return n
 
     def _bases(self, conn: Connection, txids: Sequence[int]) -> dict[int, int]:
         return sequencer.bases(conn, txids)

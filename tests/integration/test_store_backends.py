@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import func, select, text
 
 from lr_client.errors import SchemaError
-from lr_client.store import SQLAlchemyQueueStore, lifecycle
+from lr_client.store import SQLAlchemyQueueStore, lifecycle, open_store, postgres
 from lr_client.store import schema as s
+from tests.conftest import PgSchema
 
 
 def test_a_schema_of_a_newer_release_is_refused(store: SQLAlchemyQueueStore) -> None:
@@ -32,3 +33,31 @@ def test_payload_stored_once_whatever_the_destinations(store: SQLAlchemyQueueSto
         assert conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar() == 1
     for d in dests:
         assert [e.payload for e in store.read_log_entries(d, "policy", 0, 10)] == [b"x" * 1024]
+
+
+def test_a_burst_sequenced_at_once_refreshes_the_planners_statistics(
+    pg_schema: PgSchema, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog committed while nothing read: the next reads must not plan for an empty table."""
+    monkeypatch.setattr(postgres, "ANALYZE_AFTER_TICK", 3)
+    store = open_store(pg_schema.engine())
+    store.create_schema()
+    nums = store.register_sites(["b"])
+
+    def counted_rows() -> float:  # -1 until ANALYZE (or VACUUM) counted the table
+        with store.read() as conn:
+            return float(
+                conn.execute(
+                    text(
+                        "SELECT reltuples FROM pg_class WHERE oid = 'lrq_send_positions'::regclass"
+                    )
+                ).scalar_one()
+            )
+
+    with store.write() as conn:
+        store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 2)
+    assert store.sequence() == 2 and counted_rows() == -1  # below the threshold
+    with store.write() as conn:
+        store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 3)
+    assert store.sequence() == 3
+    assert counted_rows() == 5
