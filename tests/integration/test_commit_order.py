@@ -437,3 +437,16 @@ def test_transaction_ids_that_went_back_do_not_stop_sequencing(pg_schema: PgSche
     with store.engine.begin() as conn:  # and the next ticks follow the new snapshot
         later = client.transmit_log_entry_message(conn, b"later", ["site-b"])
     assert client.positions_of([later]) == [(first or 0) + 2]
+
+
+def test_a_search_path_changed_before_commit_still_stamps_the_queue(pg_schema: PgSchema) -> None:
+    """The commit stamp is written at COMMIT, into the queue's own schema, whatever the path."""
+    store = open_store(pg_schema.engine())
+    store.create_schema()
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+    with store.engine.begin() as conn:
+        ref = client.transmit_log_entry_message(conn, b"x", ["site-b"])
+        conn.execute(text("SET LOCAL search_path = pg_catalog"))  # the application's own business
+    assert client.positions_of([ref]) == [1]
+    assert [e.payload for e in store.read_log_entries("site-b", "policy", 0, 10)] == [b"x"]

@@ -65,15 +65,19 @@ _STATEMENTS = (
     # The commit stamp: one row per transmitting transaction, written at COMMIT.
     "CREATE SEQUENCE lrq_commit_seq CACHE 1",
     "CREATE TABLE lrq_send_commits (txid xid8 PRIMARY KEY, commit_seq bigint NOT NULL)",
+    # Names qualified with this schema when the function is created, so a
+    # caller's search_path at COMMIT does not matter (a SET clause on the
+    # function would, but costs a configuration save and restore per call).
     """
-    CREATE FUNCTION lrq_stamp() RETURNS trigger
-    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
-    BEGIN
-      INSERT INTO lrq_send_commits (txid, commit_seq)
-      VALUES (NEW.txid, nextval('lrq_commit_seq'));
-      RETURN NULL;
-    END
-    $$
+    DO $do$ BEGIN EXECUTE format($f$
+      CREATE FUNCTION %1$I.lrq_stamp() RETURNS trigger LANGUAGE plpgsql AS $b$
+      BEGIN
+        INSERT INTO %1$I.lrq_send_commits (txid, commit_seq)
+        VALUES (NEW.txid, nextval(%2$L));
+        RETURN NULL;
+      END
+      $b$ $f$, current_schema(), format('%I.lrq_commit_seq', current_schema()));
+    END $do$
     """,
     "CREATE CONSTRAINT TRIGGER lrq_stamp AFTER INSERT ON lrq_send_entries "
     "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.ord = 1) "
