@@ -70,6 +70,16 @@ def read_while_writing(
     return seen
 
 
+def pg_source(pg_schema: PgSchema) -> tuple[SQLAlchemyQueueStore, RoutingQueueClient]:
+    """A PostgreSQL store with its schema, and client ``policy`` of site-a sending to site-b."""
+    store = open_store(pg_schema.engine())
+    assert isinstance(store, SQLAlchemyQueueStore)
+    store.create_schema()
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    client.register_destinations(["site-b"])
+    return store, client
+
+
 def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
     """A transaction that transmits first and commits last comes after a later, shorter one.
 
@@ -77,10 +87,7 @@ def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
     it), a reader passes the short one's entry, and the long one's entry,
     committed afterwards, is still read: above the reader's cursor.
     """
-    store = open_store(pg_schema.engine())
-    store.create_schema()
-    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
-    client.register_destinations(["site-b"])
+    store, client = pg_source(pg_schema)
 
     long_session = Session(store.engine)
     long_session.begin()
@@ -420,10 +427,7 @@ def test_transaction_ids_that_went_back_do_not_stop_sequencing(pg_schema: PgSche
     Without a guard every new commit stamp would be taken for one already
     sequenced, and nothing would be delivered again.
     """
-    store = open_store(pg_schema.engine())
-    store.create_schema()
-    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
-    client.register_destinations(["site-b"])
+    store, client = pg_source(pg_schema)
     with store.engine.begin() as conn:
         before = client.transmit_log_entry_message(conn, b"before", ["site-b"])
     (first,) = client.positions_of([before])
@@ -441,10 +445,7 @@ def test_transaction_ids_that_went_back_do_not_stop_sequencing(pg_schema: PgSche
 
 def test_a_search_path_changed_before_commit_still_stamps_the_queue(pg_schema: PgSchema) -> None:
     """The commit stamp is written at COMMIT, into the queue's own schema, whatever the path."""
-    store = open_store(pg_schema.engine())
-    store.create_schema()
-    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
-    client.register_destinations(["site-b"])
+    store, client = pg_source(pg_schema)
     with store.engine.begin() as conn:
         ref = client.transmit_log_entry_message(conn, b"x", ["site-b"])
         conn.execute(text("SET LOCAL search_path = pg_catalog"))  # the application's own business

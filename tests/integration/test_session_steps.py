@@ -25,6 +25,7 @@ from lr_server.session import SenderSession
 from lr_server.streams import ClientStream, Mode, Notice
 from lr_server.transport.base import Transport
 from lr_server.window import InFlight
+from tests.kit.snapshots import ready_snapshot
 
 DEST = "b"
 APP, NONE = SnapshotProvider.APP, SnapshotProvider.NONE
@@ -73,14 +74,7 @@ def _write(store: SQLAlchemyQueueStore, n: int, client: str = "policy") -> None:
 
 
 def _ready(store: SQLAlchemyQueueStore, client: str = "policy", rows: int = 2) -> SnapshotRequest:
-    sid = store.request_snapshot(None, DEST, client, "asked")
-    assert store.start_snapshot(sid) is not None
-    with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, [b"r%d" % i for i in range(rows)])
-    store.finish_snapshot(sid)
-    req = store.get_snapshot(sid)
-    assert req is not None and req.status is SnapshotStatus.READY
-    return req
+    return ready_snapshot(store, store.request_snapshot(None, DEST, client, "asked"), rows)
 
 
 def _state(cs: ClientStream) -> tuple[object, ...]:

@@ -21,6 +21,7 @@ from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, Snaps
 from lr_server.snapshot_requests import SnapshotRequests
 from lr_server.stops import StreamStops
 from lr_server.streams import ClientStream, Mode, Notice
+from tests.kit.snapshots import ready_snapshot
 
 DEST = "b"
 NO_PROVIDER = 'client policy has no snapshot provider (snapshot = "none"): log entries go on'
@@ -85,17 +86,6 @@ def _messages(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
 
 def stream(name: str = "policy", provider: SnapshotProvider = SnapshotProvider.APP) -> ClientStream:
     return ClientStream(ClientConfig(name, provider))
-
-
-def _ready(store: SQLAlchemyQueueStore, sid: str, rows: int = 2) -> SnapshotRequest:
-    """Start ``sid``, write ``rows`` entries and its end: READY."""
-    assert store.start_snapshot(sid) is not None
-    with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, [b"r%d" % i for i in range(rows)])
-    store.finish_snapshot(sid)
-    req = store.get_snapshot(sid)
-    assert req is not None and req.status is SnapshotStatus.READY
-    return req
 
 
 def _head(store: SQLAlchemyQueueStore, n: int) -> None:
@@ -198,7 +188,7 @@ def test_a_finished_snapshot_completes_and_log_entries_resume_after_its_base(
     store.drop_stream(DEST, "policy", "too far behind")
     store.drop_stream("c", "policy", "too far behind as well")
     sid = store.request_snapshot(None, DEST, "policy", "dropped")
-    req = _ready(store, sid)
+    req = ready_snapshot(store, sid)
     assert req.base_position == entries
     cs = stream()
     cs.mode, cs.snapshot, cs.sent, cs.snap_sent, cs.snap_done_sent = (
@@ -233,7 +223,7 @@ def test_finishing_a_request_without_a_base_resumes_from_the_start(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
     sid = store.request_snapshot(None, DEST, "policy", "r")
-    req = _ready(store, sid)
+    req = ready_snapshot(store, sid)
     store.set_cursor(DEST, "policy", 5, needs_snapshot=True)
     requests.finish("policy", replace(req, base_position=None))
     cursor = store.get_cursor(DEST, "policy")
@@ -273,7 +263,7 @@ def test_reclaiming_leaves_other_requests_and_returns_what_is_open_now(
     assert requested is not None
     clock.wall += 3600
     assert requests.reclaim_stalled(requested) == requested  # not running: no worker yet
-    ready = _ready(store, sid)
+    ready = ready_snapshot(store, sid)
     assert requests.reclaim_stalled(ready) == ready
     assert store.get_snapshot(sid) == ready
     # A stale copy of a RUNNING row whose worker beat meanwhile: the store keeps it.
@@ -431,7 +421,7 @@ def test_a_snapshot_stream_follows_its_request_and_a_newer_one_supersedes_it(
     first = store.request_snapshot(None, DEST, "policy", "r1")
     cs = stream("policy", SnapshotProvider.SPARK)
     requests.check({"policy": cs})
-    ready = _ready(store, first)
+    ready = ready_snapshot(store, first)
     cs.snap_sent = 2
     requests.check({"policy": cs})  # the same request, now READY: its row is refreshed
     assert (cs.mode, cs.snapshot, cs.snap_sent) == (Mode.SNAPSHOT, ready, 2)
@@ -453,7 +443,7 @@ def test_a_snapshot_stream_whose_end_is_in_flight_waits_for_its_ack(
     sid = store.request_snapshot(None, DEST, "policy", "r")
     cs = stream()
     requests.check({"policy": cs})
-    req = _ready(store, sid)
+    req = ready_snapshot(store, sid)
     cs.snapshot, cs.snap_sent, cs.snap_done_sent = req, 3, True
     assert store.complete_snapshot(sid)
     requests.check({"policy": cs})

@@ -32,6 +32,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    bindparam,
     func,
     insert,
     select,
@@ -231,14 +232,19 @@ class SourceApp:
     ) -> None:
         """Record the positions given after commit (read_sent resolves any left out)."""
         found = api.positions_of(refs, timeout=scaled(10.0))
-        with self.engine.begin() as conn:
-            for row, position in zip(sent, found, strict=True):
-                if position is not None:
-                    conn.execute(
-                        update(rel_sent)
-                        .where(rel_sent.c.payload_id == row["payload_id"])
-                        .values(position=position)
-                    )
+        known = [
+            {"pid": row["payload_id"], "pos": position}
+            for row, position in zip(sent, found, strict=True)
+            if position is not None
+        ]
+        if known:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    update(rel_sent)
+                    .where(rel_sent.c.payload_id == bindparam("pid"))
+                    .values(position=bindparam("pos")),
+                    known,
+                )
 
     def run(self, stop: threading.Event) -> None:
         """Write at ``rate`` entries per second until ``stop`` is set."""
