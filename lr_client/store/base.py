@@ -23,15 +23,27 @@ from lr_client.errors import LRError, SchemaError, StoreUnavailableError
 from lr_client.records import EntryRef
 from lr_client.store import schema as s
 
+try:  # the PostgreSQL driver is an optional extra
+    import psycopg
+except ImportError:  # pragma: no cover - only without the extra
+    psycopg = None  # type: ignore[assignment]
+
 #: SQLSTATEs of a missing or older schema: undefined table, schema, column.
 MISSING_SCHEMA_STATES = frozenset({"42P01", "3F000", "42703"})
+#: Errors of the drivers' own cursors, which some hot paths write through.
+RAW_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error,) + (
+    (psycopg.Error,) if psycopg is not None else ()
+)
+RAW_OPERATIONAL: tuple[type[Exception], ...] = (sqlite3.OperationalError,) + (
+    (psycopg.OperationalError,) if psycopg is not None else ()
+)
 
 
 def map_error(exc: Exception) -> LRError | None:
     """The store's error for a database error (None: not ours, re-raise it as it is).
 
-    ``exc`` is SQLAlchemy's wrapper or a raw ``sqlite3`` error (the SQLite
-    backend writes some rows through the driver's own cursor). A table,
+    ``exc`` is SQLAlchemy's wrapper or a raw ``sqlite3`` or ``psycopg`` error
+    (some hot paths write through the driver's own cursor). A table,
     schema or column that does not exist is a :class:`SchemaError`
     (permanent: ``lr init-db`` must run); any other operational error is a
     :class:`StoreUnavailableError` (transient: the database may come back).
@@ -39,7 +51,7 @@ def map_error(exc: Exception) -> LRError | None:
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     detail = str(orig) if orig else str(exc)
     state = getattr(orig, "sqlstate", None)
-    operational = isinstance(exc, (OperationalError, sqlite3.OperationalError))
+    operational = isinstance(exc, (OperationalError, *RAW_OPERATIONAL))
     if state in MISSING_SCHEMA_STATES or (
         operational and ("no such table" in detail or "no such column" in detail)
     ):
@@ -52,12 +64,15 @@ def map_error(exc: Exception) -> LRError | None:
     return None
 
 
+_DATABASE_ERRORS: tuple[type[Exception], ...] = (DBAPIError, *RAW_ERRORS)
+
+
 @contextmanager
 def mapped_errors() -> Iterator[None]:
     """Raise the store's error (:func:`map_error`) for a database error in the block."""
     try:
         yield
-    except (DBAPIError, sqlite3.Error) as exc:
+    except _DATABASE_ERRORS as exc:
         mapped = map_error(exc)
         if mapped is None:
             raise

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, literal, select, text
+from sqlalchemy import literal, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
@@ -31,13 +31,7 @@ from lr_client.store import sequencer
 from lr_client.store.base import mapped_errors
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
-_INSERT = text(
-    "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at) "
-    "VALUES (:client_name, :payload, :dest_nums, :created_at) "
-    "RETURNING CAST(CAST(txid AS text) AS bigint), ord"
-).bindparams(bindparam("dest_nums", type_=postgresql.ARRAY(postgresql.SMALLINT)))
-
-_INSERT_MANY = (
+_INSERT = (
     "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at) "
     "VALUES (%s, %s, CAST(%s AS smallint[]), %s) "
     "RETURNING CAST(CAST(txid AS text) AS bigint), ord"
@@ -109,27 +103,24 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
     ) -> list[EntryRef]:
         now = time.time()
-        if len(messages) == 1:
-            payload, nums = messages[0]
-            params = {
-                "client_name": client_name,
-                "payload": payload,
-                "dest_nums": list(nums),
-                "created_at": now,
-            }
-            txid, ord_ = conn.execute(_INSERT, params).one()
-            return [EntryRef(int(txid), int(ord_))]
-        # A short statement, pipelined by the driver: one prepared INSERT per row
-        # instead of one huge multi-row statement re-parsed on every call.
         rows = [
             (client_name, p, "{" + ",".join(str(n) for n in nums) + "}", now)
             for p, nums in messages
         ]
+        # Through the driver's own cursor: this runs in every transmitting
+        # transaction, and SQLAlchemy's statement machinery costs the
+        # application several times the driver's own work per call.
         raw = conn.connection.driver_connection
         assert raw is not None
-        refs: list[EntryRef] = []
         with raw.cursor() as cur:
-            cur.executemany(_INSERT_MANY, rows, returning=True)
+            if len(rows) == 1:
+                cur.execute(_INSERT, rows[0])
+                txid, ord_ = cur.fetchone()
+                return [EntryRef(int(txid), int(ord_))]
+            # A short statement, pipelined by the driver: one prepared INSERT per
+            # row instead of one huge multi-row statement re-parsed on every call.
+            refs: list[EntryRef] = []
+            cur.executemany(_INSERT, rows, returning=True)
             while True:
                 txid, ord_ = cur.fetchone()
                 refs.append(EntryRef(int(txid), int(ord_)))

@@ -21,6 +21,11 @@ class SendLogStore(StoreBase):
         if not messages:
             return []
         with mapped_errors():  # the application's transaction: map, never retry
+            if not conn.in_transaction():
+                # The rows go through the driver's own cursor, which SQLAlchemy
+                # does not see: begin as its first statement would have (autobegin),
+                # so the caller's commit() commits them.
+                conn.begin()
             return self._insert_entries(conn, client_name, messages)
 
     def positions_of(self, refs: Sequence[EntryRef]) -> list[int | None]:

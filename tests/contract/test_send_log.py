@@ -129,21 +129,23 @@ def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> No
     assert across_outage(outage, lambda: store.flow_state("policy")) == (True, ["b"])
 
 
-def test_an_append_on_an_empty_database_is_a_schema_error(bare_store: QueueStore) -> None:
+@pytest.mark.parametrize("n", [1, 3])
+def test_an_append_on_an_empty_database_is_a_schema_error(bare_store: QueueStore, n: int) -> None:
     def transmit() -> list[EntryRef]:
         with bare_store.write() as conn:
-            return bare_store.append_log_entries(conn, "policy", [(b"x", [1])])
+            return bare_store.append_log_entries(conn, "policy", [(b"x", [1])] * n)
 
     refused_for_no_schema(bare_store, transmit)
 
 
-def test_an_append_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+@pytest.mark.parametrize("n", [1, 3])
+def test_an_append_survives_a_lost_connection(store: QueueStore, outage: Outage, n: int) -> None:
     nums = store.register_sites(["b"])
 
     def transmit() -> list[EntryRef]:
         with store.write() as conn:
-            return store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+            return store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * n)
 
-    (pos,) = positions(store, across_outage(outage, transmit))
-    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)][-1] == pos
-    assert store.head_position() == pos
+    pos = positions(store, across_outage(outage, transmit))
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)][-n:] == pos
+    assert store.head_position() == pos[-1]

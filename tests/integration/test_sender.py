@@ -78,6 +78,22 @@ def test_accepts_a_connection(client: RoutingQueueClient) -> None:
     assert counts(client.store) == (1, 0)
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
+def test_a_connection_without_begin_commits_what_it_transmitted(
+    client: RoutingQueueClient, batch: bool
+) -> None:
+    # The first statement of a connection begins its transaction (autobegin);
+    # a transmit that is that first statement must too, or commit() drops it.
+    with client.store.engine.connect() as conn:
+        if batch:
+            client.transmit_log_entry_messages(conn, [LRMessageWithDestinations(b"x", ["site-b"])])
+        else:
+            client.transmit_log_entry_message(conn, b"x", ["site-b"])
+        conn.commit()
+    got = client.store.read_log_entries("site-b", "policy", 0, 9)
+    assert [e.payload for e in got] == [b"x"]
+
+
 BAD: list[tuple[object, object, type[Exception]]] = [
     (b"x", [], InvalidDestinationsError),
     (b"x", "site-b", InvalidDestinationsError),
