@@ -13,12 +13,14 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import lr_client
 import lr_server
-from tests.kit.procs import ROOT, lr_env
-from tests.kit.wait import scaled
+from tests.kit.ports import reserve_port
+from tests.kit.procs import ROOT, lr_env, track
+from tests.kit.wait import scaled, wait_for
 
 #: A proxy nothing listens on: a build that fetched anything over HTTP would fail.
 NO_NETWORK = {
@@ -56,6 +58,9 @@ def test_site_builds_strict_with_every_page_and_exported_name(tmp_path: Path) ->
     assert "WARNING" not in done.stderr, done.stderr
 
     site = tmp_path / "site"
+    # `mkdocs build` in the repository writes to site/, which git ignores.
+    assert re.search(r"^site_dir: site$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert "/site/" in (ROOT / ".gitignore").read_text().splitlines()
     pages = sorted(p.relative_to(ROOT / "docs") for p in (ROOT / "docs").rglob("*.md"))
     for page in pages:
         assert (site / page.with_suffix("") / "index.html").exists() or page.name == "index.md"
@@ -114,3 +119,34 @@ def test_broken_links_anchors_and_docstrings_fail_the_build(tmp_path: Path) -> N
         "__init__.py:73: Parameter 'nope' does not appear in the function signature",
     ):
         assert any(fault in line for line in warnings), (fault, output)
+
+
+def test_mkdocs_serve_serves_the_api_reference(tmp_path: Path) -> None:
+    port = reserve_port()
+    log_path = tmp_path / "mkdocs-serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mkdocs", "serve", "--no-livereload", "-a", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env={**lr_env(), **NO_NETWORK},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    track("mkdocs serve", log_path, proc)
+
+    def page() -> str:
+        assert proc.poll() is None, log_path.read_text()
+        try:
+            url = f"http://127.0.0.1:{port}/reference/lr_client/"
+            direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with direct.open(url, timeout=5) as resp:
+                return str(resp.read().decode())
+        except OSError:
+            return ""
+
+    try:
+        html = wait_for(page, 60, what="mkdocs serve answering", detail=log_path.read_text)
+        assert 'id="lr_client.RoutingQueueClient"' in html
+    finally:
+        proc.terminate()
+        proc.wait(timeout=scaled(30))
