@@ -4,10 +4,11 @@ The quick start's fenced blocks run in order in an empty temporary directory,
 as a newcomer would run them, with real processes:
 
 * the first ```bash block (create a virtualenv, ``pip install .``, make the
-  directory) is the environment this suite already runs in: the package is
-  installed from this tree, and ``lr`` and ``python`` are taken from the
-  directory of the test's interpreter (first on ``PATH``), with this tree
-  first on ``PYTHONPATH``; the test checks that block's text instead;
+  directory) is checked word for word and done without network: ``pip
+  install .`` of a copy of what setup.cfg packages, into a directory first on
+  ``PYTHONPATH`` and ``PATH`` (its ``lr``), with ``--no-deps`` since the
+  dependencies are those of the test's own environment (whose ``python`` is
+  the virtualenv's); the quick start then runs that installed copy;
 * a ```python block whose first line is ``# NAME.py`` is saved as ``NAME.py``;
 * a ```bash block whose command ends with ``# keeps running`` (the doc opens
   a terminal for it) is started in the background, logging to a file, and
@@ -23,8 +24,10 @@ One substitution keeps the text literal and copy-pasteable: the doc's port
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,13 +36,16 @@ import tomllib
 from pathlib import Path
 
 from tests.kit.ports import reserve_port
-from tests.kit.procs import ROOT, lr_env, tail, track
+from tests.kit.procs import ROOT, tail, track
 from tests.kit.wait import scaled, wait_for
 
 QUICKSTART = ROOT / "docs" / "quickstart.md"
 DOC_PORT = "7600"
 KEEPS_RUNNING = "# keeps running"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+#: `pip install .` without network: the dependencies and the build backend (setuptools,
+#: pinned in the `dev` extra: it builds wheels itself) are the test environment's.
+OFFLINE = ["--no-deps", "--no-build-isolation", "--no-index", "--disable-pip-version-check"]
 INSTALL = [
     "python3.11 -m venv .venv && . .venv/bin/activate",
     "pip install .",
@@ -52,10 +58,28 @@ def blocks() -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in FENCE.finditer(QUICKSTART.read_text())]
 
 
-def quickstart_env() -> dict[str, str]:
-    """The activated virtualenv of the doc: this interpreter's ``lr`` and ``python``."""
-    env = lr_env()
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+def pip_install(tmp_path: Path) -> dict[str, str]:
+    """``pip install .`` of the repository's packaging, offline; the environment using it."""
+    src, target = tmp_path / "repository", tmp_path / "installed"
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    included = setup["options.packages.find"]["include"].split()
+    src.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for package in {name.split(".")[0] for name in included}:
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *OFFLINE, "--target", str(target), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(target)
+    env["PATH"] = os.pathsep.join([str(target / "bin"), str(Path(sys.executable).parent)])
+    env["PATH"] += os.pathsep + os.environ.get("PATH", "")
     return env
 
 
@@ -110,17 +134,26 @@ class Background:
         return int(self.proc.returncode)
 
 
-def test_install_block_installs_this_repository() -> None:
+def test_quickstart_replicates_to_the_sink_listener(tmp_path: Path) -> None:
     lang, install = blocks()[0]
     assert (lang, install.splitlines()) == ("bash", INSTALL)
-    # `pip install .` gives the `lr` command this suite's environment has.
-    assert "lr = lr_server.cli:main" in (ROOT / "setup.cfg").read_text()
-    assert (Path(sys.executable).parent / "lr").exists()
+    env = pip_install(tmp_path)
+    work = tmp_path / "quickstart"
+    work.mkdir()
+    where = subprocess.run(
+        ["bash", "-c", "command -v lr; python -c 'import lr_client; print(lr_client.__file__)'"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert where == [
+        str(tmp_path / "installed" / "bin" / "lr"),
+        str(tmp_path / "installed" / "lr_client" / "__init__.py"),
+    ]
 
-
-def test_quickstart_replicates_to_the_sink_listener(tmp_path: Path) -> None:
     port = str(reserve_port())
-    env = quickstart_env()
     steps = [(lang, text.replace(DOC_PORT, port)) for lang, text in blocks()[1:]]
     expected = [text for lang, text in steps if lang == "text"][-1].splitlines()
     assert expected, "the quick start shows what the sink prints"
@@ -132,15 +165,15 @@ def test_quickstart_replicates_to_the_sink_listener(tmp_path: Path) -> None:
             if lang == "python":
                 name = re.fullmatch(r"# (\w+\.py)", first)
                 assert name, f"a python block starts with '# NAME.py': {first!r}"
-                (tmp_path / name.group(1)).write_text(text)
+                (work / name.group(1)).write_text(text)
             elif lang == "bash" and text.rstrip().endswith(KEEPS_RUNNING):
                 assert len(text.strip().splitlines()) == 1, text
-                running.append(Background(text.strip(), tmp_path, env, len(running) + 1))
-                running[-1].wait_listening(tmp_path)
+                running.append(Background(text.strip(), work, env, len(running) + 1))
+                running[-1].wait_listening(work)
             elif lang == "bash":
                 done = subprocess.run(
                     ["bash", "-euo", "pipefail", "-c", text],
-                    cwd=tmp_path,
+                    cwd=work,
                     env=env,
                     capture_output=True,
                     text=True,
