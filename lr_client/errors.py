@@ -42,7 +42,7 @@ class InvalidInputError(LRError, ValueError):
 
 
 class InvalidNameError(InvalidInputError):
-    """Invalid name: expected [a-z0-9][a-z0-9-]{0,62}."""
+    """Invalid name: expected ``[a-z0-9][a-z0-9-]{0,62}``."""
 
 
 class InvalidDestinationsError(InvalidInputError):
