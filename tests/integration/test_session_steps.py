@@ -431,9 +431,7 @@ def test_the_ack_of_a_snapshots_end_completes_it_and_discards_earlier_log_cursor
 def test_the_full_sync_gauge_follows_each_streams_mode(store: SQLAlchemyQueueStore) -> None:
     s = session(store, policy=APP, orders=NONE)
     req = _ready(store, rows=2)
-    streams = s._plan(
-        sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0), orders=log_at(0))
-    )
+    streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0), orders=log_at(0)))
 
     def active(client: str) -> float | None:
         return REGISTRY.get_sample_value(
