@@ -26,7 +26,7 @@ from lr_server.config import RetentionConfig
 from lr_server.retention import RetentionPolicy
 from tests.integration.test_unconfigured import send, site_config
 from tests.kit.procs import ROOT, LrServer
-from tests.kit.prometheus import Prometheus, promtool
+from tests.kit.prometheus import Prometheus, binary, promtool
 from tests.kit.promql import exported_samples, metric_names, rated_names
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
 
@@ -35,6 +35,8 @@ DASHBOARD = HERE / "grafana-dashboard.json"
 ALERTS = HERE / "alerts.yml"
 ALERTS_TEST = HERE / "alerts_test.yml"
 SCRAPE_CONFIG = HERE / "prometheus.yml"
+README = HERE / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 
 #: What the dashboard must show: send lag, shipped and applied rates, backpressure,
 #: drops, full-sync state and progress, stream errors, process memory.
@@ -96,6 +98,32 @@ def rule_test_cases() -> list[dict[str, Any]]:
     return tests
 
 
+def operations_tables() -> list[list[list[str]]]:
+    """The tables of docs/operations.md's Prometheus section: rows of cells, header skipped."""
+    text = OPERATIONS.read_text()
+    section = text[text.index("### Prometheus, alerts and a dashboard") :]
+    section = section[: section.index("\n### ", 1)]
+    return markdown_tables(section)
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    tables: list[list[list[str]]] = []
+    rows: list[list[str]] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):  # no cell of these tables holds a "|"
+            rows.append([c.strip() for c in line.strip()[1:-1].split("|")])
+        elif rows:
+            tables.append(rows[2:])  # no header, no ---
+            rows = []
+    return tables
+
+
+def documented_expressions() -> list[str]:
+    """The PromQL of the further-expressions table of docs/operations.md."""
+    further = operations_tables()[1]
+    return [row[1].strip("`") for row in further]
+
+
 def substituted(expr: str) -> str:
     """``expr`` with Grafana's variables replaced, as Prometheus will be asked it."""
     for name, value in GRAFANA_VARIABLES.items():
@@ -124,6 +152,7 @@ def test_every_metric_the_dashboard_and_the_rules_read_is_exported() -> None:
     used = {
         "dashboard": dashboard_queries(),
         "alerts.yml": [rule["expr"] for rule in alert_rules()],
+        "docs/operations.md": documented_expressions(),
         "alerts_test.yml input series": [
             s["series"] for case in rule_test_cases() for s in case["input_series"]
         ],
@@ -167,15 +196,13 @@ def test_the_dashboard_shows_each_part_of_a_sites_health() -> None:
     assert DASHBOARD_METRICS - shown == set()
 
 
-def test_the_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+def test_the_dashboard_and_documented_queries_are_valid_promql(tmp_path: Path) -> None:
+    exprs = [substituted(e) for e in dashboard_queries()] + documented_expressions()
     rules = {
         "groups": [
             {
-                "name": "dashboard",
-                "rules": [
-                    {"record": f"dashboard:query{i}", "expr": substituted(e)}
-                    for i, e in enumerate(dashboard_queries())
-                ],
+                "name": "queries",
+                "rules": [{"record": f"query:{i}", "expr": e} for i, e in enumerate(exprs)],
             }
         ]
     }
@@ -185,7 +212,33 @@ def test_the_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_readme_lists_the_dashboards_rows() -> None:
+    rows = [p["title"] for p in dashboard()["panels"] if p["type"] == "row"]
+    readme = markdown_tables(README.read_text())
+    (listed,) = [t for t in readme if t and t[0][0] == "Replication"]
+    assert [r[0] for r in listed] == rows
+
+
 # -- the alert rules --------------------------------------------------------------------------
+def test_the_docs_show_the_rules_as_they_are() -> None:
+    def one_line(text: str) -> str:
+        return " ".join(text.split())
+
+    documented = {
+        row[0].split(":")[0].strip("`"): (one_line(row[1].strip("`")), row[2], row[3])
+        for row in operations_tables()[0]
+    }
+    assert documented == {
+        r["alert"]: (one_line(r["expr"]), r.get("for", ""), r["labels"]["severity"])
+        for r in alert_rules()
+    }
+    readme = markdown_tables(README.read_text())
+    (listed,) = [t for t in readme if t and t[0][0].startswith("`Lr")]
+    assert {row[0].strip("`"): row[2] for row in listed} == {
+        r["alert"]: r["labels"]["severity"] for r in alert_rules()
+    }
+
+
 def test_promtool_checks_the_alert_rules() -> None:
     result = promtool("check", "rules", ALERTS)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -234,7 +287,8 @@ def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str)
 def test_the_scrape_config_example_is_valid() -> None:
     result = promtool("check", "config", SCRAPE_CONFIG.name, cwd=HERE)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    assert "SUCCESS: 1 rule files found" in result.stdout
+    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
 
 
 # -- the gauges the rules need ----------------------------------------------------------------
@@ -262,6 +316,7 @@ def test_prometheus_scrapes_running_sites_evaluates_the_rules_and_answers_the_da
     tmp_path: Path, db_url_factory: Callable[[str], str]
 ) -> None:
     """a ships to b; c and d are down: b catches up, backpressure turns on for policy."""
+    binary("prometheus")
     port_b, port_c, port_d = free_port(), free_port(), free_port()
     metrics_ports = {"a": free_port(), "b": free_port()}
     urls = {s: db_url_factory(s) for s in ("a", "b")}

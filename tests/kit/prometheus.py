@@ -49,6 +49,7 @@ class Prometheus:
     """``prometheus`` with ``config`` (YAML text) in ``directory``; a context manager."""
 
     def __init__(self, config: str, directory: Path) -> None:
+        self.binary = binary("prometheus")
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config_path = directory / "prometheus.yml"
@@ -62,7 +63,7 @@ class Prometheus:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
-                binary("prometheus"),
+                self.binary,
                 f"--config.file={self.config_path}",
                 f"--storage.tsdb.path={self.directory / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
