@@ -82,6 +82,7 @@ def dashboard_queries() -> list[str]:
     exprs = [t["expr"] for p in panels(board) for t in p["targets"]]
     for var in board["templating"]["list"]:
         if var["type"] == "query":
+            assert var["query"] == var["definition"], var["name"]
             m = re.fullmatch(r"label_values\((.*),\s*\w+\)", var["definition"])
             assert m, f"variable {var['name']}: {var['definition']}"
             exprs.append(m.group(1))
