@@ -32,6 +32,11 @@ BYTES_APPLIED = Counter(
 SNAPSHOT_ROWS = Gauge(
     "lr_snapshot_rows", "Rows of the current snapshot shipped", ["destination", "client"]
 )
+SNAPSHOT_ACTIVE = Gauge(
+    "lr_snapshot_active",
+    "1 while a stream waits for or ships a full sync",
+    ["destination", "client"],
+)
 UNCONFIGURED_ENTRIES = Gauge(
     "lr_unconfigured_entries",
     "Entries queued for a destination and client the config does not list",
@@ -43,6 +48,7 @@ STREAM_STOPPED = Gauge(
     "1 while a stream is stopped: the sink lacks entries the source no longer holds",
     ["destination", "client"],
 )
+BACKPRESSURE = Gauge("lr_backpressure", "1 while backpressure is on for a client", ["client"])
 BACKPRESSURE_EVENTS = Counter("lr_backpressure_events", "Transmits refused or delayed")
 ERRORS = Counter("lr_errors", "Errors by kind", ["kind"])
 TRIMMED = Counter("lr_trimmed_entries", "Send-queue entries trimmed")
@@ -58,6 +64,7 @@ def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
 
 
 __all__ = [
+    "BACKPRESSURE",
     "BACKPRESSURE_EVENTS",
     "BATCHES_ACKED",
     "BATCH_LATENCY",
@@ -73,6 +80,7 @@ __all__ = [
     "LAG_SECONDS",
     "RECEIVER_CALLS_REFUSED",
     "RECEIVER_OPEN_CALLS",
+    "SNAPSHOT_ACTIVE",
     "SNAPSHOT_ROWS",
     "STREAM_STOPPED",
     "TRIMMED",

@@ -126,6 +126,7 @@ class RetentionPolicy:
                     ", ".join(slow) or "none",
                 )
             self.store.set_flow_state(client.name, on, slow)
+            metrics.BACKPRESSURE.labels(client.name).set(1 if on else 0)
             backpressure[client.name] = on
         streams += self._unconfigured(already, now, dropped_now)
         return RetentionReport(streams, dropped_now, backpressure)

@@ -281,8 +281,7 @@ class SenderSession:
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
                 raise TransportError("no acknowledgement within stream_idle_timeout")
             if now - last_status > 1.0:
-                self.state, self._stopped = summary(streams.values())
-                self._save_status()
+                self._report(streams)
                 last_status = now
         # Clean shutdown: give in-flight batches a moment to be acknowledged.
         deadline = time.monotonic() + 5.0
@@ -345,6 +344,14 @@ class SenderSession:
         self.window.flushed(time.monotonic())
 
     # -- status ----------------------------------------------------------------------------------
+    def _report(self, streams: dict[str, ClientStream]) -> None:
+        """Record the session's state and whether each stream is in a full sync."""
+        self.state, self._stopped = summary(streams.values())
+        for name, cs in streams.items():
+            active = 1 if cs.mode is Mode.SNAPSHOT else 0
+            metrics.SNAPSHOT_ACTIVE.labels(self.destination, name).set(active)
+        self._save_status()
+
     def _save_status(self) -> None:
         try:
             self.store.save_session_status(

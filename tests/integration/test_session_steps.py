@@ -22,7 +22,7 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_server import protocol
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
 from lr_server.session import SenderSession
-from lr_server.streams import ClientStream, Mode, Notice
+from lr_server.streams import ClientStream, Mode, Notice, SessionState
 from lr_server.transport.base import Transport
 from lr_server.window import InFlight
 from tests.kit.snapshots import ready_snapshot
@@ -426,6 +426,26 @@ def test_the_ack_of_a_snapshots_end_completes_it_and_discards_earlier_log_cursor
     assert (cs.mode, cs.snapshot, cs.sent) == (Mode.LOG, None, 6)
     cursor = store.get_cursor(DEST, "policy")
     assert (cursor.position, cursor.needs_snapshot) == (6, False)
+
+
+def test_the_full_sync_gauge_follows_each_streams_mode(store: SQLAlchemyQueueStore) -> None:
+    s = session(store, policy=APP, orders=NONE)
+    req = _ready(store, rows=2)
+    streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0), orders=log_at(0)))
+
+    def active(client: str) -> float | None:
+        return REGISTRY.get_sample_value(
+            "lr_snapshot_active", {"destination": DEST, "client": client}
+        )
+
+    s._report(streams)
+    assert (active("policy"), active("orders")) == (1.0, 0.0)
+    assert s.state is SessionState.SNAPSHOT_SYNC
+    end = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id, is_end=True)
+    s._on_ack(pb.ReplicationAck(batch_id=end), streams)
+    s._report(streams)
+    assert (active("policy"), active("orders")) == (0.0, 0.0)
+    assert s.state is SessionState.LOG_ENTRY_SYNC
 
 
 def test_the_end_of_a_superseded_snapshot_leaves_the_newer_one(
