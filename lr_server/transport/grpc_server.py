@@ -33,7 +33,11 @@ SERVICE: str = pb.DESCRIPTOR.services_by_name["LogReplication"].full_name
 
 
 class Authenticator:
-    """Who is calling: the source id from the client certificate or the token."""
+    """Who is calling: the source id from the client certificate or the token.
+
+    With ``client_auth = "none"`` (plaintext on loopback only, see the config) it is
+    the source id the caller claims, still one of the configured sources.
+    """
 
     def __init__(self, config: SiteConfig) -> None:
         self.mode = config.security.client_auth
@@ -54,6 +58,12 @@ class Authenticator:
                     f"certificate of {known[0]!r} cannot speak as {claimed!r}"
                 )
             return str(known[0])
+        if self.mode == "none":
+            if not claimed:
+                raise AuthenticationError("missing source id")
+            if claimed not in self.tokens:
+                raise PermissionDeniedError(f"source {claimed!r} is not accepted here")
+            return claimed
         auth = str(metadata.get("authorization", ""))
         if not auth.startswith("Bearer ") or not claimed:
             raise AuthenticationError("missing source id or bearer token")
