@@ -186,6 +186,28 @@ def make_database_directory(config: SiteConfig) -> None:
         fail(f"cannot create the directory {path.parent} of the database: {exc.strerror or exc}")
 
 
+def check_listen_address(address: str) -> None:
+    """Fail (exit 1) naming ``site.listen`` if its address cannot be bound.
+
+    Bound as the gRPC server binds (``SO_REUSEADDR`` and ``SO_REUSEPORT``), and
+    released at once, so that a port in use is one line, not gRPC's native log.
+    """
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(sockaddr)
+    except OSError as exc:
+        fail(f"site.listen: cannot listen on {address}: {exc.strerror or exc}")
+
+
 @contextmanager
 def open_site_store(
     config: SiteConfig, *, check: bool = True, create: bool = False
@@ -298,6 +320,8 @@ def server(config_path: Path) -> None:
     config = load_config(config_path)
     from lr_server.server import run_server
 
+    if config.listen:
+        check_listen_address(config.listen)
     make_database_directory(config)
     try:
         run_server(config)
