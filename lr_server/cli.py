@@ -300,7 +300,7 @@ def short_id(snapshot_id: str) -> str:
 
 
 # -- the group ----------------------------------------------------------------------------
-@click.group(cls=LRGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("lr", cls=LRGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lr-routing-queue", prog_name="lr")
 def cli() -> None:
     """Routing-queue log replication: run and inspect a site.
