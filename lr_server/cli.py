@@ -3,9 +3,11 @@
 Exit codes: 0 success; 1 a check failed or an operation failed (database
 unreachable, schema missing, snapshot not open); 2 a usage or configuration
 error; ``lr init-db --check`` also 3 (an upgrade is pending) and 4 (the
-database was made by a newer release). Errors are one line on stderr, never
-a traceback. Every read command takes ``--json``. Environment: ``LR_CONFIG``
-is the default for ``--config``.
+database was made by a newer release). Errors are one line on stderr,
+``lr: error: ...`` naming the file, key, path or option at fault (usage errors,
+click's own included, end with ``(try 'lr CMD --help')``), never a traceback;
+a failed command creates no file. Every read command takes ``--json``.
+Environment: ``LR_CONFIG`` is the default for ``--config``.
 
 Heavy modules (grpc, the server) are imported inside the commands that need
 them, so ``lr --help`` is fast.
@@ -89,7 +91,7 @@ class LRGroup(click.Group):
         except SQLAlchemyError as exc:
             fail(f"database error: {_first_line(getattr(exc, 'orig', None) or exc)}")
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,

@@ -451,7 +451,9 @@ def _check_unauthenticated(raw: dict[str, Any], security: SecurityConfig, listen
     tokens = [("security.token", raw.get("security", {}).get("token"))]
     for section in ("destinations", "sources"):
         for i, x in enumerate(_array(raw, section)):
-            tokens.append((f"{section}[{i}].token", x.get("token") if isinstance(x, dict) else None))
+            tokens.append(
+                (f"{section}[{i}].token", x.get("token") if isinstance(x, dict) else None)
+            )
     for key, token in tokens:
         if token:
             raise ConfigError(

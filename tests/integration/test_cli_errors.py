@@ -409,6 +409,8 @@ def test_read_commands_on_a_database_without_schema_create_nothing(
         result = lr(*args, "--config", str(cfg))
         line = one_error_line(result.stdout, result.stderr, result.exit_code, EXIT_FAILED)
         assert "lr init-db" in line, line
+        if not db_url.startswith("sqlite"):  # the database is named
+            assert line.startswith("lr: error: postgresql://") and "no schema" in line, line
     assert _tree(tmp_path) == before
     if not db_url.startswith("sqlite"):
         check = lr("init-db", "--config", str(cfg), "--check", "--json")
@@ -463,7 +465,9 @@ def test_server_port_in_use_is_one_line_naming_the_key(tmp_path: Path) -> None:
         port = holder.getsockname()[1]
         configs = {
             "site.listen": _base(listen, f'listen = "127.0.0.1:{port}"\n'),
-            "site.metrics_port": _base(listen, f"metrics_port = {port}\n").replace(sources, ""),
+            "site.metrics_port": _base(listen, f"metrics_port = {port}\n")
+            .replace(sources, "")
+            .replace("{url}", "sqlite:///made/by/server/site.db"),
         }
         for key, config in configs.items():
             cfg = _write(tmp_path, Case(key, (), 0, (), config=config))
@@ -481,3 +485,6 @@ def test_server_port_in_use_is_one_line_naming_the_key(tmp_path: Path) -> None:
                 line.startswith(f"lr: error: {key}: cannot listen on 127.0.0.1:{port}")
             ), line
             assert "in use" in line, line
+        # The listen port is checked first; the metrics port once the server has
+        # created its database, directory included, as `lr init-db` would.
+        assert (tmp_path / "made" / "by" / "server" / "site.db").exists()

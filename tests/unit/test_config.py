@@ -335,6 +335,21 @@ def test_client_auth_none_needs_plaintext(site_dir: Path) -> None:
         load_config(path)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:////tmp/a.db",
+        "postgresql://u@h/db",
+        "postgresql+psycopg://u@h/db",
+        "postgres://h/db",
+    ],
+)
+def test_supported_database_urls(url: str) -> None:
+    raw = base()
+    raw["site"]["database_url"] = url
+    assert parse_config(raw).database_url == url
+
+
 def test_load_config_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "site.toml"
     path.write_text('[site]\nid = "a"\ndatabase_url = "mysql://u:secret@h/db"\n')
