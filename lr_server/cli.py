@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
-from lr_client.errors import ConfigError, LRError
+from lr_client.errors import ConfigError, LRError, SchemaError, StoreUnavailableError
 from lr_server.config import SiteConfig, SnapshotProvider, load_config
 
 if TYPE_CHECKING:
@@ -232,11 +232,10 @@ def open_site_store(
         raise ConfigError(f"site.database_url: {_first_line(exc)}") from exc
     try:
         if check:
-            try:
-                store.check_schema()
-            except (LRError, SQLAlchemyError) as exc:
-                fail(f"{where}: {_first_line(getattr(exc, 'orig', None) or exc)}")
+            store.check_schema()
         yield store
+    except (SchemaError, StoreUnavailableError, SQLAlchemyError) as exc:
+        fail(f"{where}: {_first_line(getattr(exc, 'orig', None) or exc)}")
     finally:
         store.close()
 

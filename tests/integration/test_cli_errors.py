@@ -115,6 +115,20 @@ CASES: list[Case] = [
         ("{dir}/nodir/deeper/site.db", "no directory {dir}/nodir/deeper", "lr init-db"),
         url="sqlite:///nodir/deeper/site.db",
     ),
+    Case(
+        "database-path-is-a-directory",
+        _cfg("status"),
+        EXIT_FAILED,
+        ("sqlite:///{dir}/data:", "unable to open database file"),
+        url="sqlite:///data",
+    ),
+    Case(
+        "init-db-database-path-is-a-directory",
+        _cfg("init-db"),
+        EXIT_FAILED,
+        ("sqlite:///{dir}/data:", "unable to open database file"),
+        url="sqlite:///data",
+    ),
     # -- site.database_url ---------------------------------------------------------------
     Case("mysql-url", _cfg("status"), EXIT_USAGE, (*SUPPORTED, "'mysql'"), url="mysql://u@h/db"),
     Case("oracle-url", _cfg("init-db"), EXIT_USAGE, (*SUPPORTED, "'oracle'"), url="oracle://h/x"),
@@ -410,7 +424,7 @@ def test_read_commands_on_a_database_without_schema_create_nothing(
         line = one_error_line(result.stdout, result.stderr, result.exit_code, EXIT_FAILED)
         assert "lr init-db" in line, line
         if not db_url.startswith("sqlite"):  # the database is named
-            assert line.startswith("lr: error: postgresql://") and "no schema" in line, line
+            assert line.startswith("lr: error: postgresql") and "no schema" in line, line
     assert _tree(tmp_path) == before
     if not db_url.startswith("sqlite"):
         check = lr("init-db", "--config", str(cfg), "--check", "--json")
