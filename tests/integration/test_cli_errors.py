@@ -502,3 +502,16 @@ def test_server_port_in_use_is_one_line_naming_the_key(tmp_path: Path) -> None:
         # The listen port is checked first; the metrics port once the server has
         # created its database, directory included, as `lr init-db` would.
         assert (tmp_path / "made" / "by" / "server" / "site.db").exists()
+
+
+@pytest.mark.parametrize("args", [[], ["snapshot"]])
+def test_a_group_without_a_command_prints_its_help(args: list[str]) -> None:
+    result = lr(*args)
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith(f"Usage: {' '.join(['lr', *args])} [OPTIONS] COMMAND")
+    assert "Commands:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_help_and_version_still_exit_0() -> None:
+    assert lr("--version").exit_code == 0 and "lr, version" in lr("--version").stdout
+    assert lr("status", "--help").exit_code == 0
