@@ -103,6 +103,12 @@ CASES: list[Case] = [
     ),
     Case("trim-no-db", _cfg("trim"), EXIT_FAILED, MISSING_DB),
     Case(
+        "snapshot-run-no-db",
+        ("snapshot", *_cfg("run", "-d", "site-b", "--client", "policy", "--source", "csv:/x")),
+        EXIT_FAILED,
+        MISSING_DB,
+    ),
+    Case(
         "init-db-check-no-db",
         _cfg("init-db", "--check"),
         EXIT_PENDING,
