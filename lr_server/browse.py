@@ -92,10 +92,18 @@ def _type_name(value: int) -> str:
         return str(value)
 
 
-def _tag_site(tag: str, prefix: str, queue: str) -> str:
+def _tag_site(store: Sites, tag: str, prefix: str, queue: str) -> str:
+    """The destination a send-queue tag names: a valid, registered site id."""
     if not tag.startswith(prefix):
         raise InvalidInputError(f"tag {tag!r} does not index {queue} (expected {prefix}<site id>)")
-    return validate_name(tag[len(prefix) :], "site id in tag")
+    dest = validate_name(tag[len(prefix) :], "site id in tag")
+    known = sorted(store.site_numbers(refresh=True))
+    if dest not in known:
+        raise InvalidInputError(
+            f"tag {tag!r}: {dest!r} is not a destination of this site's database "
+            f"(known: {', '.join(known) or 'none'})"
+        )
+    return dest
 
 
 def _browsed(entry: StoredEntry) -> BrowsedEntry:
@@ -113,16 +121,16 @@ def _browsed(entry: StoredEntry) -> BrowsedEntry:
 
 
 def _log_entries(
-    store: Inspection, tag: str | None, client: str | None, after: int, limit: int
+    store: BrowseStore, tag: str | None, client: str | None, after: int, limit: int
 ) -> list[StoredEntry]:
-    dest = None if tag is None else _tag_site(tag, LOGENTRY_TAG, SEND_LOG_ENTRIES)
+    dest = None if tag is None else _tag_site(store, tag, LOGENTRY_TAG, SEND_LOG_ENTRIES)
     return store.browse_log_entries(dest, client, after, limit)
 
 
 def _snapsync_entries(
-    store: Inspection, tag: str | None, client: str | None, after: int, limit: int
+    store: BrowseStore, tag: str | None, client: str | None, after: int, limit: int
 ) -> list[StoredEntry]:
-    dest = None if tag is None else _tag_site(tag, SNAPSYNC_TAG, SEND_SNAPSYNC)
+    dest = None if tag is None else _tag_site(store, tag, SNAPSYNC_TAG, SEND_SNAPSYNC)
     return store.browse_snapshot_entries(dest, client, after, limit)
 
 
@@ -139,7 +147,7 @@ def _recv_entries(
 
 
 def browse(
-    store: Inspection,
+    store: BrowseStore,
     queue: str,
     *,
     tag: str | None = None,
@@ -151,7 +159,7 @@ def browse(
 
     ``after`` is a position for send queues and a queue sequence number for
     receive queues. Raises :class:`~lr_client.errors.InvalidInputError` for an
-    unknown queue or a tag that does not index it.
+    unknown queue, a tag that does not index it or a destination that is not registered.
     """
     if limit <= 0:
         raise InvalidInputError("limit must be positive")

@@ -3,9 +3,11 @@
 Exit codes: 0 success; 1 a check failed or an operation failed (database
 unreachable, schema missing, snapshot not open); 2 a usage or configuration
 error; ``lr init-db --check`` also 3 (an upgrade is pending) and 4 (the
-database was made by a newer release). Errors are one line on stderr, never
-a traceback. Every read command takes ``--json``. Environment: ``LR_CONFIG``
-is the default for ``--config``.
+database was made by a newer release). Errors are one line on stderr,
+``lr: error: ...`` naming the file, key, path or option at fault (usage errors,
+click's own included, end with ``(try 'lr CMD --help')``), never a traceback;
+a failed command creates no file. Every read command takes ``--json``.
+Environment: ``LR_CONFIG`` is the default for ``--config``.
 
 Heavy modules (grpc, the server) are imported inside the commands that need
 them, so ``lr --help`` is fast.
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
-from lr_client.errors import ConfigError, LRError
+from lr_client.errors import ConfigError, LRError, SchemaError, StoreUnavailableError
 from lr_server.config import SiteConfig, SnapshotProvider, load_config
 
 if TYPE_CHECKING:
@@ -61,8 +63,23 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     raise click.exceptions.Exit(code)
 
 
+def usage_message(exc: click.UsageError) -> str:
+    """Click's usage error as one line: the message, then where to find the usage.
+
+    ``Missing option '--config' / '-c'.`` in ``lr status`` becomes
+    ``missing option '--config' / '-c' (try 'lr status --help')``.
+    """
+    text = " ".join(line.strip() for line in exc.format_message().splitlines() if line.strip())
+    text = text.rstrip(".") or "invalid usage"
+    if text[:1].isupper() and text[1:2].islower():
+        text = text[0].lower() + text[1:]
+    if exc.ctx is not None:
+        text += f" (try '{exc.ctx.command_path} --help')"
+    return text
+
+
 class LRGroup(click.Group):
-    """Maps the SDK's errors to exit codes and one-line messages."""
+    """Maps the SDK's errors to exit codes and one-line messages, click's usage errors too."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -73,6 +90,36 @@ class LRGroup(click.Group):
             fail(_first_line(exc), EXIT_FAILED)
         except SQLAlchemyError as exc:
             fail(f"database error: {_first_line(getattr(exc, 'orig', None) or exc)}")
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Click's ``main``, with its usage errors printed as one ``lr: error:`` line (exit 2).
+
+        ``lr`` and ``lr snapshot`` without a command still print their help (exit 2).
+        """
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            click.echo(f"lr: error: {usage_message(exc)}", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            click.echo(f"lr: error: {_first_line(Exception(exc.format_message()))}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("lr: error: interrupted", err=True)
+            sys.exit(EXIT_FAILED)
+        sys.exit(result if isinstance(result, int) else EXIT_OK)
 
 
 def _module_exists(name: str) -> bool:
@@ -110,20 +157,85 @@ def database_url(config: SiteConfig) -> URL:
         raise ConfigError(f"site.database_url: {_first_line(exc)}") from exc
 
 
+def sqlite_file(config: SiteConfig) -> Path | None:
+    """The file of a SQLite ``site.database_url`` (None for PostgreSQL or in-memory)."""
+    url = database_url(config)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(str(url.database))
+
+
+def require_database(config: SiteConfig) -> None:
+    """Fail (exit 1) if the site's SQLite file does not exist: reading never creates it."""
+    path = sqlite_file(config)
+    if path is not None and not path.exists():
+        where = f"--config {config.path}" if config.path else "--config FILE"
+        missing = "" if path.parent.is_dir() else f" (no directory {path.parent})"
+        fail(
+            f"the database {path} does not exist{missing}; "
+            f"`lr init-db {where}` creates it (site.database_url)"
+        )
+
+
+def make_database_directory(config: SiteConfig) -> None:
+    """Create the directory of the site's SQLite file (``init-db``, ``server``)."""
+    path = sqlite_file(config)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"cannot create the directory {path.parent} of the database: {exc.strerror or exc}")
+
+
+def check_listen_address(address: str) -> None:
+    """Fail (exit 1) naming ``site.listen`` if its address cannot be bound.
+
+    Bound as the gRPC server binds (``SO_REUSEADDR`` and ``SO_REUSEPORT``), and
+    released at once, so that a port in use is one line, not gRPC's native log.
+    """
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(sockaddr)
+    except OSError as exc:
+        fail(f"site.listen: cannot listen on {address}: {exc.strerror or exc}")
+
+
 @contextmanager
-def open_site_store(config: SiteConfig, *, check: bool = True) -> Iterator[QueueStore]:
-    """The site's store (schema checked unless ``check`` is false); disposed on exit."""
+def open_site_store(
+    config: SiteConfig, *, check: bool = True, create: bool = False
+) -> Iterator[QueueStore]:
+    """The site's store (schema checked unless ``check`` is false); disposed on exit.
+
+    Only with ``create`` may a missing SQLite file be created; otherwise it is an
+    error naming the file. Errors while opening name the database.
+    """
     from lr_client.store import open_store
 
-    database_url(config)
+    where = database_url(config).render_as_string(hide_password=True)
+    if create:
+        make_database_directory(config)
+    else:
+        require_database(config)
     try:
         store = open_store(config.database_url)
-    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+    except (ArgumentError, NoSuchModuleError, ImportError, ValueError) as exc:
         raise ConfigError(f"site.database_url: {_first_line(exc)}") from exc
     try:
         if check:
             store.check_schema()
         yield store
+    except (SchemaError, StoreUnavailableError, SQLAlchemyError) as exc:
+        fail(f"{where}: {_first_line(getattr(exc, 'orig', None) or exc)}")
     finally:
         store.close()
 
@@ -189,7 +301,7 @@ def short_id(snapshot_id: str) -> str:
 
 
 # -- the group ----------------------------------------------------------------------------
-@click.group(cls=LRGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("lr", cls=LRGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lr-routing-queue", prog_name="lr")
 def cli() -> None:
     """Routing-queue log replication: run and inspect a site.
@@ -209,7 +321,13 @@ def server(config_path: Path) -> None:
     config = load_config(config_path)
     from lr_server.server import run_server
 
-    run_server(config)
+    if config.listen:
+        check_listen_address(config.listen)
+    make_database_directory(config)
+    try:
+        run_server(config)
+    except OSError as exc:  # a port in use, a file that cannot be read
+        fail(f"the server could not start: {exc.strerror or _first_line(exc)}")
 
 
 @cli.command("init-db")
@@ -232,10 +350,10 @@ def init_db(config_path: Path, check: bool, as_json: bool) -> None:
     url = database_url(config)
     where = url.render_as_string(hide_password=True)
     dests = [d.id for d in config.destinations]
-    is_file = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
+    db_file = sqlite_file(config)
     if check:
-        if is_file and not Path(str(url.database)).exists():
-            fail(f"no database file at {url.database} (run `lr init-db`)", EXIT_PENDING)
+        if db_file is not None and not db_file.exists():
+            fail(f"no database file at {db_file} (run `lr init-db`)", EXIT_PENDING)
         with open_site_store(config, check=False) as store:
             status = store.schema_status()
             missing = (
@@ -264,9 +382,7 @@ def init_db(config_path: Path, check: bool, as_json: bool) -> None:
         if missing:
             fail(f"destinations not registered: {', '.join(missing)} (run `lr init-db`)")
         return
-    if is_file:
-        Path(str(url.database)).parent.mkdir(parents=True, exist_ok=True)
-    with open_site_store(config, check=False) as store:
+    with open_site_store(config, check=False, create=True) as store:
         before = store.create_schema()
         store.register_sites(dests)
     if before.state is SchemaState.CURRENT:
@@ -697,6 +813,7 @@ def snapshot_run(
         return
     if not _module_exists("spark_jobs.snapshot_job"):
         fail("spark_jobs.snapshot_job is not installed")
+    require_database(config)
     env = {**os.environ, DATABASE_URL_ENV: config.database_url}
     conf = config.client(client)
     if conf is None or conf.spark_master.startswith("local"):

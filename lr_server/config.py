@@ -6,17 +6,37 @@ Errors name the offending key (``destinations[1].address: expected host:port``).
 from __future__ import annotations
 
 import enum
+import ipaddress
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from lr_client.errors import ConfigError, InvalidNameError
 from lr_client.names import validate_name
 from lr_client.records import Backlog
 
 SECURITY_TRANSPORTS = ("tls", "plaintext")
-CLIENT_AUTH_MODES = ("mtls", "token")
+CLIENT_AUTH_MODES = ("mtls", "token", "none")
+#: ``site.database_url`` schemes the store runs on (``postgres`` is read as ``postgresql``).
+DATABASE_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg", "postgres")
+SUPPORTED_DATABASES = "sqlite:///PATH, postgresql://... or postgresql+psycopg://..."
+LOOPBACK_NAMES = ("localhost",)
+SECTIONS = (
+    "site",
+    "security",
+    "clients",
+    "destinations",
+    "sources",
+    "replication",
+    "retry",
+    "retention",
+    "receiver",
+)
+SITE_KEYS = ("id", "database_url", "listen", "metrics_port")
 
 
 class SnapshotProvider(enum.StrEnum):
@@ -40,7 +60,9 @@ class SecurityConfig:
     """How sites authenticate each other."""
 
     transport: str = "tls"  # "tls" or, only when written explicitly, "plaintext"
-    client_auth: str = "mtls"  # "mtls": peer certificate names the source; "token"
+    # "mtls": the peer certificate names the source; "token"; "none": the caller's
+    # claimed source id, on loopback only (the default with plaintext)
+    client_auth: str = "mtls"
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
@@ -172,6 +194,42 @@ def _address(value: object, key: str) -> str:
     return value
 
 
+def is_loopback(address: str) -> bool:
+    """Whether a ``host:port`` names this host only (127.0.0.0/8, ::1, localhost)."""
+    host = address.rpartition(":")[0].strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _database_url(value: object) -> str:
+    """``site.database_url`` checked: a URL of a database the store runs on."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"site.database_url: expected a database URL ({SUPPORTED_DATABASES})")
+    try:
+        scheme = make_url(value).drivername
+    except ArgumentError:
+        # The value is not echoed: it may hold a password.
+        raise ConfigError(
+            f"site.database_url: not a database URL; expected {SUPPORTED_DATABASES}"
+        ) from None
+    if scheme not in DATABASE_SCHEMES:
+        raise ConfigError(
+            f"site.database_url: unsupported database {scheme!r}; supported: {SUPPORTED_DATABASES}"
+        )
+    return value
+
+
+def _array(raw: dict[str, Any], key: str) -> list[Any]:
+    value = raw.get(key, [])
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected [[{key}]] tables, got {value!r}")
+    return value
+
+
 def _name(value: object, key: str) -> str:
     try:
         return validate_name(value, key)
@@ -221,6 +279,9 @@ def _section(cls: type[Any], raw: object, key: str, base: Path | None = None) ->
             out[k] = SnapshotProvider(v)
         else:
             raise ConfigError(f"{key}.{k}: not settable here")
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in out:
+            raise ConfigError(f"{key}.{f.name}: required")
     try:
         return cls(**out)
     except TypeError as exc:
@@ -230,14 +291,15 @@ def _section(cls: type[Any], raw: object, key: str, base: Path | None = None) ->
 def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     """Validate a parsed TOML document."""
     base = path.parent if path else None
+    for k in raw:
+        if k not in SECTIONS:
+            raise ConfigError(f"{k}: unknown section (known: {', '.join(SECTIONS)})")
     site = _table(raw.get("site"), "site")
     for k in site:
-        if k not in ("id", "database_url", "listen", "metrics_port"):
-            raise ConfigError(f"site.{k}: unknown key")
+        if k not in SITE_KEYS:
+            raise ConfigError(f"site.{k}: unknown key (known: {', '.join(SITE_KEYS)})")
     site_id = _name(site.get("id"), "site.id")
-    url = site.get("database_url")
-    if not isinstance(url, str) or not url:
-        raise ConfigError("site.database_url: expected a database URL")
+    url = _database_url(site.get("database_url"))
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and base is not None:
         url = f"sqlite:///{(base / url[len('sqlite:///') :]).resolve()}"
     listen = site.get("listen", "")
@@ -251,9 +313,12 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     ):
         raise ConfigError(f"site.metrics_port: expected a port number, got {metrics_port!r}")
 
-    security: SecurityConfig = _section(SecurityConfig, raw.get("security", {}), "security", base)
+    raw_security = raw.get("security", {})
+    security: SecurityConfig = _section(SecurityConfig, raw_security, "security", base)
     if security.transport not in SECURITY_TRANSPORTS:
         raise ConfigError(f"security.transport: expected one of {SECURITY_TRANSPORTS}")
+    if security.transport == "plaintext" and "client_auth" not in raw_security:
+        security = replace(security, client_auth="none")
     if security.client_auth not in CLIENT_AUTH_MODES:
         raise ConfigError(f"security.client_auth: expected one of {CLIENT_AUTH_MODES}")
     if security.transport == "tls":
@@ -265,9 +330,11 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
                 raise ConfigError(f"security.{k}: no such file {p}")
     elif security.client_auth == "mtls":
         raise ConfigError("security.client_auth: 'mtls' needs security.transport = 'tls'")
+    if security.client_auth == "none":
+        _check_unauthenticated(raw, security, listen)
 
     clients = []
-    for i, c in enumerate(raw.get("clients", [])):
+    for i, c in enumerate(_array(raw, "clients")):
         key = f"clients[{i}]"
         data = dict(_table(c, key))
         _name(data.get("name"), f"{key}.name")
@@ -288,7 +355,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         raise ConfigError("clients: duplicate client names")
 
     destinations = []
-    for i, d in enumerate(raw.get("destinations", [])):
+    for i, d in enumerate(_array(raw, "destinations")):
         key = f"destinations[{i}]"
         data = dict(_table(d, key))
         dest_clients = data.pop("clients", [])
@@ -312,7 +379,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         raise ConfigError("destinations: duplicate ids")
 
     sources = []
-    for i, s in enumerate(raw.get("sources", [])):
+    for i, s in enumerate(_array(raw, "sources")):
         key = f"sources[{i}]"
         src: SourceConfig = _section(SourceConfig, s, key)
         _name(src.id, f"{key}.id")
@@ -344,19 +411,6 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     receiver: ReceiverConfig = _section(ReceiverConfig, raw.get("receiver", {}), "receiver")
     if receiver.idle_call_timeout <= 0:
         raise ConfigError("receiver.idle_call_timeout: expected a positive number")
-    for k in raw:
-        if k not in (
-            "site",
-            "security",
-            "destinations",
-            "sources",
-            "clients",
-            "replication",
-            "retry",
-            "retention",
-            "receiver",
-        ):
-            raise ConfigError(f"{k}: unknown section")
     return SiteConfig(
         id=site_id,
         database_url=url,
@@ -374,13 +428,58 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     )
 
 
+def _check_unauthenticated(raw: dict[str, Any], security: SecurityConfig, listen: str) -> None:
+    """``client_auth = "none"``: a trial on one host, so every address must be loopback.
+
+    The receiver then takes the caller's word for its source id: only processes of
+    this host can reach it. Tokens written in such a file would be ignored, so they
+    are refused rather than silently unused.
+    """
+    why = (
+        "without client authentication (security.transport = 'plaintext' and no "
+        "security.client_auth) every address must be loopback (127.0.0.1, ::1, localhost); "
+        "for other hosts use TLS, or client_auth = 'token' with tokens"
+    )
+    if security.transport != "plaintext":
+        raise ConfigError("security.client_auth: 'none' needs security.transport = 'plaintext'")
+    if listen and not is_loopback(listen):
+        raise ConfigError(f"site.listen: {listen!r} is not loopback; {why}")
+    for i, d in enumerate(_array(raw, "destinations")):
+        address = d.get("address") if isinstance(d, dict) else None
+        if isinstance(address, str) and ":" in address and not is_loopback(address):
+            raise ConfigError(f"destinations[{i}].address: {address!r} is not loopback; {why}")
+    tokens = [("security.token", raw.get("security", {}).get("token"))]
+    for section in ("destinations", "sources"):
+        for i, x in enumerate(_array(raw, section)):
+            tokens.append(
+                (f"{section}[{i}].token", x.get("token") if isinstance(x, dict) else None)
+            )
+    for key, token in tokens:
+        if token:
+            raise ConfigError(
+                f"{key}: a token is only used with security.client_auth = 'token' (set it, "
+                "or remove the token)"
+            )
+
+
 def load_config(path: str | Path) -> SiteConfig:
-    """Read and validate a site config file."""
+    """Read and validate a site config file; every error names the file."""
     p = Path(path)
     try:
-        raw = tomllib.loads(p.read_text())
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise ConfigError(f"config file not found: {p}") from exc
+    except IsADirectoryError as exc:
+        raise ConfigError(f"config file {p} is a directory") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from exc
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: invalid TOML: {exc}") from exc
-    return parse_config(raw, p.resolve())
+    try:
+        return parse_config(raw, p.resolve())
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in {p})") from exc

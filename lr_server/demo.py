@@ -80,8 +80,21 @@ def spark_available() -> tuple[bool, str]:
     try:
         import pyspark  # noqa: F401
     except ImportError:
-        return False, "PySpark is not installed (pip install '.[spark]')"
+        return False, f"PySpark is not installed (pip install {SPARK_EXTRA_HINT})"
     return True, ""
+
+
+#: How to get the ``spark`` extra: from a release, or from a checkout of the source.
+SPARK_EXTRA_HINT = "'lr-routing-queue[spark]', or -e '.[spark]' in a checkout"
+
+
+def spark_skipped_notice(reason: str) -> Text:
+    """The line the demo prints when site d's full sync cannot be a Spark job."""
+    return Text(
+        f"Spark full sync skipped: {reason}. "
+        "Site d gets its full sync from an in-process provider instead.",
+        style="yellow",
+    )
 
 
 def _reserve_port() -> socket.socket:
@@ -357,13 +370,7 @@ class Demo:
     def run(self) -> bool:
         c = self.console
         if not self.spark:
-            c.print(
-                Text(
-                    f"Spark full sync skipped: {self.spark_reason}. "
-                    "Site d gets its full sync from an in-process provider instead.",
-                    style="yellow",
-                )
-            )
+            c.print(spark_skipped_notice(self.spark_reason))
         self.setup()
         c.print(f"Four sites in {self.workdir} (SQLite, loopback gRPC)")
         for name in "bca":

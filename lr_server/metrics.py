@@ -49,7 +49,9 @@ STREAM_STOPPED = Gauge(
     ["destination", "client"],
 )
 BACKPRESSURE = Gauge("lr_backpressure", "1 while backpressure is on for a client", ["client"])
-BACKPRESSURE_EVENTS = Counter("lr_backpressure_events", "Transmits refused or delayed")
+BACKPRESSURE_EVENTS = Counter(
+    "lr_backpressure_events", "Times retention turned backpressure on for a client"
+)
 ERRORS = Counter("lr_errors", "Errors by kind", ["kind"])
 TRIMMED = Counter("lr_trimmed_entries", "Send-queue entries trimmed")
 RECEIVER_OPEN_CALLS = Gauge("lr_receiver_open_calls", "Authenticated calls open at the receiver")
@@ -59,8 +61,13 @@ RECEIVER_CALLS_REFUSED = Counter(
 
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve ``/metrics`` on ``addr:port`` from a daemon thread."""
-    start_http_server(port, addr=addr)
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread; an error names the port."""
+    try:
+        start_http_server(port, addr=addr)
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"site.metrics_port: cannot serve {addr}:{port}: {exc.strerror or exc}"
+        ) from exc
 
 
 __all__ = [

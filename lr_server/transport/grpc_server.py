@@ -33,7 +33,11 @@ SERVICE: str = pb.DESCRIPTOR.services_by_name["LogReplication"].full_name
 
 
 class Authenticator:
-    """Who is calling: the source id from the client certificate or the token."""
+    """Who is calling: the source id from the client certificate or the token.
+
+    With ``client_auth = "none"`` (plaintext on loopback only, see the config) it is
+    the source id the caller claims, still one of the configured sources.
+    """
 
     def __init__(self, config: SiteConfig) -> None:
         self.mode = config.security.client_auth
@@ -54,6 +58,12 @@ class Authenticator:
                     f"certificate of {known[0]!r} cannot speak as {claimed!r}"
                 )
             return str(known[0])
+        if self.mode == "none":
+            if not claimed:
+                raise AuthenticationError("missing source id")
+            if claimed not in self.tokens:
+                raise PermissionDeniedError(f"source {claimed!r} is not accepted here")
+            return claimed
         auth = str(metadata.get("authorization", ""))
         if not auth.startswith("Bearer ") or not claimed:
             raise AuthenticationError("missing source id or bearer token")
@@ -225,18 +235,21 @@ def start_grpc_server(config: SiteConfig, receiver: Receiver) -> GrpcReceiver:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
     sec = config.security
-    if sec.transport == "plaintext":
-        bound = server.add_insecure_port(config.listen)
-    else:
-        assert sec.key_file and sec.cert_file and sec.ca_file
-        creds = grpc.ssl_server_credentials(
-            [(sec.key_file.read_bytes(), sec.cert_file.read_bytes())],
-            root_certificates=sec.ca_file.read_bytes(),
-            require_client_auth=sec.client_auth == "mtls",
-        )
-        bound = server.add_secure_port(config.listen, creds)
+    try:
+        if sec.transport == "plaintext":
+            bound = server.add_insecure_port(config.listen)
+        else:
+            assert sec.key_file and sec.cert_file and sec.ca_file
+            creds = grpc.ssl_server_credentials(
+                [(sec.key_file.read_bytes(), sec.cert_file.read_bytes())],
+                root_certificates=sec.ca_file.read_bytes(),
+                require_client_auth=sec.client_auth == "mtls",
+            )
+            bound = server.add_secure_port(config.listen, creds)
+    except RuntimeError:  # grpc: "Failed to bind to address ..."
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {config.listen}")
+        raise OSError(f"site.listen: cannot listen on {config.listen}")
     server.start()
     calls.start()
     return GrpcReceiver(server, calls)

@@ -120,6 +120,33 @@ def test_token_auth_rejects(
         good.close()
 
 
+@pytest.fixture
+def plaintext_sink(tmp_path: Path) -> Iterator[Sink]:
+    sink = Sink(tmp_path, "plaintext")
+    yield sink
+    sink.close()
+
+
+def test_plaintext_alone_accepts_a_configured_source_and_refuses_others(
+    plaintext_sink: Sink,
+) -> None:
+    """``transport = "plaintext"`` alone (loopback): the claimed source must be configured."""
+    assert plaintext_sink.config.security.client_auth == "none"
+    trial = SecurityConfig(transport="plaintext", client_auth="none")
+    good = plaintext_sink.transport("site-a", trial)
+    try:
+        assert _push(good, _batch()).last_position == 1
+    finally:
+        good.close()
+    other = plaintext_sink.transport("site-x", trial)
+    try:
+        with pytest.raises(PermissionDeniedError):
+            _push(other, _batch(positions=(2,)))
+    finally:
+        other.close()
+    assert _entries(plaintext_sink.store) == 1
+
+
 @pytest.mark.parametrize(
     "batch",
     [

@@ -48,7 +48,8 @@ def write_config(
     pki: Pki | None = None,
     tokens: dict[str, str] | None = None,
 ) -> Path:
-    """Write ``<directory>/<id>.toml``; security is "token" (plaintext) or "mtls"."""
+    """Write ``<directory>/<id>.toml``; security is "token" (plaintext), "mtls" or
+    "plaintext" (``transport = "plaintext"`` alone: loopback, no client authentication)."""
     tokens = tokens or {}
     lines = ["[site]", f"id = {_q(spec.id)}", f"database_url = {_q(spec.db_url)}"]
     if spec.port:
@@ -66,6 +67,8 @@ def write_config(
             f"cert_file = {_q(str(client.cert))}",
             f"key_file = {_q(str(client.key))}",
         ]
+    elif security == "plaintext":
+        lines.append('transport = "plaintext"')
     else:
         lines += [
             'transport = "plaintext"',
@@ -90,7 +93,7 @@ def write_config(
             lines.append(f"server_name = {_q(dest)}")
     for src in spec.sources:
         lines += ["[[sources]]", f"id = {_q(src)}"]
-        if security != "mtls":
+        if security == "token":
             lines.append(f"token = {_q(tokens.get(src, 'token-' + src))}")
     if spec.extra:
         lines.append(spec.extra)

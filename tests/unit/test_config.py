@@ -147,6 +147,10 @@ def _drop(section: str, key: str | None = None) -> Mutation:
     return lambda raw: raw.pop(section) if key is None else raw[section].pop(key)
 
 
+def _drop_item(section: str, i: int, key: str) -> Mutation:
+    return lambda raw: raw[section][i].pop(key)
+
+
 def _append(section: str, item: dict[str, Any]) -> Mutation:
     return lambda raw: raw.setdefault(section, []).append(item)
 
@@ -227,6 +231,23 @@ BAD: list[tuple[str, Mutation, str]] = [
         _set("replication", "shared_reader_entries", 0),
         "replication.shared_reader_entries",
     ),
+    ("mysql database", _set("site", "database_url", "mysql://u@h/db"), "site.database_url"),
+    ("oracle database", _set("site", "database_url", "oracle://h/db"), "site.database_url"),
+    (
+        "async driver",
+        _set("site", "database_url", "postgresql+asyncpg://h/db"),
+        "site.database_url",
+    ),
+    ("not a url", _set("site", "database_url", "garbage"), "site.database_url"),
+    ("url not a string", _set("site", "database_url", 5), "site.database_url"),
+    ("destinations not tables", lambda raw: raw.__setitem__("destinations", 5), "destinations"),
+    ("clients not tables", lambda raw: raw.__setitem__("clients", "policy"), "clients"),
+    (
+        "destination without address",
+        _drop_item("destinations", 0, "address"),
+        "destinations[0].address",
+    ),
+    ("destination without id", _drop_item("destinations", 0, "id"), "destinations[0].id"),
     (
         "batch larger than a message",
         _set("replication", "batch_max_bytes", 65 * 1024 * 1024 - 64 * 1024),
@@ -255,6 +276,88 @@ def test_plaintext_only_when_written_explicitly() -> None:
     del raw["security"]
     with pytest.raises(ConfigError, match=r"^security\.ca_file"):
         parse_config(raw)
+
+
+def plaintext_only(
+    listen: str = "127.0.0.1:7000", address: str = "localhost:7001"
+) -> dict[str, Any]:
+    """A trial config: ``transport = "plaintext"`` and nothing else in [security]."""
+    return {
+        "site": {"id": "site-a", "database_url": "sqlite:////tmp/a.db", "listen": listen},
+        "security": {"transport": "plaintext"},
+        "clients": [{"name": "policy"}],
+        "destinations": [{"id": "site-b", "address": address}],
+        "sources": [{"id": "site-b"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("listen", "address"),
+    [("127.0.0.1:7000", "localhost:7001"), ("[::1]:7000", "127.0.0.2:7001"), ("", "[::1]:7001")],
+)
+def test_plaintext_alone_is_a_loopback_trial_without_client_authentication(
+    listen: str, address: str
+) -> None:
+    raw = plaintext_only(listen, address)
+    if not listen:
+        del raw["site"]["listen"], raw["sources"]
+    cfg = parse_config(raw)
+    assert (cfg.security.transport, cfg.security.client_auth) == ("plaintext", "none")
+    assert cfg.listen == listen and cfg.destinations[0].address == address
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key"),
+    [
+        (_set("site", "listen", "0.0.0.0:7000"), "site.listen"),
+        (_set("site", "listen", "10.1.2.3:7000"), "site.listen"),
+        (_item("destinations", 0, "address", "b.example.net:7001"), "destinations[0].address"),
+        (_set("security", "token", "t"), "security.token"),
+        (_item("sources", 0, "token", "t"), "sources[0].token"),
+        (_item("destinations", 0, "token", "t"), "destinations[0].token"),
+        (_set("security", "client_auth", "mtls"), "security.client_auth"),
+    ],
+)
+def test_plaintext_without_client_authentication_is_refused_off_loopback(
+    mutate: Mutation, key: str
+) -> None:
+    raw = plaintext_only()
+    mutate(raw)
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert str(info.value).startswith(key + ":"), info.value
+
+
+def test_client_auth_none_needs_plaintext(site_dir: Path) -> None:
+    path = site_dir / "site-a.toml"
+    path.write_text(GOOD.replace('client_auth = "mtls"', 'client_auth = "none"'))
+    with pytest.raises(ConfigError, match=r"^security\.client_auth: 'none' needs"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:////tmp/a.db",
+        "postgresql://u@h/db",
+        "postgresql+psycopg://u@h/db",
+        "postgres://h/db",
+    ],
+)
+def test_supported_database_urls(url: str) -> None:
+    raw = base()
+    raw["site"]["database_url"] = url
+    assert parse_config(raw).database_url == url
+
+
+def test_load_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "site.toml"
+    path.write_text('[site]\nid = "a"\ndatabase_url = "mysql://u:secret@h/db"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith("site.database_url: unsupported database 'mysql'")
+    assert str(info.value).endswith(f"(in {path})")
+    assert "secret" not in str(info.value)
 
 
 TLS_FILES = {"ca_file": "ca.pem", "cert_file": "site-a.pem", "key_file": "site-a.key"}

@@ -1,7 +1,12 @@
-"""The demo's mismatch report names the keys that differ."""
+"""The demo's mismatch report names the keys that differ; its notices print verbatim."""
 
 from __future__ import annotations
 
+import sys
+
+import pytest
+
+from lr_server import demo
 from lr_server.demo import _differences
 
 
@@ -20,3 +25,17 @@ def test_differences_are_capped() -> None:
     expected = {f"k{i}": i for i in range(10)}
     lines = _differences(expected, {}, limit=3)
     assert len(lines) == 4 and lines[-1] == "... and 7 more keys"
+
+
+def test_without_pyspark_the_demo_says_how_to_install_the_spark_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(demo.shutil, "which", lambda _name: "/usr/bin/java")
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # `import pyspark` raises ImportError
+    available, reason = demo.spark_available()
+    assert not available
+    console = demo.demo_console()
+    with console.capture() as shown:
+        console.print(demo.spark_skipped_notice(reason))
+    text = " ".join(shown.get().split())
+    assert "pip install 'lr-routing-queue[spark]', or -e '.[spark]' in a checkout" in text
