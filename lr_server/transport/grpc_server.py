@@ -225,16 +225,19 @@ def start_grpc_server(config: SiteConfig, receiver: Receiver) -> GrpcReceiver:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
     sec = config.security
-    if sec.transport == "plaintext":
-        bound = server.add_insecure_port(config.listen)
-    else:
-        assert sec.key_file and sec.cert_file and sec.ca_file
-        creds = grpc.ssl_server_credentials(
-            [(sec.key_file.read_bytes(), sec.cert_file.read_bytes())],
-            root_certificates=sec.ca_file.read_bytes(),
-            require_client_auth=sec.client_auth == "mtls",
-        )
-        bound = server.add_secure_port(config.listen, creds)
+    try:
+        if sec.transport == "plaintext":
+            bound = server.add_insecure_port(config.listen)
+        else:
+            assert sec.key_file and sec.cert_file and sec.ca_file
+            creds = grpc.ssl_server_credentials(
+                [(sec.key_file.read_bytes(), sec.cert_file.read_bytes())],
+                root_certificates=sec.ca_file.read_bytes(),
+                require_client_auth=sec.client_auth == "mtls",
+            )
+            bound = server.add_secure_port(config.listen, creds)
+    except RuntimeError as exc:  # grpcio reports a failed bind (address in use) so
+        raise OSError(f"cannot listen on {config.listen} (address in use?)") from exc
     if bound == 0:
         raise OSError(f"cannot listen on {config.listen}")
     server.start()
