@@ -119,7 +119,7 @@ def test_wait_serving_times_out_while_the_start_is_held_then_succeeds(
     with holder.connect() as conn:
         conn.execute(LOCK)  # the lock every schema set-up of this schema takes first
         site.start()
-        with pytest.raises(SiteTimeoutError, match="did not start within 0.5 s"):
+        with pytest.raises(SiteTimeoutError, match=r"did not start within 0\.5 s"):
             site.wait_serving(0.5)
         assert not site.serving and not _accepts(port)
         conn.execute(UNLOCK)
