@@ -47,6 +47,8 @@ _PG_LOCK = text(
 
 
 class SchemaState(enum.StrEnum):
+    """Where a database's schema stands: empty, current, behind or ahead of this release."""
+
     EMPTY = "empty"  # no table of ours
     CURRENT = "current"  # at this release's revision
     BEHIND = "behind"  # migrations pending: run `lr init-db`
