@@ -258,6 +258,7 @@ class HeadEntry(NamedTuple):
     source_position: int
     snapshot_id: str
     payload: bytes
+    base_position: int | None = None  # a snapshot entry's: its snapshot's base, if sent
 
 
 @dataclass(frozen=True, slots=True)
