@@ -20,6 +20,7 @@ from lr_client import (
     SnapshotStatus,
     create_engine,
 )
+from lr_client.records import ReplicationType
 from lr_client.store import QueueStore
 from tests.kit.sites import Sites
 from tests.kit.wait import wait_for
@@ -147,6 +148,13 @@ def test_snapshot_progress_from_request_to_completed(sites: Sites) -> None:
     assert isinstance(done, SnapshotInfo)
     assert (done.rows_total, done.rows_shipped, done.reason) == (3, 3, "from code")
     assert done.base_position == ready.base_position and not done.is_open
+    sink = sites.store("b")  # every snapshot entry reached the sink with the base
+    (queue,) = sink.list_queues("policy")
+    with sink.read() as conn:
+        head = sink.read_head(conn, queue.queue_id, 100)
+    snap = [e for e in head if e.type is not ReplicationType.LOG_ENTRY_SYNC]
+    assert [e.payload for e in snap[:3]] == [b"r1", b"r2", b"r3"]
+    assert {e.base_position for e in snap} == {ready.base_position}
 
 
 def _state(client: RoutingQueueClient, sid: str) -> SnapshotStatus | None:
