@@ -32,6 +32,7 @@ class SnapshotStatus(enum.StrEnum):
 
     @property
     def is_open(self) -> bool:
+        """Whether a request in this state may still be shipped (requested, running, ready)."""
         return self in OPEN_SNAPSHOT_STATUSES
 
 

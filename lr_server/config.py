@@ -165,15 +165,19 @@ class SiteConfig:
     path: Path | None = None
 
     def client_names(self) -> list[str]:
+        """The names of the configured clients, in config order."""
         return [c.name for c in self.clients]
 
     def clients_for(self, dest: DestinationConfig) -> list[str]:
+        """The clients shipped to ``dest``: its own list, or every client."""
         return list(dest.clients) or self.client_names()
 
     def client(self, name: str) -> ClientConfig | None:
+        """The client named ``name``, if configured."""
         return next((c for c in self.clients if c.name == name), None)
 
     def source(self, source_id: str) -> SourceConfig | None:
+        """The source ``source_id``, if this site accepts it."""
         return next((s for s in self.sources if s.id == source_id), None)
 
 

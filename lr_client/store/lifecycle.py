@@ -65,6 +65,7 @@ class SchemaStatus:
     pending: tuple[str, ...]  # revisions an upgrade would apply, oldest first
 
     def describe(self) -> str:
+        """One line for an operator: the revisions and the command that fixes them."""
         if self.state is SchemaState.CURRENT:
             return f"schema at revision {self.expected} (current)"
         if self.state is SchemaState.EMPTY:
