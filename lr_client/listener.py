@@ -72,10 +72,11 @@ class RoutingQueueListener(abc.ABC):
         """A full sync from ``source_id`` begins (no-op by default).
 
         ``base_position``: the source position the snapshot reflects; the log
-        entries that follow it start after it. None when it is not known yet:
-        a snapshot delivered as it arrives (``snapshot_delivery="streaming"``)
-        from a source of an older release, or entries queued before this
-        release. :meth:`on_full_sync_end` is told it in every case but the last.
+        entries that follow it start after it. None when it is not known: a
+        snapshot delivered as it arrives (``snapshot_delivery="streaming"``)
+        whose entries do not carry it (a source of an earlier release, or a
+        base of 0) and whose end has not arrived, or entries queued before
+        this release. :meth:`on_full_sync_end` is told it but in the last case.
         """
         return None
 
