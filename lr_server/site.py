@@ -31,6 +31,8 @@ from lr_server.server import SiteServer
 
 #: Seconds :meth:`Site.wait_serving` (and ``with Site(...)``) waits by default.
 DEFAULT_START_TIMEOUT = 30.0
+#: Seconds :meth:`Site.stop` gives the site's threads to end, as ``lr server`` does.
+DEFAULT_STOP_GRACE = 10.0
 #: Seconds between checks of the receiver's port while waiting for it.
 _PROBE_INTERVAL = 0.02
 
@@ -73,12 +75,17 @@ class Site:
     :meth:`wait_serving` waits until it serves and raises
     :class:`SiteStartError` (with the cause) if starting failed, or
     :class:`SiteTimeoutError`. Used as a context manager, the site is started
-    and waited for on entry and stopped on exit. A site runs once: a stopped
-    site cannot be started again (make a new one).
+    and waited for on entry (up to ``start_timeout`` seconds) and stopped on
+    exit. A site runs once: a stopped site cannot be started again (make a
+    new one).
     """
 
     def __init__(
-        self, config: SiteConfig | str | os.PathLike[str], *, store: QueueStore | None = None
+        self,
+        config: SiteConfig | str | os.PathLike[str],
+        *,
+        store: QueueStore | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
     ) -> None:
         self.config: SiteConfig = (
             config if isinstance(config, SiteConfig) else load_config(Path(config))
@@ -90,6 +97,7 @@ class Site:
         self._error: BaseException | None = None
         self._stopped = False
         self._lock = threading.Lock()
+        self.start_timeout = start_timeout
 
     @property
     def id(self) -> str:
@@ -146,7 +154,12 @@ class Site:
         except BaseException as exc:
             self._error = exc
         finally:
-            self._started.set()
+            with self._lock:
+                self._started.set()
+                stop_now = self._stopped and self._error is None and self._server is not None
+            if stop_now:  # stop() came during the start and left the stopping to it
+                assert self._server is not None
+                self._server.stop(DEFAULT_STOP_GRACE)
 
     def wait_serving(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
         """Wait until the site serves: started, and its receiver's port accepts connections.
@@ -178,28 +191,37 @@ class Site:
                 )
             time.sleep(_PROBE_INTERVAL)
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = DEFAULT_STOP_GRACE) -> None:
         """Stop the site as ``lr server`` stops: sessions and trim end (each
         thread joined for up to ``grace`` seconds), the receiver finishes its
-        calls, the store is closed. Idempotent; waits for a start in progress.
+        calls, the store is closed. Idempotent.
+
+        A start still in progress (a database that does not answer, a schema
+        upgrade another process holds) is waited for up to ``grace`` seconds;
+        if it finishes later, the site stops as soon as it has started (with
+        the default grace).
         """
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
             thread = self._thread
+            started = self._started.is_set()
         if thread is None:
             return
-        thread.join()
+        if not started:  # the start stops the site itself when it ends
+            thread.join(grace)
+            return
         if self._error is None and self._server is not None:
             self._server.stop(grace)
 
     def __enter__(self) -> Site:
         self.start()
         try:
-            self.wait_serving()
+            self.wait_serving(self.start_timeout)
         except BaseException:
-            self.stop()
+            # A start still running (timed out) is not waited for: it stops itself.
+            self.stop(DEFAULT_STOP_GRACE if self._started.is_set() else 0.0)
             raise
         return self
 
@@ -214,6 +236,7 @@ class Site:
 
 __all__ = [
     "DEFAULT_START_TIMEOUT",
+    "DEFAULT_STOP_GRACE",
     "Site",
     "SiteError",
     "SiteStartError",

@@ -126,3 +126,27 @@ def test_wait_serving_times_out_while_the_start_is_held_then_succeeds(
         site.wait_serving(scaled(30))
     assert site.serving and _accepts(port)
     site.stop()
+
+
+@pytest.mark.postgres
+def test_a_stop_during_a_held_start_returns_and_the_start_then_stops_the_site(
+    tmp_path: Path, pg_schema: PgSchema
+) -> None:
+    holder = pg_schema.engine()
+    port = free_port()
+    path = write_config(tmp_path, SiteSpec("b", pg_schema.url, port, sources=["a"]))
+    site = Site(path)
+    with holder.connect() as conn:
+        conn.execute(LOCK)
+        site.start()
+        site.stop(grace=0.1)  # returns although the start is still held
+        other = Site(path, start_timeout=0.2)
+        with pytest.raises(SiteTimeoutError), other:
+            pass  # the context manager gives up on its start as well, without waiting
+        conn.execute(UNLOCK)
+    for started in (site, other):  # each start ends, and stops its site
+        wait_for(lambda s=started: s._thread is not None and not s._thread.is_alive())
+        assert not started.serving
+    assert not _accepts(port)  # they started, then stopped at once
+    with pytest.raises(SiteError, match="is stopped"):
+        site.wait_serving(1.0)
