@@ -22,7 +22,7 @@ def main(directory: Path) -> None:
     engine = create_engine(f"sqlite:///{directory / 'site-a.db'}")
     meta.create_all(engine)
     client = RoutingQueueClient(engine, source_id="site-a", client_name="orders")
-    client.store.create_schema()  # `lr init-db --config site-a.toml` does this for a real site
+    client.create_schema()  # `lr init-db --config site-a.toml` does this for a real site
     client.register_destinations(["site-b", "site-c"])
 
     # 1. The order and its replication commit together.

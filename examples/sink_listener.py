@@ -1,7 +1,8 @@
 """A sink listener that upserts into its own table, fed by two sites replicating over gRPC.
 
 Site ``site-a`` (a sender) and ``site-b`` (a sink) run in this process on
-loopback; the listener at ``site-b`` applies each change in the transaction in
+loopback, each an embedded :class:`lr_server.Site` (what ``lr server`` runs);
+the listener at ``site-b`` applies each change in the transaction in
 which the delivered entries are deleted, so every change is applied exactly
 once. It upserts by key, so a change seen twice (a full sync followed by the
 log entries after its base position) leaves the same result.
@@ -29,8 +30,7 @@ from lr_client import (
     RoutingQueueSubscriber,
     create_engine,
 )
-from lr_server.config import parse_config
-from lr_server.server import SiteServer
+from lr_server import Site, parse_config
 
 meta = MetaData()
 prices = Table(
@@ -65,7 +65,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _site(site_id: str, db: Path, listen: str = "", **sections: object) -> SiteServer:
+def _site(site_id: str, db: Path, listen: str = "", **sections: object) -> Site:
     raw: dict[str, object] = {
         "site": {"id": site_id, "database_url": f"sqlite:///{db}", "listen": listen},
         # Loopback only: plaintext must be chosen explicitly (use TLS between real sites).
@@ -73,9 +73,7 @@ def _site(site_id: str, db: Path, listen: str = "", **sections: object) -> SiteS
         "clients": [{"name": "prices"}],
         **sections,
     }
-    server = SiteServer(parse_config(raw))
-    server.start()
-    return server
+    return Site(parse_config(raw))
 
 
 def main(directory: Path) -> dict[str, int]:
@@ -91,7 +89,8 @@ def main(directory: Path) -> dict[str, int]:
         directory / "a.db",
         destinations=[{"id": "site-b", "address": f"127.0.0.1:{port}"}],
     )
-    try:
+    # Entering starts each site and waits until it serves; leaving stops it.
+    with sink, source:
         # The application at site-a.
         sender = RoutingQueueClient(source.store, source_id="site-a", client_name="prices")
         for sku, cents in [("tea", 350), ("cake", 420), ("tea", 375)]:
@@ -117,9 +116,6 @@ def main(directory: Path) -> dict[str, int]:
         subscriber.close()
         engine.dispose()
         return table
-    finally:
-        source.stop()
-        sink.stop()
 
 
 if __name__ == "__main__":

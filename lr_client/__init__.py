@@ -31,10 +31,17 @@ from lr_client.errors import (
     UnknownDestinationError,
 )
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
-from lr_client.records import EntryRef, LRMessageWithDestinations, ReplicationType
+from lr_client.records import (
+    EntryRef,
+    LRMessageWithDestinations,
+    ReplicationType,
+    SnapshotStatus,
+)
 from lr_client.sender import DEFAULT_MAX_PAYLOAD_BYTES, Backpressure, RoutingQueueClient
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
-from lr_client.store import QueueStore, create_engine, open_store
+from lr_client.snapshot_status import SnapshotInfo
+from lr_client.store import QueueStore, create_engine, create_schema, open_store
+from lr_client.store.lifecycle import SchemaState, SchemaStatus
 from lr_client.subscriber import RoutingQueueSubscriber, SnapshotDelivery
 
 __version__ = "0.1.0"
@@ -66,15 +73,20 @@ __all__ = [
     "RoutingQueueMessage",
     "RoutingQueueSubscriber",
     "SchemaError",
+    "SchemaState",
+    "SchemaStatus",
     "SnapshotContext",
     "SnapshotDelivery",
     "SnapshotError",
+    "SnapshotInfo",
     "SnapshotProviderRunner",
+    "SnapshotStatus",
     "StoreUnavailableError",
     "TransientError",
     "TransportError",
     "UnknownDestinationError",
     "__version__",
     "create_engine",
+    "create_schema",
     "open_store",
 ]

@@ -38,6 +38,8 @@ class Plan:
     start: bool
     end: bool
     in_snapshot: bool
+    #: A snapshot's base position, as its entries carry it (None: not among them).
+    base_position: int | None = None
 
 
 def run_length(
@@ -90,11 +92,13 @@ def plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[He
     run = entries[: run_length(entries, (ReplicationType.SNAPSHOT_SYNC,), sid)]
     seqs = [e.seq for e in run]
     end = False
+    base = run[0].base_position if run else None
     if len(run) < len(entries):
         nxt = entries[len(run)]
         if nxt.type == ReplicationType.LAST_FULL_SYNC_ENTRY and nxt.snapshot_id == sid:
             end = True
             seqs.append(nxt.seq)
+            base = nxt.base_position  # the end marker's is always sent
     return Plan(
         PlanKind.SNAPSHOT,
         seqs,
@@ -103,6 +107,7 @@ def plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[He
         start=start,
         end=end,
         in_snapshot=not end,
+        base_position=base,
     )
 
 

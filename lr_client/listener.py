@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import abc
+import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -54,10 +55,29 @@ class RoutingQueueListener(abc.ABC):
     Returning False from ``process_*`` (or raising from any callback) rolls
     the whole transaction back; the same entries come again after a backoff
     and :meth:`on_error` is told why.
+
+    ``on_full_sync_start`` and ``on_full_sync_end`` are told the snapshot's
+    ``base_position`` when their override takes a parameter of that name (or
+    ``**kwargs``); an override with the older signature
+    ``(session, source_id, snapshot_id)`` is called as before.
     """
 
-    def on_full_sync_start(self, session: Session, source_id: str, snapshot_id: str) -> None:
-        """A full sync from ``source_id`` begins (no-op by default)."""
+    def on_full_sync_start(
+        self,
+        session: Session,
+        source_id: str,
+        snapshot_id: str,
+        base_position: int | None = None,
+    ) -> None:
+        """A full sync from ``source_id`` begins (no-op by default).
+
+        ``base_position``: the source position the snapshot reflects; the log
+        entries that follow it start after it. None when it is not known: a
+        snapshot delivered as it arrives (``snapshot_delivery="streaming"``)
+        whose entries do not carry it (a source of an earlier release, or a
+        base of 0) and whose end has not arrived, or entries queued before
+        this release. :meth:`on_full_sync_end` is told it but in the last case.
+        """
         return None
 
     @abc.abstractmethod
@@ -66,8 +86,18 @@ class RoutingQueueListener(abc.ABC):
     ) -> bool:
         """Apply one batch of snapshot entries; return True to commit it."""
 
-    def on_full_sync_end(self, session: Session, source_id: str, snapshot_id: str) -> None:
-        """The full sync ``snapshot_id`` is complete (no-op by default)."""
+    def on_full_sync_end(
+        self,
+        session: Session,
+        source_id: str,
+        snapshot_id: str,
+        base_position: int | None = None,
+    ) -> None:
+        """The full sync ``snapshot_id`` is complete (no-op by default).
+
+        ``base_position``: as for :meth:`on_full_sync_start`; the next log
+        entries of ``source_id`` come from after it.
+        """
         return None
 
     @abc.abstractmethod
@@ -97,4 +127,13 @@ class RoutingQueueListener(abc.ABC):
         log.warning("routing queue delivery failed: %s", error)
 
 
-__all__ = ["RoutingQueueListener", "RoutingQueueMessage"]
+def takes_base_position(callback: Callable[..., object]) -> bool:
+    """Whether a listener callback accepts ``base_position`` (by name or ``**kwargs``)."""
+    try:
+        params = inspect.signature(callback).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: call it the older way
+        return False
+    return any(p.name == "base_position" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+__all__ = ["RoutingQueueListener", "RoutingQueueMessage", "takes_base_position"]

@@ -32,6 +32,7 @@ class SnapshotStatus(enum.StrEnum):
 
     @property
     def is_open(self) -> bool:
+        """Whether a request in this state may still be shipped (requested, running, ready)."""
         return self in OPEN_SNAPSHOT_STATUSES
 
 
@@ -258,6 +259,7 @@ class HeadEntry(NamedTuple):
     source_position: int
     snapshot_id: str
     payload: bytes
+    base_position: int | None = None  # a snapshot entry's: its snapshot's base, if sent
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 import time
+import warnings
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, overload
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
@@ -18,8 +19,10 @@ from lr_client.errors import (
     UnknownDestinationError,
 )
 from lr_client.names import validate_name
-from lr_client.records import EntryRef, LRMessageWithDestinations, check_payload
+from lr_client.records import EntryRef, LRMessageWithDestinations, SnapshotStatus, check_payload
+from lr_client.snapshot_status import SnapshotInfo, parse_states
 from lr_client.store import SendLog, Sites, Snapshots, open_store
+from lr_client.store.lifecycle import SchemaStatus
 
 #: Default payload limit, as Corfu's maximum message size.
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
@@ -131,6 +134,13 @@ class RoutingQueueClient:
             f"most destinations of {self.client_name!r} are behind ({', '.join(slow)}); retry later"
         )
 
+    def create_schema(self) -> SchemaStatus:
+        """Create or upgrade the queue store's tables (what ``lr init-db`` does); idempotent.
+
+        Safe when several processes run it at once. Returns the schema's status before.
+        """
+        return self.store.create_schema()
+
     def register_destinations(self, destinations: Iterable[str]) -> None:
         """Register sites this client may send to."""
         self.store.register_sites(list(destinations))
@@ -217,17 +227,80 @@ class RoutingQueueClient:
                 return found
             time.sleep(POSITION_POLL_S)
 
+    @overload
     def request_snapshot_sync(
-        self, session: Session | Connection | None, destination: str, reason: str = "application"
-    ) -> str:
-        """Ask for a full sync of this client to ``destination`` (in the caller's transaction).
+        self,
+        destination: str,
+        session: Session | Connection | None = None,
+        *,
+        reason: str = "application",
+    ) -> str: ...
 
-        Any open snapshot of the same destination and client is cancelled. The
-        client's snapshot provider is configured on the server, which this call
-        cannot see: for a client with ``snapshot = "none"`` the running server
-        cancels the request (reason ``... has no snapshot provider ...``) and
-        log entries go on.
+    @overload
+    def request_snapshot_sync(
+        self,
+        destination: Session | Connection | None,
+        session: str,
+        reason: str = "application",
+    ) -> str: ...
+
+    def request_snapshot_sync(
+        self,
+        destination: str | Session | Connection | None,
+        session: Session | Connection | str | None = None,
+        reason: str = "application",
+    ) -> str:
+        """Ask for a full sync of this client to ``destination``; return the snapshot id.
+
+        With ``session`` the request is written in the caller's transaction
+        (it exists only if that commits); without, in its own. Any open
+        snapshot of the same destination and client is cancelled. The client's
+        snapshot provider is configured on the server, which this call cannot
+        see: for a client with ``snapshot = "none"`` the running server cancels
+        the request (reason ``... has no snapshot provider ...``) and log
+        entries go on. Follow it with :meth:`snapshot` or :meth:`snapshots`.
+
+        The older order ``request_snapshot_sync(session, destination)`` still
+        works for one release and emits a :class:`DeprecationWarning`.
         """
+        if not isinstance(destination, str) and isinstance(session, str):
+            warnings.warn(
+                "request_snapshot_sync(session, destination) is deprecated: "
+                "call request_snapshot_sync(destination, session=session)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            destination, session = session, destination
+        if not isinstance(destination, str):
+            raise InvalidDestinationsError(
+                f"destination must be a site id, got {type(destination).__name__}"
+            )
+        if isinstance(session, str):
+            raise InvalidSessionError("session must be a SQLAlchemy Session or Connection")
         self._dest_nums([destination])
         conn = None if session is None else _connection(session)
         return self.store.request_snapshot(conn, destination, self.client_name, reason)
+
+    def snapshots(
+        self,
+        destination: str | None = None,
+        states: Iterable[SnapshotStatus | str] | None = None,
+    ) -> list[SnapshotInfo]:
+        """This client's full syncs, newest first: to ``destination`` (None: every
+        destination) in ``states`` (None: every state; e.g. ``["running", "ready"]``).
+
+        Raises :class:`~lr_client.errors.InvalidInputError` for an unknown state
+        or a malformed destination.
+        """
+        if destination is not None:
+            destination = validate_name(destination, "destination site id")
+        wanted = parse_states(states)
+        found = self.store.list_snapshots(destination, self.client_name, wanted)
+        return [SnapshotInfo.from_request(r) for r in found]
+
+    def snapshot(self, snapshot_id: str) -> SnapshotInfo | None:
+        """One full sync of this client by id (as :meth:`request_snapshot_sync` returned it)."""
+        req = self.store.get_snapshot(snapshot_id)
+        if req is None or req.client_name != self.client_name:
+            return None
+        return SnapshotInfo.from_request(req)

@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import Protocol
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -39,15 +40,20 @@ from lr_client.errors import (
     ListenerError,
     StoreUnavailableError,
 )
-from lr_client.listener import RoutingQueueListener
+from lr_client.listener import RoutingQueueListener, takes_base_position
 from lr_client.names import validate_name
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
-from lr_client.store import SubscriberQueues, open_store
+from lr_client.store import Sites, SubscriberQueues, open_store
+from lr_client.store.lifecycle import SchemaStatus
 
 log = logging.getLogger("lr_client.subscriber")
 
 #: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
 DEFAULT_BATCH_MAX_BYTES = 4 * 1024 * 1024
+
+
+class DeliveryStore(Sites, SubscriberQueues, Protocol):
+    """What the subscriber needs of the store: the schema and the receive queues."""
 
 
 class SnapshotDelivery(enum.StrEnum):
@@ -106,7 +112,7 @@ class RoutingQueueSubscriber:
 
     def __init__(
         self,
-        engine: Engine | SubscriberQueues,
+        engine: Engine | DeliveryStore,
         client_name: str,
         listener: RoutingQueueListener,
         *,
@@ -136,7 +142,7 @@ class RoutingQueueSubscriber:
             ) from None
         #: A store this subscriber opened from a URL: its connections are closed by close().
         self._owned = open_store(engine) if isinstance(engine, str) else None
-        self.store: SubscriberQueues
+        self.store: DeliveryStore
         if self._owned is not None:
             self.store = self._owned
         elif isinstance(engine, Engine):
@@ -145,6 +151,10 @@ class RoutingQueueSubscriber:
             self.store = engine
         self.client_name = validate_name(client_name, "client name")
         self.listener = listener
+        #: Whether the listener's start and end callbacks take ``base_position`` (else
+        #: they have the older signature and are called without it).
+        self._base_at_start = takes_base_position(listener.on_full_sync_start)
+        self._base_at_end = takes_base_position(listener.on_full_sync_end)
         self.batch_size = batch_size
         self.batch_max_bytes = batch_max_bytes
         self.max_batches = max_batches
@@ -162,6 +172,13 @@ class RoutingQueueSubscriber:
         self._awaiting: set[int] = set()  # queues whose head snapshot lacks its end
 
     # -- public API ------------------------------------------------------------------
+    def create_schema(self) -> SchemaStatus:
+        """Create or upgrade the queue store's tables (what ``lr init-db`` does); idempotent.
+
+        Safe when several processes run it at once. Returns the schema's status before.
+        """
+        return self.store.create_schema()
+
     def poll_once(self) -> int:
         """Deliver what is ready in every queue; return how many entries the listener got."""
         return self._poll()[0]
@@ -354,7 +371,15 @@ class RoutingQueueSubscriber:
         try:
             if plan.start:
                 callback = "on_full_sync_start"
-                listener.on_full_sync_start(session, source, plan.snapshot_id)
+                if self._base_at_start:
+                    base = plan.base_position
+                    if base is None:  # not on its entries: the end marker's, if queued
+                        base = self.store.snapshot_base(conn, queue.queue_id, plan.snapshot_id)
+                    listener.on_full_sync_start(
+                        session, source, plan.snapshot_id, base_position=base
+                    )
+                else:
+                    listener.on_full_sync_start(session, source, plan.snapshot_id)
             if plan.kind is PlanKind.DROP:
                 callback = "on_stream_dropped"
                 notice = plan.messages[0]
@@ -372,7 +397,12 @@ class RoutingQueueSubscriber:
                     raise failed(callback, f"returned {ok!r}")
             if plan.end:
                 callback = "on_full_sync_end"
-                listener.on_full_sync_end(session, source, plan.snapshot_id)
+                if self._base_at_end:
+                    listener.on_full_sync_end(
+                        session, source, plan.snapshot_id, base_position=plan.base_position
+                    )
+                else:
+                    listener.on_full_sync_end(session, source, plan.snapshot_id)
             session.flush()
         except ListenerError:
             raise

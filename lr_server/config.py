@@ -71,6 +71,8 @@ class SecurityConfig:
 
 @dataclass(frozen=True)
 class DestinationConfig:
+    """A site this one ships to (``[[destinations]]``); ``clients`` empty: every client."""
+
     id: str
     address: str
     clients: tuple[str, ...] = ()  # empty: every client in [clients]
@@ -80,6 +82,8 @@ class DestinationConfig:
 
 @dataclass(frozen=True)
 class SourceConfig:
+    """A site this one accepts batches from (``[[sources]]``); ``token`` in token mode."""
+
     id: str
     token: str = ""  # expected token in token mode
 
@@ -101,6 +105,8 @@ class ClientConfig:
 
 @dataclass(frozen=True)
 class ReplicationConfig:
+    """Batching, in-flight window and polling of the sender sessions (``[replication]``)."""
+
     batch_max_entries: int = 500
     batch_max_bytes: int = 4 * 1024 * 1024
     window_batches: int = 8
@@ -116,6 +122,8 @@ class ReplicationConfig:
 
 @dataclass(frozen=True)
 class RetryConfig:
+    """Reconnect backoff of the sender sessions (``[retry]``)."""
+
     initial_backoff: float = 0.1
     max_backoff: float = 5.0
     jitter: float = 0.5
@@ -158,6 +166,12 @@ class ReceiverConfig:
 
 @dataclass(frozen=True)
 class SiteConfig:
+    """One site's whole configuration, as :func:`load_config` reads it from its TOML file.
+
+    Every key is documented in docs/configuration.md; build one in code with
+    :func:`parse_config` (the same checks as a file) or directly.
+    """
+
     id: str
     database_url: str
     listen: str = ""  # host:port of the receiver; empty: send only
@@ -173,15 +187,19 @@ class SiteConfig:
     path: Path | None = None
 
     def client_names(self) -> list[str]:
+        """The names of the configured clients, in config order."""
         return [c.name for c in self.clients]
 
     def clients_for(self, dest: DestinationConfig) -> list[str]:
+        """The clients shipped to ``dest``: its own list, or every client."""
         return list(dest.clients) or self.client_names()
 
     def client(self, name: str) -> ClientConfig | None:
+        """The client named ``name``, if configured."""
         return next((c for c in self.clients if c.name == name), None)
 
     def source(self, source_id: str) -> SourceConfig | None:
+        """The source ``source_id``, if this site accepts it."""
         return next((s for s in self.sources if s.id == source_id), None)
 
 
@@ -289,7 +307,12 @@ def _section(cls: type[Any], raw: object, key: str, base: Path | None = None) ->
 
 
 def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
-    """Validate a parsed TOML document."""
+    """Validate a parsed TOML document (a dict of its tables) into a :class:`SiteConfig`.
+
+    ``path`` is where it was read from: relative file paths and SQLite URLs in
+    it are taken from that file's directory. Raises
+    :class:`~lr_client.errors.ConfigError` naming the offending key.
+    """
     base = path.parent if path else None
     for k in raw:
         if k not in SECTIONS:
@@ -463,7 +486,10 @@ def _check_unauthenticated(raw: dict[str, Any], security: SecurityConfig, listen
 
 
 def load_config(path: str | Path) -> SiteConfig:
-    """Read and validate a site config file; every error names the file."""
+    """Read and validate a site config file (TOML).
+
+    Raises :class:`~lr_client.errors.ConfigError` naming the file or the offending key.
+    """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

@@ -171,9 +171,9 @@ class Shipper:
         msgs = []
         for e in entries:
             msg = wire.entry(e)
+            msg.base_position = req.base_position or 0  # the sink tells its listener
             if e.type is ReplicationType.LAST_FULL_SYNC_ENTRY:
                 msg.snapshot_count = req.entry_count or 0
-                msg.base_position = req.base_position or 0
                 cs.snap_done_sent = True
             msgs.append(msg)
         batch = wire.snapshot_batch(

@@ -21,6 +21,7 @@ from lr_client.store.contract import (
     Snapshots,
     SubscriberQueues,
 )
+from lr_client.store.lifecycle import SchemaStatus
 from lr_client.store.postgres import PostgresQueueStore
 from lr_client.store.sqla import SQLAlchemyQueueStore
 from lr_client.store.sqlite import SQLiteQueueStore
@@ -100,6 +101,22 @@ def open_store(engine_or_url: Engine | str) -> QueueStore:
     raise ValueError(f"unsupported database dialect {name!r} (SQLite and PostgreSQL are)")
 
 
+def create_schema(engine_or_url: Engine | str) -> SchemaStatus:
+    """Create or upgrade the queue store's tables in a database; idempotent.
+
+    What ``lr init-db`` does for a site, for an application that embeds the
+    library: safe when several processes run it at once (one migrates, the
+    others find the schema current). Returns the schema's status *before*.
+    An engine given stays the caller's; one made from a URL is disposed of.
+    """
+    store = open_store(engine_or_url)
+    try:
+        return store.create_schema()
+    finally:
+        if isinstance(engine_or_url, str):
+            store.close()
+
+
 __all__ = [
     "Inspection",
     "PostgresQueueStore",
@@ -114,5 +131,6 @@ __all__ = [
     "Snapshots",
     "SubscriberQueues",
     "create_engine",
+    "create_schema",
     "open_store",
 ]

@@ -426,6 +426,9 @@ class SubscriberQueues(Transactions, Protocol):
     def has_snapshot_end(self, conn: Connection, queue_id: int, snapshot_id: str) -> bool:
         """Whether the end marker of ``snapshot_id`` is in the receive queue."""
 
+    def snapshot_base(self, conn: Connection, queue_id: int, snapshot_id: str) -> int | None:
+        """The base position carried by the end marker of ``snapshot_id``; None if not queued."""
+
     def has_entries(self, conn: Connection, queue_id: int) -> bool:
         """Whether the receive queue holds anything."""
 

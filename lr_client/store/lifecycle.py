@@ -47,6 +47,8 @@ _PG_LOCK = text(
 
 
 class SchemaState(enum.StrEnum):
+    """Where a database's schema stands: empty, current, behind or ahead of this release."""
+
     EMPTY = "empty"  # no table of ours
     CURRENT = "current"  # at this release's revision
     BEHIND = "behind"  # migrations pending: run `lr init-db`
@@ -63,6 +65,7 @@ class SchemaStatus:
     pending: tuple[str, ...]  # revisions an upgrade would apply, oldest first
 
     def describe(self) -> str:
+        """One line for an operator: the revisions and the command that fixes them."""
         if self.state is SchemaState.CURRENT:
             return f"schema at revision {self.expected} (current)"
         if self.state is SchemaState.EMPTY:

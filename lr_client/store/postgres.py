@@ -29,6 +29,7 @@ from lr_client.records import EntryRef, ReplicationType, WireEntry
 from lr_client.store import schema as s
 from lr_client.store import sequencer
 from lr_client.store.base import mapped_errors
+from lr_client.store.receiving import recv_base
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
 _INSERT = (
@@ -45,8 +46,9 @@ _RECV_COLUMNS = (
     "snapshot_count",
     "payload",
     "received_at",
+    "base_position",
 )
-_RECV_TYPES = ("int4", "int2", "int8", "varchar", "int8", "bytea", "float8")
+_RECV_TYPES = ("int4", "int2", "int8", "varchar", "int8", "bytea", "float8", "int8")
 _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
     s.recv_entries.name, ", ".join(_RECV_COLUMNS)
 )
@@ -213,6 +215,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                         e.snapshot_count,
                         e.payload,
                         now,
+                        recv_base(e),
                     )
                 )
 

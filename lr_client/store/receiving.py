@@ -23,6 +23,20 @@ from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 
 
+def recv_base(entry: WireEntry) -> int | None:
+    """The base position a receive queue stores with ``entry``.
+
+    An end marker always carries its snapshot's base (0 included); a snapshot
+    entry carries it from sources of this release on (0 there: not sent);
+    other entries have none.
+    """
+    if entry.type is ReplicationType.LAST_FULL_SYNC_ENTRY:
+        return entry.base_position
+    if entry.type is ReplicationType.SNAPSHOT_SYNC and entry.base_position:
+        return entry.base_position
+    return None
+
+
 class ReceivingStore(StoreBase):
     """Receive queues filled exactly once per (source, client) position."""
 
@@ -211,6 +225,7 @@ class ReceivingStore(StoreBase):
                     "snapshot_count": e.snapshot_count,
                     "payload": e.payload,
                     "received_at": now,
+                    "base_position": recv_base(e),
                 }
                 for e in entries
             ],

@@ -44,7 +44,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 
@@ -204,6 +204,9 @@ recv_entries = Table(
     Column("snapshot_count", BigInteger, nullable=False, default=0),
     Column("payload", LargeBinary, nullable=False),
     Column("received_at", Double, nullable=False),
+    # Snapshot entries: the snapshot's base position (NULL: log entries, and
+    # entries of a source that sends it on the end marker only).
+    Column("base_position", BigInteger),
     sqlite_autoincrement=True,
 )
 Index("lrq_recv_entries_queue", recv_entries.c.queue_id, recv_entries.c.seq)

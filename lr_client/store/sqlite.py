@@ -26,6 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from lr_client.records import EntryRef, WireEntry
 from lr_client.store import schema as s
+from lr_client.store.receiving import recv_base
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
 _INSERT = (
@@ -162,9 +163,19 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         assert raw is not None
         raw.executemany(
             "INSERT INTO lrq_recv_entries (queue_id, type, source_position, snapshot_id,"
-            " snapshot_count, payload, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            " snapshot_count, payload, received_at, base_position)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (queue_id, int(e.type), e.position, e.snapshot_id, e.snapshot_count, e.payload, now)
+                (
+                    queue_id,
+                    int(e.type),
+                    e.position,
+                    e.snapshot_id,
+                    e.snapshot_count,
+                    e.payload,
+                    now,
+                    recv_base(e),
+                )
                 for e in entries
             ],
         )

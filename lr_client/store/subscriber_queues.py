@@ -177,7 +177,7 @@ class SubscriberQueuesStore(StoreBase):
         of large payloads never loads more than the limit (see :func:`sized`).
         """
         query = (
-            select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id)
+            select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
             .add_columns(*sized(_R.c.payload, limit, max_bytes))
             .where(_R.c.queue_id == queue_id)
             .order_by(_R.c.seq)
@@ -185,17 +185,19 @@ class SubscriberQueuesStore(StoreBase):
         )
         rows = fill(conn, within(conn.execute(query).all(), max_bytes), _R.c.seq, _R.c.payload)
         make, types = HeadEntry._make, _TYPES
-        return [make((r[0], types[r[1]], r[2], r[3], payload)) for r, payload in rows]
+        return [make((r[0], types[r[1]], r[2], r[3], payload, r[4])) for r, payload in rows]
 
     def peek_head(self, conn: Connection, queue_id: int) -> HeadEntry | None:
         """The oldest entry of a receive queue, without its payload (``b""``)."""
         row = conn.execute(
-            select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id)
+            select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
             .where(_R.c.queue_id == queue_id)
             .order_by(_R.c.seq)
             .limit(1)
         ).first()
-        return None if row is None else HeadEntry(row[0], _TYPES[row[1]], row[2], row[3], b"")
+        if row is None:
+            return None
+        return HeadEntry(row[0], _TYPES[row[1]], row[2], row[3], b"", row[4])
 
     def has_snapshot_end(self, conn: Connection, queue_id: int, snapshot_id: str) -> bool:
         """Whether the end marker of ``snapshot_id`` is in the receive queue (an index probe)."""
@@ -206,6 +208,16 @@ class SubscriberQueuesStore(StoreBase):
             .limit(1)
         )
         return conn.execute(probe).first() is not None
+
+    def snapshot_base(self, conn: Connection, queue_id: int, snapshot_id: str) -> int | None:
+        """The base position the end marker of ``snapshot_id`` carries; None if not queued."""
+        end = literal(int(ReplicationType.LAST_FULL_SYNC_ENTRY), literal_execute=True)
+        row = conn.execute(
+            select(_R.c.base_position)
+            .where(_R.c.queue_id == queue_id, _R.c.snapshot_id == snapshot_id, _R.c.type == end)
+            .limit(1)
+        ).first()
+        return None if row is None or row[0] is None else int(row[0])
 
     def has_entries(self, conn: Connection, queue_id: int) -> bool:
         """Whether the receive queue holds anything (a cheap indexed probe)."""

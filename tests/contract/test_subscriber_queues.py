@@ -250,6 +250,33 @@ def test_has_snapshot_end_finds_the_end_marker_of_one_snapshot(store: QueueStore
         ]
 
 
+def test_the_base_position_is_kept_with_snapshot_entries_and_their_end(store: QueueStore) -> None:
+    snap, end = ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY
+    store.apply_log_batch("a", "policy", log(3))
+    store.apply_snapshot_batch(
+        "a",
+        "policy",
+        "s1",
+        [WireEntry(1, snap, b"x", "s1", base_position=9), WireEntry(2, snap, b"y", "s1")],
+    )
+    qid = _queue_id(store, "policy")
+    with store.read() as conn:
+        assert store.snapshot_base(conn, qid, "s1") is None  # no end marker yet
+        head = store.read_head(conn, qid, 10)
+        # a log entry has none; a snapshot entry sent without it (0) has none either
+        assert [e.base_position for e in head] == [None, 9, None]
+    store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(3, end, b"2", "s1", 2, 9)])
+    store.apply_snapshot_batch("b", "policy", "s0", [WireEntry(1, end, b"0", "s0", 0, 0)])
+    qb = next(q.queue_id for q in store.list_queues("policy") if q.source_id == "b")
+    with store.read() as conn:
+        assert store.snapshot_base(conn, qid, "s1") == 9
+        assert store.read_head(conn, qid, 10)[-1].base_position == 9
+        assert store.snapshot_base(conn, qb, "s0") == 0  # an end marker's base may be 0
+        assert store.snapshot_base(conn, qid, "s0") is None  # another queue's snapshot
+        peeked = store.peek_head(conn, qb)
+        assert peeked is not None and peeked.base_position == 0
+
+
 def test_the_delivery_methods_on_an_empty_database_are_schema_errors(
     bare_store: QueueStore,
 ) -> None:

@@ -467,3 +467,60 @@ def test_revision_0004_keeps_stored_positions_and_refuses_old_transmitters(
         b"old2",
         b"new",
     ]
+
+
+class _BaseRecorder(RoutingQueueListener):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int | None]] = []
+
+    def on_full_sync_start(
+        self, session: Session, source_id: str, snapshot_id: str, base_position: int | None = None
+    ) -> None:
+        self.events.append(("start", base_position))
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self.events.append(("rows", len(messages)))
+        return True
+
+    def on_full_sync_end(
+        self, session: Session, source_id: str, snapshot_id: str, base_position: int | None = None
+    ) -> None:
+        self.events.append(("end", base_position))
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+
+def test_revision_0005_keeps_queued_snapshot_entries_without_a_base(db_url: str) -> None:
+    """A snapshot queued at a sink of revision 0004 is delivered after the upgrade, base unknown."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0004")
+            conn.execute(
+                text(
+                    "INSERT INTO lrq_queue_registry (queue_name, client_name, source_id,"
+                    " created_at) VALUES ('LRQ_Recv_policy__a', 'policy', 'a', 1.0)"
+                )
+            )
+            for pos, kind in ((1, 2), (2, 2), (3, 3)):  # two snapshot entries, the end
+                conn.execute(
+                    text(
+                        "INSERT INTO lrq_recv_entries (queue_id, type, source_position,"
+                        " snapshot_id, snapshot_count, payload, received_at)"
+                        " VALUES (1, :t, :p, 's1', 0, :b, 1.0)"
+                    ),
+                    {"t": kind, "p": pos, "b": b"x"},
+                )
+        store = open_store(engine)
+        assert store.create_schema().pending == ("0005",)
+        listener = _BaseRecorder()
+        with RoutingQueueSubscriber(store, "policy", listener) as sub:
+            assert sub.poll_once() == 2
+        assert listener.events == [("start", None), ("rows", 2), ("end", None)]
+    finally:
+        engine.dispose()

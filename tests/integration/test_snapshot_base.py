@@ -184,7 +184,7 @@ def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
     try:
         for round_ in range(3):  # first contact, then two requested mid-stream
             if round_:
-                client.request_snapshot_sync(None, "b", reason="test")
+                client.request_snapshot_sync("b", reason="test")
             wait_for(lambda r=round_: len(listener.full_syncs) == r + 1, timeout=90)
             wait_for(lambda: logs_after_last_snapshot() >= 20, timeout=90)
             # The next request comes once the source has the sink's end ack too: a

@@ -93,7 +93,7 @@ def test_superseded_snapshot_delivers_nothing_of_itself(sites: Sites) -> None:
     with src.write() as conn:
         src.write_snapshot_entries(conn, first, 0, [kvapp.encode("stale", 666)])
     src.finish_snapshot(first)  # READY, but the sink is not up yet
-    second = client.request_snapshot_sync(None, "b")
+    second = client.request_snapshot_sync("b")
     old = src.get_snapshot(first)
     assert old is not None and old.status is SnapshotStatus.CANCELLED
     listener = kvapp.KvListener()
@@ -140,7 +140,7 @@ def test_three_successive_full_syncs_deliver_five_each(sites: Sites) -> None:
                 timeout=60,
             )
             if round_ < 2:
-                client.request_snapshot_sync(None, "b", "operator asked")
+                client.request_snapshot_sync("b", reason="operator asked")
     # Each full sync delivered the five rows once each, in the provider's order.
     rows = [(i + 1, kvapp.encode(f"k{i}", i)) for i in range(5)]
     assert listener.full_syncs == list(got)

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_server.config import load_config
+from lr_server import Site
 from lr_server.server import SiteServer
 from tests.kit.certs import Pki
 from tests.kit.ports import reserve_port
-from tests.kit.wait import wait_for
+from tests.kit.wait import scaled, wait_for
 
 __all__ = ["SiteSpec", "Sites", "free_port", "wait_for", "write_config"]
 
@@ -110,7 +110,7 @@ class Sites:
         self.make_url = make_url
         self.urls: dict[str, str] = {}
         self.ports: dict[str, int] = {}
-        self.running: dict[str, SiteServer] = {}
+        self.running: dict[str, Site] = {}
         self.stores: list[SQLAlchemyQueueStore] = []
 
     def port(self, site: str) -> int:
@@ -134,10 +134,11 @@ class Sites:
             sources=list(sources),
             **kw,  # type: ignore[arg-type]
         )
-        server = SiteServer(load_config(write_config(self.tmp_path, spec)))
-        server.start()
-        self.running[site] = server
-        return server
+        running = Site(write_config(self.tmp_path, spec))
+        running.start()
+        self.running[site] = running
+        running.wait_serving(scaled(30))
+        return running.server
 
     def stop(self, site: str) -> None:
         self.running.pop(site).stop()

@@ -191,7 +191,7 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
             t0 = time.monotonic()
             sid = ""
             if trial:  # an operator asks for a new full sync while log entries flow
-                sid = source.apis["policy"].request_snapshot_sync(None, "b", reason="trial")
+                sid = source.apis["policy"].request_snapshot_sync("b", reason="trial")
             wait_for(
                 lambda sid=sid: (
                     (status := _snapshot_status(src_engine, sid)) and "requested" not in status
@@ -456,7 +456,7 @@ def test_snapshot_requested_under_traffic_converges(sites: Sites) -> None:
                 60,
                 what="log entries flowing again, no snapshot open",
             )
-            sid = source.apis["policy"].request_snapshot_sync(None, "b", reason="test")
+            sid = source.apis["policy"].request_snapshot_sync("b", reason="test")
             assert runner.poll_once() == 1  # base fixed now; the session still ships entries
             wait_for(partial(_sink_snapshot_is, sink_store, sid), 60)
         wait_for(lambda: not _open(source.engine), 60)

@@ -42,7 +42,7 @@ def _dispose(namespace: dict[str, Any]) -> None:
 
 
 #: README plus the reference docs whose python examples must run.
-RUN_DOCS = ["architecture.md", "configuration.md", "guarantees.md", "operations.md"]
+RUN_DOCS = ["api.md", "architecture.md", "configuration.md", "guarantees.md", "operations.md"]
 DOC_FILES = [ROOT / "README.md"] + [
     DOCS / name for name in RUN_DOCS if (DOCS / name).exists() and python_blocks(DOCS / name)
 ]
@@ -55,7 +55,13 @@ def readme_effects(namespace: dict[str, Any]) -> None:
     c = [e.payload for e in store.read_log_entries("site-c", "policy", 0, 10)]
     assert (b, c) == ([b"payload", b"p2"], [b"payload"])
     (request,) = store.list_snapshots("site-b", "policy")
-    assert request.status is SnapshotStatus.REQUESTED
+    assert request.status is SnapshotStatus.READY  # the provider wrote it
+    info = namespace["info"]
+    assert (info.snapshot_id, info.state, info.rows_written) == (
+        request.snapshot_id,
+        SnapshotStatus.READY,
+        2,
+    )
     assert namespace["delivered"] == 0  # nothing has reached the sink yet
     assert namespace["subscriber"].store.list_queues() == []
 

@@ -1,0 +1,162 @@
+"""The application-facing client API: schema set-up, snapshot requests and their progress."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+from sqlalchemy.orm import Session
+
+import lr_client
+from lr_client import (
+    InvalidInputError,
+    InvalidNameError,
+    RoutingQueueClient,
+    SchemaState,
+    SnapshotContext,
+    SnapshotInfo,
+    SnapshotProviderRunner,
+    SnapshotStatus,
+    create_engine,
+)
+from lr_client.records import ReplicationType
+from lr_client.store import QueueStore
+from tests.kit.sites import Sites
+from tests.kit.wait import wait_for
+
+
+@pytest.fixture
+def client(store: QueueStore) -> RoutingQueueClient:
+    c = RoutingQueueClient(store, "a", "policy")
+    c.register_destinations(["b", "c"])
+    return c
+
+
+def test_create_schema_from_a_url_or_an_engine_without_a_store(db_url: str) -> None:
+    assert lr_client.create_schema(db_url).state is SchemaState.EMPTY
+    assert lr_client.create_schema(db_url).state is SchemaState.CURRENT  # idempotent
+    engine = create_engine(db_url)
+    try:
+        client = RoutingQueueClient(engine, "a", "policy")
+        assert client.create_schema().state is SchemaState.CURRENT
+        client.register_destinations(["b"])  # the tables are there
+        with engine.connect() as conn:  # the caller's engine stays open
+            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_request_snapshot_sync_destination_first_warns_nothing(
+    client: RoutingQueueClient, store: QueueStore
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sid = client.request_snapshot_sync("b", reason="rebuild")
+        with Session(store.engine) as s, s.begin():
+            in_txn = client.request_snapshot_sync("c", s, reason="in my transaction")
+        with Session(store.engine) as s, s.begin():
+            rolled_back = client.request_snapshot_sync("c", session=s)
+            s.rollback()
+    assert caught == []
+    req = store.get_snapshot(sid)
+    assert req is not None and (req.destination, req.reason) == ("b", "rebuild")
+    committed = store.get_snapshot(in_txn)
+    assert committed is not None and committed.destination == "c"
+    assert store.get_snapshot(rolled_back) is None
+
+
+def test_request_snapshot_sync_session_first_still_works_with_a_deprecation_warning(
+    client: RoutingQueueClient, store: QueueStore
+) -> None:
+    with pytest.warns(DeprecationWarning, match=r"request_snapshot_sync\(destination"):
+        sid = client.request_snapshot_sync(None, "b")  # type: ignore[call-overload]
+    with Session(store.engine) as s, s.begin(), pytest.warns(DeprecationWarning):
+        other = client.request_snapshot_sync(s, "c", "old style")
+    first, second = store.get_snapshot(sid), store.get_snapshot(other)
+    assert first is not None and (first.destination, first.reason) == ("b", "application")
+    assert second is not None and (second.destination, second.reason) == ("c", "old style")
+
+
+def test_request_snapshot_sync_rejects_what_is_not_a_destination(
+    client: RoutingQueueClient,
+) -> None:
+    with pytest.raises(InvalidInputError, match="destination must be a site id"):
+        client.request_snapshot_sync(None)  # type: ignore[call-overload]
+    with pytest.raises(InvalidNameError):
+        client.request_snapshot_sync("Not A Site")
+    assert client.snapshots() == []
+
+
+def test_snapshots_lists_this_clients_requests_by_destination_and_state(
+    client: RoutingQueueClient, store: QueueStore
+) -> None:
+    first = client.request_snapshot_sync("b", reason="one")
+    second = client.request_snapshot_sync("b", reason="two")  # supersedes the first
+    to_c = client.request_snapshot_sync("c", reason="three")
+    other = RoutingQueueClient(store, "a", "orders").request_snapshot_sync("b")
+    every = client.snapshots()
+    assert {x.snapshot_id for x in every} == {first, second, to_c}  # not the other client's
+    assert [x.snapshot_id for x in client.snapshots("b")] == [second, first]  # newest first
+    by_id = {x.snapshot_id: x for x in every}
+    assert by_id[first].state is SnapshotStatus.CANCELLED and not by_id[first].is_open
+    assert by_id[second].state is SnapshotStatus.REQUESTED and by_id[second].is_open
+    assert by_id[second].reason == "two" and by_id[second].base_position is None
+    assert by_id[second].created_at <= by_id[second].updated_at
+    open_ones = client.snapshots(states=["requested", SnapshotStatus.RUNNING])
+    assert {x.snapshot_id for x in open_ones} == {second, to_c}
+    assert [x.snapshot_id for x in client.snapshots("c", states="requested")] == [to_c]
+    assert client.snapshot(to_c) == by_id[to_c]
+    assert client.snapshot(other) is None  # another client's
+    assert client.snapshot("0" * 32) is None
+    with pytest.raises(InvalidInputError, match="unknown snapshot state 'done'"):
+        client.snapshots(states=["done"])
+    with pytest.raises(InvalidNameError):
+        client.snapshots("B!")
+
+
+def test_snapshot_progress_from_request_to_completed(sites: Sites) -> None:
+    """Rows written, the base, then the rows the sink acknowledged, read from code."""
+    src = sites.store("a")
+    client = RoutingQueueClient(src, "a", "policy")
+    client.register_destinations(["b"])
+    with Session(src.engine) as s, s.begin():
+        client.transmit_log_entry_message(s, b"before", ["b"])
+    sid = client.request_snapshot_sync("b", reason="from code")
+
+    def provide(ctx: SnapshotContext) -> None:
+        ctx.transmit([b"r1", b"r2", b"r3"])
+
+    runner = SnapshotProviderRunner(src, "policy", provide)
+    assert runner.poll_once() == 1
+    ready = client.snapshot(sid)
+    assert ready is not None and ready.state is SnapshotStatus.READY
+    assert (ready.rows_written, ready.rows_total, ready.rows_shipped) == (3, 3, 0)
+    assert ready.base_position == src.head_position()
+
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app")
+    stop = threading.Event()
+    worker = threading.Thread(target=runner.run, args=(stop, 0.05))
+    worker.start()
+    try:
+        wait_for(lambda: _state(client, sid) is SnapshotStatus.COMPLETED, timeout=60)
+    finally:
+        stop.set()
+        worker.join()
+    done = client.snapshot(sid)
+    assert isinstance(done, SnapshotInfo)
+    assert (done.rows_total, done.rows_shipped, done.reason) == (3, 3, "from code")
+    assert done.base_position == ready.base_position and not done.is_open
+    sink = sites.store("b")  # every snapshot entry reached the sink with the base
+    (queue,) = sink.list_queues("policy")
+    with sink.read() as conn:
+        head = sink.read_head(conn, queue.queue_id, 100)
+    snap = [e for e in head if e.type is not ReplicationType.LOG_ENTRY_SYNC]
+    assert [e.payload for e in snap[:3]] == [b"r1", b"r2", b"r3"]
+    assert {e.base_position for e in snap} == {ready.base_position}
+
+
+def _state(client: RoutingQueueClient, sid: str) -> SnapshotStatus | None:
+    info = client.snapshot(sid)
+    return None if info is None else info.state
