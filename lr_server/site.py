@@ -23,11 +23,14 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from lr_client.errors import LRError
 from lr_client.store import QueueStore
 from lr_server.config import SiteConfig, load_config
-from lr_server.server import SiteServer
+
+if TYPE_CHECKING:  # importing the server loads gRPC: only when a site starts
+    from lr_server.server import SiteServer
 
 #: Seconds :meth:`Site.wait_serving` (and ``with Site(...)``) waits by default.
 DEFAULT_START_TIMEOUT = 30.0
@@ -144,6 +147,8 @@ class Site:
 
     def _start(self) -> None:
         try:
+            from lr_server.server import SiteServer
+
             server = SiteServer(self.config, store=self._given_store)
             self._server = server
             try:
