@@ -190,7 +190,8 @@ TARGETS: dict[str, Target] = {
             *_methods(SHIPPING, "read_log_entries", "read_client_log", "backlog"),
             *_methods(SHIPPING, "get_cursor", "set_cursor", "oldest_position"),
             *_methods(BASE, "_set_cursor"),
-            "lr_client.store.byte_bounds.x_cut_to_bytes__mutmut_*",
+            "lr_client.store.byte_bounds.x_within__mutmut_*",
+            "lr_client.store.byte_bounds.xǁByteCutǁtake__mutmut_*",
             *_methods(SQLITE, "_insert_entries", "_with_tag", "_tagged_query", "head_position"),
             "lr_client.store.sqlite.x__names*",
             *_methods(
