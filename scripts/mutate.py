@@ -210,6 +210,8 @@ TARGETS: dict[str, Target] = {
             "tests/contract/test_shipping.py",
             "tests/integration/test_sender.py",
             *COMMIT_ORDER,
+            "tests/integration/test_sequencer.py",
+            "tests/integration/test_store_backends.py",
             "tests/integration/test_trim.py",
         ],
         "transmit, tagged reads, cursors, the commit-order sequencer",
