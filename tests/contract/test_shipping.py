@@ -49,6 +49,23 @@ def test_read_limits(store: QueueStore) -> None:
     ]
 
 
+def test_a_byte_bounded_read_takes_entries_that_fill_it_exactly(store: QueueStore) -> None:
+    """The byte cut: payloads plus 32 bytes each, up to and including ``max_bytes``."""
+    p = append(store, "policy", *[(bytes([i]) * 10, ["b"]) for i in range(3)])
+    exact = 2 * (10 + 32)
+    got = store.read_log_entries("b", "policy", 0, 10, max_bytes=exact)
+    assert [e.position for e in got] == p[:2]
+    got = store.read_log_entries("b", "policy", 0, 10, max_bytes=exact - 1)
+    assert [e.position for e in got] == p[:1]
+
+
+def test_a_byte_bounded_read_stops_at_the_first_entry_past_the_limit(store: QueueStore) -> None:
+    """A small entry after one that does not fit is not taken: a read is a prefix."""
+    p = append(store, "policy", (b"a" * 10, ["b"]), (b"b" * 100, ["b"]), (b"c" * 10, ["b"]))
+    got = store.read_log_entries("b", "policy", 0, 10, max_bytes=2 * (10 + 32))
+    assert [(e.position, e.payload) for e in got] == [(p[0], b"a" * 10)]
+
+
 def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]), (b"3", ["b"]))
     append(store, "other", (b"o", ["b"]))
