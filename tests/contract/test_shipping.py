@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from lr_client.records import ReplicationType
 from lr_client.store.contract import QueueStore, Shipping
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
@@ -75,9 +76,13 @@ def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> Non
         (p[1], b"2", ["c"]),
         (p[2], b"3", ["b"]),
     ]
+    assert {(e.client_name, e.type) for e in got} == {("policy", ReplicationType.LOG_ENTRY_SYNC)}
+    assert got.complete is True  # fewer than the limit: the end of the queue
+    first = store.read_client_log("policy", 0, 1)
+    assert [e.position for e in first] == [p[0]] and first.complete is False  # the limit
     assert [e.position for e in store.read_client_log("policy", p[0], 1)] == [p[1]]
     sized = store.read_client_log("policy", 0, 10, max_bytes=1)
-    assert [e.position for e in sized] == [p[0]]
+    assert [e.position for e in sized] == [p[0]] and sized.complete is False  # the byte cut
     assert store.read_client_log("nobody", 0, 10) == []
 
 
@@ -92,7 +97,10 @@ def test_oldest_position_per_client(store: QueueStore) -> None:
 
 def test_cursors_and_backlog(store: QueueStore) -> None:
     p = append(store, "policy", (b"ab", ["b"]), (b"cde", ["b"]))
-    assert store.get_cursor("b", "policy").position == 0
+    fresh = store.get_cursor("b", "policy")
+    assert (fresh.destination, fresh.client_name, fresh.position) == ("b", "policy", 0)
+    backlog = store.backlog("b", "policy")
+    assert (backlog.destination, backlog.client_name) == ("b", "policy")
     assert store.backlog("b", "policy").entries == 2
     assert store.backlog("b", "policy").bytes == 5
     assert store.backlog("b", "policy").oldest_created_at is not None
@@ -102,6 +110,16 @@ def test_cursors_and_backlog(store: QueueStore) -> None:
     assert store.backlog("b", "policy").bytes == 3
     store.set_cursor("b", "policy", p[1])
     assert store.backlog("b", "policy").entries == 0
+    assert store.backlog("b", "policy").bytes == 0
+    unknown = store.backlog("unknown", "policy")
+    assert (unknown.destination, unknown.client_name, unknown.entries) == ("unknown", "policy", 0)
+
+
+def test_a_cursor_is_its_own_destinations_and_clients(store: Shipping) -> None:
+    store.set_cursor("b", "policy", 5)
+    assert store.get_cursor("b", "other").position == 0
+    assert store.get_cursor("c", "policy").position == 0
+    assert store.get_cursor("b", "policy").position == 5
 
 
 def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: Shipping) -> None:

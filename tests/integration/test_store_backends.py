@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import func, select, text
 
 from lr_client.errors import SchemaError
+from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, lifecycle, open_store, postgres
 from lr_client.store import schema as s
 from tests.conftest import PgSchema
@@ -61,3 +62,13 @@ def test_a_burst_sequenced_at_once_refreshes_the_planners_statistics(
         store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 3)
     assert store.sequence() == 3
     assert counted_rows() == 5
+
+
+def test_sqlite_refs_carry_their_positions_and_no_transaction(sqlite_url: str) -> None:
+    """SQLite gives positions at insert: a ref's txid is 0, its ordinal and position the row's."""
+    store = open_store(sqlite_url)
+    store.create_schema()
+    nums = store.register_sites(["b"])
+    with store.write() as conn:
+        refs = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]]), (b"y", [nums["b"]])])
+    assert refs == [EntryRef(0, 1, 1), EntryRef(0, 2, 2)]
