@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from lr_client.records import ReplicationType
@@ -68,7 +69,9 @@ def test_a_byte_bounded_read_stops_at_the_first_entry_past_the_limit(store: Queu
 
 
 def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> None:
+    before = time.time()
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]), (b"3", ["b"]))
+    after = time.time()
     append(store, "other", (b"o", ["b"]))
     got = store.read_client_log("policy", 0, 10)
     assert [(e.position, e.payload, sorted(e.destinations)) for e in got] == [
@@ -78,6 +81,7 @@ def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> Non
     ]
     assert {(e.client_name, e.type) for e in got} == {("policy", ReplicationType.LOG_ENTRY_SYNC)}
     assert got.complete is True  # fewer than the limit: the end of the queue
+    assert all(before <= e.created_at <= after for e in got)  # the transmit's time
     first = store.read_client_log("policy", 0, 1)
     assert [e.position for e in first] == [p[0]] and first.complete is False  # the limit
     assert [e.position for e in store.read_client_log("policy", p[0], 1)] == [p[1]]
