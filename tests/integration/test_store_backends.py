@@ -14,6 +14,7 @@ from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, lifecycle, open_store, postgres
 from lr_client.store import schema as s
 from tests.conftest import PgSchema
+from tests.kit.positions import positions
 
 
 def test_a_schema_of_a_newer_release_is_refused(store: SQLAlchemyQueueStore) -> None:
@@ -72,3 +73,28 @@ def test_sqlite_refs_carry_their_positions_and_no_transaction(sqlite_url: str) -
     with store.write() as conn:
         refs = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]]), (b"y", [nums["b"]])])
     assert refs == [EntryRef(0, 1, 1), EntryRef(0, 2, 2)]
+
+
+def test_reads_are_in_position_order_whatever_the_rows_storage(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """After a trim and a VACUUM, PostgreSQL stores new rows in freed space: reads go by position."""
+    nums = store.register_sites(["b"])
+
+    def send(tag: bytes, n: int) -> list[int]:
+        with store.write() as conn:
+            refs = store.append_log_entries(
+                conn, "policy", [(tag + b"%d" % i, [nums["b"]]) for i in range(n)]
+            )
+        return positions(store, refs)
+
+    p = send(b"a", 10)
+    store.set_cursor("b", "policy", p[4])
+    store.trim()
+    if store.dialect == "postgresql":  # SQLite keeps rows in a B-tree keyed by position
+        with store.engine.connect() as conn:
+            auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+            auto.exec_driver_sql("VACUUM lrq_send_positions")
+    q = send(b"n", 3)
+    assert [e.position for e in store.read_client_log("policy", 0, 100)] == p[5:] + q
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 100)] == p[5:] + q
