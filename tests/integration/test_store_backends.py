@@ -78,7 +78,7 @@ def test_sqlite_refs_carry_their_positions_and_no_transaction(sqlite_url: str) -
 def test_reads_are_in_position_order_whatever_the_rows_storage(
     store: SQLAlchemyQueueStore,
 ) -> None:
-    """After a trim and a VACUUM, PostgreSQL stores new rows in freed space: reads go by position."""
+    """After a trim and a VACUUM PostgreSQL puts new rows in freed space: reads go by position."""
     nums = store.register_sites(["b"])
 
     def send(tag: bytes, n: int) -> list[int]:
