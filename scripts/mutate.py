@@ -213,6 +213,8 @@ TARGETS: dict[str, Target] = {
             "tests/integration/test_sequencer.py",
             "tests/integration/test_store_backends.py",
             "tests/integration/test_trim.py",
+            "tests/integration/test_bounded_reads.py::test_a_destinations_reads_load_only_what_fits",
+            "tests/integration/test_bounded_reads.py::test_the_shared_readers_reads_load_only_what_fits",
         ],
         "transmit, tagged reads, cursors, the commit-order sequencer",
         (("LR_COMMIT_ORDER_EXAMPLES", "20"),),
