@@ -212,3 +212,11 @@ def test_forget_keeps_a_block_while_its_entries_are_stored(store: SQLAlchemyQueu
         sequencer.forget(conn, 100, now=time.time() + 2 * sequencer.KEEP_S)
     assert store.positions_of(refs) == [1, 2]
     assert [e.position for e in store.read_log_entries("b", CLIENT, 0, 10)] == [1, 2]
+
+
+def test_positions_of_keeps_the_positions_refs_already_carry(store: SQLAlchemyQueueStore) -> None:
+    """A list mixing refs with a known position and refs just transmitted."""
+    (fresh,) = commit(store, 1)
+    known = EntryRef(0, 1, 7)
+    assert store.positions_of([known, fresh, known]) == [7, 1, 7]
+    assert store.positions_of([known]) == [7]
