@@ -98,3 +98,16 @@ def test_reads_are_in_position_order_whatever_the_rows_storage(
     q = send(b"n", 3)
     assert [e.position for e in store.read_client_log("policy", 0, 100)] == p[5:] + q
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 100)] == p[5:] + q
+
+
+def test_a_destination_registered_by_another_store_is_read(store: SQLAlchemyQueueStore) -> None:
+    """The site numbers a store cached miss a site registered since: a read looks again."""
+    store.register_sites(["b"])
+    assert set(store.site_numbers()) == {"b"}  # cached
+    other = open_store(store.engine)
+    nums = other.register_sites(["c"])
+    with other.write() as conn:
+        refs = other.append_log_entries(conn, "policy", [(b"x", [nums["c"]])])
+    assert [e.position for e in store.read_log_entries("c", "policy", 0, 10)] == positions(
+        other, refs
+    )
