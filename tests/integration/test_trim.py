@@ -158,6 +158,43 @@ def test_trim_works_in_bounded_batches_oldest_first(store: SQLAlchemyQueueStore)
     assert left(store) == []
 
 
+def test_a_bounded_batch_counts_across_acknowledgement_ranges(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """b acknowledged 2, c 6: two ranges, (0, 2] and (2, 6]; one batch of 3 deletes 3."""
+    p = send(store, ["b"], ["b"], ["c"], ["c"], ["c"], ["c"])
+    store.set_cursor("b", CLIENT, p[1])
+    store.set_cursor("c", CLIENT, p[5])
+    assert store.trim(batch_size=3, max_batches=1) == 3
+    assert left(store) == p[3:]
+    assert store.trim() == 3
+    assert left(store) == []
+
+
+def test_a_bounded_batch_counts_across_clients(store: SQLAlchemyQueueStore) -> None:
+    nums = store.register_sites(["b"])
+    with store.write() as conn:
+        refs = {
+            client: store.append_log_entries(conn, client, [(b"x", [nums["b"]])] * 3)
+            for client in ("alpha", "beta")
+        }
+    alpha, beta = positions(store, refs["alpha"]), positions(store, refs["beta"])
+    store.set_cursor("b", "alpha", alpha[-1])
+    store.set_cursor("b", "beta", beta[-1])
+    assert store.trim(batch_size=4, max_batches=1) == 4  # alpha's 3, then one of beta's
+    assert [e.position for e in store.read_client_log("alpha", 0, 10)] == []
+    assert [e.position for e in store.read_client_log("beta", 0, 10)] == beta[1:]
+    assert store.trim(batch_size=10) == 2  # the rest of beta's
+    with store.write() as conn:
+        more = {
+            client: store.append_log_entries(conn, client, [(b"y", [nums["b"]])] * 2)
+            for client in ("alpha", "beta")
+        }
+    store.set_cursor("b", "alpha", positions(store, more["alpha"])[-1])
+    store.set_cursor("b", "beta", positions(store, more["beta"])[-1])
+    assert store.trim(batch_size=10) == 4  # both clients' deletions counted in one batch
+
+
 def test_one_clients_acknowledgement_trims_nothing_of_another(
     store: SQLAlchemyQueueStore,
 ) -> None:
