@@ -12,7 +12,12 @@ from tests.contract.outage import Outage
 
 
 def test_reads_are_per_destination_and_client(store: QueueStore) -> None:
+    before = time.time()
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]), (b"4", ["d"]))
+    after = time.time()
+    got = store.read_log_entries("b", "policy", 0, 10)
+    assert {e.type for e in got} == {ReplicationType.LOG_ENTRY_SYNC}
+    assert all(before <= e.created_at <= after for e in got)  # the transmit's time
     append(store, "other", (b"o", ["b"]))
     assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [b"1", b"2"]
     assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"1", b"3"]
