@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store import SQLAlchemyQueueStore, open_store, sequencer
 from lr_client.store.postgres import PostgresQueueStore
 from tests.conftest import PgSchema
 from tests.kit.positions import positions
@@ -326,3 +327,28 @@ def test_trim_judges_by_one_snapshot_of_the_acknowledgements(pg_schema: PgSchema
     assert store.meanwhile is None and len(added) == 2  # the interleaving happened
     # The entries after the new base are needed by c's full sync: still there.
     assert left(store) == added
+
+
+def test_a_trim_forgets_at_most_its_batch_of_sequencer_blocks(pg_schema: PgSchema) -> None:
+    """PostgreSQL: the trim's batch bounds the blocks it forgets too, once KEEP_S has passed."""
+    store = open_store(pg_schema.engine())
+    assert isinstance(store, PostgresQueueStore)
+    store.create_schema()
+    p = [send(store, ["b"])[0] for _ in range(3)]  # three transactions: three blocks
+    store.set_cursor("b", CLIENT, p[-1])
+    assert store.trim() == 3
+
+    def blocks() -> int:
+        with store.read() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM lrq_send_blocks")).scalar_one())
+
+    assert blocks() == 3  # their ticks are recent: positions_of still knows them
+    with store.write() as conn:  # as if KEEP_S had passed
+        conn.execute(
+            text("UPDATE lrq_send_ticks SET ticked_at = ticked_at - :d"),
+            {"d": 2 * sequencer.KEEP_S},
+        )
+    assert store.trim(batch_size=1, max_batches=1) == 0  # no entry left to delete
+    assert blocks() == 2
+    assert store.trim(batch_size=5) == 0
+    assert blocks() == 0
