@@ -92,6 +92,8 @@ def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> Non
     assert [e.position for e in store.read_client_log("policy", p[0], 1)] == [p[1]]
     sized = store.read_client_log("policy", 0, 10, max_bytes=1)
     assert [e.position for e in sized] == [p[0]] and sized.complete is False  # the byte cut
+    two = store.read_client_log("policy", 0, 10, max_bytes=2 * (1 + 32))  # 1-byte payloads
+    assert [e.position for e in two] == p[:2] and two.complete is False
     assert store.read_client_log("nobody", 0, 10) == []
 
 
