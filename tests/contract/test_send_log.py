@@ -47,6 +47,8 @@ def test_head_position_in_the_callers_transaction(
 ) -> None:
     nums = store.register_sites(["b"])
     with app_transaction() as conn:
+        assert store.head_position(conn) == 0  # nothing transmitted yet
+    with app_transaction() as conn:
         (ref,) = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
     (pos,) = positions(store, [ref])
     with app_transaction() as conn:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
+from lr_client.records import ReplicationType
 from lr_client.store.contract import QueueStore, Shipping
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
 def test_reads_are_per_destination_and_client(store: QueueStore) -> None:
+    before = time.time()
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]), (b"4", ["d"]))
+    after = time.time()
+    got = store.read_log_entries("b", "policy", 0, 10)
+    assert {e.type for e in got} == {ReplicationType.LOG_ENTRY_SYNC}
+    assert all(before <= e.created_at <= after for e in got)  # the transmit's time
     append(store, "other", (b"o", ["b"]))
     assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [b"1", b"2"]
     assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"1", b"3"]
@@ -49,8 +56,27 @@ def test_read_limits(store: QueueStore) -> None:
     ]
 
 
+def test_a_byte_bounded_read_takes_entries_that_fill_it_exactly(store: QueueStore) -> None:
+    """The byte cut: payloads plus 32 bytes each, up to and including ``max_bytes``."""
+    p = append(store, "policy", *[(bytes([i]) * 10, ["b"]) for i in range(3)])
+    exact = 2 * (10 + 32)
+    got = store.read_log_entries("b", "policy", 0, 10, max_bytes=exact)
+    assert [e.position for e in got] == p[:2]
+    got = store.read_log_entries("b", "policy", 0, 10, max_bytes=exact - 1)
+    assert [e.position for e in got] == p[:1]
+
+
+def test_a_byte_bounded_read_stops_at_the_first_entry_past_the_limit(store: QueueStore) -> None:
+    """A small entry after one that does not fit is not taken: a read is a prefix."""
+    p = append(store, "policy", (b"a" * 10, ["b"]), (b"b" * 100, ["b"]), (b"c" * 10, ["b"]))
+    got = store.read_log_entries("b", "policy", 0, 10, max_bytes=2 * (10 + 32))
+    assert [(e.position, e.payload) for e in got] == [(p[0], b"a" * 10)]
+
+
 def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> None:
+    before = time.time()
     p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]), (b"3", ["b"]))
+    after = time.time()
     append(store, "other", (b"o", ["b"]))
     got = store.read_client_log("policy", 0, 10)
     assert [(e.position, e.payload, sorted(e.destinations)) for e in got] == [
@@ -58,9 +84,16 @@ def test_the_client_log_names_each_entrys_destinations(store: QueueStore) -> Non
         (p[1], b"2", ["c"]),
         (p[2], b"3", ["b"]),
     ]
+    assert {(e.client_name, e.type) for e in got} == {("policy", ReplicationType.LOG_ENTRY_SYNC)}
+    assert got.complete is True  # fewer than the limit: the end of the queue
+    assert all(before <= e.created_at <= after for e in got)  # the transmit's time
+    first = store.read_client_log("policy", 0, 1)
+    assert [e.position for e in first] == [p[0]] and first.complete is False  # the limit
     assert [e.position for e in store.read_client_log("policy", p[0], 1)] == [p[1]]
     sized = store.read_client_log("policy", 0, 10, max_bytes=1)
-    assert [e.position for e in sized] == [p[0]]
+    assert [e.position for e in sized] == [p[0]] and sized.complete is False  # the byte cut
+    two = store.read_client_log("policy", 0, 10, max_bytes=2 * (1 + 32))  # 1-byte payloads
+    assert [e.position for e in two] == p[:2] and two.complete is False
     assert store.read_client_log("nobody", 0, 10) == []
 
 
@@ -75,7 +108,10 @@ def test_oldest_position_per_client(store: QueueStore) -> None:
 
 def test_cursors_and_backlog(store: QueueStore) -> None:
     p = append(store, "policy", (b"ab", ["b"]), (b"cde", ["b"]))
-    assert store.get_cursor("b", "policy").position == 0
+    fresh = store.get_cursor("b", "policy")
+    assert (fresh.destination, fresh.client_name, fresh.position) == ("b", "policy", 0)
+    backlog = store.backlog("b", "policy")
+    assert (backlog.destination, backlog.client_name) == ("b", "policy")
     assert store.backlog("b", "policy").entries == 2
     assert store.backlog("b", "policy").bytes == 5
     assert store.backlog("b", "policy").oldest_created_at is not None
@@ -85,6 +121,16 @@ def test_cursors_and_backlog(store: QueueStore) -> None:
     assert store.backlog("b", "policy").bytes == 3
     store.set_cursor("b", "policy", p[1])
     assert store.backlog("b", "policy").entries == 0
+    assert store.backlog("b", "policy").bytes == 0
+    unknown = store.backlog("unknown", "policy")
+    assert (unknown.destination, unknown.client_name, unknown.entries) == ("unknown", "policy", 0)
+
+
+def test_a_cursor_is_its_own_destinations_and_clients(store: Shipping) -> None:
+    store.set_cursor("b", "policy", 5)
+    assert store.get_cursor("b", "other").position == 0
+    assert store.get_cursor("c", "policy").position == 0
+    assert store.get_cursor("b", "policy").position == 5
 
 
 def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: Shipping) -> None:

@@ -10,9 +10,11 @@ import pytest
 from sqlalchemy import func, select, text
 
 from lr_client.errors import SchemaError
+from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, lifecycle, open_store, postgres
 from lr_client.store import schema as s
 from tests.conftest import PgSchema
+from tests.kit.positions import positions
 
 
 def test_a_schema_of_a_newer_release_is_refused(store: SQLAlchemyQueueStore) -> None:
@@ -61,3 +63,51 @@ def test_a_burst_sequenced_at_once_refreshes_the_planners_statistics(
         store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 3)
     assert store.sequence() == 3
     assert counted_rows() == 5
+
+
+def test_sqlite_refs_carry_their_positions_and_no_transaction(sqlite_url: str) -> None:
+    """SQLite gives positions at insert: a ref's txid is 0, its ordinal and position the row's."""
+    store = open_store(sqlite_url)
+    store.create_schema()
+    nums = store.register_sites(["b"])
+    with store.write() as conn:
+        refs = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]]), (b"y", [nums["b"]])])
+    assert refs == [EntryRef(0, 1, 1), EntryRef(0, 2, 2)]
+
+
+def test_reads_are_in_position_order_whatever_the_rows_storage(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """After a trim and a VACUUM PostgreSQL puts new rows in freed space: reads go by position."""
+    nums = store.register_sites(["b"])
+
+    def send(tag: bytes, n: int) -> list[int]:
+        with store.write() as conn:
+            refs = store.append_log_entries(
+                conn, "policy", [(tag + b"%d" % i, [nums["b"]]) for i in range(n)]
+            )
+        return positions(store, refs)
+
+    p = send(b"a", 10)
+    store.set_cursor("b", "policy", p[4])
+    store.trim()
+    if store.dialect == "postgresql":  # SQLite keeps rows in a B-tree keyed by position
+        with store.engine.connect() as conn:
+            auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+            auto.exec_driver_sql("VACUUM lrq_send_positions")
+    q = send(b"n", 3)
+    assert [e.position for e in store.read_client_log("policy", 0, 100)] == p[5:] + q
+    assert [e.position for e in store.read_log_entries("b", "policy", 0, 100)] == p[5:] + q
+
+
+def test_a_destination_registered_by_another_store_is_read(store: SQLAlchemyQueueStore) -> None:
+    """The site numbers a store cached miss a site registered since: a read looks again."""
+    store.register_sites(["b"])
+    assert set(store.site_numbers()) == {"b"}  # cached
+    other = open_store(store.engine)
+    nums = other.register_sites(["c"])
+    with other.write() as conn:
+        refs = other.append_log_entries(conn, "policy", [(b"x", [nums["c"]])])
+    assert [e.position for e in store.read_log_entries("c", "policy", 0, 10)] == positions(
+        other, refs
+    )

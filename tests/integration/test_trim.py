@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store import SQLAlchemyQueueStore, open_store, sequencer
 from lr_client.store.postgres import PostgresQueueStore
 from tests.conftest import PgSchema
 from tests.kit.positions import positions
@@ -158,6 +159,43 @@ def test_trim_works_in_bounded_batches_oldest_first(store: SQLAlchemyQueueStore)
     assert left(store) == []
 
 
+def test_a_bounded_batch_counts_across_acknowledgement_ranges(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """b acknowledged 2, c 6: two ranges, (0, 2] and (2, 6]; one batch of 3 deletes 3."""
+    p = send(store, ["b"], ["b"], ["c"], ["c"], ["c"], ["c"])
+    store.set_cursor("b", CLIENT, p[1])
+    store.set_cursor("c", CLIENT, p[5])
+    assert store.trim(batch_size=3, max_batches=1) == 3
+    assert left(store) == p[3:]
+    assert store.trim() == 3
+    assert left(store) == []
+
+
+def test_a_bounded_batch_counts_across_clients(store: SQLAlchemyQueueStore) -> None:
+    nums = store.register_sites(["b"])
+    with store.write() as conn:
+        refs = {
+            client: store.append_log_entries(conn, client, [(b"x", [nums["b"]])] * 3)
+            for client in ("alpha", "beta")
+        }
+    alpha, beta = positions(store, refs["alpha"]), positions(store, refs["beta"])
+    store.set_cursor("b", "alpha", alpha[-1])
+    store.set_cursor("b", "beta", beta[-1])
+    assert store.trim(batch_size=4, max_batches=1) == 4  # alpha's 3, then one of beta's
+    assert [e.position for e in store.read_client_log("alpha", 0, 10)] == []
+    assert [e.position for e in store.read_client_log("beta", 0, 10)] == beta[1:]
+    assert store.trim(batch_size=10) == 2  # the rest of beta's
+    with store.write() as conn:
+        more = {
+            client: store.append_log_entries(conn, client, [(b"y", [nums["b"]])] * 2)
+            for client in ("alpha", "beta")
+        }
+    store.set_cursor("b", "alpha", positions(store, more["alpha"])[-1])
+    store.set_cursor("b", "beta", positions(store, more["beta"])[-1])
+    assert store.trim(batch_size=10) == 4  # both clients' deletions counted in one batch
+
+
 def test_one_clients_acknowledgement_trims_nothing_of_another(
     store: SQLAlchemyQueueStore,
 ) -> None:
@@ -289,3 +327,28 @@ def test_trim_judges_by_one_snapshot_of_the_acknowledgements(pg_schema: PgSchema
     assert store.meanwhile is None and len(added) == 2  # the interleaving happened
     # The entries after the new base are needed by c's full sync: still there.
     assert left(store) == added
+
+
+def test_a_trim_forgets_at_most_its_batch_of_sequencer_blocks(pg_schema: PgSchema) -> None:
+    """PostgreSQL: the trim's batch bounds the blocks it forgets too, once KEEP_S has passed."""
+    store = open_store(pg_schema.engine())
+    assert isinstance(store, PostgresQueueStore)
+    store.create_schema()
+    p = [send(store, ["b"])[0] for _ in range(3)]  # three transactions: three blocks
+    store.set_cursor("b", CLIENT, p[-1])
+    assert store.trim() == 3
+
+    def blocks() -> int:
+        with store.read() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM lrq_send_blocks")).scalar_one())
+
+    assert blocks() == 3  # their ticks are recent: positions_of still knows them
+    with store.write() as conn:  # as if KEEP_S had passed
+        conn.execute(
+            text("UPDATE lrq_send_ticks SET ticked_at = ticked_at - :d"),
+            {"d": 2 * sequencer.KEEP_S},
+        )
+    assert store.trim(batch_size=1, max_batches=1) == 0  # no entry left to delete
+    assert blocks() == 2
+    assert store.trim(batch_size=5) == 0
+    assert blocks() == 0

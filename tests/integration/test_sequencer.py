@@ -1,0 +1,222 @@
+"""PostgreSQL's commit-order sequencer, function by function: ticks, the tick lock, forgetting.
+
+The invariants it keeps (no committed entry skipped, commit order) are
+``test_commit_order.py``'s; this module checks what each step promises on the
+sequencer's own tables.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+from lr_client.records import EntryRef
+from lr_client.store import SQLAlchemyQueueStore, open_store, sequencer
+from tests.conftest import PgSchema
+from tests.kit.wait import join, wait_for
+
+CLIENT = "policy"
+
+
+def pg_store(pg_schema: PgSchema, **engine_args: object) -> SQLAlchemyQueueStore:
+    store = open_store(pg_schema.engine(**engine_args))
+    assert isinstance(store, SQLAlchemyQueueStore)
+    store.create_schema()
+    store.register_sites(["b"])
+    return store
+
+
+@pytest.fixture
+def store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
+    """A PostgreSQL store with its schema and site ``b``."""
+    yield pg_store(pg_schema)
+
+
+def commit(store: SQLAlchemyQueueStore, n: int) -> list[EntryRef]:
+    """One committed transaction of ``n`` entries for site ``b``; their refs."""
+    num = store.site_numbers()["b"]
+    with store.engine.begin() as conn:
+        return store.append_log_entries(conn, CLIENT, [(b"%d" % i, [num]) for i in range(n)])
+
+
+def count(store: SQLAlchemyQueueStore, table: str) -> int:
+    with store.read() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+def trim_all(store: SQLAlchemyQueueStore) -> None:
+    """Acknowledge everything sequenced and trim it (the blocks stay: see ``forget``)."""
+    store.set_cursor("b", CLIENT, store.head_position())
+    store.trim()
+    assert [e.position for e in store.read_client_log(CLIENT, 0, 100)] == []
+
+
+def test_a_tick_sequences_the_transactions_committed_since_the_last_one(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    first, second = commit(store, 2), commit(store, 3)
+    with store.engine.connect() as conn, conn.begin():
+        key = sequencer.lock_key(conn)
+        assert sequencer.tick(conn, key) == (2, 5)  # transactions, entries
+    with store.engine.connect() as conn, conn.begin():
+        assert sequencer.tick(conn, key) == (0, 0)  # nothing new
+        assert sequencer.head(conn) == 5
+        # Blocks in commit order: the first transaction's entries are 1, 2.
+        assert sequencer.bases(conn, [first[0].txid, second[0].txid]) == {
+            first[0].txid: 0,
+            second[0].txid: 2,
+        }
+        assert sequencer.bases(conn, [first[0].txid + 10_000]) == {}
+    assert store.positions_of([*first, *second]) == [1, 2, 3, 4, 5]
+
+
+def test_an_empty_store_has_head_0(store: SQLAlchemyQueueStore) -> None:
+    with store.read() as conn:
+        assert sequencer.head(conn) == 0
+    assert store.head_position() == 0
+
+
+def _waiting_for_a_lock(pg_schema: PgSchema, tag: str) -> bool:
+    with pg_schema.admin.connect() as conn:
+        n = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = :tag AND wait_event_type = 'Lock'"
+            ),
+            {"tag": tag},
+        ).scalar_one()
+    return bool(n)
+
+
+def test_ticks_take_the_documented_lock_of_their_own_schema(pg_schema: PgSchema) -> None:
+    """The key is "LRQ2" and the entries table's oid: a holder stops this schema's ticks only."""
+    tag = "lr-tick-" + uuid.uuid4().hex[:8]
+    store = pg_store(pg_schema, connect_args={"application_name": tag})
+    other_schema = PgSchema()
+    try:
+        other = pg_store(other_schema)
+        commit(store, 1)
+        commit(other, 2)
+        with store.read() as conn:
+            oid = int(
+                conn.execute(text("SELECT CAST('lrq_send_entries' AS regclass)::oid")).scalar_one()
+            )
+            assert sequencer.lock_key(conn) == (0x4C525132 << 32) | oid
+        results: dict[str, int] = {}
+
+        def tick(name: str, st: SQLAlchemyQueueStore) -> None:
+            results[name] = st.sequence()
+
+        with pg_schema.admin.connect() as holder, holder.begin():
+            holder.execute(
+                text("SELECT pg_advisory_xact_lock(:k)"), {"k": (0x4C525132 << 32) | oid}
+            )
+            waiting = threading.Thread(target=tick, args=("store", store))
+            waiting.start()
+            wait_for(
+                lambda: _waiting_for_a_lock(pg_schema, tag),
+                30,
+                what="the tick waiting for the lock",
+            )
+            free = threading.Thread(target=tick, args=("other", other))
+            free.start()
+            join(free, 30)  # another schema's tick does not wait
+            assert results == {"other": 2}
+        join(waiting, 30)
+        assert results == {"other": 2, "store": 1}
+    finally:
+        other_schema.drop()
+
+
+def test_concurrent_ticks_sequence_each_transaction_once(pg_schema: PgSchema) -> None:
+    """Ticks of several connections at once: one at a time, so no tick id or position twice."""
+    store = pg_store(pg_schema, pool_size=8)
+    refs = [commit(store, 2) for _ in range(10)]
+    errors: list[BaseException] = []
+    counts: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def ticker() -> None:
+        try:
+            barrier.wait(30)
+            counts.append(store.sequence())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ticker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        join(t, 60)
+    assert errors == []
+    assert sorted(counts) == [0, 0, 0, 0, 0, 20]
+    assert store.positions_of([r for pair in refs for r in pair]) == list(range(1, 21))
+
+
+def test_forget_drops_the_stamps_of_sequenced_transactions(store: SQLAlchemyQueueStore) -> None:
+    commit(store, 1)
+    assert count(store, "lrq_send_commits") == 1
+    store.sequence()
+    commit(store, 1)  # committed, not sequenced yet
+    with store.engine.begin() as conn:
+        sequencer.forget(conn, 100, now=time.time())
+    assert count(store, "lrq_send_commits") == 1  # the unsequenced one's stays
+    assert count(store, "lrq_send_blocks") == 1  # its entries are stored: kept
+
+
+def test_a_trimmed_entrys_position_is_known_for_keep_s_then_forgotten(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    (ref,) = commit(store, 1)
+    (position,) = store.positions_of([ref])
+    commit(store, 1)
+    store.sequence()
+    with store.read() as conn:
+        ticked = float(conn.execute(text("SELECT max(ticked_at) FROM lrq_send_ticks")).scalar_one())
+    trim_all(store)
+    assert store.positions_of([ref]) == [position]  # trimmed, still known
+    with store.engine.begin() as conn:  # just before the tick is KEEP_S old
+        sequencer.forget(conn, 100, now=ticked + sequencer.KEEP_S - 1)
+    assert store.positions_of([ref]) == [position]
+    assert count(store, "lrq_send_ticks") >= 2
+    with store.engine.begin() as conn:  # past it
+        sequencer.forget(conn, 100, now=ticked + sequencer.KEEP_S + 1)
+    assert store.positions_of([ref]) == [None]
+    assert count(store, "lrq_send_blocks") == 0
+    with store.read() as conn:  # only the last tick is left: the next one starts from it
+        assert conn.execute(text("SELECT head FROM lrq_send_ticks")).scalars().all() == [2]
+
+
+def test_forget_deletes_at_most_a_batch_of_blocks(store: SQLAlchemyQueueStore) -> None:
+    refs = [commit(store, 1)[0] for _ in range(3)]
+    assert store.positions_of(refs) == [1, 2, 3]
+    trim_all(store)
+    later = time.time() + 2 * sequencer.KEEP_S
+    with store.engine.begin() as conn:
+        sequencer.forget(conn, 2, now=later)
+    assert count(store, "lrq_send_blocks") == 1
+    with store.engine.begin() as conn:
+        sequencer.forget(conn, 2, now=later)
+    assert count(store, "lrq_send_blocks") == 0
+
+
+def test_forget_keeps_a_block_while_its_entries_are_stored(store: SQLAlchemyQueueStore) -> None:
+    refs = commit(store, 2)
+    assert store.positions_of(refs) == [1, 2]
+    with store.engine.begin() as conn:
+        sequencer.forget(conn, 100, now=time.time() + 2 * sequencer.KEEP_S)
+    assert store.positions_of(refs) == [1, 2]
+    assert [e.position for e in store.read_log_entries("b", CLIENT, 0, 10)] == [1, 2]
+
+
+def test_positions_of_keeps_the_positions_refs_already_carry(store: SQLAlchemyQueueStore) -> None:
+    """A list mixing refs with a known position and refs just transmitted."""
+    (fresh,) = commit(store, 1)
+    known = EntryRef(0, 1, 7)
+    assert store.positions_of([known, fresh, known]) == [7, 1, 7]
+    assert store.positions_of([known]) == [7]
