@@ -436,7 +436,50 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
+def process_rss(pid: int) -> int | None:
+    """Resident set size of process ``pid`` in bytes (``VmRSS`` of Linux ``/proc``), or None."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024  # reported in kB
+    return None
+
+
+# -- arithmetic ------------------------------------------------------------------------
+
+
+def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """The slope of the least-squares line through ``(x, y)`` points (None for < 2 x values)."""
+    n = len(points)
+    if n < 2:
+        return None
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def nice_ceiling(v: float) -> float:
+    """The smallest 1/2/5 x 10^k at or above ``v`` (1 for ``v`` <= 0): a chart's axis end."""
+    if v <= 0:
+        return 1.0
+    mag = 10 ** len(str(int(v))) / 10 if v >= 1 else 1.0
+    for m in (1, 2, 5, 10):
+        if m * mag >= v:
+            return float(m * mag)
+    return float(10 * mag)
+
+
 # -- output ---------------------------------------------------------------------------
+
+
+def svg_escape(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def fmt_rate(value: float | None) -> str:
@@ -488,16 +531,20 @@ __all__ = [
     "fmt_rate",
     "fmt_ratio",
     "interleaved",
+    "least_squares_slope",
     "loadavg",
     "machine_facts",
+    "nice_ceiling",
     "paired_ratio",
     "pg_facts",
     "pg_relation_bytes",
     "print_table",
+    "process_rss",
     "quote_ident",
     "run_for",
     "run_threads",
     "sqlite_table_bytes",
+    "svg_escape",
     "unique_name",
     "write_json",
 ]

@@ -92,10 +92,11 @@ from sqlalchemy import (  # noqa: E402
     Table,
     text,
 )
-from sqlalchemy.engine import Engine  # noqa: E402
+from sqlalchemy.engine import Connection, Engine  # noqa: E402
 
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
+    PgDatabase,
     PgSchema,
     fmt_rate,
     fmt_ratio,
@@ -105,6 +106,8 @@ from bench.common import (  # noqa: E402
     run_for,
     write_json,
 )
+from bench.common import nice_ceiling as _nice  # noqa: E402
+from bench.common import svg_escape as _esc  # noqa: E402
 from lr_client import (  # noqa: E402
     EntryRef,
     LRMessageWithDestinations,
@@ -225,18 +228,31 @@ _COPY_BASELINE = (
 
 
 class Databases:
-    """Fresh databases of one backend: SQLite files or PostgreSQL schemas."""
+    """Fresh databases of one backend: SQLite files or PostgreSQL schemas.
 
-    def __init__(self, backend: str, stack: contextlib.ExitStack, workdir: Path, pg_url: str):
+    With ``own_databases``, each PostgreSQL site gets a throwaway database instead of a
+    schema: a transaction held open in one then pins no other site's vacuum horizon.
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        stack: contextlib.ExitStack,
+        workdir: Path,
+        pg_url: str,
+        own_databases: bool = False,
+    ):
         self.backend = backend
         self.stack = stack
         self.workdir = workdir
         self.pg_url = pg_url
+        self.own_databases = own_databases
 
     def new(self, name: str) -> str:
         if self.backend == "sqlite":
             return f"sqlite:///{self.workdir / f'{name}.db'}"
-        return self.stack.enter_context(PgSchema(self.pg_url)).url
+        holder = PgDatabase(self.pg_url) if self.own_databases else PgSchema(self.pg_url)
+        return self.stack.enter_context(holder).url
 
     def facts(self) -> dict[str, Any]:
         if self.backend == "sqlite":
@@ -748,13 +764,17 @@ def paced_load(
     payloads: Sequence[bytes],
     per_txn: int = 1,
     writers: int = 1,
+    start: float | None = None,
 ) -> PacedLoad:
     """``per_txn`` entries per transaction at ``rate`` entries/s for ``rate * seconds``.
 
     ``writers`` threads share the schedule, each with its own connection: transaction
     ``k`` is due at its slot and run by writer ``k % writers``. A writer that falls
     behind catches up without pausing, but stops at three times the planned duration:
-    the offered load was not reached then, and the cell says so.
+    the offered load was not reached then, and the cell says so. ``start`` (a
+    ``time.perf_counter()`` value, now by default) is when the schedule begins: calls
+    for consecutive spans of one long load pass the end of the previous span, so the
+    time spent between calls is caught up.
     """
     n = max(1, int(rate * seconds))
     slots = list(range(0, n, per_txn))
@@ -772,7 +792,7 @@ def paced_load(
             max_overflow=0,
         )
     )
-    start = time.perf_counter()
+    start = time.perf_counter() if start is None else start
     cap = start + 3 * seconds
 
     def writer(w: int) -> None:
@@ -829,15 +849,16 @@ def paced_load(
 
 
 @contextlib.contextmanager
-def idle_transaction(store: SQLAlchemyQueueStore, wanted: bool) -> Iterator[None]:
+def idle_transaction(store: SQLAlchemyQueueStore, wanted: bool) -> Iterator[Connection | None]:
     """With ``wanted``, a session on the source database left open for the whole block.
 
     PostgreSQL: it takes a transaction id (``pg_current_xact_id()``) and then does
     nothing, as an application connection left idle in transaction would. SQLite has
     one writer at a time, so the session holds a read transaction (a WAL snapshot).
+    The block gets the session's connection (None without ``wanted``).
     """
     if not wanted:
-        yield
+        yield None
         return
     with store.engine.connect() as conn:
         conn.begin()
@@ -846,7 +867,7 @@ def idle_transaction(store: SQLAlchemyQueueStore, wanted: bool) -> Iterator[None
         else:
             conn.execute(text("SELECT count(*) FROM lrq_send_log_entries"))
         try:
-            yield
+            yield conn
         finally:
             conn.rollback()
 
@@ -1354,21 +1375,6 @@ def queue_svg(results: list[BackendResult], title: str) -> str:
         out.append(f'<text x="{lx + 36}" y="{ly + 4}">{_esc(label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
-
-
-def _nice(v: float) -> float:
-    """The smallest 1/2/5 x 10^k at or above ``v``."""
-    if v <= 0:
-        return 1.0
-    mag = 10 ** len(str(int(v))) / 10 if v >= 1 else 1.0
-    for m in (1, 2, 5, 10):
-        if m * mag >= v:
-            return float(m * mag)
-    return float(10 * mag)
-
-
-def _esc(s: str) -> str:
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 # -- entry point --------------------------------------------------------------------------------
