@@ -482,6 +482,101 @@ def svg_escape(s: str) -> str:
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+@dataclass
+class Series:
+    """One line of a chart: ``(x, y)`` points, a colour, optionally dashed."""
+
+    label: str
+    colour: str
+    points: list[tuple[float, float]]
+    dashed: bool = False
+
+
+@dataclass
+class Panel:
+    """One chart of :func:`panels_svg`: a y-axis label and its lines."""
+
+    ylabel: str
+    series: list[Series]
+
+
+def panels_svg(title: str, xlabel: str, panels: Sequence[Panel], width: int = 760) -> str:
+    """Line charts stacked over one shared x axis, hand-written SVG (no plotting library).
+
+    Each panel scales its y axis from 0 to a round number above its largest value; the
+    legend (every distinct label, with its colour) sits under the title.
+    """
+    left, right, top, panel_h, gap = 80, 20, 40, 130, 36
+    legend: dict[tuple[str, str], None] = {}  # a label once, drawn solid
+    for p in panels:
+        for s in p.series:
+            legend[(s.label, s.colour)] = None
+    top += 18 * ((len(legend) + 1) // 2)
+    height = top + len(panels) * (panel_h + gap) + 30
+    pw = width - left - right
+    xs = [x for p in panels for s in p.series for x, _ in s.points]
+    xmax = nice_ceiling(max(xs, default=1.0))
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
+        f"{svg_escape(title)}</text>",
+    ]
+    for i, (label, colour) in enumerate(legend):
+        lx, ly = left + (i % 2) * pw / 2, 38 + 18 * (i // 2)
+        out.append(
+            f'<line x1="{lx}" y1="{ly}" x2="{lx + 30}" y2="{ly}" stroke="{colour}" '
+            'stroke-width="2"/>'
+        )
+        out.append(f'<text x="{lx + 36}" y="{ly + 4}">{svg_escape(label)}</text>')
+    for n, panel in enumerate(panels):
+        y0 = top + n * (panel_h + gap)
+        ymax = nice_ceiling(max((v for s in panel.series for _, v in s.points), default=1.0))
+
+        def px(x: float) -> float:
+            return left + pw * x / xmax
+
+        def py(v: float, y0: float = y0, ymax: float = ymax) -> float:
+            return y0 + panel_h * (1 - v / ymax)
+
+        for i in range(5):
+            v = ymax * i / 4
+            out.append(
+                f'<line x1="{left}" y1="{py(v):.1f}" x2="{left + pw}" y2="{py(v):.1f}" '
+                'stroke="#ddd"/>'
+            )
+            out.append(
+                f'<text x="{left - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{v:,.4g}</text>'
+            )
+        out += [
+            f'<line x1="{left}" y1="{y0 + panel_h}" x2="{left + pw}" y2="{y0 + panel_h}" '
+            'stroke="black"/>',
+            f'<line x1="{left}" y1="{y0}" x2="{left}" y2="{y0 + panel_h}" stroke="black"/>',
+            f'<text x="{left + 4}" y="{y0 - 6}">{svg_escape(panel.ylabel)}</text>',
+        ]
+        for t in range(6):
+            x = xmax * t / 5
+            out.append(
+                f'<text x="{px(x):.1f}" y="{y0 + panel_h + 14}" text-anchor="middle">{x:g}</text>'
+            )
+        for s in panel.series:
+            if not s.points:
+                continue
+            dash = ' stroke-dasharray="6 4"' if s.dashed else ""
+            poly = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v in s.points)
+            out.append(
+                f'<polyline fill="none" stroke="{s.colour}" stroke-width="2"{dash} '
+                f'points="{poly}"/>'
+            )
+    out.append(
+        f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">'
+        f"{svg_escape(xlabel)}</text>"
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def fmt_rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -524,8 +619,10 @@ def write_json(path: Path, data: Any) -> None:
 __all__ = [
     "DEFAULT_PG_URL",
     "Measurement",
+    "Panel",
     "PgDatabase",
     "PgSchema",
+    "Series",
     "ServerCpu",
     "SqlTrace",
     "fmt_rate",
@@ -536,6 +633,7 @@ __all__ = [
     "machine_facts",
     "nice_ceiling",
     "paired_ratio",
+    "panels_svg",
     "pg_facts",
     "pg_relation_bytes",
     "print_table",
