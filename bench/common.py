@@ -384,9 +384,16 @@ def pg_relation_bytes(conn: Connection, schema: str, tables: Sequence[str]) -> i
     return int(conn.execute(query, {"schema": schema, "tables": list(tables)}).scalar_one())
 
 
-def pg_facts(conn: Connection) -> dict[str, str]:
-    """Server version and the settings that decide commit-bound rates."""
-    names = ["fsync", "synchronous_commit", "wal_sync_method", "commit_delay", "shared_buffers"]
+def pg_facts(conn: Connection, names: Sequence[str] = ()) -> dict[str, str]:
+    """Server version and the settings ``names`` (by default those that decide
+    commit-bound rates)."""
+    names = list(names) or [
+        "fsync",
+        "synchronous_commit",
+        "wal_sync_method",
+        "commit_delay",
+        "shared_buffers",
+    ]
     rows = conn.execute(
         text("SELECT name, setting FROM pg_settings WHERE name = ANY(:names)"), {"names": names}
     ).all()

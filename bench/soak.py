@@ -112,6 +112,7 @@ from bench.common import (
     loadavg,
     machine_facts,
     panels_svg,
+    pg_facts,
     print_table,
     process_rss,
     write_json,
@@ -682,12 +683,7 @@ def targets(soak: Soak, samples: list[dict[str, Any]]) -> dict[str, Any]:
 def server_settings(store: SQLAlchemyQueueStore) -> dict[str, str]:
     names = ["autovacuum", "autovacuum_naptime", "idle_in_transaction_session_timeout"]
     with store.read() as conn:
-        rows = conn.execute(
-            text("SELECT name, setting FROM pg_settings WHERE name = ANY(:n)"), {"n": names}
-        ).all()
-        facts = {str(r[0]): str(r[1]) for r in rows}
-        facts["server_version"] = str(conn.execute(text("SHOW server_version")).scalar_one())
-    return facts
+        return pg_facts(conn, names)
 
 
 def hold_facts(conn: Connection | None, dialect: str) -> dict[str, Any]:
