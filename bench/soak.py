@@ -931,7 +931,8 @@ _COLOURS = {
 
 
 def soak_svg(runs: Sequence[dict[str, Any]], title: str) -> str:
-    """Curves over time per run: entries/s, p99, queue size, dead tuples, RSS."""
+    """Curves over time per run: entries/s, p99, queue size, dead tuples, RSS (and the
+    source's WAL on SQLite)."""
 
     def pts(run: dict[str, Any], fn: Any) -> list[tuple[float, float]]:
         out = []
@@ -992,6 +993,17 @@ def soak_svg(runs: Sequence[dict[str, Any]], title: str) -> str:
             [Series(r["label"], colour(r), pts(r, rss)) for r in runs],
         ),
     ]
+    sqlite = [r for r in runs if r["backend"] == "sqlite"]
+    if sqlite:
+        panels.append(
+            Panel(
+                "SQLite: the source's WAL file, MB",
+                [
+                    Series(r["label"], colour(r), pts(r, lambda s: mb(s.get("source_wal_bytes"))))
+                    for r in sqlite
+                ],
+            )
+        )
     return panels_svg(title, "minutes since the soak started", panels)
 
 
