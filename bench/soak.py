@@ -137,6 +137,7 @@ from lr_client import create_engine as lr_create_engine
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.schema import SEQUENCER_TABLES
 
+ROOT = Path(__file__).resolve().parent.parent
 SINKS = 2
 SOURCE_ID = "src-soak"
 CHUNK_SECONDS = 5.0  # the transmitter's span per paced_load call (one schedule throughout)
@@ -1041,7 +1042,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="PostgreSQL: VACUUM every site database this often (default: 60 when the "
         "server's autovacuum is off, else 0 = never)",
     )
-    p.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     p.add_argument("--svg", type=Path, default=None, help="draw the curves to this file")
     args = p.parse_args(argv)
     if (
