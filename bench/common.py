@@ -501,27 +501,30 @@ class Series:
 
 @dataclass
 class Panel:
-    """One chart of :func:`panels_svg`: a y-axis label and its lines."""
+    """One chart of :func:`panels_svg`: a y-axis label, its lines and vertical markers
+    (``(x, text, colour)``: an event at ``x``, such as a destination dropped)."""
 
     ylabel: str
     series: list[Series]
+    markers: list[tuple[float, str, str]] = field(default_factory=list)
 
 
 def panels_svg(title: str, xlabel: str, panels: Sequence[Panel], width: int = 760) -> str:
     """Line charts stacked over one shared x axis, hand-written SVG (no plotting library).
 
     Each panel scales its y axis from 0 to a round number above its largest value; the
-    legend (every distinct label, with its colour) sits under the title.
+    legend (every distinct label, in the style of its first line) sits under the title.
     """
     left, right, top, panel_h, gap = 80, 20, 40, 130, 36
-    legend: dict[tuple[str, str], None] = {}  # a label once, drawn solid
+    legend: dict[str, Series] = {}
     for p in panels:
         for s in p.series:
-            legend[(s.label, s.colour)] = None
+            legend.setdefault(s.label, s)
     top += 18 * ((len(legend) + 1) // 2)
     height = top + len(panels) * (panel_h + gap) + 30
     pw = width - left - right
     xs = [x for p in panels for s in p.series for x, _ in s.points]
+    xs += [x for p in panels for x, _, _ in p.markers]
     xmax = nice_ceiling(max(xs, default=1.0))
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -530,13 +533,14 @@ def panels_svg(title: str, xlabel: str, panels: Sequence[Panel], width: int = 76
         f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
         f"{svg_escape(title)}</text>",
     ]
-    for i, (label, colour) in enumerate(legend):
+    for i, s in enumerate(legend.values()):
         lx, ly = left + (i % 2) * pw / 2, 38 + 18 * (i // 2)
+        dash = ' stroke-dasharray="6 4"' if s.dashed else ""
         out.append(
-            f'<line x1="{lx}" y1="{ly}" x2="{lx + 30}" y2="{ly}" stroke="{colour}" '
-            'stroke-width="2"/>'
+            f'<line x1="{lx}" y1="{ly}" x2="{lx + 30}" y2="{ly}" stroke="{s.colour}" '
+            f'stroke-width="2"{dash}/>'
         )
-        out.append(f'<text x="{lx + 36}" y="{ly + 4}">{svg_escape(label)}</text>')
+        out.append(f'<text x="{lx + 36}" y="{ly + 4}">{svg_escape(s.label)}</text>')
     for n, panel in enumerate(panels):
         y0 = top + n * (panel_h + gap)
         ymax = nice_ceiling(max((v for s in panel.series for _, v in s.points), default=1.0))
@@ -575,6 +579,15 @@ def panels_svg(title: str, xlabel: str, panels: Sequence[Panel], width: int = 76
             out.append(
                 f'<polyline fill="none" stroke="{s.colour}" stroke-width="2"{dash} '
                 f'points="{poly}"/>'
+            )
+        for i, (x, label, colour) in enumerate(panel.markers):
+            out.append(
+                f'<line x1="{px(x):.1f}" y1="{y0}" x2="{px(x):.1f}" y2="{y0 + panel_h}" '
+                f'stroke="{colour}" stroke-dasharray="2 3"/>'
+            )
+            out.append(
+                f'<text x="{px(x) + 4:.1f}" y="{y0 + 12 + 14 * i}" fill="{colour}">'
+                f"{svg_escape(label)}</text>"
             )
     out.append(
         f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">'

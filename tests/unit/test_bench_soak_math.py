@@ -83,3 +83,20 @@ def test_least_squares_slope_and_rss() -> None:
     rss = process_rss(os.getpid())
     assert rss is not None and rss > 1024 * 1024
     assert process_rss(2**22 + 12345) is None  # no such process
+
+
+def test_panels_svg_draws_lines_markers_and_each_label_once() -> None:
+    from bench.common import Panel, Series, panels_svg
+
+    top = Panel(
+        "size",
+        [Series("a & b", "#111", [(0, 1), (1, 2)]), Series("c", "#222", [(0, 2)], dashed=True)],
+        markers=[(0.5, "sink-2 dropped", "#222")],
+    )
+    bottom = Panel("dead", [Series("a & b", "#111", [(0, 5), (2, 0)], dashed=True)])
+    svg = panels_svg("t <1>", "minutes", [top, bottom])
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    assert svg.count("<polyline") == 3
+    assert svg.count(">a &amp; b</text>") == 1  # the legend names a label once
+    assert "t &lt;1&gt;" in svg and ">sink-2 dropped</text>" in svg
+    assert svg.count('stroke-dasharray="2 3"') == 1  # the marker's line
