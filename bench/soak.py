@@ -41,12 +41,12 @@ Every ``--sample-seconds`` (60) the run records:
   process (transmitter and observer) and of each subscriber process.
 
 ``--long-transaction``: a session on the source database stays idle in transaction for
-the whole soak. PostgreSQL: it takes a transaction id (``pg_current_xact_id()``). A running
-xid holds the xmin horizon of the whole server, not only of the source database: every
-snapshot taken while it runs, in any database, has its xmin at or below that xid, so
-VACUUM removes no row version deleted after it, neither in the source's send queue nor in
-the sinks' receive queues (their own databases on the same server). Dead tuples
-accumulate on both sides. The product sets no ``idle_in_transaction_session_timeout``;
+the whole soak. PostgreSQL: it takes a transaction id (``pg_current_xact_id()``), which
+holds the source database's xmin horizon: VACUUM removes no row version of the send queue
+deleted after it. Every snapshot taken while it runs, in any database of the server, also
+has its xmin at or below that xid, so the sinks' receive queues (their own databases on
+the same server) are held back too whenever one of their sessions holds a snapshot while
+VACUUM runs. The product sets no ``idle_in_transaction_session_timeout``;
 the session's own value and whether it was still idle in transaction at the end are
 recorded. SQLite: a read transaction (a WAL snapshot) on the source file, which stops
 checkpoints at that snapshot: the source's WAL file grows (the sinks' files are not
