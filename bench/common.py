@@ -384,9 +384,16 @@ def pg_relation_bytes(conn: Connection, schema: str, tables: Sequence[str]) -> i
     return int(conn.execute(query, {"schema": schema, "tables": list(tables)}).scalar_one())
 
 
-def pg_facts(conn: Connection) -> dict[str, str]:
-    """Server version and the settings that decide commit-bound rates."""
-    names = ["fsync", "synchronous_commit", "wal_sync_method", "commit_delay", "shared_buffers"]
+def pg_facts(conn: Connection, names: Sequence[str] = ()) -> dict[str, str]:
+    """Server version and the settings ``names`` (by default those that decide
+    commit-bound rates)."""
+    names = list(names) or [
+        "fsync",
+        "synchronous_commit",
+        "wal_sync_method",
+        "commit_delay",
+        "shared_buffers",
+    ]
     rows = conn.execute(
         text("SELECT name, setting FROM pg_settings WHERE name = ANY(:names)"), {"names": names}
     ).all()
@@ -436,7 +443,158 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
+def process_rss(pid: int) -> int | None:
+    """Resident set size of process ``pid`` in bytes (``VmRSS`` of Linux ``/proc``), or None."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024  # reported in kB
+    return None
+
+
+# -- arithmetic ------------------------------------------------------------------------
+
+
+def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """The slope of the least-squares line through ``(x, y)`` points (None for < 2 x values)."""
+    n = len(points)
+    if n < 2:
+        return None
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def nice_ceiling(v: float) -> float:
+    """The smallest 1/2/5 x 10^k at or above ``v`` (1 for ``v`` <= 0): a chart's axis end."""
+    if v <= 0:
+        return 1.0
+    mag = 10 ** len(str(int(v))) / 10 if v >= 1 else 1.0
+    for m in (1, 2, 5, 10):
+        if m * mag >= v:
+            return float(m * mag)
+    return float(10 * mag)
+
+
 # -- output ---------------------------------------------------------------------------
+
+
+def svg_escape(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+@dataclass
+class Series:
+    """One line of a chart: ``(x, y)`` points, a colour, optionally dashed."""
+
+    label: str
+    colour: str
+    points: list[tuple[float, float]]
+    dashed: bool = False
+
+
+@dataclass
+class Panel:
+    """One chart of :func:`panels_svg`: a y-axis label, its lines and vertical markers
+    (``(x, text, colour)``: an event at ``x``, such as a destination dropped)."""
+
+    ylabel: str
+    series: list[Series]
+    markers: list[tuple[float, str, str]] = field(default_factory=list)
+
+
+def panels_svg(title: str, xlabel: str, panels: Sequence[Panel], width: int = 760) -> str:
+    """Line charts stacked over one shared x axis, hand-written SVG (no plotting library).
+
+    Each panel scales its y axis from 0 to a round number above its largest value; the
+    legend (every distinct label, in the style of its first line) sits under the title.
+    """
+    left, right, top, panel_h, gap = 80, 20, 40, 130, 36
+    legend: dict[str, Series] = {}
+    for p in panels:
+        for s in p.series:
+            legend.setdefault(s.label, s)
+    top += 18 * ((len(legend) + 1) // 2)
+    height = top + len(panels) * (panel_h + gap) + 30
+    pw = width - left - right
+    xs = [x for p in panels for s in p.series for x, _ in s.points]
+    xs += [x for p in panels for x, _, _ in p.markers]
+    xmax = nice_ceiling(max(xs, default=1.0))
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
+        f"{svg_escape(title)}</text>",
+    ]
+    for i, s in enumerate(legend.values()):
+        lx, ly = left + (i % 2) * pw / 2, 38 + 18 * (i // 2)
+        dash = ' stroke-dasharray="6 4"' if s.dashed else ""
+        out.append(
+            f'<line x1="{lx}" y1="{ly}" x2="{lx + 30}" y2="{ly}" stroke="{s.colour}" '
+            f'stroke-width="2"{dash}/>'
+        )
+        out.append(f'<text x="{lx + 36}" y="{ly + 4}">{svg_escape(s.label)}</text>')
+    for n, panel in enumerate(panels):
+        y0 = top + n * (panel_h + gap)
+        ymax = nice_ceiling(max((v for s in panel.series for _, v in s.points), default=1.0))
+
+        def px(x: float) -> float:
+            return left + pw * x / xmax
+
+        def py(v: float, y0: float = y0, ymax: float = ymax) -> float:
+            return y0 + panel_h * (1 - v / ymax)
+
+        for i in range(5):
+            v = ymax * i / 4
+            out.append(
+                f'<line x1="{left}" y1="{py(v):.1f}" x2="{left + pw}" y2="{py(v):.1f}" '
+                'stroke="#ddd"/>'
+            )
+            out.append(
+                f'<text x="{left - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{v:,.4g}</text>'
+            )
+        out += [
+            f'<line x1="{left}" y1="{y0 + panel_h}" x2="{left + pw}" y2="{y0 + panel_h}" '
+            'stroke="black"/>',
+            f'<line x1="{left}" y1="{y0}" x2="{left}" y2="{y0 + panel_h}" stroke="black"/>',
+            f'<text x="{left + 4}" y="{y0 - 6}">{svg_escape(panel.ylabel)}</text>',
+        ]
+        for t in range(6):
+            x = xmax * t / 5
+            out.append(
+                f'<text x="{px(x):.1f}" y="{y0 + panel_h + 14}" text-anchor="middle">{x:g}</text>'
+            )
+        for s in panel.series:
+            if not s.points:
+                continue
+            dash = ' stroke-dasharray="6 4"' if s.dashed else ""
+            poly = " ".join(f"{px(x):.1f},{py(v):.1f}" for x, v in s.points)
+            out.append(
+                f'<polyline fill="none" stroke="{s.colour}" stroke-width="2"{dash} '
+                f'points="{poly}"/>'
+            )
+        for i, (x, label, colour) in enumerate(panel.markers):
+            out.append(
+                f'<line x1="{px(x):.1f}" y1="{y0}" x2="{px(x):.1f}" y2="{y0 + panel_h}" '
+                f'stroke="{colour}" stroke-dasharray="2 3"/>'
+            )
+            out.append(
+                f'<text x="{px(x) + 4:.1f}" y="{y0 + 12 + 14 * i}" fill="{colour}">'
+                f"{svg_escape(label)}</text>"
+            )
+    out.append(
+        f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">'
+        f"{svg_escape(xlabel)}</text>"
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
 
 
 def fmt_rate(value: float | None) -> str:
@@ -481,23 +639,30 @@ def write_json(path: Path, data: Any) -> None:
 __all__ = [
     "DEFAULT_PG_URL",
     "Measurement",
+    "Panel",
     "PgDatabase",
     "PgSchema",
+    "Series",
     "ServerCpu",
     "SqlTrace",
     "fmt_rate",
     "fmt_ratio",
     "interleaved",
+    "least_squares_slope",
     "loadavg",
     "machine_facts",
+    "nice_ceiling",
     "paired_ratio",
+    "panels_svg",
     "pg_facts",
     "pg_relation_bytes",
     "print_table",
+    "process_rss",
     "quote_ident",
     "run_for",
     "run_threads",
     "sqlite_table_bytes",
+    "svg_escape",
     "unique_name",
     "write_json",
 ]

@@ -92,14 +92,18 @@ from sqlalchemy import (  # noqa: E402
     Table,
     text,
 )
-from sqlalchemy.engine import Engine  # noqa: E402
+from sqlalchemy.engine import Connection, Engine  # noqa: E402
 
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
+    Panel,
+    PgDatabase,
     PgSchema,
+    Series,
     fmt_rate,
     fmt_ratio,
     machine_facts,
+    panels_svg,
     pg_facts,
     print_table,
     run_for,
@@ -225,18 +229,31 @@ _COPY_BASELINE = (
 
 
 class Databases:
-    """Fresh databases of one backend: SQLite files or PostgreSQL schemas."""
+    """Fresh databases of one backend: SQLite files or PostgreSQL schemas.
 
-    def __init__(self, backend: str, stack: contextlib.ExitStack, workdir: Path, pg_url: str):
+    With ``own_databases``, each PostgreSQL site gets a throwaway database instead of a
+    schema: a transaction held open in one then pins no other site's vacuum horizon.
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        stack: contextlib.ExitStack,
+        workdir: Path,
+        pg_url: str,
+        own_databases: bool = False,
+    ):
         self.backend = backend
         self.stack = stack
         self.workdir = workdir
         self.pg_url = pg_url
+        self.own_databases = own_databases
 
     def new(self, name: str) -> str:
         if self.backend == "sqlite":
             return f"sqlite:///{self.workdir / f'{name}.db'}"
-        return self.stack.enter_context(PgSchema(self.pg_url)).url
+        holder = PgDatabase(self.pg_url) if self.own_databases else PgSchema(self.pg_url)
+        return self.stack.enter_context(holder).url
 
     def facts(self) -> dict[str, Any]:
         if self.backend == "sqlite":
@@ -748,13 +765,17 @@ def paced_load(
     payloads: Sequence[bytes],
     per_txn: int = 1,
     writers: int = 1,
+    start: float | None = None,
 ) -> PacedLoad:
     """``per_txn`` entries per transaction at ``rate`` entries/s for ``rate * seconds``.
 
     ``writers`` threads share the schedule, each with its own connection: transaction
     ``k`` is due at its slot and run by writer ``k % writers``. A writer that falls
     behind catches up without pausing, but stops at three times the planned duration:
-    the offered load was not reached then, and the cell says so.
+    the offered load was not reached then, and the cell says so. ``start`` (a
+    ``time.perf_counter()`` value, now by default) is when the schedule begins: calls
+    for consecutive spans of one long load pass the end of the previous span, so the
+    time spent between calls is caught up.
     """
     n = max(1, int(rate * seconds))
     slots = list(range(0, n, per_txn))
@@ -772,7 +793,7 @@ def paced_load(
             max_overflow=0,
         )
     )
-    start = time.perf_counter()
+    start = time.perf_counter() if start is None else start
     cap = start + 3 * seconds
 
     def writer(w: int) -> None:
@@ -829,15 +850,16 @@ def paced_load(
 
 
 @contextlib.contextmanager
-def idle_transaction(store: SQLAlchemyQueueStore, wanted: bool) -> Iterator[None]:
+def idle_transaction(store: SQLAlchemyQueueStore, wanted: bool) -> Iterator[Connection | None]:
     """With ``wanted``, a session on the source database left open for the whole block.
 
     PostgreSQL: it takes a transaction id (``pg_current_xact_id()``) and then does
     nothing, as an application connection left idle in transaction would. SQLite has
     one writer at a time, so the session holds a read transaction (a WAL snapshot).
+    The block gets the session's connection (None without ``wanted``).
     """
     if not wanted:
-        yield
+        yield None
         return
     with store.engine.connect() as conn:
         conn.begin()
@@ -846,7 +868,7 @@ def idle_transaction(store: SQLAlchemyQueueStore, wanted: bool) -> Iterator[None
         else:
             conn.execute(text("SELECT count(*) FROM lrq_send_log_entries"))
         try:
-            yield
+            yield conn
         finally:
             conn.rollback()
 
@@ -1280,7 +1302,7 @@ _COLOURS = {"sqlite": "#1f77b4", "postgresql": "#d62728"}
 
 def queue_svg(results: list[BackendResult], title: str) -> str:
     """A line chart of the send queue's size over time, one line per 8-destination cell."""
-    series = []
+    series, markers = [], []
     for r in results:
         for c in r.latency:
             if c.destinations == 1 or not c.send_queue:
@@ -1289,86 +1311,15 @@ def queue_svg(results: list[BackendResult], title: str) -> str:
             label = (
                 f"{r.backend}, {f'{n - 1} healthy + 1 stalled' if c.stalled else f'{n} healthy'}"
             )
-            series.append((label, r.backend, bool(c.stalled), c.send_queue, c.drops))
-    width, height = 720, 400
-    left, right, top, bottom = 70, 20, 40, 50
-    pw, ph = width - left - right, height - top - bottom
-    xmax = max((t for *_, pts, _ in series for t, _ in pts), default=1.0) or 1.0
-    ymax_raw = max((v for *_, pts, _ in series for _, v in pts), default=1) or 1
-    ymax = _nice(ymax_raw)
-
-    def x(t: float) -> float:
-        return left + pw * t / xmax
-
-    def y(v: float) -> float:
-        return top + ph * (1 - v / ymax)
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="14">{_esc(title)}</text>',
-    ]
-    for i in range(6):
-        v = ymax * i / 5
-        out.append(
-            f'<line x1="{left}" y1="{y(v):.1f}" x2="{left + pw}" y2="{y(v):.1f}" stroke="#ddd"/>'
-        )
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:,.0f}</text>')
-    step = _nice(xmax / 6)
-    t = 0.0
-    while t <= xmax + 1e-9:
-        out.append(f'<text x="{x(t):.1f}" y="{top + ph + 18}" text-anchor="middle">{t:g}</text>')
-        t += step
-    out += [
-        f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="black"/>',
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="black"/>',
-        f'<text x="{left + pw / 2}" y="{height - 10}" text-anchor="middle">'
-        "seconds since the paced load started</text>",
-        f'<text x="16" y="{top + ph / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 16 {top + ph / 2})">entries in lrq_send_log_entries</text>',
-    ]
-    for i, (label, backend, stalled, pts, drops) in enumerate(series):
-        colour = _COLOURS.get(backend, "#555")
-        dash = ' stroke-dasharray="6 4"' if stalled else ""
-        poly = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
-        out.append(
-            f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{poly}"/>'
-        )
-        for d in drops:
-            dx = x(max(0.0, float(d["dropped_after_s"])))
-            out.append(
-                f'<line x1="{dx:.1f}" y1="{top}" x2="{dx:.1f}" y2="{top + ph}" '
-                f'stroke="{colour}" stroke-dasharray="2 3"/>'
-            )
-            out.append(
-                f'<text x="{dx + 4:.1f}" y="{top + 12 + 14 * i}" fill="{colour}">'
-                f"{_esc(d['destination'])} dropped</text>"
-            )
-        ly = top + 10 + 18 * i
-        lx = left + 12
-        out.append(
-            f'<line x1="{lx}" y1="{ly}" x2="{lx + 30}" y2="{ly}" stroke="{colour}" '
-            f'stroke-width="2"{dash}/>'
-        )
-        out.append(f'<text x="{lx + 36}" y="{ly + 4}">{_esc(label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def _nice(v: float) -> float:
-    """The smallest 1/2/5 x 10^k at or above ``v``."""
-    if v <= 0:
-        return 1.0
-    mag = 10 ** len(str(int(v))) / 10 if v >= 1 else 1.0
-    for m in (1, 2, 5, 10):
-        if m * mag >= v:
-            return float(m * mag)
-    return float(10 * mag)
-
-
-def _esc(s: str) -> str:
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            colour = _COLOURS.get(r.backend, "#555")
+            points = [(float(t), float(v)) for t, v in c.send_queue]
+            series.append(Series(label, colour, points, dashed=bool(c.stalled)))
+            markers += [
+                (max(0.0, float(d["dropped_after_s"])), f"{d['destination']} dropped", colour)
+                for d in c.drops
+            ]
+    panel = Panel("entries in lrq_send_log_entries", series, markers)
+    return panels_svg(title, "seconds since the paced load started", [panel])
 
 
 # -- entry point --------------------------------------------------------------------------------

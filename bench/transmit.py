@@ -1006,6 +1006,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     console,
                     args.writer_counts,
                     args.hold_ms,
+                    backend.cpu,
                 )
     ratios = ratios_of(measured)
     st_ratios = storage_ratios(storage)
@@ -1015,7 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["storage_ratios"] = st_ratios
     result["writers"] = {
         "settings": {"writer_counts": args.writer_counts, "hold_ms": args.hold_ms},
-        "results": [asdict(c) for c in w_cells],
+        "results": [{**asdict(c), "entries_per_cpu_second": c.per_core} for c in w_cells],
         "ratios": [asdict(r) for r in w_ratios],
     }
     result["elapsed_seconds"] = round(time.perf_counter() - started, 1)

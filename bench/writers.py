@@ -9,6 +9,11 @@ many, opened before the timed slice and closed after it, so the three systems
 never hold more than one cell's connections at once). The systems of one cell
 run interleaved; the ratio is the median of per-slice ratios.
 
+Per-core efficiency: where the server's backends are visible (:class:`ServerCpu`),
+each cell also records the CPU it used, this process's (``time.process_time``) plus
+that of the PostgreSQL backends of the benchmark's database, and reports entries per
+CPU-second: the entries/s one fully used core would carry.
+
 SQLite is not measured here: it has one writer at a time whatever the
 product does, so concurrent writers only queue for its lock.
 """
@@ -29,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from bench.common import (
     Measurement,
+    ServerCpu,
     fmt_rate,
     fmt_ratio,
     interleaved,
@@ -71,6 +77,14 @@ class WriterCell:
     seconds: float
     rate: float
     slice_rates: list[float]
+    client_cpu: float = 0.0  # CPU seconds of this process over the cell's slices
+    server_cpu: float = 0.0  # of the database's backends (0 when not visible)
+
+    @property
+    def per_core(self) -> float | None:
+        """Entries per CPU-second (client + server): the rate one busy core carries."""
+        used = self.client_cpu + self.server_cpu
+        return self.entries / used if used > 0 and self.server_cpu > 0 else None
 
 
 @dataclass
@@ -126,7 +140,12 @@ def _check_connections(engine: sqlalchemy.Engine, writers: int, wait_s: float = 
 
 
 def _slice(
-    system: Writes, writers: int, hold_ms: int, payloads: Sequence[bytes], seconds: float
+    system: Writes,
+    writers: int,
+    hold_ms: int,
+    payloads: Sequence[bytes],
+    cpu: ServerCpu | None,
+    seconds: float,
 ) -> Measurement:
     url = system.engine.url.render_as_string(hide_password=False)
     _check_connections(system.engine, writers)
@@ -137,7 +156,7 @@ def _slice(
             for i in range(writers)
         ]
         run_threads(0.2, steps)  # every writer's connection opened and warm
-        return run_threads(seconds, steps)
+        return run_threads(seconds, steps, cpu)
     finally:
         engine.dispose()
 
@@ -150,8 +169,12 @@ def measure_writers(
     console: Console,
     writer_counts: Sequence[int] = WRITER_COUNTS,
     holds_ms: Sequence[int] = HOLD_MS,
+    cpu: ServerCpu | None = None,
 ) -> tuple[list[WriterCell], list[WriterRatio]]:
-    """Every (writers, hold) cell for every system; ours against each other system."""
+    """Every (writers, hold) cell for every system; ours against each other system.
+
+    With ``cpu`` (the backends of the systems' database), cells record the CPU used.
+    """
     for system in systems:
         app_meta.create_all(system.engine)
     cells: list[WriterCell] = []
@@ -159,10 +182,24 @@ def measure_writers(
     for writers in writer_counts:
         for hold in holds_ms:
             console.log(f"postgresql: {writers} writer(s), hold {hold} ms")
-            cases = {s.name: functools.partial(_slice, s, writers, hold, payloads) for s in systems}
+            cases = {
+                s.name: functools.partial(_slice, s, writers, hold, payloads, cpu) for s in systems
+            }
             got = interleaved(cases, seconds, rounds)
             for name, m in got.items():
-                cells.append(WriterCell(name, writers, hold, m.count, m.seconds, m.rate, m.slices))
+                cells.append(
+                    WriterCell(
+                        name,
+                        writers,
+                        hold,
+                        m.count,
+                        m.seconds,
+                        m.rate,
+                        m.slices,
+                        round(m.client_cpu, 3),
+                        round(m.server_cpu, 3),
+                    )
+                )
             if "ours" not in got:
                 continue
             for baseline in (n for n in got if n != "ours"):
@@ -197,6 +234,22 @@ def report_writers(console: Console, cells: list[WriterCell], ratios: list[Write
         ["writers", "hold ms", *systems, *(f"ours/{b}" for b in baselines)],
         rows,
         caption=f"target: ours/plain >= {TARGET_VS_PLAIN} in every cell",
+    )
+    per_core = {(c.system, c.writers, c.hold_ms): c.per_core for c in cells}
+    if not any(v is not None for v in per_core.values()):
+        return  # the server's backends were not visible
+    rows = [
+        [str(w), str(h), *(fmt_rate(per_core.get((s, w, h))) for s in systems)]
+        for w, h in keys
+        if h == 0
+    ]
+    print_table(
+        console,
+        "Per-core efficiency, PostgreSQL: entries per CPU-second, one entry per transaction",
+        ["writers", "hold ms", *systems],
+        rows,
+        caption="CPU: this process plus the PostgreSQL backends of the benchmark's database "
+        "(/proc/<pid>/stat); the entries/s one fully used core would carry",
     )
 
 

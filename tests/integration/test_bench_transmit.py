@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -82,21 +83,27 @@ def test_transmit_bench_sqlite_smoke(tmp_path: Path) -> None:
     assert ours_ratio["ratio_8_to_1"] > 0
 
 
+def ours_and_plain(pg_schema: PgSchema) -> list[Any]:
+    """bench/transmit.py's "ours" and "plain" systems, set up in ``pg_schema``."""
+    from bench.transmit import Ours, Plain, Slot
+
+    systems: list[Any] = []
+    for kind in (Ours, Plain):
+        system = kind(Slot("postgresql", pg_schema.engine(), pg_schema.name), ["site-1"])
+        system.setup()
+        systems.append(system)
+    return systems
+
+
 @pytest.mark.postgres
 def test_concurrent_writers_section_measures_each_system_and_its_ratio(
     pg_schema: PgSchema,
 ) -> None:
     from rich.console import Console
 
-    from bench.transmit import Ours, Plain, Slot
     from bench.writers import measure_writers, report_writers
 
-    systems = []
-    for kind in (Ours, Plain):
-        slot = Slot("postgresql", pg_schema.engine(), pg_schema.name)
-        system = kind(slot, ["site-1"])
-        system.setup()
-        systems.append(system)
+    systems = ours_and_plain(pg_schema)
     console = Console(record=True, width=140)
     cells, ratios = measure_writers(
         systems, 0.4, 2, [b"x" * 1024], console, writer_counts=[1, 3], holds_ms=[0, 2]
@@ -124,3 +131,29 @@ def test_concurrent_writers_section_measures_each_system_and_its_ratio(
     assert app == sent + plain_rows  # one application row per transaction of either system
     report_writers(console, cells, ratios)
     assert "ours/plain" in console.export_text()
+
+
+@pytest.mark.postgres
+def test_writers_section_reports_entries_per_cpu_second(pg_schema: PgSchema) -> None:
+    from rich.console import Console
+
+    from bench.common import ServerCpu
+    from bench.writers import measure_writers, report_writers
+
+    systems = ours_and_plain(pg_schema)
+    cpu = ServerCpu(pg_schema.url)
+    try:
+        assert cpu.available  # the server runs on this host
+        console = Console(record=True, width=140)
+        cells, ratios = measure_writers(
+            systems, 0.4, 1, [b"x" * 1024], console, writer_counts=[4], holds_ms=[0], cpu=cpu
+        )
+    finally:
+        cpu.close()
+    assert sorted(c.system for c in cells) == ["ours", "plain"]
+    for c in cells:
+        assert c.client_cpu > 0 and c.server_cpu > 0
+        assert c.per_core == pytest.approx(c.entries / (c.client_cpu + c.server_cpu))
+    report_writers(console, cells, ratios)
+    shown = console.export_text()
+    assert "Per-core efficiency" in shown and "entries per CPU-second" in shown
