@@ -160,7 +160,28 @@ class SiteServer:
             t.join(timeout=grace)
         if self._grpc is not None:
             self._grpc.stop(grace=2.0).wait(5.0)
+        self._end_children(grace)
         self.store.close()
+
+    def _end_children(self, grace: float) -> None:
+        """Let running snapshot jobs finish for up to ``grace`` s, then terminate them.
+
+        A job ended here leaves its snapshot RUNNING without heartbeats: the next
+        server fails it as stalled and asks for a new one (as after a crash).
+        """
+        deadline = time.monotonic() + grace
+        for proc in list(self.children):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("terminating snapshot job", extra={"pid": proc.pid})
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            self.children.remove(proc)
 
 
 def run_server(config: SiteConfig, stop: threading.Event | None = None) -> None:

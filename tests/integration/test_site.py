@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -150,3 +153,19 @@ def test_a_stop_during_a_held_start_returns_and_the_start_then_stops_the_site(
     assert not _accepts(port)  # they started, then stopped at once
     with pytest.raises(SiteError, match="is stopped"):
         site.wait_serving(1.0)
+
+
+def test_stopping_ends_the_snapshot_jobs_it_launched(tmp_path: Path, sqlite_url: str) -> None:
+    # A job that ends within the grace is waited for; one that does not is
+    # terminated: nothing the site started outlives it unreaped.
+    path = write_config(tmp_path, SiteSpec("a", sqlite_url, destinations=[("b", free_port())]))
+    site = Site(path)
+    site.start()
+    site.wait_serving(scaled(30))
+    finishing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    site.server.children.extend([finishing, stuck])
+    site.stop(grace=scaled(3))
+    assert finishing.returncode == 0
+    assert stuck.returncode == -signal.SIGTERM
+    assert site.server.children == []
