@@ -37,6 +37,20 @@ _INSERT = (
     "VALUES (%s, %s, CAST(%s AS smallint[]), %s) "
     "RETURNING CAST(CAST(txid AS text) AS bigint), ord"
 )
+#: A batch reserves its ordinals at once: the transaction-local counter that
+#: ``lrq_next_ord`` (the ``ord`` default, revision 0004) advances by one per
+#: row, advanced here by the batch's size. Returns (txid, first ordinal).
+_RESERVE = (
+    "SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint), "
+    "set_config(k.name, (coalesce(nullif(current_setting(k.name, true), ''), '0')::bigint"
+    " + %(n)s)::text, true)::bigint - %(n)s + 1 "
+    "FROM (SELECT 'lrq.ord_' || 'lrq_send_entries'::regclass::oid AS name) k"
+)
+_COPY_ENTRIES = (
+    "COPY lrq_send_entries (client_name, payload, dest_nums, created_at, ord) "
+    "FROM STDIN (FORMAT BINARY)"
+)
+_ENTRY_TYPES = ("varchar", "bytea", "int2[]", "float8", "int8")
 
 _RECV_COLUMNS = (
     "queue_id",
@@ -105,30 +119,27 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
     ) -> list[EntryRef]:
         now = time.time()
-        rows = [
-            (client_name, p, "{" + ",".join(str(n) for n in nums) + "}", now)
-            for p, nums in messages
-        ]
         # Through the driver's own cursor: this runs in every transmitting
         # transaction, and SQLAlchemy's statement machinery costs the
         # application several times the driver's own work per call.
         raw = conn.connection.driver_connection
         assert raw is not None
         with raw.cursor() as cur:
-            if len(rows) == 1:
-                cur.execute(_INSERT, rows[0])
+            if len(messages) == 1:
+                payload, nums = messages[0]
+                dests = "{" + ",".join(str(n) for n in nums) + "}"
+                cur.execute(_INSERT, (client_name, payload, dests, now))
                 txid, ord_ = cur.fetchone()
                 return [EntryRef(int(txid), int(ord_))]
-            # A short statement, pipelined by the driver: one prepared INSERT per
-            # row instead of one huge multi-row statement re-parsed on every call.
-            refs: list[EntryRef] = []
-            cur.executemany(_INSERT, rows, returning=True)
-            while True:
-                txid, ord_ = cur.fetchone()
-                refs.append(EntryRef(int(txid), int(ord_)))
-                if not cur.nextset():
-                    break
-        return refs
+            # A batch: its ordinals reserved in one statement, its rows in one
+            # COPY (the stamp trigger fires for the row whose ordinal is 1).
+            cur.execute(_RESERVE, {"n": len(messages)})
+            txid, first = (int(v) for v in cur.fetchone())
+            with cur.copy(_COPY_ENTRIES) as copy:
+                copy.set_types(list(_ENTRY_TYPES))
+                for i, (payload, nums) in enumerate(messages):
+                    copy.write_row((client_name, payload, list(nums), now, first + i))
+        return [EntryRef(txid, first + i) for i in range(len(messages))]
 
     def sequence(self) -> int:
         with mapped_errors(), self.engine.connect() as conn, conn.begin():

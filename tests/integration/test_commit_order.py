@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, text, update
 from sqlalchemy.orm import Session
 
-from lr_client import RoutingQueueClient
+from lr_client import EntryRef, LRMessageWithDestinations, RoutingQueueClient
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from tests.conftest import PgSchema
 from tests.kit.wait import join, wait_for
@@ -304,26 +304,36 @@ def test_transactions_that_conflict_on_a_row_are_delivered_in_commit_order(
     b_store.engine.dispose()
 
 
+@pytest.mark.parametrize("n", [1, 3], ids=["single", "batch"])
 def test_savepoints_keep_a_transactions_entries_dense_and_in_order(
-    store: SQLAlchemyQueueStore,
+    store: SQLAlchemyQueueStore, n: int
 ) -> None:
     """Entries rolled back to a savepoint leave no gap and no stamp of their own."""
     client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
     client.register_destinations(["site-b"])
+
+    def send(session: Session, name: str) -> list[EntryRef]:
+        payloads = [f"{name}.{i}".encode() for i in range(n)]
+        if n == 1:
+            return [client.transmit_log_entry_message(session, payloads[0], ["site-b"])]
+        batch = [LRMessageWithDestinations(p, ["site-b"]) for p in payloads]
+        return client.transmit_log_entry_messages(session, batch)
+
     with Session(store.engine) as session, session.begin():
-        with session.begin_nested() as sp:  # the first entry of the transaction, undone
-            client.transmit_log_entry_message(session, b"undone-1", ["site-b"])
+        with session.begin_nested() as sp:  # the first entries of the transaction, undone
+            send(session, "undone-1")
             sp.rollback()
-        kept = [client.transmit_log_entry_message(session, b"k1", ["site-b"])]
+        kept = send(session, "k1")
         with session.begin_nested() as sp:
-            client.transmit_log_entry_message(session, b"undone-2", ["site-b"])
+            send(session, "undone-2")
             sp.rollback()
-        kept.append(client.transmit_log_entry_message(session, b"k2", ["site-b"]))
+        kept += send(session, "k2")
     got = client.positions_of(kept)
     read = store.read_log_entries("site-b", "policy", 0, 10)
-    assert [(e.position, e.payload) for e in read] == list(zip(got, [b"k1", b"k2"], strict=True))
-    assert got[1] == got[0] + 1  # dense: nothing between them was given out
-    assert store.head_position() == got[1]
+    expected = [f"{k}.{i}".encode() for k in ("k1", "k2") for i in range(n)]
+    assert [(e.position, e.payload) for e in read] == list(zip(got, expected, strict=True))
+    assert got == list(range(got[0], got[0] + 2 * n))  # dense: nothing between them given out
+    assert store.head_position() == got[-1]
 
 
 # -- a property: random interleavings of transactions on several connections ----------------
@@ -388,10 +398,16 @@ def test_any_interleaving_reads_each_committed_entry_once_in_commit_order(
                     client.transmit_log_entry_message(conn, b"undone", ["site-b"])
                     sp.rollback()
                     continue
-                for _ in range(int(step[2])):  # type: ignore[call-overload]
-                    n += 1
-                    client.transmit_log_entry_message(conn, b"%d" % n, ["site-b"])
-                    pending[i].append(b"%d" % n)
+                count = int(step[2])  # type: ignore[call-overload]
+                payloads = [b"%d" % (n + k + 1) for k in range(count)]
+                n += count
+                if count == 1:  # one entry, or a batch (its ordinals reserved at once)
+                    client.transmit_log_entry_message(conn, payloads[0], ["site-b"])
+                else:
+                    client.transmit_log_entry_messages(
+                        conn, [LRMessageWithDestinations(p, ["site-b"]) for p in payloads]
+                    )
+                pending[i].extend(payloads)
             elif kind in ("commit", "rollback"):
                 i = int(step[1])  # type: ignore[call-overload]
                 if conns[i].in_transaction():
