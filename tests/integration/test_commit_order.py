@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from lr_client import EntryRef, LRMessageWithDestinations, RoutingQueueClient
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from tests.conftest import PgSchema
+from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.wait import join, wait_for
 
 app_meta = MetaData()
@@ -235,21 +236,6 @@ def test_an_idle_transaction_does_not_hold_back_delivery(store: SQLAlchemyQueueS
         idle.close()
 
 
-def _lock_waiter(pg_schema: PgSchema, tag: str) -> Callable[[], bool]:
-    def waiting() -> bool:
-        with pg_schema.admin.connect() as conn:
-            n = conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE application_name = :tag AND wait_event_type = 'Lock'"
-                ),
-                {"tag": tag},
-            ).scalar_one()
-        return bool(n)
-
-    return waiting
-
-
 def test_transactions_that_conflict_on_a_row_are_delivered_in_commit_order(
     pg_schema: PgSchema,
 ) -> None:
@@ -292,7 +278,9 @@ def test_transactions_that_conflict_on_a_row_are_delivered_in_commit_order(
     a.execute(update(app_rows).where(app_rows.c.id == 1).values(note="a"))
     client.transmit_log_entry_message(a, b"a", ["site-b"])  # does not wait for B
     a_holds_row.set()
-    wait_for(_lock_waiter(pg_schema, tag), 60, what="B waiting for A's row lock")
+    wait_for(
+        lambda: waiting_for_a_lock(pg_schema.admin, tag), 60, what="B waiting for A's row lock"
+    )
     a.commit()
     a.close()
     join(t, 60)

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, open_store, sequencer
 from tests.conftest import PgSchema
+from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.wait import join, wait_for
 
 CLIENT = "policy"
@@ -81,18 +82,6 @@ def test_an_empty_store_has_head_0(store: SQLAlchemyQueueStore) -> None:
     assert store.head_position() == 0
 
 
-def _waiting_for_a_lock(pg_schema: PgSchema, tag: str) -> bool:
-    with pg_schema.admin.connect() as conn:
-        n = conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE application_name = :tag AND wait_event_type = 'Lock'"
-            ),
-            {"tag": tag},
-        ).scalar_one()
-    return bool(n)
-
-
 def test_ticks_take_the_documented_lock_of_their_own_schema(pg_schema: PgSchema) -> None:
     """The key is "LRQ2" and the entries table's oid: a holder stops this schema's ticks only."""
     tag = "lr-tick-" + uuid.uuid4().hex[:8]
@@ -119,7 +108,7 @@ def test_ticks_take_the_documented_lock_of_their_own_schema(pg_schema: PgSchema)
             waiting = threading.Thread(target=tick, args=("store", store))
             waiting.start()
             wait_for(
-                lambda: _waiting_for_a_lock(pg_schema, tag),
+                lambda: waiting_for_a_lock(pg_schema.admin, tag),
                 30,
                 what="the tick waiting for the lock",
             )
