@@ -186,10 +186,13 @@ def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
             if round_:
                 client.request_snapshot_sync("b", reason="test")
             wait_for(lambda r=round_: len(listener.full_syncs) == r + 1, timeout=90)
-            wait_for(lambda: logs_after_last_snapshot() >= 20, timeout=90)
-            # The next request comes once the source has the sink's end ack too: a
-            # request before it would supersede (cancel) a snapshot the sink completed.
+            # The next request comes once the source has the sink's end ack: a request
+            # before it would supersede (cancel) a snapshot the sink completed. By then
+            # every row of this snapshot is applied, so the log entries counted next
+            # are the ones after it: without them, a request would stop the log at once
+            # and the next snapshot's rows would follow this one's with no log between.
             wait_for(lambda: completed(listener.full_syncs[-1]), timeout=90)
+            wait_for(lambda: logs_after_last_snapshot() >= 20, timeout=90)
     finally:
         stop.set()
         for t in threads:
