@@ -887,9 +887,13 @@ def accept_loss(config_path: Path, destination: str, client: str) -> None:
 @config_option
 @click.option("--batch", type=click.IntRange(min=1), help="Rows per transaction.")
 def trim(config_path: Path, batch: int | None) -> None:
-    """Delete send-queue entries every destination has acknowledged; print how many."""
+    """Delete send-queue entries every destination has acknowledged; print how many.
+
+    On PostgreSQL the current slot is closed first, so everything acknowledged goes.
+    """
     config = load_config(config_path)
     with open_site_store(config) as store:
+        store.rotation_period = 0.0
         n = store.trim(batch or config.retention.trim_batch)
     click.echo(f"trimmed {n} entries")
 

@@ -139,6 +139,8 @@ class RetentionConfig:
     soft_fraction: float = 0.5  # a destination past this fraction of a limit is "slow"
     trim_interval: float = 1.0
     trim_batch: int = 5000
+    rotation_period: float = 30.0  # PostgreSQL: seconds a send queue slot stays current
+    max_slots: int = 32  # PostgreSQL: send queue slots at most
 
     def measure(self, backlog: Backlog, now: float) -> tuple[float, bool, bool]:
         """(age of the oldest entry, slow, over a limit) of one stream's backlog.
@@ -431,6 +433,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     retention: RetentionConfig = _section(RetentionConfig, raw.get("retention", {}), "retention")
     if not 0 < retention.soft_fraction <= 1:
         raise ConfigError("retention.soft_fraction: expected a number in (0, 1]")
+    if retention.rotation_period < 0:
+        raise ConfigError("retention.rotation_period: expected a number of seconds >= 0")
+    if not 2 <= retention.max_slots <= 1000:
+        raise ConfigError("retention.max_slots: expected an integer from 2 to 1000")
     receiver: ReceiverConfig = _section(ReceiverConfig, raw.get("receiver", {}), "receiver")
     if receiver.idle_call_timeout <= 0:
         raise ConfigError("receiver.idle_call_timeout: expected a positive number")

@@ -132,6 +132,8 @@ class SiteServer:
         """Retention (drops, backpressure, lag metrics) then trim, on a schedule."""
         interval = self.config.retention.trim_interval
         policy = RetentionPolicy(self.store, self.config)
+        self.store.rotation_period = self.config.retention.rotation_period
+        self.store.max_slots = self.config.retention.max_slots
         analyzed = time.monotonic()
         while not stop.wait(interval):
             try:

@@ -56,6 +56,7 @@ STORE_FILES = [
     "lr_client/store/sqlite.py",
     "lr_client/store/postgres.py",
     "lr_client/store/sequencer.py",
+    "lr_client/store/slots.py",
 ]
 #: The store contract suite, one module per role. mutmut wants every selected test
 #: green on the unmutated code; the checks of a store on an empty database reach no
@@ -106,15 +107,17 @@ TARGETS: dict[str, Target] = {
             *_methods(
                 RETENTION, "trim", "_acked_positions", "drop_stream", "list_drops", "clear_drop"
             ),
-            *_methods(SQLITE, "_trim_log", "_trim_client"),
-            *_methods(PG, "_trim_log"),
+            *_methods(SQLITE, "_trim_send_log", "_trim_log", "_trim_client"),
+            *_methods(PG, "_trim_send_log"),
+            "lr_client.store.slots.*",
         ],
         [
             "tests/integration/test_trim.py",
             "tests/integration/test_trim_property.py",
+            "tests/integration/test_send_slots.py",
             *CONTRACT,
         ],
-        "trim watermark, open snapshot bases, drops",
+        "trim watermark, open snapshot bases, drops, send queue slots",
         (("LR_TRIM_EXAMPLES", "25"),),
     ),
     "receive": Target(

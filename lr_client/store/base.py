@@ -87,6 +87,11 @@ class StoreBase(abc.ABC):
     consistent_isolation: str | None = None
     #: The dialect's INSERT construct (it has ``on_conflict_do_nothing/update``).
     dialect_insert: Any = None
+    #: PostgreSQL: seconds a slot of the send queue stays current before a trim
+    #: closes it (0: every trim closes it). SQLite trims rows and ignores it.
+    rotation_period: float = 30.0
+    #: PostgreSQL: slots are added while the others are pinned, up to this many.
+    max_slots: int = 32
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -207,8 +212,11 @@ class StoreBase(abc.ABC):
         """``position, created_at`` of a stream's entries after ``after`` (no payloads)."""
 
     @abc.abstractmethod
-    def _trim_log(self, conn: Connection, batch_size: int) -> int:
-        """Delete up to ``batch_size`` acknowledged entries, raising the trim marks."""
+    def _trim_send_log(self, batch_size: int, max_batches: int | None) -> int:
+        """Retire the log entries every destination has passed, raising the trim marks.
+
+        Returns how many entries went.
+        """
 
     def _lock_stream(  # noqa: B027 (a hook: SQLite needs no lock)
         self, conn: Connection, source_id: str, client_name: str

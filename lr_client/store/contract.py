@@ -273,8 +273,20 @@ class Snapshots(Transactions, Protocol):
 class Retention(Protocol):
     """What the send queue keeps: trim, dropped and stopped streams, flow control."""
 
+    #: PostgreSQL retires the send queue a slot at a time (a whole partition of
+    #: each of its tables, by TRUNCATE): a trim closes the current slot once it
+    #: has been current this many seconds (0: at every trim). SQLite ignores it.
+    rotation_period: float
+    #: PostgreSQL: slots are added while every other one is pinned, up to this many.
+    max_slots: int
+
     def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
-        """Delete entries every destination has acknowledged; return how many."""
+        """Delete entries every destination has acknowledged; return how many.
+
+        SQLite deletes rows, at most ``batch_size`` per transaction and
+        ``max_batches`` transactions. PostgreSQL retires every closed slot
+        whose entries each destination has passed, whatever the batch bounds.
+        """
 
     def drop_stream(
         self,

@@ -16,6 +16,7 @@ entries) with the columns of SQLite's table, so readers share their queries.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -23,14 +24,16 @@ from typing import Any
 from sqlalchemy import literal, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from lr_client.records import EntryRef, ReplicationType, WireEntry
 from lr_client.store import schema as s
-from lr_client.store import sequencer
+from lr_client.store import sequencer, slots
 from lr_client.store.base import mapped_errors
 from lr_client.store.receiving import recv_base
 from lr_client.store.sqla import SQLAlchemyQueueStore
+
+log = logging.getLogger(__name__)
 
 _INSERT = (
     "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at) "
@@ -70,40 +73,6 @@ _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
 _SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload"
 _COPY_SNAPSYNC = f"COPY {s.send_snapsync.name} ({_SNAPSYNC_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 
-_TRIM = text(
-    """
-    WITH acked(dest_num, client_name, position) AS (
-        SELECT * FROM unnest(CAST(:nums AS smallint[]), CAST(:clients AS text[]),
-                             CAST(:positions AS bigint[]))
-    ), victims AS (
-        SELECT p.position FROM lrq_send_positions p
-        WHERE NOT EXISTS (
-            SELECT 1 FROM unnest(p.dest_nums) AS d(num)
-            WHERE NOT EXISTS (
-                SELECT 1 FROM acked a
-                WHERE a.dest_num = d.num AND a.client_name = p.client_name
-                  AND a.position >= p.position))
-        ORDER BY p.position
-        LIMIT :batch
-    ), deleted AS (
-        DELETE FROM lrq_send_positions WHERE position IN (SELECT position FROM victims)
-        RETURNING position, client_name, dest_nums, txid, ord
-    ), entries AS (
-        DELETE FROM lrq_send_entries e USING deleted x WHERE e.txid = x.txid AND e.ord = x.ord
-    ), marks AS (
-        INSERT INTO lrq_trim_marks (dest_num, client_name, trimmed_through)
-        SELECT d.num, x.client_name, max(x.position)
-        FROM deleted x CROSS JOIN LATERAL unnest(x.dest_nums) AS d(num)
-        GROUP BY d.num, x.client_name
-        ON CONFLICT (dest_num, client_name) DO UPDATE
-        SET trimmed_through = GREATEST(lrq_trim_marks.trimmed_through,
-                                       EXCLUDED.trimmed_through)
-    )
-    SELECT count(*) FROM deleted
-    """
-)
-
-
 #: A tick that sequenced at least this many entries refreshes the planner's statistics.
 ANALYZE_AFTER_TICK = 5000
 
@@ -114,6 +83,15 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     consistent_isolation = "REPEATABLE READ"
 
     _tick_key: int | None = None
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self._slot_marks: slots.MarksCache = {}
+
+    def _tick_lock(self, conn: Connection) -> int:
+        if self._tick_key is None:
+            self._tick_key = sequencer.lock_key(conn)
+        return self._tick_key
 
     def _insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
@@ -143,9 +121,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
 
     def sequence(self) -> int:
         with mapped_errors(), self.engine.connect() as conn, conn.begin():
-            if self._tick_key is None:
-                self._tick_key = sequencer.lock_key(conn)
-            n = sequencer.tick(conn, self._tick_key)[1]
+            n = sequencer.tick(conn, self._tick_lock(conn))[1]
         if n >= ANALYZE_AFTER_TICK:
             # A burst (a backlog committed while nothing read): the readers'
             # plans need the new rows counted before the next read, not at
@@ -230,24 +206,39 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                     )
                 )
 
-    def _trim_log(self, conn: Connection, batch_size: int) -> int:
-        # Before the snapshot is taken (the first query): no cursor changes until
-        # this trim commits. A session lowering a cursor to replay for a sink
-        # behind it then either waits for this trim and reads its trim marks,
-        # or committed first and this trim sees the lowered cursor. (SQLite
-        # serialises writers: the same holds there by construction.)
-        conn.execute(text("LOCK TABLE lrq_cursors IN SHARE MODE"))
-        acked = self._acked_positions(conn)
-        params = {
-            "nums": [k[0] for k in acked],
-            "clients": [k[1] for k in acked],
-            "positions": [v for v in acked.values()],
-            "batch": batch_size,
-        }
-        # The trim marks rise in the statement that deletes (see ``trimmed_through``).
-        deleted = int(conn.execute(_TRIM, params).scalar_one())
-        sequencer.forget(conn, batch_size)
-        return deleted
+    def _trim_send_log(self, batch_size: int, max_batches: int | None) -> int:
+        # Whole slots, not rows (see :mod:`lr_client.store.slots`): the batch
+        # bounds of the row trim do not apply.
+        with self.write() as conn:
+            done = slots.retire(
+                conn,
+                self._tick_lock(conn),
+                self._acked_positions,
+                self._record_trim_marks,
+                period=self.rotation_period,
+                max_slots=self.max_slots,
+                cache=self._slot_marks,
+            )
+        if done.rotated_to is not None or done.retired or done.busy:
+            log.info(
+                "send queue slots",
+                extra={
+                    "rotated_to": done.rotated_to,
+                    "retired": list(done.retired),
+                    "entries": done.entries,
+                },
+            )
+        return done.entries
+
+    def rotate_send_log(self) -> int | None:
+        """Close the current slot now (if it holds entries); the new current slot."""
+        with self.write() as conn:
+            return slots.rotate(conn, self._tick_lock(conn), max_slots=self.max_slots)
+
+    def send_slots(self) -> list[slots.SlotInfo]:
+        """The send queue's slots: which is current, entries and bytes in each."""
+        with self.read() as conn:
+            return slots.slot_sizes(conn)
 
 
 __all__ = ["PostgresQueueStore"]

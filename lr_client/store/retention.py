@@ -1,7 +1,7 @@
 """The :class:`~lr_client.store.contract.Retention` role: trim, drops, stops, flow control.
 
 Written by the server's retention policy and the sender sessions' edge
-cases; the dialects implement the trim itself (``_trim_log``) over
+cases; the dialects implement the trim itself (``_trim_send_log``) over
 :meth:`RetentionStore._acked_positions`.
 """
 
@@ -23,18 +23,7 @@ class RetentionStore(StoreBase):
     """What the send queue keeps, and the records of streams it gave up."""
 
     def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
-        self.sequence()  # PostgreSQL: trim judges sequenced entries only
-        total = 0
-        batches = 0
-        while max_batches is None or batches < max_batches:
-            # One snapshot for the acknowledgements read and the delete, so an
-            # entry committed meanwhile is never judged by stale acknowledgements.
-            with self.write(consistent=True) as conn:
-                n = self._trim_log(conn, batch_size)
-            total += n
-            batches += 1
-            if n < batch_size:
-                break
+        total = self._trim_send_log(batch_size, max_batches)
         with self.write() as conn:
             done = select(s.snapshots.c.snapshot_id).where(
                 s.snapshots.c.status.in_(

@@ -23,6 +23,8 @@ Queue layout:
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -44,7 +46,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = MetaData()
 
@@ -92,6 +94,22 @@ SEQUENCER_TABLES = (
     "lrq_send_blocks",
     "lrq_send_ticks",
 )
+#: Revision 0006 puts each of them in slots (one partition per slot,
+#: ``<table>_s<n>``), listed in ``lrq_send_slots``, the current one in
+#: ``lrq_send_state`` (:mod:`lr_client.store.slots`).
+SLOT_TABLES = ("lrq_send_state", "lrq_send_slots")
+_SLOT_PARTITION = re.compile("(" + "|".join(SEQUENCER_TABLES) + r")_s\d+")
+
+
+def made_in_sql(name: str) -> bool:
+    """Whether a PostgreSQL table is made by a revision's SQL rather than declared here."""
+    return (
+        name in SEQUENCER_TABLES
+        or name in SLOT_TABLES
+        or _SLOT_PARTITION.fullmatch(name) is not None
+    )
+
+
 Index("lrq_send_log_entries_client", send_log_entries.c.client_name, send_log_entries.c.position)
 Index(
     "lrq_send_log_entries_dests",
@@ -283,9 +301,11 @@ session_status = Table(
 __all__ = [
     "SCHEMA_VERSION",
     "SEQUENCER_TABLES",
+    "SLOT_TABLES",
     "cursors",
     "drops",
     "flow_control",
+    "made_in_sql",
     "meta",
     "metadata",
     "queue_registry",

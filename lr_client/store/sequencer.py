@@ -48,6 +48,7 @@ TICK_LOCK_KEY = 0x4C525132
 _TABLE_OID = text("SELECT CAST(CAST('lrq_send_entries' AS regclass) AS oid)")
 
 _LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+_NO_JIT = text("SET LOCAL jit = off")
 
 # One statement, so one snapshot: pg_current_snapshot() is the snapshot the
 # statement reads the stamps with.
@@ -58,36 +59,39 @@ _TICK = text(
                pg_snapshot_xmax(pg_current_snapshot()) < pg_snapshot_xmax(snap) AS went_back
         FROM lrq_send_ticks ORDER BY tick_id DESC LIMIT 1
     ), fresh AS (
-        SELECT c.txid, c.commit_seq FROM lrq_send_commits c, last
+        SELECT c.slot, c.txid, c.commit_seq FROM lrq_send_commits c, last
         WHERE NOT last.went_back AND c.txid >= pg_snapshot_xmax(last.snap)
         UNION ALL
-        SELECT c.txid, c.commit_seq FROM lrq_send_commits c, last
+        SELECT c.slot, c.txid, c.commit_seq FROM lrq_send_commits c, last
         WHERE NOT last.went_back AND c.txid IN (SELECT pg_snapshot_xip(last.snap))
         UNION ALL
         -- Transaction ids went back (a database restored from a logical dump):
         -- the last snapshot means nothing here; take every stamp not sequenced.
-        SELECT c.txid, c.commit_seq FROM lrq_send_commits c, last
+        SELECT c.slot, c.txid, c.commit_seq FROM lrq_send_commits c, last
         WHERE last.went_back
-          AND NOT EXISTS (SELECT 1 FROM lrq_send_blocks b WHERE b.txid = c.txid)
+          AND NOT EXISTS (SELECT 1 FROM lrq_send_blocks b
+                          WHERE b.txid = c.txid AND b.slot = c.slot)
     ), sized AS (
-        SELECT f.txid, f.commit_seq,
-               coalesce((SELECT max(e.ord) FROM lrq_send_entries e WHERE e.txid = f.txid), 0)
-                   AS size
+        SELECT f.slot, f.txid, f.commit_seq,
+               coalesce((SELECT max(e.ord) FROM lrq_send_entries e
+                         WHERE e.txid = f.txid AND e.slot = f.slot), 0) AS size
         FROM fresh f
     ), blocks AS (
-        SELECT s.txid, s.size,
+        SELECT s.slot, s.txid, s.size,
                last.head + sum(s.size) OVER (ORDER BY s.commit_seq) - s.size AS base
         FROM sized s, last
     ), new_blocks AS (
-        INSERT INTO lrq_send_blocks (txid, base, size, tick_id)
-        SELECT b.txid, b.base, b.size, last.tick_id + 1 FROM blocks b, last
+        INSERT INTO lrq_send_blocks (slot, txid, base, size, tick_id)
+        SELECT b.slot, b.txid, b.base, b.size, last.tick_id + 1 FROM blocks b, last
     ), new_positions AS (
-        INSERT INTO lrq_send_positions (position, txid, ord, client_name, dest_nums, created_at)
-        SELECT b.base + e.ord, e.txid, e.ord, e.client_name, e.dest_nums, e.created_at
-        FROM blocks b JOIN lrq_send_entries e ON e.txid = b.txid
+        INSERT INTO lrq_send_positions
+            (slot, position, txid, ord, client_name, dest_nums, created_at)
+        SELECT e.slot, b.base + e.ord, e.txid, e.ord, e.client_name, e.dest_nums, e.created_at
+        FROM blocks b JOIN lrq_send_entries e ON e.txid = b.txid AND e.slot = b.slot
     ), new_tick AS (
-        INSERT INTO lrq_send_ticks (tick_id, snap, head, ticked_at)
-        SELECT last.tick_id + 1, pg_current_snapshot(),
+        -- The newest tick is always in the current slot, which is never retired.
+        INSERT INTO lrq_send_ticks (slot, tick_id, snap, head, ticked_at)
+        SELECT (SELECT cur_slot FROM lrq_send_state), last.tick_id + 1, pg_current_snapshot(),
                last.head + (SELECT sum(size) FROM blocks), :now
         FROM last WHERE EXISTS (SELECT 1 FROM blocks)
     )
@@ -101,28 +105,6 @@ _BASES = text(
     "SELECT CAST(CAST(txid AS text) AS bigint), base FROM lrq_send_blocks "
     "WHERE txid = ANY(CAST(CAST(:txids AS text[]) AS xid8[]))"
 )
-
-#: Sequenced stamps are never read again (the next tick's snapshot has passed
-#: them). A block (what ``positions_of`` reads) and its tick are kept for
-#: :data:`KEEP_S` after the tick and while the transaction's entries are stored.
-_FORGET = (
-    text("DELETE FROM lrq_send_commits c USING lrq_send_blocks b WHERE c.txid = b.txid"),
-    text(
-        "DELETE FROM lrq_send_blocks b WHERE b.txid IN ("
-        "  SELECT b2.txid FROM lrq_send_blocks b2"
-        "  WHERE b2.tick_id < (SELECT coalesce(min(tick_id) FILTER (WHERE ticked_at >= :horizon),"
-        "                                      max(tick_id) + 1) FROM lrq_send_ticks)"
-        "    AND NOT EXISTS (SELECT 1 FROM lrq_send_entries e WHERE e.txid = b2.txid)"
-        "  LIMIT :batch)"
-    ),
-    text(
-        "DELETE FROM lrq_send_ticks WHERE ticked_at < :horizon "
-        "AND tick_id < (SELECT max(tick_id) FROM lrq_send_ticks)"
-    ),
-)
-
-#: How long a position stays known to ``positions_of`` after its entry is trimmed.
-KEEP_S = 60.0
 
 
 def lock_key(conn: Connection) -> int:
@@ -139,6 +121,10 @@ def tick(conn: Connection, key: int) -> tuple[int, int]:
     tick. Commit right after.
     """
     conn.execute(_LOCK, {"key": key})
+    # The tick's cost estimate over many slots' partitions (some just truncated,
+    # without statistics) can pass the JIT threshold: compiling then costs far
+    # more than the tick itself.
+    conn.execute(_NO_JIT)
     row = conn.execute(_TICK, {"now": time.time()}).one()
     return int(row[0]), int(row[1])
 
@@ -149,17 +135,9 @@ def head(conn: Connection) -> int:
 
 
 def bases(conn: Connection, txids: Sequence[int]) -> dict[int, int]:
-    """{txid: base} of the given transactions that were sequenced and not yet forgotten."""
+    """{txid: base} of the given transactions that were sequenced and whose slot is kept."""
     rows = conn.execute(_BASES, {"txids": [str(t) for t in txids]}).all()
     return {int(t): int(b) for t, b in rows}
 
 
-def forget(conn: Connection, batch: int, now: float | None = None) -> None:
-    """Delete sequenced stamps, and blocks and ticks older than :data:`KEEP_S` no entry needs."""
-    horizon = (time.time() if now is None else now) - KEEP_S
-    params = {"batch": batch, "horizon": horizon}
-    for statement in _FORGET:
-        conn.execute(statement, params)
-
-
-__all__ = ["KEEP_S", "TICK_LOCK_KEY", "bases", "forget", "head", "lock_key", "tick"]
+__all__ = ["TICK_LOCK_KEY", "bases", "head", "lock_key", "tick"]

@@ -99,6 +99,21 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         with self.read() as own:
             return int(own.execute(query).scalar() or 0)
 
+    def _trim_send_log(self, batch_size: int, max_batches: int | None) -> int:
+        # Rows, in batches: SQLite has no dead tuples (freed pages are reused).
+        total = 0
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            # One transaction for the acknowledgements read and the delete, so an
+            # entry committed meanwhile is never judged by stale acknowledgements.
+            with self.write(consistent=True) as conn:
+                n = self._trim_log(conn, batch_size)
+            total += n
+            batches += 1
+            if n < batch_size:
+                break
+        return total
+
     def _trim_log(self, conn: Connection, batch_size: int) -> int:
         streams: dict[str, dict[int, int]] = {}
         for (num, client), position in self._acked_positions(conn).items():

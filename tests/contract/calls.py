@@ -13,7 +13,7 @@ from lr_client.errors import SchemaError, StoreUnavailableError
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store.contract import QueueStore, Sites, Transactions
 from tests.contract.outage import Outage
-from tests.kit.positions import positions
+from tests.kit.positions import new_slot, positions
 
 T = TypeVar("T")
 
@@ -38,6 +38,18 @@ def append(store: QueueStore, client: str, *rows: tuple[bytes, list[str]]) -> li
             conn, client, [(p, [nums[d] for d in ds]) for p, ds in rows]
         )
     return positions(store, refs)
+
+
+def append_apart(store: QueueStore, client: str, *rows: tuple[bytes, list[str]]) -> list[int]:
+    """Each row in a transaction and (PostgreSQL) a send queue slot of its own; positions.
+
+    A trim then retires entry by entry on both backends (:func:`new_slot`).
+    """
+    out: list[int] = []
+    for row in rows:
+        new_slot(store)
+        out += append(store, client, row)
+    return out
 
 
 def log(*positions: int) -> list[WireEntry]:

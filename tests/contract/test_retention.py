@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from lr_client.records import SnapshotStatus
 from lr_client.store.contract import QueueStore, Retention
-from tests.contract.calls import across_outage, append, refused_for_no_schema
+from tests.contract.calls import across_outage, append_apart, refused_for_no_schema
 from tests.contract.outage import Outage
 
 
@@ -15,7 +15,7 @@ def _positions(store: QueueStore, destination: str) -> list[int]:
 
 
 def test_trim_keeps_what_a_destination_needs(store: QueueStore) -> None:
-    p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
+    p = append_apart(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
     store.set_cursor("b", "policy", p[2])
     assert store.trim() == 1  # only 2: 1 and 3 still wait for c
     assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"1", b"3"]
@@ -28,12 +28,16 @@ def test_trim_keeps_what_a_destination_needs(store: QueueStore) -> None:
     store.set_cursor("c", "policy", p[2])
     store.trim()
     assert store.read_client_log("policy", 0, 10) == []
-    assert append(store, "policy", (b"4", ["b"]))[0] > p[2]
+    assert append_apart(store, "policy", (b"4", ["b"]))[0] > p[2]
 
 
 def test_trim_in_batches_deletes_all_that_is_acknowledged(store: QueueStore) -> None:
-    p = append(store, "policy", *[(b"%d" % i, ["b"]) for i in range(7)])
+    p = append_apart(store, "policy", *[(b"%d" % i, ["b"]) for i in range(7)])
     store.set_cursor("b", "policy", p[4])
+    if store.dialect == "postgresql":  # whole slots: the batch bounds SQLite's row deletes
+        assert store.trim(batch_size=2, max_batches=1) == 5
+        assert _positions(store, "b") == p[5:]
+        return
     assert store.trim(batch_size=2, max_batches=1) == 2
     assert [e.position for e in store.read_client_log("policy", 0, 10)] == p[2:]  # the oldest
     assert store.trim(batch_size=2) == 3
@@ -42,10 +46,10 @@ def test_trim_in_batches_deletes_all_that_is_acknowledged(store: QueueStore) -> 
 
 
 def test_trim_keeps_what_follows_an_open_snapshots_base(store: QueueStore) -> None:
-    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    p = append_apart(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     sid = store.request_snapshot(None, "b", "policy")
     store.start_snapshot(sid)  # base p[1]
-    q = append(store, "policy", (b"3", ["b"]))
+    q = append_apart(store, "policy", (b"3", ["b"]))
     store.set_cursor("b", "policy", q[0])
     store.trim()
     assert _positions(store, "b") == q  # what follows the base stays
@@ -69,7 +73,7 @@ def test_trim_releases_the_entries_of_closed_snapshots(store: QueueStore) -> Non
 
 
 def test_trim_marks_follow_what_trim_deleted(store: QueueStore) -> None:
-    p = append(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
+    p = append_apart(store, "policy", (b"1", ["b", "c"]), (b"2", ["b"]), (b"3", ["c"]))
     assert store.trimmed_through("b", "policy") == 0
     store.set_cursor("b", "policy", p[2])
     store.trim()
@@ -84,7 +88,7 @@ def test_trim_marks_follow_what_trim_deleted(store: QueueStore) -> None:
 
 
 def test_drop_releases_backlog(store: QueueStore) -> None:
-    append(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]))
+    append_apart(store, "policy", (b"1", ["b", "c"]), (b"2", ["c"]))
     store.register_sites(["b"])
     drop = store.drop_stream("c", "policy", "too far behind")
     assert drop is not None and drop.first_dropped_position == 1
@@ -101,7 +105,7 @@ def test_drop_releases_backlog(store: QueueStore) -> None:
 
 
 def test_a_drop_is_recorded_once(store: QueueStore) -> None:
-    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]), (b"3", ["c"]))
+    p = append_apart(store, "policy", (b"1", ["b"]), (b"2", ["b"]), (b"3", ["c"]))
     store.set_cursor("b", "policy", p[0])
     first = store.drop_stream("b", "policy", "behind")
     assert first is not None and first.first_dropped_position == p[0] + 1
@@ -116,7 +120,7 @@ def test_a_drop_is_recorded_once(store: QueueStore) -> None:
 
 
 def test_an_unknown_destination_is_not_dropped(store: QueueStore) -> None:
-    p = append(store, "policy", (b"1", ["b"]))
+    p = append_apart(store, "policy", (b"1", ["b"]))
     assert store.drop_stream("unknown", "policy", "x") is None
     assert store.list_drops() == []
     assert store.get_cursor("unknown", "policy").needs_snapshot is False
@@ -124,7 +128,7 @@ def test_an_unknown_destination_is_not_dropped(store: QueueStore) -> None:
 
 
 def test_a_stopped_stream_is_recorded_accepted_and_resumed(store: QueueStore) -> None:
-    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    p = append_apart(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     store.set_cursor("b", "policy", p[1])
     store.trim()
     assert store.get_stream_stop("b", "policy") is None
@@ -186,7 +190,7 @@ def test_a_retention_method_on_an_empty_database_is_a_schema_error(
 
 
 def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
-    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    p = append_apart(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     store.set_cursor("b", "policy", p[0])
     across_outage(outage, store.trim)
     assert _positions(store, "b") == p[1:]
@@ -224,7 +228,7 @@ def test_unknown_streams_have_no_records(store: Retention) -> None:
 
 
 def test_stops_and_drops_survive_a_lost_connection(store: QueueStore, outage: Outage) -> None:
-    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
+    p = append_apart(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
     drop = across_outage(outage, lambda: store.drop_stream("b", "policy", "too slow"))
     assert drop is None or drop.first_dropped_position == p[0]  # None: recorded before
     assert [(d.destination, d.client_name) for d in across_outage(outage, store.list_drops)] == [
@@ -254,7 +258,7 @@ def test_site_numbers_that_share_digits_are_kept_apart(store: QueueStore) -> Non
     sites = [f"s{i:02d}" for i in range(1, 13)]
     nums = store.register_sites(sites)
     one, eleven, twelve = (next(s for s, n in nums.items() if n == k) for k in (1, 11, 12))
-    p = append(
+    p = append_apart(
         store, "policy", (b"to 11", [eleven]), (b"to 1", [one]), (b"to 1 and 12", [one, twelve])
     )
     assert [e.payload for e in store.read_log_entries(one, "policy", 0, 10)] == [
@@ -278,8 +282,29 @@ def test_site_numbers_that_share_digits_are_kept_apart(store: QueueStore) -> Non
 
 
 def test_an_entry_for_a_destination_without_a_cursor_stays(store: QueueStore) -> None:
-    p = append(store, "policy", (b"b and c", ["b", "c"]), (b"b", ["b"]))
+    p = append_apart(store, "policy", (b"b and c", ["b", "c"]), (b"b", ["b"]))
     store.set_cursor("b", "policy", p[1])  # c never connected: no cursor
     assert store.trim() == 1
     assert [e.payload for e in store.read_client_log("policy", 0, 10)] == [b"b and c"]
     assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"b and c"]
+
+
+def test_a_slot_is_closed_by_a_trim_once_its_rotation_period_passed(store: QueueStore) -> None:
+    """PostgreSQL retires whole slots, and the current one only once closed; SQLite rows."""
+    p = append_apart(store, "policy", (b"1", ["b"]))
+    store.set_cursor("b", "policy", p[0])
+    store.rotation_period = 3600.0
+    assert store.trim() == (0 if store.dialect == "postgresql" else 1)
+    store.rotation_period = 0.0
+    store.trim()
+    assert store.read_client_log("policy", 0, 10) == []
+
+
+def test_a_slot_limit_never_costs_an_entry_a_destination_needs(store: QueueStore) -> None:
+    store.max_slots = 2
+    p = append_apart(store, "policy", *[(b"%d" % i, ["c"]) for i in range(5)])
+    store.trim()  # c acknowledged nothing: every slot is pinned
+    assert _positions(store, "c") == p
+    store.set_cursor("c", "policy", p[2])
+    store.trim()
+    assert _positions(store, "c")[-2:] == p[3:]

@@ -24,6 +24,7 @@ from lr_client.store.lifecycle import LEGACY_REVISION, VERSION_TABLE, head_revis
 from lr_server.cli import EXIT_FAILED, EXIT_NEWER, EXIT_PENDING, EXIT_USAGE, cli
 from tests.integration.test_schema_lifecycle import make_legacy_v1
 from tests.kit.guards import need
+from tests.kit.positions import new_slot
 from tests.kit.procs import LrServer, track
 from tests.kit.sites import free_port, wait_for
 from tests.kit.wait import scaled
@@ -96,9 +97,11 @@ def site(tmp_path: Path, db_url: str, store: SQLAlchemyQueueStore) -> Path:
 
 
 def transmit(store: SQLAlchemyQueueStore, client: str, rows: list[tuple[bytes, list[str]]]) -> None:
+    """Each row in a transaction and (PostgreSQL) a slot of its own: trims go entry by entry."""
     sender = RoutingQueueClient(store, source_id="site-a", client_name=client)
-    with store.engine.begin() as conn:
-        for payload, dests in rows:
+    for payload, dests in rows:
+        new_slot(store)
+        with store.engine.begin() as conn:
             sender.transmit_log_entry_message(conn, payload, dests)
 
 

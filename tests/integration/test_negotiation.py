@@ -16,17 +16,20 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import REGISTRY
 from sqlalchemy import Column, Integer, MetaData, String, Table, delete, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import SQLAlchemyQueueStore, slots
 from lr_client.store import schema as s
+from lr_client.store.postgres import PostgresQueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.cli import cli
 from lr_server.status import StreamState, collect_status
 from tests.kit import kvapp
+from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for
 
 NO_AUTO_TRIM = "[retention]\ntrim_interval = 3600\n"
@@ -348,8 +351,9 @@ def test_a_full_sync_request_for_a_client_without_provider_is_cancelled(sites: S
 def test_trim_marks_follow_each_destination(store: SQLAlchemyQueueStore) -> None:
     client = RoutingQueueClient(store, source_id="a", client_name="policy")
     client.register_destinations(["b", "c"])
-    with store.engine.begin() as conn:
-        for dests in (["b"], ["b", "c"], ["c"], ["b"], ["c"]):  # positions 1..5
+    for dests in (["b"], ["b", "c"], ["c"], ["b"], ["c"]):  # positions 1..5
+        new_slot(store)  # PostgreSQL: each apart, so a trim retires entry by entry
+        with store.engine.begin() as conn:
             client.transmit_log_entry_message(conn, b"x", dests)
     store.set_cursor("b", "policy", 4)
     store.set_cursor("c", "policy", 2)
@@ -558,9 +562,17 @@ def test_a_cursor_lowered_during_a_trim_waits_for_its_trim_marks(
         store.set_cursor("b", "policy", 2)
         marks.append(store.trimmed_through("b", "policy"))
 
+    def trim_in(conn: Connection) -> int:
+        """The trim's own transaction, left open: how many entries it retires."""
+        if isinstance(store, PostgresQueueStore):
+            key = store._tick_lock(conn)
+            acked, record = store._acked_positions, store._record_trim_marks
+            return slots.retire(conn, key, acked, record, period=0.0).entries
+        return store._trim_log(conn, 100)
+
     replay = threading.Thread(target=session_replays_after_2)
-    with store.write(consistent=True) as conn:
-        assert store._trim_log(conn, 100) == 5  # judged by cursor 5, not yet committed
+    with store.write(consistent=store.dialect == "sqlite") as conn:
+        assert trim_in(conn) == 5  # judged by cursor 5, not yet committed
         replay.start()
         if store.dialect == "postgresql":  # the cursor write waits for this trim
 

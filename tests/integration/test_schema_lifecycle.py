@@ -23,9 +23,11 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueSubscriber
 from lr_client.errors import SchemaError
 from lr_client.listener import RoutingQueueMessage
+from lr_client.records import EntryRef
 from lr_client.store import create_engine, lifecycle, open_store
 from lr_client.store import schema as s
 from lr_client.store.lifecycle import SchemaState
+from lr_client.store.postgres import PostgresQueueStore
 from tests.conftest import PgSchema
 from tests.kit.procs import lr_env
 from tests.kit.sites import Sites, SiteSpec, wait_for, write_config
@@ -51,10 +53,7 @@ def _diff(conn: Connection) -> list[object]:
             "compare_type": True,
             "compare_server_default": True,
             "include_name": lambda name, kind, _parent: (
-                not (
-                    kind == "table"
-                    and (name == lifecycle.VERSION_TABLE or name in s.SEQUENCER_TABLES)
-                )
+                not (kind == "table" and (name == lifecycle.VERSION_TABLE or s.made_in_sql(name)))
             ),
         },
     )
@@ -69,7 +68,7 @@ def _indexes(conn: Connection) -> dict[str, list[tuple[str, tuple[str, ...], boo
             for i in insp.get_indexes(t)
         )
         for t in insp.get_table_names()
-        if t != lifecycle.VERSION_TABLE and t not in s.SEQUENCER_TABLES  # not declared: SQL
+        if t != lifecycle.VERSION_TABLE and not s.made_in_sql(t)  # not declared: SQL
     }
 
 
@@ -86,7 +85,9 @@ def test_upgrading_an_empty_database_gives_the_declared_schema(db_url: str) -> N
             views = set(inspect(conn).get_view_names())
         expected = {t.name for t in _dialect_metadata(engine.dialect.name).sorted_tables}
         if engine.dialect.name == "postgresql":
-            expected |= set(s.SEQUENCER_TABLES)
+            made = {n for n in names if s.made_in_sql(n)}
+            assert made >= {*s.SEQUENCER_TABLES, *s.SLOT_TABLES, "lrq_send_entries_s0"}
+            names -= made
             assert views == {s.send_log_entries.name}
         else:
             assert views == set()
@@ -517,10 +518,82 @@ def test_revision_0005_keeps_queued_snapshot_entries_without_a_base(db_url: str)
                     {"t": kind, "p": pos, "b": b"x"},
                 )
         store = open_store(engine)
-        assert store.create_schema().pending == ("0005",)
+        assert store.create_schema().pending[0] == "0005"
         listener = _BaseRecorder()
         with RoutingQueueSubscriber(store, "policy", listener) as sub:
             assert sub.poll_once() == 2
         assert listener.events == [("start", None), ("rows", 2), ("end", None)]
     finally:
         engine.dispose()
+
+
+def test_revision_0006_moves_the_send_queue_into_slots_keeping_every_position(
+    pg_schema: PgSchema,
+) -> None:
+    """A PostgreSQL send queue of revision 0005 keeps its entries and positions in slot 0.
+
+    Three transactions were sequenced before the upgrade (at positions 10..12,
+    as a queue trimmed below them would have); a fourth committed without being
+    sequenced and gets 13 after it; new transmissions follow; the old slot is
+    retired once acknowledged.
+    """
+    engine = pg_schema.engine()
+    insert = text(
+        "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at)"
+        " VALUES ('policy', :p, '{1}', 1.0) RETURNING CAST(CAST(txid AS text) AS bigint)"
+    )
+    with engine.connect() as conn, conn.begin():
+        command.upgrade(lifecycle._config(conn), "0005")
+        conn.execute(text("INSERT INTO lrq_sites (site_num, site_id) VALUES (1, 'b')"))
+    txids = []
+    for i in (1, 2, 3):
+        with engine.begin() as conn:
+            txids.append(conn.execute(insert, {"p": b"old%d" % i}).scalar_one())
+    with engine.begin() as conn:  # what a tick of revision 0005 wrote for them
+        for k, txid in enumerate(txids):
+            params = {"t": str(txid), "pos": 10 + k}
+            conn.execute(
+                text(
+                    "INSERT INTO lrq_send_blocks (txid, base, size, tick_id)"
+                    " VALUES (CAST(:t AS xid8), :pos - 1, 1, 2)"
+                ),
+                params,
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO lrq_send_positions (position, txid, ord, client_name, dest_nums,"
+                    " created_at) VALUES (:pos, CAST(:t AS xid8), 1, 'policy', '{1}', 1.0)"
+                ),
+                params,
+            )
+        conn.execute(
+            text(
+                "INSERT INTO lrq_send_ticks (tick_id, snap, head, ticked_at)"
+                " VALUES (2, pg_current_snapshot(), 12, 2.0)"
+            )
+        )
+    with engine.begin() as conn:  # committed, not sequenced before the upgrade
+        late = EntryRef(conn.execute(insert, {"p": b"late"}).scalar_one(), 1)
+    with engine.connect() as conn, conn.begin():
+        command.upgrade(lifecycle._config(conn), "0006")
+    store = open_store(engine)
+    assert isinstance(store, PostgresQueueStore)
+    client = RoutingQueueClient(store, "a", "policy")
+    assert client.positions_of([late]) == [13]
+    with engine.begin() as conn:
+        ref = client.transmit_log_entry_message(conn, b"new", ["b"])
+    assert client.positions_of([ref]) == [14]
+    read = store.read_log_entries("b", "policy", 0, 10)
+    assert [(e.position, e.payload) for e in read] == [
+        (10, b"old1"),
+        (11, b"old2"),
+        (12, b"old3"),
+        (13, b"late"),
+        (14, b"new"),
+    ]
+    assert {x.slot for x in store.send_slots() if x.entries} == {0}
+    store.set_cursor("b", "policy", 14)
+    store.rotation_period = 0.0
+    assert store.trim() == 5
+    assert store.read_client_log("policy", 0, 10) == []
+    assert store.trimmed_through("b", "policy") == 14

@@ -1,4 +1,4 @@
-"""PostgreSQL's commit-order sequencer, function by function: ticks, the tick lock, forgetting.
+"""PostgreSQL's commit-order sequencer, function by function: ticks and the tick lock.
 
 The invariants it keeps (no committed entry skipped, commit order) are
 ``test_commit_order.py``'s; this module checks what each step promises on the
@@ -8,7 +8,6 @@ sequencer's own tables.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -48,13 +47,6 @@ def commit(store: SQLAlchemyQueueStore, n: int) -> list[EntryRef]:
 def count(store: SQLAlchemyQueueStore, table: str) -> int:
     with store.read() as conn:
         return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
-
-
-def trim_all(store: SQLAlchemyQueueStore) -> None:
-    """Acknowledge everything sequenced and trim it (the blocks stay: see ``forget``)."""
-    store.set_cursor("b", CLIENT, store.head_position())
-    store.trim()
-    assert [e.position for e in store.read_client_log(CLIENT, 0, 100)] == []
 
 
 def test_a_tick_sequences_the_transactions_committed_since_the_last_one(
@@ -145,62 +137,6 @@ def test_concurrent_ticks_sequence_each_transaction_once(pg_schema: PgSchema) ->
     assert errors == []
     assert sorted(counts) == [0, 0, 0, 0, 0, 20]
     assert store.positions_of([r for pair in refs for r in pair]) == list(range(1, 21))
-
-
-def test_forget_drops_the_stamps_of_sequenced_transactions(store: SQLAlchemyQueueStore) -> None:
-    commit(store, 1)
-    assert count(store, "lrq_send_commits") == 1
-    store.sequence()
-    commit(store, 1)  # committed, not sequenced yet
-    with store.engine.begin() as conn:
-        sequencer.forget(conn, 100, now=time.time())
-    assert count(store, "lrq_send_commits") == 1  # the unsequenced one's stays
-    assert count(store, "lrq_send_blocks") == 1  # its entries are stored: kept
-
-
-def test_a_trimmed_entrys_position_is_known_for_keep_s_then_forgotten(
-    store: SQLAlchemyQueueStore,
-) -> None:
-    (ref,) = commit(store, 1)
-    (position,) = store.positions_of([ref])
-    commit(store, 1)
-    store.sequence()
-    with store.read() as conn:
-        ticked = float(conn.execute(text("SELECT max(ticked_at) FROM lrq_send_ticks")).scalar_one())
-    trim_all(store)
-    assert store.positions_of([ref]) == [position]  # trimmed, still known
-    with store.engine.begin() as conn:  # just before the tick is KEEP_S old
-        sequencer.forget(conn, 100, now=ticked + sequencer.KEEP_S - 1)
-    assert store.positions_of([ref]) == [position]
-    assert count(store, "lrq_send_ticks") >= 2
-    with store.engine.begin() as conn:  # past it
-        sequencer.forget(conn, 100, now=ticked + sequencer.KEEP_S + 1)
-    assert store.positions_of([ref]) == [None]
-    assert count(store, "lrq_send_blocks") == 0
-    with store.read() as conn:  # only the last tick is left: the next one starts from it
-        assert conn.execute(text("SELECT head FROM lrq_send_ticks")).scalars().all() == [2]
-
-
-def test_forget_deletes_at_most_a_batch_of_blocks(store: SQLAlchemyQueueStore) -> None:
-    refs = [commit(store, 1)[0] for _ in range(3)]
-    assert store.positions_of(refs) == [1, 2, 3]
-    trim_all(store)
-    later = time.time() + 2 * sequencer.KEEP_S
-    with store.engine.begin() as conn:
-        sequencer.forget(conn, 2, now=later)
-    assert count(store, "lrq_send_blocks") == 1
-    with store.engine.begin() as conn:
-        sequencer.forget(conn, 2, now=later)
-    assert count(store, "lrq_send_blocks") == 0
-
-
-def test_forget_keeps_a_block_while_its_entries_are_stored(store: SQLAlchemyQueueStore) -> None:
-    refs = commit(store, 2)
-    assert store.positions_of(refs) == [1, 2]
-    with store.engine.begin() as conn:
-        sequencer.forget(conn, 100, now=time.time() + 2 * sequencer.KEEP_S)
-    assert store.positions_of(refs) == [1, 2]
-    assert [e.position for e in store.read_log_entries("b", CLIENT, 0, 10)] == [1, 2]
 
 
 def test_positions_of_keeps_the_positions_refs_already_carry(store: SQLAlchemyQueueStore) -> None:

@@ -25,6 +25,7 @@ from lr_server.session import SenderSession
 from lr_server.streams import ClientStream, Mode, Notice, SessionState
 from lr_server.transport.base import Transport
 from lr_server.window import InFlight
+from tests.kit.positions import new_slot
 from tests.kit.snapshots import ready_snapshot
 
 DEST = "b"
@@ -67,10 +68,12 @@ def log_at(position: int) -> tuple[int, int, str, int]:
 
 
 def _write(store: SQLAlchemyQueueStore, n: int, client: str = "policy") -> None:
-    """``n`` log entries of ``client`` for b."""
+    """``n`` log entries of ``client`` for b, each apart (PostgreSQL: in a slot of its own)."""
     nums = store.site_numbers()
-    with store.write() as conn:
-        store.append_log_entries(conn, client, [(b"x", [nums[DEST]])] * n)
+    for _ in range(n):
+        new_slot(store)
+        with store.write() as conn:
+            store.append_log_entries(conn, client, [(b"x", [nums[DEST]])])
 
 
 def _ready(store: SQLAlchemyQueueStore, client: str = "policy", rows: int = 2) -> SnapshotRequest:

@@ -14,7 +14,7 @@ from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, lifecycle, open_store, postgres
 from lr_client.store import schema as s
 from tests.conftest import PgSchema
-from tests.kit.positions import positions
+from tests.kit.positions import new_slot, positions
 
 
 def test_a_schema_of_a_newer_release_is_refused(store: SQLAlchemyQueueStore) -> None:
@@ -78,14 +78,16 @@ def test_sqlite_refs_carry_their_positions_and_no_transaction(sqlite_url: str) -
 def test_reads_are_in_position_order_whatever_the_rows_storage(
     store: SQLAlchemyQueueStore,
 ) -> None:
-    """After a trim and a VACUUM PostgreSQL puts new rows in freed space: reads go by position."""
+    """After a trim PostgreSQL puts new rows in a reused slot, a partition before the older
+    rows', and after a VACUUM in freed space: reads go by position."""
     nums = store.register_sites(["b"])
 
     def send(tag: bytes, n: int) -> list[int]:
-        with store.write() as conn:
-            refs = store.append_log_entries(
-                conn, "policy", [(tag + b"%d" % i, [nums["b"]]) for i in range(n)]
-            )
+        refs = []
+        for i in range(n):  # each in a slot of its own on PostgreSQL
+            new_slot(store)
+            with store.write() as conn:
+                refs += store.append_log_entries(conn, "policy", [(tag + b"%d" % i, [nums["b"]])])
         return positions(store, refs)
 
     p = send(b"a", 10)

@@ -6,26 +6,29 @@ an unbounded trim: what a destination still needs stays, the rest goes.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from lr_client.store import SQLAlchemyQueueStore, open_store, sequencer
+from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.postgres import PostgresQueueStore
 from tests.conftest import PgSchema
-from tests.kit.positions import positions
+from tests.kit.pglocks import waiting_for_a_lock
+from tests.kit.positions import new_slot, positions
+from tests.kit.wait import join, wait_for
 
 CLIENT = "policy"
 
 
 def send(store: SQLAlchemyQueueStore, *destinations: list[str]) -> list[int]:
-    """Transmit one entry per list of destinations; their positions."""
+    """Transmit one entry per list of destinations, each apart; their positions."""
     nums = store.register_sites(sorted({d for ds in destinations for d in ds}))
-    with store.write() as conn:
-        refs = store.append_log_entries(
-            conn, CLIENT, [(b"%d" % i, [nums[d] for d in ds]) for i, ds in enumerate(destinations)]
-        )
+    refs = []
+    for i, ds in enumerate(destinations):  # each in a slot of its own (see new_slot)
+        new_slot(store)
+        with store.write() as conn:
+            refs += store.append_log_entries(conn, CLIENT, [(b"%d" % i, [nums[d] for d in ds])])
     return positions(store, refs)
 
 
@@ -148,9 +151,18 @@ def test_a_drop_during_an_open_snapshot_keeps_what_follows_its_base(
     assert left(store) == q
 
 
+def whole_slots(store: SQLAlchemyQueueStore) -> bool:
+    """PostgreSQL retires whole slots: the batch bounds are SQLite's, for its row deletes."""
+    return store.dialect == "postgresql"
+
+
 def test_trim_works_in_bounded_batches_oldest_first(store: SQLAlchemyQueueStore) -> None:
     p = send(store, *[["b"]] * 6)
     store.set_cursor("b", CLIENT, p[-1])
+    if whole_slots(store):
+        assert store.trim(batch_size=1, max_batches=1) == 6
+        assert left(store) == []
+        return
     assert store.trim(batch_size=1, max_batches=1) == 1
     assert left(store) == p[1:]
     assert store.trim(batch_size=2, max_batches=2) == 4
@@ -166,6 +178,9 @@ def test_a_bounded_batch_counts_across_acknowledgement_ranges(
     p = send(store, ["b"], ["b"], ["c"], ["c"], ["c"], ["c"])
     store.set_cursor("b", CLIENT, p[1])
     store.set_cursor("c", CLIENT, p[5])
+    if whole_slots(store):
+        assert store.trim(batch_size=3, max_batches=1) == 6
+        return
     assert store.trim(batch_size=3, max_batches=1) == 3
     assert left(store) == p[3:]
     assert store.trim() == 3
@@ -182,6 +197,10 @@ def test_a_bounded_batch_counts_across_clients(store: SQLAlchemyQueueStore) -> N
     alpha, beta = positions(store, refs["alpha"]), positions(store, refs["beta"])
     store.set_cursor("b", "alpha", alpha[-1])
     store.set_cursor("b", "beta", beta[-1])
+    if whole_slots(store):  # both clients' entries share one slot
+        assert store.trim(batch_size=4, max_batches=1) == 6
+        assert store.read_client_log("beta", 0, 10) == []
+        return
     assert store.trim(batch_size=4, max_batches=1) == 4  # alpha's 3, then one of beta's
     assert [e.position for e in store.read_client_log("alpha", 0, 10)] == []
     assert [e.position for e in store.read_client_log("beta", 0, 10)] == beta[1:]
@@ -200,11 +219,11 @@ def test_one_clients_acknowledgement_trims_nothing_of_another(
     store: SQLAlchemyQueueStore,
 ) -> None:
     nums = store.register_sites(["b"])
-    with store.write() as conn:
-        refs = [
-            store.append_log_entries(conn, client, [(b"x", [nums["b"]])])[0]
-            for client in ("policy", "inventory", "policy", "inventory")
-        ]
+    refs = []
+    for client in ("policy", "inventory", "policy", "inventory"):
+        new_slot(store)
+        with store.write() as conn:
+            refs += store.append_log_entries(conn, client, [(b"x", [nums["b"]])])
     mixed = positions(store, refs)
     store.set_cursor("b", "policy", mixed[2])
     store.trim()
@@ -297,8 +316,16 @@ def test_trim_keeps_the_entries_of_a_ready_snapshot(store: SQLAlchemyQueueStore)
     assert payloads == [b"r1", b"r2", b"2"]
 
 
-def test_trim_judges_by_one_snapshot_of_the_acknowledgements(pg_schema: PgSchema) -> None:
-    """A base fixed and entries committed while trim runs are not trimmed by what it read."""
+def test_a_full_sync_started_during_a_trim_waits_for_it_and_keeps_what_follows(
+    pg_schema: PgSchema,
+) -> None:
+    """A base fixed and entries committed while trim runs are not trimmed by what it read.
+
+    PostgreSQL: a base is read from the sequencer, whose lock the trim holds,
+    so a full sync starting mid-trim waits for it; the entries that follow
+    its base are kept.
+    """
+    admin = pg_schema.admin
 
     class Interleaved(PostgresQueueStore):
         meanwhile: Callable[[], None] | None = None
@@ -312,43 +339,32 @@ def test_trim_judges_by_one_snapshot_of_the_acknowledgements(pg_schema: PgSchema
 
     store = Interleaved(pg_schema.engine())
     store.create_schema()
+    store.rotation_period = 0.0
     send(store, ["c"])
+    store.rotate_send_log()  # its slot is closed: the trim judges it
     assert store.drop_stream("c", CLIENT, "too slow") is not None  # c needs nothing now
     added: list[int] = []
+    errors: list[BaseException] = []
+    other = open_store(pg_schema.engine(connect_args={"application_name": "full-sync"}))
 
     def full_sync_starts_and_entries_follow() -> None:
-        other = open_store(pg_schema.engine())
-        sid = other.request_snapshot(None, "c", CLIENT, "dropped")
-        assert other.start_snapshot(sid) is not None
-        added.extend(send(other, ["c"], ["c"]))
+        try:
+            sid = other.request_snapshot(None, "c", CLIENT, "dropped")
+            assert other.start_snapshot(sid) is not None
+            added.extend(send(other, ["c"], ["c"]))
+        except BaseException as exc:
+            errors.append(exc)
 
-    store.meanwhile = full_sync_starts_and_entries_follow
+    thread = threading.Thread(target=full_sync_starts_and_entries_follow)
+
+    def start_and_wait_until_blocked() -> None:
+        thread.start()
+        wait_for(lambda: waiting_for_a_lock(admin, "full-sync"), timeout=30)
+
+    store.meanwhile = start_and_wait_until_blocked
     store.trim()
+    join(thread)
+    assert errors == []
     assert store.meanwhile is None and len(added) == 2  # the interleaving happened
     # The entries after the new base are needed by c's full sync: still there.
     assert left(store) == added
-
-
-def test_a_trim_forgets_at_most_its_batch_of_sequencer_blocks(pg_schema: PgSchema) -> None:
-    """PostgreSQL: the trim's batch bounds the blocks it forgets too, once KEEP_S has passed."""
-    store = open_store(pg_schema.engine())
-    assert isinstance(store, PostgresQueueStore)
-    store.create_schema()
-    p = [send(store, ["b"])[0] for _ in range(3)]  # three transactions: three blocks
-    store.set_cursor("b", CLIENT, p[-1])
-    assert store.trim() == 3
-
-    def blocks() -> int:
-        with store.read() as conn:
-            return int(conn.execute(text("SELECT count(*) FROM lrq_send_blocks")).scalar_one())
-
-    assert blocks() == 3  # their ticks are recent: positions_of still knows them
-    with store.write() as conn:  # as if KEEP_S had passed
-        conn.execute(
-            text("UPDATE lrq_send_ticks SET ticked_at = ticked_at - :d"),
-            {"d": 2 * sequencer.KEEP_S},
-        )
-    assert store.trim(batch_size=1, max_batches=1) == 0  # no entry left to delete
-    assert blocks() == 2
-    assert store.trim(batch_size=5) == 0
-    assert blocks() == 0

@@ -19,7 +19,7 @@ from sqlalchemy import delete, text
 
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
-from tests.kit.positions import positions
+from tests.kit.positions import new_slot, positions
 
 DESTS = ["b", "c", "d"]
 CLIENT = "policy"
@@ -41,12 +41,16 @@ ops = st.lists(
         st.tuples(st.just("trim"), st.integers(1, 4), st.sampled_from([1, 3, None])),
         st.tuples(st.just("drop"), st.sampled_from(DESTS)),
         st.tuples(st.just("snapshot"), st.sampled_from(DESTS)),
+        # PostgreSQL: what follows goes to another slot (a no-op on SQLite).
+        st.tuples(st.just("rotate")),
     ),
     max_size=30,
 )
 
 
 def _reset(store: SQLAlchemyQueueStore) -> None:
+    if store.dialect == "postgresql":
+        store.rotation_period = 0.0  # a trim closes the current slot
     with store.write() as conn:
         if store.dialect == "postgresql":  # the send log is a view of the sequencer's tables
             for name in ("lrq_send_positions", "lrq_send_entries", "lrq_send_blocks"):
@@ -88,6 +92,8 @@ def run_program(store: SQLAlchemyQueueStore, program: list[Op]) -> None:
                 store.set_cursor(d, CLIENT, acked[d])
         elif op[0] == "trim":
             store.trim(batch_size=op[1], max_batches=op[2])
+        elif op[0] == "rotate":
+            new_slot(store)
         elif op[0] == "drop":
             store.drop_stream(op[1], CLIENT, "test")
             dropped.add(op[1])
@@ -103,12 +109,21 @@ def run_program(store: SQLAlchemyQueueStore, program: list[Op]) -> None:
             needed = [p for p in tagged[d] if p > after]
             got = [e.position for e in store.read_log_entries(d, CLIENT, after, 1000)]
             assert got == needed, (d, op)
-        if op[0] == "trim" and op[2] is None:
-            # An unbounded trim leaves exactly the entries someone still needs.
-            kept = sorted(
-                {p for d in DESTS if (f := floor(d)) is not None for p in tagged[d] if p > f}
-            )
+        whole_slots = store.dialect == "postgresql"  # no batch bounds there
+        if op[0] == "trim" and (op[2] is None or whole_slots):
+            # An unbounded trim leaves exactly the entries someone still needs:
+            # on PostgreSQL, and those that share a slot with one.
+            needed = {p for d in DESTS if (f := floor(d)) is not None for p in tagged[d] if p > f}
+            kept = sorted(_slot_mates(store, needed) if whole_slots else needed)
             assert [e.position for e in store.read_client_log(CLIENT, 0, 1000)] == kept, op
+
+
+def _slot_mates(store: SQLAlchemyQueueStore, positions: set[int]) -> set[int]:
+    """The stored positions that share a send queue slot with one of ``positions``."""
+    with store.read() as conn:
+        rows = conn.execute(text("SELECT position, slot FROM lrq_send_positions")).all()
+    slots = {slot for position, slot in rows if position in positions}
+    return {position for position, slot in rows if slot in slots}
 
 
 # The dangerous shapes, always run: the first unacknowledged entry of a destination

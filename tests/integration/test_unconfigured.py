@@ -28,6 +28,7 @@ from tests.integration.test_cli import as_json, ok, write_config
 from tests.integration.test_full_sync import running, sink_app
 from tests.integration.test_replication import received
 from tests.kit import kvapp
+from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for
 
 FAST_TRIM = "[retention]\nmax_entries = 40\ntrim_interval = 0.1\n"
@@ -36,11 +37,16 @@ FAST_TRIM = "[retention]\nmax_entries = 40\ntrim_interval = 0.1\n"
 def send(
     store: SQLAlchemyQueueStore, client: str, rows: list[tuple[bytes, list[str]]], source: str = "a"
 ) -> None:
-    """Transmit as an application that registers every destination it addresses."""
+    """Transmit as an application that registers every destination it addresses.
+
+    Each row in a transaction and (PostgreSQL) a slot of its own, so a trim
+    retires entry by entry there too.
+    """
     sender = RoutingQueueClient(store, source_id=source, client_name=client, backpressure="ignore")
     sender.register_destinations(sorted({d for _, ds in rows for d in ds}))
-    with store.engine.begin() as conn:
-        for payload, dests in rows:
+    for payload, dests in rows:
+        new_slot(store)
+        with store.engine.begin() as conn:
             sender.transmit_log_entry_message(conn, payload, dests)
 
 
@@ -194,6 +200,7 @@ def test_an_unconfigured_stream_past_a_limit_is_dropped_then_trimmed(
 def test_trim_keeps_what_a_destination_registered_since_still_needs(db_url: str) -> None:
     server = open_store(db_url)  # the server's store: its site cache predates z
     server.create_schema()
+    server.rotation_period = 0.0
     server.register_sites(["b"])
     app = open_store(db_url)
     try:

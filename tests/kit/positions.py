@@ -13,3 +13,14 @@ def positions(store: SendLog, refs: Sequence[EntryRef]) -> list[int]:
     found = store.positions_of(refs)
     assert None not in found, f"entries without a position: {refs} -> {found}"
     return [p for p in found if p is not None]
+
+
+def new_slot(store: SendLog) -> None:
+    """PostgreSQL: close the send queue's current slot, so what follows goes to another.
+
+    A trim retires whole slots there; tests that check which entries a trim
+    keeps, entry by entry, write each in a slot of its own. SQLite trims rows.
+    """
+    rotate = getattr(store, "rotate_send_log", None)
+    if rotate is not None:
+        rotate()

@@ -1,0 +1,222 @@
+"""PostgreSQL's send queue slots: rotation, retirement by TRUNCATE, bounded storage.
+
+What trim keeps, entry by entry, is ``test_trim.py``'s and
+``test_trim_property.py``'s (which also rotate at random); this module
+checks what the slots themselves promise: a transaction's rows share a slot,
+a slot goes only whole and only once every stream passed it, nothing is
+deleted row by row, nobody is waited for, and storage stays bounded while a
+transaction pins the vacuum horizon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+from lr_client.records import EntryRef
+from lr_client.store import open_store
+from lr_client.store.postgres import PostgresQueueStore
+from tests.conftest import PgSchema
+from tests.kit.positions import positions
+
+CLIENT = "policy"
+TABLES = ("lrq_send_entries", "lrq_send_commits", "lrq_send_positions", "lrq_send_blocks")
+
+
+@pytest.fixture
+def store(pg_schema: PgSchema) -> Iterator[PostgresQueueStore]:
+    st = open_store(pg_schema.engine())
+    assert isinstance(st, PostgresQueueStore)
+    st.create_schema()
+    st.register_sites(["b", "c"])
+    st.rotation_period = 0.0
+    yield st
+
+
+def commit(store: PostgresQueueStore, n: int = 1, dests: tuple[str, ...] = ("b",)) -> list[int]:
+    nums = store.site_numbers()
+    with store.engine.begin() as conn:
+        refs = store.append_log_entries(conn, CLIENT, [(b"x" * 1000, [nums[d] for d in dests])] * n)
+    return positions(store, refs)
+
+
+def slot_of(store: PostgresQueueStore, table: str) -> set[int]:
+    with store.read() as conn:
+        return set(conn.execute(text(f"SELECT DISTINCT slot FROM {table}")).scalars())
+
+
+def current(store: PostgresQueueStore) -> int:
+    return next(x.slot for x in store.send_slots() if x.current)
+
+
+def deleted_rows(store: PostgresQueueStore, schema: str) -> int:
+    """Rows ever deleted from the send queue's partitions (statistics flushed first)."""
+    with store.engine.connect() as conn:
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        conn.commit()
+    with store.engine.connect() as conn:
+        conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+        return int(
+            conn.execute(
+                text(
+                    "SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables "
+                    "WHERE schemaname = :s AND relname LIKE 'lrq\\_send\\_%\\_s%'"
+                ),
+                {"s": schema},
+            ).scalar_one()
+        )
+
+
+def test_a_transactions_rows_share_the_current_slot(store: PostgresQueueStore) -> None:
+    commit(store, 3)
+    first = current(store)
+    for table in TABLES:
+        assert slot_of(store, table) == {first}, table
+    assert store.rotate_send_log() not in (None, first)
+    commit(store, 2)
+    assert slot_of(store, "lrq_send_entries") == {first, current(store)}
+    assert store.rotate_send_log() is not None
+    assert store.rotate_send_log() is None  # the current slot is empty: nothing to close
+
+
+def test_a_passed_slot_is_truncated_never_deleted_row_by_row(
+    store: PostgresQueueStore, pg_schema: PgSchema
+) -> None:
+    p = commit(store, 50)
+    before = {x.slot: x.bytes for x in store.send_slots()}
+    store.set_cursor("b", CLIENT, p[-1])
+    assert store.trim() == 50
+    after = {x.slot: x for x in store.send_slots()}
+    assert all(x.entries == 0 for x in after.values())
+    assert sum(x.bytes for x in after.values()) < sum(before.values())
+    assert deleted_rows(store, pg_schema.name) == 0
+    assert store.trimmed_through("b", CLIENT) == p[-1]
+
+
+def test_a_slot_holding_an_unacknowledged_entry_is_kept_whole(store: PostgresQueueStore) -> None:
+    (both,) = commit(store, 1, ("b", "c"))
+    (only_b,) = commit(store, 1, ("b",))
+    store.set_cursor("b", CLIENT, only_b)
+    assert store.trim() == 0  # c has not passed the slot: b's entry stays with it
+    assert [e.position for e in store.read_client_log(CLIENT, 0, 10)] == [both, only_b]
+    assert store.trimmed_through("b", CLIENT) == 0
+    store.set_cursor("c", CLIENT, both)
+    assert store.trim() == 2
+    assert store.trimmed_through("c", CLIENT) == both
+
+
+def test_a_slot_in_use_by_an_open_transaction_is_neither_waited_for_nor_retired(
+    store: PostgresQueueStore,
+) -> None:
+    nums = store.site_numbers()
+    with store.engine.connect() as app:
+        app.begin()
+        (ref,) = store.append_log_entries(app, CLIENT, [(b"open", [nums["b"]])])
+        slot = current(store)
+        assert store.rotate_send_log() is None  # nothing committed in it yet
+        p = commit(store, 1)  # another transaction, same slot
+        store.set_cursor("b", CLIENT, p[0])
+        store.trim()  # rotates away; the open transaction holds the slot: not judged
+        assert current(store) != slot
+        assert [e.position for e in store.read_client_log(CLIENT, 0, 10)] == p
+        app.commit()
+    (late,) = store.positions_of([ref])
+    assert late is not None and late > p[0]
+    assert [e.payload for e in store.read_log_entries("b", CLIENT, p[0], 10)] == [b"open"]
+    store.set_cursor("b", CLIENT, late)
+    assert store.trim() == 2
+    assert store.read_client_log(CLIENT, 0, 10) == []
+
+
+def test_a_reader_holding_a_slot_defers_its_retirement_without_blocking_the_trim(
+    store: PostgresQueueStore,
+) -> None:
+    p = commit(store, 2)
+    slot = current(store)
+    store.rotate_send_log()
+    store.set_cursor("b", CLIENT, p[-1])
+    with store.engine.connect() as reader:
+        reader.begin()
+        reader.execute(text(f"LOCK TABLE lrq_send_entries_s{slot} IN ACCESS SHARE MODE"))
+        assert store.trim() == 0  # returns: the slot is tried again next time
+        reader.rollback()
+    assert store.trim() == 2
+
+
+def test_slots_are_added_while_the_others_are_pinned_up_to_max_slots(
+    store: PostgresQueueStore,
+) -> None:
+    store.max_slots = 6
+    for _ in range(8):  # c never acknowledges: every slot stays pinned
+        commit(store, 1, ("c",))
+        store.trim()
+    slots = store.send_slots()
+    assert len(slots) == 6
+    assert sum(x.entries for x in slots) == 8  # the last slot took the overflow
+    store.set_cursor("c", CLIENT, store.head_position())
+    store.trim()
+    assert sum(x.entries for x in store.send_slots()) == 0
+    assert len(store.send_slots()) == 6  # reused from now on
+
+
+def test_the_newest_tick_survives_every_retirement(store: PostgresQueueStore) -> None:
+    for _ in range(6):
+        p = commit(store, 2)
+        store.set_cursor("b", CLIENT, p[-1])
+        store.trim()
+    head = store.head_position()
+    assert head == p[-1] == 12
+    assert commit(store, 1) == [13]
+
+
+def test_a_position_is_known_while_its_slot_is_kept(store: PostgresQueueStore) -> None:
+    nums = store.site_numbers()
+    with store.engine.begin() as conn:
+        (ref,) = store.append_log_entries(conn, CLIENT, [(b"x", [nums["c"]])])
+    (position,) = store.positions_of([ref])
+    assert position is not None
+    store.trim()
+    assert store.positions_of([ref]) == [position]  # c has not passed it
+    store.set_cursor("c", CLIENT, position)
+    store.trim()
+    assert store.positions_of([EntryRef(ref.txid, ref.ord)]) == [None]  # retired with it
+
+
+def test_storage_stays_bounded_while_a_transaction_pins_vacuum(
+    store: PostgresQueueStore, pg_schema: PgSchema
+) -> None:
+    """30 rounds of 100 entries of 1 KiB, each acknowledged and trimmed, with an open
+    transaction holding a transaction id all along: no dead row is ever reclaimable,
+    yet the queue's size stays that of a slot or two."""
+    with pg_schema.admin.connect() as pin:
+        pin.begin()
+        pin.execute(text("SELECT pg_current_xact_id()"))
+        sizes = []
+        for _ in range(30):
+            p = commit(store, 100)
+            store.set_cursor("b", CLIENT, p[-1])
+            store.trim()
+            sizes.append(sum(x.bytes for x in store.send_slots()))
+        pin.rollback()
+    written = 30 * 100 * 1000
+    assert max(sizes[10:]) <= max(sizes[:10]) * 1.1  # no upward trend
+    assert sizes[-1] < written / 4
+
+
+def test_a_late_commit_into_a_closed_slot_is_judged_again(store: PostgresQueueStore) -> None:
+    """A slot judged pinned is judged again once more entries were sequenced in it."""
+    nums = store.site_numbers()
+    (first,) = commit(store, 1, ("c",))
+    with store.engine.connect() as app:
+        app.begin()
+        store.append_log_entries(app, CLIENT, [(b"late", [nums["c"]])])
+        store.rotate_send_log()
+        store.trim()  # the slot is in use: not judged
+        app.commit()
+    store.set_cursor("c", CLIENT, first)
+    assert store.trim() == 0  # judged now: the late entry is not passed
+    store.set_cursor("c", CLIENT, store.head_position())
+    assert store.trim() == 2
+    assert store.read_client_log(CLIENT, 0, 10) == []
