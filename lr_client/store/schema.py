@@ -16,7 +16,10 @@ Queue layout:
   (``lrq_send_positions``, with the GIN index) after commit
   (:mod:`lr_client.store.sequencer`, revision 0004).
 * ``lrq_send_snapsync`` is ``LRQ_Send_SnapSync``: snapshot entries, keyed by
-  ``(snapshot_id, part, seq)`` so a retried writer never duplicates.
+  ``(snapshot_id, part, seq)`` so a retried writer never duplicates. On
+  PostgreSQL it is partitioned by the slot of the entry's snapshot
+  (``lrq_snapshots.snap_slot``), so a finished snapshot's entries go by
+  TRUNCATE (:mod:`lr_client.store.snapshot_pool`, revision 0006).
 * ``lrq_recv_entries`` holds every ``LRQ_Recv_<client>__<source>`` queue,
   each a ``queue_id`` of ``lrq_queue_registry``.
 """
@@ -38,13 +41,15 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    column,
+    table,
 )
 from sqlalchemy.dialects import postgresql
 
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = MetaData()
 
@@ -111,7 +116,21 @@ send_snapsync = Table(
     Column("payload", LargeBinary, nullable=False),
     UniqueConstraint("snapshot_id", "part", "seq", name="lrq_send_snapsync_key"),
     sqlite_autoincrement=True,
+    # PostgreSQL: partitioned by snap_slot, created in SQL (revision 0006).
+    info={"partitioned_on": "postgresql"},
 )
+#: PostgreSQL's ``lrq_send_snapsync`` (revision 0006): the columns above and
+#: ``snap_slot``, its ``LIST`` partition key, with a partition
+#: ``lrq_send_snapsync_p<slot>`` per slot of the pool. Its primary key is
+#: ``(position, snap_slot)`` and its unique key ``(snapshot_id, part, seq,
+#: snap_slot)``: a key of a partitioned table holds the partition key.
+send_snapsync_slotted = table(
+    send_snapsync.name,
+    *(column(c.name, c.type) for c in send_snapsync.c),
+    column("snap_slot", Integer()),
+)
+#: The partitions of PostgreSQL's ``lrq_send_snapsync``: this prefix and a slot number.
+SNAPSYNC_PARTITION_PREFIX = "lrq_send_snapsync_p"
 
 snapshots = Table(
     "lrq_snapshots",
@@ -127,8 +146,13 @@ snapshots = Table(
     Column("shipped_position", BigInteger, nullable=False, default=0),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
+    # The pool slot holding the snapshot's entries, from its start until they are
+    # released (NULL: none).
+    Column("snap_slot", Integer),
 )
 Index("lrq_snapshots_stream", snapshots.c.destination, snapshots.c.client_name, snapshots.c.status)
+#: A slot is held by one snapshot at most (NULLs do not collide).
+Index("lrq_snapshots_slot", snapshots.c.snap_slot, unique=True)
 
 cursors = Table(
     "lrq_cursors",
@@ -283,6 +307,7 @@ session_status = Table(
 __all__ = [
     "SCHEMA_VERSION",
     "SEQUENCER_TABLES",
+    "SNAPSYNC_PARTITION_PREFIX",
     "cursors",
     "drops",
     "flow_control",
@@ -292,6 +317,7 @@ __all__ = [
     "recv_entries",
     "send_log_entries",
     "send_snapsync",
+    "send_snapsync_slotted",
     "session_status",
     "sink_drops",
     "sink_progress",
