@@ -540,3 +540,113 @@ def test_revision_0005_keeps_queued_snapshot_entries_without_a_base(db_url: str)
         assert listener.events == [("start", None), ("rows", 2), ("end", None)]
     finally:
         engine.dispose()
+
+
+def _snapshot_row(conn: Connection, sid: str, dest: str, status: str, created: float) -> None:
+    conn.execute(
+        text(
+            "INSERT INTO lrq_snapshots (snapshot_id, destination, client_name, status,"
+            " base_position, reason, rows_written, entry_count, shipped_position, created_at,"
+            " updated_at) VALUES (:sid, :dest, 'policy', :status, 0, '', 0, NULL, 0, :t, :t)"
+        ),
+        {"sid": sid, "dest": dest, "status": status, "t": created},
+    )
+
+
+def _snapsync_rows(conn: Connection, sid: str, payloads: Sequence[bytes]) -> None:
+    for seq, payload in enumerate(payloads):
+        conn.execute(
+            text(
+                "INSERT INTO lrq_send_snapsync (snapshot_id, part, seq, type, payload)"
+                " VALUES (:sid, 0, :seq, 2, :payload)"
+            ),
+            {"sid": sid, "seq": seq, "payload": payload},
+        )
+
+
+def test_revision_0006_gives_a_running_snapshot_a_slot_and_its_entries_ship_once(
+    db_url: str,
+) -> None:
+    """A source of revision 0005 mid-snapshot: the provider goes on after the upgrade.
+
+    The running snapshot's entries move to its slot, the provider writes the
+    rest and the end marker, and a read ships each entry once, in order. A
+    finished snapshot's leftover entries are gone once trim ran.
+    """
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0005")
+            _snapshot_row(conn, "done", "c", "completed", 1.0)
+            _snapshot_row(conn, "run", "b", "running", 2.0)
+            _snapshot_row(conn, "asked", "d", "requested", 3.0)
+            _snapsync_rows(conn, "done", [b"left over"])
+            _snapsync_rows(conn, "run", [b"a", b"b"])
+        store = open_store(engine)
+        with pytest.raises(SchemaError, match="revision 0005"):
+            store.check_schema()
+        assert "0006" in store.create_schema().pending
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT snapshot_id, snap_slot FROM lrq_snapshots")).all()
+        slots = {r[0]: r[1] for r in rows}
+        assert slots == {"done": None, "run": 0, "asked": None}
+        with store.write() as conn:  # the provider goes on where it was
+            store.write_snapshot_entries(conn, "run", 0, [b"c"], first_seq=2)
+        assert store.finish_snapshot("run") == 3
+        entries = store.read_snapshot_entries("run", 0, 100)
+        assert [e.payload for e in entries] == [b"a", b"b", b"c", b"3"]
+        assert [e.position for e in entries] == [1, 2, 3, 4]
+        assert store.read_snapshot_entries("run", 4, 100) == []
+        store.trim()
+        assert store.count_snapshot_entries("done") == 0
+        assert store.start_snapshot("asked") is not None  # the next free slot
+        with engine.connect() as conn:
+            assert (
+                conn.execute(
+                    text("SELECT snap_slot FROM lrq_snapshots WHERE snapshot_id = 'asked'")
+                ).scalar()
+                == 1
+            )
+    finally:
+        engine.dispose()
+
+
+def test_revision_0006_partitions_the_snapshot_queue_and_refuses_old_writers(
+    pg_schema: PgSchema,
+) -> None:
+    """PostgreSQL: positions go on above the stored ones; a writer giving no slot fails."""
+    engine = pg_schema.engine()
+    with engine.connect() as conn, conn.begin():
+        command.upgrade(lifecycle._config(conn), "0005")
+        _snapshot_row(conn, "run", "b", "running", 1.0)
+        _snapsync_rows(conn, "run", [b"a", b"b"])
+    store = open_store(engine)
+    store.create_schema()
+    with engine.connect() as conn:
+        kind = conn.execute(
+            text("SELECT relkind FROM pg_class WHERE oid = CAST('lrq_send_snapsync' AS regclass)")
+        ).scalar()
+        found = conn.execute(
+            text(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE conrelid = CAST('lrq_send_snapsync' AS regclass)"
+            )
+        ).all()
+        keys = {r[0]: r[1] for r in found}
+        stored = conn.execute(
+            text("SELECT max(position) FROM lrq_send_snapsync_p0 WHERE snapshot_id = 'run'")
+        ).scalar()
+    assert kind == "p"
+    assert keys == {
+        "lrq_send_snapsync_pkey": 'PRIMARY KEY ("position", snap_slot)',
+        "lrq_send_snapsync_key": "UNIQUE (snapshot_id, part, seq, snap_slot)",
+    }
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, "run", 1, [b"c"])
+    with engine.connect() as conn:
+        new = conn.execute(
+            text("SELECT position FROM lrq_send_snapsync WHERE snapshot_id = 'run' AND part = 1")
+        ).scalar()
+    assert new > stored
+    with pytest.raises(DBAPIError, match="snap_slot"), engine.begin() as conn:
+        _snapsync_rows(conn, "run", [b"old writer"])
