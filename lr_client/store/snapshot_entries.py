@@ -86,6 +86,8 @@ class SnapshotsStore(SnapshotRequestsStore):
         return len(payloads)
 
     def _count_entries(self, conn: Connection, snapshot_id: str, slot: int | None) -> int:
+        if slot is None and self.snapsync_slotted:
+            return 0  # PostgreSQL: a snapshot's entries live in its slot only
         t = self._snapsync
         query = select(func.count()).where(
             t.c.snapshot_id == snapshot_id,
@@ -256,11 +258,12 @@ class SnapshotsStore(SnapshotRequestsStore):
             return 0
         params: dict[str, object] = {"sid": snapshot_id, "last": parts - 1}
         with self.read() as conn:
-            slot = self._slot_of(conn, snapshot_id) if self.snapsync_slotted else None
-            if slot is None:
+            if not self.snapsync_slotted:
                 value = conn.execute(_PARTS_COMMITTED, params).scalar()
-            else:
+            elif (slot := self._slot_of(conn, snapshot_id)) is not None:
                 value = conn.execute(_PARTS_COMMITTED_IN_SLOT, {**params, "slot": slot}).scalar()
+            else:  # PostgreSQL: no slot, no entries
+                value = 0
         return int(value or 0)
 
     def drop_unwritten_parts(self, snapshot_id: str, written: Mapping[int, int]) -> None:
