@@ -6,7 +6,11 @@ entries are released, after it ended (COMPLETED, CANCELLED, FAILED,
 superseded); then the slot is free again (``snap_slot`` NULL). A slot is free
 when no snapshot row names it, and a unique index keeps two rows from naming
 one. The pool grows to the largest number of snapshots holding entries at
-once: the lowest free slot is taken, so slots are reused.
+once: the lowest free slot is taken, so slots are reused. The slot is taken
+at the start, not at the first write: writers (a Spark job's executors, in
+parallel) hold share locks of the snapshot's row, so one of them updating
+the row to take a slot would wait for the others, and two would deadlock;
+the start updates that row anyway.
 
 **PostgreSQL.** ``lrq_send_snapsync`` is partitioned by ``LIST (snap_slot)``,
 one partition per slot (``lrq_send_snapsync_p<slot>``, named from the
@@ -18,7 +22,9 @@ commit. Why this is safe:
 
 * Slots are taken one start at a time (a transaction-scoped advisory lock,
   one per schema), each start reading the slots that committed starts and
-  releases left named, so two snapshots never get the same slot.
+  releases left named, so two snapshots never get the same slot (and the
+  unique index would refuse it). A new partition is made under that lock,
+  apart and then attached (:func:`pg_make_partition`).
 * Every writer of entries reads the snapshot's status and slot under a
   share lock of its row and writes only while it is RUNNING, into that slot
   (:meth:`~lr_client.store.snapshot_entries.SnapshotsStore._require_writable`).

@@ -300,3 +300,10 @@ def test_a_request_in_the_applications_transaction_leaves_the_release_to_trim(
     assert store.trim() == 1
     assert _slots(store) == {old: None, new: None}
     assert _slot_entries(store, 0) == []
+
+
+@pytest.mark.parametrize("slot", ["0", "0; DROP TABLE lrq_snapshots", -1, True, 1.0])
+def test_a_partition_name_is_made_of_a_slot_number_only(slot: object) -> None:
+    with pytest.raises(ValueError, match="non-negative integer"):
+        partition_name(slot)  # type: ignore[arg-type]
+    assert partition_name(12) == "lrq_send_snapsync_p12"
