@@ -26,6 +26,12 @@ from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.wait import wait_for
 
 
+def _open(engine: sqlalchemy.Engine) -> SQLAlchemyQueueStore:
+    store = open_store(engine)
+    assert isinstance(store, SQLAlchemyQueueStore)
+    return store
+
+
 def _slots(store: SQLAlchemyQueueStore) -> dict[str, int | None]:
     with store.read() as conn:
         rows = conn.execute(text("SELECT snapshot_id, snap_slot FROM lrq_snapshots")).all()
@@ -94,7 +100,7 @@ def test_a_slot_is_reused_once_released(store: SQLAlchemyQueueStore) -> None:
 def test_snapshots_started_at_once_get_distinct_slots(store: SQLAlchemyQueueStore) -> None:
     n = 6
     sids = [store.request_snapshot(None, f"s{i}", "policy") for i in range(n)]
-    stores = [open_store(create_engine(str(store.engine.url))) for _ in range(n)]
+    stores = [_open(create_engine(str(store.engine.url))) for _ in range(n)]
     barrier = threading.Barrier(n)
     errors: list[BaseException] = []
 
@@ -160,8 +166,8 @@ def test_a_write_in_flight_when_its_snapshot_is_cancelled_goes_with_it(
     """The cancel waits for the write, then releases what it wrote, before the slot is free."""
     pg = db_url.startswith("postgresql")
     name = "lr-pool-cancel"
-    store = open_store(create_engine(db_url))
-    canceller = open_store(
+    store = _open(create_engine(db_url))
+    canceller = _open(
         create_engine(db_url, **({"connect_args": {"application_name": name}} if pg else {}))
     )
     admin = create_engine(db_url, poolclass=sqlalchemy.pool.NullPool)
@@ -169,7 +175,12 @@ def test_a_write_in_flight_when_its_snapshot_is_cancelled_goes_with_it(
         store.create_schema()
         old = _running(store, "b", [])
         done = threading.Event()
-        thread = threading.Thread(target=lambda: (canceller.cancel_snapshot(old), done.set()))
+
+        def cancel() -> None:
+            canceller.cancel_snapshot(old)
+            done.set()
+
+        thread = threading.Thread(target=cancel)
         with store.write() as conn:
             store.write_snapshot_entries(conn, old, 0, [b"in flight"])
             thread.start()
@@ -193,7 +204,7 @@ def test_a_write_in_flight_when_its_snapshot_is_cancelled_goes_with_it(
 # -- PostgreSQL: the release is a TRUNCATE ---------------------------------------------------
 @pytest.fixture
 def pg_store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
-    store = open_store(pg_schema.engine())
+    store = _open(pg_schema.engine())
     store.create_schema()
     yield store
     store.close()
