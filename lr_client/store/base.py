@@ -224,9 +224,16 @@ class StoreBase(abc.ABC):
         """Serialise appends to one receive queue (SQLite already serialises writers)."""
 
     def _copy_snapshot_rows(
-        self, conn: Connection, snapshot_id: str, part: int, seq: int, payloads: Iterable[bytes]
+        self,
+        conn: Connection,
+        snapshot_id: str,
+        part: int,
+        seq: int,
+        payloads: Iterable[bytes],
+        slot: int,
     ) -> int | None:
-        """Bulk-insert snapshot entries from ``seq`` on; how many, or None if not supported."""
+        """Bulk-insert snapshot entries from ``seq`` on, into the snapshot's ``slot``;
+        how many, or None if not supported."""
         return None
 
     def head_position_estimate(self) -> int:

@@ -89,16 +89,20 @@ def within(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
     return list(rows[: bytes_prefix((r[-2] for r in rows), max_bytes)])
 
 
-def fill(conn: Connection, rows: Sequence[Any], key: Any, payload: Any) -> list[tuple[Any, bytes]]:
+def fill(
+    conn: Connection, rows: Sequence[Any], key: Any, payload: Any, *scope: Any
+) -> list[tuple[Any, bytes]]:
     """Each of ``rows`` (key first, read with :func:`sized`) with its payload.
 
-    Loads the payloads that were not inline, by their ``key`` column; stops
-    before an entry deleted meanwhile (a trim, a superseded snapshot).
+    Loads the payloads that were not inline, by their ``key`` column (and the
+    ``scope`` conditions, e.g. a partition's); stops before an entry deleted
+    meanwhile (a trim, a superseded snapshot).
     """
     missing = [r[0] for r in rows if r[-1] is None]
     found: dict[Any, Any] = {}
     if missing:
-        found = {k: v for k, v in conn.execute(select(key, payload).where(key.in_(missing)))}
+        query = select(key, payload).where(key.in_(missing), *scope)
+        found = {k: v for k, v in conn.execute(query)}
     out: list[tuple[Any, bytes]] = []
     for r in rows:
         value = r[-1]

@@ -178,7 +178,11 @@ class Snapshots(Transactions, Protocol):
     def request_snapshot(
         self, conn: Connection | None, destination: str, client_name: str, reason: str = ""
     ) -> str:
-        """Record a snapshot request (cancelling any open one of the stream); return its id."""
+        """Record a snapshot request (cancelling any open one of the stream); return its id.
+
+        With ``conn`` (the caller's transaction) the cancelled request's
+        entries are released by the next :meth:`Retention.trim`.
+        """
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
         """One snapshot request."""
@@ -259,7 +263,11 @@ class Snapshots(Transactions, Protocol):
         """Write the end marker with the entry count and mark the snapshot READY."""
 
     def cancel_snapshot(self, snapshot_id: str, reason: str = "cancelled") -> bool:
-        """Cancel an open snapshot and release its entries."""
+        """Cancel an open snapshot and release its entries (also retries an ended one's).
+
+        Entries in use by a reader that cannot be released at once are
+        released by the next :meth:`Retention.trim`; the slot stays theirs till then.
+        """
 
     def complete_snapshot(self, snapshot_id: str) -> bool:
         """READY -> COMPLETED: the sink has it all; release its entries."""
@@ -281,10 +289,11 @@ class Retention(Protocol):
     max_slots: int
 
     def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
-        """Delete entries every destination has acknowledged; return how many.
+        """Delete entries every destination has acknowledged, and release the entries
+        of ended snapshots still stored; return how many.
 
-        SQLite deletes rows, at most ``batch_size`` per transaction and
-        ``max_batches`` transactions. PostgreSQL retires every closed slot
+        SQLite deletes log entries as rows, at most ``batch_size`` per transaction
+        and ``max_batches`` transactions. PostgreSQL retires every closed slot
         whose entries each destination has passed, whatever the batch bounds.
         """
 

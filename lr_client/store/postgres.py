@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from lr_client.records import EntryRef, ReplicationType, WireEntry
 from lr_client.store import schema as s
-from lr_client.store import sequencer, slots
+from lr_client.store import sequencer, slots, snapshot_pool
 from lr_client.store.base import mapped_errors
 from lr_client.store.receiving import recv_base
 from lr_client.store.sqla import SQLAlchemyQueueStore
@@ -70,7 +70,7 @@ _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
     s.recv_entries.name, ", ".join(_RECV_COLUMNS)
 )
 
-_SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload"
+_SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload, snap_slot"
 _COPY_SNAPSYNC = f"COPY {s.send_snapsync.name} ({_SNAPSYNC_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 
 #: A tick that sequenced at least this many entries refreshes the planner's statistics.
@@ -83,6 +83,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     consistent_isolation = "REPEATABLE READ"
 
     _tick_key: int | None = None
+    snapsync_slotted = True
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
@@ -170,7 +171,13 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             return sequencer.head(own)
 
     def _copy_snapshot_rows(
-        self, conn: Connection, snapshot_id: str, part: int, seq: int, payloads: Iterable[bytes]
+        self,
+        conn: Connection,
+        snapshot_id: str,
+        part: int,
+        seq: int,
+        payloads: Iterable[bytes],
+        slot: int,
     ) -> int:
         # Binary COPY, streamed: payloads are produced while earlier rows travel.
         kind = int(ReplicationType.SNAPSHOT_SYNC)
@@ -178,12 +185,24 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         assert raw is not None
         n = 0
         with raw.cursor() as cur, cur.copy(_COPY_SNAPSYNC) as copy:
-            copy.set_types(["varchar", "int4", "int8", "int2", "bytea"])
+            copy.set_types(["varchar", "int4", "int8", "int2", "bytea", "int4"])
             write_row = copy.write_row
             for payload in payloads:
-                write_row((snapshot_id, part, seq + n, kind, payload))
+                write_row((snapshot_id, part, seq + n, kind, payload, slot))
                 n += 1
         return n
+
+    # -- the pool of snapshot slots: a partition each (lr_client.store.snapshot_pool) -----
+    def _lock_pool(self, conn: Connection) -> None:
+        conn.execute(snapshot_pool.POOL_LOCK)
+
+    def _slot_storage(self, conn: Connection, slot: int) -> None:
+        snapshot_pool.pg_make_partition(conn, slot)
+
+    def _drop_slot_entries(
+        self, conn: Connection, snapshot_id: str, slot: int | None, count: bool
+    ) -> int | None:
+        return 0 if slot is None else snapshot_pool.pg_truncate(conn, slot, count)
 
     def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
         # Binary COPY in the apply transaction: one round trip for the whole batch.

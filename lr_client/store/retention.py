@@ -14,33 +14,19 @@ from typing import Any
 from sqlalchemy import case, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
-from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, SnapshotStatus, StreamStop
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, StreamStop
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.snapshot_pool import SnapshotPoolStore
 
 
-class RetentionStore(StoreBase):
+class RetentionStore(SnapshotPoolStore):
     """What the send queue keeps, and the records of streams it gave up."""
 
     def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
         total = self._trim_send_log(batch_size, max_batches)
-        with self.write() as conn:
-            done = select(s.snapshots.c.snapshot_id).where(
-                s.snapshots.c.status.in_(
-                    [
-                        SnapshotStatus.COMPLETED.value,
-                        SnapshotStatus.CANCELLED.value,
-                        SnapshotStatus.FAILED.value,
-                    ]
-                )
-            )
-            total += (
-                conn.execute(
-                    delete(s.send_snapsync).where(s.send_snapsync.c.snapshot_id.in_(done))
-                ).rowcount
-                or 0
-            )
-        return total
+        # Entries of finished snapshots that are still stored (a release that
+        # found them locked, a snapshot ended by update_snapshot alone).
+        return total + self._sweep_finished_snapshots()
 
     @staticmethod
     def _trim_sites(conn: Connection) -> dict[str, int]:

@@ -16,7 +16,10 @@ Queue layout:
   (``lrq_send_positions``, with the GIN index) after commit
   (:mod:`lr_client.store.sequencer`, revision 0004).
 * ``lrq_send_snapsync`` is ``LRQ_Send_SnapSync``: snapshot entries, keyed by
-  ``(snapshot_id, part, seq)`` so a retried writer never duplicates.
+  ``(snapshot_id, part, seq)`` so a retried writer never duplicates. On
+  PostgreSQL it is partitioned by the slot of the entry's snapshot
+  (``lrq_snapshots.snap_slot``), so a finished snapshot's entries go by
+  TRUNCATE (:mod:`lr_client.store.snapshot_pool`, revision 0007).
 * ``lrq_recv_entries`` holds every ``LRQ_Recv_<client>__<source>`` queue,
   each a ``queue_id`` of ``lrq_queue_registry``.
 """
@@ -40,13 +43,15 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    column,
+    table,
 )
 from sqlalchemy.dialects import postgresql
 
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 metadata = MetaData()
 
@@ -129,7 +134,21 @@ send_snapsync = Table(
     Column("payload", LargeBinary, nullable=False),
     UniqueConstraint("snapshot_id", "part", "seq", name="lrq_send_snapsync_key"),
     sqlite_autoincrement=True,
+    # PostgreSQL: partitioned by snap_slot, created in SQL (revision 0007).
+    info={"partitioned_on": "postgresql"},
 )
+#: PostgreSQL's ``lrq_send_snapsync`` (revision 0007): the columns above and
+#: ``snap_slot``, its ``LIST`` partition key, with a partition
+#: ``lrq_send_snapsync_p<slot>`` per slot of the pool. Its primary key is
+#: ``(position, snap_slot)`` and its unique key ``(snapshot_id, part, seq,
+#: snap_slot)``: a key of a partitioned table holds the partition key.
+send_snapsync_slotted = table(
+    send_snapsync.name,
+    *(column(c.name, c.type) for c in send_snapsync.c),
+    column("snap_slot", Integer()),
+)
+#: The partitions of PostgreSQL's ``lrq_send_snapsync``: this prefix and a slot number.
+SNAPSYNC_PARTITION_PREFIX = "lrq_send_snapsync_p"
 
 snapshots = Table(
     "lrq_snapshots",
@@ -145,8 +164,13 @@ snapshots = Table(
     Column("shipped_position", BigInteger, nullable=False, default=0),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
+    # The pool slot holding the snapshot's entries, from its start until they are
+    # released (NULL: none).
+    Column("snap_slot", Integer),
 )
 Index("lrq_snapshots_stream", snapshots.c.destination, snapshots.c.client_name, snapshots.c.status)
+#: A slot is held by one snapshot at most (NULLs do not collide).
+Index("lrq_snapshots_slot", snapshots.c.snap_slot, unique=True)
 
 cursors = Table(
     "lrq_cursors",
@@ -302,6 +326,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SEQUENCER_TABLES",
     "SLOT_TABLES",
+    "SNAPSYNC_PARTITION_PREFIX",
     "cursors",
     "drops",
     "flow_control",
@@ -312,6 +337,7 @@ __all__ = [
     "recv_entries",
     "send_log_entries",
     "send_snapsync",
+    "send_snapsync_slotted",
     "session_status",
     "sink_drops",
     "sink_progress",

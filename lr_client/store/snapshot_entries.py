@@ -3,7 +3,10 @@
 A provider writes a RUNNING request's entries as ``(part, seq)``; every write
 holds the request's share-lock (:meth:`SnapshotsStore._require_writable`) until
 it commits, so a concurrent cancel either comes first (and the write fails) or
-waits for the write and then deletes its entries with the rest.
+waits for the write and then releases its entries with the rest. Every write
+goes to the slot the request holds, read under that lock, and every read or
+delete by snapshot is kept to its slot (PostgreSQL: its partition,
+:mod:`~lr_client.store.snapshot_pool`).
 """
 
 from __future__ import annotations
@@ -21,26 +24,38 @@ from lr_client.store.byte_bounds import fill, sized, within
 from lr_client.store.snapshots import SnapshotRequestsStore
 
 #: Entries committed so far: per part 0 .. ``last``, up to its highest seq.
-_PARTS_COMMITTED = text(
+_PARTS = (
     "WITH RECURSIVE parts(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM parts WHERE n < :last) "
     "SELECT COALESCE(SUM((SELECT MAX(e.seq) + 1 FROM lrq_send_snapsync e "
-    "WHERE e.snapshot_id = :sid AND e.part = parts.n)), 0) FROM parts"
+    "WHERE e.snapshot_id = :sid AND e.part = parts.n{})), 0) FROM parts"
 )
+_PARTS_COMMITTED = text(_PARTS.format(""))
+#: The same, in the snapshot's slot only (PostgreSQL: one partition).
+_PARTS_COMMITTED_IN_SLOT = text(_PARTS.format(" AND e.snap_slot = :slot"))
 
 
 class SnapshotsStore(SnapshotRequestsStore):
     """Snapshot requests (inherited) and the entries of the snapshot queue."""
 
-    def _require_writable(self, conn: Connection, snapshot_id: str) -> None:
-        # A shared row lock: a concurrent cancel waits for this write, or this
-        # write sees the cancel, so no entry of a cancelled snapshot survives it.
-        status = conn.execute(
-            select(s.snapshots.c.status)
-            .where(s.snapshots.c.snapshot_id == snapshot_id)
+    def _require_writable(self, conn: Connection, snapshot_id: str) -> int:
+        """The slot of a RUNNING snapshot, its row share-locked until ``conn`` commits.
+
+        A concurrent end waits for this write, or this write sees the end: no
+        entry of an ended snapshot survives it, and none lands in a slot that
+        another snapshot took since.
+        """
+        c = s.snapshots.c
+        row = conn.execute(
+            select(c.status, c.snap_slot)
+            .where(c.snapshot_id == snapshot_id)
             .with_for_update(read=True)
-        ).scalar()
-        if status != SnapshotStatus.RUNNING.value:
-            raise SnapshotError(f"snapshot {snapshot_id} is {status or 'unknown'}, not running")
+        ).first()
+        if row is None or row.status != SnapshotStatus.RUNNING.value:
+            status = row.status if row else "unknown"
+            raise SnapshotError(f"snapshot {snapshot_id} is {status}, not running")
+        if row.snap_slot is None:  # started before revision 0007 without a slot: not possible
+            raise SnapshotError(f"snapshot {snapshot_id} holds no slot for its entries")
+        return int(row.snap_slot)
 
     def write_snapshot_entries(
         self,
@@ -50,19 +65,12 @@ class SnapshotsStore(SnapshotRequestsStore):
         payloads: Sequence[bytes],
         first_seq: int = 0,
     ) -> int:
-        self._require_writable(conn, snapshot_id)
-        t = s.send_snapsync
-        conn.execute(
-            delete(t).where(
-                t.c.snapshot_id == snapshot_id,
-                t.c.part == part,
-                t.c.seq >= first_seq,
-                t.c.seq < first_seq + len(payloads),
-            )
-        )
+        slot = self._require_writable(conn, snapshot_id)
+        self._delete_part(conn, snapshot_id, part, first_seq, first_seq + len(payloads), slot)
         if payloads:
+            extra = self._slot_values(slot)
             conn.execute(
-                insert(t),
+                insert(self._snapsync),
                 [
                     {
                         "snapshot_id": snapshot_id,
@@ -70,40 +78,38 @@ class SnapshotsStore(SnapshotRequestsStore):
                         "seq": first_seq + i,
                         "type": int(ReplicationType.SNAPSHOT_SYNC),
                         "payload": p,
+                        **extra,
                     }
                     for i, p in enumerate(payloads)
                 ],
             )
         return len(payloads)
 
+    def _count_entries(self, conn: Connection, snapshot_id: str, slot: int | None) -> int:
+        if slot is None and self.snapsync_slotted:
+            return 0  # PostgreSQL: a snapshot's entries live in its slot only
+        t = self._snapsync
+        query = select(func.count()).where(
+            t.c.snapshot_id == snapshot_id,
+            t.c.type == int(ReplicationType.SNAPSHOT_SYNC),
+            *self._in_slot(slot),
+        )
+        return int(conn.execute(query).scalar_one())
+
     def count_snapshot_entries(self, snapshot_id: str) -> int:
-        t = s.send_snapsync
         with self.read() as conn:
-            return int(
-                conn.execute(
-                    select(func.count()).where(
-                        t.c.snapshot_id == snapshot_id,
-                        t.c.type == int(ReplicationType.SNAPSHOT_SYNC),
-                    )
-                ).scalar_one()
-            )
+            return self._count_entries(conn, snapshot_id, self._slot_of(conn, snapshot_id))
 
     def finish_snapshot(self, snapshot_id: str) -> int:
-        t = s.send_snapsync
+        t = self._snapsync
         with self.write() as conn:
-            self._require_writable(conn, snapshot_id)
-            count = int(
-                conn.execute(
-                    select(func.count()).where(
-                        t.c.snapshot_id == snapshot_id,
-                        t.c.type == int(ReplicationType.SNAPSHOT_SYNC),
-                    )
-                ).scalar_one()
-            )
+            slot = self._require_writable(conn, snapshot_id)
+            count = self._count_entries(conn, snapshot_id, slot)
             conn.execute(
                 delete(t).where(
                     t.c.snapshot_id == snapshot_id,
                     t.c.type == int(ReplicationType.LAST_FULL_SYNC_ENTRY),
+                    *self._in_slot(slot),
                 )
             )
             conn.execute(
@@ -113,6 +119,7 @@ class SnapshotsStore(SnapshotRequestsStore):
                     seq=0,
                     type=int(ReplicationType.LAST_FULL_SYNC_ENTRY),
                     payload=str(count).encode(),
+                    **self._slot_values(slot),
                 )
             )
             self._update_snapshot(
@@ -126,7 +133,7 @@ class SnapshotsStore(SnapshotRequestsStore):
     def read_snapshot_entries(
         self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
     ) -> list[SendEntry]:
-        t = s.send_snapsync
+        t = self._snapsync
         cols = (t.c.position, t.c.type, t.c.part, t.c.seq, *sized(t.c.payload, limit, max_bytes))
         with self.read() as conn:
             req = conn.execute(
@@ -134,13 +141,14 @@ class SnapshotsStore(SnapshotRequestsStore):
             ).first()
             if req is None or req.status != SnapshotStatus.READY.value:
                 return []
+            mine = (t.c.snapshot_id == snapshot_id, *self._in_slot(req.snap_slot))
             # Ordinals: the entries by (part, seq), then the end marker (part -1). A READY
             # snapshot no longer changes, so where the previous read of this snapshot
             # ended is a key to continue from: each read is an index range, not an OFFSET
             # that rescans everything already shipped.
             mark = self._snapshot_marks.get(snapshot_id)
             if after == 0 or (mark is not None and mark[0] == after):
-                query = select(*cols).where(t.c.snapshot_id == snapshot_id)
+                query = select(*cols).where(*mine)
                 if after:
                     assert mark is not None  # its part is >= 0: the end marker stays out
                     query = query.where(tuple_(t.c.part, t.c.seq) > tuple_(mark[1], mark[2]))
@@ -148,20 +156,20 @@ class SnapshotsStore(SnapshotRequestsStore):
                     query = query.where(t.c.part >= 0)
                 rows = list(conn.execute(query.order_by(t.c.part, t.c.seq).limit(limit)).all())
                 if len(rows) < limit:
-                    end = select(*cols).where(t.c.snapshot_id == snapshot_id, t.c.part < 0)
+                    end = select(*cols).where(*mine, t.c.part < 0)
                     rows += conn.execute(end.limit(limit - len(rows))).all()  # the end marker
             else:  # resuming elsewhere (a reconnect): find the place once
                 rows = list(
                     conn.execute(
                         select(*cols)
-                        .where(t.c.snapshot_id == snapshot_id)
+                        .where(*mine)
                         .order_by((t.c.part < 0), t.c.part, t.c.seq)
                         .offset(after)
                         .limit(limit)
                     ).all()
                 )
             rows = within(rows, max_bytes)
-            filled = fill(conn, rows, t.c.position, t.c.payload)
+            filled = fill(conn, rows, t.c.position, t.c.payload, *mine[1:])
         if len(filled) < len(rows):  # cancelled meanwhile
             return []
         if rows and rows[-1].part >= 0:
@@ -203,31 +211,39 @@ class SnapshotsStore(SnapshotRequestsStore):
             n: int | None = None
             if bulk:
                 with self.write() as conn:
-                    self._require_writable(conn, snapshot_id)
-                    self._delete_part(conn, snapshot_id, part, seq, seq + chunk_rows)
+                    slot = self._require_writable(conn, snapshot_id)
+                    self._delete_part(conn, snapshot_id, part, seq, seq + chunk_rows, slot)
                     n = self._copy_snapshot_rows(
-                        conn, snapshot_id, part, seq, itertools.islice(source, chunk_rows)
+                        conn, snapshot_id, part, seq, itertools.islice(source, chunk_rows), slot
                     )
                     if n is not None and n < chunk_rows:
-                        self._delete_part(conn, snapshot_id, part, seq + n, None)
+                        self._delete_part(conn, snapshot_id, part, seq + n, None, slot)
             if n is None:  # no bulk path: the chunk is produced outside the transaction
                 chunk = list(itertools.islice(source, chunk_rows))
                 n = len(chunk)
                 with self.write() as conn:
                     self.write_snapshot_entries(conn, snapshot_id, part, chunk, seq)
                     if n < chunk_rows:
-                        self._delete_part(conn, snapshot_id, part, seq + n, None)
+                        slot = self._require_writable(conn, snapshot_id)
+                        self._delete_part(conn, snapshot_id, part, seq + n, None, slot)
             seq += n
             if n < chunk_rows:
                 return seq
 
-    @staticmethod
     def _delete_part(
-        conn: Connection, snapshot_id: str, part: int, start: int, stop: int | None
+        self,
+        conn: Connection,
+        snapshot_id: str,
+        part: int,
+        start: int,
+        stop: int | None,
+        slot: int,
     ) -> None:
         """Delete a part's entries with ``start <= seq < stop`` (no ``stop``: to its end)."""
-        t = s.send_snapsync
-        query = delete(t).where(t.c.snapshot_id == snapshot_id, t.c.part == part, t.c.seq >= start)
+        t = self._snapsync
+        query = delete(t).where(
+            t.c.snapshot_id == snapshot_id, t.c.part == part, t.c.seq >= start, *self._in_slot(slot)
+        )
         if stop is not None:
             query = query.where(t.c.seq < stop)
         conn.execute(query)
@@ -240,8 +256,14 @@ class SnapshotsStore(SnapshotRequestsStore):
         """
         if parts <= 0:
             return 0
+        params: dict[str, object] = {"sid": snapshot_id, "last": parts - 1}
         with self.read() as conn:
-            value = conn.execute(_PARTS_COMMITTED, {"sid": snapshot_id, "last": parts - 1}).scalar()
+            if not self.snapsync_slotted:
+                value = conn.execute(_PARTS_COMMITTED, params).scalar()
+            elif (slot := self._slot_of(conn, snapshot_id)) is not None:
+                value = conn.execute(_PARTS_COMMITTED_IN_SLOT, {**params, "slot": slot}).scalar()
+            else:  # PostgreSQL: no slot, no entries
+                value = 0
         return int(value or 0)
 
     def drop_unwritten_parts(self, snapshot_id: str, written: Mapping[int, int]) -> None:
@@ -251,13 +273,15 @@ class SnapshotsStore(SnapshotRequestsStore):
         part (a partition count that changed, an empty partition skipped) is
         emptied, under the request's share-lock.
         """
-        t = s.send_snapsync
+        t = self._snapsync
         top = max(written, default=-1)
         gaps = [p for p in range(top) if p not in written]
         with self.write() as conn:
-            self._require_writable(conn, snapshot_id)
+            slot = self._require_writable(conn, snapshot_id)
             base = and_(
-                t.c.snapshot_id == snapshot_id, t.c.type == int(ReplicationType.SNAPSHOT_SYNC)
+                t.c.snapshot_id == snapshot_id,
+                t.c.type == int(ReplicationType.SNAPSHOT_SYNC),
+                *self._in_slot(slot),
             )
             conn.execute(delete(t).where(base, t.c.part > top))
             for i in range(0, len(gaps), 500):

@@ -2,7 +2,9 @@
 
 A request is REQUESTED, then RUNNING while a provider writes its entries
 (:mod:`~lr_client.store.snapshot_entries`), READY once its end marker is
-written, and COMPLETED once the sink has it all (or CANCELLED, FAILED).
+written, and COMPLETED once the sink has it all (or CANCELLED, FAILED). It
+takes a slot for its entries when it starts, and gives it back once they are
+released after its end (:mod:`~lr_client.store.snapshot_pool`).
 """
 
 from __future__ import annotations
@@ -12,16 +14,16 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.names import validate_name
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, SnapshotRequest, SnapshotStatus
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.snapshot_pool import SnapshotPoolStore
 
 
-class SnapshotRequestsStore(StoreBase):
+class SnapshotRequestsStore(SnapshotPoolStore):
     """Snapshot requests and their lifecycle."""
 
     @staticmethod
@@ -47,12 +49,18 @@ class SnapshotRequestsStore(StoreBase):
         validate_name(client_name, "client name")
         if conn is None:
             with self.write() as own:
-                return self._request_snapshot(own, destination, client_name, reason)
-        return self._request_snapshot(conn, destination, client_name, reason)
+                return self._request_snapshot(own, destination, client_name, reason, True)
+        return self._request_snapshot(conn, destination, client_name, reason, False)
 
     def _request_snapshot(
-        self, conn: Connection, destination: str, client_name: str, reason: str
+        self, conn: Connection, destination: str, client_name: str, reason: str, own: bool
     ) -> str:
+        """Record a request, ending the stream's open one.
+
+        In the application's transaction (not ``own``) the superseded request
+        only ends: trim releases its entries, so that transaction takes no
+        lock of theirs (PostgreSQL: its partition's).
+        """
         now = time.time()
         snapshot_id = uuid.uuid4().hex
         stale = (
@@ -67,7 +75,7 @@ class SnapshotRequestsStore(StoreBase):
             .all()
         )
         for old in stale:
-            self._cancel(conn, old, f"superseded by {snapshot_id}")
+            self._cancel(conn, old, f"superseded by {snapshot_id}", release=own)
         conn.execute(
             insert(s.snapshots).values(
                 snapshot_id=snapshot_id,
@@ -164,6 +172,7 @@ class SnapshotRequestsStore(StoreBase):
             )
             if not ok:
                 return None
+            self._take_slot(conn, snapshot_id)
             row = conn.execute(
                 select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
             ).one()
@@ -185,9 +194,7 @@ class SnapshotRequestsStore(StoreBase):
                 .values(status=SnapshotStatus.FAILED.value, reason=reason, updated_at=time.time())
             ).rowcount
             if failed:
-                conn.execute(
-                    delete(s.send_snapsync).where(s.send_snapsync.c.snapshot_id == snapshot_id)
-                )
+                self._release_entries(conn, snapshot_id)
         return bool(failed)
 
     def set_snapshot_progress(self, snapshot_id: str, rows_written: int) -> None:
@@ -195,14 +202,18 @@ class SnapshotRequestsStore(StoreBase):
             snapshot_id, expect=[SnapshotStatus.RUNNING], rows_written=rows_written
         )
 
-    def _cancel(self, conn: Connection, snapshot_id: str, reason: str) -> bool:
+    def _cancel(
+        self, conn: Connection, snapshot_id: str, reason: str, release: bool = True
+    ) -> bool:
+        """Cancel an open request; release its entries (``release``: also of an ended one)."""
         ok = self._update_snapshot(
             conn,
             snapshot_id,
             OPEN_SNAPSHOT_STATUSES,
             {"status": SnapshotStatus.CANCELLED, "reason": reason},
         )
-        conn.execute(delete(s.send_snapsync).where(s.send_snapsync.c.snapshot_id == snapshot_id))
+        if release:
+            self._release_entries(conn, snapshot_id)
         return ok
 
     def cancel_snapshot(self, snapshot_id: str, reason: str = "cancelled") -> bool:
@@ -215,9 +226,7 @@ class SnapshotRequestsStore(StoreBase):
             ok = self._update_snapshot(
                 conn, snapshot_id, [SnapshotStatus.READY], {"status": SnapshotStatus.COMPLETED}
             )
-            conn.execute(
-                delete(s.send_snapsync).where(s.send_snapsync.c.snapshot_id == snapshot_id)
-            )
+            self._release_entries(conn, snapshot_id)
         return ok
 
 

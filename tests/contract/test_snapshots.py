@@ -173,6 +173,21 @@ def test_new_request_cancels_the_open_one(store: Snapshots) -> None:
     assert {r.snapshot_id for r in store.list_snapshots(statuses=OPEN)} == {second, other}
 
 
+def test_a_request_in_the_callers_transaction_leaves_the_old_entries_to_trim(
+    store: QueueStore, app_transaction: Callable[[], AbstractContextManager[Connection]]
+) -> None:
+    first = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(first)
+    _write(store, first, 0, [b"a"])
+    with app_transaction() as conn:
+        store.request_snapshot(conn, "b", "policy")
+    assert _status(store, first) is SnapshotStatus.CANCELLED
+    assert store.read_snapshot_entries(first, 0, 10) == []
+    assert store.count_snapshot_entries(first) == 1  # the caller's transaction kept off them
+    assert store.trim() == 1
+    assert store.count_snapshot_entries(first) == 0
+
+
 def test_list_and_open_snapshots(store: Snapshots) -> None:
     a = store.request_snapshot(None, "b", "policy")
     b = _request_later(store, a, "b", "other")

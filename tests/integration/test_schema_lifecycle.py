@@ -39,6 +39,8 @@ def _dialect_metadata(dialect: str) -> MetaData:
     for table in s.metadata.sorted_tables:
         if table.info.get("view_on") == dialect:
             continue  # a view there: compared by the queries that read it
+        if table.info.get("partitioned_on") == dialect:
+            continue  # made in SQL there: checked by test_revision_0006_*
         if table.info.get("only") in (None, dialect):
             copy = table.to_metadata(md)
             skip = {i.name for i in table.indexes if i.info.get("only") not in (None, dialect)}
@@ -46,14 +48,27 @@ def _dialect_metadata(dialect: str) -> MetaData:
     return md
 
 
+def _in_sql(name: str) -> bool:
+    """A PostgreSQL table made in SQL, not declared: the send queue's and its slots', the
+    partitioned snapshot queue's."""
+    return (
+        s.made_in_sql(name)
+        or name == s.send_snapsync.name
+        or name.startswith(s.SNAPSYNC_PARTITION_PREFIX)
+    )
+
+
 def _diff(conn: Connection) -> list[object]:
+    pg = conn.dialect.name == "postgresql"
     ctx = MigrationContext.configure(
         conn,
         opts={
             "compare_type": True,
             "compare_server_default": True,
             "include_name": lambda name, kind, _parent: (
-                not (kind == "table" and (name == lifecycle.VERSION_TABLE or s.made_in_sql(name)))
+                not (
+                    kind == "table" and (name == lifecycle.VERSION_TABLE or (pg and _in_sql(name)))
+                )
             ),
         },
     )
@@ -68,7 +83,8 @@ def _indexes(conn: Connection) -> dict[str, list[tuple[str, tuple[str, ...], boo
             for i in insp.get_indexes(t)
         )
         for t in insp.get_table_names()
-        if t != lifecycle.VERSION_TABLE and not s.made_in_sql(t)  # not declared: SQL
+        if t != lifecycle.VERSION_TABLE
+        and not (conn.dialect.name == "postgresql" and _in_sql(t))  # not declared: SQL
     }
 
 
@@ -85,8 +101,14 @@ def test_upgrading_an_empty_database_gives_the_declared_schema(db_url: str) -> N
             views = set(inspect(conn).get_view_names())
         expected = {t.name for t in _dialect_metadata(engine.dialect.name).sorted_tables}
         if engine.dialect.name == "postgresql":
-            made = {n for n in names if s.made_in_sql(n)}
-            assert made >= {*s.SEQUENCER_TABLES, *s.SLOT_TABLES, "lrq_send_entries_s0"}
+            made = {n for n in names if _in_sql(n)}
+            assert made >= {
+                *s.SEQUENCER_TABLES,
+                *s.SLOT_TABLES,
+                "lrq_send_entries_s0",
+                s.send_snapsync.name,
+                s.SNAPSYNC_PARTITION_PREFIX + "0",
+            }
             names -= made
             assert views == {s.send_log_entries.name}
         else:
@@ -574,10 +596,9 @@ def test_revision_0006_moves_the_send_queue_into_slots_keeping_every_position(
         )
     with engine.begin() as conn:  # committed, not sequenced before the upgrade
         late = EntryRef(conn.execute(insert, {"p": b"late"}).scalar_one(), 1)
-    with engine.connect() as conn, conn.begin():
-        command.upgrade(lifecycle._config(conn), "0006")
     store = open_store(engine)
     assert isinstance(store, PostgresQueueStore)
+    assert store.create_schema().pending[0] == "0006"
     client = RoutingQueueClient(store, "a", "policy")
     assert client.positions_of([late]) == [13]
     with engine.begin() as conn:
@@ -597,3 +618,113 @@ def test_revision_0006_moves_the_send_queue_into_slots_keeping_every_position(
     assert store.trim() == 5
     assert store.read_client_log("policy", 0, 10) == []
     assert store.trimmed_through("b", "policy") == 14
+
+
+def _snapshot_row(conn: Connection, sid: str, dest: str, status: str, created: float) -> None:
+    conn.execute(
+        text(
+            "INSERT INTO lrq_snapshots (snapshot_id, destination, client_name, status,"
+            " base_position, reason, rows_written, entry_count, shipped_position, created_at,"
+            " updated_at) VALUES (:sid, :dest, 'policy', :status, 0, '', 0, NULL, 0, :t, :t)"
+        ),
+        {"sid": sid, "dest": dest, "status": status, "t": created},
+    )
+
+
+def _snapsync_rows(conn: Connection, sid: str, payloads: Sequence[bytes]) -> None:
+    for seq, payload in enumerate(payloads):
+        conn.execute(
+            text(
+                "INSERT INTO lrq_send_snapsync (snapshot_id, part, seq, type, payload)"
+                " VALUES (:sid, 0, :seq, 2, :payload)"
+            ),
+            {"sid": sid, "seq": seq, "payload": payload},
+        )
+
+
+def test_revision_0007_gives_a_running_snapshot_a_slot_and_its_entries_ship_once(
+    db_url: str,
+) -> None:
+    """A source of revision 0005 mid-snapshot: the provider goes on after the upgrade.
+
+    The running snapshot's entries move to its slot, the provider writes the
+    rest and the end marker, and a read ships each entry once, in order. A
+    finished snapshot's leftover entries are gone once trim ran.
+    """
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0005")
+            _snapshot_row(conn, "done", "c", "completed", 1.0)
+            _snapshot_row(conn, "run", "b", "running", 2.0)
+            _snapshot_row(conn, "asked", "d", "requested", 3.0)
+            _snapsync_rows(conn, "done", [b"left over"])
+            _snapsync_rows(conn, "run", [b"a", b"b"])
+        store = open_store(engine)
+        with pytest.raises(SchemaError, match="revision 0005"):
+            store.check_schema()
+        assert "0007" in store.create_schema().pending
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT snapshot_id, snap_slot FROM lrq_snapshots")).all()
+        slots = {r[0]: r[1] for r in rows}
+        assert slots == {"done": None, "run": 0, "asked": None}
+        with store.write() as conn:  # the provider goes on where it was
+            store.write_snapshot_entries(conn, "run", 0, [b"c"], first_seq=2)
+        assert store.finish_snapshot("run") == 3
+        entries = store.read_snapshot_entries("run", 0, 100)
+        assert [e.payload for e in entries] == [b"a", b"b", b"c", b"3"]
+        assert [e.position for e in entries] == [1, 2, 3, 4]
+        assert store.read_snapshot_entries("run", 4, 100) == []
+        store.trim()
+        assert store.count_snapshot_entries("done") == 0
+        assert store.start_snapshot("asked") is not None  # the next free slot
+        with engine.connect() as conn:
+            assert (
+                conn.execute(
+                    text("SELECT snap_slot FROM lrq_snapshots WHERE snapshot_id = 'asked'")
+                ).scalar()
+                == 1
+            )
+    finally:
+        engine.dispose()
+
+
+def test_revision_0007_partitions_the_snapshot_queue_and_refuses_old_writers(
+    pg_schema: PgSchema,
+) -> None:
+    """PostgreSQL: positions go on above the stored ones; a writer giving no slot fails."""
+    engine = pg_schema.engine()
+    with engine.connect() as conn, conn.begin():
+        command.upgrade(lifecycle._config(conn), "0005")
+        _snapshot_row(conn, "run", "b", "running", 1.0)
+        _snapsync_rows(conn, "run", [b"a", b"b"])
+    store = open_store(engine)
+    store.create_schema()
+    with engine.connect() as conn:
+        kind = conn.execute(
+            text("SELECT relkind FROM pg_class WHERE oid = CAST('lrq_send_snapsync' AS regclass)")
+        ).scalar()
+        found = conn.execute(
+            text(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE conrelid = CAST('lrq_send_snapsync' AS regclass)"
+            )
+        ).all()
+        keys = {r[0]: r[1] for r in found}
+        stored = conn.execute(
+            text("SELECT max(position) FROM lrq_send_snapsync_p0 WHERE snapshot_id = 'run'")
+        ).scalar()
+    assert kind == "p"
+    assert keys == {
+        "lrq_send_snapsync_pkey": 'PRIMARY KEY ("position", snap_slot)',
+        "lrq_send_snapsync_key": "UNIQUE (snapshot_id, part, seq, snap_slot)",
+    }
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, "run", 1, [b"c"])
+    with engine.connect() as conn:
+        new = conn.execute(
+            text("SELECT position FROM lrq_send_snapsync WHERE snapshot_id = 'run' AND part = 1")
+        ).scalar()
+    assert new > stored
+    with pytest.raises(DBAPIError, match="snap_slot"), engine.begin() as conn:
+        _snapsync_rows(conn, "run", [b"old writer"])
