@@ -18,7 +18,14 @@ Queue layout:
 * ``lrq_send_snapsync`` is ``LRQ_Send_SnapSync``: snapshot entries, keyed by
   ``(snapshot_id, part, seq)`` so a retried writer never duplicates.
 * ``lrq_recv_entries`` holds every ``LRQ_Recv_<client>__<source>`` queue,
-  each a ``queue_id`` of ``lrq_queue_registry``.
+  each a ``queue_id`` of ``lrq_queue_registry``. Delivery deletes nothing:
+  ``lrq_subscriber_state.delivered_seq`` says how far each queue was
+  delivered. On PostgreSQL the table is ``PARTITION BY LIST (slot)`` with a
+  ring of partitions ``lrq_recv_entries_s<N>``, created in SQL by revision
+  0006 (a partitioned table's key must include ``slot``, which SQLite's
+  rowid ``seq`` cannot), and retired a partition at a time by TRUNCATE
+  (:mod:`lr_client.store.recv_rotation`); ``lrq_recv_state`` says which
+  partition new rows go to.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = MetaData()
 
@@ -208,7 +215,11 @@ recv_entries = Table(
     # entries of a source that sends it on the end marker only).
     Column("base_position", BigInteger),
     sqlite_autoincrement=True,
+    # PostgreSQL: these columns and ``slot smallint`` (the partition key), created in SQL.
+    info={"partitioned_on": "postgresql"},
 )
+#: The partitions of ``lrq_recv_entries`` on PostgreSQL: this prefix and the slot number.
+RECV_PARTITION_PREFIX = "lrq_recv_entries_s"
 Index("lrq_recv_entries_queue", recv_entries.c.queue_id, recv_entries.c.seq)
 #: The end markers only: whether a snapshot is whole at the sink is one probe,
 #: and log and snapshot entries cost this index nothing.
@@ -257,6 +268,18 @@ subscriber_state = Table(
     Column("delivered", BigInteger, nullable=False, default=0),
     Column("lease_owner", String(128), nullable=False, default=""),
     Column("lease_expires", Double, nullable=False, default=0.0),
+    # Every entry of the queue with seq <= delivered_seq was delivered (or passed).
+    Column("delivered_seq", BigInteger, nullable=False, default=0, server_default="0"),
+)
+
+recv_state = Table(
+    "lrq_recv_state",
+    metadata,
+    # PostgreSQL's receive queue partitions: where new rows go (one row, id 1).
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("cur_slot", SmallInteger, nullable=False),
+    Column("rotated_at", Double, nullable=False),
+    info={"only": "postgresql"},
 )
 
 flow_control = Table(
@@ -281,6 +304,7 @@ session_status = Table(
 )
 
 __all__ = [
+    "RECV_PARTITION_PREFIX",
     "SCHEMA_VERSION",
     "SEQUENCER_TABLES",
     "cursors",
@@ -290,6 +314,7 @@ __all__ = [
     "metadata",
     "queue_registry",
     "recv_entries",
+    "recv_state",
     "send_log_entries",
     "send_snapsync",
     "session_status",
