@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, update
 from sqlalchemy.engine import Connection
 
 from lr_client.records import HeadEntry, QueueInfo, RecvEntry, ReplicationType, SubscriberState
@@ -64,7 +64,7 @@ def delivered_seq(queue_id: Any) -> ColumnElement[Any]:
 
 def undelivered(queue_id: Any) -> ColumnElement[bool]:
     """The receive queue's entries not delivered yet: an index range of ``(queue_id, seq)``."""
-    return (_R.c.queue_id == queue_id) & (_R.c.seq > delivered_seq(queue_id))
+    return and_(_R.c.queue_id == queue_id, _R.c.seq > delivered_seq(queue_id))
 
 
 def depth(queue_id: Any) -> Any:
