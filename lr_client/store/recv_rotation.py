@@ -25,15 +25,17 @@ go (an applier reads it in its own transaction, :func:`current_slot`).
    ``cur_slot`` therefore only ever lands in a live slot, and no slot holding
    an undelivered entry is ever truncated, whatever slot a row went to.
 
-With no slot free (a queue that nobody delivers holds rows in every slot), a
-new partition is attached, up to :data:`MAX_SLOTS`; past that the current
-slot keeps growing until the queue is delivered. ``seq`` order within a queue
+With no slot passed (a queue that nobody delivers holds rows in every slot),
+a new partition is attached, up to :data:`MAX_SLOTS`; past that the current
+slot keeps growing until the queue is delivered. A slot passed but locked
+(a delivery still reading it) is tried again next time instead. ``seq`` order within a queue
 is commit order (appends to one queue hold its lock to commit), so a
 delivered ``seq`` is never followed by a smaller one committing later.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from typing import Any
 
@@ -101,24 +103,32 @@ def _lock_not_available(exc: DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
-def _truncate_if_passed(conn: Connection, slot: int) -> bool:
-    """Lock ``slot``, check it again and TRUNCATE it; False (nothing done) if it is not free."""
+class _Slot(enum.Enum):
+    """What rotation found of a slot."""
+
+    TRUNCATED = "truncated"
+    BUSY = "busy"  # passed, but its lock was not had in time
+    PINNED = "pinned"  # it holds an undelivered entry
+
+
+def _truncate_if_passed(conn: Connection, slot: int) -> _Slot:
+    """Lock ``slot``, check it again and TRUNCATE it if every row of it is passed."""
     if not passed(conn, slot):
-        return False
+        return _Slot.PINNED
     savepoint = conn.begin_nested()
     try:
         conn.execute(text(f"LOCK TABLE {partition(slot)} IN ACCESS EXCLUSIVE MODE"))
     except DBAPIError as exc:
         savepoint.rollback()
         if _lock_not_available(exc):
-            return False
+            return _Slot.BUSY
         raise
     if not passed(conn, slot):  # rows committed before our lock
         savepoint.rollback()
-        return False
+        return _Slot.PINNED
     conn.execute(text(f"TRUNCATE {partition(slot)}"))
     savepoint.commit()
-    return True
+    return _Slot.TRUNCATED
 
 
 def _add_slot(conn: Connection, slot: int) -> None:
@@ -163,9 +173,15 @@ def rotate(
                 ring = slots(conn)
                 size = max(ring) + 1
                 others = sorted((x for x in ring if x != cur), key=lambda x: (x - cur) % size)
-                chosen = next((x for x in others if _truncate_if_passed(conn, x)), None)
-                if chosen is None:
-                    if len(ring) >= max_slots:
+                found = []
+                for x in others:
+                    found.append(_truncate_if_passed(conn, x))
+                    if found[-1] is _Slot.TRUNCATED:
+                        chosen = x
+                        break
+                else:
+                    # A busy slot is free soon (a delivery reading it): try it next time.
+                    if _Slot.BUSY in found or len(ring) >= max_slots:
                         return None
                     chosen = size
                     _add_slot(conn, chosen)
