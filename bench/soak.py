@@ -136,7 +136,8 @@ from bench.replicate import (
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client import create_engine as lr_create_engine
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_client.store.schema import SEQUENCER_TABLES
+from lr_client.store.recv_rotation import MAX_SLOTS
+from lr_client.store.schema import RECV_PARTITION_PREFIX, SEQUENCER_TABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 SINKS = 2
@@ -159,7 +160,8 @@ SEND_TABLES = {
     "postgresql": (*SEQUENCER_TABLES, "lrq_send_snapsync"),
     "sqlite": ("lrq_send_log_entries", "lrq_send_snapsync"),
 }
-RECV_TABLES = ("lrq_recv_entries",)
+#: The receive queues: SQLite's table, PostgreSQL's partitions (its parent holds no rows).
+RECV_TABLES = ("lrq_recv_entries", *(f"{RECV_PARTITION_PREFIX}{n}" for n in range(MAX_SLOTS)))
 
 # -- the sink application ---------------------------------------------------------------
 
