@@ -22,10 +22,16 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select,
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
+from lr_client import (
+    RoutingQueueClient,
+    RoutingQueueListener,
+    RoutingQueueMessage,
+    RoutingQueueSubscriber,
+)
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import PostgresQueueStore, SQLAlchemyQueueStore, open_store, recv_rotation
 from tests.conftest import PgSchema
+from tests.kit.sites import Sites
 from tests.kit.wait import wait_for
 
 CLIENT = "policy"
@@ -362,3 +368,40 @@ def test_every_entry_is_delivered_once_in_order_whatever_the_interleaving(
             store.rotate_receive_queues(period=0.0)
     assert events(store.engine, client) == want
     assert undelivered() == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_sink_server_rotates_its_receive_queues(sites: Sites) -> None:
+    """``lr server`` retires delivered entries on its own ([receiver] rotation_period)."""
+    fast = "[receiver]\nrotation_period = 0.0\n[retention]\ntrim_interval = 0.05"
+    sites.start("b", sources=["a"], extra=fast)
+    sites.start("a", dests=["b"])
+    source, sink = sites.store("a"), sites.store("b")
+    app_metadata.create_all(sink.engine)
+    client = RoutingQueueClient(source, "a", CLIENT)
+    sent: list[str] = []
+
+    def slot() -> int:
+        with sink.read() as conn:
+            return int(conn.execute(text("SELECT cur_slot FROM lrq_recv_state")).scalar_one())
+
+    seen = {slot()}
+    with RoutingQueueSubscriber(sink, CLIENT, Recorder(), poll_interval=0) as sub:
+
+        def delivered() -> bool:
+            sub.poll_once()
+            return events(sink.engine).get("a") == sent
+
+        def one_more() -> bool:
+            """Transmit and deliver one entry; whether the server has rotated twice by now."""
+            n = len(sent) + 1
+            with Session(source.engine) as session, session.begin():
+                client.transmit_log_entry_message(session, b"l%d" % n, ["b"])
+            sent.append(f"l{n}")
+            wait_for(delivered, what=f"entry {n} delivered")
+            seen.add(slot())
+            return len(seen) >= 3
+
+        wait_for(one_more, what="two rotations by the sink's server")
+    assert events(sink.engine) == {"a": sent}
