@@ -6,7 +6,7 @@ whose every entry was delivered, never one holding an undelivered entry. A
 subscriber that lost its lease while another delivered rolls back, the
 listener's writes with it. A generated interleaving of appends, deliveries,
 failed deliveries and rotations delivers every entry once, in order, on both
-backends.
+backends; and a sink's ``lr server`` rotates on its own.
 """
 
 from __future__ import annotations
