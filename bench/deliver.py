@@ -85,7 +85,8 @@ app_table = Table(
 
 _READ = text(
     "SELECT seq, type, source_position, snapshot_id, payload FROM lrq_recv_entries "
-    "WHERE queue_id = :q ORDER BY seq LIMIT :n"
+    "WHERE queue_id = :q AND seq > coalesce((SELECT delivered_seq FROM lrq_subscriber_state"
+    " WHERE queue_id = :q), 0) ORDER BY seq LIMIT :n"
 )
 _DELETE = text("DELETE FROM lrq_recv_entries WHERE seq >= :lo AND seq <= :hi AND queue_id = :q")
 
@@ -145,6 +146,7 @@ class Bench:
                 ],
             )
         self.position += count
+        self.store.rotate_receive_queues(period=0.0)  # what the subscriber cases delivered
         if self.schema is not None:
             with self.store.engine.connect().execution_options(
                 isolation_level="AUTOCOMMIT"

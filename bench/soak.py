@@ -136,7 +136,13 @@ from bench.replicate import (
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client import create_engine as lr_create_engine
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_client.store.schema import SEQUENCER_TABLES, SNAPSYNC_PARTITION_PREFIX
+from lr_client.store.recv_rotation import MAX_SLOTS
+from lr_client.store.schema import (
+    RECV_PARTITION_PREFIX,
+    SEQUENCER_TABLES,
+    SNAPSYNC_PARTITION_PREFIX,
+    slot_parent,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SINKS = 2
@@ -159,7 +165,8 @@ SEND_TABLES = {
     "postgresql": (*SEQUENCER_TABLES, "lrq_send_snapsync"),
     "sqlite": ("lrq_send_log_entries", "lrq_send_snapsync"),
 }
-RECV_TABLES = ("lrq_recv_entries",)
+#: The receive queues: SQLite's table, PostgreSQL's partitions (its parent holds no rows).
+RECV_TABLES = ("lrq_recv_entries", *(f"{RECV_PARTITION_PREFIX}{n}" for n in range(MAX_SLOTS)))
 
 # -- the sink application ---------------------------------------------------------------
 
@@ -285,8 +292,10 @@ def table_stats(store: SQLAlchemyQueueStore) -> dict[str, dict[str, int | None]]
                 )
             ).all()
             for name, size, live, dead in rows:
-                # The snapshot queue's partitions count as the queue (revision 0006).
+                # The snapshot queue's partitions count as the queue (revision 0007).
+                # So do the send queue's slots (revision 0006).
                 key = "lrq_send_snapsync" if name.startswith(SNAPSYNC_PARTITION_PREFIX) else name
+                key = slot_parent(key) or key
                 got = out.setdefault(str(key), {"bytes": 0, "live": 0, "dead": 0})
                 for k, v in (("bytes", size), ("live", live), ("dead", dead)):
                     got[k] = int(got[k] or 0) + int(v)

@@ -36,8 +36,8 @@ class RoutingQueueListener(abc.ABC):
     """Receives one client's entries from every source, in order, exactly once.
 
     Each callback gets ``session``, an ORM session joined to the transaction
-    that deletes the delivered entries: whatever the listener writes with it
-    commits together with that deletion, or not at all. ``session.commit()``
+    that marks the delivered entries delivered: whatever the listener writes
+    with it commits together with that mark, or not at all. ``session.commit()``
     inside a callback does not commit early (it only flushes); the subscriber
     commits after the callbacks return.
 

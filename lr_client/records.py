@@ -249,6 +249,9 @@ class SubscriberState:
     delivered: int = 0  # entries delivered to the listener so far
     lease_owner: str = ""
     lease_expires: float = 0.0
+    #: Every entry of the queue with ``seq <= delivered_seq`` has been delivered
+    #: (or passed: the left-overs of an ended snapshot); readers see those above.
+    delivered_seq: int = 0
 
 
 class HeadEntry(NamedTuple):

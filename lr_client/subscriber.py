@@ -1,11 +1,14 @@
 """The sink subscriber: delivers receive queues to a listener, exactly once.
 
-One delivery is one database transaction: read the oldest entries of a queue,
-call the listener with an ORM session bound to that transaction, delete the
-entries, and record the queue's state (snapshot started or not, entries
-delivered) while checking that this subscriber still holds the queue's lease.
-The listener's writes, the deletion and the state commit together or not at
-all, so a crash anywhere loses nothing and applies nothing twice (I3).
+One delivery is one database transaction: read the oldest undelivered entries
+of a queue, call the listener with an ORM session bound to that transaction,
+and record the queue's state (snapshot started or not, entries delivered, and
+``delivered_seq`` raised past the entries) while checking that this
+subscriber still holds the queue's lease and that no other delivery of the
+queue committed since it read. The listener's writes and the state commit
+together or not at all, so a crash anywhere loses nothing and applies nothing
+twice (I3). Delivery deletes nothing: the store retires delivered entries in
+bulk (:mod:`lr_client.store.subscriber_queues`).
 
 Leases (see :mod:`lr_client.store.subscriber_queues`) let several subscribers of one
 client run at once: each queue is delivered by one of them at a time, and one
@@ -72,7 +75,8 @@ class _LeaseLost(Exception):
 
 
 class _Conflict(Exception):
-    """Entries vanished under the delivery (a superseded snapshot): roll back and retry."""
+    """The queue's state changed under the delivery (its lease lost, or another
+    delivery committed first): roll back, then take the lease again or leave it."""
 
 
 def _awaits_end(
@@ -266,6 +270,7 @@ class RoutingQueueSubscriber:
             self._lease_until.pop(qid, None)
         except _Conflict:
             log.debug("queue %s changed during delivery; retrying", queue.queue_name)
+            self._lease_until.pop(qid, None)
             progressed = True
         except Exception as exc:
             self._fail(qid, exc)
@@ -332,8 +337,6 @@ class RoutingQueueSubscriber:
                 )
             else:
                 self._call_listener(conn, queue, plan, attempt)
-            if self.store.delete_entries(conn, plan.seqs) != len(plan.seqs):
-                raise _Conflict
             expires = time.time() + self.lease_seconds
             saved = self.store.save_state(
                 conn,
@@ -344,9 +347,13 @@ class RoutingQueueSubscriber:
                 delivered=state.delivered
                 + (0 if plan.kind is PlanKind.DROP else len(plan.messages)),
                 lease_expires=expires,
+                # The plan takes a prefix of the entries read: they are passed,
+                # skipped (STALE) or not, exactly when this transaction commits.
+                previous_seq=state.delivered_seq,
+                delivered_seq=plan.seqs[-1],
             )
             if not saved:
-                raise _LeaseLost
+                raise _Conflict
         self._lease_until[queue.queue_id] = expires
         return len(plan.messages)
 

@@ -159,11 +159,13 @@ class RetentionConfig:
 
 @dataclass(frozen=True)
 class ReceiverConfig:
-    """Limits of the receiver's gRPC server (the site's ``listen``)."""
+    """Limits of the receiver's gRPC server (the site's ``listen``), and how often its
+    receive queues retire delivered entries."""
 
     max_concurrent_calls: int = 256
     max_calls_per_source: int = 4
     idle_call_timeout: float = 10.0
+    rotation_period: float = 30.0  # seconds; 0: whenever a slot can be retired
 
 
 @dataclass(frozen=True)

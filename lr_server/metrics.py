@@ -54,6 +54,9 @@ BACKPRESSURE_EVENTS = Counter(
 )
 ERRORS = Counter("lr_errors", "Errors by kind", ["kind"])
 TRIMMED = Counter("lr_trimmed_entries", "Send-queue entries trimmed")
+RECV_ROTATIONS = Counter(
+    "lr_receive_queue_rotations", "Receive-queue partitions of delivered entries truncated"
+)
 RECEIVER_OPEN_CALLS = Gauge("lr_receiver_open_calls", "Authenticated calls open at the receiver")
 RECEIVER_CALLS_REFUSED = Counter(
     "lr_receiver_calls_refused", "Receiver calls refused or ended by its limits", ["reason"]

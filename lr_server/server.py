@@ -129,7 +129,9 @@ class SiteServer:
         self._threads.append(t)
 
     def _trim_loop(self, stop: threading.Event) -> None:
-        """Retention (drops, backpressure, lag metrics) then trim, on a schedule."""
+        """Retention (drops, backpressure, lag metrics), trim and the rotation of the
+        receive queues (:meth:`~lr_client.store.contract.SubscriberQueues.rotate_receive_queues`),
+        on a schedule."""
         interval = self.config.retention.trim_interval
         policy = RetentionPolicy(self.store, self.config)
         self.store.rotation_period = self.config.retention.rotation_period
@@ -142,6 +144,10 @@ class SiteServer:
                 if n:
                     metrics.TRIMMED.inc(n)
                 self._reap()
+                if self.config.listen:  # a sink: retire delivered receive queue entries
+                    rotated = self.store.rotate_receive_queues(self.config.receiver.rotation_period)
+                    if rotated is not None:
+                        metrics.RECV_ROTATIONS.inc()
                 if time.monotonic() - analyzed > ANALYZE_INTERVAL:
                     self.store.analyze()
                     analyzed = time.monotonic()

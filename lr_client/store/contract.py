@@ -402,13 +402,22 @@ class SubscriberQueues(Transactions, Protocol):
         """Registered receive queues."""
 
     def read_queue(self, conn: Connection, queue_id: int, limit: int) -> list[RecvEntry]:
-        """The oldest entries of a receive queue."""
+        """The oldest undelivered entries of a receive queue (``seq > delivered_seq``).
 
-    def delete_entries(self, conn: Connection, seqs: Sequence[int]) -> int:
-        """Delete delivered entries (inside the delivering transaction)."""
+        So are those of every read and probe below.
+        """
 
     def queue_depth(self, queue_id: int) -> int:
-        """How many entries wait in a receive queue."""
+        """How many entries wait in a receive queue (above its ``delivered_seq``)."""
+
+    def rotate_receive_queues(self, period: float = 30.0) -> int | None:
+        """Retire delivered entries in bulk once the newest ones are ``period`` s old.
+
+        PostgreSQL truncates a partition whose every entry is delivered and
+        writes new entries there (the new slot is returned; None: nothing
+        rotated); SQLite deletes entries as they are delivered (always None).
+        Never waits long for a lock: what it cannot do now, a later call does.
+        """
 
     def load_state(self, conn: Connection, queue_id: int) -> SubscriberState:
         """The queue's delivery state (defaults if it has none yet)."""
@@ -428,8 +437,16 @@ class SubscriberQueues(Transactions, Protocol):
         in_snapshot: bool,
         delivered: int,
         lease_expires: float,
+        previous_seq: int,
+        delivered_seq: int,
     ) -> bool:
-        """Write the queue's state if ``owner`` still holds the lease; False: roll back."""
+        """Write the queue's state and pass its entries up to ``delivered_seq``, if
+        ``owner`` still holds the lease and the queue's ``delivered_seq`` is still
+        ``previous_seq``; False: roll back.
+
+        The entries it passes are delivered exactly when the caller's
+        transaction commits: readers see only those above ``delivered_seq``.
+        """
 
     def release_leases(
         self, conn: Connection, owner: str, queue_ids: list[int] | None = None

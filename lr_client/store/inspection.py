@@ -14,6 +14,7 @@ from sqlalchemy import and_, func, or_, select
 from lr_client.records import QueueInfo, ReplicationType, StoredEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
+from lr_client.store.subscriber_queues import depth, undelivered
 
 
 class InspectionStore(StoreBase):
@@ -54,32 +55,28 @@ class InspectionStore(StoreBase):
 
     # -- counts -------------------------------------------------------------------------
     def queue_depths(self) -> dict[int, int]:
-        """{queue_id: entries waiting in the receive queue}, in one query."""
-        t = s.recv_entries
+        """{queue_id: entries waiting in the receive queue}, in one query.
+
+        Entries above each queue's ``delivered_seq``: one index range per queue.
+        """
+        reg = s.queue_registry
         with self.read() as conn:
-            rows = conn.execute(select(t.c.queue_id, func.count()).group_by(t.c.queue_id)).all()
-        return {int(r[0]): int(r[1]) for r in rows}
+            rows = conn.execute(select(reg.c.queue_id, depth(reg.c.queue_id))).all()
+        return {int(r[0]): int(r[1]) for r in rows if r[1]}
 
     def queue_sizes(self) -> tuple[int, int, list[tuple[QueueInfo, int]]]:
         """Entries in the send log, in the snapshot queue, and in each receive queue
         (by queue name), read in one transaction."""
-        reg, recv = s.queue_registry, s.recv_entries
+        reg = s.queue_registry
         self.sequence()
         with self.read() as conn:
             n_log = conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar_one()
             n_snap = conn.execute(select(func.count()).select_from(s.send_snapsync)).scalar_one()
-            depths: dict[int, int] = {
-                int(r[0]): int(r[1])
-                for r in conn.execute(
-                    select(recv.c.queue_id, func.count()).group_by(recv.c.queue_id)
-                )
-            }
-            registry = conn.execute(select(reg).order_by(reg.c.queue_name)).all()
+            registry = conn.execute(
+                select(reg, depth(reg.c.queue_id).label("depth")).order_by(reg.c.queue_name)
+            ).all()
         queues = [
-            (
-                QueueInfo(r.queue_id, r.queue_name, r.client_name, r.source_id),
-                depths.get(r.queue_id, 0),
-            )
+            (QueueInfo(r.queue_id, r.queue_name, r.client_name, r.source_id), int(r.depth))
             for r in registry
         ]
         return int(n_log), int(n_snap), queues
@@ -177,7 +174,7 @@ class InspectionStore(StoreBase):
                 return None
             rows = conn.execute(
                 select(t)
-                .where(t.c.queue_id == found.queue_id, t.c.seq > after)
+                .where(undelivered(found.queue_id), t.c.seq > after)
                 .order_by(t.c.seq)
                 .limit(limit)
             ).all()

@@ -27,8 +27,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Engine
 
 from lr_client.records import EntryRef, ReplicationType, WireEntry
+from lr_client.store import recv_rotation, sequencer, slots, snapshot_pool
 from lr_client.store import schema as s
-from lr_client.store import sequencer, slots, snapshot_pool
 from lr_client.store.base import mapped_errors
 from lr_client.store.receiving import recv_base
 from lr_client.store.sqla import SQLAlchemyQueueStore
@@ -64,8 +64,9 @@ _RECV_COLUMNS = (
     "payload",
     "received_at",
     "base_position",
+    "slot",
 )
-_RECV_TYPES = ("int4", "int2", "int8", "varchar", "int8", "bytea", "float8", "int8")
+_RECV_TYPES = ("int4", "int2", "int8", "varchar", "int8", "bytea", "float8", "int8", "int2")
 _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
     s.recv_entries.name, ", ".join(_RECV_COLUMNS)
 )
@@ -205,10 +206,12 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         return 0 if slot is None else snapshot_pool.pg_truncate(conn, slot, count)
 
     def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
-        # Binary COPY in the apply transaction: one round trip for the whole batch.
+        # Binary COPY in the apply transaction: one round trip for the whole batch,
+        # into the current slot of the receive queues' partitions.
         now = time.time()
         raw = conn.connection.driver_connection
         assert raw is not None
+        slot = recv_rotation.current_slot(raw)
         with raw.cursor() as cur, cur.copy(_COPY_RECV) as copy:
             copy.set_types(list(_RECV_TYPES))
             for e in entries:
@@ -222,6 +225,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                         e.payload,
                         now,
                         recv_base(e),
+                        slot,
                     )
                 )
 
@@ -258,6 +262,12 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         """The send queue's slots: which is current, entries and bytes in each."""
         with self.read() as conn:
             return slots.slot_sizes(conn)
+
+    keeps_delivered = True  # until rotation truncates their partition
+
+    def rotate_receive_queues(self, period: float = 30.0) -> int | None:
+        with mapped_errors():
+            return recv_rotation.rotate(self.engine, period)
 
 
 __all__ = ["PostgresQueueStore"]

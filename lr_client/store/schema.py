@@ -21,7 +21,14 @@ Queue layout:
   (``lrq_snapshots.snap_slot``), so a finished snapshot's entries go by
   TRUNCATE (:mod:`lr_client.store.snapshot_pool`, revision 0007).
 * ``lrq_recv_entries`` holds every ``LRQ_Recv_<client>__<source>`` queue,
-  each a ``queue_id`` of ``lrq_queue_registry``.
+  each a ``queue_id`` of ``lrq_queue_registry``. Delivery deletes nothing:
+  ``lrq_subscriber_state.delivered_seq`` says how far each queue was
+  delivered. On PostgreSQL the table is ``PARTITION BY LIST (slot)`` with a
+  ring of partitions ``lrq_recv_entries_s<N>``, created in SQL by revision
+  0008 (a partitioned table's key must include ``slot``, which SQLite's
+  rowid ``seq`` cannot), and retired a partition at a time by TRUNCATE
+  (:mod:`lr_client.store.recv_rotation`); ``lrq_recv_state`` says which
+  partition new rows go to.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 metadata = MetaData()
 
@@ -104,6 +111,12 @@ SEQUENCER_TABLES = (
 #: ``lrq_send_state`` (:mod:`lr_client.store.slots`).
 SLOT_TABLES = ("lrq_send_state", "lrq_send_slots")
 _SLOT_PARTITION = re.compile("(" + "|".join(SEQUENCER_TABLES) + r")_s\d+")
+
+
+def slot_parent(name: str) -> str | None:
+    """The send queue table a slot's partition belongs to (None: not such a partition)."""
+    found = _SLOT_PARTITION.fullmatch(name)
+    return found.group(1) if found else None
 
 
 def made_in_sql(name: str) -> bool:
@@ -250,7 +263,11 @@ recv_entries = Table(
     # entries of a source that sends it on the end marker only).
     Column("base_position", BigInteger),
     sqlite_autoincrement=True,
+    # PostgreSQL: these columns and ``slot smallint`` (the partition key), created in SQL.
+    info={"partitioned_on": "postgresql"},
 )
+#: The partitions of ``lrq_recv_entries`` on PostgreSQL: this prefix and the slot number.
+RECV_PARTITION_PREFIX = "lrq_recv_entries_s"
 Index("lrq_recv_entries_queue", recv_entries.c.queue_id, recv_entries.c.seq)
 #: The end markers only: whether a snapshot is whole at the sink is one probe,
 #: and log and snapshot entries cost this index nothing.
@@ -299,6 +316,18 @@ subscriber_state = Table(
     Column("delivered", BigInteger, nullable=False, default=0),
     Column("lease_owner", String(128), nullable=False, default=""),
     Column("lease_expires", Double, nullable=False, default=0.0),
+    # Every entry of the queue with seq <= delivered_seq was delivered (or passed).
+    Column("delivered_seq", BigInteger, nullable=False, default=0, server_default="0"),
+)
+
+recv_state = Table(
+    "lrq_recv_state",
+    metadata,
+    # PostgreSQL's receive queue partitions: where new rows go (one row, id 1).
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("cur_slot", SmallInteger, nullable=False),
+    Column("rotated_at", Double, nullable=False),
+    info={"only": "postgresql"},
 )
 
 flow_control = Table(
@@ -323,6 +352,7 @@ session_status = Table(
 )
 
 __all__ = [
+    "RECV_PARTITION_PREFIX",
     "SCHEMA_VERSION",
     "SEQUENCER_TABLES",
     "SLOT_TABLES",
@@ -335,6 +365,7 @@ __all__ = [
     "metadata",
     "queue_registry",
     "recv_entries",
+    "recv_state",
     "send_log_entries",
     "send_snapsync",
     "send_snapsync_slotted",
@@ -342,6 +373,7 @@ __all__ = [
     "sink_drops",
     "sink_progress",
     "sites",
+    "slot_parent",
     "snapshots",
     "stream_stops",
     "subscriber_state",

@@ -11,13 +11,34 @@ never both succeed, on SQLite or PostgreSQL. The delivering transaction then
 *fences* itself: it writes the queue's new state with
 ``WHERE lease_owner = :me`` and rolls back when that matches no row, so a
 subscriber whose lease was taken over can never commit a delivery.
+
+Delivery deletes nothing it delivers. The state row's ``delivered_seq`` says
+how far the queue was delivered: every entry with ``seq <= delivered_seq``
+was delivered, or passed (the left-overs of an ended snapshot, never
+delivered twice), and every read of a queue sees only the entries above it.
+:meth:`~SubscriberQueuesStore.save_state` raises it in the delivering
+transaction, only from the value the delivery read (``previous_seq``) and
+only while the caller holds the lease: a delivery that raced another one,
+or outlived its lease, matches no row and rolls back with the listener's
+writes. So a crash anywhere applies each entry once, as with the delete it
+replaces. Entries of a queue are appended in ``seq`` order under the queue's
+lock (:meth:`_lock_stream`), so no entry below a delivered ``seq`` commits
+later.
+
+What happens to delivered rows depends on the backend. PostgreSQL keeps them
+until their partition is truncated by :meth:`rotate_receive_queues`
+(:mod:`lr_client.store.recv_rotation`): a DELETE would leave a dead tuple per
+entry until vacuum, and a long transaction can hold vacuum back without
+bound. SQLite has no dead tuples (the pages of deleted rows are reused), so
+it deletes them in the delivering transaction, as it always did, and its
+rotation does nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import and_, delete, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, update
 from sqlalchemy.engine import Connection
 
 from lr_client.records import HeadEntry, QueueInfo, RecvEntry, ReplicationType, SubscriberState
@@ -28,6 +49,27 @@ from lr_client.store.byte_bounds import fill, sized, within
 _T = s.subscriber_state
 _R = s.recv_entries
 _TYPES = {int(t): t for t in ReplicationType}
+
+
+def delivered_seq(queue_id: Any) -> ColumnElement[Any]:
+    """The queue's ``delivered_seq`` (0 without a state row), as a scalar subquery."""
+    sub = (
+        select(_T.c.delivered_seq)
+        .where(_T.c.queue_id == queue_id)
+        .correlate_except(_T)
+        .scalar_subquery()
+    )
+    return func.coalesce(sub, 0)
+
+
+def undelivered(queue_id: Any) -> ColumnElement[bool]:
+    """The receive queue's entries not delivered yet: an index range of ``(queue_id, seq)``."""
+    return and_(_R.c.queue_id == queue_id, _R.c.seq > delivered_seq(queue_id))
+
+
+def depth(queue_id: Any) -> Any:
+    """The number of undelivered entries of a queue, as a scalar subquery."""
+    return select(func.count()).where(undelivered(queue_id)).scalar_subquery()
 
 
 class SubscriberQueuesStore(StoreBase):
@@ -47,7 +89,7 @@ class SubscriberQueuesStore(StoreBase):
         rows = conn.execute(
             select(t, reg.c.source_id, reg.c.client_name)
             .join(reg, reg.c.queue_id == t.c.queue_id)
-            .where(t.c.queue_id == queue_id)
+            .where(undelivered(queue_id))
             .order_by(t.c.seq)
             .limit(limit)
         ).all()
@@ -66,24 +108,20 @@ class SubscriberQueuesStore(StoreBase):
             for r in rows
         ]
 
-    def delete_entries(self, conn: Connection, seqs: Sequence[int]) -> int:
-        if not seqs:
-            return 0
-        lo, hi = min(seqs), max(seqs)
-        t = s.recv_entries
-        if hi - lo + 1 == len(seqs):
-            query = delete(t).where(and_(t.c.seq >= lo, t.c.seq <= hi))
-        else:
-            query = delete(t).where(t.c.seq.in_(list(seqs)))
-        return int(conn.execute(query).rowcount or 0)
-
     def queue_depth(self, queue_id: int) -> int:
         with self.read() as conn:
-            return int(
-                conn.execute(
-                    select(func.count()).where(s.recv_entries.c.queue_id == queue_id)
-                ).scalar_one()
-            )
+            return int(conn.execute(select(depth(queue_id))).scalar_one())
+
+    #: Whether delivered entries stay until :meth:`rotate_receive_queues` truncates
+    #: their partition (PostgreSQL); else the delivery deletes them (SQLite).
+    keeps_delivered = False
+
+    def rotate_receive_queues(self, period: float = 30.0) -> int | None:
+        """Retire delivered entries in bulk (PostgreSQL); the new current slot, or None.
+
+        SQLite deletes them as they are delivered: nothing to do.
+        """
+        return None
 
     # -- subscriber state and leases (in the caller's transaction) -------------------------
     def load_state(self, conn: Connection, queue_id: int) -> SubscriberState:
@@ -98,6 +136,7 @@ class SubscriberQueuesStore(StoreBase):
             delivered=int(row.delivered),
             lease_owner=row.lease_owner,
             lease_expires=float(row.lease_expires),
+            delivered_seq=int(row.delivered_seq),
         )
 
     def _ensure_state_row(self, conn: Connection, queue_id: int) -> None:
@@ -108,6 +147,7 @@ class SubscriberQueuesStore(StoreBase):
             "delivered": 0,
             "lease_owner": "",
             "lease_expires": 0.0,
+            "delivered_seq": 0,
         }
         conn.execute(self.dialect_insert(_T).values(**values).on_conflict_do_nothing())
 
@@ -141,22 +181,44 @@ class SubscriberQueuesStore(StoreBase):
         in_snapshot: bool,
         delivered: int,
         lease_expires: float,
+        previous_seq: int,
+        delivered_seq: int,
     ) -> bool:
-        """Write the queue's new state if ``owner`` still holds the lease (renewing it).
+        """Write the queue's new state, passing its entries up to ``delivered_seq``.
 
-        Returns False when the lease was lost: the caller must roll back.
+        Only if ``owner`` still holds the lease (renewing it) and the queue's
+        ``delivered_seq`` is still ``previous_seq``, the value the delivery
+        read. Returns False otherwise (the lease was lost, or another delivery
+        committed first): the caller must roll back.
         """
+        if delivered_seq < previous_seq:
+            raise ValueError("delivered_seq cannot go back")
         result = conn.execute(
             update(_T)
-            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
+            .where(
+                _T.c.queue_id == queue_id,
+                _T.c.lease_owner == owner,
+                _T.c.delivered_seq == previous_seq,
+            )
             .values(
                 snapshot_id=snapshot_id,
                 in_snapshot=in_snapshot,
                 delivered=delivered,
                 lease_expires=lease_expires,
+                delivered_seq=delivered_seq,
             )
         )
-        return result.rowcount == 1
+        if result.rowcount != 1:
+            return False
+        if not self.keeps_delivered and delivered_seq > previous_seq:
+            conn.execute(
+                delete(_R).where(
+                    _R.c.queue_id == queue_id,
+                    _R.c.seq > previous_seq,
+                    _R.c.seq <= delivered_seq,
+                )
+            )
+        return True
 
     def release_leases(
         self, conn: Connection, owner: str, queue_ids: list[int] | None = None
@@ -179,7 +241,7 @@ class SubscriberQueuesStore(StoreBase):
         query = (
             select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
             .add_columns(*sized(_R.c.payload, limit, max_bytes))
-            .where(_R.c.queue_id == queue_id)
+            .where(undelivered(queue_id))
             .order_by(_R.c.seq)
             .limit(limit)
         )
@@ -191,7 +253,7 @@ class SubscriberQueuesStore(StoreBase):
         """The oldest entry of a receive queue, without its payload (``b""``)."""
         row = conn.execute(
             select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
-            .where(_R.c.queue_id == queue_id)
+            .where(undelivered(queue_id))
             .order_by(_R.c.seq)
             .limit(1)
         ).first()
@@ -204,7 +266,7 @@ class SubscriberQueuesStore(StoreBase):
         end = literal(int(ReplicationType.LAST_FULL_SYNC_ENTRY), literal_execute=True)
         probe = (
             select(_R.c.seq)
-            .where(_R.c.queue_id == queue_id, _R.c.snapshot_id == snapshot_id, _R.c.type == end)
+            .where(undelivered(queue_id), _R.c.snapshot_id == snapshot_id, _R.c.type == end)
             .limit(1)
         )
         return conn.execute(probe).first() is not None
@@ -214,15 +276,15 @@ class SubscriberQueuesStore(StoreBase):
         end = literal(int(ReplicationType.LAST_FULL_SYNC_ENTRY), literal_execute=True)
         row = conn.execute(
             select(_R.c.base_position)
-            .where(_R.c.queue_id == queue_id, _R.c.snapshot_id == snapshot_id, _R.c.type == end)
+            .where(undelivered(queue_id), _R.c.snapshot_id == snapshot_id, _R.c.type == end)
             .limit(1)
         ).first()
         return None if row is None or row[0] is None else int(row[0])
 
     def has_entries(self, conn: Connection, queue_id: int) -> bool:
         """Whether the receive queue holds anything (a cheap indexed probe)."""
-        probe = select(_R.c.seq).where(_R.c.queue_id == queue_id).limit(1)
+        probe = select(_R.c.seq).where(undelivered(queue_id)).limit(1)
         return conn.execute(probe).first() is not None
 
 
-__all__ = ["SubscriberQueuesStore"]
+__all__ = ["SubscriberQueuesStore", "delivered_seq", "depth", "undelivered"]

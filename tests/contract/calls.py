@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.errors import SchemaError, StoreUnavailableError
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store.contract import QueueStore, Sites, Transactions
+from lr_client.store.contract import QueueStore, Sites, SubscriberQueues, Transactions
 from tests.contract.outage import Outage
 from tests.kit.positions import new_slot, positions
 
@@ -50,6 +50,29 @@ def append_apart(store: QueueStore, client: str, *rows: tuple[bytes, list[str]])
         new_slot(store)
         out += append(store, client, row)
     return out
+
+
+def pass_entries(store: SubscriberQueues, queue_id: int, n: int, owner: str = "s1") -> list[int]:
+    """Deliver the ``n`` oldest entries of a queue as a subscriber does; their positions."""
+    with store.write() as conn:
+        assert store.acquire_lease(conn, queue_id, owner, 100.0, 1e9) is not None
+    with store.write() as conn:
+        state = store.load_state(conn, queue_id)
+        head = store.read_head(conn, queue_id, n)
+        if not head:
+            return []
+        assert store.save_state(
+            conn,
+            queue_id,
+            owner,
+            snapshot_id=state.snapshot_id,
+            in_snapshot=state.in_snapshot,
+            delivered=state.delivered + len(head),
+            lease_expires=1e9,
+            previous_seq=state.delivered_seq,
+            delivered_seq=head[-1].seq,
+        )
+    return [e.source_position for e in head]
 
 
 def log(*positions: int) -> list[WireEntry]:

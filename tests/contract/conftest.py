@@ -9,7 +9,7 @@ only: no table is read or written directly and no schema object is imported
 
 A few methods run inside the caller's transaction and take its ``conn``
 (``append_log_entries``, ``write_snapshot_entries``, ``read_queue``,
-``delete_entries``, and optionally ``request_snapshot`` and
+``save_state``, and optionally ``request_snapshot`` and
 ``head_position``). The tests take that connection from the store's own
 transactions (:class:`~lr_client.store.contract.Transactions`), or, where the
 application's transaction is what is tested, from ``app_transaction`` (a

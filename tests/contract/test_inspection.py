@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from lr_client.records import ReplicationType
 from lr_client.store.contract import Inspection, QueueStore
-from tests.contract.calls import across_outage, append, log, positions, refused_for_no_schema
+from tests.contract.calls import (
+    across_outage,
+    append,
+    log,
+    pass_entries,
+    positions,
+    refused_for_no_schema,
+)
 from tests.contract.outage import Outage
 
 
@@ -97,8 +104,7 @@ def test_queue_depths_are_those_of_the_non_empty_queues(store: QueueStore) -> No
     qa, qb = (q.queue_id for q in store.list_queues("policy"))
     (qo,) = (q.queue_id for q in store.list_queues("other"))
     assert store.queue_depths() == {qa: 3, qb: 1, qo: 1}
-    with store.write() as conn:
-        store.delete_entries(conn, [e.seq for e in store.read_queue(conn, qb, 10)])
+    pass_entries(store, qb, 10)
     assert store.queue_depths() == {qa: 3, qo: 1}
 
 
@@ -117,9 +123,7 @@ def test_queue_sizes_count_every_queue_by_name(store: QueueStore) -> None:
         ("LRQ_Recv_policy__a", "a", 1),
         ("LRQ_Recv_policy__b", "b", 2),
     ]
-    with store.write() as conn:
-        qid = queues[0][0].queue_id
-        store.delete_entries(conn, [e.seq for e in store.read_queue(conn, qid, 10)])
+    pass_entries(store, queues[0][0].queue_id, 10)
     assert [(q.queue_name, d) for q, d in store.queue_sizes()[2]] == [
         ("LRQ_Recv_policy__a", 0),
         ("LRQ_Recv_policy__b", 2),
@@ -189,6 +193,9 @@ def test_browse_queue_by_name_from_a_seq(store: QueueStore) -> None:
     assert [e.position for e in store.browse_queue("LRQ_Recv_policy__a", seqs[0], 1) or []] == [4]
     assert store.browse_queue("LRQ_Recv_policy__a", seqs[-1], 10) == []
     assert store.browse_queue("LRQ_Recv_nobody__a", 0, 10) is None
+    qa = store.list_queues("policy")[0].queue_id
+    pass_entries(store, qa, 1)  # delivered: no longer in the queue
+    assert [e.position for e in store.browse_queue("LRQ_Recv_policy__a", 0, 10) or []] == [4, 6]
 
 
 def test_the_views_on_an_empty_database_are_schema_errors(bare_store: QueueStore) -> None:

@@ -1,14 +1,21 @@
-"""SubscriberQueues: the sink's receive queues, read and emptied in the delivering transaction."""
+"""SubscriberQueues: the sink's receive queues, read and passed in the delivering transaction."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from sqlalchemy.engine import Connection
 
 from lr_client.records import ReplicationType, SubscriberState, WireEntry
 from lr_client.store.contract import QueueStore, SubscriberQueues
-from tests.contract.calls import across_outage, log, refused_for_no_schema, rolled_back
+from tests.contract.calls import (
+    across_outage,
+    log,
+    pass_entries,
+    refused_for_no_schema,
+    rolled_back,
+)
 from tests.contract.outage import Outage
 
 
@@ -53,31 +60,105 @@ def test_read_queue_gives_the_oldest_entries_of_one_queue(store: QueueStore) -> 
     assert [(e.source_id, e.source_position) for e in other] == [("b", 1)]
 
 
-def test_delete_entries_commits_with_the_delivery(store: QueueStore) -> None:
+def test_passed_entries_are_gone_when_the_delivery_commits(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3, 4, 5))
     qid = _queue_id(store, "policy")
+    _lease(store, qid, "s1", 100.0)
     with rolled_back(store) as conn:
         seqs = [e.seq for e in store.read_queue(conn, qid, 2)]
-        assert store.delete_entries(conn, seqs) == 2
+        assert store.save_state(
+            conn,
+            qid,
+            "s1",
+            snapshot_id="",
+            in_snapshot=False,
+            delivered=2,
+            lease_expires=150.0,
+            previous_seq=0,
+            delivered_seq=seqs[-1],
+        )
+        assert [e.source_position for e in store.read_queue(conn, qid, 10)] == [3, 4, 5]
     assert _positions(store, qid) == [1, 2, 3, 4, 5]
-    with store.write() as conn:
-        got = store.read_queue(conn, qid, 5)
-        assert store.delete_entries(conn, [got[0].seq, got[1].seq]) == 2  # a range
-        assert store.delete_entries(conn, [got[2].seq, got[4].seq]) == 2  # with a hole
-        assert store.delete_entries(conn, []) == 0
-    assert _positions(store, qid) == [4]
+    assert pass_entries(store, qid, 2) == [1, 2]
+    assert _positions(store, qid) == [3, 4, 5]
+    with store.read() as conn:
+        state = store.load_state(conn, qid)
+        head = store.peek_head(conn, qid)
+        assert head is not None and head.source_position == 3
+        assert state.delivered_seq == seqs[-1] < head.seq
+    assert pass_entries(store, qid, 10) == [3, 4, 5]
+    assert _positions(store, qid) == []
+    store.apply_log_batch("a", "policy", log(6))
+    assert _positions(store, qid) == [6]
 
 
-def test_queue_depth_follows_appends_and_deletes(store: QueueStore) -> None:
+def test_a_delivery_from_a_passed_point_is_refused(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(1, 2, 3))
+    qid = _queue_id(store, "policy")
+    _lease(store, qid, "s1", 100.0)
+    with store.read() as conn:
+        seqs = [e.seq for e in store.read_head(conn, qid, 3)]
+
+    def save(previous: int, to: int) -> bool:
+        with store.write() as conn:
+            return store.save_state(
+                conn,
+                qid,
+                "s1",
+                snapshot_id="",
+                in_snapshot=False,
+                delivered=1,
+                lease_expires=150.0,
+                previous_seq=previous,
+                delivered_seq=to,
+            )
+
+    assert save(0, seqs[0])
+    assert not save(0, seqs[1])  # another delivery committed from 0 first: roll back
+    assert _positions(store, qid) == [2, 3]
+    assert save(seqs[0], seqs[0])  # state only: nothing passed
+    with pytest.raises(ValueError):
+        save(seqs[0], seqs[0] - 1)  # never backwards
+    assert _state(store, qid).delivered_seq == seqs[0]
+
+
+def test_queue_depth_follows_appends_and_deliveries(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2, 3))
     store.apply_log_batch("b", "policy", log(1))
     qid = store.list_queues("policy")[0].queue_id  # source a, registered first
     assert store.queue_depth(qid) == 3
-    with store.write() as conn:
-        store.delete_entries(conn, [store.read_queue(conn, qid, 1)[0].seq])
+    pass_entries(store, qid, 1)
     assert store.queue_depth(qid) == 2
     assert _positions(store, qid) == [2, 3]
     assert store.queue_depth(qid + 1000) == 0
+
+
+def test_rotation_keeps_every_undelivered_entry(store: QueueStore) -> None:
+    """Rotating as often as it may (period 0) between appends and deliveries loses nothing.
+
+    PostgreSQL moves new entries to a retired slot; SQLite has nothing to rotate.
+    """
+    qa = qb = 0
+    got: dict[str, list[int]] = {"a": [], "b": []}
+    rotated = []
+    for round_ in range(6):
+        store.apply_log_batch("a", "policy", log(3 * round_ + 1, 3 * round_ + 2, 3 * round_ + 3))
+        store.apply_log_batch("b", "policy", log(round_ + 1))
+        qa, qb = (q.queue_id for q in store.list_queues("policy"))
+        rotated.append(store.rotate_receive_queues(period=0.0))
+        got["a"] += pass_entries(store, qa, 2)
+        rotated.append(store.rotate_receive_queues(period=0.0))
+        if round_ % 2:
+            got["b"] += pass_entries(store, qb, 10)
+    assert store.rotate_receive_queues(period=3600.0) is None  # not due
+    got["a"] += pass_entries(store, qa, 100)
+    got["b"] += pass_entries(store, qb, 100)
+    assert got == {"a": list(range(1, 19)), "b": list(range(1, 7))}
+    assert store.queue_depths() == {}
+    if store.dialect == "sqlite":
+        assert rotated == [None] * 12
+    else:
+        assert {r for r in rotated if r is not None}, rotated  # it did rotate
 
 
 def test_a_queue_method_on_an_empty_database_is_a_schema_error(
@@ -114,6 +195,8 @@ def _save(store: SubscriberQueues, qid: int, owner: str, delivered: int) -> bool
             in_snapshot=True,
             delivered=delivered,
             lease_expires=1000.0,
+            previous_seq=0,
+            delivered_seq=0,
         )
 
 
@@ -159,9 +242,17 @@ def test_a_save_commits_or_rolls_back_with_the_delivery(store: QueueStore) -> No
     qid = _queue_id(store, "policy")
     _lease(store, qid, "s1", 100.0)
     with rolled_back(store) as conn:
-        store.delete_entries(conn, [e.seq for e in store.read_head(conn, qid, 10)])
+        seq = store.read_head(conn, qid, 10)[-1].seq
         assert store.save_state(
-            conn, qid, "s1", snapshot_id="", in_snapshot=False, delivered=2, lease_expires=150.0
+            conn,
+            qid,
+            "s1",
+            snapshot_id="",
+            in_snapshot=False,
+            delivered=2,
+            lease_expires=150.0,
+            previous_seq=0,
+            delivered_seq=seq,
         )
     assert _state(store, qid) == SubscriberState(qid, lease_owner="s1", lease_expires=130.0)
     assert _positions(store, qid) == [1, 2]
@@ -224,8 +315,8 @@ def test_peek_head_and_has_entries_probe_the_oldest_entry(store: QueueStore) -> 
         assert store.has_entries(conn, qid)
         assert store.peek_head(conn, qid + 1000) is None
         assert not store.has_entries(conn, qid + 1000)
-    with store.write() as conn:
-        store.delete_entries(conn, [e.seq for e in store.read_head(conn, qid, 10)])
+    pass_entries(store, qid, 10)
+    with store.read() as conn:
         assert store.peek_head(conn, qid) is None
         assert not store.has_entries(conn, qid)
 
@@ -248,6 +339,10 @@ def test_has_snapshot_end_finds_the_end_marker_of_one_snapshot(store: QueueStore
             (snap, "s1"),
             (ReplicationType.LAST_FULL_SYNC_ENTRY, "s1"),
         ]
+    pass_entries(store, qid, 10)  # delivered: an end marker passed is not in the queue
+    with store.read() as conn:
+        assert not store.has_snapshot_end(conn, qid, "s1")
+        assert store.snapshot_base(conn, qid, "s1") is None
 
 
 def test_the_base_position_is_kept_with_snapshot_entries_and_their_end(store: QueueStore) -> None:
@@ -291,7 +386,15 @@ def test_the_delivery_methods_on_an_empty_database_are_schema_errors(
         lambda c: bare_store.load_state(c, 1),
         lambda c: bare_store.acquire_lease(c, 1, "s1", 100.0, 30.0),
         lambda c: bare_store.save_state(
-            c, 1, "s1", snapshot_id="", in_snapshot=False, delivered=0, lease_expires=1.0
+            c,
+            1,
+            "s1",
+            snapshot_id="",
+            in_snapshot=False,
+            delivered=0,
+            lease_expires=1.0,
+            previous_seq=0,
+            delivered_seq=1,
         ),
         lambda c: bare_store.release_leases(c, "s1"),
         lambda c: bare_store.read_head(c, 1, 10),
@@ -299,7 +402,6 @@ def test_the_delivery_methods_on_an_empty_database_are_schema_errors(
         lambda c: bare_store.has_snapshot_end(c, 1, "s1"),
         lambda c: bare_store.has_entries(c, 1),
         lambda c: bare_store.read_queue(c, 1, 10),
-        lambda c: bare_store.delete_entries(c, [1]),
     ]
     for call in calls:
         refused_for_no_schema(bare_store, in_transaction(call))

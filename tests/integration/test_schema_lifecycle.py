@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueSubscriber
 from lr_client.errors import SchemaError
 from lr_client.listener import RoutingQueueMessage
-from lr_client.records import EntryRef
+from lr_client.records import EntryRef, ReplicationType, WireEntry
 from lr_client.store import create_engine, lifecycle, open_store
 from lr_client.store import schema as s
 from lr_client.store.lifecycle import SchemaState
@@ -37,10 +37,8 @@ def _dialect_metadata(dialect: str) -> MetaData:
     """The declared schema as the dialect gets it (tables for one backend only left out)."""
     md = MetaData()
     for table in s.metadata.sorted_tables:
-        if table.info.get("view_on") == dialect:
-            continue  # a view there: compared by the queries that read it
-        if table.info.get("partitioned_on") == dialect:
-            continue  # made in SQL there: checked by test_revision_0006_*
+        if dialect in (table.info.get("view_on"), table.info.get("partitioned_on")):
+            continue  # a view or partitioned there, made in SQL: compared on its own
         if table.info.get("only") in (None, dialect):
             copy = table.to_metadata(md)
             skip = {i.name for i in table.indexes if i.info.get("only") not in (None, dialect)}
@@ -48,27 +46,31 @@ def _dialect_metadata(dialect: str) -> MetaData:
     return md
 
 
-def _in_sql(name: str) -> bool:
-    """A PostgreSQL table made in SQL, not declared: the send queue's and its slots', the
-    partitioned snapshot queue's."""
-    return (
-        s.made_in_sql(name)
-        or name == s.send_snapsync.name
-        or name.startswith(s.SNAPSYNC_PARTITION_PREFIX)
-    )
+def _made_in_sql(name: str, dialect: str) -> bool:
+    """A table the revisions make in SQL, not declared for ``dialect`` (nor compared):
+    on PostgreSQL the send queue's and its slots', the partitioned snapshot and
+    receive queues' and their partitions."""
+    if name == lifecycle.VERSION_TABLE:
+        return True
+    if dialect != "postgresql":
+        return False
+    if s.made_in_sql(name) or name.startswith(
+        (s.SNAPSYNC_PARTITION_PREFIX, s.RECV_PARTITION_PREFIX)
+    ):
+        return True
+    table = s.metadata.tables.get(name)
+    return table is not None and table.info.get("partitioned_on") == dialect
 
 
 def _diff(conn: Connection) -> list[object]:
-    pg = conn.dialect.name == "postgresql"
+    dialect = conn.dialect.name
     ctx = MigrationContext.configure(
         conn,
         opts={
             "compare_type": True,
             "compare_server_default": True,
             "include_name": lambda name, kind, _parent: (
-                not (
-                    kind == "table" and (name == lifecycle.VERSION_TABLE or (pg and _in_sql(name)))
-                )
+                not (kind == "table" and _made_in_sql(name, dialect))
             ),
         },
     )
@@ -83,8 +85,7 @@ def _indexes(conn: Connection) -> dict[str, list[tuple[str, tuple[str, ...], boo
             for i in insp.get_indexes(t)
         )
         for t in insp.get_table_names()
-        if t != lifecycle.VERSION_TABLE
-        and not (conn.dialect.name == "postgresql" and _in_sql(t))  # not declared: SQL
+        if not _made_in_sql(t, conn.dialect.name)  # not declared: SQL
     }
 
 
@@ -101,13 +102,15 @@ def test_upgrading_an_empty_database_gives_the_declared_schema(db_url: str) -> N
             views = set(inspect(conn).get_view_names())
         expected = {t.name for t in _dialect_metadata(engine.dialect.name).sorted_tables}
         if engine.dialect.name == "postgresql":
-            made = {n for n in names if _in_sql(n)}
+            made = {n for n in names if _made_in_sql(n, "postgresql")} - {lifecycle.VERSION_TABLE}
             assert made >= {
                 *s.SEQUENCER_TABLES,
                 *s.SLOT_TABLES,
                 "lrq_send_entries_s0",
                 s.send_snapsync.name,
                 s.SNAPSYNC_PARTITION_PREFIX + "0",
+                s.recv_entries.name,
+                *(f"{s.RECV_PARTITION_PREFIX}{n}" for n in range(4)),
             }
             names -= made
             assert views == {s.send_log_entries.name}
@@ -728,3 +731,74 @@ def test_revision_0007_partitions_the_snapshot_queue_and_refuses_old_writers(
     assert new > stored
     with pytest.raises(DBAPIError, match="snap_slot"), engine.begin() as conn:
         _snapsync_rows(conn, "run", [b"old writer"])
+
+
+def test_revision_0008_delivers_what_a_0005_sink_had_queued_once(db_url: str) -> None:
+    """Entries queued at a sink of revision 0005 are delivered once after the upgrade.
+
+    Queue 1 (source a) delivered positions 1 and 2 (deleted then) and holds 3
+    and 4; queue 2 (source b) delivered everything; queue 3 (source c) has no
+    state row yet. New entries take sequence numbers above the stored ones.
+    """
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0005")
+            for qid, source in ((1, "a"), (2, "b"), (3, "c")):
+                conn.execute(
+                    text(
+                        "INSERT INTO lrq_queue_registry (queue_id, queue_name, client_name,"
+                        " source_id, created_at) VALUES (:q, :n, 'policy', :s, 1.0)"
+                    ),
+                    {"q": qid, "n": f"LRQ_Recv_policy__{source}", "s": source},
+                )
+            for qid, pos in ((1, 1), (1, 2), (2, 1), (1, 3), (1, 4), (3, 1)):
+                conn.execute(
+                    text(
+                        "INSERT INTO lrq_recv_entries (queue_id, type, source_position,"
+                        " snapshot_id, snapshot_count, payload, received_at)"
+                        " VALUES (:q, 1, :p, '', 0, :b, 1.0)"
+                    ),
+                    {"q": qid, "p": pos, "b": f"{qid}:{pos}".encode()},
+                )
+            conn.execute(text("DELETE FROM lrq_recv_entries WHERE seq IN (1, 2, 3)"))  # delivered
+            for source, pos in (("a", 4), ("b", 1), ("c", 1)):
+                conn.execute(
+                    text(
+                        "INSERT INTO lrq_sink_progress VALUES (:s, 'policy', :p, 0, '', 0, :p, 1.0)"
+                    ),
+                    {"s": source, "p": pos},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO lrq_subscriber_state VALUES"
+                    " (1, '', :f, 2, '', 0.0), (2, '', :f, 1, '', 0.0)"
+                ),
+                {"f": False},
+            )
+        store = open_store(engine)
+        assert "0008" in store.create_schema().pending
+        with store.read() as conn:
+            assert [store.load_state(conn, q).delivered_seq for q in (1, 2, 3)] == [3, 0, 0]
+        assert store.queue_depths() == {1: 2, 3: 1}
+        store.apply_log_batch("a", "policy", [WireEntry(5, ReplicationType.LOG_ENTRY_SYNC, b"1:5")])
+        with store.read() as conn:
+            seqs = [e.seq for e in store.read_queue(conn, 1, 10)]
+        assert seqs[:2] == [4, 5] and seqs[2] > 6  # above every stored number
+        listener = Recorder()
+        with RoutingQueueSubscriber(store, "policy", listener) as sub:
+            assert sub.poll_once() == 4
+            assert sub.poll_once() == 0
+        assert sorted(listener.seen) == ["1:3", "1:4", "1:5", "3:1"]
+        assert store.queue_depths() == {}
+        if store.dialect == "postgresql":
+            with engine.connect() as conn:
+                kinds = conn.execute(
+                    text(
+                        "SELECT relkind FROM pg_class WHERE relname = 'lrq_recv_entries'"
+                        " AND relnamespace = CAST(current_schema() AS regnamespace)"
+                    )
+                ).scalar()
+            assert kinds == "p"  # partitioned
+    finally:
+        engine.dispose()

@@ -28,11 +28,9 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from lr_client.store import create_engine
-from lr_client.store import schema as lrq
+from lr_client.store import create_engine, open_store
 from tests.kit.procs import ROOT, LrServer, lr_env, tail, track
 from tests.kit.sites import SiteSpec, free_port, write_config
 from tests.kit.traffic import SourceApp, read_applied, read_sent, read_snapshots
@@ -326,13 +324,7 @@ class Deployment:
 
     def received_backlog(self) -> int:
         """Entries received at the sinks and not yet delivered to their listeners."""
-        total = 0
-        for s in self.sinks:
-            with self.engine(s).connect() as conn:
-                total += int(
-                    conn.execute(select(func.count()).select_from(lrq.recv_entries)).scalar_one()
-                )
-        return total
+        return sum(sum(open_store(self.engine(s)).queue_depths().values()) for s in self.sinks)
 
     def wait_drained(self, source: SourceApp | None = None, timeout: float = 120.0) -> Report:
         """Poll until nothing is missing and the receive queues are empty; the final report."""

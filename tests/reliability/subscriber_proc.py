@@ -19,12 +19,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_client.store import schema as s
 
 app_metadata = MetaData()
 app_applied = Table(
@@ -148,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def store_is_empty(store: SQLAlchemyQueueStore) -> bool:
-    with store.read() as conn:
-        return conn.execute(select(func.count()).select_from(s.recv_entries)).scalar_one() == 0
+    return not store.queue_depths()  # nothing undelivered
 
 
 if __name__ == "__main__":

@@ -164,3 +164,84 @@ def test_competing_subscriber_processes_never_deliver_twice(
     assert max(got.values()) == 1  # no entry twice
     assert got == want  # and none missing
     assert sum(int(str(r["delivered"])) for r in results) == 400
+
+
+def in_order(source: str, snapshot: int, log: int) -> list[tuple[str, str, int]]:
+    """(kind, snapshot id, position) of one source's rows, in the order they must apply."""
+    sid = f"snap-{source}"
+    rows = [("start", sid, 0)] + [("full_sync", sid, i) for i in range(1, snapshot + 1)]
+    rows = [*rows, ("end", sid, 0)] if snapshot else []
+    return rows + [("log_entries", "", p) for p in range(snapshot + 1, snapshot + log + 1)]
+
+
+def applied_in_order(store: SQLAlchemyQueueStore) -> dict[str, list[tuple[str, str, int]]]:
+    a = app_applied.c
+    with store.read() as conn:
+        rows = conn.execute(select(a.source_id, a.kind, a.snapshot_id, a.position).order_by(a.id))
+        out: dict[str, list[tuple[str, str, int]]] = {}
+        for source, kind, sid, pos in rows:
+            out.setdefault(source, []).append((kind, sid, pos))
+    return out
+
+
+def test_sigkill_mid_delivery_across_rotations_applies_each_entry_once_in_order(
+    store: SQLAlchemyQueueStore, db_url: str, tmp_path: Path
+) -> None:
+    """A subscriber killed inside a delivery while the receive queues rotate around it.
+
+    While it hangs (PostgreSQL: its transaction still reads every slot),
+    rotation gives up at once and appliers go on; after the kill the slots
+    come round, each truncated only once everything in it was delivered, while
+    a second subscriber delivers. Each entry applies once, in queue order.
+    """
+    app_metadata.create_all(store.engine)
+    postgres = store.dialect == "postgresql"
+    fill(store, "src-a", snapshot=0, log=60)
+    fill(store, "src-b", snapshot=5, log=20)
+    marker = tmp_path / "blocked.json"
+    victim = runner(
+        db_url,
+        "victim",
+        "--batch-size=4",
+        "--lease-seconds=1",
+        "--block-in=process_log_entries",
+        "--block-at=3",
+        f"--marker={marker}",
+    )
+    wait_for_file(marker, victim)
+    if postgres:  # SQLite: the victim holds the only write lock until it dies
+        assert [store.rotate_receive_queues(period=0.0) for _ in range(3)] == [None] * 3
+        store.apply_log_batch(
+            "src-a", CLIENT, [WireEntry(61, ReplicationType.LOG_ENTRY_SYNC, b"l61")]
+        )
+    victim.kill()  # SIGKILL inside the callback: its rows written, not committed
+    victim.communicate(timeout=scaled(30))
+    assert victim.returncode == -9
+
+    rotated = []
+    for first in range(61 + postgres, 121, 10):  # the ring comes round between appends
+        log = [
+            WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"l%d" % p)
+            for p in range(first, min(first + 10, 121))
+        ]
+        store.apply_log_batch("src-a", CLIENT, log)
+        rotated.append(store.rotate_receive_queues(period=0.0))
+    survivor = runner(db_url, "survivor", "--batch-size=4", "--exit-when-empty")
+    while True:  # rotating while it delivers, as the server does
+        try:
+            survivor.wait(timeout=0.05)
+            break
+        except subprocess.TimeoutExpired:
+            rotated.append(store.rotate_receive_queues(period=0.0))
+    finish(survivor)
+    rotated.append(store.rotate_receive_queues(period=0.0))
+
+    assert applied_in_order(store) == {
+        "src-a": in_order("src-a", 0, 120),
+        "src-b": in_order("src-b", 5, 20),
+    }
+    assert store.queue_depths() == {}
+    if postgres:
+        assert any(r is not None for r in rotated), rotated
+    else:
+        assert rotated == [None] * len(rotated)
