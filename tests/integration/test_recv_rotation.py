@@ -227,6 +227,29 @@ def test_rotation_truncates_delivered_slots_never_an_undelivered_entry(
 
 
 @pytest.mark.postgres
+def test_storage_stays_bounded_while_a_transaction_pins_vacuum(pg: PostgresQueueStore) -> None:
+    """30 rounds of 100 entries of 1 KiB received, delivered and rotated, with an open
+    transaction holding a transaction id all along: no dead row is ever reclaimable,
+    yet the receive queue's size stays that of a slot or two."""
+    sub = RoutingQueueSubscriber(pg, CLIENT, Recorder(), batch_size=100)
+    sizes = []
+    with pg.engine.connect() as pin:
+        pin.begin()
+        pin.execute(text("SELECT pg_current_xact_id()"))
+        for i in range(30):
+            pg.apply_log_batch("a", CLIENT, log(100 * i + 1, 100 * i + 100, size=1000))
+            assert _drain(sub) == 100
+            pg.rotate_receive_queues(period=0.0)
+            with pg.engine.connect() as conn:
+                sizes.append(sum(_sizes(conn).values()))
+        pin.rollback()
+    sub.close()
+    written = 30 * 100 * 1000
+    assert max(sizes[10:]) <= max(sizes[:10]) * 1.1  # no upward trend
+    assert sizes[-1] < written / 4
+
+
+@pytest.mark.postgres
 def test_a_slot_is_added_when_every_other_is_pinned(pg: PostgresQueueStore) -> None:
     pg.apply_log_batch("a", CLIENT, log(1, 1))
     for i in range(4):  # one undelivered entry in every slot, then a fifth slot
