@@ -8,6 +8,7 @@ pyspark or Java is missing, except with ``CI=true``, where that fails the run
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -57,12 +58,18 @@ def _start(builder: Any) -> Any:
     from pyspark.errors import PySparkRuntimeError
 
     for attempt in range(1, START_ATTEMPTS + 1):
-        try:
-            return builder.getOrCreate()
-        except PySparkRuntimeError as exc:
-            if exc.getCondition() != "JAVA_GATEWAY_EXITED" or attempt == START_ATTEMPTS:
-                raise
-            print(f"spark: start {attempt} of {START_ATTEMPTS} failed: {exc}", file=sys.stderr)
+        # A failed start leaves PySpark's pipe to the dead gateway open; it is
+        # closed here, by the collector, without turning its ResourceWarning
+        # (PySpark's, not the suite's) into an error of the next test.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            try:
+                return builder.getOrCreate()
+            except PySparkRuntimeError as exc:
+                if exc.getCondition() != "JAVA_GATEWAY_EXITED" or attempt == START_ATTEMPTS:
+                    raise
+                print(f"spark: start {attempt} of {START_ATTEMPTS} failed: {exc}", file=sys.stderr)
+            gc.collect()
     raise AssertionError("unreachable")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,13 +24,17 @@ def _error(condition: str) -> Exception:
 
 
 class Builder:
-    def __init__(self, failures: list[str]) -> None:
+    def __init__(self, failures: list[str], leak: bool = False) -> None:
         self.failures = failures
+        self.leak = leak
         self.calls = 0
 
     def getOrCreate(self) -> Any:
         self.calls += 1
         if self.failures:
+            # PySpark leaves its pipe to a gateway that died open.
+            pipe = open(os.devnull, "wb") if self.leak else None  # noqa: SIM115
+            assert pipe is None or not pipe.closed
             raise _error(self.failures.pop(0))
         return "session"
 
@@ -41,6 +46,13 @@ def test_a_gateway_that_exits_while_starting_is_started_again(
     assert conftest._start(builder) == "session"
     assert builder.calls == 3
     assert capsys.readouterr().err.count("JAVA_GATEWAY_EXITED") == 2
+
+
+def test_the_pipe_a_failed_start_leaves_open_is_no_error() -> None:
+    """Its ResourceWarning is PySpark's: with warnings as errors, the start still succeeds."""
+    builder = Builder(["JAVA_GATEWAY_EXITED"], leak=True)
+    assert conftest._start(builder) == "session"
+    assert builder.calls == 2
 
 
 def test_the_last_failed_start_is_raised() -> None:
