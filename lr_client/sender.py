@@ -218,7 +218,8 @@ class RoutingQueueClient:
 
         None for an entry without one by then: its transaction has not
         committed (or rolled back), or, on PostgreSQL, the entry was
-        delivered everywhere and trimmed more than a minute ago.
+        delivered everywhere and trimmed: a position is known for at least
+        one ``[retention] rotation_period`` (30 s) after the commit.
         """
         deadline = time.monotonic() + timeout
         while True:

@@ -23,9 +23,11 @@ deleted row by row: :func:`retire` runs in one READ COMMITTED transaction and
    stream pins nothing, an open snapshot's base pins what follows it;
 3. **rotates** when the current slot holds entries and has been current for
    ``period`` seconds: an empty slot (truncated again if aborted transactions
-   left dead rows in it) becomes current, or a new one while there are fewer
+   left dead rows in it) becomes current. A closed slot is judged once it has
+   been closed for ``period`` too, so a transaction's positions stay known
+   (``positions_of``) for at least a period after its commit, or a new one while there are fewer
    than ``max_slots``; the newest tick is copied into it, so the slot holding
-   the newest tick is never retired. The slot it closed is judged at once.
+   the newest tick is never retired.
 
 TRUNCATE gives the partitions new files and unlinks the old ones at commit,
 whatever the vacuum horizon: a transaction left open for hours pins dead rows
@@ -53,9 +55,11 @@ _STATE = text("SELECT cur_slot, rotated_at FROM lrq_send_state WHERE id = 1 FOR 
 _SLOTS = text("SELECT slot FROM lrq_send_slots ORDER BY slot")
 _HOLDING = text(
     "SELECT s.slot FROM lrq_send_slots s WHERE "
-    "EXISTS (SELECT 1 FROM lrq_send_entries e WHERE e.slot = s.slot) "
-    "OR EXISTS (SELECT 1 FROM lrq_send_ticks t WHERE t.slot = s.slot) ORDER BY s.slot"
+    "(EXISTS (SELECT 1 FROM lrq_send_entries e WHERE e.slot = s.slot) "
+    "OR EXISTS (SELECT 1 FROM lrq_send_ticks t WHERE t.slot = s.slot)) "
+    "AND s.closed_at <= :closed_by ORDER BY s.slot"
 )
+_CLOSE = text("UPDATE lrq_send_slots SET closed_at = :now WHERE slot = :slot")
 _HAS_ENTRIES = text("SELECT EXISTS (SELECT 1 FROM lrq_send_entries WHERE slot = :slot)")
 _HAS_PAGES = text(
     "SELECT pg_relation_size(to_regclass('lrq_send_entries_s' || CAST(:slot AS text))) > 0"
@@ -139,11 +143,14 @@ def retire(
     cur = int(cur)
     judge = _Judge(conn, tick_key, acked(conn), record_marks, cache)
     # The slots already closed first: one of them may be the next current one.
-    judge.retire([x for x in conn.execute(_HOLDING).scalars() if x != cur])
+    # A slot closed less than a period ago is kept (``positions_of`` answers
+    # for at least that long after a commit).
+    closed = conn.execute(_HOLDING, {"closed_by": now - period}).scalars()
+    judge.retire([x for x in closed if x != cur])
     rotated_to = None
     if now - float(rotated_at) >= period and conn.execute(_HAS_ENTRIES, {"slot": cur}).scalar():
         rotated_to = _rotate(conn, cur, max_slots, now)
-        if rotated_to is not None:
+        if rotated_to is not None and period <= 0:
             judge.retire([cur])
     return Retirement(rotated_to, tuple(judge.retired), judge.entries, tuple(judge.busy))
 
@@ -238,7 +245,7 @@ def rotate(
 
 def _rotate(conn: Connection, cur: int, max_slots: int, now: float) -> int | None:
     """Make an empty slot current; None if every other slot is in use or pinned."""
-    holding = {int(x) for x in conn.execute(_HOLDING).scalars()}
+    holding = {int(x) for x in conn.execute(_HOLDING, {"closed_by": now}).scalars()}
     slots = [int(x) for x in conn.execute(_SLOTS).scalars()]
     target = None
     for slot in slots:
@@ -252,6 +259,7 @@ def _rotate(conn: Connection, cur: int, max_slots: int, now: float) -> int | Non
             return None
         target = max(slots) + 1
         conn.execute(_ADD, {"slot": target})
+    conn.execute(_CLOSE, {"slot": cur, "now": now})
     conn.execute(_SWITCH, {"slot": target, "now": now})
     conn.execute(_CARRY_TICK, {"slot": target, "now": now})
     return target

@@ -24,7 +24,7 @@ from tests.kit import kvapp
 from tests.kit.sites import Sites
 from tests.kit.wait import scaled, wait_for
 
-RETENTION = "[retention]\nmax_entries = 40\ntrim_interval = 0.1\n"
+RETENTION = "[retention]\nmax_entries = 40\ntrim_interval = 0.1\nrotation_period = 0.5\n"
 
 
 @contextmanager

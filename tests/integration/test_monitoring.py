@@ -321,7 +321,7 @@ def test_prometheus_scrapes_running_sites_evaluates_the_rules_and_answers_the_da
     port_b, port_c, port_d = free_port(), free_port(), free_port()
     metrics_ports = {"a": free_port(), "b": free_port()}
     urls = {s: db_url_factory(s) for s in ("a", "b")}
-    retention = "[retention]\nmax_entries = 10\ntrim_interval = 0.2"
+    retention = "[retention]\nmax_entries = 10\ntrim_interval = 0.2\nrotation_period = 0.5"
     cfg_a = write_config(
         tmp_path,
         SiteSpec(

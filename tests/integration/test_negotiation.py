@@ -482,7 +482,7 @@ def test_a_destination_dropped_by_retention_is_told_before_its_full_sync(
         "a",
         dests=pair.dests,
         snapshot="app",
-        extra="[retention]\nmax_entries = 10\ntrim_interval = 0.1\n",
+        extra="[retention]\nmax_entries = 10\ntrim_interval = 0.1\nrotation_period = 0.5\n",
     )
     with running(*pair.loops()):
         pair.wait_first_contact()

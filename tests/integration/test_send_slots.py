@@ -220,3 +220,19 @@ def test_a_late_commit_into_a_closed_slot_is_judged_again(store: PostgresQueueSt
     store.set_cursor("c", CLIENT, store.head_position())
     assert store.trim() == 2
     assert store.read_client_log(CLIENT, 0, 10) == []
+
+
+def test_a_closed_slot_is_kept_one_period_so_positions_stay_known(
+    store: PostgresQueueStore,
+) -> None:
+    nums = store.site_numbers()
+    with store.engine.begin() as conn:
+        (ref,) = store.append_log_entries(conn, CLIENT, [(b"x", [nums["b"]])])
+    (position,) = store.positions_of([ref])
+    store.rotation_period = 3600.0
+    assert store.rotate_send_log() is not None  # closed just now
+    store.set_cursor("b", CLIENT, store.head_position())
+    assert store.trim() == 0  # passed, but closed less than a period ago
+    assert store.positions_of([EntryRef(ref.txid, ref.ord)]) == [position]
+    store.rotation_period = 0.0
+    assert store.trim() == 1

@@ -31,7 +31,7 @@ from tests.kit import kvapp
 from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for
 
-FAST_TRIM = "[retention]\nmax_entries = 40\ntrim_interval = 0.1\n"
+FAST_TRIM = "[retention]\nmax_entries = 40\ntrim_interval = 0.1\nrotation_period = 0.5\n"
 
 
 def send(
@@ -216,7 +216,9 @@ def test_trim_keeps_what_a_destination_registered_since_still_needs(db_url: str)
 
 def test_a_site_without_destinations_bounds_them_too(sites: Sites) -> None:
     src = sites.store("a")
-    sites.start("a", extra="[retention]\nmax_entries = 5\ntrim_interval = 0.1\n")
+    sites.start(
+        "a", extra="[retention]\nmax_entries = 5\ntrim_interval = 0.1\nrotation_period = 0.5\n"
+    )
     send(src, "policy", [(b"z", ["z"])] * 6)
     wait_for(
         lambda: [(d.destination, d.client_name) for d in src.list_drops()] == [("z", "policy")]
@@ -286,7 +288,7 @@ def test_dropped_without_a_provider_it_stops_when_configured(sites: Sites) -> No
     src = sites.store("a")
     sites.start("b", sources=["a"])
     sites.start("c", sources=["a"])
-    retention = "[retention]\nmax_entries = 5\ntrim_interval = 0.1\n"
+    retention = "[retention]\nmax_entries = 5\ntrim_interval = 0.1\nrotation_period = 0.5\n"
     sites.start("a", dests=["b"], extra=retention)  # snapshot = "none"
     first = [(b"bc-%d" % i, ["b", "c"]) for i in range(6)]
     send(src, "policy", first)

@@ -62,7 +62,10 @@ _STATEMENTS = (
     )
     """,
     "INSERT INTO lrq_send_state VALUES (1, 0, extract(epoch FROM clock_timestamp()))",
-    "CREATE TABLE lrq_send_slots (slot smallint PRIMARY KEY)",
+    # Every slot, and when it was last closed (0: never): a closed slot is
+    # retired no sooner than one rotation period after.
+    "CREATE TABLE lrq_send_slots ("
+    "slot smallint PRIMARY KEY, closed_at double precision NOT NULL DEFAULT 0)",
     # A transaction's slot: the current slot when it first writes, kept in a
     # transaction-local setting (rolled back with a savepoint, like the
     # ordinal), so all of a transaction's entries share one slot.
