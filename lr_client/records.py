@@ -138,6 +138,17 @@ class QueueInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueSlot:
+    """One slot (a partition retired whole by TRUNCATE) of a PostgreSQL queue, for status."""
+
+    queue: str  # "send" or "receive"
+    slot: int
+    current: bool  # new rows go here
+    entries: int  # rows stored, delivered or not
+    bytes: int  # on disk, with indexes (the send queue: all its slot's partitions)
+
+
+@dataclass(frozen=True, slots=True)
 class SinkProgress:
     """What a sink has durably received from one (source, client)."""
 

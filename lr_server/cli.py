@@ -454,6 +454,19 @@ def render_status(report: SiteStatus) -> None:
                 "-" if x.snapshot.base_position is None else str(x.snapshot.base_position),
             )
         out.print(t)
+    if report.slots:
+        t = table("queue slots (retired whole)", "queue", "slots", "current", "stored", "size")
+        for queue in ("send", "receive"):
+            mine = [x for x in report.slots if x.queue == queue]
+            if mine:
+                t.add_row(
+                    queue,
+                    str(len(mine)),
+                    ",".join(str(x.slot) for x in mine if x.current),
+                    str(sum(x.entries for x in mine)),
+                    human_bytes(sum(x.bytes for x in mine)),
+                )
+        out.print(t)
     drops = [x for x in report.send if x.drop]
     if drops:
         t = table("dropped (full sync on return)", "dest", "client", "from pos", "when", "reason")

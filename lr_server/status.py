@@ -37,7 +37,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lr_client.names import recv_queue_name
-from lr_client.records import OPEN_SNAPSHOT_STATUSES, SinkSnapshotState, SnapshotRequest
+from lr_client.records import (
+    OPEN_SNAPSHOT_STATUSES,
+    QueueSlot,
+    SinkSnapshotState,
+    SnapshotRequest,
+)
 from lr_client.store import Inspection, QueueStore, SendLog, Shipping
 from lr_server.config import SiteConfig
 
@@ -135,6 +140,7 @@ class SiteStatus:
     sessions: list[SessionInfo] = field(default_factory=list)
     send: list[SendStream] = field(default_factory=list)
     sink: list[SinkStream] = field(default_factory=list)
+    slots: list[QueueSlot] = field(default_factory=list)  # PostgreSQL's queue partitions
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``lr status --json``)."""
@@ -324,6 +330,7 @@ def collect_status(config: SiteConfig, store: QueueStore) -> SiteStatus:
         sessions=session_rows or [],
         send=_send_streams(config, store, sessions),
         sink=_sink_streams(config, store),
+        slots=store.queue_slots(),
     )
 
 

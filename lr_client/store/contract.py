@@ -26,6 +26,7 @@ from lr_client.records import (
     HeadEntry,
     LogRange,
     QueueInfo,
+    QueueSlot,
     RecvEntry,
     SendEntry,
     SinkDrop,
@@ -498,6 +499,9 @@ class Inspection(Protocol):
 
     def queue_sizes(self) -> tuple[int, int, list[tuple[QueueInfo, int]]]:
         """Entries in the send log, the snapshot queue, and each receive queue (by name)."""
+
+    def queue_slots(self) -> list[QueueSlot]:
+        """The send and receive queues' slots (PostgreSQL), in order; SQLite has none."""
 
     def browse_log_entries(
         self, destination: str | None, client_name: str | None, after: int, limit: int

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 
-from lr_client.records import QueueInfo, ReplicationType, StoredEntry
+from lr_client.records import QueueInfo, QueueSlot, ReplicationType, StoredEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.subscriber_queues import depth, undelivered
@@ -80,6 +80,9 @@ class InspectionStore(StoreBase):
             for r in registry
         ]
         return int(n_log), int(n_snap), queues
+
+    def queue_slots(self) -> list[QueueSlot]:
+        return []  # PostgreSQL's store has slots; SQLite trims rows
 
     # -- browsing -----------------------------------------------------------------------
     def browse_log_entries(

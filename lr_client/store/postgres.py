@@ -26,7 +26,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Engine
 
-from lr_client.records import EntryRef, ReplicationType, WireEntry
+from lr_client.records import EntryRef, QueueSlot, ReplicationType, WireEntry
 from lr_client.store import recv_rotation, sequencer, slots, snapshot_pool
 from lr_client.store import schema as s
 from lr_client.store.base import mapped_errors
@@ -262,6 +262,14 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         """The send queue's slots: which is current, entries and bytes in each."""
         with self.read() as conn:
             return slots.slot_sizes(conn)
+
+    def queue_slots(self) -> list[QueueSlot]:
+        with self.read() as conn:
+            send = slots.slot_sizes(conn)
+            receive = recv_rotation.slot_sizes(conn)
+        return [QueueSlot("send", x.slot, x.current, x.entries, x.bytes) for x in send] + [
+            QueueSlot("receive", *x) for x in receive
+        ]
 
     keeps_delivered = True  # until rotation truncates their partition
 

@@ -99,6 +99,20 @@ def passed(conn: Connection, slot: int) -> bool:
     return bool(conn.execute(query).scalar())
 
 
+def slot_sizes(conn: Connection) -> list[tuple[int, bool, int, int]]:
+    """(slot, current, rows, bytes with indexes) of every partition of the ring."""
+    cur = int(conn.execute(_STATE).one()[0])
+    out = []
+    for slot in slots(conn):
+        name = partition(slot)
+        rows = int(conn.execute(text(f"SELECT count(*) FROM {name}")).scalar_one())
+        size = conn.execute(
+            text("SELECT pg_total_relation_size(CAST(:name AS regclass))"), {"name": name}
+        ).scalar_one()
+        out.append((slot, slot == cur, rows, int(size)))
+    return out
+
+
 def _lock_not_available(exc: DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
@@ -193,4 +207,13 @@ def rotate(
             raise
 
 
-__all__ = ["LOCK_TIMEOUT", "MAX_SLOTS", "current_slot", "partition", "passed", "rotate", "slots"]
+__all__ = [
+    "LOCK_TIMEOUT",
+    "MAX_SLOTS",
+    "current_slot",
+    "partition",
+    "passed",
+    "rotate",
+    "slot_sizes",
+    "slots",
+]

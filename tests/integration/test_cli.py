@@ -282,12 +282,21 @@ def test_status_per_destination_and_client(site: Path, store: SQLAlchemyQueueSto
     assert sink["queue"] == "LRQ_Recv_policy__site-x"
     assert (sink["last_position"], sink["entries_received"], sink["queue_depth"]) == (7, 2, 2)
     assert sink["snapshot_state"] == "none" and sink["configured"] is True
+    stored = {"send": 0, "receive": 0}
+    for x in report["slots"]:
+        stored[x["queue"]] += x["entries"]
+    if store.dialect == "postgresql":  # its queues are partitions retired by TRUNCATE
+        assert stored == {"send": 5, "receive": 2}
+        assert {x["queue"] for x in report["slots"] if x["current"]} == {"send", "receive"}
+    else:
+        assert report["slots"] == []
 
     text = ok("status", "--config", site).stdout
     for word in ("site-b", "site-c", "log entry sync", "snapshot sync", "dropped", "too slow"):
         assert word in text
     assert snapshot_id[:8] in text
     assert "site-x" in text
+    assert ("queue slots" in text) == (store.dialect == "postgresql")
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
