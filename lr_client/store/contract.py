@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Connection
 
 from lr_client.records import (
+    NewLogEntry,
     Backlog,
     Cursor,
     DropRecord,
@@ -85,7 +86,7 @@ class SendLog(Protocol):
     """The application's transmit path: append entries in the caller's transaction."""
 
     def append_log_entries(
-        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+        self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         """Append validated entries (payload, destination site numbers); one ref each.
 

@@ -72,6 +72,10 @@ def depth(queue_id: Any) -> Any:
     return select(func.count()).where(undelivered(queue_id)).scalar_subquery()
 
 
+def _key(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
 class SubscriberQueuesStore(StoreBase):
     """Receive queues as a subscriber delivers them, under leases."""
 
@@ -104,6 +108,7 @@ class SubscriberQueuesStore(StoreBase):
                 payload=bytes(r.payload),
                 snapshot_id=r.snapshot_id,
                 snapshot_count=r.snapshot_count,
+                key=None if r.partition_key is None else bytes(r.partition_key),
             )
             for r in rows
         ]
@@ -239,7 +244,14 @@ class SubscriberQueuesStore(StoreBase):
         of large payloads never loads more than the limit (see :func:`sized`).
         """
         query = (
-            select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
+            select(
+                _R.c.seq,
+                _R.c.type,
+                _R.c.source_position,
+                _R.c.snapshot_id,
+                _R.c.base_position,
+                _R.c.partition_key,
+            )
             .add_columns(*sized(_R.c.payload, limit, max_bytes))
             .where(undelivered(queue_id))
             .order_by(_R.c.seq)
@@ -247,7 +259,9 @@ class SubscriberQueuesStore(StoreBase):
         )
         rows = fill(conn, within(conn.execute(query).all(), max_bytes), _R.c.seq, _R.c.payload)
         make, types = HeadEntry._make, _TYPES
-        return [make((r[0], types[r[1]], r[2], r[3], payload, r[4])) for r, payload in rows]
+        return [
+            make((r[0], types[r[1]], r[2], r[3], payload, r[4], _key(r[5]))) for r, payload in rows
+        ]
 
     def peek_head(self, conn: Connection, queue_id: int) -> HeadEntry | None:
         """The oldest entry of a receive queue, without its payload (``b""``)."""
