@@ -295,6 +295,8 @@ class SubscriberState:
     #: Every entry of the queue with ``seq <= delivered_seq`` has been delivered
     #: (or passed: the left-overs of an ended snapshot); readers see those above.
     delivered_seq: int = 0
+    #: The partition count the queue is delivered with (0: not by partition).
+    partitions: int = 0
 
 
 class HeadEntry(NamedTuple):
