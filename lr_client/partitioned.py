@@ -117,6 +117,21 @@ class PartitionedDelivery:
             if any(seq != low for seq in marks.values()):
                 return None
             head = store.peek_head(conn, qid, after=low)
+            if head is None and state.delivered_seq < low:
+                # Every partition passed everything: the queue's own mark catches up
+                # (a worker's commit may have read its peers' marks before theirs).
+                store.save_barrier(
+                    conn,
+                    qid,
+                    sub.owner,
+                    count=count,
+                    previous_seq=low,
+                    delivered_seq=low,
+                    snapshot_id=state.snapshot_id,
+                    in_snapshot=state.in_snapshot,
+                    delivered=state.delivered,
+                    lease_expires=state.lease_expires,
+                )
             if head is None or is_keyed(head):
                 return None
             entries = store.read_head(conn, qid, sub.batch_size, sub.batch_max_bytes, after=low)
