@@ -33,6 +33,7 @@ from lr_client.errors import (
     UnknownDestinationError,
 )
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
+from lr_client.partitioners import HashPartitioner, Partitioner, RangePartitioner
 from lr_client.records import (
     EntryRef,
     LRMessageWithDestinations,
@@ -55,6 +56,7 @@ __all__ = [
     "BackpressureError",
     "ConfigError",
     "EntryRef",
+    "HashPartitioner",
     "IncompatibleVersionError",
     "InvalidDestinationsError",
     "InvalidInputError",
@@ -66,11 +68,13 @@ __all__ = [
     "LRMessageWithDestinations",
     "ListenerError",
     "PartitionCountError",
+    "Partitioner",
     "PayloadTooLargeError",
     "PermanentError",
     "PermissionDeniedError",
     "ProtocolError",
     "QueueStore",
+    "RangePartitioner",
     "ReplicationType",
     "RoutingQueueClient",
     "RoutingQueueListener",
