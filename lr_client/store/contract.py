@@ -230,8 +230,10 @@ class Snapshots(Transactions, Protocol):
         part: int,
         payloads: Sequence[bytes],
         first_seq: int = 0,
+        keys: Sequence[bytes | None] | None = None,
     ) -> int:
-        """Write one part of a snapshot idempotently (re-writing a part replaces it)."""
+        """Write one part of a snapshot idempotently (re-writing a part replaces it);
+        ``keys``: each payload's partition key (None: none)."""
 
     def write_snapshot_part(
         self,
