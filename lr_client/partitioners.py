@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import importlib
+import itertools
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -66,7 +67,7 @@ class RangePartitioner:
         keys = [b.encode() if isinstance(b, str) else bytes(b) for b in boundaries]
         if not keys:
             raise ConfigError("a range partitioner needs at least one boundary")
-        if any(a >= b for a, b in zip(keys, keys[1:], strict=False)):
+        if any(a >= b for a, b in itertools.pairwise(keys)):
             raise ConfigError("range partitioner boundaries must be strictly increasing")
         self.boundaries = keys
 

@@ -91,7 +91,7 @@ NewLogEntry = tuple[bytes, Sequence[int]] | tuple[bytes, Sequence[int], bytes | 
 
 def new_entry_key(entry: NewLogEntry) -> bytes | None:
     """The partition key of an entry to append (None: none)."""
-    return entry[2] if len(entry) > 2 else None  # type: ignore[misc]
+    return entry[2] if len(entry) > 2 else None
 
 
 class SinkSnapshotState(enum.IntEnum):

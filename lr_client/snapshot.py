@@ -199,7 +199,10 @@ class SnapshotContext:
 
     # -- writing ----------------------------------------------------------------------
     def transmit(
-        self, payloads: Iterable[bytes | tuple[bytes, bytes | str | None]], *, part: int | None = None
+        self,
+        payloads: Iterable[bytes | tuple[bytes, bytes | str | None]],
+        *,
+        part: int | None = None,
     ) -> int:
         """Write snapshot entries; return how many this call wrote.
 

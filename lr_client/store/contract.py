@@ -19,13 +19,13 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Connection
 
 from lr_client.records import (
-    NewLogEntry,
     Backlog,
     Cursor,
     DropRecord,
     EntryRef,
     HeadEntry,
     LogRange,
+    NewLogEntry,
     QueueInfo,
     RecvEntry,
     SendEntry,

@@ -73,10 +73,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         try:
             cur.executemany(
                 _INSERT,
-                [
-                    (client_name, m[0], encode_dests(m[1]), now, new_entry_key(m))
-                    for m in messages
-                ],
+                [(client_name, m[0], encode_dests(m[1]), now, new_entry_key(m)) for m in messages],
             )
             # This transaction holds SQLite's only write lock, so the rows got
             # consecutive rowids: the last one and the count give them all.

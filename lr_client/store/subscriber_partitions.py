@@ -102,7 +102,9 @@ class SubscriberPartitionsStore(StoreBase):
             .limit(limit)
         ).all()
         return [
-            HeadEntry(r[0], _TYPES[r[1]], r[2], r[3], b"", r[4], None if r[5] is None else bytes(r[5]))
+            HeadEntry(
+                r[0], _TYPES[r[1]], r[2], r[3], b"", r[4], None if r[5] is None else bytes(r[5])
+            )
             for r in rows
         ]
 
@@ -139,25 +141,19 @@ class SubscriberPartitionsStore(StoreBase):
         if moved.rowcount != 1:
             return False
         lowest = (
-            select(func.min(_P.c.delivered_seq))
-            .where(_P.c.queue_id == queue_id)
-            .scalar_subquery()
+            select(func.min(_P.c.delivered_seq)).where(_P.c.queue_id == queue_id).scalar_subquery()
         )
         fenced = conn.execute(
             update(_T)
             .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
             .values(
-                delivered_seq=case(
-                    (lowest > _T.c.delivered_seq, lowest), else_=_T.c.delivered_seq
-                )
+                delivered_seq=case((lowest > _T.c.delivered_seq, lowest), else_=_T.c.delivered_seq)
             )
         )
         if fenced.rowcount != 1:
             return False
         if not self.keeps_delivered and delivered_seqs:
-            conn.execute(
-                delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs))
-            )
+            conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))
         return True
 
     def save_barrier(

@@ -491,11 +491,23 @@ def test_a_barrier_passes_every_partition_at_once(store: QueueStore) -> None:
     barrier = dict(snapshot_id="", in_snapshot=False, delivered=2, lease_expires=1e9)
     with rolled_back(store) as conn:
         assert not store.save_barrier(
-            conn, qid, "s1", count=2, previous_seq=start - 1, delivered_seq=last, **barrier  # type: ignore[arg-type]
+            conn,
+            qid,
+            "s1",
+            count=2,
+            previous_seq=start - 1,
+            delivered_seq=last,
+            **barrier,  # type: ignore[arg-type]
         )
     with store.write() as conn:
         assert store.save_barrier(
-            conn, qid, "s1", count=2, previous_seq=start, delivered_seq=last, **barrier  # type: ignore[arg-type]
+            conn,
+            qid,
+            "s1",
+            count=2,
+            previous_seq=start,
+            delivered_seq=last,
+            **barrier,  # type: ignore[arg-type]
         )
     with store.write() as conn:
         assert store.load_partitions(conn, qid) == {0: last, 1: last}

@@ -50,7 +50,9 @@ def test_a_key_is_stored_with_its_entry(client: RoutingQueueClient) -> None:
 
 
 @pytest.mark.parametrize("key", [b"", "", b"x" * 257, "é" * 129, 7, ["k"]])
-def test_a_bad_key_is_refused_and_nothing_is_written(client: RoutingQueueClient, key: object) -> None:
+def test_a_bad_key_is_refused_and_nothing_is_written(
+    client: RoutingQueueClient, key: object
+) -> None:
     store = client.store
     assert isinstance(store, SQLAlchemyQueueStore)
     with Session(store.engine) as session, session.begin():

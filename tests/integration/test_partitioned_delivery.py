@@ -12,8 +12,12 @@ import pytest
 from sqlalchemy import Integer, LargeBinary, String, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from lr_client import PartitionCountError, RoutingQueueListener, RoutingQueueMessage
-from lr_client import RoutingQueueSubscriber
+from lr_client import (
+    PartitionCountError,
+    RoutingQueueListener,
+    RoutingQueueMessage,
+    RoutingQueueSubscriber,
+)
 from lr_client.partitioners import HashPartitioner
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
@@ -57,7 +61,10 @@ class Recorder(RoutingQueueListener):
         for m in messages:
             session.add(
                 Applied(
-                    kind=kind, key=m.key, position=m.source_position, partition=-1 if part is None else part
+                    kind=kind,
+                    key=m.key,
+                    position=m.source_position,
+                    partition=-1 if part is None else part,
                 )
             )
             if m.key is not None:
@@ -157,13 +164,25 @@ def test_a_full_sync_comes_first_and_whole_then_keyed_entries(
     app: SQLAlchemyQueueStore,
 ) -> None:
     snap = [
-        WireEntry(i, ReplicationType.SNAPSHOT_SYNC, b"s%d" % i, snapshot_id="s1", base_position=5, key=b"k%d" % i)
+        WireEntry(
+            i,
+            ReplicationType.SNAPSHOT_SYNC,
+            b"s%d" % i,
+            snapshot_id="s1",
+            base_position=5,
+            key=b"k%d" % i,
+        )
         for i in range(1, 6)
     ]
     end = WireEntry(
-        6, ReplicationType.LAST_FULL_SYNC_ENTRY, b"", snapshot_id="s1", snapshot_count=5, base_position=5
+        6,
+        ReplicationType.LAST_FULL_SYNC_ENTRY,
+        b"",
+        snapshot_id="s1",
+        snapshot_count=5,
+        base_position=5,
     )
-    app.apply_snapshot_batch("a", CLIENT, "s1", snap + [end])
+    app.apply_snapshot_batch("a", CLIENT, "s1", [*snap, end])
     app.apply_log_batch("a", CLIENT, keyed(range(6, 30), 4))
     listener = Recorder()
     sub = subscriber(app, listener, 4, batch_size=3)

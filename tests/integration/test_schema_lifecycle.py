@@ -833,7 +833,9 @@ def test_revision_0011_keeps_queued_entries_unkeyed_and_adds_keys(db_url: str) -
         assert "0011" in store.create_schema().pending
         with store.read() as conn:
             assert [e.key for e in store.read_queue(conn, 1, 10)] == [None, None, None]
-        keyed = [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"a:%d" % p, key=b"k") for p in (4, 5)]
+        keyed = [
+            WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"a:%d" % p, key=b"k") for p in (4, 5)
+        ]
         store.apply_log_batch("a", "policy", keyed)
         listener = Recorder()
         with RoutingQueueSubscriber(store, "policy", listener, partitions=4) as sub:
@@ -843,7 +845,9 @@ def test_revision_0011_keeps_queued_entries_unkeyed_and_adds_keys(db_url: str) -
             assert store.load_state(conn, 1).partitions == 4
         nums = store.register_sites(["b"])
         with store.write() as conn:
-            store.append_log_entries(conn, "policy", [(b"x", [nums["b"]], b"key-x"), (b"y", [nums["b"]])])
+            store.append_log_entries(
+                conn, "policy", [(b"x", [nums["b"]], b"key-x"), (b"y", [nums["b"]])]
+            )
         found = store.read_client_log("policy", 0, 10)
         assert [(e.payload, e.key) for e in found] == [(b"x", b"key-x"), (b"y", None)]
     finally:

@@ -112,7 +112,12 @@ class AppListener(RoutingQueueListener):
         if self.sleep:
             time.sleep(random.random() * self.sleep)
         self._write(
-            session, "process_log_entries", "log_entries", source_id, rows, [m.key for m in messages]
+            session,
+            "process_log_entries",
+            "log_entries",
+            source_id,
+            rows,
+            [m.key for m in messages],
         )
         return True
 

@@ -14,8 +14,16 @@ from sqlalchemy import func, select
 
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
-from tests.kit.verifier import END, LOG, SNAPSHOT, START, AppliedEntry, SentEntry, SnapshotInfo
-from tests.kit.verifier import verify
+from tests.kit.verifier import (
+    END,
+    LOG,
+    SNAPSHOT,
+    START,
+    AppliedEntry,
+    SentEntry,
+    SnapshotInfo,
+    verify,
+)
 from tests.kit.wait import scaled, wait_for
 from tests.reliability.subscriber_proc import app_applied, app_metadata
 from tests.reliability.test_subscriber_kill import finish, runner
@@ -108,7 +116,9 @@ def test_sigkill_of_a_partitioned_subscriber_keeps_key_order_and_exactly_once(
     finish(runner(db_url, "survivor", *args, "--exit-when-empty"))
 
     rows = applied(store)
-    sent = [SentEntry(SOURCE, CLIENT, p, f"l{p}", ("sink",)) for p in range(SNAP + 1, SNAP + LOGS + 1)]
+    sent = [
+        SentEntry(SOURCE, CLIENT, p, f"l{p}", ("sink",)) for p in range(SNAP + 1, SNAP + LOGS + 1)
+    ]
     info = SnapshotInfo(SID, SOURCE, "sink", CLIENT, SNAP, SNAP)
     report = verify(sent, rows, snapshots=[info])
     report.assert_clean()  # none lost or twice; per key in order; barriers in place
@@ -118,4 +128,3 @@ def test_sigkill_of_a_partitioned_subscriber_keeps_key_order_and_exactly_once(
     # The full sync came first and whole, before every log entry.
     assert [a.kind for a in rows[: SNAP + 2]] == [START, *[SNAPSHOT] * SNAP, END]
     assert store.queue_depths() == {}
-
