@@ -19,6 +19,7 @@ before every entry after it.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from lr_client.delivery import Plan, PlanKind, messages, plan_delivery
@@ -49,6 +50,8 @@ class PartitionedDelivery:
 
     def __init__(self, subscriber: RoutingQueueSubscriber) -> None:
         self.sub = subscriber
+        #: Per thread: whether its last partition delivery stopped below a barrier.
+        self.local = threading.local()
 
     def deliver_partition(self, queue: QueueInfo, partition: int, attempt: int) -> int | None:
         """Deliver the next keyed entries of ``partition``: how many, 0 if it only
@@ -63,9 +66,11 @@ class PartitionedDelivery:
             scanned = store.scan_entries(conn, qid, previous, sub.batch_size * count)
             mine: list[HeadEntry] = []
             upto = previous
+            self.local.at_barrier = False
             for e in scanned:
                 if not is_keyed(e):
                     upto = e.seq - 1  # every partition stops just below a barrier
+                    self.local.at_barrier = True
                     break
                 assert e.key is not None
                 if partition_of(sub.partitioner, e.key, count) == partition:
@@ -100,6 +105,10 @@ class PartitionedDelivery:
             ):
                 raise Conflict
         return len(kept)
+
+    def stopped_at_barrier(self) -> bool:
+        """Whether this thread's last partition delivery stopped just below a barrier."""
+        return bool(getattr(self.local, "at_barrier", False))
 
     def deliver_barrier(self, queue: QueueInfo, attempt: int) -> int | None:
         """Deliver the entries every partition waits for, once all stand below them:

@@ -340,6 +340,7 @@ class RoutingQueueSubscriber:
                     for _ in range(self.max_batches):
                         attempt = self._failures.get(key, 0) + 1
                         n = self._partitioned.deliver_partition(queue, p, attempt)
+                        barrier = n is None or self._partitioned.stopped_at_barrier()
                         if n is None:
                             n = self._partitioned.deliver_barrier(queue, attempt)
                             if n is None:
@@ -348,8 +349,9 @@ class RoutingQueueSubscriber:
                         self._retry_at.pop(key, None)
                         delivered += n
                         progressed = True
-                        with self._moved:
-                            self._moved.notify_all()
+                        if barrier:  # the workers waiting there look again
+                            with self._moved:
+                                self._moved.notify_all()
                 except PartitionCountError:
                     raise
                 except _LeaseLost:
