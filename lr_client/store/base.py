@@ -229,7 +229,7 @@ class StoreBase(abc.ABC):
         snapshot_id: str,
         part: int,
         seq: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes | tuple[bytes, bytes | None]],
         slot: int,
     ) -> int | None:
         """Bulk-insert snapshot entries from ``seq`` on, into the snapshot's ``slot``;

@@ -239,7 +239,7 @@ class Snapshots(Transactions, Protocol):
         self,
         snapshot_id: str,
         part: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes | tuple[bytes, bytes | None]],
         chunk_rows: int,
         *,
         bulk: bool = True,

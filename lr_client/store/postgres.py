@@ -83,7 +83,7 @@ _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
     s.recv_entries.name, ", ".join(_RECV_COLUMNS)
 )
 
-_SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload, snap_slot"
+_SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload, snap_slot, partition_key"
 _COPY_SNAPSYNC = f"COPY {s.send_snapsync.name} ({_SNAPSYNC_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 
 #: A tick that sequenced at least this many entries refreshes the planner's statistics.
@@ -192,7 +192,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         snapshot_id: str,
         part: int,
         seq: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes | tuple[bytes, bytes | None]],
         slot: int,
     ) -> int:
         # Binary COPY, streamed: payloads are produced while earlier rows travel.
@@ -201,10 +201,11 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         assert raw is not None
         n = 0
         with raw.cursor() as cur, cur.copy(_COPY_SNAPSYNC) as copy:
-            copy.set_types(["varchar", "int4", "int8", "int2", "bytea", "int4"])
+            copy.set_types(["varchar", "int4", "int8", "int2", "bytea", "int4", "bytea"])
             write_row = copy.write_row
-            for payload in payloads:
-                write_row((snapshot_id, part, seq + n, kind, payload, slot))
+            for item in payloads:
+                payload, key = item if isinstance(item, tuple) else (item, None)
+                write_row((snapshot_id, part, seq + n, kind, payload, slot, key))
                 n += 1
         return n
 

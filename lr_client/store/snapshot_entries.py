@@ -204,12 +204,14 @@ class SnapshotsStore(SnapshotRequestsStore):
         self,
         snapshot_id: str,
         part: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes | tuple[bytes, bytes | None]],
         chunk_rows: int,
         *,
         bulk: bool = True,
     ) -> int:
         """Write a whole part, ``chunk_rows`` entries per transaction; return how many.
+
+        Each item is a payload or a ``(payload, partition key)`` pair.
 
         Each chunk holds the request's share-lock, replaces what an earlier
         attempt left in its seq range, and the last chunk deletes entries past
@@ -231,10 +233,21 @@ class SnapshotsStore(SnapshotRequestsStore):
                     if n is not None and n < chunk_rows:
                         self._delete_part(conn, snapshot_id, part, seq + n, None, slot)
             if n is None:  # no bulk path: the chunk is produced outside the transaction
-                chunk = list(itertools.islice(source, chunk_rows))
+                chunk = [
+                    item if isinstance(item, tuple) else (item, None)
+                    for item in itertools.islice(source, chunk_rows)
+                ]
                 n = len(chunk)
+                keys = [k for _, k in chunk]
                 with self.write() as conn:
-                    self.write_snapshot_entries(conn, snapshot_id, part, chunk, seq)
+                    self.write_snapshot_entries(
+                        conn,
+                        snapshot_id,
+                        part,
+                        [p for p, _ in chunk],
+                        seq,
+                        keys if any(k is not None for k in keys) else None,
+                    )
                     if n < chunk_rows:
                         slot = self._require_writable(conn, snapshot_id)
                         self._delete_part(conn, snapshot_id, part, seq + n, None, slot)
