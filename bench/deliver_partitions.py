@@ -101,7 +101,11 @@ class InsertListener(IoListener):
         session.execute(
             insert(app_rows),
             [
-                {"pkey": (m.key or b"").decode(), "position": m.source_position, "payload": m.payload}
+                {
+                    "pkey": (m.key or b"").decode(),
+                    "position": m.source_position,
+                    "payload": m.payload,
+                }
                 for m in messages
             ],
         )
@@ -186,9 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 base = None
                 for n, count in enumerate(counts):
                     listener = (
-                        IoListener(args.sleep_ms / 1000)
-                        if kind == "io"
-                        else InsertListener(0.0)
+                        IoListener(args.sleep_ms / 1000) if kind == "io" else InsertListener(0.0)
                     )
                     source = f"{kind}-{count}-{n}"
                     fill(store, source, args.entries, args.keys)
