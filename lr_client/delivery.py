@@ -57,7 +57,8 @@ def run_length(
 def messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueueMessage]:
     source, client, make = queue.source_id, queue.client_name, RoutingQueueMessage
     return [
-        make(e.payload, source, client, e.source_position, e.type, e.snapshot_id) for e in entries
+        make(e.payload, source, client, e.source_position, e.type, e.snapshot_id, e.key)
+        for e in entries
     ]
 
 

@@ -9,8 +9,10 @@
     │   ├── UnknownDestinationError    a destination that is not registered
     │   ├── InvalidSessionError        not a SQLAlchemy Session or Connection
     │   ├── InvalidPayloadError        payload not bytes
-    │   └── PayloadTooLargeError       payload over the configured limit
+    │   ├── PayloadTooLargeError       payload over the configured limit
+    │   └── InvalidPartitionKeyError   partition key not bytes/str, empty, or too long
     ├── ConfigError                a configuration file or value is wrong
+    │   └── PartitionCountError    a queue not drained is delivered with another partition count
     ├── TransientError             worth retrying: the operation may succeed later
     │   ├── StoreUnavailableError  the database could not be reached
     │   ├── TransportError         the peer could not be reached or the stream broke
@@ -65,8 +67,16 @@ class PayloadTooLargeError(InvalidInputError):
     """Payload exceeds the configured maximum size."""
 
 
+class InvalidPartitionKeyError(InvalidInputError, TypeError):
+    """Invalid partition key: expected bytes or str of 1 to 256 bytes."""
+
+
 class ConfigError(LRError):
     """Invalid configuration."""
+
+
+class PartitionCountError(ConfigError):
+    """The receive queue is delivered with another partition count; drain it before changing."""
 
 
 class TransientError(LRError):
@@ -144,10 +154,12 @@ __all__ = [
     "InvalidDestinationsError",
     "InvalidInputError",
     "InvalidNameError",
+    "InvalidPartitionKeyError",
     "InvalidPayloadError",
     "InvalidSessionError",
     "LRError",
     "ListenerError",
+    "PartitionCountError",
     "PayloadTooLargeError",
     "PermanentError",
     "PermissionDeniedError",

@@ -30,6 +30,8 @@ class RoutingQueueMessage:
     source_position: int
     type: ReplicationType
     snapshot_id: str = ""
+    #: The partition key the source gave the entry (None: none).
+    key: bytes | None = None
 
 
 class RoutingQueueListener(abc.ABC):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from lr_client.errors import InvalidPayloadError, PayloadTooLargeError
+from lr_client.errors import InvalidPartitionKeyError, InvalidPayloadError, PayloadTooLargeError
 
 
 class ReplicationType(enum.IntEnum):
@@ -55,6 +55,45 @@ def check_payload(value: object, limit: int, what: str = "payload") -> bytes:
     return value
 
 
+#: The longest partition key, in bytes (a str key counts its UTF-8 bytes).
+MAX_PARTITION_KEY_BYTES = 256
+
+
+def check_partition_key(value: object) -> bytes | None:
+    """A partition key as stored: bytes of 1 to :data:`MAX_PARTITION_KEY_BYTES`, or None.
+
+    A ``str`` is encoded as UTF-8. Raises
+    :class:`~lr_client.errors.InvalidPartitionKeyError` for any other type, an
+    empty key or a longer one.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.encode()
+    elif isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    if not isinstance(value, bytes):
+        raise InvalidPartitionKeyError(
+            f"partition key must be bytes or str, got {type(value).__name__}"
+        )
+    if not value:
+        raise InvalidPartitionKeyError("partition key must not be empty (None: no key)")
+    if len(value) > MAX_PARTITION_KEY_BYTES:
+        raise InvalidPartitionKeyError(
+            f"partition key of {len(value)} bytes exceeds the limit of {MAX_PARTITION_KEY_BYTES}"
+        )
+    return value
+
+
+#: An entry to append to the send log: (payload, destination site numbers[, partition key]).
+NewLogEntry = tuple[bytes, Sequence[int]] | tuple[bytes, Sequence[int], bytes | None]
+
+
+def new_entry_key(entry: NewLogEntry) -> bytes | None:
+    """The partition key of an entry to append (None: none)."""
+    return entry[2] if len(entry) > 2 else None
+
+
 class SinkSnapshotState(enum.IntEnum):
     """Snapshot state of one (source, client) on the sink."""
 
@@ -65,10 +104,11 @@ class SinkSnapshotState(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class LRMessageWithDestinations:
-    """One payload and the sites it must reach."""
+    """One payload, the sites it must reach and its partition key (None: none)."""
 
     payload: bytes
     destinations: list[str] | tuple[str, ...]
+    key: bytes | str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +138,7 @@ class SendEntry:
     destinations: tuple[str, ...] = ()
     snapshot_id: str = ""
     created_at: float = 0.0
+    key: bytes | None = None  # the partition key (None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +151,7 @@ class WireEntry:
     snapshot_id: str = ""
     snapshot_count: int = 0
     base_position: int = 0
+    key: bytes | None = None  # the partition key (None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +167,7 @@ class RecvEntry:
     payload: bytes
     snapshot_id: str = ""
     snapshot_count: int = 0
+    key: bytes | None = None  # the partition key (None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +306,8 @@ class SubscriberState:
     #: Every entry of the queue with ``seq <= delivered_seq`` has been delivered
     #: (or passed: the left-overs of an ended snapshot); readers see those above.
     delivered_seq: int = 0
+    #: The partition count the queue is delivered with (0: not by partition).
+    partitions: int = 0
 
 
 class HeadEntry(NamedTuple):
@@ -274,6 +319,7 @@ class HeadEntry(NamedTuple):
     snapshot_id: str
     payload: bytes
     base_position: int | None = None  # a snapshot entry's: its snapshot's base, if sent
+    key: bytes | None = None  # the partition key (None: none)
 
 
 @dataclass(frozen=True, slots=True)

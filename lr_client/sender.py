@@ -19,7 +19,13 @@ from lr_client.errors import (
     UnknownDestinationError,
 )
 from lr_client.names import validate_name
-from lr_client.records import EntryRef, LRMessageWithDestinations, SnapshotStatus, check_payload
+from lr_client.records import (
+    EntryRef,
+    LRMessageWithDestinations,
+    SnapshotStatus,
+    check_partition_key,
+    check_payload,
+)
 from lr_client.snapshot_status import SnapshotInfo, parse_states
 from lr_client.store import SendLog, Sites, Snapshots, open_store
 from lr_client.store.lifecycle import SchemaStatus
@@ -185,23 +191,39 @@ class RoutingQueueClient:
 
     # -- transmit ----------------------------------------------------------------------
     def transmit_log_entry_message(
-        self, session: Session | Connection, payload: bytes, destinations: Sequence[str]
+        self,
+        session: Session | Connection,
+        payload: bytes,
+        destinations: Sequence[str],
+        key: bytes | str | None = None,
     ) -> EntryRef:
         """Queue one payload for ``destinations`` in the caller's transaction.
 
         Nothing is sent unless the transaction commits. Returns a ref to the
         entry: positions are given in commit order, so on PostgreSQL the
         position is known only after commit (:meth:`positions_of`).
+
+        ``key``, the entry's partition key (bytes, or str as UTF-8; at most
+        :data:`~lr_client.records.MAX_PARTITION_KEY_BYTES`), travels with it to
+        the sink: a subscriber delivering by partition keeps the entries of one
+        key in order and delivers different keys in parallel. An entry without
+        a key is delivered in order relative to every other entry. A bad key
+        raises :class:`~lr_client.errors.InvalidPartitionKeyError` and writes
+        nothing.
         """
         conn = _connection(session)
-        row = (self._payload(payload), self._dest_nums(destinations))
+        row = (self._payload(payload), self._dest_nums(destinations), check_partition_key(key))
         self._check_backpressure()
         return self.store.append_log_entries(conn, self.client_name, [row])[0]
 
     def transmit_log_entry_messages(
         self, session: Session | Connection, messages: Sequence[LRMessageWithDestinations]
     ) -> list[EntryRef]:
-        """Queue several payloads in the caller's transaction; all or none are valid."""
+        """Queue several payloads in the caller's transaction; all or none are valid.
+
+        Each message's ``key`` is its partition key, as for
+        :meth:`transmit_log_entry_message`.
+        """
         conn = _connection(session)
         rows = []
         for m in messages:
@@ -209,7 +231,13 @@ class RoutingQueueClient:
                 raise InvalidPayloadError(
                     f"expected LRMessageWithDestinations, got {type(m).__name__}"
                 )
-            rows.append((self._payload(m.payload), self._dest_nums(m.destinations)))
+            rows.append(
+                (
+                    self._payload(m.payload),
+                    self._dest_nums(m.destinations),
+                    check_partition_key(m.key),
+                )
+            )
         self._check_backpressure()
         return self.store.append_log_entries(conn, self.client_name, rows)
 

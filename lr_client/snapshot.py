@@ -44,7 +44,12 @@ from lr_client.errors import (
     TransientError,
 )
 from lr_client.names import validate_name
-from lr_client.records import SnapshotRequest, SnapshotStatus, check_payload
+from lr_client.records import (
+    SnapshotRequest,
+    SnapshotStatus,
+    check_partition_key,
+    check_payload,
+)
 from lr_client.store import Snapshots, open_store
 
 log = logging.getLogger("lr_client.snapshot")
@@ -102,6 +107,15 @@ class SnapshotHeartbeat:
 
 def _check_payload(payload: object, limit: int) -> bytes:
     return check_payload(payload, limit, "snapshot payload")
+
+
+def _check_row(row: object, limit: int) -> tuple[bytes, bytes | None]:
+    """A row to write: a payload, or a ``(payload, partition key)`` pair."""
+    if isinstance(row, tuple):
+        if len(row) != 2:
+            raise InvalidPayloadError("a snapshot row is a payload or a (payload, key) pair")
+        return _check_payload(row[0], limit), check_partition_key(row[1])
+    return _check_payload(row, limit), None
 
 
 def _chunks(items: Iterable[object], size: int) -> Iterator[list[object]]:
@@ -184,8 +198,17 @@ class SnapshotContext:
         return self._count
 
     # -- writing ----------------------------------------------------------------------
-    def transmit(self, payloads: Iterable[bytes], *, part: int | None = None) -> int:
+    def transmit(
+        self,
+        payloads: Iterable[bytes | tuple[bytes, bytes | str | None]],
+        *,
+        part: int | None = None,
+    ) -> int:
         """Write snapshot entries; return how many this call wrote.
+
+        Each item is a payload, or a ``(payload, key)`` pair: the row's
+        partition key, as for ``transmit_log_entry_message`` (a bad one raises
+        :class:`~lr_client.errors.InvalidPartitionKeyError`).
 
         Without ``part``, entries are appended after those of earlier calls
         (part 0). With ``part=n`` (n >= 1) the call writes part ``n`` from its
@@ -213,13 +236,18 @@ class SnapshotContext:
                 "transmit takes an iterable of payloads, not a single " + type(payloads).__name__
             )
         source: Iterable[object] = payloads
-        if isinstance(payloads, Sequence):
-            source = [_check_payload(p, limit) for p in payloads]
+        checked = isinstance(payloads, Sequence)
+        if checked:
+            source = [_check_row(p, limit) for p in payloads]
         seq = self._next_seq if part is None else 0
         target = 0 if part is None else part
         written = 0
         for chunk in _chunks(source, self.chunk_size):
-            batch = [_check_payload(p, limit) for p in chunk]
+            batch: list[tuple[bytes, bytes | None]] = (
+                chunk  # type: ignore[assignment]  # validated whole above
+                if checked
+                else [_check_row(p, limit) for p in chunk]
+            )
             self._write(target, batch, seq)
             seq += len(batch)
             written += len(batch)
@@ -231,10 +259,19 @@ class SnapshotContext:
                 self._save_progress()
         return written
 
-    def _write(self, part: int, payloads: list[bytes], first_seq: int) -> None:
+    def _write(self, part: int, rows: list[tuple[bytes, bytes | None]], first_seq: int) -> None:
+        payloads = [p for p, _ in rows]
+        keys = [k for _, k in rows]
         try:
             with self.store.write() as conn:
-                self.store.write_snapshot_entries(conn, self.snapshot_id, part, payloads, first_seq)
+                self.store.write_snapshot_entries(
+                    conn,
+                    self.snapshot_id,
+                    part,
+                    payloads,
+                    first_seq,
+                    keys if any(k is not None for k in keys) else None,
+                )
         except SnapshotError:
             self._cancelled = True
             raise

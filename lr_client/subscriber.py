@@ -41,10 +41,13 @@ from lr_client.delivery import Plan, PlanKind, awaits_end, plan_delivery
 from lr_client.errors import (
     InvalidInputError,
     ListenerError,
+    PartitionCountError,
     StoreUnavailableError,
 )
 from lr_client.listener import RoutingQueueListener, takes_base_position
 from lr_client.names import validate_name
+from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
+from lr_client.partitioners import Partitioner, load_partitioner
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 from lr_client.store import Sites, SubscriberQueues, open_store
 from lr_client.store.lifecycle import SchemaStatus
@@ -70,13 +73,14 @@ class SnapshotDelivery(enum.StrEnum):
     STREAMING = "streaming"
 
 
-class _LeaseLost(Exception):
-    """Another subscriber holds the queue now: roll back and leave it."""
-
-
-class _Conflict(Exception):
-    """The queue's state changed under the delivery (its lease lost, or another
-    delivery committed first): roll back, then take the lease again or leave it."""
+#: Another subscriber holds the queue now: roll back and leave it.
+_LeaseLost = LeaseLost
+#: The queue's state changed under the delivery (its lease lost, or another
+#: delivery committed first): roll back, then take the lease again or leave it.
+_Conflict = Conflict
+#: The key of :meth:`session.info <sqlalchemy.orm.Session.info>` that tells a listener
+#: the partition it is called for (None: entries every partition waited for).
+PARTITION_INFO_KEY = "lr_partition"
 
 
 def _awaits_end(
@@ -110,8 +114,22 @@ class RoutingQueueSubscriber:
     reaches the listener: ``"complete"`` (the default) waits until the sink
     has all of it, ``"streaming"`` delivers its entries as they arrive.
 
-    One instance serves one thread; run several instances (or processes) to
-    deliver in parallel, the leases keep them apart.
+    ``partitions = N`` (N > 1) delivers each receive queue by partition:
+    keyed log entries go to partition ``partitioner(key, N)`` (``"hash"``, the
+    default: BLAKE2b; ``"range"`` with ``partition_boundaries``; a
+    ``"module:function"``; or a callable, see :mod:`lr_client.partitioners`)
+    and :meth:`run` delivers them with ``workers`` threads (default N), each
+    owning the partitions ``p`` with ``p % workers`` equal to its number. The
+    entries of one key reach the listener in source order, each partition's
+    progress commits with the listener's writes, and entries without a key
+    (and full syncs, drop notices) are delivered after every entry before them
+    and before every entry after them. The listener finds its partition in
+    ``session.info["lr_partition"]`` (None for those). The count is stored
+    with each queue: another count is refused with
+    :class:`~lr_client.errors.PartitionCountError` until the queue is drained.
+
+    Otherwise one instance serves one thread; run several instances (or
+    processes) to deliver in parallel, the leases keep them apart.
     """
 
     def __init__(
@@ -130,6 +148,10 @@ class RoutingQueueSubscriber:
         retry_max: float = 60.0,
         retry_jitter: float = 0.5,
         snapshot_delivery: SnapshotDelivery | str = SnapshotDelivery.COMPLETE,
+        partitions: int = 1,
+        partitioner: str | Partitioner = "hash",
+        partition_boundaries: list[bytes | str] | None = None,
+        workers: int | None = None,
     ) -> None:
         if batch_size < 1 or max_batches < 1 or batch_max_bytes < 1:
             raise ValueError("batch_size, batch_max_bytes and max_batches must be at least 1")
@@ -171,9 +193,20 @@ class RoutingQueueSubscriber:
         self.retry_max = retry_max
         self.retry_jitter = retry_jitter
         self._lease_until: dict[int, float] = {}  # wall clock, as stored in the lease row
-        self._failures: dict[int, int] = {}
-        self._retry_at: dict[int, float] = {}  # monotonic
+        self._failures: dict[object, int] = {}  # by queue id, or (queue id, partition)
+        self._retry_at: dict[object, float] = {}  # monotonic
         self._awaiting: set[int] = set()  # queues whose head snapshot lacks its end
+        if not isinstance(partitions, int) or partitions < 1:
+            raise InvalidInputError(f"partitions must be a positive integer, not {partitions!r}")
+        self.partitions = partitions
+        self.partitioner: Partitioner = load_partitioner(partitioner, partition_boundaries)
+        self.workers = min(partitions, workers or partitions)
+        if self.workers < 1:
+            raise InvalidInputError("workers must be at least 1")
+        self._partitioned = PartitionedDelivery(self)
+        self._lease_lock = threading.Lock()
+        #: Notified when a partition commits: workers waiting at a barrier look again.
+        self._moved = threading.Condition()
 
     # -- public API ------------------------------------------------------------------
     def create_schema(self) -> SchemaStatus:
@@ -188,7 +221,13 @@ class RoutingQueueSubscriber:
         return self._poll()[0]
 
     def run(self, stop: threading.Event) -> None:
-        """Deliver until ``stop`` is set, then release this subscriber's leases."""
+        """Deliver until ``stop`` is set, then release this subscriber's leases.
+
+        With ``partitions > 1`` the delivery runs in ``workers`` threads.
+        """
+        if self.partitions > 1:
+            self._run_workers(stop)
+            return
         try:
             while not stop.is_set():
                 try:
@@ -232,6 +271,14 @@ class RoutingQueueSubscriber:
 
     # -- polling ----------------------------------------------------------------------
     def _poll(self) -> tuple[int, bool]:
+        if self.partitions > 1:
+            total, moved = 0, False
+            while True:  # every partition in turn, until none moves (barriers included)
+                n, progressed = self._poll_partitions(range(self.partitions))
+                total += n
+                moved = moved or progressed
+                if not progressed:
+                    return total, moved
         queues = self.store.list_queues(self.client_name)
         now = time.monotonic()
         due = [q for q in queues if self._retry_at.get(q.queue_id, 0.0) <= now]
@@ -246,10 +293,80 @@ class RoutingQueueSubscriber:
             progressed = progressed or moved
         return delivered, progressed
 
+    def _run_workers(self, stop: threading.Event) -> None:
+        threads = [
+            threading.Thread(
+                target=self._work,
+                args=(range(w, self.partitions, self.workers), stop),
+                name=f"lr-partition-worker-{w}",
+                daemon=True,
+            )
+            for w in range(self.workers)
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            stop.wait()
+            with self._moved:
+                self._moved.notify_all()
+            for thread in threads:
+                thread.join()
+        finally:
+            self.release_leases()
+
+    def _work(self, parts: range, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                progressed = self._poll_partitions(parts)[1]
+            except Exception as exc:  # the registry could not be read, or a count refused
+                self._report(exc)
+                progressed = False
+            if not progressed and not stop.is_set():
+                with self._moved:
+                    self._moved.wait(self._idle_wait())
+
+    def _poll_partitions(self, parts: range) -> tuple[int, bool]:
+        """One turn of ``parts`` over every queue: (messages delivered, any progress)."""
+        delivered, progressed = 0, False
+        for queue in self.store.list_queues(self.client_name):
+            qid = queue.queue_id
+            for p in parts:
+                key = (qid, p)
+                if self._retry_at.get(key, 0.0) > time.monotonic():
+                    continue
+                try:
+                    if not self._hold_lease(qid):
+                        break
+                    for _ in range(self.max_batches):
+                        attempt = self._failures.get(key, 0) + 1
+                        n = self._partitioned.deliver_partition(queue, p, attempt)
+                        barrier = n is None or self._partitioned.stopped_at_barrier()
+                        if n is None:
+                            n = self._partitioned.deliver_barrier(queue, attempt)
+                            if n is None:
+                                break
+                        self._failures.pop(key, None)
+                        self._retry_at.pop(key, None)
+                        delivered += n
+                        progressed = True
+                        if barrier:  # the workers waiting there look again
+                            with self._moved:
+                                self._moved.notify_all()
+                except PartitionCountError:
+                    raise
+                except _LeaseLost:
+                    self._lease_until.pop(qid, None)
+                    break
+                except _Conflict:  # retried at its next turn
+                    log.debug("partition %d of %s changed; retrying", p, queue.queue_name)
+                except Exception as exc:
+                    self._fail(key, exc)
+        return delivered, progressed
+
     def _idle_wait(self) -> float:
         if not self._retry_at:
             return self.poll_interval
-        soonest = min(self._retry_at.values()) - time.monotonic()
+        soonest = min(list(self._retry_at.values()), default=0.0) - time.monotonic()
         return max(0.0, min(self.poll_interval, soonest))
 
     def _drain(self, queue: QueueInfo) -> tuple[int, bool]:
@@ -272,23 +389,49 @@ class RoutingQueueSubscriber:
             log.debug("queue %s changed during delivery; retrying", queue.queue_name)
             self._lease_until.pop(qid, None)
             progressed = True
+        except PartitionCountError:
+            raise
         except Exception as exc:
             self._fail(qid, exc)
         return delivered, progressed
 
     def _hold_lease(self, queue_id: int) -> bool:
-        now = time.time()
-        if self._lease_until.get(queue_id, 0.0) - now > self.lease_seconds / 2:
+        with self._lease_lock:
+            now = time.time()
+            if self._lease_until.get(queue_id, 0.0) - now > self.lease_seconds / 2:
+                return True
+            with self.store.write() as conn:
+                expires = self.store.acquire_lease(
+                    conn, queue_id, self.owner, now, self.lease_seconds
+                )
+                if expires is not None:
+                    # The partition count of the queue: refused (and the lease not
+                    # taken) if it differs and the queue is not drained.
+                    self.store.claim_partitions(conn, queue_id, self.partitions)
+            if expires is None:
+                self._lease_until.pop(queue_id, None)
+                return False
+            self._lease_until[queue_id] = expires
             return True
-        with self.store.write() as conn:
-            expires = self.store.acquire_lease(conn, queue_id, self.owner, now, self.lease_seconds)
-        if expires is None:
-            self._lease_until.pop(queue_id, None)
-            return False
-        self._lease_until[queue_id] = expires
-        return True
 
-    def _fail(self, queue_id: int, error: BaseException) -> None:
+    def _lease_expiry(self) -> float:
+        return time.time() + self.lease_seconds
+
+    def _lease_renewed(self, queue_id: int, expires: float) -> None:
+        self._lease_until[queue_id] = expires
+
+    def _waits_for_end(
+        self, conn: Connection, queue_id: int, state: SubscriberState, entries: list[HeadEntry]
+    ) -> bool:
+        """Whether a full sync at the head must wait for its end (``"complete"`` delivery)."""
+        if self.snapshot_delivery is not SnapshotDelivery.COMPLETE:
+            return False
+        first = entries[0]
+        ends = ReplicationType.LAST_FULL_SYNC_ENTRY
+        whole = any(e.type is ends and e.snapshot_id == first.snapshot_id for e in entries)
+        return not whole and _awaits_end(self.store, conn, queue_id, state, first)
+
+    def _fail(self, queue_id: object, error: BaseException) -> None:
         failures = self._failures.get(queue_id, 0) + 1
         self._failures[queue_id] = failures
         self._retry_at[queue_id] = time.monotonic() + self.backoff(failures)
@@ -357,10 +500,18 @@ class RoutingQueueSubscriber:
         self._lease_until[queue.queue_id] = expires
         return len(plan.messages)
 
-    def _call_listener(self, conn: Connection, queue: QueueInfo, plan: Plan, attempt: int) -> None:
+    def _call_listener(
+        self,
+        conn: Connection,
+        queue: QueueInfo,
+        plan: Plan,
+        attempt: int,
+        partition: int | None = None,
+    ) -> None:
         listener, source = self.listener, queue.source_id
         txn = conn.get_transaction()
         session = Session(bind=conn, join_transaction_mode="rollback_only")
+        session.info[PARTITION_INFO_KEY] = partition
 
         def failed(callback: str, message: str) -> ListenerError:
             return ListenerError(
@@ -423,6 +574,7 @@ class RoutingQueueSubscriber:
 
 __all__ = [
     "DEFAULT_BATCH_MAX_BYTES",
+    "PARTITION_INFO_KEY",
     "RoutingQueueSubscriber",
     "SnapshotDelivery",
     "default_owner",

@@ -781,6 +781,7 @@ def snapshot_job_command(
         snapshot_id,
         source=spec,
         encoder=conf.spark_encoder if conf else "",
+        key_column=conf.spark_key_column if conf else "",
         master=conf.spark_master if conf else None,
         spark_options=conf.spark_options if conf else None,
         destination=None if snapshot_id else destination,

@@ -96,6 +96,7 @@ class ClientConfig:
     snapshot: SnapshotProvider = SnapshotProvider.NONE
     spark_source: str = ""  # jdbc:/parquet:/csv:/module:function (spark_jobs.snapshot_job)
     spark_encoder: str = ""  # module:function row -> bytes
+    spark_key_column: str = ""  # the column whose value is each row's partition key
     spark_master: str = "local[*]"
     spark_options: dict[str, str] = field(default_factory=dict)
 

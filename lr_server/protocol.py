@@ -7,6 +7,10 @@ is version 1):
 1. The first release: log entry and snapshot batches.
 2. Drop notices (``BATCH_DROP_NOTICE``, sent only to sinks that announce
    ``drop_notices``) and the version exchange itself.
+3. Partition keys (``RoutingTableEntryMsg.partition_key``). A peer of version
+   2 ignores the field (protobuf skips unknown fields): its sink queues the
+   entries without keys, so they are delivered in total order, as before; a
+   source of version 2 sends none.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
 upgraded one at a time; an older peer is refused at negotiation with
@@ -19,7 +23,7 @@ from __future__ import annotations
 from lr_client.errors import IncompatibleVersionError
 
 #: The wire protocol this release speaks.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 #: The oldest peer version this release accepts.
 MIN_PEER_VERSION = 1
 

@@ -166,4 +166,5 @@ def _entry(msg: pb.RoutingTableEntryMsg) -> WireEntry:
         snapshot_id=msg.snapshot_id,
         snapshot_count=msg.snapshot_count,
         base_position=msg.base_position,
+        key=msg.partition_key or None,
     )

@@ -43,6 +43,7 @@ def spark_launcher(
             req.snapshot_id,
             source=client.spark_source,
             encoder=client.spark_encoder,
+            key_column=client.spark_key_column,
             master=client.spark_master,
             spark_options=client.spark_options,
             log_path=log_path,

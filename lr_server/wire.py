@@ -31,6 +31,7 @@ def entry(e: SendEntry) -> pb.RoutingTableEntryMsg:
         position=e.position,
         snapshot_id=e.snapshot_id,
         client_name=e.client_name,
+        partition_key=e.key or b"",
     )
 
 

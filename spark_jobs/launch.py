@@ -22,6 +22,7 @@ def snapshot_job_command(
     *,
     source: str,
     encoder: str = "",
+    key_column: str = "",
     master: str | None = "local[*]",
     spark_options: Mapping[str, str] | None = None,
     source_options: Mapping[str, str] | None = None,
@@ -50,6 +51,8 @@ def snapshot_job_command(
     cmd += ["--source", source]
     if encoder:
         cmd += ["--encoder", encoder]
+    if key_column:
+        cmd += ["--key-column", key_column]
     if master:
         cmd += ["--master", master]
     for key, value in (spark_options or {}).items():
@@ -70,6 +73,7 @@ def launch_snapshot_job(
     *,
     source: str,
     encoder: str = "",
+    key_column: str = "",
     master: str | None = "local[*]",
     spark_options: Mapping[str, str] | None = None,
     source_options: Mapping[str, str] | None = None,
@@ -84,7 +88,7 @@ def launch_snapshot_job(
 
     The keyword arguments mirror a client's configuration
     (``lr_server.config.ClientConfig``: ``spark_source``, ``spark_encoder``,
-    ``spark_master``, ``spark_options``). With ``start`` (the default) the job
+    ``spark_key_column``, ``spark_master``, ``spark_options``). With ``start`` (the default) the job
     moves the request from REQUESTED to RUNNING itself, so a request another
     provider already took is left alone (the job exits with code 3).
 
@@ -104,6 +108,7 @@ def launch_snapshot_job(
         snapshot_id,
         source=source,
         encoder=encoder,
+        key_column=key_column,
         master=master,
         spark_options=spark_options,
         source_options=source_options,

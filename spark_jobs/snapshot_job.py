@@ -206,8 +206,12 @@ def run_snapshot_job(
     progress_interval: float = 2.0,
     mark_failed: bool = True,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    key_column: str = "",
 ) -> int:
     """Write ``df`` as the entries of snapshot ``snapshot_id``; return the entry count.
+
+    ``key_column``: the column whose value (str or bytes; another type as its
+    ``str``; null: none) is each entry's partition key.
 
     The request must be RUNNING (or REQUESTED with ``start=True``, which
     starts it and fixes its base position). The rows must be read after the
@@ -242,6 +246,8 @@ def run_snapshot_job(
         rows = chunk_rows or DEFAULT_CHUNK_ROWS.get(store.dialect, 10_000)
         if rows <= 0:
             raise ValueError("chunk_rows must be positive")
+        if key_column and key_column not in df.columns:
+            raise ConfigError(f"key column {key_column!r} is not a column of the source")
         use_arrow = path == "arrow" or (path == "auto" and arrow_compatible(df.schema))
         writer = PartitionWriter(
             database_url=database_url,
@@ -251,6 +257,7 @@ def run_snapshot_job(
             chunk_rows=rows,
             max_payload_bytes=max_payload_bytes,
             method=method,
+            key_column=key_column,
         )
         _require_running(store, snapshot_id, start)  # nothing written before this
         try:
@@ -380,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--source-option", action="append", metavar="KEY=VALUE", help="reader option (repeat)"
     )
     p.add_argument("--encoder", default="", help="module:function row -> bytes (default: JSON)")
+    p.add_argument(
+        "--key-column", default="", help="the column holding each row's partition key (none)"
+    )
     p.add_argument("--master", help="Spark master (default local[*], or spark-submit's)")
     p.add_argument(
         "--conf", action="append", metavar="KEY=VALUE", help="Spark configuration (repeat)"
@@ -551,6 +561,7 @@ def _execute(
             chunk_rows=args.chunk_rows,
             method=args.method,
             progress_interval=args.progress_interval,
+            key_column=args.key_column,
         )
         result.update(status=SnapshotStatus.READY.value, entry_count=count)
         code = 0

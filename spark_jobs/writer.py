@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from lr_client.errors import PayloadTooLargeError
-from lr_client.records import check_payload
+from lr_client.records import check_partition_key, check_payload
 from lr_client.store import Sites, Snapshots, create_engine, open_store
 from spark_jobs.encoders import Encoder, arrow_json, encode_json_dict
 
@@ -49,8 +49,22 @@ def _payload(value: object, limit: int) -> bytes:
     return check_payload(value, limit, "encoded row")
 
 
+def row_key(value: object) -> bytes | None:
+    """A key column's value as a partition key: str or bytes as they are, another
+    type as its ``str``, null as none (checked: 1 to 256 bytes)."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, bytes, bytearray, memoryview)):
+        value = str(value)
+    return check_partition_key(value)
+
+
+#: What a partition writes: payloads, or (payload, partition key) pairs.
+Entry = bytes | tuple[bytes, bytes | None]
+
+
 class _Sink(Protocol):
-    def write_part(self, part: int, payloads: Iterator[bytes], chunk_rows: int) -> int: ...
+    def write_part(self, part: int, payloads: Iterator[Entry], chunk_rows: int) -> int: ...
 
     def close(self) -> None: ...
 
@@ -67,7 +81,7 @@ class _StoreSink:
         self.snapshot_id = snapshot_id
         self.bulk = bulk
 
-    def write_part(self, part: int, payloads: Iterator[bytes], chunk_rows: int) -> int:
+    def write_part(self, part: int, payloads: Iterator[Entry], chunk_rows: int) -> int:
         return self.store.write_snapshot_part(
             self.snapshot_id, part, payloads, chunk_rows, bulk=self.bulk
         )
@@ -108,8 +122,9 @@ class PartitionWriter:
     chunk_rows: int
     max_payload_bytes: int
     method: str = "copy"
+    key_column: str = ""  # the column of each row's partition key ("": none)
 
-    def write(self, part: int, payloads: Iterator[bytes]) -> int:
+    def write(self, part: int, payloads: Iterator[Entry]) -> int:
         """Write one partition's payloads as part ``part``; return how many."""
         sink = open_sink(self.database_url, self.snapshot_id, self.method)
         try:
@@ -124,10 +139,25 @@ class PartitionWriter:
 
         encode = self.encoder or json_encoder
         limit = self.max_payload_bytes
-        yield index, self.write(index, (_payload(encode(r), limit) for r in rows))
+        column = self.key_column
+        if column:
+            keyed = ((_payload(encode(r), limit), row_key(r[column])) for r in rows)
+            yield index, self.write(index, keyed)
+        else:
+            yield index, self.write(index, (_payload(encode(r), limit) for r in rows))
 
     # -- the Arrow path: plain schemas, much less per-row work ----------------------------
-    def _encode_batches(self, batches: Iterable[Any]) -> Iterator[bytes]:
+    def _encode_batches(self, batches: Iterable[Any]) -> Iterator[Entry]:
+        if not self.key_column:
+            yield from self._encode_payloads(batches)
+            return
+        for batch in batches:  # the payloads of one batch, then its keys alongside
+            keys = batch.column(batch.schema.get_field_index(self.key_column)).to_pylist()
+            payloads = self._encode_payloads([batch])
+            for payload, key in zip(payloads, keys, strict=True):
+                yield payload, row_key(key)
+
+    def _encode_payloads(self, batches: Iterable[Any]) -> Iterator[bytes]:
         import pyarrow.compute as pc  # type: ignore[import-untyped]
         from pyspark.sql import Row
 

@@ -41,7 +41,7 @@ BATCH_SNAPSHOT: BatchKind
 BATCH_DROP_NOTICE: BatchKind
 
 class RoutingTableEntryMsg(_message.Message):
-    __slots__ = ("destinations", "type", "opaque_payload", "source_id", "client_name", "snapshot_id", "position", "snapshot_count", "base_position")
+    __slots__ = ("destinations", "type", "opaque_payload", "source_id", "client_name", "snapshot_id", "position", "snapshot_count", "base_position", "partition_key")
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     OPAQUE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class RoutingTableEntryMsg(_message.Message):
     POSITION_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COUNT_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     destinations: _containers.RepeatedScalarFieldContainer[str]
     type: ReplicationType
     opaque_payload: bytes
@@ -60,7 +61,8 @@ class RoutingTableEntryMsg(_message.Message):
     position: int
     snapshot_count: int
     base_position: int
-    def __init__(self, destinations: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[ReplicationType, str]] = ..., opaque_payload: _Optional[bytes] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., position: _Optional[int] = ..., snapshot_count: _Optional[int] = ..., base_position: _Optional[int] = ...) -> None: ...
+    partition_key: bytes
+    def __init__(self, destinations: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[ReplicationType, str]] = ..., opaque_payload: _Optional[bytes] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., position: _Optional[int] = ..., snapshot_count: _Optional[int] = ..., base_position: _Optional[int] = ..., partition_key: _Optional[bytes] = ...) -> None: ...
 
 class ClientState(_message.Message):
     __slots__ = ("client_name", "last_position", "snapshot_state", "snapshot_id", "snapshot_position")

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from lr_client.errors import LRError, SchemaError, StoreUnavailableError
-from lr_client.records import EntryRef
+from lr_client.records import EntryRef, NewLogEntry
 from lr_client.store import schema as s
 
 try:  # the PostgreSQL driver is an optional extra
@@ -187,7 +187,7 @@ class StoreBase(abc.ABC):
 
     @abc.abstractmethod
     def _insert_entries(
-        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+        self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         """Insert send log entries with their destinations; a ref for each."""
 
@@ -229,7 +229,7 @@ class StoreBase(abc.ABC):
         snapshot_id: str,
         part: int,
         seq: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes | tuple[bytes, bytes | None]],
         slot: int,
     ) -> int | None:
         """Bulk-insert snapshot entries from ``seq`` on, into the snapshot's ``slot``;

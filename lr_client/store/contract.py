@@ -25,6 +25,7 @@ from lr_client.records import (
     EntryRef,
     HeadEntry,
     LogRange,
+    NewLogEntry,
     QueueInfo,
     QueueSlot,
     RecvEntry,
@@ -86,7 +87,7 @@ class SendLog(Protocol):
     """The application's transmit path: append entries in the caller's transaction."""
 
     def append_log_entries(
-        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+        self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         """Append validated entries (payload, destination site numbers); one ref each.
 
@@ -230,14 +231,16 @@ class Snapshots(Transactions, Protocol):
         part: int,
         payloads: Sequence[bytes],
         first_seq: int = 0,
+        keys: Sequence[bytes | None] | None = None,
     ) -> int:
-        """Write one part of a snapshot idempotently (re-writing a part replaces it)."""
+        """Write one part of a snapshot idempotently (re-writing a part replaces it);
+        ``keys``: each payload's partition key (None: none)."""
 
     def write_snapshot_part(
         self,
         snapshot_id: str,
         part: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes | tuple[bytes, bytes | None]],
         chunk_rows: int,
         *,
         bulk: bool = True,
@@ -455,11 +458,19 @@ class SubscriberQueues(Transactions, Protocol):
         """Give up ``owner``'s leases (all of them, or those of ``queue_ids``)."""
 
     def read_head(
-        self, conn: Connection, queue_id: int, limit: int, max_bytes: int | None = None
+        self,
+        conn: Connection,
+        queue_id: int,
+        limit: int,
+        max_bytes: int | None = None,
+        after: int | None = None,
     ) -> list[HeadEntry]:
-        """The oldest entries of a receive queue, bounded by count and bytes."""
+        """The oldest entries of a receive queue, bounded by count and bytes
+        (``after``: those above this ``seq`` instead of ``delivered_seq``)."""
 
-    def peek_head(self, conn: Connection, queue_id: int) -> HeadEntry | None:
+    def peek_head(
+        self, conn: Connection, queue_id: int, after: int | None = None
+    ) -> HeadEntry | None:
         """The oldest entry of a receive queue, without its payload."""
 
     def has_snapshot_end(self, conn: Connection, queue_id: int, snapshot_id: str) -> bool:
@@ -470,6 +481,61 @@ class SubscriberQueues(Transactions, Protocol):
 
     def has_entries(self, conn: Connection, queue_id: int) -> bool:
         """Whether the receive queue holds anything."""
+
+    # -- delivery by partition (lr_client.partitioned) ---------------------------------
+    def claim_partitions(self, conn: Connection, queue_id: int, count: int) -> None:
+        """Deliver the queue with ``count`` partitions from now on (1: not by partition).
+
+        The count is stored with the queue's state. Another count is taken only
+        from a drained queue (every partition delivered up to the same entry), or
+        from one never delivered by partition; else
+        :class:`~lr_client.errors.PartitionCountError` and nothing changes.
+        """
+
+    def load_partitions(self, conn: Connection, queue_id: int) -> dict[int, int]:
+        """{partition: its ``delivered_seq``} of a queue delivered by partition."""
+
+    def scan_entries(
+        self, conn: Connection, queue_id: int, after: int, limit: int
+    ) -> list[HeadEntry]:
+        """The queue's entries above ``seq`` ``after``, in order, without payloads."""
+
+    def read_payloads(self, conn: Connection, queue_id: int, seqs: list[int]) -> dict[int, bytes]:
+        """{seq: payload} of entries of the queue."""
+
+    def save_partition(
+        self,
+        conn: Connection,
+        queue_id: int,
+        owner: str,
+        partition: int,
+        *,
+        previous_seq: int,
+        delivered_seq: int,
+        delivered_seqs: list[int],
+    ) -> bool:
+        """Raise a partition's ``delivered_seq`` from ``previous_seq`` (the value the
+        delivery read) for the entries ``delivered_seqs`` it delivered, and the
+        queue's to the minimum over its partitions, while ``owner`` holds the
+        lease; False (roll back) if either changed meanwhile."""
+
+    def save_barrier(
+        self,
+        conn: Connection,
+        queue_id: int,
+        owner: str,
+        *,
+        count: int,
+        previous_seq: int,
+        delivered_seq: int,
+        snapshot_id: str,
+        in_snapshot: bool,
+        delivered: int,
+        lease_expires: float,
+    ) -> bool:
+        """Pass every partition of the queue (each at ``previous_seq``) and the queue
+        itself to ``delivered_seq``, with the queue's new state, after entries that
+        every partition waited for (no key, snapshot, drop notice); False: roll back."""
 
 
 class Inspection(Protocol):

@@ -26,7 +26,14 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Engine
 
-from lr_client.records import EntryRef, QueueSlot, ReplicationType, WireEntry
+from lr_client.records import (
+    EntryRef,
+    NewLogEntry,
+    QueueSlot,
+    ReplicationType,
+    WireEntry,
+    new_entry_key,
+)
 from lr_client.store import recv_rotation, sequencer, slots, snapshot_pool
 from lr_client.store import schema as s
 from lr_client.store.base import mapped_errors
@@ -36,8 +43,8 @@ from lr_client.store.sqla import SQLAlchemyQueueStore
 log = logging.getLogger(__name__)
 
 _INSERT = (
-    "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at) "
-    "VALUES (%s, %s, CAST(%s AS smallint[]), %s) "
+    "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at, partition_key) "
+    "VALUES (%s, %s, CAST(%s AS smallint[]), %s, %s) "
     "RETURNING CAST(CAST(txid AS text) AS bigint), ord"
 )
 #: A batch reserves its ordinals at once: the transaction-local counter that
@@ -50,10 +57,10 @@ _RESERVE = (
     "FROM (SELECT 'lrq.ord_' || 'lrq_send_entries'::regclass::oid AS name) k"
 )
 _COPY_ENTRIES = (
-    "COPY lrq_send_entries (client_name, payload, dest_nums, created_at, ord) "
+    "COPY lrq_send_entries (client_name, payload, dest_nums, created_at, ord, partition_key) "
     "FROM STDIN (FORMAT BINARY)"
 )
-_ENTRY_TYPES = ("varchar", "bytea", "int2[]", "float8", "int8")
+_ENTRY_TYPES = ("varchar", "bytea", "int2[]", "float8", "int8", "bytea")
 
 _RECV_COLUMNS = (
     "queue_id",
@@ -65,13 +72,25 @@ _RECV_COLUMNS = (
     "received_at",
     "base_position",
     "slot",
+    "partition_key",
 )
-_RECV_TYPES = ("int4", "int2", "int8", "varchar", "int8", "bytea", "float8", "int8", "int2")
+_RECV_TYPES = (
+    "int4",
+    "int2",
+    "int8",
+    "varchar",
+    "int8",
+    "bytea",
+    "float8",
+    "int8",
+    "int2",
+    "bytea",
+)
 _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
     s.recv_entries.name, ", ".join(_RECV_COLUMNS)
 )
 
-_SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload, snap_slot"
+_SNAPSYNC_COLUMNS = "snapshot_id, part, seq, type, payload, snap_slot, partition_key"
 _COPY_SNAPSYNC = f"COPY {s.send_snapsync.name} ({_SNAPSYNC_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 
 #: A tick that sequenced at least this many entries refreshes the planner's statistics.
@@ -96,7 +115,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         return self._tick_key
 
     def _insert_entries(
-        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+        self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         now = time.time()
         # Through the driver's own cursor: this runs in every transmitting
@@ -106,9 +125,10 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         assert raw is not None
         with raw.cursor() as cur:
             if len(messages) == 1:
-                payload, nums = messages[0]
+                payload, nums = messages[0][0], messages[0][1]
                 dests = "{" + ",".join(str(n) for n in nums) + "}"
-                cur.execute(_INSERT, (client_name, payload, dests, now))
+                key = new_entry_key(messages[0])
+                cur.execute(_INSERT, (client_name, payload, dests, now, key))
                 txid, ord_ = cur.fetchone()
                 return [EntryRef(int(txid), int(ord_))]
             # A batch: its ordinals reserved in one statement, its rows in one
@@ -117,8 +137,10 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             txid, first = (int(v) for v in cur.fetchone())
             with cur.copy(_COPY_ENTRIES) as copy:
                 copy.set_types(list(_ENTRY_TYPES))
-                for i, (payload, nums) in enumerate(messages):
-                    copy.write_row((client_name, payload, list(nums), now, first + i))
+                for i, m in enumerate(messages):
+                    copy.write_row(
+                        (client_name, m[0], list(m[1]), now, first + i, new_entry_key(m))
+                    )
         return [EntryRef(txid, first + i) for i in range(len(messages))]
 
     def sequence(self) -> int:
@@ -177,7 +199,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         snapshot_id: str,
         part: int,
         seq: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes | tuple[bytes, bytes | None]],
         slot: int,
     ) -> int:
         # Binary COPY, streamed: payloads are produced while earlier rows travel.
@@ -186,10 +208,11 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         assert raw is not None
         n = 0
         with raw.cursor() as cur, cur.copy(_COPY_SNAPSYNC) as copy:
-            copy.set_types(["varchar", "int4", "int8", "int2", "bytea", "int4"])
+            copy.set_types(["varchar", "int4", "int8", "int2", "bytea", "int4", "bytea"])
             write_row = copy.write_row
-            for payload in payloads:
-                write_row((snapshot_id, part, seq + n, kind, payload, slot))
+            for item in payloads:
+                payload, key = item if isinstance(item, tuple) else (item, None)
+                write_row((snapshot_id, part, seq + n, kind, payload, slot, key))
                 n += 1
         return n
 
@@ -226,6 +249,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                         now,
                         recv_base(e),
                         slot,
+                        e.key,
                     )
                 )
 

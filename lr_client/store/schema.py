@@ -58,7 +58,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 11
 
 metadata = MetaData()
 
@@ -92,6 +92,9 @@ send_log_entries = Table(
         nullable=False,
     ),
     Column("created_at", Double, nullable=False),
+    # The entry's partition key (NULL: none): entries of one key reach the listener
+    # in order; those without a key in order relative to every entry.
+    Column("partition_key", LargeBinary),
     sqlite_autoincrement=True,
     # PostgreSQL: a view of the sequencer's tables with these columns.
     info={"view_on": "postgresql"},
@@ -145,6 +148,7 @@ send_snapsync = Table(
     Column("seq", BigInteger, nullable=False),
     Column("type", SmallInteger, nullable=False),
     Column("payload", LargeBinary, nullable=False),
+    Column("partition_key", LargeBinary),
     UniqueConstraint("snapshot_id", "part", "seq", name="lrq_send_snapsync_key"),
     sqlite_autoincrement=True,
     # PostgreSQL: partitioned by snap_slot, created in SQL (revision 0007).
@@ -262,6 +266,7 @@ recv_entries = Table(
     # Snapshot entries: the snapshot's base position (NULL: log entries, and
     # entries of a source that sends it on the end marker only).
     Column("base_position", BigInteger),
+    Column("partition_key", LargeBinary),  # the source's key (NULL: none)
     sqlite_autoincrement=True,
     # PostgreSQL: these columns and ``slot smallint`` (the partition key), created in SQL.
     info={"partitioned_on": "postgresql"},
@@ -318,6 +323,21 @@ subscriber_state = Table(
     Column("lease_expires", Double, nullable=False, default=0.0),
     # Every entry of the queue with seq <= delivered_seq was delivered (or passed).
     Column("delivered_seq", BigInteger, nullable=False, default=0, server_default="0"),
+    # The partition count the queue is delivered with (0: not by partition). With
+    # partitions, delivered_seq is the minimum over lrq_subscriber_partitions.
+    Column("partitions", Integer, nullable=False, default=0, server_default="0"),
+)
+
+subscriber_partitions = Table(
+    "lrq_subscriber_partitions",
+    metadata,
+    # Every keyed log entry of the queue in this partition with seq <= delivered_seq
+    # was delivered (and every entry without a key below it).
+    Column("queue_id", Integer, nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("delivered_seq", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("delivered", BigInteger, nullable=False, default=0, server_default="0"),
+    PrimaryKeyConstraint("queue_id", "partition"),
 )
 
 recv_state = Table(
@@ -376,6 +396,7 @@ __all__ = [
     "slot_parent",
     "snapshots",
     "stream_stops",
+    "subscriber_partitions",
     "subscriber_state",
     "trim_marks",
 ]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from lr_client.records import EntryRef
+from lr_client.records import EntryRef, NewLogEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase, mapped_errors
 
@@ -16,7 +16,7 @@ class SendLogStore(StoreBase):
     """Appends to the send log in the application's transaction."""
 
     def append_log_entries(
-        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+        self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         if not messages:
             return []

@@ -32,7 +32,7 @@ class ShippingStore(StoreBase):
                 return []
         self.sequence()
         e = s.send_log_entries
-        query = self._tagged_query(num, client_name, after)
+        query = self._tagged_query(num, client_name, after).add_columns(e.c.partition_key)
         query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
         if up_to is not None:
             query = query.where(e.c.position <= up_to)
@@ -48,6 +48,7 @@ class ShippingStore(StoreBase):
                 type=ReplicationType.LOG_ENTRY_SYNC,
                 payload=payload,
                 created_at=r.created_at,
+                key=None if r.partition_key is None else bytes(r.partition_key),
             )
             for r, payload in rows
         ]
@@ -59,7 +60,11 @@ class ShippingStore(StoreBase):
         e = s.send_log_entries
         query = (
             select(
-                e.c.position, e.c.dest_nums, e.c.created_at, *sized(e.c.payload, limit, max_bytes)
+                e.c.position,
+                e.c.dest_nums,
+                e.c.created_at,
+                e.c.partition_key,
+                *sized(e.c.payload, limit, max_bytes),
             )
             .where(e.c.client_name == client_name, e.c.position > after)
             .order_by(e.c.position)
@@ -86,6 +91,7 @@ class ShippingStore(StoreBase):
                     payload=payload,
                     destinations=destinations(r.dest_nums),
                     created_at=r.created_at,
+                    key=None if r.partition_key is None else bytes(r.partition_key),
                 )
                 for r, payload in rows
             ),

@@ -64,7 +64,10 @@ class SnapshotsStore(SnapshotRequestsStore):
         part: int,
         payloads: Sequence[bytes],
         first_seq: int = 0,
+        keys: Sequence[bytes | None] | None = None,
     ) -> int:
+        if keys is not None and len(keys) != len(payloads):
+            raise ValueError("keys must be as many as payloads")
         slot = self._require_writable(conn, snapshot_id)
         self._delete_part(conn, snapshot_id, part, first_seq, first_seq + len(payloads), slot)
         if payloads:
@@ -78,6 +81,7 @@ class SnapshotsStore(SnapshotRequestsStore):
                         "seq": first_seq + i,
                         "type": int(ReplicationType.SNAPSHOT_SYNC),
                         "payload": p,
+                        "partition_key": None if keys is None else keys[i],
                         **extra,
                     }
                     for i, p in enumerate(payloads)
@@ -134,7 +138,14 @@ class SnapshotsStore(SnapshotRequestsStore):
         self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None
     ) -> list[SendEntry]:
         t = self._snapsync
-        cols = (t.c.position, t.c.type, t.c.part, t.c.seq, *sized(t.c.payload, limit, max_bytes))
+        cols = (
+            t.c.position,
+            t.c.type,
+            t.c.part,
+            t.c.seq,
+            t.c.partition_key,
+            *sized(t.c.payload, limit, max_bytes),
+        )
         with self.read() as conn:
             req = conn.execute(
                 select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
@@ -183,6 +194,7 @@ class SnapshotsStore(SnapshotRequestsStore):
                 type=ReplicationType(r.type),
                 payload=payload,
                 snapshot_id=snapshot_id,
+                key=None if r.partition_key is None else bytes(r.partition_key),
             )
             for i, (r, payload) in enumerate(filled)
         ]
@@ -192,12 +204,14 @@ class SnapshotsStore(SnapshotRequestsStore):
         self,
         snapshot_id: str,
         part: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes | tuple[bytes, bytes | None]],
         chunk_rows: int,
         *,
         bulk: bool = True,
     ) -> int:
         """Write a whole part, ``chunk_rows`` entries per transaction; return how many.
+
+        Each item is a payload or a ``(payload, partition key)`` pair.
 
         Each chunk holds the request's share-lock, replaces what an earlier
         attempt left in its seq range, and the last chunk deletes entries past
@@ -219,10 +233,21 @@ class SnapshotsStore(SnapshotRequestsStore):
                     if n is not None and n < chunk_rows:
                         self._delete_part(conn, snapshot_id, part, seq + n, None, slot)
             if n is None:  # no bulk path: the chunk is produced outside the transaction
-                chunk = list(itertools.islice(source, chunk_rows))
+                chunk = [
+                    item if isinstance(item, tuple) else (item, None)
+                    for item in itertools.islice(source, chunk_rows)
+                ]
                 n = len(chunk)
+                keys = [k for _, k in chunk]
                 with self.write() as conn:
-                    self.write_snapshot_entries(conn, snapshot_id, part, chunk, seq)
+                    self.write_snapshot_entries(
+                        conn,
+                        snapshot_id,
+                        part,
+                        [p for p, _ in chunk],
+                        seq,
+                        keys if any(k is not None for k in keys) else None,
+                    )
                     if n < chunk_rows:
                         slot = self._require_writable(conn, snapshot_id)
                         self._delete_part(conn, snapshot_id, part, seq + n, None, slot)

@@ -15,6 +15,7 @@ from lr_client.store.send_log import SendLogStore
 from lr_client.store.shipping import ShippingStore
 from lr_client.store.sites import SitesStore
 from lr_client.store.snapshot_entries import SnapshotsStore
+from lr_client.store.subscriber_partitions import SubscriberPartitionsStore
 from lr_client.store.subscriber_queues import SubscriberQueuesStore
 
 
@@ -26,6 +27,7 @@ class SQLAlchemyQueueStore(
     RetentionStore,
     ReceivingStore,
     SubscriberQueuesStore,
+    SubscriberPartitionsStore,
     InspectionStore,
 ):
     """Every role in one store; use :func:`lr_client.store.open_store`."""

@@ -24,14 +24,14 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from lr_client.records import EntryRef, WireEntry
+from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_key
 from lr_client.store import schema as s
 from lr_client.store.receiving import recv_base
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
 _INSERT = (
-    "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at)"
-    " VALUES (?, ?, ?, ?)"
+    "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at,"
+    " partition_key) VALUES (?, ?, ?, ?, ?)"
 )
 
 
@@ -64,7 +64,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     dialect_insert = staticmethod(sqlite_insert)
 
     def _insert_entries(
-        self, conn: Connection, client_name: str, messages: Sequence[tuple[bytes, Sequence[int]]]
+        self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         now = time.time()
         raw = conn.connection.driver_connection
@@ -73,7 +73,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         try:
             cur.executemany(
                 _INSERT,
-                [(client_name, payload, encode_dests(nums), now) for payload, nums in messages],
+                [(client_name, m[0], encode_dests(m[1]), now, new_entry_key(m)) for m in messages],
             )
             # This transaction holds SQLite's only write lock, so the rows got
             # consecutive rowids: the last one and the count give them all.
@@ -178,8 +178,8 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         assert raw is not None
         raw.executemany(
             "INSERT INTO lrq_recv_entries (queue_id, type, source_position, snapshot_id,"
-            " snapshot_count, payload, received_at, base_position)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            " snapshot_count, payload, received_at, base_position, partition_key)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     queue_id,
@@ -190,6 +190,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
                     e.payload,
                     now,
                     recv_base(e),
+                    e.key,
                 )
                 for e in entries
             ],

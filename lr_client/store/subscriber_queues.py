@@ -72,6 +72,16 @@ def depth(queue_id: Any) -> Any:
     return select(func.count()).where(undelivered(queue_id)).scalar_subquery()
 
 
+def _above(queue_id: int, after: int | None) -> ColumnElement[bool]:
+    if after is None:
+        return undelivered(queue_id)
+    return and_(_R.c.queue_id == queue_id, _R.c.seq > after)
+
+
+def _key(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
 class SubscriberQueuesStore(StoreBase):
     """Receive queues as a subscriber delivers them, under leases."""
 
@@ -104,6 +114,7 @@ class SubscriberQueuesStore(StoreBase):
                 payload=bytes(r.payload),
                 snapshot_id=r.snapshot_id,
                 snapshot_count=r.snapshot_count,
+                key=None if r.partition_key is None else bytes(r.partition_key),
             )
             for r in rows
         ]
@@ -137,6 +148,7 @@ class SubscriberQueuesStore(StoreBase):
             lease_owner=row.lease_owner,
             lease_expires=float(row.lease_expires),
             delivered_seq=int(row.delivered_seq),
+            partitions=int(row.partitions),
         )
 
     def _ensure_state_row(self, conn: Connection, queue_id: int) -> None:
@@ -230,30 +242,48 @@ class SubscriberQueuesStore(StoreBase):
         return int(conn.execute(stmt.values(lease_owner="", lease_expires=0.0)).rowcount or 0)
 
     def read_head(
-        self, conn: Connection, queue_id: int, limit: int, max_bytes: int | None = None
+        self,
+        conn: Connection,
+        queue_id: int,
+        limit: int,
+        max_bytes: int | None = None,
+        after: int | None = None,
     ) -> list[HeadEntry]:
         """The oldest entries of a receive queue, in seq order: at most ``limit``, and
         past the first no more than ``max_bytes`` (the store's one byte-cut rule).
 
         Sizes come first and large payloads only once their entry fits, so a queue
         of large payloads never loads more than the limit (see :func:`sized`).
+        ``after``: those above this ``seq`` (None: above the queue's ``delivered_seq``).
         """
         query = (
-            select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
+            select(
+                _R.c.seq,
+                _R.c.type,
+                _R.c.source_position,
+                _R.c.snapshot_id,
+                _R.c.base_position,
+                _R.c.partition_key,
+            )
             .add_columns(*sized(_R.c.payload, limit, max_bytes))
-            .where(undelivered(queue_id))
+            .where(_above(queue_id, after))
             .order_by(_R.c.seq)
             .limit(limit)
         )
         rows = fill(conn, within(conn.execute(query).all(), max_bytes), _R.c.seq, _R.c.payload)
         make, types = HeadEntry._make, _TYPES
-        return [make((r[0], types[r[1]], r[2], r[3], payload, r[4])) for r, payload in rows]
+        return [
+            make((r[0], types[r[1]], r[2], r[3], payload, r[4], _key(r[5]))) for r, payload in rows
+        ]
 
-    def peek_head(self, conn: Connection, queue_id: int) -> HeadEntry | None:
-        """The oldest entry of a receive queue, without its payload (``b""``)."""
+    def peek_head(
+        self, conn: Connection, queue_id: int, after: int | None = None
+    ) -> HeadEntry | None:
+        """The oldest entry of a receive queue (above ``after``, as for
+        :meth:`read_head`), without its payload (``b""``)."""
         row = conn.execute(
             select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
-            .where(undelivered(queue_id))
+            .where(_above(queue_id, after))
             .order_by(_R.c.seq)
             .limit(1)
         ).first()

@@ -364,6 +364,25 @@ def test_write_snapshot_part_writes_a_whole_part_in_chunks(store: Snapshots, bul
 
 
 @pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
+def test_snapshot_entries_keep_their_partition_keys(store: Snapshots, bulk: bool) -> None:
+    sid = _running(store)
+    rows = [(b"a", b"ka"), b"b", (b"c", None), (b"d", b"kd")]
+    assert store.write_snapshot_part(sid, 0, iter(rows), 3, bulk=bulk) == 4
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, sid, 1, [b"e", b"f"], 0, [b"ke", None])
+    store.finish_snapshot(sid)
+    found = [(e.payload, e.key) for e in store.read_snapshot_entries(sid, 0, 100)[:-1]]
+    assert found == [
+        (b"a", b"ka"),
+        (b"b", None),
+        (b"c", None),
+        (b"d", b"kd"),
+        (b"e", b"ke"),
+        (b"f", None),
+    ]
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
 def test_a_rewritten_part_leaves_one_entry_per_payload(store: Snapshots, bulk: bool) -> None:
     sid = _running(store)
     assert store.write_snapshot_part(sid, 0, [b"old%d" % i for i in range(7)], 3, bulk=bulk) == 7

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy.engine import Connection
 
+from lr_client.errors import PartitionCountError
 from lr_client.records import ReplicationType, SubscriberState, WireEntry
 from lr_client.store.contract import QueueStore, SubscriberQueues
 from tests.contract.calls import (
@@ -431,3 +432,87 @@ def test_delivery_survives_a_lost_connection(store: QueueStore, outage: Outage) 
 
     assert across_outage(outage, release) in (0, 1)  # 0: an earlier attempt committed
     assert _state(store, qid).lease_owner == ""
+
+
+def _keyed(*positions: int) -> list[WireEntry]:
+    return [
+        WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"%d" % p, key=b"k%d" % p) for p in positions
+    ]
+
+
+def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", _keyed(1, 2, 3))
+    qid = _queue_id(store, "policy")
+    with store.write() as conn:
+        assert store.acquire_lease(conn, qid, "s1", 1000.0, 1e9) is not None
+        store.claim_partitions(conn, qid, 3)
+        scanned = store.scan_entries(conn, qid, 0, 10)
+        marks = store.load_partitions(conn, qid)
+    assert [(e.source_position, e.key, e.payload) for e in scanned] == [
+        (1, b"k1", b""),
+        (2, b"k2", b""),
+        (3, b"k3", b""),
+    ]
+    start = marks[0]
+    assert marks == {0: start, 1: start, 2: start} and start < scanned[0].seq
+    seqs = [e.seq for e in scanned]
+    with store.write() as conn:
+        assert store.read_payloads(conn, qid, seqs[:2]) == {seqs[0]: b"1", seqs[1]: b"2"}
+        assert store.load_state(conn, qid).partitions == 3
+        assert store.save_partition(
+            conn, qid, "s1", 1, previous_seq=start, delivered_seq=seqs[1], delivered_seqs=[seqs[0]]
+        )
+    with rolled_back(store) as conn:  # from a stale point: refused (the caller rolls back)
+        assert not store.save_partition(
+            conn, qid, "s1", 1, previous_seq=start, delivered_seq=seqs[2], delivered_seqs=[]
+        )
+    with rolled_back(store) as conn:  # not the lease holder: refused
+        assert not store.save_partition(
+            conn, qid, "s2", 0, previous_seq=start, delivered_seq=seqs[2], delivered_seqs=[]
+        )
+    with store.write() as conn:
+        assert store.load_partitions(conn, qid) == {0: start, 1: seqs[1], 2: start}
+        assert store.load_state(conn, qid).delivered_seq == start  # the minimum
+        with pytest.raises(PartitionCountError):
+            store.claim_partitions(conn, qid, 2)  # its partitions stand apart
+        assert store.load_state(conn, qid).partitions == 3
+
+
+def test_a_barrier_passes_every_partition_at_once(store: QueueStore) -> None:
+    store.apply_log_batch("a", "policy", log(1, 2))
+    qid = _queue_id(store, "policy")
+    with store.write() as conn:
+        store.acquire_lease(conn, qid, "s1", 1000.0, 1e9)
+        store.claim_partitions(conn, qid, 2)
+        start = store.load_partitions(conn, qid)[0]
+        head = store.read_head(conn, qid, 10, after=start)
+        assert store.peek_head(conn, qid, after=head[0].seq) == head[1]._replace(payload=b"")
+    last = head[-1].seq
+    barrier = dict(snapshot_id="", in_snapshot=False, delivered=2, lease_expires=1e9)
+    with rolled_back(store) as conn:
+        assert not store.save_barrier(
+            conn,
+            qid,
+            "s1",
+            count=2,
+            previous_seq=start - 1,
+            delivered_seq=last,
+            **barrier,  # type: ignore[arg-type]
+        )
+    with store.write() as conn:
+        assert store.save_barrier(
+            conn,
+            qid,
+            "s1",
+            count=2,
+            previous_seq=start,
+            delivered_seq=last,
+            **barrier,  # type: ignore[arg-type]
+        )
+    with store.write() as conn:
+        assert store.load_partitions(conn, qid) == {0: last, 1: last}
+        assert store.load_state(conn, qid).delivered_seq == last
+        assert not store.has_entries(conn, qid)
+        store.claim_partitions(conn, qid, 1)  # they stand together: taken
+        assert store.load_state(conn, qid).partitions == 0
+        assert store.load_partitions(conn, qid) == {}

@@ -802,3 +802,53 @@ def test_revision_0008_delivers_what_a_0005_sink_had_queued_once(db_url: str) ->
             assert kinds == "p"  # partitioned
     finally:
         engine.dispose()
+
+
+def test_revision_0011_keeps_queued_entries_unkeyed_and_adds_keys(db_url: str) -> None:
+    """Entries queued before revision 0011 have no partition key: delivered by partition
+    they keep their total order; entries after it carry their keys end to end."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0008")
+            conn.execute(
+                text(
+                    "INSERT INTO lrq_queue_registry (queue_id, queue_name, client_name,"
+                    " source_id, created_at) VALUES (1, 'LRQ_Recv_policy__a', 'policy', 'a', 1.0)"
+                )
+            )
+            for pos in (1, 2, 3):
+                conn.execute(
+                    text(
+                        "INSERT INTO lrq_recv_entries (queue_id, type, source_position,"
+                        " snapshot_id, snapshot_count, payload, received_at)"
+                        " VALUES (1, 1, :p, '', 0, :b, 1.0)"
+                    ),
+                    {"p": pos, "b": b"a:%d" % pos},
+                )
+            conn.execute(
+                text("INSERT INTO lrq_sink_progress VALUES ('a', 'policy', 3, 0, '', 0, 3, 1.0)")
+            )
+        store = open_store(engine)
+        assert "0011" in store.create_schema().pending
+        with store.read() as conn:
+            assert [e.key for e in store.read_queue(conn, 1, 10)] == [None, None, None]
+        keyed = [
+            WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"a:%d" % p, key=b"k") for p in (4, 5)
+        ]
+        store.apply_log_batch("a", "policy", keyed)
+        listener = Recorder()
+        with RoutingQueueSubscriber(store, "policy", listener, partitions=4) as sub:
+            assert sub.poll_once() == 5
+        assert listener.seen == ["a:1", "a:2", "a:3", "a:4", "a:5"]
+        with store.read() as conn:
+            assert store.load_state(conn, 1).partitions == 4
+        nums = store.register_sites(["b"])
+        with store.write() as conn:
+            store.append_log_entries(
+                conn, "policy", [(b"x", [nums["b"]], b"key-x"), (b"y", [nums["b"]])]
+            )
+        found = store.read_client_log("policy", 0, 10)
+        assert [(e.payload, e.key) for e in found] == [(b"x", b"key-x"), (b"y", None)]
+    finally:
+        engine.dispose()

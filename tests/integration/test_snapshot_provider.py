@@ -7,7 +7,12 @@ import threading
 import pytest
 
 from lr_client import SnapshotContext, SnapshotProviderRunner
-from lr_client.errors import InvalidPayloadError, PayloadTooLargeError, SnapshotError
+from lr_client.errors import (
+    InvalidPartitionKeyError,
+    InvalidPayloadError,
+    PayloadTooLargeError,
+    SnapshotError,
+)
 from lr_client.records import ReplicationType, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore
 from tests.kit.wait import join, wait_event, wait_for
@@ -235,3 +240,23 @@ def test_run_serves_requests_until_stopped(store: SQLAlchemyQueueStore) -> None:
     finally:
         stop.set()
         join(thread, 30)
+
+
+def test_snapshot_rows_carry_partition_keys(store: SQLAlchemyQueueStore) -> None:
+    def provide(ctx: SnapshotContext) -> None:
+        with pytest.raises(InvalidPartitionKeyError):
+            ctx.transmit([(b"ok", b"k"), (b"bad", b"")])  # nothing of this call written
+        assert ctx.transmit([(b"a", b"ka"), b"b", (b"c", "kc")]) == 3
+        assert ctx.transmit(iter([(b"d", None), (b"e", b"ke")])) == 2
+
+    sid = store.request_snapshot(None, "b", "policy")
+    SnapshotProviderRunner(store, "policy", provide, chunk_size=2).poll_once()
+    found = [(e.payload, e.key) for e in store.read_snapshot_entries(sid, 0, 100)]
+    assert found == [
+        (b"a", b"ka"),
+        (b"b", None),
+        (b"c", b"kc"),
+        (b"d", None),
+        (b"e", b"ke"),
+        (b"5", None),  # the end marker
+    ]

@@ -12,7 +12,11 @@ delivery transaction. :func:`verify` compares the two, per stream
 * **out of order**: an applied log entry whose position is not above the one
   applied before it (first occurrences, in apply order), a log entry applied
   inside a completed snapshot, or one at or below the base of the snapshot it
-  follows (I2);
+  follows (I2). A log entry with a partition key (``key``) need only be
+  above the entries of its own key applied before it and above every entry
+  without a key applied before it (a sink delivering by partition applies
+  different keys in any interleaving); an entry without a key must be above
+  every entry applied before it, keyed or not;
 * **unexpected**: a position applied that was never committed for that
   destination (a rolled-back transmit, or an entry of another destination);
 * **corrupt**: a position applied with another payload id than the one sent;
@@ -69,6 +73,7 @@ class AppliedEntry:
     kind: str = LOG
     snapshot_id: str = ""
     order: int = 0
+    key: str = ""  # the entry's partition key ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,20 +270,28 @@ def _check_stream(
     # entries must be above B; those above B may repeat ones of earlier epochs (replay).
     epoch_of = [sum(1 for _, end, _ in spans if end < a.order) for a in logs]
     seen: set[int] = set()
-    last = 0
+    last = 0  # the highest position applied (keyed or not)
+    barrier = 0  # the highest position applied without a key, or the snapshot base
+    by_key: dict[str, int] = {}  # the highest position applied per key
     epoch = 0
     for a, e in zip(logs, epoch_of, strict=True):
         if e != epoch:
             epoch, seen, last = e, set(), spans[e - 1][2]
+            barrier, by_key = last, {}
         if any(start < a.order < end for start, end, _ in spans):
             report.out_of_order.append((-1, a.position))  # inside a snapshot
         if a.position in seen:
             report.duplicated.append(a.position)
             continue
         seen.add(a.position)
-        if a.position <= last:
-            report.out_of_order.append((last, a.position))
+        floor = max(barrier, by_key.get(a.key, 0)) if a.key else last
+        if a.position <= floor:
+            report.out_of_order.append((floor, a.position))
         last = max(last, a.position)
+        if a.key:
+            by_key[a.key] = max(by_key.get(a.key, 0), a.position)
+        else:
+            barrier = max(barrier, a.position)
         want = sent.get(a.position)
         if want is None:
             report.unexpected.append(a.position)

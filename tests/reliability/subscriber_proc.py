@@ -7,6 +7,9 @@ start / end) through the session it is given. ``--block-in CALLBACK
 SIGKILL it mid-callback. ``--exit-when-empty`` ends the process once every
 receive queue of the client is empty; ``--release-every-poll`` gives the
 leases up after each poll so competing processes trade queues constantly.
+``--partitions N`` (N > 1) delivers by partition with N worker threads
+(:meth:`RoutingQueueSubscriber.run`); ``--sleep S`` makes each log batch wait
+up to S seconds at random (an I/O-bound listener).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,19 +40,31 @@ app_applied = Table(
     Column("kind", String(16), nullable=False),
     Column("snapshot_id", String(64), nullable=False),
     Column("position", Integer, nullable=False),
+    Column("pkey", String(64)),  # the message's partition key (NULL: none)
 )
 
 
 class AppListener(RoutingQueueListener):
-    def __init__(self, owner: str, block_in: str, block_at: int, marker: Path | None) -> None:
+    def __init__(
+        self, owner: str, block_in: str, block_at: int, marker: Path | None, sleep: float = 0.0
+    ) -> None:
         self.owner = owner
+        self.sleep = sleep
+        self.delivered = 0
+        self.lock = threading.Lock()
         self.block_in = block_in
         self.block_at = block_at
         self.marker = marker
         self.calls: dict[str, int] = {}
 
     def _write(
-        self, session: Session, callback: str, kind: str, source: str, rows: list[tuple[str, int]]
+        self,
+        session: Session,
+        callback: str,
+        kind: str,
+        source: str,
+        rows: list[tuple[str, int]],
+        keys: Sequence[bytes | None] = (),
     ) -> None:
         if rows:
             session.execute(
@@ -59,11 +76,13 @@ class AppListener(RoutingQueueListener):
                         "kind": kind,
                         "snapshot_id": sid,
                         "position": pos,
+                        "pkey": key.decode() if key else None,
                     }
-                    for sid, pos in rows
+                    for (sid, pos), key in zip(rows, keys or [None] * len(rows), strict=True)
                 ],
             )
-        self.calls[callback] = self.calls.get(callback, 0) + 1
+        with self.lock:
+            self.calls[callback] = self.calls.get(callback, 0) + 1
         if callback == self.block_in and self.calls[callback] == self.block_at:
             session.flush()
             assert self.marker is not None
@@ -90,7 +109,16 @@ class AppListener(RoutingQueueListener):
         self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
     ) -> bool:
         rows = [("", m.source_position) for m in messages]
-        self._write(session, "process_log_entries", "log_entries", source_id, rows)
+        if self.sleep:
+            time.sleep(random.random() * self.sleep)
+        self._write(
+            session,
+            "process_log_entries",
+            "log_entries",
+            source_id,
+            rows,
+            [m.key for m in messages],
+        )
         return True
 
     def on_error(self, error: BaseException) -> None:
@@ -110,12 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit-when-empty", action="store_true")
     parser.add_argument("--release-every-poll", action="store_true")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--sleep", type=float, default=0.0)
     args = parser.parse_args(argv)
 
     engine = create_engine(args.url)
     store = open_store(engine)
-    listener = AppListener(args.owner, args.block_in, args.block_at, args.marker)
+    listener = AppListener(args.owner, args.block_in, args.block_at, args.marker, args.sleep)
     delivered = 0
+    if args.partitions > 1:
+        return run_partitioned(args, store, listener, engine)
     try:
         with RoutingQueueSubscriber(
             store,
@@ -143,6 +175,41 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.dispose()
     print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": delivered}))
+    return 0
+
+
+def run_partitioned(
+    args: argparse.Namespace, store: SQLAlchemyQueueStore, listener: AppListener, engine: object
+) -> int:
+    """Deliver with worker threads (``run``) until the queues are empty or the timeout."""
+    stop = threading.Event()
+    with RoutingQueueSubscriber(
+        store,
+        args.client,
+        listener,
+        batch_size=args.batch_size,
+        max_batches=3,
+        owner=args.owner,
+        lease_seconds=args.lease_seconds,
+        retry_initial=0.05,
+        poll_interval=0.05,
+        partitions=args.partitions,
+    ) as sub:
+        worker = threading.Thread(target=sub.run, args=(stop,))
+        worker.start()
+        deadline = time.monotonic() + args.timeout
+        try:
+            while time.monotonic() < deadline:
+                if args.exit_when_empty and store_is_empty(store):
+                    break
+                time.sleep(0.05)
+            else:
+                print("timed out", file=sys.stderr)
+                return 3
+        finally:
+            stop.set()
+            worker.join()
+    print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": -1}))
     return 0
 
 

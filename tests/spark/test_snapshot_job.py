@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lr_client.errors import InvalidPayloadError, SnapshotError
+from lr_client.errors import ConfigError, InvalidPayloadError, SnapshotError
 from lr_client.records import ReplicationType, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from spark_jobs.encoders import json_encoder
@@ -350,3 +350,21 @@ def test_jdbc_source(spark: Any, pg_schema: Any) -> None:
     assert run_snapshot_job(spark, pg_schema.url, sid, df) == 40
     labels = sorted(json.loads(p)["label"] for p in _payloads(store, sid))
     assert labels == sorted(f"item {i}" for i in range(1, 41))
+
+
+@pytest.mark.parametrize("path", ["arrow", "rdd"])
+def test_a_key_column_gives_each_row_its_partition_key(
+    spark: Any, site: tuple[str, SQLAlchemyQueueStore], path: str
+) -> None:
+    url, store = site
+    sid = _running(store)
+    df = spark.range(0, 50, numPartitions=2).selectExpr(
+        "id", "IF(id % 10 = 0, NULL, concat('k', id % 7)) AS region"
+    )
+    assert run_snapshot_job(spark, url, sid, df, key_column="region", path=path) == 50
+    entries = store.read_snapshot_entries(sid, 0, 1000)[:-1]
+    got = {json.loads(e.payload)["id"]: e.key for e in entries}
+    assert got == {i: None if i % 10 == 0 else b"k%d" % (i % 7) for i in range(50)}
+    other = _running(store, "c")
+    with pytest.raises(ConfigError, match="not a column"):
+        run_snapshot_job(spark, url, other, df, key_column="nope")

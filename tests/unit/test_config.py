@@ -39,6 +39,7 @@ name = "policy"
 snapshot = "spark"
 spark_source = "parquet:/data/policy"
 spark_encoder = "app.codec:encode_row"
+spark_key_column = "region"
 spark_master = "spark://m:7077"
 spark_options = { "spark.executor.memory" = "2g", parallelism = 8 }
 
@@ -97,6 +98,9 @@ def test_good_config(site_dir: Path) -> None:
     policy = cfg.client("policy")
     assert policy is not None and policy.snapshot == "spark"
     assert policy.spark_options == {"spark.executor.memory": "2g", "parallelism": "8"}
+    assert policy.spark_key_column == "region"
+    inventory = cfg.client("inventory")
+    assert inventory is not None and inventory.spark_key_column == ""
     assert cfg.client("nope") is None
     assert cfg.source("site-b") is not None and cfg.source("site-z") is None
     assert cfg.replication.batch_max_entries == 100

@@ -182,3 +182,28 @@ def test_duplicates_within_an_epoch_after_a_snapshot() -> None:
     rows = snapshot_rows("s1", 3, 10) + applied([7, 8, 8, 9], start=200)
     report = verify(sent(9), rows, snapshots=[SNAP])
     assert report.streams[("a", "b", "policy")].duplicated == [8]
+
+
+def keyed_applied(rows: list[tuple[int, str]]) -> list[AppliedEntry]:
+    """(position, key) in apply order; key "" for an entry without one."""
+    return [
+        AppliedEntry("b", "a", "policy", p, f"id{p}", order=i + 1, key=k)
+        for i, (p, k) in enumerate(rows)
+    ]
+
+
+def test_keyed_entries_need_order_per_key_and_around_unkeyed_ones() -> None:
+    # Keys interleave freely; each key in order; "" (no key) orders everything around it.
+    fine = [(2, "y"), (1, "x"), (4, "y"), (3, "x"), (5, ""), (7, "x"), (6, "y")]
+    assert verify(sent(7), keyed_applied(fine)).clean
+    swapped = [(3, "x"), (1, "x"), (2, "y")]  # key x out of its order
+    report = verify(sent(3), keyed_applied(swapped))
+    assert report.streams[("a", "b", "policy")].out_of_order == [(3, 1)]
+    early = [(1, "x"), (3, "y"), (2, "")]  # an unkeyed entry after a later keyed one
+    assert verify(sent(3), keyed_applied(early)).streams[("a", "b", "policy")].out_of_order == [
+        (3, 2)
+    ]
+    late = [(1, "x"), (3, ""), (2, "y")]  # a keyed entry overtaken by an unkeyed one
+    assert verify(sent(3), keyed_applied(late)).streams[("a", "b", "policy")].out_of_order == [
+        (3, 2)
+    ]

@@ -1,0 +1,176 @@
+"""Delivery of one receive queue by partition: the transactions of its workers.
+
+A subscriber with ``partitions = N`` maps each keyed log entry to a partition
+(its :class:`~lr_client.partitioners.Partitioner`) and delivers each partition
+on its own, in ``seq`` order, so the entries of one key reach the listener in
+source order while different keys are applied in parallel. Each delivery is
+one transaction: the listener's writes and the partition's new
+``delivered_seq`` (a compare-and-set from the value read) commit together or
+not at all, so every entry is applied once whatever crashes.
+
+Every other entry is a barrier: an entry without a key, the entries of a full
+sync, a drop notice. A partition stops just below it; once every partition
+stands there, one transaction delivers the barrier run (planned as the
+single-threaded subscriber plans it, :func:`~lr_client.delivery.plan_delivery`)
+and passes every partition above it. So a full sync still comes first and
+whole, and an unkeyed entry is delivered after every entry before it and
+before every entry after it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from lr_client.delivery import Plan, PlanKind, messages, plan_delivery
+from lr_client.partitioners import partition_of
+from lr_client.records import HeadEntry, QueueInfo, ReplicationType
+
+if TYPE_CHECKING:
+    from lr_client.subscriber import RoutingQueueSubscriber
+
+_LOG = ReplicationType.LOG_ENTRY_SYNC
+
+
+class Conflict(Exception):
+    """The partition or queue changed under the delivery: roll back and retry."""
+
+
+class LeaseLost(Exception):
+    """Another subscriber holds the queue now."""
+
+
+def is_keyed(entry: HeadEntry) -> bool:
+    """Whether an entry is delivered by its partition (a log entry with a key)."""
+    return entry.type is _LOG and entry.key is not None
+
+
+class PartitionedDelivery:
+    """The two transactions of delivery by partition, for one subscriber."""
+
+    def __init__(self, subscriber: RoutingQueueSubscriber) -> None:
+        self.sub = subscriber
+        #: Per thread: whether its last partition delivery stopped below a barrier.
+        self.local = threading.local()
+
+    def deliver_partition(self, queue: QueueInfo, partition: int, attempt: int) -> int | None:
+        """Deliver the next keyed entries of ``partition``: how many, 0 if it only
+        passed other partitions' entries, None if it stands at a barrier or the end."""
+        sub, store, qid = self.sub, self.sub.store, queue.queue_id
+        count = sub.partitions
+        with store.write() as conn:
+            marks = store.load_partitions(conn, qid)
+            if partition not in marks or len(marks) != count:
+                raise Conflict
+            previous = marks[partition]
+            scanned = store.scan_entries(conn, qid, previous, sub.batch_size * count)
+            mine: list[HeadEntry] = []
+            upto = previous
+            self.local.at_barrier = False
+            for e in scanned:
+                if not is_keyed(e):
+                    upto = e.seq - 1  # every partition stops just below a barrier
+                    self.local.at_barrier = True
+                    break
+                assert e.key is not None
+                if partition_of(sub.partitioner, e.key, count) == partition:
+                    if len(mine) == sub.batch_size:
+                        break
+                    mine.append(e)
+                upto = e.seq
+            payloads = store.read_payloads(conn, qid, [e.seq for e in mine])
+            kept: list[HeadEntry] = []
+            size = 0
+            for e in mine:
+                payload = payloads[e.seq]
+                if kept and size + len(payload) > sub.batch_max_bytes:
+                    upto = e.seq - 1
+                    break
+                size += len(payload)
+                kept.append(e._replace(payload=payload))
+            if upto <= previous:
+                return None
+            seqs = [e.seq for e in kept]
+            if kept:
+                plan = Plan(PlanKind.LOG, seqs, messages(queue, kept), "", False, False, False)
+                sub._call_listener(conn, queue, plan, attempt, partition=partition)
+            if not store.save_partition(
+                conn,
+                qid,
+                sub.owner,
+                partition,
+                previous_seq=previous,
+                delivered_seq=upto,
+                delivered_seqs=seqs,
+            ):
+                raise Conflict
+        return len(kept)
+
+    def stopped_at_barrier(self) -> bool:
+        """Whether this thread's last partition delivery stopped just below a barrier."""
+        return bool(getattr(self.local, "at_barrier", False))
+
+    def deliver_barrier(self, queue: QueueInfo, attempt: int) -> int | None:
+        """Deliver the entries every partition waits for, once all stand below them:
+        how many messages, or None if they are not all there yet (or none waits)."""
+        sub, store, qid = self.sub, self.sub.store, queue.queue_id
+        count = sub.partitions
+        with store.write() as conn:
+            state = store.load_state(conn, qid)
+            if state.lease_owner != sub.owner:
+                raise LeaseLost
+            marks = store.load_partitions(conn, qid)
+            if len(marks) != count:
+                raise Conflict
+            low = min(marks.values())
+            if any(seq != low for seq in marks.values()):
+                return None
+            head = store.peek_head(conn, qid, after=low)
+            if head is None and state.delivered_seq < low:
+                # Every partition passed everything: the queue's own mark catches up
+                # (a worker's commit may have read its peers' marks before theirs).
+                store.save_barrier(
+                    conn,
+                    qid,
+                    sub.owner,
+                    count=count,
+                    previous_seq=low,
+                    delivered_seq=low,
+                    snapshot_id=state.snapshot_id,
+                    in_snapshot=state.in_snapshot,
+                    delivered=state.delivered,
+                    lease_expires=state.lease_expires,
+                )
+            if head is None or is_keyed(head):
+                return None
+            entries = store.read_head(conn, qid, sub.batch_size, sub.batch_max_bytes, after=low)
+            run = []
+            for e in entries:
+                if is_keyed(e):
+                    break
+                run.append(e)
+            if not run or sub._waits_for_end(conn, qid, state, run):
+                return None
+            plan = plan_delivery(queue, state, run)
+            if plan.kind is not PlanKind.STALE:
+                sub._call_listener(conn, queue, plan, attempt, partition=None)
+            expires = sub._lease_expiry()
+            if not store.save_barrier(
+                conn,
+                qid,
+                sub.owner,
+                count=count,
+                previous_seq=low,
+                delivered_seq=plan.seqs[-1],
+                snapshot_id=plan.snapshot_id,
+                in_snapshot=plan.in_snapshot,
+                delivered=state.delivered
+                + (0 if plan.kind is PlanKind.DROP else len(plan.messages)),
+                lease_expires=expires,
+            ):
+                raise Conflict
+        sub._lease_renewed(qid, expires)
+        return len(plan.messages)
+
+
+__all__ = ["Conflict", "LeaseLost", "PartitionedDelivery", "is_keyed"]

@@ -1,0 +1,212 @@
+"""Receive queues delivered by partition: per-partition progress in ``lrq_subscriber_partitions``.
+
+A queue delivered with ``N`` partitions has one row per partition: every
+keyed log entry of that partition with ``seq <= delivered_seq`` was
+delivered, and every entry without a key below it. A partition's delivery
+raises its row from the value it read (a compare-and-set in the delivering
+transaction), so two deliveries of one partition can never both commit, and
+a crash anywhere applies each entry once. The queue's own
+``lrq_subscriber_state.delivered_seq`` is kept at the minimum over its
+partitions (never above it), so receive queue retirement on PostgreSQL and
+every reader of the queue see only what every partition has passed.
+
+Entries every partition waits for (no key, snapshot entries, drop notices)
+are passed by :meth:`SubscriberPartitionsStore.save_barrier`, once every
+partition stands just below them. The partition count is stored in
+``lrq_subscriber_state.partitions`` (0: not delivered by partition).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, case, delete, func, insert, select, update
+from sqlalchemy.engine import Connection
+
+from lr_client.errors import PartitionCountError
+from lr_client.records import HeadEntry, ReplicationType
+from lr_client.store import schema as s
+from lr_client.store.base import StoreBase
+
+_T = s.subscriber_state
+_P = s.subscriber_partitions
+_R = s.recv_entries
+_TYPES = {int(t): t for t in ReplicationType}
+
+
+class SubscriberPartitionsStore(StoreBase):
+    """Per-partition delivery state of receive queues."""
+
+    keeps_delivered = False
+
+    def claim_partitions(self, conn: Connection, queue_id: int, count: int) -> None:
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        target = count if count > 1 else 0
+        row = conn.execute(
+            select(_T.c.partitions, _T.c.delivered_seq).where(_T.c.queue_id == queue_id)
+        ).first()
+        stored = int(row.partitions) if row is not None else 0
+        floor = int(row.delivered_seq) if row is not None else 0
+        marks = self.load_partitions(conn, queue_id)
+        if stored == target and (target == 0 or len(marks) == target):
+            return
+        start = floor
+        if stored:
+            # Drained: every partition delivered up to the same entry, so what is
+            # above it was delivered by none and is delivered once after the switch.
+            levels = set(marks.values())
+            if len(marks) != stored or len(levels) != 1:
+                raise PartitionCountError(
+                    f"receive queue {queue_id} is delivered with {stored} partitions and is "
+                    f"not drained (its partitions stand at seq {min(levels, default=floor)} to "
+                    f"{max(levels, default=floor)}): deliver it with {stored} partitions until "
+                    f"they stand together before changing to {count}"
+                )
+            start = max(floor, *levels)
+        conn.execute(delete(_P).where(_P.c.queue_id == queue_id))
+        if target:
+            conn.execute(
+                insert(_P),
+                [
+                    {"queue_id": queue_id, "partition": p, "delivered_seq": start, "delivered": 0}
+                    for p in range(target)
+                ],
+            )
+        conn.execute(
+            update(_T)
+            .where(_T.c.queue_id == queue_id)
+            .values(partitions=target, delivered_seq=start)
+        )
+        if not self.keeps_delivered and start > floor:
+            conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq <= start))
+
+    def load_partitions(self, conn: Connection, queue_id: int) -> dict[int, int]:
+        rows = conn.execute(
+            select(_P.c.partition, _P.c.delivered_seq).where(_P.c.queue_id == queue_id)
+        ).all()
+        return {int(p): int(seq) for p, seq in rows}
+
+    def scan_entries(
+        self, conn: Connection, queue_id: int, after: int, limit: int
+    ) -> list[HeadEntry]:
+        rows = conn.execute(
+            select(
+                _R.c.seq,
+                _R.c.type,
+                _R.c.source_position,
+                _R.c.snapshot_id,
+                _R.c.base_position,
+                _R.c.partition_key,
+            )
+            .where(_R.c.queue_id == queue_id, _R.c.seq > after)
+            .order_by(_R.c.seq)
+            .limit(limit)
+        ).all()
+        return [
+            HeadEntry(
+                r[0], _TYPES[r[1]], r[2], r[3], b"", r[4], None if r[5] is None else bytes(r[5])
+            )
+            for r in rows
+        ]
+
+    def read_payloads(self, conn: Connection, queue_id: int, seqs: list[int]) -> dict[int, bytes]:
+        if not seqs:
+            return {}
+        rows = conn.execute(
+            select(_R.c.seq, _R.c.payload).where(_R.c.queue_id == queue_id, _R.c.seq.in_(seqs))
+        ).all()
+        return {int(seq): bytes(payload) for seq, payload in rows}
+
+    def save_partition(
+        self,
+        conn: Connection,
+        queue_id: int,
+        owner: str,
+        partition: int,
+        *,
+        previous_seq: int,
+        delivered_seq: int,
+        delivered_seqs: list[int],
+    ) -> bool:
+        if delivered_seq < previous_seq:
+            raise ValueError("delivered_seq cannot go back")
+        moved = conn.execute(
+            update(_P)
+            .where(
+                _P.c.queue_id == queue_id,
+                _P.c.partition == partition,
+                _P.c.delivered_seq == previous_seq,
+            )
+            .values(delivered_seq=delivered_seq, delivered=_P.c.delivered + len(delivered_seqs))
+        )
+        if moved.rowcount != 1:
+            return False
+        lowest = (
+            select(func.min(_P.c.delivered_seq)).where(_P.c.queue_id == queue_id).scalar_subquery()
+        )
+        fenced = conn.execute(
+            update(_T)
+            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
+            .values(
+                delivered_seq=case((lowest > _T.c.delivered_seq, lowest), else_=_T.c.delivered_seq)
+            )
+        )
+        if fenced.rowcount != 1:
+            return False
+        if not self.keeps_delivered and delivered_seqs:
+            conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))
+        return True
+
+    def save_barrier(
+        self,
+        conn: Connection,
+        queue_id: int,
+        owner: str,
+        *,
+        count: int,
+        previous_seq: int,
+        delivered_seq: int,
+        snapshot_id: str,
+        in_snapshot: bool,
+        delivered: int,
+        lease_expires: float,
+    ) -> bool:
+        if delivered_seq < previous_seq:
+            raise ValueError("delivered_seq cannot go back")
+        moved = conn.execute(
+            update(_P)
+            .where(_P.c.queue_id == queue_id, _P.c.delivered_seq == previous_seq)
+            .values(delivered_seq=delivered_seq)
+        )
+        if moved.rowcount != count:
+            return False
+        fenced = conn.execute(
+            update(_T)
+            .where(
+                and_(
+                    _T.c.queue_id == queue_id,
+                    _T.c.lease_owner == owner,
+                    _T.c.partitions == count,
+                )
+            )
+            .values(
+                snapshot_id=snapshot_id,
+                in_snapshot=in_snapshot,
+                delivered=delivered,
+                lease_expires=lease_expires,
+                delivered_seq=delivered_seq,
+            )
+        )
+        if fenced.rowcount != 1:
+            return False
+        if not self.keeps_delivered and delivered_seq > previous_seq:
+            conn.execute(
+                delete(_R).where(
+                    _R.c.queue_id == queue_id,
+                    _R.c.seq > previous_seq,
+                    _R.c.seq <= delivered_seq,
+                )
+            )
+        return True
+
+
+__all__ = ["SubscriberPartitionsStore"]

@@ -1,0 +1,262 @@
+"""Delivery by partition on SQLite and PostgreSQL: per-key order, exactly once, barriers,
+the partition count kept with the queue."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from sqlalchemy import Integer, LargeBinary, String, func, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from lr_client import (
+    PartitionCountError,
+    RoutingQueueListener,
+    RoutingQueueMessage,
+    RoutingQueueSubscriber,
+)
+from lr_client.partitioners import HashPartitioner
+from lr_client.records import ReplicationType, WireEntry
+from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import schema as s
+from lr_client.subscriber import PARTITION_INFO_KEY
+from tests.kit.wait import wait_for
+
+CLIENT = "policy"
+LOG = ReplicationType.LOG_ENTRY_SYNC
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Applied(Base):
+    """One row per delivered message, written in the delivery transaction."""
+
+    __tablename__ = "applied"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    key: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    position: Mapped[int] = mapped_column(default=0)
+    partition: Mapped[int] = mapped_column(default=-1)
+
+
+class Recorder(RoutingQueueListener):
+    """Writes an Applied row per message; may sleep per batch, or fail at random."""
+
+    def __init__(self, sleep: float = 0.0, fail_rate: float = 0.0) -> None:
+        self.sleep = sleep
+        self.fail_rate = fail_rate
+        self.rng = random.Random(7)
+        self.lock = threading.Lock()
+        self.partitions_seen: dict[bytes, set[int]] = {}
+
+    def _apply(self, session: Session, kind: str, messages: Sequence[RoutingQueueMessage]) -> bool:
+        part = session.info.get(PARTITION_INFO_KEY)
+        if self.sleep:
+            time.sleep(self.rng.random() * self.sleep)
+        for m in messages:
+            session.add(
+                Applied(
+                    kind=kind,
+                    key=m.key,
+                    position=m.source_position,
+                    partition=-1 if part is None else part,
+                )
+            )
+            if m.key is not None:
+                with self.lock:
+                    self.partitions_seen.setdefault(m.key, set()).add(-1 if part is None else part)
+        session.flush()
+        with self.lock:
+            return self.rng.random() >= self.fail_rate
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return self._apply(session, "log", messages)
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return self._apply(session, "snap", messages)
+
+    def on_error(self, error: BaseException) -> None:
+        pass
+
+
+def keyed(positions: Sequence[int], keys: int) -> list[WireEntry]:
+    """Log entries with keys ``k<position % keys>``; positions divisible by 0 never."""
+    return [WireEntry(p, LOG, b"%d" % p, key=b"k%d" % (p % keys)) for p in positions]
+
+
+def applied(store: SQLAlchemyQueueStore) -> list[Applied]:
+    with Session(store.engine) as session:
+        rows = session.scalars(select(Applied).order_by(Applied.id)).all()
+        session.expunge_all()
+        return list(rows)
+
+
+@pytest.fixture
+def app(store: SQLAlchemyQueueStore) -> SQLAlchemyQueueStore:
+    Base.metadata.create_all(store.engine)
+    return store
+
+
+def subscriber(
+    store: SQLAlchemyQueueStore, listener: RoutingQueueListener, partitions: int, **kw: object
+) -> RoutingQueueSubscriber:
+    return RoutingQueueSubscriber(
+        store,
+        CLIENT,
+        listener,
+        partitions=partitions,
+        batch_size=kw.pop("batch_size", 7),  # type: ignore[arg-type]
+        poll_interval=0.02,
+        retry_initial=0.01,
+        retry_max=0.05,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_each_key_is_delivered_in_order_by_its_partition_once(app: SQLAlchemyQueueStore) -> None:
+    app.apply_log_batch("a", CLIENT, keyed(range(1, 201), 13))
+    listener = Recorder()
+    sub = subscriber(app, listener, 4)
+    assert sub.poll_once() == 200
+    rows = applied(app)
+    assert sorted(r.position for r in rows) == list(range(1, 201))
+    hashing = HashPartitioner()
+    for key, parts in listener.partitions_seen.items():
+        assert parts == {hashing(key, 4)}  # one partition per key, the hash's
+    for k in range(13):
+        mine = [r.position for r in rows if r.key == b"k%d" % k]
+        assert mine == sorted(mine)
+    assert sub.poll_once() == 0
+    with app.read() as conn:
+        (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
+        state = app.load_state(conn, qid)
+        marks = app.load_partitions(conn, qid)
+    assert state.partitions == 4
+    assert len(marks) == 4 and state.delivered_seq == min(marks.values())
+    assert app.queue_depth(qid) == 0
+
+
+def test_an_entry_without_a_key_is_a_barrier(app: SQLAlchemyQueueStore) -> None:
+    entries = keyed(range(1, 41), 5)
+    entries[19] = WireEntry(20, LOG, b"20")  # no key
+    app.apply_log_batch("a", CLIENT, entries)
+    listener = Recorder()
+    sub = subscriber(app, listener, 3, batch_size=4)
+    assert sub.poll_once() == 40
+    rows = applied(app)
+    at = [i for i, r in enumerate(rows) if r.position == 20]
+    assert len(at) == 1 and rows[at[0]].key is None and rows[at[0]].partition == -1
+    before = {r.position for r in rows[: at[0]]}
+    assert before == set(range(1, 20))  # every earlier entry first, no later one
+    assert sorted(r.position for r in rows[at[0] + 1 :]) == list(range(21, 41))
+
+
+def test_a_full_sync_comes_first_and_whole_then_keyed_entries(
+    app: SQLAlchemyQueueStore,
+) -> None:
+    snap = [
+        WireEntry(
+            i,
+            ReplicationType.SNAPSHOT_SYNC,
+            b"s%d" % i,
+            snapshot_id="s1",
+            base_position=5,
+            key=b"k%d" % i,
+        )
+        for i in range(1, 6)
+    ]
+    end = WireEntry(
+        6,
+        ReplicationType.LAST_FULL_SYNC_ENTRY,
+        b"",
+        snapshot_id="s1",
+        snapshot_count=5,
+        base_position=5,
+    )
+    app.apply_snapshot_batch("a", CLIENT, "s1", [*snap, end])
+    app.apply_log_batch("a", CLIENT, keyed(range(6, 30), 4))
+    listener = Recorder()
+    sub = subscriber(app, listener, 4, batch_size=3)
+    sub.poll_once()
+    rows = applied(app)
+    kinds = [r.kind for r in rows]
+    assert kinds == ["snap"] * 5 + ["log"] * 24
+    assert [r.key for r in rows[:5]] == [b"k%d" % i for i in range(1, 6)]  # keys kept
+
+
+def test_parallel_workers_with_a_slow_listener_keep_order_and_exactly_once(
+    app: SQLAlchemyQueueStore,
+) -> None:
+    positions = list(range(1, 401))
+    entries = keyed(positions, 17)
+    for p in (100, 250):
+        entries[p - 1] = WireEntry(p, LOG, b"%d" % p)  # barriers
+    app.apply_log_batch("a", CLIENT, entries)
+    listener = Recorder(sleep=0.01, fail_rate=0.1)
+    sub = subscriber(app, listener, 8, batch_size=5)
+    stop = threading.Event()
+    runner = threading.Thread(target=sub.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for(lambda: len(applied(app)) >= 400, timeout=120)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    rows = applied(app)
+    assert sorted(r.position for r in rows) == positions  # each once (failures rolled back)
+    for k in range(17):
+        mine = [r.position for r in rows if r.key == b"k%d" % k]
+        assert mine == sorted(mine)
+    index = {r.position: i for i, r in enumerate(rows)}
+    for barrier in (100, 250):
+        assert all(index[p] < index[barrier] for p in positions if p < barrier)
+        assert all(index[p] > index[barrier] for p in positions if p > barrier)
+
+
+def test_a_different_partition_count_is_refused_until_the_queue_is_drained(
+    app: SQLAlchemyQueueStore,
+) -> None:
+    app.apply_log_batch("a", CLIENT, keyed(range(1, 21), 5))
+    four = subscriber(app, Recorder(), 4, batch_size=2, max_batches=1)
+    four._poll_partitions(range(1))  # partition 0 alone: the queue is not drained
+    four.release_leases()
+    with app.read() as conn:
+        (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
+        before = (app.load_state(conn, qid).partitions, app.load_partitions(conn, qid))
+    for other in (2, 1):
+        with pytest.raises(PartitionCountError, match="not drained"):
+            subscriber(app, Recorder(), other).poll_once()
+    with app.read() as conn:
+        assert (app.load_state(conn, qid).partitions, app.load_partitions(conn, qid)) == before
+    # Drain with the stored count, then switch: nothing redelivered, nothing lost.
+    four = subscriber(app, Recorder(), 4)
+    four.poll_once()
+    four.release_leases()
+    two = subscriber(app, Recorder(), 2)
+    assert two.poll_once() == 0
+    app.apply_log_batch("a", CLIENT, keyed(range(21, 31), 5))
+    assert two.poll_once() == 10
+    two.release_leases()
+    rows = applied(app)
+    assert sorted(r.position for r in rows) == list(range(1, 31))
+    with app.read() as conn:
+        assert app.load_state(conn, qid).partitions == 2
+        assert set(app.load_partitions(conn, qid)) == {0, 1}
+    app.apply_log_batch("a", CLIENT, keyed(range(31, 34), 5))
+    one = subscriber(app, Recorder(), 1)
+    assert one.poll_once() == 3  # the two partitions stood together at 30
+    with Session(app.engine) as session:
+        assert session.scalar(select(func.count()).select_from(Applied)) == 33
+    with app.read() as conn:
+        assert app.load_state(conn, qid).partitions == 0
+        assert conn.execute(select(func.count()).select_from(s.subscriber_partitions)).scalar() == 0
