@@ -337,7 +337,8 @@ class SnapshotProviderRunner:
         )
         if self.destinations is not None:
             found = [r for r in found if r.destination in self.destinations]
-        return list(reversed(found))
+        # A shared snapshot is listed once per destination: handled once.
+        return list(reversed(list({r.snapshot_id: r for r in reversed(found)}.values())))
 
     def poll_once(self, *, raise_errors: bool = True) -> int:
         """Handle every pending request once; return how many snapshots were handled.

@@ -57,7 +57,7 @@ class SnapshotRequests:
     def request(self, client: str, reason: str) -> SnapshotRequest | None:
         """Ask for a full sync of ``client``; the new request."""
         sid = self.store.request_snapshot(None, self.destination, client, reason)
-        return self.store.get_snapshot(sid)
+        return self.store.get_snapshot(sid, self.destination)
 
     def refuse(self, req: SnapshotRequest) -> None:
         """Cancel a full-sync request of a client that has no snapshot provider."""
@@ -65,7 +65,7 @@ class SnapshotRequests:
             f'client {req.client_name} has no snapshot provider (snapshot = "none"): '
             "log entries go on"
         )
-        if self.store.cancel_snapshot(req.snapshot_id, reason):
+        if self.store.cancel_snapshot(req.snapshot_id, reason, self.destination):
             self._log.warning(
                 "%s/%s: snapshot %s cancelled: %s",
                 self.destination,
@@ -76,7 +76,7 @@ class SnapshotRequests:
 
     def finish(self, client: str, req: SnapshotRequest) -> None:
         """The sink has every entry of ``req``: log entries resume after its base."""
-        self.store.complete_snapshot(req.snapshot_id)
+        self.store.complete_snapshot(req.snapshot_id, self.destination)
         self.store.set_cursor(
             self.destination, client, req.base_position or 0, needs_snapshot=False
         )
@@ -176,9 +176,15 @@ class SnapshotRequests:
         return self.open_snapshot(req.client_name)
 
     def launch(self, req: SnapshotRequest, config: ClientConfig) -> None:
-        """Start the client's Spark job for ``req`` once (in-process providers pick it up)."""
+        """Start the client's Spark job for ``req`` once (in-process providers pick it up).
+
+        A shared snapshot is launched by the session of its first open
+        destination only: one job writes it for every destination in it.
+        """
         if config.snapshot != SnapshotProvider.SPARK or self.launcher is None:
             return  # an in-process provider of the application picks it up
+        if req.destinations and req.destinations[0] != self.destination:
+            return  # another destination's session launches it
         if req.snapshot_id in self._launched:
             return
         self._launched.add(req.snapshot_id)
