@@ -164,6 +164,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         left that has nobody else only ends: trim releases its entries, so
         that transaction takes no lock of theirs (PostgreSQL: its partition's).
         """
+        self._lock_requests(conn, client_name)  # two asking at once share one snapshot
         now = time.time()
         d, j = s.snapshot_destinations, s.snapshots
         left = set(
