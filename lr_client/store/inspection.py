@@ -131,7 +131,7 @@ class InspectionStore(StoreBase):
     def browse_snapshot_entries(
         self, destination: str | None, client_name: str | None, after: int, limit: int
     ) -> list[StoredEntry]:
-        """Snapshot queue entries after ``after`` (of snapshots a destination is in, of a client)."""
+        """Snapshot queue entries after ``after`` (of the snapshots of a destination, a client)."""
         t, snap, d = s.send_snapsync, s.snapshots, s.snapshot_destinations
         query = (
             select(t.c.position, t.c.type, t.c.payload, t.c.snapshot_id, snap.c.client_name)
@@ -140,9 +140,7 @@ class InspectionStore(StoreBase):
         )
         if destination is not None:
             query = query.where(
-                t.c.snapshot_id.in_(
-                    select(d.c.snapshot_id).where(d.c.destination == destination)
-                )
+                t.c.snapshot_id.in_(select(d.c.snapshot_id).where(d.c.destination == destination))
             )
         if client_name is not None:
             query = query.where(snap.c.client_name == client_name)

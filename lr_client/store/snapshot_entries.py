@@ -178,10 +178,10 @@ class SnapshotsStore(SnapshotRequestsStore):
         if len(filled) < len(rows):  # cancelled meanwhile
             return []
         if rows and rows[-1].part >= 0:
-            end = after + len(rows)
+            upto = after + len(rows)
             if len(self._snapshot_marks) >= _MAX_MARKS:
                 self._snapshot_marks.pop(next(iter(self._snapshot_marks)))
-            self._snapshot_marks[(snapshot_id, end)] = (end, rows[-1].part, rows[-1].seq)
+            self._snapshot_marks[(snapshot_id, upto)] = (upto, rows[-1].part, rows[-1].seq)
         return [
             SendEntry(
                 position=after + i + 1,

@@ -176,13 +176,17 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         )
         chosen = self._joinable(conn, destination, client_name, left)
         snapshot_id = chosen or uuid.uuid4().hex
-        stale = conn.execute(
-            select(d.c.snapshot_id).where(
-                d.c.destination == destination,
-                d.c.client_name == client_name,
-                d.c.status.in_(_OPEN),
+        stale = (
+            conn.execute(
+                select(d.c.snapshot_id).where(
+                    d.c.destination == destination,
+                    d.c.client_name == client_name,
+                    d.c.status.in_(_OPEN),
+                )
             )
-        ).scalars().all()
+            .scalars()
+            .all()
+        )
         for old in stale:
             self._leave(conn, old, destination, f"superseded by {snapshot_id}", release=own)
         if chosen is None:
@@ -474,7 +478,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def _cancel(
         self, conn: Connection, snapshot_id: str, reason: str, release: bool = True
     ) -> bool:
-        """Cancel an open snapshot for all; release its entries (``release``: also of an ended one)."""
+        """Cancel an open snapshot for all; release its entries (``release``: also if ended)."""
         ok = self._update_snapshot(
             conn,
             snapshot_id,
@@ -494,7 +498,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
             return self._leave(conn, snapshot_id, destination, reason, release=True)
 
     def complete_snapshot(self, snapshot_id: str, destination: str | None = None) -> bool:
-        """READY -> COMPLETED for the destination (all: None); release the entries after the last."""
+        """READY -> COMPLETED for the destination (None: all); the last one releases the entries."""
         d = s.snapshot_destinations
         with self.write() as conn:
             query = update(d).where(
