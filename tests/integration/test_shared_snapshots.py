@@ -65,6 +65,7 @@ def test_destinations_syncing_together_share_one_snapshot_each_row_once(sites: S
     # Every destination asks on first contact; the provider starts once all joined.
     wait_for(lambda: _one_open_snapshot_with(src, DESTS) is not None, timeout=30)
     sid = _one_open_snapshot_with(src, DESTS)
+    assert sid is not None
     calls: list[str] = []
     runner = SnapshotProviderRunner(src, "policy", _counting_provider(src, calls))
     with running(runner, *(sinks[d][1] for d in DESTS)):
@@ -80,10 +81,10 @@ def test_destinations_syncing_together_share_one_snapshot_each_row_once(sites: S
                 lambda d=d: kvapp.table(sinks[d][0].engine) == kvapp.table(src.engine), timeout=60
             )
     assert calls == [sid]  # one provider run, one copy of the rows
-    snap = src.get_snapshot(sid)  # type: ignore[arg-type]
+    snap = src.get_snapshot(sid)
     assert snap is not None and snap.entry_count == 60
     for d in DESTS:
-        view = src.get_snapshot(sid, d)  # type: ignore[arg-type]
+        view = src.get_snapshot(sid, d)
         assert view is not None and view.status is SnapshotStatus.COMPLETED
         assert _applied_snapshot_rows(sinks[d][0]) == 60  # every row exactly once
         assert sinks[d][2].full_syncs == [sid] and sinks[d][2].errors == []
