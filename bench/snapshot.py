@@ -424,8 +424,8 @@ def shared_main(args: argparse.Namespace, backends: Sequence[str], pg_url: str) 
     try:
         for backend in backends:
             runs: dict[int, list[dict[str, Any]]] = {n: [] for n in SHARED_DESTINATIONS}
-            for _ in range(max(1, args.repeat)):
-                for n in SHARED_DESTINATIONS:
+            for r in range(max(1, args.repeat)):  # alternating order: drift hits both alike
+                for n in SHARED_DESTINATIONS[:: 1 if r % 2 == 0 else -1]:
                     db = pg_db(pg_url) if backend == "postgresql" else sqlite_db(tmp, "shared")
                     with db as url:
                         runs[n].append(run_shared(url, n, args.shared_rows))

@@ -10,6 +10,7 @@ it and log entries resume after its base.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -21,6 +22,26 @@ from lr_server.stops import StreamStops
 from lr_server.streams import ClientStream, Mode
 
 SnapshotLauncher = Callable[[SnapshotRequest, ClientConfig], None]
+
+
+def once_per_snapshot(launcher: SnapshotLauncher) -> SnapshotLauncher:
+    """``launcher`` called once per snapshot id, whichever session asks first.
+
+    A shared snapshot is written by one job for every destination in it; any
+    of their sessions may be the first to see it (another's destination may
+    be unreachable), so the launch is deduplicated here, across sessions.
+    """
+    launched: set[str] = set()
+    lock = threading.Lock()
+
+    def launch(req: SnapshotRequest, config: ClientConfig) -> None:
+        with lock:
+            if req.snapshot_id in launched:
+                return
+            launched.add(req.snapshot_id)
+        launcher(req, config)
+
+    return launch
 
 
 class RequestStore(Snapshots, Retention, Shipping, Protocol):
@@ -178,13 +199,11 @@ class SnapshotRequests:
     def launch(self, req: SnapshotRequest, config: ClientConfig) -> None:
         """Start the client's Spark job for ``req`` once (in-process providers pick it up).
 
-        A shared snapshot is launched by the session of its first open
-        destination only: one job writes it for every destination in it.
+        The sessions of the destinations sharing a snapshot each ask; the
+        server's launcher (:func:`once_per_snapshot`) starts one job for them.
         """
         if config.snapshot != SnapshotProvider.SPARK or self.launcher is None:
             return  # an in-process provider of the application picks it up
-        if req.destinations and req.destinations[0] != self.destination:
-            return  # another destination's session launches it
         if req.snapshot_id in self._launched:
             return
         self._launched.add(req.snapshot_id)
@@ -194,4 +213,4 @@ class SnapshotRequests:
         self.launcher(req, config)
 
 
-__all__ = ["SnapshotLauncher", "SnapshotRequests"]
+__all__ = ["SnapshotLauncher", "SnapshotRequests", "once_per_snapshot"]
