@@ -254,8 +254,12 @@ class RoutingQueueClient:
         """Ask for a full sync of this client to ``destination``; return the snapshot id.
 
         With ``session`` the request is written in the caller's transaction
-        (it exists only if that commits); without, in its own. Any open
-        snapshot of the same destination and client is cancelled. The client's
+        (it exists only if that commits); without, in its own. The
+        destination leaves its open snapshot of the client (which goes on for
+        the other destinations in it) and joins the client's snapshot it may
+        join (one not started yet, or one whose base is at or past its
+        acknowledged position), else a new one: the id may be one other
+        destinations share. The client's
         snapshot provider is configured on the server, which this call cannot
         see: for a client with ``snapshot = "none"`` the running server cancels
         the request (reason ``... has no snapshot provider ...``) and log
