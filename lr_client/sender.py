@@ -258,10 +258,10 @@ class RoutingQueueClient:
         destination leaves its open snapshot of the client (which goes on for
         the other destinations in it) and joins the client's snapshot it may
         join (one not started yet, or one whose base is at or past its
-        acknowledged position), else a new one: the id may be one other
-        destinations share. The client's
-        snapshot provider is configured on the server, which this call cannot
-        see: for a client with ``snapshot = "none"`` the running server cancels
+        acknowledged position and it was not dropped), else a new one: the id
+        may be one other destinations share. The client's snapshot provider
+        is configured on the server, which this call cannot see: for a
+        client with ``snapshot = "none"`` the running server cancels
         the request (reason ``... has no snapshot provider ...``) and log
         entries go on. Follow it with :meth:`snapshot` or :meth:`snapshots`.
 
