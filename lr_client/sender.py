@@ -303,9 +303,15 @@ class RoutingQueueClient:
         found = self.store.list_snapshots(destination, self.client_name, wanted)
         return [SnapshotInfo.from_request(r) for r in found]
 
-    def snapshot(self, snapshot_id: str) -> SnapshotInfo | None:
-        """One full sync of this client by id (as :meth:`request_snapshot_sync` returned it)."""
-        req = self.store.get_snapshot(snapshot_id)
+    def snapshot(self, snapshot_id: str, destination: str | None = None) -> SnapshotInfo | None:
+        """One full sync of this client by id (as :meth:`request_snapshot_sync` returned it).
+
+        A snapshot may be shared by several destinations: with ``destination``,
+        that destination's state and shipped rows; without, the snapshot's own.
+        """
+        if destination is not None:
+            destination = validate_name(destination, "destination site id")
+        req = self.store.get_snapshot(snapshot_id, destination)
         if req is None or req.client_name != self.client_name:
             return None
         return SnapshotInfo.from_request(req)
