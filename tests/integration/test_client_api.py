@@ -61,8 +61,9 @@ def test_request_snapshot_sync_destination_first_warns_nothing(
     assert caught == []
     req = store.get_snapshot(sid)
     assert req is not None and (req.destination, req.reason) == ("b", "rebuild")
-    committed = store.get_snapshot(in_txn)
-    assert committed is not None and committed.destination == "c"
+    assert in_txn == sid  # c joined b's snapshot, in the caller's transaction
+    committed = store.get_snapshot(in_txn, "c")
+    assert committed is not None and committed.reason == "in my transaction"
     assert store.get_snapshot(rolled_back) is None
 
 
