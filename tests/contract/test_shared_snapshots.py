@@ -6,6 +6,7 @@ release of the entries exactly when the last destination is done.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -253,3 +254,29 @@ def test_a_destination_update_names_only_its_own_columns(store: QueueStore) -> N
     with pytest.raises(ValueError, match="base_position"):
         store.update_snapshot(sid, destination="b", base_position=0)
     assert store.get_snapshot(sid, "b").base_position is not None  # type: ignore[union-attr]
+
+
+def test_destinations_asking_at_once_share_one_snapshot(store: QueueStore) -> None:
+    """Concurrent requests of one client (PostgreSQL: one at a time, by an advisory lock)."""
+    dests = [f"s{i}" for i in range(5)]
+    store.register_sites(dests)
+    barrier = threading.Barrier(len(dests))
+    got: list[str] = []
+    errors: list[BaseException] = []
+
+    def ask(dest: str) -> None:
+        barrier.wait()
+        try:
+            got.append(store.request_snapshot(None, dest, "policy"))
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(d,)) for d in dests]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert len(got) == len(dests) and len(set(got)) == 1
+    snap = store.get_snapshot(got[0])
+    assert snap is not None and sorted(snap.destinations) == dests
