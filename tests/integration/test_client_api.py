@@ -74,7 +74,7 @@ def test_request_snapshot_sync_session_first_still_works_with_a_deprecation_warn
         sid = client.request_snapshot_sync(None, "b")  # type: ignore[call-overload]
     with Session(store.engine) as s, s.begin(), pytest.warns(DeprecationWarning):
         other = client.request_snapshot_sync(s, "c", "old style")
-    first, second = store.get_snapshot(sid), store.get_snapshot(other)
+    first, second = store.get_snapshot(sid, "b"), store.get_snapshot(other, "c")
     assert first is not None and (first.destination, first.reason) == ("b", "application")
     assert second is not None and (second.destination, second.reason) == ("c", "old style")
 
