@@ -280,3 +280,23 @@ def test_destinations_asking_at_once_share_one_snapshot(store: QueueStore) -> No
     assert len(got) == len(dests) and len(set(got)) == 1
     snap = store.get_snapshot(got[0])
     assert snap is not None and sorted(snap.destinations) == dests
+
+
+def test_a_destination_dropped_mid_snapshot_leaves_the_others_their_copy(
+    store: QueueStore,
+) -> None:
+    """Dropped for falling behind, c asks anew: it gets the next snapshot; b and d finish."""
+    append(store, "policy", (b"x", DESTS))
+    sid = _ready(store, DESTS, [b"a", b"b"])
+    assert store.drop_stream("c", "policy", "fell behind") is not None
+    nxt = store.request_snapshot(None, "c", "policy", "dropped for falling behind")
+    assert nxt != sid
+    assert _status(store, sid, "c") is SnapshotStatus.CANCELLED
+    assert {_status(store, sid, d) for d in ("b", "d")} == {SnapshotStatus.READY}
+    store.trim()
+    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [b"a", b"b", b"2"]
+    store.complete_snapshot(sid, "b")
+    assert _stored(store, sid) == 3
+    store.complete_snapshot(sid, "d")
+    assert _stored(store, sid) == 0
+    assert _status(store, nxt, "c") is SnapshotStatus.REQUESTED
