@@ -424,8 +424,8 @@ def shared_main(args: argparse.Namespace, backends: Sequence[str], pg_url: str) 
     try:
         for backend in backends:
             runs: dict[int, list[dict[str, Any]]] = {n: [] for n in SHARED_DESTINATIONS}
-            for r in range(max(1, args.repeat)):  # alternating order: drift hits both alike
-                for n in SHARED_DESTINATIONS[:: 1 if r % 2 == 0 else -1]:
+            for rnd in range(max(1, args.repeat)):  # alternating order: drift hits both alike
+                for n in SHARED_DESTINATIONS[:: 1 if rnd % 2 == 0 else -1]:
                     db = pg_db(pg_url) if backend == "postgresql" else sqlite_db(tmp, "shared")
                     with db as url:
                         runs[n].append(run_shared(url, n, args.shared_rows))
@@ -433,16 +433,16 @@ def shared_main(args: argparse.Namespace, backends: Sequence[str], pg_url: str) 
             for n, got in runs.items():
                 results[backend][str(n)] = {
                     **got[0],
-                    "seconds": statistics.median(r["seconds"] for r in got),
-                    "runs": [r["seconds"] for r in got],
+                    "seconds": statistics.median(g["seconds"] for g in got),
+                    "runs": [g["seconds"] for g in got],
                 }
     finally:
         for leftover in tmp.glob("*"):
             leftover.unlink()
         tmp.rmdir()
     table_rows = []
-    for backend, r in results.items():
-        one, five = r["1"], r["5"]
+    for backend, res in results.items():
+        one, five = res["1"], res["5"]
         table_rows.append(
             [
                 backend,
@@ -454,8 +454,8 @@ def shared_main(args: argparse.Namespace, backends: Sequence[str], pg_url: str) 
                 fmt_ratio(five["seconds"] / one["seconds"], 1.2, at_most=True),
             ]
         )
-        r["storage_ratio"] = round(five["bytes"] / one["bytes"], 3)
-        r["time_ratio"] = round(five["seconds"] / one["seconds"], 3)
+        res["storage_ratio"] = round(five["bytes"] / one["bytes"], 3)
+        res["time_ratio"] = round(five["seconds"] / one["seconds"], 3)
     print_table(
         console,
         f"Shared snapshots: 1 vs 5 destinations, {args.shared_rows:,} rows of ~200 bytes,"
