@@ -443,6 +443,11 @@ def test_snapshot_cancel_for_one_destination_leaves_the_shared_one(
     shared = sid.stdout.strip()
     joined = ok("snapshot", "request", "--config", site, "-d", "site-c", "--client", "policy")
     assert joined.stdout.strip() == shared  # one snapshot for both
+    listed = as_json("snapshot", "list", "--config", site)
+    assert sorted((x["snapshot_id"], x["destination"]) for x in listed) == [
+        (shared, "site-b"),
+        (shared, "site-c"),
+    ]
     cancelled = ok("snapshot", "cancel", "--config", site, shared[:10], "--dest", "site-b")
     assert f"{shared} for site-b" in cancelled.stdout
     assert store.get_snapshot(shared, "site-b").status.value == "cancelled"  # type: ignore[union-attr]
