@@ -3,6 +3,8 @@
     python bench/snapshot.py [--rows 1000000] [--backend sqlite|postgresql|both]
                              [--partitions 2] [--master local[2]] [--repeat 1]
                              [--deliver-rows N] [--out bench/results/snapshot.json]
+    python bench/snapshot.py --shared-rows 200000 [--backend ...] [--repeat 3]
+                             [--shared-out bench/results/snapshot-shared.json]
 
 One DataFrame, ``spark.range(rows)`` plus a string column, so that each row
 encodes (default JSON encoder) to about 200 bytes: ``{"body":"xxx...","id":123}``.
@@ -32,6 +34,14 @@ processes (gRPC on loopback, default settings) and a subscriber in this process 
 the snapshot to a no-op listener; rows/s from the servers' start (the snapshot READY) to
 the listener's ``on_full_sync_end``, and between the listener's first and last call.
 
+``--shared-rows N`` runs only the shared-snapshot measurement (no Spark): one
+destination, then five, ask for a full sync of one client before it starts;
+an in-process provider writes ``N`` rows of the same ~200 bytes once
+(``SnapshotProviderRunner.poll_once``, timed from the call to READY), and
+the rows and bytes of ``lrq_send_snapsync`` (PostgreSQL: its partitions,
+``pg_total_relation_size``; SQLite: its pages and its index's, ``dbstat``)
+are read; target: five destinations at most 1.2x one, for both.
+
 PostgreSQL: a throwaway schema per case on ``LR_BENCH_PG_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``); SQLite: a file per case in a
 temporary directory. A small warm-up job runs first (untimed).
@@ -57,15 +67,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
+from sqlalchemy import text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
     PgSchema,
     fmt_rate,
+    fmt_ratio,
     machine_facts,
     pg_facts,
     print_table,
+    sqlite_table_bytes,
     write_json,
 )
 from bench.replicate import CLIENT, stop_process, write_site_config  # noqa: E402
@@ -343,6 +356,137 @@ def pg_db(admin_url: str) -> Iterator[str]:
         yield schema.url
 
 
+# -- shared snapshots: five destinations against one -------------------------------------
+
+SHARED_DESTINATIONS = (1, 5)
+_PG_SNAPSYNC_BYTES = text(
+    "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+    " WHERE c.relnamespace = CAST(current_schema() AS regnamespace)"
+    " AND c.relkind = 'r' AND c.relname LIKE 'lrq\\_send\\_snapsync\\_p%'"
+)
+
+
+def _snapsync_storage(store: Any) -> tuple[int, int]:
+    """(rows, bytes) of ``lrq_send_snapsync`` (PostgreSQL: every partition)."""
+    from sqlalchemy import func, select
+
+    from lr_client.store import schema as s
+
+    with store.read() as conn:
+        rows = int(conn.execute(select(func.count()).select_from(s.send_snapsync)).scalar_one())
+        if store.dialect == "postgresql":
+            size = int(conn.execute(_PG_SNAPSYNC_BYTES).scalar_one())
+        else:
+            size = sqlite_table_bytes(conn, ["lrq_send_snapsync"])
+    return rows, size
+
+
+def run_shared(url: str, destinations: int, rows: int) -> dict[str, Any]:
+    """``destinations`` ask for a full sync of one client; the provider runs once; measures."""
+    from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
+
+    body = "x" * BODY_CHARS
+
+    def provide(ctx: SnapshotContext) -> None:
+        ctx.transmit(f'{{"body":"{body}","id":{i}}}'.encode() for i in range(rows))
+
+    store = open_store(create_engine(url))
+    try:
+        store.create_schema()
+        names = [f"dest{i}" for i in range(destinations)]
+        store.register_sites(names)
+        ids = {store.request_snapshot(None, d, "bench", "bench") for d in names}
+        runner = SnapshotProviderRunner(store, "bench", provide, chunk_size=5000)
+        start = time.perf_counter()
+        jobs = runner.poll_once()
+        seconds = time.perf_counter() - start
+        stored_rows, stored_bytes = _snapsync_storage(store)
+        views = store.list_snapshots(client_name="bench")
+        assert all(v.status.value == "ready" for v in views) and len(views) == destinations
+        return {
+            "destinations": destinations,
+            "snapshots": len(ids),
+            "jobs": jobs,
+            "seconds": round(seconds, 3),
+            "rows": stored_rows,
+            "bytes": stored_bytes,
+        }
+    finally:
+        store.engine.dispose()
+
+
+def shared_main(args: argparse.Namespace, backends: Sequence[str], pg_url: str) -> int:
+    """The shared-snapshot section: storage and job time, five destinations against one."""
+    console = Console(width=160)
+    facts: dict[str, Any] = machine_facts()
+    results: dict[str, dict[str, Any]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="lr-sharedbench-"))
+    try:
+        for backend in backends:
+            runs: dict[int, list[dict[str, Any]]] = {n: [] for n in SHARED_DESTINATIONS}
+            for rnd in range(max(1, args.repeat)):  # alternating order: drift hits both alike
+                for n in SHARED_DESTINATIONS[:: 1 if rnd % 2 == 0 else -1]:
+                    db = pg_db(pg_url) if backend == "postgresql" else sqlite_db(tmp, "shared")
+                    with db as url:
+                        runs[n].append(run_shared(url, n, args.shared_rows))
+            results[backend] = {}
+            for n, got in runs.items():
+                results[backend][str(n)] = {
+                    **got[0],
+                    "seconds": statistics.median(g["seconds"] for g in got),
+                    "runs": [g["seconds"] for g in got],
+                }
+    finally:
+        for leftover in tmp.glob("*"):
+            leftover.unlink()
+        tmp.rmdir()
+    table_rows = []
+    for backend, res in results.items():
+        one, five = res["1"], res["5"]
+        table_rows.append(
+            [
+                backend,
+                f"{one['snapshots']} / {five['snapshots']}",
+                f"{one['rows']:,} / {five['rows']:,}",
+                f"{one['bytes'] / 1e6:,.1f} / {five['bytes'] / 1e6:,.1f}",
+                fmt_ratio(five["bytes"] / one["bytes"], 1.2, at_most=True),
+                f"{one['seconds']:.2f} / {five['seconds']:.2f}",
+                fmt_ratio(five["seconds"] / one["seconds"], 1.2, at_most=True),
+            ]
+        )
+        res["storage_ratio"] = round(five["bytes"] / one["bytes"], 3)
+        res["time_ratio"] = round(five["seconds"] / one["seconds"], 3)
+    print_table(
+        console,
+        f"Shared snapshots: 1 vs 5 destinations, {args.shared_rows:,} rows of ~200 bytes,"
+        " in-process provider",
+        [
+            "backend",
+            "snapshots",
+            "rows stored",
+            "MB of lrq_send_snapsync",
+            "storage 5/1",
+            "job seconds",
+            "time 5/1",
+        ],
+        table_rows,
+        caption="target: 5 destinations <= 1.2x one destination, storage and job time",
+    )
+    write_json(
+        args.shared_out,
+        {
+            "benchmark": "snapshot-shared",
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "rows": args.shared_rows,
+            "repeat": max(1, args.repeat),
+            "facts": facts,
+            "results": results,
+        },
+    )
+    console.print(f"wrote {args.shared_out}")
+    return 0
+
+
 def cases(backend: str) -> dict[str, Callable[[Any, str, Any, int], float]]:
     out: dict[str, Callable[[Any, str, Any, int], float]] = {
         "job": lambda spark, url, df, rows: run_job(spark, url, df, rows),
@@ -398,9 +542,20 @@ def main(argv: list[str] | None = None) -> int:
         help="rows of the delivery run, source to listener (default: --rows; 0 skips it)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "snapshot.json")
+    p.add_argument(
+        "--shared-rows",
+        type=int,
+        default=None,
+        help="run only the shared-snapshot measurement (1 vs 5 destinations) with N rows",
+    )
+    p.add_argument(
+        "--shared-out", type=Path, default=ROOT / "bench" / "results" / "snapshot-shared.json"
+    )
     args = p.parse_args(argv)
     pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    if args.shared_rows is not None:
+        return shared_main(args, backends, pg_url)
     wanted = set(args.cases.split(",")) if args.cases else None
 
     console = Console(width=160)

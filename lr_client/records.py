@@ -207,7 +207,7 @@ class SinkProgress:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRequest:
-    """A full-sync request of one client for one destination."""
+    """A full-sync request of one client: one destination's view of a shared snapshot."""
 
     snapshot_id: str
     destination: str
@@ -220,6 +220,9 @@ class SnapshotRequest:
     shipped_position: int = 0
     created_at: float = 0.0
     updated_at: float = 0.0
+    #: Every destination the snapshot serves that has not finished with it,
+    #: in the order they joined (the snapshot is written once for them all).
+    destinations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

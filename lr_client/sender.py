@@ -282,10 +282,14 @@ class RoutingQueueClient:
         """Ask for a full sync of this client to ``destination``; return the snapshot id.
 
         With ``session`` the request is written in the caller's transaction
-        (it exists only if that commits); without, in its own. Any open
-        snapshot of the same destination and client is cancelled. The client's
-        snapshot provider is configured on the server, which this call cannot
-        see: for a client with ``snapshot = "none"`` the running server cancels
+        (it exists only if that commits); without, in its own. The
+        destination leaves its open snapshot of the client (which goes on for
+        the other destinations in it) and joins the client's snapshot it may
+        join (one not started yet, or one whose base is at or past its
+        acknowledged position and it was not dropped), else a new one: the id
+        may be one other destinations share. The client's snapshot provider
+        is configured on the server, which this call cannot see: for a
+        client with ``snapshot = "none"`` the running server cancels
         the request (reason ``... has no snapshot provider ...``) and log
         entries go on. Follow it with :meth:`snapshot` or :meth:`snapshots`.
 
@@ -327,9 +331,15 @@ class RoutingQueueClient:
         found = self.store.list_snapshots(destination, self.client_name, wanted)
         return [SnapshotInfo.from_request(r) for r in found]
 
-    def snapshot(self, snapshot_id: str) -> SnapshotInfo | None:
-        """One full sync of this client by id (as :meth:`request_snapshot_sync` returned it)."""
-        req = self.store.get_snapshot(snapshot_id)
+    def snapshot(self, snapshot_id: str, destination: str | None = None) -> SnapshotInfo | None:
+        """One full sync of this client by id (as :meth:`request_snapshot_sync` returned it).
+
+        A snapshot may be shared by several destinations: with ``destination``,
+        that destination's state and shipped rows; without, the snapshot's own.
+        """
+        if destination is not None:
+            destination = validate_name(destination, "destination site id")
+        req = self.store.get_snapshot(snapshot_id, destination)
         if req is None or req.client_name != self.client_name:
             return None
         return SnapshotInfo.from_request(req)

@@ -1,7 +1,9 @@
 """In-process snapshot providers: the application writes a full sync itself.
 
-A full sync of one client for one destination is a *snapshot request*
-(:meth:`~lr_client.store.contract.QueueStore.request_snapshot`). A provider
+A full sync of one client is a *snapshot*, shared by every destination that
+asked for it while it could still serve them
+(:meth:`~lr_client.store.contract.QueueStore.request_snapshot`): it is
+written once and each destination ships it at its own pace. A provider
 turns a request into entries of ``LRQ_Send_SnapSync`` and closes it with the
 ``LAST_FULL_SYNC_ENTRY`` marker; the sender session then ships it. Two kinds
 of provider exist: the PySpark job (:mod:`spark_jobs.snapshot_job`) and the
@@ -19,8 +21,9 @@ in-process one here, for applications whose state fits a Python loop::
 
 Entries are written in chunks, each in its own short transaction, keyed by
 ``(snapshot_id, part, seq)``: re-writing a chunk replaces it, so a provider
-that is retried never duplicates entries. A request that is superseded (a new
-request for the same destination) or cancelled while the provider runs makes
+that is retried never duplicates entries. A snapshot that is cancelled, or
+that every destination in it left (each superseded by a newer request, or
+cancelled for it), while the provider runs makes
 the next :meth:`SnapshotContext.transmit` raise
 :class:`~lr_client.errors.SnapshotError`; :meth:`SnapshotContext.is_cancelled`
 lets a provider stop earlier. Nothing of a cancelled snapshot is ever
@@ -374,7 +377,8 @@ class SnapshotProviderRunner:
         )
         if self.destinations is not None:
             found = [r for r in found if r.destination in self.destinations]
-        return list(reversed(found))
+        # A shared snapshot is listed once per destination: handled once.
+        return list(reversed(list({r.snapshot_id: r for r in reversed(found)}.values())))
 
     def poll_once(self, *, raise_errors: bool = True) -> int:
         """Handle every pending request once; return how many snapshots were handled.

@@ -744,19 +744,30 @@ def snapshot_list(
 @config_option
 @click.argument("snapshot_id")
 @click.option("--reason", default="cancelled by operator", show_default=True)
-def snapshot_cancel(config_path: Path, snapshot_id: str, reason: str) -> None:
+@click.option(
+    "--dest",
+    "destination",
+    default=None,
+    help="Cancel it for this destination only; the others keep the shared snapshot.",
+)
+def snapshot_cancel(
+    config_path: Path, snapshot_id: str, reason: str, destination: str | None
+) -> None:
     """Cancel an open snapshot (SNAPSHOT_ID or a unique prefix of it)."""
     config = load_config(config_path)
     with open_site_store(config) as store:
-        matches = [x for x in store.list_snapshots() if x.snapshot_id.startswith(snapshot_id)]
+        views = store.list_snapshots(destination)
+        matches = list({x.snapshot_id: x for x in views if x.snapshot_id.startswith(snapshot_id)})
         if not matches:
-            fail(f"no snapshot {snapshot_id}")
+            fail(f"no snapshot {snapshot_id}" + (f" for {destination}" if destination else ""))
         if len(matches) > 1:
             fail(f"{snapshot_id} matches {len(matches)} snapshots; give more of the id")
-        found = matches[0]
-        if not store.cancel_snapshot(found.snapshot_id, reason):
+        found = store.get_snapshot(matches[0], destination)
+        assert found is not None
+        if not store.cancel_snapshot(found.snapshot_id, reason, destination):
             fail(f"snapshot {found.snapshot_id} is {found.status.value}, not open")
-    click.echo(f"cancelled {found.snapshot_id}")
+    where = f" for {destination}" if destination else ""
+    click.echo(f"cancelled {found.snapshot_id}{where}")
 
 
 def snapshot_job_command(

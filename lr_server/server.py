@@ -22,6 +22,7 @@ from lr_server.memory import map_large_blocks
 from lr_server.receiver import Receiver
 from lr_server.retention import RetentionPolicy
 from lr_server.session import SenderSession
+from lr_server.snapshot_requests import once_per_snapshot
 from lr_server.transport.base import Transport
 from spark_jobs.launch import launch_snapshot_job
 
@@ -90,7 +91,7 @@ class SiteServer:
             receiver = Receiver(self.store, cfg.id, [s.id for s in cfg.sources])
             self._grpc = start_grpc_server(cfg, receiver)
             log.info("receiver listening on %s", cfg.listen)
-        launcher = spark_launcher(cfg, self.children)
+        launcher = once_per_snapshot(spark_launcher(cfg, self.children))
         rep = cfg.replication
         self.reader = (
             LogFanout(self.store, rep.shared_reader_entries, rep.shared_reader_bytes)

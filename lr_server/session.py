@@ -250,7 +250,7 @@ class SenderSession:
             )
             if p.snapshot is None:
                 sid = self.store.request_snapshot(None, self.destination, name, p.reason)
-                stream.snapshot = self.store.get_snapshot(sid)
+                stream.snapshot = self.store.get_snapshot(sid, self.destination)
                 self._log.info("%s/%s: full sync %s (%s)", self.destination, name, sid, p.reason)
             if p.notify:
                 stream.notice = self.stops.drop_notice(drop)
@@ -318,7 +318,10 @@ class SenderSession:
             else:
                 metrics.SNAPSHOT_ROWS.labels(self.destination, f.client).set(f.last_position)
                 self.store.update_snapshot(
-                    f.snapshot_id, expect=[SnapshotStatus.READY], shipped_position=f.last_position
+                    f.snapshot_id,
+                    expect=[SnapshotStatus.READY],
+                    destination=self.destination,
+                    shipped_position=f.last_position,
                 )
         # Log acks from before a snapshot's end must not move the cursor past its base.
         self.window.coalesce(done)

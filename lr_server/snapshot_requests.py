@@ -10,6 +10,7 @@ it and log entries resume after its base.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -21,6 +22,26 @@ from lr_server.stops import StreamStops
 from lr_server.streams import ClientStream, Mode
 
 SnapshotLauncher = Callable[[SnapshotRequest, ClientConfig], None]
+
+
+def once_per_snapshot(launcher: SnapshotLauncher) -> SnapshotLauncher:
+    """``launcher`` called once per snapshot id, whichever session asks first.
+
+    A shared snapshot is written by one job for every destination in it; any
+    of their sessions may be the first to see it (another's destination may
+    be unreachable), so the launch is deduplicated here, across sessions.
+    """
+    launched: set[str] = set()
+    lock = threading.Lock()
+
+    def launch(req: SnapshotRequest, config: ClientConfig) -> None:
+        with lock:
+            if req.snapshot_id in launched:
+                return
+            launched.add(req.snapshot_id)
+        launcher(req, config)
+
+    return launch
 
 
 class RequestStore(Snapshots, Retention, Shipping, Protocol):
@@ -57,7 +78,7 @@ class SnapshotRequests:
     def request(self, client: str, reason: str) -> SnapshotRequest | None:
         """Ask for a full sync of ``client``; the new request."""
         sid = self.store.request_snapshot(None, self.destination, client, reason)
-        return self.store.get_snapshot(sid)
+        return self.store.get_snapshot(sid, self.destination)
 
     def refuse(self, req: SnapshotRequest) -> None:
         """Cancel a full-sync request of a client that has no snapshot provider."""
@@ -65,7 +86,7 @@ class SnapshotRequests:
             f'client {req.client_name} has no snapshot provider (snapshot = "none"): '
             "log entries go on"
         )
-        if self.store.cancel_snapshot(req.snapshot_id, reason):
+        if self.store.cancel_snapshot(req.snapshot_id, reason, self.destination):
             self._log.warning(
                 "%s/%s: snapshot %s cancelled: %s",
                 self.destination,
@@ -76,7 +97,7 @@ class SnapshotRequests:
 
     def finish(self, client: str, req: SnapshotRequest) -> None:
         """The sink has every entry of ``req``: log entries resume after its base."""
-        self.store.complete_snapshot(req.snapshot_id)
+        self.store.complete_snapshot(req.snapshot_id, self.destination)
         self.store.set_cursor(
             self.destination, client, req.base_position or 0, needs_snapshot=False
         )
@@ -176,7 +197,11 @@ class SnapshotRequests:
         return self.open_snapshot(req.client_name)
 
     def launch(self, req: SnapshotRequest, config: ClientConfig) -> None:
-        """Start the client's Spark job for ``req`` once (in-process providers pick it up)."""
+        """Start the client's Spark job for ``req`` once (in-process providers pick it up).
+
+        The sessions of the destinations sharing a snapshot each ask; the
+        server's launcher (:func:`once_per_snapshot`) starts one job for them.
+        """
         if config.snapshot != SnapshotProvider.SPARK or self.launcher is None:
             return  # an in-process provider of the application picks it up
         if req.snapshot_id in self._launched:
@@ -188,4 +213,4 @@ class SnapshotRequests:
         self.launcher(req, config)
 
 
-__all__ = ["SnapshotLauncher", "SnapshotRequests"]
+__all__ = ["SnapshotLauncher", "SnapshotRequests", "once_per_snapshot"]

@@ -99,7 +99,7 @@ class StoreBase(abc.ABC):
         self._site_names: dict[int, str] = {}
         self._queue_ids: dict[str, int] = {}
         #: snapshot_id -> (ordinal, part, seq) of the last entry a read returned.
-        self._snapshot_marks: dict[str, tuple[int, int, int]] = {}
+        self._snapshot_marks: dict[tuple[str, int], tuple[int, int, int]] = {}
 
     # -- transactions -----------------------------------------------------------
     @contextmanager

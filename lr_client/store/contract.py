@@ -180,14 +180,22 @@ class Snapshots(Transactions, Protocol):
     def request_snapshot(
         self, conn: Connection | None, destination: str, client_name: str, reason: str = ""
     ) -> str:
-        """Record a snapshot request (cancelling any open one of the stream); return its id.
+        """Join the client's shared snapshot the destination may join, or ask for the next;
+        return its id.
 
-        With ``conn`` (the caller's transaction) the cancelled request's
-        entries are released by the next :meth:`Retention.trim`.
+        The destination leaves its open one first (superseded; it goes on for
+        the others). It joins the oldest open snapshot that is REQUESTED, or
+        RUNNING or READY with a base position at or above the destination's
+        cursor when it has a cursor and no drop record; else a new one is
+        REQUESTED. With ``conn`` (the caller's transaction) the entries of a
+        snapshot left with no destination are released by the next
+        :meth:`Retention.trim`.
         """
 
-    def get_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
-        """One snapshot request."""
+    def get_snapshot(
+        self, snapshot_id: str, destination: str | None = None
+    ) -> SnapshotRequest | None:
+        """A destination's view of a snapshot; without one, the snapshot's own."""
 
     def list_snapshots(
         self,
@@ -195,7 +203,7 @@ class Snapshots(Transactions, Protocol):
         client_name: str | None = None,
         statuses: Sequence[SnapshotStatus] | None = None,
     ) -> list[SnapshotRequest]:
-        """Snapshot requests, newest first."""
+        """Each destination's view of the snapshots it is in, newest first."""
 
     def open_snapshots(
         self, destination: str, client_names: Sequence[str]
@@ -207,9 +215,16 @@ class Snapshots(Transactions, Protocol):
         snapshot_id: str,
         *,
         expect: Sequence[SnapshotStatus] | None = None,
+        destination: str | None = None,
         **values: object,
     ) -> bool:
-        """Update a request if its status is in ``expect``; return whether it was updated."""
+        """Update a snapshot if its status is in ``expect``; return whether it was updated.
+
+        With ``destination``: that destination's view only (``status``,
+        ``reason``, ``shipped_position``); a snapshot left with no open
+        destination ends. Without: the snapshot, a new status going to its
+        open destinations too.
+        """
 
     def start_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
         """REQUESTED -> RUNNING, fixing ``base_position``; None if no longer requested."""
@@ -266,15 +281,24 @@ class Snapshots(Transactions, Protocol):
     def finish_snapshot(self, snapshot_id: str) -> int:
         """Write the end marker with the entry count and mark the snapshot READY."""
 
-    def cancel_snapshot(self, snapshot_id: str, reason: str = "cancelled") -> bool:
+    def cancel_snapshot(
+        self, snapshot_id: str, reason: str = "cancelled", destination: str | None = None
+    ) -> bool:
         """Cancel an open snapshot and release its entries (also retries an ended one's).
+
+        With ``destination``: cancel it for that destination only; the others
+        keep it, and its entries are released once none is left.
 
         Entries in use by a reader that cannot be released at once are
         released by the next :meth:`Retention.trim`; the slot stays theirs till then.
         """
 
-    def complete_snapshot(self, snapshot_id: str) -> bool:
-        """READY -> COMPLETED: the sink has it all; release its entries."""
+    def complete_snapshot(self, snapshot_id: str, destination: str | None = None) -> bool:
+        """READY -> COMPLETED for ``destination`` (None: every one): its sink has it all.
+
+        The entries are released when the last destination in the snapshot
+        is done with it (completed it or left).
+        """
 
     def read_snapshot_entries(
         self, snapshot_id: str, after: int, limit: int, max_bytes: int | None = None

@@ -134,33 +134,37 @@ class InspectionStore(StoreBase):
     def browse_snapshot_entries(
         self, destination: str | None, client_name: str | None, after: int, limit: int
     ) -> list[StoredEntry]:
-        """Snapshot queue entries after ``after`` (of one destination's, one client's requests)."""
-        t, snap = s.send_snapsync, s.snapshots
+        """Snapshot queue entries after ``after`` (of the snapshots of a destination, a client)."""
+        t, snap, d = s.send_snapsync, s.snapshots, s.snapshot_destinations
         query = (
-            select(
-                t.c.position,
-                t.c.type,
-                t.c.payload,
-                t.c.snapshot_id,
-                snap.c.destination,
-                snap.c.client_name,
-            )
+            select(t.c.position, t.c.type, t.c.payload, t.c.snapshot_id, snap.c.client_name)
             .select_from(t.outerjoin(snap, snap.c.snapshot_id == t.c.snapshot_id))
             .where(t.c.position > after)
         )
         if destination is not None:
-            query = query.where(snap.c.destination == destination)
+            query = query.where(
+                t.c.snapshot_id.in_(select(d.c.snapshot_id).where(d.c.destination == destination))
+            )
         if client_name is not None:
             query = query.where(snap.c.client_name == client_name)
         with self.read() as conn:
             rows = conn.execute(query.order_by(t.c.position).limit(limit)).all()
+            ids = list({r.snapshot_id for r in rows})
+            members: dict[str, list[str]] = {}
+            for i in range(0, len(ids), 500):
+                for m in conn.execute(
+                    select(d.c.snapshot_id, d.c.destination)
+                    .where(d.c.snapshot_id.in_(ids[i : i + 500]))
+                    .order_by(d.c.created_at, d.c.destination)
+                ).all():
+                    members.setdefault(m.snapshot_id, []).append(m.destination)
         return [
             StoredEntry(
                 position=int(r.position),
                 type=int(r.type),
                 client_name=r.client_name or "",
                 payload=bytes(r.payload),
-                destinations=(r.destination,) if r.destination else (),
+                destinations=tuple(members.get(r.snapshot_id, ())),
                 snapshot_id=r.snapshot_id,
             )
             for r in rows

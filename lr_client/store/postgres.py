@@ -220,6 +220,9 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     def _lock_pool(self, conn: Connection) -> None:
         conn.execute(snapshot_pool.POOL_LOCK)
 
+    def _lock_requests(self, conn: Connection, client_name: str) -> None:
+        conn.execute(snapshot_pool.REQUEST_LOCK, {"client": client_name})
+
     def _slot_storage(self, conn: Connection, slot: int) -> None:
         snapshot_pool.pg_make_partition(conn, slot)
 

@@ -49,15 +49,19 @@ class RetentionStore(SnapshotPoolStore):
         # A stream with an open snapshot needs everything after its base
         # position: log entries resume from there once the snapshot is shipped.
         # A dropped stream needs nothing until such a base is fixed.
-        bases = {
-            (r.destination, r.client_name): r.base_position
-            for r in conn.execute(
-                select(s.snapshots).where(
-                    s.snapshots.c.status.in_([x.value for x in OPEN_SNAPSHOT_STATUSES]),
-                    s.snapshots.c.base_position.is_not(None),
-                )
-            ).all()
-        }
+        # A shared snapshot holds the log after its base for each destination in it.
+        d, j = s.snapshot_destinations, s.snapshots
+        bases: dict[tuple[str, str], int] = {}
+        for r in conn.execute(
+            select(d.c.destination, d.c.client_name, j.c.base_position)
+            .select_from(d.join(j, j.c.snapshot_id == d.c.snapshot_id))
+            .where(
+                d.c.status.in_([x.value for x in OPEN_SNAPSHOT_STATUSES]),
+                j.c.base_position.is_not(None),
+            )
+        ).all():
+            key = (r.destination, r.client_name)
+            bases[key] = min(bases.get(key, r.base_position), r.base_position)
         for r in conn.execute(select(s.drops)).all():
             if r.destination in nums:
                 out[(nums[r.destination], r.client_name)] = 2**62

@@ -170,24 +170,47 @@ SNAPSYNC_PARTITION_PREFIX = "lrq_send_snapsync_p"
 snapshots = Table(
     "lrq_snapshots",
     metadata,
+    # One snapshot of one client, written once and read by every destination
+    # that joined it (``lrq_snapshot_destinations``, revision 0009).
     Column("snapshot_id", String(64), primary_key=True),
-    Column("destination", String(63), nullable=False),
     Column("client_name", String(63), nullable=False),
     Column("status", String(16), nullable=False),
     Column("base_position", BigInteger),
     Column("reason", Text, nullable=False, default=""),
     Column("rows_written", BigInteger, nullable=False, default=0),
     Column("entry_count", BigInteger),
-    Column("shipped_position", BigInteger, nullable=False, default=0),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     # The pool slot holding the snapshot's entries, from its start until they are
     # released (NULL: none).
     Column("snap_slot", Integer),
 )
-Index("lrq_snapshots_stream", snapshots.c.destination, snapshots.c.client_name, snapshots.c.status)
+Index("lrq_snapshots_client", snapshots.c.client_name, snapshots.c.status)
 #: A slot is held by one snapshot at most (NULLs do not collide).
 Index("lrq_snapshots_slot", snapshots.c.snap_slot, unique=True)
+
+snapshot_destinations = Table(
+    "lrq_snapshot_destinations",
+    metadata,
+    # Each destination's view of a shared snapshot: its own status (open ones
+    # follow the snapshot's; COMPLETED, CANCELLED or FAILED for it alone) and
+    # how far it has shipped the snapshot's entries.
+    Column("snapshot_id", String(64), nullable=False),
+    Column("destination", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("shipped_position", BigInteger, nullable=False, default=0),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    PrimaryKeyConstraint("snapshot_id", "destination"),
+)
+Index(
+    "lrq_snapshot_destinations_stream",
+    snapshot_destinations.c.destination,
+    snapshot_destinations.c.client_name,
+    snapshot_destinations.c.status,
+)
 
 cursors = Table(
     "lrq_cursors",
@@ -394,6 +417,7 @@ __all__ = [
     "sink_progress",
     "sites",
     "slot_parent",
+    "snapshot_destinations",
     "snapshots",
     "stream_stops",
     "subscriber_partitions",

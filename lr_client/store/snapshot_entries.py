@@ -23,6 +23,9 @@ from lr_client.store import schema as s
 from lr_client.store.byte_bounds import fill, sized, within
 from lr_client.store.snapshots import SnapshotRequestsStore
 
+#: Read marks kept (one per destination reading a snapshot, a few spare).
+_MAX_MARKS = 1024
+
 #: Entries committed so far: per part 0 .. ``last``, up to its highest seq.
 _PARTS = (
     "WITH RECURSIVE parts(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM parts WHERE n < :last) "
@@ -157,7 +160,9 @@ class SnapshotsStore(SnapshotRequestsStore):
             # snapshot no longer changes, so where the previous read of this snapshot
             # ended is a key to continue from: each read is an index range, not an OFFSET
             # that rescans everything already shipped.
-            mark = self._snapshot_marks.get(snapshot_id)
+            # Keyed by where a read ended: destinations reading the same snapshot
+            # at their own pace each continue from their own mark.
+            mark = self._snapshot_marks.get((snapshot_id, after))
             if after == 0 or (mark is not None and mark[0] == after):
                 query = select(*cols).where(*mine)
                 if after:
@@ -184,9 +189,10 @@ class SnapshotsStore(SnapshotRequestsStore):
         if len(filled) < len(rows):  # cancelled meanwhile
             return []
         if rows and rows[-1].part >= 0:
-            self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
-        else:
-            self._snapshot_marks.pop(snapshot_id, None)
+            upto = after + len(rows)
+            if len(self._snapshot_marks) >= _MAX_MARKS:
+                self._snapshot_marks.pop(next(iter(self._snapshot_marks)))
+            self._snapshot_marks[(snapshot_id, upto)] = (upto, rows[-1].part, rows[-1].seq)
         return [
             SendEntry(
                 position=after + i + 1,

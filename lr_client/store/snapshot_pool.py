@@ -80,6 +80,12 @@ LOCK_NOT_AVAILABLE = "55P03"
 POOL_LOCK = text(
     "SELECT pg_advisory_xact_lock(hashtextextended('lrq_snap_pool:' || current_schema(), 0))"
 )
+#: PostgreSQL: joining or asking for a snapshot of a client, one transaction at a
+#: time (per schema and client), so destinations asking at once share one.
+REQUEST_LOCK = text(
+    "SELECT pg_advisory_xact_lock("
+    "hashtextextended('lrq_snap_request:' || current_schema() || ':' || :client, 0))"
+)
 _EXISTS = text("SELECT to_regclass(:name) IS NOT NULL")
 _TIMEOUT = text("SELECT current_setting('lock_timeout')")
 _SET_TIMEOUT = text("SELECT set_config('lock_timeout', :value, true)")
@@ -162,6 +168,9 @@ class SnapshotPoolStore(StoreBase):
     def _lock_pool(self, conn: Connection) -> None:
         """Serialise the taking of slots (SQLite already serialises writers)."""
 
+    def _lock_requests(self, conn: Connection, client_name: str) -> None:
+        """Serialise the requests of one client's snapshots (SQLite serialises writers)."""
+
     def _slot_storage(self, conn: Connection, slot: int) -> None:
         """Make the storage of a slot if it is missing (PostgreSQL: its partition)."""
 
@@ -238,6 +247,7 @@ class SnapshotPoolStore(StoreBase):
 __all__ = [
     "FINISHED_STATUSES",
     "RELEASE_LOCK_TIMEOUT",
+    "REQUEST_LOCK",
     "SnapshotPoolStore",
     "partition_name",
     "pg_make_partition",

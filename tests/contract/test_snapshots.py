@@ -561,9 +561,10 @@ def test_snapshots_never_share_counts_or_end_markers(store: QueueStore) -> None:
     """Two snapshots at once: each end marker counts and closes its own snapshot only."""
     store.register_sites(["b", "c"])
     first = store.request_snapshot(None, "b", "policy")
-    second = store.request_snapshot(None, "c", "policy")
-    for sid in (first, second):
-        store.start_snapshot(sid)
+    store.start_snapshot(first)
+    second = store.request_snapshot(None, "c", "policy")  # no cursor: the next one
+    assert second != first
+    store.start_snapshot(second)
     _write(store, first, 0, [b"f1", b"f2"])
     _write(store, second, 0, [b"s1", b"s2", b"s3"])
     assert store.finish_snapshot(first) == 2

@@ -445,6 +445,27 @@ def test_snapshot_request_list_cancel(site: Path, store: SQLAlchemyQueueStore) -
     assert missing.exit_code == EXIT_FAILED and "no snapshot" in missing.stderr
 
 
+def test_snapshot_cancel_for_one_destination_leaves_the_shared_one(
+    site: Path, store: SQLAlchemyQueueStore
+) -> None:
+    sid = ok("snapshot", "request", "--config", site, "-d", "site-b", "--client", "policy")
+    shared = sid.stdout.strip()
+    joined = ok("snapshot", "request", "--config", site, "-d", "site-c", "--client", "policy")
+    assert joined.stdout.strip() == shared  # one snapshot for both
+    listed = as_json("snapshot", "list", "--config", site)
+    assert sorted((x["snapshot_id"], x["destination"]) for x in listed) == [
+        (shared, "site-b"),
+        (shared, "site-c"),
+    ]
+    cancelled = ok("snapshot", "cancel", "--config", site, shared[:10], "--dest", "site-b")
+    assert f"{shared} for site-b" in cancelled.stdout
+    assert store.get_snapshot(shared, "site-b").status.value == "cancelled"  # type: ignore[union-attr]
+    assert store.get_snapshot(shared, "site-c").status.value == "requested"  # type: ignore[union-attr]
+    again = lr("snapshot", "cancel", "--config", site, shared, "--dest", "site-b")
+    assert again.exit_code == EXIT_FAILED and "not open" in again.stderr
+    assert store.get_snapshot(shared).status.value == "requested"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("dest", "client", "word"),
     [

@@ -61,8 +61,9 @@ def test_request_snapshot_sync_destination_first_warns_nothing(
     assert caught == []
     req = store.get_snapshot(sid)
     assert req is not None and (req.destination, req.reason) == ("b", "rebuild")
-    committed = store.get_snapshot(in_txn)
-    assert committed is not None and committed.destination == "c"
+    assert in_txn == sid  # c joined b's snapshot, in the caller's transaction
+    committed = store.get_snapshot(in_txn, "c")
+    assert committed is not None and committed.reason == "in my transaction"
     assert store.get_snapshot(rolled_back) is None
 
 
@@ -73,7 +74,7 @@ def test_request_snapshot_sync_session_first_still_works_with_a_deprecation_warn
         sid = client.request_snapshot_sync(None, "b")  # type: ignore[call-overload]
     with Session(store.engine) as s, s.begin(), pytest.warns(DeprecationWarning):
         other = client.request_snapshot_sync(s, "c", "old style")
-    first, second = store.get_snapshot(sid), store.get_snapshot(other)
+    first, second = store.get_snapshot(sid, "b"), store.get_snapshot(other, "c")
     assert first is not None and (first.destination, first.reason) == ("b", "application")
     assert second is not None and (second.destination, second.reason) == ("c", "old style")
 
@@ -94,19 +95,26 @@ def test_snapshots_lists_this_clients_requests_by_destination_and_state(
     first = client.request_snapshot_sync("b", reason="one")
     second = client.request_snapshot_sync("b", reason="two")  # supersedes the first
     to_c = client.request_snapshot_sync("c", reason="three")
+    assert to_c == second  # c joins b's snapshot: not started yet
     other = RoutingQueueClient(store, "a", "orders").request_snapshot_sync("b")
     every = client.snapshots()
-    assert {x.snapshot_id for x in every} == {first, second, to_c}  # not the other client's
+    assert {x.snapshot_id for x in every} == {first, second}  # not the other client's
     assert [x.snapshot_id for x in client.snapshots("b")] == [second, first]  # newest first
-    by_id = {x.snapshot_id: x for x in every}
+    by_id = {x.snapshot_id: x for x in client.snapshots("b")}
     assert by_id[first].state is SnapshotStatus.CANCELLED and not by_id[first].is_open
     assert by_id[second].state is SnapshotStatus.REQUESTED and by_id[second].is_open
     assert by_id[second].reason == "two" and by_id[second].base_position is None
     assert by_id[second].created_at <= by_id[second].updated_at
     open_ones = client.snapshots(states=["requested", SnapshotStatus.RUNNING])
-    assert {x.snapshot_id for x in open_ones} == {second, to_c}
-    assert [x.snapshot_id for x in client.snapshots("c", states="requested")] == [to_c]
-    assert client.snapshot(to_c) == by_id[to_c]
+    assert sorted(x.snapshot_id for x in open_ones) == [second, second]  # b's and c's
+    (for_c,) = client.snapshots("c", states="requested")
+    assert (for_c.snapshot_id, for_c.reason) == (second, "three")
+    assert client.snapshot(second, "c") == for_c
+    assert client.snapshot(second, "b") == by_id[second]
+    whole = client.snapshot(second)
+    assert whole is not None and whole.state is SnapshotStatus.REQUESTED
+    assert whole.reason == "two"  # the snapshot's: its first request's
+    assert client.snapshot(second, "d") is None  # not in it
     assert client.snapshot(other) is None  # another client's
     assert client.snapshot("0" * 32) is None
     with pytest.raises(InvalidInputError, match="unknown snapshot state 'done'"):

@@ -23,11 +23,12 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueSubscriber
 from lr_client.errors import SchemaError
 from lr_client.listener import RoutingQueueMessage
-from lr_client.records import EntryRef, ReplicationType, WireEntry
+from lr_client.records import EntryRef, ReplicationType, SnapshotStatus, WireEntry
 from lr_client.store import create_engine, lifecycle, open_store
 from lr_client.store import schema as s
 from lr_client.store.lifecycle import SchemaState
 from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.snapshot_pool import pg_make_partition
 from tests.conftest import PgSchema
 from tests.kit.procs import lr_env
 from tests.kit.sites import Sites, SiteSpec, wait_for, write_config
@@ -800,6 +801,88 @@ def test_revision_0008_delivers_what_a_0005_sink_had_queued_once(db_url: str) ->
                     )
                 ).scalar()
             assert kinds == "p"  # partitioned
+    finally:
+        engine.dispose()
+
+
+def test_revision_0009_gives_each_snapshot_in_flight_its_destination_view(db_url: str) -> None:
+    """A source of revision 0008 mid-snapshot: each snapshot goes on for its destination.
+
+    ``ship`` is READY and half shipped to b, ``run`` is RUNNING for c, ``done``
+    completed for d. After the upgrade each has one destination view with its
+    status and shipped position; b ships the rest and completes, which
+    releases the entries; a destination whose cursor is at ``run``'s base
+    joins it, and both read its entries.
+    """
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0008")
+            rows = (
+                ("ship", "b", "ready", 2, 1, 0, 1.0),
+                ("run", "c", "running", None, 0, 1, 2.0),
+                ("done", "d", "completed", 1, 1, None, 3.0),
+            )
+            for sid, dest, status, count, shipped, slot, created in rows:
+                conn.execute(
+                    text(
+                        "INSERT INTO lrq_snapshots (snapshot_id, destination, client_name, status,"
+                        " base_position, reason, rows_written, entry_count, shipped_position,"
+                        " created_at, updated_at, snap_slot) VALUES (:sid, :dest, 'policy',"
+                        " :status, 0, 'why', 0, :count, :shipped, :t, :t, :slot)"
+                    ),
+                    {
+                        "sid": sid,
+                        "dest": dest,
+                        "status": status,
+                        "count": count,
+                        "shipped": shipped,
+                        "t": created,
+                        "slot": slot,
+                    },
+                )
+            pg = conn.dialect.name == "postgresql"
+            if pg:
+                pg_make_partition(conn, 1)
+            slot_col = ", snap_slot" if pg else ""
+            slot_val = ", 0" if pg else ""
+            for part, seq, kind, payload in ((0, 0, 2, b"a"), (0, 1, 2, b"b"), (-1, 0, 3, b"2")):
+                conn.execute(
+                    text(
+                        f"INSERT INTO lrq_send_snapsync (snapshot_id, part, seq, type, payload"
+                        f"{slot_col}) VALUES ('ship', :part, :seq, :kind, :payload{slot_val})"
+                    ),
+                    {"part": part, "seq": seq, "kind": kind, "payload": payload},
+                )
+        store = open_store(engine)
+        with pytest.raises(SchemaError, match="revision 0008"):
+            store.check_schema()
+        assert "0009" in store.create_schema().pending
+        views = {v.snapshot_id: v for v in store.list_snapshots(client_name="policy")}
+        assert {
+            k: (v.destination, v.status.value, v.shipped_position) for k, v in views.items()
+        } == {
+            "ship": ("b", "ready", 1),
+            "run": ("c", "running", 0),
+            "done": ("d", "completed", 1),
+        }
+        assert views["ship"].reason == "why" and views["ship"].destinations == ("b",)
+        # b ships the rest of its snapshot where it was, and completes it: released.
+        assert [e.payload for e in store.read_snapshot_entries("ship", 1, 10)] == [b"b", b"2"]
+        assert store.complete_snapshot("ship", "b")
+        with engine.connect() as conn:
+            left = conn.execute(
+                text("SELECT count(*) FROM lrq_send_snapsync WHERE snapshot_id = 'ship'")
+            ).scalar_one()
+        assert left == 0
+        # The running one is shared from now on: e (cursor at its base) joins it.
+        store.set_cursor("e", "policy", 0)
+        assert store.request_snapshot(None, "e", "policy") == "run"
+        with store.write() as conn:
+            store.write_snapshot_entries(conn, "run", 0, [b"x"])
+        assert store.finish_snapshot("run") == 1
+        assert [e.payload for e in store.read_snapshot_entries("run", 0, 10)] == [b"x", b"1"]
+        assert {store.get_snapshot("run", d).status for d in "ce"} == {SnapshotStatus.READY}  # type: ignore[union-attr]
     finally:
         engine.dispose()
 

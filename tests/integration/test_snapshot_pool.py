@@ -99,7 +99,8 @@ def test_a_slot_is_reused_once_released(store: SQLAlchemyQueueStore) -> None:
 
 def test_snapshots_started_at_once_get_distinct_slots(store: SQLAlchemyQueueStore) -> None:
     n = 6
-    sids = [store.request_snapshot(None, f"s{i}", "policy") for i in range(n)]
+    # Snapshots of distinct clients (destinations asking for one client share one).
+    sids = [store.request_snapshot(None, f"s{i}", f"policy{i}") for i in range(n)]
     stores = [_open(create_engine(str(store.engine.url))) for _ in range(n)]
     barrier = threading.Barrier(n)
     errors: list[BaseException] = []

@@ -84,15 +84,17 @@ def test_explicit_parts_are_rewritable(store: SQLAlchemyQueueStore) -> None:
 def test_only_its_client_and_destinations(store: SQLAlchemyQueueStore) -> None:
     other = store.request_snapshot(None, "b", "inventory")
     mine_c = store.request_snapshot(None, "c", "policy")
-    mine_b = store.request_snapshot(None, "b", "policy")
     done: list[str] = []
     runner = SnapshotProviderRunner(
         store, "policy", lambda ctx: done.append(ctx.destination), destinations=["b"]
     )
-    assert runner.poll_once() == 1
-    assert done == ["b"]
-    assert _status(store, mine_b) == SnapshotStatus.READY
+    assert runner.poll_once() == 0  # c's only
     assert _status(store, mine_c) == SnapshotStatus.REQUESTED
+    # b joins c's: the runner of b's writes the shared snapshot once, for both.
+    assert store.request_snapshot(None, "b", "policy") == mine_c
+    assert runner.poll_once() == 1
+    assert done == ["c"]
+    assert _status(store, mine_c) == SnapshotStatus.READY
     assert _status(store, other) == SnapshotStatus.REQUESTED
 
 

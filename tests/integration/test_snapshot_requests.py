@@ -159,6 +159,27 @@ def test_a_spark_job_is_launched_once_per_request(
     ]
 
 
+def test_a_shared_snapshot_gets_one_job_whichever_session_asks_first(
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests, launches: Launches
+) -> None:
+    """The sessions of destinations sharing a snapshot each launch it; the server's
+    launcher starts one job."""
+    once = snapshot_requests.once_per_snapshot(launches)
+    sessions = [
+        SnapshotRequests(
+            store, dest, requests.stops, requests._log, requests.cfg, requests.retry, once
+        )
+        for dest in ("c", DEST)
+    ]
+    spark = ClientConfig("policy", SnapshotProvider.SPARK)
+    shared = [r.request("policy", "new region") for r in sessions]
+    assert shared[0] is not None and shared[1] is not None
+    assert shared[0].snapshot_id == shared[1].snapshot_id
+    for r, req in zip(reversed(sessions), reversed(shared), strict=True):
+        r.launch(req, spark)  # b's session first: c's is not needed for the launch
+    assert launches.calls == [(shared[0].snapshot_id, "policy")]
+
+
 def test_no_job_is_launched_for_an_in_process_provider_or_without_a_launcher(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests, launches: Launches
 ) -> None:
