@@ -35,6 +35,7 @@ SECTIONS = (
     "retry",
     "retention",
     "receiver",
+    "members",
 )
 SITE_KEYS = ("id", "database_url", "listen", "metrics_port")
 
@@ -169,6 +170,21 @@ class ReceiverConfig:
 
 
 @dataclass(frozen=True)
+class MembersConfig:
+    """This ``lr server`` as one member of the site (``[members]``): every key optional.
+
+    Several servers of a site share its database (PostgreSQL); each unit of
+    work (a sender stream, the trim job) is owned by one live member.
+    """
+
+    id: str = ""  # the member id; default: the host name, plus ":<port>" of site.listen
+    address: str = ""  # what `lr members` shows; default: site.listen
+    weight: int = 1  # share of the units (relative); `lr members weight` changes it at run time
+    lease_timeout: float = 5.0  # seconds without a heartbeat after which a member is gone
+    heartbeat_interval: float = 1.0  # seconds between heartbeats (and placement rounds)
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     """One site's whole configuration, as :func:`load_config` reads it from its TOML file.
 
@@ -188,6 +204,7 @@ class SiteConfig:
     retry: RetryConfig = field(default_factory=RetryConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
+    members: MembersConfig = field(default_factory=MembersConfig)
     path: Path | None = None
 
     def client_names(self) -> list[str]:
@@ -442,6 +459,17 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     receiver: ReceiverConfig = _section(ReceiverConfig, raw.get("receiver", {}), "receiver")
     if receiver.idle_call_timeout <= 0:
         raise ConfigError("receiver.idle_call_timeout: expected a positive number")
+    members: MembersConfig = _section(MembersConfig, raw.get("members", {}), "members")
+    if (
+        members.lease_timeout <= 0
+        or not 0 < members.heartbeat_interval <= members.lease_timeout / 2
+    ):
+        raise ConfigError(
+            "members.heartbeat_interval: expected a positive number of seconds, at most half"
+            f" of members.lease_timeout ({members.lease_timeout:g})"
+        )
+    if members.id and (len(members.id) > 128 or not members.id.isprintable()):
+        raise ConfigError("members.id: expected 1 to 128 printable characters")
     return SiteConfig(
         id=site_id,
         database_url=url,
@@ -455,6 +483,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         retry=retry,
         retention=retention,
         receiver=receiver,
+        members=members,
         path=path,
     )
 

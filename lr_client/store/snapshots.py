@@ -18,7 +18,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.names import validate_name
-from lr_client.records import OPEN_SNAPSHOT_STATUSES, SnapshotRequest, SnapshotStatus
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, Fence, SnapshotRequest, SnapshotStatus
 from lr_client.store import schema as s
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
@@ -220,9 +220,10 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         with self.write() as conn:
             return self._cancel(conn, snapshot_id, reason)
 
-    def complete_snapshot(self, snapshot_id: str) -> bool:
+    def complete_snapshot(self, snapshot_id: str, fence: Fence | None = None) -> bool:
         """READY -> COMPLETED: the sink has it all; release its entries."""
         with self.write() as conn:
+            self._fence(conn, fence)
             ok = self._update_snapshot(
                 conn, snapshot_id, [SnapshotStatus.READY], {"status": SnapshotStatus.COMPLETED}
             )
