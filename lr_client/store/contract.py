@@ -594,6 +594,7 @@ class QueueStore(
 
 __all__ = [
     "Inspection",
+    "Members",
     "QueueStore",
     "Receiving",
     "Retention",
