@@ -233,6 +233,11 @@ def _address(value: object, key: str) -> str:
     return value
 
 
+def parse_listen(value: object, key: str = "site.listen") -> str:
+    """A checked ``host:port`` (for ``site.listen`` and ``lr server --listen``)."""
+    return _address(value, key)
+
+
 def is_loopback(address: str) -> bool:
     """Whether a ``host:port`` names this host only (127.0.0.0/8, ::1, localhost)."""
     host = address.rpartition(":")[0].strip("[]").lower()
