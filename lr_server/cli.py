@@ -439,18 +439,10 @@ def render_status(report: SiteStatus) -> None:
         )
     )
     if report.send:
-        t = table(
-            "send streams",
-            "dest",
-            "client",
-            "state",
-            "lag",
-            "bytes",
-            "age",
-            "ack",
-            "in-fl",
-            "owner",
-        )
+        # The owner column when several members share the streams (always in --json).
+        owners = len({x.owner for x in report.send if x.owner}) > 1
+        columns = ["dest", "client", "state", "lag", "bytes", "age", "ack", "in-fl"]
+        t = table("send streams", *columns, *(["owner"] if owners else []))
         for x in report.send:
             t.add_row(
                 x.destination + ("" if x.configured else "*"),
@@ -461,7 +453,7 @@ def render_status(report: SiteStatus) -> None:
                 human_seconds(x.lag_seconds),
                 ago(x.last_ack, now),
                 "-" if x.inflight_batches is None else str(x.inflight_batches),
-                x.owner or "-",
+                *([x.owner or "-"] if owners else []),
             )
         out.print(t)
     snaps = [x for x in report.send if x.snapshot]

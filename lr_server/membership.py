@@ -62,6 +62,7 @@ class Membership:
         weight: int = 1,
         lease_timeout: float = 5.0,
         heartbeat_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.member_id = member_id
@@ -73,6 +74,8 @@ class Membership:
         self.lease_timeout = lease_timeout
         self.heartbeat_interval = heartbeat_interval
         self.fences: dict[str, Fence] = {}
+        #: This process's clock for self-fencing (monotonic; tests give a skewed one).
+        self.clock = clock
         self._valid_until = 0.0  # monotonic: work stops past it without a heartbeat
         self._weights: dict[str, int] | None = None  # live members at the last round
         self._lock = threading.Lock()
@@ -82,7 +85,7 @@ class Membership:
     # -- life -------------------------------------------------------------------------------
     def join(self) -> None:
         """Register, then run one placement round (units that are free are taken now)."""
-        started = time.monotonic()
+        started = self.clock()
         before = {m.member_id: m for m in self.store.list_members(self.lease_timeout)}
         old = before.get(self.member_id)
         if old is not None and old.alive:
@@ -97,9 +100,51 @@ class Membership:
         self.round()
 
     def run(self, stop: threading.Event) -> None:
-        """Heartbeat and place until ``stop`` is set."""
+        """Place until ``stop`` is set (heartbeats are :meth:`beat`'s, on their own thread)."""
         while not stop.wait(self.heartbeat_interval):
             self.round()
+
+    def beat(self, stop: threading.Event) -> None:
+        """Record a heartbeat every ``heartbeat_interval`` until ``stop`` is set.
+
+        On a thread of its own, so a round that waits for work to stop (a
+        session finishing its in-flight batches) never delays a heartbeat.
+        """
+        while not stop.wait(self.heartbeat_interval):
+            self.heartbeat()
+
+    def heartbeat(self) -> bool:
+        """Record one heartbeat; whether it was recorded (this member may go on working)."""
+        if self._replaced or self._left:
+            return False
+        started = self.clock()
+        try:
+            if not self.store.heartbeat_member(self.member_id, self.instance):
+                self._lost_row()
+                return False
+        except LRError as exc:
+            log.warning("member %s: heartbeat failed: %s", self.member_id, exc)
+            if not self.valid() and self.fences:
+                self.round()  # stops the work at once
+            return False
+        self._valid_until = started + self.lease_timeout * SELF_FENCE_FRACTION
+        metrics.MEMBER_HEARTBEATS.labels(self.member_id).inc()
+        return True
+
+    def _lost_row(self) -> None:
+        """The member's row is gone (an operator removed it) or another process holds it."""
+        ours = self.store.list_members(self.lease_timeout)
+        if any(m.member_id == self.member_id for m in ours):
+            log.error(
+                "member %s was taken over by another process: stopping all work", self.member_id
+            )
+            self._replaced = True
+            with self._lock:
+                self._set({})
+            return
+        self.store.join_member(self.member_id, self.instance, self.address, self.weight)
+        self._valid_until = self.clock() + self.lease_timeout * SELF_FENCE_FRACTION
+        log.warning("member %s was removed while running: joined again", self.member_id)
 
     def leave(self) -> None:
         """Stop all work, release every lease and leave the site (a clean stop)."""
@@ -114,45 +159,35 @@ class Membership:
 
     def valid(self) -> bool:
         """Whether this member may still work on its units (its heartbeat is recent)."""
-        return time.monotonic() < self._valid_until
+        return self.clock() < self._valid_until
 
     # -- one round ------------------------------------------------------------------------------
     def round(self) -> None:
         """Heartbeat, place, release what moved away, take what came."""
         with self._lock:
-            started = time.monotonic()
+            started = self.clock()
             try:
                 self._round(started)
             except LRError as exc:
+                log.warning("member %s: placement round failed: %s", self.member_id, exc)
                 if not self.valid() and self.fences:
-                    log.error(
-                        "member %s: no heartbeat for %.1f s (%s): stopping all work",
-                        self.member_id,
-                        self.lease_timeout * SELF_FENCE_FRACTION,
-                        exc,
-                    )
+                    log.error("member %s: no heartbeat lately: stopping all work", self.member_id)
                     self._set({})
-                else:
-                    log.warning("member %s: placement round failed: %s", self.member_id, exc)
             metrics.MEMBER_UNITS.labels(self.member_id).set(len(self.fences))
 
     def _round(self, started: float) -> None:
         if self._replaced or self._left:
             return
-        if not self.store.heartbeat_member(self.member_id, self.instance):
-            ours = self.store.list_members(self.lease_timeout)
-            if any(m.member_id == self.member_id for m in ours):
+        if not self.valid():
+            # No heartbeat recorded lately: others may own the units now.
+            if self.fences:
                 log.error(
-                    "member %s was taken over by another process: stopping all work",
+                    "member %s: no heartbeat for %.1f s: stopping all work",
                     self.member_id,
+                    self.lease_timeout * SELF_FENCE_FRACTION,
                 )
-                self._replaced = True
                 self._set({})
-                return
-            # Removed by an operator while alive: join again.
-            self.store.join_member(self.member_id, self.instance, self.address, self.weight)
-        self._valid_until = started + self.lease_timeout * SELF_FENCE_FRACTION
-        metrics.MEMBER_HEARTBEATS.labels(self.member_id).inc()
+            return
         members = self.store.list_members(self.lease_timeout)
         weights = {m.member_id: m.weight for m in members if m.alive}
         reason = self._reason(weights)

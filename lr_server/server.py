@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from lr_client.errors import FencedError
 from lr_client.records import Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_server import metrics
@@ -127,6 +128,7 @@ class SiteServer:
         )
         self.membership.join()  # the units that are free are taken, their work started
         self._spawn("lr-members", self.membership.run)
+        self._spawn("lr-heartbeat", self.membership.beat)
         self._spawn("lr-trim", self._trim_loop)
 
     # -- the units this member owns ----------------------------------------------------------
@@ -223,6 +225,8 @@ class SiteServer:
                 if time.monotonic() - analyzed > ANALYZE_INTERVAL:
                     self.store.analyze()
                     analyzed = time.monotonic()
+            except FencedError as exc:  # the trim unit moved to another member meanwhile
+                log.info("trim stopped: %s", exc)
             except Exception:
                 log.exception("retention or trim failed")
 

@@ -1,0 +1,213 @@
+"""Members on PostgreSQL: one owner per unit under lapsing leases, and two servers of a site.
+
+The race test runs three members of one site in threads, each with its own
+heartbeat, placement and "shipping" loop. Heartbeats stall at random for
+longer than the lease timeout (a paused process), so units change hands
+over and over; one member's clock runs 15 % slow (skew within the lease
+margin). Each shipping loop writes the stream's cursor under its fence
+whenever it believes it may ship. Ordered by time, the accepted writes must
+carry non-decreasing tokens: no member ever shipped after a later owner
+began.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from lr_client import RoutingQueueClient
+from lr_client.errors import FencedError
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_server.config import MembersConfig, load_config
+from lr_server.membership import Membership
+from lr_server.placement import TRIM_UNIT, stream_unit
+from lr_server.server import SiteServer
+from tests.kit.sites import Sites, SiteSpec, write_config
+from tests.kit.wait import scaled, wait_for
+
+pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+
+UNIT = stream_unit("b", "policy")
+
+
+@pytest.fixture
+def pg_store(db_url: str) -> Iterator[SQLAlchemyQueueStore]:
+    store = open_store(db_url)
+    assert isinstance(store, SQLAlchemyQueueStore)
+    store.create_schema()
+    yield store
+    store.close()
+
+
+class SlowClock:
+    """A monotonic clock running at ``rate`` of real time."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.start = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.start + (time.monotonic() - self.start) * self.rate
+
+
+def test_two_members_never_ship_one_unit_at_once(pg_store: SQLAlchemyQueueStore) -> None:
+    lease = 0.6
+    stop = threading.Event()
+    shipped: list[tuple[float, str, int]] = []  # (when it decided to ship, member, token)
+    refused = [0]
+    lock = threading.Lock()
+    members = [
+        Membership(
+            pg_store,
+            f"m{i}",
+            [UNIT],
+            lambda fences: None,
+            lease_timeout=lease,
+            heartbeat_interval=0.05,
+            clock=SlowClock(0.85) if i == 0 else time.monotonic,
+        )
+        for i in range(3)
+    ]
+
+    def heartbeats(m: Membership, rng: random.Random) -> None:
+        while not stop.wait(0.05):
+            if rng.random() < 0.03:
+                stop.wait(rng.uniform(0.5, 1.2))  # a stall past the lease, now and then
+            m.heartbeat()
+
+    def rounds(m: Membership) -> None:
+        while not stop.wait(0.05):
+            m.round()
+
+    def ships(m: Membership) -> None:
+        n = 0
+        while not stop.is_set():
+            fence = m.fences.get(UNIT)
+            if fence is None or not m.valid():
+                stop.wait(0.005)
+                continue
+            decided = time.monotonic()
+            n += 1
+            try:
+                pg_store.set_cursor("b", "policy", n, fence=fence)
+            except FencedError:
+                with lock:
+                    refused[0] += 1
+                continue
+            with lock:
+                shipped.append((decided, m.member_id, fence.token))
+
+    for m in members:
+        m.join()
+    threads = [
+        threading.Thread(target=f, args=a, daemon=True)
+        for i, m in enumerate(members)
+        for f, a in ((heartbeats, (m, random.Random(i))), (rounds, (m,)), (ships, (m,)))
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(8.0)  # the run itself: stalls and takeovers happen at random within it
+    stop.set()
+    for t in threads:
+        t.join(10)
+    for m in members:
+        m.leave()
+    shipped.sort()
+    tokens = [tok for _, _, tok in shipped]
+    assert tokens == sorted(tokens), "a deposed owner shipped after its successor began"
+    owners = {tok: {who for _, who, t in shipped if t == tok} for tok in set(tokens)}
+    assert all(len(who) == 1 for who in owners.values())  # one member per token
+    assert len(owners) >= 3, f"too few takeovers to mean anything: {owners}"
+    print(f"{len(shipped)} writes under {len(owners)} tokens, {refused[0]} refused by the fence")
+
+
+def _member_config(tmp_path: Path, sites: Sites, member: str) -> SiteServer:
+    spec = SiteSpec(
+        "a", sites.url("a"), destinations=[("b", sites.port("b"))], clients=("policy", "inventory")
+    )
+    config = load_config(write_config(tmp_path, spec))
+    members = MembersConfig(id=member, lease_timeout=3.0, heartbeat_interval=0.1)
+    return SiteServer(replace(config, members=members))
+
+
+def _owners(store: SQLAlchemyQueueStore) -> dict[str, str | None]:
+    live = {m.instance: m.member_id for m in store.list_members(3.0) if m.alive}
+    return {x.unit: live.get(x.owner or "") for x in store.list_leases()}
+
+
+def test_two_servers_of_a_site_share_its_units_and_deliver_each_entry_once(
+    tmp_path: Path, sites: Sites
+) -> None:
+    sites.start("b", sources=["a"], clients=("policy", "inventory"))
+    one = _member_config(tmp_path, sites, "a-1")
+    two = _member_config(tmp_path, sites, "a-2")
+    units = {stream_unit("b", c) for c in ("policy", "inventory")} | {TRIM_UNIT}
+    store = open_store(sites.url("a"))
+    assert isinstance(store, SQLAlchemyQueueStore)
+    store.create_schema()
+    store.register_sites(["b"])
+    clients = {c: RoutingQueueClient(store, "a", c) for c in ("policy", "inventory")}
+    sink = sites.store("b")
+    try:
+        one.start()
+        two.start()
+
+        def placed() -> dict[str, str | None] | None:
+            now = _owners(store)
+            owned = set(now) == units and all(now.values())
+            started = {c for s in (one, two) for c in s._session_fences.get("b", {})}
+            return now if owned and started == {"policy", "inventory"} else None
+
+        owners = wait_for(placed, scaled(30), what="every unit owned, its session started")
+        # Each stream is shipped by its owner only.
+        for server, member in ((one, "a-1"), (two, "a-2")):
+            mine = {u for u, o in owners.items() if o == member and u != TRIM_UNIT}
+            assert set(server._session_fences.get("b", {})) == {u.split("/")[2] for u in mine}
+
+        def send(prefix: str, n: int) -> None:
+            for i in range(n):
+                for client in clients.values():
+                    with Session(store.engine) as s, s.begin():
+                        client.transmit_log_entry_message(s, f"{prefix}{i}".encode(), ["b"])
+
+        def received(c: str) -> list[bytes]:
+            queues = sink.list_queues(c)
+            if not queues:
+                return []
+            with sink.read() as conn:
+                return [e.payload for e in sink.read_queue(conn, queues[0].queue_id, 1000)]
+
+        send("x", 20)
+        wait_for(
+            lambda: all(len(received(c)) == 20 for c in ("policy", "inventory")),
+            scaled(60),
+            what="first entries at the sink",
+        )
+        # Drain a-1: its units go to a-2 (and only its units move).
+        store.set_member_weight("a-1", 0)
+        wait_for(lambda: set(_owners(store).values()) == {"a-2"}, scaled(30), what="a-1 drained")
+        send("y", 20)
+        # a-2 stops cleanly: its leases are released, a-1 takes the units at once (weight 1).
+        store.set_member_weight("a-1", 1)
+        two.stop()
+        stopped = time.monotonic()
+        wait_for(lambda: set(_owners(store).values()) == {"a-1"}, scaled(30), what="a-1 owns all")
+        print(f"units moved {time.monotonic() - stopped:.2f} s after a clean stop")
+        send("z", 20)
+        want = [f"{p}{i}".encode() for p in "xyz" for i in range(20)]
+        wait_for(
+            lambda: all(received(c) == want for c in ("policy", "inventory")),
+            scaled(60),
+            what="every entry once, in order",
+        )
+    finally:
+        one.stop()
+        two.stop()
+        store.close()
