@@ -79,6 +79,11 @@ class DestinationConfig:
     clients: tuple[str, ...] = ()  # empty: every client in [clients]
     token: str = ""  # overrides security.token for this destination
     server_name: str = ""  # TLS name to expect (default: the address host)
+    addresses: tuple[str, ...] = ()  # more members of the destination, tried in turn
+
+    def all_addresses(self) -> list[str]:
+        """``address``, then ``addresses``: where the session connects, in turn."""
+        return [self.address, *(a for a in self.addresses if a != self.address)]
 
 
 @dataclass(frozen=True)
@@ -408,6 +413,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         key = f"destinations[{i}]"
         data = dict(_table(d, key))
         dest_clients = data.pop("clients", [])
+        more = data.pop("addresses", [])
+        if not isinstance(more, list):
+            raise ConfigError(f"{key}.addresses: expected a list of host:port")
+        more = [_address(a, f"{key}.addresses[{j}]") for j, a in enumerate(more)]
         if not isinstance(dest_clients, list):
             raise ConfigError(f"{key}.clients: expected a list of client names")
         for j, cn in enumerate(dest_clients):
@@ -423,7 +432,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
             raise ConfigError(
                 f"{key}.token: token auth needs security.token or a per-destination token"
             )
-        destinations.append(replace(dest, clients=tuple(dest_clients)))
+        destinations.append(replace(dest, clients=tuple(dest_clients), addresses=tuple(more)))
     if len({d.id for d in destinations}) != len(destinations):
         raise ConfigError("destinations: duplicate ids")
 

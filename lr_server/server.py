@@ -8,6 +8,7 @@ stream, the trim job) is run by the member that owns its lease
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +194,21 @@ class SiteServer:
 
         dest = next(d for d in self.config.destinations if d.id == dest_id)
         cfg = self.config
-        return lambda: GrpcTransport(cfg.id, dest, cfg.security, cfg.replication.max_message_bytes)
+        addresses = dest.all_addresses()
+        attempts = itertools.count()
+
+        def connect() -> Transport:
+            # Each attempt (the session retries with backoff) tries the next address:
+            # a destination run by several members fails over between them.
+            address = addresses[next(attempts) % len(addresses)]
+            return GrpcTransport(
+                cfg.id,
+                replace(dest, address=address),
+                cfg.security,
+                cfg.replication.max_message_bytes,
+            )
+
+        return connect
 
     def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
         t = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)

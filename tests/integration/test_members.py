@@ -25,11 +25,12 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueClient
 from lr_client.errors import FencedError
 from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_server import Site
 from lr_server.config import MembersConfig, load_config
 from lr_server.membership import Membership
 from lr_server.placement import TRIM_UNIT, stream_unit
 from lr_server.server import SiteServer
-from tests.kit.sites import Sites, SiteSpec, write_config
+from tests.kit.sites import Sites, SiteSpec, free_port, write_config
 from tests.kit.wait import scaled, wait_for
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
@@ -211,3 +212,32 @@ def test_two_servers_of_a_site_share_its_units_and_deliver_each_entry_once(
         one.stop()
         two.stop()
         store.close()
+
+
+def test_a_destination_with_several_addresses_is_reached_through_the_one_that_answers(
+    tmp_path: Path, sites: Sites
+) -> None:
+    """The first address has nobody listening (a member that is down): the session fails over."""
+    sites.start("b", sources=["a"])
+    dead = free_port()
+    spec = SiteSpec(
+        "a",
+        sites.url("a"),
+        destinations=[("b", dead)],
+        extra=f'addresses = ["127.0.0.1:{sites.port("b")}"]',  # into the [[destinations]] table
+    )
+    config = load_config(write_config(tmp_path, spec))
+    assert config.destinations[0].all_addresses() == [
+        f"127.0.0.1:{dead}",
+        f"127.0.0.1:{sites.port('b')}",
+    ]
+    with Site(config) as source:
+        client = RoutingQueueClient(source.store, "a", "policy")
+        with Session(source.store.engine) as s, s.begin():
+            client.transmit_log_entry_message(s, b"via the second address", ["b"])
+        sink = sites.store("b")
+        wait_for(
+            lambda: sink.sink_progress("a", "policy").entries_received == 1,
+            scaled(30),
+            what="the entry at the sink",
+        )
