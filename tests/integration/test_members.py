@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client.errors import FencedError
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.records import ReplicationType, WireEntry
+from lr_client.store import QueueStore, SQLAlchemyQueueStore, open_store
 from lr_server import Site
 from lr_server.config import MembersConfig, load_config
 from lr_server.membership import Membership
@@ -241,3 +242,36 @@ def test_a_destination_with_several_addresses_is_reached_through_the_one_that_an
             scaled(30),
             what="the entry at the sink",
         )
+
+
+def test_two_receivers_of_one_sink_apply_each_batch_once(db_url: str) -> None:
+    """Two sink members (two stores on one database) given the same batches at once."""
+    stores = [open_store(db_url) for _ in range(2)]
+    stores[0].create_schema()
+    batches = [
+        [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, f"e{p}".encode()) for p in range(k, k + 10)]
+        for k in range(1, 301, 10)
+    ]
+    errors: list[BaseException] = []
+
+    def receive(store: QueueStore) -> None:
+        try:
+            for batch in batches:
+                store.apply_log_batch("a", "policy", batch, batch[0].position - 1)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=receive, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(scaled(60))
+    try:
+        assert not errors, errors
+        (queue,) = stores[0].list_queues("policy")
+        with stores[0].read() as conn:
+            got = [e.source_position for e in stores[0].read_queue(conn, queue.queue_id, 1000)]
+        assert got == list(range(1, 301))  # each once, in order
+    finally:
+        for s in stores:
+            s.close()
