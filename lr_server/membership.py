@@ -102,7 +102,10 @@ class Membership:
     def run(self, stop: threading.Event) -> None:
         """Place until ``stop`` is set (heartbeats are :meth:`beat`'s, on their own thread)."""
         while not stop.wait(self.heartbeat_interval):
-            self.round()
+            try:
+                self.round()
+            except Exception:  # a bug: log it, keep placing
+                log.exception("member %s: placement round failed", self.member_id)
 
     def beat(self, stop: threading.Event) -> None:
         """Record a heartbeat every ``heartbeat_interval`` until ``stop`` is set.
@@ -111,7 +114,10 @@ class Membership:
         session finishing its in-flight batches) never delays a heartbeat.
         """
         while not stop.wait(self.heartbeat_interval):
-            self.heartbeat()
+            try:
+                self.heartbeat()
+            except Exception:  # a bug: log it, keep beating
+                log.exception("member %s: heartbeat failed", self.member_id)
 
     def heartbeat(self) -> bool:
         """Record one heartbeat; whether it was recorded (this member may go on working)."""
