@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
-from lr_client.errors import FencedError
+from lr_client.errors import FencedError, StoreUnavailableError
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import QueueStore, SQLAlchemyQueueStore, open_store
 from lr_server import Site
@@ -275,3 +275,68 @@ def test_two_receivers_of_one_sink_apply_each_batch_once(db_url: str) -> None:
     finally:
         for s in stores:
             s.close()
+
+
+class CutStore:
+    """The store as a member sees it; ``cut`` makes every call fail as a lost database."""
+
+    def __init__(self, store: SQLAlchemyQueueStore) -> None:
+        self.store = store
+        self.cut = False
+
+    def __getattr__(self, name: str) -> object:
+        if self.cut:
+            raise StoreUnavailableError("connection refused (cut from the database)")
+        return getattr(self.store, name)
+
+
+def test_a_member_cut_from_the_database_stops_and_the_other_takes_over(
+    pg_store: SQLAlchemyQueueStore,
+) -> None:
+    lease = 1.0
+    cut = CutStore(pg_store)
+    held: dict[str, dict[str, object]] = {"m1": {}, "m2": {}}
+    stop = threading.Event()
+    m1 = Membership(
+        cut,  # type: ignore[arg-type]
+        "m1",
+        [UNIT, TRIM_UNIT],
+        lambda f: held.__setitem__("m1", dict(f)),
+        lease_timeout=lease,
+        heartbeat_interval=0.1,
+    )
+    m2 = Membership(
+        pg_store,
+        "m2",
+        [UNIT, TRIM_UNIT],
+        lambda f: held.__setitem__("m2", dict(f)),
+        lease_timeout=lease,
+        heartbeat_interval=0.1,
+    )
+    m1.join()
+    pg_store.set_member_weight("m1", 5)  # m1 wins both units while it lives
+    m2.join()
+    threads = [
+        threading.Thread(target=f, args=(stop,), daemon=True)
+        for m in (m1, m2)
+        for f in (m.run, m.beat)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: set(held["m1"]) == {UNIT, TRIM_UNIT}, scaled(10), what="m1 owns all")
+        cut.cut = True
+        cut_at = time.monotonic()
+        wait_for(lambda: not held["m1"], scaled(10), what="m1 stops its work")
+        stopped = time.monotonic() - cut_at
+        wait_for(lambda: set(held["m2"]) == {UNIT, TRIM_UNIT}, scaled(10), what="m2 takes over")
+        taken = time.monotonic() - cut_at
+        print(f"cut: m1 stopped after {stopped:.2f} s, m2 owned its units after {taken:.2f} s")
+        assert stopped < taken  # never both
+        old = pg_store.list_leases()
+        assert {x.member_id for x in old} == {"m2"}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        m2.leave()

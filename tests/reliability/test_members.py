@@ -170,8 +170,14 @@ def test_rolling_restart_of_every_member_under_traffic(
             if ours:
                 assert took < scaled(LEASE + 2.0)
             dep.restart("sender", key)
-            after = wait_placed(dep, everyone)
-            assert after == before  # rendezvous: it gets back exactly its units
+            # Rendezvous: it gets back exactly its units (the others release them to it).
+            wait_for(
+                lambda b=before: placement(dep) == b,  # type: ignore[misc]
+                scaled(60),
+                0.05,
+                what=f"{member_of(key)} back with its units",
+                detail=lambda: f"{placement(dep)}\n{dep.logs()}",
+            )
         source.stop()
         report = dep.wait_drained(source)
         print(f"rolling restart of {len(everyone)} members: {report.counts()}")
