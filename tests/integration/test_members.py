@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client.errors import FencedError, StoreUnavailableError
-from lr_client.records import ReplicationType, WireEntry
+from lr_client.records import Fence, ReplicationType, WireEntry
 from lr_client.store import QueueStore, SQLAlchemyQueueStore, open_store
 from lr_server import Site
 from lr_server.config import MembersConfig, load_config
@@ -340,3 +340,22 @@ def test_a_member_cut_from_the_database_stops_and_the_other_takes_over(
         for t in threads:
             t.join(5)
         m2.leave()
+
+
+def test_a_second_server_with_a_running_members_id_takes_it_over(
+    pg_store: SQLAlchemyQueueStore,
+) -> None:
+    held: dict[str, dict[str, object]] = {"old": {}, "new": {}}
+    old = Membership(pg_store, "a-1", [UNIT], lambda f: held.__setitem__("old", dict(f)))
+    new = Membership(pg_store, "a-1", [UNIT], lambda f: held.__setitem__("new", dict(f)))
+    old.join()
+    assert set(held["old"]) == {UNIT}
+    new.join()  # the old run's lease is free at once: its instance is no longer the member's
+    assert set(held["new"]) == {UNIT}
+    first = Fence(UNIT, old.instance, 1)
+    assert new.fences[UNIT].token == first.token + 1
+    assert not old.heartbeat()  # it finds itself replaced and stops its work
+    assert held["old"] == {}
+    with pytest.raises(FencedError):
+        pg_store.set_cursor("b", "policy", 1, fence=first)
+    new.leave()
