@@ -73,7 +73,10 @@ class Membership:
         self.weight = weight
         self.lease_timeout = lease_timeout
         self.heartbeat_interval = heartbeat_interval
-        self.fences: dict[str, Fence] = {}
+        self.fences: dict[str, Fence] = {}  # the units whose work runs now
+        #: The leases this instance holds in the database: the running units', and any
+        #: kept while its work is stopped (no heartbeat lately), until released or lost.
+        self._claimed: dict[str, Fence] = {}
         #: This process's clock for self-fencing (monotonic; tests give a skewed one).
         self.clock = clock
         self._valid_until = 0.0  # monotonic: work stops past it without a heartbeat
@@ -157,6 +160,7 @@ class Membership:
         with self._lock:
             self._left = True
             self._set({})
+            self._claimed.clear()  # leave_member releases them all
         try:
             released = self.store.leave_member(self.member_id, self.instance)
             log.info("member %s left; %d unit(s) released", self.member_id, released)
@@ -198,14 +202,14 @@ class Membership:
         weights = {m.member_id: m.weight for m in members if m.alive}
         reason = self._reason(weights)
         wanted = place(self.units, weights)
-        held = dict(self.fences)
-        for unit in [u for u in held if wanted.get(u) != self.member_id]:
-            del held[unit]  # the work stops before the lease goes (below)
-        if len(held) != len(self.fences):
-            gone = {u: f for u, f in self.fences.items() if u not in held}
-            self._set(held)
+        claimed = dict(self._claimed)
+        gone = {u: f for u, f in claimed.items() if wanted.get(u) != self.member_id}
+        if gone:
+            # The work stops before the lease goes.
+            self._set({u: f for u, f in self.fences.items() if u not in gone})
             for unit, fence in gone.items():
                 self.store.release_unit(fence)
+                del self._claimed[unit]
                 log.info(
                     "unit %s: moves from %s to %s (%s)",
                     unit,
@@ -222,13 +226,15 @@ class Membership:
             if got is None:
                 continue  # still held by a live member: it gives it up on its own round
             taken[unit] = got
-        lost = [u for u in held if u not in taken or taken[u] != held[u]]
-        for unit in lost:
-            log.warning("unit %s: lease lost by %s", unit, self.member_id)
+        for unit, fence in list(self._claimed.items()):
+            if taken.get(unit) != fence:
+                log.warning("unit %s: lease lost by %s", unit, self.member_id)
+                del self._claimed[unit]
         for unit in taken:
-            if unit not in held:
+            if unit not in self._claimed:
                 log.info("unit %s: now owned by %s (%s)", unit, self.member_id, reason)
                 metrics.PLACEMENT_CHANGES.labels(self.member_id, "acquired").inc()
+        self._claimed = dict(taken)
         if taken != self.fences:
             self._set(taken)
 
