@@ -29,7 +29,7 @@ from lr_client.store import QueueStore, SQLAlchemyQueueStore, open_store
 from lr_server import Site
 from lr_server.config import MembersConfig, load_config
 from lr_server.membership import Membership
-from lr_server.placement import TRIM_UNIT, stream_unit
+from lr_server.placement import TRIM_UNIT, place, stream_unit
 from lr_server.server import SiteServer
 from tests.kit.sites import Sites, SiteSpec, free_port, write_config
 from tests.kit.wait import scaled, wait_for
@@ -359,3 +359,26 @@ def test_a_second_server_with_a_running_members_id_takes_it_over(
     with pytest.raises(FencedError):
         pg_store.set_cursor("b", "policy", 1, fence=first)
     new.leave()
+
+
+def test_units_kept_through_a_lapse_are_released_when_they_move(
+    pg_store: SQLAlchemyQueueStore,
+) -> None:
+    """A member whose work stopped for a late heartbeat still gives up what moves away."""
+    units = [stream_unit("b", f"c{i}") for i in range(10)]
+    m1 = Membership(pg_store, "m1", units, lambda f: None)
+    m2 = Membership(pg_store, "m2", units, lambda f: None)
+    m1.join()
+    assert set(m1.fences) == set(units)
+    m1._valid_until = 0.0  # its heartbeat is late: the next round stops its work
+    m1.round()
+    assert m1.fences == {}
+    m2.join()  # wins some units, held by m1 (alive) for now
+    assert m1.heartbeat()
+    m1.round()  # releases what m2 wins, runs the rest again
+    m2.round()
+    want = place(units, {"m1": 1, "m2": 1})
+    assert set(m2.fences) == {u for u, o in want.items() if o == "m2"} != set()
+    assert set(m1.fences) == {u for u, o in want.items() if o == "m1"}
+    m1.leave()
+    m2.leave()
