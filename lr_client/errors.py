@@ -19,6 +19,7 @@
     │   ├── ListenerError          a listener rejected or failed a batch; it comes again
     │   └── BackpressureError      destinations are too far behind; slow down
     └── PermanentError             retrying will not help
+        ├── FencedError            this member lost the unit's lease; the write was refused
         ├── SchemaError            the database schema is missing or not ours
         ├── AuthenticationError    the peer rejected our identity (UNAUTHENTICATED)
         ├── PermissionDeniedError  the peer does not accept us (PERMISSION_DENIED)
@@ -122,6 +123,10 @@ class PermanentError(LRError):
     """Permanent failure; retrying will not help."""
 
 
+class FencedError(PermanentError):
+    """This member no longer holds the lease of the unit of work: the write was refused."""
+
+
 class SchemaError(PermanentError):
     """The database schema is missing or incompatible."""
 
@@ -150,6 +155,7 @@ __all__ = [
     "AuthenticationError",
     "BackpressureError",
     "ConfigError",
+    "FencedError",
     "IncompatibleVersionError",
     "InvalidDestinationsError",
     "InvalidInputError",

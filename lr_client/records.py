@@ -341,3 +341,41 @@ class StoredEntry:
     snapshot_id: str = ""
     created_at: float | None = None
     seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A unit's lease as its owner holds it: writes for the unit carry it.
+
+    A write made with a fence whose token is no longer the unit's (another
+    member took the unit over) matches nothing and raises
+    :class:`~lr_client.errors.FencedError`.
+    """
+
+    unit: str
+    owner: str  # the owning member's instance
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One ``lr server`` process of a site, as registered in its database."""
+
+    member_id: str
+    instance: str
+    address: str
+    weight: int
+    joined_at: float
+    heartbeat_at: float
+    alive: bool = True  # heartbeat within the lease timeout (as of the read)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitLease:
+    """Who owns one unit of work (``owner`` None: released) and its fencing token."""
+
+    unit: str
+    owner: str | None
+    member_id: str
+    token: int
+    acquired_at: float

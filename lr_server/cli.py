@@ -312,14 +312,27 @@ def cli() -> None:
 
 @cli.command()
 @config_option
-def server(config_path: Path) -> None:
-    """Run the site's server until SIGTERM or SIGINT.
+@click.option("--member-id", help="This server's member id (default: members.id, else the host).")
+@click.option("--listen", help="host:port of the receiver (default: site.listen).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Metrics port (default: site.metrics_port).",
+)
+def server(
+    config_path: Path, member_id: str | None, listen: str | None, metrics_port: int | None
+) -> None:
+    """Run one of the site's servers until SIGTERM or SIGINT.
 
-    It plays both roles: a sender session per configured destination and a
-    receiver for the configured sources, plus trim and metrics.
+    It plays both roles: the sender sessions of the streams it owns and a
+    receiver for the configured sources, plus trim (when it owns it) and
+    metrics. Several servers may share the site's database (PostgreSQL),
+    each with its own ``--member-id``, ``--listen`` and ``--metrics-port``.
     """
     config = load_config(config_path)
     from lr_server.server import run_server
+
+    config = _member_overrides(config, member_id, listen, metrics_port)
 
     if config.listen:
         check_listen_address(config.listen)
@@ -426,7 +439,10 @@ def render_status(report: SiteStatus) -> None:
         )
     )
     if report.send:
-        t = table("send streams", "dest", "client", "state", "lag", "bytes", "age", "ack", "in-fl")
+        # The owner column when several members share the streams (always in --json).
+        owners = len({x.owner for x in report.send if x.owner}) > 1
+        columns = ["dest", "client", "state", "lag", "bytes", "age", "ack", "in-fl"]
+        t = table("send streams", *columns, *(["owner"] if owners else []))
         for x in report.send:
             t.add_row(
                 x.destination + ("" if x.configured else "*"),
@@ -437,6 +453,7 @@ def render_status(report: SiteStatus) -> None:
                 human_seconds(x.lag_seconds),
                 ago(x.last_ack, now),
                 "-" if x.inflight_batches is None else str(x.inflight_batches),
+                *([x.owner or "-"] if owners else []),
             )
         out.print(t)
     snaps = [x for x in report.send if x.snapshot]
@@ -905,6 +922,109 @@ def accept_loss(config_path: Path, destination: str, client: str) -> None:
         f"accepted the loss of {destination}/{client} ({stop.reason}); "
         f"log entries resume after position {stop.resume_after}"
     )
+
+
+def _member_overrides(
+    config: SiteConfig, member_id: str | None, listen: str | None, metrics_port: int | None
+) -> SiteConfig:
+    """The config with this server's own id, listen address and metrics port."""
+    from dataclasses import replace
+
+    from lr_server.config import parse_listen
+
+    if member_id is not None:
+        if not member_id or len(member_id) > 128 or not member_id.isprintable():
+            raise ConfigError("--member-id: expected 1 to 128 printable characters")
+        config = replace(config, members=replace(config.members, id=member_id))
+    if listen is not None:
+        config = replace(config, listen=parse_listen(listen, "--listen"))
+    if metrics_port is not None:
+        config = replace(config, metrics_port=metrics_port)
+    return config
+
+
+# -- members ------------------------------------------------------------------------------
+@cli.group(invoke_without_command=True)
+@click.option(
+    "--config",
+    "-c",
+    "config_path",
+    envvar="LR_CONFIG",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The site's TOML config file (default: $LR_CONFIG).",
+)
+@json_option
+@click.pass_context
+def members(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
+    """List the site's servers (members): id, address, weight, heartbeat, units owned."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if config_path is None:
+        raise click.UsageError("Missing option '--config' / '-c'.", ctx)
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        found = store.list_members(config.members.lease_timeout)
+        leases = store.list_leases()
+        now = store.db_now()
+    owned: dict[str, list[str]] = {}
+    for lease in leases:
+        if lease.owner is not None:
+            owned.setdefault(lease.owner, []).append(lease.unit)
+    if as_json:
+        print_json(
+            [
+                {
+                    "member_id": m.member_id,
+                    "address": m.address,
+                    "weight": m.weight,
+                    "alive": m.alive,
+                    "heartbeat_age": round(max(0.0, now - m.heartbeat_at), 3),
+                    "joined_at": m.joined_at,
+                    "units": sorted(owned.get(m.instance, [])),
+                }
+                for m in found
+            ]
+        )
+        return
+    t = table("members", "member", "address", "weight", "state", "heartbeat", "units")
+    for m in found:
+        t.add_row(
+            m.member_id,
+            m.address,
+            str(m.weight),
+            "alive" if m.alive else "gone",
+            ago(m.heartbeat_at, now),
+            str(len(owned.get(m.instance, []))),
+        )
+    out = console()
+    out.print(t)
+    if not found:
+        out.print("no members")
+
+
+@members.command("weight")
+@config_option
+@click.argument("member_id")
+@click.argument("weight", type=click.IntRange(min=0))
+def members_weight(config_path: Path, member_id: str, weight: int) -> None:
+    """Set a member's weight at run time (0 drains it: its units move to the others)."""
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        if not store.set_member_weight(member_id, weight):
+            fail(f"no member {member_id!r} (see 'lr members')")
+    click.echo(f"member {member_id}: weight {weight}")
+
+
+@members.command("remove")
+@config_option
+@click.argument("member_id")
+def members_remove(config_path: Path, member_id: str) -> None:
+    """Forget a member that is gone, releasing its units at once."""
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        if not store.remove_member(member_id):
+            fail(f"no member {member_id!r} (see 'lr members')")
+    click.echo(f"member {member_id} removed")
 
 
 # -- trim ---------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ SECTIONS = (
     "retry",
     "retention",
     "receiver",
+    "members",
 )
 SITE_KEYS = ("id", "database_url", "listen", "metrics_port")
 
@@ -78,6 +79,11 @@ class DestinationConfig:
     clients: tuple[str, ...] = ()  # empty: every client in [clients]
     token: str = ""  # overrides security.token for this destination
     server_name: str = ""  # TLS name to expect (default: the address host)
+    addresses: tuple[str, ...] = ()  # more members of the destination, tried in turn
+
+    def all_addresses(self) -> list[str]:
+        """``address``, then ``addresses``: where the session connects, in turn."""
+        return [self.address, *(a for a in self.addresses if a != self.address)]
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,21 @@ class ReceiverConfig:
 
 
 @dataclass(frozen=True)
+class MembersConfig:
+    """This ``lr server`` as one member of the site (``[members]``): every key optional.
+
+    Several servers of a site share its database (PostgreSQL); each unit of
+    work (a sender stream, the trim job) is owned by one live member.
+    """
+
+    id: str = ""  # the member id; default: the host name, plus ":<port>" of site.listen
+    address: str = ""  # what `lr members` shows; default: site.listen
+    weight: int = 1  # share of the units (relative); `lr members weight` changes it at run time
+    lease_timeout: float = 5.0  # seconds without a heartbeat after which a member is gone
+    heartbeat_interval: float = 1.0  # seconds between heartbeats (and placement rounds)
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     """One site's whole configuration, as :func:`load_config` reads it from its TOML file.
 
@@ -189,6 +210,7 @@ class SiteConfig:
     retry: RetryConfig = field(default_factory=RetryConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
+    members: MembersConfig = field(default_factory=MembersConfig)
     path: Path | None = None
 
     def client_names(self) -> list[str]:
@@ -215,6 +237,11 @@ def _address(value: object, key: str) -> str:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{key}: expected host:port, got {value!r}")
     return value
+
+
+def parse_listen(value: object, key: str = "site.listen") -> str:
+    """A checked ``host:port`` (for ``site.listen`` and ``lr server --listen``)."""
+    return _address(value, key)
 
 
 def is_loopback(address: str) -> bool:
@@ -387,6 +414,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         key = f"destinations[{i}]"
         data = dict(_table(d, key))
         dest_clients = data.pop("clients", [])
+        more = data.pop("addresses", [])
+        if not isinstance(more, list):
+            raise ConfigError(f"{key}.addresses: expected a list of host:port")
+        more = [_address(a, f"{key}.addresses[{j}]") for j, a in enumerate(more)]
         if not isinstance(dest_clients, list):
             raise ConfigError(f"{key}.clients: expected a list of client names")
         for j, cn in enumerate(dest_clients):
@@ -402,7 +433,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
             raise ConfigError(
                 f"{key}.token: token auth needs security.token or a per-destination token"
             )
-        destinations.append(replace(dest, clients=tuple(dest_clients)))
+        destinations.append(replace(dest, clients=tuple(dest_clients), addresses=tuple(more)))
     if len({d.id for d in destinations}) != len(destinations):
         raise ConfigError("destinations: duplicate ids")
 
@@ -443,6 +474,17 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     receiver: ReceiverConfig = _section(ReceiverConfig, raw.get("receiver", {}), "receiver")
     if receiver.idle_call_timeout <= 0:
         raise ConfigError("receiver.idle_call_timeout: expected a positive number")
+    members: MembersConfig = _section(MembersConfig, raw.get("members", {}), "members")
+    if (
+        members.lease_timeout <= 0
+        or not 0 < members.heartbeat_interval <= members.lease_timeout / 2
+    ):
+        raise ConfigError(
+            "members.heartbeat_interval: expected a positive number of seconds, at most half"
+            f" of members.lease_timeout ({members.lease_timeout:g})"
+        )
+    if members.id and (len(members.id) > 128 or not members.id.isprintable()):
+        raise ConfigError("members.id: expected 1 to 128 printable characters")
     return SiteConfig(
         id=site_id,
         database_url=url,
@@ -456,6 +498,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         retry=retry,
         retention=retention,
         receiver=receiver,
+        members=members,
         path=path,
     )
 

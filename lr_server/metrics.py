@@ -61,6 +61,11 @@ RECEIVER_OPEN_CALLS = Gauge("lr_receiver_open_calls", "Authenticated calls open 
 RECEIVER_CALLS_REFUSED = Counter(
     "lr_receiver_calls_refused", "Receiver calls refused or ended by its limits", ["reason"]
 )
+MEMBER_UNITS = Gauge("lr_member_units", "Units of work this member owns", ["member"])
+MEMBER_HEARTBEATS = Counter("lr_member_heartbeats", "Heartbeats this member recorded", ["member"])
+PLACEMENT_CHANGES = Counter(
+    "lr_placement_changes", "Units this member acquired or released", ["member", "change"]
+)
 
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
@@ -88,6 +93,9 @@ __all__ = [
     "LAG_BYTES",
     "LAG_ENTRIES",
     "LAG_SECONDS",
+    "MEMBER_HEARTBEATS",
+    "MEMBER_UNITS",
+    "PLACEMENT_CHANGES",
     "RECEIVER_CALLS_REFUSED",
     "RECEIVER_OPEN_CALLS",
     "SNAPSHOT_ACTIVE",

@@ -1,24 +1,35 @@
-"""One ``lr`` server per site: sender sessions, the sink receiver, trim, metrics."""
+"""An ``lr`` server: one member of its site, with the sender sessions of the units it
+owns, the sink receiver, trim (when it owns the trim unit) and metrics.
+
+Several servers may run a site on one database: each unit of work (a sender
+stream, the trim job) is run by the member that owns its lease
+(:mod:`lr_server.membership`); every server receives.
+"""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lr_client.records import SnapshotRequest
+from lr_client.errors import FencedError
+from lr_client.records import Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_server import metrics
 from lr_server.config import ClientConfig, SiteConfig
 from lr_server.fanout import LogFanout
 from lr_server.logs import configure_logging
+from lr_server.membership import Membership, default_member_id
 from lr_server.memory import map_large_blocks
+from lr_server.placement import TRIM_UNIT, stream_unit
 from lr_server.receiver import Receiver
 from lr_server.retention import RetentionPolicy
 from lr_server.session import SenderSession
@@ -66,8 +77,10 @@ class SiteServer:
         config: SiteConfig,
         store: QueueStore | None = None,
         transport_factory: Callable[[str], Transport] | None = None,
+        member_id: str | None = None,
     ) -> None:
         self.config = config
+        self.member_id = member_id or default_member_id(config)
         self.store = store or open_store(config.database_url)
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -76,6 +89,13 @@ class SiteServer:
         self.sessions: dict[str, SenderSession] = {}
         self.children: list[subprocess.Popen[bytes]] = []
         self.reader: LogFanout | None = None
+        self.membership: Membership | None = None
+        #: The units this member owns now, and each destination's running session.
+        self.fences: dict[str, Fence] = {}
+        self._runs: dict[str, tuple[threading.Event, threading.Thread]] = {}
+        self._session_fences: dict[str, dict[str, Fence]] = {}
+        self._launcher: Callable[[SnapshotRequest, ClientConfig], None] | None = None
+        self._placing = threading.Lock()
 
     def start(self) -> None:
         cfg = self.config
@@ -91,29 +111,82 @@ class SiteServer:
             receiver = Receiver(self.store, cfg.id, [s.id for s in cfg.sources])
             self._grpc = start_grpc_server(cfg, receiver)
             log.info("receiver listening on %s", cfg.listen)
-        launcher = once_per_snapshot(spark_launcher(cfg, self.children))
+        self._launcher = once_per_snapshot(spark_launcher(cfg, self.children))
         rep = cfg.replication
         self.reader = (
             LogFanout(self.store, rep.shared_reader_entries, rep.shared_reader_bytes)
             if rep.shared_reader and len(cfg.destinations) > 1
             else None
         )
-        for dest in cfg.destinations:
-            clients = [c for c in cfg.clients if c.name in cfg.clients_for(dest)]
-            session = SenderSession(
-                self.store,
-                cfg.id,
-                dest.id,
-                clients,
-                self._factory(dest.id),
-                cfg.replication,
-                cfg.retry,
-                launcher,
-                self.reader,
-            )
-            self.sessions[dest.id] = session
-            self._spawn(f"lr-session-{dest.id}", session.run)
+        units = [stream_unit(d.id, c) for d in cfg.destinations for c in cfg.clients_for(d)]
+        members = cfg.members
+        self.membership = Membership(
+            self.store,
+            self.member_id,
+            [*units, TRIM_UNIT],
+            self._placed,
+            address=members.address or cfg.listen,
+            weight=members.weight,
+            lease_timeout=members.lease_timeout,
+            heartbeat_interval=members.heartbeat_interval,
+        )
+        self.membership.join()  # the units that are free are taken, their work started
+        self._spawn("lr-members", self.membership.run)
+        self._spawn("lr-heartbeat", self.membership.beat)
         self._spawn("lr-trim", self._trim_loop)
+
+    # -- the units this member owns ----------------------------------------------------------
+    def _placed(self, fences: Mapping[str, Fence]) -> None:
+        """Run the work of the units held now: a session per destination, for its clients
+        owned; a session whose clients or leases changed is stopped (and restarted)."""
+        with self._placing:
+            self.fences = dict(fences)
+            for dest in self.config.destinations:
+                mine = {
+                    c: fences[stream_unit(dest.id, c)]
+                    for c in self.config.clients_for(dest)
+                    if stream_unit(dest.id, c) in fences
+                }
+                if mine == self._session_fences.get(dest.id, {}):
+                    continue
+                self._stop_session(dest.id)
+                if mine and not self.stop_event.is_set():
+                    self._start_session(dest.id, mine)
+
+    def _start_session(self, dest_id: str, fences: dict[str, Fence]) -> None:
+        cfg = self.config
+        clients = [c for c in cfg.clients if c.name in fences]
+        membership = self.membership
+        session = SenderSession(
+            self.store,
+            cfg.id,
+            dest_id,
+            clients,
+            self._factory(dest_id),
+            cfg.replication,
+            cfg.retry,
+            self._launcher,
+            self.reader,
+            fences=fences,
+            lease_valid=membership.valid if membership is not None else (lambda: True),
+        )
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=session.run, args=(stop,), name=f"lr-session-{dest_id}", daemon=True
+        )
+        self.sessions[dest_id] = session
+        self._session_fences[dest_id] = fences
+        self._runs[dest_id] = (stop, thread)
+        thread.start()
+
+    def _stop_session(self, dest_id: str, grace: float = 10.0) -> None:
+        run = self._runs.pop(dest_id, None)
+        self._session_fences.pop(dest_id, None)
+        if run is None:
+            return
+        stop, thread = run
+        stop.set()
+        thread.join(timeout=grace)
 
     def _factory(self, dest_id: str) -> Callable[[], Transport]:
         if self._transport_factory is not None:
@@ -123,7 +196,21 @@ class SiteServer:
 
         dest = next(d for d in self.config.destinations if d.id == dest_id)
         cfg = self.config
-        return lambda: GrpcTransport(cfg.id, dest, cfg.security, cfg.replication.max_message_bytes)
+        addresses = dest.all_addresses()
+        attempts = itertools.count()
+
+        def connect() -> Transport:
+            # Each attempt (the session retries with backoff) tries the next address:
+            # a destination run by several members fails over between them.
+            address = addresses[next(attempts) % len(addresses)]
+            return GrpcTransport(
+                cfg.id,
+                replace(dest, address=address),
+                cfg.security,
+                cfg.replication.max_message_bytes,
+            )
+
+        return connect
 
     def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
         t = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)
@@ -140,9 +227,12 @@ class SiteServer:
         self.store.max_slots = self.config.retention.max_slots
         analyzed = time.monotonic()
         while not stop.wait(interval):
+            fence = self.fences.get(TRIM_UNIT)
+            if fence is None:  # another member runs the trim job
+                continue
             try:
                 policy.run_once()  # also with no destinations: unconfigured ones are bounded too
-                n = self.store.trim(self.config.retention.trim_batch, max_batches=10)
+                n = self.store.trim(self.config.retention.trim_batch, max_batches=10, fence=fence)
                 if n:
                     metrics.TRIMMED.inc(n)
                 self._reap()
@@ -153,6 +243,8 @@ class SiteServer:
                 if time.monotonic() - analyzed > ANALYZE_INTERVAL:
                     self.store.analyze()
                     analyzed = time.monotonic()
+            except FencedError as exc:  # the trim unit moved to another member meanwhile
+                log.info("trim stopped: %s", exc)
             except Exception:
                 log.exception("retention or trim failed")
 
@@ -166,6 +258,11 @@ class SiteServer:
 
     def stop(self, grace: float = 10.0) -> None:
         self.stop_event.set()
+        if self.membership is not None:  # sessions stop, then the leases go at once
+            self.membership.leave()
+        with self._placing:
+            for dest_id in list(self._runs):
+                self._stop_session(dest_id, grace)
         for t in self._threads:
             t.join(timeout=grace)
         if self._grpc is not None:

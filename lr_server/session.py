@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
@@ -29,8 +29,8 @@ from tenacity import (
 )
 
 from lr_client._proto import replication_pb2 as pb
-from lr_client.errors import LRError, TransportError
-from lr_client.records import SnapshotStatus
+from lr_client.errors import FencedError, LRError, TransportError
+from lr_client.records import Fence, SnapshotStatus
 from lr_client.store import Inspection, Retention, Shipping, Snapshots
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
@@ -66,8 +66,13 @@ class SenderSession:
         retry: RetryConfig | None = None,
         snapshot_launcher: SnapshotLauncher | None = None,
         reader: LogFanout | None = None,
+        fences: Mapping[str, Fence] | None = None,
+        lease_valid: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
+        #: The leases (per client) this session writes under; None: unfenced (one server).
+        self.fences = None if fences is None else dict(fences)
+        self.lease_valid = lease_valid
         self.source_id = source_id
         self.destination = destination
         self.clients = {c.name: c for c in clients}
@@ -80,7 +85,7 @@ class SenderSession:
         self.window = Window(self.cfg.window_batches, self.cfg.window_bytes)
         self._stopped = ""  # why streams are stopped, for the session status
         self._log = logging.LoggerAdapter(log, {"destination": destination})
-        self.stops = StreamStops(store, destination, self._log)
+        self.stops = StreamStops(store, destination, self._log, self.fence)
         self.requests = SnapshotRequests(
             store, destination, self.stops, self._log, self.cfg, self.retry, snapshot_launcher
         )
@@ -95,6 +100,15 @@ class SenderSession:
             reader,
             self._log,
         )
+
+    def fence(self, client: str) -> Fence | None:
+        """The lease ``client``'s writes are made under (None: unfenced)."""
+        if self.fences is None:
+            return None
+        found = self.fences.get(client)
+        if found is None:
+            raise FencedError(f"{self.destination}/{client}: this member does not own the stream")
+        return found
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -189,7 +203,7 @@ class SenderSession:
                 if lower is not None:
                     # Lower the cursor first: a trim from now on keeps what the
                     # replay needs, and the trim mark read next covers any before.
-                    self.store.set_cursor(self.destination, name, lower)
+                    self.store.set_cursor(self.destination, name, lower, fence=self.fence(name))
             marks = {n: self.store.trimmed_through(self.destination, n) for n in checks}
             # The highest position assigned, read without waiting for
             # transmitters: the sink can never be past it.
@@ -232,7 +246,7 @@ class SenderSession:
             return stream
         if p.finish is not None:
             self.requests.finish(name, p.finish)
-            self.store.set_cursor(self.destination, name, p.sink_position)
+            self.store.set_cursor(self.destination, name, p.sink_position, fence=self.fence(name))
         drop = p.drop
         if p.record_drop is not None:
             d = p.record_drop
@@ -258,7 +272,9 @@ class SenderSession:
             assert p.step is Step.LOG  # a CHECK is planned again, with the trim mark
             stream.sent = p.resume_after
             if p.raise_cursor:
-                self.store.set_cursor(self.destination, name, p.resume_after)
+                self.store.set_cursor(
+                    self.destination, name, p.resume_after, fence=self.fence(name)
+                )
         return stream
 
     def _check_requests(self, streams: dict[str, ClientStream]) -> None:
@@ -290,6 +306,8 @@ class SenderSession:
         self._flush_cursors()
 
     def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
+        if not self.lease_valid():  # this member's heartbeat lapsed: others may own it now
+            raise FencedError(f"{self.destination}: this member's leases lapsed; not shipping")
         return self.shipper.ship(stream, streams)
 
     def _drain_acks(
@@ -343,7 +361,7 @@ class SenderSession:
 
     def _flush_cursors(self) -> None:
         for client, position in self.window.cursors.items():
-            self.store.set_cursor(self.destination, client, position)
+            self.store.set_cursor(self.destination, client, position, fence=self.fence(client))
         self.window.flushed(time.monotonic())
 
     # -- status ----------------------------------------------------------------------------------

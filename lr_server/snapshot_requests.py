@@ -97,9 +97,10 @@ class SnapshotRequests:
 
     def finish(self, client: str, req: SnapshotRequest) -> None:
         """The sink has every entry of ``req``: log entries resume after its base."""
-        self.store.complete_snapshot(req.snapshot_id, self.destination)
+        fence = self.stops.fence(client)
+        self.store.complete_snapshot(req.snapshot_id, self.destination, fence=fence)
         self.store.set_cursor(
-            self.destination, client, req.base_position or 0, needs_snapshot=False
+            self.destination, client, req.base_position or 0, needs_snapshot=False, fence=fence
         )
         self.store.clear_drop(self.destination, client)
 

@@ -45,6 +45,7 @@ from lr_client.records import (
 )
 from lr_client.store import Inspection, QueueStore, SendLog, Shipping
 from lr_server.config import SiteConfig
+from lr_server.placement import stream_unit
 
 
 class StreamState(enum.StrEnum):
@@ -112,6 +113,7 @@ class SendStream:
     snapshot: SnapshotProgress | None = None
     drop: DropInfo | None = None
     stop: StopInfo | None = None
+    owner: str = ""  # the member that owns the stream's lease ("": none)
 
 
 @dataclass
@@ -234,6 +236,7 @@ def _send_streams(
     backlogs = {key: store.backlog(*key) for key in unconfigured_streams(config, store)[0]}
     keys = sorted(recorded | {key for key, b in backlogs.items() if b.entries})
     throttled = flow_states(store, {c for _, c in keys})
+    owners = {x.unit: x.member_id for x in store.list_leases() if x.owner is not None}
 
     streams = []
     for dest, client in keys:
@@ -279,6 +282,7 @@ def _send_streams(
                 )
                 if stop
                 else None,
+                owner=owners.get(stream_unit(dest, client), ""),
             )
         )
     return streams

@@ -10,9 +10,10 @@ follows it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
-from lr_client.records import DropRecord, StreamStop
+from lr_client.records import DropRecord, Fence, StreamStop
 from lr_client.store import Retention, Shipping
 from lr_server import metrics
 from lr_server.streams import ClientStream, Mode, Notice
@@ -30,9 +31,11 @@ class StreamStops:
         store: StopStore,
         destination: str,
         log: logging.LoggerAdapter[logging.Logger],
+        fence: Callable[[str], Fence | None] = lambda _client: None,
     ) -> None:
         self.store = store
         self.destination = destination
+        self.fence = fence  # the lease a client's stream is written under (None: unfenced)
         self.notices = False  # the sink accepts drop notices (it said so when negotiating)
         self._log = log
 
@@ -82,7 +85,9 @@ class StreamStops:
     def resumed(self, name: str, resume_after: int) -> None:
         """The stream runs again after an accepted loss (the sink has the notice)."""
         self.store.clear_drop(self.destination, name)
-        self.store.set_cursor(self.destination, name, resume_after, needs_snapshot=False)
+        self.store.set_cursor(
+            self.destination, name, resume_after, needs_snapshot=False, fence=self.fence(name)
+        )
         self.store.mark_stream_resumed(self.destination, name)
         metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
 

@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from lr_client.store.contract import (
     Inspection,
+    Members,
     QueueStore,
     Receiving,
     Retention,
@@ -119,6 +120,7 @@ def create_schema(engine_or_url: Engine | str) -> SchemaStatus:
 
 __all__ = [
     "Inspection",
+    "Members",
     "PostgresQueueStore",
     "QueueStore",
     "Receiving",

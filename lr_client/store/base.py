@@ -15,12 +15,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from lr_client.errors import LRError, SchemaError, StoreUnavailableError
-from lr_client.records import EntryRef, NewLogEntry
+from lr_client.errors import FencedError, LRError, SchemaError, StoreUnavailableError
+from lr_client.records import EntryRef, Fence, NewLogEntry
 from lr_client.store import schema as s
 
 try:  # the PostgreSQL driver is an optional extra
@@ -179,6 +179,21 @@ class StoreBase(abc.ABC):
         }
         keep = ["needs_snapshot"] if needs_snapshot is None else []
         self._upsert(conn, s.cursors, row, ["destination", "client_name"], keep)
+
+    def _fence(self, conn: Connection, fence: Fence | None) -> None:
+        """Hold ``fence``'s lease row for the transaction, or raise :class:`FencedError`."""
+        if fence is None:
+            return
+        u = s.unit_leases
+        n = conn.execute(
+            update(u)
+            .where(u.c.unit == fence.unit, u.c.owner == fence.owner, u.c.token == fence.token)
+            .values(token=u.c.token)
+        ).rowcount
+        if not n:
+            raise FencedError(
+                f"unit {fence.unit}: the lease of token {fence.token} is no longer this member's"
+            )
 
     # -- dialect hooks ------------------------------------------------------------------
     @abc.abstractmethod

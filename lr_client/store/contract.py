@@ -23,8 +23,10 @@ from lr_client.records import (
     Cursor,
     DropRecord,
     EntryRef,
+    Fence,
     HeadEntry,
     LogRange,
+    Member,
     NewLogEntry,
     QueueInfo,
     QueueSlot,
@@ -37,6 +39,7 @@ from lr_client.records import (
     StoredEntry,
     StreamStop,
     SubscriberState,
+    UnitLease,
     WireEntry,
 )
 from lr_client.store.lifecycle import SchemaStatus
@@ -162,8 +165,13 @@ class Shipping(Protocol):
         position: int,
         *,
         needs_snapshot: bool | None = None,
+        fence: Fence | None = None,
     ) -> None:
-        """Record how far a destination has acknowledged (or where a full sync restarts it)."""
+        """Record how far a destination has acknowledged (or where a full sync restarts it).
+
+        With ``fence``, only while the fence's lease is still held: otherwise
+        :class:`~lr_client.errors.FencedError` and nothing is written.
+        """
 
     def backlog(self, destination: str, client_name: str) -> Backlog:
         """Unacknowledged log entries of one stream."""
@@ -293,11 +301,14 @@ class Snapshots(Transactions, Protocol):
         released by the next :meth:`Retention.trim`; the slot stays theirs till then.
         """
 
-    def complete_snapshot(self, snapshot_id: str, destination: str | None = None) -> bool:
+    def complete_snapshot(
+        self, snapshot_id: str, destination: str | None = None, fence: Fence | None = None
+    ) -> bool:
         """READY -> COMPLETED for ``destination`` (None: every one): its sink has it all.
 
         The entries are released when the last destination in the snapshot
-        is done with it (completed it or left).
+        is done with it (completed it or left). With ``fence``, only while
+        its lease is held (else :class:`~lr_client.errors.FencedError`).
         """
 
     def read_snapshot_entries(
@@ -316,9 +327,14 @@ class Retention(Protocol):
     #: PostgreSQL: slots are added while every other one is pinned, up to this many.
     max_slots: int
 
-    def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
+    def trim(
+        self, batch_size: int = 5000, max_batches: int | None = None, fence: Fence | None = None
+    ) -> int:
         """Delete entries every destination has acknowledged, and release the entries
         of ended snapshots still stored; return how many.
+
+        With ``fence``, the trim runs only while its lease is held (else
+        :class:`~lr_client.errors.FencedError` and nothing is deleted).
 
         SQLite deletes log entries as rows, at most ``batch_size`` per transaction
         and ``max_batches`` transactions. PostgreSQL retires every closed slot
@@ -607,6 +623,54 @@ class Inspection(Protocol):
         """A receive queue's entries after ``seq`` ``after``; None if there is no such queue."""
 
 
+class Members(Protocol):
+    """A site's ``lr server`` processes and the leases of its units of work.
+
+    Times are the database's clock. A lease is valid while its owner's
+    heartbeat is (within the caller's ``lease_timeout``); every change of a
+    unit's owner raises its fencing token.
+    """
+
+    def db_now(self, conn: Connection | None = None) -> float:
+        """The database's clock, seconds since the epoch."""
+
+    def join_member(self, member_id: str, instance: str, address: str, weight: int) -> Member:
+        """Register (or take over, with a new ``instance``) a member; heartbeat now."""
+
+    def heartbeat_member(self, member_id: str, instance: str) -> bool:
+        """Record that the member is alive; False if its row is gone or another instance's."""
+
+    def leave_member(self, member_id: str, instance: str) -> int:
+        """Release every lease of ``instance`` and remove the member; how many were released."""
+
+    def list_members(self, lease_timeout: float) -> list[Member]:
+        """Every member, ``alive`` if its heartbeat is within ``lease_timeout`` seconds."""
+
+    def set_member_weight(self, member_id: str, weight: int) -> bool:
+        """Change a member's weight (0: it owns nothing); False if there is no such member."""
+
+    def remove_member(self, member_id: str) -> bool:
+        """Remove a member and release its leases (an operator's clean-up of a dead one)."""
+
+    def list_leases(self) -> list[UnitLease]:
+        """Every unit's lease."""
+
+    def acquire_unit(
+        self, unit: str, member_id: str, instance: str, lease_timeout: float
+    ) -> Fence | None:
+        """Take (or keep) a unit if it is free, released, or its owner's heartbeat lapsed.
+
+        Its fence (the token is raised when the owner changes), or None if a
+        live member holds it.
+        """
+
+    def release_unit(self, fence: Fence) -> bool:
+        """Give a unit up at once; False if the fence no longer held it."""
+
+    def check_fence(self, fence: Fence) -> None:
+        """Raise :class:`~lr_client.errors.FencedError` unless the fence still holds its unit."""
+
+
 class QueueStore(
     Sites,
     SendLog,
@@ -616,6 +680,7 @@ class QueueStore(
     Receiving,
     SubscriberQueues,
     Inspection,
+    Members,
     Protocol,
 ):
     """Every role: routing queues, stream tags and replication metadata in one database."""
@@ -623,6 +688,7 @@ class QueueStore(
 
 __all__ = [
     "Inspection",
+    "Members",
     "QueueStore",
     "Receiving",
     "Retention",

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import case, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
-from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, StreamStop
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, Fence, StreamStop
 from lr_client.store import schema as s
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
@@ -22,7 +22,12 @@ from lr_client.store.snapshot_pool import SnapshotPoolStore
 class RetentionStore(SnapshotPoolStore):
     """What the send queue keeps, and the records of streams it gave up."""
 
-    def trim(self, batch_size: int = 5000, max_batches: int | None = None) -> int:
+    def trim(
+        self, batch_size: int = 5000, max_batches: int | None = None, fence: Fence | None = None
+    ) -> int:
+        if fence is not None:
+            with self.write() as conn:
+                self._fence(conn, fence)
         total = self._trim_send_log(batch_size, max_batches)
         # Entries of finished snapshots that are still stored (a release that
         # found them locked, a snapshot ended by update_snapshot alone).

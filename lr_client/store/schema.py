@@ -394,6 +394,31 @@ session_status = Table(
     Column("updated_at", Double, nullable=False),
 )
 
+members = Table(
+    "lrq_members",
+    metadata,
+    Column("member_id", String(128), primary_key=True),
+    # One process run of the member: a restart takes the row over with a new one.
+    Column("instance", String(64), nullable=False),
+    Column("address", String(255), nullable=False, default=""),
+    Column("weight", Integer, nullable=False, default=1),
+    Column("joined_at", Double, nullable=False),
+    # Database clock (seconds since the epoch) of the member's last heartbeat.
+    Column("heartbeat_at", Double, nullable=False),
+)
+
+unit_leases = Table(
+    "lrq_unit_leases",
+    metadata,
+    Column("unit", String(200), primary_key=True),
+    # The owning instance (lrq_members.instance); NULL: released.
+    Column("owner", String(64)),
+    Column("member_id", String(128), nullable=False, default=""),
+    # The fencing token: raised at every change of owner, never lowered.
+    Column("token", BigInteger, nullable=False, default=0),
+    Column("acquired_at", Double, nullable=False, default=0.0),
+)
+
 __all__ = [
     "RECV_PARTITION_PREFIX",
     "SCHEMA_VERSION",
@@ -404,6 +429,7 @@ __all__ = [
     "drops",
     "flow_control",
     "made_in_sql",
+    "members",
     "meta",
     "metadata",
     "queue_registry",
@@ -423,4 +449,5 @@ __all__ = [
     "subscriber_partitions",
     "subscriber_state",
     "trim_marks",
+    "unit_leases",
 ]

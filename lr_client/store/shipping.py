@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import Row
 
-from lr_client.records import Backlog, Cursor, LogRange, ReplicationType, SendEntry
+from lr_client.records import Backlog, Cursor, Fence, LogRange, ReplicationType, SendEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, payload_size, sized, within
@@ -139,8 +139,10 @@ class ShippingStore(StoreBase):
         position: int,
         *,
         needs_snapshot: bool | None = None,
+        fence: Fence | None = None,
     ) -> None:
         with self.write() as conn:
+            self._fence(conn, fence)
             self._set_cursor(conn, destination, client_name, position, needs_snapshot)
 
     def backlog(self, destination: str, client_name: str) -> Backlog:

@@ -43,7 +43,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.names import validate_name
-from lr_client.records import OPEN_SNAPSHOT_STATUSES, SnapshotRequest, SnapshotStatus
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, Fence, SnapshotRequest, SnapshotStatus
 from lr_client.store import schema as s
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
@@ -497,10 +497,13 @@ class SnapshotRequestsStore(SnapshotPoolStore):
                 return self._cancel(conn, snapshot_id, reason)
             return self._leave(conn, snapshot_id, destination, reason, release=True)
 
-    def complete_snapshot(self, snapshot_id: str, destination: str | None = None) -> bool:
+    def complete_snapshot(
+        self, snapshot_id: str, destination: str | None = None, fence: Fence | None = None
+    ) -> bool:
         """READY -> COMPLETED for the destination (None: all); the last one releases the entries."""
         d = s.snapshot_destinations
         with self.write() as conn:
+            self._fence(conn, fence)
             query = update(d).where(
                 d.c.snapshot_id == snapshot_id, d.c.status == SnapshotStatus.READY.value
             )

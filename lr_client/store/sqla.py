@@ -9,6 +9,7 @@ that :mod:`lr_client.store.sqlite` and :mod:`lr_client.store.postgres` fill in.
 from __future__ import annotations
 
 from lr_client.store.inspection import InspectionStore
+from lr_client.store.members import MembersStore
 from lr_client.store.receiving import ReceivingStore
 from lr_client.store.retention import RetentionStore
 from lr_client.store.send_log import SendLogStore
@@ -29,6 +30,7 @@ class SQLAlchemyQueueStore(
     SubscriberQueuesStore,
     SubscriberPartitionsStore,
     InspectionStore,
+    MembersStore,
 ):
     """Every role in one store; use :func:`lr_client.store.open_store`."""
 

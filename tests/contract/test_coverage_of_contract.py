@@ -30,6 +30,7 @@ ROLES: dict[type, str] = {
     contract.Receiving: "test_receiving.py",
     contract.SubscriberQueues: "test_subscriber_queues.py",
     contract.Inspection: "test_inspection.py",
+    contract.Members: "test_members.py",
     contract.Transactions: "test_subscriber_queues.py",
 }
 

@@ -724,3 +724,44 @@ def test_accept_loss_of_a_stream_that_is_not_stopped_fails(
         x for x in shown["send"] if x["client"] == "inventory" and x["destination"] == "site-b"
     ]
     assert stream["stop"]["accepted"] is True and stream["state"] != "stopped"
+
+
+# -- members ------------------------------------------------------------------------------
+def test_members_lists_the_servers_and_changes_a_weight(
+    site: Path, store: SQLAlchemyQueueStore
+) -> None:
+    assert as_json("members", "--config", site) == []
+    assert "no members" in ok("members", "--config", site).stdout
+    store.join_member("a-1", "i1", "127.0.0.1:7443", 1)
+    store.join_member("a-2", "i2", "127.0.0.1:7444", 2)
+    assert store.acquire_unit("stream/site-b/policy", "a-2", "i2", 5.0) is not None
+    listed = {m["member_id"]: m for m in as_json("members", "--config", site)}
+    assert set(listed) == {"a-1", "a-2"}
+    assert listed["a-2"]["address"] == "127.0.0.1:7444" and listed["a-2"]["weight"] == 2
+    assert listed["a-2"]["units"] == ["stream/site-b/policy"] and listed["a-2"]["alive"]
+    assert listed["a-1"]["units"] == []
+    text_out = ok("members", "--config", site).stdout
+    assert "a-1" in text_out and "alive" in text_out
+    assert "weight 0" in ok("members", "weight", "a-2", "0", "--config", site).stdout
+    assert {m.member_id: m.weight for m in store.list_members(5.0)} == {"a-1": 1, "a-2": 0}
+    # Bad input: a clear error, nothing changed.
+    gone = lr("members", "weight", "nobody", "3", "--config", site)
+    assert gone.exit_code == EXIT_FAILED and "no member 'nobody'" in gone.stderr
+    negative = lr("members", "weight", "a-1", "-1", "--config", site)
+    assert negative.exit_code == EXIT_USAGE
+    assert {m.member_id: m.weight for m in store.list_members(5.0)} == {"a-1": 1, "a-2": 0}
+    assert "removed" in ok("members", "remove", "a-2", "--config", site).stdout
+    assert [m["member_id"] for m in as_json("members", "--config", site)] == ["a-1"]
+    assert all(x.owner is None for x in store.list_leases())  # its unit was released
+
+
+def test_status_names_each_streams_owner(site: Path, store: SQLAlchemyQueueStore) -> None:
+    store.join_member("a-1", "i1", "", 1)
+    store.join_member("a-2", "i2", "", 1)
+    store.acquire_unit("stream/site-b/policy", "a-1", "i1", 5.0)
+    store.acquire_unit("stream/site-c/policy", "a-2", "i2", 5.0)
+    send = {(s["destination"], s["client"]): s for s in as_json("status", "--config", site)["send"]}
+    assert send[("site-b", "policy")]["owner"] == "a-1"
+    assert send[("site-c", "policy")]["owner"] == "a-2"
+    assert send[("site-b", "inventory")]["owner"] == ""
+    assert "owner" in ok("status", "--config", site).stdout

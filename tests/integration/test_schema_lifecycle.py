@@ -887,6 +887,33 @@ def test_revision_0009_gives_each_snapshot_in_flight_its_destination_view(db_url
         engine.dispose()
 
 
+def test_revision_0010_adds_members_and_leases_keeping_the_cursors(db_url: str) -> None:
+    """A 0008 database gains the member and lease tables; its cursors stay as they were."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0008")
+            conn.execute(
+                text(
+                    "INSERT INTO lrq_cursors (destination, client_name, position,"
+                    " needs_snapshot, acked_at) VALUES ('b', 'policy', 7, :f, 1.0)"
+                ),
+                {"f": False},
+            )
+            assert not inspect(conn).has_table("lrq_members")
+        store = open_store(engine)
+        assert "0010" in store.create_schema().pending
+        store.check_schema()
+        assert store.get_cursor("b", "policy").position == 7
+        store.join_member("m1", "i1", "127.0.0.1:1", 1)
+        fence = store.acquire_unit("stream/b/policy", "m1", "i1", 5.0)
+        assert fence is not None and fence.token == 1
+        store.set_cursor("b", "policy", 8, fence=fence)
+        assert store.get_cursor("b", "policy").position == 8
+    finally:
+        engine.dispose()
+
+
 def test_revision_0011_keeps_queued_entries_unkeyed_and_adds_keys(db_url: str) -> None:
     """Entries queued before revision 0011 have no partition key: delivered by partition
     they keep their total order; entries after it carry their keys end to end."""

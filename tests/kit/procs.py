@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,22 +73,38 @@ def lr_env() -> dict[str, str]:
 class LrServer:
     """``lr server --config FILE`` in a subprocess, logging to a file."""
 
-    def __init__(self, config: Path, log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log_dir: Path | None = None,
+        args: Sequence[str] = (),
+        name: str = "",
+    ) -> None:
         self.config = config
-        self.log_path = (log_dir or config.parent) / f"{config.stem}.log"
+        self.name = name or config.stem
+        self.log_path = (log_dir or config.parent) / f"{self.name}.log"
+        self.args = list(args)  # more `lr server` options (--member-id, --listen, ...)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> LrServer:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lr_server.cli", "server", "--config", str(self.config)],
+            [
+                sys.executable,
+                "-m",
+                "lr_server.cli",
+                "server",
+                "--config",
+                str(self.config),
+                *self.args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=lr_env(),
             cwd=ROOT,
         )
         log.close()
-        track(f"lr server {self.config.stem}", self.log_path, self.proc)
+        track(f"lr server {self.name}", self.log_path, self.proc)
         return self
 
     def wait_listening(self, port: int, timeout: float = 60.0) -> None:

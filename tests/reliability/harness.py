@@ -205,6 +205,7 @@ class Deployment:
         snapshot: str = "none",
         tune: Mapping[str, Mapping[str, object]] | None = None,
         sink_apps: bool = True,
+        source_members: int = 1,
     ) -> None:
         self.tmp_path = tmp_path
         self.sinks = list(sinks)
@@ -235,6 +236,13 @@ class Deployment:
         )
         self.configs["a"] = tune_config(write_config(tmp_path, spec), tune)
         self.servers = {s: LrServer(self.configs[s]) for s in self.configs}
+        #: The source's servers: "a" (member a-1), then "a#2" (a-2), ... on its one database.
+        self.source_servers = ["a"] + [f"a#{n}" for n in range(2, source_members + 1)]
+        if source_members > 1:
+            for n, key in enumerate(self.source_servers, 1):
+                self.servers[key] = LrServer(
+                    self.configs["a"], args=["--member-id", f"a-{n}"], name=f"a-{n}"
+                )
         self.apps = (
             {
                 s: SinkProc(

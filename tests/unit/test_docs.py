@@ -99,6 +99,7 @@ SECTIONS: dict[str, type[Any]] = {
     "retry": config_module.RetryConfig,
     "retention": config_module.RetentionConfig,
     "receiver": config_module.ReceiverConfig,
+    "members": config_module.MembersConfig,
 }
 #: SiteConfig fields that are sections (or not settable) rather than [site] keys.
 NOT_SITE_KEYS = {*SECTIONS, "path"} - {"site"}

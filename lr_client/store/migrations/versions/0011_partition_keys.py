@@ -1,7 +1,7 @@
 """Partition keys on entries; per-partition delivery state of receive queues.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 
 ``partition_key`` (bytes, NULL: no key) on the send queue, the snapshot
 entries and the receive queues: an entry's key travels with it to the sink,
@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
