@@ -111,6 +111,24 @@ def test_command_line_of_the_launcher() -> None:
         snapshot_job_command(None, source="csv:/x")
 
 
+def test_a_job_told_to_start_a_running_snapshot_leaves_it_to_its_writer(
+    site: tuple[str, SQLAlchemyQueueStore], people_csv: Path, tmp_path: Path
+) -> None:
+    """Two servers of a site may both launch a shared snapshot: the second job exits 3."""
+    url, store = site
+    sid = store.request_snapshot(None, "b", "policy", "server")
+    assert store.start_snapshot(sid) is not None  # another job took it
+    again = launch_snapshot_job(
+        url, sid, source=f"csv:{people_csv}", master="local[1]", env=_env(), cwd=tmp_path
+    )
+    out, _ = again.communicate(timeout=scaled(300))
+    assert again.returncode == 3
+    assert _result(out.decode())["status"] == "stopped"
+    assert store.count_snapshot_entries(sid) == 0
+    req = store.get_snapshot(sid)
+    assert req is not None and req.status == SnapshotStatus.RUNNING
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_launch_snapshot_job_runs_a_requested_snapshot(
