@@ -164,7 +164,10 @@ class Shipper:
         if req.status is not SnapshotStatus.READY:
             return False
         entries = self.store.read_snapshot_entries(
-            req.snapshot_id, cs.snap_sent, self.cfg.batch_max_entries, self.cfg.batch_max_bytes
+            req.snapshot_id,
+            cs.snap_sent,
+            self.cfg.snapshot_batch_entries,
+            self.cfg.batch_max_bytes,
         )
         if not entries:
             return False
