@@ -23,6 +23,8 @@ from lr_client.store import schema as s
 from lr_client.store.byte_bounds import fill, sized, within
 from lr_client.store.snapshots import SnapshotRequestsStore
 
+_TYPES = {int(t): t for t in ReplicationType}
+
 #: Entries committed so far: per part 0 .. ``last``, up to its highest seq.
 _PARTS = (
     "WITH RECURSIVE parts(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM parts WHERE n < :last) "
@@ -176,15 +178,10 @@ class SnapshotsStore(SnapshotRequestsStore):
             self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
         else:
             self._snapshot_marks.pop(snapshot_id, None)
+        client, types = req.client_name, _TYPES  # per row: no enum call, no keywords
         return [
-            SendEntry(
-                position=after + i + 1,
-                client_name=req.client_name,
-                type=ReplicationType(r.type),
-                payload=payload,
-                snapshot_id=snapshot_id,
-            )
-            for i, (r, payload) in enumerate(filled)
+            SendEntry(after + i, client, types[r[1]], payload, (), snapshot_id)
+            for i, (r, payload) in enumerate(filled, 1)
         ]
 
     # -- bulk writes (the Spark job's partitions) ----------------------------------------
