@@ -31,6 +31,40 @@ def process_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+class PgBackendsCpu:
+    """CPU seconds of the PostgreSQL backends (on this host) whose ``application_name``
+    is ``name``: one run's own connections, not the others' sharing the database."""
+
+    def __init__(self, url: str, name: str) -> None:
+        from sqlalchemy import create_engine, pool
+
+        self.name = name
+        self._engine = create_engine(url, poolclass=pool.NullPool)
+        self._seen: dict[int, float] = {}
+
+    def sample(self) -> dict[int, float]:
+        """CPU seconds per backend now (those that ended keep their last sample)."""
+        from sqlalchemy import text
+
+        with self._engine.connect() as conn:
+            pids = conn.execute(
+                text("SELECT pid FROM pg_stat_activity WHERE application_name = :n"),
+                {"n": self.name},
+            ).scalars()
+            for pid in pids:
+                cpu = process_cpu(int(pid))
+                if cpu is not None:
+                    self._seen[int(pid)] = cpu
+        return dict(self._seen)
+
+    @staticmethod
+    def used(before: dict[int, float], after: dict[int, float]) -> float:
+        return sum(v - before.get(pid, 0.0) for pid, v in after.items())
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
 def pyspy_binary() -> str | None:
     """The py-spy executable: ``LR_BENCH_PYSPY``, else ``py-spy`` on PATH, else None."""
     named = os.environ.get("LR_BENCH_PYSPY")
@@ -123,4 +157,11 @@ def top_functions(stacks: dict[str, int], n: int = 15, within: str | None = None
     return {"samples": total, "cumulative": share(inclusive), "self": share(exclusive)}
 
 
-__all__ = ["PySpy", "process_cpu", "pyspy_binary", "read_collapsed", "top_functions"]
+__all__ = [
+    "PgBackendsCpu",
+    "PySpy",
+    "process_cpu",
+    "pyspy_binary",
+    "read_collapsed",
+    "top_functions",
+]

@@ -66,7 +66,6 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
     PgSchema,
-    ServerCpu,
     fmt_rate,
     machine_facts,
     pg_facts,
@@ -74,7 +73,7 @@ from bench.common import (  # noqa: E402
     process_rss,
     write_json,
 )
-from bench.cpu_profile import PySpy, process_cpu, pyspy_binary, top_functions  # noqa: E402
+from bench.cpu_profile import PgBackendsCpu, PySpy, process_cpu, pyspy_binary, top_functions  # noqa: E402
 from bench.replicate import CLIENT, stop_process, write_site_config  # noqa: E402
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage  # noqa: E402
 from lr_client.store import create_engine, open_store  # noqa: E402
@@ -83,6 +82,7 @@ from tests.kit.sites import free_port  # noqa: E402
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 PLAIN_BATCH = 20_000
+DELIVERY_APP = "lr-snapbench-delivery"  # application_name of the delivery run's connections
 BODY_CHARS = 175  # {"body":"<175 chars>","id":123456} is about 200 bytes
 
 
@@ -222,6 +222,9 @@ def run_delivery(
     from lr_client.subscriber import RoutingQueueSubscriber
     from spark_jobs.snapshot_job import run_snapshot_job
 
+    pg = src_url.startswith("postgresql")
+    if pg:  # the run's own backends, told apart from others in the same database
+        src_url, sink_url = (f"{u}&application_name={DELIVERY_APP}" for u in (src_url, sink_url))
     store = open_store(create_engine(src_url))
     sink = open_store(create_engine(sink_url))
     servers: list[LrServer] = []
@@ -252,7 +255,7 @@ def run_delivery(
         thread.start()  # all three wait for the snapshot, which the job now writes
         assert run_snapshot_job(spark, src_url, sid, df, progress_interval=5.0) == rows
         start = time.perf_counter()  # READY: the job's end marker is committed
-        db_cpu = ServerCpu(src_url) if src_url.startswith("postgresql") else None
+        db_cpu = PgBackendsCpu(src_url, DELIVERY_APP) if pg else None
         db_before = db_cpu.sample() if db_cpu is not None else {}
         pids = {"ship": _pid(servers[1]), "receive": _pid(servers[0])}
         cpu_before = {k: process_cpu(pid) or 0.0 for k, pid in pids.items()}
@@ -266,9 +269,13 @@ def run_delivery(
         procs = {"source": pids["ship"], "sink": pids["receive"], "subscriber": os.getpid()}
         rss: dict[str, list[int]] = {k: [] for k in procs}
         deadline = start + max(120.0, rows / 1000.0)
+        ticks = 0
         while not listener.ended and time.perf_counter() < deadline:
             for k, pid in procs.items():
                 rss[k].append(process_rss(pid) or 0)
+            ticks += 1
+            if db_cpu is not None and ticks % 10 == 0:
+                db_cpu.sample()  # a backend that ends keeps its last sample
             time.sleep(0.05)
         if not listener.ended:
             raise RuntimeError(f"snapshot not delivered: {listener.rows:,} of {rows:,} rows")
@@ -277,7 +284,7 @@ def run_delivery(
         cpu = {k: round((process_cpu(pid) or 0.0) - cpu_before[k], 2) for k, pid in pids.items()}
         cpu["deliver"] = round(time.clock_gettime(thread_clock) - thread_before, 2)
         if db_cpu is not None:
-            cpu["database"] = round(ServerCpu.used(db_before, db_cpu.sample()), 2)
+            cpu["database"] = round(PgBackendsCpu.used(db_before, db_cpu.sample()), 2)
             db_cpu.close()
         out: dict[str, Any] = {
             "seconds": round(seconds, 3),
