@@ -156,10 +156,10 @@ class SnapshotsStore(SnapshotRequestsStore):
                     query = query.where(tuple_(t.c.part, t.c.seq) > tuple_(mark[1], mark[2]))
                 else:
                     query = query.where(t.c.part >= 0)
-                rows = list(conn.execute(query.order_by(t.c.part, t.c.seq).limit(limit)).all())
+                rows = list(self._fetch_rows(conn, query.order_by(t.c.part, t.c.seq).limit(limit)))
                 if len(rows) < limit:
                     end = select(*cols).where(*mine, t.c.part < 0)
-                    rows += conn.execute(end.limit(limit - len(rows))).all()  # the end marker
+                    rows += self._fetch_rows(conn, end.limit(limit - len(rows)))  # the end marker
             else:  # resuming elsewhere (a reconnect): find the place once
                 rows = list(
                     conn.execute(
@@ -174,8 +174,8 @@ class SnapshotsStore(SnapshotRequestsStore):
             filled = fill(conn, rows, t.c.position, t.c.payload, *mine[1:])
         if len(filled) < len(rows):  # cancelled meanwhile
             return []
-        if rows and rows[-1].part >= 0:
-            self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1].part, rows[-1].seq)
+        if rows and rows[-1][2] >= 0:  # (position, type, part, seq, size, inline)
+            self._snapshot_marks[snapshot_id] = (after + len(rows), rows[-1][2], rows[-1][3])
         else:
             self._snapshot_marks.pop(snapshot_id, None)
         client, types = req.client_name, _TYPES  # per row: no enum call, no keywords
