@@ -2,7 +2,8 @@
 
     python bench/snapshot.py [--rows 1000000] [--backend sqlite|postgresql|both]
                              [--partitions 2] [--master local[2]] [--repeat 1]
-                             [--deliver-rows N] [--out bench/results/snapshot.json]
+                             [--deliver-rows N] [--deliver-row-bytes 1024] [--profile]
+                             [--out bench/results/snapshot.json]
     python bench/snapshot.py --shared-rows 200000 [--backend ...] [--repeat 3]
                              [--shared-out bench/results/snapshot-shared.json]
 
@@ -28,11 +29,14 @@ commit (for the job: to the end marker, READY). Cases:
   driver is at ``/usr/share/java/postgresql.jar`` (``reWriteBatchedInserts``,
   ``batchsize=10000``).
 
-Then, per backend, the delivery run (``--deliver-rows``, default ``--rows``): the job
-writes a snapshot for a destination, the source and the sink run as ``lr server``
-processes (gRPC on loopback, default settings) and a subscriber in this process delivers
-the snapshot to a no-op listener; rows/s from the servers' start (the snapshot READY) to
-the listener's ``on_full_sync_end``, and between the listener's first and last call.
+Then, per backend, the delivery run (``--deliver-rows``, default ``--rows``, of
+``--deliver-row-bytes``, default 1 KiB): the source and the sink run as ``lr server``
+processes (gRPC on loopback, default settings) and a subscriber in this process waits
+with a no-op listener while the job writes a snapshot for the sink; rows/s from the
+snapshot READY (the job's return) to the listener's ``on_full_sync_end``, and between
+the listener's first and last call; CPU per row of each stage (ship: the source server,
+receive: the sink server, deliver: the subscriber's thread, database: PostgreSQL's
+backends) and, with ``--profile`` and py-spy installed, each stage's top functions.
 
 ``--shared-rows N`` runs only the shared-snapshot measurement (no Spark): one
 destination, then five, ask for a full sync of one client before it starts;
@@ -78,9 +82,11 @@ from bench.common import (  # noqa: E402
     machine_facts,
     pg_facts,
     print_table,
+    process_rss,
     sqlite_table_bytes,
     write_json,
 )
+from bench.cpu_profile import PgBackendsCpu, PySpy, process_cpu, pyspy_binary, top_functions  # noqa: E402
 from bench.replicate import CLIENT, stop_process, write_site_config  # noqa: E402
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage  # noqa: E402
 from lr_client.store import create_engine, open_store  # noqa: E402
@@ -89,14 +95,15 @@ from tests.kit.sites import free_port  # noqa: E402
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 PLAIN_BATCH = 20_000
+DELIVERY_APP = "lr-snapbench-delivery"  # application_name of the delivery run's connections
 BODY_CHARS = 175  # {"body":"<175 chars>","id":123456} is about 200 bytes
 
 
-def make_dataframe(spark: Any, rows: int, partitions: int) -> Any:
+def make_dataframe(spark: Any, rows: int, partitions: int, body_chars: int = BODY_CHARS) -> Any:
     from pyspark.sql import functions as F
 
     padded_id = F.lpad(F.col("id").cast("string"), 7, "0")
-    body = F.concat(F.repeat(F.lit("x"), BODY_CHARS - 7), padded_id)
+    body = F.concat(F.repeat(F.lit("x"), body_chars - 7), padded_id)
     return spark.range(0, rows, numPartitions=partitions).select("id", body.alias("body"))
 
 
@@ -195,21 +202,46 @@ class _CountingListener(RoutingQueueListener):
         return True
 
 
+def _pid(server: LrServer) -> int:
+    assert server.proc is not None
+    return server.proc.pid
+
+
 def run_delivery(
-    spark: Any, src_url: str, sink_url: str, df: Any, rows: int, workdir: Path
+    spark: Any,
+    src_url: str,
+    sink_url: str,
+    df: Any,
+    rows: int,
+    workdir: Path,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """Write the snapshot with the job, then ship it to a sink and deliver it to a listener.
 
     Both sites are ``lr server`` processes (gRPC on loopback, the product's defaults);
-    the subscriber runs here with a no-op listener. Timed from the servers' start
-    (the snapshot READY in the send queue) to the listener's ``on_full_sync_end``.
+    the subscriber runs here, in a thread, with a no-op listener. The servers and the
+    subscriber are running (and waiting) while the job writes; the time runs from the
+    job's return (the snapshot READY, its end marker committed) to the listener's
+    ``on_full_sync_end``: the source notices READY, reads and ships, the sink receives
+    and writes its receive queue, the subscriber reads it and calls the listener, each
+    committing as it goes, all inside the time. Resident sizes of the three processes
+    are sampled meanwhile (the subscriber's is this process's, Spark's driver included).
+
+    Also the CPU seconds of each stage over that time: ``ship`` (the source
+    server), ``receive`` (the sink server), ``deliver`` (the subscriber's thread),
+    and on PostgreSQL ``database`` (the backends of the bench's database, both
+    sites'); with ``profile`` and py-spy installed, the top functions of each stage.
     """
     from lr_client.subscriber import RoutingQueueSubscriber
     from spark_jobs.snapshot_job import run_snapshot_job
 
+    pg = src_url.startswith("postgresql")
+    if pg:  # the run's own backends, told apart from others in the same database
+        src_url, sink_url = (f"{u}&application_name={DELIVERY_APP}" for u in (src_url, sink_url))
     store = open_store(create_engine(src_url))
     sink = open_store(create_engine(sink_url))
     servers: list[LrServer] = []
+    spies: dict[str, PySpy] = {}
     stop = threading.Event()
     try:
         store.create_schema()
@@ -217,7 +249,6 @@ def run_delivery(
         store.register_sites(["sink"])
         sid = store.request_snapshot(None, "sink", CLIENT, "bench")
         store.start_snapshot(sid)
-        assert run_snapshot_job(spark, src_url, sid, df, progress_interval=5.0) == rows
         port = free_port()
         sink_cfg = write_site_config(
             workdir / "sink.toml", "sink", sink_url, listen_port=port, sources=["src"]
@@ -227,30 +258,128 @@ def run_delivery(
         )
         listener = _CountingListener()
         subscriber = RoutingQueueSubscriber(sink, CLIENT, listener, poll_interval=0.01)
-        thread = threading.Thread(target=subscriber.run, args=(stop,), daemon=True)
+
+        thread = threading.Thread(
+            target=subscriber.run, args=(stop,), name="lr-bench-subscriber", daemon=True
+        )
         servers.append(LrServer(sink_cfg, workdir).start())
         servers[0].wait_listening(port)
-        start = time.perf_counter()
         servers.append(LrServer(src_cfg, workdir).start())
-        thread.start()
+        thread.start()  # all three wait for the snapshot, which the job now writes
+        assert run_snapshot_job(spark, src_url, sid, df, progress_interval=5.0) == rows
+        start = time.perf_counter()  # READY: the job's end marker is committed
+        db_cpu = PgBackendsCpu(src_url, DELIVERY_APP) if pg else None
+        db_before = db_cpu.sample() if db_cpu is not None else {}
+        pids = {"ship": _pid(servers[1]), "receive": _pid(servers[0])}
+        cpu_before = {k: process_cpu(pid) or 0.0 for k, pid in pids.items()}
+        assert thread.ident is not None
+        thread_clock = time.pthread_getcpuclockid(thread.ident)
+        thread_before = time.clock_gettime(thread_clock)
+        spy = pyspy_binary() if profile else None
+        if spy is not None:
+            for stage, pid in [*pids.items(), ("deliver", os.getpid())]:
+                spies[stage] = PySpy(spy, pid, workdir / f"{stage}.pyspy")
+        procs = {"source": pids["ship"], "sink": pids["receive"], "subscriber": os.getpid()}
+        rss: dict[str, list[int]] = {k: [] for k in procs}
         deadline = start + max(120.0, rows / 1000.0)
+        ticks = 0
         while not listener.ended and time.perf_counter() < deadline:
+            for k, pid in procs.items():
+                rss[k].append(process_rss(pid) or 0)
+            ticks += 1
+            if db_cpu is not None and ticks % 10 == 0:
+                db_cpu.sample()  # a backend that ends keeps its last sample
             time.sleep(0.05)
         if not listener.ended:
             raise RuntimeError(f"snapshot not delivered: {listener.rows:,} of {rows:,} rows")
         assert listener.rows == rows, (listener.rows, rows)
         seconds = listener.ended - start
-        return {
+        cpu = {k: round((process_cpu(pid) or 0.0) - cpu_before[k], 2) for k, pid in pids.items()}
+        cpu["deliver"] = round(time.clock_gettime(thread_clock) - thread_before, 2)
+        if db_cpu is not None:
+            cpu["database"] = round(PgBackendsCpu.used(db_before, db_cpu.sample()), 2)
+            db_cpu.close()
+        out: dict[str, Any] = {
             "seconds": round(seconds, 3),
             "rows_per_second": round(rows / seconds),
             "listener_rows_per_second": round(rows / (listener.ended - listener.first)),
+            "cpu_seconds": cpu,
+            "cpu_us_per_row": {k: round(v * 1e6 / rows, 1) for k, v in cpu.items()},
+            "rss_mib": {  # resident size at READY, highest while delivering, at the end
+                k: [round(v[0] / 2**20), round(max(v) / 2**20), round(v[-1] / 2**20)]
+                for k, v in rss.items()
+                if v
+            },
         }
+        if spies:
+            within = {"deliver": "lr_client/subscriber.py"}
+            out["profile"] = {
+                stage: top_functions(s.stop(), within=within.get(stage))
+                for stage, s in spies.items()
+            }
+        return out
     finally:
         stop.set()
+        for s in spies.values():
+            s.stop()
         for server in reversed(servers):
             stop_process(server, timeout=10)
         store.engine.dispose()
         sink.engine.dispose()
+
+
+def _body_chars(row_bytes: int) -> int:
+    """The body length that makes a row encode to ``row_bytes``: ``{"body":"…","id":N}``."""
+    return max(8, row_bytes - len('{"body":"","id":1234567}'))
+
+
+def print_deliveries(console: Console, deliveries: dict[str, dict[str, Any]]) -> None:
+    stages = ["ship", "receive", "deliver", "database"]
+    print_table(
+        console,
+        "Snapshot delivery: the job's READY snapshot, source lr server -> sink lr server"
+        " -> subscriber (no-op listener)",
+        [
+            "backend",
+            "rows",
+            "bytes/row",
+            "seconds",
+            "rows/s (READY to end)",
+            "rows/s at the listener",
+            *(f"CPU µs/row {s}" for s in stages),
+            "RSS MiB subscriber (READY/max/end)",
+        ],
+        [
+            [
+                backend,
+                f"{d['rows']:,}",
+                str(d.get("row_bytes", "")),
+                f"{d['seconds']:.1f}",
+                fmt_rate(d["rows_per_second"]),
+                fmt_rate(d["listener_rows_per_second"]),
+                *(str(d["cpu_us_per_row"].get(s, "-")) for s in stages),
+                "/".join(str(x) for x in d.get("rss_mib", {}).get("subscriber", [])),
+            ]
+            for backend, d in deliveries.items()
+        ],
+        caption="target: >= 100,000 rows/s of 1 KiB, READY to the listener's end",
+    )
+
+
+def print_delivery_profile(console: Console, backend: str, delivery: dict[str, Any]) -> None:
+    """The top functions by cumulative samples of each stage (when py-spy ran)."""
+    for stage, prof in delivery.get("profile", {}).items():
+        if not prof["samples"]:
+            continue
+        print_table(
+            console,
+            f"{backend} {stage}: top functions, {prof['samples']:,} py-spy samples",
+            ["cumulative", "function", "self", "function "],
+            [
+                [f"{c[1]:.0%}", c[0], f"{x[1]:.0%}", x[0]]
+                for c, x in zip(prof["cumulative"], prof["self"], strict=False)
+            ],
+        )
 
 
 # -- cases --------------------------------------------------------------------------------
@@ -541,6 +670,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="rows of the delivery run, source to listener (default: --rows; 0 skips it)",
     )
+    p.add_argument(
+        "--deliver-row-bytes",
+        type=int,
+        default=1024,
+        help="encoded size of each row of the delivery run (default 1 KiB)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample each delivery stage with py-spy (LR_BENCH_PYSPY or py-spy on PATH)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "snapshot.json")
     p.add_argument(
         "--shared-rows",
@@ -588,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
             names = list(chosen)
             times: dict[str, list[float]] = {n: [] for n in names}
             loads: dict[str, list[float]] = {n: [] for n in names}
-            rounds = max(1, args.repeat)
+            rounds = max(1, args.repeat) if names else 0
             for r in range(rounds):  # rotating order: load drift hits every case alike
                 for name in names[r % len(names) :] + names[: r % len(names)]:
                     with database() as url:
@@ -607,15 +747,25 @@ def main(argv: list[str] | None = None) -> int:
                         spark,
                         src_url,
                         sink_url,
-                        make_dataframe(spark, deliver_rows, args.partitions),
+                        make_dataframe(
+                            spark,
+                            deliver_rows,
+                            args.partitions,
+                            _body_chars(args.deliver_row_bytes),
+                        ),
                         deliver_rows,
                         tmp,
+                        profile=args.profile,
                     )
                 delivery["rows"] = deliver_rows
+                delivery["row_bytes"] = args.deliver_row_bytes
+                delivery["loadavg_after"] = round(os.getloadavg()[0], 1)
                 console.print(
                     f"{backend:10} {'delivered':13} {delivery['rows_per_second']:>10,} rows/s"
-                    f"  ({delivery['seconds']:.1f}s from READY to the listener's end)"
+                    f"  ({delivery['seconds']:.1f}s from READY to the listener's end,"
+                    f" load {delivery['loadavg_after']})"
                 )
+                print_delivery_profile(console, backend, delivery)
             results[backend] = {}
             if delivery is not None:
                 deliveries[backend] = delivery
@@ -655,22 +805,7 @@ def main(argv: list[str] | None = None) -> int:
         caption="target: job >= 100,000 rows/s into PostgreSQL",
     )
     if deliveries:
-        print_table(
-            console,
-            "Snapshot delivery: the job's READY snapshot, source lr server -> sink lr server"
-            " -> subscriber (no-op listener)",
-            ["backend", "rows", "seconds", "rows/s (READY to end)", "rows/s at the listener"],
-            [
-                [
-                    backend,
-                    f"{d['rows']:,}",
-                    f"{d['seconds']:.1f}",
-                    fmt_rate(d["rows_per_second"]),
-                    fmt_rate(d["listener_rows_per_second"]),
-                ]
-                for backend, d in deliveries.items()
-            ],
-        )
+        print_deliveries(console, deliveries)
     write_json(
         args.out,
         {

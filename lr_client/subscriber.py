@@ -54,8 +54,12 @@ from lr_client.store.lifecycle import SchemaStatus
 
 log = logging.getLogger("lr_client.subscriber")
 
+_SNAPSHOT_ENTRY = ReplicationType.SNAPSHOT_SYNC
+
 #: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
 DEFAULT_BATCH_MAX_BYTES = 4 * 1024 * 1024
+#: Default bound of the entries of one full sync delivery (its bytes: ``batch_max_bytes``).
+DEFAULT_SNAPSHOT_BATCH_SIZE = 4000
 
 
 class DeliveryStore(Sites, SubscriberQueues, Protocol):
@@ -103,7 +107,10 @@ class RoutingQueueSubscriber:
     """Delivers one client's receive queues ``LRQ_Recv_<client>__*`` to a listener.
 
     ``batch_size`` bounds the entries per callback and ``batch_max_bytes``
-    their payload bytes (a larger entry comes alone); ``max_batches`` the
+    their payload bytes (a larger entry comes alone); ``snapshot_batch_size``
+    the entries per ``process_full_sync`` call once a full sync has started
+    (a snapshot is delivered in few, large transactions; the bytes bound is
+    the same); ``max_batches`` the
     batches delivered per queue in one :meth:`poll_once` (so queues take
     turns). ``owner`` names this subscriber in lease rows (unique by
     default). A failed batch of a queue is retried after ``retry_initial``
@@ -140,6 +147,7 @@ class RoutingQueueSubscriber:
         *,
         batch_size: int = 500,
         batch_max_bytes: int = DEFAULT_BATCH_MAX_BYTES,
+        snapshot_batch_size: int = DEFAULT_SNAPSHOT_BATCH_SIZE,
         max_batches: int = 20,
         owner: str | None = None,
         lease_seconds: float = 30.0,
@@ -153,8 +161,11 @@ class RoutingQueueSubscriber:
         partition_boundaries: list[bytes | str] | None = None,
         workers: int | None = None,
     ) -> None:
-        if batch_size < 1 or max_batches < 1 or batch_max_bytes < 1:
-            raise ValueError("batch_size, batch_max_bytes and max_batches must be at least 1")
+        if min(batch_size, snapshot_batch_size, max_batches, batch_max_bytes) < 1:
+            raise ValueError(
+                "batch_size, snapshot_batch_size, batch_max_bytes and max_batches"
+                " must be at least 1"
+            )
         if lease_seconds <= 0 or poll_interval < 0 or retry_initial < 0 or retry_max < 0:
             raise ValueError("lease_seconds must be positive, intervals not negative")
         if not 0 <= retry_jitter <= 1:
@@ -182,6 +193,7 @@ class RoutingQueueSubscriber:
         self._base_at_start = takes_base_position(listener.on_full_sync_start)
         self._base_at_end = takes_base_position(listener.on_full_sync_end)
         self.batch_size = batch_size
+        self.snapshot_batch_size = snapshot_batch_size
         self.batch_max_bytes = batch_max_bytes
         self.max_batches = max_batches
         self.owner = owner or default_owner()
@@ -460,9 +472,15 @@ class RoutingQueueSubscriber:
                 if _awaits_end(self.store, conn, qid, state, self.store.peek_head(conn, qid)):
                     return None
                 self._awaiting.discard(qid)
-            entries = self.store.read_head(conn, qid, self.batch_size, self.batch_max_bytes)
+            # Inside a full sync, its entries come in batches of snapshot_batch_size;
+            # a log entry read past its end waits for the next delivery (the plan
+            # takes one run), which reads batch_size again.
+            limit = self.snapshot_batch_size if state.in_snapshot else self.batch_size
+            entries = self.store.read_head(conn, qid, limit, self.batch_max_bytes)
             if not entries:
                 return None
+            if len(entries) > self.batch_size and entries[0].type is not _SNAPSHOT_ENTRY:
+                entries = entries[: self.batch_size]  # log entries: batch_size per callback
             if self.snapshot_delivery is SnapshotDelivery.COMPLETE:
                 first = entries[0]
                 ends = ReplicationType.LAST_FULL_SYNC_ENTRY
@@ -574,6 +592,7 @@ class RoutingQueueSubscriber:
 
 __all__ = [
     "DEFAULT_BATCH_MAX_BYTES",
+    "DEFAULT_SNAPSHOT_BATCH_SIZE",
     "PARTITION_INFO_KEY",
     "RoutingQueueSubscriber",
     "SnapshotDelivery",

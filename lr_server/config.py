@@ -116,6 +116,9 @@ class ReplicationConfig:
 
     batch_max_entries: int = 500
     batch_max_bytes: int = 4 * 1024 * 1024
+    #: Entries per batch of a READY snapshot at most: log batches stay small for
+    #: latency, a snapshot goes in as few sink transactions as its bytes allow.
+    snapshot_batch_max_entries: int = 4000
     window_batches: int = 8
     window_bytes: int = 32 * 1024 * 1024
     poll_interval: float = 0.02
@@ -125,6 +128,15 @@ class ReplicationConfig:
     shared_reader: bool = True
     shared_reader_entries: int = 20_000
     shared_reader_bytes: int = 64 * 1024 * 1024
+
+    @property
+    def snapshot_batch_entries(self) -> int:
+        """Entries per snapshot batch: ``snapshot_batch_max_entries``, fewer if its envelope
+        would not fit in a gRPC message with ``batch_max_bytes`` (never below
+        ``batch_max_entries``, which the config check makes fit)."""
+        room = self.max_message_bytes - self.batch_max_bytes - WIRE_BYTES_PER_BATCH
+        fits = max(self.batch_max_entries, room // WIRE_BYTES_PER_ENTRY)
+        return min(self.snapshot_batch_max_entries, fits)
 
 
 @dataclass(frozen=True)

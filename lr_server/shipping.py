@@ -164,18 +164,18 @@ class Shipper:
         if req.status is not SnapshotStatus.READY:
             return False
         entries = self.store.read_snapshot_entries(
-            req.snapshot_id, cs.snap_sent, self.cfg.batch_max_entries, self.cfg.batch_max_bytes
+            req.snapshot_id,
+            cs.snap_sent,
+            self.cfg.snapshot_batch_entries,
+            self.cfg.batch_max_bytes,
         )
         if not entries:
             return False
-        msgs = []
-        for e in entries:
-            msg = wire.entry(e)
-            msg.base_position = req.base_position or 0  # the sink tells its listener
-            if e.type is ReplicationType.LAST_FULL_SYNC_ENTRY:
-                msg.snapshot_count = req.entry_count or 0
-                cs.snap_done_sent = True
-            msgs.append(msg)
+        # Each entry carries the base position (the sink tells its listener), the end
+        # marker also the snapshot's entry count.
+        msgs = wire.snapshot_entries(entries, req.base_position or 0, req.entry_count or 0)
+        if entries[-1].type is ReplicationType.LAST_FULL_SYNC_ENTRY:
+            cs.snap_done_sent = True
         batch = wire.snapshot_batch(
             self.window.next_batch_id(),
             self.source_id,

@@ -35,6 +35,29 @@ def entry(e: SendEntry) -> pb.RoutingTableEntryMsg:
     )
 
 
+_NAMES = {t: t.name for t in ReplicationType}
+
+
+def snapshot_entries(
+    entries: Sequence[SendEntry], base_position: int, count: int
+) -> list[pb.RoutingTableEntryMsg]:
+    """A snapshot batch's entries: each stamped with the snapshot's base position, the
+    end marker also with its entry count. One constructor call per entry."""
+    make, names, last = pb.RoutingTableEntryMsg, _NAMES, ReplicationType.LAST_FULL_SYNC_ENTRY
+    return [
+        make(
+            type=names[e.type],
+            opaque_payload=e.payload,
+            position=e.position,
+            snapshot_id=e.snapshot_id,
+            client_name=e.client_name,
+            base_position=base_position,
+            snapshot_count=count if e.type is last else 0,
+        )
+        for e in entries
+    ]
+
+
 def log_batch(
     batch_id: int, source_id: str, client: str, entries: Sequence[SendEntry], previous: int
 ) -> pb.ReplicationBatch:
@@ -93,4 +116,11 @@ def notice_batch(batch_id: int, source_id: str, client: str, notice: Notice) -> 
     )
 
 
-__all__ = ["entry", "log_batch", "notice_batch", "sink_states", "snapshot_batch"]
+__all__ = [
+    "entry",
+    "log_batch",
+    "notice_batch",
+    "sink_states",
+    "snapshot_batch",
+    "snapshot_entries",
+]

@@ -118,6 +118,13 @@ class StoreBase(abc.ABC):
         with mapped_errors(), self.engine.connect() as conn, conn.begin():
             yield conn
 
+    def _fetch_rows(self, conn: Connection, query: Any) -> Sequence[Any]:
+        """The rows of a read of entries with their payloads, as tuples (by index).
+
+        A backend may fetch them a faster way (PostgreSQL: binary results).
+        """
+        return conn.execute(query).all()
+
     # -- the site cache -----------------------------------------------------------
     def site_numbers(self, refresh: bool = False) -> dict[str, int]:
         if refresh or not self._sites:

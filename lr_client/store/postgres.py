@@ -164,6 +164,18 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             auto.exec_driver_sql("ANALYZE lrq_send_positions")
             auto.exec_driver_sql("ANALYZE lrq_send_entries")
 
+    def _fetch_rows(self, conn: Connection, query: Any) -> Sequence[Any]:
+        # Binary results through the driver's cursor: a bytea payload travels as its
+        # bytes, not as hex text twice its size that the server encodes and the
+        # driver decodes (about half the time of a read of 1 KiB payloads).
+        compiled = query.compile(dialect=conn.dialect)
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with raw.cursor() as cur:
+            cur.execute(str(compiled), compiled.params, binary=True)
+            rows: list[Any] = cur.fetchall()
+        return rows
+
     def _lock_stream(self, conn: Connection, source_id: str, client_name: str) -> None:
         # Two appends to one queue must commit in sequence order, or a
         # subscriber could pass a sequence number that commits later.

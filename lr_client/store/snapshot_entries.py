@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import and_, delete, func, insert, select, text, tuple_
 from sqlalchemy.engine import Connection
@@ -25,6 +26,14 @@ from lr_client.store.snapshots import SnapshotRequestsStore
 
 #: Read marks kept (one per destination reading a snapshot, a few spare).
 _MAX_MARKS = 1024
+
+_TYPES = {int(t): t for t in ReplicationType}
+
+
+def _key(value: Any) -> bytes | None:
+    """A stored partition key as bytes (None: the entry has none)."""
+    return None if value is None else bytes(value)
+
 
 #: Entries committed so far: per part 0 .. ``last``, up to its highest seq.
 _PARTS = (
@@ -170,10 +179,10 @@ class SnapshotsStore(SnapshotRequestsStore):
                     query = query.where(tuple_(t.c.part, t.c.seq) > tuple_(mark[1], mark[2]))
                 else:
                     query = query.where(t.c.part >= 0)
-                rows = list(conn.execute(query.order_by(t.c.part, t.c.seq).limit(limit)).all())
+                rows = list(self._fetch_rows(conn, query.order_by(t.c.part, t.c.seq).limit(limit)))
                 if len(rows) < limit:
                     end = select(*cols).where(*mine, t.c.part < 0)
-                    rows += conn.execute(end.limit(limit - len(rows))).all()  # the end marker
+                    rows += self._fetch_rows(conn, end.limit(limit - len(rows)))  # the end marker
             else:  # resuming elsewhere (a reconnect): find the place once
                 rows = list(
                     conn.execute(
@@ -188,21 +197,15 @@ class SnapshotsStore(SnapshotRequestsStore):
             filled = fill(conn, rows, t.c.position, t.c.payload, *mine[1:])
         if len(filled) < len(rows):  # cancelled meanwhile
             return []
-        if rows and rows[-1].part >= 0:
+        if rows and rows[-1][2] >= 0:  # (position, type, part, seq, key, size, inline)
             upto = after + len(rows)
             if len(self._snapshot_marks) >= _MAX_MARKS:
                 self._snapshot_marks.pop(next(iter(self._snapshot_marks)))
-            self._snapshot_marks[(snapshot_id, upto)] = (upto, rows[-1].part, rows[-1].seq)
+            self._snapshot_marks[(snapshot_id, upto)] = (upto, rows[-1][2], rows[-1][3])
+        client, types = req.client_name, _TYPES  # per row: no enum call, no keywords
         return [
-            SendEntry(
-                position=after + i + 1,
-                client_name=req.client_name,
-                type=ReplicationType(r.type),
-                payload=payload,
-                snapshot_id=snapshot_id,
-                key=None if r.partition_key is None else bytes(r.partition_key),
-            )
-            for i, (r, payload) in enumerate(filled)
+            SendEntry(after + i, client, types[r[1]], payload, (), snapshot_id, 0.0, _key(r[4]))
+            for i, (r, payload) in enumerate(filled, 1)
         ]
 
     # -- bulk writes (the Spark job's partitions) ----------------------------------------

@@ -17,6 +17,8 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_server.streams import Mode
 from tests.kit.rig import CLIENT, Rig, make_rig
 
+SNAP = ReplicationType.SNAPSHOT_SYNC
+
 
 @pytest.fixture
 def rig(store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]) -> Iterator[Rig]:
@@ -50,3 +52,40 @@ def test_a_snapshot_superseded_mid_transfer_never_reaches_the_listener(rig: Rig)
         ("snapshot", (b"new-1", b"new-2")),
         ("end", new),
     ]
+
+
+def test_a_snapshot_travels_and_is_delivered_in_snapshot_sized_batches(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    """Snapshot batches have their own size, at the sender and at the subscriber;
+    log entries keep theirs, before and after the snapshot."""
+    with make_rig(
+        store, db_url_factory, batch_max_entries=10, snapshot_batch_max_entries=25
+    ) as rig:
+        rig.connect()
+        rig.step()
+        before = rig.log_at_sink()
+        assert rig.deliver() == [("log", tuple(before))]
+        sid = rig.src.request_snapshot(None, "b", CLIENT, "operator")
+        assert rig.src.start_snapshot(sid) is not None
+        after = rig.transmit(30)  # past the snapshot's base: replayed after it
+        rig.provide(sid, [b"row-%d" % i for i in range(60)])
+        rig.session._check_requests(rig.streams)
+        rig.step()  # one snapshot batch: 25 entries, not the log's 10
+        assert [p for t, p in rig.at_sink() if t is SNAP] == list(range(1, 26))
+        rig.until_complete(sid)
+        rig.drain(after[-1])
+
+        events = rig.deliver(batch_size=10, snapshot_batch_size=25)
+    rows = [b"row-%d" % i for i in range(60)]
+    # The first full sync batch is read before the subscriber knows it is in one.
+    assert events[:5] == [
+        ("start", sid),
+        ("snapshot", tuple(rows[:10])),
+        ("snapshot", tuple(rows[10:35])),
+        ("snapshot", tuple(rows[35:60])),
+        ("end", sid),
+    ]
+    logs = [e for e in events[5:] if e[0] == "log"]
+    assert logs == [("log", tuple(after[i : i + 10])) for i in range(0, 30, 10)]
+    assert len(events) == 5 + len(logs)

@@ -15,7 +15,7 @@ from tests.kit import kvapp
 from tests.kit.sites import Sites
 from tests.kit.wait import scaled, wait_for
 
-SMALL_BATCHES = "batch_max_entries = 10\nwindow_batches = 2"
+SMALL_BATCHES = "batch_max_entries = 10\nsnapshot_batch_max_entries = 10\nwindow_batches = 2"
 #: 20 heartbeats of the runners below (every 0.1 s): room for a loaded machine.
 STALL_TIMEOUT = 2.0
 STALL = f"snapshot_stall_timeout = {STALL_TIMEOUT}"

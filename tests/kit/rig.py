@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -62,7 +63,11 @@ class Rig:
     """A source store, a sink store and one session between them, driven by hand."""
 
     def __init__(
-        self, src: SQLAlchemyQueueStore, sink: SQLAlchemyQueueStore, batch_max_entries: int
+        self,
+        src: SQLAlchemyQueueStore,
+        sink: SQLAlchemyQueueStore,
+        batch_max_entries: int,
+        snapshot_batch_max_entries: int | None = None,
     ) -> None:
         self.src, self.sink = src, sink
         self.num = src.register_sites(["b"])["b"]
@@ -73,7 +78,11 @@ class Rig:
             "b",
             [ClientConfig(CLIENT, snapshot="app")],
             lambda: self.transport,
-            ReplicationConfig(batch_max_entries=batch_max_entries, poll_interval=0.01),
+            ReplicationConfig(
+                batch_max_entries=batch_max_entries,
+                snapshot_batch_max_entries=snapshot_batch_max_entries or batch_max_entries,
+                poll_interval=0.01,
+            ),
         )
         self.streams: dict[str, ClientStream] = {}
         self.stream: BatchStream | None = None
@@ -132,10 +141,13 @@ class Rig:
 
         wait_for(done, timeout=60, interval=0.01)
 
-    def deliver(self, listener: Recorder | None = None) -> list[tuple[str, object]]:
-        """Deliver what the sink holds (what is ready of it) to ``listener``; its events."""
+    def deliver(self, listener: Recorder | None = None, **options: Any) -> list[tuple[str, object]]:
+        """Deliver what the sink holds (what is ready of it) to ``listener``; its events.
+
+        ``options`` go to the subscriber (``batch_size``, ``snapshot_batch_size``...).
+        """
         listener = listener or Recorder()
-        with RoutingQueueSubscriber(self.sink, CLIENT, listener) as sub:
+        with RoutingQueueSubscriber(self.sink, CLIENT, listener, **options) as sub:
             while sub.poll_once():
                 pass
         return listener.events
@@ -143,13 +155,16 @@ class Rig:
 
 @contextmanager
 def make_rig(
-    src: SQLAlchemyQueueStore, make_url: Callable[[str], str], batch_max_entries: int = 100
+    src: SQLAlchemyQueueStore,
+    make_url: Callable[[str], str],
+    batch_max_entries: int = 100,
+    snapshot_batch_max_entries: int | None = None,
 ) -> Iterator[Rig]:
     """A rig from ``src`` to a new sink whose queue already has the source's first entry."""
     sink = open_store(make_url("sink"))
     sink.create_schema()
     try:
-        r = Rig(src, sink, batch_max_entries)
+        r = Rig(src, sink, batch_max_entries, snapshot_batch_max_entries)
         first = r.transmit(1)[0]
         # The sink already has the first entry: the session starts in log entry sync.
         sink.apply_log_batch("a", CLIENT, [WireEntry(first, LOG, b"e")])

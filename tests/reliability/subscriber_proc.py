@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--owner", required=True)
     parser.add_argument("--lease-seconds", type=float, default=30.0)
     parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--snapshot-batch-size", type=int, default=0, help="default: --batch-size")
     parser.add_argument("--block-in", default="")
     parser.add_argument("--block-at", type=int, default=1)
     parser.add_argument("--marker", type=Path)
@@ -148,12 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     delivered = 0
     if args.partitions > 1:
         return run_partitioned(args, store, listener, engine)
+    store_is_empty(store)  # connected, the store's queries run once: the idle size
+    idle_peak = peak_rss()
     try:
         with RoutingQueueSubscriber(
             store,
             args.client,
             listener,
             batch_size=args.batch_size,
+            snapshot_batch_size=args.snapshot_batch_size or args.batch_size,
             max_batches=3,
             owner=args.owner,
             lease_seconds=args.lease_seconds,
@@ -174,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 3
     finally:
         engine.dispose()
-    print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": delivered}))
+    report = {"owner": args.owner, "pid": os.getpid(), "delivered": delivered}
+    report |= {"idle_peak_rss": idle_peak, "peak_rss": peak_rss()}
+    print(json.dumps(report))
     return 0
 
 
@@ -211,6 +217,14 @@ def run_partitioned(
             worker.join()
     print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": -1}))
     return 0
+
+
+def peak_rss() -> int:
+    """This process's peak resident size so far (``VmHWM``), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def store_is_empty(store: SQLAlchemyQueueStore) -> bool:

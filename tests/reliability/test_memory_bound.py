@@ -11,7 +11,10 @@ each sink's, by the bound derived from the sender's settings.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -20,10 +23,14 @@ import pytest
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
+from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.subscriber import DEFAULT_BATCH_MAX_BYTES
 from lr_server.config import ReplicationConfig
 from tests.kit.procs import LrServer
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
+from tests.kit.wait import scaled
+from tests.reliability.subscriber_proc import app_metadata
 
 MIB = 1024 * 1024
 ENTRIES, PAYLOAD = 40, 4 * MIB
@@ -151,3 +158,73 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
     sink_bound = sink_memory_bound(limits, 1, PAYLOAD)
     print(f"sinks' growth {[g // MIB for g in sink_growth]} MiB, bound {sink_bound // MIB} MiB")
     assert len(sink_growth) == len(SINKS) and max(sink_growth) <= sink_bound, sink_growth
+
+
+SNAPSHOT_ROWS, ROW_BYTES = 80_000, 1024
+SUBSCRIBER = Path(__file__).with_name("subscriber_proc.py")
+
+
+def subscriber_memory_bound(batch_max_bytes: int) -> int:
+    """operations.md: a delivery's payloads about three times over (the driver's copy,
+    PostgreSQL's hex text of ``bytea`` counted twice, the entries, the messages), plus
+    16 MiB for the listener's own rows and the allocator's slack."""
+    return 4 * batch_max_bytes + 16 * MIB
+
+
+@pytest.mark.slow
+def test_a_large_snapshot_is_delivered_in_bounded_memory(
+    db_url_factory: Callable[[str], str],
+) -> None:
+    """A subscriber process delivers an 80 MiB snapshot of 1 KiB rows with the default
+    batch sizes (4,000 entries, 4 MiB per delivery): its peak resident size grows above
+    its idle peak by the bound of a few deliveries, not by the snapshot's size."""
+    url = db_url_factory("sink")
+    sink = open_store(url)
+    try:
+        sink.create_schema()
+        app_metadata.create_all(sink.engine)
+        sid, chunk = "bigsnap", 4000
+        for first in range(1, SNAPSHOT_ROWS + 1, chunk):
+            last = min(SNAPSHOT_ROWS, first + chunk - 1)
+            entries = [
+                WireEntry(i, ReplicationType.SNAPSHOT_SYNC, os.urandom(ROW_BYTES), snapshot_id=sid)
+                for i in range(first, last + 1)
+            ]
+            sink.apply_snapshot_batch("a", "policy", sid, entries, first - 1)
+        end = WireEntry(
+            SNAPSHOT_ROWS + 1,
+            ReplicationType.LAST_FULL_SYNC_ENTRY,
+            b"",
+            snapshot_id=sid,
+            snapshot_count=SNAPSHOT_ROWS,
+        )
+        sink.apply_snapshot_batch("a", "policy", sid, [end], SNAPSHOT_ROWS)
+    finally:
+        sink.close()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SUBSCRIBER),
+            f"--url={url}",
+            "--owner=memory",
+            "--batch-size=500",
+            "--snapshot-batch-size=4000",
+            "--exit-when-empty",
+            f"--timeout={scaled(300)}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=scaled(360),
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["delivered"] == SNAPSHOT_ROWS
+    growth = report["peak_rss"] - report["idle_peak_rss"]
+    bound = subscriber_memory_bound(DEFAULT_BATCH_MAX_BYTES)
+    print(
+        f"\nsubscriber: {SNAPSHOT_ROWS * ROW_BYTES / MIB:.0f} MiB snapshot delivered, "
+        f"idle peak {report['idle_peak_rss'] / MIB:.0f} MiB, "
+        f"growth {growth / MIB:.1f} MiB (bound {bound / MIB:.0f} MiB)"
+    )
+    assert growth <= bound

@@ -170,7 +170,13 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
         db_url_factory,
         sinks=("b",),
         snapshot="app",
-        tune={"replication": {"batch_max_entries": 20, "window_batches": 2}},
+        tune={
+            "replication": {
+                "batch_max_entries": 20,
+                "snapshot_batch_max_entries": 20,
+                "window_batches": 2,
+            }
+        },
     )
     source = SourceApp(
         dep.raw_urls["a"], "a", ["b"], seed=seed, rate=40, all_destinations=True, keys=300

@@ -49,3 +49,8 @@ def test_snapshot_bench_sqlite_smoke(tmp_path: Path) -> None:
     delivered = data["delivery"]["sqlite"]  # the snapshot reached the listener, every row
     assert delivered["rows"] == 3000 and delivered["rows_per_second"] > 0
     assert delivered["listener_rows_per_second"] >= delivered["rows_per_second"]
+    assert delivered["row_bytes"] == 1024
+    assert set(delivered["cpu_us_per_row"]) == {"ship", "receive", "deliver"}
+    assert all(v > 0 for v in delivered["cpu_us_per_row"].values())
+    ready, peak, end = delivered["rss_mib"]["subscriber"]
+    assert 0 < ready <= peak and end <= peak

@@ -213,6 +213,11 @@ BAD: list[tuple[str, Mutation, str]] = [
         _set("replication", "batch_max_entries", 0),
         "replication.batch_max_entries",
     ),
+    (
+        "zero snapshot batch size",
+        _set("replication", "snapshot_batch_max_entries", 0),
+        "replication.snapshot_batch_max_entries",
+    ),
     ("int as string", _set("replication", "window_batches", "8"), "replication.window_batches"),
     ("bool as int", _set("replication", "window_bytes", True), "replication.window_bytes"),
     ("negative float", _set("retry", "initial_backoff", -1), "retry.initial_backoff"),
