@@ -56,6 +56,14 @@ def site(db_url: str) -> Iterator[tuple[str, SQLAlchemyQueueStore]]:
     st.engine.dispose()
 
 
+@pytest.fixture
+def pg_site(pg_schema: Any) -> Iterator[tuple[str, SQLAlchemyQueueStore]]:
+    """PostgreSQL, a site's usual database (the kill and spark-submit tests run on it only)."""
+    st = open_store(pg_schema.engine())
+    st.create_schema()
+    yield pg_schema.url, st
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **extra)
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -142,14 +150,15 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.postgres
 def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
-    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+    pg_site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
 ) -> None:
     """``kill -9`` of the executor JVM running partition 0, after 3 of its chunks
     committed and with the 4th open: Spark retries the task on an executor
     still alive (or a new one), which rewrites the part; every row once."""
     require_spark()
-    url, store = site
+    url, store = pg_site
     sid = store.request_snapshot(None, "b", "policy", "test")
     log, barrier = tmp_path / "job.log", tmp_path / "partition-0-blocked"
     proc = _launch(url, sid, log, "killable_rows", **{GATE_ENV: str(barrier)})
@@ -196,13 +205,14 @@ def _spark_submit() -> Path:
     return path
 
 
+@pytest.mark.postgres
 def test_spark_submit_on_a_cluster(
-    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+    pg_site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
 ) -> None:
     """As an operator runs it: spark-submit, ``--py-files`` with the package and the
     site's encoder (a module found nowhere else), the URL in the environment."""
     require_spark()
-    url, store = site
+    url, store = pg_site
     data = tmp_path / "policies.csv"
     data.write_text("id,name\n" + "".join(f"{i},policy {i}\n" for i in range(300)))
     env = _env(**{DATABASE_URL_ENV: url})
