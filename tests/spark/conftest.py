@@ -24,6 +24,7 @@ from tests.kit.guards import need
 ROOT = Path(__file__).resolve().parents[2]
 POSTGRESQL_JAR = Path("/usr/share/java/postgresql.jar")
 
+
 def _missing() -> str | None:
     try:
         import pyspark  # noqa: F401
@@ -101,4 +102,3 @@ def spark() -> Iterator[Any]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-

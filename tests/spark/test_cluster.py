@@ -117,7 +117,8 @@ def test_every_row_once_on_either_master(
     sid = store.request_snapshot(None, "b", "policy", "test")
     if master == "local":
         spark = request.getfixturevalue("spark")
-        df = spark.range(0, ROWS, numPartitions=PARTS).selectExpr("id", "concat('row-', id) AS name")
+        df = spark.range(0, ROWS, numPartitions=PARTS)
+        df = df.selectExpr("id", "concat('row-', id) AS name")
         encoder = "tests.spark.helpers:jvm_encoder"
         assert run_snapshot_job(spark, url, sid, df, encoder, start=True, chunk_rows=CHUNK) == ROWS
         assert len({r["jvm"] for r in _ready(store, sid)}) == 1  # the driver's own JVM
@@ -127,6 +128,42 @@ def test_every_row_once_on_either_master(
     assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
     jvms = {r["jvm"] for r in _ready(store, sid)}
     assert len(jvms) == 2, f"rows written by the JVMs {jvms}: expected both executors"
+
+
+def _site_config(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "site.toml"
+    path.write_text(
+        f"""[site]
+id = "a"
+database_url = "{url}"
+
+[security]
+transport = "plaintext"
+
+[[clients]]
+name = "policy"
+snapshot = "spark"
+spark_source = "tests.spark.helpers:killable_rows"
+
+[[destinations]]
+id = "b"
+address = "127.0.0.1:7001"
+"""
+    )
+    return path
+
+
+def _status_snapshot(config: Path, rows: int) -> dict[str, Any] | None:
+    """The snapshot ``lr status --json`` shows for b/policy, once it has ``rows`` written."""
+    from click.testing import CliRunner
+
+    from lr_server.cli import cli
+
+    done = CliRunner().invoke(cli, ["status", "--config", str(config), "--json"])
+    assert done.exit_code == 0, done.output
+    (stream,) = json.loads(done.output)["send"]
+    snapshot = stream["snapshot"]
+    return snapshot if snapshot and snapshot["rows_written"] >= rows else None
 
 
 def _children() -> dict[int, list[int]]:
@@ -161,6 +198,7 @@ def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
     url, store = pg_site
     sid = store.request_snapshot(None, "b", "policy", "test")
     log, barrier = tmp_path / "job.log", tmp_path / "partition-0-blocked"
+    config = _site_config(tmp_path, url)
     proc = _launch(url, sid, log, "killable_rows", **{GATE_ENV: str(barrier)})
     try:
 
@@ -174,6 +212,15 @@ def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
         cmdline = Path(f"/proc/{executor}/cmdline").read_bytes()
         assert b"CoarseGrainedExecutorBackend" in cmdline
         assert rows_committed(store, sid, 1) == 3 * CHUNK  # part 0: chunks 1..3 committed
+        # The driver records the rows committed so far; lr status shows them.
+        running = wait_for(
+            lambda: _status_snapshot(config, rows=3 * CHUNK), 120, 0.2, what="progress in lr status"
+        )
+        assert (
+            running is not None
+            and running["status"] == "running"
+            and running["entry_count"] is None
+        )
         os.kill(executor, signal.SIGKILL)
         wait_for(lambda: process_gone(executor), 60, what=f"executor {executor} gone")
         assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
@@ -182,6 +229,8 @@ def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     rows = _ready(store, sid)
+    ready = _status_snapshot(config, rows=ROWS)
+    assert ready and ready["status"] == "ready" and ready["entry_count"] == ROWS
     rewritten = {r["jvm"] for r in rows if r["id"] < ROWS // PARTS}
     assert len(rewritten) == 1 and executor not in rewritten, "part 0 was written again"
 

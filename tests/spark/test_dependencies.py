@@ -52,7 +52,8 @@ def test_the_installed_versions_are_those_of_the_spark_extra() -> None:
     require_spark()
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    extra = [Requirement(line) for line in cfg["options.extras_require"]["spark"].split("\n") if line]
+    lines = cfg["options.extras_require"]["spark"].split("\n")
+    extra = [Requirement(line) for line in lines if line]
     assert {r.name for r in extra} >= {"pyspark", "pandas", "pyarrow"}
     for req in extra:
         assert req.specifier.contains(version(req.name)), f"{req.name} {version(req.name)}: {req}"
