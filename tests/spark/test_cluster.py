@@ -3,8 +3,9 @@
 PySpark's ``local-cluster`` master starts a standalone master and two workers
 in the driver's JVM; each worker launches its executor as a separate JVM
 process, as on a standalone, YARN or Kubernetes cluster. Only one
-SparkContext can live in a process and the suite's shared one is ``local``,
-so every job here runs in a process of its own: the job's command line (what
+SparkContext can live in a process and the suite's shared one is ``local``
+(which the ``local`` case of the correctness test uses), so every cluster
+job runs in a process of its own: the job's command line (what
 ``lr snapshot`` and ``lr server`` start) or ``spark-submit``.
 """
 
