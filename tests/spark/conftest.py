@@ -24,9 +24,6 @@ from tests.kit.guards import need
 ROOT = Path(__file__).resolve().parents[2]
 POSTGRESQL_JAR = Path("/usr/share/java/postgresql.jar")
 
-#: Warnings pyspark emits that the tests cannot avoid (pandas 3 is newer than it knows).
-PYSPARK_WARNINGS = [("PySpark does not yet fully support pandas", FutureWarning)]
-
 
 def _missing() -> str | None:
     try:
@@ -94,10 +91,7 @@ def spark() -> Iterator[Any]:
     )
     if POSTGRESQL_JAR.exists():  # the JDBC source test needs it (need() there)
         builder = builder.config("spark.jars", str(POSTGRESQL_JAR))
-    with warnings.catch_warnings():
-        for message, category in PYSPARK_WARNINGS:
-            warnings.filterwarnings("ignore", message, category)
-        session = _start(builder)
+    session = _start(builder)
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
@@ -108,12 +102,3 @@ def spark() -> Iterator[Any]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Ignore pyspark's unavoidable warnings in the Spark tests only."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            for message, category in PYSPARK_WARNINGS:
-                item.add_marker(pytest.mark.filterwarnings(f"ignore:{message}:{category.__name__}"))

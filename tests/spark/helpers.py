@@ -112,3 +112,96 @@ def gated_rows(spark: Any) -> Any:
 
     wait_for_gate(os.environ[GATE_ENV])
     return spark.createDataFrame([(1, "ann"), (2, "bob")], "id long, name string")
+
+
+# -- the cluster tests: which JVM a row was written from ------------------------------------
+
+#: Environment variables of :func:`numbered_rows`: how many rows, in how many partitions.
+ROWS_ENV = "LR_TEST_ROWS"
+PARTS_ENV = "LR_TEST_PARTS"
+#: Columns :func:`jvm_encoder` and :func:`killable_encoder` read besides ``id``.
+KILL_COLUMNS = ("barrier", "block_at")
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _is_jvm(pid: int) -> bool:
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return Path(argv[0].decode()).name == "java"
+
+
+def executor_jvm() -> int:
+    """The pid of the JVM this Python worker serves (its nearest ``java`` ancestor)."""
+    import os
+
+    pid = os.getpid()
+    while pid > 1:
+        pid = _parent(pid)
+        if _is_jvm(pid):
+            return pid
+    raise RuntimeError("no JVM among this worker's ancestors")
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (no such process, or a zombie not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def numbered_rows(spark: Any) -> Any:
+    """``$LR_TEST_ROWS`` rows ``id, name`` in ``$LR_TEST_PARTS`` partitions."""
+    import os
+
+    rows, parts = int(os.environ[ROWS_ENV]), int(os.environ[PARTS_ENV])
+    return spark.range(0, rows, numPartitions=parts).selectExpr("id", "concat('row-', id) AS name")
+
+
+def jvm_encoder(row: Any) -> bytes:
+    """``{"id", "jvm"}``: the row's id and the pid of the JVM whose task wrote it."""
+    import json
+
+    return json.dumps({"id": row.id, "jvm": executor_jvm()}).encode()
+
+
+def killable_encoder(row: Any) -> bytes:
+    """As :func:`jvm_encoder`; the first attempt of partition 0 stops at ``row.block_at``.
+
+    There it writes its executor's pid to the file ``row.barrier`` (chunks
+    before that row are committed, the current one is open) and waits until
+    that executor is killed, then exits at once, as the executor's Python
+    worker does when its JVM dies. The job cannot finish before the kill.
+    """
+    import os
+
+    ctx = TaskContext.get()
+    assert ctx is not None
+    if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and row.id == row.block_at:
+        jvm = executor_jvm()
+        tmp = Path(row.barrier + ".tmp")
+        tmp.write_text(str(jvm))
+        tmp.rename(row.barrier)
+        deadline = time.monotonic() + GATE_TIMEOUT
+        while not process_gone(jvm):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"executor {jvm} not killed within {GATE_TIMEOUT:.0f}s")
+            time.sleep(0.02)
+        os._exit(1)
+    return jvm_encoder(row)
+
+
+def killable_rows(spark: Any) -> Any:
+    """:func:`numbered_rows` with the columns :func:`killable_encoder` reads.
+
+    The barrier file is ``$LR_TEST_GATE``; partition 0 stops at its 151st row.
+    """
+    import os
+
+    return numbered_rows(spark).selectExpr(
+        "id", "name", f"'{os.environ[GATE_ENV]}' AS barrier", "150 AS block_at"
+    )
