@@ -50,17 +50,20 @@ class SnapshotsStore(SnapshotRequestsStore):
     """Snapshot requests (inherited) and the entries of the snapshot queue."""
 
     def _require_writable(self, conn: Connection, snapshot_id: str) -> int:
-        """The slot of a RUNNING snapshot, its row share-locked until ``conn`` commits.
+        """The slot of a RUNNING snapshot, its row key-share-locked until ``conn`` commits.
 
-        A concurrent end waits for this write, or this write sees the end: no
-        entry of an ended snapshot survives it, and none lands in a slot that
-        another snapshot took since.
+        A concurrent end (which locks the row ``FOR UPDATE`` first) waits for
+        this write, or this write sees the end: no entry of an ended snapshot
+        survives it, and none lands in a slot that another snapshot took since.
+        ``FOR KEY SHARE``, not ``FOR SHARE``: the driver's progress and
+        heartbeat updates of the row (no key column) go through while chunks
+        are being written, instead of queueing behind every open chunk.
         """
         c = s.snapshots.c
         row = conn.execute(
             select(c.status, c.snap_slot)
             .where(c.snapshot_id == snapshot_id)
-            .with_for_update(read=True)
+            .with_for_update(read=True, key_share=True)
         ).first()
         if row is None or row.status != SnapshotStatus.RUNNING.value:
             status = row.status if row else "unknown"

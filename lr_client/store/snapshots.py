@@ -343,6 +343,12 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         now = time.time()
         own = {k: v for k, v in values.items() if k != "shipped_position"}
         own["updated_at"] = now
+        if "status" in own:  # an end waits for writers in flight (their FOR KEY SHARE)
+            conn.execute(
+                select(s.snapshots.c.snapshot_id)
+                .where(s.snapshots.c.snapshot_id == snapshot_id)
+                .with_for_update()
+            )
         query = update(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
         if expect is not None:
             query = query.where(s.snapshots.c.status.in_([x.value for x in expect]))

@@ -202,6 +202,35 @@ def test_a_write_in_flight_when_its_snapshot_is_cancelled_goes_with_it(
         admin.dispose()
 
 
+@pytest.mark.postgres
+def test_progress_and_heartbeats_go_through_while_a_chunk_is_being_written(
+    pg_schema: PgSchema,
+) -> None:
+    """A writer's lock of the snapshot's row lets the driver's updates of it through."""
+    store = _open(pg_schema.engine())
+    driver = _open(pg_schema.engine())
+    try:
+        store.create_schema()
+        sid = _running(store, "b", [])
+        done = threading.Event()
+
+        def progress() -> None:
+            if driver.heartbeat_snapshot(sid) and driver.update_snapshot(sid, rows_written=1):
+                done.set()
+
+        thread = threading.Thread(target=progress, daemon=True)
+        with store.write() as conn:
+            store.write_snapshot_entries(conn, sid, 0, [b"open chunk"])
+            thread.start()
+            wait_for(done.is_set, timeout=30, what="the driver's updates, the chunk still open")
+        thread.join(timeout=30)
+        req = store.get_snapshot(sid)
+        assert req is not None and req.rows_written == 1
+    finally:
+        store.close()
+        driver.close()
+
+
 # -- PostgreSQL: the release is a TRUNCATE ---------------------------------------------------
 @pytest.fixture
 def pg_store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:

@@ -50,10 +50,11 @@ ROWS, PARTS, CHUNK = 2000, 8, 50
 
 
 @pytest.fixture
-def site(db_url: str) -> Iterator[tuple[str, SQLAlchemyQueueStore]]:
-    st = open_store(create_engine(db_url))
+def sqlite_site(tmp_path: Path) -> Iterator[tuple[str, SQLAlchemyQueueStore]]:
+    url = f"sqlite:///{tmp_path / 'cluster-site.db'}"
+    st = open_store(create_engine(url))
     st.create_schema()
-    yield db_url, st
+    yield url, st
     st.engine.dispose()
 
 
@@ -129,15 +130,18 @@ def _ready(store: SQLAlchemyQueueStore, sid: str) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.parametrize("master", ["local", CLUSTER])
+@pytest.mark.parametrize(
+    ("master", "backend"),
+    [("local", "sqlite"), ("local", "postgresql"), (CLUSTER, "sqlite")],
+    ids=["local-sqlite", "local-postgresql", "cluster-sqlite"],
+)
 def test_every_row_once_on_either_master(
-    request: pytest.FixtureRequest,
-    site: tuple[str, SQLAlchemyQueueStore],
-    tmp_path: Path,
-    master: str,
+    request: pytest.FixtureRequest, tmp_path: Path, master: str, backend: str
 ) -> None:
+    """Each master; the cluster on PostgreSQL is the kill test's and spark-submit's
+    (a cluster job costs a JVM per executor: the suite runs three)."""
     require_spark()
-    url, store = site
+    url, store = request.getfixturevalue("sqlite_site" if backend == "sqlite" else "pg_site")
     sid = store.request_snapshot(None, "b", "policy", "test")
     if master == "local":
         spark = request.getfixturevalue("spark")
@@ -212,20 +216,19 @@ def _descendants(pid: int) -> set[int]:
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("method", ["copy", "store"])
 def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
-    pg_site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path, method: str
+    pg_site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
 ) -> None:
     """``kill -9`` of the executor JVM running partition 0, after 3 of its chunks
     committed: Spark retries the task on an executor still alive (or a new one),
     which rewrites the part; every row once.
 
-    ``copy`` encodes a chunk inside its transaction: the kill lands in an open
-    ``COPY``, which PostgreSQL rolls back. ``store`` encodes a chunk before its
-    transaction: the kill lands between two, and ``lr status`` shows the rows
-    committed meanwhile. (An open chunk holds the request's share lock, which
-    the driver's progress update waits for.)"""
+    A chunk is encoded inside its transaction (``COPY``): the kill lands in an
+    open ``COPY``, which PostgreSQL rolls back. Meanwhile ``lr status`` shows the
+    rows committed: the open chunk's lock of the request lets the driver's
+    progress updates through."""
     require_spark()
+    method = "copy"
     url, store = pg_site
     sid = store.request_snapshot(None, "b", "policy", "test")
     log, barrier = tmp_path / "job.log", tmp_path / "partition-0-blocked"
@@ -243,11 +246,11 @@ def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
         cmdline = Path(f"/proc/{executor}/cmdline").read_bytes()
         assert b"CoarseGrainedExecutorBackend" in cmdline
         assert rows_committed(store, sid, 1) == 3 * CHUNK  # part 0: chunks 1..3 committed
-        if method == "store":  # the driver records the rows committed; lr status shows them
-            running = wait_for(
-                lambda: _status_snapshot(config, rows=3 * CHUNK), 120, 0.2, what="progress shown"
-            )
-            assert running["status"] == "running" and running["entry_count"] is None
+        # The driver records the rows committed; lr status shows them.
+        running = wait_for(
+            lambda: _status_snapshot(config, rows=3 * CHUNK), 120, 0.2, what="progress shown"
+        )
+        assert running["status"] == "running" and running["entry_count"] is None
         os.kill(executor, signal.SIGKILL)
         wait_for(lambda: process_gone(executor), 60, what=f"executor {executor} gone")
         assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
