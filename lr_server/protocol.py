@@ -51,4 +51,21 @@ def require_compatible(announced: int, peer: str) -> int:
     return version
 
 
-__all__ = ["LANES_VERSION", "MIN_PEER_VERSION", "PROTOCOL_VERSION", "peer_version", "require_compatible"]
+def require_lanes(announced: int, peer: str) -> None:
+    """:class:`IncompatibleVersionError` unless the sink accepts batches of lanes."""
+    version = peer_version(announced)
+    if version < LANES_VERSION:
+        raise IncompatibleVersionError(
+            f"sink {peer} speaks wire protocol {version}; streams_per_destination > 1 needs "
+            f"{LANES_VERSION} or newer: upgrade it or set streams_per_destination = 1"
+        )
+
+
+__all__ = [
+    "LANES_VERSION",
+    "MIN_PEER_VERSION",
+    "PROTOCOL_VERSION",
+    "peer_version",
+    "require_compatible",
+    "require_lanes",
+]

@@ -122,7 +122,10 @@ class SiteServer:
 
         dest = next(d for d in self.config.destinations if d.id == dest_id)
         cfg = self.config
-        return lambda: GrpcTransport(cfg.id, dest, cfg.security, cfg.replication.max_message_bytes)
+        own = cfg.replication.streams_per_destination > 1  # a connection per lane
+        return lambda: GrpcTransport(
+            cfg.id, dest, cfg.security, cfg.replication.max_message_bytes, own
+        )
 
     def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
         t = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)

@@ -299,8 +299,7 @@ class ReceivingStore(StoreBase):
             floor = max(progress.last_position, held.get((lanes, lane), 0))
             if previous_position > floor:
                 raise ProtocolError(
-                    f"gap: lane {lane} batch follows position {previous_position}, "
-                    f"sink has {floor}"
+                    f"gap: lane {lane} batch follows position {previous_position}, sink has {floor}"
                 )
 
             def applied(e: WireEntry) -> bool:

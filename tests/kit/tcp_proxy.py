@@ -342,6 +342,18 @@ class FaultProxy:
         """Reset the current connections once; new connections are served normally."""
         self._reset_current()
 
+    def reset_one(self) -> bool:
+        """Reset one current connection, the others going on; whether there was one."""
+        deadline = time.monotonic() + _JOIN_TIMEOUT
+        with self._cond:
+            conns = [c for c in self._conns if not c.closed]
+            if not conns:
+                return False
+            conns[0].aborted = True
+            self._cond.notify_all()
+        self._await_closed(conns[:1], deadline)
+        return True
+
     def restore(self) -> None:
         """Undo ``cut``, ``stall`` and ``slow``: forward normally again."""
         with self._cond:
