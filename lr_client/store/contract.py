@@ -378,12 +378,12 @@ class Receiving(Protocol):
         """Append the log entries of one lane (1..``lanes``) in one transaction.
 
         Every entry must belong to ``lane`` (:func:`~lr_client.lanes.lane_of`),
-        else :class:`~lr_client.errors.ProtocolError`. An entry is skipped if
-        it is at or below the stream's recorded position or its lane's
-        position under any lane count recorded; ``previous_position`` past both
-        is a gap (:class:`~lr_client.errors.ProtocolError`). Then the stream's
-        position rises to ``low_water`` (every entry up to it was acknowledged),
-        and lane rows at or below it are deleted. Returns (anything applied,
+        else :class:`~lr_client.errors.ProtocolError`. The stream's recorded
+        position rises to ``low_water`` (the source had every entry up to it
+        acknowledged), and lane rows at or below it are deleted. An entry is
+        skipped if it is at or below that position or its lane's position
+        under any lane count recorded; ``previous_position`` past both is a
+        gap (:class:`~lr_client.errors.ProtocolError`). Returns (anything applied,
         the lane's last position).
         """
 

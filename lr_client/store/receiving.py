@@ -296,7 +296,8 @@ class ReceivingStore(StoreBase):
                 )
             ).all()
             held = {(int(r.lanes), int(r.lane)): int(r.last_position) for r in rows}
-            floor = max(progress.last_position, held.get((lanes, lane), 0))
+            mark = max(progress.last_position, low_water)
+            floor = max(mark, held.get((lanes, lane), 0))
             if previous_position > floor:
                 raise ProtocolError(
                     f"gap: lane {lane} batch follows position {previous_position}, sink has {floor}"
@@ -305,7 +306,7 @@ class ReceivingStore(StoreBase):
             def applied(e: WireEntry) -> bool:
                 # Held if at or below the stream's position or its lane's under any count:
                 # a stream's lane count may change between two connections.
-                return e.position <= progress.last_position or any(
+                return e.position <= mark or any(
                     e.position <= last
                     for (count, n), last in held.items()
                     if lane_of(e.key, count) == n
@@ -328,7 +329,6 @@ class ReceivingStore(StoreBase):
                     },
                     ["source_id", "client_name", "lanes", "lane"],
                 )
-            mark = max(progress.last_position, low_water)
             if fresh or mark > progress.last_position:
                 self._save_progress(
                     conn,
