@@ -201,8 +201,9 @@ def test_every_receiving_method_survives_a_lost_connection(
     drops = across_outage(outage, store.list_sink_drops)
     assert [(d.source_id, d.client_name, d.notice_id) for d in drops] == [("a", "p", "n1")]
     progress = across_outage(outage, store.list_sink_progress)
-    assert [(p.source_id, p.client_name) for p in progress] == [("a", "p")]
+    assert [(p.source_id, p.client_name) for p in progress] == [("a", "p"), ("a", "q")]
     assert [(p, b) for p, b, _ in _queued(store, "p")] == [(2, b"gone")]
+    assert [p for p, _, _ in _queued(store, "q")] == [5]  # applied once
 
 
 # -- the progress a batch leaves behind, field by field --------------------------------
