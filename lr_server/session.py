@@ -79,7 +79,12 @@ class SenderSession:
         self.connected = False
         self.last_error = ""
         self.lanes = self.cfg.streams_per_destination
-        self.window = Window(self.cfg.window_batches, self.cfg.window_bytes, self.lanes)
+        self.window = Window(
+            self.cfg.window_batches,
+            self.cfg.window_bytes,
+            self.lanes,
+            self.cfg.batch_max_entries if self.lanes > 1 else 0,
+        )
         self._stopped = ""  # why streams are stopped, for the session status
         self._log = logging.LoggerAdapter(log, {"destination": destination})
         self.stops = StreamStops(store, destination, self._log)

@@ -22,6 +22,7 @@ from lr_client.records import (
     SnapshotStatus,
 )
 from lr_client.store import Retention, Shipping, Snapshots
+from lr_client.store.byte_bounds import ByteCut
 from lr_server import metrics, wire
 from lr_server.config import ReplicationConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
@@ -109,12 +110,13 @@ class Shipper:
             # into the next batch rather than paying a sink transaction per trickle.
             return []
         read = self.reader.read if self.reader is not None else self.store.read_log_entries
+        lanes = self.cfg.streams_per_destination  # a batch's worth per lane
         return read(
             self.destination,
             name,
             cs.sent,
-            self.cfg.batch_max_entries,
-            max_bytes=self.cfg.batch_max_bytes,
+            self.cfg.batch_max_entries * lanes,
+            max_bytes=self.cfg.batch_max_bytes * lanes,
         )
 
     def ship_log(
@@ -210,10 +212,22 @@ class Shipper:
             ls.chunks.append((sent[-1].position, {ls.barrier}))
         else:
             sent = entries[:unkeyed]
-            groups: dict[int, list[SendEntry]] = {}
-            for e in sent:
-                groups.setdefault(lane_of(e.key, ls.count), []).append(e)
-            ids = {self.send_lane(stream, name, cs, lane, group) for lane, group in groups.items()}
+            groups: dict[int, list[list[SendEntry]]] = {}
+            cuts: dict[int, ByteCut] = {}
+            for e in sent:  # each lane's entries, cut at the batch limits
+                lane = lane_of(e.key, ls.count)
+                batches = groups.setdefault(lane, [[]])
+                cut = cuts.setdefault(lane, ByteCut(self.cfg.batch_max_bytes))
+                if len(batches[-1]) >= self.cfg.batch_max_entries or not cut.take(len(e.payload)):
+                    batches.append([])
+                    cut = cuts[lane] = ByteCut(self.cfg.batch_max_bytes)
+                    cut.take(len(e.payload))
+                batches[-1].append(e)
+            ids = {
+                self.send_lane(stream, name, cs, lane, batch)
+                for lane, batches in groups.items()
+                for batch in batches
+            }
             ls.chunks.append((sent[-1].position, ids))
         cs.sent = sent[-1].position
         return sent

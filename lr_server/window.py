@@ -43,10 +43,13 @@ class InFlight:
 class Window:
     """The unacknowledged batches of one connection and the cursors waiting to be saved."""
 
-    def __init__(self, max_batches: int, max_bytes: int, streams: int = 1) -> None:
+    def __init__(
+        self, max_batches: int, max_bytes: int, streams: int = 1, batch_entries: int = 0
+    ) -> None:
         self.max_batches = max_batches
         self.max_bytes = max_bytes
         self.streams = streams
+        self.batch_entries = batch_entries  # with streams: what a full batch holds
         self.batches: deque[InFlight] = deque()
         self.cursors: dict[str, int] = {}  # client -> acknowledged position, not saved yet
         self.flushed_at = 0.0
@@ -75,9 +78,15 @@ class Window:
         )
 
     def stream_full(self, stream: int) -> bool:
-        """Whether stream ``stream``'s own window is full."""
+        """Whether stream ``stream``'s own window is full: ``max_batches`` full batches'
+        worth of entries (a lane's batches are cut from shared reads, so some are
+        short), or ``max_bytes``."""
         mine = [f for f in self.batches if f.stream == stream]
-        return len(mine) >= self.max_batches or sum(f.nbytes for f in mine) >= self.max_bytes
+        if sum(f.nbytes for f in mine) >= self.max_bytes:
+            return True
+        if self.batch_entries:
+            return sum(f.entries for f in mine) >= self.max_batches * self.batch_entries
+        return len(mine) >= self.max_batches
 
     def busy(self, client: str, lanes_only: bool = False) -> bool:
         """Whether a batch of ``client`` (a lane batch, with ``lanes_only``) is unacknowledged."""
