@@ -124,3 +124,27 @@ def test_a_sender_restart_resumes_without_a_full_sync(sites: Sites, proxied: Fau
     check(received(sink), writer.sent)
     assert sink.list_sink_drops() == []
     assert not [e for e in received(sink) if not e[1].startswith(b"p")]  # no snapshot
+
+
+def test_a_first_contact_snapshot_then_keyed_and_unkeyed_entries_over_lanes(
+    sites: Sites,
+) -> None:
+    """The snapshot travels on the first stream; log entries follow over three lanes,
+    those of each row in order: the sink's table ends equal to the source's."""
+    from lr_client.snapshot import SnapshotProviderRunner
+    from tests.integration.test_full_sync import running, sink_app, source_app
+    from tests.kit import kvapp
+
+    src, client = source_app(sites, "a", ["b"])
+    for i in range(40):
+        kvapp.write(src.engine, client, {f"k{i}": i}, ["b"], keyed=True)
+    sink, sub, listener = sink_app(sites, "b")
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app", replication=LANES)
+    runner = SnapshotProviderRunner(src, "policy", kvapp.provider(src.engine))
+    with running(runner, sub):
+        for i in range(200):
+            kvapp.write(src.engine, client, {f"k{i % 60}": 1000 + i}, ["b"], keyed=i % 10 != 0)
+        wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
+    assert len(listener.full_syncs) == 1
+    assert listener.errors == []
