@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.common import fmt_rate, machine_facts, print_table, write_json  # noqa: E402
 from lr_client import RoutingQueueClient, open_store  # noqa: E402
+from lr_client.store import SQLAlchemyQueueStore  # noqa: E402
 from lr_server import Site  # noqa: E402
 from tests.kit.sites import SiteSpec, free_port, write_config  # noqa: E402
 from tests.kit.tcp_proxy import FaultProxy  # noqa: E402
@@ -61,6 +62,8 @@ def run_one(args: argparse.Namespace, streams: int, tmp: Path) -> float:
     sink.start()
     sink.wait_serving(30)
     src_store, sink_store = open_store(urls["a"]), open_store(urls["b"])
+    assert isinstance(src_store, SQLAlchemyQueueStore)
+    assert isinstance(sink_store, SQLAlchemyQueueStore)
     src_store.create_schema()
     client = RoutingQueueClient(src_store, source_id="a", client_name="policy")
     client.register_destinations(["b"])
