@@ -82,7 +82,7 @@ class Shipper:
                     continue
                 if entries:
                     reads[name] = entries
-                    batches += 1
+                    batches += lanes  # with lanes, a read holds up to a batch per lane
                     nbytes += sum(len(e.payload) for e in entries)
             elif cs.mode is Mode.SNAPSHOT:
                 sent_any |= self.send_snapshot(stream, name, cs)

@@ -73,9 +73,12 @@ class Window:
     def full(self, batches: int = 0, nbytes: int = 0) -> bool:
         """Whether the window is full, counting ``batches`` / ``nbytes`` about to be sent
         (with several streams: every stream's limits together)."""
-        return len(self.batches) + batches >= self.max_batches * self.streams or (
-            self.nbytes + nbytes >= self.max_bytes * self.streams
-        )
+        if self.nbytes + nbytes >= self.max_bytes * self.streams:
+            return True
+        if self.batch_entries:  # lanes: counted in full batches' worth of entries
+            held = sum(f.entries for f in self.batches) + batches * self.batch_entries
+            return held >= self.max_batches * self.streams * self.batch_entries
+        return len(self.batches) + batches >= self.max_batches * self.streams
 
     def stream_full(self, stream: int) -> bool:
         """Whether stream ``stream``'s own window is full: ``max_batches`` full batches'
