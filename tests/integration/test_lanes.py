@@ -148,3 +148,22 @@ def test_a_first_contact_snapshot_then_keyed_and_unkeyed_entries_over_lanes(
         wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
     assert len(listener.full_syncs) == 1
     assert listener.errors == []
+
+
+def test_a_restart_with_another_stream_count_applies_nothing_twice(
+    sites: Sites, proxied: FaultProxy
+) -> None:
+    """Entries the sink holds past its position under 3 lanes are skipped when sent
+    again over 2 (the sink finds each entry's lane under the old count from its key)."""
+    sites.start("a", dests=["b"], replication=LANES)
+    writer, sink = Writer(sites.store("a")), sites.store("b")
+    writer.write(1500, per_tx=50)
+    wait_for(lambda: len(received(sink)) >= 100, timeout=60)
+    sites.stop("a")
+    # The sink holds entries past its position, known only by their lanes' progress.
+    held = max(pos for pos, _, _ in received(sink))
+    assert held > sink.sink_progress("a", "policy").last_position
+    writer.write(100)
+    sites.start("a", dests=["b"], replication=LANES.replace("= 3", "= 2"))
+    wait_for(lambda: len(received(sink)) >= writer.sent, timeout=60)
+    check(received(sink), writer.sent)
