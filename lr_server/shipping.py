@@ -207,7 +207,12 @@ class Shipper:
             if self.window.busy(name):
                 return []
             end = next((i for i, e in enumerate(entries) if e.key is not None), len(entries))
-            sent = entries[:end]
+            cut = ByteCut(self.cfg.batch_max_bytes)  # one batch: within the batch limits
+            sent = []
+            for e in entries[: min(end, self.cfg.batch_max_entries)]:
+                if not cut.take(len(e.payload)):
+                    break
+                sent.append(e)
             ls.barrier = self.send_lane(stream, name, cs, 1, sent)
             ls.chunks.append((sent[-1].position, {ls.barrier}))
         else:
