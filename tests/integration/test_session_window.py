@@ -220,3 +220,43 @@ def test_lanes_keep_every_batch_within_the_batch_limits(
         assert session.last_error == ""
     finally:
         sink.engine.dispose()
+
+
+def test_lanes_are_refused_by_a_sink_of_protocol_3_and_nothing_is_shipped(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    sink = open_store(db_url_factory("sink"))
+    sink.create_schema()
+
+    class OldSink(InProcessTransport):
+        def negotiate(self, request: pb.NegotiateRequest, timeout: float) -> pb.NegotiateResponse:
+            response = super().negotiate(request, timeout)
+            response.protocol_version = 3
+            return response
+
+    try:
+        nums = store.register_sites(["b"])
+        with store.write() as conn:
+            store.append_log_entries(conn, "policy", [(b"x", [nums["b"]], b"k")])
+        receiver = Receiver(sink, "b", ["a"])
+        session = SenderSession(
+            store,
+            "a",
+            "b",
+            [ClientConfig("policy")],
+            lambda: OldSink(receiver, "a"),
+            ReplicationConfig(poll_interval=0.01, streams_per_destination=2),
+            RetryConfig(initial_backoff=0.01, max_backoff=0.05),
+        )
+        stop = threading.Event()
+        worker = threading.Thread(target=session.run, args=(stop,))
+        worker.start()
+        try:
+            wait_for(lambda: "streams_per_destination > 1 needs 4" in session.last_error)
+        finally:
+            stop.set()
+            join(worker, 30)
+        assert session.last_error.startswith("IncompatibleVersionError")
+        assert sink.list_queues() == []
+    finally:
+        sink.engine.dispose()
