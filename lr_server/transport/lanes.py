@@ -5,18 +5,21 @@ per lane (with gRPC, each on its own connection), negotiates over the first
 and opens a stream on each. :class:`LaneStreams` sends a batch on its lane's
 stream (lane 0, a snapshot's or a drop notice's batch, and lane 1 share the
 first) and hands back each acknowledgement with the index of the stream it
-came on: acknowledgements are cumulative per stream only.
+came on (a thread per stream waits for them): acknowledgements are
+cumulative per stream only. A stream's error is raised by the next call
+for an acknowledgement; the session then closes them all.
 """
 
 from __future__ import annotations
 
-import time
+import queue
+import threading
 from collections.abc import Callable
 
 from lr_client._proto import replication_pb2 as pb
 from lr_server.transport.base import BatchStream, Transport
 
-_SLICE = 0.002  # seconds to wait on one stream before looking at the others
+_WAIT = 0.2  # seconds a waiter blocks on its stream before looking whether it is closed
 
 
 def stream_index(lane: int) -> int:
@@ -25,11 +28,29 @@ def stream_index(lane: int) -> int:
 
 
 class LaneStreams(BatchStream):
-    """One open stream per lane."""
+    """One open stream per lane; a thread per stream hands its acknowledgements over."""
 
     def __init__(self, streams: list[BatchStream]) -> None:
         self.streams = streams
-        self._next = 0
+        self._acks: queue.Queue[tuple[int, pb.ReplicationAck | BaseException]] = queue.Queue()
+        self._closed = threading.Event()
+        self._waiters = [
+            threading.Thread(target=self._wait, args=(i,), name=f"lr-lane-acks-{i}", daemon=True)
+            for i in range(len(streams))
+        ]
+        for t in self._waiters:
+            t.start()
+
+    def _wait(self, index: int) -> None:
+        stream = self.streams[index]
+        while not self._closed.is_set():
+            try:
+                ack = stream.next_ack(_WAIT)
+            except BaseException as exc:  # handed to the session, which reconnects
+                self._acks.put((index, exc))
+                return
+            if ack is not None:
+                self._acks.put((index, ack))
 
     def send(self, batch: pb.ReplicationBatch) -> None:
         self.streams[stream_index(batch.lane)].send(batch)
@@ -40,27 +61,22 @@ class LaneStreams(BatchStream):
 
     def next_ack_from(self, timeout: float) -> tuple[int, pb.ReplicationAck] | None:
         """The next acknowledgement of any stream and that stream's index, or None."""
-        deadline = time.monotonic() + timeout
-        while True:
-            n = len(self.streams)
-            for k in range(n):  # round robin: no stream starves the others
-                i = (self._next + k) % n
-                ack = self.streams[i].next_ack(0.0)
-                if ack is not None:
-                    self._next = (i + 1) % n
-                    return i, ack
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            ack = self.streams[self._next].next_ack(min(left, _SLICE))
-            if ack is not None:
-                i = self._next
-                self._next = (i + 1) % n
-                return i, ack
+        try:
+            index, item = (
+                self._acks.get(timeout=timeout) if timeout > 0 else self._acks.get_nowait()
+            )
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return index, item
 
     def close(self) -> None:
+        self._closed.set()
         for s in self.streams:
             s.close()
+        for t in self._waiters:
+            t.join(timeout=5)
 
 
 class LaneTransport(Transport):
