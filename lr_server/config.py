@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from lr_client.errors import ConfigError, InvalidNameError
+from lr_client.lanes import MAX_LANES
 from lr_client.names import validate_name
 from lr_client.records import Backlog
 
@@ -128,6 +129,7 @@ class ReplicationConfig:
     shared_reader: bool = True
     shared_reader_entries: int = 20_000
     shared_reader_bytes: int = 64 * 1024 * 1024
+    streams_per_destination: int = 1  # lanes per destination (1: one gRPC stream, as ever)
 
     @property
     def snapshot_batch_entries(self) -> int:
@@ -465,6 +467,11 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     replication: ReplicationConfig = _section(
         ReplicationConfig, raw.get("replication", {}), "replication"
     )
+    if not 1 <= replication.streams_per_destination <= MAX_LANES:
+        raise ConfigError(
+            f"replication.streams_per_destination: expected 1 to {MAX_LANES}, "
+            f"got {replication.streams_per_destination}"
+        )
     if replication.snapshot_stall_timeout <= 0:
         raise ConfigError("replication.snapshot_stall_timeout: expected a positive number")
     envelope = replication.batch_max_entries * WIRE_BYTES_PER_ENTRY + WIRE_BYTES_PER_BATCH

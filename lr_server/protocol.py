@@ -11,6 +11,11 @@ is version 1):
    2 ignores the field (protobuf skips unknown fields): its sink queues the
    entries without keys, so they are delivered in total order, as before; a
    source of version 2 sends none.
+4. Lanes (``ReplicationBatch.lane``, ``lanes``, ``low_water``): a source with
+   ``streams_per_destination > 1`` ships a stream over several gRPC streams,
+   and only to sinks of version 4 or newer (it refuses an older one with
+   :class:`~lr_client.errors.IncompatibleVersionError`); with 1 it sends
+   what version 3 sends.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
 upgraded one at a time; an older peer is refused at negotiation with
@@ -23,7 +28,9 @@ from __future__ import annotations
 from lr_client.errors import IncompatibleVersionError
 
 #: The wire protocol this release speaks.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
+#: The first version whose sinks accept batches of lanes.
+LANES_VERSION = 4
 #: The oldest peer version this release accepts.
 MIN_PEER_VERSION = 1
 
@@ -44,4 +51,21 @@ def require_compatible(announced: int, peer: str) -> int:
     return version
 
 
-__all__ = ["MIN_PEER_VERSION", "PROTOCOL_VERSION", "peer_version", "require_compatible"]
+def require_lanes(announced: int, peer: str) -> None:
+    """:class:`IncompatibleVersionError` unless the sink accepts batches of lanes."""
+    version = peer_version(announced)
+    if version < LANES_VERSION:
+        raise IncompatibleVersionError(
+            f"sink {peer} speaks wire protocol {version}; streams_per_destination > 1 needs "
+            f"{LANES_VERSION} or newer: upgrade it or set streams_per_destination = 1"
+        )
+
+
+__all__ = [
+    "LANES_VERSION",
+    "MIN_PEER_VERSION",
+    "PROTOCOL_VERSION",
+    "peer_version",
+    "require_compatible",
+    "require_lanes",
+]

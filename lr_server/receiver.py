@@ -3,7 +3,9 @@
 Each batch is applied in one database transaction (entries appended to
 ``LRQ_Recv_<client>__<source>``, the last applied position recorded, the queue
 registered), then acknowledged. A batch at or below the recorded position is
-acknowledged without being applied again.
+acknowledged without being applied again. A batch of one lane of a stream
+(``lane`` > 0: the source ships the stream over several gRPC streams) is
+checked and skipped by its lane's progress (:meth:`Receiving.apply_lane_batch`).
 """
 
 from __future__ import annotations
@@ -80,9 +82,20 @@ class Receiver:
         if batch.kind == pb.BATCH_LOG_ENTRY:
             if any(e.type not in _LOG_TYPES for e in entries):
                 raise ProtocolError("log entry batch holds entries of another type")
-            applied, last = self.store.apply_log_batch(
-                source_id, client, entries, batch.previous_position
-            )
+            if batch.lane:
+                applied, last = self.store.apply_lane_batch(
+                    source_id,
+                    client,
+                    batch.lane,
+                    batch.lanes,
+                    entries,
+                    batch.previous_position,
+                    batch.low_water,
+                )
+            else:
+                applied, last = self.store.apply_log_batch(
+                    source_id, client, entries, batch.previous_position
+                )
         elif batch.kind == pb.BATCH_SNAPSHOT:
             if not batch.snapshot_id:
                 raise ProtocolError("snapshot batch without snapshot_id")

@@ -198,6 +198,7 @@ class SiteServer:
         cfg = self.config
         addresses = dest.all_addresses()
         attempts = itertools.count()
+        own = cfg.replication.streams_per_destination > 1  # a connection per lane
 
         def connect() -> Transport:
             # Each attempt (the session retries with backoff) tries the next address:
@@ -208,6 +209,7 @@ class SiteServer:
                 replace(dest, address=address),
                 cfg.security,
                 cfg.replication.max_message_bytes,
+                own,
             )
 
         return connect

@@ -42,6 +42,7 @@ from lr_server.status import head_position as assigned_head
 from lr_server.stops import StreamStops, is_accepted_notice
 from lr_server.streams import ClientStream, Mode, SessionState, summary
 from lr_server.transport.base import BatchStream, Transport
+from lr_server.transport.lanes import LaneStreams, LaneTransport
 from lr_server.window import InFlight, Window
 
 log = logging.getLogger("lr.session")
@@ -82,7 +83,13 @@ class SenderSession:
         self.state = SessionState.STARTING
         self.connected = False
         self.last_error = ""
-        self.window = Window(self.cfg.window_batches, self.cfg.window_bytes)
+        self.lanes = self.cfg.streams_per_destination
+        self.window = Window(
+            self.cfg.window_batches,
+            self.cfg.window_bytes,
+            self.lanes,
+            self.cfg.batch_max_entries if self.lanes > 1 else 0,
+        )
         self._stopped = ""  # why streams are stopped, for the session status
         self._log = logging.LoggerAdapter(log, {"destination": destination})
         self.stops = StreamStops(store, destination, self._log, self.fence)
@@ -165,7 +172,7 @@ class SenderSession:
         try:
             for attempt in retrying:
                 with attempt:
-                    transport = self.transport_factory()
+                    transport = self._transport()
                     try:
                         request = pb.NegotiateRequest(
                             source_id=self.source_id,
@@ -173,6 +180,8 @@ class SenderSession:
                             protocol_version=protocol.PROTOCOL_VERSION,
                         )
                         response = transport.negotiate(request, timeout=10.0)
+                        if self.lanes > 1:
+                            protocol.require_lanes(response.protocol_version, self.destination)
                         streams = self._plan(response)
                         stream = transport.open_stream()
                     except BaseException:
@@ -188,6 +197,12 @@ class SenderSession:
                 return None, None, {}
             raise
         return None, None, {}
+
+    def _transport(self) -> Transport:
+        """One transport, or one per lane (each its own connection) with several streams."""
+        if self.lanes == 1:
+            return self.transport_factory()
+        return LaneTransport(self.transport_factory, self.lanes)
 
     # -- negotiation ----------------------------------------------------------------------------
     def _plan(self, response: pb.NegotiateResponse) -> dict[str, ClientStream]:
@@ -313,15 +328,27 @@ class SenderSession:
     def _drain_acks(
         self, stream: BatchStream, streams: dict[str, ClientStream], timeout: float
     ) -> None:
+        if isinstance(stream, LaneStreams):
+            got = stream.next_ack_from(timeout)
+            while got is not None:
+                self._on_ack(got[1], streams, got[0])
+                got = stream.next_ack_from(0.0)
+            return
         ack = stream.next_ack(timeout)
         while ack is not None:
             self._on_ack(ack, streams)
             ack = stream.next_ack(0.0)
 
-    def _on_ack(self, ack: pb.ReplicationAck, streams: dict[str, ClientStream]) -> None:
-        done = self.window.acknowledge(ack.batch_id)
+    def _on_ack(
+        self, ack: pb.ReplicationAck, streams: dict[str, ClientStream], index: int = 0
+    ) -> None:
+        done = self.window.acknowledge(ack.batch_id, index)
         now = time.monotonic()
         for f in done:
+            if f.lane:  # the cursor: the lowest position acknowledged on every lane
+                ls = streams[f.client].lanes
+                if ls is not None and ls.settled(f.batch_id, f.low_water):
+                    self.window.cursors[f.client] = ls.cursor
             metrics.BATCH_LATENCY.labels(self.destination).observe(now - f.sent_at)
             metrics.BATCHES_ACKED.labels(self.destination).inc()
             metrics.ENTRIES_SHIPPED.labels(self.destination, f.client).inc(f.entries)

@@ -13,6 +13,7 @@ import time
 from typing import Protocol
 
 from lr_client._proto import replication_pb2 as pb
+from lr_client.lanes import lane_of
 from lr_client.records import (
     DropRecord,
     ReplicationType,
@@ -21,12 +22,13 @@ from lr_client.records import (
     SnapshotStatus,
 )
 from lr_client.store import Retention, Shipping, Snapshots
+from lr_client.store.byte_bounds import ByteCut
 from lr_server import metrics, wire
 from lr_server.config import ReplicationConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
 from lr_server.snapshot_requests import SnapshotRequests
 from lr_server.stops import StreamStops
-from lr_server.streams import ClientStream, Mode
+from lr_server.streams import ClientStream, Lanes, Mode
 from lr_server.transport.base import BatchStream
 from lr_server.window import InFlight, Window
 
@@ -65,16 +67,22 @@ class Shipper:
         sent_any = False
         reads: dict[str, list[SendEntry]] = {}
         batches = nbytes = 0  # what the reads will add to the window
+        lanes = self.cfg.streams_per_destination
         for name, cs in streams.items():
             if self.window.full(batches, nbytes):
                 break
+            if lanes > 1 and not self.lanes_may_ship(name, cs):
+                continue
             if cs.notice is not None:  # a drop notice goes before anything else
                 sent_any |= self.send_notice(stream, name, cs)
             elif cs.mode is Mode.LOG:
                 entries = self.read_log(name, cs)
+                if lanes > 1 and not entries:
+                    sent_any |= self.send_mark(stream, name, cs)
+                    continue
                 if entries:
                     reads[name] = entries
-                    batches += 1
+                    batches += lanes  # with lanes, a read holds up to a batch per lane
                     nbytes += sum(len(e.payload) for e in entries)
             elif cs.mode is Mode.SNAPSHOT:
                 sent_any |= self.send_snapshot(stream, name, cs)
@@ -102,12 +110,13 @@ class Shipper:
             # into the next batch rather than paying a sink transaction per trickle.
             return []
         read = self.reader.read if self.reader is not None else self.store.read_log_entries
+        lanes = self.cfg.streams_per_destination  # a batch's worth per lane
         return read(
             self.destination,
             name,
             cs.sent,
-            self.cfg.batch_max_entries,
-            max_bytes=self.cfg.batch_max_bytes,
+            self.cfg.batch_max_entries * lanes,
+            max_bytes=self.cfg.batch_max_bytes * lanes,
         )
 
     def ship_log(
@@ -133,7 +142,9 @@ class Shipper:
         if request is not None:
             base = request.base_position
             entries = [] if base is None else [e for e in entries if e.position <= base]
-        if entries:
+        if entries and cs.lanes is not None:
+            entries = self.send_lanes(stream, name, cs, entries)
+        elif entries:
             batch_id = self.window.next_batch_id()
             batch = wire.log_batch(batch_id, self.source_id, name, entries, cs.sent)
             self.send(stream, batch, name, entries)
@@ -154,6 +165,120 @@ class Shipper:
         cs.notice = self.stops.drop_notice(drop)  # the listener learns of a drop before its sync
         if request.status is SnapshotStatus.REQUESTED:
             self.requests.launch(request, cs.config)
+        return True
+
+    # -- lanes ----------------------------------------------------------------------------------
+    def lanes_may_ship(self, name: str, cs: ClientStream) -> bool:
+        """Whether a client shipped over lanes may send now (see docs/architecture.md).
+
+        A drop notice waits until nothing of the client is in flight, a snapshot
+        until no lane batch is; log entries wait while an unkeyed batch is in
+        flight or any lane's window is full.
+        """
+        if cs.notice is not None:
+            return not self.window.busy(name)
+        if cs.mode is Mode.SNAPSHOT:
+            return not self.window.busy(name, lanes_only=True)
+        if cs.mode is not Mode.LOG:
+            return True
+        count = self.cfg.streams_per_destination
+        ls = cs.lanes
+        if ls is None or (ls.acked != cs.sent and not self.window.busy(name)):
+            # New, or the stream moved (a snapshot's end, an accepted loss): start again.
+            ls = cs.lanes = Lanes.at(count, cs.sent)
+        if ls.barrier:
+            return False
+        return not any(self.window.stream_full(i) for i in range(count))
+
+    def send_lanes(
+        self, stream: BatchStream, name: str, cs: ClientStream, entries: list[SendEntry]
+    ) -> list[SendEntry]:
+        """Send entries on their lanes; those sent (a prefix).
+
+        Keyed entries up to the first unkeyed one go at once, a batch per lane.
+        Unkeyed entries go only when nothing of the client is in flight, alone
+        on lane 1, and nothing else goes until they are acknowledged: they
+        neither overtake nor are overtaken by any keyed entry.
+        """
+        ls = cs.lanes
+        assert ls is not None
+        unkeyed = next((i for i, e in enumerate(entries) if e.key is None), len(entries))
+        if unkeyed == 0:
+            if self.window.busy(name):
+                return []
+            end = next((i for i, e in enumerate(entries) if e.key is not None), len(entries))
+            cut = ByteCut(self.cfg.batch_max_bytes)  # one batch: within the batch limits
+            sent = []
+            for e in entries[: min(end, self.cfg.batch_max_entries)]:
+                if not cut.take(len(e.payload)):
+                    break
+                sent.append(e)
+            ls.barrier = self.send_lane(stream, name, cs, 1, sent)
+            ls.chunks.append((sent[-1].position, {ls.barrier}))
+        else:
+            sent = entries[:unkeyed]
+            groups: dict[int, list[list[SendEntry]]] = {}
+            cuts: dict[int, ByteCut] = {}
+            for e in sent:  # each lane's entries, cut at the batch limits
+                lane = lane_of(e.key, ls.count)
+                batches = groups.setdefault(lane, [[]])
+                cut = cuts.setdefault(lane, ByteCut(self.cfg.batch_max_bytes))
+                if len(batches[-1]) >= self.cfg.batch_max_entries or not cut.take(len(e.payload)):
+                    batches.append([])
+                    cut = cuts[lane] = ByteCut(self.cfg.batch_max_bytes)
+                    cut.take(len(e.payload))
+                batches[-1].append(e)
+            ids = {
+                self.send_lane(stream, name, cs, lane, batch)
+                for lane, batches in groups.items()
+                for batch in batches
+            }
+            ls.chunks.append((sent[-1].position, ids))
+        cs.sent = sent[-1].position
+        return sent
+
+    def send_lane(
+        self, stream: BatchStream, name: str, cs: ClientStream, lane: int, entries: list[SendEntry]
+    ) -> int:
+        """Send one lane's batch (no entries: only the low-water mark); its id."""
+        ls = cs.lanes
+        assert ls is not None
+        batch = wire.lane_batch(
+            self.window.next_batch_id(),
+            self.source_id,
+            name,
+            lane,
+            ls.count,
+            entries,
+            ls.sent[lane - 1],
+            ls.acked,
+        )
+        self.window.add(
+            InFlight(
+                batch.batch_id,
+                name,
+                batch.kind,
+                batch.last_position,
+                len(entries),
+                sum(len(e.payload) for e in entries),
+                time.monotonic(),
+                lane=lane,
+                low_water=ls.acked,
+            )
+        )
+        metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))
+        stream.send(batch)
+        if entries:
+            ls.sent[lane - 1] = entries[-1].position
+        ls.marked = ls.acked
+        return batch.batch_id
+
+    def send_mark(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:
+        """Caught up and all acknowledged: tell the sink how far (its durable position)."""
+        ls = cs.lanes
+        if ls is None or ls.acked <= ls.marked or self.window.busy(name):
+            return False
+        self.send_lane(stream, name, cs, 1, [])
         return True
 
     def send_snapshot(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:

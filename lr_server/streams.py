@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lr_client.records import SnapshotRequest
 from lr_server.config import ClientConfig
@@ -40,6 +41,43 @@ class Notice:
 
 
 @dataclass
+class Lanes:
+    """A client's log entries shipped over ``count`` lanes (one connection's worth).
+
+    ``chunks`` are the ranges sent, in position order: (the last position of
+    the range, the ids of its batches not acknowledged yet). Once the oldest
+    ranges are wholly acknowledged, ``acked`` moves to their end: every entry
+    up to it was acknowledged, on whatever lane.
+    """
+
+    count: int
+    start: int  # where the lanes began (the stream's position then)
+    sent: list[int] = field(default_factory=list)  # per lane: last position sent
+    chunks: deque[tuple[int, set[int]]] = field(default_factory=deque)
+    acked: int = 0  # every entry up to it acknowledged
+    marked: int = 0  # the highest ``low_water`` sent
+    cursor: int = 0  # the highest ``low_water`` acknowledged: the sink holds it
+    barrier: int = 0  # the id of an unkeyed batch in flight (nothing else goes), or 0
+
+    @classmethod
+    def at(cls, count: int, position: int) -> Lanes:
+        return cls(count, position, [position] * count, deque(), position, position, position)
+
+    def settled(self, batch_id: int, low_water: int) -> bool:
+        """Note an acknowledged lane batch; whether the stream's cursor may rise (to ``cursor``)."""
+        if self.barrier == batch_id:
+            self.barrier = 0
+        for _, ids in self.chunks:
+            ids.discard(batch_id)
+        while self.chunks and not self.chunks[0][1]:
+            self.acked = self.chunks.popleft()[0]
+        if low_water > self.cursor:
+            self.cursor = low_water
+            return True
+        return False
+
+
+@dataclass
 class ClientStream:
     config: ClientConfig
     mode: Mode = Mode.LOG
@@ -51,6 +89,7 @@ class ClientStream:
     partial_batch: int = 0  # id of the last log batch sent that was not full
     notice: Notice | None = None  # sent before the stream's next batch
     stop_reason: str = ""
+    lanes: Lanes | None = None  # shipped over several lanes: their state
 
 
 def summary(streams: Iterable[ClientStream]) -> tuple[SessionState, str]:
@@ -65,4 +104,4 @@ def summary(streams: Iterable[ClientStream]) -> tuple[SessionState, str]:
     return SessionState.LOG_ENTRY_SYNC, stopped
 
 
-__all__ = ["ClientStream", "Mode", "Notice", "SessionState", "summary"]
+__all__ = ["ClientStream", "Lanes", "Mode", "Notice", "SessionState", "summary"]

@@ -73,6 +73,32 @@ def log_batch(
     )
 
 
+def lane_batch(
+    batch_id: int,
+    source_id: str,
+    client: str,
+    lane: int,
+    lanes: int,
+    entries: Sequence[SendEntry],
+    previous: int,
+    low_water: int,
+) -> pb.ReplicationBatch:
+    """A log batch of one lane; without entries, it only tells the sink ``low_water``."""
+    return pb.ReplicationBatch(
+        batch_id=batch_id,
+        source_id=source_id,
+        client_name=client,
+        kind=pb.BATCH_LOG_ENTRY,
+        first_position=entries[0].position if entries else previous,
+        last_position=entries[-1].position if entries else previous,
+        previous_position=previous,
+        entries=[entry(e) for e in entries],
+        lane=lane,
+        lanes=lanes,
+        low_water=low_water,
+    )
+
+
 def snapshot_batch(
     batch_id: int,
     source_id: str,

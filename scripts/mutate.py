@@ -255,6 +255,17 @@ TARGETS: dict[str, Target] = {
         "negotiation plans, the in-flight window, snapshot requests, acknowledgements "
         "(unit tables; the session's steps and requests on a store, without a transport)",
     ),
+    "lanes": Target(
+        ["lr_client/lanes.py", "lr_server/transport/lanes.py", "lr_server/streams.py"],
+        ["lr_client.lanes.*", "lr_server.transport.lanes.*", "lr_server.streams.*"],
+        [
+            "tests/unit/test_window.py",
+            "tests/contract/test_receiving.py",
+            "tests/integration/test_lanes.py",
+        ],
+        "a stream over several lanes: the lane of a key, the streams behind the seam, "
+        "the contiguous acknowledgement (the sink's checks, real gRPC on loopback)",
+    ),
 }
 
 STATUS = re.compile(r"^\s*(\S+): (.+)$")

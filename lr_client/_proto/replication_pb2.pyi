@@ -101,7 +101,7 @@ class NegotiateResponse(_message.Message):
     def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class ReplicationBatch(_message.Message):
-    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries")
+    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries", "lane", "lanes", "low_water")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,9 @@ class ReplicationBatch(_message.Message):
     LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_POSITION_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    LOW_WATER_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     source_id: str
     client_name: str
@@ -120,7 +123,10 @@ class ReplicationBatch(_message.Message):
     last_position: int
     previous_position: int
     entries: _containers.RepeatedCompositeFieldContainer[RoutingTableEntryMsg]
-    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ...) -> None: ...
+    lane: int
+    lanes: int
+    low_water: int
+    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ..., lane: _Optional[int] = ..., lanes: _Optional[int] = ..., low_water: _Optional[int] = ...) -> None: ...
 
 class ReplicationAck(_message.Message):
     __slots__ = ("batch_id", "client_name", "last_position", "duplicate")

@@ -405,6 +405,28 @@ class Receiving(Protocol):
         last applied position).
         """
 
+    def apply_lane_batch(
+        self,
+        source_id: str,
+        client_name: str,
+        lane: int,
+        lanes: int,
+        entries: Sequence[WireEntry],
+        previous_position: int,
+        low_water: int,
+    ) -> tuple[bool, int]:
+        """Append the log entries of one lane (1..``lanes``) in one transaction.
+
+        Every entry must belong to ``lane`` (:func:`~lr_client.lanes.lane_of`),
+        else :class:`~lr_client.errors.ProtocolError`. The stream's recorded
+        position rises to ``low_water`` (the source had every entry up to it
+        acknowledged), and lane rows at or below it are deleted. An entry is
+        skipped if it is at or below that position or its lane's position
+        under any lane count recorded; ``previous_position`` past both is a
+        gap (:class:`~lr_client.errors.ProtocolError`). Returns (anything applied,
+        the lane's last position).
+        """
+
     def apply_snapshot_batch(
         self,
         source_id: str,

@@ -11,6 +11,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.errors import ProtocolError
+from lr_client.lanes import MAX_LANES, lane_of
 from lr_client.names import recv_queue_name
 from lr_client.records import (
     ReplicationType,
@@ -101,6 +102,7 @@ class ReceivingStore(StoreBase):
                 ["source_id", "client_name"],
             )
             rewind = max(first_dropped_position - 1, 0)
+            self._clear_lanes(conn, source_id, client_name, above=rewind)
             if progress.last_position > rewind:
                 self._save_progress(
                     conn,
@@ -271,6 +273,94 @@ class ReceivingStore(StoreBase):
             )
         return True, last
 
+    def apply_lane_batch(
+        self,
+        source_id: str,
+        client_name: str,
+        lane: int,
+        lanes: int,
+        entries: Sequence[WireEntry],
+        previous_position: int,
+        low_water: int,
+    ) -> tuple[bool, int]:
+        if not 1 <= lane <= lanes <= MAX_LANES:
+            raise ProtocolError(f"lane {lane} of {lanes} is out of range")
+        if any(lane_of(e.key, lanes) != lane for e in entries):
+            raise ProtocolError(f"an entry of the batch does not belong to lane {lane}")
+        t = s.sink_lanes
+        with self.write() as conn:
+            progress = self._locked_progress(conn, source_id, client_name)
+            rows = conn.execute(
+                select(t.c.lanes, t.c.lane, t.c.last_position).where(
+                    t.c.source_id == source_id, t.c.client_name == client_name
+                )
+            ).all()
+            held = {(int(r.lanes), int(r.lane)): int(r.last_position) for r in rows}
+            mark = max(progress.last_position, low_water)
+            floor = max(mark, held.get((lanes, lane), 0))
+            if previous_position > floor:
+                raise ProtocolError(
+                    f"gap: lane {lane} batch follows position {previous_position}, sink has {floor}"
+                )
+
+            def applied(e: WireEntry) -> bool:
+                # Held if at or below the stream's position or its lane's under any count:
+                # a stream's lane count may change between two connections.
+                return e.position <= mark or any(
+                    e.position <= last
+                    for (count, n), last in held.items()
+                    if lane_of(e.key, count) == n
+                )
+
+            fresh = [e for e in entries if not applied(e)]
+            if fresh:
+                qid = self._ensure_queue(conn, source_id, client_name)
+                self._append_recv(conn, qid, fresh)
+                floor = max(floor, fresh[-1].position)
+                self._upsert(
+                    conn,
+                    t,
+                    {
+                        "source_id": source_id,
+                        "client_name": client_name,
+                        "lanes": lanes,
+                        "lane": lane,
+                        "last_position": floor,
+                    },
+                    ["source_id", "client_name", "lanes", "lane"],
+                )
+            if fresh or mark > progress.last_position:
+                self._save_progress(
+                    conn,
+                    dataclasses.replace(
+                        progress,
+                        last_position=mark,
+                        entries_received=progress.entries_received + len(fresh),
+                    ),
+                )
+            if mark > progress.last_position:
+                conn.execute(
+                    delete(t).where(
+                        t.c.source_id == source_id,
+                        t.c.client_name == client_name,
+                        t.c.last_position <= mark,
+                    )
+                )
+        return bool(fresh), floor
+
+    def _clear_lanes(
+        self, conn: Connection, source_id: str, client_name: str, above: int = -1
+    ) -> None:
+        """Forget the lane rows of a stream (those past ``above``): what follows is sent again."""
+        t = s.sink_lanes
+        conn.execute(
+            delete(t).where(
+                t.c.source_id == source_id,
+                t.c.client_name == client_name,
+                t.c.last_position > above,
+            )
+        )
+
     def apply_snapshot_batch(
         self,
         source_id: str,
@@ -321,6 +411,8 @@ class ReceivingStore(StoreBase):
             # position, even those already received: the snapshot may have
             # overwritten their effect, so they must be applied again after it.
             base = last.base_position if done else progress.last_position
+            if done:  # every log entry after the base is applied again, on any lane
+                self._clear_lanes(conn, source_id, client_name)
             self._save_progress(
                 conn,
                 SinkProgress(

@@ -58,7 +58,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 metadata = MetaData()
 
@@ -322,6 +322,20 @@ sink_progress = Table(
     PrimaryKeyConstraint("source_id", "client_name"),
 )
 
+sink_lanes = Table(
+    "lrq_sink_lanes",
+    metadata,
+    # Per (source, client) shipped over several lanes: every entry of lane ``lane`` of
+    # ``lanes`` with a position up to ``last_position`` was applied. Rows at or below
+    # the stream's ``lrq_sink_progress.last_position`` say nothing more and are deleted.
+    Column("source_id", String(63), nullable=False),
+    Column("client_name", String(63), nullable=False),
+    Column("lanes", Integer, nullable=False),
+    Column("lane", Integer, nullable=False),
+    Column("last_position", BigInteger, nullable=False),
+    PrimaryKeyConstraint("source_id", "client_name", "lanes", "lane"),
+)
+
 sink_drops = Table(
     "lrq_sink_drops",
     metadata,
@@ -440,6 +454,7 @@ __all__ = [
     "send_snapsync_slotted",
     "session_status",
     "sink_drops",
+    "sink_lanes",
     "sink_progress",
     "sites",
     "slot_parent",

@@ -32,9 +32,14 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
 
 
 def open_channel(
-    dest: DestinationConfig, security: SecurityConfig, max_message_bytes: int
+    dest: DestinationConfig,
+    security: SecurityConfig,
+    max_message_bytes: int,
+    own_connection: bool = False,
 ) -> grpc.Channel:
     options = channel_options(max_message_bytes)
+    if own_connection:  # not shared with other channels to the same address (lanes)
+        options.append(("grpc.use_local_subchannel_pool", 1))
     if security.transport == "plaintext":
         return grpc.insecure_channel(dest.address, options=options)
     assert security.ca_file is not None
@@ -108,8 +113,9 @@ class GrpcTransport(Transport):
         dest: DestinationConfig,
         security: SecurityConfig,
         max_message_bytes: int,
+        own_connection: bool = False,
     ) -> None:
-        self._channel = open_channel(dest, security, max_message_bytes)
+        self._channel = open_channel(dest, security, max_message_bytes, own_connection)
         self._stub = pb_grpc.LogReplicationStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = [("x-lr-source", source_id)]
         token = dest.token or security.token

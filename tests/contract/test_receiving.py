@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from lr_client.errors import InvalidNameError, ProtocolError
+from lr_client.lanes import lane_of
 from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, WireEntry
 from lr_client.store.contract import QueueStore, Receiving
 from tests.contract.calls import across_outage, log, refused_for_no_schema
@@ -171,6 +172,7 @@ def test_every_receiving_method_on_an_empty_database_is_a_schema_error(
         lambda: bare_store.apply_log_batch("a", "policy", log(1)),
         lambda: bare_store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"x")]),
         lambda: bare_store.apply_drop_notice("a", "policy", "n1", 1, "dropped"),
+        lambda: bare_store.apply_lane_batch("a", "policy", 1, 2, [], 0, 0),
         lambda: bare_store.sink_progress("a", "policy"),
         bare_store.list_sink_progress,
         bare_store.list_sink_drops,
@@ -191,11 +193,17 @@ def test_every_receiving_method_survives_a_lost_connection(
         True,
         False,
     )
+    lane = _keyed(None, 5)
+    assert across_outage(outage, lambda: store.apply_lane_batch("a", "q", 1, 2, lane, 0, 0)) in (
+        (True, 5),
+        (False, 5),
+    )
     drops = across_outage(outage, store.list_sink_drops)
     assert [(d.source_id, d.client_name, d.notice_id) for d in drops] == [("a", "p", "n1")]
     progress = across_outage(outage, store.list_sink_progress)
-    assert [(p.source_id, p.client_name) for p in progress] == [("a", "p")]
+    assert [(p.source_id, p.client_name) for p in progress] == [("a", "p"), ("a", "q")]
     assert [(p, b) for p, b, _ in _queued(store, "p")] == [(2, b"gone")]
+    assert [p for p, _, _ in _queued(store, "q")] == [5]  # applied once
 
 
 # -- the progress a batch leaves behind, field by field --------------------------------
@@ -317,3 +325,73 @@ def test_log_batches_keep_the_streams_snapshot_state(store: QueueStore) -> None:
         (3, "s1"),
         (5, ""),
     ]
+
+
+# -- lanes: one stream's entries over several gRPC streams ---------------------------------
+
+
+def _key(lane: int, lanes: int) -> bytes:
+    """A partition key on ``lane`` of ``lanes``."""
+    return next(k for k in (b"k%d" % i for i in range(100)) if lane_of(k, lanes) == lane)
+
+
+def _keyed(key: bytes | None, *positions: int) -> list[WireEntry]:
+    return [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"%d" % p, key=key) for p in positions]
+
+
+def test_lanes_apply_out_of_global_order_and_a_resend_applies_nothing_twice(
+    store: QueueStore,
+) -> None:
+    one, two = _key(1, 2), _key(2, 2)
+    assert store.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3, 4), 0, 0) == (True, 4)
+    assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 5), 0, 0) == (True, 5)
+    assert [p for p, _, _ in _queued(store)] == [3, 4, 1, 2, 5]
+    assert store.sink_progress("a", "policy").last_position == 0  # no low-water mark yet
+    # After a crash the source sends everything again from the stream's position (0).
+    assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 5), 0, 0) == (False, 5)
+    assert store.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3, 4, 6), 0, 0) == (True, 6)
+    assert [p for p, _, _ in _queued(store)] == [3, 4, 1, 2, 5, 6]
+    # The low-water mark (every entry up to it acknowledged) becomes the stream's position.
+    assert store.apply_lane_batch("a", "policy", 1, 2, [], 5, 6) == (False, 6)
+    assert store.sink_progress("a", "policy").last_position == 6
+    assert store.sink_progress("a", "policy").entries_received == 6
+
+
+def test_a_lane_gap_or_an_entry_of_another_lane_is_refused_and_applies_nothing(
+    store: QueueStore,
+) -> None:
+    one, two = _key(1, 2), _key(2, 2)
+    store.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3), 0, 0)
+    with pytest.raises(ProtocolError, match="gap"):
+        store.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 9), 7, 0)
+    with pytest.raises(ProtocolError, match="lane 2"):
+        store.apply_lane_batch("a", "policy", 2, 2, _keyed(one, 4), 3, 0)
+    with pytest.raises(ProtocolError, match="lane 2"):  # an unkeyed entry goes on lane 1
+        store.apply_lane_batch("a", "policy", 2, 2, _keyed(None, 4), 3, 0)
+    with pytest.raises(ProtocolError, match="out of range"):
+        store.apply_lane_batch("a", "policy", 3, 2, [], 0, 0)
+    assert [p for p, _, _ in _queued(store)] == [3]
+    assert store.sink_progress("a", "policy").last_position == 0
+
+
+def test_entries_applied_under_one_lane_count_are_skipped_under_another(
+    store: QueueStore,
+) -> None:
+    keys = [b"k%d" % i for i in range(6)]
+    for n, k in enumerate(keys, start=1):  # positions 1..6 over 2 lanes
+        store.apply_lane_batch("a", "policy", lane_of(k, 2), 2, _keyed(k, n), 0, 0)
+    # Sent again over 3 lanes (the configuration changed), with 7 and 8 new.
+    for n, k in enumerate([*keys, b"x", b"y"], start=1):
+        store.apply_lane_batch("a", "policy", lane_of(k, 3), 3, _keyed(k, n), 0, 0)
+    assert sorted(p for p, _, _ in _queued(store)) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_a_snapshots_end_and_a_drop_notice_forget_the_lanes(store: QueueStore) -> None:
+    one = _key(1, 2)
+    store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 3), 0, 0)
+    store.apply_drop_notice("a", "policy", "n1", 3, "gone")  # the stream resumes after 2
+    assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 2, 2) == (True, 3)
+    store.apply_snapshot_batch("a", "policy", "s1", _snap("s1", 1, end=2, base=2))
+    # After the end, log entries after the base (2) are applied again, whatever the lanes held.
+    assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 2, 2) == (True, 3)
+    assert [p for p, _, _ in _queued(store)] == [1, 2, 3, 3, 3, 1, 2, 3]

@@ -76,3 +76,9 @@ def test_a_source_refuses_a_too_old_sink(sink: Sink, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(protocol, "MIN_PEER_VERSION", 2)
     with pytest.raises(IncompatibleVersionError, match="sink 'sink' speaks wire protocol 1"):
         session._plan(old_sink)
+
+
+def test_lanes_need_a_sink_of_version_4() -> None:
+    protocol.require_lanes(protocol.LANES_VERSION, "'sink'")
+    with pytest.raises(IncompatibleVersionError, match="streams_per_destination > 1 needs 4"):
+        protocol.require_lanes(3, "'sink'")

@@ -24,7 +24,7 @@ from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueSubs
 from lr_client.errors import SchemaError
 from lr_client.listener import RoutingQueueMessage
 from lr_client.records import EntryRef, ReplicationType, SnapshotStatus, WireEntry
-from lr_client.store import create_engine, lifecycle, open_store
+from lr_client.store import SQLAlchemyQueueStore, create_engine, lifecycle, open_store
 from lr_client.store import schema as s
 from lr_client.store.lifecycle import SchemaState
 from lr_client.store.postgres import PostgresQueueStore
@@ -962,3 +962,30 @@ def test_revision_0011_keeps_queued_entries_unkeyed_and_adds_keys(db_url: str) -
         assert [(e.payload, e.key) for e in found] == [(b"x", b"key-x"), (b"y", None)]
     finally:
         engine.dispose()
+
+
+def test_revision_0012_keeps_a_sinks_progress_and_adds_lanes(db_url: str) -> None:
+    """A sink upgraded to 0012 keeps what it received (its position skips repeats)
+    and takes batches of lanes."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0011")
+            conn.execute(
+                text("INSERT INTO lrq_sink_progress VALUES ('a', 'policy', 3, 0, '', 0, 3, 1.0)")
+            )
+        store = open_store(engine)
+        assert "0012" in store.create_schema().pending
+        assert store.sink_progress("a", "policy").last_position == 3
+        entries = [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"%d" % p) for p in (2, 3, 4)]
+        assert store.apply_lane_batch("a", "policy", 1, 2, entries, 3, 3) == (True, 4)
+        assert [p for p, _, _ in _queued_positions(store)] == [4]
+    finally:
+        engine.dispose()
+
+
+def _queued_positions(store: SQLAlchemyQueueStore) -> list[tuple[int, bytes, str]]:
+    (queue,) = store.list_queues("policy")
+    with store.read() as conn:
+        got = store.read_queue(conn, queue.queue_id, 100)
+    return [(e.source_position, e.payload, e.snapshot_id) for e in got]

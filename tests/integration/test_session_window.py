@@ -175,3 +175,88 @@ def test_window_bounds_batches_across_clients(store: SQLAlchemyQueueStore) -> No
     finally:
         stop.set()
         worker.join(timeout=30)
+
+
+def test_lanes_keep_every_batch_within_the_batch_limits(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    """Over three lanes a read takes three batches' worth; each batch sent, a run of
+    unkeyed entries included, stays within ``batch_max_entries`` (the sink refuses more)."""
+    sink = open_store(db_url_factory("sink"))
+    sink.create_schema()
+    try:
+        nums = store.register_sites(["b"])
+        rows = [(b"u%d" % i, [nums["b"]]) for i in range(70)]  # unkeyed, in a row
+        rows += [(b"k%d" % i, [nums["b"]], b"key%d" % (i % 7)) for i in range(70)]
+        with store.write() as conn:
+            store.append_log_entries(conn, "policy", rows)
+        receiver = Receiver(sink, "b", ["a"], max_batch_entries=20)
+        cfg = ReplicationConfig(batch_max_entries=20, poll_interval=0.01, streams_per_destination=3)
+        session = SenderSession(
+            store,
+            "a",
+            "b",
+            [ClientConfig("policy")],
+            lambda: InProcessTransport(receiver, "a"),
+            cfg,
+            RetryConfig(initial_backoff=0.01, max_backoff=0.05),
+        )
+        stop = threading.Event()
+        worker = threading.Thread(target=session.run, args=(stop,))
+        worker.start()
+        try:
+            wait_for(
+                lambda: sink.sink_progress("a", "policy").entries_received == 140,
+                detail=lambda: f"{sink.sink_progress('a', 'policy')} {session.last_error}",
+            )
+            last = store.read_client_log("policy", 0, 1000)[-1].position
+            wait_for(  # the final low-water mark moves the cursor to the end
+                lambda: store.get_cursor("b", "policy").position == last,
+                detail=lambda: f"cursor {store.get_cursor('b', 'policy')}, last {last}",
+            )
+        finally:
+            stop.set()
+            join(worker, 30)
+        assert session.last_error == ""
+    finally:
+        sink.engine.dispose()
+
+
+def test_lanes_are_refused_by_a_sink_of_protocol_3_and_nothing_is_shipped(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    sink = open_store(db_url_factory("sink"))
+    sink.create_schema()
+
+    class OldSink(InProcessTransport):
+        def negotiate(self, request: pb.NegotiateRequest, timeout: float) -> pb.NegotiateResponse:
+            response = super().negotiate(request, timeout)
+            response.protocol_version = 3
+            return response
+
+    try:
+        nums = store.register_sites(["b"])
+        with store.write() as conn:
+            store.append_log_entries(conn, "policy", [(b"x", [nums["b"]], b"k")])
+        receiver = Receiver(sink, "b", ["a"])
+        session = SenderSession(
+            store,
+            "a",
+            "b",
+            [ClientConfig("policy")],
+            lambda: OldSink(receiver, "a"),
+            ReplicationConfig(poll_interval=0.01, streams_per_destination=2),
+            RetryConfig(initial_backoff=0.01, max_backoff=0.05),
+        )
+        stop = threading.Event()
+        worker = threading.Thread(target=session.run, args=(stop,))
+        worker.start()
+        try:
+            wait_for(lambda: "streams_per_destination > 1 needs 4" in session.last_error)
+        finally:
+            stop.set()
+            join(worker, 30)
+        assert session.last_error.startswith("IncompatibleVersionError")
+        assert sink.list_queues() == []
+    finally:
+        sink.engine.dispose()

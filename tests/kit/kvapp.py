@@ -42,13 +42,20 @@ def upsert(session: Session, key: str, value: int) -> None:
 
 
 def write(
-    engine: Engine, client: RoutingQueueClient, changes: dict[str, int], dests: Sequence[str]
+    engine: Engine,
+    client: RoutingQueueClient,
+    changes: dict[str, int],
+    dests: Sequence[str],
+    keyed: bool = False,
 ) -> None:
-    """One application transaction: change rows and transmit the changes."""
+    """One application transaction: change rows and transmit the changes (with
+    ``keyed``, each with its row's key as partition key)."""
     with Session(engine) as session, session.begin():
         for key, value in changes.items():
             upsert(session, key, value)
-            client.transmit_log_entry_message(session, encode(key, value), list(dests))
+            client.transmit_log_entry_message(
+                session, encode(key, value), list(dests), key=key if keyed else None
+            )
 
 
 def table(engine: Engine) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""A loopback TCP proxy with fault injection (cut, stall, slow, reset) for tests.
+"""A loopback TCP proxy with fault injection (cut, stall, slow, reset, added latency) for tests.
 
 Pure stdlib: one accept thread plus two pump threads per connection. Every blocking
 step polls with a short timeout, so faults take effect within ``_POLL`` seconds and
@@ -15,6 +15,7 @@ Typical use::
 
 from __future__ import annotations
 
+import queue
 import select
 import socket
 import struct
@@ -124,6 +125,9 @@ class _Connection:
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         """Forward ``src`` -> ``dst`` until EOF, error or abort."""
+        if self._proxy._latency > 0:
+            self._pump_delayed(src, dst)
+            return
         pacer = _Pacer(self._proxy)
         try:
             while True:
@@ -139,6 +143,44 @@ class _Connection:
         except OSError:  # reset or broken pipe on either side: reset the other side too
             self.request_reset()
         finally:
+            self._pump_exit()
+
+    def _pump_delayed(self, src: socket.socket, dst: socket.socket) -> None:
+        """Forward as :meth:`_pump`, each chunk written ``latency`` seconds after it was read."""
+        line: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+        latency = self._proxy._latency
+
+        def deliver() -> None:
+            try:
+                while (item := line.get()) is not None:
+                    due, data = item
+                    wait = due - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                    if not data:
+                        with suppress(OSError):
+                            dst.shutdown(socket.SHUT_WR)
+                        return
+                    if not self._write(dst, data):
+                        return
+            except OSError:
+                self.request_reset()
+
+        writer = threading.Thread(target=deliver, name="fault-proxy-delay", daemon=True)
+        writer.start()
+        try:
+            while True:
+                data = self._read(src)
+                if data is None:
+                    return
+                line.put((time.monotonic() + latency, data))
+                if not data:
+                    return
+        except OSError:
+            self.request_reset()
+        finally:
+            line.put(None)
+            writer.join()
             self._pump_exit()
 
     def _wait_not_stalled(self) -> bool:
@@ -240,8 +282,10 @@ class FaultProxy:
         target_port: int,
         listen_host: str = "127.0.0.1",
         listen_port: int = 0,
+        latency: float = 0.0,
     ) -> None:
         self._target = (target_host, target_port)
+        self._latency = latency  # seconds added to each direction (the round trip: twice)
         self._listen = (listen_host, listen_port)
         self._cond = threading.Condition()
         self._conns: set[_Connection] = set()
@@ -341,6 +385,18 @@ class FaultProxy:
     def reset_all(self) -> None:
         """Reset the current connections once; new connections are served normally."""
         self._reset_current()
+
+    def reset_one(self) -> bool:
+        """Reset one current connection, the others going on; whether there was one."""
+        deadline = time.monotonic() + _JOIN_TIMEOUT
+        with self._cond:
+            conns = [c for c in self._conns if not c.closed]
+            if not conns:
+                return False
+            conns[0].aborted = True
+            self._cond.notify_all()
+        self._await_closed(conns[:1], deadline)
+        return True
 
     def restore(self) -> None:
         """Undo ``cut``, ``stall`` and ``slow``: forward normally again."""

@@ -258,6 +258,16 @@ BAD: list[tuple[str, Mutation, str]] = [
     ),
     ("destination without id", _drop_item("destinations", 0, "id"), "destinations[0].id"),
     (
+        "no stream per destination",
+        _set("replication", "streams_per_destination", 0),
+        "replication.streams_per_destination",
+    ),
+    (
+        "too many streams per destination",
+        _set("replication", "streams_per_destination", 17),
+        "replication.streams_per_destination",
+    ),
+    (
         "batch larger than a message",
         _set("replication", "batch_max_bytes", 65 * 1024 * 1024 - 64 * 1024),
         "replication.batch_max_bytes",
@@ -443,3 +453,10 @@ def test_retention_without_an_age_limit_never_judges_by_age() -> None:
         False,
         False,
     )
+
+
+def test_streams_per_destination_defaults_to_one_and_is_read() -> None:
+    assert parse_config(base()).replication.streams_per_destination == 1
+    raw = base()
+    raw.setdefault("replication", {})["streams_per_destination"] = 4
+    assert parse_config(raw).replication.streams_per_destination == 4

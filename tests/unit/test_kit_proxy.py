@@ -274,3 +274,39 @@ def test_stop_is_prompt_with_stalled_traffic(echo: EchoServer) -> None:
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_latency_delays_each_direction_and_keeps_the_bytes(echo: EchoServer) -> None:
+    with FaultProxy("127.0.0.1", echo.port, latency=0.1) as delayed:
+        sock = connect(delayed.port)
+        try:
+            payload = os.urandom(200_000)
+            start = time.monotonic()
+            sock.sendall(b"x")
+            assert recv_exactly(sock, 1) == b"x"
+            assert time.monotonic() - start >= 0.2  # a round trip: twice the latency
+            threading.Thread(target=sock.sendall, args=(payload,), daemon=True).start()
+            assert recv_exactly(sock, len(payload)) == payload
+        finally:
+            sock.close()
+
+
+def test_reset_one_resets_one_connection_only(proxy: FaultProxy) -> None:
+    a, b = connect(proxy.port), connect(proxy.port)
+    try:
+        for s in (a, b):
+            s.sendall(b"hi")
+            assert recv_exactly(s, 2) == b"hi"
+        assert proxy.reset_one()
+        wait_for(lambda: len([c for c in proxy._conns if not c.closed]) == 1, timeout=DEADLINE)
+        alive = 0
+        for s in (a, b):
+            try:
+                s.sendall(b"ok")
+                alive += recv_exactly(s, 2, deadline=2.0) == b"ok"
+            except (OSError, AssertionError):
+                pass
+        assert alive == 1
+    finally:
+        a.close()
+        b.close()

@@ -158,3 +158,68 @@ def test_summary(modes: list[Mode], state: SessionState) -> None:
     assert got is state
     assert stopped == "; ".join(cs.stop_reason for cs in streams if cs.mode is Mode.STOPPED)
     assert got == state.value  # written to lrq_session_status as the plain string
+
+
+# -- lanes: several streams, each with its own window and cumulative acks ---------------
+def lane_batch(w: Window, client: str, lane: int, entries: int, low_water: int = 0) -> InFlight:
+    f = InFlight(
+        w.next_batch_id(), client, LOG, 0, entries, 10, 0.0, lane=lane, low_water=low_water
+    )
+    w.add(f)
+    return f
+
+
+def test_an_ack_settles_the_batches_of_its_own_stream_only() -> None:
+    w = Window(max_batches=4, max_bytes=1000, streams=2, batch_entries=10)
+    a1, b1, a2, snap = (
+        lane_batch(w, "c", 1, 10),
+        lane_batch(w, "c", 2, 10),
+        lane_batch(w, "c", 1, 10),
+        batch(w, "c", SNAP, 1),  # lane 0: the first stream, as lane 1
+    )
+    assert [f.stream for f in (a1, b1, a2, snap)] == [0, 1, 0, 0]
+    assert w.acknowledge(a2.batch_id, 0) == [a1, a2]  # not b1, though its id is lower
+    assert list(w.batches) == [b1, snap]
+    assert w.acknowledge(snap.batch_id, 1) == [b1]
+    assert w.acknowledge(snap.batch_id, 0) == [snap]
+
+
+def test_a_lanes_window_counts_full_batches_worth_of_entries() -> None:
+    w = Window(max_batches=2, max_bytes=1000, streams=2, batch_entries=10)
+    lane_batch(w, "c", 1, 10)
+    for _ in range(3):
+        lane_batch(w, "c", 2, 3)  # short batches: 9 entries, under 2 x 10
+    assert not w.stream_full(1)
+    lane_batch(w, "c", 1, 10)
+    assert w.stream_full(0) and not w.stream_full(1)
+    assert not w.full()  # 5 batches, but 29 entries of the 40 both streams allow
+    assert w.full(batches=2)  # with 2 more (full) batches about to be sent: 49
+
+
+def test_busy_tells_a_clients_batches_and_lane_batches_apart() -> None:
+    w = Window(max_batches=4, max_bytes=1000, streams=2)
+    batch(w, "c", SNAP, 1)
+    assert w.busy("c") and not w.busy("c", lanes_only=True) and not w.busy("d")
+    lane_batch(w, "c", 2, 1)
+    assert w.busy("c", lanes_only=True)
+
+
+def test_lane_batches_leave_the_cursor_to_the_session() -> None:
+    w = Window(max_batches=4, max_bytes=1000, streams=2)
+    f = lane_batch(w, "c", 1, 1, low_water=7)
+    w.coalesce(w.acknowledge(f.batch_id, 0))
+    assert w.cursors == {}
+
+
+def test_lanes_move_acked_only_once_every_batch_of_the_oldest_ranges_is_acknowledged() -> None:
+    from lr_server.streams import Lanes
+
+    ls = Lanes.at(2, 5)
+    ls.chunks.extend([(10, {1, 2}), (20, {3}), (30, {4, 5})])
+    assert not ls.settled(2, 5) and ls.acked == 5
+    assert not ls.settled(3, 5) and ls.acked == 5  # range (5, 10] still waits for batch 1
+    assert ls.settled(1, 8) and (ls.acked, ls.cursor) == (20, 8)
+    assert not ls.settled(4, 8) and ls.acked == 20
+    ls.barrier = 5
+    ls.settled(5, 20)
+    assert (ls.acked, ls.cursor, ls.barrier) == (30, 20, 0)
