@@ -186,6 +186,7 @@ def _entries(msgs: Sequence[pb.RoutingTableEntryMsg], previous: int) -> list[Wir
                 msg.snapshot_id,
                 msg.snapshot_count,
                 msg.base_position,
+                msg.partition_key or None,
             )
         )
     return out

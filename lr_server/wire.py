@@ -53,6 +53,7 @@ def snapshot_entries(
             client_name=e.client_name,
             base_position=base_position,
             snapshot_count=count if e.type is last else 0,
+            partition_key=e.key or b"",
         )
         for e in entries
     ]
