@@ -375,11 +375,17 @@ class PgDatabase:
 
 
 def pg_relation_bytes(conn: Connection, schema: str, tables: Sequence[str]) -> int:
-    """``pg_total_relation_size`` (heap, TOAST, indexes, FSM/VM) summed over ``tables``."""
+    """``pg_total_relation_size`` (heap, TOAST, indexes, FSM/VM) summed over ``tables``;
+    a partitioned table counts its partitions (its own size is 0)."""
     query = text(
-        "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = :schema AND c.relname = ANY(:tables) AND c.relkind IN ('r', 'p')"
+        "SELECT COALESCE(SUM(pg_total_relation_size(x.rel)), 0) FROM ("
+        " SELECT c.oid AS rel FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = :schema AND c.relname = ANY(:tables) AND c.relkind = 'r'"
+        " UNION ALL"
+        " SELECT t.relid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " CROSS JOIN LATERAL pg_partition_tree(c.oid) t"
+        " WHERE n.nspname = :schema AND c.relname = ANY(:tables) AND c.relkind = 'p'"
+        " AND t.isleaf) x"
     )
     return int(conn.execute(query, {"schema": schema, "tables": list(tables)}).scalar_one())
 

@@ -157,3 +157,28 @@ def test_writers_section_reports_entries_per_cpu_second(pg_schema: PgSchema) -> 
     report_writers(console, cells, ratios)
     shown = console.export_text()
     assert "Per-core efficiency" in shown and "entries per CPU-second" in shown
+
+
+@pytest.mark.postgres
+def test_storage_of_a_partitioned_table_counts_its_partitions(pg_schema: PgSchema) -> None:
+    """The send queue is partitioned on PostgreSQL: its size is its partitions' sizes."""
+    from bench.common import pg_relation_bytes
+
+    engine = pg_schema.engine()
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE parted (k int, v text) PARTITION BY LIST (k)"))
+        conn.execute(text("CREATE TABLE parted_1 PARTITION OF parted FOR VALUES IN (1)"))
+        conn.execute(text("CREATE TABLE plain_t (v text)"))
+        conn.execute(
+            text("INSERT INTO parted SELECT 1, repeat('x', 500) FROM generate_series(1, 200)")
+        )
+        conn.execute(
+            text("INSERT INTO plain_t SELECT repeat('x', 500) FROM generate_series(1, 200)")
+        )
+    with engine.connect() as conn:
+        one = pg_relation_bytes(conn, pg_schema.name, ["parted"])
+        leaf = conn.execute(text("SELECT pg_total_relation_size('parted_1')")).scalar_one()
+        both = pg_relation_bytes(conn, pg_schema.name, ["parted", "plain_t"])
+        plain = conn.execute(text("SELECT pg_total_relation_size('plain_t')")).scalar_one()
+    assert one == leaf > 0
+    assert both == leaf + plain
