@@ -484,9 +484,14 @@ def read_applied(engine: Engine, sink: str) -> list[AppliedEntry]:
 
 
 def read_snapshots(engine: Engine, source: str) -> list[SnapshotInfo]:
-    t = lrq.snapshots
+    """Every snapshot once per destination in it (a shared snapshot serves several)."""
+    t, d = lrq.snapshots, lrq.snapshot_destinations
     with engine.connect() as conn:
-        rows = conn.execute(select(t)).all()
+        rows = conn.execute(
+            select(t.c.snapshot_id, d.c.destination, t.c.client_name, t.c.base_position)
+            .add_columns(t.c.entry_count)
+            .join(d, d.c.snapshot_id == t.c.snapshot_id)
+        ).all()
     return [
         SnapshotInfo(
             r.snapshot_id, source, r.destination, r.client_name, r.base_position or 0, r.entry_count
