@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -53,7 +54,8 @@ class EchoServer:
                 except OSError:
                     return
                 if not data:
-                    conn.shutdown(socket.SHUT_WR)
+                    with contextlib.suppress(OSError):  # the peer may be gone already
+                        conn.shutdown(socket.SHUT_WR)
                     return
                 try:
                     conn.sendall(data)
