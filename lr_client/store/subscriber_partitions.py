@@ -25,6 +25,7 @@ from lr_client.errors import PartitionCountError
 from lr_client.records import HeadEntry, ReplicationType
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
+from lr_client.store.subscriber_queues import forget_delivered
 
 _T = s.subscriber_state
 _P = s.subscriber_partitions
@@ -198,14 +199,8 @@ class SubscriberPartitionsStore(StoreBase):
         )
         if fenced.rowcount != 1:
             return False
-        if not self.keeps_delivered and delivered_seq > previous_seq:
-            conn.execute(
-                delete(_R).where(
-                    _R.c.queue_id == queue_id,
-                    _R.c.seq > previous_seq,
-                    _R.c.seq <= delivered_seq,
-                )
-            )
+        if not self.keeps_delivered:
+            forget_delivered(conn, queue_id, previous_seq, delivered_seq)
         return True
 
 

@@ -82,6 +82,18 @@ def _key(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
 
 
+def forget_delivered(
+    conn: Connection, queue_id: int, previous_seq: int, delivered_seq: int
+) -> None:
+    """Delete the entries a delivery passed (SQLite: a store that keeps none delivered)."""
+    if delivered_seq > previous_seq:
+        conn.execute(
+            delete(_R).where(
+                _R.c.queue_id == queue_id, _R.c.seq > previous_seq, _R.c.seq <= delivered_seq
+            )
+        )
+
+
 class SubscriberQueuesStore(StoreBase):
     """Receive queues as a subscriber delivers them, under leases."""
 
@@ -222,14 +234,8 @@ class SubscriberQueuesStore(StoreBase):
         )
         if result.rowcount != 1:
             return False
-        if not self.keeps_delivered and delivered_seq > previous_seq:
-            conn.execute(
-                delete(_R).where(
-                    _R.c.queue_id == queue_id,
-                    _R.c.seq > previous_seq,
-                    _R.c.seq <= delivered_seq,
-                )
-            )
+        if not self.keeps_delivered:
+            forget_delivered(conn, queue_id, previous_seq, delivered_seq)
         return True
 
     def release_leases(
