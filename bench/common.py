@@ -449,6 +449,17 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+    return (int(fields[11]) + int(fields[12])) / tick
+
+
 def process_rss(pid: int) -> int | None:
     """Resident set size of process ``pid`` in bytes (``VmRSS`` of Linux ``/proc``), or None."""
     try:

@@ -112,12 +112,14 @@ from bench.common import (
     DEFAULT_PG_URL,
     Panel,
     Series,
+    ServerCpu,
     least_squares_slope,
     loadavg,
     machine_facts,
     panels_svg,
     pg_facts,
     print_table,
+    process_cpu,
     process_rss,
     write_json,
 )
@@ -379,6 +381,13 @@ class Soak:
         self.held: dict[str, Any] = {}
         self.vacuums: list[float] = []
         self.t0 = 0.0
+        # PostgreSQL: the backends of each site's database (a backend that ended keeps
+        # the CPU last seen for it, so the total never goes back).
+        self.backend_cpu = (
+            [ServerCpu(url) for url in site_urls.values()] if self.backend == "postgresql" else []
+        )
+        self.backend_seen: dict[int, float] = {}
+        self.cpu_at_start: float | None = None
 
     # -- time ----------------------------------------------------------------------------
     def index(self, wall: float) -> int:
@@ -463,6 +472,7 @@ class Soak:
             "at_s": round(time.time() - self.t0, 1),
             "tables": tables,
             "rss_bytes": {name: process_rss(pid) for name, pid in self.pids.items()},
+            "cpu_seconds": self.cpu_seconds(),
             "loadavg": loadavg(),
         }
         if self.backend == "sqlite":
@@ -479,6 +489,22 @@ class Soak:
             }
         return snap
 
+    def close(self) -> None:
+        for cpu in self.backend_cpu:
+            cpu.close()
+
+    def cpu_seconds(self) -> float | None:
+        """CPU the replication has used so far: its processes (servers, subscribers, this
+        transmitter) and, on PostgreSQL, the backends of the sites' databases."""
+        used = [process_cpu(pid) for pid in self.pids.values()]
+        if any(v is None for v in used):
+            return None
+        total = sum(v or 0.0 for v in used)
+        for cpu in self.backend_cpu:
+            for pid, seconds in cpu.sample().items():
+                self.backend_seen[pid] = max(seconds, self.backend_seen.get(pid, 0.0))
+        return total + sum(self.backend_seen.values())
+
     def vacuum(self) -> None:
         started = time.perf_counter()
         for url in self.site_urls.values():
@@ -491,6 +517,7 @@ class Soak:
         self.vacuums.append(round(time.perf_counter() - started, 2))
 
     def run(self, payloads: Sequence[bytes]) -> None:
+        self.cpu_at_start = self.cpu_seconds()
         self.t0 = time.time()
         started = time.monotonic()
         sender = threading.Thread(target=self.transmit, args=(payloads,), name="transmitter")
@@ -551,6 +578,9 @@ class Soak:
             return None if any(v is None for v in values) else sum(v or 0 for v in values)
 
         applied = {s: p.applied.get(s, 0) for s in self.cluster.sink_ids}
+        cpu_now = snap.get("cpu_seconds")
+        cpu_before = self.periods[i - 1].snapshot.get("cpu_seconds") if i else self.cpu_at_start
+        cpu_used = cpu_now - cpu_before if cpu_now is not None and cpu_before is not None else None
         out = {
             "index": i,
             "start_s": lo,
@@ -558,6 +588,12 @@ class Soak:
             "minute": hi / 60.0,
             "transmitted": p.transmitted,
             "transmitted_per_s": p.transmitted / length,
+            "cpu_used_s": cpu_used,
+            "cpu_ms_per_entry": (
+                1000.0 * cpu_used / p.transmitted
+                if cpu_used is not None and p.transmitted
+                else None
+            ),
             "applied": applied,
             "applied_per_s": {s: n / length for s, n in applied.items()},
             "latency_ms": {
@@ -661,7 +697,16 @@ def targets(soak: Soak, samples: list[dict[str, Any]]) -> dict[str, Any]:
         per_sink = [sum(samples[i]["applied"][s] for i in indexes) for s in soak.cluster.sink_ids]
         return sum(per_sink) / len(per_sink) / seconds if seconds > 0 else None
 
+    def cpu_per_entry(indexes: Sequence[int]) -> float | None:
+        used = [samples[i]["cpu_used_s"] for i in indexes]
+        sent = sum(samples[i]["transmitted"] for i in indexes)
+        if not sent or any(u is None for u in used):
+            return None
+        return 1000.0 * sum(u or 0.0 for u in used) / sent
+
     t_early, t_late = applied_rate(early), applied_rate(late)
+    c_early, c_late = cpu_per_entry(early), cpu_per_entry(late)
+    cost = c_early / c_late if c_early and c_late else None
     p_early = soak.window_histogram(early).quantile(0.99)
     p_late = soak.window_histogram(late).quantile(0.99)
     thr = t_late / t_early if t_early and t_late is not None else None
@@ -686,6 +731,15 @@ def targets(soak: Soak, samples: list[dict[str, Any]]) -> dict[str, Any]:
             "late": t_late,
             "ratio": thr,
             "met": None if thr is None else thr >= TARGET_THROUGHPUT,
+        },
+        # The same throughput per CPU second: what the replication costs per entry does
+        # not depend on what else runs on the machine, so a decay shows here even when
+        # the machine's load moves entries/s up and down.
+        "cpu_efficiency": {
+            "early_ms_per_entry": c_early,
+            "late_ms_per_entry": c_late,
+            "ratio": cost,
+            "met": None if cost is None else cost >= TARGET_THROUGHPUT,
         },
         "p99": {
             "early_ms": p_early,
@@ -801,6 +855,7 @@ def run_one(
                     pids[f"subscriber {sink}"] = sub.pid
             urls = {SOURCE_ID: src.url, **cluster.urls}
             soak = Soak(src, cluster, pids, args, rate, urls, console, long_tx)
+            stack.callback(soak.close)
             with idle_transaction(src.store, long_tx) as held:
                 soak.held = hold_facts(held, backend)
                 console.log(f"{label}: soaking {args.minutes:g} min at {rate:,.0f} entries/s")
@@ -861,6 +916,8 @@ def report(console: Console, run: dict[str, Any]) -> None:
             [
                 f"{s['minute']:.2f}",
                 _num(s["transmitted_per_s"]),
+                _num(s.get("cpu_ms_per_entry"), ".3f"),
+                _num((s.get("loadavg") or [None])[0], ".1f"),
                 _num(min(s["applied_per_s"].values(), default=None)),
                 _num(s["latency_ms"]["p50"], ",.1f"),
                 _num(s["latency_ms"]["p99"], ",.1f"),
@@ -880,6 +937,8 @@ def report(console: Console, run: dict[str, Any]) -> None:
         [
             "minute",
             "sent/s",
+            "CPU ms/entry",
+            "load",
             "applied/s",
             "p50 ms",
             "p99 ms",
@@ -893,7 +952,9 @@ def report(console: Console, run: dict[str, Any]) -> None:
             "WAL MB" if run["backend"] == "sqlite" else "held xid age",
         ],
         rows,
-        caption="applied/s: the slower destination; RSS in MB (server, subscriber: the largest); "
+        caption="CPU ms/entry: the replication's processes (and PostgreSQL backends) per entry "
+        "sent; load: 1-minute load average; applied/s: the slower destination; "
+        "RSS in MB (server, subscriber: the largest); "
         "send/recv: queue tables with indexes; dead: n_dead_tup (PostgreSQL)",
     )
     t = run["targets"]
@@ -904,6 +965,13 @@ def report(console: Console, run: dict[str, Any]) -> None:
             _num(t["throughput"]["late"]),
             _num(t["throughput"]["ratio"], ".2f") + "x",
             _met(t["throughput"]["met"]),
+        ],
+        [
+            f"entries per CPU-second late >= {TARGET_THROUGHPUT}x early (CPU ms/entry)",
+            _num(t["cpu_efficiency"]["early_ms_per_entry"], ".3f"),
+            _num(t["cpu_efficiency"]["late_ms_per_entry"], ".3f"),
+            _num(t["cpu_efficiency"]["ratio"], ".2f") + "x",
+            _met(t["cpu_efficiency"]["met"]),
         ],
         [
             f"p99 late <= {TARGET_P99}x early",
