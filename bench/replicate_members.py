@@ -21,7 +21,12 @@ trim job: 9 units, placed by rendezvous hashing). Per N, three phases:
   timeout + 1 s. Entries the dead member had not had acknowledged are shipped again first,
   so this is an upper bound of the first delivery by a new owner.
 
-CPU: user + system seconds of the N members over the latency phase.
+CPU: user + system seconds of the N members over the latency phase. Database: over the
+latency phase, the most connections each member held at once (``pg_stat_activity``, each
+member's ``application_name``), and the row writes and scans per second of the
+coordination tables (``pg_stat_user_tables`` of the source's schema: ``lrq_members``,
+heartbeats and placement reads; ``lrq_unit_leases``, renewals and the fence check of every
+fenced write).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from sqlalchemy import text
 
 from bench.common import loadavg, machine_facts, print_table, write_json
 from bench.replicate import (
@@ -103,6 +109,7 @@ class MembersCell:
     pooled: Latency
     per_destination_p99_ms: dict[str, float]
     cpu_seconds: float  # the members, over the latency phase
+    db: DbLoad
     failover: Failover | None = None
     loadavg_after: list[float] = field(default_factory=list)
 
@@ -137,15 +144,16 @@ def wait_placement(
 
 
 def start_members(cluster: Cluster, src: Source, n: int) -> list[LrServer]:
-    cfg = write_site_config(
-        cluster.workdir / f"{src.site_id}.toml",
-        src.site_id,
-        src.url,
-        destinations=[(d, cluster.ports[d]) for d in src.destinations],
-    )
+    """N ``lr server`` members of the source; each tags its connections ``<site>-m-<i>``."""
     servers = []
     for i in range(1, n + 1):
         name = f"{src.site_id}-m-{i}"
+        cfg = write_site_config(
+            cluster.workdir / f"{name}.toml",
+            src.site_id,
+            f"{src.url}{'&' if '?' in src.url else '?'}application_name={name}",
+            destinations=[(d, cluster.ports[d]) for d in src.destinations],
+        )
         server = LrServer(cfg, cluster.workdir, args=["--member-id", f"m-{i}"], name=name)
         servers.append(server.start())
     return servers
@@ -153,6 +161,79 @@ def start_members(cluster: Cluster, src: Source, n: int) -> list[LrServer]:
 
 def members_cpu(servers: Sequence[LrServer]) -> float:
     return sum(process_cpu(s) for s in servers)
+
+
+# -- the database's side ------------------------------------------------------------------------
+
+#: pg_stat_user_tables counters of the coordination tables, per table.
+_TABLE_STATS = text(
+    "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del, coalesce(seq_scan, 0) + "
+    "coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE schemaname = current_schema() "
+    "AND relname IN ('lrq_members', 'lrq_unit_leases')"
+)
+
+
+@dataclass
+class DbLoad:
+    """What the members cost the source database over the latency phase (per second)."""
+
+    seconds: float
+    connections_max: dict[str, int]  # member -> most connections open at once
+    members_row_writes_per_s: float  # heartbeats (lrq_members)
+    members_scans_per_s: float  # placement reads of the members
+    lease_row_writes_per_s: float  # lease renewals, takes, releases and fence checks
+    lease_scans_per_s: float
+
+
+class DbWatch:
+    """Samples the members' connections (by application_name) and the coordination tables."""
+
+    def __init__(self, src: Source, members: Sequence[str]) -> None:
+        self.src, self.members = src, list(members)
+        self.conns = dict.fromkeys(self.members, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="db-watch", daemon=True)
+
+    def _stats(self) -> dict[str, tuple[int, int]]:
+        with self.src.store.engine.connect() as conn:
+            return {str(r[0]): (int(r[1]), int(r[2])) for r in conn.execute(_TABLE_STATS)}
+
+    def _run(self) -> None:
+        q = text(
+            "SELECT application_name, count(*) FROM pg_stat_activity "
+            "WHERE application_name LIKE :p GROUP BY application_name"
+        )
+        while not self._stop.wait(0.25):
+            with self.src.store.engine.connect() as conn:
+                rows = conn.execute(q, {"p": f"{self.src.site_id}-m-%"}).all()
+            for name, count in rows:
+                member = "m-" + str(name).rsplit("-", 1)[1]
+                if member in self.conns:
+                    self.conns[member] = max(self.conns[member], int(count))
+
+    def __enter__(self) -> DbWatch:
+        self.t0, self.before = time.monotonic(), self._stats()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        time.sleep(1.1)  # backends flush their table statistics at most once a second
+        after, seconds = self._stats(), time.monotonic() - self.t0
+
+        def rate(table: str, k: int) -> float:
+            got = after.get(table, (0, 0))[k] - self.before.get(table, (0, 0))[k]
+            return round(got / seconds, 1)
+
+        self.load = DbLoad(
+            round(seconds, 1),
+            dict(self.conns),
+            rate("lrq_members", 0),
+            rate("lrq_members", 1),
+            rate("lrq_unit_leases", 0),
+            rate("lrq_unit_leases", 1),
+        )
 
 
 # -- phases -----------------------------------------------------------------------------------
@@ -263,12 +344,15 @@ def members_cell(
             console.log(f"{n} member(s): drained at {aggregate:,.0f} entries/s; paced load")
             cpu0 = members_cpu(servers)
             started = time.time()
-            load = paced_load(
-                src.store, src.client, src.destinations, args.rate, args.seconds, payloads
-            )
-            final = max((p for p, _ in load.commits), default=last)
-            complete, _ = wait_delivered(cluster, src, final, timeout=max(30.0, 3 * args.seconds))
-            cpu = members_cpu(servers) - cpu0
+            with DbWatch(src, members) as watch:
+                load = paced_load(
+                    src.store, src.client, src.destinations, args.rate, args.seconds, payloads
+                )
+                final = max((p for p, _ in load.commits), default=last)
+                complete, _ = wait_delivered(
+                    cluster, src, final, timeout=max(30.0, 3 * args.seconds)
+                )
+                cpu = members_cpu(servers) - cpu0
             pooled, p99 = latencies(
                 cluster, src, load, started + min(WARMUP_SECONDS, args.seconds / 4)
             )
@@ -292,6 +376,7 @@ def members_cell(
                 pooled,
                 p99,
                 round(cpu, 2),
+                watch.load,
                 fo,
                 loadavg(),
             )
@@ -327,6 +412,9 @@ def report(console: Console, cells: Sequence[MembersCell]) -> None:
                 f"{c.pooled.p50_ms:.1f}",
                 f"{c.pooled.p99_ms:.1f}" + ("" if c.latency_complete else " (cut)"),
                 f"{c.cpu_seconds:.1f}",
+                " ".join(str(v) for v in c.db.connections_max.values()),
+                f"{c.db.members_row_writes_per_s:g} / {c.db.members_scans_per_s:g}",
+                f"{c.db.lease_row_writes_per_s:g} / {c.db.lease_scans_per_s:g}",
                 f"{fo.victim} ({fo.victim_streams})" if fo else "-",
                 f"{fo.units_owned_after_s:.2f}" if fo else "-",
                 f"{fo.first_delivery_s:.2f}" if fo and fo.first_delivery_s is not None else "-",
@@ -345,6 +433,9 @@ def report(console: Console, cells: Sequence[MembersCell]) -> None:
             "p50 ms",
             "p99 ms",
             "cpu s",
+            "conns each",
+            "members w/r per s",
+            "leases w/r per s",
             "killed (streams)",
             "units moved s",
             "first new s",

@@ -57,6 +57,11 @@ def test_members_benchmark_writes_a_cell_per_member_count(tmp_path: Path) -> Non
         assert cell["latency_complete"] and cell["achieved_rate"] > 0
         assert 0 < cell["pooled"]["p50_ms"] <= cell["pooled"]["p99_ms"]
         assert set(cell["per_destination_p99_ms"]) == {"sink-1", "sink-2"}
+        db = cell["db"]
+        assert sorted(db["connections_max"]) == sorted(cell["streams_per_member"])
+        assert all(n >= 1 for n in db["connections_max"].values())  # each member's own
+        assert db["seconds"] > 0 and db["members_row_writes_per_s"] > 0  # heartbeats
+        assert db["lease_row_writes_per_s"] > 0 and db["members_scans_per_s"] > 0
     assert cells[0]["failover"] is None  # nobody to fail over to
     fo = cells[1]["failover"]
     assert fo["victim"] in ("m-1", "m-2") and fo["victim_streams"] >= 1
