@@ -21,6 +21,10 @@ trim job: 9 units, placed by rendezvous hashing). Per N, three phases:
   timeout + 1 s. Entries the dead member had not had acknowledged are shipped again first,
   so this is an upper bound of the first delivery by a new owner.
 
+The source runs with ``[retention] rotation_period = 600`` (default 30 s): the benchmark
+asks for the positions of its entries once a load is over, and PostgreSQL knows the
+position of an entry delivered everywhere and trimmed only for a slot's life.
+
 CPU: user + system seconds of the N members over the latency phase. Database: over the
 latency phase, the most connections each member held at once (``pg_stat_activity``, each
 member's ``application_name``), and the row writes and scans per second of the
@@ -75,6 +79,7 @@ LEASE = MembersConfig().lease_timeout  # the default: the benchmark runs with it
 HEARTBEAT = MembersConfig().heartbeat_interval
 FAILOVER_TARGET = LEASE + 1.0
 KILL_AFTER = 2.0  # seconds into the failover load
+ROTATION_PERIOD = 600.0  # the source's [retention] rotation_period (see start_members)
 
 
 @dataclass
@@ -154,6 +159,9 @@ def start_members(cluster: Cluster, src: Source, n: int) -> list[LrServer]:
             f"{src.url}{'&' if '?' in src.url else '?'}application_name={name}",
             destinations=[(d, cluster.ports[d]) for d in src.destinations],
         )
+        # Positions of trimmed entries stay known for a slot's life: long enough for the
+        # benchmark to ask for them after a long (slowed down) load.
+        cfg.write_text(cfg.read_text() + f"[retention]\nrotation_period = {ROTATION_PERIOD:g}\n")
         server = LrServer(cfg, cluster.workdir, args=["--member-id", f"m-{i}"], name=name)
         servers.append(server.start())
     return servers
@@ -280,12 +288,17 @@ def failover(
     members = [f"m-{i}" for i in range(1, len(servers) + 1)]
     seconds = LEASE + 8.0
     loads: list[PacedLoad] = []
-    thread = threading.Thread(
-        target=lambda: loads.append(
-            paced_load(src.store, src.client, src.destinations, rate, seconds, payloads)
-        ),
-        name="failover-load",
-    )
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loads.append(
+                paced_load(src.store, src.client, src.destinations, rate, seconds, payloads)
+            )
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="failover-load")
     thread.start()
     time.sleep(KILL_AFTER)
     before = placement(src)
@@ -301,6 +314,8 @@ def failover(
     wait_placement(src, rest, timeout=LEASE * 6, settled=False)
     owned_after = time.time() - killed
     thread.join()
+    if failed:
+        raise failed[0]
     (load,) = loads
     last = max((p for p, _ in load.commits), default=0)
     complete, _ = wait_delivered(cluster, src, last, timeout=60)
@@ -483,6 +498,7 @@ def run_members(args: argparse.Namespace, pg_url: str, default_out: Path) -> int
             "failover_target_s": FAILOVER_TARGET,
             "kill_after_s": KILL_AFTER,
             "backend": "postgresql",
+            "source_rotation_period": ROTATION_PERIOD,
         },
         "machine": machine,
         "loadavg_at_end": loadavg(),
