@@ -28,6 +28,8 @@ from sqlalchemy.engine import make_url
 from lr_client.store import open_store
 from lr_server.placement import TRIM_UNIT, place, stream_unit
 from tests.kit.procs import LrServer
+from tests.kit.scrape import metric_sum
+from tests.kit.sites import free_port
 from tests.kit.tcp_proxy import FaultProxy
 from tests.kit.traffic import SourceApp
 from tests.kit.wait import scaled, wait_for
@@ -246,7 +248,16 @@ def test_member_cut_from_the_database_fences_itself_and_rejoins(
     )
     assert config.read_text() != dep.configs["a"].read_text()
     n = dep.source_servers.index(victim) + 1
-    dep.servers[victim] = LrServer(config, args=["--member-id", f"a-{n}"], name=f"a-{n}")
+    metrics = free_port()
+    args = ["--member-id", f"a-{n}", "--metrics-port", str(metrics)]
+    dep.servers[victim] = LrServer(config, args=args, name=f"a-{n}")
+
+    def shipped() -> float:
+        """Entries the victim's sessions had acknowledged (its metrics need no database)."""
+        value = metric_sum(metrics, "lr_entries_shipped_total")
+        assert value is not None, dep.servers[victim].log()
+        return value
+
     source = SourceApp(
         dep.raw_urls["a"], "a", list(SINKS), clients=CLIENTS, seed=seed, rate=80, max_batch=3
     )
@@ -255,6 +266,11 @@ def test_member_cut_from_the_database_fences_itself_and_rejoins(
         start(dep, source)
         before = wait_settled(dep, everyone)
         assert proxy.connections_total > 0  # the victim really talks through the proxy
+        assert wait_for(
+            lambda: metric_sum(metrics, "lr_member_units", member=cut_id),
+            scaled(10),
+            what=f"{cut_id} running its units",
+        ) == sum(1 for o in before.values() if o == cut_id)
         fenced_before = dep.servers[victim].log().count("stopping all work")
         dep.events.append(f"{time.strftime('%H:%M:%S')} cut {cut_id} from the database")
         proxy.cut()
@@ -271,9 +287,18 @@ def test_member_cut_from_the_database_fences_itself_and_rejoins(
             detail=dep.servers[victim].log,
         )
         assert dep.servers[victim].proc is not None and dep.servers[victim].proc.poll() is None
-        # Traffic goes on with the others while it is cut.
+        # Its work stopped: it owns no unit by its own count, and ships nothing from then on
+        # while the others carry the traffic.
+        wait_for(
+            lambda: metric_sum(metrics, "lr_member_units", member=cut_id) == 0,
+            scaled(10),
+            what=f"{cut_id} running no unit",
+        )
+        fenced_at = shipped()
+        assert fenced_at > 0  # it did ship before the cut
         floor = dep.verify(source).applied + 50
         wait_for(lambda: dep.verify(source).applied >= floor, scaled(60), what="traffic going on")
+        assert shipped() == fenced_at
         dep.events.append(f"{time.strftime('%H:%M:%S')} heal {cut_id}")
         proxy.restore()
         # It rejoins (alive again) and rendezvous gives it back exactly its units.

@@ -11,14 +11,13 @@ must find nothing lost, duplicated or reordered once the sink drains.
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.kit.procs import LrServer
+from tests.kit.scrape import metric_sum
 from tests.kit.sites import free_port
 from tests.kit.traffic import SourceApp
 from tests.kit.wait import scaled, wait_for
@@ -32,20 +31,11 @@ TUNE = {"members": {"lease_timeout": 2.0, "heartbeat_interval": 0.25}}
 
 def applied_at(metrics_port: int) -> dict[str, float] | None:
     """client -> entries from source ``a`` a sink member wrote (None: unreachable)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as r:
-            body = r.read().decode()
-    except OSError:
-        return None
-    return {
-        c: sum(
-            s.value
-            for family in text_string_to_metric_families(body)
-            for s in family.samples
-            if s.name == "lr_entries_applied_total" and s.labels == {"source": "a", "client": c}
-        )
+    found = {
+        c: metric_sum(metrics_port, "lr_entries_applied_total", source="a", client=c)
         for c in CLIENTS
     }
+    return None if None in found.values() else {c: v or 0.0 for c, v in found.items()}
 
 
 def counts(metrics: dict[str, int]) -> dict[str, dict[str, float]]:
