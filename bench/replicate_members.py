@@ -6,7 +6,7 @@ processes (``--member-id m-1`` .. ``m-N``, ``[members]`` at its defaults: lease 
 5 s, heartbeat 1 s) and replicates one client to every sink (8 sender streams plus the
 trim job: 9 units, placed by rendezvous hashing). Per N, three phases:
 
-* ``drain``: ``--entries`` entries of 1 KiB for every destination are prefilled, then the
+* ``drain``: ``--entries`` (5,000 by default) entries of 1 KiB per destination are prefilled; the
   N members start at once and drain them. The aggregate rate divides every entry delivered
   by the span from the first batch anywhere to the last batch anywhere (the members'
   start-up, the first joiner holding every unit until the others join, is inside it).
