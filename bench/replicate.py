@@ -4,6 +4,7 @@
                               [--rate N] [--entries-per-txn N] [--writers N]
                               [--idle-transaction] [--destinations N]
                               [--rounds N] [--workarounds] [--no-shared-reader]
+                              [--members 1,2,3]
                               [--out bench/results/replicate.json] [--svg docs/send-queue-size.svg]
 
 Every site is a real ``lr server`` process started from a config file (plaintext gRPC on
@@ -54,6 +55,9 @@ Targets (reported, never asserted): 1 destination >= 0.5x the baseline;
 p99 <= 100 ms at 1,000 entries/s; healthy destinations with one stalled >= 0.9x the
 all-healthy run (throughput: stalled/healthy; latency: p99 healthy-run / p99 stalled-run).
 ``--svg`` draws the send-queue samples of the 8-destination paced cells.
+
+``--members 1,2,3`` measures instead a source site run by N ``lr server`` members per count
+(throughput, p99, and the failover after a kill -9): see :mod:`bench.replicate_members`.
 """
 
 from __future__ import annotations
@@ -129,6 +133,7 @@ BATCH_ENTRIES = ReplicationConfig().batch_max_entries  # the session's default b
 SAMPLE_INTERVAL = 0.5
 WARMUP_SECONDS = 1.0
 RETENTION_MAX_ENTRIES = 5000  # paced cells only: a stalled destination crosses it
+DEFAULT_OUT = ROOT / "bench" / "results" / "replicate.json"
 
 #: Targets: measured and reported, never asserted.
 TARGET_VS_BASELINE = 0.5
@@ -1391,7 +1396,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="add a 1-destination latency cell with a session idle in transaction on the "
         "source for the whole cell",
     )
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replicate.json")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
         "--workarounds",
         action="store_true",
@@ -1405,7 +1410,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="sources run with [replication] shared_reader = false (each session reads alone)",
     )
+    p.add_argument(
+        "--members",
+        default="",
+        help="member counts, e.g. 1,2,3: instead of the cells above, a source site run by N "
+        "lr server members per count (PostgreSQL; see bench/replicate_members.py)",
+    )
     args = p.parse_args(argv)
+    if args.members:
+        from bench.replicate_members import parse_members
+
+        try:
+            args.members = parse_members(args.members)
+        except argparse.ArgumentTypeError as exc:
+            p.error(f"--members: {exc}")
+        if args.backend == "sqlite":
+            p.error("--members: several members need PostgreSQL")
     if (
         args.seconds <= 0
         or args.rate <= 0
@@ -1425,6 +1445,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
+    if args.members:
+        from bench.replicate_members import run_members
+
+        return run_members(args, pg_url, DEFAULT_OUT)
     console = Console(width=160)
     names = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
     started = time.perf_counter()

@@ -3,10 +3,11 @@
 Source ``a`` runs three ``lr server`` processes (members ``a-1`` .. ``a-3``)
 on its one database and replicates two clients to sinks ``b`` and ``c``
 (four sender streams and the trim job: five units). Under steady traffic a
-member is SIGKILLed (or stopped with SIGTERM, each in turn): its units must
-be owned by the others within the lease timeout (at once after a clean
-stop), and the verifier must find nothing lost, duplicated or reordered at
-the sinks' listeners once they drain.
+member is SIGKILLed (the one owning the most streams, or one at random) or
+stopped with SIGTERM (each in turn), or cut from its database through a
+``FaultProxy``: its units must be owned by the others within the lease
+timeout (at once after a clean stop), and the verifier must find nothing
+lost, duplicated or reordered at the sinks' listeners once they drain.
 
 ``LR_MEMBERS_TRIALS=N`` runs N kill trials (CI default: 3);
 ``LR_RELIABILITY_SEED`` replays a printed seed.
@@ -22,9 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from lr_client.store import open_store
 from lr_server.placement import TRIM_UNIT, place, stream_unit
+from tests.kit.procs import LrServer
+from tests.kit.scrape import metric_sum
+from tests.kit.sites import free_port
+from tests.kit.tcp_proxy import FaultProxy
 from tests.kit.traffic import SourceApp
 from tests.kit.wait import scaled, wait_for
 from tests.reliability.harness import Deployment, reliability_seed, stop_server
@@ -99,8 +105,9 @@ def start(dep: Deployment, source: SourceApp) -> None:
     wait_for(lambda: dep.verify(source).applied >= floor, scaled(60), what="traffic flowing")
 
 
+@pytest.mark.parametrize("pick", ["most-streams", "random"])
 def test_sigkill_of_a_member_moves_its_units_within_the_lease_timeout(
-    tmp_path: Path, db_url_factory: Callable[[str], str]
+    tmp_path: Path, db_url_factory: Callable[[str], str], pick: str
 ) -> None:
     seed = reliability_seed()
     rng = random.Random(seed)
@@ -119,8 +126,12 @@ def test_sigkill_of_a_member_moves_its_units_within_the_lease_timeout(
             start(dep, source)
             before = wait_placed(dep, everyone)
             owned = Counter(o for u, o in before.items() if u != TRIM_UNIT)
-            # The member with the most streams (ties at random), at a random moment.
-            victim = max(dep.source_servers, key=lambda k: (owned[member_of(k)], rng.random()))
+            # The member with the most streams (ties at random), or any member (one that
+            # owns little or nothing included), at a random moment.
+            if pick == "random":
+                victim = rng.choice(dep.source_servers)
+            else:
+                victim = max(dep.source_servers, key=lambda k: (owned[member_of(k)], rng.random()))
             time.sleep(rng.uniform(0.0, 1.0))
             dep.kill("sender", victim)
             killed = time.monotonic()
@@ -134,7 +145,8 @@ def test_sigkill_of_a_member_moves_its_units_within_the_lease_timeout(
             source.stop()
             report = dep.wait_drained(source)
             print(
-                f"trial {trial} (seed {seed}): killed {member_of(victim)}, units moved in "
+                f"trial {trial} (seed {seed}): killed {member_of(victim)} ({pick}, "
+                f"{owned[member_of(victim)]} stream(s)), units moved in "
                 f"{moves[-1]:.2f} s: {report.counts()}"
             )
             report.assert_clean()
@@ -198,3 +210,112 @@ def test_rolling_restart_of_every_member_under_traffic(
     finally:
         source.close()
         dep.close()
+
+
+def proxied(url: str, port: int) -> str:
+    """``url`` with its host and port replaced by a loopback proxy's."""
+    return make_url(url).set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+
+
+def test_member_cut_from_the_database_fences_itself_and_rejoins(
+    tmp_path: Path, db_url_factory: Callable[[str], str]
+) -> None:
+    """A member whose database connections are reset and refused (a FaultProxy cut).
+
+    Its units go to the others within the lease timeout; it stops its own work
+    first (self-fencing: it ships nothing after that, so the sinks see nothing
+    twice or out of order), and once the database is reachable again it
+    rejoins and gets its units back.
+    """
+    seed = reliability_seed()
+    dep = Deployment(
+        tmp_path, db_url_factory, sinks=SINKS, clients=CLIENTS, tune=TUNE, source_members=3
+    )
+    everyone = {member_of(k) for k in dep.source_servers}
+    settled = place(UNITS, {m: 1 for m in everyone})
+    owned = Counter(o for u, o in settled.items() if u != TRIM_UNIT)
+    victim = max(dep.source_servers, key=lambda k: (owned[member_of(k)], k))
+    cut_id = member_of(victim)
+    assert owned[cut_id] > 0
+    db = make_url(dep.raw_urls["a"])
+    proxy = FaultProxy(db.host or "127.0.0.1", db.port or 5432).start()
+    # The victim's own config: the site's, with its database reached through the proxy.
+    config = tmp_path / f"{cut_id}.toml"
+    config.write_text(
+        dep.configs["a"]
+        .read_text()
+        .replace(dep.raw_urls["a"], proxied(dep.raw_urls["a"], proxy.port), 1)
+    )
+    assert config.read_text() != dep.configs["a"].read_text()
+    n = dep.source_servers.index(victim) + 1
+    metrics = free_port()
+    args = ["--member-id", f"a-{n}", "--metrics-port", str(metrics)]
+    dep.servers[victim] = LrServer(config, args=args, name=f"a-{n}")
+
+    def shipped() -> float:
+        """Entries the victim's sessions had acknowledged (its metrics need no database)."""
+        value = metric_sum(metrics, "lr_entries_shipped_total")
+        assert value is not None, dep.servers[victim].log()
+        return value
+
+    source = SourceApp(
+        dep.raw_urls["a"], "a", list(SINKS), clients=CLIENTS, seed=seed, rate=80, max_batch=3
+    )
+    try:
+        dep.start()
+        start(dep, source)
+        before = wait_settled(dep, everyone)
+        assert proxy.connections_total > 0  # the victim really talks through the proxy
+        assert wait_for(
+            lambda: metric_sum(metrics, "lr_member_units", member=cut_id),
+            scaled(10),
+            what=f"{cut_id} running its units",
+        ) == sum(1 for o in before.values() if o == cut_id)
+        fenced_before = dep.servers[victim].log().count("stopping all work")
+        dep.events.append(f"{time.strftime('%H:%M:%S')} cut {cut_id} from the database")
+        proxy.cut()
+        cut = time.monotonic()
+        after = wait_placed(dep, everyone - {cut_id})
+        took = time.monotonic() - cut
+        moved = {u for u in UNITS if before[u] != after[u]}
+        assert moved == {u for u in UNITS if before[u] == cut_id}  # only its own
+        # It stopped its work on its own (its heartbeats failing), before the lease lapsed.
+        wait_for(
+            lambda: dep.servers[victim].log().count("stopping all work") > fenced_before,
+            scaled(10),
+            what=f"{cut_id} fenced itself",
+            detail=dep.servers[victim].log,
+        )
+        assert dep.servers[victim].proc is not None and dep.servers[victim].proc.poll() is None
+        # Its work stopped: it owns no unit by its own count, and ships nothing from then on
+        # while the others carry the traffic.
+        wait_for(
+            lambda: metric_sum(metrics, "lr_member_units", member=cut_id) == 0,
+            scaled(10),
+            what=f"{cut_id} running no unit",
+        )
+        fenced_at = shipped()
+        assert fenced_at > 0  # it did ship before the cut
+        floor = dep.verify(source).applied + 50
+        wait_for(lambda: dep.verify(source).applied >= floor, scaled(60), what="traffic going on")
+        assert shipped() == fenced_at
+        dep.events.append(f"{time.strftime('%H:%M:%S')} heal {cut_id}")
+        proxy.restore()
+        # It rejoins (alive again) and rendezvous gives it back exactly its units.
+        assert wait_settled(dep, everyone) == before
+        source.stop()
+        report = dep.wait_drained(source)
+        print(
+            f"seed {seed}: {cut_id} cut from the database: its units owned by the others "
+            f"{took:.2f} s after (lease {LEASE} s); rejoined; {report.counts()}"
+        )
+        report.assert_clean()
+        assert report.applied > 0 and not source.errors, source.errors[:5]
+        assert took <= scaled(LEASE + 4 * HEARTBEAT + 1.0)
+    except BaseException:
+        print("\n".join(dep.events))
+        raise
+    finally:
+        source.close()
+        dep.close()
+        proxy.stop()
