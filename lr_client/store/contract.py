@@ -577,9 +577,14 @@ class SubscriberQueues(Transactions, Protocol):
         delivered_seqs: list[int],
     ) -> bool:
         """Raise a partition's ``delivered_seq`` from ``previous_seq`` (the value the
-        delivery read) for the entries ``delivered_seqs`` it delivered, and the
-        queue's to the minimum over its partitions, while ``owner`` holds the
-        lease; False (roll back) if either changed meanwhile."""
+        delivery read) for the entries ``delivered_seqs`` it delivered, while
+        ``owner`` holds the lease (a takeover waits for this transaction); False
+        (roll back) if either changed meanwhile. The queue's own ``delivered_seq``
+        is left as it is (see :meth:`raise_queue_mark`)."""
+
+    def raise_queue_mark(self, conn: Connection, queue_id: int, owner: str) -> bool:
+        """Raise the queue's ``delivered_seq`` to the minimum over its partitions, while
+        ``owner`` holds the lease; whether it moved."""
 
     def save_barrier(
         self,

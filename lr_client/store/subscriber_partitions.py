@@ -8,7 +8,12 @@ transaction), so two deliveries of one partition can never both commit, and
 a crash anywhere applies each entry once. The queue's own
 ``lrq_subscriber_state.delivered_seq`` is kept at the minimum over its
 partitions (never above it), so receive queue retirement on PostgreSQL and
-every reader of the queue see only what every partition has passed.
+every reader of the queue see only what every partition has passed. A
+partition's delivery does not write that row (every partition would queue on
+its lock): it only holds a share lock on it as the lease's fence, and
+:meth:`SubscriberPartitionsStore.raise_queue_mark` raises the queue's mark to
+the minimum in a transaction of its own, from time to time and when the
+partitions stand still.
 
 Entries every partition waits for (no key, snapshot entries, drop notices)
 are passed by :meth:`SubscriberPartitionsStore.save_barrier`, once every
@@ -141,21 +146,31 @@ class SubscriberPartitionsStore(StoreBase):
         )
         if moved.rowcount != 1:
             return False
-        lowest = (
-            select(func.min(_P.c.delivered_seq)).where(_P.c.queue_id == queue_id).scalar_subquery()
-        )
+        # The fence: a share lock on the queue's state row (PostgreSQL; SQLite has one
+        # writer), so a takeover of the lease waits for this commit, while the other
+        # partitions' deliveries take it too and none writes the row.
         fenced = conn.execute(
-            update(_T)
+            select(_T.c.queue_id)
             .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
-            .values(
-                delivered_seq=case((lowest > _T.c.delivered_seq, lowest), else_=_T.c.delivered_seq)
-            )
-        )
-        if fenced.rowcount != 1:
+            .with_for_update(read=True)
+        ).first()
+        if fenced is None:
             return False
         if not self.keeps_delivered and delivered_seqs:
             conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))
         return True
+
+    def raise_queue_mark(self, conn: Connection, queue_id: int, owner: str) -> bool:
+        lowest = (
+            select(func.min(_P.c.delivered_seq)).where(_P.c.queue_id == queue_id).scalar_subquery()
+        )
+        moved = conn.execute(
+            update(_T)
+            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner, _T.c.partitions > 0)
+            .where(lowest > _T.c.delivered_seq)
+            .values(delivered_seq=case((lowest > _T.c.delivered_seq, lowest), else_=_T.c.delivered_seq))
+        )
+        return bool(moved.rowcount)
 
     def save_barrier(
         self,

@@ -478,6 +478,33 @@ def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: Que
         assert store.load_state(conn, qid).partitions == 3
 
 
+def test_the_queue_mark_is_raised_to_the_lowest_partition_by_the_lease_holder(
+    store: QueueStore,
+) -> None:
+    store.apply_log_batch("a", "policy", _keyed(1, 2, 3, 4))
+    qid = _queue_id(store, "policy")
+    with store.write() as conn:
+        store.acquire_lease(conn, qid, "s1", 1000.0, 1e9)
+        store.claim_partitions(conn, qid, 2)
+        start = store.load_partitions(conn, qid)[0]
+        seqs = [e.seq for e in store.scan_entries(conn, qid, start, 10)]
+    with store.write() as conn:  # a partition's delivery leaves the queue's mark as it is
+        assert store.save_partition(
+            conn, qid, "s1", 0, previous_seq=start, delivered_seq=seqs[2], delivered_seqs=seqs[:1]
+        )
+        assert store.save_partition(
+            conn, qid, "s1", 1, previous_seq=start, delivered_seq=seqs[1], delivered_seqs=seqs[1:2]
+        )
+        assert store.load_state(conn, qid).delivered_seq == start
+    with store.write() as conn:
+        assert not store.raise_queue_mark(conn, qid, "s2")  # not the lease holder
+        assert store.load_state(conn, qid).delivered_seq == start
+        assert store.raise_queue_mark(conn, qid, "s1")
+        assert store.load_state(conn, qid).delivered_seq == seqs[1]  # the lowest partition
+        assert not store.raise_queue_mark(conn, qid, "s1")  # already there
+    assert store.queue_depth(qid) == 2
+
+
 def test_a_barrier_passes_every_partition_at_once(store: QueueStore) -> None:
     store.apply_log_batch("a", "policy", log(1, 2))
     qid = _queue_id(store, "policy")
