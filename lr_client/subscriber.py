@@ -384,10 +384,13 @@ class RoutingQueueSubscriber:
                     raise
                 except _LeaseLost:
                     self._lease_until.pop(qid, None)
+                    self._partitioned.forget(qid)
                     break
                 except _Conflict:  # retried at its next turn
                     log.debug("partition %d of %s changed; retrying", p, queue.queue_name)
+                    self._partitioned.forget(qid)
                 except Exception as exc:
+                    self._partitioned.forget(qid)
                     self._fail(key, exc)
         return delivered, progressed
 

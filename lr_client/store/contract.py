@@ -558,9 +558,11 @@ class SubscriberQueues(Transactions, Protocol):
         """{partition: its ``delivered_seq``} of a queue delivered by partition."""
 
     def scan_entries(
-        self, conn: Connection, queue_id: int, after: int, limit: int
+        self, conn: Connection, queue_id: int, after: int, limit: int, inline_bytes: int = 0
     ) -> list[HeadEntry]:
-        """The queue's entries above ``seq`` ``after``, in order, without payloads."""
+        """The queue's entries above ``seq`` ``after``, in order, without payloads
+        (``b""``) but those of at most ``inline_bytes // limit`` bytes (so at most
+        ``inline_bytes`` in all): read them with :meth:`read_payloads`."""
 
     def read_payloads(self, conn: Connection, queue_id: int, seqs: list[int]) -> dict[int, bytes]:
         """{seq: payload} of entries of the queue."""

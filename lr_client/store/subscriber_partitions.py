@@ -23,7 +23,7 @@ partition stands just below them. The partition count is stored in
 
 from __future__ import annotations
 
-from sqlalchemy import and_, case, delete, func, insert, select, update
+from sqlalchemy import and_, case, delete, exists, func, insert, null, select, update
 from sqlalchemy.engine import Connection
 
 from lr_client.errors import PartitionCountError
@@ -92,8 +92,14 @@ class SubscriberPartitionsStore(StoreBase):
         return {int(p): int(seq) for p, seq in rows}
 
     def scan_entries(
-        self, conn: Connection, queue_id: int, after: int, limit: int
+        self, conn: Connection, queue_id: int, after: int, limit: int, inline_bytes: int = 0
     ) -> list[HeadEntry]:
+        small = inline_bytes // max(1, limit)
+        inline = (
+            case((func.length(_R.c.payload) <= small, _R.c.payload), else_=null())
+            if small > 0
+            else null()
+        )
         rows = conn.execute(
             select(
                 _R.c.seq,
@@ -102,6 +108,7 @@ class SubscriberPartitionsStore(StoreBase):
                 _R.c.snapshot_id,
                 _R.c.base_position,
                 _R.c.partition_key,
+                inline.label("inline"),
             )
             .where(_R.c.queue_id == queue_id, _R.c.seq > after)
             .order_by(_R.c.seq)
@@ -109,7 +116,13 @@ class SubscriberPartitionsStore(StoreBase):
         ).all()
         return [
             HeadEntry(
-                r[0], _TYPES[r[1]], r[2], r[3], b"", r[4], None if r[5] is None else bytes(r[5])
+                r[0],
+                _TYPES[r[1]],
+                r[2],
+                r[3],
+                b"" if r[6] is None else bytes(r[6]),
+                r[4],
+                None if r[5] is None else bytes(r[5]),
             )
             for r in rows
         ]
@@ -135,26 +148,25 @@ class SubscriberPartitionsStore(StoreBase):
     ) -> bool:
         if delivered_seq < previous_seq:
             raise ValueError("delivered_seq cannot go back")
+        # The fence: a share lock on the queue's state row while ``owner`` holds the
+        # lease (PostgreSQL; SQLite has one writer), so a takeover waits for this
+        # commit, while the other partitions' deliveries take it too: none writes it.
+        fence = exists(
+            select(_T.c.queue_id)
+            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
+            .with_for_update(read=True)
+        )
         moved = conn.execute(
             update(_P)
             .where(
                 _P.c.queue_id == queue_id,
                 _P.c.partition == partition,
                 _P.c.delivered_seq == previous_seq,
+                fence,
             )
             .values(delivered_seq=delivered_seq, delivered=_P.c.delivered + len(delivered_seqs))
         )
         if moved.rowcount != 1:
-            return False
-        # The fence: a share lock on the queue's state row (PostgreSQL; SQLite has one
-        # writer), so a takeover of the lease waits for this commit, while the other
-        # partitions' deliveries take it too and none writes the row.
-        fenced = conn.execute(
-            select(_T.c.queue_id)
-            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
-            .with_for_update(read=True)
-        ).first()
-        if fenced is None:
             return False
         if not self.keeps_delivered and delivered_seqs:
             conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))

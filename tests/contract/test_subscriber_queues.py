@@ -455,6 +455,17 @@ def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: Que
     ]
     start = marks[0]
     assert marks == {0: start, 1: start, 2: start} and start < scanned[0].seq
+    with store.read() as conn:  # small payloads come with the scan when asked
+        assert [e.payload for e in store.scan_entries(conn, qid, 0, 3, inline_bytes=3)] == [
+            b"1",
+            b"2",
+            b"3",
+        ]
+        assert [e.payload for e in store.scan_entries(conn, qid, 0, 3, inline_bytes=2)] == [
+            b"",
+            b"",
+            b"",
+        ]
     seqs = [e.seq for e in scanned]
     with store.write() as conn:
         assert store.read_payloads(conn, qid, seqs[:2]) == {seqs[0]: b"1", seqs[1]: b"2"}
