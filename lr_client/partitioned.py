@@ -20,6 +20,7 @@ before every entry after it.
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from lr_client.delivery import Plan, PlanKind, messages, plan_delivery
@@ -56,6 +57,11 @@ class PartitionedDelivery:
         #: Only a hint: each delivery's compare-and-set checks it (a stale one is a
         #: Conflict, and is read again), so a batch costs no read of the marks.
         self.marks: dict[tuple[int, int], int] = {}
+        #: SQLite has one writer: this subscriber's workers wait for it here, each
+        #: woken as the one before commits (SQLite's busy handler sleeps and polls).
+        self.writer: AbstractContextManager[object] = (
+            threading.Lock() if subscriber.store.single_writer else nullcontext()
+        )
 
     def forget(self, queue_id: int) -> None:
         """Drop the marks known of a queue (after a conflict or an error)."""
@@ -67,7 +73,7 @@ class PartitionedDelivery:
         passed other partitions' entries, None if it stands at a barrier or the end."""
         sub, store, qid = self.sub, self.sub.store, queue.queue_id
         count = sub.partitions
-        with store.write() as conn:
+        with self.writer, store.write() as conn:
             previous = self.marks.get((qid, partition))
             if previous is None:
                 marks = store.load_partitions(conn, qid)
@@ -132,7 +138,7 @@ class PartitionedDelivery:
         how many messages, or None if they are not all there yet (or none waits)."""
         sub, store, qid = self.sub, self.sub.store, queue.queue_id
         count = sub.partitions
-        with store.write() as conn:
+        with self.writer, store.write() as conn:
             state = store.load_state(conn, qid)
             if state.lease_owner != sub.owner:
                 raise LeaseLost

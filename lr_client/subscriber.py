@@ -343,7 +343,9 @@ class RoutingQueueSubscriber:
             try:
                 progressed = self._poll_partitions(parts)[1]
                 self._raise_marks(
-                    QUEUE_MARK_INTERVAL if progressed else min(self.poll_interval, QUEUE_MARK_INTERVAL)
+                    QUEUE_MARK_INTERVAL
+                    if progressed
+                    else min(self.poll_interval, QUEUE_MARK_INTERVAL)
                 )
             except Exception as exc:  # the registry could not be read, or a count refused
                 self._report(exc)

@@ -464,6 +464,10 @@ class SubscriberQueues(Transactions, Protocol):
     the subscriber opens with :meth:`write` (or :meth:`read`).
     """
 
+    #: Whether one write transaction at a time runs (SQLite): a subscriber's
+    #: partition workers then take turns on a lock of their own.
+    single_writer: bool
+
     def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
         """Registered receive queues."""
 

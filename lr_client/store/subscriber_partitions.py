@@ -42,6 +42,9 @@ class SubscriberPartitionsStore(StoreBase):
     """Per-partition delivery state of receive queues."""
 
     keeps_delivered = False
+    #: Whether one transaction at a time writes (SQLite): the partitions' deliveries
+    #: then queue on a lock of their own, woken at once, not on the busy handler's sleeps.
+    single_writer = False
 
     def claim_partitions(self, conn: Connection, queue_id: int, count: int) -> None:
         if count < 1:
@@ -180,7 +183,9 @@ class SubscriberPartitionsStore(StoreBase):
             update(_T)
             .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner, _T.c.partitions > 0)
             .where(lowest > _T.c.delivered_seq)
-            .values(delivered_seq=case((lowest > _T.c.delivered_seq, lowest), else_=_T.c.delivered_seq))
+            .values(
+                delivered_seq=case((lowest > _T.c.delivered_seq, lowest), else_=_T.c.delivered_seq)
+            )
         )
         return bool(moved.rowcount)
 

@@ -489,6 +489,10 @@ def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: Que
         assert store.load_state(conn, qid).partitions == 3
 
 
+def test_only_sqlite_has_a_single_writer(store: QueueStore) -> None:
+    assert store.single_writer is (store.dialect == "sqlite")
+
+
 def test_the_queue_mark_is_raised_to_the_lowest_partition_by_the_lease_holder(
     store: QueueStore,
 ) -> None:
