@@ -128,19 +128,27 @@ class InsertListener(IoListener):
         return True
 
 
-def fill(store: SQLAlchemyQueueStore, source: str, entries: int, keys: int) -> None:
+def fill(
+    store: SQLAlchemyQueueStore, source: str, entries: int, keys: int, client: str = CLIENT
+) -> None:
     payload = b"x" * 256
     for first in range(1, entries + 1, 1000):
         batch = [
             WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, payload, key=b"k%d" % (p % keys))
             for p in range(first, min(first + 1000, entries + 1))
         ]
-        store.apply_log_batch(source, CLIENT, batch)
+        store.apply_log_batch(source, client, batch)
 
 
-def drain(store: SQLAlchemyQueueStore, listener: IoListener, partitions: int, batch: int) -> float:
+def drain(
+    store: SQLAlchemyQueueStore,
+    listener: IoListener,
+    partitions: int,
+    batch: int,
+    client: str = CLIENT,
+) -> float:
     sub = RoutingQueueSubscriber(
-        store, CLIENT, listener, partitions=partitions, batch_size=batch, poll_interval=0.01
+        store, client, listener, partitions=partitions, batch_size=batch, poll_interval=0.01
     )
     stop = threading.Event()
     runner = threading.Thread(target=sub.run, args=(stop,))
@@ -209,9 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if kind == "io"
                         else InsertListener(0.0, args.entries)
                     )
+                    # A client (so a queue) per run: a subscriber with another partition
+                    # count leaves the earlier runs' queues alone (it would refuse one
+                    # whose partitions were stopped apart, PartitionCountError).
                     source = f"{kind}-{count}-{n}"
-                    fill(store, source, args.entries, args.keys)
-                    seconds = drain(store, listener, count, args.batch_size)
+                    client = f"{CLIENT}-{source}"
+                    fill(store, source, args.entries, args.keys, client)
+                    seconds = drain(store, listener, count, args.batch_size, client)
                     m = Measurement(args.entries, seconds)
                     base = base or m.rate
                     results[f"{backend}/{kind}/{count}"] = {
