@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -43,18 +42,16 @@ from sqlalchemy.orm import Session  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
     Measurement,
-    PgSchema,
     fmt_rate,
     machine_facts,
     print_table,
+    queue_store,
     write_json,
 )
 from lr_client import (  # noqa: E402
     RoutingQueueListener,
     RoutingQueueMessage,
     RoutingQueueSubscriber,
-    create_engine,
-    open_store,
 )
 from lr_client.records import ReplicationType, WireEntry  # noqa: E402
 from lr_client.store import SQLAlchemyQueueStore  # noqa: E402
@@ -166,20 +163,8 @@ def drain(
 
 @contextlib.contextmanager
 def backend_store(name: str, pg_url: str) -> Iterator[SQLAlchemyQueueStore]:
-    if name == "sqlite":
-        with tempfile.TemporaryDirectory() as tmp:
-            store = open_store(create_engine(f"sqlite:///{tmp}/bench.db"))
-            try:
-                yield store
-            finally:
-                store.close()
-        return
-    with PgSchema(pg_url) as schema:
-        store = open_store(schema.engine())
-        try:
-            yield store
-        finally:
-            store.close()
+    with queue_store(name, pg_url, "deliver_partitions") as (store, _schema):
+        yield store
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
