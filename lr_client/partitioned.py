@@ -28,6 +28,8 @@ from lr_client.partitioners import partition_of
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
     from lr_client.subscriber import RoutingQueueSubscriber
 
 _LOG = ReplicationType.LOG_ENTRY_SYNC
@@ -129,6 +131,25 @@ class PartitionedDelivery:
         self.marks[(qid, partition)] = upto
         return len(kept)
 
+    def _level(self, conn: Connection, queue_id: int, marks: dict[int, int]) -> None:
+        """Raise every partition to the highest when no entry is left above the lowest.
+
+        A partition stands below entries of other partitions until it scans past
+        them; once those are gone (SQLite deletes what it delivers), it would stand
+        there, apart, and another partition count would be refused though the
+        queue is drained. Nothing is above it, so nothing is passed undelivered.
+        """
+        store, owner = self.sub.store, self.sub.owner
+        if store.peek_head(conn, queue_id, after=min(marks.values())) is not None:
+            return
+        high = max(marks.values())
+        for p, seq in marks.items():
+            if seq < high and not store.save_partition(
+                conn, queue_id, owner, p, previous_seq=seq, delivered_seq=high, delivered_seqs=[]
+            ):
+                raise Conflict
+        self.forget(queue_id)  # read again after this commit
+
     def stopped_at_barrier(self) -> bool:
         """Whether this thread's last partition delivery stopped just below a barrier."""
         return bool(getattr(self.local, "at_barrier", False))
@@ -147,6 +168,7 @@ class PartitionedDelivery:
                 raise Conflict
             low = min(marks.values())
             if any(seq != low for seq in marks.values()):
+                self._level(conn, qid, marks)
                 return None
             head = store.peek_head(conn, qid, after=low)
             if head is None and state.delivered_seq < low:

@@ -270,6 +270,31 @@ def test_the_queue_mark_follows_its_lowest_partition_while_the_workers_run(
     assert app.queue_depth(qid) > 0
 
 
+def test_a_drained_queue_has_its_partitions_together_for_another_count(
+    app: SQLAlchemyQueueStore,
+) -> None:
+    """The last entries all of one partition: once delivered (and, on SQLite, deleted),
+    the other partitions stand with it, so another count is taken."""
+    hashing = HashPartitioner()
+    tail = [k for k in range(100) if hashing(b"k%d" % k, 2) == 1][:3]
+    entries = keyed(range(1, 31), 5) + [
+        WireEntry(31 + i, LOG, b"%d" % (31 + i), key=b"k%d" % k) for i, k in enumerate(tail)
+    ]
+    app.apply_log_batch("a", CLIENT, entries)
+    two = subscriber(app, Recorder(), 2, batch_size=4)
+    first = two._poll_partitions(range(1, 2))[0]  # partition 1 first: its tail goes first
+    assert first + two.poll_once() == 33
+    two.release_leases()
+    (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
+    with app.read() as conn:
+        marks = app.load_partitions(conn, qid)
+        assert len(set(marks.values())) == 1
+        assert app.load_state(conn, qid).delivered_seq == marks[0]
+    app.apply_log_batch("a", CLIENT, keyed(range(34, 41), 5))
+    assert subscriber(app, Recorder(), 3).poll_once() == 7  # another count: taken
+    assert sorted(r.position for r in applied(app)) == list(range(1, 41))
+
+
 def test_a_different_partition_count_is_refused_until_the_queue_is_drained(
     app: SQLAlchemyQueueStore,
 ) -> None:
