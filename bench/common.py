@@ -13,6 +13,7 @@ import platform
 import re
 import sqlite3
 import statistics
+import tempfile
 import threading
 import time
 import uuid
@@ -29,7 +30,8 @@ from rich.table import Table
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 
-from lr_client import create_engine
+from lr_client import create_engine, open_store
+from lr_client.store import SQLAlchemyQueueStore
 
 #: Where the benchmarks find PostgreSQL unless ``LR_BENCH_PG_URL`` says otherwise.
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -336,6 +338,25 @@ class PgSchema:
             with self._admin.begin() as conn:
                 conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quote_ident(self.name)} CASCADE")
             self._admin.dispose()
+
+
+@contextmanager
+def queue_store(
+    backend: str, pg_url: str, name: str
+) -> Iterator[tuple[SQLAlchemyQueueStore, str | None]]:
+    """A queue store for one bench: SQLite, a ``<name>.db`` file in a temporary
+    directory, or a throwaway PostgreSQL schema (``lrbench_<name>_...``), with the
+    schema's name (None on SQLite). Its engine is disposed on exit."""
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="lrbench-") as tmp:
+            engine = create_engine(f"sqlite:///{tmp}/{name}.db")
+            try:
+                yield open_store(engine), None
+            finally:
+                engine.dispose()
+        return
+    with PgSchema(pg_url, prefix=f"lrbench_{name}") as schema:
+        yield open_store(schema.engine()), schema.name
 
 
 class PgDatabase:

@@ -29,9 +29,8 @@ import argparse
 import contextlib
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,12 +46,12 @@ from sqlalchemy.orm import Session  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
     Measurement,
-    PgSchema,
     fmt_rate,
     fmt_ratio,
     machine_facts,
     pg_facts,
     print_table,
+    queue_store,
     quote_ident,
     write_json,
 )
@@ -60,8 +59,6 @@ from lr_client import (  # noqa: E402
     RoutingQueueListener,
     RoutingQueueMessage,
     RoutingQueueSubscriber,
-    create_engine,
-    open_store,
 )
 from lr_client.records import ReplicationType, WireEntry  # noqa: E402
 from lr_client.store import SQLAlchemyQueueStore  # noqa: E402
@@ -210,18 +207,10 @@ class Bench:
         return Measurement(done, time.perf_counter() - start)
 
 
-@contextlib.contextmanager
-def backend_store(name: str, pg_url: str) -> Iterator[tuple[SQLAlchemyQueueStore, str | None]]:
-    if name == "sqlite":
-        with tempfile.TemporaryDirectory(prefix="lrbench-") as tmp:
-            engine = create_engine(f"sqlite:///{tmp}/deliver.db")
-            try:
-                yield open_store(engine), None
-            finally:
-                engine.dispose()
-        return
-    with PgSchema(pg_url, prefix="lrbench_deliver") as schema:
-        yield open_store(schema.engine()), schema.name
+def backend_store(
+    name: str, pg_url: str
+) -> contextlib.AbstractContextManager[tuple[SQLAlchemyQueueStore, str | None]]:
+    return queue_store(name, pg_url, "deliver")
 
 
 def measure(bench: Bench, entries: int, rounds: int, console: Console) -> dict[str, Measurement]:

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -43,18 +42,16 @@ from sqlalchemy.orm import Session  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
     Measurement,
-    PgSchema,
     fmt_rate,
     machine_facts,
     print_table,
+    queue_store,
     write_json,
 )
 from lr_client import (  # noqa: E402
     RoutingQueueListener,
     RoutingQueueMessage,
     RoutingQueueSubscriber,
-    create_engine,
-    open_store,
 )
 from lr_client.records import ReplicationType, WireEntry  # noqa: E402
 from lr_client.store import SQLAlchemyQueueStore  # noqa: E402
@@ -72,10 +69,24 @@ app_rows = Table(
 
 
 class IoListener(RoutingQueueListener):
-    """Waits a fixed time per batch, as a listener calling a remote service."""
+    """Waits a fixed time per batch, as a listener calling a remote service.
 
-    def __init__(self, sleep: float) -> None:
+    Counts the messages it is given, so the drain waits on an event rather than
+    polling the queue's depth all along (the polls took CPU from the workers).
+    """
+
+    def __init__(self, sleep: float, expect: int = 0) -> None:
         self.sleep = sleep
+        self.expect = expect
+        self.seen = 0
+        self.lock = threading.Lock()
+        self.all_seen = threading.Event()
+
+    def count(self, messages: Sequence[RoutingQueueMessage]) -> None:
+        with self.lock:
+            self.seen += len(messages)
+            if self.seen >= self.expect:
+                self.all_seen.set()
 
     def process_full_sync(
         self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
@@ -86,6 +97,7 @@ class IoListener(RoutingQueueListener):
         self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
     ) -> bool:
         time.sleep(self.sleep)
+        self.count(messages)
         return True
 
     def on_error(self, error: BaseException) -> None:
@@ -109,30 +121,38 @@ class InsertListener(IoListener):
                 for m in messages
             ],
         )
+        self.count(messages)
         return True
 
 
-def fill(store: SQLAlchemyQueueStore, source: str, entries: int, keys: int) -> None:
+def fill(
+    store: SQLAlchemyQueueStore, source: str, entries: int, keys: int, client: str = CLIENT
+) -> None:
     payload = b"x" * 256
     for first in range(1, entries + 1, 1000):
         batch = [
             WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, payload, key=b"k%d" % (p % keys))
             for p in range(first, min(first + 1000, entries + 1))
         ]
-        store.apply_log_batch(source, CLIENT, batch)
+        store.apply_log_batch(source, client, batch)
 
 
 def drain(
-    store: SQLAlchemyQueueStore, listener: RoutingQueueListener, partitions: int, batch: int
+    store: SQLAlchemyQueueStore,
+    listener: IoListener,
+    partitions: int,
+    batch: int,
+    client: str = CLIENT,
 ) -> float:
     sub = RoutingQueueSubscriber(
-        store, CLIENT, listener, partitions=partitions, batch_size=batch, poll_interval=0.01
+        store, client, listener, partitions=partitions, batch_size=batch, poll_interval=0.01
     )
     stop = threading.Event()
     runner = threading.Thread(target=sub.run, args=(stop,))
     started = time.perf_counter()
     runner.start()
     try:
+        listener.all_seen.wait()  # every entry given once at least: the last commits follow
         while store.queue_depths():
             time.sleep(0.005)
         return time.perf_counter() - started
@@ -143,20 +163,8 @@ def drain(
 
 @contextlib.contextmanager
 def backend_store(name: str, pg_url: str) -> Iterator[SQLAlchemyQueueStore]:
-    if name == "sqlite":
-        with tempfile.TemporaryDirectory() as tmp:
-            store = open_store(create_engine(f"sqlite:///{tmp}/bench.db"))
-            try:
-                yield store
-            finally:
-                store.close()
-        return
-    with PgSchema(pg_url) as schema:
-        store = open_store(schema.engine())
-        try:
-            yield store
-        finally:
-            store.close()
+    with queue_store(name, pg_url, "deliver_partitions") as (store, _schema):
+        yield store
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -190,11 +198,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 base = None
                 for n, count in enumerate(counts):
                     listener = (
-                        IoListener(args.sleep_ms / 1000) if kind == "io" else InsertListener(0.0)
+                        IoListener(args.sleep_ms / 1000, args.entries)
+                        if kind == "io"
+                        else InsertListener(0.0, args.entries)
                     )
+                    # A client (so a queue) per run: a subscriber with another partition
+                    # count leaves the earlier runs' queues alone (it would refuse one
+                    # whose partitions were stopped apart, PartitionCountError).
                     source = f"{kind}-{count}-{n}"
-                    fill(store, source, args.entries, args.keys)
-                    seconds = drain(store, listener, count, args.batch_size)
+                    client = f"{CLIENT}-{source}"
+                    fill(store, source, args.entries, args.keys, client)
+                    seconds = drain(store, listener, count, args.batch_size, client)
                     m = Measurement(args.entries, seconds)
                     base = base or m.rate
                     results[f"{backend}/{kind}/{count}"] = {

@@ -86,6 +86,10 @@ _Conflict = Conflict
 #: the partition it is called for (None: entries every partition waited for).
 PARTITION_INFO_KEY = "lr_partition"
 
+#: Seconds between raises of a queue's own ``delivered_seq`` to the minimum over its
+#: partitions while they deliver (it lags by at most this; never runs ahead).
+QUEUE_MARK_INTERVAL = 0.5
+
 
 def _awaits_end(
     store: SubscriberQueues,
@@ -219,6 +223,9 @@ class RoutingQueueSubscriber:
         self._lease_lock = threading.Lock()
         #: Notified when a partition commits: workers waiting at a barrier look again.
         self._moved = threading.Condition()
+        #: Queues whose partitions moved since their own mark was raised (monotonic: since).
+        self._behind: dict[int, float] = {}
+        self._marks_lock = threading.Lock()
 
     # -- public API ------------------------------------------------------------------
     def create_schema(self) -> SchemaStatus:
@@ -290,6 +297,7 @@ class RoutingQueueSubscriber:
                 total += n
                 moved = moved or progressed
                 if not progressed:
+                    self._raise_marks(0.0)
                     return total, moved
         queues = self.store.list_queues(self.client_name)
         now = time.monotonic()
@@ -323,6 +331,10 @@ class RoutingQueueSubscriber:
                 self._moved.notify_all()
             for thread in threads:
                 thread.join()
+            try:
+                self._raise_marks(0.0)
+            except Exception as exc:  # raised by the next subscriber
+                self._report(exc)
         finally:
             self.release_leases()
 
@@ -330,6 +342,11 @@ class RoutingQueueSubscriber:
         while not stop.is_set():
             try:
                 progressed = self._poll_partitions(parts)[1]
+                self._raise_marks(
+                    QUEUE_MARK_INTERVAL
+                    if progressed
+                    else min(self.poll_interval, QUEUE_MARK_INTERVAL)
+                )
             except Exception as exc:  # the registry could not be read, or a count refused
                 self._report(exc)
                 progressed = False
@@ -361,6 +378,7 @@ class RoutingQueueSubscriber:
                         self._retry_at.pop(key, None)
                         delivered += n
                         progressed = True
+                        self._behind.setdefault(qid, time.monotonic())
                         if barrier:  # the workers waiting there look again
                             with self._moved:
                                 self._moved.notify_all()
@@ -368,12 +386,35 @@ class RoutingQueueSubscriber:
                     raise
                 except _LeaseLost:
                     self._lease_until.pop(qid, None)
+                    self._partitioned.forget(qid)
                     break
                 except _Conflict:  # retried at its next turn
                     log.debug("partition %d of %s changed; retrying", p, queue.queue_name)
+                    self._partitioned.forget(qid)
                 except Exception as exc:
+                    self._partitioned.forget(qid)
                     self._fail(key, exc)
         return delivered, progressed
+
+    def _raise_marks(self, every: float) -> None:
+        """Raise the own mark of the queues whose partitions moved ``every`` seconds ago
+        or more (one worker at a time; partition deliveries never write that row)."""
+        if not self._behind or not self._marks_lock.acquire(blocking=False):
+            return
+        try:
+            now = time.monotonic()
+            for qid, since in list(self._behind.items()):
+                if now - since < every:
+                    continue
+                self._behind.pop(qid, None)
+                try:
+                    with self.store.write() as conn:
+                        self.store.raise_queue_mark(conn, qid, self.owner)
+                except BaseException:
+                    self._behind.setdefault(qid, since)
+                    raise
+        finally:
+            self._marks_lock.release()
 
     def _idle_wait(self) -> float:
         if not self._retry_at:

@@ -464,6 +464,10 @@ class SubscriberQueues(Transactions, Protocol):
     the subscriber opens with :meth:`write` (or :meth:`read`).
     """
 
+    #: Whether one write transaction at a time runs (SQLite): a subscriber's
+    #: partition workers then take turns on a lock of their own.
+    single_writer: bool
+
     def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
         """Registered receive queues."""
 
@@ -558,9 +562,11 @@ class SubscriberQueues(Transactions, Protocol):
         """{partition: its ``delivered_seq``} of a queue delivered by partition."""
 
     def scan_entries(
-        self, conn: Connection, queue_id: int, after: int, limit: int
+        self, conn: Connection, queue_id: int, after: int, limit: int, inline_bytes: int = 0
     ) -> list[HeadEntry]:
-        """The queue's entries above ``seq`` ``after``, in order, without payloads."""
+        """The queue's entries above ``seq`` ``after``, in order, without payloads
+        (``b""``) but those of at most ``inline_bytes // limit`` bytes (so at most
+        ``inline_bytes`` in all): read them with :meth:`read_payloads`."""
 
     def read_payloads(self, conn: Connection, queue_id: int, seqs: list[int]) -> dict[int, bytes]:
         """{seq: payload} of entries of the queue."""
@@ -577,9 +583,14 @@ class SubscriberQueues(Transactions, Protocol):
         delivered_seqs: list[int],
     ) -> bool:
         """Raise a partition's ``delivered_seq`` from ``previous_seq`` (the value the
-        delivery read) for the entries ``delivered_seqs`` it delivered, and the
-        queue's to the minimum over its partitions, while ``owner`` holds the
-        lease; False (roll back) if either changed meanwhile."""
+        delivery read) for the entries ``delivered_seqs`` it delivered, while
+        ``owner`` holds the lease (a takeover waits for this transaction); False
+        (roll back) if either changed meanwhile. The queue's own ``delivered_seq``
+        is left as it is (see :meth:`raise_queue_mark`)."""
+
+    def raise_queue_mark(self, conn: Connection, queue_id: int, owner: str) -> bool:
+        """Raise the queue's ``delivered_seq`` to the minimum over its partitions, while
+        ``owner`` holds the lease; whether it moved."""
 
     def save_barrier(
         self,

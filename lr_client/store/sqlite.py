@@ -62,6 +62,7 @@ def _names_only(dest_nums: Any, nums: Sequence[int]) -> ColumnElement[bool]:
 class SQLiteQueueStore(SQLAlchemyQueueStore):
     dialect = "sqlite"
     dialect_insert = staticmethod(sqlite_insert)
+    single_writer = True
 
     def _insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]

@@ -8,7 +8,12 @@ transaction), so two deliveries of one partition can never both commit, and
 a crash anywhere applies each entry once. The queue's own
 ``lrq_subscriber_state.delivered_seq`` is kept at the minimum over its
 partitions (never above it), so receive queue retirement on PostgreSQL and
-every reader of the queue see only what every partition has passed.
+every reader of the queue see only what every partition has passed. A
+partition's delivery does not write that row (every partition would queue on
+its lock): it only holds a share lock on it as the lease's fence, and
+:meth:`SubscriberPartitionsStore.raise_queue_mark` raises the queue's mark to
+the minimum in a transaction of its own, from time to time and when the
+partitions stand still.
 
 Entries every partition waits for (no key, snapshot entries, drop notices)
 are passed by :meth:`SubscriberPartitionsStore.save_barrier`, once every
@@ -18,7 +23,7 @@ partition stands just below them. The partition count is stored in
 
 from __future__ import annotations
 
-from sqlalchemy import and_, case, delete, func, insert, select, update
+from sqlalchemy import and_, case, delete, exists, func, insert, null, select, update
 from sqlalchemy.engine import Connection
 
 from lr_client.errors import PartitionCountError
@@ -37,6 +42,9 @@ class SubscriberPartitionsStore(StoreBase):
     """Per-partition delivery state of receive queues."""
 
     keeps_delivered = False
+    #: Whether one transaction at a time writes (SQLite): the partitions' deliveries
+    #: then queue on a lock of their own, woken at once, not on the busy handler's sleeps.
+    single_writer = False
 
     def claim_partitions(self, conn: Connection, queue_id: int, count: int) -> None:
         if count < 1:
@@ -87,8 +95,14 @@ class SubscriberPartitionsStore(StoreBase):
         return {int(p): int(seq) for p, seq in rows}
 
     def scan_entries(
-        self, conn: Connection, queue_id: int, after: int, limit: int
+        self, conn: Connection, queue_id: int, after: int, limit: int, inline_bytes: int = 0
     ) -> list[HeadEntry]:
+        small = inline_bytes // max(1, limit)
+        inline = (
+            case((func.length(_R.c.payload) <= small, _R.c.payload), else_=null())
+            if small > 0
+            else null()
+        )
         rows = conn.execute(
             select(
                 _R.c.seq,
@@ -97,6 +111,7 @@ class SubscriberPartitionsStore(StoreBase):
                 _R.c.snapshot_id,
                 _R.c.base_position,
                 _R.c.partition_key,
+                inline.label("inline"),
             )
             .where(_R.c.queue_id == queue_id, _R.c.seq > after)
             .order_by(_R.c.seq)
@@ -104,7 +119,13 @@ class SubscriberPartitionsStore(StoreBase):
         ).all()
         return [
             HeadEntry(
-                r[0], _TYPES[r[1]], r[2], r[3], b"", r[4], None if r[5] is None else bytes(r[5])
+                r[0],
+                _TYPES[r[1]],
+                r[2],
+                r[3],
+                b"" if r[6] is None else bytes(r[6]),
+                r[4],
+                None if r[5] is None else bytes(r[5]),
             )
             for r in rows
         ]
@@ -130,32 +151,43 @@ class SubscriberPartitionsStore(StoreBase):
     ) -> bool:
         if delivered_seq < previous_seq:
             raise ValueError("delivered_seq cannot go back")
+        # The fence: a share lock on the queue's state row while ``owner`` holds the
+        # lease (PostgreSQL; SQLite has one writer), so a takeover waits for this
+        # commit, while the other partitions' deliveries take it too: none writes it.
+        fence = exists(
+            select(_T.c.queue_id)
+            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
+            .with_for_update(read=True)
+        )
         moved = conn.execute(
             update(_P)
             .where(
                 _P.c.queue_id == queue_id,
                 _P.c.partition == partition,
                 _P.c.delivered_seq == previous_seq,
+                fence,
             )
             .values(delivered_seq=delivered_seq, delivered=_P.c.delivered + len(delivered_seqs))
         )
         if moved.rowcount != 1:
             return False
+        if not self.keeps_delivered and delivered_seqs:
+            conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))
+        return True
+
+    def raise_queue_mark(self, conn: Connection, queue_id: int, owner: str) -> bool:
         lowest = (
             select(func.min(_P.c.delivered_seq)).where(_P.c.queue_id == queue_id).scalar_subquery()
         )
-        fenced = conn.execute(
+        moved = conn.execute(
             update(_T)
-            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
+            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner, _T.c.partitions > 0)
+            .where(lowest > _T.c.delivered_seq)
             .values(
                 delivered_seq=case((lowest > _T.c.delivered_seq, lowest), else_=_T.c.delivered_seq)
             )
         )
-        if fenced.rowcount != 1:
-            return False
-        if not self.keeps_delivered and delivered_seqs:
-            conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))
-        return True
+        return bool(moved.rowcount)
 
     def save_barrier(
         self,

@@ -455,6 +455,17 @@ def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: Que
     ]
     start = marks[0]
     assert marks == {0: start, 1: start, 2: start} and start < scanned[0].seq
+    with store.read() as conn:  # small payloads come with the scan when asked
+        assert [e.payload for e in store.scan_entries(conn, qid, 0, 3, inline_bytes=3)] == [
+            b"1",
+            b"2",
+            b"3",
+        ]
+        assert [e.payload for e in store.scan_entries(conn, qid, 0, 3, inline_bytes=2)] == [
+            b"",
+            b"",
+            b"",
+        ]
     seqs = [e.seq for e in scanned]
     with store.write() as conn:
         assert store.read_payloads(conn, qid, seqs[:2]) == {seqs[0]: b"1", seqs[1]: b"2"}
@@ -476,6 +487,37 @@ def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: Que
         with pytest.raises(PartitionCountError):
             store.claim_partitions(conn, qid, 2)  # its partitions stand apart
         assert store.load_state(conn, qid).partitions == 3
+
+
+def test_only_sqlite_has_a_single_writer(store: QueueStore) -> None:
+    assert store.single_writer is (store.dialect == "sqlite")
+
+
+def test_the_queue_mark_is_raised_to_the_lowest_partition_by_the_lease_holder(
+    store: QueueStore,
+) -> None:
+    store.apply_log_batch("a", "policy", _keyed(1, 2, 3, 4))
+    qid = _queue_id(store, "policy")
+    with store.write() as conn:
+        store.acquire_lease(conn, qid, "s1", 1000.0, 1e9)
+        store.claim_partitions(conn, qid, 2)
+        start = store.load_partitions(conn, qid)[0]
+        seqs = [e.seq for e in store.scan_entries(conn, qid, start, 10)]
+    with store.write() as conn:  # a partition's delivery leaves the queue's mark as it is
+        assert store.save_partition(
+            conn, qid, "s1", 0, previous_seq=start, delivered_seq=seqs[2], delivered_seqs=seqs[:1]
+        )
+        assert store.save_partition(
+            conn, qid, "s1", 1, previous_seq=start, delivered_seq=seqs[1], delivered_seqs=seqs[1:2]
+        )
+        assert store.load_state(conn, qid).delivered_seq == start
+    with store.write() as conn:
+        assert not store.raise_queue_mark(conn, qid, "s2")  # not the lease holder
+        assert store.load_state(conn, qid).delivered_seq == start
+        assert store.raise_queue_mark(conn, qid, "s1")
+        assert store.load_state(conn, qid).delivered_seq == seqs[1]  # the lowest partition
+        assert not store.raise_queue_mark(conn, qid, "s1")  # already there
+    assert store.queue_depth(qid) == 2
 
 
 def test_a_barrier_passes_every_partition_at_once(store: QueueStore) -> None:

@@ -223,6 +223,78 @@ def test_parallel_workers_with_a_slow_listener_keep_order_and_exactly_once(
         assert all(index[p] > index[barrier] for p in positions if p > barrier)
 
 
+class Poisoned(Recorder):
+    """Refuses every batch that holds ``poison``'s position: its partition stays below it."""
+
+    def __init__(self, poison: int) -> None:
+        super().__init__()
+        self.poison = poison
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        if any(m.source_position == self.poison for m in messages):
+            return False
+        return super().process_log_entries(session, source_id, messages)
+
+
+def test_the_queue_mark_follows_its_lowest_partition_while_the_workers_run(
+    app: SQLAlchemyQueueStore,
+) -> None:
+    """Partition deliveries do not write the queue's state row; the workers raise its
+    ``delivered_seq`` to the lowest partition apart, though the queue never drains."""
+    app.apply_log_batch("a", CLIENT, keyed(range(1, 121), 11))
+    (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
+    sub = subscriber(app, Poisoned(poison=60), 3, batch_size=4)
+    stop = threading.Event()
+    runner = threading.Thread(target=sub.run, args=(stop,))
+
+    def marks() -> tuple[int, dict[int, int]]:
+        with app.read() as conn:
+            return app.load_state(conn, qid).delivered_seq, app.load_partitions(conn, qid)
+
+    def raised() -> bool:
+        own, parts = marks()
+        return len(set(parts.values())) == 2 and own == min(parts.values()) > 0
+
+    runner.start()
+    try:  # two partitions at the end, the third below the poison, the queue at the third
+        wait_for(raised, timeout=120)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    own, parts = marks()
+    assert own == min(parts.values()) > 0 and len(set(parts.values())) > 1
+    assert 60 not in {r.position for r in applied(app)}
+    assert app.queue_depth(qid) > 0
+
+
+def test_a_drained_queue_has_its_partitions_together_for_another_count(
+    app: SQLAlchemyQueueStore,
+) -> None:
+    """The last entries all of one partition: once delivered (and, on SQLite, deleted),
+    the other partitions stand with it, so another count is taken."""
+    hashing = HashPartitioner()
+    tail = [k for k in range(100) if hashing(b"k%d" % k, 2) == 1][:3]
+    entries = keyed(range(1, 31), 5) + [
+        WireEntry(31 + i, LOG, b"%d" % (31 + i), key=b"k%d" % k) for i, k in enumerate(tail)
+    ]
+    app.apply_log_batch("a", CLIENT, entries)
+    two = subscriber(app, Recorder(), 2, batch_size=4)
+    first = two._poll_partitions(range(1, 2))[0]  # partition 1 first: its tail goes first
+    assert first + two.poll_once() == 33
+    two.release_leases()
+    (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
+    with app.read() as conn:
+        marks = app.load_partitions(conn, qid)
+        assert len(set(marks.values())) == 1
+        assert app.load_state(conn, qid).delivered_seq == marks[0]
+    app.apply_log_batch("a", CLIENT, keyed(range(34, 41), 5))
+    assert subscriber(app, Recorder(), 3).poll_once() == 7  # another count: taken
+    assert sorted(r.position for r in applied(app)) == list(range(1, 41))
+
+
 def test_a_different_partition_count_is_refused_until_the_queue_is_drained(
     app: SQLAlchemyQueueStore,
 ) -> None:
