@@ -276,7 +276,8 @@ class SubscriberQueuesStore(StoreBase):
             .order_by(_R.c.seq)
             .limit(limit)
         )
-        rows = fill(conn, within(self._fetch_rows(conn, query), max_bytes), _R.c.seq, _R.c.payload)
+        rows = self._fetch_rows(conn, query, in_index_order=True)
+        rows = fill(conn, within(rows, max_bytes), _R.c.seq, _R.c.payload)
         make, types = HeadEntry._make, _TYPES
         return [
             make((r[0], types[r[1]], r[2], r[3], payload, r[4], _key(r[5]))) for r, payload in rows
