@@ -278,9 +278,12 @@ class SubscriberQueuesStore(StoreBase):
         )
         rows = self._fetch_rows(conn, query, in_index_order=True)
         rows = fill(conn, within(rows, max_bytes), _R.c.seq, _R.c.payload)
-        make, types = HeadEntry._make, _TYPES
+        new, types = tuple.__new__, _TYPES  # HeadEntry._make without its length check
         return [
-            make((r[0], types[r[1]], r[2], r[3], payload, r[4], _key(r[5]))) for r, payload in rows
+            new(HeadEntry, (r[0], types[r[1]], r[2], r[3], payload, r[4], _key(r[5])))
+            if r[5] is not None
+            else new(HeadEntry, (r[0], types[r[1]], r[2], r[3], payload, r[4], None))
+            for r, payload in rows
         ]
 
     def peek_head(
