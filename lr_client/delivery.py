@@ -59,7 +59,15 @@ _M = RoutingQueueMessage
 #: through ``object.__setattr__`` per field, twice the time per message.
 _SET = tuple(
     getattr(_M, f).__set__
-    for f in ("payload", "source_id", "client_name", "source_position", "type", "snapshot_id", "key")
+    for f in (
+        "payload",
+        "source_id",
+        "client_name",
+        "source_position",
+        "type",
+        "snapshot_id",
+        "key",
+    )
 )
 
 

@@ -180,7 +180,8 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         with raw.cursor() as cur:
             if not in_index_order:
                 cur.execute(str(compiled), compiled.params, binary=True)
-                return cur.fetchall()
+                found: list[Any] = cur.fetchall()
+                return found
             # Without statistics (a partition filled since its last ANALYZE, as a
             # snapshot's is) the planner takes the queue for a few rows and reads
             # all of them with a bitmap scan, then sorts them to keep the first:

@@ -121,16 +121,16 @@ def test_one_destination_cancelled_the_others_complete_from_the_shared_copy(
 
     with running(runner, *(sinks[d][1] for d in DESTS)):
         for d in others:  # each completes from the shared copy, acknowledged at the source
-            wait_for(
-                lambda d=d: status(sid, d) is SnapshotStatus.COMPLETED, timeout=60, what=d
-            )
+            wait_for(lambda d=d: status(sid, d) is SnapshotStatus.COMPLETED, timeout=60, what=d)
         c_sid = wait_for(c_completed, timeout=60, what="c's own snapshot completed")
         expected = {"b": sid, "c": c_sid, "d": sid, "e": sid}
         for d in DESTS:  # delivered and committed at the sink
             wait_for(
-                lambda d=d: expected[d] in sinks[d][2].full_syncs
-                and _applied_snapshot_rows(sinks[d][0]) >= 40
-                and kvapp.table(sinks[d][0].engine) == kvapp.table(src.engine),
+                lambda d=d: (
+                    expected[d] in sinks[d][2].full_syncs
+                    and _applied_snapshot_rows(sinks[d][0]) >= 40
+                    and kvapp.table(sinks[d][0].engine) == kvapp.table(src.engine)
+                ),
                 timeout=60,
                 what=f"{d} applied its snapshot",
             )

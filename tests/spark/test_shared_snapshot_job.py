@@ -68,9 +68,11 @@ def test_one_job_run_serves_three_destinations_each_row_once(spark: Any, sites: 
             assert run_snapshot_job(spark, sites.url("a"), sid, df.repartition(2)) == ROWS
         for d in DESTS:
             wait_for(
-                lambda d=d: len(_applied(sinks[d][0])) >= ROWS
-                and sid in sinks[d][2].full_syncs
-                and kvapp.table(sinks[d][0].engine) == table,
+                lambda d=d: (
+                    len(_applied(sinks[d][0])) >= ROWS
+                    and sid in sinks[d][2].full_syncs
+                    and kvapp.table(sinks[d][0].engine) == table
+                ),
                 timeout=120,
                 what=f"{d} applied the snapshot",
             )

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 
 import pytest
 
 from lr_client.delivery import PlanKind, awaits_end, messages, plan_delivery, run_length
-from lr_client.listener import RoutingQueueMessage
 from lr_client.errors import ProtocolError
+from lr_client.listener import RoutingQueueMessage
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 
 LOG = ReplicationType.LOG_ENTRY_SYNC
