@@ -6,6 +6,8 @@
                              [--out bench/results/snapshot.json]
     python bench/snapshot.py --shared-rows 200000 [--backend ...] [--repeat 3]
                              [--shared-out bench/results/snapshot-shared.json]
+    python bench/snapshot.py --sink-rows 100000 [--deliver-row-bytes 1024] [--backend ...]
+                             [--repeat 3] [--cprofile] [--sink-out bench/results/snapshot-sink.json]
 
 One DataFrame, ``spark.range(rows)`` plus a string column, so that each row
 encodes (default JSON encoder) to about 200 bytes: ``{"body":"xxx...","id":123}``.
@@ -37,6 +39,14 @@ snapshot READY (the job's return) to the listener's ``on_full_sync_end``, and be
 the listener's first and last call; CPU per row of each stage (ship: the source server,
 receive: the sink server, deliver: the subscriber's thread, database: PostgreSQL's
 backends) and, with ``--profile`` and py-spy installed, each stage's top functions.
+
+``--sink-rows N`` runs only the delivery stage (no Spark, no servers): a whole
+snapshot of ``N`` rows of ``--deliver-row-bytes`` is written into the sink's receive
+queue as the receiver writes it (its end marker last, so it is READY there), then a
+subscriber with a no-op listener delivers it, polled in the benchmark's thread; rows/s
+from its first poll to the listener's ``on_full_sync_end``, its CPU per row (and on
+PostgreSQL its database backend's), and with ``--cprofile`` the functions with the most
+time of their own. Target: 100,000 rows/s of 1 KiB on both backends.
 
 ``--shared-rows N`` runs only the shared-snapshot measurement (no Spark): one
 destination, then five, ask for a full sync of one client before it starts;
