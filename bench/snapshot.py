@@ -6,6 +6,8 @@
                              [--out bench/results/snapshot.json]
     python bench/snapshot.py --shared-rows 200000 [--backend ...] [--repeat 3]
                              [--shared-out bench/results/snapshot-shared.json]
+    python bench/snapshot.py --sink-rows 100000 [--deliver-row-bytes 1024] [--backend ...]
+                             [--repeat 3] [--cprofile] [--sink-out bench/results/snapshot-sink.json]
 
 One DataFrame, ``spark.range(rows)`` plus a string column, so that each row
 encodes (default JSON encoder) to about 200 bytes: ``{"body":"xxx...","id":123}``.
@@ -37,6 +39,14 @@ snapshot READY (the job's return) to the listener's ``on_full_sync_end``, and be
 the listener's first and last call; CPU per row of each stage (ship: the source server,
 receive: the sink server, deliver: the subscriber's thread, database: PostgreSQL's
 backends) and, with ``--profile`` and py-spy installed, each stage's top functions.
+
+``--sink-rows N`` runs only the delivery stage (no Spark, no servers): a whole
+snapshot of ``N`` rows of ``--deliver-row-bytes`` is written into the sink's receive
+queue as the receiver writes it (its end marker last, so it is READY there), then a
+subscriber with a no-op listener delivers it, polled in the benchmark's thread; rows/s
+from its first poll to the listener's ``on_full_sync_end``, its CPU per row (and on
+PostgreSQL its database backend's), and with ``--cprofile`` the functions with the most
+time of their own. Target: 100,000 rows/s of 1 KiB on both backends.
 
 ``--shared-rows N`` runs only the shared-snapshot measurement (no Spark): one
 destination, then five, ask for a full sync of one client before it starts;
@@ -326,6 +336,138 @@ def run_delivery(
             stop_process(server, timeout=10)
         store.engine.dispose()
         sink.engine.dispose()
+
+
+# -- the delivery stage alone: the sink's receive queue to the listener -------------------
+
+SINK_SOURCE = "src"
+SINK_FILL_BATCH = 4000
+
+
+def fill_sink(store: Any, rows: int, row_bytes: int, snapshot_id: str = "bench-sink") -> None:
+    """Write a whole snapshot of ``rows`` rows into the sink's receive queue, as the
+    receiver does (its batches through ``apply_snapshot_batch``, the end marker last)."""
+    from lr_client.records import ReplicationType, WireEntry
+
+    snap = ReplicationType.SNAPSHOT_SYNC
+    body = "x" * _body_chars(row_bytes)
+    for first in range(1, rows + 1, SINK_FILL_BATCH):
+        batch = [
+            WireEntry(pos, snap, f'{{"body":"{body}","id":{pos:07d}}}'.encode(), snapshot_id)
+            for pos in range(first, min(rows, first + SINK_FILL_BATCH - 1) + 1)
+        ]
+        store.apply_snapshot_batch(SINK_SOURCE, CLIENT, snapshot_id, batch)
+    end = WireEntry(
+        rows + 1, ReplicationType.LAST_FULL_SYNC_ENTRY, b"", snapshot_id, rows, base_position=7
+    )
+    store.apply_snapshot_batch(SINK_SOURCE, CLIENT, snapshot_id, [end])
+
+
+def run_sink_delivery(
+    url: str, rows: int, row_bytes: int, cprofile: Path | None = None
+) -> dict[str, Any]:
+    """The delivery stage alone: a whole snapshot READY in the sink's receive queue
+    (its end marker received), delivered by a subscriber to a no-op listener.
+
+    Timed from the subscriber's first poll to the listener's ``on_full_sync_end``;
+    the subscriber polls in this thread (its CPU is this thread's), with
+    ``cprofile`` a :mod:`cProfile` of it is written there.
+    """
+    import cProfile
+    import pstats
+    import resource
+
+    from lr_client.subscriber import RoutingQueueSubscriber
+
+    pg = url.startswith("postgresql")
+    if pg:
+        url = f"{url}&application_name={DELIVERY_APP}"
+    sink = open_store(create_engine(url))
+    try:
+        sink.create_schema()
+        fill_sink(sink, rows, row_bytes)
+        listener = _CountingListener()
+        subscriber = RoutingQueueSubscriber(sink, CLIENT, listener, poll_interval=0.0)
+        db_cpu = PgBackendsCpu(url, DELIVERY_APP) if pg else None
+        db_before = db_cpu.sample() if db_cpu is not None else {}
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        prof = cProfile.Profile() if cprofile is not None else None
+        cpu0, start = time.thread_time(), time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        deadline = start + max(120.0, rows / 1000.0)
+        while not listener.ended and time.perf_counter() < deadline:
+            subscriber.poll_once()
+        if prof is not None:
+            prof.disable()
+        seconds = time.perf_counter() - start
+        cpu = {"deliver": round(time.thread_time() - cpu0, 2)}
+        if db_cpu is not None:
+            cpu["database"] = round(PgBackendsCpu.used(db_before, db_cpu.sample()), 2)
+            db_cpu.close()
+        subscriber.close()
+        if listener.rows != rows:
+            raise RuntimeError(f"snapshot not delivered: {listener.rows:,} of {rows:,} rows")
+        out: dict[str, Any] = {
+            "rows": rows,
+            "row_bytes": row_bytes,
+            "seconds": round(seconds, 3),
+            "rows_per_second": round(rows / seconds),
+            "cpu_seconds": cpu,
+            "cpu_us_per_row": {k: round(v * 1e6 / rows, 1) for k, v in cpu.items()},
+            "maxrss_growth_mib": round(
+                (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024, 1
+            ),
+        }
+        if prof is not None and cprofile is not None:
+            prof.dump_stats(str(cprofile))
+            stats = pstats.Stats(prof)
+            top = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]  # type: ignore[attr-defined]
+            out["cprofile_self_seconds"] = {
+                f"{Path(k[0]).name}:{k[1]}({k[2]})": round(v[2], 3) for k, v in top
+            }
+        return out
+    finally:
+        sink.engine.dispose()
+
+
+def sink_main(args: argparse.Namespace, backends: Sequence[str], pg_url: str) -> int:
+    """The delivery stage alone, per backend: rows/s from READY at the sink to the end."""
+    console = Console(width=160)
+    results: dict[str, list[dict[str, Any]]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="lr-sinkbench-"))
+    try:
+        for backend in backends:
+            results[backend] = []
+            for _ in range(max(1, args.repeat)):
+                db = pg_db(pg_url) if backend == "postgresql" else sqlite_db(tmp, "sink")
+                with db as url:
+                    prof = tmp / f"{backend}.prof" if args.cprofile else None
+                    run = run_sink_delivery(url, args.sink_rows, args.deliver_row_bytes, prof)
+                run["loadavg_after"] = round(os.getloadavg()[0], 1)
+                results[backend].append(run)
+                console.print(
+                    f"{backend:10} {run['rows_per_second']:>10,} rows/s  ({run['seconds']:.2f}s,"
+                    f" deliver CPU {run['cpu_us_per_row']} µs/row,"
+                    f" RSS +{run['maxrss_growth_mib']} MiB, load {run['loadavg_after']})"
+                )
+                for name, secs in run.get("cprofile_self_seconds", {}).items():
+                    console.print(f"    {secs:8.3f}s self  {name}")
+    finally:
+        for leftover in tmp.glob("*"):
+            leftover.unlink()
+        tmp.rmdir()
+    write_json(
+        args.sink_out,
+        {
+            "benchmark": "snapshot-sink-delivery",
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "facts": machine_facts(),
+            "results": results,
+        },
+    )
+    console.print(f"wrote {args.sink_out}")
+    return 0
 
 
 def _body_chars(row_bytes: int) -> int:
@@ -691,9 +833,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--shared-out", type=Path, default=ROOT / "bench" / "results" / "snapshot-shared.json"
     )
+    p.add_argument(
+        "--sink-rows",
+        type=int,
+        default=None,
+        help="run only the delivery stage: N rows READY in the sink's receive queue to the end",
+    )
+    p.add_argument("--cprofile", action="store_true", help="with --sink-rows: cProfile it")
+    p.add_argument(
+        "--sink-out", type=Path, default=ROOT / "bench" / "results" / "snapshot-sink.json"
+    )
     args = p.parse_args(argv)
     pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    if args.sink_rows is not None:
+        return sink_main(args, backends, pg_url)
     if args.shared_rows is not None:
         return shared_main(args, backends, pg_url)
     wanted = set(args.cases.split(",")) if args.cases else None

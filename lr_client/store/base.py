@@ -118,10 +118,15 @@ class StoreBase(abc.ABC):
         with mapped_errors(), self.engine.connect() as conn, conn.begin():
             yield conn
 
-    def _fetch_rows(self, conn: Connection, query: Any) -> Sequence[Any]:
+    def _fetch_rows(
+        self, conn: Connection, query: Any, in_index_order: bool = False
+    ) -> Sequence[Any]:
         """The rows of a read of entries with their payloads, as tuples (by index).
 
-        A backend may fetch them a faster way (PostgreSQL: binary results).
+        A backend may fetch them a faster way (PostgreSQL: binary results;
+        SQLite: the driver's rows). ``in_index_order``: the query takes the
+        first rows of an index range in its order (``ORDER BY`` the index,
+        ``LIMIT``), and must be planned so, whatever the statistics say.
         """
         return conn.execute(query).all()
 

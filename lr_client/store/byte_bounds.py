@@ -7,7 +7,9 @@ large payload of an entry beyond that.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -84,9 +86,12 @@ def sized(payload: Any, limit: int, max_bytes: int | None) -> tuple[Any, Any]:
 
 def within(rows: Sequence[Any], max_bytes: int | None) -> list[Any]:
     """The leading ``rows`` (read with :func:`sized`) one read takes, by the byte-cut rule."""
-    if max_bytes is None or sum(r[-2] for r in rows) + ENTRY_OVERHEAD * len(rows) <= max_bytes:
+    if max_bytes is None:
         return list(rows)
-    return list(rows[: bytes_prefix((r[-2] for r in rows), max_bytes)])
+    # The running totals of (payload + overhead), then the first beyond the limit:
+    # :class:`ByteCut`'s rule, without a call per row.
+    totals = list(itertools.accumulate(r[-2] + ENTRY_OVERHEAD for r in rows))
+    return list(rows[: max(1, bisect.bisect_right(totals, max_bytes))]) if rows else []
 
 
 def fill(

@@ -64,6 +64,19 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     dialect_insert = staticmethod(sqlite_insert)
     single_writer = True
 
+    def _fetch_rows(
+        self, conn: Connection, query: Any, in_index_order: bool = False
+    ) -> Sequence[Any]:
+        # The driver's own rows: SQLAlchemy's result processing per row cost a
+        # read of 4,000 entries about as much as the driver's fetch itself.
+        compiled = query.compile(dialect=conn.dialect)
+        params = compiled.construct_params()
+        names = compiled.positiontup or ()
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        rows: list[Any] = raw.execute(str(compiled), [params[n] for n in names]).fetchall()
+        return rows
+
     def _insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:

@@ -276,10 +276,17 @@ class SubscriberQueuesStore(StoreBase):
             .order_by(_R.c.seq)
             .limit(limit)
         )
-        rows = fill(conn, within(self._fetch_rows(conn, query), max_bytes), _R.c.seq, _R.c.payload)
-        make, types = HeadEntry._make, _TYPES
+        rows = within(self._fetch_rows(conn, query, in_index_order=True), max_bytes)
+        if any(r[-1] is None for r in rows):  # a large payload, loaded now that it fits
+            rows = [(*r[:-1], p) for r, p in fill(conn, rows, _R.c.seq, _R.c.payload)]
+        # Each row's last column is its payload (the drivers give bytes); one tuple
+        # per entry, HeadEntry._make without its length check.
+        new, types = tuple.__new__, _TYPES
         return [
-            make((r[0], types[r[1]], r[2], r[3], payload, r[4], _key(r[5]))) for r, payload in rows
+            new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], _key(r[5])))
+            if r[5] is not None
+            else new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], None))
+            for r in rows
         ]
 
     def peek_head(

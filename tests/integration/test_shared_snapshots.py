@@ -107,20 +107,46 @@ def test_one_destination_cancelled_the_others_complete_from_the_shared_copy(
     assert src.cancel_snapshot(sid, "operator", destination="c")
     calls: list[str] = []
     runner = SnapshotProviderRunner(src, "policy", _counting_provider(src, calls))
+    others = ["b", "d", "e"]
+
+    def status(snapshot_id: str, d: str) -> SnapshotStatus | None:
+        view = src.get_snapshot(snapshot_id, d)
+        return None if view is None else view.status
+
+    def c_completed() -> str | None:
+        # c asks again and gets a snapshot of its own (how many tries it takes, a
+        # stall reclaim under load included, is not the point: the last completes).
+        done = [x for x in calls[1:] if status(x, "c") is SnapshotStatus.COMPLETED]
+        return done[-1] if done else None
+
     with running(runner, *(sinks[d][1] for d in DESTS)):
-        for d in DESTS:  # c asks again and gets the next snapshot
+        for d in others:  # each completes from the shared copy, acknowledged at the source
+            wait_for(lambda d=d: status(sid, d) is SnapshotStatus.COMPLETED, timeout=60, what=d)
+        c_sid = wait_for(c_completed, timeout=60, what="c's own snapshot completed")
+        expected = {"b": sid, "c": c_sid, "d": sid, "e": sid}
+        for d in DESTS:  # delivered and committed at the sink
             wait_for(
-                lambda d=d: kvapp.table(sinks[d][0].engine) == kvapp.table(src.engine), timeout=60
+                lambda d=d: (
+                    expected[d] in sinks[d][2].full_syncs
+                    and _applied_snapshot_rows(sinks[d][0]) >= 40
+                    and kvapp.table(sinks[d][0].engine) == kvapp.table(src.engine)
+                ),
+                timeout=60,
+                what=f"{d} applied its snapshot",
             )
-    assert calls[0] == sid and len(calls) == 2
-    assert [src.get_snapshot(sid, d).status for d in DESTS] == [  # type: ignore[union-attr]
+    assert calls[0] == sid and calls.count(sid) == 1  # the shared copy written once
+    assert c_sid != sid
+    assert [status(sid, d) for d in DESTS] == [
         SnapshotStatus.COMPLETED,
         SnapshotStatus.CANCELLED,
         SnapshotStatus.COMPLETED,
         SnapshotStatus.COMPLETED,
     ]
-    for d in ("b", "d", "e"):
-        assert sinks[d][2].full_syncs == [sid]
+    # A delivery retried after a rollback (a busy database) calls the start again:
+    # what counts is which snapshots reached each sink and its rows, applied once.
+    for d in others:
+        assert set(sinks[d][2].full_syncs) == {sid}
         assert _applied_snapshot_rows(sinks[d][0]) == 40
-    assert sinks["c"][2].full_syncs == [calls[1]]
+    assert sid not in sinks["c"][2].full_syncs and c_sid in sinks["c"][2].full_syncs
+    assert _applied_snapshot_rows(sinks["c"][0]) == 40 * len(set(sinks["c"][2].full_syncs))
     wait_for(lambda: _stored(src) == 0, timeout=30)

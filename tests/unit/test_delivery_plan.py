@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
 
-from lr_client.delivery import PlanKind, awaits_end, plan_delivery, run_length
+from lr_client.delivery import PlanKind, awaits_end, messages, plan_delivery, run_length
 from lr_client.errors import ProtocolError
+from lr_client.listener import RoutingQueueMessage
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 
 LOG = ReplicationType.LOG_ENTRY_SYNC
@@ -111,6 +113,16 @@ def test_messages_carry_the_entry_and_its_queue() -> None:
     (message,) = plan_delivery(QUEUE, IDLE, entries).messages
     assert (message.source_id, message.client_name) == ("site-a", "policy")
     assert (message.payload, message.type, message.snapshot_id) == (b"s1-1", SNAP, "s1")
+
+
+def test_messages_are_the_dataclass_built_from_each_entry() -> None:
+    entry = HeadEntry(7, SNAP, 3, "s1", b"row", 9, b"k")
+    (message,) = messages(QUEUE, [entry])
+    built = RoutingQueueMessage(b"row", "site-a", "policy", 3, SNAP, "s1", b"k")
+    assert message == built and hash(message) == hash(built)
+    assert repr(message) == repr(built)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        message.payload = b"other"  # type: ignore[misc]
 
 
 def test_an_unknown_entry_type_is_a_protocol_error() -> None:
