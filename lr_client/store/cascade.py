@@ -262,7 +262,7 @@ class CascadeStore(StoreBase):
                 .where(
                     _R.c.queue_id == qid,
                     _R.c.seq > start,
-                    _R.c.type == literal(_LOG, literal_execute=True),
+                    _R.c.type == _LOG,  # bound: the query runs on the driver (PostgreSQL)
                     _R.c.source_position > after,
                 )
                 .order_by(_R.c.seq)
