@@ -17,6 +17,7 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import NotProviderError, ProtocolError
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
+from lr_server import wire
 from lr_server.receiver import Receiver
 from lr_server.streams import SessionState
 from tests.kit.sites import CHAIN, SEED_TREE, CascadeTree, Sites
@@ -224,8 +225,15 @@ def test_the_receiver_takes_relayed_batches_from_the_current_provider_only(
     with pytest.raises(ProtocolError, match="batch claims source 's1', sender is 's3'"):
         receiver.apply("s3", _relayed("s1", client="other"))  # not cascaded here
     assert store.list_queues() == []  # nothing of the refused batches was stored
-    ack = receiver.apply("s3", _relayed("s1"))
+    relayed = _relayed("s1")
+    relayed.entries[0].origin_time = 1234.5
+    ack = receiver.apply("s3", relayed)
     assert (ack.last_position, ack.duplicate) == (5, False)
+    # What this node relays on carries the origin's time, unchanged.
+    (entry,) = store.read_relay("policy", "s1", 0, 10)
+    assert entry.created_at == 1234.5
+    batch = wire.log_batch(1, "s1", "policy", [entry], 0, origin_time=True)
+    assert batch.entries[0].origin_time == 1234.5
     assert store.sink_progress("s1", "policy").last_position == 5
     assert store.sink_progress("s3", "policy").last_position == 0
     # Negotiation answers a relayed client from the origin's progress.
