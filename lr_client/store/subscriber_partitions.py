@@ -30,6 +30,7 @@ from lr_client.errors import PartitionCountError
 from lr_client.records import HeadEntry, ReplicationType
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
+from lr_client.store.cascade import is_relayed
 from lr_client.store.subscriber_queues import forget_delivered
 
 _T = s.subscriber_state
@@ -85,7 +86,7 @@ class SubscriberPartitionsStore(StoreBase):
             .where(_T.c.queue_id == queue_id)
             .values(partitions=target, delivered_seq=start)
         )
-        if not self.keeps_delivered and start > floor:
+        if not self.keeps_delivered and start > floor and not is_relayed(conn, queue_id):
             conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq <= start))
 
     def load_partitions(self, conn: Connection, queue_id: int) -> dict[int, int]:
@@ -171,7 +172,7 @@ class SubscriberPartitionsStore(StoreBase):
         )
         if moved.rowcount != 1:
             return False
-        if not self.keeps_delivered and delivered_seqs:
+        if not self.keeps_delivered and delivered_seqs and not is_relayed(conn, queue_id):
             conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))
         return True
 
