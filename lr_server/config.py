@@ -37,6 +37,7 @@ SECTIONS = (
     "retention",
     "receiver",
     "members",
+    "cascade",
 )
 SITE_KEYS = ("id", "database_url", "listen", "metrics_port")
 
@@ -204,6 +205,50 @@ class MembersConfig:
     heartbeat_interval: float = 1.0  # seconds between heartbeats (and placement rounds)
 
 
+class CascadeRole(enum.StrEnum):
+    """A node's place in a cascaded client's set (docs/cascading.md)."""
+
+    ROOT = "root"  # originates the client: its application transmits
+    BRANCH = "branch"  # applies the client and forwards it to the nodes below
+    LEAF = "leaf"  # applies only
+
+
+CASCADE_KEYS = ("root", "nodes")
+
+
+@dataclass(frozen=True)
+class CascadeConfig:
+    """One cascaded client's set (``[cascade.<client>]``), the same on every node.
+
+    ``nodes`` maps every node of the set but the root to its provider.
+    """
+
+    client: str
+    root: str
+    nodes: dict[str, str] = field(default_factory=dict)
+
+    def members(self) -> list[str]:
+        """Every node of the set: the root first, then the others in sorted order."""
+        return [self.root, *sorted(self.nodes)]
+
+    def provider_of(self, node: str) -> str:
+        """The configured provider of ``node`` ('' for the root)."""
+        return "" if node == self.root else self.nodes[node]
+
+    def children_of(self, node: str) -> list[str]:
+        """The nodes whose configured provider is ``node``, sorted."""
+        return sorted(n for n, p in self.nodes.items() if p == node)
+
+    def role_of(self, node: str) -> CascadeRole:
+        """Root if ``node`` originates the client, branch if some node has it as its
+        provider, else leaf. ``KeyError`` for a node outside the set."""
+        if node == self.root:
+            return CascadeRole.ROOT
+        if node not in self.nodes:
+            raise KeyError(node)
+        return CascadeRole.BRANCH if self.children_of(node) else CascadeRole.LEAF
+
+
 @dataclass(frozen=True)
 class SiteConfig:
     """One site's whole configuration, as :func:`load_config` reads it from its TOML file.
@@ -225,6 +270,7 @@ class SiteConfig:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
     members: MembersConfig = field(default_factory=MembersConfig)
+    cascades: tuple[CascadeConfig, ...] = ()
     path: Path | None = None
 
     def client_names(self) -> list[str]:
@@ -242,6 +288,10 @@ class SiteConfig:
     def source(self, source_id: str) -> SourceConfig | None:
         """The source ``source_id``, if this site accepts it."""
         return next((s for s in self.sources if s.id == source_id), None)
+
+    def cascade(self, client: str) -> CascadeConfig | None:
+        """The set of cascaded client ``client`` (None: not cascaded)."""
+        return next((c for c in self.cascades if c.client == client), None)
 
 
 def _address(value: object, key: str) -> str:
@@ -504,6 +554,8 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         )
     if members.id and (len(members.id) > 128 or not members.id.isprintable()):
         raise ConfigError("members.id: expected 1 to 128 printable characters")
+    dest_ids, source_ids = {d.id for d in destinations}, {s.id for s in sources}
+    cascades = _cascades(raw.get("cascade", {}), site_id, names, dest_ids, source_ids)
     return SiteConfig(
         id=site_id,
         database_url=url,
@@ -518,8 +570,63 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         retention=retention,
         receiver=receiver,
         members=members,
+        cascades=cascades,
         path=path,
     )
+
+
+def _cascades(
+    raw: object,
+    site_id: str,
+    clients: list[str],
+    destinations: set[str],
+    sources: set[str],
+) -> tuple[CascadeConfig, ...]:
+    """The ``[cascade.<client>]`` tables, checked (see docs/configuration.md)."""
+    out = []
+    for client, table in _table(raw, "cascade").items():
+        key = f"cascade.{client}"
+        _name(client, key)
+        if client not in clients:
+            raise ConfigError(f"{key}: {client!r} is not in [[clients]]")
+        data = _table(table, key)
+        for k in data:
+            if k not in CASCADE_KEYS:
+                raise ConfigError(f"{key}.{k}: unknown key (known: {', '.join(CASCADE_KEYS)})")
+        root = _name(data.get("root"), f"{key}.root")
+        raw_nodes = _table(data.get("nodes", {}), f"{key}.nodes")
+        nodes = {
+            _name(n, f"{key}.nodes"): _name(p, f"{key}.nodes.{n}") for n, p in raw_nodes.items()
+        }
+        if root in nodes:
+            raise ConfigError(f"{key}.nodes.{root}: the root {root!r} has no provider")
+        for node, provider in nodes.items():
+            if provider != root and provider not in nodes:
+                raise ConfigError(
+                    f"{key}.nodes.{node}: provider {provider!r} is neither the root nor a node"
+                )
+            seen, at = {node}, provider
+            while at != root:
+                if at in seen:
+                    raise ConfigError(f"{key}.nodes.{node}: providers form a cycle through {at!r}")
+                seen.add(at)
+                at = nodes[at]
+        cfg = CascadeConfig(client, root, nodes)
+        if site_id != root and site_id not in nodes:
+            raise ConfigError(f"{key}.nodes: this site {site_id!r} is not a node of the set")
+        for child in cfg.children_of(site_id):
+            if child not in destinations:
+                raise ConfigError(
+                    f"{key}.nodes.{child}: this site provides {child!r}, which is not "
+                    "in [[destinations]]"
+                )
+        provider = cfg.provider_of(site_id)
+        if provider and provider not in sources:
+            raise ConfigError(
+                f"{key}.nodes.{site_id}: this site's provider {provider!r} is not in [[sources]]"
+            )
+        out.append(cfg)
+    return tuple(out)
 
 
 def _check_unauthenticated(raw: dict[str, Any], security: SecurityConfig, listen: str) -> None:

@@ -16,6 +16,14 @@ is version 1):
    and only to sinks of version 4 or newer (it refuses an older one with
    :class:`~lr_client.errors.IncompatibleVersionError`); with 1 it sends
    what version 3 sends.
+5. Cascades (``NegotiateRequest.relays``, ``ClientState.origin_id``,
+   ``RoutingTableEntryMsg.origin_time``, the ``Cascade`` call): a branch
+   forwards a cascaded client's entries with their origin's identity (see
+   docs/cascading.md). A peer of version 4 ignores the new fields; a branch
+   relays only to sinks of version 5 or newer (:func:`require_cascade`
+   refuses an older one), since an older sink would take relayed entries for
+   the branch's own. Streams of clients that are not cascaded send what
+   version 4 sends.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
 upgraded one at a time; an older peer is refused at negotiation with
@@ -28,9 +36,11 @@ from __future__ import annotations
 from lr_client.errors import IncompatibleVersionError
 
 #: The wire protocol this release speaks.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: The first version whose sinks accept batches of lanes.
 LANES_VERSION = 4
+#: The first version whose sinks accept relayed (cascaded) clients.
+CASCADE_VERSION = 5
 #: The oldest peer version this release accepts.
 MIN_PEER_VERSION = 1
 
@@ -61,11 +71,23 @@ def require_lanes(announced: int, peer: str) -> None:
         )
 
 
+def require_cascade(announced: int, peer: str) -> None:
+    """:class:`IncompatibleVersionError` unless the sink accepts relayed clients."""
+    version = peer_version(announced)
+    if version < CASCADE_VERSION:
+        raise IncompatibleVersionError(
+            f"sink {peer} speaks wire protocol {version}; relaying a cascaded client needs "
+            f"{CASCADE_VERSION} or newer: upgrade it"
+        )
+
+
 __all__ = [
+    "CASCADE_VERSION",
     "LANES_VERSION",
     "MIN_PEER_VERSION",
     "PROTOCOL_VERSION",
     "peer_version",
+    "require_cascade",
     "require_compatible",
     "require_lanes",
 ]

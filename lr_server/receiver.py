@@ -11,7 +11,7 @@ checked and skipped by its lane's progress (:meth:`Receiving.apply_lane_batch`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import InvalidNameError, ProtocolError
@@ -31,6 +31,10 @@ _LOG_TYPES = {ReplicationType.LOG_ENTRY_SYNC}
 _SNAP_TYPES = {ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY}
 
 
+#: Serves one ``Cascade`` call: (the authenticated caller, its report) -> the reply.
+CascadeHandler = Callable[[str, pb.CascadeReport], pb.CascadeReply]
+
+
 class Receiver:
     """Applies batches of accepted sources to the sink's store."""
 
@@ -41,11 +45,20 @@ class Receiver:
         accepted_sources: Collection[str],
         *,
         max_batch_entries: int = 100_000,
+        cascade_reports: CascadeHandler | None = None,
     ) -> None:
         self.store = store
         self.sink_id = sink_id
         self.accepted_sources = frozenset(accepted_sources)
         self.max_batch_entries = max_batch_entries
+        #: Serves ``Cascade`` calls (a child's report); None: not served here.
+        self.cascade_reports = cascade_reports
+
+    def cascade(self, node_id: str, report: pb.CascadeReport) -> pb.CascadeReply:
+        """Serve a child's ``Cascade`` report (see docs/cascading.md)."""
+        if self.cascade_reports is None:
+            raise ProtocolError(f"{self.sink_id} does not serve cascade reports")
+        return self.cascade_reports(node_id, report)
 
     def negotiate(self, source_id: str, request: pb.NegotiateRequest) -> pb.NegotiateResponse:
         """Report, per client, what this sink has durably received from ``source_id``."""

@@ -41,7 +41,7 @@ BATCH_SNAPSHOT: BatchKind
 BATCH_DROP_NOTICE: BatchKind
 
 class RoutingTableEntryMsg(_message.Message):
-    __slots__ = ("destinations", "type", "opaque_payload", "source_id", "client_name", "snapshot_id", "position", "snapshot_count", "base_position", "partition_key")
+    __slots__ = ("destinations", "type", "opaque_payload", "source_id", "client_name", "snapshot_id", "position", "snapshot_count", "base_position", "partition_key", "origin_time")
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     OPAQUE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class RoutingTableEntryMsg(_message.Message):
     SNAPSHOT_COUNT_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_TIME_FIELD_NUMBER: _ClassVar[int]
     destinations: _containers.RepeatedScalarFieldContainer[str]
     type: ReplicationType
     opaque_payload: bytes
@@ -62,31 +63,44 @@ class RoutingTableEntryMsg(_message.Message):
     snapshot_count: int
     base_position: int
     partition_key: bytes
-    def __init__(self, destinations: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[ReplicationType, str]] = ..., opaque_payload: _Optional[bytes] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., position: _Optional[int] = ..., snapshot_count: _Optional[int] = ..., base_position: _Optional[int] = ..., partition_key: _Optional[bytes] = ...) -> None: ...
+    origin_time: float
+    def __init__(self, destinations: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[ReplicationType, str]] = ..., opaque_payload: _Optional[bytes] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., position: _Optional[int] = ..., snapshot_count: _Optional[int] = ..., base_position: _Optional[int] = ..., partition_key: _Optional[bytes] = ..., origin_time: _Optional[float] = ...) -> None: ...
 
 class ClientState(_message.Message):
-    __slots__ = ("client_name", "last_position", "snapshot_state", "snapshot_id", "snapshot_position")
+    __slots__ = ("client_name", "last_position", "snapshot_state", "snapshot_id", "snapshot_position", "origin_id")
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_STATE_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_ID_FIELD_NUMBER: _ClassVar[int]
     client_name: str
     last_position: int
     snapshot_state: SnapshotState
     snapshot_id: str
     snapshot_position: int
-    def __init__(self, client_name: _Optional[str] = ..., last_position: _Optional[int] = ..., snapshot_state: _Optional[_Union[SnapshotState, str]] = ..., snapshot_id: _Optional[str] = ..., snapshot_position: _Optional[int] = ...) -> None: ...
+    origin_id: str
+    def __init__(self, client_name: _Optional[str] = ..., last_position: _Optional[int] = ..., snapshot_state: _Optional[_Union[SnapshotState, str]] = ..., snapshot_id: _Optional[str] = ..., snapshot_position: _Optional[int] = ..., origin_id: _Optional[str] = ...) -> None: ...
+
+class RelayedClient(_message.Message):
+    __slots__ = ("client_name", "origin_id")
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_ID_FIELD_NUMBER: _ClassVar[int]
+    client_name: str
+    origin_id: str
+    def __init__(self, client_name: _Optional[str] = ..., origin_id: _Optional[str] = ...) -> None: ...
 
 class NegotiateRequest(_message.Message):
-    __slots__ = ("source_id", "clients", "protocol_version")
+    __slots__ = ("source_id", "clients", "protocol_version", "relays")
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RELAYS_FIELD_NUMBER: _ClassVar[int]
     source_id: str
     clients: _containers.RepeatedScalarFieldContainer[str]
     protocol_version: int
-    def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    relays: _containers.RepeatedCompositeFieldContainer[RelayedClient]
+    def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ..., protocol_version: _Optional[int] = ..., relays: _Optional[_Iterable[_Union[RelayedClient, _Mapping]]] = ...) -> None: ...
 
 class NegotiateResponse(_message.Message):
     __slots__ = ("sink_id", "clients", "drop_notices", "protocol_version")
@@ -139,3 +153,31 @@ class ReplicationAck(_message.Message):
     last_position: int
     duplicate: bool
     def __init__(self, batch_id: _Optional[int] = ..., client_name: _Optional[str] = ..., last_position: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class CascadeReport(_message.Message):
+    __slots__ = ("client_name", "origin_id", "node_id", "epoch", "local_watermark", "applied_position")
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_POSITION_FIELD_NUMBER: _ClassVar[int]
+    client_name: str
+    origin_id: str
+    node_id: str
+    epoch: int
+    local_watermark: int
+    applied_position: int
+    def __init__(self, client_name: _Optional[str] = ..., origin_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., local_watermark: _Optional[int] = ..., applied_position: _Optional[int] = ...) -> None: ...
+
+class CascadeReply(_message.Message):
+    __slots__ = ("global_watermark", "role", "provider_id", "epoch")
+    GLOBAL_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    global_watermark: int
+    role: str
+    provider_id: str
+    epoch: int
+    def __init__(self, global_watermark: _Optional[int] = ..., role: _Optional[str] = ..., provider_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...

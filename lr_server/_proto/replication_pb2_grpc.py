@@ -44,6 +44,11 @@ class LogReplicationStub:
                 request_serializer=lr_dot_replication__pb2.ReplicationBatch.SerializeToString,
                 response_deserializer=lr_dot_replication__pb2.ReplicationAck.FromString,
                 _registered_method=True)
+        self.Cascade = channel.unary_unary(
+                '/lr.v1.LogReplication/Cascade',
+                request_serializer=lr_dot_replication__pb2.CascadeReport.SerializeToString,
+                response_deserializer=lr_dot_replication__pb2.CascadeReply.FromString,
+                _registered_method=True)
 
 
 class LogReplicationServicer:
@@ -61,6 +66,12 @@ class LogReplicationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Cascade(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LogReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_LogReplicationServicer_to_server(servicer, server):
                     servicer.Replicate,
                     request_deserializer=lr_dot_replication__pb2.ReplicationBatch.FromString,
                     response_serializer=lr_dot_replication__pb2.ReplicationAck.SerializeToString,
+            ),
+            'Cascade': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cascade,
+                    request_deserializer=lr_dot_replication__pb2.CascadeReport.FromString,
+                    response_serializer=lr_dot_replication__pb2.CascadeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +145,33 @@ class LogReplication:
             '/lr.v1.LogReplication/Replicate',
             lr_dot_replication__pb2.ReplicationBatch.SerializeToString,
             lr_dot_replication__pb2.ReplicationAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cascade(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lr.v1.LogReplication/Cascade',
+            lr_dot_replication__pb2.CascadeReport.SerializeToString,
+            lr_dot_replication__pb2.CascadeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -146,6 +146,11 @@ class LogReplicationService:
     ) -> pb.NegotiateResponse:
         return self._one_request("Negotiate", request_iterator, context, self.receiver.negotiate)
 
+    def Cascade(
+        self, request_iterator: Iterator[pb.CascadeReport], context: grpc.ServicerContext
+    ) -> pb.CascadeReply:
+        return self._one_request("Cascade", request_iterator, context, self.receiver.cascade)
+
     def Replicate(
         self, request_iterator: Iterator[pb.ReplicationBatch], context: grpc.ServicerContext
     ) -> Iterator[pb.ReplicationAck]:
@@ -175,6 +180,11 @@ def method_handlers(service: LogReplicationService) -> dict[str, grpc.RpcMethodH
             service.Negotiate,
             request_deserializer=pb.NegotiateRequest.FromString,
             response_serializer=pb.NegotiateResponse.SerializeToString,
+        ),
+        "Cascade": grpc.stream_unary_rpc_method_handler(
+            service.Cascade,
+            request_deserializer=pb.CascadeReport.FromString,
+            response_serializer=pb.CascadeReply.SerializeToString,
         ),
         "Replicate": grpc.stream_stream_rpc_method_handler(
             service.Replicate,

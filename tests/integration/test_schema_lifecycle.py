@@ -989,3 +989,22 @@ def _queued_positions(store: SQLAlchemyQueueStore) -> list[tuple[int, bytes, str
     with store.read() as conn:
         got = store.read_queue(conn, queue.queue_id, 100)
     return [(e.source_position, e.payload, e.snapshot_id) for e in got]
+
+
+def test_revision_0013_keeps_a_sinks_progress_and_adds_cascade_tables(db_url: str) -> None:
+    """A site upgraded to 0013 keeps what it received and gets the (empty) cascade tables."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0012")
+            conn.execute(
+                text("INSERT INTO lrq_sink_progress VALUES ('a', 'policy', 3, 0, '', 0, 3, 1.0)")
+            )
+        store = open_store(engine)
+        assert "0013" in store.create_schema().pending
+        assert store.sink_progress("a", "policy").last_position == 3
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM lrq_cascade")).scalar() == 0
+            assert conn.execute(text("SELECT count(*) FROM lrq_cascade_children")).scalar() == 0
+    finally:
+        engine.dispose()

@@ -13,7 +13,16 @@ from tests.kit.certs import Pki
 from tests.kit.ports import reserve_port
 from tests.kit.wait import scaled, wait_for
 
-__all__ = ["SiteSpec", "Sites", "free_port", "wait_for", "write_config"]
+__all__ = [
+    "CHAIN",
+    "SEED_TREE",
+    "CascadeTree",
+    "SiteSpec",
+    "Sites",
+    "free_port",
+    "wait_for",
+    "write_config",
+]
 
 
 def free_port() -> int:
@@ -34,6 +43,38 @@ class SiteSpec:
     replication: str = ""  # extra lines of the [replication] section
     client_options: str = ""  # extra lines of each [[clients]] table
     extra: str = ""
+
+
+@dataclass(frozen=True)
+class CascadeTree:
+    """A cascaded client's set for tests: ``nodes`` maps each non-root node to its provider."""
+
+    root: str
+    nodes: dict[str, str]
+
+    def members(self) -> list[str]:
+        """The root, then every other node (a provider before the nodes below it)."""
+        out = [self.root]
+        while len(out) <= len(self.nodes):
+            out += sorted(n for n, p in self.nodes.items() if p in out and n not in out)
+        return out
+
+    def provider(self, node: str) -> str:
+        return self.nodes.get(node, "")
+
+    def children(self, node: str) -> list[str]:
+        return sorted(n for n, p in self.nodes.items() if p == node)
+
+    def table(self, client: str) -> str:
+        """The ``[cascade.<client>]`` table, the same on every node."""
+        nodes = ", ".join(f"{n} = {_q(p)}" for n, p in sorted(self.nodes.items()))
+        return f"[cascade.{client}]\nroot = {_q(self.root)}\nnodes = {{ {nodes} }}"
+
+
+#: The seed's tree: S1 the root; S2 and S3 below it; S4 below S3.
+SEED_TREE = CascadeTree("s1", {"s2": "s1", "s3": "s1", "s4": "s3"})
+#: A chain of three levels: root -> branch -> leaf.
+CHAIN = CascadeTree("c1", {"c2": "c1", "c3": "c2"})
 
 
 def _q(value: str) -> str:
@@ -132,6 +173,28 @@ class Sites:
             port=self.port(site) if sources else 0,
             destinations=[(d, self.port(d)) for d in dests],
             sources=list(sources),
+            **kw,  # type: ignore[arg-type]
+        )
+        running = Site(write_config(self.tmp_path, spec))
+        running.start()
+        self.running[site] = running
+        running.wait_serving(scaled(30))
+        return running.server
+
+    def start_node(
+        self, tree: CascadeTree, site: str, client: str = "policy", **kw: object
+    ) -> SiteServer:
+        """Start one node of a cascaded ``client``: it ships to its children, accepts its
+        provider and listens (children report to it), with ``tree``'s cascade table."""
+        extra = str(kw.pop("extra", ""))
+        spec = SiteSpec(
+            site,
+            self.url(site),
+            port=self.port(site),
+            destinations=[(d, self.port(d)) for d in tree.children(site)],
+            sources=[tree.provider(site)] if tree.provider(site) else [],
+            clients=(client,),
+            extra="\n".join(x for x in (tree.table(client), extra) if x),
             **kw,  # type: ignore[arg-type]
         )
         running = Site(write_config(self.tmp_path, spec))

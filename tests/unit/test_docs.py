@@ -102,7 +102,7 @@ SECTIONS: dict[str, type[Any]] = {
     "members": config_module.MembersConfig,
 }
 #: SiteConfig fields that are sections (or not settable) rather than [site] keys.
-NOT_SITE_KEYS = {*SECTIONS, "path"} - {"site"}
+NOT_SITE_KEYS = {*SECTIONS, "path", "cascades"} - {"site"}
 
 HEADING = re.compile(r"^### `\[\[?([a-z_]+)\]\]?`", re.MULTILINE)
 ROW = re.compile(r"^\| `([a-z_]+)` \| ([^|]*) \|", re.MULTILINE)
