@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from lr_client.errors import FencedError
 from lr_client.records import Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_server import metrics
+from lr_server.cascade_control import CascadeReporter, grpc_sender, serve_report
 from lr_server.config import ClientConfig, SiteConfig
 from lr_server.fanout import LogFanout
 from lr_server.logs import configure_logging
@@ -108,7 +110,12 @@ class SiteServer:
         if cfg.listen:
             from lr_server.transport.grpc_server import start_grpc_server
 
-            receiver = Receiver(self.store, cfg.id, [s.id for s in cfg.sources])
+            receiver = Receiver(
+                self.store,
+                cfg.id,
+                [s.id for s in cfg.sources],
+                cascade_reports=partial(serve_report, self.store, cfg) if cfg.cascades else None,
+            )
             self._grpc = start_grpc_server(cfg, receiver)
             log.info("receiver listening on %s", cfg.listen)
         self._launcher = once_per_snapshot(spark_launcher(cfg, self.children))
@@ -134,6 +141,8 @@ class SiteServer:
         self._spawn("lr-members", self.membership.run)
         self._spawn("lr-heartbeat", self.membership.beat)
         self._spawn("lr-trim", self._trim_loop)
+        if cfg.cascades:
+            self._spawn("lr-cascade", CascadeReporter(self.store, cfg, grpc_sender(cfg)).run)
 
     # -- the units this member owns ----------------------------------------------------------
     def _placed(self, fences: Mapping[str, Fence]) -> None:

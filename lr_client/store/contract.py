@@ -693,6 +693,33 @@ class Members(Protocol):
         """Raise :class:`~lr_client.errors.FencedError` unless the fence still holds its unit."""
 
 
+class CascadeReports(Protocol):
+    """The control plane of cascaded clients: children's reports, the global watermark
+    and provider switches (``lrq_cascade``, ``lrq_cascade_children``; docs/cascading.md)."""
+
+    def record_cascade_report(
+        self,
+        client_name: str,
+        child_id: str,
+        epoch: int,
+        local_watermark: int,
+        acked_position: int,
+        reported_at: float | None = None,
+    ) -> bool:
+        """Record a child's report (``reported_at`` default: now). No row or a newer epoch:
+        the child is adopted (not dropped). The same epoch: its watermark, acknowledged
+        position and report time are updated, ``dropped`` stays. An older epoch: refused,
+        nothing changes, False. Bad names or negative positions: typed error."""
+
+    def set_global_watermark(self, client_name: str, value: int) -> bool:
+        """Store the set's global watermark at this node; False if not cascaded here."""
+
+    def switch_cascade_provider(self, client_name: str, provider_id: str) -> int | None:
+        """Make ``provider_id`` this node's provider of the client, epoch + 1; the new
+        epoch, or None if the client is not cascaded here. The root has no provider:
+        :class:`~lr_client.errors.InvalidInputError`, nothing changes."""
+
+
 class QueueStore(
     Sites,
     SendLog,
@@ -703,12 +730,14 @@ class QueueStore(
     SubscriberQueues,
     Inspection,
     Members,
+    CascadeReports,
     Protocol,
 ):
     """Every role: routing queues, stream tags and replication metadata in one database."""
 
 
 __all__ = [
+    "CascadeReports",
     "Inspection",
     "Members",
     "QueueStore",
