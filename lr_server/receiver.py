@@ -11,6 +11,7 @@ checked and skipped by its lane's progress (:meth:`Receiving.apply_lane_batch`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Sequence
 
 from lr_client._proto import replication_pb2 as pb
@@ -154,9 +155,23 @@ class Receiver:
             metrics.BYTES_APPLIED.labels(source_id, client).inc(
                 sum(len(e.payload) for e in entries)
             )
+            if batch.kind == pb.BATCH_LOG_ENTRY:
+                _observe_relay_lag(client, batch.source_id or source_id, batch.entries)
         return pb.ReplicationAck(
             batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
         )
+
+
+def _observe_relay_lag(client: str, origin: str, msgs: Sequence[pb.RoutingTableEntryMsg]) -> None:
+    """``lr_relay_lag_seconds``: from the origin's transmit time to now, per entry that
+    carries one (a cascaded client's entries)."""
+    now = time.time()
+    lag = None
+    for msg in msgs:
+        if msg.origin_time > 0:
+            if lag is None:
+                lag = metrics.RELAY_LAG.labels(client, origin)
+            lag.observe(max(0.0, now - msg.origin_time))
 
 
 def _valid(value: str, what: str) -> str:

@@ -339,6 +339,10 @@ class Retention(Protocol):
         SQLite deletes log entries as rows, at most ``batch_size`` per transaction
         and ``max_batches`` transactions. PostgreSQL retires every closed slot
         whose entries each destination has passed, whatever the batch bounds.
+
+        A client this site is the root of a cascade of (``lrq_cascade``) is trimmed
+        only at or below its stored global watermark
+        (:meth:`CascadeReports.set_global_watermark`), whatever was acknowledged.
         """
 
     def drop_stream(
