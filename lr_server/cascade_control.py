@@ -48,10 +48,15 @@ def child_reports(children: list[CascadeChild]) -> list[watermarks.ChildReport]:
 
 
 def delivered_position(store: QueueStore, node: CascadeNode) -> int:
-    """This node's delivered origin position of the client (the root: its head)."""
+    """This node's own position of the client: the root's head; a branch's delivered
+    origin position (at most what it received); a leaf's received position (what it
+    received and has not delivered waits in its own queue: it needs only what follows)."""
     if node.role == "root":
         return store.head_position()
-    return store.relay_delivered_position(node.client_name, node.origin_id)
+    received = store.sink_progress(node.origin_id, node.client_name).last_position
+    if node.role == "branch":
+        return min(received, store.relay_delivered_position(node.client_name, node.origin_id))
+    return received
 
 
 def node_watermarks(
