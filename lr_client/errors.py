@@ -24,7 +24,8 @@
         ├── AuthenticationError    the peer rejected our identity (UNAUTHENTICATED)
         ├── PermissionDeniedError  the peer does not accept us (PERMISSION_DENIED)
         ├── ProtocolError          the peer sent something malformed or out of order
-        │   └── IncompatibleVersionError  the peer speaks a wire protocol too old for us
+        │   ├── IncompatibleVersionError  the peer speaks a wire protocol too old for us
+        │   └── NotProviderError   the sink takes this cascaded client from another provider
         └── SnapshotError          a snapshot was cancelled, superseded or failed
 
 Each class's docstring is its default message.
@@ -147,6 +148,10 @@ class IncompatibleVersionError(ProtocolError):
     """The peer speaks a wire protocol version this release no longer accepts."""
 
 
+class NotProviderError(ProtocolError):
+    """This site is not the sink's provider of the cascaded client (FAILED_PRECONDITION)."""
+
+
 class SnapshotError(PermanentError):
     """The snapshot was cancelled, superseded or failed."""
 
@@ -165,6 +170,7 @@ __all__ = [
     "InvalidSessionError",
     "LRError",
     "ListenerError",
+    "NotProviderError",
     "PartitionCountError",
     "PayloadTooLargeError",
     "PermanentError",

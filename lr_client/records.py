@@ -152,6 +152,9 @@ class WireEntry:
     snapshot_count: int = 0
     base_position: int = 0
     key: bytes | None = None  # the partition key (None: none)
+    #: A cascaded client's origin transmit time (0: none); a receive queue keeps it as
+    #: the entry's ``received_at``, so a branch relays it unchanged.
+    origin_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,3 +382,30 @@ class UnitLease:
     member_id: str
     token: int
     acquired_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeNode:
+    """This node's place in one cascaded client's set (a ``lrq_cascade`` row)."""
+
+    client_name: str
+    origin_id: str  # the root of the set: relayed entries keep its id and positions
+    role: str  # "root", "branch" or "leaf"
+    provider_id: str = ""  # the node this one receives the client from ("" at the root)
+    epoch: int = 0  # raised by every provider switch
+    config_provider: str = ""  # the provider the configuration named when last applied
+    global_watermark: int = 0
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeChild:
+    """A node below this one for a cascaded client (a ``lrq_cascade_children`` row)."""
+
+    client_name: str
+    child_id: str
+    epoch: int = 0
+    local_watermark: int = 0
+    acked_position: int = 0
+    reported_at: float = 0.0
+    dropped: bool = False

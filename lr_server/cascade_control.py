@@ -72,6 +72,24 @@ def node_watermarks(
     return watermarks.local_watermark(delivered, children, now, grace), delivered
 
 
+def branch_floor(store: QueueStore, config: SiteConfig, client_name: str) -> int | None:
+    """The bound this node's relay floor of ``client_name`` must not pass (see
+    :func:`lr_server.watermarks.relay_floor`: the global watermark it was told, its own
+    delivered position, what the children that count still need); None unless this node
+    is a branch of the client."""
+    node = store.cascade_node(client_name)
+    if node is None or node.role != "branch":
+        return None
+    children = child_reports(store.cascade_children(client_name))
+    return watermarks.relay_floor(
+        node.global_watermark,
+        delivered_position(store, node),
+        children,
+        time.time(),
+        config.replication.cascade_grace,
+    )
+
+
 def make_report(
     store: QueueStore, node_id: str, node: CascadeNode, grace: float
 ) -> pb.CascadeReport:
@@ -197,6 +215,7 @@ class CascadeReporter:
 __all__ = [
     "CascadeReporter",
     "ReportSender",
+    "branch_floor",
     "child_reports",
     "delivered_position",
     "grpc_sender",

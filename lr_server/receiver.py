@@ -6,19 +6,28 @@ registered), then acknowledged. A batch at or below the recorded position is
 acknowledged without being applied again. A batch of one lane of a stream
 (``lane`` > 0: the source ships the stream over several gRPC streams) is
 checked and skipped by its lane's progress (:meth:`Receiving.apply_lane_batch`).
+
+A batch of a cascaded client relayed by a branch names the client's origin
+(the root) as ``source_id``, not the caller: it is applied to the origin's
+queue only when the caller is this node's current provider of the client
+(``lrq_cascade``), else refused with :class:`NotProviderError` (see
+docs/cascading.md). A cascaded client's batches from the origin itself are
+refused the same way once this node has another provider.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
 
 from lr_client._proto import replication_pb2 as pb
-from lr_client.errors import InvalidNameError, ProtocolError
+from lr_client.errors import InvalidNameError, NotProviderError, ProtocolError
 from lr_client.names import validate_name
-from lr_client.records import ReplicationType, SinkSnapshotState, WireEntry
-from lr_client.store import Receiving
+from lr_client.records import CascadeNode, ReplicationType, SinkSnapshotState, WireEntry
+from lr_client.store import Cascading, Receiving
 from lr_server import metrics, protocol
 
 log = logging.getLogger("lr.receiver")
@@ -32,6 +41,14 @@ _LOG_TYPES = {ReplicationType.LOG_ENTRY_SYNC}
 _SNAP_TYPES = {ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY}
 
 
+#: Seconds a cascade row read is used before it is read again (a refusal reads it again).
+CASCADE_ROWS_TTL = 1.0
+
+
+class ReceiverStore(Receiving, Cascading, Protocol):
+    """What the receiver needs of the store: receive queues and cascade rows."""
+
+
 #: Serves one ``Cascade`` call: (the authenticated caller, its report) -> the reply.
 CascadeHandler = Callable[[str, pb.CascadeReport], pb.CascadeReply]
 
@@ -41,7 +58,7 @@ class Receiver:
 
     def __init__(
         self,
-        store: Receiving,
+        store: ReceiverStore,
         sink_id: str,
         accepted_sources: Collection[str],
         *,
@@ -54,6 +71,41 @@ class Receiver:
         self.max_batch_entries = max_batch_entries
         #: Serves ``Cascade`` calls (a child's report); None: not served here.
         self.cascade_reports = cascade_reports
+        self._cascade: dict[str, CascadeNode] = {}
+        self._cascade_read_at = -CASCADE_ROWS_TTL
+        self._cascade_lock = threading.Lock()
+
+    def _cascade_rows(self, fresh: bool = False) -> dict[str, CascadeNode]:
+        with self._cascade_lock:
+            now = time.monotonic()
+            if fresh or now - self._cascade_read_at >= CASCADE_ROWS_TTL:
+                self._cascade = {n.client_name: n for n in self.store.list_cascade_nodes()}
+                self._cascade_read_at = now
+            return self._cascade
+
+    def check_provider(self, caller: str, origin: str, client: str) -> None:
+        """Refuse a batch of ``client`` from ``origin`` sent by ``caller`` unless ``caller``
+        is this node's current provider of it (relayed, or from the origin itself)."""
+        node = self._cascade_rows().get(client)
+        if node is not None and node.origin_id == origin and node.provider_id == caller:
+            return
+        if node is None and origin == caller:
+            return  # not cascaded here
+        node = self._cascade_rows(fresh=True).get(client)  # read again before refusing
+        if node is None:
+            if origin == caller:
+                return
+            raise ProtocolError(f"batch claims source {origin!r}, sender is {caller!r}")
+        if node.origin_id != origin:
+            raise NotProviderError(
+                f"{caller} is not the provider of {client} here (its origin is "
+                f"{node.origin_id}, not {origin})"
+            )
+        if node.provider_id != caller:
+            raise NotProviderError(
+                f"{caller} is not the provider of {client} here "
+                f"({node.provider_id or 'nobody'} is, epoch {node.epoch})"
+            )
 
     def cascade(self, node_id: str, report: pb.CascadeReport) -> pb.CascadeReply:
         """Serve a child's ``Cascade`` report (see docs/cascading.md)."""
@@ -71,9 +123,14 @@ class Receiver:
         response = pb.NegotiateResponse(
             sink_id=self.sink_id, drop_notices=True, protocol_version=protocol.PROTOCOL_VERSION
         )
+        origins = {}
+        for relay in request.relays:
+            _valid(relay.client_name, "client name")
+            origins[relay.client_name] = _valid(relay.origin_id, "origin id")
         for client in request.clients:
             _valid(client, "client name")
-            p = self.store.sink_progress(source_id, client)
+            origin = origins.get(client, "")
+            p = self.store.sink_progress(origin or source_id, client)
             response.clients.append(
                 pb.ClientState(
                     client_name=client,
@@ -81,15 +138,18 @@ class Receiver:
                     snapshot_state=_SNAPSHOT_STATE[p.snapshot_state],
                     snapshot_id=p.snapshot_id,
                     snapshot_position=p.snapshot_position,
+                    origin_id=origin,
                 )
             )
         return response
 
     def apply(self, source_id: str, batch: pb.ReplicationBatch) -> pb.ReplicationAck:
         """Validate and apply one batch; return its acknowledgement."""
-        if batch.source_id and batch.source_id != source_id:
-            raise ProtocolError(f"batch claims source {batch.source_id!r}, sender is {source_id!r}")
         client = _valid(batch.client_name, "client name")
+        caller = source_id
+        if batch.source_id and batch.source_id != caller:
+            source_id = _valid(batch.source_id, "origin id")  # a relayed batch: the origin's
+        self.check_provider(caller, source_id, client)
         if len(batch.entries) > self.max_batch_entries:
             raise ProtocolError(f"batch of {len(batch.entries)} entries exceeds the limit")
         entries = _entries(batch.entries, batch.previous_position)
@@ -156,7 +216,7 @@ class Receiver:
                 sum(len(e.payload) for e in entries)
             )
             if batch.kind == pb.BATCH_LOG_ENTRY:
-                _observe_relay_lag(client, batch.source_id or source_id, batch.entries)
+                _observe_relay_lag(client, source_id, batch.entries)
         return pb.ReplicationAck(
             batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
         )
@@ -215,6 +275,7 @@ def _entries(msgs: Sequence[pb.RoutingTableEntryMsg], previous: int) -> list[Wir
                 msg.snapshot_count,
                 msg.base_position,
                 msg.partition_key or None,
+                msg.origin_time,
             )
         )
     return out

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from lr_client.errors import FencedError
-from lr_client.records import Fence, SnapshotRequest
+from lr_client.records import CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_server import metrics
-from lr_server.cascade_control import CascadeReporter, grpc_sender, serve_report
+from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
 from lr_server.config import ClientConfig, SiteConfig
 from lr_server.fanout import LogFanout
 from lr_server.logs import configure_logging
@@ -98,6 +98,9 @@ class SiteServer:
         self._session_fences: dict[str, dict[str, Fence]] = {}
         self._launcher: Callable[[SnapshotRequest, ClientConfig], None] | None = None
         self._placing = threading.Lock()
+        #: The relay floor's extra bound per cascaded client (the set's global
+        #: watermark), or None: none (see :meth:`trim_relays`).
+        self.relay_extra_floor: Callable[[str], int | None] = lambda client: None
 
     def start(self) -> None:
         cfg = self.config
@@ -105,6 +108,9 @@ class SiteServer:
         self.store.create_schema()
         self.store.check_schema()
         self.store.register_sites([d.id for d in cfg.destinations])
+        self.apply_cascades()
+        if cfg.cascades:
+            self.relay_extra_floor = partial(branch_floor, self.store, cfg)
         if cfg.metrics_port:
             metrics.start_metrics_server(cfg.metrics_port)
         if cfg.listen:
@@ -144,6 +150,48 @@ class SiteServer:
         if cfg.cascades:
             self._spawn("lr-cascade", CascadeReporter(self.store, cfg, grpc_sender(cfg)).run)
 
+    def apply_cascades(self) -> None:
+        """Write each ``[cascade.<client>]`` table into ``lrq_cascade`` (see
+        :meth:`~lr_client.store.contract.Cascading.apply_cascade_config`)."""
+        cfg = self.config
+        for c in cfg.cascades:
+            node = self.store.apply_cascade_config(
+                c.client,
+                c.root,
+                c.role_of(cfg.id).value,
+                c.provider_of(cfg.id),
+                c.children_of(cfg.id),
+            )
+            log.info(
+                "cascade %s: %s, provider %s (epoch %d)",
+                c.client,
+                node.role,
+                node.provider_id or "-",
+                node.epoch,
+            )
+
+    def cascade_for(self, dest_id: str) -> dict[str, CascadeNode]:
+        """This node's rows of the cascaded clients ``dest_id`` is a child of here
+        (configured, or adopted at run time), less those it left (dropped)."""
+        out = {}
+        for node in self.store.list_cascade_nodes():
+            if node.role == "leaf":
+                continue
+            children = {ch.child_id: ch for ch in self.store.cascade_children(node.client_name)}
+            child = children.get(dest_id)
+            if child is not None and not child.dropped:
+                out[node.client_name] = node
+        return out
+
+    def trim_relays(self) -> int:
+        """Release what every node below has of the clients this node relays."""
+        done = 0
+        for node in self.store.list_cascade_nodes():
+            if node.role == "branch":
+                extra = self.relay_extra_floor(node.client_name)
+                done += self.store.trim_relay(node.client_name, node.origin_id, extra)
+        return done
+
     # -- the units this member owns ----------------------------------------------------------
     def _placed(self, fences: Mapping[str, Fence]) -> None:
         """Run the work of the units held now: a session per destination, for its clients
@@ -164,6 +212,7 @@ class SiteServer:
 
     def _start_session(self, dest_id: str, fences: dict[str, Fence]) -> None:
         cfg = self.config
+        cascade = self.cascade_for(dest_id)
         clients = [c for c in cfg.clients if c.name in fences]
         membership = self.membership
         session = SenderSession(
@@ -178,6 +227,7 @@ class SiteServer:
             self.reader,
             fences=fences,
             lease_valid=membership.valid if membership is not None else (lambda: True),
+            cascade=cascade,
         )
         stop = threading.Event()
         thread = threading.Thread(
@@ -247,6 +297,7 @@ class SiteServer:
                 if n:
                     metrics.TRIMMED.inc(n)
                 self._reap()
+                self.trim_relays()
                 if self.config.listen:  # a sink: retire delivered receive queue entries
                     rotated = self.store.rotate_receive_queues(self.config.receiver.rotation_period)
                     if rotated is not None:

@@ -29,9 +29,9 @@ from tenacity import (
 )
 
 from lr_client._proto import replication_pb2 as pb
-from lr_client.errors import FencedError, LRError, TransportError
-from lr_client.records import Fence, SnapshotStatus
-from lr_client.store import Inspection, Retention, Shipping, Snapshots
+from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
+from lr_client.records import CascadeNode, Fence, SnapshotStatus
+from lr_client.store import Cascading, Inspection, Receiving, Retention, Shipping, Snapshots
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
@@ -48,9 +48,10 @@ from lr_server.window import InFlight, Window
 log = logging.getLogger("lr.session")
 
 
-class SessionStore(Shipping, Snapshots, Retention, Inspection, Protocol):
+class SessionStore(Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Protocol):
     """What a sender session needs of the store: reads and cursors, snapshots, the
-    records of dropped and stopped streams, and its status row."""
+    records of dropped and stopped streams, its status row, and for cascaded
+    clients the relay reads and what this node received of them."""
 
 
 class SenderSession:
@@ -69,8 +70,11 @@ class SenderSession:
         reader: LogFanout | None = None,
         fences: Mapping[str, Fence] | None = None,
         lease_valid: Callable[[], bool] = lambda: True,
+        cascade: Mapping[str, CascadeNode] | None = None,
     ) -> None:
         self.store = store
+        #: This node's rows of the cascaded clients it ships to the destination (a child).
+        self.cascade = dict(cascade or {})
         #: The leases (per client) this session writes under; None: unfenced (one server).
         self.fences = None if fences is None else dict(fences)
         self.lease_valid = lease_valid
@@ -106,6 +110,7 @@ class SenderSession:
             self.requests,
             reader,
             self._log,
+            self.cascade,
         )
 
     def fence(self, client: str) -> Fence | None:
@@ -130,6 +135,11 @@ class SenderSession:
                     self._pump(stop, stream, streams)
                 finally:
                     stream.close()
+            except NotProviderError as exc:
+                self._failed(exc)
+                if not self._child_left(exc):
+                    break
+                stop.wait(self.retry.initial_backoff)
             except LRError as exc:
                 self._failed(exc)
                 stop.wait(self.retry.initial_backoff)
@@ -145,6 +155,29 @@ class SenderSession:
                     transport.close()
         self.state = SessionState.STOPPED
         self._save_status()
+
+    def _child_left(self, exc: NotProviderError) -> bool:
+        """The destination takes its cascaded clients from another provider now: mark it
+        dropped for them and ship them no more (no retry). Whether clients are left."""
+        for name in list(self.cascade):
+            self.store.mark_child_dropped(name, self.destination)
+            self.clients.pop(name, None)
+            self.cascade.pop(name)
+            self._log.warning(
+                "%s/%s: the child left (it refused this node as its provider): %s",
+                self.destination,
+                name,
+                exc,
+            )
+        return bool(self.clients)
+
+    def relays(self) -> list[pb.RelayedClient]:
+        """The clients this session relays for their origin (this node is a branch)."""
+        return [
+            pb.RelayedClient(client_name=name, origin_id=node.origin_id)
+            for name, node in sorted(self.cascade.items())
+            if node.origin_id != self.source_id
+        ]
 
     def _failed(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -178,8 +211,11 @@ class SenderSession:
                             source_id=self.source_id,
                             clients=sorted(self.clients),
                             protocol_version=protocol.PROTOCOL_VERSION,
+                            relays=self.relays(),
                         )
                         response = transport.negotiate(request, timeout=10.0)
+                        if request.relays:
+                            protocol.require_cascade(response.protocol_version, self.destination)
                         if self.lanes > 1:
                             protocol.require_lanes(response.protocol_version, self.destination)
                         streams = self._plan(response)
@@ -219,16 +255,39 @@ class SenderSession:
                     # Lower the cursor first: a trim from now on keeps what the
                     # replay needs, and the trim mark read next covers any before.
                     self.store.set_cursor(self.destination, name, lower, fence=self.fence(name))
-            marks = {n: self.store.trimmed_through(self.destination, n) for n in checks}
+            marks = {n: self._trimmed_through(n) for n in checks}
             # The highest position assigned, read without waiting for
             # transmitters: the sink can never be past it.
             head = assigned_head(self.store)
+            heads = {n: self._head(n, head) for n in checks}
             facts = [
-                replace(f, trimmed_through=marks[f.name], head=head) if f.name in marks else f
+                replace(f, trimmed_through=marks[f.name], head=heads[f.name])
+                if f.name in marks
+                else f
                 for f in facts
             ]
             plans = negotiation.plan(facts)
         return {name: self._apply(p) for name, p in plans.items()}
+
+    def _origin(self, name: str) -> str | None:
+        """The origin of a client this session relays (None: shipped from this node's log)."""
+        node = self.cascade.get(name)
+        return None if node is None or node.origin_id == self.source_id else node.origin_id
+
+    def _trimmed_through(self, name: str) -> int:
+        """Every entry of the stream above it is still held here (relayed: in the receive
+        queue, after the base of the last full sync this node applied)."""
+        origin = self._origin(name)
+        if origin is None:
+            return self.store.trimmed_through(self.destination, name)
+        return self.store.relay_resume_floor(name, origin)
+
+    def _head(self, name: str, head: int) -> int:
+        """The highest position of the stream here (relayed: the last one received)."""
+        origin = self._origin(name)
+        if origin is None:
+            return head
+        return self.store.sink_progress(origin, name).last_position
 
     def _gather(self, sink: dict[str, SinkState]) -> list[ClientFacts]:
         """What the plan needs to know of each configured client (all but the trim marks)."""

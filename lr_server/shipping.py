@@ -15,13 +15,14 @@ from typing import Protocol
 from lr_client._proto import replication_pb2 as pb
 from lr_client.lanes import lane_of
 from lr_client.records import (
+    CascadeNode,
     DropRecord,
     ReplicationType,
     SendEntry,
     SnapshotRequest,
     SnapshotStatus,
 )
-from lr_client.store import Retention, Shipping, Snapshots
+from lr_client.store import Cascading, Retention, Shipping, Snapshots
 from lr_client.store.byte_bounds import ByteCut
 from lr_server import metrics, wire
 from lr_server.config import ReplicationConfig, SnapshotProvider
@@ -33,8 +34,9 @@ from lr_server.transport.base import BatchStream
 from lr_server.window import InFlight, Window
 
 
-class ShipperStore(Shipping, Snapshots, Retention, Protocol):
-    """What it needs of the store: log reads, open snapshots, their entries, drop records."""
+class ShipperStore(Shipping, Snapshots, Retention, Cascading, Protocol):
+    """What it needs of the store: log reads, open snapshots, their entries, drop records,
+    relay reads."""
 
 
 class Shipper:
@@ -51,9 +53,13 @@ class Shipper:
         requests: SnapshotRequests,
         reader: LogFanout | None,
         log: logging.LoggerAdapter[logging.Logger],
+        cascade: dict[str, CascadeNode] | None = None,
     ) -> None:
         self.store = store
         self.source_id = source_id
+        #: Cascaded clients shipped to this destination (a child), by name; shared with
+        #: the session, which removes those the child left.
+        self.cascade = cascade if cascade is not None else {}
         self.destination = destination
         self.cfg = cfg
         self.window = window
@@ -71,13 +77,13 @@ class Shipper:
         for name, cs in streams.items():
             if self.window.full(batches, nbytes):
                 break
-            if lanes > 1 and not self.lanes_may_ship(name, cs):
+            if lanes > 1 and name not in self.cascade and not self.lanes_may_ship(name, cs):
                 continue
             if cs.notice is not None:  # a drop notice goes before anything else
                 sent_any |= self.send_notice(stream, name, cs)
             elif cs.mode is Mode.LOG:
                 entries = self.read_log(name, cs)
-                if lanes > 1 and not entries:
+                if lanes > 1 and not entries and name not in self.cascade:
                     sent_any |= self.send_mark(stream, name, cs)
                     continue
                 if entries:
@@ -103,12 +109,23 @@ class Shipper:
                 sent_any |= self.ship_log(stream, name, cs, entries, request, drops.get(name))
         return sent_any
 
+    def source_of(self, name: str) -> str:
+        """The source id of the client's batches: its origin when this node relays it."""
+        node = self.cascade.get(name)
+        return self.source_id if node is None else node.origin_id
+
     def read_log(self, name: str, cs: ClientStream) -> list[SendEntry]:
         """The client's next batch of log entries (not sent yet: see :meth:`ship_log`)."""
         if cs.partial_batch and self.window.holds(cs.partial_batch):
             # Caught up: while a partial batch is in flight, let new entries gather
             # into the next batch rather than paying a sink transaction per trickle.
             return []
+        node = self.cascade.get(name)
+        if node is not None:  # one lane: every entry of the client, in origin positions
+            limit, max_bytes = self.cfg.batch_max_entries, self.cfg.batch_max_bytes
+            if node.origin_id != self.source_id:  # a branch: from the receive queue
+                return self.store.read_relay(name, node.origin_id, cs.sent, limit, max_bytes)
+            return list(self.store.read_client_log(name, cs.sent, limit, max_bytes=max_bytes))
         read = self.reader.read if self.reader is not None else self.store.read_log_entries
         lanes = self.cfg.streams_per_destination  # a batch's worth per lane
         return read(
@@ -146,7 +163,9 @@ class Shipper:
             entries = self.send_lanes(stream, name, cs, entries)
         elif entries:
             batch_id = self.window.next_batch_id()
-            batch = wire.log_batch(batch_id, self.source_id, name, entries, cs.sent)
+            batch = wire.log_batch(
+                batch_id, self.source_of(name), name, entries, cs.sent, name in self.cascade
+            )
             self.send(stream, batch, name, entries)
             cs.sent = entries[-1].position
             cs.partial_batch = batch.batch_id if len(entries) < self.cfg.batch_max_entries else 0
@@ -245,7 +264,7 @@ class Shipper:
         assert ls is not None
         batch = wire.lane_batch(
             self.window.next_batch_id(),
-            self.source_id,
+            self.source_of(name),
             name,
             lane,
             ls.count,
@@ -303,7 +322,7 @@ class Shipper:
             cs.snap_done_sent = True
         batch = wire.snapshot_batch(
             self.window.next_batch_id(),
-            self.source_id,
+            self.source_of(name),
             name,
             req.snapshot_id,
             entries,
@@ -318,7 +337,7 @@ class Shipper:
         notice = cs.notice
         assert notice is not None
         cs.notice = None
-        batch = wire.notice_batch(self.window.next_batch_id(), self.source_id, name, notice)
+        batch = wire.notice_batch(self.window.next_batch_id(), self.source_of(name), name, notice)
         self.window.add(
             InFlight(
                 batch.batch_id,

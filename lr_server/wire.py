@@ -23,8 +23,12 @@ def sink_states(response: pb.NegotiateResponse) -> dict[str, SinkState]:
     }
 
 
-def entry(e: SendEntry) -> pb.RoutingTableEntryMsg:
-    """Strip destinations; the sink learns the source from the authenticated stream."""
+def entry(e: SendEntry, origin_time: bool = False) -> pb.RoutingTableEntryMsg:
+    """Strip destinations; the sink learns the source from the authenticated stream.
+
+    ``origin_time``: a cascaded client's entry carries the origin's transmit time
+    (``created_at``: at the root its transmit, at a branch the origin time it received).
+    """
     return pb.RoutingTableEntryMsg(
         type=e.type.name,
         opaque_payload=e.payload,
@@ -32,6 +36,7 @@ def entry(e: SendEntry) -> pb.RoutingTableEntryMsg:
         snapshot_id=e.snapshot_id,
         client_name=e.client_name,
         partition_key=e.key or b"",
+        origin_time=e.created_at if origin_time else 0.0,
     )
 
 
@@ -60,7 +65,12 @@ def snapshot_entries(
 
 
 def log_batch(
-    batch_id: int, source_id: str, client: str, entries: Sequence[SendEntry], previous: int
+    batch_id: int,
+    source_id: str,
+    client: str,
+    entries: Sequence[SendEntry],
+    previous: int,
+    origin_time: bool = False,
 ) -> pb.ReplicationBatch:
     return pb.ReplicationBatch(
         batch_id=batch_id,
@@ -70,7 +80,7 @@ def log_batch(
         first_position=entries[0].position,
         last_position=entries[-1].position,
         previous_position=previous,
-        entries=[entry(e) for e in entries],
+        entries=[entry(e, origin_time) for e in entries],
     )
 
 

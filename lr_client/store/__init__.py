@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from lr_client.store.contract import (
     CascadeReports,
+    Cascading,
     Inspection,
     Members,
     QueueStore,
@@ -121,6 +122,7 @@ def create_schema(engine_or_url: Engine | str) -> SchemaStatus:
 
 __all__ = [
     "CascadeReports",
+    "Cascading",
     "Inspection",
     "Members",
     "PostgresQueueStore",

@@ -20,6 +20,8 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import (
     Backlog,
+    CascadeChild,
+    CascadeNode,
     Cursor,
     DropRecord,
     EntryRef,
@@ -724,6 +726,76 @@ class CascadeReports(Protocol):
         :class:`~lr_client.errors.InvalidInputError`, nothing changes."""
 
 
+class Cascading(Protocol):
+    """A node's cascade rows and the relay of cascaded clients (docs/cascading.md).
+
+    A branch relays client ``C`` of origin ``R`` from its receive queue
+    ``LRQ_Recv_<C>__<R>``: log entries in ``seq`` order with their origin
+    positions. Its entries stay past delivery until the relay floor passes them.
+    """
+
+    def apply_cascade_config(
+        self,
+        client_name: str,
+        origin_id: str,
+        role: str,
+        provider_id: str,
+        children: Sequence[str] = (),
+    ) -> CascadeNode:
+        """Apply the configuration of one cascaded client at server start; the row after.
+
+        No row: insert it (epoch 1 with a provider). A configured provider other
+        than the one last applied (``config_provider``): switch to it, epoch + 1.
+        Otherwise the database's provider stays (a switch made at run time
+        survives restarts). ``children`` rows are added if missing (never removed).
+        """
+
+    def cascade_node(self, client_name: str) -> CascadeNode | None:
+        """This node's row for ``client_name`` (None: not cascaded here)."""
+
+    def list_cascade_nodes(self) -> list[CascadeNode]:
+        """Every cascaded client's row, by client name."""
+
+    def cascade_children(self, client_name: str) -> list[CascadeChild]:
+        """The nodes below this one for ``client_name``, by id."""
+
+    def mark_child_dropped(self, client_name: str, child_id: str, dropped: bool = True) -> bool:
+        """Mark a child dropped (it leaves the relay floor) or not; False if unknown."""
+
+    def read_relay(
+        self,
+        client_name: str,
+        origin_id: str,
+        after: int,
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> list[SendEntry]:
+        """The relayed log entries of (client, origin) after origin position ``after``, in
+        order, from the last full sync this node applied on; at most ``limit``, within
+        ``max_bytes`` past the first (the byte-cut rule)."""
+
+    def relay_resume_floor(self, client_name: str, origin_id: str) -> int:
+        """The lowest origin position a child may resume after: this node holds every
+        relayed log entry above it (the relay trim mark, the base of its last full sync)."""
+
+    def relay_delivered_position(
+        self, client_name: str, origin_id: str, conn: Connection | None = None
+    ) -> int:
+        """The origin position of the last entry this node's subscriber delivered from
+        (client, origin) (a full sync's base counts); in ``conn`` if given."""
+
+    def relay_floor(self, client_name: str, origin_id: str, extra_floor: int | None = None) -> int:
+        """The origin position up to which no node below needs the relayed entries: the
+        lowest acknowledged position of the children not dropped, at most
+        ``extra_floor`` (the set's global watermark). No child left: the delivered
+        position."""
+
+    def trim_relay(self, client_name: str, origin_id: str, extra_floor: int | None = None) -> int:
+        """Release relayed entries delivered here and at or below :meth:`relay_floor`
+        (raising the relay trim mark); rows deleted (PostgreSQL: 0, its rotation
+        truncates them)."""
+
+
 class QueueStore(
     Sites,
     SendLog,
@@ -735,6 +807,7 @@ class QueueStore(
     Inspection,
     Members,
     CascadeReports,
+    Cascading,
     Protocol,
 ):
     """Every role: routing queues, stream tags and replication metadata in one database."""
@@ -742,6 +815,7 @@ class QueueStore(
 
 __all__ = [
     "CascadeReports",
+    "Cascading",
     "Inspection",
     "Members",
     "QueueStore",

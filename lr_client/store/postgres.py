@@ -261,7 +261,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                         e.snapshot_id,
                         e.snapshot_count,
                         e.payload,
-                        now,
+                        e.origin_time or now,
                         recv_base(e),
                         slot,
                         e.key,

@@ -226,7 +226,7 @@ class ReceivingStore(StoreBase):
                     "snapshot_id": e.snapshot_id,
                     "snapshot_count": e.snapshot_count,
                     "payload": e.payload,
-                    "received_at": now,
+                    "received_at": e.origin_time or now,
                     "base_position": recv_base(e),
                 }
                 for e in entries

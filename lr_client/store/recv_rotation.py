@@ -43,7 +43,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from lr_client.records import ReplicationType
 from lr_client.store import schema as s
+from lr_client.store.cascade import relay_keep
 
 #: Partitions of the ring at most: a slot is added only when none is free.
 MAX_SLOTS = 16
@@ -86,7 +88,9 @@ def _holds_rows(conn: Connection, slot: int) -> bool:
 
 
 def passed(conn: Connection, slot: int) -> bool:
-    """Whether every row of ``slot`` is at or below its queue's ``delivered_seq``.
+    """Whether every row of ``slot`` is at or below its queue's ``delivered_seq``, and,
+    for a queue this node relays (:mod:`lr_client.store.cascade`), is not a log entry
+    above its relay trim mark nor at or after its last end marker.
 
     One probe of the partition's ``(queue_id, seq)`` index per queue.
     """
@@ -96,7 +100,18 @@ def passed(conn: Connection, slot: int) -> bool:
         f" WHERE EXISTS (SELECT 1 FROM {partition(slot)} r"
         "   WHERE r.queue_id = g.queue_id AND r.seq > coalesce(st.delivered_seq, 0)))"
     )
-    return bool(conn.execute(query).scalar())
+    if not conn.execute(query).scalar():
+        return False
+    for queue_id, (mark, marker_seq) in relay_keep(conn).items():
+        held = text(
+            f"SELECT EXISTS (SELECT 1 FROM {partition(slot)} r WHERE r.queue_id = :q"
+            f" AND ((r.type = {int(ReplicationType.LOG_ENTRY_SYNC)} AND r.source_position > :mark)"
+            f"   OR (r.type <> {int(ReplicationType.LOG_ENTRY_SYNC)} AND :marker > 0"
+            "       AND r.seq >= :marker)))"
+        )
+        if conn.execute(held, {"q": queue_id, "mark": mark, "marker": marker_seq}).scalar():
+            return False
+    return True
 
 
 def slot_sizes(conn: Connection) -> list[tuple[int, bool, int, int]]:

@@ -45,6 +45,7 @@ from sqlalchemy.engine import Connection, Row
 from lr_client.names import validate_name
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, Fence, SnapshotRequest, SnapshotStatus
 from lr_client.store import schema as s
+from lr_client.store.cascade import relay_delivered
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
 _OPEN = [x.value for x in OPEN_SNAPSHOT_STATUSES]
@@ -441,7 +442,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         # so the base covers it (and it is not replayed after the snapshot).
         self.sequence()
         with self.write() as conn:
-            base = self.head_position(conn)
+            base = self._snapshot_base(conn, snapshot_id)
             ok = self._update_snapshot(
                 conn,
                 snapshot_id,
@@ -452,6 +453,21 @@ class SnapshotRequestsStore(SnapshotPoolStore):
                 return None
             self._take_slot(conn, snapshot_id)
             return self._snapshot_view(conn, snapshot_id)
+
+    def _snapshot_base(self, conn: Connection, snapshot_id: str) -> int:
+        """The base of a snapshot starting now: the head of the send log, or for a client
+        this node relays (a branch of a cascade), the origin position of the last entry
+        its subscriber delivered from the origin (see docs/cascading.md)."""
+        client = conn.execute(
+            select(s.snapshots.c.client_name).where(s.snapshots.c.snapshot_id == snapshot_id)
+        ).scalar()
+        c = s.cascade
+        node = conn.execute(
+            select(c.c.role, c.c.origin_id).where(c.c.client_name == client)
+        ).first()
+        if node is not None and node.role == "branch":
+            return relay_delivered(conn, str(client), str(node.origin_id))
+        return self.head_position(conn)
 
     def heartbeat_snapshot(self, snapshot_id: str) -> bool:
         return self.update_snapshot(snapshot_id, expect=[SnapshotStatus.RUNNING])

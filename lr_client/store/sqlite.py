@@ -188,7 +188,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
                     e.snapshot_id,
                     e.snapshot_count,
                     e.payload,
-                    now,
+                    e.origin_time or now,
                     recv_base(e),
                     e.key,
                 )

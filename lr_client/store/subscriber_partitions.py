@@ -25,6 +25,7 @@ from lr_client.errors import PartitionCountError
 from lr_client.records import HeadEntry, ReplicationType
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
+from lr_client.store.cascade import is_relayed
 from lr_client.store.subscriber_queues import forget_delivered
 
 _T = s.subscriber_state
@@ -77,7 +78,7 @@ class SubscriberPartitionsStore(StoreBase):
             .where(_T.c.queue_id == queue_id)
             .values(partitions=target, delivered_seq=start)
         )
-        if not self.keeps_delivered and start > floor:
+        if not self.keeps_delivered and start > floor and not is_relayed(conn, queue_id):
             conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq <= start))
 
     def load_partitions(self, conn: Connection, queue_id: int) -> dict[int, int]:
@@ -153,7 +154,7 @@ class SubscriberPartitionsStore(StoreBase):
         )
         if fenced.rowcount != 1:
             return False
-        if not self.keeps_delivered and delivered_seqs:
+        if not self.keeps_delivered and delivered_seqs and not is_relayed(conn, queue_id):
             conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))
         return True
 

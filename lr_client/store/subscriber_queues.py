@@ -45,6 +45,7 @@ from lr_client.records import HeadEntry, QueueInfo, RecvEntry, ReplicationType, 
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, sized, within
+from lr_client.store.cascade import is_relayed
 
 _T = s.subscriber_state
 _R = s.recv_entries
@@ -85,8 +86,9 @@ def _key(value: Any) -> bytes | None:
 def forget_delivered(
     conn: Connection, queue_id: int, previous_seq: int, delivered_seq: int
 ) -> None:
-    """Delete the entries a delivery passed (SQLite: a store that keeps none delivered)."""
-    if delivered_seq > previous_seq:
+    """Delete the entries a delivery passed (SQLite: a store that keeps none delivered);
+    a queue this node relays keeps them until its relay trim (:mod:`.cascade`)."""
+    if delivered_seq > previous_seq and not is_relayed(conn, queue_id):
         conn.execute(
             delete(_R).where(
                 _R.c.queue_id == queue_id, _R.c.seq > previous_seq, _R.c.seq <= delivered_seq

@@ -8,6 +8,7 @@ from lr_client.errors import (
     AuthenticationError,
     IncompatibleVersionError,
     LRError,
+    NotProviderError,
     PermissionDeniedError,
     ProtocolError,
     StoreUnavailableError,
@@ -35,10 +36,15 @@ STATUS_TO_ERROR: dict[grpc.StatusCode, type[LRError]] = {
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
 }
 
+#: What a :class:`NotProviderError`'s message holds: FAILED_PRECONDITION with it is that
+#: error (a sink refusing a relay), without it an :class:`IncompatibleVersionError`.
+NOT_PROVIDER = " is not the provider of "
+
 #: What the sink answers for each of our errors.
 ERROR_TO_STATUS: dict[type[LRError], grpc.StatusCode] = {
     AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
     IncompatibleVersionError: grpc.StatusCode.FAILED_PRECONDITION,
+    NotProviderError: grpc.StatusCode.FAILED_PRECONDITION,
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ProtocolError: grpc.StatusCode.INVALID_ARGUMENT,
     StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
@@ -50,6 +56,8 @@ def map_rpc_error(exc: grpc.RpcError) -> LRError:
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
     cls = STATUS_TO_ERROR.get(code, TransportError)
+    if code == grpc.StatusCode.FAILED_PRECONDITION and NOT_PROVIDER in (details or ""):
+        cls = NotProviderError
     return cls(f"{code.name}: {details}")
 
 

@@ -32,6 +32,7 @@ ROLES: dict[type, str] = {
     contract.Inspection: "test_inspection.py",
     contract.Members: "test_members.py",
     contract.CascadeReports: "test_cascade_reports.py",
+    contract.Cascading: "test_cascading.py",
     contract.Transactions: "test_subscriber_queues.py",
 }
 

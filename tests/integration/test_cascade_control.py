@@ -21,18 +21,17 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy.orm import Session
 
+from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import PermissionDeniedError, ProtocolError
-from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_server.cascade_control import CascadeReporter, grpc_sender, serve_report
+from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
 from lr_server.cli import EXIT_FAILED, EXIT_USAGE, cli
 from lr_server.config import SiteConfig, SourceConfig, load_config
 from lr_server.receiver import Receiver
 from lr_server.transport.grpc_client import call_cascade
 from lr_server.transport.grpc_server import start_grpc_server
-
 from tests.kit.positions import new_slot, positions
 from tests.kit.sites import SEED_TREE, CascadeTree, free_port
 
@@ -253,6 +252,27 @@ def test_a_dead_leaf_dropped_by_retention_does_not_pin_the_root(cascade: Set) ->
     assert s1.global_watermark() == p[-1]
     s1.store.trim()
     assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == []
+
+
+def test_a_branch_keeps_what_the_set_still_needs(cascade: Set) -> None:
+    s3 = cascade["s3"]
+    receive(s3.store, 1, 6)
+    deliver(s3.store)
+    s3.store.set_cursor("s4", C, 6)  # s4 acknowledged everything s3 relayed
+    s3.store.record_cascade_report(C, "s4", 1, 6, 6)
+    s3.store.set_global_watermark(C, 2)  # a node elsewhere in the set is at 2
+    assert branch_floor(s3.store, s3.config, C) == 2
+    s3.store.trim_relay(C, "s1", branch_floor(s3.store, s3.config, C))
+    assert s3.store.relay_resume_floor(C, "s1") == 2
+    assert [e.position for e in s3.store.read_relay(C, "s1", 2, 100)] == [3, 4, 5, 6]
+    s3.store.record_cascade_report(C, "s4", 1, 4, 6)  # a node below s4 is at 4
+    s3.store.set_global_watermark(C, 6)
+    assert branch_floor(s3.store, s3.config, C) == 4
+    s3.store.set_global_watermark(C, 6)
+    s3.store.record_cascade_report(C, "s4", 1, 6, 6)
+    s3.store.trim_relay(C, "s1", branch_floor(s3.store, s3.config, C))
+    assert s3.store.relay_resume_floor(C, "s1") == 6
+    assert branch_floor(cascade["s1"].store, cascade["s1"].config, C) is None  # the root
 
 
 # -- refusals ----------------------------------------------------------------------------------

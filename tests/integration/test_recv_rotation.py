@@ -428,3 +428,41 @@ def test_a_sink_server_rotates_its_receive_queues(sites: Sites) -> None:
 
         wait_for(one_more, what="two rotations by the sink's server")
     assert events(sink.engine) == {"a": sent}
+
+
+@pytest.mark.postgres
+def test_rotation_keeps_a_relayed_queue_above_its_relay_floor(pg: PostgresQueueStore) -> None:
+    """A branch relays ``(CLIENT, a)``: its delivered entries stay until its child has
+    them; then rotation truncates their slot, still without deleting a row."""
+    pg.apply_cascade_config(CLIENT, "a", "branch", "a", ["child"])
+    pg.apply_log_batch("a", CLIENT, log(1, 50))  # slot 0
+    sub = RoutingQueueSubscriber(pg, CLIENT, Recorder(), batch_size=20)
+    assert _drain(sub) == 50
+    written = 0
+
+    def churn(rounds: int) -> list[int | None]:
+        """Rounds of a delivered entry of another queue (b) and a rotation."""
+        nonlocal written
+        out = []
+        for _ in range(rounds):
+            written += 1
+            pg.apply_log_batch("b", CLIENT, log(written, written))
+            _drain(sub)
+            out.append(pg.rotate_receive_queues(period=0.0))
+        return out
+
+    pg.set_cursor("child", CLIENT, 30)
+    pg.trim_relay(CLIENT, "a")
+    assert pg.relay_resume_floor(CLIENT, "a") == 30
+    churn(12)  # the ring went round several times: slot 0 holds 31..50, kept
+    with pg.engine.connect() as conn:
+        assert _rows(conn)[0] >= 50  # with the first entry of b
+    assert [e.position for e in pg.read_relay(CLIENT, "a", 30, 100)] == list(range(31, 51))
+    pg.set_cursor("child", CLIENT, 50)
+    pg.trim_relay(CLIENT, "a")
+    churn(8)
+    with pg.engine.connect() as conn:
+        assert _rows(conn).get(0, 0) <= 1  # truncated (one entry of b may have come since)
+        assert sum(d for _, d in _stats(conn).values()) == 0
+    assert pg.read_relay(CLIENT, "a", 0, 100) == []
+    sub.close()

@@ -319,6 +319,26 @@ def snapshot_provider(engine: Engine, *, chunk: int = 200, pause: float = 0.0) -
     return provide
 
 
+def relay_snapshot_provider(engine: Engine, origin: str, *, chunk: int = 200) -> Any:
+    """A branch's in-process provider: its own copy, the rows its listener applied from
+    ``origin`` (``rel_sink_kv``), as the root's provider sends its source rows."""
+
+    def provide(ctx: SnapshotContext) -> None:
+        t = rel_sink_kv
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(t.c.key, t.c.value)
+                .where(t.c.client == ctx.client_name, t.c.source == origin)
+                .order_by(t.c.key)
+            ).all()
+        for i in range(0, len(rows), chunk):
+            if ctx.is_cancelled():
+                return
+            ctx.transmit([encode(f"s:{r.key}", r.key, r.value) for r in rows[i : i + chunk]])
+
+    return provide
+
+
 # -- the sink application -----------------------------------------------------------------
 class RecordingListener(RoutingQueueListener):
     """Applies changes to ``rel_sink_kv`` and records each effect in ``rel_applied``.

@@ -1,0 +1,260 @@
+"""Cascaded replication end to end: a root, branches relaying from their receive queues,
+leaves; real gRPC on loopback between in-process sites, on both backends.
+
+Every node's listener records what it applied (``tests.kit.traffic``) and the
+reliability verifier checks each of them against what the root committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from lr_client._proto import replication_pb2 as pb
+from lr_client.errors import NotProviderError, ProtocolError
+from lr_client.snapshot import SnapshotProviderRunner
+from lr_client.store import SQLAlchemyQueueStore
+from lr_server.receiver import Receiver
+from lr_server.streams import SessionState
+from tests.kit.sites import CHAIN, SEED_TREE, CascadeTree, Sites
+from tests.kit.traffic import (
+    START,
+    SinkApp,
+    SourceApp,
+    read_applied,
+    read_sent,
+    read_snapshots,
+    relay_snapshot_provider,
+)
+from tests.kit.verifier import Report, verify
+from tests.kit.wait import scaled, wait_for
+
+
+@contextmanager
+def running(*loops: object) -> Iterator[threading.Event]:
+    """Run ``loop.run(stop)`` of each object in a thread until the block ends."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=loop.run, args=(stop,), daemon=True) for loop in loops]  # type: ignore[attr-defined]
+    for t in threads:
+        t.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(scaled(30))
+
+
+class Cascade:
+    """A running set: the root's source application, every other node's sink application."""
+
+    def __init__(self, sites: Sites, tree: CascadeTree, **node_options: object) -> None:
+        self.sites, self.tree = sites, tree
+        self.nodes = [n for n in tree.members() if n != tree.root]
+        self.source = SourceApp(
+            sites.url(tree.root),
+            tree.root,
+            self.nodes,
+            rate=150.0,
+            all_destinations=True,  # a cascaded client goes to every node of its set
+        )
+        self.sinks = {n: SinkApp(sites.url(n)).start() for n in self.nodes}
+        self.node_options = node_options
+
+    def start(self, node: str, **kw: object) -> None:
+        self.sites.start_node(self.tree, node, **{**self.node_options, **kw})
+
+    def report(self, node: str, snapshots_from: str | None = None) -> Report:
+        sent = read_sent(self.source.engine, self.tree.root)
+        applied = read_applied(self.sinks[node].engine, node)
+        snaps = []
+        if snapshots_from is not None:
+            snaps = read_snapshots(self.sites.store(snapshots_from).engine, self.tree.root)
+        return verify(
+            sent,
+            applied,
+            snapshots=snaps,
+            rolled_back=self.source.rolled_back,
+            destinations=[node],
+        )
+
+    def settled(self, node: str, snapshots_from: str | None = None) -> bool:
+        r = self.report(node, snapshots_from)
+        return r.lost == 0 and r.expected > 0
+
+    def close(self) -> None:
+        self.source.close()
+        for sink in self.sinks.values():
+            sink.close()
+
+
+@pytest.fixture
+def cascades(sites: Sites) -> Iterator[list[Cascade]]:
+    made: list[Cascade] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def test_the_seed_tree_delivers_every_entry_once_in_order_at_every_node(
+    sites: Sites, cascades: list[Cascade]
+) -> None:
+    """S1 root; S2, S3 below it; S4 below S3: every listener gets every entry once, in
+    order, and S4's come with S1's identity though S3 relays them."""
+    c = Cascade(sites, SEED_TREE)
+    cascades.append(c)
+    for node in ("s4", "s3", "s2", "s1"):
+        c.start(node)
+    c.source.start()
+    wait_for(lambda: c.source.committed >= 300, timeout=scaled(60))
+    c.source.stop()
+    for node in c.nodes:
+        wait_for(lambda node=node: c.settled(node), timeout=scaled(60))
+    for node in c.nodes:
+        report = c.report(node)
+        report.assert_clean()
+        assert report.applied == report.expected >= 300
+    leaf = read_applied(c.sinks["s4"].engine, "s4")
+    assert {a.source for a in leaf} == {"s1"}
+    # S3 relays from its receive queue: S1 ships nothing to S4.
+    assert "s4" not in sites.running["s1"].server.sessions
+    assert sites.store("s3").cascade_node("policy").role == "branch"  # type: ignore[union-attr]
+
+
+def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
+    sites: Sites, cascades: list[Cascade]
+) -> None:
+    """c1 -> c2 -> c3: c2 released entries c3 never had, so c3 needs a full sync; c2
+    serves it from its own copy (base: what its subscriber delivered), then relays on."""
+    c = Cascade(sites, CHAIN)
+    cascades.append(c)
+    c.start("c2", snapshot="app")
+    c.start("c1")
+    c.source.start()
+    wait_for(lambda: c.source.committed >= 150, timeout=scaled(60))
+    c.source.stop()
+    wait_for(lambda: c.settled("c2"), timeout=scaled(60))
+    branch = sites.store("c2")
+    # c3 has never connected: release what c2 holds for it, as retention would.
+    assert branch.mark_child_dropped("policy", "c3")
+    branch.trim_relay("policy", "c1")
+    assert branch.relay_resume_floor("policy", "c1") > 0
+    assert branch.mark_child_dropped("policy", "c3", dropped=False)
+    runner = SnapshotProviderRunner(
+        branch, "policy", relay_snapshot_provider(c.sinks["c2"].engine, "c1")
+    )
+    with running(runner):
+        c.start("c3")
+        c.source.start()
+        wait_for(lambda: c.source.committed >= 300, timeout=scaled(60))
+        c.source.stop()
+        for node in ("c2", "c3"):
+            wait_for(lambda node=node: c.settled(node, "c2"), timeout=scaled(60))
+    (snap,) = branch.list_snapshots("c3", "policy")
+    # Its base: an origin position c2 had delivered (c2's first 150 entries at least).
+    assert snap.base_position is not None
+    assert 150 <= snap.base_position <= branch.relay_delivered_position("policy", "c1")
+    leaf = c.report("c3", snapshots_from="c2")
+    leaf.assert_clean()
+    assert sum(r.snapshots_completed for r in leaf.streams.values()) == 1
+    applied = read_applied(c.sinks["c3"].engine, "c3")
+    assert [a.kind for a in applied].count(START) == 1
+    assert {a.source for a in applied} == {"c1"}
+    assert sites.store("c1").list_snapshots() == []  # the root served no full sync
+    c.report("c2").assert_clean()
+
+
+def test_a_restarted_branch_resumes_its_leaf_without_a_full_sync(
+    sites: Sites, cascades: list[Cascade]
+) -> None:
+    c = Cascade(sites, CHAIN)
+    cascades.append(c)
+    for node in ("c3", "c2", "c1"):
+        c.start(node)
+    c.source.start()
+    wait_for(lambda: c.source.committed >= 150, timeout=scaled(60))
+    sites.stop("c2")
+    wait_for(lambda: c.source.committed >= 250, timeout=scaled(60))
+    c.start("c2")
+    wait_for(lambda: c.source.committed >= 350, timeout=scaled(60))
+    c.source.stop()
+    for node in ("c2", "c3"):
+        wait_for(lambda node=node: c.settled(node), timeout=scaled(60))
+        c.report(node).assert_clean()
+    assert [a.kind for a in read_applied(c.sinks["c3"].engine, "c3")].count(START) == 0
+    assert sites.store("c2").list_snapshots() == []
+
+
+def _relayed(source: str, client: str = "policy") -> pb.ReplicationBatch:
+    return pb.ReplicationBatch(
+        batch_id=1,
+        source_id=source,
+        client_name=client,
+        kind=pb.BATCH_LOG_ENTRY,
+        first_position=5,
+        last_position=5,
+        entries=[pb.RoutingTableEntryMsg(type=pb.LOG_ENTRY_SYNC, opaque_payload=b"x", position=5)],
+    )
+
+
+def test_the_receiver_takes_relayed_batches_from_the_current_provider_only(
+    sites: Sites,
+) -> None:
+    store: SQLAlchemyQueueStore = sites.store("s4")
+    store.apply_cascade_config("policy", "s1", "leaf", "s3")
+    receiver = Receiver(store, "s4", ["s1", "s2", "s3"])
+    with pytest.raises(
+        NotProviderError, match=r"^s2 is not the provider of policy here \(s3 is, epoch 1\)$"
+    ):
+        receiver.apply("s2", _relayed("s1"))
+    with pytest.raises(NotProviderError, match="s1 is not the provider of policy here"):
+        receiver.apply("s1", _relayed(""))  # the origin itself, no longer this node's provider
+    with pytest.raises(NotProviderError, match="its origin is s1, not s2"):
+        receiver.apply("s3", _relayed("s2"))
+    with pytest.raises(ProtocolError, match="batch claims source 's1', sender is 's3'"):
+        receiver.apply("s3", _relayed("s1", client="other"))  # not cascaded here
+    assert store.list_queues() == []  # nothing of the refused batches was stored
+    ack = receiver.apply("s3", _relayed("s1"))
+    assert (ack.last_position, ack.duplicate) == (5, False)
+    assert store.sink_progress("s1", "policy").last_position == 5
+    assert store.sink_progress("s3", "policy").last_position == 0
+    # Negotiation answers a relayed client from the origin's progress.
+    response = receiver.negotiate(
+        "s3",
+        pb.NegotiateRequest(
+            source_id="s3",
+            clients=["policy"],
+            protocol_version=5,
+            relays=[pb.RelayedClient(client_name="policy", origin_id="s1")],
+        ),
+    )
+    (state,) = response.clients
+    assert (state.last_position, state.origin_id) == (5, "s1")
+
+
+def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dropped(
+    sites: Sites, cascades: list[Cascade]
+) -> None:
+    c = Cascade(sites, SEED_TREE)
+    cascades.append(c)
+    for node in ("s4", "s3", "s2", "s1"):
+        c.start(node)
+    c.source.start()
+    wait_for(lambda: c.settled("s4"), timeout=scaled(60))
+    # The operator moves S4 to S1 (the same as an edited configuration applied at start).
+    switched = sites.store("s4").apply_cascade_config("policy", "s1", "leaf", "s1")
+    assert (switched.provider_id, switched.epoch) == ("s1", 2)
+    branch = sites.store("s3")
+    wait_for(
+        lambda: [ch.dropped for ch in branch.cascade_children("policy")] == [True],
+        timeout=scaled(30),
+    )
+    session = sites.running["s3"].server.sessions["s4"]
+    wait_for(lambda: session.state is SessionState.STOPPED, timeout=scaled(30))
+    assert "is not the provider of policy here (s1 is, epoch 2)" in session.last_error
+    c.source.stop()
+    wait_for(lambda: c.settled("s2"), timeout=scaled(60))
+    c.report("s2").assert_clean()
