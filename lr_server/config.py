@@ -94,6 +94,10 @@ class SourceConfig:
 
     id: str
     token: str = ""  # expected token in token mode
+    #: Where the source listens (host:port): a cascaded node sends its ``Cascade``
+    #: reports to its provider there (docs/cascading.md). Empty: no reports to it.
+    address: str = ""
+    server_name: str = ""  # TLS name to expect at ``address`` (default: its host)
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,11 @@ class ReplicationConfig:
     shared_reader_entries: int = 20_000
     shared_reader_bytes: int = 64 * 1024 * 1024
     streams_per_destination: int = 1  # lanes per destination (1: one gRPC stream, as ever)
+    #: Seconds between a cascaded node's reports to its provider (docs/cascading.md).
+    cascade_report_interval: float = 1.0
+    #: Seconds a dropped child whose last report is newer still counts in the watermarks
+    #: (a node that just switched providers: see lr_server.watermarks).
+    cascade_grace: float = 30.0
 
     @property
     def snapshot_batch_entries(self) -> int:
@@ -508,6 +517,8 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         _name(src.id, f"{key}.id")
         if security.client_auth == "token" and not src.token:
             raise ConfigError(f"{key}.token: required when security.client_auth = 'token'")
+        if src.address:
+            _address(src.address, f"{key}.address")
         sources.append(src)
     if len({s.id for s in sources}) != len(sources):
         raise ConfigError("sources: duplicate ids")
@@ -524,6 +535,12 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         )
     if replication.snapshot_stall_timeout <= 0:
         raise ConfigError("replication.snapshot_stall_timeout: expected a positive number")
+    if replication.cascade_report_interval <= 0:
+        raise ConfigError("replication.cascade_report_interval: expected a positive number")
+    if replication.cascade_grace < replication.cascade_report_interval:
+        raise ConfigError(
+            "replication.cascade_grace: expected at least replication.cascade_report_interval"
+        )
     envelope = replication.batch_max_entries * WIRE_BYTES_PER_ENTRY + WIRE_BYTES_PER_BATCH
     if replication.batch_max_bytes + envelope > replication.max_message_bytes:
         raise ConfigError(

@@ -66,6 +66,17 @@ MEMBER_HEARTBEATS = Counter("lr_member_heartbeats", "Heartbeats this member reco
 PLACEMENT_CHANGES = Counter(
     "lr_placement_changes", "Units this member acquired or released", ["member", "change"]
 )
+CASCADE_WATERMARK = Gauge(
+    "lr_cascade_watermark",
+    "A cascaded client's watermark at this node: local (this node and below) or global",
+    ["client", "kind"],
+)
+RELAY_LAG = Histogram(
+    "lr_relay_lag_seconds",
+    "Time from the origin's transmit of a cascaded entry to its apply at this node",
+    ["client", "origin"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
 
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
@@ -85,6 +96,7 @@ __all__ = [
     "BATCH_LATENCY",
     "BYTES_APPLIED",
     "BYTES_SHIPPED",
+    "CASCADE_WATERMARK",
     "DROPS",
     "ENTRIES_APPLIED",
     "ENTRIES_SHIPPED",
@@ -98,6 +110,7 @@ __all__ = [
     "PLACEMENT_CHANGES",
     "RECEIVER_CALLS_REFUSED",
     "RECEIVER_OPEN_CALLS",
+    "RELAY_LAG",
     "SNAPSHOT_ACTIVE",
     "SNAPSHOT_ROWS",
     "STREAM_STOPPED",

@@ -215,9 +215,23 @@ class Receiver:
             metrics.BYTES_APPLIED.labels(source_id, client).inc(
                 sum(len(e.payload) for e in entries)
             )
+            if batch.kind == pb.BATCH_LOG_ENTRY:
+                _observe_relay_lag(client, source_id, batch.entries)
         return pb.ReplicationAck(
             batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
         )
+
+
+def _observe_relay_lag(client: str, origin: str, msgs: Sequence[pb.RoutingTableEntryMsg]) -> None:
+    """``lr_relay_lag_seconds``: from the origin's transmit time to now, per entry that
+    carries one (a cascaded client's entries)."""
+    now = time.time()
+    lag = None
+    for msg in msgs:
+        if msg.origin_time > 0:
+            if lag is None:
+                lag = metrics.RELAY_LAG.labels(client, origin)
+            lag.observe(max(0.0, now - msg.origin_time))
 
 
 def _valid(value: str, what: str) -> str:

@@ -11,6 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from lr_client.store.contract import (
+    CascadeReports,
     Cascading,
     Inspection,
     Members,
@@ -120,6 +121,7 @@ def create_schema(engine_or_url: Engine | str) -> SchemaStatus:
 
 
 __all__ = [
+    "CascadeReports",
     "Cascading",
     "Inspection",
     "Members",

@@ -341,6 +341,10 @@ class Retention(Protocol):
         SQLite deletes log entries as rows, at most ``batch_size`` per transaction
         and ``max_batches`` transactions. PostgreSQL retires every closed slot
         whose entries each destination has passed, whatever the batch bounds.
+
+        A client this site is the root of a cascade of (``lrq_cascade``) is trimmed
+        only at or below its stored global watermark
+        (:meth:`CascadeReports.set_global_watermark`), whatever was acknowledged.
         """
 
     def drop_stream(
@@ -706,6 +710,33 @@ class Members(Protocol):
         """Raise :class:`~lr_client.errors.FencedError` unless the fence still holds its unit."""
 
 
+class CascadeReports(Protocol):
+    """The control plane of cascaded clients: children's reports, the global watermark
+    and provider switches (``lrq_cascade``, ``lrq_cascade_children``; docs/cascading.md)."""
+
+    def record_cascade_report(
+        self,
+        client_name: str,
+        child_id: str,
+        epoch: int,
+        local_watermark: int,
+        acked_position: int,
+        reported_at: float | None = None,
+    ) -> bool:
+        """Record a child's report (``reported_at`` default: now). No row or a newer epoch:
+        the child is adopted (not dropped). The same epoch: its watermark, acknowledged
+        position and report time are updated, ``dropped`` stays. An older epoch: refused,
+        nothing changes, False. Bad names or negative positions: typed error."""
+
+    def set_global_watermark(self, client_name: str, value: int) -> bool:
+        """Store the set's global watermark at this node; False if not cascaded here."""
+
+    def switch_cascade_provider(self, client_name: str, provider_id: str) -> int | None:
+        """Make ``provider_id`` this node's provider of the client, epoch + 1; the new
+        epoch, or None if the client is not cascaded here. The root has no provider:
+        :class:`~lr_client.errors.InvalidInputError`, nothing changes."""
+
+
 class Cascading(Protocol):
     """A node's cascade rows and the relay of cascaded clients (docs/cascading.md).
 
@@ -786,6 +817,7 @@ class QueueStore(
     SubscriberQueues,
     Inspection,
     Members,
+    CascadeReports,
     Cascading,
     Protocol,
 ):
@@ -793,6 +825,7 @@ class QueueStore(
 
 
 __all__ = [
+    "CascadeReports",
     "Cascading",
     "Inspection",
     "Members",

@@ -74,6 +74,18 @@ class RetentionStore(SnapshotPoolStore):
             if dest in nums:
                 key = (nums[dest], client)
                 out[key] = min(out.get(key, 0), base)
+        # The root of a cascaded client trims it only at or below the set's global
+        # watermark: a node below a child may still need what the child has.
+        c = s.cascade
+        caps = {
+            r.client_name: int(r.global_watermark)
+            for r in conn.execute(
+                select(c.c.client_name, c.c.global_watermark).where(c.c.role == "root")
+            )
+        }
+        for key, position in out.items():
+            if key[1] in caps:
+                out[key] = min(position, caps[key[1]])
         return out
 
     def drop_stream(

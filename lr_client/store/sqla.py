@@ -9,6 +9,7 @@ that :mod:`lr_client.store.sqlite` and :mod:`lr_client.store.postgres` fill in.
 from __future__ import annotations
 
 from lr_client.store.cascade import CascadeStore
+from lr_client.store.cascade_children import CascadeReportsStore
 from lr_client.store.inspection import InspectionStore
 from lr_client.store.members import MembersStore
 from lr_client.store.receiving import ReceivingStore
@@ -32,6 +33,7 @@ class SQLAlchemyQueueStore(
     SubscriberPartitionsStore,
     InspectionStore,
     MembersStore,
+    CascadeReportsStore,
     CascadeStore,
 ):
     """Every role in one store; use :func:`lr_client.store.open_store`."""

@@ -11,7 +11,7 @@ import grpc
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import LRError, TransportError
 from lr_server._proto import replication_pb2_grpc as pb_grpc
-from lr_server.config import DestinationConfig, SecurityConfig
+from lr_server.config import DestinationConfig, SecurityConfig, SourceConfig
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.errors import map_rpc_error
 
@@ -139,3 +139,28 @@ class GrpcTransport(Transport):
 
     def close(self) -> None:
         self._channel.close()
+
+
+def call_cascade(
+    node_id: str,
+    provider: SourceConfig,
+    security: SecurityConfig,
+    report: pb.CascadeReport,
+    timeout: float,
+) -> pb.CascadeReply:
+    """Send one ``Cascade`` report to ``provider`` (at its ``address``) as ``node_id``,
+    authenticated as a sender is (``security.token``, or the client certificate); its
+    reply. Errors are mapped as every call's (:func:`map_rpc_error`)."""
+    dest = DestinationConfig(provider.id, provider.address, server_name=provider.server_name)
+    channel = open_channel(dest, security, 1024 * 1024)
+    metadata = [("x-lr-source", node_id)]
+    if security.client_auth == "token" and security.token:  # this node's own, as a sender's
+        metadata.append(("authorization", f"Bearer {security.token}"))
+    try:
+        stub = pb_grpc.LogReplicationStub(channel)  # type: ignore[no-untyped-call]
+        reply: pb.CascadeReply = stub.Cascade(report, timeout=timeout, metadata=metadata)
+        return reply
+    except grpc.RpcError as exc:
+        raise map_rpc_error(exc) from exc
+    finally:
+        channel.close()

@@ -31,6 +31,7 @@ ROLES: dict[type, str] = {
     contract.SubscriberQueues: "test_subscriber_queues.py",
     contract.Inspection: "test_inspection.py",
     contract.Members: "test_members.py",
+    contract.CascadeReports: "test_cascade_reports.py",
     contract.Cascading: "test_cascading.py",
     contract.Transactions: "test_subscriber_queues.py",
 }
