@@ -248,7 +248,10 @@ def unconfigured_streams(
     """
     pairs, top = store.log_streams(after)
     configured = configured_streams(config)
-    return sorted(pairs - configured), top
+    # A cascaded client reaches every node of its set, through the tree: an entry
+    # naming a node this site does not ship to directly is not left behind.
+    in_sets = {(node, c.client) for c in config.cascades for node in c.members()}
+    return sorted(pairs - configured - in_sets), top
 
 
 def _send_streams(

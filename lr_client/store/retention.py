@@ -83,9 +83,18 @@ class RetentionStore(SnapshotPoolStore):
                 select(c.c.client_name, c.c.global_watermark).where(c.c.role == "root")
             )
         }
-        for key, position in out.items():
-            if key[1] in caps:
-                out[key] = min(position, caps[key[1]])
+        # Its entries go to every node of the set whatever sites they name, so each
+        # named site's stream of it (a child, a node below one, one not reached yet)
+        # needs nothing the global watermark passed, and nothing more: only an open
+        # full sync's base holds more.
+        for client, cap in caps.items():
+            held = {
+                nums[dest]: base
+                for (dest, c_name), base in bases.items()
+                if c_name == client and dest in nums
+            }
+            for num in nums.values():
+                out[(num, client)] = min(cap, held.get(num, cap))
         return out
 
     def drop_stream(

@@ -31,6 +31,7 @@ from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender
 from lr_server.cli import EXIT_FAILED, EXIT_USAGE, cli
 from lr_server.config import SiteConfig, SourceConfig, load_config
 from lr_server.receiver import Receiver
+from lr_server.status import unconfigured_streams
 from lr_server.transport.grpc_client import call_cascade
 from lr_server.transport.grpc_server import start_grpc_server
 from tests.kit.positions import new_slot, positions
@@ -237,6 +238,23 @@ def test_the_root_trims_only_at_or_below_the_global_watermark(cascade: Set) -> N
     s1.store.set_global_watermark(C, p[2])
     s1.store.trim()
     assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == p[3:]
+    s1.store.set_global_watermark(C, p[-1])
+    s1.store.trim()
+    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == []
+
+
+def test_entries_naming_every_node_of_the_set_are_trimmed_at_the_global_watermark(
+    cascade: Set,
+) -> None:
+    s1 = cascade["s1"]
+    # The application names every node; the root ships to its children only.
+    p = originate(s1.store, 6, ["s2", "s3", "s4"])
+    for dest in ("s2", "s3"):
+        s1.store.set_cursor(dest, C, p[-1])
+    assert unconfigured_streams(s1.config, s1.store)[0] == []  # s4 is reached through s3
+    s1.store.set_global_watermark(C, p[3])
+    s1.store.trim()
+    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == p[4:]
     s1.store.set_global_watermark(C, p[-1])
     s1.store.trim()
     assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == []
