@@ -142,3 +142,14 @@ def test_a_leaf_delivers_as_before(store: QueueStore) -> None:
     _deliver(store, 2)
     (queue,) = store.list_queues("policy")
     assert store.queue_depth(queue.queue_id) == 0
+
+
+def test_the_relay_carries_the_origin_time_unchanged(store: QueueStore) -> None:
+    _branch(store)
+    entries = [
+        WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"a", origin_time=1234.5),
+        WireEntry(2, ReplicationType.LOG_ENTRY_SYNC, b"b", origin_time=1240.25),
+    ]
+    store.apply_log_batch("s1", "policy", entries)
+    got = store.read_relay("policy", "s1", 0, 10)
+    assert [e.created_at for e in got] == [1234.5, 1240.25]

@@ -17,6 +17,7 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import NotProviderError, ProtocolError
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
+from lr_server import wire
 from lr_server.receiver import Receiver
 from lr_server.streams import SessionState
 from tests.kit.sites import CHAIN, SEED_TREE, CascadeTree, Sites
@@ -63,6 +64,13 @@ class Cascade:
         )
         self.sinks = {n: SinkApp(sites.url(n)).start() for n in self.nodes}
         self.node_options = node_options
+        self._stores: dict[str, SQLAlchemyQueueStore] = {}
+
+    def store(self, node: str) -> SQLAlchemyQueueStore:
+        """The node's store, opened once (PostgreSQL connections are few)."""
+        if node not in self._stores:
+            self._stores[node] = self.sites.store(node)
+        return self._stores[node]
 
     def start(self, node: str, **kw: object) -> None:
         self.sites.start_node(self.tree, node, **{**self.node_options, **kw})
@@ -72,7 +80,7 @@ class Cascade:
         applied = read_applied(self.sinks[node].engine, node)
         snaps = []
         if snapshots_from is not None:
-            snaps = read_snapshots(self.sites.store(snapshots_from).engine, self.tree.root)
+            snaps = read_snapshots(self.store(snapshots_from).engine, self.tree.root)
         return verify(
             sent,
             applied,
@@ -121,7 +129,7 @@ def test_the_seed_tree_delivers_every_entry_once_in_order_at_every_node(
     assert {a.source for a in leaf} == {"s1"}
     # S3 relays from its receive queue: S1 ships nothing to S4.
     assert "s4" not in sites.running["s1"].server.sessions
-    assert sites.store("s3").cascade_node("policy").role == "branch"  # type: ignore[union-attr]
+    assert c.store("s3").cascade_node("policy").role == "branch"  # type: ignore[union-attr]
 
 
 def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
@@ -137,7 +145,7 @@ def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
     wait_for(lambda: c.source.committed >= 150, timeout=scaled(60))
     c.source.stop()
     wait_for(lambda: c.settled("c2"), timeout=scaled(60))
-    branch = sites.store("c2")
+    branch = c.store("c2")
     # c3 has never connected: release what c2 holds for it, as retention would.
     assert branch.mark_child_dropped("policy", "c3")
     branch.trim_relay("policy", "c1")
@@ -163,7 +171,7 @@ def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
     applied = read_applied(c.sinks["c3"].engine, "c3")
     assert [a.kind for a in applied].count(START) == 1
     assert {a.source for a in applied} == {"c1"}
-    assert sites.store("c1").list_snapshots() == []  # the root served no full sync
+    assert c.store("c1").list_snapshots() == []  # the root served no full sync
     c.report("c2").assert_clean()
 
 
@@ -185,7 +193,7 @@ def test_a_restarted_branch_resumes_its_leaf_without_a_full_sync(
         wait_for(lambda node=node: c.settled(node), timeout=scaled(60))
         c.report(node).assert_clean()
     assert [a.kind for a in read_applied(c.sinks["c3"].engine, "c3")].count(START) == 0
-    assert sites.store("c2").list_snapshots() == []
+    assert c.store("c2").list_snapshots() == []
 
 
 def _relayed(source: str, client: str = "policy") -> pb.ReplicationBatch:
@@ -217,8 +225,15 @@ def test_the_receiver_takes_relayed_batches_from_the_current_provider_only(
     with pytest.raises(ProtocolError, match="batch claims source 's1', sender is 's3'"):
         receiver.apply("s3", _relayed("s1", client="other"))  # not cascaded here
     assert store.list_queues() == []  # nothing of the refused batches was stored
-    ack = receiver.apply("s3", _relayed("s1"))
+    relayed = _relayed("s1")
+    relayed.entries[0].origin_time = 1234.5
+    ack = receiver.apply("s3", relayed)
     assert (ack.last_position, ack.duplicate) == (5, False)
+    # What this node relays on carries the origin's time, unchanged.
+    (entry,) = store.read_relay("policy", "s1", 0, 10)
+    assert entry.created_at == 1234.5
+    batch = wire.log_batch(1, "s1", "policy", [entry], 0, origin_time=True)
+    assert batch.entries[0].origin_time == 1234.5
     assert store.sink_progress("s1", "policy").last_position == 5
     assert store.sink_progress("s3", "policy").last_position == 0
     # Negotiation answers a relayed client from the origin's progress.
@@ -245,9 +260,9 @@ def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dro
     c.source.start()
     wait_for(lambda: c.settled("s4"), timeout=scaled(60))
     # The operator moves S4 to S1 (the same as an edited configuration applied at start).
-    switched = sites.store("s4").apply_cascade_config("policy", "s1", "leaf", "s1")
+    switched = c.store("s4").apply_cascade_config("policy", "s1", "leaf", "s1")
     assert (switched.provider_id, switched.epoch) == ("s1", 2)
-    branch = sites.store("s3")
+    branch = c.store("s3")
     wait_for(
         lambda: [ch.dropped for ch in branch.cascade_children("policy")] == [True],
         timeout=scaled(30),
