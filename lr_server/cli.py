@@ -554,6 +554,32 @@ def render_status(report: SiteStatus) -> None:
                 Text(y.drop.reason),
             )
         out.print(t)
+    if report.cascades:
+        t = table("cascades", "client", "origin", "role", "provider", "local wm", "global wm")
+        for k in report.cascades:
+            t.add_row(
+                k.client,
+                k.origin,
+                k.role,
+                f"{k.provider} (epoch {k.epoch})" if k.provider else "-",
+                str(k.local_watermark),
+                str(k.global_watermark),
+            )
+        out.print(t)
+    kids = [(k.client, c) for k in report.cascades for c in k.children]
+    if kids:
+        t = table("cascade children", "client", "child", "epoch", "local wm", "acked", "report")
+        for client, c in kids:
+            state = "" if not c.dropped else (" (left)" if c.counts else " (dropped)")
+            t.add_row(
+                client,
+                c.child_id + state,
+                str(c.epoch),
+                str(c.local_watermark),
+                str(c.acked_position),
+                ago(c.reported_at, now),
+            )
+        out.print(t)
     if not report.send and not report.sink:
         out.print("no streams yet: no destinations, sources or traffic")
     if any(x.slow and x.state != StreamState.DROPPED for x in report.send):

@@ -5,7 +5,9 @@ Send side, per (destination, client): the state, the lag from
 in-flight window (from ``lrq_session_status`` when the server has written it),
 the open snapshot's progress and any drop record. Sink side, per (source,
 client): the last applied source position, the snapshot state, how many
-entries were received and how many still wait in the receive queue.
+entries were received and how many still wait in the receive queue. Per
+cascaded client: this node's role, provider and epoch, its local and the
+set's global watermark, and the nodes below it as they last reported.
 
 States of a send stream, first match wins:
 
@@ -133,6 +135,35 @@ class SinkStream:
 
 
 @dataclass
+class CascadeChildInfo:
+    """A node below this one, as it last reported itself (``lrq_cascade_children``)."""
+
+    child_id: str
+    epoch: int
+    local_watermark: int
+    acked_position: int
+    reported_at: float | None  # None: never reported
+    report_age: float | None
+    dropped: bool
+    counts: bool  # still part of the watermarks (see lr_server.watermarks)
+
+
+@dataclass
+class CascadeInfo:
+    """This node's place in a cascaded client's set (``lrq_cascade``)."""
+
+    client: str
+    origin: str
+    role: str
+    provider: str
+    epoch: int
+    config_provider: str
+    local_watermark: int
+    global_watermark: int
+    children: list[CascadeChildInfo] = field(default_factory=list)
+
+
+@dataclass
 class SiteStatus:
     site: str
     time: float
@@ -143,6 +174,7 @@ class SiteStatus:
     send: list[SendStream] = field(default_factory=list)
     sink: list[SinkStream] = field(default_factory=list)
     slots: list[QueueSlot] = field(default_factory=list)  # PostgreSQL's queue partitions
+    cascades: list[CascadeInfo] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``lr status --json``)."""
@@ -321,6 +353,43 @@ def _sink_streams(config: SiteConfig, store: QueueStore) -> list[SinkStream]:
     return out
 
 
+def _cascades(config: SiteConfig, store: QueueStore, now: float) -> list[CascadeInfo]:
+    from lr_server.cascade_control import child_reports, node_watermarks
+    from lr_server.watermarks import counts
+
+    grace = config.replication.cascade_grace
+    out = []
+    for node in store.list_cascade_nodes():
+        local, _ = node_watermarks(store, node, grace, now)
+        children = [
+            CascadeChildInfo(
+                c.child_id,
+                c.epoch,
+                c.local_watermark,
+                c.acked_position,
+                c.reported_at,
+                None if c.reported_at is None else max(0.0, now - c.reported_at),
+                c.dropped,
+                counts(c, now, grace),
+            )
+            for c in child_reports(store.cascade_children(node.client_name))
+        ]
+        out.append(
+            CascadeInfo(
+                node.client_name,
+                node.origin_id,
+                node.role,
+                node.provider_id,
+                node.epoch,
+                node.config_provider,
+                local,
+                node.global_watermark,
+                children,
+            )
+        )
+    return out
+
+
 def collect_status(config: SiteConfig, store: QueueStore) -> SiteStatus:
     """Everything ``lr status`` shows, read in a few short transactions."""
     session_rows = read_session_status(store)
@@ -335,10 +404,13 @@ def collect_status(config: SiteConfig, store: QueueStore) -> SiteStatus:
         send=_send_streams(config, store, sessions),
         sink=_sink_streams(config, store),
         slots=store.queue_slots(),
+        cascades=_cascades(config, store, time.time()),
     )
 
 
 __all__ = [
+    "CascadeChildInfo",
+    "CascadeInfo",
     "DropInfo",
     "SendStream",
     "SessionInfo",

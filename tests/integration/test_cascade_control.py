@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client import REGISTRY
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
@@ -182,6 +183,10 @@ def deliver(store: SQLAlchemyQueueStore) -> None:
         sub.close()
 
 
+def watermark_gauge(kind: str) -> float | None:
+    return REGISTRY.get_sample_value("lr_cascade_watermark", {"client": C, "kind": kind})
+
+
 # -- reports up, the global watermark down ---------------------------------------------------
 def test_local_watermarks_go_up_and_the_global_watermark_comes_down(cascade: Set) -> None:
     s1, s2, s3, s4 = (cascade[n] for n in ("s1", "s2", "s3", "s4"))
@@ -213,6 +218,8 @@ def test_local_watermarks_go_up_and_the_global_watermark_comes_down(cascade: Set
     # s4 moves on: the watermark follows once the reports have gone round.
     receive(s4.store, 5, 6, previous=4)
     s4.report()
+    assert watermark_gauge("local") == 6  # s4's own, as its report said
+    assert watermark_gauge("global") == 4  # as s3's reply said
     s3.report()
     s1.report()
     assert s1.global_watermark() == 6
@@ -273,6 +280,54 @@ def test_a_branch_keeps_what_the_set_still_needs(cascade: Set) -> None:
     s3.store.trim_relay(C, "s1", branch_floor(s3.store, s3.config, C))
     assert s3.store.relay_resume_floor(C, "s1") == 6
     assert branch_floor(cascade["s1"].store, cascade["s1"].config, C) is None  # the root
+
+
+def test_status_shows_role_provider_children_and_watermarks(cascade: Set) -> None:
+    s1, s3, s4 = cascade["s1"], cascade["s3"], cascade["s4"]
+    s1.serve()
+    s3.serve()
+    receive(s4.store, 1, 4)
+    receive(s3.store, 1, 6)
+    deliver(s3.store)
+    s4.report()
+    s3.report()
+    s3.store.set_global_watermark(C, 3)
+    result = CliRunner().invoke(cli, ["status", "--config", str(s3.path), "--json"])
+    assert result.exit_code == 0, result.output
+    (got,) = json.loads(result.output)["cascades"]
+    (child,) = got.pop("children")
+    assert got == {
+        "client": C,
+        "origin": "s1",
+        "role": "branch",
+        "provider": "s1",
+        "epoch": 1,
+        "config_provider": "s1",
+        "local_watermark": 4,
+        "global_watermark": 3,
+    }
+    assert 0 <= child.pop("report_age") < 60
+    assert child.pop("reported_at") > 0
+    assert child == {
+        "child_id": "s4",
+        "epoch": 1,
+        "local_watermark": 4,
+        "acked_position": 4,
+        "dropped": False,
+        "counts": True,
+    }
+    s3.store.mark_child_dropped(C, "s4")
+    table = CliRunner().invoke(cli, ["status", "--config", str(s3.path)])
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert any(
+        all(w in line for w in (C, "s1", "branch", "s1 (epoch 1)", " 4 ", " 3 ")) for line in lines
+    ), table.output
+    assert any("s4 (left)" in line and " ago" in line for line in lines), table.output
+    root = CliRunner().invoke(cli, ["status", "--config", str(s1.path), "--json"])
+    (top,) = json.loads(root.output)["cascades"]
+    assert (top["role"], top["provider"], top["epoch"]) == ("root", "", 0)
+    assert {c["child_id"]: c["reported_at"] for c in top["children"]}["s2"] is None
 
 
 # -- refusals ----------------------------------------------------------------------------------

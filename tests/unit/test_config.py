@@ -16,6 +16,7 @@ from lr_server.config import (
     RetentionConfig,
     SiteConfig,
     SnapshotProvider,
+    SourceConfig,
     load_config,
     parse_config,
 )
@@ -108,6 +109,21 @@ def test_good_config(site_dir: Path) -> None:
     assert cfg.retry.max_backoff == 10.0 and isinstance(cfg.retry.max_backoff, float)
     assert cfg.retention.soft_fraction == 0.25
     assert cfg.path == path.resolve()
+
+
+def test_a_source_address_and_the_cascade_settings() -> None:
+    raw = base()
+    raw["sources"][0].update(address="c:7000", server_name="c.example")
+    raw["replication"] = {"cascade_report_interval": 2.5, "cascade_grace": 10}
+    cfg = parse_config(raw)
+    assert cfg.sources[0] == SourceConfig("site-c", "t-c", "c:7000", "c.example")
+    assert (cfg.replication.cascade_report_interval, cfg.replication.cascade_grace) == (2.5, 10.0)
+    defaults = parse_config(base())
+    assert defaults.sources[0].address == ""
+    assert (defaults.replication.cascade_report_interval, defaults.replication.cascade_grace) == (
+        1.0,
+        30.0,
+    )
 
 
 def test_defaults_of_a_minimal_config() -> None:
@@ -271,6 +287,17 @@ BAD: list[tuple[str, Mutation, str]] = [
         "batch larger than a message",
         _set("replication", "batch_max_bytes", 65 * 1024 * 1024 - 64 * 1024),
         "replication.batch_max_bytes",
+    ),
+    ("source address without port", _item("sources", 0, "address", "c"), "sources[0].address"),
+    (
+        "no cascade report interval",
+        _set("replication", "cascade_report_interval", 0),
+        "replication.cascade_report_interval",
+    ),
+    (
+        "cascade grace below the report interval",
+        _set("replication", "cascade_grace", 0.5),
+        "replication.cascade_grace",
     ),
 ]
 
