@@ -1,7 +1,7 @@
 """What a relay hop costs: root -> branch -> leaf against root -> leaf, in the same run.
 
     python bench/relay.py [--backend postgresql|sqlite] [--rate N] [--seconds N]
-                          [--entries N] [--out bench/results/relay.json]
+                          [--writers N] [--entries N] [--out bench/results/relay.json]
 
 One cascaded client (docs/cascading.md) over four real ``lr server`` processes
 (plaintext gRPC on loopback with a token, replication settings at their defaults):
@@ -15,7 +15,9 @@ root's application (it transmits, 1 KiB payloads) and the listeners of the branc
 and the leaves (a :class:`~lr_client.RoutingQueueSubscriber` each).
 
 * ``latency``: a paced transmitter (``bench.replicate.paced_load``) offers ``--rate``
-  entries/s (1,000) for ``--seconds``, one entry per transaction. Latency of an entry
+  entries/s (1,000) for ``--seconds``, one entry per transaction, from ``--writers``
+  threads (16: one writer cannot commit 1,000 transactions/s on a loaded machine's
+  PostgreSQL); ``achieved_rate`` says what was reached. Latency of an entry
   at a leaf = the time its listener's ``process_log_entries`` is called with it minus
   the time the root's COMMIT returned (one clock: this machine's). The receive queue's
   ``received_at`` cannot serve: at a node of a cascade it keeps the origin's time. The
@@ -222,7 +224,7 @@ class ThroughputResult:
 
 
 def measure_latency(
-    tree: Tree, rate: float, seconds: float, payloads: Sequence[bytes]
+    tree: Tree, rate: float, seconds: float, payloads: Sequence[bytes], writers: int
 ) -> LatencyResult:
     clocks = {s: Clock() for s in TREE}
     stop = threading.Event()
@@ -241,7 +243,9 @@ def measure_latency(
         assert first is not None
         _wait("first entry", lambda: all(first in clocks[s].seen for s in LEAVES), 60, tree)
         started = time.time()
-        load = paced_load(src.store, src.client, src.destinations, rate, seconds, payloads)
+        load = paced_load(
+            src.store, src.client, src.destinations, rate, seconds, payloads, writers=writers
+        )
         last = max(p for p, _ in load.commits)
         complete = True
         try:
@@ -317,6 +321,7 @@ def measure_throughput(tree: Tree, entries: int, payloads: Sequence[bytes]) -> T
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     payloads = [os.urandom(PAYLOAD_BYTES) for _ in range(64)]
+    machine = machine_facts()
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lr-relay-")))
         dbs = Databases(args.backend, stack, workdir, args.pg_url)
@@ -325,7 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(tree.close)
         for site in ("relayed", "direct", "branch", "root"):
             tree.start(site)
-        latency = measure_latency(tree, args.rate, args.seconds, payloads)
+        latency = measure_latency(tree, args.rate, args.seconds, payloads, args.writers)
         throughput = measure_throughput(tree, args.entries, payloads)
     return {
         "benchmark": "relay",
@@ -335,10 +340,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rate": args.rate,
             "seconds": args.seconds,
             "entries": args.entries,
+            "writers": args.writers,
             "payload_bytes": PAYLOAD_BYTES,
             "tree": TREE,
         },
-        "machine": machine_facts(),
+        "machine": machine,
         "loadavg_at_end": loadavg(),
         "database": facts,
         "code": code_state(),
@@ -402,6 +408,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--pg-url", default=os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL))
     p.add_argument("--rate", type=float, default=1000.0, help="paced entries/s (latency)")
     p.add_argument("--seconds", type=float, default=20.0, help="paced load duration")
+    p.add_argument(
+        "--writers",
+        type=int,
+        default=16,
+        help="transmitting threads sharing the paced schedule (one connection each)",
+    )
     p.add_argument("--entries", type=int, default=50_000, help="entries drained (throughput)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "relay.json")
     return p.parse_args(argv)

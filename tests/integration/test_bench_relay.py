@@ -23,7 +23,18 @@ pytestmark = pytest.mark.slow
 def test_relay_benchmark_compares_both_paths_in_one_run(tmp_path: Path) -> None:
     out = tmp_path / "relay.json"
     cmd = [sys.executable, str(ROOT / "bench" / "relay.py"), "--backend", "sqlite"]
-    cmd += ["--rate", "200", "--seconds", "1", "--entries", "1000", "--out", str(out)]
+    cmd += [
+        "--rate",
+        "200",
+        "--seconds",
+        "1",
+        "--entries",
+        "1000",
+        "--writers",
+        "2",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(
         cmd, cwd=ROOT, env=lr_env(), capture_output=True, text=True, timeout=scaled(120)
     )
@@ -42,7 +53,7 @@ def test_relay_benchmark_compares_both_paths_in_one_run(tmp_path: Path) -> None:
         lat["relayed"]["p99_ms"] - lat["direct"]["p99_ms"], abs=0.01
     )
     thr = data["throughput"]
-    assert thr["entries"] == 1000
+    assert thr["entries"] == 1000 and data["settings"]["writers"] == 2
     assert thr["direct_rate"] > 0 and thr["relayed_rate"] > 0
     assert thr["ratio"] == pytest.approx(thr["relayed_rate"] / thr["direct_rate"], rel=0.01)
     assert data["ratios"]["relayed_vs_direct_throughput"] == thr["ratio"]
