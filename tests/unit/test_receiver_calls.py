@@ -122,6 +122,6 @@ def test_every_method_is_served_as_a_client_stream() -> None:
     service = LogReplicationService(None, None, CallTracker(1, 1, 1.0))  # type: ignore[arg-type]
     handlers = method_handlers(service)
     declared = [m.name for m in pb.DESCRIPTOR.services_by_name["LogReplication"].methods]
-    assert sorted(handlers) == sorted(declared) == ["Negotiate", "Replicate"]
+    assert sorted(handlers) == sorted(declared) == ["Cascade", "Negotiate", "Replicate"]
     assert all(h.request_streaming for h in handlers.values())
     assert [n for n, h in sorted(handlers.items()) if h.response_streaming] == ["Replicate"]
