@@ -32,8 +32,12 @@ log = logging.getLogger("lr.cascade")
 ReportSender = Callable[[str, pb.CascadeReport], pb.CascadeReply]
 
 
-def child_reports(children: list[CascadeChild]) -> list[watermarks.ChildReport]:
-    """The store's children rows as the watermark rules see them (0: never reported)."""
+def child_reports(
+    children: list[CascadeChild], dropped_streams: frozenset[str] = frozenset()
+) -> list[watermarks.ChildReport]:
+    """The store's children rows as the watermark rules see them (0: never reported). A
+    child in ``dropped_streams`` (its stream of the client was dropped by retention: it
+    will get a full sync) counts as dropped, though its row is not marked."""
     return [
         watermarks.ChildReport(
             c.child_id,
@@ -41,10 +45,16 @@ def child_reports(children: list[CascadeChild]) -> list[watermarks.ChildReport]:
             c.local_watermark,
             c.acked_position,
             c.reported_at if c.reported_at > 0 else None,
-            c.dropped,
+            c.dropped or c.child_id in dropped_streams,
         )
         for c in children
     ]
+
+
+def children_of(store: QueueStore, client_name: str) -> list[watermarks.ChildReport]:
+    """This node's children of ``client_name``, with the retention drops of their streams."""
+    drops = frozenset(d.destination for d in store.list_drops() if d.client_name == client_name)
+    return child_reports(store.cascade_children(client_name), drops)
 
 
 def delivered_position(store: QueueStore, node: CascadeNode) -> int:
@@ -66,7 +76,7 @@ def node_watermarks(
     root the local watermark is the global watermark."""
     now = time.time() if now is None else now
     delivered = delivered_position(store, node)
-    children = child_reports(store.cascade_children(node.client_name))
+    children = children_of(store, node.client_name)
     if node.role == "root":
         return watermarks.global_watermark(delivered, children, now, grace), delivered
     return watermarks.local_watermark(delivered, children, now, grace), delivered
@@ -80,7 +90,7 @@ def branch_floor(store: QueueStore, config: SiteConfig, client_name: str) -> int
     node = store.cascade_node(client_name)
     if node is None or node.role != "branch":
         return None
-    children = child_reports(store.cascade_children(client_name))
+    children = children_of(store, client_name)
     return watermarks.relay_floor(
         node.global_watermark,
         delivered_position(store, node),
@@ -217,6 +227,7 @@ __all__ = [
     "ReportSender",
     "branch_floor",
     "child_reports",
+    "children_of",
     "delivered_position",
     "grpc_sender",
     "make_report",

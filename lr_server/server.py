@@ -21,8 +21,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError
-from lr_client.records import CascadeNode, Fence, SnapshotRequest
+from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_server import metrics
 from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
@@ -120,7 +121,7 @@ class SiteServer:
                 self.store,
                 cfg.id,
                 [s.id for s in cfg.sources],
-                cascade_reports=partial(serve_report, self.store, cfg) if cfg.cascades else None,
+                cascade_reports=self.serve_cascade if cfg.cascades else None,
             )
             self._grpc = start_grpc_server(cfg, receiver)
             log.info("receiver listening on %s", cfg.listen)
@@ -183,6 +184,38 @@ class SiteServer:
                 out[node.client_name] = node
         return out
 
+    def serve_cascade(self, caller: str, report: pb.CascadeReport) -> pb.CascadeReply:
+        """Serve a child's ``Cascade`` report; a node adopted by it (new here, dropped
+        before, or of an older epoch) gets its session restarted, so that it ships the
+        client to it from where it stands."""
+        before = self._child(report.client_name, caller)
+        reply = serve_report(self.store, self.config, caller, report)
+        after = self._child(report.client_name, caller)
+        adopted = after is not None and not after.dropped
+        if adopted and (before is None or before.dropped or before.epoch < after.epoch):  # type: ignore[union-attr]
+            log.info("cascade %s: %s adopted (epoch %d)", report.client_name, caller, reply.epoch)
+            threading.Thread(
+                target=self._restart_session, args=(caller,), name=f"lr-adopt-{caller}", daemon=True
+            ).start()
+        return reply
+
+    def _child(self, client: str, child_id: str) -> CascadeChild | None:
+        return next(
+            (c for c in self.store.cascade_children(client) if c.child_id == child_id), None
+        )
+
+    def _restart_session(self, dest_id: str) -> None:
+        """Restart the running session to ``dest_id`` (its cascaded clients are read at its
+        start); none runs (not a destination here, or its units held elsewhere): nothing."""
+        with self._placing:
+            fences = self._session_fences.get(dest_id)
+            if fences is None or self.stop_event.is_set():
+                if all(d.id != dest_id for d in self.config.destinations):
+                    log.warning("%s reported as a child, but is not in [[destinations]]", dest_id)
+                return
+            self._stop_session(dest_id)
+            self._start_session(dest_id, fences)
+
     def trim_relays(self) -> int:
         """Release what every node below has of the clients this node relays."""
         done = 0
@@ -213,7 +246,12 @@ class SiteServer:
     def _start_session(self, dest_id: str, fences: dict[str, Fence]) -> None:
         cfg = self.config
         cascade = self.cascade_for(dest_id)
-        clients = [c for c in cfg.clients if c.name in fences]
+        # A cascaded client goes down its tree only: to a node that is a child here.
+        clients = [
+            c
+            for c in cfg.clients
+            if c.name in fences and (cfg.cascade(c.name) is None or c.name in cascade)
+        ]
         membership = self.membership
         session = SenderSession(
             self.store,

@@ -354,7 +354,7 @@ def _sink_streams(config: SiteConfig, store: QueueStore) -> list[SinkStream]:
 
 
 def _cascades(config: SiteConfig, store: QueueStore, now: float) -> list[CascadeInfo]:
-    from lr_server.cascade_control import child_reports, node_watermarks
+    from lr_server.cascade_control import children_of, node_watermarks
     from lr_server.watermarks import counts
 
     grace = config.replication.cascade_grace
@@ -372,7 +372,7 @@ def _cascades(config: SiteConfig, store: QueueStore, now: float) -> list[Cascade
                 c.dropped,
                 counts(c, now, grace),
             )
-            for c in child_reports(store.cascade_children(node.client_name))
+            for c in children_of(store, node.client_name)
         ]
         out.append(
             CascadeInfo(

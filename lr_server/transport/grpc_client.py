@@ -148,16 +148,14 @@ def call_cascade(
     report: pb.CascadeReport,
     timeout: float,
 ) -> pb.CascadeReply:
-    """Send one ``Cascade`` report to ``provider`` (at its ``address``) as ``node_id``;
-    its reply. Errors are mapped as every call's (:func:`map_rpc_error`)."""
-    dest = DestinationConfig(
-        provider.id, provider.address, token=provider.token, server_name=provider.server_name
-    )
+    """Send one ``Cascade`` report to ``provider`` (at its ``address``) as ``node_id``,
+    authenticated as a sender is (``security.token``, or the client certificate); its
+    reply. Errors are mapped as every call's (:func:`map_rpc_error`)."""
+    dest = DestinationConfig(provider.id, provider.address, server_name=provider.server_name)
     channel = open_channel(dest, security, 1024 * 1024)
     metadata = [("x-lr-source", node_id)]
-    token = provider.token or security.token
-    if security.client_auth == "token" and token:
-        metadata.append(("authorization", f"Bearer {token}"))
+    if security.client_auth == "token" and security.token:  # this node's own, as a sender's
+        metadata.append(("authorization", f"Bearer {security.token}"))
     try:
         stub = pb_grpc.LogReplicationStub(channel)  # type: ignore[no-untyped-call]
         reply: pb.CascadeReply = stub.Cascade(report, timeout=timeout, metadata=metadata)

@@ -254,9 +254,10 @@ def test_a_dead_leaf_dropped_by_retention_does_not_pin_the_root(cascade: Set) ->
     assert s1.global_watermark() == p[0]  # not dropped yet: it pins
     s1.store.trim()
     assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == p[1:]
-    assert s1.store.mark_child_dropped(C, "s2")  # retention drops it
+    s1.store.drop_stream("s2", C, "over retention.max_entries")  # retention drops it
     s1.report()
     assert s1.global_watermark() == p[-1]
+    assert not s1.store.cascade_children(C)[0].dropped  # its stream goes on: a full sync
     s1.store.trim()
     assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == []
 
