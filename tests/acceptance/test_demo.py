@@ -45,3 +45,38 @@ def test_demo_without_java_says_so_and_runs_the_rest(tmp_path: Path) -> None:
     out = _demo(env)
     assert "Spark full sync skipped: Java was not found" in out
     assert "Full sync of d by in-process provider" in out
+
+
+def test_demo_tree_relays_to_every_node_and_switches_a_leaf_without_full_sync() -> None:
+    """`lr demo --topology tree`: a -> b -> c, d; d moved to a mid-run by `lr provider
+    switch`; every node ends with the root's rows and no node needed a full sync."""
+    args = ["demo", "--topology", "tree", "--transactions", "300", "--duration", "5"]
+    done = subprocess.run(
+        [sys.executable, "-m", "lr_server.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**lr_env(), "COLUMNS": "80"},
+        cwd=ROOT,
+        timeout=scaled(300),
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "Every node holds what the root transmitted." in out
+    rows = {
+        cells[0]: cells[1:]
+        for line in out.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip("│").split("│")]]
+    }
+    # node: role, provider, applied, rows, full syncs, check
+    role, provider, applied, rows_a, syncs, sent = rows["a"]
+    assert (role, provider, applied, syncs) == ("root", "-", "-", "-")
+    sent = sent.removesuffix(" sent")
+    assert int(sent) >= 300  # the application writes on until the switch is done
+    assert rows["b"][0:2] == ["branch", "a (epoch 1)"]
+    assert rows["c"][0:2] == ["leaf", "b (epoch 1)"]
+    assert rows["d"][0:2] == ["leaf", "a (epoch 2)"]
+    for node in "bcd":
+        assert rows[node][2:] == [sent, rows_a, "0", f"{rows_a} rows ok"], (node, out)
+    assert "b was refused and let it go." in out
+    assert all(len(line) <= 80 for line in out.splitlines()), "demo output wider than 80 columns"

@@ -1,0 +1,431 @@
+"""What a relay hop costs: root -> branch -> leaf against root -> leaf, in the same run.
+
+    python bench/relay.py [--backend postgresql|sqlite] [--rate N] [--seconds N]
+                          [--writers N] [--entries N] [--out bench/results/relay.json]
+
+One cascaded client (docs/cascading.md) over four real ``lr server`` processes
+(plaintext gRPC on loopback with a token, replication settings at their defaults):
+the root ``root`` ships it to the branch ``branch`` and to the leaf ``direct``; the
+branch relays it from its receive queue to the leaf ``relayed``. Both leaves get
+every entry of the same load at the same time, so the two paths are compared under
+the same conditions. Each site has its own database: a schema of the PostgreSQL
+server at ``LR_BENCH_PG_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``),
+or a SQLite file (``--backend sqlite``, for a quick run). This process plays the
+root's application (it transmits, 1 KiB payloads) and the listeners of the branch
+and the leaves (a :class:`~lr_client.RoutingQueueSubscriber` each).
+
+* ``latency``: a paced transmitter (``bench.replicate.paced_load``) offers ``--rate``
+  entries/s (1,000) for ``--seconds``, one entry per transaction, from ``--writers``
+  threads (16: one writer cannot commit 1,000 transactions/s on a loaded machine's
+  PostgreSQL); ``achieved_rate`` says what was reached. Latency of an entry
+  at a leaf = the time its listener's ``process_log_entries`` is called with it minus
+  the time the root's COMMIT returned (one clock: this machine's). The receive queue's
+  ``received_at`` cannot serve: at a node of a cascade it keeps the origin's time. The
+  first second is warm-up, excluded. The relay hop's cost = relayed p99 - direct p99.
+* ``throughput``: the listeners stop, the root's server stops, ``--entries`` entries
+  are transmitted (500 per transaction, ``bench.replicate.prefill``), the root's server
+  starts again and both leaves drain them. A leaf's rate = the entries it received
+  between the first poll that saw the drain arrive and the one that saw its last entry
+  (``sink_progress`` polled every 20 ms), over that span.
+
+Targets (reported, never asserted): a relay hop adds <= 20 ms p99 at 1,000 entries/s;
+relayed throughput >= 0.8x direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    DEFAULT_PG_URL,
+    fmt_rate,
+    fmt_ratio,
+    loadavg,
+    machine_facts,
+    print_table,
+    write_json,
+)
+from bench.replicate import (  # noqa: E402
+    Databases,
+    Latency,
+    Source,
+    code_state,
+    latency_of,
+    paced_load,
+    prefill,
+    stop_process,
+)
+from lr_client import (  # noqa: E402
+    RoutingQueueClient,
+    RoutingQueueListener,
+    RoutingQueueMessage,
+    RoutingQueueSubscriber,
+)
+from lr_client.store import SQLAlchemyQueueStore, open_store  # noqa: E402
+from tests.kit.procs import LrServer  # noqa: E402
+from tests.kit.sites import free_port  # noqa: E402
+
+CLIENT = "bench"
+TOKEN = "token-relay-bench"
+PAYLOAD_BYTES = 1024
+WARMUP_SECONDS = 1.0
+POLL = 0.02
+#: The set: node -> provider. ``direct`` is the root's child, ``relayed`` the branch's.
+TREE = {"branch": "root", "direct": "root", "relayed": "branch"}
+SITES = ("root", *TREE)
+LEAVES = ("direct", "relayed")
+
+#: Targets: measured and reported, never asserted.
+TARGET_HOP_P99_MS = 20.0
+TARGET_THROUGHPUT = 0.8
+
+
+def _children(site: str) -> list[str]:
+    return sorted(n for n, p in TREE.items() if p == site)
+
+
+def node_config(path: Path, site: str, url: str, ports: dict[str, int]) -> Path:
+    """A node's config: children as destinations, provider and children as sources
+    (with addresses: reports go to the provider), the set's ``[cascade.bench]``."""
+    lines = [
+        "[site]",
+        f'id = "{site}"',
+        f'database_url = "{url}"',
+        f'listen = "127.0.0.1:{ports[site]}"',
+        "[security]",
+        'transport = "plaintext"',
+        'client_auth = "token"',
+        f'token = "{TOKEN}"',
+        "[[clients]]",
+        f'name = "{CLIENT}"',
+    ]
+    for child in _children(site):
+        lines += ["[[destinations]]", f'id = "{child}"', f'address = "127.0.0.1:{ports[child]}"']
+    for src in ([TREE[site]] if site in TREE else []) + _children(site):
+        lines += [
+            "[[sources]]",
+            f'id = "{src}"',
+            f'token = "{TOKEN}"',
+            f'address = "127.0.0.1:{ports[src]}"',
+        ]
+    nodes = ", ".join(f'{n} = "{p}"' for n, p in sorted(TREE.items()))
+    lines += [f"[cascade.{CLIENT}]", 'root = "root"', f"nodes = {{ {nodes} }}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Clock(RoutingQueueListener):
+    """A listener that applies nothing and notes when each origin position reached it."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        now = time.time()
+        for m in messages:
+            self.seen.setdefault(m.source_position, now)
+        return True
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+
+class Tree:
+    """The four sites of one backend, their servers and stores."""
+
+    def __init__(self, dbs: Databases, workdir: Path) -> None:
+        self.workdir = workdir
+        self.ports = {s: free_port() for s in SITES}
+        self.urls = {s: dbs.new(f"relay_{s}") for s in SITES}
+        self.configs = {
+            s: node_config(workdir / f"{s}.toml", s, self.urls[s], self.ports) for s in SITES
+        }
+        self.stores: dict[str, SQLAlchemyQueueStore] = {}
+        for s in SITES:
+            store = open_store(self.urls[s])
+            store.create_schema()
+            self.stores[s] = store
+        self.servers: dict[str, LrServer] = {}
+        root = self.stores["root"]
+        client = RoutingQueueClient(root, source_id="root", client_name=CLIENT)
+        client.register_destinations(list(TREE))
+        # The application addresses a cascaded client to every node of its set.
+        self.source = Source("root", self.urls["root"], root, client, list(TREE), list(TREE))
+
+    def start(self, site: str) -> None:
+        server = LrServer(self.configs[site], self.workdir).start()
+        server.wait_listening(self.ports[site], timeout=60)
+        self.servers[site] = server
+
+    def stop(self, site: str) -> None:
+        stop_process(self.servers.pop(site), timeout=10)
+
+    def received(self, leaf: str) -> int:
+        return self.stores[leaf].sink_progress("root", CLIENT).last_position
+
+    def close(self) -> None:
+        for site in list(self.servers):
+            self.stop(site)
+        for store in self.stores.values():
+            store.engine.dispose()
+
+
+def _wait(what: str, done: Any, timeout: float, tree: Tree) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {s}\n{srv.log()[-2000:]}" for s, srv in tree.servers.items())
+            raise RuntimeError(f"{what}: not within {timeout:.0f}s\n{logs}")
+        time.sleep(POLL)
+
+
+@dataclass
+class LatencyResult:
+    offered_rate: float
+    achieved_rate: float
+    transmitted: int
+    complete: bool
+    direct: Latency
+    relayed: Latency
+    hop_p50_ms: float
+    hop_p99_ms: float
+
+
+@dataclass
+class ThroughputResult:
+    entries: int
+    direct_rate: float
+    relayed_rate: float
+    direct_seconds: float
+    relayed_seconds: float
+    ratio: float
+
+
+def measure_latency(
+    tree: Tree, rate: float, seconds: float, payloads: Sequence[bytes], writers: int
+) -> LatencyResult:
+    clocks = {s: Clock() for s in TREE}
+    stop = threading.Event()
+    subs = [
+        RoutingQueueSubscriber(tree.stores[s], CLIENT, clocks[s], poll_interval=0.005) for s in TREE
+    ]
+    threads = [threading.Thread(target=sub.run, args=(stop,), daemon=True) for sub in subs]
+    for t in threads:
+        t.start()
+    try:
+        # Ready: an entry has reached both leaves' listeners (connections, first contact).
+        src = tree.source
+        with src.store.engine.begin() as conn:
+            ref = src.client.transmit_log_entry_message(conn, payloads[0], src.destinations)
+        (first,) = src.client.positions_of([ref], timeout=60)
+        assert first is not None
+        _wait("first entry", lambda: all(first in clocks[s].seen for s in LEAVES), 60, tree)
+        started = time.time()
+        load = paced_load(
+            src.store, src.client, src.destinations, rate, seconds, payloads, writers=writers
+        )
+        last = max(p for p, _ in load.commits)
+        complete = True
+        try:
+            _wait("load delivered", lambda: all(last in clocks[s].seen for s in LEAVES), 60, tree)
+        except RuntimeError:
+            complete = False
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        for sub in subs:
+            sub.close()
+    warm_until = started + min(WARMUP_SECONDS, seconds / 4)
+    committed = {p: at for p, at in load.commits if at >= warm_until}
+    lat = {
+        leaf: latency_of(
+            [
+                (clocks[leaf].seen[p] - at) * 1000.0
+                for p, at in committed.items()
+                if p in clocks[leaf].seen
+            ]
+        )
+        for leaf in LEAVES
+    }
+    return LatencyResult(
+        rate,
+        round(load.achieved_rate, 1),
+        len(load.commits),
+        complete,
+        lat["direct"],
+        lat["relayed"],
+        round(lat["relayed"].p50_ms - lat["direct"].p50_ms, 2),
+        round(lat["relayed"].p99_ms - lat["direct"].p99_ms, 2),
+    )
+
+
+def measure_throughput(tree: Tree, entries: int, payloads: Sequence[bytes]) -> ThroughputResult:
+    tree.stop("root")
+    before = {leaf: tree.received(leaf) for leaf in LEAVES}
+    last, _ = prefill(tree.source, entries, payloads)
+    tree.start("root")
+    first_seen: dict[str, tuple[float, int]] = {}
+    done_at: dict[str, float] = {}
+    deadline = time.monotonic() + max(120.0, entries / 200)
+    while len(done_at) < len(LEAVES) and time.monotonic() < deadline:
+        now = time.perf_counter()
+        for leaf in LEAVES:
+            if leaf in done_at:
+                continue
+            pos = tree.received(leaf)
+            if leaf not in first_seen and pos > before[leaf]:
+                first_seen[leaf] = (now, pos)
+            if pos >= last:
+                done_at[leaf] = now
+        time.sleep(POLL)
+    if len(done_at) < len(LEAVES):
+        raise RuntimeError(f"the drain of {entries} entries did not finish: {done_at}")
+    rates, spans = {}, {}
+    for leaf in LEAVES:
+        t0, pos0 = first_seen[leaf]
+        spans[leaf] = max(done_at[leaf] - t0, POLL)
+        # Positions of the drain are consecutive on both backends here (one writer).
+        rates[leaf] = (last - pos0) / spans[leaf] if last > pos0 else entries / spans[leaf]
+    return ThroughputResult(
+        entries,
+        round(rates["direct"], 1),
+        round(rates["relayed"], 1),
+        round(spans["direct"], 3),
+        round(spans["relayed"], 3),
+        round(rates["relayed"] / rates["direct"], 3),
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    payloads = [os.urandom(PAYLOAD_BYTES) for _ in range(64)]
+    machine = machine_facts()
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lr-relay-")))
+        dbs = Databases(args.backend, stack, workdir, args.pg_url)
+        facts = dbs.facts()
+        tree = Tree(dbs, workdir)
+        stack.callback(tree.close)
+        for site in ("relayed", "direct", "branch", "root"):
+            tree.start(site)
+        latency = measure_latency(tree, args.rate, args.seconds, payloads, args.writers)
+        throughput = measure_throughput(tree, args.entries, payloads)
+    return {
+        "benchmark": "relay",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "backend": args.backend,
+        "settings": {
+            "rate": args.rate,
+            "seconds": args.seconds,
+            "entries": args.entries,
+            "writers": args.writers,
+            "payload_bytes": PAYLOAD_BYTES,
+            "tree": TREE,
+        },
+        "machine": machine,
+        "loadavg_at_end": loadavg(),
+        "database": facts,
+        "code": code_state(),
+        "latency": asdict(latency),
+        "throughput": asdict(throughput),
+        "ratios": {
+            "hop_p99_ms": latency.hop_p99_ms,
+            "relayed_vs_direct_p99": round(latency.relayed.p99_ms / latency.direct.p99_ms, 3)
+            if latency.direct.p99_ms
+            else None,
+            "relayed_vs_direct_throughput": throughput.ratio,
+        },
+        "targets": {
+            "hop_p99_ms_at_most": TARGET_HOP_P99_MS,
+            "throughput_ratio_at_least": TARGET_THROUGHPUT,
+            "hop_p99_met": latency.hop_p99_ms <= TARGET_HOP_P99_MS,
+            "throughput_met": throughput.ratio >= TARGET_THROUGHPUT,
+        },
+    }
+
+
+def report(console: Console, data: dict[str, Any]) -> None:
+    lat, thr = data["latency"], data["throughput"]
+    rows = []
+    for leaf in LEAVES:
+        path = "root -> leaf" if leaf == "direct" else "root -> branch -> leaf"
+        rows.append(
+            [
+                path,
+                f"{lat[leaf]['p50_ms']:.1f}",
+                f"{lat[leaf]['p99_ms']:.1f}",
+                f"{lat[leaf]['max_ms']:.1f}",
+                str(lat[leaf]["entries"]),
+                fmt_rate(thr[f"{leaf}_rate"]),
+            ]
+        )
+    print_table(
+        console,
+        f"Relay hop on {data['backend']}: latency at {lat['achieved_rate']:,.0f} entries/s "
+        f"(offered {lat['offered_rate']:,.0f}), drain of {thr['entries']:,} entries",
+        ["path", "p50 ms", "p99 ms", "max ms", "entries", "entries/s"],
+        rows,
+    )
+    hop = data["ratios"]["hop_p99_ms"]
+    met = "[green]met[/]" if hop <= TARGET_HOP_P99_MS else "[red]missed[/]"
+    console.print(
+        f"relay hop adds {lat['hop_p50_ms']:+.1f} ms p50, {hop:+.1f} ms p99 "
+        f"(target <= {TARGET_HOP_P99_MS:.0f} ms: {met}); relayed/direct p99 "
+        f"{fmt_ratio(data['ratios']['relayed_vs_direct_p99'])}; throughput relayed/direct "
+        f"{fmt_ratio(thr['ratio'], TARGET_THROUGHPUT)} (target >= {TARGET_THROUGHPUT}x)"
+    )
+    console.print(
+        f"load average at start {data['machine']['loadavg_at_start']}, "
+        f"at end {data['loadavg_at_end']}"
+    )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--backend", choices=["postgresql", "sqlite"], default="postgresql")
+    p.add_argument("--pg-url", default=os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL))
+    p.add_argument("--rate", type=float, default=1000.0, help="paced entries/s (latency)")
+    p.add_argument("--seconds", type=float, default=20.0, help="paced load duration")
+    p.add_argument(
+        "--writers",
+        type=int,
+        default=16,
+        help="transmitting threads sharing the paced schedule (one connection each)",
+    )
+    p.add_argument("--entries", type=int, default=50_000, help="entries drained (throughput)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "relay.json")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    data = run(args)
+    report(Console(), data)
+    write_json(args.out, data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
