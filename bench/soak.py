@@ -106,7 +106,9 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from bench.common import (
     DEFAULT_PG_URL,
@@ -789,7 +791,16 @@ def run_one(
         stack.callback(cluster.close)
         cluster.start()
         for sink in cluster.sink_ids:
-            applied_meta.create_all(cluster.stores[sink].engine)
+            # SQLite: the sink's server, just started, may write between the DDL's
+            # read of the schema and its write ("database is locked" at once).
+            for attempt in Retrying(
+                retry=retry_if_exception_type(OperationalError),
+                stop=stop_after_attempt(20),
+                wait=wait_fixed(0.5),
+                reraise=True,
+            ):
+                with attempt:
+                    applied_meta.create_all(cluster.stores[sink].engine)
         stop = ctx.Event()
         subs = {
             s: ctx.Process(target=run_subscriber, args=(cluster.urls[s], stop), daemon=True)
