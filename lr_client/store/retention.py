@@ -86,6 +86,11 @@ class RetentionStore(SnapshotPoolStore):
         for key, position in out.items():
             if key[1] in caps:
                 out[key] = min(position, caps[key[1]])
+        # A node of the set below a child has no stream from the root: its entries reach
+        # it through its provider, and the global watermark already counts it.
+        for client, cap in caps.items():
+            for num in nums.values():
+                out.setdefault((num, client), cap)
         return out
 
     def drop_stream(

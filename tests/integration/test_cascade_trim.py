@@ -1,8 +1,8 @@
 """Watermarks and trim of a running set under traffic, real gRPC on loopback, on both
 backends: every node reports to its provider (the kit gives it the provider's
-address), the global watermark rises at the root and the branch releases its relay
-copy at or below it, and every listener still gets
-every entry once, in order.
+address), the global watermark rises at the root, the root trims its send queue (also
+the entries of nodes it does not ship to) and the branch releases its relay copy, and
+every listener still gets every entry once, in order.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def test_under_traffic_the_global_watermark_rises_and_the_root_and_the_branch_tr
     sites: Sites, cascades: list[Cascade]
 ) -> None:
     """c1 -> c2 -> c3 under steady traffic: c3 reports to c2, c2 to c1; the root's global
-    watermark rises, c2 stores it and its relay floor passes a watermark seen earlier;
+    watermark rises, c2 stores it, the root's oldest entry and c2's relay floor pass a
+    watermark seen earlier;
     nothing is lost, repeated or out of order at c2 and c3."""
     c = Cascade(sites, CHAIN, extra=FAST_TRIM)
     cascades.append(c)
@@ -51,6 +52,11 @@ def test_under_traffic_the_global_watermark_rises_and_the_root_and_the_branch_tr
     wait_for(lambda: global_wm("c1") > first + 50, timeout=scaled(60))  # it rises
     wait_for(lambda: global_wm("c2") >= first, timeout=scaled(60))  # and travels down
 
+    def root_trimmed() -> bool:
+        oldest = c.store("c1").oldest_position("policy")
+        return oldest is not None and oldest > first
+
+    wait_for(root_trimmed, timeout=scaled(60))  # the root released what all nodes have
     wait_for(
         lambda: c.store("c2").relay_resume_floor("policy", "c1") >= first, timeout=scaled(60)
     )  # the branch released its relay copy too
