@@ -366,7 +366,7 @@ class SiteServer:
         for t in self._threads:
             t.join(timeout=grace)
         if self._grpc is not None:
-            self._grpc.stop(grace=2.0).wait(5.0)
+            self._grpc.stop(grace=2.0).wait(5.0 + grace)  # the handlers left the store
         self._end_children(grace)
         self.store.close()
 

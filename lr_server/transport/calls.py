@@ -22,9 +22,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from lr_client.errors import StoreUnavailableError
 from lr_server import metrics
 
 log = logging.getLogger("lr.grpc")
+
+
+class ReceiverStoppedError(StoreUnavailableError):
+    """The receiver is stopping: its store is no longer used (answered ``UNAVAILABLE``)."""
 
 
 class CallLimitError(Exception):
@@ -62,6 +67,9 @@ class CallTracker:
         self._seq = itertools.count(1)
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._working = 0  # handlers inside :meth:`working` (using the receiver's store)
+        self._closed = False
+        self._idle = threading.Condition(self._lock)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -126,6 +134,29 @@ class CallTracker:
         finally:
             with self._lock:
                 call.waiting_since = None
+
+    @contextmanager
+    def working(self) -> Iterator[None]:
+        """While inside, a handler serves a request (the store in use): :meth:`drain` waits
+        for it. A cancelled call's handler thread may still be inside after gRPC has
+        ended the call; once drained, entering raises :class:`ReceiverStoppedError`."""
+        with self._lock:
+            if self._closed:
+                raise ReceiverStoppedError("the receiver is stopping")
+            self._working += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._working -= 1
+                self._idle.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse new work and wait up to ``timeout`` s for the handlers inside
+        :meth:`working`; whether none is left."""
+        with self._lock:
+            self._closed = True
+            return self._idle.wait_for(lambda: self._working == 0, timeout)
 
     def open_calls(self, source: str | None = None) -> list[OpenCall]:
         """The open calls (of ``source``), oldest first."""

@@ -134,7 +134,8 @@ class LogReplicationService:
                     grpc.StatusCode.INVALID_ARGUMENT, f"{method} takes exactly one request message"
                 )
                 raise AssertionError("unreachable: abort raises")
-            return serve(call.source, request)
+            with self.calls.working():
+                return serve(call.source, request)
         except LRError as exc:
             self._fail(context, exc)
             raise  # unreachable: abort raises
@@ -160,7 +161,8 @@ class LogReplicationService:
             # (its channel pings the sink every 10 s); the per-source cap bounds these.
             for batch in request_iterator:
                 try:
-                    ack = self.receiver.apply(call.source, batch)
+                    with self.calls.working():
+                        ack = self.receiver.apply(call.source, batch)
                 except LRError as exc:
                     self._fail(context, exc)
                     return
@@ -212,10 +214,22 @@ class GrpcReceiver:
         self.server = server
         self.calls = calls
 
-    def stop(self, grace: float | None) -> threading.Event:
-        """Stop serving; returns the event set once every call has ended."""
-        done: threading.Event = self.server.stop(grace)
+    def stop(self, grace: float | None, drain: float = 10.0) -> threading.Event:
+        """Stop serving; returns the event set once every call has ended and no handler
+        uses the store any more (a cancelled call's handler may still be applying a
+        batch: it is waited for up to ``drain`` s, so the store can then be closed)."""
+        ended: threading.Event = self.server.stop(grace)
         self.calls.stop()
+        done = threading.Event()
+
+        def wait() -> None:
+            ended.wait()
+            if self.calls.drain(drain):
+                done.set()
+            else:
+                log.warning("a receiver handler still runs %gs after the stop", drain)
+
+        threading.Thread(target=wait, name="lr-rpc-drain", daemon=True).start()
         return done
 
 

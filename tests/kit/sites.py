@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lr_client.store import SQLAlchemyQueueStore, open_store
@@ -37,6 +37,7 @@ class SiteSpec:
     port: int = 0
     destinations: Sequence[tuple[str, int]] = ()  # (site id, port)
     sources: Sequence[str] = ()
+    source_ports: dict[str, int] = field(default_factory=dict)  # a source's port: its address
     clients: Sequence[str] = ("policy",)
     snapshot: str = "none"
     metrics_port: int = 0
@@ -134,6 +135,10 @@ def write_config(
             lines.append(f"server_name = {_q(dest)}")
     for src in spec.sources:
         lines += ["[[sources]]", f"id = {_q(src)}"]
+        if src in spec.source_ports:  # a cascade node reports to its provider there
+            lines.append(f'address = "127.0.0.1:{spec.source_ports[src]}"')
+            if security == "mtls":
+                lines.append(f"server_name = {_q(src)}")
         if security == "token":
             lines.append(f"token = {_q(tokens.get(src, 'token-' + src))}")
     if spec.extra:
@@ -185,14 +190,17 @@ class Sites:
         self, tree: CascadeTree, site: str, client: str = "policy", **kw: object
     ) -> SiteServer:
         """Start one node of a cascaded ``client``: it ships to its children, accepts its
-        provider and listens (children report to it), with ``tree``'s cascade table."""
+        provider (its ``[[sources]]`` entry has its address: the node reports to it) and
+        its children's reports (they are sources too), with ``tree``'s cascade table."""
         extra = str(kw.pop("extra", ""))
+        provider = tree.provider(site)
         spec = SiteSpec(
             site,
             self.url(site),
             port=self.port(site),
             destinations=[(d, self.port(d)) for d in tree.children(site)],
-            sources=[tree.provider(site)] if tree.provider(site) else [],
+            sources=([provider] if provider else []) + tree.children(site),  # children report
+            source_ports={provider: self.port(provider)} if provider else {},
             clients=(client,),
             extra="\n".join(x for x in (tree.table(client), extra) if x),
             **kw,  # type: ignore[arg-type]

@@ -125,3 +125,30 @@ def test_every_method_is_served_as_a_client_stream() -> None:
     assert sorted(handlers) == sorted(declared) == ["Cascade", "Negotiate", "Replicate"]
     assert all(h.request_streaming for h in handlers.values())
     assert [n for n, h in sorted(handlers.items()) if h.response_streaming] == ["Replicate"]
+
+
+def test_a_drain_waits_for_the_handlers_still_serving_then_refuses_new_work() -> None:
+    """A cancelled call's handler may still be applying a batch when gRPC has stopped:
+    the server closes its store only after the drain, and nothing enters after it."""
+    import threading
+
+    from lr_client.errors import StoreUnavailableError
+
+    tracker = CallTracker(max_calls=10, per_source=2, idle_timeout=5.0)
+    inside, leave = threading.Event(), threading.Event()
+
+    def handler() -> None:
+        with tracker.working():
+            inside.set()
+            leave.wait(30)
+
+    t = threading.Thread(target=handler)
+    t.start()
+    assert inside.wait(30)
+    assert tracker.drain(0.05) is False  # still inside
+    with pytest.raises(StoreUnavailableError):  # closed for new work meanwhile
+        with tracker.working():
+            pass
+    leave.set()
+    assert tracker.drain(30) is True
+    t.join(30)
