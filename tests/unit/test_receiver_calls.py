@@ -146,9 +146,9 @@ def test_a_drain_waits_for_the_handlers_still_serving_then_refuses_new_work() ->
     t.start()
     assert inside.wait(30)
     assert tracker.drain(0.05) is False  # still inside
-    with pytest.raises(StoreUnavailableError):  # closed for new work meanwhile
-        with tracker.working():
-            pass
+    # Closed for new work meanwhile.
+    with pytest.raises(StoreUnavailableError), tracker.working():
+        pass
     leave.set()
     assert tracker.drain(30) is True
     t.join(30)
