@@ -39,7 +39,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import CursorResult, Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from lr_client import (
     EntryRef,
@@ -432,7 +434,16 @@ class SinkApp:
         self.engine = create_engine(url)
         self.store = open_store(self.engine)
         self.store.create_schema()
-        meta.create_all(self.engine, tables=SINK_TABLES)
+        # SQLite: a running server may write between the DDL's read of the schema
+        # and its write ("database is locked" at once, no busy wait): try again.
+        for attempt in Retrying(
+            retry=retry_if_exception_type(OperationalError),
+            stop=stop_after_attempt(40),
+            wait=wait_fixed(0.25),
+            reraise=True,
+        ):
+            with attempt:
+                meta.create_all(self.engine, tables=SINK_TABLES)
         self.listeners = {c: RecordingListener(c) for c in clients}
         self.subscribers = [
             RoutingQueueSubscriber(
