@@ -259,8 +259,8 @@ class TreeDemo:
 
     def _child(self, provider: str) -> CascadeChild | None:
         """The switched leaf as ``provider`` knows it (None: not a child there)."""
-        rows = self.stores[provider].cascade_children(CLIENT)
-        return next((r for r in rows if r.child_id == SWITCHED), None)
+        children = self.stores[provider].cascade_children(CLIENT)
+        return next((r for r in children if r.child_id == SWITCHED), None)
 
     def _report(self, elapsed: float) -> bool:
         expected = rows(self.engines[ROOT], orders)

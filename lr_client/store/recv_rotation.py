@@ -26,12 +26,13 @@ go (an applier reads it in its own transaction, :func:`current_slot`).
    an undelivered entry is ever truncated, whatever slot a row went to.
 
 With no slot passed (a queue that nobody delivers holds rows in every slot),
-a new partition is attached, up to :data:`MAX_SLOTS` (the choice, and the
-state row, as the send queue's: :mod:`lr_client.store.slot_ring`); past that the current
+a new partition is attached, up to :data:`MAX_SLOTS`; past that the current
 slot keeps growing until the queue is delivered. A slot passed but locked
-(a delivery still reading it) is tried again next time instead. ``seq`` order within a queue
-is commit order (appends to one queue hold its lock to commit), so a
-delivered ``seq`` is never followed by a smaller one committing later.
+(a delivery still reading it) is tried again next time instead (the choice,
+and the state row, as the send queue's: :mod:`lr_client.store.slot_ring`).
+``seq`` order within a queue is commit order (appends to one queue hold its
+lock to commit), so a delivered ``seq`` is never followed by a smaller one
+committing later.
 """
 
 from __future__ import annotations
