@@ -30,6 +30,7 @@ from rich.table import Table
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 
+from bench.cpu_profile import process_cpu
 from lr_client import create_engine, open_store
 from lr_client.store import SQLAlchemyQueueStore
 
@@ -102,17 +103,7 @@ class ServerCpu:
             isolation_level="AUTOCOMMIT"
         )
         own = int(self._conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
-        self.available = self._cpu(own) is not None
-        self._tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
-
-    @staticmethod
-    def _cpu(pid: int) -> float | None:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return None
-        fields = stat.rsplit(")", 1)[1].split()
-        return float(int(fields[11]) + int(fields[12]))  # utime + stime, in ticks
+        self.available = process_cpu(own) is not None
 
     def sample(self) -> dict[int, float]:
         if not self.available or self._conn is None:
@@ -125,9 +116,9 @@ class ServerCpu:
         ).scalars()
         out = {}
         for pid in pids:
-            ticks = self._cpu(int(pid))
-            if ticks is not None:
-                out[int(pid)] = ticks / self._tick
+            cpu = process_cpu(int(pid))
+            if cpu is not None:
+                out[int(pid)] = cpu
         return out
 
     @staticmethod
@@ -468,17 +459,6 @@ def machine_facts() -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "sqlalchemy": sqlalchemy.__version__,
     }
-
-
-def process_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
-    return (int(fields[11]) + int(fields[12])) / tick
 
 
 def process_rss(pid: int) -> int | None:

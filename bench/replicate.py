@@ -98,6 +98,7 @@ from sqlalchemy import (  # noqa: E402
 )
 from sqlalchemy.engine import Connection, Engine  # noqa: E402
 
+from bench import cpu_profile  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
     Panel,
@@ -329,11 +330,7 @@ def process_cpu(server: LrServer | None) -> float:
     """User + system CPU seconds a site's process has used so far (Linux ``/proc``)."""
     if server is None or server.proc is None:
         return 0.0
-    try:
-        fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_profile.process_cpu(server.proc.pid) or 0.0
 
 
 @dataclass

@@ -121,10 +121,10 @@ from bench.common import (
     panels_svg,
     pg_facts,
     print_table,
-    process_cpu,
     process_rss,
     write_json,
 )
+from bench.cpu_profile import process_cpu
 from bench.replicate import (
     CLIENT,
     PAYLOAD_BYTES,

@@ -12,50 +12,48 @@ that every sink holds exactly what it should (exit code 1 if not).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import Progress
 from rich.text import Text
-from sqlalchemy import Column, Integer, MetaData, String, insert, select, update
-from sqlalchemy import Table as SqlTable
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
-from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
-from lr_client.store import QueueStore, create_engine, open_store
+from lr_client.store import QueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
+from lr_server.demo_sites import (
+    ApplyListener,
+    Site,
+    catalog,
+    check_cell,
+    demo_progress,
+    encode,
+    orders,
+    report_check,
+    rows,
+    run_in_workdir,
+    start_server,
+    stop_servers,
+    summary_table,
+    upsert,
+    wait_caught_up,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SOURCE_DB_ENV = "LR_DEMO_SOURCE_DB"
-
-app_meta = MetaData()
-orders = SqlTable(
-    "demo_orders", app_meta, Column("key", String(32), primary_key=True), Column("value", Integer)
-)
-catalog = SqlTable(
-    "demo_catalog", app_meta, Column("key", String(32), primary_key=True), Column("value", Integer)
-)
 
 
 def order_destinations(key: int) -> list[str]:
@@ -63,15 +61,11 @@ def order_destinations(key: int) -> list[str]:
     return [["b", "c"], ["b"], ["c"]][key % 3]
 
 
-def encode(key: str, value: int) -> bytes:
-    return json.dumps({"key": key, "value": value}, sort_keys=True, separators=(",", ":")).encode()
-
-
 def catalog_frame(spark: SparkSession) -> DataFrame:
     """The Spark job's source: the catalog table of site a (path in $LR_DEMO_SOURCE_DB)."""
     with sqlite3.connect(os.environ[SOURCE_DB_ENV]) as conn:
-        rows = conn.execute("SELECT key, value FROM demo_catalog ORDER BY key").fetchall()
-    return spark.createDataFrame(rows, "key string, value long")
+        found = conn.execute("SELECT key, value FROM demo_catalog ORDER BY key").fetchall()
+    return spark.createDataFrame(found, "key string, value long")
 
 
 def spark_available() -> tuple[bool, str]:
@@ -95,73 +89,6 @@ def spark_skipped_notice(reason: str) -> Text:
         "Site d gets its full sync from an in-process provider instead.",
         style="yellow",
     )
-
-
-def _reserve_port() -> socket.socket:
-    """A loopback port bound (never listened on) until the demo ends.
-
-    The ``lr server`` child binds it too (gRPC sets ``SO_REUSEPORT``), while no
-    other process can take it between its choice and the child's bind.
-    """
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind(("127.0.0.1", 0))
-    return s
-
-
-def _upsert(session: Session, table: SqlTable, key: str, value: int) -> None:
-    done = session.execute(update(table).where(table.c.key == key).values(value=value))
-    if not getattr(done, "rowcount", 0):
-        session.execute(insert(table).values(key=key, value=value))
-
-
-def _rows(engine: Engine, table: SqlTable) -> dict[str, int]:
-    with engine.connect() as conn:
-        return {r.key: r.value for r in conn.execute(select(table))}
-
-
-class ApplyListener(RoutingQueueListener):
-    """A sink application: upserts every change into its own table (idempotent per key)."""
-
-    def __init__(self, table: SqlTable) -> None:
-        self.table = table
-        self.applied = 0
-        self.snapshot_rows = 0
-
-    def _apply(self, session: Session, messages: Sequence[RoutingQueueMessage]) -> None:
-        for m in messages:
-            row = json.loads(m.payload)
-            _upsert(session, self.table, str(row["key"]), int(row["value"]))
-
-    def process_full_sync(
-        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
-    ) -> bool:
-        self._apply(session, messages)
-        self.snapshot_rows += len(messages)
-        return True
-
-    def process_log_entries(
-        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
-    ) -> bool:
-        self._apply(session, messages)
-        self.applied += len(messages)
-        return True
-
-
-@dataclass
-class Site:
-    id: str
-    db: Path
-    port: int = 0
-    config: Path | None = None
-    proc: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"sqlite:///{self.db}"
 
 
 def _config(
@@ -218,9 +145,8 @@ class Demo:
         self.duration = duration
         self.spark, self.spark_reason = spark_available()
         self.sites = {name: Site(name, workdir / f"{name}.db") for name in "abcd"}
-        self._reserved = [_reserve_port() for _ in "bcd"]
-        for name, sock in zip("bcd", self._reserved, strict=True):
-            self.sites[name].port = int(sock.getsockname()[1])
+        for name in "bcd":
+            self.sites[name].reserve_port()
         self.stores: dict[str, QueueStore] = {}
         self.engines: dict[str, Engine] = {}  # the applications' own tables
         self.listeners = {"b": ApplyListener(orders), "c": ApplyListener(orders)}
@@ -239,40 +165,7 @@ class Demo:
         return env
 
     def _start(self, site: Site) -> None:
-        assert site.config is not None
-        log = (self.workdir / f"{site.id}.log").open("ab")
-        site.proc = subprocess.Popen(
-            [sys.executable, "-m", "lr_server.cli", "server", "--config", str(site.config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self._env(),
-        )
-        log.close()
-        site.started_at = time.monotonic()
-        if site.port:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                if site.proc.poll() is not None:
-                    raise RuntimeError(f"lr server for {site.id} exited; see {self.workdir}")
-                try:
-                    with socket.create_connection(("127.0.0.1", site.port), timeout=0.5):
-                        return
-                except OSError:
-                    time.sleep(0.05)
-            raise RuntimeError(f"lr server for {site.id} did not start listening")
-
-    def _stop_all(self) -> None:
-        for site in self.sites.values():
-            if site.proc is not None and site.proc.poll() is None:
-                site.proc.send_signal(signal.SIGTERM)
-        for site in self.sites.values():
-            if site.proc is not None:
-                try:
-                    site.proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    site.proc.kill()
-        for sock in self._reserved:
-            sock.close()
+        start_server(site, self.workdir, self._env())
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -290,11 +183,7 @@ class Demo:
             path = s[name].config = self.workdir / f"{name}.toml"
             path.write_text(_config(s[name], [], ["a"], self.spark))
         for name, site in s.items():
-            engine = self.engines[name] = create_engine(site.url)
-            store = open_store(engine)
-            store.create_schema()
-            app_meta.create_all(engine)
-            self.stores[name] = store
+            self.engines[name], self.stores[name] = site.open()
         self.stores["a"].register_sites(["b", "c", "d"])
 
     def _loop(self, target: Any) -> None:
@@ -325,11 +214,11 @@ class Demo:
             key = i % 500
             dests = order_destinations(key)
             with Session(self.engines["a"]) as session, session.begin():
-                _upsert(session, orders, f"o{key}", i)
+                upsert(session, orders, f"o{key}", i)
                 order_client.transmit_log_entry_message(session, encode(f"o{key}", i), dests)
                 if i % 2 == 0:
                     ckey = f"c{(i // 2) % 300}"
-                    _upsert(session, catalog, ckey, i)
+                    upsert(session, catalog, ckey, i)
                     catalog_client.transmit_log_entry_message(session, encode(ckey, i), ["d"])
             for d in dests:
                 self.sent[d] += 1
@@ -352,19 +241,23 @@ class Demo:
         return time.monotonic() - self._synced_at > 2.0
 
     def _expected(self) -> dict[str, dict[str, int]]:
-        a_orders = _rows(self.engines["a"], orders)
+        a_orders = rows(self.engines["a"], orders)
         return {
             "b": {k: v for k, v in a_orders.items() if "b" in order_destinations(int(k[1:]))},
             "c": {k: v for k, v in a_orders.items() if "c" in order_destinations(int(k[1:]))},
-            "d": _rows(self.engines["a"], catalog),
+            "d": rows(self.engines["a"], catalog),
         }
 
     def _actual(self) -> dict[str, dict[str, int]]:
         return {
-            "b": _rows(self.engines["b"], orders),
-            "c": _rows(self.engines["c"], orders),
-            "d": _rows(self.engines["d"], catalog),
+            "b": rows(self.engines["b"], orders),
+            "c": rows(self.engines["c"], orders),
+            "d": rows(self.engines["d"], catalog),
         }
+
+    def _caught_up(self) -> int:
+        expected, actual = self._expected(), self._actual()
+        return sum(expected[s] == actual[s] for s in "bcd")
 
     # -- run --------------------------------------------------------------------------------
     def run(self) -> bool:
@@ -388,52 +281,39 @@ class Demo:
             a = self.stores["a"]
             self._loop(SnapshotProviderRunner(a, "catalog", self._provide_catalog))
         t0 = time.monotonic()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(bar_width=24),
-            TaskProgressColumn(),
-            TimeElapsedColumn(),
-            console=c,
-        ) as progress:
+        with demo_progress(c) as progress:
             write = progress.add_task("a: transactions", total=self.transactions)
             self._write(progress, write)
-            sync = progress.add_task("sinks caught up", total=3)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                expected, actual = self._expected(), self._actual()
-                done = sum(expected[s] == actual[s] for s in "bcd")
-                progress.update(sync, completed=done)
-                if done == 3:
-                    break
-                time.sleep(0.25)
+            wait_caught_up(progress, "sinks caught up", 3, self._caught_up)
         elapsed = time.monotonic() - t0
         self.stop.set()
         for t in self.threads:
             t.join(timeout=10)
         ok = self._report(elapsed)
-        self._stop_all()
+        stop_servers(self.sites.values())
         for store in self.stores.values():
             store.close()
         return ok
 
     def _provide_catalog(self, ctx: SnapshotContext) -> None:
-        ctx.transmit(encode(k, v) for k, v in sorted(_rows(self.engines["a"], catalog).items()))
+        ctx.transmit(encode(k, v) for k, v in sorted(rows(self.engines["a"], catalog).items()))
 
     def _report(self, elapsed: float) -> bool:
         expected, actual = self._expected(), self._actual()
         a = self.stores["a"]
-        table = Table(title="Replication summary", title_justify="left")
-        for col, just in (
-            ("site", "left"),
-            ("client", "left"),
-            ("sent", "right"),
-            ("applied", "right"),
-            ("lag", "right"),
-            ("snap rows", "right"),
-            ("entries/s", "right"),
-            ("check", "left"),
-        ):
-            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        table = summary_table(
+            "Replication summary",
+            [
+                ("site", "left"),
+                ("client", "left"),
+                ("sent", "right"),
+                ("applied", "right"),
+                ("lag", "right"),
+                ("snap rows", "right"),
+                ("entries/s", "right"),
+                ("check", "left"),
+            ],
+        )
         ok = True
         for name, client in (("b", "orders"), ("c", "orders"), ("d", "catalog")):
             listener = self.listeners[name]
@@ -450,46 +330,21 @@ class Demo:
                 str(lag),
                 str(snap_rows) if snaps else "-",
                 f"{(listener.applied + listener.snapshot_rows) / elapsed:,.0f}",
-                Text(f"{len(actual[name])} rows ok", "green") if match else Text("MISMATCH", "red"),
+                check_cell(actual[name], match),
             )
         self.console.print(table)
         how = "PySpark job" if self.spark else "in-process provider"
         self.console.print(
             f"Full sync of d by {how}; log entries applied after it. Elapsed {elapsed:.1f}s."
         )
-        self.console.print(
-            Text("All sinks match their source.", "green") if ok else Text("Mismatch.", "red")
-        )
-        for name in "bcd":
-            for line in _differences(expected[name], actual[name]):
-                self.console.print(f"  {name}: {line}")
+        report_check(self.console, ok, "All sinks match their source.", expected, actual)
         return ok
-
-
-def _differences(expected: dict[str, int], actual: dict[str, int], limit: int = 5) -> list[str]:
-    """Up to ``limit`` keys where a sink differs from what it should hold."""
-    keys = sorted(k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
-    lines = [f"{k}: expected {expected.get(k)}, found {actual.get(k)}" for k in keys[:limit]]
-    if len(keys) > limit:
-        lines.append(f"... and {len(keys) - limit} more keys")
-    return lines
-
-
-def demo_console() -> Console:
-    """At most 100 columns; paths and messages shown verbatim, never read as markup."""
-    return Console(width=min(Console().width, 100), markup=False, emoji=False)
 
 
 def run_demo(transactions: int = 2000, duration: float = 20.0, keep: bool = False) -> int:
     """Run the demo; returns the process exit code."""
-    console = demo_console()
-    workdir = Path(tempfile.mkdtemp(prefix="lr-demo-"))
-    ok = False
-    try:
-        ok = Demo(console, workdir, transactions, duration).run()
-    finally:
-        if keep or not ok:
-            console.print(f"Databases, configs and logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return 0 if ok else 1
+
+    def demo(console: Console, workdir: Path) -> bool:
+        return Demo(console, workdir, transactions, duration).run()
+
+    return run_in_workdir("lr-demo-", demo, keep)

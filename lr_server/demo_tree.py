@@ -16,38 +16,37 @@ if not). Each node runs on embedded SQLite, as in ``lr demo``.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
+from rich.progress import Progress
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client.records import CascadeChild
-from lr_client.store import QueueStore, create_engine, open_store
+from lr_client.store import QueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server.demo import (
+from lr_server.demo_sites import (
     ApplyListener,
     Site,
-    _differences,
-    _reserve_port,
-    _rows,
-    _upsert,
-    app_meta,
-    demo_console,
+    check_cell,
+    demo_progress,
     encode,
     orders,
+    report_check,
+    rows,
+    run_in_workdir,
+    start_server,
+    stop_servers,
+    summary_table,
+    upsert,
+    wait_caught_up,
 )
 
 CLIENT = "orders"
@@ -138,9 +137,8 @@ class TreeDemo:
         self.transactions = transactions
         self.duration = duration
         self.sites = {name: Site(name, workdir / f"{name}.db") for name in (ROOT, *NODES)}
-        self._reserved = [_reserve_port() for _ in self.sites]
-        for site, sock in zip(self.sites.values(), self._reserved, strict=True):
-            site.port = int(sock.getsockname()[1])
+        for site in self.sites.values():
+            site.reserve_port()
         self.stores: dict[str, QueueStore] = {}
         self.engines: dict[str, Engine] = {}
         self.listeners = {name: CountingListener() for name in NODES}
@@ -149,50 +147,12 @@ class TreeDemo:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
 
-    # -- processes --------------------------------------------------------------------------
-    def _start(self, site: Site) -> None:
-        assert site.config is not None
-        log = (self.workdir / f"{site.id}.log").open("ab")
-        site.proc = subprocess.Popen(
-            [sys.executable, "-m", "lr_server.cli", "server", "--config", str(site.config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if site.proc.poll() is not None:
-                raise RuntimeError(f"lr server for {site.id} exited; see {self.workdir}")
-            try:
-                with socket.create_connection(("127.0.0.1", site.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"lr server for {site.id} did not start listening")
-
-    def _stop_all(self) -> None:
-        for site in self.sites.values():
-            if site.proc is not None and site.proc.poll() is None:
-                site.proc.terminate()
-        for site in self.sites.values():
-            if site.proc is not None:
-                try:
-                    site.proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    site.proc.kill()
-        for sock in self._reserved:
-            sock.close()
-
     def setup(self) -> None:
         ports = {name: site.port for name, site in self.sites.items()}
         for name, site in self.sites.items():
             site.config = self.workdir / f"{name}.toml"
             site.config.write_text(_tree_config(site, ports))
-            engine = self.engines[name] = create_engine(site.url)
-            store = open_store(engine)
-            store.create_schema()
-            app_meta.create_all(engine)
-            self.stores[name] = store
+            self.engines[name], self.stores[name] = site.open()
         self.stores[ROOT].register_sites(list(NODES))
 
     # -- the operator ---------------------------------------------------------------------------
@@ -248,7 +208,7 @@ class TreeDemo:
                 progress.update(task, total=i + 1)
             key = f"o{i % 500}"
             with Session(self.engines[ROOT]) as session, session.begin():
-                _upsert(session, orders, key, i)
+                upsert(session, orders, key, i)
                 # A cascaded client is addressed to the nodes of its set.
                 client.transmit_log_entry_message(session, encode(key, i), list(NODES))
             self.sent += 1
@@ -261,8 +221,8 @@ class TreeDemo:
         progress.update(task, total=i, completed=i)
 
     def _matches(self) -> dict[str, bool]:
-        expected = _rows(self.engines[ROOT], orders)
-        return {n: _rows(self.engines[n], orders) == expected for n in NODES}
+        expected = rows(self.engines[ROOT], orders)
+        return {n: rows(self.engines[n], orders) == expected for n in NODES}
 
     def run(self) -> bool:
         c = self.console
@@ -272,7 +232,7 @@ class TreeDemo:
             f"{ROOT} -> b -> c, d; {SWITCHED} moves to {SWITCH_TO} half-way"
         )
         for name in ("c", "d", "b", ROOT):
-            self._start(self.sites[name])
+            start_server(self.sites[name], self.workdir)
         for name in NODES:
             sub = RoutingQueueSubscriber(
                 self.stores[name], CLIENT, self.listeners[name], poll_interval=0.05
@@ -281,57 +241,47 @@ class TreeDemo:
             t.start()
             self.threads.append(t)
         t0 = time.monotonic()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(bar_width=24),
-            TaskProgressColumn(),
-            TimeElapsedColumn(),
-            console=c,
-        ) as progress:
+        with demo_progress(c) as progress:
             write = progress.add_task(f"{ROOT}: transactions", total=self.transactions)
             self._write(progress, write)
-            sync = progress.add_task("nodes caught up", total=len(NODES))
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                done = sum(self._matches().values())
-                progress.update(sync, completed=done)
-                if done == len(NODES):
-                    break
-                time.sleep(0.25)
+            wait_caught_up(
+                progress, "nodes caught up", len(NODES), lambda: sum(self._matches().values())
+            )
         elapsed = time.monotonic() - t0
         self.stop.set()
         for t in self.threads:
             t.join(timeout=10)
         ok = self._report(elapsed)
-        self._stop_all()
+        stop_servers(self.sites.values())
         for store in self.stores.values():
             store.close()
         return ok
 
     def _child(self, provider: str) -> CascadeChild | None:
         """The switched leaf as ``provider`` knows it (None: not a child there)."""
-        rows = self.stores[provider].cascade_children(CLIENT)
-        return next((r for r in rows if r.child_id == SWITCHED), None)
+        children = self.stores[provider].cascade_children(CLIENT)
+        return next((r for r in children if r.child_id == SWITCHED), None)
 
     def _report(self, elapsed: float) -> bool:
-        expected = _rows(self.engines[ROOT], orders)
-        table = Table(title=f"Cascade of {CLIENT}", title_justify="left")
-        for col, just in (
-            ("node", "left"),
-            ("role", "left"),
-            ("provider", "left"),
-            ("applied", "right"),
-            ("rows", "right"),
-            ("full syncs", "right"),
-            ("check", "left"),
-        ):
-            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        expected = rows(self.engines[ROOT], orders)
+        table = summary_table(
+            f"Cascade of {CLIENT}",
+            [
+                ("node", "left"),
+                ("role", "left"),
+                ("provider", "left"),
+                ("applied", "right"),
+                ("rows", "right"),
+                ("full syncs", "right"),
+                ("check", "left"),
+            ],
+        )
         root = self.stores[ROOT].cascade_node(CLIENT)
         table.add_row(
             ROOT, root.role if root else "?", "-", "-", str(len(expected)), "-", f"{self.sent} sent"
         )
         ok = True
-        actual = {n: _rows(self.engines[n], orders) for n in NODES}
+        actual = {n: rows(self.engines[n], orders) for n in NODES}
         for name in NODES:
             node = self.stores[name].cascade_node(CLIENT)
             listener = self.listeners[name]
@@ -345,7 +295,7 @@ class TreeDemo:
                 str(listener.applied),
                 str(len(actual[name])),
                 str(listener.full_syncs),
-                Text(f"{len(actual[name])} rows ok", "green") if match else Text("MISMATCH", "red"),
+                check_cell(actual[name], match),
             )
         self.console.print(table)
         switched = self.stores[SWITCHED].cascade_node(CLIENT)
@@ -371,30 +321,18 @@ class TreeDemo:
             + ("with no full sync" if moved and syncs == 0 else "(see the table)")
             + f". Elapsed {elapsed:.1f}s."
         )
-        self.console.print(
-            Text("Every node holds what the root transmitted.", "green")
-            if ok
-            else Text("Mismatch.", "red")
-        )
-        for name in NODES:
-            for line in _differences(expected, actual[name]):
-                self.console.print(f"  {name}: {line}")
+        success = "Every node holds what the root transmitted."
+        report_check(self.console, ok, success, {n: expected for n in NODES}, actual)
         return ok
 
 
 def run_tree_demo(transactions: int = 2000, duration: float = 20.0, keep: bool = False) -> int:
     """Run the tree demo; returns the process exit code."""
-    console = demo_console()
-    workdir = Path(tempfile.mkdtemp(prefix="lr-demo-tree-"))
-    ok = False
-    try:
-        ok = TreeDemo(console, workdir, transactions, duration).run()
-    finally:
-        if keep or not ok:
-            console.print(f"Databases, configs and logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return 0 if ok else 1
+
+    def demo(console: Console, workdir: Path) -> bool:
+        return TreeDemo(console, workdir, transactions, duration).run()
+
+    return run_in_workdir("lr-demo-tree-", demo, keep)
 
 
 __all__ = ["TreeDemo", "run_tree_demo"]

@@ -26,7 +26,13 @@ from typing import Protocol
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import InvalidNameError, NotProviderError, ProtocolError
 from lr_client.names import validate_name
-from lr_client.records import CascadeNode, ReplicationType, SinkSnapshotState, WireEntry
+from lr_client.records import (
+    TYPES_BY_VALUE,
+    CascadeNode,
+    ReplicationType,
+    SinkSnapshotState,
+    WireEntry,
+)
 from lr_client.store import Cascading, Receiving
 from lr_server import metrics, protocol
 
@@ -246,21 +252,16 @@ def _valid_snapshot_id(value: str) -> None:
         raise ProtocolError(f"invalid snapshot id {value[:80]!r}")
 
 
-_TYPES: dict[int, ReplicationType] = {
-    t.value: t for t in ReplicationType if t is not ReplicationType.NONE
-}
-
-
 def _entries(msgs: Sequence[pb.RoutingTableEntryMsg], previous: int) -> list[WireEntry]:
     """The batch's entries, checked: each typed, without destinations, positions increasing.
 
     One pass, no enum call per entry (a snapshot batch holds thousands).
     """
     out: list[WireEntry] = []
-    add, types = out.append, _TYPES
+    add, types = out.append, TYPES_BY_VALUE
     for msg in msgs:
         kind = types.get(msg.type)
-        if kind is None or msg.destinations:
+        if not kind or msg.destinations:  # unknown, or NONE (0): _entry says what is wrong
             kind = _entry(msg).type  # raises the error that says what is wrong
         position = msg.position
         if position <= previous:

@@ -272,21 +272,7 @@ class Shipper:
             ls.sent[lane - 1],
             ls.acked,
         )
-        self.window.add(
-            InFlight(
-                batch.batch_id,
-                name,
-                batch.kind,
-                batch.last_position,
-                len(entries),
-                sum(len(e.payload) for e in entries),
-                time.monotonic(),
-                lane=lane,
-                low_water=ls.acked,
-            )
-        )
-        metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))
-        stream.send(batch)
+        self.send(stream, batch, name, entries, lane=lane, low_water=ls.acked)
         if entries:
             ls.sent[lane - 1] = entries[-1].position
         ls.marked = ls.acked
@@ -360,7 +346,11 @@ class Shipper:
         name: str,
         entries: list[SendEntry],
         is_end: bool = False,
+        *,
+        lane: int = 0,
+        low_water: int = 0,
     ) -> None:
+        """Count ``batch`` in flight (``lane``, ``low_water``: a lane batch's), then send it."""
         self.window.add(
             InFlight(
                 batch.batch_id,
@@ -372,6 +362,8 @@ class Shipper:
                 time.monotonic(),
                 batch.snapshot_id,
                 is_end,
+                lane,
+                low_water,
             )
         )
         metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))

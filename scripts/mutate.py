@@ -57,6 +57,7 @@ STORE_FILES = [
     "lr_client/store/postgres.py",
     "lr_client/store/sequencer.py",
     "lr_client/store/slots.py",
+    "lr_client/store/slot_ring.py",
 ]
 #: The store contract suite, one module per role. mutmut wants every selected test
 #: green on the unmutated code; the checks of a store on an empty database reach no
@@ -110,6 +111,7 @@ TARGETS: dict[str, Target] = {
             *_methods(SQLITE, "_trim_send_log", "_trim_log", "_trim_client"),
             *_methods(PG, "_trim_send_log"),
             "lr_client.store.slots.*",
+            "lr_client.store.slot_ring.*",
         ],
         [
             "tests/integration/test_trim.py",

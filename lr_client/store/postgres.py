@@ -317,18 +317,14 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         with self.write() as conn:
             return slots.rotate(conn, self._tick_lock(conn), max_slots=self.max_slots)
 
-    def send_slots(self) -> list[slots.SlotInfo]:
+    def send_slots(self) -> list[QueueSlot]:
         """The send queue's slots: which is current, entries and bytes in each."""
         with self.read() as conn:
             return slots.slot_sizes(conn)
 
     def queue_slots(self) -> list[QueueSlot]:
         with self.read() as conn:
-            send = slots.slot_sizes(conn)
-            receive = recv_rotation.slot_sizes(conn)
-        return [QueueSlot("send", x.slot, x.current, x.entries, x.bytes) for x in send] + [
-            QueueSlot("receive", *x) for x in receive
-        ]
+            return slots.slot_sizes(conn) + recv_rotation.slot_sizes(conn)
 
     keeps_delivered = True  # until rotation truncates their partition
 

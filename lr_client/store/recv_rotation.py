@@ -28,14 +28,15 @@ go (an applier reads it in its own transaction, :func:`current_slot`).
 With no slot passed (a queue that nobody delivers holds rows in every slot),
 a new partition is attached, up to :data:`MAX_SLOTS`; past that the current
 slot keeps growing until the queue is delivered. A slot passed but locked
-(a delivery still reading it) is tried again next time instead. ``seq`` order within a queue
-is commit order (appends to one queue hold its lock to commit), so a
-delivered ``seq`` is never followed by a smaller one committing later.
+(a delivery still reading it) is tried again next time instead (the choice,
+and the state row, as the send queue's: :mod:`lr_client.store.slot_ring`).
+``seq`` order within a queue is commit order (appends to one queue hold its
+lock to commit), so a delivered ``seq`` is never followed by a smaller one
+committing later.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from typing import Any
 
@@ -43,9 +44,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from lr_client.records import ReplicationType
+from lr_client.records import QueueSlot, ReplicationType
 from lr_client.store import schema as s
 from lr_client.store.cascade import relay_keep
+from lr_client.store.slot_ring import Reclaim, StateRow, next_slot
 
 #: Partitions of the ring at most: a slot is added only when none is free.
 MAX_SLOTS = 16
@@ -55,9 +57,7 @@ LOCK_TIMEOUT = 0.05
 _LOCK_NOT_AVAILABLE = "55P03"
 
 _CURRENT = "SELECT cur_slot FROM lrq_recv_state WHERE id = 1"
-_STATE = text("SELECT cur_slot, rotated_at FROM lrq_recv_state WHERE id = 1")
-_STATE_FOR_UPDATE = text("SELECT cur_slot, rotated_at FROM lrq_recv_state WHERE id = 1 FOR UPDATE")
-_SET_CURRENT = text("UPDATE lrq_recv_state SET cur_slot = :slot, rotated_at = :now WHERE id = 1")
+_STATE = StateRow(s.recv_state.name)
 _LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :ms, true)")
 _SLOTS = text(
     "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
@@ -114,9 +114,9 @@ def passed(conn: Connection, slot: int) -> bool:
     return True
 
 
-def slot_sizes(conn: Connection) -> list[tuple[int, bool, int, int]]:
-    """(slot, current, rows, bytes with indexes) of every partition of the ring."""
-    cur = int(conn.execute(_STATE).one()[0])
+def slot_sizes(conn: Connection) -> list[QueueSlot]:
+    """Every partition of the ring: rows stored and bytes on disk, with indexes."""
+    cur = _STATE.read(conn)[0]
     out = []
     for slot in slots(conn):
         name = partition(slot)
@@ -124,7 +124,7 @@ def slot_sizes(conn: Connection) -> list[tuple[int, bool, int, int]]:
         size = conn.execute(
             text("SELECT pg_total_relation_size(CAST(:name AS regclass))"), {"name": name}
         ).scalar_one()
-        out.append((slot, slot == cur, rows, int(size)))
+        out.append(QueueSlot("receive", slot, slot == cur, rows, int(size)))
     return out
 
 
@@ -132,32 +132,27 @@ def _lock_not_available(exc: DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
-class _Slot(enum.Enum):
-    """What rotation found of a slot."""
+def _truncate_if_passed(conn: Connection, slot: int) -> Reclaim:
+    """Lock ``slot``, check it again and TRUNCATE it if every row of it is passed.
 
-    TRUNCATED = "truncated"
-    BUSY = "busy"  # passed, but its lock was not had in time
-    PINNED = "pinned"  # it holds an undelivered entry
-
-
-def _truncate_if_passed(conn: Connection, slot: int) -> _Slot:
-    """Lock ``slot``, check it again and TRUNCATE it if every row of it is passed."""
+    BUSY: passed, but its lock was not had in time; PINNED: it holds an undelivered entry.
+    """
     if not passed(conn, slot):
-        return _Slot.PINNED
+        return Reclaim.PINNED
     savepoint = conn.begin_nested()
     try:
         conn.execute(text(f"LOCK TABLE {partition(slot)} IN ACCESS EXCLUSIVE MODE"))
     except DBAPIError as exc:
         savepoint.rollback()
         if _lock_not_available(exc):
-            return _Slot.BUSY
+            return Reclaim.BUSY
         raise
     if not passed(conn, slot):  # rows committed before our lock
         savepoint.rollback()
-        return _Slot.PINNED
+        return Reclaim.PINNED
     conn.execute(text(f"TRUNCATE {partition(slot)}"))
     savepoint.commit()
-    return _Slot.TRUNCATED
+    return Reclaim.FREED
 
 
 def _add_slot(conn: Connection, slot: int) -> None:
@@ -189,32 +184,30 @@ def rotate(
     """
     with engine.connect() as conn:
         with conn.begin():
-            cur, rotated_at = conn.execute(_STATE).one()
+            cur, rotated_at = _STATE.read(conn)
         if time.time() - rotated_at < period:
             return None
         try:
             with conn.begin():
                 conn.execute(_LOCK_TIMEOUT, {"ms": f"{max(1, int(lock_timeout * 1000))}ms"})
-                cur, rotated_at = conn.execute(_STATE_FOR_UPDATE).one()
+                cur, rotated_at = _STATE.read(conn, for_update=True)
                 now = time.time()
                 if now - rotated_at < period or not _holds_rows(conn, cur):
                     return None
                 ring = slots(conn)
                 size = max(ring) + 1
                 others = sorted((x for x in ring if x != cur), key=lambda x: (x - cur) % size)
-                found = []
-                for x in others:
-                    found.append(_truncate_if_passed(conn, x))
-                    if found[-1] is _Slot.TRUNCATED:
-                        chosen = x
-                        break
-                else:
-                    # A busy slot is free soon (a delivery reading it): try it next time.
-                    if _Slot.BUSY in found or len(ring) >= max_slots:
-                        return None
-                    chosen = size
-                    _add_slot(conn, chosen)
-                conn.execute(_SET_CURRENT, {"slot": chosen, "now": now})
+                # A busy slot is free soon (a delivery reading it): try it next time.
+                chosen = next_slot(
+                    ring,
+                    others,
+                    lambda x: _truncate_if_passed(conn, x),
+                    lambda x: _add_slot(conn, x),
+                    max_slots=max_slots,
+                    busy_waits=True,
+                )
+                if chosen is not None:
+                    _STATE.switch(conn, chosen, now)
                 return chosen
         except DBAPIError as exc:
             if _lock_not_available(exc):

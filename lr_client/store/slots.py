@@ -29,6 +29,9 @@ deleted row by row: :func:`retire` runs in one READ COMMITTED transaction and
    than ``max_slots``; the newest tick is copied into it, so the slot holding
    the newest tick is never retired.
 
+The state row and the choice of the next current slot are the receive
+queues' too (:mod:`lr_client.store.slot_ring`).
+
 TRUNCATE gives the partitions new files and unlinks the old ones at commit,
 whatever the vacuum horizon: a transaction left open for hours pins dead rows
 of the small state tables only, never the queue.
@@ -43,7 +46,9 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from lr_client.records import QueueSlot
 from lr_client.store import sequencer
+from lr_client.store.slot_ring import Reclaim, StateRow, next_slot
 
 #: How long a slot stays current before a trim closes it (seconds).
 DEFAULT_PERIOD = 30.0
@@ -51,7 +56,7 @@ DEFAULT_PERIOD = 30.0
 #: current slot stays current (and grows) until retention releases one.
 DEFAULT_MAX_SLOTS = 32
 
-_STATE = text("SELECT cur_slot, rotated_at FROM lrq_send_state WHERE id = 1 FOR UPDATE")
+_STATE = StateRow("lrq_send_state")
 _SLOTS = text("SELECT slot FROM lrq_send_slots ORDER BY slot")
 _HOLDING = text(
     "SELECT s.slot FROM lrq_send_slots s WHERE "
@@ -67,7 +72,6 @@ _HAS_PAGES = text(
 _LOCK = text("SELECT lrq_lock_send_slot(CAST(:slot AS smallint))")
 _TRUNCATE = text("SELECT lrq_truncate_send_slot(CAST(:slot AS smallint))")
 _ADD = text("SELECT lrq_add_send_slot(CAST(:slot AS smallint))")
-_SWITCH = text("UPDATE lrq_send_state SET cur_slot = :slot, rotated_at = :now WHERE id = 1")
 _CARRY_TICK = text(
     "INSERT INTO lrq_send_ticks (slot, tick_id, snap, head, ticked_at) "
     "SELECT :slot, tick_id + 1, snap, head, :now FROM lrq_send_ticks "
@@ -108,16 +112,6 @@ class Retirement:
     busy: tuple[int, ...]  # slots holding rows that were in use and not judged
 
 
-@dataclass(frozen=True)
-class SlotInfo:
-    """One slot of the send queue, for status."""
-
-    slot: int
-    current: bool
-    entries: int
-    bytes: int
-
-
 def retire(
     conn: Connection,
     tick_key: int,
@@ -139,8 +133,7 @@ def retire(
     now = time.time() if now is None else now
     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": tick_key})
     conn.execute(text("LOCK TABLE lrq_cursors IN SHARE MODE"))
-    cur, rotated_at = conn.execute(_STATE).one()
-    cur = int(cur)
+    cur, rotated_at = _STATE.read(conn, for_update=True)
     judge = _Judge(conn, tick_key, acked(conn), record_marks, cache)
     # The slots already closed first: one of them may be the next current one.
     # A slot closed less than a period ago is kept (``positions_of`` answers
@@ -148,7 +141,7 @@ def retire(
     closed = conn.execute(_HOLDING, {"closed_by": now - period}).scalars()
     judge.retire([x for x in closed if x != cur])
     rotated_to = None
-    if now - float(rotated_at) >= period and conn.execute(_HAS_ENTRIES, {"slot": cur}).scalar():
+    if now - rotated_at >= period and conn.execute(_HAS_ENTRIES, {"slot": cur}).scalar():
         rotated_to = _rotate(conn, cur, max_slots, now)
         if rotated_to is not None and period <= 0:
             judge.retire([cur])
@@ -237,7 +230,7 @@ def rotate(
     """Close the current slot now if it holds entries: the new current slot, or None."""
     now = time.time() if now is None else now
     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": tick_key})
-    cur = int(conn.execute(_STATE).one()[0])
+    cur = _STATE.read(conn, for_update=True)[0]
     if not conn.execute(_HAS_ENTRIES, {"slot": cur}).scalar():
         return None
     return _rotate(conn, cur, max_slots, now)
@@ -246,30 +239,36 @@ def rotate(
 def _rotate(conn: Connection, cur: int, max_slots: int, now: float) -> int | None:
     """Make an empty slot current; None if every other slot is in use or pinned."""
     holding = {int(x) for x in conn.execute(_HOLDING, {"closed_by": now}).scalars()}
-    slots = [int(x) for x in conn.execute(_SLOTS).scalars()]
-    target = None
-    for slot in slots:
-        if slot != cur and slot not in holding and conn.execute(_LOCK, {"slot": slot}).scalar():
-            if conn.execute(_HAS_PAGES, {"slot": slot}).scalar():
-                conn.execute(_TRUNCATE, {"slot": slot})  # what rolled-back writers left
-            target = slot
-            break
+    ring = [int(x) for x in conn.execute(_SLOTS).scalars()]
+
+    def reclaim(slot: int) -> Reclaim:
+        if slot in holding:
+            return Reclaim.PINNED
+        if not conn.execute(_LOCK, {"slot": slot}).scalar():
+            return Reclaim.BUSY
+        if conn.execute(_HAS_PAGES, {"slot": slot}).scalar():
+            conn.execute(_TRUNCATE, {"slot": slot})  # what rolled-back writers left
+        return Reclaim.FREED
+
+    def add(slot: int) -> None:
+        conn.execute(_ADD, {"slot": slot})
+
+    # A slot in use (by an open transmitting transaction or a reader) is passed over.
+    others = [x for x in ring if x != cur]
+    target = next_slot(ring, others, reclaim, add, max_slots=max_slots, busy_waits=False)
     if target is None:
-        if len(slots) >= max_slots:
-            return None
-        target = max(slots) + 1
-        conn.execute(_ADD, {"slot": target})
+        return None
     conn.execute(_CLOSE, {"slot": cur, "now": now})
-    conn.execute(_SWITCH, {"slot": target, "now": now})
+    _STATE.switch(conn, target, now)
     conn.execute(_CARRY_TICK, {"slot": target, "now": now})
     return target
 
 
-def slot_sizes(conn: Connection) -> list[SlotInfo]:
+def slot_sizes(conn: Connection) -> list[QueueSlot]:
     """Every slot: entries stored and bytes on disk (all its partitions, with indexes)."""
-    cur = int(conn.execute(text("SELECT cur_slot FROM lrq_send_state WHERE id = 1")).scalar_one())
+    cur = _STATE.read(conn)[0]
     return [
-        SlotInfo(int(slot), int(slot) == cur, int(n), int(size))
+        QueueSlot("send", int(slot), int(slot) == cur, int(n), int(size))
         for slot, n, size in conn.execute(_SIZES, {"tables": _TABLES}).all()
     ]
 
@@ -279,7 +278,6 @@ __all__ = [
     "DEFAULT_PERIOD",
     "MarksCache",
     "Retirement",
-    "SlotInfo",
     "retire",
     "rotate",
     "slot_sizes",

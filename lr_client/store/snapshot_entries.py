@@ -19,15 +19,13 @@ from sqlalchemy import and_, delete, func, insert, select, text, tuple_
 from sqlalchemy.engine import Connection
 
 from lr_client.errors import SnapshotError
-from lr_client.records import ReplicationType, SendEntry, SnapshotStatus
+from lr_client.records import TYPES_BY_VALUE, ReplicationType, SendEntry, SnapshotStatus
 from lr_client.store import schema as s
 from lr_client.store.byte_bounds import fill, sized, within
 from lr_client.store.snapshots import SnapshotRequestsStore
 
 #: Read marks kept (one per destination reading a snapshot, a few spare).
 _MAX_MARKS = 1024
-
-_TYPES = {int(t): t for t in ReplicationType}
 
 
 def _key(value: Any) -> bytes | None:
@@ -205,7 +203,7 @@ class SnapshotsStore(SnapshotRequestsStore):
             if len(self._snapshot_marks) >= _MAX_MARKS:
                 self._snapshot_marks.pop(next(iter(self._snapshot_marks)))
             self._snapshot_marks[(snapshot_id, upto)] = (upto, rows[-1][2], rows[-1][3])
-        client, types = req.client_name, _TYPES  # per row: no enum call, no keywords
+        client, types = req.client_name, TYPES_BY_VALUE  # per row: no enum call, no keywords
         return [
             SendEntry(after + i, client, types[r[1]], payload, (), snapshot_id, 0.0, _key(r[4]))
             for i, (r, payload) in enumerate(filled, 1)

@@ -1,10 +1,24 @@
-"""The delivery benchmark's profile summary: collapsed py-spy stacks to top functions."""
+"""The benchmarks' CPU accounting: a process's CPU seconds, and collapsed py-spy stacks
+to top functions."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
-from bench.cpu_profile import read_collapsed, top_functions
+from bench.cpu_profile import process_cpu, read_collapsed, top_functions
+
+
+def test_process_cpu_counts_user_and_system_seconds() -> None:
+    before = process_cpu(os.getpid())
+    assert before is not None
+    spin = time.process_time() + 0.2
+    while time.process_time() < spin:
+        pass
+    after = process_cpu(os.getpid())
+    assert after is not None and 0.1 <= after - before < 5
+    assert process_cpu(2**22 + 12345) is None  # no such process
 
 
 def test_collapsed_stacks_give_inclusive_and_exclusive_shares(tmp_path: Path) -> None:

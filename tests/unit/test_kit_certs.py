@@ -76,6 +76,14 @@ def test_ca_is_a_self_signed_ca(pki: Pki) -> None:
     assert signed_by(ca, ca)
 
 
+def test_only_the_ca_signs_certificates(pki: Pki) -> None:
+    for pair in all_pairs(pki):
+        usage = load_cert(pair).extensions.get_extension_for_class(x509.KeyUsage)
+        ca = pair in (pki.ca, pki.wrong_ca)
+        assert usage.critical and usage.value.digital_signature
+        assert (usage.value.key_cert_sign, usage.value.crl_sign) == (ca, ca), pair
+
+
 def test_server_cert_names_localhost_and_loopback(pki: Pki) -> None:
     server = load_cert(pki.server)
     san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
