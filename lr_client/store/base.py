@@ -12,7 +12,7 @@ import abc
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import select, update
@@ -111,6 +111,17 @@ class StoreBase(abc.ABC):
                 conn = conn.execution_options(isolation_level=self.consistent_isolation)
             with conn.begin():
                 yield conn
+
+    @contextmanager
+    def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:
+        """A read-write transaction that takes the database's write lock at its first
+        statement, not at BEGIN, after ``turn`` (a lock of the process's writers): what
+        runs before its first statement (a listener's wait) holds no lock.
+
+        Row locks (PostgreSQL) need neither: this is :meth:`write`.
+        """
+        with self.write() as conn:
+            yield conn
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
