@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -491,6 +492,42 @@ def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: Que
 
 def test_only_sqlite_has_a_single_writer(store: QueueStore) -> None:
     assert store.single_writer is (store.dialect == "sqlite")
+
+
+def test_a_late_write_takes_the_writers_turn_at_its_first_statement(store: QueueStore) -> None:
+    """SQLite: the turn (and the database's write lock) from the transaction's first
+    statement to its end, none before; it commits, or rolls back on an error."""
+    turn = threading.Lock()
+    store.apply_log_batch("a", "policy", log(1, 2))
+    qid = _queue_id(store, "policy")
+    with store.write() as conn:
+        assert store.acquire_lease(conn, qid, "me", 100.0, 1e9) is not None
+
+    def pass_head(conn: Connection) -> None:
+        state = store.load_state(conn, qid)
+        assert turn.locked() is store.single_writer
+        (head,) = store.read_head(conn, qid, 1)
+        assert store.save_state(
+            conn,
+            qid,
+            "me",
+            snapshot_id="",
+            in_snapshot=False,
+            delivered=state.delivered + 1,
+            lease_expires=1e9,
+            previous_seq=state.delivered_seq,
+            delivered_seq=head.seq,
+        )
+
+    with store.late_write(turn) as conn:
+        assert not turn.locked()
+        pass_head(conn)
+    assert not turn.locked()
+    with pytest.raises(RuntimeError), store.late_write(turn) as conn:
+        pass_head(conn)
+        raise RuntimeError
+    assert not turn.locked()
+    assert _positions(store, qid) == [2]  # the first passed, the second's pass rolled back
 
 
 def test_the_queue_mark_is_raised_to_the_lowest_partition_by_the_lease_holder(
