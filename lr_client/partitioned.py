@@ -3,10 +3,14 @@
 A subscriber with ``partitions = N`` maps each keyed log entry to a partition
 (its :class:`~lr_client.partitioners.Partitioner`) and delivers each partition
 on its own, in ``seq`` order, so the entries of one key reach the listener in
-source order while different keys are applied in parallel. Each delivery is
-one transaction: the listener's writes and the partition's new
-``delivered_seq`` (a compare-and-set from the value read) commit together or
-not at all, so every entry is applied once whatever crashes.
+source order while different keys are applied in parallel. The entries are
+read once for every partition (:mod:`lr_client.partition_window`); each
+delivery is then one transaction: the listener's writes and the partition's
+new ``delivered_seq`` (a compare-and-set from the mark it started from)
+commit together or not at all, so every entry is applied once whatever
+crashes. On SQLite that transaction takes the write lock at its first
+statement (:meth:`~lr_client.store.contract.Transactions.late_write`), so
+listeners that wait before touching the database overlap their waits.
 
 Every other entry is a barrier: an entry without a key, the entries of a full
 sync, a drop notice. A partition stops just below it; once every partition
