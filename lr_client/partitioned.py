@@ -69,6 +69,7 @@ class PartitionedDelivery:
         self.marks: dict[tuple[int, int], int] = {}
         #: {queue id: its window}: the keyed entries read once for every partition.
         self.windows: dict[int, Window] = {}
+        self.making = threading.Lock()
         #: SQLite has one writer: this subscriber's workers wait for it here, each
         #: woken as the one before commits (SQLite's busy handler sleeps and polls).
         self.writer: AbstractContextManager[object] = (
@@ -83,15 +84,26 @@ class PartitionedDelivery:
         self.windows.pop(queue_id, None)
 
     def _window(self, queue_id: int) -> Window:
-        """The queue's read cache, made from its partitions' marks as stored."""
+        """The queue's read cache, made (by one worker) from its partitions' marks."""
         window = self.windows.get(queue_id)
         if window is not None:
             return window
+        with self.making:
+            window = self.windows.get(queue_id)
+            if window is None:
+                window = self._make_window(queue_id)
+                self.windows[queue_id] = window
+            return window
+
+    def _make_window(self, queue_id: int) -> Window:
         sub, store, count = self.sub, self.sub.store, self.sub.partitions
         with store.read() as conn:
             marks = store.load_partitions(conn, queue_id)
         if sorted(marks) != list(range(count)):
             raise Conflict
+        for p, seq in marks.items():  # a mark only rises: one committed since is newer
+            marks[p] = max(seq, self.marks.get((queue_id, p), seq))
+            self.marks[(queue_id, p)] = marks[p]
         # Small payloads come with the read (within batch_max_bytes / N in all): the
         # others are read for the entries taken only.
         limit, inline = sub.batch_size * count, sub.batch_max_bytes // count
@@ -103,11 +115,7 @@ class PartitionedDelivery:
         def partition(key: bytes) -> int:
             return partition_of(sub.partitioner, key, count)
 
-        window = Window(marks, read, partition, limit, cap=WINDOW_BATCHES * sub.batch_size)
-        self.windows[queue_id] = window
-        for p, seq in marks.items():
-            self.marks[(queue_id, p)] = seq
-        return window
+        return Window(marks, read, partition, limit, cap=WINDOW_BATCHES * sub.batch_size)
 
     def deliver_partition(self, queue: QueueInfo, partition: int, attempt: int) -> int | None:
         """Deliver the next keyed entries of ``partition``: how many, 0 if it only
