@@ -530,6 +530,30 @@ def test_a_late_write_takes_the_writers_turn_at_its_first_statement(store: Queue
     assert _positions(store, qid) == [2]  # the first passed, the second's pass rolled back
 
 
+def test_a_pinned_thread_runs_its_transactions_on_one_connection(store: QueueStore) -> None:
+    """One connection for the thread's transactions (another for one begun inside one),
+    each with its own options: a read after a write takes no write lock (SQLite)."""
+    store.apply_log_batch("a", "policy", log(1))
+    qid = _queue_id(store, "policy")
+
+    def driver(conn: Connection) -> object:
+        return conn.connection.driver_connection
+
+    with store.pinned():
+        with store.write() as conn:
+            first = driver(conn)
+            with store.read() as inner:
+                assert driver(inner) is not first  # the pinned one is in a transaction
+        with store.read() as conn:
+            assert driver(conn) is first
+            assert conn.get_execution_options().get("lr_immediate") is False
+            assert store.read_queue(conn, qid, 10)[0].source_position == 1
+        with store.late_write(threading.Lock()) as conn:
+            assert driver(conn) is first
+    with store.read() as conn:
+        assert driver(conn) is not None  # from the pool again
+
+
 def test_the_queue_mark_is_raised_to_the_lowest_partition_by_the_lease_holder(
     store: QueueStore,
 ) -> None:
