@@ -208,7 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     source = f"{kind}-{count}-{n}"
                     client = f"{CLIENT}-{source}"
                     fill(store, source, args.entries, args.keys, client)
+                    load = os.getloadavg()[0]
+                    cpu = time.process_time()
                     seconds = drain(store, listener, count, args.batch_size, client)
+                    cpu = time.process_time() - cpu
                     m = Measurement(args.entries, seconds)
                     base = base or m.rate
                     results[f"{backend}/{kind}/{count}"] = {
@@ -216,14 +219,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "seconds": seconds,
                         "rate": m.rate,
                         "speedup": m.rate / base,
+                        "load1_at_start": load,
+                        # CPU of this process (every thread) per listener batch's worth
+                        # of entries: the client's side of a batch.
+                        "cpu_ms_per_batch": 1000 * cpu * args.batch_size / args.entries,
                     }
                     rows.append(
-                        [backend, kind, str(count), fmt_rate(m.rate), f"{m.rate / base:.2f}x"]
+                        [
+                            backend,
+                            kind,
+                            str(count),
+                            fmt_rate(m.rate),
+                            f"{m.rate / base:.2f}x",
+                            f"{1000 * cpu * args.batch_size / args.entries:.2f}",
+                            f"{load:.1f}",
+                        ]
                     )
     print_table(
         console,
         "delivery by partition",
-        ["backend", "listener", "partitions", "entries/s", "vs 1"],
+        ["backend", "listener", "partitions", "entries/s", "vs 1", "cpu ms/batch", "load"],
         rows,
     )
     write_json(

@@ -3,10 +3,14 @@
 A subscriber with ``partitions = N`` maps each keyed log entry to a partition
 (its :class:`~lr_client.partitioners.Partitioner`) and delivers each partition
 on its own, in ``seq`` order, so the entries of one key reach the listener in
-source order while different keys are applied in parallel. Each delivery is
-one transaction: the listener's writes and the partition's new
-``delivered_seq`` (a compare-and-set from the value read) commit together or
-not at all, so every entry is applied once whatever crashes.
+source order while different keys are applied in parallel. The entries are
+read once for every partition (:mod:`lr_client.partition_window`); each
+delivery is then one transaction: the listener's writes and the partition's
+new ``delivered_seq`` (a compare-and-set from the mark it started from)
+commit together or not at all, so every entry is applied once whatever
+crashes. On SQLite that transaction takes the write lock at its first
+statement (:meth:`~lr_client.store.contract.Transactions.late_write`), so
+listeners that wait before touching the database overlap their waits.
 
 Every other entry is a barrier: an entry without a key, the entries of a full
 sync, a drop notice. A partition stops just below it; once every partition
@@ -24,6 +28,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from lr_client.delivery import Plan, PlanKind, messages, plan_delivery
+from lr_client.partition_window import Window
 from lr_client.partitioners import partition_of
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType
 
@@ -33,6 +38,9 @@ if TYPE_CHECKING:
     from lr_client.subscriber import RoutingQueueSubscriber
 
 _LOG = ReplicationType.LOG_ENTRY_SYNC
+#: A partition's window holds at most this many batches of it (see
+#: :mod:`lr_client.partition_window`): one that falls further behind reads its own.
+WINDOW_BATCHES = 8
 
 
 class Conflict(Exception):
@@ -59,6 +67,9 @@ class PartitionedDelivery:
         #: Only a hint: each delivery's compare-and-set checks it (a stale one is a
         #: Conflict, and is read again), so a batch costs no read of the marks.
         self.marks: dict[tuple[int, int], int] = {}
+        #: {queue id: its window}: the keyed entries read once for every partition.
+        self.windows: dict[int, Window] = {}
+        self.making = threading.Lock()
         #: SQLite has one writer: this subscriber's workers wait for it here, each
         #: woken as the one before commits (SQLite's busy handler sleeps and polls).
         self.writer: AbstractContextManager[object] = (
@@ -66,55 +77,81 @@ class PartitionedDelivery:
         )
 
     def forget(self, queue_id: int) -> None:
-        """Drop the marks known of a queue (after a conflict or an error)."""
+        """Drop what is known of a queue (after a conflict or an error): its marks
+        and its window, read again at the next delivery."""
         for key in [k for k in self.marks if k[0] == queue_id]:
             self.marks.pop(key, None)
+        self.windows.pop(queue_id, None)
+
+    def _window(self, queue_id: int) -> Window:
+        """The queue's read cache, made (by one worker) from its partitions' marks."""
+        window = self.windows.get(queue_id)
+        if window is not None:
+            return window
+        with self.making:
+            window = self.windows.get(queue_id)
+            if window is None:
+                window = self._make_window(queue_id)
+                self.windows[queue_id] = window
+            return window
+
+    def _make_window(self, queue_id: int) -> Window:
+        sub, store, count = self.sub, self.sub.store, self.sub.partitions
+        with store.read() as conn:
+            marks = store.load_partitions(conn, queue_id)
+        if sorted(marks) != list(range(count)):
+            raise Conflict
+        for p, seq in marks.items():  # a mark only rises: one committed since is newer
+            marks[p] = max(seq, self.marks.get((queue_id, p), seq))
+            self.marks[(queue_id, p)] = marks[p]
+        # Small payloads come with the read (within batch_max_bytes / N in all): the
+        # others are read for the entries taken only.
+        limit, inline = sub.batch_size * count, sub.batch_max_bytes // count
+
+        def read(after: int, limit: int) -> list[HeadEntry]:
+            with store.read() as conn:
+                return store.scan_entries(conn, queue_id, after, limit, inline)
+
+        def partition(key: bytes) -> int:
+            return partition_of(sub.partitioner, key, count)
+
+        return Window(marks, read, partition, limit, cap=WINDOW_BATCHES * sub.batch_size)
 
     def deliver_partition(self, queue: QueueInfo, partition: int, attempt: int) -> int | None:
         """Deliver the next keyed entries of ``partition``: how many, 0 if it only
         passed other partitions' entries, None if it stands at a barrier or the end."""
         sub, store, qid = self.sub, self.sub.store, queue.queue_id
-        count = sub.partitions
-        with self.writer, store.write() as conn:
-            previous = self.marks.get((qid, partition))
-            if previous is None:
-                marks = store.load_partitions(conn, qid)
-                if partition not in marks or len(marks) != count:
-                    raise Conflict
-                previous = marks[partition]
-            # Small payloads come with the scan (within batch_max_bytes / N in all):
-            # one round trip fewer; the others are read for this partition's entries only.
-            scanned = store.scan_entries(
-                conn, qid, previous, sub.batch_size * count, sub.batch_max_bytes // count
-            )
-            mine: list[HeadEntry] = []
-            upto = previous
-            self.local.at_barrier = False
-            for e in scanned:
-                if not is_keyed(e):
-                    upto = e.seq - 1  # every partition stops just below a barrier
-                    self.local.at_barrier = True
-                    break
-                assert e.key is not None
-                if partition_of(sub.partitioner, e.key, count) == partition:
-                    if len(mine) == sub.batch_size:
-                        break
-                    mine.append(e)
-                upto = e.seq
-            payloads = store.read_payloads(conn, qid, [e.seq for e in mine if not e.payload])
-            kept: list[HeadEntry] = []
-            size = 0
-            for e in mine:
-                payload = payloads.get(e.seq, e.payload)
-                if kept and size + len(payload) > sub.batch_max_bytes:
-                    upto = e.seq - 1
-                    break
-                size += len(payload)
-                kept.append(e._replace(payload=payload))
-            if upto <= previous:
-                self.marks[(qid, partition)] = previous
-                return None
-            seqs = [e.seq for e in kept]
+        window = self._window(qid)
+        previous = self.marks.get((qid, partition))
+        if previous is None:
+            raise Conflict  # the window was made without it: made again
+        self.local.at_barrier = False
+        took = window.take(partition, previous, sub.batch_size)
+        if took is None:
+            return None
+        self.local.at_barrier = took.at_barrier
+        upto = took.upto
+        missing = [e.seq for e in took.entries if not e.payload]
+        payloads: dict[int, bytes] = {}
+        if missing:  # read apart from the delivery: its transaction takes no lock before
+            with store.read() as conn:  # the listener's first statement (SQLite)
+                payloads = store.read_payloads(conn, qid, missing)
+        kept: list[HeadEntry] = []
+        size = 0
+        for e in took.entries:
+            payload = payloads.get(e.seq, e.payload)
+            if kept and size + len(payload) > sub.batch_max_bytes:
+                upto = e.seq - 1
+                self.local.at_barrier = False
+                break
+            size += len(payload)
+            kept.append(e._replace(payload=payload))
+        if upto <= previous:
+            return None
+        seqs = [e.seq for e in kept]
+        # The listener's transaction takes the write lock (SQLite) at its first statement,
+        # or at the compare-and-set: a listener that waits without writing holds none.
+        with store.late_write(self.writer) as conn:
             if kept:
                 plan = Plan(PlanKind.LOG, seqs, messages(queue, kept), "", False, False, False)
                 sub._call_listener(conn, queue, plan, attempt, partition=partition)
@@ -216,6 +253,7 @@ class PartitionedDelivery:
                 raise Conflict
         for p in range(count):
             self.marks[(qid, p)] = plan.seqs[-1]
+        self.windows.pop(qid, None)  # made again from the marks, all above the barrier
         sub._lease_renewed(qid, expires)
         return len(plan.messages)
 

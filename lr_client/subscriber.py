@@ -339,6 +339,10 @@ class RoutingQueueSubscriber:
             self.release_leases()
 
     def _work(self, parts: range, stop: threading.Event) -> None:
+        with self.store.pinned():  # one connection per worker, not a checkout per batch
+            self._work_pinned(parts, stop)
+
+    def _work_pinned(self, parts: range, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 progressed = self._poll_partitions(parts)[1]

@@ -56,7 +56,8 @@ def _enable_wal(cur: Any, timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
 
 
 def _configure_sqlite(engine: Engine) -> None:
-    """WAL, a busy timeout, and explicit BEGIN (IMMEDIATE for the store's writes)."""
+    """WAL, a busy timeout, and explicit BEGIN (IMMEDIATE for the store's writes; a late
+    write takes the lock at its first statement)."""
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn: Any, _record: Any) -> None:
@@ -71,6 +72,13 @@ def _configure_sqlite(engine: Engine) -> None:
     def _begin(conn: Any) -> None:
         immediate = conn.get_execution_options().get("lr_immediate", False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _first_statement(conn: Any, *_args: Any) -> None:
+        # A late write (SQLiteQueueStore.late_write) takes its write lock here.
+        turn = conn.get_execution_options().get("lr_turn")
+        if turn is not None:
+            turn.take(conn.connection.driver_connection)
 
 
 def create_engine(url: str, **kwargs: Any) -> Engine:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import abc
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any
 
 from sqlalchemy import select, update
@@ -100,22 +101,76 @@ class StoreBase(abc.ABC):
         self._queue_ids: dict[str, int] = {}
         #: snapshot_id -> (ordinal, part, seq) of the last entry a read returned.
         self._snapshot_marks: dict[tuple[str, int], tuple[int, int, int]] = {}
+        #: Per thread: whether its transactions run on one connection, and which.
+        self._pins = threading.local()
 
     # -- transactions -----------------------------------------------------------
     @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Run the calling thread's transactions of this store on one connection of its
+        own until the block ends (taken at the first, given back at the end).
+
+        For a thread that runs transactions back to back (a partition worker): no
+        pool checkout per transaction, and no connection closed and opened again
+        when more threads than the pool keeps give theirs back at once. A
+        transaction begun while the thread's connection is in one (nested) takes
+        another from the pool.
+        """
+        self._pins.on = True
+        try:
+            yield
+        finally:
+            self._pins.on = False
+            conn, self._pins.conn = getattr(self._pins, "conn", None), None
+            if conn is not None:
+                with suppress(*_DATABASE_ERRORS):
+                    conn.close()
+
+    def _connect(self, immediate: bool) -> AbstractContextManager[Connection]:
+        """A connection for one transaction (``immediate``: SQLite's BEGIN IMMEDIATE):
+        the thread's pinned one if it is free, else one from the pool."""
+        if getattr(self._pins, "on", False):
+            conn: Connection | None = getattr(self._pins, "conn", None)
+            if conn is not None and (conn.closed or conn.invalidated):
+                with suppress(*_DATABASE_ERRORS):
+                    conn.close()
+                conn = None
+            if conn is None:
+                conn = self._pins.conn = self.engine.connect()
+            if not conn.in_transaction():
+                # Its options are set again for each transaction: none stays from the last.
+                return nullcontext(conn.execution_options(lr_immediate=immediate, lr_turn=None))
+        return self.engine.connect().execution_options(lr_immediate=immediate)
+
+    @contextmanager
     def write(self, consistent: bool = False) -> Iterator[Connection]:
         """A read-write transaction of the store's own."""
-        with mapped_errors(), self.engine.connect() as conn:
-            conn = conn.execution_options(lr_immediate=True)
-            if consistent and self.consistent_isolation:
-                conn = conn.execution_options(isolation_level=self.consistent_isolation)
-            with conn.begin():
-                yield conn
+        if consistent and self.consistent_isolation:  # an isolation level: never pinned
+            with mapped_errors(), self.engine.connect() as conn:
+                conn = conn.execution_options(
+                    lr_immediate=True, isolation_level=self.consistent_isolation
+                )
+                with conn.begin():
+                    yield conn
+            return
+        with mapped_errors(), self._connect(immediate=True) as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:
+        """A read-write transaction that takes the database's write lock at its first
+        statement, not at BEGIN, after ``turn`` (a lock of the process's writers): what
+        runs before its first statement (a listener's wait) holds no lock.
+
+        Row locks (PostgreSQL) need neither: this is :meth:`write`.
+        """
+        with self.write() as conn:
+            yield conn
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only transaction."""
-        with mapped_errors(), self.engine.connect() as conn, conn.begin():
+        with mapped_errors(), self._connect(immediate=False) as conn, conn.begin():
             yield conn
 
     def _fetch_rows(

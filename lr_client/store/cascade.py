@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, delete, func, literal, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, literal, or_, select, update
 from sqlalchemy.engine import Connection
 
 from lr_client.names import recv_queue_name, validate_name
@@ -55,21 +55,24 @@ def relayed_queue_ids(conn: Connection) -> list[int]:
     return [int(q) for q in conn.execute(query).scalars()]
 
 
+#: Whether a queue is relayed (built once: it runs in every SQLite delivery).
+_RELAYED = (
+    select(_G.c.queue_id)
+    .join(
+        _C,
+        and_(
+            _C.c.client_name == _G.c.client_name,
+            _C.c.origin_id == _G.c.source_id,
+            _C.c.role == "branch",
+        ),
+    )
+    .where(_G.c.queue_id == bindparam("qid"))
+)
+
+
 def is_relayed(conn: Connection, queue_id: int) -> bool:
     """Whether delivery must keep the queue's entries (a queue this node relays)."""
-    query = (
-        select(_G.c.queue_id)
-        .join(
-            _C,
-            and_(
-                _C.c.client_name == _G.c.client_name,
-                _C.c.origin_id == _G.c.source_id,
-                _C.c.role == "branch",
-            ),
-        )
-        .where(_G.c.queue_id == queue_id)
-    )
-    return conn.execute(query).first() is not None
+    return conn.execute(_RELAYED, {"qid": queue_id}).first() is not None
 
 
 def last_end_seq(conn: Connection, queue_id: int) -> tuple[int, int]:

@@ -56,6 +56,16 @@ class Transactions(Protocol):
     def read(self) -> AbstractContextManager[Connection]:
         """A read-only transaction."""
 
+    def late_write(
+        self, turn: AbstractContextManager[object]
+    ) -> AbstractContextManager[Connection]:
+        """A read-write transaction that takes the write lock at its first statement
+        (after ``turn``, a lock of the process's writers), not at BEGIN (SQLite)."""
+
+    def pinned(self) -> AbstractContextManager[None]:
+        """Run the calling thread's transactions on one connection of its own until the
+        block ends (a worker running transactions back to back)."""
+
 
 class Sites(Protocol):
     """Schema, registered sites and the connection: what every other role stands on."""

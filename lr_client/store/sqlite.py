@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import delete, func, select, text
@@ -26,6 +27,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_key
 from lr_client.store import schema as s
+from lr_client.store.base import mapped_errors
 from lr_client.store.receiving import recv_base
 from lr_client.store.sqla import SQLAlchemyQueueStore
 
@@ -59,10 +61,52 @@ def _names_only(dest_nums: Any, nums: Sequence[int]) -> ColumnElement[bool]:
     return only
 
 
+#: Takes SQLite's write lock in a deferred transaction that has read nothing yet (as
+#: BEGIN IMMEDIATE does): a write that matches no row.
+_TAKE_WRITE_LOCK = "UPDATE lrq_subscriber_partitions SET delivered = delivered WHERE 0"
+
+
+class _Turn:
+    """A late write's locks, taken at its first statement: the process's writers'
+    ``turn``, then SQLite's write lock, so no commit comes between the transaction's
+    first read and its first write (which SQLite would refuse, SQLITE_BUSY_SNAPSHOT)."""
+
+    __slots__ = ("held", "turn")
+
+    def __init__(self, turn: AbstractContextManager[object]) -> None:
+        self.turn = turn
+        self.held = False
+
+    def take(self, raw: Any) -> None:
+        if self.held:
+            return
+        self.turn.__enter__()
+        self.held = True
+        raw.execute(_TAKE_WRITE_LOCK)
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.turn.__exit__(None, None, None)
+
+
 class SQLiteQueueStore(SQLAlchemyQueueStore):
     dialect = "sqlite"
     dialect_insert = staticmethod(sqlite_insert)
     single_writer = True
+
+    @contextmanager
+    def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:
+        # BEGIN (deferred): no lock and no snapshot until the first statement, where
+        # the engine's hook calls _Turn.take; released once committed or rolled back.
+        late = _Turn(turn)
+        try:
+            with mapped_errors(), self._connect(immediate=False) as conn, conn.begin():
+                conn.execution_options(lr_turn=late)  # after BEGIN, which it must not take
+                yield conn
+                late.take(conn.connection.driver_connection)  # the commit holds it too
+        finally:
+            late.release()
 
     def _fetch_rows(
         self, conn: Connection, query: Any, in_index_order: bool = False

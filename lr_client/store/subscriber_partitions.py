@@ -23,7 +23,18 @@ partition stands just below them. The partition count is stored in
 
 from __future__ import annotations
 
-from sqlalchemy import and_, case, delete, exists, func, insert, null, select, update
+from sqlalchemy import (
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    null,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection
 
 from lr_client.errors import PartitionCountError
@@ -37,6 +48,31 @@ _T = s.subscriber_state
 _P = s.subscriber_partitions
 _R = s.recv_entries
 _TYPES = {int(t): t for t in ReplicationType}
+
+
+#: A partition's compare-and-set, built once (a batch's statement: not built and keyed
+#: again per call). The fence: a share lock on the queue's state row while ``owner``
+#: holds the lease (PostgreSQL; SQLite has one writer), so a takeover waits for this
+#: commit, while the other partitions' deliveries take it too: none writes it.
+_SAVE_PARTITION = (
+    update(_P)
+    .where(
+        _P.c.queue_id == bindparam("qid"),
+        _P.c.partition == bindparam("part"),
+        _P.c.delivered_seq == bindparam("previous"),
+        exists(
+            select(_T.c.queue_id)
+            .where(_T.c.queue_id == bindparam("qid"), _T.c.lease_owner == bindparam("owner"))
+            .with_for_update(read=True)
+        ),
+    )
+    .values(delivered_seq=bindparam("upto"), delivered=_P.c.delivered + bindparam("count"))
+)
+
+#: SQLite: the entries a partition delivered, deleted in its transaction.
+_FORGET_ENTRIES = delete(_R).where(
+    _R.c.queue_id == bindparam("qid"), _R.c.seq.in_(bindparam("seqs", expanding=True))
+)
 
 
 class SubscriberPartitionsStore(StoreBase):
@@ -152,28 +188,21 @@ class SubscriberPartitionsStore(StoreBase):
     ) -> bool:
         if delivered_seq < previous_seq:
             raise ValueError("delivered_seq cannot go back")
-        # The fence: a share lock on the queue's state row while ``owner`` holds the
-        # lease (PostgreSQL; SQLite has one writer), so a takeover waits for this
-        # commit, while the other partitions' deliveries take it too: none writes it.
-        fence = exists(
-            select(_T.c.queue_id)
-            .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner)
-            .with_for_update(read=True)
-        )
         moved = conn.execute(
-            update(_P)
-            .where(
-                _P.c.queue_id == queue_id,
-                _P.c.partition == partition,
-                _P.c.delivered_seq == previous_seq,
-                fence,
-            )
-            .values(delivered_seq=delivered_seq, delivered=_P.c.delivered + len(delivered_seqs))
+            _SAVE_PARTITION,
+            {
+                "qid": queue_id,
+                "part": partition,
+                "previous": previous_seq,
+                "owner": owner,
+                "upto": delivered_seq,
+                "count": len(delivered_seqs),
+            },
         )
         if moved.rowcount != 1:
             return False
         if not self.keeps_delivered and delivered_seqs and not is_relayed(conn, queue_id):
-            conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq.in_(delivered_seqs)))
+            conn.execute(_FORGET_ENTRIES, {"qid": queue_id, "seqs": delivered_seqs})
         return True
 
     def raise_queue_mark(self, conn: Connection, queue_id: int, owner: str) -> bool:

@@ -65,7 +65,12 @@ def test_the_members_are_found() -> None:
         "analyze": True,
         "close": True,
     }
-    assert members(contract.Transactions) == {"write": True, "read": True}
+    assert members(contract.Transactions) == {
+        "write": True,
+        "read": True,
+        "late_write": True,
+        "pinned": True,
+    }
     assert "write_snapshot_part" in members(contract.Snapshots)
     assert "write" not in members(contract.Snapshots)  # Transactions' own
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -491,6 +492,66 @@ def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: Que
 
 def test_only_sqlite_has_a_single_writer(store: QueueStore) -> None:
     assert store.single_writer is (store.dialect == "sqlite")
+
+
+def test_a_late_write_takes_the_writers_turn_at_its_first_statement(store: QueueStore) -> None:
+    """SQLite: the turn (and the database's write lock) from the transaction's first
+    statement to its end, none before; it commits, or rolls back on an error."""
+    turn = threading.Lock()
+    store.apply_log_batch("a", "policy", log(1, 2))
+    qid = _queue_id(store, "policy")
+    with store.write() as conn:
+        assert store.acquire_lease(conn, qid, "me", 100.0, 1e9) is not None
+
+    def pass_head(conn: Connection) -> None:
+        state = store.load_state(conn, qid)
+        assert turn.locked() is store.single_writer
+        (head,) = store.read_head(conn, qid, 1)
+        assert store.save_state(
+            conn,
+            qid,
+            "me",
+            snapshot_id="",
+            in_snapshot=False,
+            delivered=state.delivered + 1,
+            lease_expires=1e9,
+            previous_seq=state.delivered_seq,
+            delivered_seq=head.seq,
+        )
+
+    with store.late_write(turn) as conn:
+        assert not turn.locked()
+        pass_head(conn)
+    assert not turn.locked()
+    with pytest.raises(RuntimeError), store.late_write(turn) as conn:
+        pass_head(conn)
+        raise RuntimeError
+    assert not turn.locked()
+    assert _positions(store, qid) == [2]  # the first passed, the second's pass rolled back
+
+
+def test_a_pinned_thread_runs_its_transactions_on_one_connection(store: QueueStore) -> None:
+    """One connection for the thread's transactions (another for one begun inside one),
+    each with its own options: a read after a write takes no write lock (SQLite)."""
+    store.apply_log_batch("a", "policy", log(1))
+    qid = _queue_id(store, "policy")
+
+    def driver(conn: Connection) -> object:
+        return conn.connection.driver_connection
+
+    with store.pinned():
+        with store.write() as conn:
+            first = driver(conn)
+            with store.read() as inner:
+                assert driver(inner) is not first  # the pinned one is in a transaction
+        with store.read() as conn:
+            assert driver(conn) is first
+            assert conn.get_execution_options().get("lr_immediate") is False
+            assert store.read_queue(conn, qid, 10)[0].source_position == 1
+        with store.late_write(threading.Lock()) as conn:
+            assert driver(conn) is first
+    with store.read() as conn:
+        assert driver(conn) is not None  # from the pool again
 
 
 def test_the_queue_mark_is_raised_to_the_lowest_partition_by_the_lease_holder(

@@ -4,6 +4,7 @@ the partition count kept with the queue."""
 from __future__ import annotations
 
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
 from lr_client.subscriber import PARTITION_INFO_KEY
-from tests.kit.wait import wait_for
+from tests.kit.wait import scaled, wait_for
 
 CLIENT = "policy"
 LOG = ReplicationType.LOG_ENTRY_SYNC
@@ -333,3 +334,103 @@ def test_a_different_partition_count_is_refused_until_the_queue_is_drained(
     with app.read() as conn:
         assert app.load_state(conn, qid).partitions == 0
         assert conn.execute(select(func.count()).select_from(s.subscriber_partitions)).scalar() == 0
+
+
+class Rendezvous(RoutingQueueListener):
+    """Each batch waits (without a statement) for ``parties`` batches to be inside the
+    listener at once, as listeners waiting for a remote call would overlap."""
+
+    def __init__(self, parties: int) -> None:
+        self.barrier = threading.Barrier(parties, timeout=scaled(10))
+        self.met = threading.Event()
+        self.seen: list[int] = []
+        self.lock = threading.Lock()
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        with self.lock:
+            self.seen += [m.source_position for m in messages]
+        if self.met.is_set():
+            return True
+        try:
+            self.barrier.wait()
+            self.met.set()
+        except threading.BrokenBarrierError:
+            pass  # they did not overlap: the test fails on ``met``
+        return True
+
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    def on_error(self, error: BaseException) -> None:
+        pass
+
+
+def test_listeners_that_wait_without_writing_overlap_across_partitions(
+    app: SQLAlchemyQueueStore,
+) -> None:
+    """Four partitions' listeners are inside their callbacks at the same time (SQLite
+    too: a delivery takes the write lock at its first statement, not before the
+    listener), and every entry is still delivered once."""
+    hashing = HashPartitioner()
+    assert {hashing(b"k%d" % k, 4) for k in range(13)} == {0, 1, 2, 3}
+    app.apply_log_batch("a", CLIENT, keyed(range(1, 81), 13))
+    listener = Rendezvous(4)
+    sub = subscriber(app, listener, 4, batch_size=2)
+    stop = threading.Event()
+    runner = threading.Thread(target=sub.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for(lambda: len(listener.seen) >= 80, timeout=60)
+        (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
+        wait_for(lambda: app.queue_depth(qid) == 0, timeout=60)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    assert listener.met.is_set()
+    assert sorted(listener.seen) == list(range(1, 81))
+
+
+def test_sqlite_a_listener_takes_the_write_lock_at_its_first_statement(
+    app: SQLAlchemyQueueStore,
+) -> None:
+    """Before its first statement the listener's transaction holds no lock (others
+    write meanwhile); from it on, the write lock: no other commit comes between the
+    listener's reads and its writes, which SQLite would refuse (SQLITE_BUSY_SNAPSHOT)."""
+    if app.dialect != "sqlite":
+        pytest.skip("SQLite's one write lock; PostgreSQL locks rows")
+    probe = sqlite3.connect(str(app.engine.url.database), timeout=0, isolation_level=None)
+
+    def free() -> bool:
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False
+        probe.execute("ROLLBACK")
+        return True
+
+    class Probe(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.locks: list[tuple[bool, bool]] = []
+
+        def process_log_entries(
+            self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+        ) -> bool:
+            before = free()
+            session.execute(select(func.count()).select_from(Applied))  # a read first
+            self.locks.append((before, free()))
+            return super().process_log_entries(session, source_id, messages)
+
+    app.apply_log_batch("a", CLIENT, keyed(range(1, 21), 5))
+    listener = Probe()
+    try:
+        assert subscriber(app, listener, 2, batch_size=4).poll_once() == 20
+    finally:
+        probe.close()
+    assert listener.locks and set(listener.locks) == {(True, False)}
+    assert sorted(r.position for r in applied(app)) == list(range(1, 21))
