@@ -58,17 +58,8 @@ def node_toml(site: str, url: str, ports: dict[str, int], tree: CascadeTree) -> 
         "[[clients]]",
         'name = "inventory"',
     ]
-    for child in tree.children(site):
-        lines += ["[[destinations]]", f'id = "{child}"', f'address = "127.0.0.1:{ports[child]}"']
-    for other in [*tree.members(), "x"]:
-        if other != site:
-            lines += [
-                "[[sources]]",
-                f'id = "{other}"',
-                f'token = "{TOKEN}"',
-                f'address = "127.0.0.1:{ports[other]}"',
-            ]
-    lines.append(tree.table(C))
+    others = [n for n in [*tree.members(), "x"] if n != site]
+    lines.append(tree.node_sections(site, C, ports, token=lambda _: TOKEN, sources=others))
     return "\n".join(lines) + "\n"
 
 
@@ -196,6 +187,7 @@ def test_local_watermarks_go_up_and_the_global_watermark_comes_down(cascade: Set
     head = originate(s1.store, 10, ["s2", "s3"])[-1]
     receive(s4.store, 1, 4)  # s4 received 4
     receive(s2.store, 1, 7)
+    deliver(s2.store)  # s2, a branch (the set's branches), delivered 7
     receive(s3.store, 1, 6)
     deliver(s3.store)  # s3 delivered 6
 
@@ -439,6 +431,7 @@ def test_a_switch_to_a_provider_that_does_not_answer_is_recorded_and_says_so(
         ("s4", ("--to", "s9"), "'s9' is not a node of the set of policy"),
         ("s3", ("--to", "s4"), "s4 receives policy through s3: switching to it would make a cycle"),
         ("s1", ("--to", "s2"), "s1 is the root of policy: it has no provider"),
+        ("s2", ("--to", "s4"), "s4 is a leaf of policy: it keeps no copy to provide from"),
     ],
 )
 def test_a_bad_switch_is_a_usage_error_and_changes_nothing(

@@ -30,30 +30,13 @@ def cascades(sites: Sites) -> Iterator[list[Cascade]]:
         c.close()
 
 
-def _spare_edge(sites: Sites, provider: str, node: str) -> tuple[str, str]:
-    """Config lines that let ``provider`` take ``node`` over: the provider ships to it
-    and accepts its reports; the node reports to the provider at its address."""
-    at_provider = (
-        f'[[destinations]]\nid = "{node}"\naddress = "127.0.0.1:{sites.port(node)}"\n'
-        f'[[sources]]\nid = "{node}"\ntoken = "token-{node}"'
-    )
-    at_node = (
-        f'[[sources]]\nid = "{provider}"\ntoken = "token-{provider}"\n'
-        f'address = "127.0.0.1:{sites.port(provider)}"'
-    )
-    return at_provider, at_node
-
-
 def test_a_leaf_whose_branch_is_lost_is_switched_to_the_root_without_a_full_sync(
     sites: Sites, cascades: list[Cascade]
 ) -> None:
-    c = Cascade(sites, SEED_TREE)
+    c = Cascade(sites, SEED_TREE.with_spares(s4=("s1",)))
     cascades.append(c)
-    at_s1, at_s4 = _spare_edge(sites, "s1", "s4")
-    c.start("s4", extra=at_s4)
-    c.start("s3")
-    c.start("s2")
-    c.start("s1", extra=at_s1)
+    for node in ("s4", "s3", "s2", "s1"):
+        c.start(node)
     c.source.start()
     wait_for(lambda: c.report("s4").applied >= 100, timeout=scaled(60))
     sites.stop("s3")  # the branch is lost; s1 goes on originating
