@@ -230,11 +230,12 @@ class Sites:
         running.wait_serving(scaled(30))
         return running.server
 
-    def start_node(
+    def node_config(
         self, tree: CascadeTree, site: str, client: str = "policy", **kw: object
-    ) -> SiteServer:
-        """Start one node of a cascaded ``client`` with its cascade sections
-        (:meth:`CascadeTree.node_sections`, token security: ``token-<site>``)."""
+    ) -> Path:
+        """Write the config of one node of a cascaded ``client``: its cascade sections
+        (:meth:`CascadeTree.node_sections`, token security: ``token-<site>``) and ``kw``
+        (:class:`SiteSpec` fields; ``extra`` goes after the cascade sections)."""
         extra = str(kw.pop("extra", ""))
         ports = {n: self.port(n) for n in tree.members()}
         cascade = tree.node_sections(site, client, ports, token=lambda s: "token-" + s)
@@ -246,7 +247,13 @@ class Sites:
             extra="\n".join(x for x in (cascade, extra) if x),
             **kw,  # type: ignore[arg-type]
         )
-        running = Site(write_config(self.tmp_path, spec))
+        return write_config(self.tmp_path, spec)
+
+    def start_node(
+        self, tree: CascadeTree, site: str, client: str = "policy", **kw: object
+    ) -> SiteServer:
+        """Start one node of a cascaded ``client`` in this process (see :meth:`node_config`)."""
+        running = Site(self.node_config(tree, site, client, **kw))
         running.start()
         self.running[site] = running
         running.wait_serving(scaled(30))
