@@ -293,6 +293,23 @@ def test_a_branch_keeps_what_the_set_still_needs(cascade: Set) -> None:
     assert branch_floor(cascade["s1"].store, cascade["s1"].config, C) is None  # the root
 
 
+def test_a_branch_with_nothing_below_it_keeps_its_copy_down_to_the_global_watermark(
+    cascade: Set,
+) -> None:
+    s2 = cascade["s2"]  # a branch by the set's branches, no node below it
+    receive(s2.store, 1, 6)
+    deliver(s2.store)
+    assert [e.position for e in s2.store.read_relay(C, "s1", 0, 100)] == [1, 2, 3, 4, 5, 6]
+    s2.store.set_global_watermark(C, 2)  # a node elsewhere in the set is at 2
+    assert branch_floor(s2.store, s2.config, C) == 2
+    s2.store.trim_relay(C, "s1", branch_floor(s2.store, s2.config, C))
+    assert s2.store.relay_resume_floor(C, "s1") == 2
+    assert [e.position for e in s2.store.read_relay(C, "s1", 2, 100)] == [3, 4, 5, 6]
+    s2.store.set_global_watermark(C, 6)  # every node has everything: the copy goes
+    s2.store.trim_relay(C, "s1", branch_floor(s2.store, s2.config, C))
+    assert s2.store.relay_resume_floor(C, "s1") == 6
+
+
 def test_status_shows_role_provider_children_and_watermarks(cascade: Set) -> None:
     s1, s3, s4 = cascade["s1"], cascade["s3"], cascade["s4"]
     s1.serve()
