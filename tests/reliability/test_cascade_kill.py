@@ -69,12 +69,12 @@ def trial(c: Processes, kill_after: int, to: str) -> None:
     c.source.start()
     wait_for(lambda: c.report("s4").applied >= kill_after, timeout=scaled(60))
     c.servers["s3"].kill()  # SIGKILL: no cleanup at all
-    c.more(100)
+    c.more(50)
     out = switch(c.sites, "s4", to)
     assert (out["provider"], out["previous_provider"], out["adopted"]) == (to, "s3", True)
-    c.more(100)
+    c.more(50)
     c.start("s3")  # the relay comes back: s1's child still, s4's provider no more
-    c.more(100)
+    c.more(50)
     c.source.stop()
     for node in ("s2", "s3", "s4"):
         wait_for(lambda node=node: c.settled(node), timeout=scaled(90), what=node)
