@@ -81,7 +81,7 @@ from lr_client import (  # noqa: E402
 )
 from lr_client.store import SQLAlchemyQueueStore, open_store  # noqa: E402
 from tests.kit.procs import LrServer  # noqa: E402
-from tests.kit.sites import free_port  # noqa: E402
+from tests.kit.sites import CascadeTree, free_port  # noqa: E402
 
 CLIENT = "bench"
 TOKEN = "token-relay-bench"
@@ -96,10 +96,6 @@ LEAVES = ("direct", "relayed")
 #: Targets: measured and reported, never asserted.
 TARGET_HOP_P99_MS = 20.0
 TARGET_THROUGHPUT = 0.8
-
-
-def _children(site: str) -> list[str]:
-    return sorted(n for n, p in TREE.items() if p == site)
 
 
 def node_config(path: Path, site: str, url: str, ports: dict[str, int]) -> Path:
@@ -117,17 +113,8 @@ def node_config(path: Path, site: str, url: str, ports: dict[str, int]) -> Path:
         "[[clients]]",
         f'name = "{CLIENT}"',
     ]
-    for child in _children(site):
-        lines += ["[[destinations]]", f'id = "{child}"', f'address = "127.0.0.1:{ports[child]}"']
-    for src in ([TREE[site]] if site in TREE else []) + _children(site):
-        lines += [
-            "[[sources]]",
-            f'id = "{src}"',
-            f'token = "{TOKEN}"',
-            f'address = "127.0.0.1:{ports[src]}"',
-        ]
-    nodes = ", ".join(f'{n} = "{p}"' for n, p in sorted(TREE.items()))
-    lines += [f"[cascade.{CLIENT}]", 'root = "root"', f"nodes = {{ {nodes} }}"]
+    tree = CascadeTree("root", TREE)
+    lines.append(tree.node_sections(site, CLIENT, ports, token=lambda _: TOKEN))
     path.write_text("\n".join(lines) + "\n")
     return path
 

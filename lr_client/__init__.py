@@ -10,6 +10,7 @@ from __future__ import annotations
 from lr_client.errors import (
     AuthenticationError,
     BackpressureError,
+    CascadeRouteError,
     ConfigError,
     FencedError,
     IncompatibleVersionError,
@@ -56,6 +57,7 @@ __all__ = [
     "AuthenticationError",
     "Backpressure",
     "BackpressureError",
+    "CascadeRouteError",
     "ConfigError",
     "EntryRef",
     "FencedError",

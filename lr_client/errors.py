@@ -7,6 +7,7 @@
     │   ├── InvalidNameError       a site id or client name outside [a-z0-9][a-z0-9-]{0,62}
     │   ├── InvalidDestinationsError   empty, duplicated or malformed destination list
     │   ├── UnknownDestinationError    a destination that is not registered
+    │   ├── CascadeRouteError          a cascaded client transmitted off its root or outside its set
     │   ├── InvalidSessionError        not a SQLAlchemy Session or Connection
     │   ├── InvalidPayloadError        payload not bytes
     │   ├── PayloadTooLargeError       payload over the configured limit
@@ -55,6 +56,10 @@ class InvalidDestinationsError(InvalidInputError):
 
 class UnknownDestinationError(InvalidInputError):
     """Destination is not a registered site."""
+
+
+class CascadeRouteError(InvalidInputError):
+    """A cascaded client is transmitted at its root only, to nodes of its set only."""
 
 
 class InvalidSessionError(InvalidInputError, TypeError):
@@ -159,6 +164,7 @@ class SnapshotError(PermanentError):
 __all__ = [
     "AuthenticationError",
     "BackpressureError",
+    "CascadeRouteError",
     "ConfigError",
     "FencedError",
     "IncompatibleVersionError",

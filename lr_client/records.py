@@ -404,6 +404,15 @@ class CascadeNode:
 
 
 @dataclass(frozen=True, slots=True)
+class CascadeRoute:
+    """Where a cascaded client's entries may be transmitted, as this node's database knows it."""
+
+    origin_id: str  # the root: the one node whose application transmits the client
+    role: str  # this node's role: "root", "branch" or "leaf"
+    nodes: tuple[str, ...] | None = None  # the set's nodes but the root (None: not recorded)
+
+
+@dataclass(frozen=True, slots=True)
 class CascadeChild:
     """A node below this one for a cascaded client (a ``lrq_cascade_children`` row)."""
 

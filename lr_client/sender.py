@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from lr_client.errors import (
     BackpressureError,
+    CascadeRouteError,
     InvalidDestinationsError,
     InvalidPayloadError,
     InvalidSessionError,
@@ -20,6 +21,7 @@ from lr_client.errors import (
 )
 from lr_client.names import validate_name
 from lr_client.records import (
+    CascadeRoute,
     EntryRef,
     LRMessageWithDestinations,
     SnapshotStatus,
@@ -77,6 +79,12 @@ class RoutingQueueClient:
     most every ``flow_check_interval`` seconds (0: on every transmit); a cached
     "on" is confirmed before a transmit is refused, and a cached "off" may let
     transmits through for up to that long after backpressure begins.
+
+    A cascaded client (docs/cascading.md) is transmitted at the root of its set
+    only, and names nodes of its set only: anything else raises
+    :class:`~lr_client.errors.CascadeRouteError` and writes nothing. The route
+    is read from the database (``lr server`` records it at start) at most every
+    ``flow_check_interval`` seconds; a refusal is confirmed on a fresh reading.
     """
 
     def __init__(
@@ -106,6 +114,7 @@ class RoutingQueueClient:
         self.backpressure_timeout = backpressure_timeout
         self.flow_check_interval = flow_check_interval
         self._flow: tuple[float, bool, list[str]] = (-1e9, False, [])
+        self._route: tuple[float, CascadeRoute | None] = (-1e9, None)
         #: Destination lists already validated, with their site numbers (numbers never change).
         self._resolved: dict[tuple[object, ...], list[int]] = {}
 
@@ -139,6 +148,39 @@ class RoutingQueueClient:
         raise BackpressureError(
             f"most destinations of {self.client_name!r} are behind ({', '.join(slow)}); retry later"
         )
+
+    def _route_state(self, fresh: bool = False) -> CascadeRoute | None:
+        checked, route = self._route
+        now = time.monotonic()
+        if fresh or now - checked >= self.flow_check_interval:
+            route = self.store.transmit_route(self.client_name)
+            self._route = (now, route)
+        return route
+
+    def _route_refusal(self, route: CascadeRoute | None, names: set[str]) -> str:
+        """Why ``route`` refuses a transmit to ``names`` ('' if it does not)."""
+        if route is None:
+            return ""
+        if route.role != "root" or route.origin_id != self.source_id:
+            return (
+                f"{self.client_name!r} is cascaded from its root {route.origin_id}: only the "
+                f"root transmits it, not {self.source_id} (a {route.role} of its set)"
+            )
+        outside = sorted(names - set(route.nodes)) if route.nodes is not None else []
+        if outside:
+            return (
+                f"{', '.join(outside)}: not a node of the set of {self.client_name!r} "
+                f"(nodes: {', '.join(route.nodes or ())})"
+            )
+        return ""
+
+    def _check_route(self, destinations: Iterable[Sequence[str]]) -> None:
+        names = {d for ds in destinations for d in ds}
+        if not self._route_refusal(self._route_state(), names):
+            return
+        why = self._route_refusal(self._route_state(fresh=True), names)
+        if why:
+            raise CascadeRouteError(why)
 
     def create_schema(self) -> SchemaStatus:
         """Create or upgrade the queue store's tables (what ``lr init-db`` does); idempotent.
@@ -213,6 +255,7 @@ class RoutingQueueClient:
         """
         conn = _connection(session)
         row = (self._payload(payload), self._dest_nums(destinations), check_partition_key(key))
+        self._check_route([destinations])
         self._check_backpressure()
         return self.store.append_log_entries(conn, self.client_name, [row])[0]
 
@@ -238,6 +281,7 @@ class RoutingQueueClient:
                     check_partition_key(m.key),
                 )
             )
+        self._check_route([m.destinations for m in messages])
         self._check_backpressure()
         return self.store.append_log_entries(conn, self.client_name, rows)
 

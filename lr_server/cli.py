@@ -30,7 +30,7 @@ import click
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from lr_client.errors import ConfigError, LRError, SchemaError, StoreUnavailableError
-from lr_server.config import SiteConfig, SnapshotProvider, load_config
+from lr_server.config import CascadeRole, SiteConfig, SnapshotProvider, load_config
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -1107,6 +1107,12 @@ def check_switch(config: SiteConfig, client: str, to: str) -> str:
                 f"{to} receives {client} through {config.id}: switching to it would make a cycle",
                 param_hint="--to",
             )
+    if cascade.role_of(to) is CascadeRole.LEAF:
+        raise click.BadParameter(
+            f"{to} is a leaf of {client}: it keeps no copy to provide from (name it in "
+            f"cascade.{client}.branches)",
+            param_hint="--to",
+        )
     source = config.source(to)
     if source is None or not source.address:
         raise click.BadParameter(

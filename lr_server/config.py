@@ -222,19 +222,22 @@ class CascadeRole(enum.StrEnum):
     LEAF = "leaf"  # applies only
 
 
-CASCADE_KEYS = ("root", "nodes")
+CASCADE_KEYS = ("root", "nodes", "branches")
 
 
 @dataclass(frozen=True)
 class CascadeConfig:
     """One cascaded client's set (``[cascade.<client>]``), the same on every node.
 
-    ``nodes`` maps every node of the set but the root to its provider.
+    ``nodes`` maps every node of the set but the root to its provider;
+    ``branches`` names nodes that are branches even with no node below them yet
+    (they keep a relay copy, so that a node can be switched to them).
     """
 
     client: str
     root: str
     nodes: dict[str, str] = field(default_factory=dict)
+    branches: frozenset[str] = frozenset()
 
     def members(self) -> list[str]:
         """Every node of the set: the root first, then the others in sorted order."""
@@ -249,13 +252,16 @@ class CascadeConfig:
         return sorted(n for n, p in self.nodes.items() if p == node)
 
     def role_of(self, node: str) -> CascadeRole:
-        """Root if ``node`` originates the client, branch if some node has it as its
-        provider, else leaf. ``KeyError`` for a node outside the set."""
+        """Root if ``node`` originates the client, branch if it is in ``branches`` or
+        some node has it as its provider, else leaf. ``KeyError`` for a node outside
+        the set."""
         if node == self.root:
             return CascadeRole.ROOT
         if node not in self.nodes:
             raise KeyError(node)
-        return CascadeRole.BRANCH if self.children_of(node) else CascadeRole.LEAF
+        if node in self.branches or self.children_of(node):
+            return CascadeRole.BRANCH
+        return CascadeRole.LEAF
 
 
 @dataclass(frozen=True)
@@ -628,7 +634,8 @@ def _cascades(
                     raise ConfigError(f"{key}.nodes.{node}: providers form a cycle through {at!r}")
                 seen.add(at)
                 at = nodes[at]
-        cfg = CascadeConfig(client, root, nodes)
+        branches = _branches(data.get("branches", []), f"{key}.branches", root, nodes)
+        cfg = CascadeConfig(client, root, nodes, branches)
         if site_id != root and site_id not in nodes:
             raise ConfigError(f"{key}.nodes: this site {site_id!r} is not a node of the set")
         for child in cfg.children_of(site_id):
@@ -644,6 +651,21 @@ def _cascades(
             )
         out.append(cfg)
     return tuple(out)
+
+
+def _branches(value: object, key: str, root: str, nodes: dict[str, str]) -> frozenset[str]:
+    """``[cascade.<client>] branches``: nodes of the set (not the root), each once."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of node names")
+    names = [_name(v, key) for v in value]
+    for name in names:
+        if name == root:
+            raise ConfigError(f"{key}: {name!r} is the root, not a branch")
+        if name not in nodes:
+            raise ConfigError(f"{key}: {name!r} is not a node of the set (in nodes)")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{key}: a node is named twice")
+    return frozenset(names)
 
 
 def _check_unauthenticated(raw: dict[str, Any], security: SecurityConfig, listen: str) -> None:

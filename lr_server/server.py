@@ -162,6 +162,7 @@ class SiteServer:
                 c.role_of(cfg.id).value,
                 c.provider_of(cfg.id),
                 c.children_of(cfg.id),
+                sorted(c.nodes),
             )
             log.info(
                 "cascade %s: %s, provider %s (epoch %d)",

@@ -23,6 +23,7 @@ origin positions (``source_position``), in ``seq`` order. Such a queue is
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +32,7 @@ from sqlalchemy import and_, bindparam, delete, func, literal, or_, select, upda
 from sqlalchemy.engine import Connection
 
 from lr_client.names import recv_queue_name, validate_name
-from lr_client.records import CascadeChild, CascadeNode, ReplicationType, SendEntry
+from lr_client.records import CascadeChild, CascadeNode, CascadeRoute, ReplicationType, SendEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, sized, within
@@ -40,6 +41,24 @@ _R, _C, _K, _G = s.recv_entries, s.cascade, s.cascade_children, s.queue_registry
 ROLES = ("root", "branch", "leaf")
 _LOG = int(ReplicationType.LOG_ENTRY_SYNC)
 _END = int(ReplicationType.LAST_FULL_SYNC_ENTRY)
+#: ``lrq_meta`` key of the sets' nodes as applied here: a JSON object {client: [node, ...]}.
+NODES_KEY = "cascade_nodes"
+
+
+def _recorded_nodes(conn: Connection) -> dict[str, list[str]]:
+    raw = conn.execute(select(s.meta.c.value).where(s.meta.c.key == NODES_KEY)).scalar()
+    return {} if raw is None else dict(json.loads(raw))
+
+
+def transmit_route(conn: Connection, client_name: str) -> CascadeRoute | None:
+    """Where ``client_name`` may be transmitted here (None: it is not cascaded here)."""
+    row = conn.execute(
+        select(_C.c.origin_id, _C.c.role).where(_C.c.client_name == client_name)
+    ).first()
+    if row is None:
+        return None
+    nodes = _recorded_nodes(conn).get(client_name)
+    return CascadeRoute(row.origin_id, row.role, None if nodes is None else tuple(nodes))
 
 
 def relayed_queue_ids(conn: Connection) -> list[int]:
@@ -150,12 +169,13 @@ class CascadeStore(StoreBase):
         role: str,
         provider_id: str,
         children: Sequence[str] = (),
+        nodes: Sequence[str] | None = None,
     ) -> CascadeNode:
         validate_name(client_name, "client name")
         validate_name(origin_id, "site id")
         if provider_id:
             validate_name(provider_id, "site id")
-        for child in children:
+        for child in [*children, *(nodes or ())]:
             validate_name(child, "site id")
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
@@ -193,8 +213,21 @@ class CascadeStore(StoreBase):
                     [{"client_name": client_name, "child_id": c} for c in children],
                     ["client_name", "child_id"],
                 )
+            if nodes is not None:
+                self._record_nodes(conn, client_name, nodes)
             found = conn.execute(select(_C).where(_C.c.client_name == client_name)).one()
         return self._node(found)
+
+    def _record_nodes(self, conn: Connection, client_name: str, nodes: Sequence[str]) -> None:
+        self._insert_ignore(conn, s.meta, [{"key": NODES_KEY, "value": "{}"}], ["key"])
+        locked = select(s.meta.c.value).where(s.meta.c.key == NODES_KEY).with_for_update()
+        sets = dict(json.loads(conn.execute(locked).scalar_one()))
+        sets[client_name] = sorted(set(nodes))
+        conn.execute(
+            update(s.meta)
+            .where(s.meta.c.key == NODES_KEY)
+            .values(value=json.dumps(sets, sort_keys=True))
+        )
 
     def cascade_node(self, client_name: str) -> CascadeNode | None:
         with self.read() as conn:
@@ -407,4 +440,5 @@ __all__ = [
     "relay_mark",
     "relay_queue_id",
     "relayed_queue_ids",
+    "transmit_route",
 ]

@@ -22,6 +22,7 @@ from lr_client.records import (
     Backlog,
     CascadeChild,
     CascadeNode,
+    CascadeRoute,
     Cursor,
     DropRecord,
     EntryRef,
@@ -131,6 +132,11 @@ class SendLog(Protocol):
 
     def flow_state(self, client_name: str) -> tuple[bool, list[str]]:
         """(backpressure on, slow destinations) for a client, as retention set it."""
+
+    def transmit_route(self, client_name: str) -> CascadeRoute | None:
+        """Where a cascaded client may be transmitted here: its origin (the root), this
+        node's role and the set's nodes as the root recorded them
+        (:meth:`Cascading.apply_cascade_config`); None if it is not cascaded here."""
 
 
 class Shipping(Protocol):
@@ -762,6 +768,7 @@ class Cascading(Protocol):
         role: str,
         provider_id: str,
         children: Sequence[str] = (),
+        nodes: Sequence[str] | None = None,
     ) -> CascadeNode:
         """Apply the configuration of one cascaded client at server start; the row after.
 
@@ -769,6 +776,8 @@ class Cascading(Protocol):
         than the one last applied (``config_provider``): switch to it, epoch + 1.
         Otherwise the database's provider stays (a switch made at run time
         survives restarts). ``children`` rows are added if missing (never removed).
+        ``nodes`` (the set's nodes but the root), if given, replace those recorded
+        for the client (:meth:`SendLog.transmit_route`).
         """
 
     def cascade_node(self, client_name: str) -> CascadeNode | None:

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from lr_client.records import EntryRef, NewLogEntry
+from lr_client.records import CascadeRoute, EntryRef, NewLogEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase, mapped_errors
+from lr_client.store.cascade import transmit_route
 
 
 class SendLogStore(StoreBase):
@@ -52,6 +53,10 @@ class SendLogStore(StoreBase):
         if row is None:
             return False, []
         return bool(row.backpressure), [x for x in row.slow_destinations.split(",") if x]
+
+    def transmit_route(self, client_name: str) -> CascadeRoute | None:
+        with self.read() as conn:
+            return transmit_route(conn, client_name)
 
 
 __all__ = ["SendLogStore"]

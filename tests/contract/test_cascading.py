@@ -62,6 +62,8 @@ def test_bad_names_and_roles_change_nothing(store: Cascading) -> None:
         store.apply_cascade_config("Policy", "s1", "leaf", "s3")
     with pytest.raises(InvalidNameError):
         store.apply_cascade_config("policy", "s1", "branch", "s3", ("S 4",))
+    with pytest.raises(InvalidNameError):
+        store.apply_cascade_config("policy", "s1", "root", "", (), nodes=("s2", "S3"))
     with pytest.raises(ValueError, match="role"):
         store.apply_cascade_config("policy", "s1", "trunk", "s3")
     assert store.list_cascade_nodes() == []

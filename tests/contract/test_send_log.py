@@ -151,3 +151,23 @@ def test_an_append_survives_a_lost_connection(store: QueueStore, outage: Outage,
     pos = positions(store, across_outage(outage, transmit))
     assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)][-n:] == pos
     assert store.head_position() == pos[-1]
+
+
+def test_the_transmit_route_of_a_cascaded_client_is_what_its_node_applied(
+    store: QueueStore,
+) -> None:
+    assert store.transmit_route("policy") is None  # not cascaded here
+    store.apply_cascade_config("policy", "s1", "root", "", ("s2", "s3"), nodes=("s3", "s2", "s4"))
+    route = store.transmit_route("policy")
+    assert route is not None
+    assert (route.origin_id, route.role, route.nodes) == ("s1", "root", ("s2", "s3", "s4"))
+    # Another client's nodes are kept apart; new nodes replace the client's own.
+    store.apply_cascade_config("orders", "s1", "root", "", ("s5",), nodes=("s5",))
+    store.apply_cascade_config("policy", "s1", "root", "", (), nodes=("s2", "s3"))
+    store.apply_cascade_config("policy", "s1", "root", "")  # without nodes: they stay
+    assert store.transmit_route("policy").nodes == ("s2", "s3")  # type: ignore[union-attr]
+    assert store.transmit_route("orders").nodes == ("s5",)  # type: ignore[union-attr]
+    # Applied without nodes (an older server): the route says it does not know them.
+    store.apply_cascade_config("billing", "s1", "branch", "s1")
+    billing = store.transmit_route("billing")
+    assert billing is not None and (billing.role, billing.nodes) == ("branch", None)

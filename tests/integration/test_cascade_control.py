@@ -58,17 +58,8 @@ def node_toml(site: str, url: str, ports: dict[str, int], tree: CascadeTree) -> 
         "[[clients]]",
         'name = "inventory"',
     ]
-    for child in tree.children(site):
-        lines += ["[[destinations]]", f'id = "{child}"', f'address = "127.0.0.1:{ports[child]}"']
-    for other in [*tree.members(), "x"]:
-        if other != site:
-            lines += [
-                "[[sources]]",
-                f'id = "{other}"',
-                f'token = "{TOKEN}"',
-                f'address = "127.0.0.1:{ports[other]}"',
-            ]
-    lines.append(tree.table(C))
+    others = [n for n in [*tree.members(), "x"] if n != site]
+    lines.append(tree.node_sections(site, C, ports, token=lambda _: TOKEN, sources=others))
     return "\n".join(lines) + "\n"
 
 
@@ -196,6 +187,7 @@ def test_local_watermarks_go_up_and_the_global_watermark_comes_down(cascade: Set
     head = originate(s1.store, 10, ["s2", "s3"])[-1]
     receive(s4.store, 1, 4)  # s4 received 4
     receive(s2.store, 1, 7)
+    deliver(s2.store)  # s2, a branch (the set's branches), delivered 7
     receive(s3.store, 1, 6)
     deliver(s3.store)  # s3 delivered 6
 
@@ -299,6 +291,23 @@ def test_a_branch_keeps_what_the_set_still_needs(cascade: Set) -> None:
     s3.store.trim_relay(C, "s1", branch_floor(s3.store, s3.config, C))
     assert s3.store.relay_resume_floor(C, "s1") == 6
     assert branch_floor(cascade["s1"].store, cascade["s1"].config, C) is None  # the root
+
+
+def test_a_branch_with_nothing_below_it_keeps_its_copy_down_to_the_global_watermark(
+    cascade: Set,
+) -> None:
+    s2 = cascade["s2"]  # a branch by the set's branches, no node below it
+    receive(s2.store, 1, 6)
+    deliver(s2.store)
+    assert [e.position for e in s2.store.read_relay(C, "s1", 0, 100)] == [1, 2, 3, 4, 5, 6]
+    s2.store.set_global_watermark(C, 2)  # a node elsewhere in the set is at 2
+    assert branch_floor(s2.store, s2.config, C) == 2
+    s2.store.trim_relay(C, "s1", branch_floor(s2.store, s2.config, C))
+    assert s2.store.relay_resume_floor(C, "s1") == 2
+    assert [e.position for e in s2.store.read_relay(C, "s1", 2, 100)] == [3, 4, 5, 6]
+    s2.store.set_global_watermark(C, 6)  # every node has everything: the copy goes
+    s2.store.trim_relay(C, "s1", branch_floor(s2.store, s2.config, C))
+    assert s2.store.relay_resume_floor(C, "s1") == 6
 
 
 def test_status_shows_role_provider_children_and_watermarks(cascade: Set) -> None:
@@ -439,6 +448,7 @@ def test_a_switch_to_a_provider_that_does_not_answer_is_recorded_and_says_so(
         ("s4", ("--to", "s9"), "'s9' is not a node of the set of policy"),
         ("s3", ("--to", "s4"), "s4 receives policy through s3: switching to it would make a cycle"),
         ("s1", ("--to", "s2"), "s1 is the root of policy: it has no provider"),
+        ("s2", ("--to", "s4"), "s4 is a leaf of policy: it keeps no copy to provide from"),
     ],
 )
 def test_a_bad_switch_is_a_usage_error_and_changes_nothing(

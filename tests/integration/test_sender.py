@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 import lr_client.sender as sender_module
 from lr_client import (
     Backpressure,
+    CascadeRouteError,
     InvalidDestinationsError,
     InvalidInputError,
     InvalidNameError,
@@ -221,3 +222,65 @@ def test_backpressure_modes_are_an_enum(store: SQLAlchemyQueueStore, mode: str) 
 def test_an_unknown_backpressure_mode_is_refused(store: SQLAlchemyQueueStore) -> None:
     with pytest.raises(ValueError, match="'raise', 'wait' or 'ignore'"):
         RoutingQueueClient(store, "site-a", "policy", backpressure="drop")
+
+
+# -- cascaded clients (docs/cascading.md) ------------------------------------------------
+@pytest.fixture
+def root_client(store: SQLAlchemyQueueStore) -> RoutingQueueClient:
+    """s1, the root of cascaded client ``policy`` (s2, s3 below it, s4 below s3), as
+    ``lr server`` applies it; ``x`` is a registered site outside the set."""
+    app_meta.create_all(store.engine)
+    store.apply_cascade_config("policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3", "s4"))
+    c = RoutingQueueClient(store, source_id="s1", client_name="policy", flow_check_interval=60.0)
+    c.register_destinations(["s2", "s3", "s4", "x"])
+    return c
+
+
+def test_a_cascaded_client_goes_to_nodes_of_its_set_only(root_client: RoutingQueueClient) -> None:
+    store = root_client.store
+    assert isinstance(store, SQLAlchemyQueueStore)
+    with Session(store.engine) as session, session.begin():
+        session.execute(insert(orders).values(name="ok"))
+        root_client.transmit_log_entry_message(session, b"1", ["s2", "s3", "s4"])  # every node
+        root_client.transmit_log_entry_message(session, b"2", ["s2", "s3"])  # the children
+    assert counts(store) == (2, 1)
+    with Session(store.engine) as session, session.begin():
+        session.execute(insert(orders).values(name="not-sent"))
+        with pytest.raises(CascadeRouteError, match=r"^x: not a node of the set of 'policy'"):
+            root_client.transmit_log_entry_message(session, b"3", ["s2", "x"])
+        with pytest.raises(CascadeRouteError, match="x: not a node"):
+            root_client.transmit_log_entry_messages(
+                session,
+                [LRMessageWithDestinations(b"4", ["s2"]), LRMessageWithDestinations(b"5", ["x"])],
+            )
+        session.rollback()
+    assert counts(store) == (2, 1)  # nothing of the refused calls was written
+    assert isinstance(CascadeRouteError(), InvalidInputError)
+
+
+def test_a_cascaded_client_is_transmitted_at_its_root_only(store: SQLAlchemyQueueStore) -> None:
+    store.apply_cascade_config("policy", "s1", "branch", "s1", ("s4",), nodes=("s2", "s3", "s4"))
+    branch = RoutingQueueClient(store, source_id="s3", client_name="policy")
+    branch.register_destinations(["s4"])
+    refused = pytest.raises(CascadeRouteError, match=r"cascaded from its root s1: only the root")
+    with store.engine.begin() as conn, refused:
+        branch.transmit_log_entry_message(conn, b"x", ["s4"])
+    # Another client of the same site is not cascaded: it transmits as ever.
+    other = RoutingQueueClient(store, source_id="s3", client_name="inventory")
+    with store.engine.begin() as conn:
+        other.transmit_log_entry_message(conn, b"y", ["s4"])
+    store.sequence()
+    assert [e.payload for e in store.read_client_log("policy", 0, 10)] == []
+    assert [e.payload for e in store.read_client_log("inventory", 0, 10)] == [b"y"]
+
+
+def test_a_cached_route_is_confirmed_before_a_refusal(root_client: RoutingQueueClient) -> None:
+    store = root_client.store
+    assert isinstance(store, SQLAlchemyQueueStore)
+    with store.engine.begin() as conn:
+        root_client.transmit_log_entry_message(conn, b"1", ["s2"])  # the route is cached
+    # The set grows (the configuration applied again at a restart): x is now a node.
+    store.apply_cascade_config("policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3", "x"))
+    with store.engine.begin() as conn:
+        root_client.transmit_log_entry_message(conn, b"2", ["x"])
+    assert counts(store)[0] == 2

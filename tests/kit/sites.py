@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,10 +48,15 @@ class SiteSpec:
 
 @dataclass(frozen=True)
 class CascadeTree:
-    """A cascaded client's set for tests: ``nodes`` maps each non-root node to its provider."""
+    """A cascaded client's set for tests: ``nodes`` maps each non-root node to its provider;
+    ``branches`` names nodes that are branches with nothing below them (``branches`` of
+    ``[cascade.<client>]``); ``spares`` maps a node to the nodes it may be switched to
+    (``lr provider switch``): their configurations list each other up front."""
 
     root: str
     nodes: dict[str, str]
+    branches: tuple[str, ...] = ()
+    spares: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def members(self) -> list[str]:
         """The root, then every other node (a provider before the nodes below it)."""
@@ -66,14 +71,53 @@ class CascadeTree:
     def children(self, node: str) -> list[str]:
         return sorted(n for n, p in self.nodes.items() if p == node)
 
+    def with_spares(self, **spares: tuple[str, ...]) -> CascadeTree:
+        """This set, with ``node=(provider, ...)``: the nodes ``node`` may be switched to."""
+        return CascadeTree(self.root, self.nodes, self.branches, {**self.spares, **spares})
+
     def table(self, client: str) -> str:
         """The ``[cascade.<client>]`` table, the same on every node."""
         nodes = ", ".join(f"{n} = {_q(p)}" for n, p in sorted(self.nodes.items()))
-        return f"[cascade.{client}]\nroot = {_q(self.root)}\nnodes = {{ {nodes} }}"
+        lines = [f"[cascade.{client}]", f"root = {_q(self.root)}", f"nodes = {{ {nodes} }}"]
+        if self.branches:
+            lines.append(f"branches = [{', '.join(_q(b) for b in self.branches)}]")
+        return "\n".join(lines)
+
+    def node_sections(
+        self,
+        site: str,
+        client: str,
+        ports: Mapping[str, int],
+        token: Callable[[str], str] | None = None,
+        sources: Sequence[str] | None = None,
+    ) -> str:
+        """The cascade part of ``site``'s configuration: a ``[[destinations]]`` entry per
+        node it ships to (its children, and the nodes that may be switched to it), a
+        ``[[sources]]`` entry per node it accepts (``sources``, default: its provider, the
+        providers it may be switched to, and the nodes it ships to, which report to it),
+        with its address where ``ports`` has it (reports go there) and its ``token``,
+        then the ``[cascade.<client>]`` table. The one writer of a cascade node's TOML."""
+        adopted = sorted(n for n, spare in self.spares.items() if site in spare)
+        dests = [*self.children(site), *(n for n in adopted if n not in self.children(site))]
+        if sources is None:
+            providers = [p for p in (self.provider(site), *self.spares.get(site, ())) if p]
+            sources = [*providers, *(d for d in dests if d not in providers)]
+        lines: list[str] = []
+        for dest in dests:
+            address = f"127.0.0.1:{ports[dest]}"
+            lines += ["[[destinations]]", f"id = {_q(dest)}", f"address = {_q(address)}"]
+        for src in sources:
+            lines += ["[[sources]]", f"id = {_q(src)}"]
+            if token is not None:
+                lines.append(f"token = {_q(token(src))}")
+            if src in ports:
+                lines.append(f'address = "127.0.0.1:{ports[src]}"')
+        return "\n".join([*lines, self.table(client)])
 
 
-#: The seed's tree: S1 the root; S2 and S3 below it; S4 below S3.
-SEED_TREE = CascadeTree("s1", {"s2": "s1", "s3": "s1", "s4": "s3"})
+#: The seed's tree: S1 the root; S2 and S3 below it; S4 below S3. S2 is a branch with
+#: nothing below it, so that a node can be switched to it (``branches``).
+SEED_TREE = CascadeTree("s1", {"s2": "s1", "s3": "s1", "s4": "s3"}, branches=("s2",))
 #: A chain of three levels: root -> branch -> leaf.
 CHAIN = CascadeTree("c1", {"c2": "c1", "c3": "c2"})
 
@@ -186,26 +230,30 @@ class Sites:
         running.wait_serving(scaled(30))
         return running.server
 
-    def start_node(
+    def node_config(
         self, tree: CascadeTree, site: str, client: str = "policy", **kw: object
-    ) -> SiteServer:
-        """Start one node of a cascaded ``client``: it ships to its children, accepts its
-        provider (its ``[[sources]]`` entry has its address: the node reports to it) and
-        its children's reports (they are sources too), with ``tree``'s cascade table."""
+    ) -> Path:
+        """Write the config of one node of a cascaded ``client``: its cascade sections
+        (:meth:`CascadeTree.node_sections`, token security: ``token-<site>``) and ``kw``
+        (:class:`SiteSpec` fields; ``extra`` goes after the cascade sections)."""
         extra = str(kw.pop("extra", ""))
-        provider = tree.provider(site)
+        ports = {n: self.port(n) for n in tree.members()}
+        cascade = tree.node_sections(site, client, ports, token=lambda s: "token-" + s)
         spec = SiteSpec(
             site,
             self.url(site),
             port=self.port(site),
-            destinations=[(d, self.port(d)) for d in tree.children(site)],
-            sources=([provider] if provider else []) + tree.children(site),  # children report
-            source_ports={provider: self.port(provider)} if provider else {},
             clients=(client,),
-            extra="\n".join(x for x in (tree.table(client), extra) if x),
+            extra="\n".join(x for x in (cascade, extra) if x),
             **kw,  # type: ignore[arg-type]
         )
-        running = Site(write_config(self.tmp_path, spec))
+        return write_config(self.tmp_path, spec)
+
+    def start_node(
+        self, tree: CascadeTree, site: str, client: str = "policy", **kw: object
+    ) -> SiteServer:
+        """Start one node of a cascaded ``client`` in this process (see :meth:`node_config`)."""
+        running = Site(self.node_config(tree, site, client, **kw))
         running.start()
         self.running[site] = running
         running.wait_serving(scaled(30))

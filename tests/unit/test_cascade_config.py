@@ -51,6 +51,18 @@ def test_the_seed_tree_gives_each_node_its_role(
     assert cfg.members() == ["s1", "s2", "s3", "s4"]
 
 
+def test_a_node_named_in_branches_is_a_branch_without_children() -> None:
+    """The seed's S2: a branch (a full copy, to serve as a provider) with nothing below."""
+    cfg = parse_config(_raw("s2", branches=["s2"])).cascade("orders")
+    assert cfg is not None
+    assert cfg.role_of("s2") is CascadeRole.BRANCH
+    assert cfg.children_of("s2") == []
+    assert cfg.role_of("s4") is CascadeRole.LEAF  # the others keep their derived roles
+    assert cfg.role_of("s3") is CascadeRole.BRANCH
+    with_children = CascadeConfig("orders", "s1", NODES, frozenset({"s3"}))
+    assert with_children.role_of("s3") is CascadeRole.BRANCH  # it has children anyway
+
+
 def test_a_client_without_a_cascade_table_is_not_cascaded() -> None:
     raw = _raw("s2")
     del raw["cascade"]
@@ -84,6 +96,26 @@ def test_role_of_a_node_outside_the_set_raises_key_error() -> None:
         (
             lambda r: r["cascade"]["orders"]["nodes"].update(s5="s6", s6="s5"),
             "cascade.orders.nodes.s5: providers form a cycle",
+        ),
+        (
+            lambda r: r["cascade"]["orders"].update(branches="s2"),
+            "cascade.orders.branches: expected a list of node names",
+        ),
+        (
+            lambda r: r["cascade"]["orders"].update(branches=["s1"]),
+            "cascade.orders.branches: 's1' is the root, not a branch",
+        ),
+        (
+            lambda r: r["cascade"]["orders"].update(branches=["s9"]),
+            "cascade.orders.branches: 's9' is not a node of the set (in nodes)",
+        ),
+        (
+            lambda r: r["cascade"]["orders"].update(branches=["S2"]),
+            "cascade.orders.branches: invalid",
+        ),
+        (
+            lambda r: r["cascade"]["orders"].update(branches=["s2", "s2"]),
+            "cascade.orders.branches: a node is named twice",
         ),
         (
             lambda r: r["site"].update(id="s9"),
