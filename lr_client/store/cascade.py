@@ -42,8 +42,9 @@ _LOG = int(ReplicationType.LOG_ENTRY_SYNC)
 _END = int(ReplicationType.LAST_FULL_SYNC_ENTRY)
 
 
-def relayed_queue_ids(conn: Connection) -> list[int]:
-    """The receive queues this node relays: those of (client, origin) it is a branch of."""
+def relayed_queue_ids(conn: Connection, client_name: str | None = None) -> list[int]:
+    """The receive queues this node relays: those of (client, origin) it is a branch of
+    (of ``client_name`` only, unless None)."""
     query = select(_G.c.queue_id).join(
         _C,
         and_(
@@ -52,6 +53,8 @@ def relayed_queue_ids(conn: Connection) -> list[int]:
             _C.c.role == "branch",
         ),
     )
+    if client_name is not None:
+        query = query.where(_G.c.client_name == client_name)
     return [int(q) for q in conn.execute(query).scalars()]
 
 
@@ -70,6 +73,30 @@ def is_relayed(conn: Connection, queue_id: int) -> bool:
         .where(_G.c.queue_id == queue_id)
     )
     return conn.execute(query).first() is not None
+
+
+def relayed_as_leased(leased: dict[int, bool], conn: Connection, queue_id: int) -> bool:
+    """Whether a delivering subscriber must keep the queue's entries: ``leased`` holds
+    the answer read when its lease was taken (the delivery is fenced by that lease, see
+    :func:`revoke_leases`); without one it is read now."""
+    relayed = leased.get(queue_id)
+    return is_relayed(conn, queue_id) if relayed is None else relayed
+
+
+def revoke_leases(conn: Connection, queue_ids: Sequence[int]) -> None:
+    """Take the subscribers' leases of these queues, whose relaying changed.
+
+    A subscriber reads whether a queue is relayed when it takes the queue's
+    lease, and keeps the answer while it holds it
+    (:meth:`~lr_client.store.subscriber_queues.SubscriberQueuesStore.acquire_lease`):
+    every delivery is fenced by the lease, so one in flight rolls back, and the
+    next takes the lease again and reads the new answer, in whatever process
+    it runs.
+    """
+    t = s.subscriber_state
+    conn.execute(
+        update(t).where(t.c.queue_id.in_(list(queue_ids))).values(lease_owner="", lease_expires=0.0)
+    )
 
 
 def last_end_seq(conn: Connection, queue_id: int) -> tuple[int, int]:
@@ -161,6 +188,7 @@ class CascadeStore(StoreBase):
             row = conn.execute(
                 select(_C).where(_C.c.client_name == client_name).with_for_update()
             ).first()
+            relayed = set(relayed_queue_ids(conn, client_name))
             if row is None:
                 conn.execute(
                     _C.insert().values(
@@ -190,6 +218,9 @@ class CascadeStore(StoreBase):
                     [{"client_name": client_name, "child_id": c} for c in children],
                     ["client_name", "child_id"],
                 )
+            changed = relayed.symmetric_difference(relayed_queue_ids(conn, client_name))
+            if changed:
+                revoke_leases(conn, sorted(changed))
             found = conn.execute(select(_C).where(_C.c.client_name == client_name)).one()
         return self._node(found)
 
@@ -403,5 +434,7 @@ __all__ = [
     "relay_keep",
     "relay_mark",
     "relay_queue_id",
+    "relayed_as_leased",
     "relayed_queue_ids",
+    "revoke_leases",
 ]
