@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -719,6 +720,40 @@ def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_i
         server.close()
     assert [p for _, _, p in app_rows(app_store)] == list(range(1, 9))  # each once, in order
     assert listener.errors == []
+
+
+def test_the_batch_is_built_with_the_collector_paused_and_the_listener_runs_with_it_on(
+    app_store: SQLAlchemyQueueStore,
+    make_sub: Callable[..., RoutingQueueSubscriber],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 6, 10))
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(11, 3))
+    seen: dict[str, list[bool]] = {"read": [], "listener": []}
+    read_head = app_store.read_head
+
+    def reading(*args: object, **kwargs: object) -> object:
+        seen["read"].append(gc.isenabled())
+        return read_head(*args, **kwargs)  # type: ignore[arg-type]
+
+    class Watching(AppListener):
+        def _apply(
+            self,
+            session: Session,
+            kind: str,
+            source_id: str,
+            messages: Sequence[RoutingQueueMessage],
+        ) -> bool:
+            seen["listener"].append(gc.isenabled())
+            return super()._apply(session, kind, source_id, messages)
+
+    monkeypatch.setattr(app_store, "read_head", reading)
+    assert gc.isenabled()
+    sub = make_sub(Watching(), batch_size=4)
+    poll_until(sub, lambda: len(app_rows(app_store, "log_entries")) == 3)
+    assert seen["read"] and not any(seen["read"])  # every read: paused
+    assert seen["listener"] and all(seen["listener"])  # every callback: on
+    assert gc.isenabled()
 
 
 # -- retry timing ------------------------------------------------------------------------
