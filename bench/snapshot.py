@@ -7,7 +7,8 @@
     python bench/snapshot.py --shared-rows 200000 [--backend ...] [--repeat 3]
                              [--shared-out bench/results/snapshot-shared.json]
     python bench/snapshot.py --sink-rows 100000 [--deliver-row-bytes 1024] [--backend ...]
-                             [--repeat 3] [--cprofile] [--sink-out bench/results/snapshot-sink.json]
+                             [--repeat 3] [--cprofile] [--sink-batch N]
+                             [--sink-out bench/results/snapshot-sink.json]
 
 One DataFrame, ``spark.range(rows)`` plus a string column, so that each row
 encodes (default JSON encoder) to about 200 bytes: ``{"body":"xxx...","id":123}``.
@@ -46,7 +47,9 @@ queue as the receiver writes it (its end marker last, so it is READY there), the
 subscriber with a no-op listener delivers it, polled in the benchmark's thread; rows/s
 from its first poll to the listener's ``on_full_sync_end``, its CPU per row (and on
 PostgreSQL its database backend's), and with ``--cprofile`` the functions with the most
-time of their own. Target: 100,000 rows/s of 1 KiB on both backends.
+time of their own. Target: 100,000 rows/s of 1 KiB on both backends. ``--sink-batch N``
+delivers in batches of ``N`` entries (``snapshot_batch_size``, with ``batch_max_bytes``
+raised to hold them) instead of the subscriber's defaults.
 
 ``--shared-rows N`` runs only the shared-snapshot measurement (no Spark): one
 destination, then five, ask for a full sync of one client before it starts;
@@ -364,7 +367,7 @@ def fill_sink(store: Any, rows: int, row_bytes: int, snapshot_id: str = "bench-s
 
 
 def run_sink_delivery(
-    url: str, rows: int, row_bytes: int, cprofile: Path | None = None
+    url: str, rows: int, row_bytes: int, cprofile: Path | None = None, batch: int | None = None
 ) -> dict[str, Any]:
     """The delivery stage alone: a whole snapshot READY in the sink's receive queue
     (its end marker received), delivered by a subscriber to a no-op listener.
@@ -387,7 +390,10 @@ def run_sink_delivery(
         sink.create_schema()
         fill_sink(sink, rows, row_bytes)
         listener = _CountingListener()
-        subscriber = RoutingQueueSubscriber(sink, CLIENT, listener, poll_interval=0.0)
+        sizes: dict[str, int] = {}
+        if batch is not None:  # bytes: the batch's payloads and their per-entry overhead
+            sizes = {"snapshot_batch_size": batch, "batch_max_bytes": batch * (row_bytes + 64)}
+        subscriber = RoutingQueueSubscriber(sink, CLIENT, listener, poll_interval=0.0, **sizes)
         db_cpu = PgBackendsCpu(url, DELIVERY_APP) if pg else None
         db_before = db_cpu.sample() if db_cpu is not None else {}
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -411,6 +417,8 @@ def run_sink_delivery(
         out: dict[str, Any] = {
             "rows": rows,
             "row_bytes": row_bytes,
+            "snapshot_batch_size": subscriber.snapshot_batch_size,
+            "batch_max_bytes": subscriber.batch_max_bytes,
             "seconds": round(seconds, 3),
             "rows_per_second": round(rows / seconds),
             "cpu_seconds": cpu,
@@ -443,7 +451,9 @@ def sink_main(args: argparse.Namespace, backends: Sequence[str], pg_url: str) ->
                 db = pg_db(pg_url) if backend == "postgresql" else sqlite_db(tmp, "sink")
                 with db as url:
                     prof = tmp / f"{backend}.prof" if args.cprofile else None
-                    run = run_sink_delivery(url, args.sink_rows, args.deliver_row_bytes, prof)
+                    run = run_sink_delivery(
+                        url, args.sink_rows, args.deliver_row_bytes, prof, args.sink_batch
+                    )
                 run["loadavg_after"] = round(os.getloadavg()[0], 1)
                 results[backend].append(run)
                 console.print(
@@ -840,6 +850,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run only the delivery stage: N rows READY in the sink's receive queue to the end",
     )
     p.add_argument("--cprofile", action="store_true", help="with --sink-rows: cProfile it")
+    p.add_argument(
+        "--sink-batch",
+        type=int,
+        default=None,
+        help="with --sink-rows: entries per snapshot delivery (default: the subscriber's)",
+    )
     p.add_argument(
         "--sink-out", type=Path, default=ROOT / "bench" / "results" / "snapshot-sink.json"
     )

@@ -27,6 +27,7 @@ import threading
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
+from lr_client.collector import collector_paused
 from lr_client.delivery import Plan, PlanKind, messages, plan_delivery
 from lr_client.partition_window import Window
 from lr_client.partitioners import partition_of
@@ -225,15 +226,16 @@ class PartitionedDelivery:
                 )
             if head is None or is_keyed(head):
                 return None
-            entries = store.read_head(conn, qid, sub.batch_size, sub.batch_max_bytes, after=low)
-            run = []
-            for e in entries:
-                if is_keyed(e):
-                    break
-                run.append(e)
-            if not run or sub._waits_for_end(conn, qid, state, run):
-                return None
-            plan = plan_delivery(queue, state, run)
+            with collector_paused():  # a batch of new objects: scanned once, after
+                entries = store.read_head(conn, qid, sub.batch_size, sub.batch_max_bytes, after=low)
+                run = []
+                for e in entries:
+                    if is_keyed(e):
+                        break
+                    run.append(e)
+                if not run or sub._waits_for_end(conn, qid, state, run):
+                    return None
+                plan = plan_delivery(queue, state, run)
             if plan.kind is not PlanKind.STALE:
                 sub._call_listener(conn, queue, plan, attempt, partition=None)
             expires = sub._lease_expiry()

@@ -19,6 +19,9 @@ and redelivered, so choose ``lease_seconds`` well above the slowest batch.
 A full sync is delivered only once it is complete at the sink (its end
 marker received), so one superseded during its transfer never reaches the
 listener; ``snapshot_delivery="streaming"`` delivers it as it arrives.
+
+Python's cyclic garbage collector is paused while a delivery reads and plans
+its batch (:mod:`lr_client.collector`), not while the listener runs.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from lr_client.collector import collector_paused
 from lr_client.delivery import Plan, PlanKind, awaits_end, plan_delivery
 from lr_client.errors import (
     InvalidInputError,
@@ -517,23 +521,10 @@ class RoutingQueueSubscriber:
                 if _awaits_end(self.store, conn, qid, state, self.store.peek_head(conn, qid)):
                     return None
                 self._awaiting.discard(qid)
-            # Inside a full sync, its entries come in batches of snapshot_batch_size;
-            # a log entry read past its end waits for the next delivery (the plan
-            # takes one run), which reads batch_size again.
-            limit = self.snapshot_batch_size if state.in_snapshot else self.batch_size
-            entries = self.store.read_head(conn, qid, limit, self.batch_max_bytes)
-            if not entries:
+            with collector_paused():  # a batch of new objects: scanned once, after
+                plan = self._read_plan(conn, queue, state)
+            if plan is None:
                 return None
-            if len(entries) > self.batch_size and entries[0].type is not _SNAPSHOT_ENTRY:
-                entries = entries[: self.batch_size]  # log entries: batch_size per callback
-            if self.snapshot_delivery is SnapshotDelivery.COMPLETE:
-                first = entries[0]
-                ends = ReplicationType.LAST_FULL_SYNC_ENTRY
-                whole = any(e.type is ends and e.snapshot_id == first.snapshot_id for e in entries)
-                if not whole and _awaits_end(self.store, conn, qid, state, first):
-                    self._awaiting.add(qid)
-                    return None
-            plan = plan_delivery(queue, state, entries)
             if plan.kind is PlanKind.STALE:
                 log.warning(
                     "dropping %d entries of ended snapshot %s from %s",
@@ -562,6 +553,23 @@ class RoutingQueueSubscriber:
                 raise _Conflict
         self._lease_until[queue.queue_id] = expires
         return len(plan.messages)
+
+    def _read_plan(self, conn: Connection, queue: QueueInfo, state: SubscriberState) -> Plan | None:
+        """Read the head of ``queue`` and plan its delivery; None if nothing is ready."""
+        qid = queue.queue_id
+        # Inside a full sync, its entries come in batches of snapshot_batch_size;
+        # a log entry read past its end waits for the next delivery (the plan
+        # takes one run), which reads batch_size again.
+        limit = self.snapshot_batch_size if state.in_snapshot else self.batch_size
+        entries = self.store.read_head(conn, qid, limit, self.batch_max_bytes)
+        if not entries:
+            return None
+        if len(entries) > self.batch_size and entries[0].type is not _SNAPSHOT_ENTRY:
+            entries = entries[: self.batch_size]  # log entries: batch_size per callback
+        if self._waits_for_end(conn, qid, state, entries):
+            self._awaiting.add(qid)
+            return None
+        return plan_delivery(queue, state, entries)
 
     def _call_listener(
         self,

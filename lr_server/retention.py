@@ -20,20 +20,25 @@ its backlog, and counted in ``lr_unconfigured_entries``; the server warns
 once per stream. Past a limit such a stream is dropped whatever the client's
 snapshot mode (nobody could ship its backlog, and it must not fill the
 disk); it takes no part in backpressure.
+
+A full sync is another matter: such a destination (removed from the config,
+or never in it) leaves every open snapshot it is in at once. Nobody ships a
+snapshot to it, and a shared snapshot ends, and its rows are released, only
+once no destination is left in it: the others complete it without it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from lr_client.records import Backlog
-from lr_client.store import Retention, SendLog, Shipping
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, Backlog
+from lr_client.store import Retention, SendLog, Shipping, Snapshots
 from lr_server import metrics
 from lr_server.config import SiteConfig, SnapshotProvider
-from lr_server.status import unconfigured_streams
+from lr_server.status import shipped_streams, unconfigured_streams
 
 log = logging.getLogger("lr.retention")
 
@@ -54,10 +59,13 @@ class RetentionReport:
     streams: list[StreamHealth]
     dropped: list[tuple[str, str]]
     backpressure: dict[str, bool]
+    #: (snapshot id, destination) of the open snapshots unconfigured destinations left.
+    left_snapshots: list[tuple[str, str]] = field(default_factory=list)
 
 
-class PolicyStore(Retention, Shipping, SendLog, Protocol):
-    """What the policy needs of the store: retention, backlogs, the flow state it sets."""
+class PolicyStore(Retention, Shipping, SendLog, Snapshots, Protocol):
+    """What the policy needs of the store: retention, backlogs, the flow state it sets,
+    the open snapshots."""
 
 
 class RetentionPolicy:
@@ -129,7 +137,29 @@ class RetentionPolicy:
             metrics.BACKPRESSURE.labels(client.name).set(1 if on else 0)
             backpressure[client.name] = on
         streams += self._unconfigured(already, now, dropped_now)
-        return RetentionReport(streams, dropped_now, backpressure)
+        return RetentionReport(streams, dropped_now, backpressure, self._leave_snapshots())
+
+    def _leave_snapshots(self) -> list[tuple[str, str]]:
+        """Each destination the config does not list for a client leaves the client's open
+        snapshots: nobody ships them to it, and it must not hold their rows (a shared
+        one goes on for the others, and ends, released, when the last one is done)."""
+        shipped = shipped_streams(self.config)
+        left = []
+        for view in self.store.list_snapshots(statuses=OPEN_SNAPSHOT_STATUSES):
+            dest, client = view.destination, view.client_name
+            if (dest, client) in shipped:
+                continue
+            reason = f"{dest} is not configured for {client} at this site"
+            if self.store.cancel_snapshot(view.snapshot_id, reason, dest):
+                log.warning(
+                    "%s left snapshot %s: %s",
+                    dest,
+                    view.snapshot_id,
+                    reason,
+                    extra={"destination": dest, "client": client},
+                )
+                left.append((view.snapshot_id, dest))
+        return left
 
     def _unconfigured(
         self, already: set[tuple[str, str]], now: float, dropped_now: list[tuple[str, str]]

@@ -247,11 +247,15 @@ def unconfigured_streams(
     what it found can go on next time.
     """
     pairs, top = store.log_streams(after)
-    configured = configured_streams(config)
-    # A cascaded client reaches every node of its set, through the tree: an entry
-    # naming a node this site does not ship to directly is not left behind.
+    return sorted(pairs - shipped_streams(config)), top
+
+
+def shipped_streams(config: SiteConfig) -> set[tuple[str, str]]:
+    """The (destination, client) streams this site's entries reach: those its sessions
+    ship, and each node of a cascade set, through the tree (an entry naming a node this
+    site does not ship to directly is not left behind)."""
     in_sets = {(node, c.client) for c in config.cascades for node in c.members()}
-    return sorted(pairs - configured - in_sets), top
+    return configured_streams(config) | in_sets
 
 
 def _send_streams(

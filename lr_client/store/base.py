@@ -99,6 +99,8 @@ class StoreBase(abc.ABC):
         self._sites: dict[str, int] = {}
         self._site_names: dict[int, str] = {}
         self._queue_ids: dict[str, int] = {}
+        #: queue_id -> whether it is relayed, read when this store last took its lease.
+        self._relayed: dict[int, bool] = {}
         #: snapshot_id -> (ordinal, part, seq) of the last entry a read returned.
         self._snapshot_marks: dict[tuple[str, int], tuple[int, int, int]] = {}
         #: Per thread: whether its transactions run on one connection, and which.

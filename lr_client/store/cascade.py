@@ -61,8 +61,9 @@ def transmit_route(conn: Connection, client_name: str) -> CascadeRoute | None:
     return CascadeRoute(row.origin_id, row.role, None if nodes is None else tuple(nodes))
 
 
-def relayed_queue_ids(conn: Connection) -> list[int]:
-    """The receive queues this node relays: those of (client, origin) it is a branch of."""
+def relayed_queue_ids(conn: Connection, client_name: str | None = None) -> list[int]:
+    """The receive queues this node relays: those of (client, origin) it is a branch of
+    (of ``client_name`` only, unless None)."""
     query = select(_G.c.queue_id).join(
         _C,
         and_(
@@ -71,6 +72,8 @@ def relayed_queue_ids(conn: Connection) -> list[int]:
             _C.c.role == "branch",
         ),
     )
+    if client_name is not None:
+        query = query.where(_G.c.client_name == client_name)
     return [int(q) for q in conn.execute(query).scalars()]
 
 
@@ -92,6 +95,30 @@ _RELAYED = (
 def is_relayed(conn: Connection, queue_id: int) -> bool:
     """Whether delivery must keep the queue's entries (a queue this node relays)."""
     return conn.execute(_RELAYED, {"qid": queue_id}).first() is not None
+
+
+def relayed_as_leased(leased: dict[int, bool], conn: Connection, queue_id: int) -> bool:
+    """Whether a delivering subscriber must keep the queue's entries: ``leased`` holds
+    the answer read when its lease was taken (the delivery is fenced by that lease, see
+    :func:`revoke_leases`); without one it is read now."""
+    relayed = leased.get(queue_id)
+    return is_relayed(conn, queue_id) if relayed is None else relayed
+
+
+def revoke_leases(conn: Connection, queue_ids: Sequence[int]) -> None:
+    """Take the subscribers' leases of these queues, whose relaying changed.
+
+    A subscriber reads whether a queue is relayed when it takes the queue's
+    lease, and keeps the answer while it holds it
+    (:meth:`~lr_client.store.subscriber_queues.SubscriberQueuesStore.acquire_lease`):
+    every delivery is fenced by the lease, so one in flight rolls back, and the
+    next takes the lease again and reads the new answer, in whatever process
+    it runs.
+    """
+    t = s.subscriber_state
+    conn.execute(
+        update(t).where(t.c.queue_id.in_(list(queue_ids))).values(lease_owner="", lease_expires=0.0)
+    )
 
 
 def last_end_seq(conn: Connection, queue_id: int) -> tuple[int, int]:
@@ -184,6 +211,7 @@ class CascadeStore(StoreBase):
             row = conn.execute(
                 select(_C).where(_C.c.client_name == client_name).with_for_update()
             ).first()
+            relayed = set(relayed_queue_ids(conn, client_name))
             if row is None:
                 conn.execute(
                     _C.insert().values(
@@ -215,6 +243,9 @@ class CascadeStore(StoreBase):
                 )
             if nodes is not None:
                 self._record_nodes(conn, client_name, nodes)
+            changed = relayed.symmetric_difference(relayed_queue_ids(conn, client_name))
+            if changed:
+                revoke_leases(conn, sorted(changed))
             found = conn.execute(select(_C).where(_C.c.client_name == client_name)).one()
         return self._node(found)
 
@@ -439,6 +470,8 @@ __all__ = [
     "relay_keep",
     "relay_mark",
     "relay_queue_id",
+    "relayed_as_leased",
     "relayed_queue_ids",
+    "revoke_leases",
     "transmit_route",
 ]

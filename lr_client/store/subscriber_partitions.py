@@ -41,7 +41,7 @@ from lr_client.errors import PartitionCountError
 from lr_client.records import HeadEntry, ReplicationType
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
-from lr_client.store.cascade import is_relayed
+from lr_client.store.cascade import is_relayed, relayed_as_leased
 from lr_client.store.subscriber_queues import forget_delivered
 
 _T = s.subscriber_state
@@ -201,7 +201,9 @@ class SubscriberPartitionsStore(StoreBase):
         )
         if moved.rowcount != 1:
             return False
-        if not self.keeps_delivered and delivered_seqs and not is_relayed(conn, queue_id):
+        if self.keeps_delivered or not delivered_seqs:
+            return True
+        if not relayed_as_leased(self._relayed, conn, queue_id):
             conn.execute(_FORGET_ENTRIES, {"qid": queue_id, "seqs": delivered_seqs})
         return True
 
@@ -262,7 +264,8 @@ class SubscriberPartitionsStore(StoreBase):
         if fenced.rowcount != 1:
             return False
         if not self.keeps_delivered:
-            forget_delivered(conn, queue_id, previous_seq, delivered_seq)
+            relayed = relayed_as_leased(self._relayed, conn, queue_id)
+            forget_delivered(conn, queue_id, previous_seq, delivered_seq, relayed)
         return True
 
 

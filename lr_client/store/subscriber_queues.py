@@ -30,8 +30,16 @@ until their partition is truncated by :meth:`rotate_receive_queues`
 (:mod:`lr_client.store.recv_rotation`): a DELETE would leave a dead tuple per
 entry until vacuum, and a long transaction can hold vacuum back without
 bound. SQLite has no dead tuples (the pages of deleted rows are reused), so
-it deletes them in the delivering transaction, as it always did, and its
-rotation does nothing.
+it deletes them in the delivering transaction, one range per delivery, and
+its rotation does nothing.
+
+Whether a queue is relayed (:func:`~lr_client.store.cascade.is_relayed`: its
+entries stay past delivery) is read once per lease, when
+:meth:`~SubscriberQueuesStore.acquire_lease` takes or renews it, not at every
+delivery. A configuration that changes it takes the leases of the queues it
+changes (:func:`~lr_client.store.cascade.revoke_leases`, in the same
+transaction): a delivery holding an older answer fails its fence and rolls
+back, and the next one takes the lease again and reads the new answer.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from lr_client.records import HeadEntry, QueueInfo, RecvEntry, ReplicationType, 
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, sized, within
-from lr_client.store.cascade import is_relayed
+from lr_client.store.cascade import is_relayed, relayed_as_leased
 
 _T = s.subscriber_state
 _R = s.recv_entries
@@ -84,11 +92,12 @@ def _key(value: Any) -> bytes | None:
 
 
 def forget_delivered(
-    conn: Connection, queue_id: int, previous_seq: int, delivered_seq: int
+    conn: Connection, queue_id: int, previous_seq: int, delivered_seq: int, relayed: bool
 ) -> None:
-    """Delete the entries a delivery passed (SQLite: a store that keeps none delivered);
-    a queue this node relays keeps them until its relay trim (:mod:`.cascade`)."""
-    if delivered_seq > previous_seq and not is_relayed(conn, queue_id):
+    """Delete the entries a delivery passed, one range (SQLite: a store that keeps none
+    delivered); a queue this node relays (``relayed``) keeps them until its relay trim
+    (:mod:`.cascade`)."""
+    if delivered_seq > previous_seq and not relayed:
         conn.execute(
             delete(_R).where(
                 _R.c.queue_id == queue_id, _R.c.seq > previous_seq, _R.c.seq <= delivered_seq
@@ -190,12 +199,15 @@ class SubscriberQueuesStore(StoreBase):
             )
             .values(lease_owner=owner, lease_expires=expires)
         )
-        if conn.execute(stmt).rowcount == 1:
-            return expires
-        if conn.execute(select(_T.c.queue_id).where(_T.c.queue_id == queue_id)).first() is not None:
-            return None
-        self._ensure_state_row(conn, queue_id)
-        return expires if conn.execute(stmt).rowcount == 1 else None
+        if conn.execute(stmt).rowcount != 1:
+            if conn.execute(select(_T.c.queue_id).where(_T.c.queue_id == queue_id)).first():
+                return None
+            self._ensure_state_row(conn, queue_id)
+            if conn.execute(stmt).rowcount != 1:
+                return None
+        if not self.keeps_delivered:  # read once per lease (module docstring)
+            self._relayed[queue_id] = is_relayed(conn, queue_id)
+        return expires
 
     def save_state(
         self,
@@ -237,7 +249,8 @@ class SubscriberQueuesStore(StoreBase):
         if result.rowcount != 1:
             return False
         if not self.keeps_delivered:
-            forget_delivered(conn, queue_id, previous_seq, delivered_seq)
+            relayed = relayed_as_leased(self._relayed, conn, queue_id)
+            forget_delivered(conn, queue_id, previous_seq, delivered_seq, relayed)
         return True
 
     def release_leases(

@@ -32,6 +32,8 @@ def test_sink_delivery_bench_smoke(tmp_path: Path, backend: str) -> None:
             "--backend",
             backend,
             "--cprofile",
+            "--sink-batch",
+            "1000",
             "--sink-out",
             str(out),
         ],
@@ -44,6 +46,7 @@ def test_sink_delivery_bench_smoke(tmp_path: Path, backend: str) -> None:
     assert proc.returncode == 0, proc.stderr
     (run,) = json.loads(out.read_text())["results"][backend]
     assert (run["rows"], run["row_bytes"]) == (2500, 512)  # every row reached the listener
+    assert (run["snapshot_batch_size"], run["batch_max_bytes"]) == (1000, 1000 * (512 + 64))
     assert run["rows_per_second"] > 0 and run["cpu_us_per_row"]["deliver"] > 0
     assert ("database" in run["cpu_us_per_row"]) == (backend == "postgresql")
     assert run["cprofile_self_seconds"]

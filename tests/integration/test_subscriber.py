@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
-from sqlalchemy import String, insert, select, text, update
+from sqlalchemy import String, event, insert, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -27,7 +28,7 @@ from lr_client import (
 )
 from lr_client.errors import InvalidNameError
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store import schema as s
 from lr_client.subscriber import DEFAULT_BATCH_MAX_BYTES, default_owner
 from tests.kit.wait import join, wait_for
@@ -650,6 +651,109 @@ def test_settings_are_validated(app_store: SQLAlchemyQueueStore) -> None:
         RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=0)
     with pytest.raises(ValueError):
         RoutingQueueSubscriber(app_store, "Bad_Name", AppListener())
+
+
+def stored_positions(store: SQLAlchemyQueueStore) -> list[int]:
+    """Source positions of the receive queue rows still stored, delivered or not."""
+    r = s.recv_entries
+    with store.read() as conn:
+        rows = conn.execute(select(r.c.source_position).order_by(r.c.seq)).scalars()
+        return [int(x) for x in rows]
+
+
+def test_whether_a_queue_is_relayed_is_read_once_per_lease_not_per_delivery(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 30))
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        statements.append(statement)
+
+    event.listen(app_store.engine, "before_cursor_execute", seen)
+    try:
+        sub = make_sub(AppListener(), batch_size=5)
+        assert sub.poll_once() == 30  # six deliveries under one lease
+    finally:
+        event.remove(app_store.engine, "before_cursor_execute", seen)
+    cascade_reads = [x for x in statements if "lrq_cascade " in x or "lrq_cascade\n" in x]
+    # SQLite, which deletes delivered entries: once, when the lease was taken;
+    # PostgreSQL keeps them until rotation and never asks.
+    assert len(cascade_reads) == (0 if app_store.keeps_delivered else 1), cascade_reads
+    assert len(app_rows(app_store)) == 30
+
+
+def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_it(
+    db_url: str,
+    app_store: SQLAlchemyQueueStore,
+    make_sub: Callable[..., RoutingQueueSubscriber],
+) -> None:
+    """The answer read with the lease is not kept past a change made elsewhere (here
+    through another engine, as the site's server applies its config): the change takes
+    the lease, the delivery holding it rolls back, the next one reads the new answer."""
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    listener = AppListener()
+    sub = make_sub(listener, owner="me", lease_seconds=600.0)
+    assert sub.poll_once() == 3
+    kept = [] if not app_store.keeps_delivered else [1, 2, 3]
+    assert stored_positions(app_store) == kept  # SQLite deleted them at delivery
+
+    server = open_store(create_engine(db_url))
+    try:
+        server.apply_cascade_config(CLIENT, "src-a", "branch", "src-a", ("below",))
+        app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
+        poll_until(sub, lambda: len(app_rows(app_store)) == 6)
+        assert stored_positions(app_store) == [*kept, 4, 5, 6]  # relayed: kept for "below"
+
+        # Back to a leaf: delivery deletes again from the next lease on.
+        server.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
+        app_store.apply_log_batch("src-a", CLIENT, log_entries(7, 2), previous_position=6)
+        poll_until(sub, lambda: len(app_rows(app_store)) == 8)
+        expected = [*kept, 4, 5, 6, 7, 8] if app_store.keeps_delivered else [4, 5, 6]
+        assert stored_positions(app_store) == expected
+        # The same configuration again changes nothing, and takes no lease.
+        server.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
+        with app_store.read() as conn:
+            (state,) = [app_store.load_state(conn, q.queue_id) for q in app_store.list_queues()]
+        assert state.lease_owner == "me"
+    finally:
+        server.close()
+    assert [p for _, _, p in app_rows(app_store)] == list(range(1, 9))  # each once, in order
+    assert listener.errors == []
+
+
+def test_the_batch_is_built_with_the_collector_paused_and_the_listener_runs_with_it_on(
+    app_store: SQLAlchemyQueueStore,
+    make_sub: Callable[..., RoutingQueueSubscriber],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 6, 10))
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(11, 3))
+    seen: dict[str, list[bool]] = {"read": [], "listener": []}
+    read_head = app_store.read_head
+
+    def reading(*args: object, **kwargs: object) -> object:
+        seen["read"].append(gc.isenabled())
+        return read_head(*args, **kwargs)  # type: ignore[arg-type]
+
+    class Watching(AppListener):
+        def _apply(
+            self,
+            session: Session,
+            kind: str,
+            source_id: str,
+            messages: Sequence[RoutingQueueMessage],
+        ) -> bool:
+            seen["listener"].append(gc.isenabled())
+            return super()._apply(session, kind, source_id, messages)
+
+    monkeypatch.setattr(app_store, "read_head", reading)
+    assert gc.isenabled()
+    sub = make_sub(Watching(), batch_size=4)
+    poll_until(sub, lambda: len(app_rows(app_store, "log_entries")) == 3)
+    assert seen["read"] and not any(seen["read"])  # every read: paused
+    assert seen["listener"] and all(seen["listener"])  # every callback: on
+    assert gc.isenabled()
 
 
 # -- retry timing ------------------------------------------------------------------------

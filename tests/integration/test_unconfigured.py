@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from lr_client import RoutingQueueClient
+from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store import schema as s
@@ -224,6 +225,65 @@ def test_a_site_without_destinations_bounds_them_too(sites: Sites) -> None:
         lambda: [(d.destination, d.client_name) for d in src.list_drops()] == [("z", "policy")]
     )
     wait_for(lambda: positions(src) == [])
+
+
+# -- full syncs ---------------------------------------------------------------------------
+def snapshot_rows(store: SQLAlchemyQueueStore) -> int:
+    """Rows of ``lrq_send_snapsync`` (every partition), end markers included."""
+    with store.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(s.send_snapsync)).scalar_one())
+
+
+def ready_snapshot(store: SQLAlchemyQueueStore, dests: list[str], rows: int) -> str:
+    """A READY snapshot of ``policy`` that every one of ``dests`` joined (one, shared)."""
+    store.register_sites(dests)
+    (sid,) = {store.request_snapshot(None, d, "policy") for d in dests}
+    assert store.start_snapshot(sid) is not None
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, sid, 0, [b"row-%d" % i for i in range(rows)])
+    assert store.finish_snapshot(sid) == rows
+    return sid
+
+
+def test_a_destination_removed_from_the_config_leaves_its_shared_snapshot_and_the_rows_go(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """b and z share a snapshot; z is no longer in the config (b and c are). b completes
+    it: z still held it, and its rows stayed. The policy's next run takes z out: the
+    snapshot is done, its rows released."""
+    sid = ready_snapshot(store, ["b", "z"], 5)
+    assert store.complete_snapshot(sid, "b")
+    assert store.get_snapshot(sid).status is SnapshotStatus.READY  # type: ignore[union-attr]
+    assert snapshot_rows(store) == 6  # z holds them: nobody will ship them to z
+
+    policy = RetentionPolicy(store, site_config(store, RetentionConfig()))
+    report = policy.run_once()
+    store.trim()
+    assert snapshot_rows(store) == 0
+    assert store.get_snapshot(sid).status is SnapshotStatus.COMPLETED  # type: ignore[union-attr]
+    z = store.get_snapshot(sid, "z")
+    assert z is not None and z.status is SnapshotStatus.CANCELLED
+    assert "not configured" in z.reason
+    assert report.left_snapshots == [(sid, "z")]
+    assert policy.run_once().left_snapshots == []
+
+
+def test_an_unconfigured_destination_alone_in_a_snapshot_ends_it_and_others_stay(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    mine = ready_snapshot(store, ["z"], 3)  # only z: it ends with z's share
+    theirs = store.request_snapshot(None, "c", "policy")  # configured: left alone
+    assert theirs != mine
+    assert store.start_snapshot(theirs) is not None
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, theirs, 0, [b"c-row"])
+
+    report = RetentionPolicy(store, site_config(store, RetentionConfig())).run_once()
+    store.trim()
+    assert snapshot_rows(store) == 1  # c's, still being written
+    assert store.get_snapshot(mine).status is SnapshotStatus.CANCELLED  # type: ignore[union-attr]
+    assert store.get_snapshot(theirs).status is SnapshotStatus.RUNNING  # type: ignore[union-attr]
+    assert report.left_snapshots == [(mine, "z")]
 
 
 # -- configured later -------------------------------------------------------------------
