@@ -9,6 +9,9 @@ acknowledges. Connection loss: reconnect with exponential backoff and jitter
 until the session is stopped, renegotiate (:mod:`lr_server.negotiation`),
 resume exactly where the sink stopped. Full-sync requests are followed by
 :mod:`lr_server.snapshot_requests`, stopped streams by :mod:`lr_server.stops`.
+A branch's session relaying a cascaded client waits, when nothing is in
+flight, for its receiver to store a batch of it (:mod:`lr_server.arrivals`),
+not for a whole poll.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from lr_client.errors import FencedError, LRError, NotProviderError, TransportEr
 from lr_client.records import CascadeNode, Fence, SnapshotStatus
 from lr_client.store import Cascading, Inspection, Receiving, Retention, Shipping, Snapshots
 from lr_server import metrics, negotiation, protocol, wire
+from lr_server.arrivals import Arrivals
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
 from lr_server.negotiation import ClientFacts, ClientPlan, SinkState, Step
@@ -71,6 +75,7 @@ class SenderSession:
         fences: Mapping[str, Fence] | None = None,
         lease_valid: Callable[[], bool] = lambda: True,
         cascade: Mapping[str, CascadeNode] | None = None,
+        arrivals: Arrivals | None = None,
     ) -> None:
         self.store = store
         #: This node's rows of the cascaded clients it ships to the destination (a child).
@@ -81,6 +86,11 @@ class SenderSession:
         self.source_id = source_id
         self.destination = destination
         self.clients = {c.name: c for c in clients}
+        #: Set when a batch of a client this session relays is stored here (a branch):
+        #: with nothing in flight, the session waits on it rather than a whole poll.
+        self.arrivals = arrivals
+        relayed = [n for n, node in self.cascade.items() if node.origin_id != source_id]
+        self.arrived = arrivals.bell(relayed) if arrivals is not None and relayed else None
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
         self.retry = retry or RetryConfig()
@@ -153,6 +163,8 @@ class SenderSession:
                 metrics.INFLIGHT_BATCHES.labels(self.destination).set(0)
                 if transport is not None:
                     transport.close()
+        if self.arrivals is not None and self.arrived is not None:
+            self.arrivals.forget(self.arrived)
         self.state = SessionState.STOPPED
         self._save_status()
 
@@ -364,8 +376,14 @@ class SenderSession:
             if now - last_check > 0.5:
                 self._check_requests(streams)
                 last_check = now
+            if self.arrived is not None:
+                self.arrived.clear()  # a batch stored from now on rings it again
             sent_any = self._ship(stream, streams)
             timeout = 0.0 if sent_any and not self.window.full() else self.cfg.poll_interval
+            if timeout and self.arrived is not None and not self.window.batches:
+                # No ack to wait for: wait for a relayed batch to be stored instead.
+                self.arrived.wait(timeout)
+                timeout = 0.0
             self._drain_acks(stream, streams, timeout)
             oldest = self.window.oldest_sent_at()
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
