@@ -2,49 +2,53 @@
 
 A branch relays a cascaded client from its own receive queue
 (docs/cascading.md). Its receiver and its sender sessions run in one process:
-the receiver rings :meth:`Arrivals.ring` once a log batch of a client is
+the receiver calls :meth:`Arrivals.ring` once a log batch of a client is
 stored (its transaction committed), and every session that relays that client
-and has nothing in flight wakes at once to read it, instead of at its next
-poll (``[replication] poll_interval``). A ring nobody listens for costs a dict
-look-up; a ring a session misses (it was reading) leaves its bell set, so the
-session reads again without waiting.
+is woken (its wait for acknowledgements ends: :meth:`BatchStream.interrupt
+<lr_server.transport.base.BatchStream.interrupt>`) to read it at once, instead
+of at its next poll (``[replication] poll_interval``) or the next
+acknowledgement. A ring nobody listens for costs a dict look-up; a ring while
+the session reads leaves its wait ended in advance, so nothing stored is left
+waiting for a poll.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+Wake = Callable[[], None]
 
 
 class Arrivals:
-    """The bells of the sessions waiting for batches of given clients to be stored here."""
+    """Who to wake when a batch of a client is stored here."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._bells: dict[str, set[threading.Event]] = {}
+        self._wakes: dict[str, list[Wake]] = {}
 
-    def bell(self, clients: Iterable[str]) -> threading.Event:
-        """An event set whenever a log batch of one of ``clients`` is stored; give it
-        back with :meth:`forget`."""
-        bell = threading.Event()
+    def listen(self, clients: Iterable[str], wake: Wake) -> None:
+        """Call ``wake`` whenever a log batch of one of ``clients`` is stored, until
+        :meth:`forget`."""
         with self._lock:
             for client in clients:
-                self._bells.setdefault(client, set()).add(bell)
-        return bell
+                self._wakes.setdefault(client, []).append(wake)
 
-    def forget(self, bell: threading.Event) -> None:
+    def forget(self, wake: Wake) -> None:
         with self._lock:
-            for client in list(self._bells):
-                self._bells[client].discard(bell)
-                if not self._bells[client]:
-                    del self._bells[client]
+            for client in list(self._wakes):
+                kept = [w for w in self._wakes[client] if w is not wake]
+                if kept:
+                    self._wakes[client] = kept
+                else:
+                    del self._wakes[client]
 
     def ring(self, source_id: str, client: str) -> None:
         """A log batch of ``client`` from ``source_id`` (its origin) was stored."""
         with self._lock:
-            bells = list(self._bells.get(client, ()))
-        for bell in bells:
-            bell.set()
+            wakes = list(self._wakes.get(client, ()))
+        for wake in wakes:
+            wake()
 
 
-__all__ = ["Arrivals"]
+__all__ = ["Arrivals", "Wake"]

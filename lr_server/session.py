@@ -9,9 +9,9 @@ acknowledges. Connection loss: reconnect with exponential backoff and jitter
 until the session is stopped, renegotiate (:mod:`lr_server.negotiation`),
 resume exactly where the sink stopped. Full-sync requests are followed by
 :mod:`lr_server.snapshot_requests`, stopped streams by :mod:`lr_server.stops`.
-A branch's session relaying a cascaded client waits, when nothing is in
-flight, for its receiver to store a batch of it (:mod:`lr_server.arrivals`),
-not for a whole poll.
+A branch's session relaying a cascaded client is woken when its receiver
+stores a batch of it (:mod:`lr_server.arrivals`): it does not wait for a poll
+or an acknowledgement to relay it.
 """
 
 from __future__ import annotations
@@ -86,11 +86,13 @@ class SenderSession:
         self.source_id = source_id
         self.destination = destination
         self.clients = {c.name: c for c in clients}
-        #: Set when a batch of a client this session relays is stored here (a branch):
-        #: with nothing in flight, the session waits on it rather than a whole poll.
+        #: Tells the session when a batch of a client it relays is stored here (a
+        #: branch): its wait for acknowledgements ends, and it reads the batch at once.
         self.arrivals = arrivals
+        self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
         relayed = [n for n, node in self.cascade.items() if node.origin_id != source_id]
-        self.arrived = arrivals.bell(relayed) if arrivals is not None and relayed else None
+        if arrivals is not None and relayed:
+            arrivals.listen(relayed, self._arrived)
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
         self.retry = retry or RetryConfig()
@@ -141,9 +143,11 @@ class SenderSession:
                 transport, stream, streams = self._connect(stop)
                 if stream is None:
                     break
+                self._stream = stream  # stored from now on: its wait ends
                 try:
                     self._pump(stop, stream, streams)
                 finally:
+                    self._stream = None
                     stream.close()
             except NotProviderError as exc:
                 self._failed(exc)
@@ -163,8 +167,8 @@ class SenderSession:
                 metrics.INFLIGHT_BATCHES.labels(self.destination).set(0)
                 if transport is not None:
                     transport.close()
-        if self.arrivals is not None and self.arrived is not None:
-            self.arrivals.forget(self.arrived)
+        if self.arrivals is not None:
+            self.arrivals.forget(self._arrived)
         self.state = SessionState.STOPPED
         self._save_status()
 
@@ -376,14 +380,8 @@ class SenderSession:
             if now - last_check > 0.5:
                 self._check_requests(streams)
                 last_check = now
-            if self.arrived is not None:
-                self.arrived.clear()  # a batch stored from now on rings it again
             sent_any = self._ship(stream, streams)
             timeout = 0.0 if sent_any and not self.window.full() else self.cfg.poll_interval
-            if timeout and self.arrived is not None and not self.window.batches:
-                # No ack to wait for: wait for a relayed batch to be stored instead.
-                self.arrived.wait(timeout)
-                timeout = 0.0
             self._drain_acks(stream, streams, timeout)
             oldest = self.window.oldest_sent_at()
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
@@ -396,6 +394,12 @@ class SenderSession:
         while self.window.batches and time.monotonic() < deadline:
             self._drain_acks(stream, streams, 0.1)
         self._flush_cursors()
+
+    def _arrived(self) -> None:
+        """A batch of a client this session relays was stored: end its wait, if any."""
+        stream = self._stream
+        if stream is not None:
+            stream.interrupt()
 
     def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         if not self.lease_valid():  # this member's heartbeat lapsed: others may own it now
