@@ -187,10 +187,10 @@ class Tree:
         """The newest position the site's listener applied (0: none)."""
         return last_applied(self.stores[site])[0]
 
-    def scrape(self) -> dict[str, Histogram]:
+    def scrape(self) -> dict[str, ServerHistogram]:
         """Each stage's histogram now (:data:`STAGES`), from its server's metrics."""
         return {
-            stage: Histogram.scrape(self.metrics_ports[site], name, labels)
+            stage: ServerHistogram.scrape(self.metrics_ports[site], name, labels)
             for stage, site, name, labels in STAGES
         }
 
@@ -226,7 +226,7 @@ STAGES: tuple[tuple[str, str, str, dict[str, str]], ...] = (
 
 
 @dataclass
-class Histogram:
+class ServerHistogram:
     """A Prometheus histogram's cumulative buckets (upper bound in s -> count), sum, count."""
 
     buckets: dict[float, float]
@@ -234,7 +234,7 @@ class Histogram:
     count: float
 
     @classmethod
-    def scrape(cls, port: int, name: str, labels: dict[str, str]) -> Histogram:
+    def scrape(cls, port: int, name: str, labels: dict[str, str]) -> ServerHistogram:
         """The histogram ``name`` of the server at ``port``, over the series matching."""
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             body = r.read().decode()
@@ -252,8 +252,8 @@ class Histogram:
                     h.count += s.value
         return h
 
-    def since(self, before: Histogram) -> Histogram:
-        return Histogram(
+    def since(self, before: ServerHistogram) -> ServerHistogram:
+        return ServerHistogram(
             {b: c - before.buckets.get(b, 0.0) for b, c in self.buckets.items()},
             self.sum - before.sum,
             self.count - before.count,
@@ -285,7 +285,7 @@ class Stage:
     p99_ms: float | None
 
     @classmethod
-    def of(cls, h: Histogram) -> Stage:
+    def of(cls, h: ServerHistogram) -> Stage:
         def ms(v: float | None) -> float | None:
             return None if v is None else round(v * 1000.0, 1)
 
