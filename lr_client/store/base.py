@@ -100,6 +100,8 @@ class StoreBase(abc.ABC):
         self._queue_ids: dict[str, int] = {}
         #: snapshot_id -> (ordinal, part, seq) of the last entry a read returned.
         self._snapshot_marks: dict[tuple[str, int], tuple[int, int, int]] = {}
+        #: (queue id, origin position) -> ``seq`` of the entry a relay read ended at.
+        self._relay_marks: dict[tuple[int, int], int] = {}
 
     # -- transactions -----------------------------------------------------------
     @contextmanager

@@ -1,8 +1,8 @@
 """A branch relays a batch as soon as its receiver stores it: the receiver rings the
 sessions relaying the client (:mod:`lr_server.arrivals`), which wait neither for
-their next poll nor for an acknowledgement. On both backends, with in-process
-transports (the sessions' poll is an hour: a session that waited for it would
-relay nothing while a test runs)."""
+their next poll nor for an acknowledgement, and a relay read resumes where the
+last one ended. On both backends, with in-process transports (the sessions' poll
+is an hour: a session that waited for it would relay nothing while a test runs)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlalchemy import update
+
 from lr_client._proto import replication_pb2 as pb
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store import SQLAlchemyQueueStore, open_store, schema
 from lr_server.arrivals import Arrivals
 from lr_server.config import (
     ClientConfig,
@@ -224,3 +226,24 @@ def test_every_stream_s_wait_for_an_acknowledgement_ends_when_interrupted(
     finally:
         server.stop()
         store.engine.dispose()
+
+
+def test_a_relay_read_resumes_at_the_entry_the_last_one_ended_at(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """A relayed queue keeps what the nodes below have not acknowledged; a read after
+    the position where the last read ended does not pass those entries again."""
+    store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    receiver = Receiver(store, "s3", ["s1"])
+    for position in (1, 2, 3):
+        receiver.apply("s1", _from_root(position))
+    assert [e.position for e in store.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
+    # A trap the queue never holds (an entry stored before the read's end with a higher
+    # position): only a read that passes the entries before its start again finds it.
+    e = schema.recv_entries
+    with store.write() as conn:
+        conn.execute(update(e).where(e.c.source_position == 1).values(source_position=99))
+    receiver.apply("s1", _from_root(4))
+    assert [e.position for e in store.read_relay("policy", "s1", 3, 10)] == [4]
+    # Where no read ended, it reads from the relay's start, as ever (and finds the trap).
+    assert [e.position for e in store.read_relay("policy", "s1", 2, 10)] == [99]
