@@ -4,24 +4,38 @@
                           [--writers N] [--entries N] [--out bench/results/relay.json]
 
 One cascaded client (docs/cascading.md) over four real ``lr server`` processes
-(plaintext gRPC on loopback with a token, replication settings at their defaults):
-the root ``root`` ships it to the branch ``branch`` and to the leaf ``direct``; the
-branch relays it from its receive queue to the leaf ``relayed``. Both leaves get
-every entry of the same load at the same time, so the two paths are compared under
-the same conditions. Each site has its own database: a schema of the PostgreSQL
-server at ``LR_BENCH_PG_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``),
-or a SQLite file (``--backend sqlite``, for a quick run). This process plays the
-root's application (it transmits, 1 KiB payloads) and the listeners of the branch
-and the leaves (a :class:`~lr_client.RoutingQueueSubscriber` each).
+(plaintext gRPC on loopback with a token, replication settings at their defaults,
+a metrics port each): the root ``root`` ships it to the branch ``branch`` and to the
+leaf ``direct``; the branch relays it from its receive queue to the leaf ``relayed``.
+Both leaves get every entry of the same load at the same time, so the two paths are
+compared under the same conditions, and the hop is relayed - direct of one run. Each
+site has its own database: a schema of the PostgreSQL server at ``LR_BENCH_PG_URL``
+(default ``postgresql://postgres@127.0.0.1:5432/test``), or a SQLite file
+(``--backend sqlite``, for a quick run). This process plays the root's application
+(it transmits, 1 KiB payloads). The listeners of the branch and the leaves run in a
+process each, as a node's application would (``bench.soak.run_subscriber``: a
+:class:`~lr_client.RoutingQueueSubscriber` polling every 5 ms when idle, whose
+listener writes each entry's position and the time it was called into
+``soak_applied``, in the delivery transaction): no listener shares an interpreter
+(its GIL) with the transmitting threads or with another listener.
 
 * ``latency``: a paced transmitter (``bench.replicate.paced_load``) offers ``--rate``
   entries/s (1,000) for ``--seconds``, one entry per transaction, from ``--writers``
   threads (16: one writer cannot commit 1,000 transactions/s on a loaded machine's
   PostgreSQL); ``achieved_rate`` says what was reached. Latency of an entry
-  at a leaf = the time its listener's ``process_log_entries`` is called with it minus
+  at a leaf = the time its listener's ``process_log_entries`` was called with it minus
   the time the root's COMMIT returned (one clock: this machine's). The receive queue's
   ``received_at`` cannot serve: at a node of a cascade it keeps the origin's time. The
-  first second is warm-up, excluded. The relay hop's cost = relayed p99 - direct p99.
+  first second is warm-up, excluded. The relay hop's cost = relayed p99 - direct p99
+  (and p50 - p50).
+* where the time goes (``latency.stages``): the servers' own histograms over the paced
+  load, read from their metrics before and after it: ``lr_relay_lag_seconds`` at the
+  branch and at each leaf (the root's transmit of an entry to its store there: the
+  hop's share before the leaf's listener) and ``lr_batch_latency_seconds`` of the
+  root's and the branch's sessions (a batch's send to its acknowledgement); p50/p99
+  interpolated within the buckets. Also the machine's CPU busy fraction
+  (``/proc/stat``: every process, PostgreSQL's too) and each process's CPU seconds:
+  a machine near 100 % busy queues every stage, and the figures say so.
 * ``throughput``: the listeners stop, the root's server stops, ``--entries`` entries
   are transmitted (500 per transaction, ``bench.replicate.prefill``), the root's server
   starts again and both leaves drain them. A leaf's rate = the entries it received
@@ -36,11 +50,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import multiprocessing
 import os
 import sys
 import tempfile
-import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -51,8 +67,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from rich.console import Console  # noqa: E402
-from sqlalchemy.orm import Session  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
 
 from bench.common import (  # noqa: E402
     DEFAULT_PG_URL,
@@ -61,6 +78,7 @@ from bench.common import (  # noqa: E402
     loadavg,
     machine_facts,
     print_table,
+    process_cpu,
     write_json,
 )
 from bench.replicate import (  # noqa: E402
@@ -73,12 +91,8 @@ from bench.replicate import (  # noqa: E402
     prefill,
     stop_process,
 )
-from lr_client import (  # noqa: E402
-    RoutingQueueClient,
-    RoutingQueueListener,
-    RoutingQueueMessage,
-    RoutingQueueSubscriber,
-)
+from bench.soak import APPLIED, create_applied_table, last_applied, run_subscriber  # noqa: E402
+from lr_client import RoutingQueueClient  # noqa: E402
 from lr_client.store import SQLAlchemyQueueStore, open_store  # noqa: E402
 from tests.kit.procs import LrServer  # noqa: E402
 from tests.kit.sites import CascadeTree, free_port  # noqa: E402
@@ -88,6 +102,8 @@ TOKEN = "token-relay-bench"
 PAYLOAD_BYTES = 1024
 WARMUP_SECONDS = 1.0
 POLL = 0.02
+#: The listeners' subscribers poll their receive queues this often when idle.
+LISTENER_POLL = 0.005
 #: The set: node -> provider. ``direct`` is the root's child, ``relayed`` the branch's.
 TREE = {"branch": "root", "direct": "root", "relayed": "branch"}
 SITES = ("root", *TREE)
@@ -119,26 +135,6 @@ def node_config(path: Path, site: str, url: str, ports: dict[str, int]) -> Path:
     return path
 
 
-class Clock(RoutingQueueListener):
-    """A listener that applies nothing and notes when each origin position reached it."""
-
-    def __init__(self) -> None:
-        self.seen: dict[int, float] = {}
-
-    def process_log_entries(
-        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
-    ) -> bool:
-        now = time.time()
-        for m in messages:
-            self.seen.setdefault(m.source_position, now)
-        return True
-
-    def process_full_sync(
-        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
-    ) -> bool:
-        return True
-
-
 class Tree:
     """The four sites of one backend, their servers and stores."""
 
@@ -149,6 +145,7 @@ class Tree:
         self.configs = {
             s: node_config(workdir / f"{s}.toml", s, self.urls[s], self.ports) for s in SITES
         }
+        self.metrics_ports = {s: free_port() for s in SITES}
         self.stores: dict[str, SQLAlchemyQueueStore] = {}
         for s in SITES:
             store = open_store(self.urls[s])
@@ -162,7 +159,8 @@ class Tree:
         self.source = Source("root", self.urls["root"], root, client, list(TREE), list(TREE))
 
     def start(self, site: str) -> None:
-        server = LrServer(self.configs[site], self.workdir).start()
+        metrics = ["--metrics-port", str(self.metrics_ports[site])]
+        server = LrServer(self.configs[site], self.workdir, args=metrics).start()
         server.wait_listening(self.ports[site], timeout=60)
         self.servers[site] = server
 
@@ -171,6 +169,17 @@ class Tree:
 
     def received(self, leaf: str) -> int:
         return self.stores[leaf].sink_progress("root", CLIENT).last_position
+
+    def applied(self, site: str) -> int:
+        """The newest position the site's listener applied (0: none)."""
+        return last_applied(self.stores[site])[0]
+
+    def scrape(self) -> dict[str, ServerHistogram]:
+        """Each stage's histogram now (:data:`STAGES`), from its server's metrics."""
+        return {
+            stage: ServerHistogram.scrape(self.metrics_ports[site], name, labels)
+            for stage, site, name, labels in STAGES
+        }
 
     def close(self) -> None:
         for site in list(self.servers):
@@ -188,6 +197,103 @@ def _wait(what: str, done: Any, timeout: float, tree: Tree) -> None:
         time.sleep(POLL)
 
 
+# -- where the time goes: the servers' own histograms, the CPU -------------------------
+
+#: (stage, the site whose metrics hold it, histogram, labels). ``lr_relay_lag_seconds``:
+#: the root's transmit of an entry to its store at a node (its receiver's transaction
+#: committed); ``lr_batch_latency_seconds``: a batch's send to its acknowledgement.
+STAGES: tuple[tuple[str, str, str, dict[str, str]], ...] = (
+    ("stored at branch", "branch", "lr_relay_lag_seconds", {}),
+    ("stored at direct", "direct", "lr_relay_lag_seconds", {}),
+    ("stored at relayed", "relayed", "lr_relay_lag_seconds", {}),
+    ("ack root -> branch", "root", "lr_batch_latency_seconds", {"destination": "branch"}),
+    ("ack root -> direct", "root", "lr_batch_latency_seconds", {"destination": "direct"}),
+    ("ack branch -> relayed", "branch", "lr_batch_latency_seconds", {"destination": "relayed"}),
+)
+
+
+@dataclass
+class ServerHistogram:
+    """A Prometheus histogram's cumulative buckets (upper bound in s -> count), sum, count."""
+
+    buckets: dict[float, float]
+    sum: float
+    count: float
+
+    @classmethod
+    def scrape(cls, port: int, name: str, labels: dict[str, str]) -> ServerHistogram:
+        """The histogram ``name`` of the server at ``port``, over the series matching."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            body = r.read().decode()
+        h = cls({}, 0.0, 0.0)
+        for family in text_string_to_metric_families(body):
+            for s in family.samples:
+                if any(s.labels.get(k) != v for k, v in labels.items()):
+                    continue
+                if s.name == f"{name}_bucket":
+                    bound = float(s.labels["le"])
+                    h.buckets[bound] = h.buckets.get(bound, 0.0) + s.value
+                elif s.name == f"{name}_sum":
+                    h.sum += s.value
+                elif s.name == f"{name}_count":
+                    h.count += s.value
+        return h
+
+    def since(self, before: ServerHistogram) -> ServerHistogram:
+        return ServerHistogram(
+            {b: c - before.buckets.get(b, 0.0) for b, c in self.buckets.items()},
+            self.sum - before.sum,
+            self.count - before.count,
+        )
+
+    def quantile(self, q: float) -> float | None:
+        """As PromQL's ``histogram_quantile``: linear within the bucket that holds it."""
+        if self.count <= 0:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for bound, cumulative in sorted(self.buckets.items()):
+            if cumulative >= rank:
+                if math.isinf(bound):
+                    return lower
+                return lower + (bound - lower) * (rank - below) / max(cumulative - below, 1e-9)
+            lower, below = bound, cumulative
+        return lower
+
+
+@dataclass
+class Stage:
+    """One stage over the paced load: observations (entries or batches), mean and the
+    bucket-interpolated p50/p99 (ms)."""
+
+    observations: int
+    mean_ms: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+
+    @classmethod
+    def of(cls, h: ServerHistogram) -> Stage:
+        def ms(v: float | None) -> float | None:
+            return None if v is None else round(v * 1000.0, 1)
+
+        mean = h.sum / h.count if h.count > 0 else None
+        return cls(int(h.count), ms(mean), ms(h.quantile(0.5)), ms(h.quantile(0.99)))
+
+
+STAGE_FIGURES = ("mean_ms", "p50_ms", "p99_ms")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU time of the whole machine since boot, in ticks (``/proc/stat``)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return float(sum(fields) - idle), float(sum(fields))
+
+
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    return {name: process_cpu(pid) or 0.0 for name, pid in pids.items()}
+
+
 @dataclass
 class LatencyResult:
     offered_rate: float
@@ -198,6 +304,13 @@ class LatencyResult:
     relayed: Latency
     hop_p50_ms: float
     hop_p99_ms: float
+    #: Each stage of the paths over the paced load (see :data:`STAGES`).
+    stages: dict[str, Stage]
+    #: The machine's CPU busy over the paced load (0..1, every process and PostgreSQL).
+    machine_cpu_busy: float
+    #: CPU seconds per process over the paced load, and its wall-clock seconds.
+    cpu_seconds: dict[str, float]
+    wall_seconds: float
 
 
 @dataclass
@@ -210,17 +323,28 @@ class ThroughputResult:
     ratio: float
 
 
+def applied_times(store: SQLAlchemyQueueStore) -> dict[int, float]:
+    """Origin position -> when the site's listener was first called with it."""
+    with store.read() as conn:
+        rows = conn.execute(
+            select(APPLIED.c.position, func.min(APPLIED.c.applied_at)).group_by(APPLIED.c.position)
+        ).all()
+    return {int(p): float(at) for p, at in rows}
+
+
 def measure_latency(
     tree: Tree, rate: float, seconds: float, payloads: Sequence[bytes], writers: int
 ) -> LatencyResult:
-    clocks = {s: Clock() for s in TREE}
-    stop = threading.Event()
-    subs = [
-        RoutingQueueSubscriber(tree.stores[s], CLIENT, clocks[s], poll_interval=0.005) for s in TREE
-    ]
-    threads = [threading.Thread(target=sub.run, args=(stop,), daemon=True) for sub in subs]
-    for t in threads:
-        t.start()
+    for site in TREE:
+        create_applied_table(tree.stores[site])
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    listeners = {
+        s: ctx.Process(target=run_subscriber, args=(tree.urls[s], stop, LISTENER_POLL), daemon=True)
+        for s in TREE
+    }
+    for proc in listeners.values():
+        proc.start()
     try:
         # Ready: an entry has reached both leaves' listeners (connections, first contact).
         src = tree.source
@@ -228,7 +352,11 @@ def measure_latency(
             ref = src.client.transmit_log_entry_message(conn, payloads[0], src.destinations)
         (first,) = src.client.positions_of([ref], timeout=60)
         assert first is not None
-        _wait("first entry", lambda: all(first in clocks[s].seen for s in LEAVES), 60, tree)
+        _wait("first entry", lambda: all(tree.applied(s) >= first for s in LEAVES), 120, tree)
+        pids = {f"lr server {s}": srv.proc.pid for s, srv in tree.servers.items() if srv.proc}
+        pids |= {f"listener {s}": p.pid for s, p in listeners.items() if p.pid is not None}
+        pids["bench (transmitter)"] = os.getpid()
+        cpu0, machine0, stages0 = cpu_of(pids), machine_cpu(), tree.scrape()
         started = time.time()
         load = paced_load(
             src.store, src.client, src.destinations, rate, seconds, payloads, writers=writers
@@ -236,24 +364,24 @@ def measure_latency(
         last = max(p for p, _ in load.commits)
         complete = True
         try:
-            _wait("load delivered", lambda: all(last in clocks[s].seen for s in LEAVES), 60, tree)
+            _wait("load delivered", lambda: all(tree.applied(s) >= last for s in LEAVES), 60, tree)
         except RuntimeError:
             complete = False
+        cpu1, machine1, stages1 = cpu_of(pids), machine_cpu(), tree.scrape()
+        wall = time.time() - started
     finally:
         stop.set()
-        for t in threads:
-            t.join(timeout=10)
-        for sub in subs:
-            sub.close()
+        for proc in listeners.values():
+            proc.join(timeout=15)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+    seen = {leaf: applied_times(tree.stores[leaf]) for leaf in LEAVES}
     warm_until = started + min(WARMUP_SECONDS, seconds / 4)
     committed = {p: at for p, at in load.commits if at >= warm_until}
     lat = {
         leaf: latency_of(
-            [
-                (clocks[leaf].seen[p] - at) * 1000.0
-                for p, at in committed.items()
-                if p in clocks[leaf].seen
-            ]
+            [(seen[leaf][p] - at) * 1000.0 for p, at in committed.items() if p in seen[leaf]]
         )
         for leaf in LEAVES
     }
@@ -266,6 +394,10 @@ def measure_latency(
         lat["relayed"],
         round(lat["relayed"].p50_ms - lat["direct"].p50_ms, 2),
         round(lat["relayed"].p99_ms - lat["direct"].p99_ms, 2),
+        {name: Stage.of(stages1[name].since(stages0[name])) for name in stages1},
+        round((machine1[0] - machine0[0]) / max(machine1[1] - machine0[1], 1.0), 3),
+        {name: round(cpu1[name] - cpu0[name], 2) for name in pids},
+        round(wall, 2),
     )
 
 
@@ -330,6 +462,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "writers": args.writers,
             "payload_bytes": PAYLOAD_BYTES,
             "tree": TREE,
+            "listeners": "a process per node (RoutingQueueSubscriber, bench.soak.ApplyListener)",
+            "listener_poll_seconds": LISTENER_POLL,
         },
         "machine": machine,
         "loadavg_at_end": loadavg(),
@@ -382,6 +516,27 @@ def report(console: Console, data: dict[str, Any]) -> None:
         f"(target <= {TARGET_HOP_P99_MS:.0f} ms: {met}); relayed/direct p99 "
         f"{fmt_ratio(data['ratios']['relayed_vs_direct_p99'])}; throughput relayed/direct "
         f"{fmt_ratio(thr['ratio'], TARGET_THROUGHPUT)} (target >= {TARGET_THROUGHPUT}x)"
+    )
+    print_table(
+        console,
+        "Where the time goes over the paced load (the servers' histograms)",
+        ["stage", "observed", "mean ms", "p50 ms", "p99 ms"],
+        [
+            [
+                name,
+                f"{st['observations']:,}",
+                *("-" if v is None else f"{v:.1f}" for v in (st[k] for k in STAGE_FIGURES)),
+            ]
+            for name, st in lat["stages"].items()
+        ],
+        caption="stored at X: from the root's transmit (before its COMMIT) to X's receiver "
+        "transaction; ack A -> B: a batch from its send to its acknowledgement; "
+        "p50/p99 interpolated within the histogram's buckets",
+    )
+    cpu = ", ".join(f"{k} {v:.1f}" for k, v in lat["cpu_seconds"].items())
+    console.print(
+        f"CPU over the paced load ({lat['wall_seconds']:.0f} s): machine "
+        f"{100 * lat['machine_cpu_busy']:.0f} % busy; CPU seconds: {cpu}"
     )
     console.print(
         f"load average at start {data['machine']['loadavg_at_start']}, "

@@ -202,12 +202,24 @@ class ApplyListener(RoutingQueueListener):
         return True
 
 
-def run_subscriber(url: str, stop: MpEvent) -> None:
+def create_applied_table(store: SQLAlchemyQueueStore) -> None:
+    """Create ``soak_applied`` at a sink (retrying the lock its just-started server holds)."""
+    # SQLite: the sink's server, just started, may write between the DDL's read of
+    # the schema and its write ("database is locked" at once).
+    for attempt in Retrying(
+        retry=retry_if_exception_type(OperationalError),
+        stop=stop_after_attempt(20),
+        wait=wait_fixed(0.5),
+        reraise=True,
+    ):
+        with attempt:
+            applied_meta.create_all(store.engine)
+
+
+def run_subscriber(url: str, stop: MpEvent, poll_interval: float = SUBSCRIBER_POLL) -> None:
     """A sink application's process: deliver until ``stop`` is set."""
     store = open_store(url)
-    subscriber = RoutingQueueSubscriber(
-        store, CLIENT, ApplyListener(), poll_interval=SUBSCRIBER_POLL
-    )
+    subscriber = RoutingQueueSubscriber(store, CLIENT, ApplyListener(), poll_interval=poll_interval)
     thread_stop = threading.Event()
 
     def relay() -> None:  # the subscriber waits on a threading.Event
@@ -791,16 +803,7 @@ def run_one(
         stack.callback(cluster.close)
         cluster.start()
         for sink in cluster.sink_ids:
-            # SQLite: the sink's server, just started, may write between the DDL's
-            # read of the schema and its write ("database is locked" at once).
-            for attempt in Retrying(
-                retry=retry_if_exception_type(OperationalError),
-                stop=stop_after_attempt(20),
-                wait=wait_fixed(0.5),
-                reraise=True,
-            ):
-                with attempt:
-                    applied_meta.create_all(cluster.stores[sink].engine)
+            create_applied_table(cluster.stores[sink])
         stop = ctx.Event()
         subs = {
             s: ctx.Process(target=run_subscriber, args=(cluster.urls[s], stop), daemon=True)

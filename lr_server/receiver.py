@@ -58,6 +58,9 @@ class ReceiverStore(Receiving, Cascading, Protocol):
 #: Serves one ``Cascade`` call: (the authenticated caller, its report) -> the reply.
 CascadeHandler = Callable[[str, pb.CascadeReport], pb.CascadeReply]
 
+#: Told (source or origin, client) once a log batch is stored (its transaction committed).
+StoredHook = Callable[[str, str], None]
+
 
 class Receiver:
     """Applies batches of accepted sources to the sink's store."""
@@ -70,6 +73,7 @@ class Receiver:
         *,
         max_batch_entries: int = 100_000,
         cascade_reports: CascadeHandler | None = None,
+        on_stored: StoredHook | None = None,
     ) -> None:
         self.store = store
         self.sink_id = sink_id
@@ -77,6 +81,9 @@ class Receiver:
         self.max_batch_entries = max_batch_entries
         #: Serves ``Cascade`` calls (a child's report); None: not served here.
         self.cascade_reports = cascade_reports
+        #: Told of every log batch stored: a branch's sessions relay it at once
+        #: (:class:`lr_server.arrivals.Arrivals`).
+        self.on_stored = on_stored
         self._cascade: dict[str, CascadeNode] = {}
         self._cascade_read_at = -CASCADE_ROWS_TTL
         self._cascade_lock = threading.Lock()
@@ -223,6 +230,8 @@ class Receiver:
             )
             if batch.kind == pb.BATCH_LOG_ENTRY:
                 _observe_relay_lag(client, source_id, batch.entries)
+                if self.on_stored is not None:
+                    self.on_stored(source_id, client)
         return pb.ReplicationAck(
             batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
         )

@@ -26,6 +26,7 @@ from lr_client.errors import FencedError
 from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_server import metrics
+from lr_server.arrivals import Arrivals
 from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
 from lr_server.config import ClientConfig, SiteConfig
 from lr_server.fanout import LogFanout
@@ -92,6 +93,8 @@ class SiteServer:
         self.sessions: dict[str, SenderSession] = {}
         self.children: list[subprocess.Popen[bytes]] = []
         self.reader: LogFanout | None = None
+        #: Rung by the receiver: the sessions relaying a client read what it stored at once.
+        self.arrivals = Arrivals()
         self.membership: Membership | None = None
         #: The units this member owns now, and each destination's running session.
         self.fences: dict[str, Fence] = {}
@@ -122,6 +125,7 @@ class SiteServer:
                 cfg.id,
                 [s.id for s in cfg.sources],
                 cascade_reports=self.serve_cascade if cfg.cascades else None,
+                on_stored=self.arrivals.ring,
             )
             self._grpc = start_grpc_server(cfg, receiver)
             log.info("receiver listening on %s", cfg.listen)
@@ -267,6 +271,7 @@ class SiteServer:
             fences=fences,
             lease_valid=membership.valid if membership is not None else (lambda: True),
             cascade=cascade,
+            arrivals=self.arrivals,
         )
         stop = threading.Event()
         thread = threading.Thread(

@@ -9,6 +9,9 @@ acknowledges. Connection loss: reconnect with exponential backoff and jitter
 until the session is stopped, renegotiate (:mod:`lr_server.negotiation`),
 resume exactly where the sink stopped. Full-sync requests are followed by
 :mod:`lr_server.snapshot_requests`, stopped streams by :mod:`lr_server.stops`.
+A branch's session relaying a cascaded client is woken when its receiver
+stores a batch of it (:mod:`lr_server.arrivals`): it does not wait for a poll
+or an acknowledgement to relay it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from lr_client.errors import FencedError, LRError, NotProviderError, TransportEr
 from lr_client.records import CascadeNode, Fence, SnapshotStatus
 from lr_client.store import Cascading, Inspection, Receiving, Retention, Shipping, Snapshots
 from lr_server import metrics, negotiation, protocol, wire
+from lr_server.arrivals import Arrivals
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
 from lr_server.negotiation import ClientFacts, ClientPlan, SinkState, Step
@@ -71,6 +75,7 @@ class SenderSession:
         fences: Mapping[str, Fence] | None = None,
         lease_valid: Callable[[], bool] = lambda: True,
         cascade: Mapping[str, CascadeNode] | None = None,
+        arrivals: Arrivals | None = None,
     ) -> None:
         self.store = store
         #: This node's rows of the cascaded clients it ships to the destination (a child).
@@ -81,6 +86,13 @@ class SenderSession:
         self.source_id = source_id
         self.destination = destination
         self.clients = {c.name: c for c in clients}
+        #: Tells the session when a batch of a client it relays is stored here (a
+        #: branch): its wait for acknowledgements ends, and it reads the batch at once.
+        self.arrivals = arrivals
+        self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
+        relayed = [n for n, node in self.cascade.items() if node.origin_id != source_id]
+        if arrivals is not None and relayed:
+            arrivals.listen(relayed, self._arrived)
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
         self.retry = retry or RetryConfig()
@@ -131,9 +143,11 @@ class SenderSession:
                 transport, stream, streams = self._connect(stop)
                 if stream is None:
                     break
+                self._stream = stream  # stored from now on: its wait ends
                 try:
                     self._pump(stop, stream, streams)
                 finally:
+                    self._stream = None
                     stream.close()
             except NotProviderError as exc:
                 self._failed(exc)
@@ -153,6 +167,8 @@ class SenderSession:
                 metrics.INFLIGHT_BATCHES.labels(self.destination).set(0)
                 if transport is not None:
                     transport.close()
+        if self.arrivals is not None:
+            self.arrivals.forget(self._arrived)
         self.state = SessionState.STOPPED
         self._save_status()
 
@@ -378,6 +394,12 @@ class SenderSession:
         while self.window.batches and time.monotonic() < deadline:
             self._drain_acks(stream, streams, 0.1)
         self._flush_cursors()
+
+    def _arrived(self) -> None:
+        """A batch of a client this session relays was stored: end its wait, if any."""
+        stream = self._stream
+        if stream is not None:
+            stream.interrupt()
 
     def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         if not self.lease_valid():  # this member's heartbeat lapsed: others may own it now

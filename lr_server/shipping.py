@@ -116,14 +116,17 @@ class Shipper:
 
     def read_log(self, name: str, cs: ClientStream) -> list[SendEntry]:
         """The client's next batch of log entries (not sent yet: see :meth:`ship_log`)."""
-        if cs.partial_batch and self.window.holds(cs.partial_batch):
+        node = self.cascade.get(name)
+        relayed = node is not None and node.origin_id != self.source_id
+        if cs.partial_batch and self.window.holds(cs.partial_batch) and not relayed:
             # Caught up: while a partial batch is in flight, let new entries gather
             # into the next batch rather than paying a sink transaction per trickle.
+            # A relayed client's entries arrive in its provider's batches, gathered
+            # already: they go on as they are stored, within the window.
             return []
-        node = self.cascade.get(name)
         if node is not None:  # one lane: every entry of the client, in origin positions
             limit, max_bytes = self.cfg.batch_max_entries, self.cfg.batch_max_bytes
-            if node.origin_id != self.source_id:  # a branch: from the receive queue
+            if relayed:  # a branch: from the receive queue
                 return self.store.read_relay(name, node.origin_id, cs.sent, limit, max_bytes)
             return list(self.store.read_client_log(name, cs.sent, limit, max_bytes=max_bytes))
         read = self.reader.read if self.reader is not None else self.store.read_log_entries

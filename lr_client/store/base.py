@@ -105,6 +105,8 @@ class StoreBase(abc.ABC):
         self._snapshot_marks: dict[tuple[str, int], tuple[int, int, int]] = {}
         #: Per thread: whether its transactions run on one connection, and which.
         self._pins = threading.local()
+        #: (queue id, origin position) -> ``seq`` of the entry a relay read ended at.
+        self._relay_marks: dict[tuple[int, int], int] = {}
 
     # -- transactions -----------------------------------------------------------
     @contextmanager

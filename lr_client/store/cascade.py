@@ -38,6 +38,8 @@ from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, sized, within
 
 _R, _C, _K, _G = s.recv_entries, s.cascade, s.cascade_children, s.queue_registry
+#: Relay read marks kept at most (one per child that reads at its own pace is enough).
+_MAX_RELAY_MARKS = 256
 ROLES = ("root", "branch", "leaf")
 _LOG = int(ReplicationType.LOG_ENTRY_SYNC)
 _END = int(ReplicationType.LAST_FULL_SYNC_ENTRY)
@@ -318,11 +320,18 @@ class CascadeStore(StoreBase):
         limit: int,
         max_bytes: int | None = None,
     ) -> list[SendEntry]:
+        marks = self._relay_marks
         with self.read() as conn:
             qid = self._relay_queue(conn, client_name, origin_id)
             if qid is None:
                 return []
             start, _ = last_end_seq(conn, qid)
+            # Resume at the entry the last read ended at, not at the relay's start: a
+            # relayed queue keeps what every node below has not acknowledged, and a
+            # read from the start would pass all of it again each time. Past that
+            # entry, every log entry of the queue has a higher position (one writer
+            # appends to a queue at a time, in order), so the read is the same.
+            start = max(start, marks.get((qid, after), 0))
             query = (
                 select(_R.c.seq, _R.c.source_position, _R.c.received_at, _R.c.partition_key)
                 .add_columns(*sized(_R.c.payload, limit, max_bytes))
@@ -340,6 +349,10 @@ class CascadeStore(StoreBase):
             )
         out: list[SendEntry] = []
         last = after
+        if rows:
+            if len(marks) >= _MAX_RELAY_MARKS:
+                marks.pop(next(iter(marks)))
+            marks[(qid, max(after, max(int(r[1]) for r, _ in rows)))] = int(rows[-1][0][0])
         for r, payload in rows:
             position = int(r[1])
             if position <= last:  # a repeat after an accepted loss: sent once

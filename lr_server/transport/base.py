@@ -27,6 +27,10 @@ class BatchStream(abc.ABC):
     def close(self) -> None:
         """End the stream (idempotent)."""
 
+    def interrupt(self) -> None:  # noqa: B027 - optional: a wait then lasts its timeout
+        """End the current or the next :meth:`next_ack` wait at once (it returns None);
+        from any thread. A session is woken so when there is something new to send."""
+
 
 class Transport(abc.ABC):
     """Something that takes batches to a sink and returns its acks."""

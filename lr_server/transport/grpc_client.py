@@ -57,7 +57,7 @@ def open_channel(
 class GrpcStream(BatchStream):
     def __init__(self, stub: pb_grpc.LogReplicationStub, metadata: list[tuple[str, str]]) -> None:
         self._requests: queue.Queue[object] = queue.Queue()
-        self._acks: queue.Queue[pb.ReplicationAck | LRError] = queue.Queue()
+        self._acks: queue.Queue[pb.ReplicationAck | LRError | None] = queue.Queue()  # None: wake
         self._closed = threading.Event()
         self._call = stub.Replicate(self._iter_requests(), metadata=metadata)
         self._reader = threading.Thread(target=self._read, name="lr-grpc-acks", daemon=True)
@@ -94,6 +94,9 @@ class GrpcStream(BatchStream):
         if isinstance(item, LRError):
             raise item
         return item
+
+    def interrupt(self) -> None:
+        self._acks.put(None)
 
     def close(self) -> None:
         if self._closed.is_set():

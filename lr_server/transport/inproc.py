@@ -14,7 +14,7 @@ from lr_server.transport.base import BatchStream, Transport
 class InProcessStream(BatchStream):
     def __init__(self, transport: InProcessTransport) -> None:
         self._transport = transport
-        self._acks: queue.Queue[pb.ReplicationAck | BaseException] = queue.Queue()
+        self._acks: queue.Queue[pb.ReplicationAck | BaseException | None] = queue.Queue()
         self._closed = False
 
     def send(self, batch: pb.ReplicationBatch) -> None:
@@ -37,6 +37,9 @@ class InProcessStream(BatchStream):
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def interrupt(self) -> None:
+        self._acks.put(None)  # the wait returns None
 
     def close(self) -> None:
         self._closed = True

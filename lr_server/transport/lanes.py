@@ -32,7 +32,10 @@ class LaneStreams(BatchStream):
 
     def __init__(self, streams: list[BatchStream]) -> None:
         self.streams = streams
-        self._acks: queue.Queue[tuple[int, pb.ReplicationAck | BaseException]] = queue.Queue()
+        #: None: :meth:`interrupt` (the wait returns None).
+        self._acks: queue.Queue[tuple[int, pb.ReplicationAck | BaseException] | None] = (
+            queue.Queue()
+        )
         self._closed = threading.Event()
         self._waiters = [
             threading.Thread(target=self._wait, args=(i,), name=f"lr-lane-acks-{i}", daemon=True)
@@ -62,14 +65,18 @@ class LaneStreams(BatchStream):
     def next_ack_from(self, timeout: float) -> tuple[int, pb.ReplicationAck] | None:
         """The next acknowledgement of any stream and that stream's index, or None."""
         try:
-            index, item = (
-                self._acks.get(timeout=timeout) if timeout > 0 else self._acks.get_nowait()
-            )
+            got = self._acks.get(timeout=timeout) if timeout > 0 else self._acks.get_nowait()
         except queue.Empty:
             return None
+        if got is None:
+            return None
+        index, item = got
         if isinstance(item, BaseException):
             raise item
         return index, item
+
+    def interrupt(self) -> None:
+        self._acks.put(None)
 
     def close(self) -> None:
         self._closed.set()

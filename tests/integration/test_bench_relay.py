@@ -52,6 +52,18 @@ def test_relay_benchmark_compares_both_paths_in_one_run(tmp_path: Path) -> None:
     assert lat["hop_p99_ms"] == pytest.approx(
         lat["relayed"]["p99_ms"] - lat["direct"]["p99_ms"], abs=0.01
     )
+    # Where the time goes: every node stored what the load sent, the sessions were acked.
+    stages = lat["stages"]
+    for stage in ("stored at branch", "stored at direct", "stored at relayed"):
+        assert stages[stage]["observations"] >= lat["transmitted"]
+        st = stages[stage]
+        assert st["mean_ms"] > 0 and st["p50_ms"] <= st["p99_ms"]
+    for stage in ("ack root -> branch", "ack root -> direct", "ack branch -> relayed"):
+        assert stages[stage]["observations"] > 0
+    assert 0 < lat["machine_cpu_busy"] <= 1 and lat["wall_seconds"] > 0
+    # The listeners ran in processes of their own, which used CPU.
+    for node in ("branch", "direct", "relayed"):
+        assert lat["cpu_seconds"][f"listener {node}"] > 0
     thr = data["throughput"]
     assert thr["entries"] == 1000 and data["settings"]["writers"] == 2
     assert thr["direct_rate"] > 0 and thr["relayed_rate"] > 0

@@ -1,0 +1,249 @@
+"""A branch relays a batch as soon as its receiver stores it: the receiver rings the
+sessions relaying the client (:mod:`lr_server.arrivals`), which wait neither for
+their next poll nor for an acknowledgement, and a relay read resumes where the
+last one ended. On both backends, with in-process transports (the sessions' poll
+is an hour: a session that waited for it would relay nothing while a test runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import update
+
+from lr_client._proto import replication_pb2 as pb
+from lr_client.store import SQLAlchemyQueueStore, open_store, schema
+from lr_server.arrivals import Arrivals
+from lr_server.config import (
+    ClientConfig,
+    DestinationConfig,
+    ReplicationConfig,
+    SecurityConfig,
+    load_config,
+)
+from lr_server.protocol import PROTOCOL_VERSION
+from lr_server.receiver import Receiver
+from lr_server.server import SiteServer
+from lr_server.session import SenderSession
+from lr_server.transport.base import BatchStream, Transport
+from lr_server.transport.grpc_client import GrpcTransport
+from lr_server.transport.inproc import InProcessTransport
+from lr_server.transport.lanes import LaneStreams
+from tests.kit.sites import SiteSpec, free_port, write_config
+from tests.kit.wait import join, scaled, wait_for
+
+#: A session that waited for its poll would relay nothing while the test runs.
+HOUR = 3600.0
+
+
+def _from_root(position: int, client: str = "policy") -> pb.ReplicationBatch:
+    """A log batch of one entry, as the root ``s1`` ships it to its child."""
+    return pb.ReplicationBatch(
+        batch_id=position,
+        source_id="s1",
+        client_name=client,
+        kind=pb.BATCH_LOG_ENTRY,
+        first_position=position,
+        last_position=position,
+        previous_position=position - 1,
+        entries=[
+            pb.RoutingTableEntryMsg(
+                type=pb.LOG_ENTRY_SYNC, opaque_payload=b"x%d" % position, position=position
+            )
+        ],
+    )
+
+
+def test_the_receiver_tells_of_each_log_batch_it_stores(store: SQLAlchemyQueueStore) -> None:
+    store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    told: list[tuple[str, str]] = []
+    receiver = Receiver(store, "s3", ["s1"], on_stored=lambda s, c: told.append((s, c)))
+    receiver.apply("s1", _from_root(1))
+    assert told == [("s1", "policy")]
+    assert receiver.apply("s1", _from_root(1)).duplicate  # nothing stored: nothing told
+    assert told == [("s1", "policy")]
+
+
+def test_arrivals_wake_the_listeners_of_the_client_until_forgotten() -> None:
+    arrivals = Arrivals()
+    woken: list[str] = []
+    policy, other = (lambda: woken.append("policy")), (lambda: woken.append("other"))
+    arrivals.listen(["policy"], policy)
+    arrivals.listen(["other", "policy"], other)
+    arrivals.ring("s1", "policy")
+    assert woken == ["policy", "other"]
+    arrivals.forget(policy)
+    arrivals.ring("s1", "policy")
+    arrivals.ring("s1", "third")
+    assert woken == ["policy", "other", "other"]
+
+
+class HeldAcks(Transport):
+    """A sink that takes batches and acknowledges none; its waits end only when
+    interrupted (or after their timeout)."""
+
+    def __init__(self) -> None:
+        self.sent: list[pb.ReplicationBatch] = []
+
+    def negotiate(self, request: pb.NegotiateRequest, timeout: float) -> pb.NegotiateResponse:
+        return pb.NegotiateResponse(sink_id="s4", protocol_version=PROTOCOL_VERSION)
+
+    def open_stream(self) -> BatchStream:
+        return HeldAcksStream(self)
+
+
+class HeldAcksStream(BatchStream):
+    def __init__(self, transport: HeldAcks) -> None:
+        self.transport = transport
+        self.woken: queue.Queue[None] = queue.Queue()
+
+    def send(self, batch: pb.ReplicationBatch) -> None:
+        self.transport.sent.append(batch)
+
+    def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
+        with contextlib.suppress(queue.Empty):
+            self.woken.get(timeout=timeout)
+        return None
+
+    def interrupt(self) -> None:
+        self.woken.put(None)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_branch_relays_a_batch_stored_while_the_previous_one_is_in_flight(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The provider gathered the relayed entries into its batches: the branch sends
+    each as it is stored, without waiting for the acknowledgement of the last."""
+    node = store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    arrivals = Arrivals()
+    receiver = Receiver(store, "s3", ["s1"], on_stored=arrivals.ring)
+    sink = HeldAcks()
+    session = SenderSession(
+        store,
+        "s3",
+        "s4",
+        [ClientConfig("policy")],
+        lambda: sink,
+        ReplicationConfig(poll_interval=HOUR),
+        cascade={"policy": node},
+        arrivals=arrivals,
+    )
+    stop = threading.Event()
+    worker = threading.Thread(target=session.run, args=(stop,), daemon=True)
+    worker.start()
+    try:
+        wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
+        receiver.apply("s1", _from_root(1))
+        wait_for(lambda: len(sink.sent) == 1, timeout=scaled(30), what="the first batch")
+        receiver.apply("s1", _from_root(2))  # the first is not acknowledged, nor ever will be
+        wait_for(lambda: len(sink.sent) == 2, timeout=scaled(30), what="the second batch")
+        assert [(b.first_position, b.previous_position) for b in sink.sent] == [(1, 0), (2, 1)]
+    finally:
+        stop.set()
+        arrivals.ring("s1", "policy")  # end its wait now
+        join(worker, 30)
+
+
+def test_a_branch_relays_a_stored_batch_without_waiting_for_its_poll(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    branch = store
+    node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    leaf = open_store(db_url_factory("s4"))
+    leaf.create_schema()
+    try:
+        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
+        arrivals = Arrivals()
+        receiver = Receiver(branch, "s3", ["s1"], on_stored=arrivals.ring)
+        receiver.apply("s1", _from_root(1))  # stored before the session starts
+        at_leaf = Receiver(leaf, "s4", ["s3"])
+        session = SenderSession(
+            branch,
+            "s3",
+            "s4",
+            [ClientConfig("policy")],
+            lambda: InProcessTransport(at_leaf, "s3"),
+            ReplicationConfig(poll_interval=HOUR),
+            cascade={"policy": node},
+            arrivals=arrivals,
+        )
+        stop = threading.Event()
+        worker = threading.Thread(target=session.run, args=(stop,), daemon=True)
+        worker.start()
+        try:
+            received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+            wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
+            # Caught up with nothing in flight: the session waits. What is stored now
+            # goes at once, not after the hour's poll.
+            receiver.apply("s1", _from_root(2))
+            wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored later")
+            assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
+        finally:
+            stop.set()
+            arrivals.ring("s1", "policy")  # end its wait now
+            join(worker, 30)
+    finally:
+        leaf.engine.dispose()
+
+
+def test_every_stream_s_wait_for_an_acknowledgement_ends_when_interrupted(
+    tmp_path: Path,
+) -> None:
+    """gRPC, in-process and lanes: :meth:`BatchStream.interrupt` ends the wait (None)."""
+    port = free_port()
+    url = f"sqlite:///{tmp_path / 'sink.db'}"
+    spec = SiteSpec("sink", url, port=port, sources=["s3"])
+    server = SiteServer(load_config(write_config(tmp_path, spec, security="token")))
+    server.start()
+    store = open_store(url)
+    try:
+        dest = DestinationConfig(id="sink", address=f"127.0.0.1:{port}", server_name="sink")
+        security = SecurityConfig(transport="plaintext", client_auth="token", token="token-s3")
+        grpc = GrpcTransport("s3", dest, security, 1 << 20)
+        local = InProcessTransport(Receiver(store, "sink", ["s3"]), "s3")
+        streams = {
+            "grpc": grpc.open_stream(),
+            "in-process": local.open_stream(),
+            "lanes": LaneStreams([local.open_stream(), local.open_stream()]),
+        }
+        for kind, stream in streams.items():
+            got: list[object] = []
+            waiter = threading.Thread(
+                target=lambda s=stream, g=got: g.append(s.next_ack(HOUR)), daemon=True
+            )
+            waiter.start()
+            stream.interrupt()
+            waiter.join(scaled(30))
+            assert not waiter.is_alive() and got == [None], kind
+            stream.close()
+        grpc.close()
+    finally:
+        server.stop()
+        store.engine.dispose()
+
+
+def test_a_relay_read_resumes_at_the_entry_the_last_one_ended_at(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """A relayed queue keeps what the nodes below have not acknowledged; a read after
+    the position where the last read ended does not pass those entries again."""
+    store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    receiver = Receiver(store, "s3", ["s1"])
+    for position in (1, 2, 3):
+        receiver.apply("s1", _from_root(position))
+    assert [e.position for e in store.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
+    # A trap the queue never holds (an entry stored before the read's end with a higher
+    # position): only a read that passes the entries before its start again finds it.
+    e = schema.recv_entries
+    with store.write() as conn:
+        conn.execute(update(e).where(e.c.source_position == 1).values(source_position=99))
+    receiver.apply("s1", _from_root(4))
+    assert [e.position for e in store.read_relay("policy", "s1", 3, 10)] == [4]
+    # Where no read ended, it reads from the relay's start, as ever (and finds the trap).
+    assert [e.position for e in store.read_relay("policy", "s1", 2, 10)] == [99]
