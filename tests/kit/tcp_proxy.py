@@ -36,6 +36,15 @@ _JOIN_TIMEOUT = 2.0
 """Upper bound for stop() and for waiting on connection resets."""
 
 
+def _ready(sock: socket.socket, event: int) -> bool:
+    """Whether ``sock`` is ready for ``event`` within ``_POLL`` seconds. ``poll``, not
+    ``select``: a process with many files open (a long test run) has descriptors past
+    ``select``'s limit of 1,024."""
+    poller = select.poll()
+    poller.register(sock, event)
+    return bool(poller.poll(_POLL * 1000))
+
+
 def _abortive_close(sock: socket.socket) -> None:
     """Close ``sock`` so that the peer sees a TCP RST (SO_LINGER with timeout 0)."""
     with suppress(OSError):
@@ -197,8 +206,7 @@ class _Connection:
             with proxy._cond:
                 if not self._wait_not_stalled():
                     return None
-            readable, _, _ = select.select([src], [], [], _POLL)
-            if not readable:
+            if not _ready(src, select.POLLIN):
                 continue
             with proxy._cond:  # re-check under the lock: stall() must win any race
                 if self._exiting():
@@ -220,8 +228,7 @@ class _Connection:
             with proxy._cond:
                 if not self._wait_not_stalled():
                     return False
-            _, writable, _ = select.select([], [dst], [], _POLL)
-            if not writable:
+            if not _ready(dst, select.POLLOUT):
                 continue
             with proxy._cond:
                 if self._exiting():
@@ -448,8 +455,7 @@ class FaultProxy:
             with self._cond:
                 if self._stopping:
                     return
-            readable, _, _ = select.select([listener], [], [], _POLL)
-            if not readable:
+            if not _ready(listener, select.POLLIN):
                 continue
             try:
                 client, _ = listener.accept()

@@ -107,8 +107,9 @@ def recv_exactly(sock: socket.socket, size: int, deadline: float = DEADLINE) -> 
 
 def assert_silent(sock: socket.socket, period: float = 0.5) -> None:
     """Nothing arrives on ``sock`` for ``period`` seconds."""
-    readable, _, _ = select.select([sock], [], [], period)
-    assert not readable, "data (or EOF) arrived while it should not"
+    poller = select.poll()  # not select(): a long run's descriptors pass 1,024
+    poller.register(sock, select.POLLIN)
+    assert not poller.poll(period * 1000), "data (or EOF) arrived while it should not"
 
 
 def assert_dead(sock: socket.socket) -> None:
@@ -312,3 +313,21 @@ def test_reset_one_resets_one_connection_only(proxy: FaultProxy) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_descriptors_past_select_s_limit_are_served() -> None:
+    """A long test run holds many files open: the proxy's sockets then have descriptors
+    past 1,024, which ``select()`` refuses (the proxy waits with ``poll``)."""
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        echo = EchoServer()
+        try:
+            with FaultProxy("127.0.0.1", echo.port) as high, connect(high.port) as sock:
+                assert sock.fileno() > 1024
+                sock.sendall(b"high descriptors")
+                assert recv_exactly(sock, len(b"high descriptors")) == b"high descriptors"
+        finally:
+            echo.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
