@@ -130,8 +130,10 @@ def test_down_destination_is_dropped_then_fully_synced(sites: Sites) -> None:
         for i in range(20):
             kvapp.write(src.engine, client, {f"k{i}": 5000 + i}, dests)
         wait_for(lambda: kvapp.table(sinks["b"][0].engine) == kvapp.table(src.engine), timeout=60)
+        # On a loaded machine a healthy destination can fall 40 entries behind the write
+        # loop too: it is dropped and fully synced the same way, and its record goes then.
+        wait_for(lambda: src.list_drops() == [], timeout=60, what="every drop record gone")
     assert sinks["b"][2].full_syncs
-    assert src.list_drops() == []
     assert src.get_cursor("b", "policy").needs_snapshot is False
 
 
