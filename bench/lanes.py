@@ -1,23 +1,26 @@
 """Several streams per destination: entries/s over a link with added round-trip time.
 
-    python bench/lanes.py [--entries N] [--rtt-ms 50] [--streams 1,2,4]
+    python bench/lanes.py [--entries N] [--rtt-ms 50] [--streams 1,2,4] [--repeat 3]
                           [--batch-entries 100] [--window-batches 2] [--keys 64]
                           [--out bench/results/lanes.json]
 
-Two sites in this process on SQLite (files in a temporary directory): sink
-``b`` and source ``a``, which reaches ``b`` through a TCP proxy adding half
-of ``--rtt-ms`` to each direction (``FaultProxy(latency=...)``). The source's
-queue is filled first with ``--entries`` keyed entries (256-byte payloads,
-``--keys`` keys), then ``a`` starts with ``streams_per_destination = K``; the
-rate is entries per second from the first entry received to the last. The
-window is kept small (``--batch-entries`` x ``--window-batches`` per stream)
-so the round trip, not the databases, bounds one stream, as on a long link
-with a large backlog.
+Two sites on SQLite (files in a temporary directory), each a real ``lr server``
+process, as on two machines: sink ``b`` and source ``a``, which reaches ``b``
+through a TCP proxy in this process adding half of ``--rtt-ms`` to each direction
+(``FaultProxy(latency=...)``). The source's queue is filled first with
+``--entries`` keyed entries (256-byte payloads, ``--keys`` keys), then ``a``
+starts with ``streams_per_destination = K``; the rate is entries per second from
+the first entry received to the last. The window is kept small
+(``--batch-entries`` x ``--window-batches`` per stream) so the round trip, not
+the databases, bounds one stream, as on a long link with a large backlog.
+Each K runs ``--repeat`` times, the Ks taking turns; the table shows each run
+and the median, and the speed-up is median over median.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -36,7 +39,7 @@ from sqlalchemy.orm import Session  # noqa: E402
 from bench.common import fmt_rate, machine_facts, print_table, write_json  # noqa: E402
 from lr_client import RoutingQueueClient, open_store  # noqa: E402
 from lr_client.store import SQLAlchemyQueueStore  # noqa: E402
-from lr_server import Site  # noqa: E402
+from tests.kit.procs import LrServer  # noqa: E402
 from tests.kit.sites import SiteSpec, free_port, write_config  # noqa: E402
 from tests.kit.tcp_proxy import FaultProxy  # noqa: E402
 
@@ -49,6 +52,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-entries", type=int, default=100)
     p.add_argument("--window-batches", type=int, default=2)
     p.add_argument("--keys", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each K, taking turns")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/lanes.json")
     return p.parse_args(argv)
@@ -58,9 +62,8 @@ def run_one(args: argparse.Namespace, streams: int, tmp: Path) -> float:
     """Entries/s with ``streams`` streams per destination."""
     urls = {s: f"sqlite:///{tmp}/{s}.db" for s in ("a", "b")}
     port = free_port()
-    sink = Site(write_config(tmp, SiteSpec("b", urls["b"], port=port, sources=["a"])))
-    sink.start()
-    sink.wait_serving(30)
+    sink = LrServer(write_config(tmp, SiteSpec("b", urls["b"], port=port, sources=["a"])), tmp)
+    sink.start().wait_listening(port, 60)
     src_store, sink_store = open_store(urls["a"]), open_store(urls["b"])
     assert isinstance(src_store, SQLAlchemyQueueStore)
     assert isinstance(sink_store, SQLAlchemyQueueStore)
@@ -77,8 +80,7 @@ def run_one(args: argparse.Namespace, streams: int, tmp: Path) -> float:
         f"window_batches = {args.window_batches}"
     )
     spec = SiteSpec("a", urls["a"], destinations=[("b", proxy.port)], replication=replication)
-    source = Site(write_config(tmp, spec))
-    source.start()
+    source = LrServer(write_config(tmp, spec), tmp).start()
     started = time.monotonic()
     try:
         deadline = time.monotonic() + args.timeout
@@ -98,9 +100,9 @@ def run_one(args: argparse.Namespace, streams: int, tmp: Path) -> float:
             return got / max(now - started, 1e-9)
         return (got - first[1]) / max(now - first[0], 1e-9)
     finally:
-        source.stop()
+        source.stop(10)
         proxy.stop()
-        sink.stop()
+        sink.stop(10)
         src_store.engine.dispose()
         sink_store.engine.dispose()
 
@@ -109,20 +111,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
     facts = machine_facts()
+    ks = [int(n) for n in args.streams.split(",")]
+    runs: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(args.repeat):
+        for k in ks:
+            with tempfile.TemporaryDirectory() as tmp:
+                runs[k].append(run_one(args, k, Path(tmp)))
+    base = statistics.median(runs[ks[0]])
     results: dict[str, Any] = {}
     rows: list[list[str]] = []
-    base = None
-    for k in (int(n) for n in args.streams.split(",")):
-        with tempfile.TemporaryDirectory() as tmp:
-            rate = run_one(args, k, Path(tmp))
-        base = base or rate
-        results[str(k)] = {"rate": rate, "speedup": rate / base}
-        rows.append([str(k), fmt_rate(rate), f"{rate / base:.2f}x"])
+    for k in ks:
+        rate = statistics.median(runs[k])
+        results[str(k)] = {"rate": rate, "speedup": rate / base, "runs": runs[k]}
+        each = ", ".join(fmt_rate(r) for r in runs[k])
+        rows.append([str(k), each, fmt_rate(rate), f"{rate / base:.2f}x"])
     print_table(
         console,
         f"{args.entries} entries, +{args.rtt_ms:g} ms RTT, window "
         f"{args.window_batches} x {args.batch_entries} entries per stream",
-        ["streams", "entries/s", "vs 1"],
+        ["streams", "entries/s of each run", "median", "vs 1"],
         rows,
     )
     write_json(
