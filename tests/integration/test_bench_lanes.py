@@ -22,6 +22,7 @@ def test_lanes_bench_smoke(tmp_path: Path) -> None:
             "--entries=300",
             "--streams=1,2",
             "--rtt-ms=10",
+            "--repeat=2",
             f"--out={out}",
         ],
         cwd=tmp_path,
@@ -36,4 +37,5 @@ def test_lanes_bench_smoke(tmp_path: Path) -> None:
     assert data["results"]["1"]["speedup"] == 1.0
     for result in data["results"].values():
         assert result["rate"] > 0
+        assert len(result["runs"]) == 2 and min(result["runs"]) <= result["rate"]
     assert data["args"]["rtt_ms"] == 10.0
