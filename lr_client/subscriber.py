@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 
 from lr_client.collector import collector_paused
 from lr_client.delivery import Plan, PlanKind, awaits_end, plan_delivery
+from lr_client.doorbell import Doorbell
 from lr_client.errors import (
     InvalidInputError,
     ListenerError,
@@ -54,6 +55,7 @@ from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
 from lr_client.partitioners import Partitioner, load_partitioner
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 from lr_client.store import Sites, SubscriberQueues, open_store
+from lr_client.store.arrival_watch import ArrivalWatch
 from lr_client.store.lifecycle import SchemaStatus
 
 log = logging.getLogger("lr_client.subscriber")
@@ -93,6 +95,8 @@ PARTITION_INFO_KEY = "lr_partition"
 #: Seconds between raises of a queue's own ``delivered_seq`` to the minimum over its
 #: partitions while they deliver (it lags by at most this; never runs ahead).
 QUEUE_MARK_INTERVAL = 0.5
+#: Seconds at most between looks at the stop event while idle.
+STOP_CHECK = 0.1
 
 
 def _awaits_end(
@@ -168,6 +172,7 @@ class RoutingQueueSubscriber:
         partitioner: str | Partitioner = "hash",
         partition_boundaries: list[bytes | str] | None = None,
         workers: int | None = None,
+        wake_on_arrival: bool = True,
     ) -> None:
         if min(batch_size, snapshot_batch_size, max_batches, batch_max_bytes) < 1:
             raise ValueError(
@@ -225,8 +230,12 @@ class RoutingQueueSubscriber:
             raise InvalidInputError("workers must be at least 1")
         self._partitioned = PartitionedDelivery(self)
         self._lease_lock = threading.Lock()
-        #: Notified when a partition commits: workers waiting at a barrier look again.
-        self._moved = threading.Condition()
+        #: Rung when a partition commits (workers waiting at a barrier look again), when
+        #: entries arrive (``wake_on_arrival``) and at the stop.
+        self._doorbell = Doorbell()
+        self.wake_on_arrival = wake_on_arrival
+        #: While :meth:`run` runs with ``wake_on_arrival`` on PostgreSQL: its listening watch.
+        self.arrival_watch: ArrivalWatch | None = None
         #: Queues whose partitions moved since their own mark was raised (monotonic: since).
         self._behind: dict[int, float] = {}
         self._marks_lock = threading.Lock()
@@ -246,22 +255,44 @@ class RoutingQueueSubscriber:
     def run(self, stop: threading.Event) -> None:
         """Deliver until ``stop`` is set, then release this subscriber's leases.
 
-        With ``partitions > 1`` the delivery runs in ``workers`` threads.
+        With ``partitions > 1`` the delivery runs in ``workers`` threads. Idle, it
+        polls every ``poll_interval`` seconds and, with ``wake_on_arrival`` on a
+        backend that can tell (PostgreSQL), as soon as a receiver commits entries of
+        its client (:mod:`lr_client.store.arrival_watch`).
         """
-        if self.partitions > 1:
-            self._run_workers(stop)
-            return
+        if self.wake_on_arrival:
+            self.arrival_watch = self.store.watch_arrivals(self.client_name, self._doorbell.ring)
+        try:
+            if self.partitions > 1:
+                self._run_workers(stop)
+                return
+            self._run_single(stop)
+        finally:
+            watch, self.arrival_watch = self.arrival_watch, None
+            if watch is not None:
+                watch.close()
+
+    def _run_single(self, stop: threading.Event) -> None:
         try:
             while not stop.is_set():
+                turn = self._doorbell.turn()
                 try:
                     progressed = self._poll()[1]
                 except Exception as exc:  # the registry could not be read
                     self._report(exc)
                     progressed = False
                 if not progressed:
-                    stop.wait(self._idle_wait())
+                    self._idle(stop, turn)
         finally:
             self.release_leases()
+
+    def _idle(self, stop: threading.Event, turn: int) -> None:
+        """Wait for the poll interval, a ring after ``turn`` or the stop, whichever first."""
+        deadline = time.monotonic() + self._idle_wait()
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._doorbell.wait(turn, min(left, STOP_CHECK)):
+                return
 
     def release_leases(self) -> None:
         """Let other subscribers take this one's queues at once."""
@@ -331,8 +362,7 @@ class RoutingQueueSubscriber:
             for thread in threads:
                 thread.start()
             stop.wait()
-            with self._moved:
-                self._moved.notify_all()
+            self._doorbell.ring()
             for thread in threads:
                 thread.join()
             try:
@@ -348,6 +378,7 @@ class RoutingQueueSubscriber:
 
     def _work_pinned(self, parts: range, stop: threading.Event) -> None:
         while not stop.is_set():
+            turn = self._doorbell.turn()
             try:
                 progressed = self._poll_partitions(parts)[1]
                 self._raise_marks(
@@ -358,9 +389,8 @@ class RoutingQueueSubscriber:
             except Exception as exc:  # the registry could not be read, or a count refused
                 self._report(exc)
                 progressed = False
-            if not progressed and not stop.is_set():
-                with self._moved:
-                    self._moved.wait(self._idle_wait())
+            if not progressed:
+                self._idle(stop, turn)
 
     def _poll_partitions(self, parts: range) -> tuple[int, bool]:
         """One turn of ``parts`` over every queue: (messages delivered, any progress)."""
@@ -388,8 +418,7 @@ class RoutingQueueSubscriber:
                         progressed = True
                         self._behind.setdefault(qid, time.monotonic())
                         if barrier:  # the workers waiting there look again
-                            with self._moved:
-                                self._moved.notify_all()
+                            self._doorbell.ring()
                 except PartitionCountError:
                     raise
                 except _LeaseLost:

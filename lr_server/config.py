@@ -197,6 +197,9 @@ class ReceiverConfig:
     max_calls_per_source: int = 4
     idle_call_timeout: float = 10.0
     rotation_period: float = 30.0  # seconds; 0: whenever a slot can be retired
+    #: Wake subscribers of other processes when a batch is stored (PostgreSQL NOTIFY;
+    #: see lr_client.store.arrival_watch): they deliver at once instead of at their poll.
+    notify_subscribers: bool = True
 
 
 @dataclass(frozen=True)

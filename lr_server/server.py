@@ -86,6 +86,7 @@ class SiteServer:
         self.config = config
         self.member_id = member_id or default_member_id(config)
         self.store = store or open_store(config.database_url)
+        self.store.notify_arrivals = config.receiver.notify_subscribers
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
         self._grpc: Any = None

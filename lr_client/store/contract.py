@@ -12,7 +12,7 @@ run their own short transactions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -45,6 +45,7 @@ from lr_client.records import (
     UnitLease,
     WireEntry,
 )
+from lr_client.store.arrival_watch import ArrivalWatch
 from lr_client.store.lifecycle import SchemaStatus
 
 
@@ -412,6 +413,10 @@ class Retention(Protocol):
 class Receiving(Protocol):
     """A sink's receiver: batches appended to receive queues exactly once."""
 
+    #: Whether a receive transaction wakes the subscribers of other processes at commit
+    #: where the backend can (PostgreSQL ``NOTIFY``: :mod:`lr_client.store.arrival_watch`).
+    notify_arrivals: bool
+
     def apply_log_batch(
         self,
         source_id: str,
@@ -492,6 +497,12 @@ class SubscriberQueues(Transactions, Protocol):
 
     def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
         """Registered receive queues."""
+
+    def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> ArrivalWatch | None:
+        """Call ``wake`` (from a thread of its own) whenever a receiver of another process
+        commits entries of ``client_name``, until the watch is closed; None where the
+        backend cannot tell (SQLite: the subscriber polls). See
+        :mod:`lr_client.store.arrival_watch`."""
 
     def read_queue(self, conn: Connection, queue_id: int, limit: int) -> list[RecvEntry]:
         """The oldest undelivered entries of a receive queue (``seq > delivered_seq``).

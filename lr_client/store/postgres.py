@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import literal, select, text
@@ -34,7 +34,7 @@ from lr_client.records import (
     WireEntry,
     new_entry_key,
 )
-from lr_client.store import recv_rotation, sequencer, slots, snapshot_pool
+from lr_client.store import arrival_watch, recv_rotation, sequencer, slots, snapshot_pool
 from lr_client.store import schema as s
 from lr_client.store.base import mapped_errors
 from lr_client.store.receiving import recv_base
@@ -287,6 +287,15 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                         e.key,
                     )
                 )
+
+    def _announce(self, conn: Connection, client_name: str) -> None:
+        if self.notify_arrivals:
+            arrival_watch.notify(conn.connection.driver_connection, client_name)
+
+    def watch_arrivals(
+        self, client_name: str, wake: Callable[[], None]
+    ) -> arrival_watch.ArrivalWatch | None:
+        return arrival_watch.ArrivalWatch(self.engine, client_name, wake)
 
     def _trim_send_log(self, batch_size: int, max_batches: int | None) -> int:
         # Whole slots, not rows (see :mod:`lr_client.store.slots`): the batch

@@ -41,6 +41,8 @@ def recv_base(entry: WireEntry) -> int | None:
 class ReceivingStore(StoreBase):
     """Receive queues filled exactly once per (source, client) position."""
 
+    notify_arrivals = True
+
     def apply_drop_notice(
         self,
         source_id: str,
@@ -88,6 +90,7 @@ class ReceivingStore(StoreBase):
                 snapshot_id=notice_id,
             )
             self._append_recv(conn, qid, [entry])
+            self._announce(conn, client_name)
             self._upsert(
                 conn,
                 t,
@@ -233,6 +236,11 @@ class ReceivingStore(StoreBase):
             ],
         )
 
+    def _announce(self, conn: Connection, client_name: str) -> None:
+        """Entries of ``client_name`` were appended in ``conn``'s transaction: wake its
+        subscribers at commit where the backend can (PostgreSQL: :mod:`arrival_watch
+        <lr_client.store.arrival_watch>`)."""
+
     def _locked_progress(self, conn: Connection, source_id: str, client_name: str) -> SinkProgress:
         """The stream's progress, read under its lock (batches of one stream apply in turn)."""
         self._lock_stream(conn, source_id, client_name)
@@ -258,6 +266,7 @@ class ReceivingStore(StoreBase):
                 return False, progress.last_position
             qid = self._ensure_queue(conn, source_id, client_name)
             self._append_recv(conn, qid, fresh)
+            self._announce(conn, client_name)
             last = fresh[-1].position
             self._save_progress(
                 conn,
@@ -316,6 +325,7 @@ class ReceivingStore(StoreBase):
             if fresh:
                 qid = self._ensure_queue(conn, source_id, client_name)
                 self._append_recv(conn, qid, fresh)
+                self._announce(conn, client_name)
                 floor = max(floor, fresh[-1].position)
                 self._upsert(
                     conn,
@@ -405,6 +415,7 @@ class ReceivingStore(StoreBase):
                 self._save_progress(conn, progress)
                 return False, progress.snapshot_position
             self._append_recv(conn, qid, fresh)
+            self._announce(conn, client_name)
             last = fresh[-1]
             done = last.type == ReplicationType.LAST_FULL_SYNC_ENTRY
             # After the end marker, log entries resume after the snapshot's base

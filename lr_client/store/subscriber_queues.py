@@ -44,6 +44,7 @@ back, and the next one takes the lease again and reads the new answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, update
@@ -51,6 +52,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import HeadEntry, QueueInfo, RecvEntry, ReplicationType, SubscriberState
 from lr_client.store import schema as s
+from lr_client.store.arrival_watch import ArrivalWatch
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, sized, within
 from lr_client.store.cascade import is_relayed, relayed_as_leased
@@ -107,6 +109,9 @@ def forget_delivered(
 
 class SubscriberQueuesStore(StoreBase):
     """Receive queues as a subscriber delivers them, under leases."""
+
+    def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> ArrivalWatch | None:
+        return None  # no notification between processes: the subscriber polls
 
     def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
         query = select(s.queue_registry).order_by(s.queue_registry.c.queue_id)

@@ -13,6 +13,7 @@ from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, 
 from lr_client.store.contract import QueueStore, Receiving
 from tests.contract.calls import across_outage, log, refused_for_no_schema
 from tests.contract.outage import Outage
+from tests.kit.wait import wait_for
 
 SNAP = ReplicationType.SNAPSHOT_SYNC
 END = ReplicationType.LAST_FULL_SYNC_ENTRY
@@ -395,3 +396,25 @@ def test_a_snapshots_end_and_a_drop_notice_forget_the_lanes(store: QueueStore) -
     # After the end, log entries after the base (2) are applied again, whatever the lanes held.
     assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 2, 2) == (True, 3)
     assert [p for p, _, _ in _queued(store)] == [1, 2, 3, 3, 3, 1, 2, 3]
+
+
+def test_a_store_told_not_to_notify_wakes_no_subscriber(store: QueueStore) -> None:
+    """``notify_arrivals`` off (``[receiver] notify_subscribers = false``): batches are
+    stored as ever and no watch is woken (notifications come in commit order: the batch
+    stored after it, with notifications on again, is the next wake-up)."""
+    woken: list[int] = []
+    watch = store.watch_arrivals("policy", lambda: woken.append(1))
+    if watch is None:  # SQLite: nothing to notify
+        assert store.dialect == "sqlite"
+        return
+    try:
+        wait_for(lambda: woken == [1], what="the wake-up after LISTEN")
+        store.notify_arrivals = False
+        assert store.apply_log_batch("a", "policy", log(1)) == (True, 1)
+        store.notify_arrivals = True
+        store.apply_log_batch("a", "policy", log(2))
+        wait_for(lambda: len(woken) >= 2, what="the wake-up for position 2")
+        assert len(woken) == 2
+        assert [p for p, _, _ in _queued(store)] == [1, 2]
+    finally:
+        watch.close()

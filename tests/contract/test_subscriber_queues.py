@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from lr_client.errors import PartitionCountError
@@ -19,6 +21,7 @@ from tests.contract.calls import (
     rolled_back,
 )
 from tests.contract.outage import Outage
+from tests.kit.wait import wait_for
 
 
 def _queue_id(store: SubscriberQueues, client: str) -> int:
@@ -619,3 +622,72 @@ def test_a_barrier_passes_every_partition_at_once(store: QueueStore) -> None:
         store.claim_partitions(conn, qid, 1)  # they stand together: taken
         assert store.load_state(conn, qid).partitions == 0
         assert store.load_partitions(conn, qid) == {}
+
+
+# -- wake-ups on arrival -----------------------------------------------------------------
+
+
+class _Wakes:
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+def test_watch_arrivals_is_woken_by_its_clients_committed_batches(store: QueueStore) -> None:
+    wakes = _Wakes()
+    watch = store.watch_arrivals("policy", wakes)
+    if store.dialect == "sqlite":  # no notification between processes: subscribers poll
+        assert watch is None
+        return
+    assert watch is not None
+    try:
+        wait_for(lambda: watch.connections == 1, what="the watch listening")
+        wait_for(lambda: wakes.count == 1, what="the wake-up after LISTEN")  # a first poll
+        store.apply_log_batch("a", "policy", log(1, 2))
+        wait_for(lambda: wakes.count == 2, what="a wake-up for a stored batch")
+        store.apply_lane_batch("a", "policy", 1, 1, log(3), 2, 2)
+        wait_for(lambda: wakes.count == 3, what="a wake-up for a lane batch")
+        # Another client's batch wakes nobody: notifications arrive in commit order, so
+        # by the time the next one of ours woke it, the other's was passed over.
+        store.apply_log_batch("a", "other", log(1))
+        store.apply_log_batch("b", "policy", log(1))
+        wait_for(lambda: wakes.count >= 4, what="the next wake-up")
+        assert wakes.count == 4
+        # A repeat stores nothing and announces nothing.
+        store.apply_log_batch("a", "policy", log(1, 2))
+        store.apply_log_batch("a", "policy", log(4))
+        wait_for(lambda: wakes.count >= 5, what="the wake-up for position 4")
+        assert wakes.count == 5
+    finally:
+        watch.close()
+
+
+def test_watch_arrivals_listens_again_after_its_connection_is_cut(
+    store: QueueStore, app_transaction: Callable[[], AbstractContextManager[Connection]]
+) -> None:
+    if store.dialect == "sqlite":
+        pytest.skip("SQLite has no notifications (the watch is None: see the test above)")
+    wakes = _Wakes()
+    watch = store.watch_arrivals("policy", wakes)
+    assert watch is not None
+    try:
+        wait_for(lambda: watch.connections == 1, what="the watch listening")
+        with app_transaction() as conn:  # an operator's pg_terminate_backend
+            cut = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE query = 'LISTEN lrq_arrivals' AND pid <> pg_backend_pid() "
+                    "AND application_name = current_setting('application_name')"
+                )
+            ).scalar()
+        assert cut == 1
+        wait_for(lambda: watch.connections == 2, what="the watch listening again")
+        before = wakes.count
+        store.apply_log_batch("a", "policy", log(1))
+        wait_for(lambda: wakes.count > before, what="a wake-up on the new connection")
+    finally:
+        watch.close()

@@ -1048,18 +1048,17 @@ def test_a_drop_notice_reaches_on_stream_dropped_with_its_position_and_reason(
 
 
 # -- the idle loop, and what is logged -----------------------------------------------------
-class _CountingStop(threading.Event):
-    """A stop event that records the waits of ``run`` and stops it after ``rounds`` of them."""
+def _count_idle_rounds(sub: RoutingQueueSubscriber, rounds: int) -> list[float]:
+    """Record how long ``run`` means to wait after each idle round; stop it after ``rounds``."""
+    waits: list[float] = []
 
-    def __init__(self, rounds: int) -> None:
-        super().__init__()
-        self.rounds, self.waits = rounds, []
+    def idle(stop: threading.Event, turn: int) -> None:
+        waits.append(sub._idle_wait())
+        if len(waits) >= rounds:
+            stop.set()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout)
-        if len(self.waits) >= self.rounds:
-            self.set()
-        return self.is_set()
+    sub._idle = idle  # type: ignore[method-assign]
+    return waits
 
 
 def test_run_waits_a_poll_interval_after_each_round_that_delivered_nothing(
@@ -1069,11 +1068,11 @@ def test_run_waits_a_poll_interval_after_each_round_that_delivered_nothing(
     polls: list[int] = []
     real = sub._poll
     monkeypatch.setattr(sub, "_poll", lambda: (polls.append(1), real())[1])
-    stop = _CountingStop(3)
-    runner = threading.Thread(target=sub.run, args=(stop,), daemon=True)
+    waits = _count_idle_rounds(sub, 3)
+    runner = threading.Thread(target=sub.run, args=(threading.Event(),), daemon=True)
     runner.start()
     join(runner)
-    assert stop.waits == [0.25, 0.25, 0.25] and len(polls) == 3  # one wait per idle round
+    assert waits == [0.25, 0.25, 0.25] and len(polls) == 3  # one wait per idle round
 
 
 def test_run_reports_a_failed_poll_and_waits_before_the_next(
@@ -1087,11 +1086,27 @@ def test_run_reports_a_failed_poll_and_waits_before_the_next(
         raise failure
 
     monkeypatch.setattr(sub, "_poll", broken)
-    stop = _CountingStop(2)
-    runner = threading.Thread(target=sub.run, args=(stop,), daemon=True)
+    waits = _count_idle_rounds(sub, 2)
+    runner = threading.Thread(target=sub.run, args=(threading.Event(),), daemon=True)
     runner.start()
     join(runner)
-    assert listener.errors == [failure, failure] and stop.waits == [0.25, 0.25]
+    assert listener.errors == [failure, failure] and waits == [0.25, 0.25]
+
+
+def test_an_idle_wait_ends_at_a_ring_after_its_turn_or_at_the_stop(
+    app_store: SQLAlchemyQueueStore,
+) -> None:
+    sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), poll_interval=3600.0)
+    stop = threading.Event()
+    turn = sub._doorbell.turn()
+    sub._doorbell.ring()  # while the round looked for work: the wait ends at once
+    sub._idle(stop, turn)
+    for end in (sub._doorbell.ring, stop.set):  # during the wait, from another thread
+        turn = sub._doorbell.turn()
+        waiter = threading.Thread(target=sub._idle, args=(stop, turn))
+        waiter.start()
+        end()
+        join(waiter, 30)
 
 
 def test_an_on_error_that_raises_is_logged_not_propagated(
@@ -1152,3 +1167,35 @@ def test_a_lease_is_renewed_only_in_the_second_half_of_its_time(
     other = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=100.0)
     assert not other._hold_lease(queue.queue_id)  # held by the first one
     assert queue.queue_id not in other._lease_until
+
+
+# -- wake-ups on arrival ----------------------------------------------------------------------
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_run_delivers_what_a_receiver_commits_without_waiting_for_its_poll(
+    app_store: SQLAlchemyQueueStore,
+    make_sub: Callable[..., RoutingQueueSubscriber],
+    partitions: int,
+) -> None:
+    """PostgreSQL: an idle subscriber polling once an hour delivers each batch a receiver
+    stores as it commits (its notification wakes it). SQLite: the watch is None."""
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    sub = make_sub(AppListener(), poll_interval=3600.0, partitions=partitions)
+    stop = threading.Event()
+    thread = threading.Thread(target=sub.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(lambda: len(app_rows(app_store)) == 1, what="the first poll's delivery")
+        if app_store.dialect == "sqlite":
+            assert sub.arrival_watch is None
+            return
+        wait_for(lambda: sub.arrival_watch is not None and sub.arrival_watch.connections == 1)
+        # Each batch is stored once the one before was delivered, by then long idle: only a
+        # wake-up delivers it before the hour is up.
+        for n in (2, 3, 4):
+            app_store.apply_log_batch("src-a", CLIENT, log_entries(n, 1))
+            wait_for(lambda n=n: len(app_rows(app_store)) == n, what=f"entry {n} delivered")
+    finally:
+        stop.set()
+        join(thread, 30)
+    assert sub.arrival_watch is None  # closed by run() on the way out
+    assert [p for _, _, p in app_rows(app_store)] == [1, 2, 3, 4]

@@ -20,6 +20,7 @@ from lr_server.config import (
     load_config,
     parse_config,
 )
+from lr_server.server import SiteServer
 
 GOOD = """
 [site]
@@ -250,6 +251,11 @@ BAD: list[tuple[str, Mutation, str]] = [
         "shared reader not bool",
         _set("replication", "shared_reader", 1),
         "replication.shared_reader",
+    ),
+    (
+        "notify subscribers not bool",
+        _set("receiver", "notify_subscribers", "yes"),
+        "receiver.notify_subscribers",
     ),
     (
         "shared reader window 0",
@@ -487,3 +493,17 @@ def test_streams_per_destination_defaults_to_one_and_is_read() -> None:
     raw = base()
     raw.setdefault("replication", {})["streams_per_destination"] = 4
     assert parse_config(raw).replication.streams_per_destination == 4
+
+
+def test_the_receiver_notifies_subscribers_unless_told_not_to(tmp_path: Path) -> None:
+    assert parse_config(base()).receiver.notify_subscribers is True
+    raw = base()
+    raw["site"]["database_url"] = f"sqlite:///{tmp_path / 'a.db'}"
+    raw["receiver"] = {"notify_subscribers": False}
+    cfg = parse_config(raw)
+    assert cfg.receiver.notify_subscribers is False
+    server = SiteServer(cfg)  # what the receiver's store is told
+    try:
+        assert server.store.notify_arrivals is False
+    finally:
+        server.store.close()
