@@ -10,6 +10,7 @@ import pytest
 from lr_client.errors import InvalidNameError, ProtocolError
 from lr_client.lanes import lane_of
 from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, WireEntry
+from lr_client.store import arrival_watch
 from lr_client.store.contract import QueueStore, Receiving
 from tests.contract.calls import across_outage, log, refused_for_no_schema
 from tests.contract.outage import Outage
@@ -416,5 +417,28 @@ def test_a_store_told_not_to_notify_wakes_no_subscriber(store: QueueStore) -> No
         wait_for(lambda: len(woken) >= 2, what="the wake-up for position 2")
         assert len(woken) == 2
         assert [p for p, _, _ in _queued(store)] == [1, 2]
+    finally:
+        watch.close()
+
+
+def test_no_notification_is_sent_once_the_notification_queue_is_at_its_limit(
+    store: QueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's notification queue at ``QUEUE_USAGE_LIMIT`` (a limit of 0 here: the
+    queue's usage, 0, is at it): the batch is stored and nobody is woken, so a listener
+    that stopped reading can never fill the queue and fail receive transactions."""
+    woken: list[int] = []
+    watch = store.watch_arrivals("policy", lambda: woken.append(1))
+    if watch is None:
+        assert store.dialect == "sqlite"
+        return
+    try:
+        wait_for(lambda: woken == [1], what="the wake-up after LISTEN")
+        monkeypatch.setattr(arrival_watch, "QUEUE_USAGE_LIMIT", 0.0)
+        assert store.apply_log_batch("a", "policy", log(1)) == (True, 1)
+        monkeypatch.undo()
+        store.apply_log_batch("a", "policy", log(2))
+        wait_for(lambda: len(woken) >= 2, what="the wake-up for position 2")
+        assert len(woken) == 2
     finally:
         watch.close()
