@@ -1,7 +1,8 @@
 """What a relay hop costs: root -> branch -> leaf against root -> leaf, in the same run.
 
     python bench/relay.py [--backend postgresql|sqlite] [--rate N] [--seconds N]
-                          [--writers N] [--entries N] [--out bench/results/relay.json]
+                          [--writers N] [--entries N] [--listener-poll S]
+                          [--out bench/results/relay.json]
 
 One cascaded client (docs/cascading.md) over four real ``lr server`` processes
 (plaintext gRPC on loopback with a token, replication settings at their defaults,
@@ -14,10 +15,13 @@ site has its own database: a schema of the PostgreSQL server at ``LR_BENCH_PG_UR
 (``--backend sqlite``, for a quick run). This process plays the root's application
 (it transmits, 1 KiB payloads). The listeners of the branch and the leaves run in a
 process each, as a node's application would (``bench.soak.run_subscriber``: a
-:class:`~lr_client.RoutingQueueSubscriber` polling every 5 ms when idle, whose
-listener writes each entry's position and the time it was called into
-``soak_applied``, in the delivery transaction): no listener shares an interpreter
-(its GIL) with the transmitting threads or with another listener.
+:class:`~lr_client.RoutingQueueSubscriber` whose listener writes each entry's
+position and the time it was called into ``soak_applied``, in the delivery
+transaction): no listener shares an interpreter (its GIL) with the transmitting
+threads or with another listener. On PostgreSQL the subscribers are woken as their
+receiver commits (``wake_on_arrival``) and poll at the product's default when idle
+(0.5 s); on SQLite, which has no wake-up between processes, every 5 ms
+(``--listener-poll`` sets either).
 
 * ``latency``: a paced transmitter (``bench.replicate.paced_load``) offers ``--rate``
   entries/s (1,000) for ``--seconds``, one entry per transaction, from ``--writers``
@@ -102,8 +106,10 @@ TOKEN = "token-relay-bench"
 PAYLOAD_BYTES = 1024
 WARMUP_SECONDS = 1.0
 POLL = 0.02
-#: The listeners' subscribers poll their receive queues this often when idle.
-LISTENER_POLL = 0.005
+#: How often the listeners' subscribers poll when idle, by backend: on PostgreSQL the
+#: product's default, as they are woken as each batch is stored (wake_on_arrival); SQLite
+#: has no wake-up between processes, so they poll often.
+LISTENER_POLL = {"postgresql": 0.5, "sqlite": 0.005}
 #: The set: node -> provider. ``direct`` is the root's child, ``relayed`` the branch's.
 TREE = {"branch": "root", "direct": "root", "relayed": "branch"}
 SITES = ("root", *TREE)
@@ -333,14 +339,19 @@ def applied_times(store: SQLAlchemyQueueStore) -> dict[int, float]:
 
 
 def measure_latency(
-    tree: Tree, rate: float, seconds: float, payloads: Sequence[bytes], writers: int
+    tree: Tree,
+    rate: float,
+    seconds: float,
+    payloads: Sequence[bytes],
+    writers: int,
+    listener_poll: float,
 ) -> LatencyResult:
     for site in TREE:
         create_applied_table(tree.stores[site])
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     listeners = {
-        s: ctx.Process(target=run_subscriber, args=(tree.urls[s], stop, LISTENER_POLL), daemon=True)
+        s: ctx.Process(target=run_subscriber, args=(tree.urls[s], stop, listener_poll), daemon=True)
         for s in TREE
     }
     for proc in listeners.values():
@@ -438,6 +449,11 @@ def measure_throughput(tree: Tree, entries: int, payloads: Sequence[bytes]) -> T
     )
 
 
+def listener_poll(args: argparse.Namespace) -> float:
+    poll: float = args.listener_poll
+    return LISTENER_POLL[args.backend] if poll is None else poll
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     payloads = [os.urandom(PAYLOAD_BYTES) for _ in range(64)]
     machine = machine_facts()
@@ -449,7 +465,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(tree.close)
         for site in ("relayed", "direct", "branch", "root"):
             tree.start(site)
-        latency = measure_latency(tree, args.rate, args.seconds, payloads, args.writers)
+        latency = measure_latency(
+            tree, args.rate, args.seconds, payloads, args.writers, listener_poll(args)
+        )
         throughput = measure_throughput(tree, args.entries, payloads)
     return {
         "benchmark": "relay",
@@ -463,7 +481,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "payload_bytes": PAYLOAD_BYTES,
             "tree": TREE,
             "listeners": "a process per node (RoutingQueueSubscriber, bench.soak.ApplyListener)",
-            "listener_poll_seconds": LISTENER_POLL,
+            "listener_poll_seconds": listener_poll(args),
         },
         "machine": machine,
         "loadavg_at_end": loadavg(),
@@ -547,6 +565,12 @@ def report(console: Console, data: dict[str, Any]) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backend", choices=["postgresql", "sqlite"], default="postgresql")
+    p.add_argument(
+        "--listener-poll",
+        type=float,
+        default=None,
+        help="listeners' idle poll, seconds (0.5 on PostgreSQL, 0.005 on SQLite)",
+    )
     p.add_argument("--pg-url", default=os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL))
     p.add_argument("--rate", type=float, default=1000.0, help="paced entries/s (latency)")
     p.add_argument("--seconds", type=float, default=20.0, help="paced load duration")
