@@ -459,7 +459,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     machine = machine_facts()
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lr-relay-")))
-        dbs = Databases(args.backend, stack, workdir, args.pg_url)
+        dbs = Databases(args.backend, stack, workdir, args.pg_url, own_databases=True)
         facts = dbs.facts()
         tree = Tree(dbs, workdir)
         stack.callback(tree.close)
