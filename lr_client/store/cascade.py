@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, literal, or_, select, update
+from sqlalchemy import Select, and_, bindparam, delete, func, literal, or_, select, update
 from sqlalchemy.engine import Connection
 
 from lr_client.names import recv_queue_name, validate_name
@@ -123,14 +123,31 @@ def revoke_leases(conn: Connection, queue_ids: Sequence[int]) -> None:
     )
 
 
+def last_end_query(queue_id: int) -> Select[Any]:
+    """The statement of :func:`last_end_seq`.
+
+    Ordered by an expression, so that no index serves the order: by ``seq`` the
+    planner walks the queue's index back from its newest entry, through every entry
+    a relayed queue keeps, looking for an end marker; this way it takes the end
+    markers' own partial index (``lrq_recv_entries_ends``) and sorts the few it
+    finds. The condition on ``snapshot_id`` (true of every row) bounds that index's
+    second column, which makes it SQLite's choice too.
+    """
+    return (
+        select(_R.c.seq, _R.c.base_position)
+        .where(
+            _R.c.queue_id == queue_id,
+            _R.c.type == literal(_END, literal_execute=True),
+            _R.c.snapshot_id >= "",
+        )
+        .order_by((_R.c.seq + 0).desc())
+        .limit(1)
+    )
+
+
 def last_end_seq(conn: Connection, queue_id: int) -> tuple[int, int]:
     """(seq, base) of the queue's last full sync end marker; (0, 0) if none is held."""
-    row = conn.execute(
-        select(_R.c.seq, _R.c.base_position)
-        .where(_R.c.queue_id == queue_id, _R.c.type == literal(_END, literal_execute=True))
-        .order_by(_R.c.seq.desc())
-        .limit(1)
-    ).first()
+    row = conn.execute(last_end_query(queue_id)).first()
     return (0, 0) if row is None else (int(row[0]), int(row[1] or 0))
 
 

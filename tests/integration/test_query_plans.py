@@ -1,0 +1,82 @@
+"""The plans of two hot statements stay index look-ups as their tables grow.
+
+Both run many times a second and their planners are blind (fresh partitions
+without statistics, bounds read in the same statement), and both have a plan
+that reads every row of a slot or a queue: a tick that scanned and sorted
+every stamp and entry of the current slot, and the relay read's probe for the
+last full sync's end, which walked back through every entry a relayed queue
+keeps. These tests read the plans the backends choose on thousands of rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+from lr_client import RoutingQueueClient
+from lr_client.records import ReplicationType, WireEntry
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store, sequencer
+from lr_client.store.cascade import last_end_query, last_end_seq
+from tests.conftest import PgSchema
+
+LOG = ReplicationType.LOG_ENTRY_SYNC
+
+
+def test_the_probe_for_a_full_syncs_end_reads_the_end_markers_index(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    for b in range(10):
+        batch = [WireEntry(p, LOG, b"x") for p in range(b * 500 + 1, b * 500 + 501)]
+        store.apply_log_batch("a", "policy", batch)
+    (queue,) = store.list_queues("policy")
+    query = last_end_query(queue.queue_id)
+    sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))
+    explain = "EXPLAIN QUERY PLAN " if store.dialect == "sqlite" else "EXPLAIN "
+    with store.read() as conn:
+        plan = "\n".join(str(r[-1]) for r in conn.execute(text(explain + sql)))
+        assert last_end_seq(conn, queue.queue_id) == (0, 0)
+    # SQLite names the index; PostgreSQL its partitions' (queue_id, snapshot_id) copies.
+    assert "lrq_recv_entries_ends" in plan or "_queue_id_snapshot_id_idx" in plan, plan
+    assert "lrq_recv_entries_queue" not in plan and "_queue_id_seq_idx" not in plan, plan
+
+
+@pytest.fixture
+def pg_store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
+    st = open_store(create_engine(pg_schema.url))
+    assert isinstance(st, SQLAlchemyQueueStore)
+    st.create_schema()
+    yield st
+    st.engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_tick_looks_its_fresh_stamps_up_by_index(pg_store: SQLAlchemyQueueStore) -> None:
+    store = pg_store
+    client = RoutingQueueClient(store, source_id="a", client_name="policy")
+    client.register_destinations(["b"])
+    for i in range(3000):
+        with store.engine.begin() as conn:
+            client.transmit_log_entry_message(conn, b"x", ["b"])
+        if i % 100 == 0:
+            store.sequence()
+    store.sequence()
+    with store.engine.begin() as conn:  # a fresh stamp for the tick explained below
+        client.transmit_log_entry_message(conn, b"x", ["b"])
+    with store.engine.connect() as conn, conn.begin():
+        conn.execute(sequencer._LOCK, {"key": sequencer.lock_key(conn)})
+        conn.execute(sequencer._PLAN)
+        explained = conn.execute(
+            text("EXPLAIN ANALYZE " + str(sequencer._TICK.text)), {"now": time.time()}
+        ).all()
+        conn.rollback()
+    plan = "\n".join(r[0] for r in explained)
+    assert "rows=1 loops=1" in plan  # the tick found the one fresh stamp
+    scans = [
+        line
+        for line in plan.splitlines()
+        if "Seq Scan on lrq_send_" in line and "lrq_send_state" not in line
+    ]
+    assert scans == [], plan
