@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -15,6 +16,10 @@ from lr_client.store.contract import QueueStore, Receiving
 from tests.contract.calls import across_outage, log, refused_for_no_schema
 from tests.contract.outage import Outage
 from tests.kit.wait import wait_for
+
+#: The client of the wake-up tests: notifications are per database, and no other test
+#: (in another schema of it) sends one for this name.
+WATCHED = "watched-" + uuid.uuid4().hex[:8]
 
 SNAP = ReplicationType.SNAPSHOT_SYNC
 END = ReplicationType.LAST_FULL_SYNC_ENTRY
@@ -404,19 +409,19 @@ def test_a_store_told_not_to_notify_wakes_no_subscriber(store: QueueStore) -> No
     stored as ever and no watch is woken (notifications come in commit order: the batch
     stored after it, with notifications on again, is the next wake-up)."""
     woken: list[int] = []
-    watch = store.watch_arrivals("policy", lambda: woken.append(1))
+    watch = store.watch_arrivals(WATCHED, lambda: woken.append(1))
     if watch is None:  # SQLite: nothing to notify
         assert store.dialect == "sqlite"
         return
     try:
         wait_for(lambda: woken == [1], what="the wake-up after LISTEN")
         store.notify_arrivals = False
-        assert store.apply_log_batch("a", "policy", log(1)) == (True, 1)
+        assert store.apply_log_batch("a", WATCHED, log(1)) == (True, 1)
         store.notify_arrivals = True
-        store.apply_log_batch("a", "policy", log(2))
+        store.apply_log_batch("a", WATCHED, log(2))
         wait_for(lambda: len(woken) >= 2, what="the wake-up for position 2")
         assert len(woken) == 2
-        assert [p for p, _, _ in _queued(store)] == [1, 2]
+        assert [p for p, _, _ in _queued(store, WATCHED)] == [1, 2]
     finally:
         watch.close()
 
@@ -428,16 +433,16 @@ def test_no_notification_is_sent_once_the_notification_queue_is_at_its_limit(
     queue's usage, 0, is at it): the batch is stored and nobody is woken, so a listener
     that stopped reading can never fill the queue and fail receive transactions."""
     woken: list[int] = []
-    watch = store.watch_arrivals("policy", lambda: woken.append(1))
+    watch = store.watch_arrivals(WATCHED, lambda: woken.append(1))
     if watch is None:
         assert store.dialect == "sqlite"
         return
     try:
         wait_for(lambda: woken == [1], what="the wake-up after LISTEN")
         monkeypatch.setattr(arrival_watch, "QUEUE_USAGE_LIMIT", 0.0)
-        assert store.apply_log_batch("a", "policy", log(1)) == (True, 1)
+        assert store.apply_log_batch("a", WATCHED, log(1)) == (True, 1)
         monkeypatch.undo()
-        store.apply_log_batch("a", "policy", log(2))
+        store.apply_log_batch("a", WATCHED, log(2))
         wait_for(lambda: len(woken) >= 2, what="the wake-up for position 2")
         assert len(woken) == 2
     finally:

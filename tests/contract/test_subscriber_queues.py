@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -22,6 +23,10 @@ from tests.contract.calls import (
 )
 from tests.contract.outage import Outage
 from tests.kit.wait import wait_for
+
+#: The client of the wake-up tests: notifications are per database, and no other test
+#: (in another schema of it) sends one for this name.
+WATCHED = "watched-" + uuid.uuid4().hex[:8]
 
 
 def _queue_id(store: SubscriberQueues, client: str) -> int:
@@ -639,7 +644,7 @@ class _Wakes:
 
 def test_watch_arrivals_is_woken_by_its_clients_committed_batches(store: QueueStore) -> None:
     wakes = _Wakes()
-    watch = store.watch_arrivals("policy", wakes)
+    watch = store.watch_arrivals(WATCHED, wakes)
     if store.dialect == "sqlite":  # no notification between processes: subscribers poll
         assert watch is None
         return
@@ -647,19 +652,19 @@ def test_watch_arrivals_is_woken_by_its_clients_committed_batches(store: QueueSt
     try:
         wait_for(lambda: watch.connections == 1, what="the watch listening")
         wait_for(lambda: wakes.count == 1, what="the wake-up after LISTEN")  # a first poll
-        store.apply_log_batch("a", "policy", log(1, 2))
+        store.apply_log_batch("a", WATCHED, log(1, 2))
         wait_for(lambda: wakes.count == 2, what="a wake-up for a stored batch")
-        store.apply_lane_batch("a", "policy", 1, 1, log(3), 2, 2)
+        store.apply_lane_batch("a", WATCHED, 1, 1, log(3), 2, 2)
         wait_for(lambda: wakes.count == 3, what="a wake-up for a lane batch")
         # Another client's batch wakes nobody: notifications arrive in commit order, so
         # by the time the next one of ours woke it, the other's was passed over.
         store.apply_log_batch("a", "other", log(1))
-        store.apply_log_batch("b", "policy", log(1))
+        store.apply_log_batch("b", WATCHED, log(1))
         wait_for(lambda: wakes.count >= 4, what="the next wake-up")
         assert wakes.count == 4
         # A repeat stores nothing and announces nothing.
-        store.apply_log_batch("a", "policy", log(1, 2))
-        store.apply_log_batch("a", "policy", log(4))
+        store.apply_log_batch("a", WATCHED, log(1, 2))
+        store.apply_log_batch("a", WATCHED, log(4))
         wait_for(lambda: wakes.count >= 5, what="the wake-up for position 4")
         assert wakes.count == 5
     finally:
@@ -670,7 +675,7 @@ def test_watch_arrivals_listens_again_after_its_connection_is_cut(
     store: QueueStore, app_transaction: Callable[[], AbstractContextManager[Connection]]
 ) -> None:
     wakes = _Wakes()
-    watch = store.watch_arrivals("policy", wakes)
+    watch = store.watch_arrivals(WATCHED, wakes)
     if store.dialect == "sqlite":  # no notifications, so no connection to cut
         assert watch is None
         return
@@ -688,7 +693,7 @@ def test_watch_arrivals_listens_again_after_its_connection_is_cut(
         assert cut == 1
         wait_for(lambda: watch.connections == 2, what="the watch listening again")
         before = wakes.count
-        store.apply_log_batch("a", "policy", log(1))
+        store.apply_log_batch("a", WATCHED, log(1))
         wait_for(lambda: wakes.count > before, what="a wake-up on the new connection")
     finally:
         watch.close()
