@@ -89,8 +89,7 @@ class ReceivingStore(StoreBase):
                 reason.encode(),
                 snapshot_id=notice_id,
             )
-            self._append_recv(conn, qid, [entry])
-            self._announce(conn, client_name)
+            self._append(conn, qid, client_name, [entry])
             self._upsert(
                 conn,
                 t,
@@ -236,6 +235,13 @@ class ReceivingStore(StoreBase):
             ],
         )
 
+    def _append(
+        self, conn: Connection, queue_id: int, client_name: str, entries: Sequence[WireEntry]
+    ) -> None:
+        """Append entries to a client's receive queue, announcing them (:meth:`_announce`)."""
+        self._append_recv(conn, queue_id, entries)
+        self._announce(conn, client_name)
+
     def _announce(self, conn: Connection, client_name: str) -> None:
         """Entries of ``client_name`` were appended in ``conn``'s transaction: wake its
         subscribers at commit where the backend can (PostgreSQL: :mod:`arrival_watch
@@ -265,8 +271,7 @@ class ReceivingStore(StoreBase):
             if not fresh:
                 return False, progress.last_position
             qid = self._ensure_queue(conn, source_id, client_name)
-            self._append_recv(conn, qid, fresh)
-            self._announce(conn, client_name)
+            self._append(conn, qid, client_name, fresh)
             last = fresh[-1].position
             self._save_progress(
                 conn,
@@ -324,8 +329,7 @@ class ReceivingStore(StoreBase):
             fresh = [e for e in entries if not applied(e)]
             if fresh:
                 qid = self._ensure_queue(conn, source_id, client_name)
-                self._append_recv(conn, qid, fresh)
-                self._announce(conn, client_name)
+                self._append(conn, qid, client_name, fresh)
                 floor = max(floor, fresh[-1].position)
                 self._upsert(
                     conn,
@@ -414,8 +418,7 @@ class ReceivingStore(StoreBase):
             if not fresh:
                 self._save_progress(conn, progress)
                 return False, progress.snapshot_position
-            self._append_recv(conn, qid, fresh)
-            self._announce(conn, client_name)
+            self._append(conn, qid, client_name, fresh)
             last = fresh[-1]
             done = last.type == ReplicationType.LAST_FULL_SYNC_ENTRY
             # After the end marker, log entries resume after the snapshot's base
