@@ -1,7 +1,7 @@
 """What a relay hop costs: root -> branch -> leaf against root -> leaf, in the same run.
 
     python bench/relay.py [--backend postgresql|sqlite] [--rate N] [--seconds N]
-                          [--writers N] [--entries N] [--listener-poll S]
+                          [--writers N] [--per-txn N] [--entries N] [--listener-poll S]
                           [--out bench/results/relay.json]
 
 One cascaded client (docs/cascading.md) over four real ``lr server`` processes
@@ -24,8 +24,8 @@ receiver commits (``wake_on_arrival``) and poll at the product's default when id
 (``--listener-poll`` sets either).
 
 * ``latency``: a paced transmitter (``bench.replicate.paced_load``) offers ``--rate``
-  entries/s (1,000) for ``--seconds``, one entry per transaction, from ``--writers``
-  threads (16: one writer cannot commit 1,000 transactions/s on a loaded machine's
+  entries/s (1,000) for ``--seconds``, ``--per-txn`` entries per transaction (1), from
+  ``--writers`` threads (16: one writer cannot commit 1,000 transactions/s on a loaded machine's
   PostgreSQL); ``achieved_rate`` says what was reached. Latency of an entry
   at a leaf = the time its listener's ``process_log_entries`` was called with it minus
   the time the root's COMMIT returned (one clock: this machine's). The receive queue's
@@ -345,6 +345,7 @@ def measure_latency(
     payloads: Sequence[bytes],
     writers: int,
     listener_poll: float,
+    per_txn: int = 1,
 ) -> LatencyResult:
     for site in TREE:
         create_applied_table(tree.stores[site])
@@ -370,7 +371,14 @@ def measure_latency(
         cpu0, machine0, stages0 = cpu_of(pids), machine_cpu(), tree.scrape()
         started = time.time()
         load = paced_load(
-            src.store, src.client, src.destinations, rate, seconds, payloads, writers=writers
+            src.store,
+            src.client,
+            src.destinations,
+            rate,
+            seconds,
+            payloads,
+            per_txn=per_txn,
+            writers=writers,
         )
         last = max(p for p, _ in load.commits)
         complete = True
@@ -466,7 +474,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for site in ("relayed", "direct", "branch", "root"):
             tree.start(site)
         latency = measure_latency(
-            tree, args.rate, args.seconds, payloads, args.writers, listener_poll(args)
+            tree,
+            args.rate,
+            args.seconds,
+            payloads,
+            args.writers,
+            listener_poll(args),
+            args.per_txn,
         )
         throughput = measure_throughput(tree, args.entries, payloads)
     return {
@@ -478,6 +492,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": args.seconds,
             "entries": args.entries,
             "writers": args.writers,
+            "per_txn": args.per_txn,
             "payload_bytes": PAYLOAD_BYTES,
             "tree": TREE,
             "listeners": "a process per node (RoutingQueueSubscriber, bench.soak.ApplyListener)",
@@ -579,6 +594,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=16,
         help="transmitting threads sharing the paced schedule (one connection each)",
+    )
+    p.add_argument(
+        "--per-txn",
+        type=int,
+        default=1,
+        help="entries per transmitting transaction (the same entries/s in fewer commits)",
     )
     p.add_argument("--entries", type=int, default=50_000, help="entries drained (throughput)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "relay.json")

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, delete, func, literal, or_, select, update
+from sqlalchemy import Select, and_, bindparam, delete, literal, or_, select, update
 from sqlalchemy.engine import Connection
 
 from lr_client.names import recv_queue_name, validate_name
@@ -181,13 +181,18 @@ def relay_delivered(conn: Connection, client_name: str, origin_id: str) -> int:
     start, base = last_end_seq(conn, qid)
     if start > delivered:  # the last full sync is not delivered yet: what was is older
         start, base = 0, 0
+    # Log entries are stored in origin order: the last one delivered is the highest,
+    # found by walking the queue's index back from ``delivered`` (a max() read all).
     found = conn.execute(
-        select(func.max(_R.c.source_position)).where(
+        select(_R.c.source_position)
+        .where(
             _R.c.queue_id == qid,
             _R.c.seq > start,
             _R.c.seq <= delivered,
             _R.c.type == literal(_LOG, literal_execute=True),
         )
+        .order_by(_R.c.seq.desc())
+        .limit(1)
     ).scalar()
     return max(int(found or 0), base, relay_mark(conn, client_name, origin_id))
 

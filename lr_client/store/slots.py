@@ -58,12 +58,7 @@ DEFAULT_MAX_SLOTS = 32
 
 _STATE = StateRow("lrq_send_state")
 _SLOTS = text("SELECT slot FROM lrq_send_slots ORDER BY slot")
-_HOLDING = text(
-    "SELECT s.slot FROM lrq_send_slots s WHERE "
-    "(EXISTS (SELECT 1 FROM lrq_send_entries e WHERE e.slot = s.slot) "
-    "OR EXISTS (SELECT 1 FROM lrq_send_ticks t WHERE t.slot = s.slot)) "
-    "AND s.closed_at <= :closed_by ORDER BY s.slot"
-)
+_CLOSED = text("SELECT slot FROM lrq_send_slots WHERE closed_at <= :closed_by ORDER BY slot")
 _CLOSE = text("UPDATE lrq_send_slots SET closed_at = :now WHERE slot = :slot")
 _HAS_ENTRIES = text("SELECT EXISTS (SELECT 1 FROM lrq_send_entries WHERE slot = :slot)")
 _HAS_PAGES = text(
@@ -102,6 +97,25 @@ _TABLES = [
 Marks = dict[tuple[int, str], int]
 
 
+def _holding(conn: Connection, closed_by: float) -> list[int]:
+    """The slots closed by ``closed_by`` that still hold entries or ticks.
+
+    Each slot's own partitions are probed for a row. One query over the parent
+    tables (``EXISTS ... WHERE e.slot = s.slot``) is planned as a hashed subplan:
+    it read every entry of every slot, under the tick lock.
+    """
+    held = []
+    for slot in conn.execute(_CLOSED, {"closed_by": closed_by}).scalars():
+        n = int(slot)
+        probe = text(
+            f"SELECT EXISTS (SELECT 1 FROM lrq_send_entries_s{n})"
+            f" OR EXISTS (SELECT 1 FROM lrq_send_ticks_s{n})"
+        )
+        if conn.execute(probe).scalar():
+            held.append(n)
+    return held
+
+
 @dataclass(frozen=True)
 class Retirement:
     """What one :func:`retire` did."""
@@ -138,7 +152,7 @@ def retire(
     # The slots already closed first: one of them may be the next current one.
     # A slot closed less than a period ago is kept (``positions_of`` answers
     # for at least that long after a commit).
-    closed = conn.execute(_HOLDING, {"closed_by": now - period}).scalars()
+    closed = _holding(conn, now - period)
     judge.retire([x for x in closed if x != cur])
     rotated_to = None
     if now - rotated_at >= period and conn.execute(_HAS_ENTRIES, {"slot": cur}).scalar():
@@ -238,7 +252,7 @@ def rotate(
 
 def _rotate(conn: Connection, cur: int, max_slots: int, now: float) -> int | None:
     """Make an empty slot current; None if every other slot is in use or pinned."""
-    holding = {int(x) for x in conn.execute(_HOLDING, {"closed_by": now}).scalars()}
+    holding = set(_holding(conn, now))
     ring = [int(x) for x in conn.execute(_SLOTS).scalars()]
 
     def reclaim(slot: int) -> Reclaim:

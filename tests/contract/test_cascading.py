@@ -11,6 +11,7 @@ from tests.contract.calls import log
 
 SNAP = ReplicationType.SNAPSHOT_SYNC
 END = ReplicationType.LAST_FULL_SYNC_ENTRY
+LOG = ReplicationType.LOG_ENTRY_SYNC
 
 
 def _branch(store: QueueStore, children: tuple[str, ...] = ("s4",)) -> None:
@@ -18,15 +19,16 @@ def _branch(store: QueueStore, children: tuple[str, ...] = ("s4",)) -> None:
     store.apply_cascade_config("policy", "s1", "branch", "s1", children)
 
 
-def _deliver(store: QueueStore, through_position: int) -> None:
-    """Deliver the relayed queue up to the entry of ``through_position`` (a subscriber's
-    commit: the lease, then the state)."""
+def _deliver(store: QueueStore, through_position: int, seq: int | None = None) -> None:
+    """Deliver the relayed queue up to the entry of ``through_position`` (or of ``seq``:
+    a subscriber's commit, the lease, then the state)."""
     (queue,) = store.list_queues("policy")
     with store.write() as conn:
         assert store.acquire_lease(conn, queue.queue_id, "sub", 100.0, 60.0) is not None
         state = store.load_state(conn, queue.queue_id)
         entries = store.read_queue(conn, queue.queue_id, 1000)
-        seq = max(e.seq for e in entries if e.source_position <= through_position)
+        if seq is None:
+            seq = max(e.seq for e in entries if e.source_position <= through_position)
         assert store.save_state(
             conn,
             queue.queue_id,
@@ -103,6 +105,32 @@ def test_after_a_full_sync_the_relay_starts_at_its_base(store: QueueStore) -> No
     # Entry 8 received before the snapshot is not relayed; the log resumes after base 6.
     assert [e.position for e in store.read_relay("policy", "s1", 0, 10)] == [7, 8, 10]
     assert store.relay_resume_floor("policy", "s1") == 6
+
+
+def _full_sync(store: QueueStore, snapshot_id: str, base: int) -> None:
+    store.apply_snapshot_batch(
+        "s1", "policy", snapshot_id, [WireEntry(1, SNAP, b"row", snapshot_id)]
+    )
+    end = WireEntry(2, END, b"1", snapshot_id, 1, base_position=base)
+    store.apply_snapshot_batch("s1", "policy", snapshot_id, [end])
+
+
+def test_what_was_delivered_is_the_last_log_entry_after_the_full_sync_it_follows(
+    store: QueueStore,
+) -> None:
+    _branch(store)
+    store.apply_log_batch("s1", "policy", log(1, 2, 8))
+    _full_sync(store, "snap1", base=6)
+    store.apply_log_batch("s1", "policy", log(7), previous_position=6)
+    _full_sync(store, "snap2", base=9)  # stored, not delivered yet
+    (queue,) = store.list_queues("policy")
+    with store.read() as conn:
+        entries = store.read_queue(conn, queue.queue_id, 1000)
+    (seven,) = [e.seq for e in entries if e.type == LOG and e.source_position == 7]
+    _deliver(store, 7, seq=seven)
+    # Entry 8, received before the first full sync, was replaced by it: 7 is the last
+    # entry this node delivered, not the highest position it ever received.
+    assert store.relay_delivered_position("policy", "s1") == 7
 
 
 def test_delivery_keeps_relayed_entries_until_the_children_have_them(store: QueueStore) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from lr_client import RoutingQueueClient
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store, sequencer
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store, sequencer, slots
 from lr_client.store.cascade import last_end_query, last_end_seq
 from tests.conftest import PgSchema
 
@@ -80,3 +80,30 @@ def test_a_tick_looks_its_fresh_stamps_up_by_index(pg_store: SQLAlchemyQueueStor
         if "Seq Scan on lrq_send_" in line and "lrq_send_state" not in line
     ]
     assert scans == [], plan
+
+
+@pytest.mark.postgres
+def test_the_slots_holding_rows_are_found_by_a_row_read_per_slot(
+    pg_store: SQLAlchemyQueueStore,
+) -> None:
+    store = pg_store
+    client = RoutingQueueClient(store, source_id="a", client_name="policy")
+    client.register_destinations(["b"])
+    with store.engine.begin() as conn:
+        for _ in range(3000):
+            client.transmit_log_entry_message(conn, b"x" * 100, ["b"])
+    store.sequence()
+    with store.engine.begin() as conn:
+        closed = slots.rotate(conn, sequencer.lock_key(conn))
+    assert closed is not None
+    with store.engine.connect() as conn, conn.begin():
+        held = slots._holding(conn, time.time())
+        read = conn.execute(
+            text(
+                "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables"
+                " WHERE relname LIKE 'lrq_send_entries%'"
+            )
+        ).scalar_one()
+        conn.rollback()
+    assert 0 in held  # the slot closed, holding the 3,000 entries
+    assert read <= len(held)  # a row read per slot at most, not every entry of every slot
