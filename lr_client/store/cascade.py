@@ -28,7 +28,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, delete, literal, or_, select, update
+from sqlalchemy import (
+    Select,
+    and_,
+    bindparam,
+    delete,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection
 
 from lr_client.names import recv_queue_name, validate_name
@@ -137,7 +148,7 @@ def last_end_query(queue_id: int) -> Select[Any]:
         select(_R.c.seq, _R.c.base_position)
         .where(
             _R.c.queue_id == queue_id,
-            _R.c.type == literal(_END, literal_execute=True),
+            _R.c.type == literal_column(str(_END)),  # in the text: SQLite's partial index
             _R.c.snapshot_id >= "",
         )
         .order_by((_R.c.seq + 0).desc())
@@ -347,19 +358,20 @@ class CascadeStore(StoreBase):
             qid = self._relay_queue(conn, client_name, origin_id)
             if qid is None:
                 return []
-            start, _ = last_end_seq(conn, qid)
-            # Resume at the entry the last read ended at, not at the relay's start: a
-            # relayed queue keeps what every node below has not acknowledged, and a
-            # read from the start would pass all of it again each time. Past that
+            # After the last full sync's end (looked up in the same statement: one
+            # round trip), and at the entry the last read ended at, not at the relay's
+            # start: a relayed queue keeps what every node below has not acknowledged,
+            # and a read from the start would pass all of it again each time. Past that
             # entry, every log entry of the queue has a higher position (one writer
             # appends to a queue at a time, in order), so the read is the same.
-            start = max(start, marks.get((qid, after), 0))
+            end = last_end_query(qid).with_only_columns(_R.c.seq).scalar_subquery()
             query = (
                 select(_R.c.seq, _R.c.source_position, _R.c.received_at, _R.c.partition_key)
                 .add_columns(*sized(_R.c.payload, limit, max_bytes))
                 .where(
                     _R.c.queue_id == qid,
-                    _R.c.seq > start,
+                    _R.c.seq > func.coalesce(end, 0),
+                    _R.c.seq > marks.get((qid, after), 0),
                     _R.c.type == _LOG,  # bound: the query runs on the driver (PostgreSQL)
                     _R.c.source_position > after,
                 )
