@@ -93,8 +93,7 @@ class Shipper:
             elif cs.mode is Mode.SNAPSHOT:
                 sent_any |= self.send_snapshot(stream, name, cs)
         if reads:
-            requests = self.store.open_snapshots(self.destination, list(reads))
-            drops = {d.client_name: d for d in self.store.list_drops(self.destination)}
+            requests, drops = self.store.send_checks(self.destination, list(reads))
             for name, entries in reads.items():
                 cs, request = streams[name], requests.get(name)
                 if request is not None and cs.config.snapshot == SnapshotProvider.NONE:

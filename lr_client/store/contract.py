@@ -237,6 +237,13 @@ class Snapshots(Transactions, Protocol):
     ) -> dict[str, SnapshotRequest]:
         """The open (requested, running or ready) request of each client that has one."""
 
+    def send_checks(
+        self, destination: str, client_names: Sequence[str]
+    ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
+        """What a sender looks up after reading entries, before it sends them, in one
+        transaction: :meth:`open_snapshots` of ``client_names`` and the destination's
+        drop records (:meth:`Retention.list_drops`) by client."""
+
     def update_snapshot(
         self,
         snapshot_id: str,

@@ -19,6 +19,20 @@ from lr_client.store import schema as s
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
 
+def drop_record(row: Row[Any]) -> DropRecord:
+    return DropRecord(
+        row.destination, row.client_name, row.first_dropped_position, row.dropped_at, row.reason
+    )
+
+
+def read_drops(conn: Connection, destination: str | None = None) -> list[DropRecord]:
+    """The drop records (of one destination, if given)."""
+    query = select(s.drops)
+    if destination is not None:
+        query = query.where(s.drops.c.destination == destination)
+    return [drop_record(r) for r in conn.execute(query).all()]
+
+
 class RetentionStore(SnapshotPoolStore):
     """What the send queue keeps, and the records of streams it gave up."""
 
@@ -113,7 +127,7 @@ class RetentionStore(SnapshotPoolStore):
                 )
             ).first()
             if existing is not None:
-                return self._drop(existing)
+                return drop_record(existing)
             cursor = (
                 conn.execute(
                     select(s.cursors.c.position).where(
@@ -136,18 +150,9 @@ class RetentionStore(SnapshotPoolStore):
             self._set_cursor(conn, destination, client_name, cursor, True)
         return DropRecord(destination, client_name, first, now, reason)
 
-    @staticmethod
-    def _drop(row: Row[Any]) -> DropRecord:
-        return DropRecord(
-            row.destination, row.client_name, row.first_dropped_position, row.dropped_at, row.reason
-        )
-
     def list_drops(self, destination: str | None = None) -> list[DropRecord]:
-        query = select(s.drops)
-        if destination is not None:
-            query = query.where(s.drops.c.destination == destination)
         with self.read() as conn:
-            return [self._drop(r) for r in conn.execute(query).all()]
+            return read_drops(conn, destination)
 
     def clear_drop(self, destination: str, client_name: str) -> None:
         with self.write() as conn:

@@ -43,9 +43,16 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.names import validate_name
-from lr_client.records import OPEN_SNAPSHOT_STATUSES, Fence, SnapshotRequest, SnapshotStatus
+from lr_client.records import (
+    OPEN_SNAPSHOT_STATUSES,
+    DropRecord,
+    Fence,
+    SnapshotRequest,
+    SnapshotStatus,
+)
 from lr_client.store import schema as s
 from lr_client.store.cascade import relay_delivered
+from lr_client.store.retention import read_drops
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
 _OPEN = [x.value for x in OPEN_SNAPSHOT_STATUSES]
@@ -302,6 +309,12 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def open_snapshots(
         self, destination: str, client_names: Sequence[str]
     ) -> dict[str, SnapshotRequest]:
+        with self.read() as conn:
+            return self._open_snapshots(conn, destination, client_names)
+
+    def _open_snapshots(
+        self, conn: Connection, destination: str, client_names: Sequence[str]
+    ) -> dict[str, SnapshotRequest]:
         d = s.snapshot_destinations
         query = (
             _view_query()
@@ -313,10 +326,17 @@ class SnapshotRequestsStore(SnapshotPoolStore):
             .order_by(d.c.created_at.desc())
         )
         found: dict[str, SnapshotRequest] = {}
-        with self.read() as conn:
-            for view in self._views(conn, conn.execute(query).all()):
-                found.setdefault(view.client_name, view)  # the newest
+        for view in self._views(conn, conn.execute(query).all()):
+            found.setdefault(view.client_name, view)  # the newest
         return found
+
+    def send_checks(
+        self, destination: str, client_names: Sequence[str]
+    ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
+        with self.read() as conn:
+            requests = self._open_snapshots(conn, destination, client_names)
+            drops = {d.client_name: d for d in read_drops(conn, destination)}
+        return requests, drops
 
     # -- changes --------------------------------------------------------------------------
     def update_snapshot(

@@ -204,6 +204,21 @@ def test_list_and_open_snapshots(store: Snapshots) -> None:
     assert store.open_snapshots("d", ["policy"]) == {}
 
 
+def test_the_send_checks_are_the_open_requests_and_the_drops_of_a_destination(
+    store: QueueStore,
+) -> None:
+    store.register_sites(["b", "c"])
+    a = store.request_snapshot(None, "b", "policy")
+    store.request_snapshot(None, "c", "other")
+    assert store.drop_stream("b", "other", "behind") is not None
+    assert store.drop_stream("c", "policy", "behind") is not None
+    requests, drops = store.send_checks("b", ["policy", "other"])
+    assert {k: v.snapshot_id for k, v in requests.items()} == {"policy": a}
+    assert {k: (d.destination, d.reason) for k, d in drops.items()} == {"other": ("b", "behind")}
+    assert store.send_checks("b", ["policy"])[0] == store.open_snapshots("b", ["policy"])
+    assert store.send_checks("d", ["policy"]) == ({}, {})
+
+
 def test_update_snapshot_only_from_expected_statuses(store: Snapshots) -> None:
     sid = store.request_snapshot(None, "b", "policy")
     assert not store.update_snapshot(sid, expect=[SnapshotStatus.RUNNING], shipped_position=5)
