@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import case, delete, insert, select, update
+from sqlalchemy import bindparam, case, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, Fence, StreamStop
@@ -25,12 +25,15 @@ def drop_record(row: Row[Any]) -> DropRecord:
     )
 
 
+_DROPS = select(s.drops)
+_DROPS_OF = _DROPS.where(s.drops.c.destination == bindparam("destination"))
+
+
 def read_drops(conn: Connection, destination: str | None = None) -> list[DropRecord]:
     """The drop records (of one destination, if given)."""
-    query = select(s.drops)
-    if destination is not None:
-        query = query.where(s.drops.c.destination == destination)
-    return [drop_record(r) for r in conn.execute(query).all()]
+    if destination is None:
+        return [drop_record(r) for r in conn.execute(_DROPS).all()]
+    return [drop_record(r) for r in conn.execute(_DROPS_OF, {"destination": destination}).all()]
 
 
 class RetentionStore(SnapshotPoolStore):

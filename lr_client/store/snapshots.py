@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.names import validate_name
@@ -76,6 +76,19 @@ def _view_query() -> Any:
         j.c.entry_count,
         j.c.updated_at,
     ).select_from(d.join(j, j.c.snapshot_id == d.c.snapshot_id))
+
+
+#: The open requests of some clients of a destination, newest first: built once (a
+#: sender runs it after each read).
+_OPEN_OF = (
+    _view_query()
+    .where(
+        s.snapshot_destinations.c.destination == bindparam("destination"),
+        s.snapshot_destinations.c.client_name.in_(bindparam("clients", expanding=True)),
+        s.snapshot_destinations.c.status.in_(_OPEN),
+    )
+    .order_by(s.snapshot_destinations.c.created_at.desc())
+)
 
 
 class SnapshotRequestsStore(SnapshotPoolStore):
@@ -315,18 +328,9 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def _open_snapshots(
         self, conn: Connection, destination: str, client_names: Sequence[str]
     ) -> dict[str, SnapshotRequest]:
-        d = s.snapshot_destinations
-        query = (
-            _view_query()
-            .where(
-                d.c.destination == destination,
-                d.c.client_name.in_(list(client_names)),
-                d.c.status.in_(_OPEN),
-            )
-            .order_by(d.c.created_at.desc())
-        )
+        rows = conn.execute(_OPEN_OF, {"destination": destination, "clients": list(client_names)})
         found: dict[str, SnapshotRequest] = {}
-        for view in self._views(conn, conn.execute(query).all()):
+        for view in self._views(conn, rows.all()):
             found.setdefault(view.client_name, view)  # the newest
         return found
 
