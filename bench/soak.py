@@ -106,9 +106,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from bench.common import (
     DEFAULT_PG_URL,
@@ -139,7 +137,7 @@ from bench.replicate import (
 )
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client import create_engine as lr_create_engine
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store import SQLAlchemyQueueStore, create_app_tables, open_store
 from lr_client.store.recv_rotation import MAX_SLOTS
 from lr_client.store.schema import (
     RECV_PARTITION_PREFIX,
@@ -203,17 +201,8 @@ class ApplyListener(RoutingQueueListener):
 
 
 def create_applied_table(store: SQLAlchemyQueueStore) -> None:
-    """Create ``soak_applied`` at a sink (retrying the lock its just-started server holds)."""
-    # SQLite: the sink's server, just started, may write between the DDL's read of
-    # the schema and its write ("database is locked" at once).
-    for attempt in Retrying(
-        retry=retry_if_exception_type(OperationalError),
-        stop=stop_after_attempt(20),
-        wait=wait_fixed(0.5),
-        reraise=True,
-    ):
-        with attempt:
-            applied_meta.create_all(store.engine)
+    """Create ``soak_applied`` at a sink (whose server may be writing)."""
+    create_app_tables(store.engine, applied_meta)
 
 
 def run_subscriber(url: str, stop: MpEvent, poll_interval: float = SUBSCRIBER_POLL) -> None:

@@ -46,7 +46,7 @@ from lr_client.records import (
 from lr_client.sender import DEFAULT_MAX_PAYLOAD_BYTES, Backpressure, RoutingQueueClient
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
 from lr_client.snapshot_status import SnapshotInfo
-from lr_client.store import QueueStore, create_engine, create_schema, open_store
+from lr_client.store import QueueStore, create_app_tables, create_engine, create_schema, open_store
 from lr_client.store.lifecycle import SchemaState, SchemaStatus
 from lr_client.subscriber import RoutingQueueSubscriber, SnapshotDelivery
 
@@ -100,6 +100,7 @@ __all__ = [
     "TransportError",
     "UnknownDestinationError",
     "__version__",
+    "create_app_tables",
     "create_engine",
     "create_schema",
     "open_store",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from lr_client.store.contract import (
     CascadeReports,
@@ -132,6 +134,29 @@ def create_schema(engine_or_url: Engine | str) -> SchemaStatus:
             store.close()
 
 
+def _sqlite_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlalchemy.exc.OperationalError) and "database is locked" in str(exc)
+
+
+def create_app_tables(
+    engine: Engine, metadata: sqlalchemy.MetaData, tables: Sequence[sqlalchemy.Table] | None = None
+) -> None:
+    """Create an application's tables (``metadata.create_all``) in a site's database.
+
+    On SQLite, a site's server that writes between the DDL's read of the schema
+    and its write makes it fail at once ("database is locked": no busy wait
+    there); it is tried again, for up to 30 s. Other errors are raised.
+    """
+    for attempt in Retrying(
+        retry=retry_if_exception(_sqlite_locked),
+        stop=stop_after_delay(30),
+        wait=wait_fixed(0.25),
+        reraise=True,
+    ):
+        with attempt:
+            metadata.create_all(engine, tables=tables)
+
+
 __all__ = [
     "CascadeReports",
     "Cascading",
@@ -148,6 +173,7 @@ __all__ = [
     "Sites",
     "Snapshots",
     "SubscriberQueues",
+    "create_app_tables",
     "create_engine",
     "create_schema",
     "open_store",

@@ -39,9 +39,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import CursorResult, Engine
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from lr_client import (
     EntryRef,
@@ -52,7 +50,7 @@ from lr_client import (
     RoutingQueueSubscriber,
 )
 from lr_client.snapshot import SnapshotContext
-from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from lr_client.store import SQLAlchemyQueueStore, create_app_tables, create_engine, open_store
 from lr_client.store import schema as lrq
 from tests.kit.verifier import END, LOG, SNAPSHOT, START, AppliedEntry, SentEntry, SnapshotInfo
 from tests.kit.wait import scaled
@@ -434,16 +432,7 @@ class SinkApp:
         self.engine = create_engine(url)
         self.store = open_store(self.engine)
         self.store.create_schema()
-        # SQLite: a running server may write between the DDL's read of the schema
-        # and its write ("database is locked" at once, no busy wait): try again.
-        for attempt in Retrying(
-            retry=retry_if_exception_type(OperationalError),
-            stop=stop_after_attempt(40),
-            wait=wait_fixed(0.25),
-            reraise=True,
-        ):
-            with attempt:
-                meta.create_all(self.engine, tables=SINK_TABLES)
+        create_app_tables(self.engine, meta, SINK_TABLES)  # beside a running server
         self.listeners = {c: RecordingListener(c) for c in clients}
         self.subscribers = [
             RoutingQueueSubscriber(
