@@ -10,14 +10,18 @@ unseen: a snapshot is never delivered twice).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from lr_client.errors import ProtocolError
 from lr_client.listener import RoutingQueueMessage
-from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
-
-_SNAPSHOT_TYPES = (ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY)
+from lr_client.records import (
+    SNAPSHOT_TYPES,
+    HeadEntry,
+    QueueInfo,
+    ReplicationType,
+    SubscriberState,
+)
 
 
 class PlanKind(enum.StrEnum):
@@ -43,7 +47,7 @@ class Plan:
 
 
 def run_length(
-    entries: Sequence[HeadEntry], types: Sequence[ReplicationType], snapshot_id: str | None
+    entries: Sequence[HeadEntry], types: Collection[ReplicationType], snapshot_id: str | None
 ) -> int:
     """How many leading entries have one of ``types`` (and ``snapshot_id``, unless None)."""
     n = 0
@@ -110,12 +114,12 @@ def plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[He
             end=False,
             in_snapshot=state.in_snapshot,
         )
-    if first.type not in _SNAPSHOT_TYPES:
+    if first.type not in SNAPSHOT_TYPES:
         raise ProtocolError(f"entry seq {first.seq} has type {first.type.name}")
     sid = first.snapshot_id
     if sid and sid == state.snapshot_id and not state.in_snapshot:
         # Left over from a snapshot whose end was already delivered: never redeliver it.
-        stale = entries[: run_length(entries, _SNAPSHOT_TYPES, sid)]
+        stale = entries[: run_length(entries, SNAPSHOT_TYPES, sid)]
         return Plan(PlanKind.STALE, [e.seq for e in stale], [], sid, False, False, False)
     start = not (state.in_snapshot and state.snapshot_id == sid)
     run = entries[: run_length(entries, (ReplicationType.SNAPSHOT_SYNC,), sid)]

@@ -23,6 +23,8 @@ class ReplicationType(enum.IntEnum):
 #: Every type by its value: what rows or messages read in bulk look their type up in
 #: (an index per row instead of an enum call).
 TYPES_BY_VALUE: Mapping[int, ReplicationType] = {int(t): t for t in ReplicationType}
+#: The types of a full sync's entries: its rows and its end marker.
+SNAPSHOT_TYPES = frozenset({ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY})
 
 
 class SnapshotStatus(enum.StrEnum):

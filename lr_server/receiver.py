@@ -27,6 +27,7 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import InvalidNameError, NotProviderError, ProtocolError
 from lr_client.names import validate_name
 from lr_client.records import (
+    SNAPSHOT_TYPES,
     TYPES_BY_VALUE,
     CascadeNode,
     ReplicationType,
@@ -44,7 +45,6 @@ _SNAPSHOT_STATE = {
     SinkSnapshotState.COMPLETED: pb.SNAPSHOT_COMPLETED,
 }
 _LOG_TYPES = {ReplicationType.LOG_ENTRY_SYNC}
-_SNAP_TYPES = {ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY}
 
 
 #: Seconds a cascade row read is used before it is read again (a refusal reads it again).
@@ -188,7 +188,7 @@ class Receiver:
                 raise ProtocolError("snapshot batch without snapshot_id")
             _valid_snapshot_id(batch.snapshot_id)
             if any(
-                e.type not in _SNAP_TYPES or e.snapshot_id != batch.snapshot_id for e in entries
+                e.type not in SNAPSHOT_TYPES or e.snapshot_id != batch.snapshot_id for e in entries
             ):
                 raise ProtocolError("snapshot batch holds entries of another type or snapshot")
             applied, last = self.store.apply_snapshot_batch(

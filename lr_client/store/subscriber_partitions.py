@@ -38,7 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from lr_client.errors import PartitionCountError
-from lr_client.records import HeadEntry, ReplicationType
+from lr_client.records import TYPES_BY_VALUE, HeadEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.cascade import is_relayed, relayed_as_leased
@@ -47,7 +47,6 @@ from lr_client.store.subscriber_queues import forget_delivered
 _T = s.subscriber_state
 _P = s.subscriber_partitions
 _R = s.recv_entries
-_TYPES = {int(t): t for t in ReplicationType}
 
 
 #: A partition's compare-and-set, built once (a batch's statement: not built and keyed
@@ -157,7 +156,7 @@ class SubscriberPartitionsStore(StoreBase):
         return [
             HeadEntry(
                 r[0],
-                _TYPES[r[1]],
+                TYPES_BY_VALUE[r[1]],
                 r[2],
                 r[3],
                 b"" if r[6] is None else bytes(r[6]),

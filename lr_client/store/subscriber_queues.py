@@ -50,7 +50,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, update
 from sqlalchemy.engine import Connection
 
-from lr_client.records import HeadEntry, QueueInfo, RecvEntry, ReplicationType, SubscriberState
+from lr_client.records import (
+    TYPES_BY_VALUE,
+    HeadEntry,
+    QueueInfo,
+    RecvEntry,
+    ReplicationType,
+    SubscriberState,
+)
 from lr_client.store import schema as s
 from lr_client.store.arrival_watch import ArrivalWatch
 from lr_client.store.base import StoreBase
@@ -59,7 +66,6 @@ from lr_client.store.cascade import is_relayed, relayed_as_leased
 
 _T = s.subscriber_state
 _R = s.recv_entries
-_TYPES = {int(t): t for t in ReplicationType}
 
 
 def delivered_seq(queue_id: Any) -> ColumnElement[Any]:
@@ -301,7 +307,7 @@ class SubscriberQueuesStore(StoreBase):
             rows = [(*r[:-1], p) for r, p in fill(conn, rows, _R.c.seq, _R.c.payload)]
         # Each row's last column is its payload (the drivers give bytes); one tuple
         # per entry, HeadEntry._make without its length check.
-        new, types = tuple.__new__, _TYPES
+        new, types = tuple.__new__, TYPES_BY_VALUE
         return [
             new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], _key(r[5])))
             if r[5] is not None
@@ -322,7 +328,7 @@ class SubscriberQueuesStore(StoreBase):
         ).first()
         if row is None:
             return None
-        return HeadEntry(row[0], _TYPES[row[1]], row[2], row[3], b"", row[4])
+        return HeadEntry(row[0], TYPES_BY_VALUE[row[1]], row[2], row[3], b"", row[4])
 
     def has_snapshot_end(self, conn: Connection, queue_id: int, snapshot_id: str) -> bool:
         """Whether the end marker of ``snapshot_id`` is in the receive queue (an index probe)."""
