@@ -46,6 +46,23 @@ def switch(sites: Sites, node: str, to: str) -> dict[str, Any]:
     return out
 
 
+def assert_complete(c: Cascade, *nodes: str) -> None:
+    """Each node settles with every entry, once, in order (the reliability verifier)."""
+    for node in nodes:
+        wait_for(lambda node=node: c.settled(node), timeout=scaled(90))
+        report = c.report(node)
+        report.assert_clean()  # nothing lost, repeated or out of order
+        assert report.applied == report.expected
+
+
+def assert_adopted(c: Cascade, node: str, provider: str) -> None:
+    """``node`` was switched once, to ``provider``, which counts it as its child."""
+    moved = c.store(node).cascade_node("policy")
+    assert moved is not None and (moved.provider_id, moved.epoch) == (provider, 2)
+    adopted = {ch.child_id: ch for ch in c.store(provider).cascade_children("policy")}[node]
+    assert (adopted.epoch, adopted.dropped) == (2, False)
+
+
 def test_a_leaf_whose_branch_is_lost_is_switched_to_the_root_without_a_full_sync(
     sites: Sites, cascades: list[Cascade]
 ) -> None:
@@ -66,16 +83,9 @@ def test_a_leaf_whose_branch_is_lost_is_switched_to_the_root_without_a_full_sync
     seen = c.source.committed
     wait_for(lambda: c.source.committed >= seen + 100, timeout=scaled(60))
     c.source.stop()
-    for node in ("s4", "s2"):
-        wait_for(lambda node=node: c.settled(node), timeout=scaled(90))
-        report = c.report(node)
-        report.assert_clean()  # nothing lost, repeated or out of order
-        assert report.applied == report.expected
+    assert_complete(c, "s4", "s2")
     assert c.store("s1").list_snapshots("s4") == []  # no full sync was asked for
-    node = c.store("s4").cascade_node("policy")
-    assert node is not None and (node.provider_id, node.epoch) == ("s1", 2)
-    adopted = {ch.child_id: ch for ch in c.store("s1").cascade_children("policy")}["s4"]
-    assert (adopted.epoch, adopted.dropped) == (2, False)
+    assert_adopted(c, "s4", "s1")
 
 
 def test_when_the_root_is_lost_its_branch_is_switched_to_the_other_branch_without_a_full_sync(
@@ -106,19 +116,12 @@ def test_when_the_root_is_lost_its_branch_is_switched_to_the_other_branch_withou
     out = switch(sites, "s3", "s2")
     assert (out["provider"], out["previous_provider"], out["adopted"]) == ("s2", "s1", True)
 
-    for node in ("s2", "s3", "s4"):
-        wait_for(lambda node=node: c.settled(node), timeout=scaled(90))
-        report = c.report(node)
-        report.assert_clean()  # nothing lost, repeated or out of order
-        assert report.applied == report.expected
+    assert_complete(c, "s2", "s3", "s4")
     assert c.store("s2").list_snapshots() == []  # no full sync was asked for
     assert c.store("s3").list_snapshots() == []
     for node in ("s3", "s4"):
         assert START not in [a.kind for a in read_applied(c.sinks[node].engine, node)]
-    moved = c.store("s3").cascade_node("policy")
-    assert moved is not None and (moved.provider_id, moved.epoch) == ("s2", 2)
-    adopted = {ch.child_id: ch for ch in c.store("s2").cascade_children("policy")}["s3"]
-    assert (adopted.epoch, adopted.dropped) == (2, False)
+    assert_adopted(c, "s3", "s2")
 
 
 def test_a_node_switched_to_a_provider_that_trimmed_past_it_gets_a_full_sync(

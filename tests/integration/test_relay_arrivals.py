@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sqlalchemy import update
 
 from lr_client._proto import replication_pb2 as pb
+from lr_client.records import CascadeNode
 from lr_client.store import SQLAlchemyQueueStore, open_store, schema
 from lr_server.arrivals import Arrivals
 from lr_server.config import (
@@ -55,6 +56,39 @@ def _from_root(position: int, client: str = "policy") -> pb.ReplicationBatch:
             )
         ],
     )
+
+
+def _relaying(
+    store: SQLAlchemyQueueStore,
+    node: CascadeNode,
+    arrivals: Arrivals,
+    transport: Callable[[], Transport],
+) -> SenderSession:
+    """The branch ``s3``'s session to its child ``s4``, relaying ``policy`` (its poll an
+    hour), woken by ``arrivals``."""
+    return SenderSession(
+        store,
+        "s3",
+        "s4",
+        [ClientConfig("policy")],
+        transport,
+        ReplicationConfig(poll_interval=HOUR),
+        cascade={"policy": node},
+        arrivals=arrivals,
+    )
+
+
+@contextlib.contextmanager
+def _running(session: SenderSession, arrivals: Arrivals) -> Iterator[None]:
+    stop = threading.Event()
+    worker = threading.Thread(target=session.run, args=(stop,), daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        arrivals.ring("s1", "policy")  # end its wait now
+        join(worker, 30)
 
 
 def test_the_receiver_tells_of_each_log_batch_it_stores(store: SQLAlchemyQueueStore) -> None:
@@ -124,30 +158,14 @@ def test_a_branch_relays_a_batch_stored_while_the_previous_one_is_in_flight(
     arrivals = Arrivals()
     receiver = Receiver(store, "s3", ["s1"], on_stored=arrivals.ring)
     sink = HeldAcks()
-    session = SenderSession(
-        store,
-        "s3",
-        "s4",
-        [ClientConfig("policy")],
-        lambda: sink,
-        ReplicationConfig(poll_interval=HOUR),
-        cascade={"policy": node},
-        arrivals=arrivals,
-    )
-    stop = threading.Event()
-    worker = threading.Thread(target=session.run, args=(stop,), daemon=True)
-    worker.start()
-    try:
+    session = _relaying(store, node, arrivals, lambda: sink)
+    with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
         receiver.apply("s1", _from_root(1))
         wait_for(lambda: len(sink.sent) == 1, timeout=scaled(30), what="the first batch")
         receiver.apply("s1", _from_root(2))  # the first is not acknowledged, nor ever will be
         wait_for(lambda: len(sink.sent) == 2, timeout=scaled(30), what="the second batch")
         assert [(b.first_position, b.previous_position) for b in sink.sent] == [(1, 0), (2, 1)]
-    finally:
-        stop.set()
-        arrivals.ring("s1", "policy")  # end its wait now
-        join(worker, 30)
 
 
 def test_a_branch_relays_a_stored_batch_without_waiting_for_its_poll(
@@ -163,20 +181,8 @@ def test_a_branch_relays_a_stored_batch_without_waiting_for_its_poll(
         receiver = Receiver(branch, "s3", ["s1"], on_stored=arrivals.ring)
         receiver.apply("s1", _from_root(1))  # stored before the session starts
         at_leaf = Receiver(leaf, "s4", ["s3"])
-        session = SenderSession(
-            branch,
-            "s3",
-            "s4",
-            [ClientConfig("policy")],
-            lambda: InProcessTransport(at_leaf, "s3"),
-            ReplicationConfig(poll_interval=HOUR),
-            cascade={"policy": node},
-            arrivals=arrivals,
-        )
-        stop = threading.Event()
-        worker = threading.Thread(target=session.run, args=(stop,), daemon=True)
-        worker.start()
-        try:
+        session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
+        with _running(session, arrivals):
             received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
             wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
             # Caught up with nothing in flight: the session waits. What is stored now
@@ -184,10 +190,6 @@ def test_a_branch_relays_a_stored_batch_without_waiting_for_its_poll(
             receiver.apply("s1", _from_root(2))
             wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored later")
             assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
-        finally:
-            stop.set()
-            arrivals.ring("s1", "policy")  # end its wait now
-            join(worker, 30)
     finally:
         leaf.engine.dispose()
 
