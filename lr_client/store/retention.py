@@ -32,8 +32,10 @@ _DROPS_OF = _DROPS.where(s.drops.c.destination == bindparam("destination"))
 def read_drops(conn: Connection, destination: str | None = None) -> list[DropRecord]:
     """The drop records (of one destination, if given)."""
     if destination is None:
-        return [drop_record(r) for r in conn.execute(_DROPS).all()]
-    return [drop_record(r) for r in conn.execute(_DROPS_OF, {"destination": destination}).all()]
+        rows = conn.execute(_DROPS)
+    else:
+        rows = conn.execute(_DROPS_OF, {"destination": destination})
+    return [drop_record(r) for r in rows.all()]
 
 
 class RetentionStore(SnapshotPoolStore):
