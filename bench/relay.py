@@ -267,6 +267,19 @@ class ServerHistogram:
         return lower
 
 
+def relay_ways(port: int) -> dict[str, float]:
+    """The branch's batches relayed so far by way (``lr_relay_batches``): forwarded as
+    received, or read from its receive queue."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        body = r.read().decode()
+    ways = {"forwarded": 0.0, "stored": 0.0}
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            if s.name == "lr_relay_batches_total":
+                ways[s.labels["way"]] = ways.get(s.labels["way"], 0.0) + s.value
+    return ways
+
+
 @dataclass
 class Stage:
     """One stage over the paced load: observations (entries or batches), mean and the
@@ -312,6 +325,9 @@ class LatencyResult:
     hop_p99_ms: float
     #: Each stage of the paths over the paced load (see :data:`STAGES`).
     stages: dict[str, Stage]
+    #: The branch's batches to the relayed leaf over the paced load, by way: forwarded
+    #: as received (before the branch stored them) or read from its receive queue.
+    relay_batches: dict[str, int]
     #: The machine's CPU busy over the paced load (0..1, every process and PostgreSQL).
     machine_cpu_busy: float
     #: CPU seconds per process over the paced load, and its wall-clock seconds.
@@ -369,6 +385,7 @@ def measure_latency(
         pids |= {f"listener {s}": p.pid for s, p in listeners.items() if p.pid is not None}
         pids["bench (transmitter)"] = os.getpid()
         cpu0, machine0, stages0 = cpu_of(pids), machine_cpu(), tree.scrape()
+        ways0 = relay_ways(tree.metrics_ports["branch"])
         started = time.time()
         load = paced_load(
             src.store,
@@ -387,6 +404,7 @@ def measure_latency(
         except RuntimeError:
             complete = False
         cpu1, machine1, stages1 = cpu_of(pids), machine_cpu(), tree.scrape()
+        ways1 = relay_ways(tree.metrics_ports["branch"])
         wall = time.time() - started
     finally:
         stop.set()
@@ -414,6 +432,7 @@ def measure_latency(
         round(lat["relayed"].p50_ms - lat["direct"].p50_ms, 2),
         round(lat["relayed"].p99_ms - lat["direct"].p99_ms, 2),
         {name: Stage.of(stages1[name].since(stages0[name])) for name in stages1},
+        {way: int(ways1[way] - ways0.get(way, 0.0)) for way in ways1},
         round((machine1[0] - machine0[0]) / max(machine1[1] - machine0[1], 1.0), 3),
         {name: round(cpu1[name] - cpu0[name], 2) for name in pids},
         round(wall, 2),
@@ -565,6 +584,11 @@ def report(console: Console, data: dict[str, Any]) -> None:
         caption="stored at X: from the root's transmit (before its COMMIT) to X's receiver "
         "transaction; ack A -> B: a batch from its send to its acknowledgement; "
         "p50/p99 interpolated within the histogram's buckets",
+    )
+    ways = lat["relay_batches"]
+    console.print(
+        f"the branch relayed {ways.get('forwarded', 0):,} batches as received (before "
+        f"storing them) and {ways.get('stored', 0):,} from its receive queue"
     )
     cpu = ", ".join(f"{k} {v:.1f}" for k, v in lat["cpu_seconds"].items())
     console.print(

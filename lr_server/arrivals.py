@@ -1,47 +1,77 @@
-"""Wake-ups for the sender sessions that relay what this site's receiver stores.
+"""Wake-ups for the sender sessions that relay what this site's receiver takes in.
 
 A branch relays a cascaded client from its own receive queue
 (docs/cascading.md). Its receiver and its sender sessions run in one process:
-the receiver calls :meth:`Arrivals.ring` once a log batch of a client is
-stored (its transaction committed), and every session that relays that client
-is woken (its wait for acknowledgements ends: :meth:`BatchStream.interrupt
-<lr_server.transport.base.BatchStream.interrupt>`) to read it at once, instead
-of at its next poll (``[replication] poll_interval``) or the next
-acknowledgement. A ring nobody listens for costs a dict look-up; a ring while
-the session reads leaves its wait ended in advance, so nothing stored is left
-waiting for a poll.
+
+* the receiver calls :meth:`Arrivals.offer` with each log batch of a relayed
+  client it accepts from the client's provider, *before* storing it: every
+  session relaying that client keeps the batch (its
+  :class:`~lr_server.relay_inbox.RelayInbox`) and is woken to forward it at
+  once, while the branch stores it (cut-through);
+* it calls :meth:`Arrivals.ring` once a log batch is stored (its transaction
+  committed): every session relaying that client is woken (its wait for
+  acknowledgements ends: :meth:`BatchStream.interrupt
+  <lr_server.transport.base.BatchStream.interrupt>`) to read what it has not
+  sent at once, instead of at its next poll (``[replication] poll_interval``)
+  or the next acknowledgement.
+
+A call nobody listens for costs a dict look-up; a wake-up while the session
+reads leaves its wait ended in advance, so nothing is left waiting for a poll.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from lr_client.records import WireEntry
 
 Wake = Callable[[], None]
+#: Given (origin, client, previous position, entries) of a batch received, before it
+#: is stored.
+Forward = Callable[[str, str, int, Sequence[WireEntry]], None]
 
 
 class Arrivals:
-    """Who to wake when a batch of a client is stored here."""
+    """Who to tell when a batch of a client is received, and stored, here."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wakes: dict[str, list[Wake]] = {}
+        self._forwards: dict[str, list[Forward]] = {}
 
-    def listen(self, clients: Iterable[str], wake: Wake) -> None:
-        """Call ``wake`` whenever a log batch of one of ``clients`` is stored, until
-        :meth:`forget`."""
+    def listen(self, clients: Iterable[str], wake: Wake, forward: Forward | None = None) -> None:
+        """Call ``wake`` whenever a log batch of one of ``clients`` is stored, and
+        ``forward`` with each one received before it is stored, until :meth:`forget`."""
         with self._lock:
             for client in clients:
                 self._wakes.setdefault(client, []).append(wake)
+                if forward is not None:
+                    self._forwards.setdefault(client, []).append(forward)
 
-    def forget(self, wake: Wake) -> None:
+    def forget(self, wake: Wake, forward: Forward | None = None) -> None:
         with self._lock:
-            for client in list(self._wakes):
-                kept = [w for w in self._wakes[client] if w is not wake]
-                if kept:
-                    self._wakes[client] = kept
-                else:
-                    del self._wakes[client]
+            _drop(self._wakes, wake)
+            if forward is not None:
+                _drop(self._forwards, forward)
+
+    def relayed(self, client: str) -> bool:
+        """Whether a session here forwards batches of ``client`` as they are received."""
+        return client in self._forwards
+
+    def offer(
+        self, source_id: str, client: str, previous: int, entries: Sequence[WireEntry]
+    ) -> None:
+        """A log batch of ``client`` from ``source_id`` (its origin) was received from its
+        provider and checked: it holds every entry of the client after ``previous``.
+        The sessions relaying it keep it and are woken; the receiver stores it
+        meanwhile (a wait for them to send it on first was measured slower: it delays
+        the acknowledgement to the provider, which then gathers larger batches)."""
+        with self._lock:
+            forwards = list(self._forwards.get(client, ()))
+        for forward in forwards:
+            forward(source_id, client, previous, entries)
 
     def ring(self, source_id: str, client: str) -> None:
         """A log batch of ``client`` from ``source_id`` (its origin) was stored."""
@@ -51,4 +81,14 @@ class Arrivals:
             wake()
 
 
-__all__ = ["Arrivals", "Wake"]
+def _drop(table: dict[str, list[Any]], fn: object) -> None:
+    """Take ``fn`` out of every client's list of ``table`` (and a list left empty)."""
+    for client in list(table):
+        kept = [f for f in table[client] if f is not fn]
+        if kept:
+            table[client] = kept
+        else:
+            del table[client]
+
+
+__all__ = ["Arrivals", "Forward", "Wake"]

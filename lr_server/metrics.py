@@ -78,6 +78,13 @@ RELAY_LAG = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 
+RELAY_BATCHES = Counter(
+    "lr_relay_batches",
+    "Log batches a branch relayed to a node below: forwarded as received (before it "
+    "stored them) or read from its receive queue",
+    ["destination", "client", "way"],
+)
+
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; an error names the port."""
@@ -110,6 +117,7 @@ __all__ = [
     "PLACEMENT_CHANGES",
     "RECEIVER_CALLS_REFUSED",
     "RECEIVER_OPEN_CALLS",
+    "RELAY_BATCHES",
     "RELAY_LAG",
     "SNAPSHOT_ACTIVE",
     "SNAPSHOT_ROWS",

@@ -60,6 +60,9 @@ CascadeHandler = Callable[[str, pb.CascadeReport], pb.CascadeReply]
 
 #: Told (source or origin, client) once a log batch is stored (its transaction committed).
 StoredHook = Callable[[str, str], None]
+#: Given (source or origin, client, previous position, entries) of a log batch accepted
+#: from its sender (its provider, for a cascaded client), before it is stored.
+ReceivedHook = Callable[[str, str, int, Sequence[WireEntry]], None]
 
 
 class Receiver:
@@ -74,6 +77,7 @@ class Receiver:
         max_batch_entries: int = 100_000,
         cascade_reports: CascadeHandler | None = None,
         on_stored: StoredHook | None = None,
+        on_received: ReceivedHook | None = None,
     ) -> None:
         self.store = store
         self.sink_id = sink_id
@@ -84,6 +88,9 @@ class Receiver:
         #: Told of every log batch stored: a branch's sessions relay it at once
         #: (:class:`lr_server.arrivals.Arrivals`).
         self.on_stored = on_stored
+        #: Given every log batch accepted, before it is stored: a branch's sessions
+        #: forward it while this node stores it (:mod:`lr_server.relay_inbox`).
+        self.on_received = on_received
         self._cascade: dict[str, CascadeNode] = {}
         self._cascade_read_at = -CASCADE_ROWS_TTL
         self._cascade_lock = threading.Lock()
@@ -180,6 +187,8 @@ class Receiver:
                     batch.low_water,
                 )
             else:
+                if self.on_received is not None:
+                    self.on_received(source_id, client, batch.previous_position, entries)
                 applied, last = self.store.apply_log_batch(
                     source_id, client, entries, batch.previous_position
                 )

@@ -127,6 +127,7 @@ class SiteServer:
                 [s.id for s in cfg.sources],
                 cascade_reports=self.serve_cascade if cfg.cascades else None,
                 on_stored=self.arrivals.ring,
+                on_received=self.arrivals.offer,
             )
             self._grpc = start_grpc_server(cfg, receiver)
             log.info("receiver listening on %s", cfg.listen)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -33,13 +33,14 @@ from tenacity import (
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
-from lr_client.records import CascadeNode, Fence, SnapshotStatus
+from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
 from lr_client.store import Cascading, Inspection, Receiving, Retention, Shipping, Snapshots
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.arrivals import Arrivals
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
 from lr_server.negotiation import ClientFacts, ClientPlan, SinkState, Step
+from lr_server.relay_inbox import RelayInbox
 from lr_server.shipping import Shipper
 from lr_server.snapshot_requests import SnapshotLauncher, SnapshotRequests
 from lr_server.status import head_position as assigned_head
@@ -90,11 +91,15 @@ class SenderSession:
         #: branch): its wait for acknowledgements ends, and it reads the batch at once.
         self.arrivals = arrivals
         self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
-        relayed = [n for n, node in self.cascade.items() if node.origin_id != source_id]
-        if arrivals is not None and relayed:
-            arrivals.listen(relayed, self._arrived)
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
+        #: The batches of the clients it relays received here and not stored yet, which
+        #: it may forward at once (:mod:`lr_server.relay_inbox`); None: none relayed.
+        self.inbox: RelayInbox | None = None
+        relayed = [n for n, node in self.cascade.items() if node.origin_id != source_id]
+        if arrivals is not None and relayed:
+            self.inbox = RelayInbox(self.cfg.window_batches, self.cfg.batch_max_bytes * 2)
+            arrivals.listen(relayed, self._arrived, self._received)
         self.retry = retry or RetryConfig()
         self.state = SessionState.STARTING
         self.connected = False
@@ -123,6 +128,7 @@ class SenderSession:
             reader,
             self._log,
             self.cascade,
+            self.inbox,
         )
 
     def fence(self, client: str) -> Fence | None:
@@ -148,6 +154,8 @@ class SenderSession:
                     self._pump(stop, stream, streams)
                 finally:
                     self._stream = None
+                    if self.inbox is not None:
+                        self.inbox.clear()
                     stream.close()
             except NotProviderError as exc:
                 self._failed(exc)
@@ -168,7 +176,7 @@ class SenderSession:
                 if transport is not None:
                     transport.close()
         if self.arrivals is not None:
-            self.arrivals.forget(self._arrived)
+            self.arrivals.forget(self._arrived, self._received)
         self.state = SessionState.STOPPED
         self._save_status()
 
@@ -275,7 +283,8 @@ class SenderSession:
             # The highest position assigned, read without waiting for
             # transmitters: the sink can never be past it.
             head = assigned_head(self.store)
-            heads = {n: self._head(n, head) for n in checks}
+            sinks = {f.name: f.sink.last_position for f in facts}
+            heads = {n: self._head(n, head, sinks[n]) for n in checks}
             facts = [
                 replace(f, trimmed_through=marks[f.name], head=heads[f.name])
                 if f.name in marks
@@ -298,12 +307,17 @@ class SenderSession:
             return self.store.trimmed_through(self.destination, name)
         return self.store.relay_resume_floor(name, origin)
 
-    def _head(self, name: str, head: int) -> int:
-        """The highest position of the stream here (relayed: the last one received)."""
+    def _head(self, name: str, head: int, sink_position: int) -> int:
+        """The highest position of the stream here (relayed: the last one received, or
+        the sink's if higher: a child may hold entries this branch forwarded before it
+        stored them (:mod:`lr_server.relay_inbox`), and their positions are the
+        origin's, so a child past what is stored here is not a sign of a database
+        restored from a backup; it resumes where it is, and this node relays what
+        follows once it has it)."""
         origin = self._origin(name)
         if origin is None:
             return head
-        return self.store.sink_progress(origin, name).last_position
+        return max(self.store.sink_progress(origin, name).last_position, sink_position)
 
     def _gather(self, sink: dict[str, SinkState]) -> list[ClientFacts]:
         """What the plan needs to know of each configured client (all but the trim marks)."""
@@ -399,6 +413,18 @@ class SenderSession:
         """A batch of a client this session relays was stored: end its wait, if any."""
         stream = self._stream
         if stream is not None:
+            stream.interrupt()
+
+    def _received(
+        self, origin: str, client: str, previous: int, entries: Sequence[WireEntry]
+    ) -> None:
+        """A batch of a client it relays was received from the provider (not stored yet):
+        keep it to forward, and end the session's wait."""
+        node = self.cascade.get(client)
+        stream, inbox = self._stream, self.inbox
+        if node is None or node.origin_id != origin or stream is None or inbox is None:
+            return
+        if inbox.put(client, previous, entries):
             stream.interrupt()
 
     def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:

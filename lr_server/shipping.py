@@ -27,6 +27,7 @@ from lr_client.store.byte_bounds import ByteCut
 from lr_server import metrics, wire
 from lr_server.config import ReplicationConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
+from lr_server.relay_inbox import RelayInbox
 from lr_server.snapshot_requests import SnapshotRequests
 from lr_server.stops import StreamStops
 from lr_server.streams import ClientStream, Lanes, Mode
@@ -54,6 +55,7 @@ class Shipper:
         reader: LogFanout | None,
         log: logging.LoggerAdapter[logging.Logger],
         cascade: dict[str, CascadeNode] | None = None,
+        inbox: RelayInbox | None = None,
     ) -> None:
         self.store = store
         self.source_id = source_id
@@ -67,6 +69,8 @@ class Shipper:
         self.requests = requests
         self.reader = reader
         self._log = log
+        #: Batches of relayed clients received and not stored yet (None: none relayed).
+        self.inbox = inbox
 
     def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         """One round over the clients: send what each may send now; whether any went."""
@@ -125,8 +129,8 @@ class Shipper:
             return []
         if node is not None:  # one lane: every entry of the client, in origin positions
             limit, max_bytes = self.cfg.batch_max_entries, self.cfg.batch_max_bytes
-            if relayed:  # a branch: from the receive queue
-                return self.store.read_relay(name, node.origin_id, cs.sent, limit, max_bytes)
+            if relayed:  # a branch: as received, or from the receive queue
+                return self.read_relay(name, node.origin_id, cs.sent, limit, max_bytes)
             return list(self.store.read_client_log(name, cs.sent, limit, max_bytes=max_bytes))
         read = self.reader.read if self.reader is not None else self.store.read_log_entries
         lanes = self.cfg.streams_per_destination  # a batch's worth per lane
@@ -137,6 +141,22 @@ class Shipper:
             self.cfg.batch_max_entries * lanes,
             max_bytes=self.cfg.batch_max_bytes * lanes,
         )
+
+    def read_relay(
+        self, name: str, origin: str, after: int, limit: int, max_bytes: int
+    ) -> list[SendEntry]:
+        """A relayed client's entries after ``after``: from a batch received and perhaps
+        not stored yet, if one follows ``after`` (:mod:`lr_server.relay_inbox`), else
+        from the receive queue."""
+        if self.inbox is not None:
+            entries = self.inbox.take(name, after, limit, max_bytes)
+            if entries:
+                metrics.RELAY_BATCHES.labels(self.destination, name, "forwarded").inc()
+                return entries
+        entries = self.store.read_relay(name, origin, after, limit, max_bytes)
+        if entries:
+            metrics.RELAY_BATCHES.labels(self.destination, name, "stored").inc()
+        return entries
 
     def ship_log(
         self,

@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from lr_client.errors import FencedError, LRError, SchemaError, StoreUnavailableError
 from lr_client.records import EntryRef, Fence, NewLogEntry
 from lr_client.store import schema as s
+from lr_client.store.relay_marks import RelayMarks
 
 try:  # the PostgreSQL driver is an optional extra
     import psycopg
@@ -105,8 +106,8 @@ class StoreBase(abc.ABC):
         self._snapshot_marks: dict[tuple[str, int], tuple[int, int, int]] = {}
         #: Per thread: whether its transactions run on one connection, and which.
         self._pins = threading.local()
-        #: (queue id, origin position) -> ``seq`` of the entry a relay read ended at.
-        self._relay_marks: dict[tuple[int, int], int] = {}
+        #: Where relay reads of a relayed queue may start (:mod:`.relay_marks`).
+        self._relay_marks = RelayMarks()
 
     # -- transactions -----------------------------------------------------------
     @contextmanager

@@ -49,11 +49,11 @@ from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, sized, within
 
 _R, _C, _K, _G = s.recv_entries, s.cascade, s.cascade_children, s.queue_registry
-#: Relay read marks kept at most (one per child that reads at its own pace is enough).
-_MAX_RELAY_MARKS = 256
 ROLES = ("root", "branch", "leaf")
 _LOG = int(ReplicationType.LOG_ENTRY_SYNC)
 _END = int(ReplicationType.LAST_FULL_SYNC_ENTRY)
+#: A queue's highest ``seq`` (the index on (queue_id, seq) serves it).
+_RELAY_TOP = select(func.max(_R.c.seq)).where(_R.c.queue_id == bindparam("qid"))
 #: ``lrq_meta`` key of the sets' nodes as applied here: a JSON object {client: [node, ...]}.
 NODES_KEY = "cascade_nodes"
 
@@ -359,11 +359,15 @@ class CascadeStore(StoreBase):
             if qid is None:
                 return []
             # After the last full sync's end (looked up in the same statement: one
-            # round trip), and at the entry the last read ended at, not at the relay's
-            # start: a relayed queue keeps what every node below has not acknowledged,
-            # and a read from the start would pass all of it again each time. Past that
-            # entry, every log entry of the queue has a higher position (one writer
-            # appends to a queue at a time, in order), so the read is the same.
+            # round trip), and at the entry a mark says (:mod:`.relay_marks`), not at
+            # the relay's start: a relayed queue keeps what every node below has not
+            # acknowledged, and a read from the start would pass all of it again each
+            # time.
+            start, exact = marks.start(qid, after)
+            # Where no read ended at ``after``, the queue's highest seq, read first:
+            # if the read finds nothing, every entry up to it is at or before
+            # ``after``, and so is marked (what commits later gets a higher seq).
+            top = None if exact else conn.execute(_RELAY_TOP, {"qid": qid}).scalar()
             end = last_end_query(qid).with_only_columns(_R.c.seq).scalar_subquery()
             query = (
                 select(_R.c.seq, _R.c.source_position, _R.c.received_at, _R.c.partition_key)
@@ -371,7 +375,7 @@ class CascadeStore(StoreBase):
                 .where(
                     _R.c.queue_id == qid,
                     _R.c.seq > func.coalesce(end, 0),
-                    _R.c.seq > marks.get((qid, after), 0),
+                    _R.c.seq > start,
                     _R.c.type == _LOG,  # bound: the query runs on the driver (PostgreSQL)
                     _R.c.source_position > after,
                 )
@@ -384,9 +388,9 @@ class CascadeStore(StoreBase):
         out: list[SendEntry] = []
         last = after
         if rows:
-            if len(marks) >= _MAX_RELAY_MARKS:
-                marks.pop(next(iter(marks)))
-            marks[(qid, max(after, max(int(r[1]) for r, _ in rows)))] = int(rows[-1][0][0])
+            marks.note(qid, max(after, max(int(r[1]) for r, _ in rows)), int(rows[-1][0][0]))
+        elif top is not None:
+            marks.note(qid, after, int(top))
         for r, payload in rows:
             position = int(r[1])
             if position <= last:  # a repeat after an accepted loss: sent once
