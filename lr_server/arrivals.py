@@ -17,11 +17,19 @@ A branch relays a cascaded client from its own receive queue
 
 A call nobody listens for costs a dict look-up; a wake-up while the session
 reads leaves its wait ended in advance, so nothing is left waiting for a poll.
+
+It also remembers the last position stored of each (origin, client) and when:
+a session whose stream is at or past it skips its read of the receive queue
+(:meth:`Arrivals.nothing_stored_past`), as a forwarded batch's read would find
+nothing. The memory holds for ``stored_ttl`` seconds (``STORED_TTL``) after the last store: a
+batch stored by another member's receiver (another process) rings nothing
+here, so without recent stores here every read goes to the queue as before.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -31,15 +39,20 @@ Wake = Callable[[], None]
 #: Given (origin, client, previous position, entries) of a batch received, before it
 #: is stored.
 Forward = Callable[[str, str, int, Sequence[WireEntry]], None]
+#: Seconds the last stored position of a client is trusted after it was stored here.
+STORED_TTL = 1.0
 
 
 class Arrivals:
     """Who to tell when a batch of a client is received, and stored, here."""
 
-    def __init__(self) -> None:
+    def __init__(self, stored_ttl: float = STORED_TTL) -> None:
+        self.stored_ttl = stored_ttl
         self._lock = threading.Lock()
         self._wakes: dict[str, list[Wake]] = {}
         self._forwards: dict[str, list[Forward]] = {}
+        #: (origin, client) -> (the highest position stored here, time.monotonic() then).
+        self._stored: dict[tuple[str, str], tuple[int, float]] = {}
 
     def listen(self, clients: Iterable[str], wake: Wake, forward: Forward | None = None) -> None:
         """Call ``wake`` whenever a log batch of one of ``clients`` is stored, and
@@ -55,6 +68,15 @@ class Arrivals:
             _drop(self._wakes, wake)
             if forward is not None:
                 _drop(self._forwards, forward)
+
+    def nothing_stored_past(self, source_id: str, client: str, after: int) -> bool:
+        """Whether this process stored a log batch of ``client`` from ``source_id`` less
+        than ``stored_ttl`` seconds ago, and none past position ``after`` since."""
+        with self._lock:
+            held = self._stored.get((source_id, client))
+        if held is None:
+            return False
+        return held[0] <= after and time.monotonic() - held[1] < self.stored_ttl
 
     def relayed(self, client: str) -> bool:
         """Whether a session here forwards batches of ``client`` as they are received."""
@@ -73,9 +95,13 @@ class Arrivals:
         for forward in forwards:
             forward(source_id, client, previous, entries)
 
-    def ring(self, source_id: str, client: str) -> None:
-        """A log batch of ``client`` from ``source_id`` (its origin) was stored."""
+    def ring(self, source_id: str, client: str, last: int | None = None) -> None:
+        """A log batch of ``client`` from ``source_id`` (its origin) was stored, up to
+        position ``last`` (None: not said)."""
         with self._lock:
+            if last is not None:
+                held = self._stored.get((source_id, client), (0, 0.0))[0]
+                self._stored[(source_id, client)] = (max(held, last), time.monotonic())
             wakes = list(self._wakes.get(client, ()))
         for wake in wakes:
             wake()

@@ -58,8 +58,9 @@ class ReceiverStore(Receiving, Cascading, Protocol):
 #: Serves one ``Cascade`` call: (the authenticated caller, its report) -> the reply.
 CascadeHandler = Callable[[str, pb.CascadeReport], pb.CascadeReply]
 
-#: Told (source or origin, client) once a log batch is stored (its transaction committed).
-StoredHook = Callable[[str, str], None]
+#: Told (source or origin, client, last position) once a log batch is stored (its
+#: transaction committed).
+StoredHook = Callable[[str, str, int], None]
 #: Given (source or origin, client, previous position, entries) of a log batch accepted
 #: from its sender (its provider, for a cascaded client), before it is stored.
 ReceivedHook = Callable[[str, str, int, Sequence[WireEntry]], None]
@@ -240,7 +241,7 @@ class Receiver:
             if batch.kind == pb.BATCH_LOG_ENTRY:
                 _observe_relay_lag(client, source_id, batch.entries)
                 if self.on_stored is not None:
-                    self.on_stored(source_id, client)
+                    self.on_stored(source_id, client, last)
         return pb.ReplicationAck(
             batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
         )

@@ -129,6 +129,7 @@ class SenderSession:
             self._log,
             self.cascade,
             self.inbox,
+            arrivals if self.inbox is not None else None,
         )
 
     def fence(self, client: str) -> Fence | None:

@@ -25,6 +25,7 @@ from lr_client.records import (
 from lr_client.store import Cascading, Retention, Shipping, Snapshots
 from lr_client.store.byte_bounds import ByteCut
 from lr_server import metrics, wire
+from lr_server.arrivals import Arrivals
 from lr_server.config import ReplicationConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
 from lr_server.relay_inbox import RelayInbox
@@ -56,6 +57,7 @@ class Shipper:
         log: logging.LoggerAdapter[logging.Logger],
         cascade: dict[str, CascadeNode] | None = None,
         inbox: RelayInbox | None = None,
+        arrivals: Arrivals | None = None,
     ) -> None:
         self.store = store
         self.source_id = source_id
@@ -71,6 +73,8 @@ class Shipper:
         self._log = log
         #: Batches of relayed clients received and not stored yet (None: none relayed).
         self.inbox = inbox
+        #: What this process's receiver stored of them, and when (None: not known).
+        self.arrivals = arrivals
 
     def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         """One round over the clients: send what each may send now; whether any went."""
@@ -147,12 +151,15 @@ class Shipper:
     ) -> list[SendEntry]:
         """A relayed client's entries after ``after``: from a batch received and perhaps
         not stored yet, if one follows ``after`` (:mod:`lr_server.relay_inbox`), else
-        from the receive queue."""
+        from the receive queue (not read when this process stored nothing past
+        ``after`` lately: :meth:`Arrivals.nothing_stored_past`)."""
         if self.inbox is not None:
             entries = self.inbox.take(name, after, limit, max_bytes)
             if entries:
                 metrics.RELAY_BATCHES.labels(self.destination, name, "forwarded").inc()
                 return entries
+        if self.arrivals is not None and self.arrivals.nothing_stored_past(origin, name, after):
+            return []  # all stored here was forwarded: the read would find nothing
         entries = self.store.read_relay(name, origin, after, limit, max_bytes)
         if entries:
             metrics.RELAY_BATCHES.labels(self.destination, name, "stored").inc()

@@ -96,12 +96,12 @@ def _running(session: SenderSession, arrivals: Arrivals) -> Iterator[None]:
 
 def test_the_receiver_tells_of_each_log_batch_it_stores(store: SQLAlchemyQueueStore) -> None:
     store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
-    told: list[tuple[str, str]] = []
-    receiver = Receiver(store, "s3", ["s1"], on_stored=lambda s, c: told.append((s, c)))
+    told: list[tuple[str, str, int]] = []
+    receiver = Receiver(store, "s3", ["s1"], on_stored=lambda s, c, last: told.append((s, c, last)))
     receiver.apply("s1", _from_root(1))
-    assert told == [("s1", "policy")]
+    assert told == [("s1", "policy", 1)]
     assert receiver.apply("s1", _from_root(1)).duplicate  # nothing stored: nothing told
-    assert told == [("s1", "policy")]
+    assert told == [("s1", "policy", 1)]
 
 
 def test_arrivals_wake_the_listeners_of_the_client_until_forgotten() -> None:
@@ -387,3 +387,108 @@ def test_a_relay_read_that_finds_nothing_marks_where_the_next_one_starts(
     assert store.read_relay("policy", "s1", 3, 10) == []
     receiver.apply("s1", _from_root(4))
     assert [e.position for e in store.read_relay("policy", "s1", 3, 10)] == [4]
+
+
+def test_arrivals_remember_what_was_stored_here_for_a_while() -> None:
+    arrivals = Arrivals()
+    assert not arrivals.nothing_stored_past("s1", "policy", 10)  # nothing known
+    arrivals.ring("s1", "policy", 7)
+    assert arrivals.nothing_stored_past("s1", "policy", 7)
+    assert arrivals.nothing_stored_past("s1", "policy", 9)
+    assert not arrivals.nothing_stored_past("s1", "policy", 6)  # 7 is past 6
+    assert not arrivals.nothing_stored_past("s2", "policy", 9)  # another origin's
+    arrivals.ring("s1", "policy", 5)  # a lower position does not lower it
+    assert not arrivals.nothing_stored_past("s1", "policy", 6)
+    arrivals.ring("s1", "policy")  # a wake-up that says no position changes nothing
+    assert arrivals.nothing_stored_past("s1", "policy", 7)
+    expired = Arrivals(stored_ttl=0.0)
+    expired.ring("s1", "policy", 7)
+    assert not expired.nothing_stored_past("s1", "policy", 9)  # not trusted any more
+
+
+def _counting_reads(store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ``after`` of every read of the receive queue for relaying, as it happens."""
+    reads: list[int] = []
+    read = store.read_relay
+
+    def counted(client: str, origin: str, after: int, *args: Any, **kwargs: Any) -> Any:
+        reads.append(after)
+        return read(client, origin, after, *args, **kwargs)
+
+    monkeypatch.setattr(store, "read_relay", counted)
+    return reads
+
+
+@pytest.mark.parametrize("stored_ttl", [3600.0, 0.0])
+def test_a_branch_that_forwarded_all_it_stored_does_not_read_its_queue_again(
+    store: SQLAlchemyQueueStore,
+    db_url_factory: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    stored_ttl: float,
+) -> None:
+    """Each batch forwarded as received, then stored here: a read of the receive queue
+    after it would find nothing, and is not made while this process's stores are recent
+    (``stored_ttl``; with none trusted, every wake-up reads, as before)."""
+    branch = store
+    node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    leaf = open_store(db_url_factory("s4"))
+    leaf.create_schema()
+    try:
+        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
+        arrivals = Arrivals(stored_ttl=stored_ttl)
+        receiver = _forwarding_receiver(branch, arrivals)
+        at_leaf = Receiver(leaf, "s4", ["s3"])
+        session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
+        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+        with _running(session, arrivals):
+            wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
+            receiver.apply("s1", _from_root(1))
+            wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
+            reads = _counting_reads(branch, monkeypatch)
+            for position in (2, 3, 4):
+                receiver.apply("s1", _from_root(position))
+                wait_for(lambda p=position: received() == p, timeout=scaled(30), what="an entry")
+        if stored_ttl:
+            assert reads == []
+        else:
+            assert reads  # read after each wake-up, finding nothing
+        assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2, 3, 4]
+    finally:
+        leaf.engine.dispose()
+
+
+def test_a_batch_stored_by_another_process_is_relayed_once_the_last_store_here_is_old(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    """Another member of the branch's site (another process) may store a batch: nothing
+    here rings, and the session reads the queue at its poll once what it knows of the
+    stores here is older than ``stored_ttl``."""
+    branch = store
+    node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    leaf = open_store(db_url_factory("s4"))
+    leaf.create_schema()
+    try:
+        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
+        arrivals = Arrivals(stored_ttl=0.2)
+        here = _forwarding_receiver(branch, arrivals)
+        elsewhere = Receiver(branch, "s3", ["s1"])  # another member: tells this one nothing
+        at_leaf = Receiver(leaf, "s4", ["s3"])
+        session = SenderSession(
+            branch,
+            "s3",
+            "s4",
+            [ClientConfig("policy")],
+            lambda: InProcessTransport(at_leaf, "s3"),
+            ReplicationConfig(poll_interval=0.05),
+            cascade={"policy": node},
+            arrivals=arrivals,
+        )
+        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+        with _running(session, arrivals):
+            wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
+            here.apply("s1", _from_root(1))
+            wait_for(lambda: received() == 1, timeout=scaled(30), what="the forwarded entry")
+            elsewhere.apply("s1", _from_root(2))
+            wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored elsewhere")
+    finally:
+        leaf.engine.dispose()
