@@ -178,6 +178,15 @@ class StoreBase(abc.ABC):
         with mapped_errors(), self._connect(immediate=False) as conn, conn.begin():
             yield conn
 
+    @contextmanager
+    def read_statements(self) -> Iterator[Connection]:
+        """Reads that need no snapshot across their statements: each sees what was
+        committed before it began, as in a ``READ COMMITTED`` transaction (PostgreSQL
+        runs them without a transaction: no ``BEGIN`` and ``COMMIT`` round trips, on a
+        hot path of every batch shipped); :meth:`read` here."""
+        with self.read() as conn:
+            yield conn
+
     def _fetch_rows(
         self, conn: Connection, query: Any, in_index_order: bool = False
     ) -> Sequence[Any]:

@@ -354,7 +354,7 @@ class CascadeStore(StoreBase):
         max_bytes: int | None = None,
     ) -> list[SendEntry]:
         marks = self._relay_marks
-        with self.read() as conn:
+        with self.read_statements() as conn:
             qid = self._relay_queue(conn, client_name, origin_id)
             if qid is None:
                 return []

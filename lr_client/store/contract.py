@@ -240,9 +240,10 @@ class Snapshots(Transactions, Protocol):
     def send_checks(
         self, destination: str, client_names: Sequence[str]
     ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
-        """What a sender looks up after reading entries, before it sends them, in one
-        transaction: :meth:`open_snapshots` of ``client_names`` and the destination's
-        drop records (:meth:`Retention.list_drops`) by client."""
+        """What a sender looks up after reading entries, before it sends them, on one
+        connection: :meth:`open_snapshots` of ``client_names`` and the destination's
+        drop records (:meth:`Retention.list_drops`) by client, each as committed when
+        its statement began."""
 
     def update_snapshot(
         self,

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import literal, select, text
@@ -159,6 +160,14 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
 
     def _bases(self, conn: Connection, txids: Sequence[int]) -> dict[int, int]:
         return sequencer.bases(conn, txids)
+
+    @contextmanager
+    def read_statements(self) -> Iterator[Connection]:
+        # Autocommit: each statement its own snapshot, as READ COMMITTED gives the
+        # statements of a transaction; transaction-local settings (``_fetch_rows``'
+        # index order) would not hold, so no such read runs here.
+        with mapped_errors(), self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def analyze(self) -> None:
         # The per-destination read plans badly on a freshly filled queue that

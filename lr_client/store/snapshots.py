@@ -337,7 +337,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def send_checks(
         self, destination: str, client_names: Sequence[str]
     ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
-        with self.read() as conn:
+        with self.read_statements() as conn:
             requests = self._open_snapshots(conn, destination, client_names)
             drops = {d.client_name: d for d in read_drops(conn, destination)}
         return requests, drops
