@@ -113,3 +113,24 @@ def test_a_destination_registered_by_another_store_is_read(store: SQLAlchemyQueu
     assert [e.position for e in store.read_log_entries("c", "policy", 0, 10)] == positions(
         other, refs
     )
+
+
+def test_read_statements_need_no_transaction_on_postgresql(store: SQLAlchemyQueueStore) -> None:
+    """``read_statements`` (a sender's checks before each batch, a branch's relay read):
+    on PostgreSQL each statement is a transaction of its own (no BEGIN and COMMIT round
+    trips); SQLite reads them in one read transaction, as :meth:`read`."""
+    with store.read_statements() as conn:
+        raw = conn.connection.driver_connection
+        if store.dialect == "postgresql":
+            ids = [conn.execute(text("SELECT txid_current()")).scalar() for _ in range(2)]
+            assert ids[0] != ids[1]  # each statement committed on its own
+            assert conn.exec_driver_sql("SHOW transaction_isolation").scalar() == "read committed"
+        else:
+            conn.execute(select(func.count()).select_from(s.sites)).scalar()
+            assert raw is not None and raw.in_transaction  # one read transaction
+    if store.dialect == "postgresql":  # the connection went back to the pool as it came
+        assert raw is not None and not raw.autocommit
+    with store.read() as conn:
+        if store.dialect == "postgresql":
+            ids = [conn.execute(text("SELECT txid_current()")).scalar() for _ in range(2)]
+            assert ids[0] == ids[1]
