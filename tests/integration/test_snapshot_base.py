@@ -169,9 +169,14 @@ def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
         req = src.get_snapshot(sid)
         return req is not None and req.status is SnapshotStatus.COMPLETED
 
-    def logs_after_last_snapshot() -> int:
+    def logs_after_snapshot(number: int) -> int:
+        """Log entries applied after the rows of the ``number``-th snapshot (0: its rows
+        are not all applied yet, or a later one's are)."""
         kinds = [k for k, _ in _applied(sink)]
-        if "snapshot" not in kinds:
+        starts = [
+            i for i, k in enumerate(kinds) if k == "snapshot" and (i == 0 or kinds[i - 1] != k)
+        ]
+        if len(starts) != number:
             return 0
         return kinds[::-1].index("snapshot")
 
@@ -187,12 +192,14 @@ def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
                 client.request_snapshot_sync("b", reason="test")
             wait_for(lambda r=round_: len(listener.full_syncs) == r + 1, timeout=90)
             # The next request comes once the source has the sink's end ack: a request
-            # before it would supersede (cancel) a snapshot the sink completed. By then
-            # every row of this snapshot is applied, so the log entries counted next
-            # are the ones after it: without them, a request would stop the log at once
-            # and the next snapshot's rows would follow this one's with no log between.
+            # before it would supersede (cancel) a snapshot the sink completed. The end
+            # ack says the sink stored the snapshot, not that its listener applied it:
+            # the log entries counted next are those applied after this snapshot's
+            # rows (the listener started it in a transaction not committed yet shows
+            # the last one's). Without them, a request would stop the log at once and
+            # the next snapshot's rows would follow this one's with no log between.
             wait_for(lambda: completed(listener.full_syncs[-1]), timeout=90)
-            wait_for(lambda: logs_after_last_snapshot() >= 20, timeout=90)
+            wait_for(lambda r=round_: logs_after_snapshot(r + 1) >= 20, timeout=90)
     finally:
         stop.set()
         for t in threads:
