@@ -78,10 +78,6 @@ class Arrivals:
             return False
         return held[0] <= after and time.monotonic() - held[1] < self.stored_ttl
 
-    def relayed(self, client: str) -> bool:
-        """Whether a session here forwards batches of ``client`` as they are received."""
-        return client in self._forwards
-
     def offer(
         self, source_id: str, client: str, previous: int, entries: Sequence[WireEntry]
     ) -> None:
