@@ -81,6 +81,18 @@ def _relaying(
     )
 
 
+@pytest.fixture
+def leaf(db_url_factory: Callable[[str], str]) -> Iterator[SQLAlchemyQueueStore]:
+    """The store of the leaf ``s4``, which takes ``policy`` (origin ``s1``) from ``s3``."""
+    leaf = open_store(db_url_factory("s4"))
+    leaf.create_schema()
+    try:
+        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
+        yield leaf
+    finally:
+        leaf.engine.dispose()
+
+
 @contextlib.contextmanager
 def _running(session: SenderSession, arrivals: Arrivals) -> Iterator[None]:
     stop = threading.Event()
@@ -172,29 +184,23 @@ def test_a_branch_relays_a_batch_stored_while_the_previous_one_is_in_flight(
 
 
 def test_a_branch_relays_a_stored_batch_without_waiting_for_its_poll(
-    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+    store: SQLAlchemyQueueStore, leaf: SQLAlchemyQueueStore
 ) -> None:
     branch = store
     node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
-    leaf = open_store(db_url_factory("s4"))
-    leaf.create_schema()
-    try:
-        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
-        arrivals = Arrivals()
-        receiver = Receiver(branch, "s3", ["s1"], on_stored=arrivals.ring)
-        receiver.apply("s1", _from_root(1))  # stored before the session starts
-        at_leaf = Receiver(leaf, "s4", ["s3"])
-        session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
-        with _running(session, arrivals):
-            received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
-            wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
-            # Caught up with nothing in flight: the session waits. What is stored now
-            # goes at once, not after the hour's poll.
-            receiver.apply("s1", _from_root(2))
-            wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored later")
-            assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
-    finally:
-        leaf.engine.dispose()
+    arrivals = Arrivals()
+    receiver = Receiver(branch, "s3", ["s1"], on_stored=arrivals.ring)
+    receiver.apply("s1", _from_root(1))  # stored before the session starts
+    at_leaf = Receiver(leaf, "s4", ["s3"])
+    session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
+    with _running(session, arrivals):
+        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+        wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
+        # Caught up with nothing in flight: the session waits. What is stored now
+        # goes at once, not after the hour's poll.
+        receiver.apply("s1", _from_root(2))
+        wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored later")
+        assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
 
 
 def test_every_stream_s_wait_for_an_acknowledgement_ends_when_interrupted(
@@ -297,47 +303,41 @@ def test_a_branch_forwards_a_batch_before_it_has_stored_it(
 
 def test_a_batch_the_branch_failed_to_store_reaches_the_leaf_once(
     store: SQLAlchemyQueueStore,
-    db_url_factory: Callable[[str], str],
+    leaf: SQLAlchemyQueueStore,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Forwarded, then the branch's transaction fails: the provider sends the batch
     again, the branch stores it, and the leaf, which has it, keeps it once."""
     branch = store
     node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
-    leaf = open_store(db_url_factory("s4"))
-    leaf.create_schema()
-    try:
-        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
-        arrivals = Arrivals()
-        receiver = _forwarding_receiver(branch, arrivals)
-        at_leaf = Receiver(leaf, "s4", ["s3"])
-        session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
-        store_batch = branch.apply_log_batch
+    arrivals = Arrivals()
+    receiver = _forwarding_receiver(branch, arrivals)
+    at_leaf = Receiver(leaf, "s4", ["s3"])
+    session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
+    store_batch = branch.apply_log_batch
 
-        def failing(*args: Any, **kwargs: Any) -> tuple[bool, int]:
-            raise StoreUnavailableError("the branch's database went away")
+    def failing(*args: Any, **kwargs: Any) -> tuple[bool, int]:
+        raise StoreUnavailableError("the branch's database went away")
 
-        with _running(session, arrivals):
-            wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-            received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
-            monkeypatch.setattr(branch, "apply_log_batch", failing)
-            with pytest.raises(StoreUnavailableError):
-                receiver.apply("s1", _from_root(1))
-            wait_for(lambda: received() == 1, timeout=scaled(30), what="the forwarded entry")
-            assert branch.sink_progress("s1", "policy").last_position == 0
-            monkeypatch.setattr(branch, "apply_log_batch", store_batch)
-            assert not receiver.apply("s1", _from_root(1)).duplicate  # sent again, stored
-            receiver.apply("s1", _from_root(2))
-            wait_for(lambda: received() == 2, timeout=scaled(30), what="the next entry")
-        assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
-        assert leaf.sink_progress("s1", "policy").entries_received == 2
-        assert branch.list_snapshots() == []  # no full sync anywhere
-    finally:
-        leaf.engine.dispose()
+    with _running(session, arrivals):
+        wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
+        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+        monkeypatch.setattr(branch, "apply_log_batch", failing)
+        with pytest.raises(StoreUnavailableError):
+            receiver.apply("s1", _from_root(1))
+        wait_for(lambda: received() == 1, timeout=scaled(30), what="the forwarded entry")
+        assert branch.sink_progress("s1", "policy").last_position == 0
+        monkeypatch.setattr(branch, "apply_log_batch", store_batch)
+        assert not receiver.apply("s1", _from_root(1)).duplicate  # sent again, stored
+        receiver.apply("s1", _from_root(2))
+        wait_for(lambda: received() == 2, timeout=scaled(30), what="the next entry")
+    assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
+    assert leaf.sink_progress("s1", "policy").entries_received == 2
+    assert branch.list_snapshots() == []  # no full sync anywhere
 
 
 def test_a_child_past_what_its_branch_stored_resumes_where_it_is(
-    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+    store: SQLAlchemyQueueStore, leaf: SQLAlchemyQueueStore
 ) -> None:
     """A child can hold entries its branch forwarded and then failed to store (or, after
     a provider switch, got from another node): their positions are the origin's, so it
@@ -345,28 +345,22 @@ def test_a_child_past_what_its_branch_stored_resumes_where_it_is(
     gets what follows once the branch has it."""
     branch = store
     node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
-    leaf = open_store(db_url_factory("s4"))
-    leaf.create_schema()
-    try:
-        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
-        at_leaf = Receiver(leaf, "s4", ["s3"])
-        for position in (1, 2):
-            at_leaf.apply("s3", _from_root(position))
-        arrivals = Arrivals()
-        receiver = _forwarding_receiver(branch, arrivals)
-        receiver.apply("s1", _from_root(1))  # the branch has 1 only
-        session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
-        with _running(session, arrivals):
-            wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-            for position in (2, 3):
-                receiver.apply("s1", _from_root(position))
-            received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
-            wait_for(lambda: received() == 3, timeout=scaled(30), what="the entry after it")
-        assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
-        assert branch.list_snapshots() == []
-        assert branch.get_stream_stop("s4", "policy") is None
-    finally:
-        leaf.engine.dispose()
+    at_leaf = Receiver(leaf, "s4", ["s3"])
+    for position in (1, 2):
+        at_leaf.apply("s3", _from_root(position))
+    arrivals = Arrivals()
+    receiver = _forwarding_receiver(branch, arrivals)
+    receiver.apply("s1", _from_root(1))  # the branch has 1 only
+    session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
+    with _running(session, arrivals):
+        wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
+        for position in (2, 3):
+            receiver.apply("s1", _from_root(position))
+        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+        wait_for(lambda: received() == 3, timeout=scaled(30), what="the entry after it")
+    assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
+    assert branch.list_snapshots() == []
+    assert branch.get_stream_stop("s4", "policy") is None
 
 
 def test_a_relay_read_that_finds_nothing_marks_where_the_next_one_starts(
@@ -422,7 +416,7 @@ def _counting_reads(store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("stored_ttl", [3600.0, 0.0])
 def test_a_branch_that_forwarded_all_it_stored_does_not_read_its_queue_again(
     store: SQLAlchemyQueueStore,
-    db_url_factory: Callable[[str], str],
+    leaf: SQLAlchemyQueueStore,
     monkeypatch: pytest.MonkeyPatch,
     stored_ttl: float,
 ) -> None:
@@ -431,64 +425,52 @@ def test_a_branch_that_forwarded_all_it_stored_does_not_read_its_queue_again(
     (``stored_ttl``; with none trusted, every wake-up reads, as before)."""
     branch = store
     node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
-    leaf = open_store(db_url_factory("s4"))
-    leaf.create_schema()
-    try:
-        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
-        arrivals = Arrivals(stored_ttl=stored_ttl)
-        receiver = _forwarding_receiver(branch, arrivals)
-        at_leaf = Receiver(leaf, "s4", ["s3"])
-        session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
-        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
-        with _running(session, arrivals):
-            wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-            receiver.apply("s1", _from_root(1))
-            wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
-            reads = _counting_reads(branch, monkeypatch)
-            for position in (2, 3, 4):
-                receiver.apply("s1", _from_root(position))
-                wait_for(lambda p=position: received() == p, timeout=scaled(30), what="an entry")
-        if stored_ttl:
-            assert reads == []
-        else:
-            assert reads  # read after each wake-up, finding nothing
-        assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2, 3, 4]
-    finally:
-        leaf.engine.dispose()
+    arrivals = Arrivals(stored_ttl=stored_ttl)
+    receiver = _forwarding_receiver(branch, arrivals)
+    at_leaf = Receiver(leaf, "s4", ["s3"])
+    session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
+    received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+    with _running(session, arrivals):
+        wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
+        receiver.apply("s1", _from_root(1))
+        wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
+        reads = _counting_reads(branch, monkeypatch)
+        for position in (2, 3, 4):
+            receiver.apply("s1", _from_root(position))
+            wait_for(lambda p=position: received() == p, timeout=scaled(30), what="an entry")
+    if stored_ttl:
+        assert reads == []
+    else:
+        assert reads  # read after each wake-up, finding nothing
+    assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2, 3, 4]
 
 
 def test_a_batch_stored_by_another_process_is_relayed_once_the_last_store_here_is_old(
-    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+    store: SQLAlchemyQueueStore, leaf: SQLAlchemyQueueStore
 ) -> None:
     """Another member of the branch's site (another process) may store a batch: nothing
     here rings, and the session reads the queue at its poll once what it knows of the
     stores here is older than ``stored_ttl``."""
     branch = store
     node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
-    leaf = open_store(db_url_factory("s4"))
-    leaf.create_schema()
-    try:
-        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
-        arrivals = Arrivals(stored_ttl=0.2)
-        here = _forwarding_receiver(branch, arrivals)
-        elsewhere = Receiver(branch, "s3", ["s1"])  # another member: tells this one nothing
-        at_leaf = Receiver(leaf, "s4", ["s3"])
-        session = SenderSession(
-            branch,
-            "s3",
-            "s4",
-            [ClientConfig("policy")],
-            lambda: InProcessTransport(at_leaf, "s3"),
-            ReplicationConfig(poll_interval=0.05),
-            cascade={"policy": node},
-            arrivals=arrivals,
-        )
-        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
-        with _running(session, arrivals):
-            wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-            here.apply("s1", _from_root(1))
-            wait_for(lambda: received() == 1, timeout=scaled(30), what="the forwarded entry")
-            elsewhere.apply("s1", _from_root(2))
-            wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored elsewhere")
-    finally:
-        leaf.engine.dispose()
+    arrivals = Arrivals(stored_ttl=0.2)
+    here = _forwarding_receiver(branch, arrivals)
+    elsewhere = Receiver(branch, "s3", ["s1"])  # another member: tells this one nothing
+    at_leaf = Receiver(leaf, "s4", ["s3"])
+    session = SenderSession(
+        branch,
+        "s3",
+        "s4",
+        [ClientConfig("policy")],
+        lambda: InProcessTransport(at_leaf, "s3"),
+        ReplicationConfig(poll_interval=0.05),
+        cascade={"policy": node},
+        arrivals=arrivals,
+    )
+    received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+    with _running(session, arrivals):
+        wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
+        here.apply("s1", _from_root(1))
+        wait_for(lambda: received() == 1, timeout=scaled(30), what="the forwarded entry")
+        elsewhere.apply("s1", _from_root(2))
+        wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored elsewhere")
