@@ -746,6 +746,10 @@ class Sampler:
         self._thread.join(timeout=5)
 
 
+#: Seconds between the paced load's requests for the positions of what it committed.
+POSITIONS_EVERY = 2.0
+
+
 @dataclass
 class PacedLoad:
     """What a paced transmitter managed: commits, achieved rate, its own transaction times."""
@@ -826,18 +830,39 @@ def paced_load(
                 with lock:
                     errors[0] += count
 
+    # PostgreSQL gives positions after commit, and knows them for one rotation period
+    # (docs: positions_of): ask for them as the load goes, not only at its end.
+    found: list[int | None] = []
+    done = threading.Event()
+
+    def resolve(wait: float) -> None:
+        with lock:
+            found.extend([None] * (len(sent) - len(found)))
+            todo = [i for i, p in enumerate(found) if p is None]
+            refs = [sent[i][0] for i in todo]
+        for i, position in zip(todo, client.positions_of(refs, timeout=wait), strict=True):
+            found[i] = position
+
+    def resolver() -> None:
+        while not done.wait(POSITIONS_EVERY):
+            resolve(0.0)
+
     try:
         threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
         for thread in threads:
             thread.start()
+        asking = threading.Thread(target=resolver)
+        asking.start()
         for thread in threads:
             thread.join()
+        done.set()
+        asking.join()
     finally:
+        done.set()
         if engine is not store.engine:
             engine.dispose()
     elapsed = time.perf_counter() - start
-    # PostgreSQL gives positions after commit: ask for them once the load is done.
-    found = client.positions_of([ref for ref, _ in sent], timeout=60)
+    resolve(60.0)
     commits = [(p, at) for p, (_, at) in zip(found, sent, strict=True) if p is not None]
     if len(commits) < len(sent):
         raise RuntimeError(f"{len(sent) - len(commits)} committed entries got no position")
