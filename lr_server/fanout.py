@@ -15,6 +15,10 @@ entries make room for it, and the read itself loads at most ``read_batch``
 entries and a quarter of ``max_bytes`` (one larger entry alone exceeds it).
 A session behind the window (a destination catching up a backlog) reads its
 own entries from the database, as without the fan-out, until it reaches it.
+
+A cascaded client goes whole to each child of the node that originates it
+(docs/cascading.md): its sessions read with no destination, every entry of
+the client, from the same window.
 A session's batch is cut to its byte limit as it is gathered, so it never
 holds more than that either.
 
@@ -42,7 +46,7 @@ class _Window:
     positions: list[int] = field(default_factory=list)
     entries: list[SendEntry] = field(default_factory=list)
     nbytes: int = 0
-    refreshed_at: float = 0.0
+    refreshed_at: float = float("-inf")  # never: the first read refreshes
     at_end: bool = False  # the last refresh reached the end of the queue
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -82,13 +86,14 @@ class LogFanout:
 
     def read(
         self,
-        destination: str,
+        destination: str | None,
         client_name: str,
         after: int,
         limit: int,
         max_bytes: int | None = None,
     ) -> list[SendEntry]:
-        """The next entries of one stream, as ``store.read_log_entries`` returns them."""
+        """The next entries of one stream, as ``store.read_log_entries`` returns them;
+        with no ``destination``, every entry of the client, as ``store.read_client_log``."""
         w = self._window(client_name)
         with w.lock:
             if w.lo < 0:
@@ -101,6 +106,19 @@ class LogFanout:
                 self.hits += 1
                 return self._serve(w, destination, client_name, after, limit, max_bytes)
         self.misses += 1
+        return self._read_own(destination, client_name, after, limit, max_bytes)
+
+    def _read_own(
+        self,
+        destination: str | None,
+        client_name: str,
+        after: int,
+        limit: int,
+        max_bytes: int | None,
+    ) -> list[SendEntry]:
+        """One stream's read from the database, not through the window."""
+        if destination is None:
+            return list(self.store.read_client_log(client_name, after, limit, max_bytes=max_bytes))
         return self.store.read_log_entries(
             destination, client_name, after, limit, max_bytes=max_bytes
         )
@@ -109,7 +127,7 @@ class LogFanout:
     def _serve(
         self,
         w: _Window,
-        destination: str,
+        destination: str | None,
         client_name: str,
         after: int,
         limit: int,
@@ -131,9 +149,7 @@ class LogFanout:
                     # Making room evicted entries this stream still needs: read the
                     # rest, within what is left of the byte limit.
                     left = None if max_bytes is None else max(1, max_bytes - cut.total)
-                    rest = self.store.read_log_entries(
-                        destination, client_name, reached, limit - len(out), max_bytes=left
-                    )
+                    rest = self._read_own(destination, client_name, reached, limit - len(out), left)
                     for entry in rest:
                         if not cut.take(len(entry.payload)):
                             break
@@ -143,7 +159,7 @@ class LogFanout:
                 continue
             entry = w.entries[i]
             i += 1
-            if destination in entry.destinations:
+            if destination is None or destination in entry.destinations:
                 if not cut.take(len(entry.payload)):
                     break
                 out.append(entry)

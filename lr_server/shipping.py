@@ -135,6 +135,8 @@ class Shipper:
             limit, max_bytes = self.cfg.batch_max_entries, self.cfg.batch_max_bytes
             if relayed:  # a branch: as received, or from the receive queue
                 return self.read_relay(name, node.origin_id, cs.sent, limit, max_bytes)
+            if self.reader is not None:  # the root: one read for all its children
+                return self.reader.read(None, name, cs.sent, limit, max_bytes=max_bytes)
             return list(self.store.read_client_log(name, cs.sent, limit, max_bytes=max_bytes))
         read = self.reader.read if self.reader is not None else self.store.read_log_entries
         lanes = self.cfg.streams_per_destination  # a batch's worth per lane

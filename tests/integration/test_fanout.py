@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import random
+import threading
+from collections.abc import Callable
 
 import pytest
 
 from lr_client.records import LogRange, SendEntry
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_server.config import ClientConfig, ReplicationConfig
 from lr_server.fanout import LogFanout
+from lr_server.receiver import Receiver
+from lr_server.session import SenderSession
+from lr_server.transport.inproc import InProcessTransport
+from tests.kit.wait import join, wait_for
 
 DESTS = ["b", "c", "d", "e"]
 CLIENTS = ["policy", "orders"]
@@ -32,21 +39,24 @@ def _transmit(store: SQLAlchemyQueueStore, rng: random.Random, n: int) -> None:
 def test_fanout_reads_equal_direct_reads(store: SQLAlchemyQueueStore, seed: int) -> None:
     """Random transmits and session reads, rewinds (reconnects) and jumps (snapshots).
 
-    A tiny window (7 entries, 3 per refresh) makes every path run: serving from the
-    window, refreshing at its end, evicting under a reader, restarting it, and
-    falling back to direct reads for a stream behind it.
+    Streams of each destination, and of no destination (a cascaded client's child at
+    the root, which gets every entry of the client). A tiny window (7 entries, 3 per
+    refresh) makes every path run: serving from the window, refreshing at its end,
+    evicting under a reader, restarting it, and falling back to direct reads for a
+    stream behind it.
     """
     rng = random.Random(seed)
     store.register_sites(DESTS)
     fanout = LogFanout(store, max_entries=7, max_bytes=900, read_batch=3, min_refresh_interval=0)
-    sent = {(d, c): 0 for d in DESTS for c in CLIENTS}
+    streams: list[tuple[str | None, str]] = [(d, c) for d in [*DESTS, None] for c in CLIENTS]
+    sent = dict.fromkeys(streams, 0)
     acked = dict(sent)
     for _ in range(400):
         op = rng.random()
         if op < 0.3:
             _transmit(store, rng, rng.randint(1, 6))
             continue
-        stream = rng.choice(sorted(sent))
+        stream = rng.choice(streams)
         if op < 0.35:  # reconnect: resume from the last acknowledged position
             sent[stream] = acked[stream]
             continue
@@ -56,7 +66,11 @@ def test_fanout_reads_equal_direct_reads(store: SQLAlchemyQueueStore, seed: int)
         dest, client = stream
         limit = rng.randint(1, 6)
         max_bytes = rng.choice([None, 200, 700])
-        expected = store.read_log_entries(dest, client, sent[stream], limit, max_bytes=max_bytes)
+        expected = (
+            list(store.read_client_log(client, sent[stream], limit, max_bytes=max_bytes))
+            if dest is None
+            else store.read_log_entries(dest, client, sent[stream], limit, max_bytes=max_bytes)
+        )
         got = fanout.read(dest, client, sent[stream], limit, max_bytes=max_bytes)
         assert _key(got) == _key(expected), (stream, sent[stream], limit, max_bytes)
         if got:
@@ -89,3 +103,82 @@ def test_one_read_of_the_database_serves_every_destination(
         assert [e.payload for e in got] == [b"x%d" % i for i in range(50)]
     assert calls == [0]  # read once, for all four destinations
     assert fanout.misses == 0
+
+
+def test_the_root_ships_a_cascaded_client_to_its_children_from_one_read(
+    store: SQLAlchemyQueueStore,
+    db_url_factory: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cascaded client goes whole to each child of its root: the root's sessions to the
+    children take it from the shared window, read from the database once."""
+    node = store.apply_cascade_config("policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3"))
+    nums = store.register_sites(["s2", "s3"])
+    with store.write() as conn:
+        store.append_log_entries(
+            conn, "policy", [(b"x%d" % i, [nums["s2"], nums["s3"]]) for i in range(40)]
+        )
+    head = store.head_position()
+    calls: list[int] = []
+    real = store.read_client_log
+
+    def counted(client_name: str, after: int, limit: int, max_bytes: int | None) -> LogRange:
+        calls.append(after)
+        return real(client_name, after, limit, max_bytes)
+
+    monkeypatch.setattr(store, "read_client_log", counted)
+    fanout = LogFanout(store, min_refresh_interval=3600.0)
+    leaves: dict[str, SQLAlchemyQueueStore] = {}
+    stop = threading.Event()
+    workers = []
+    sessions: list[SenderSession] = []
+    try:
+        for child in ("s2", "s3"):
+            leaf = leaves[child] = open_store(db_url_factory(child))
+            leaf.create_schema()
+            leaf.apply_cascade_config("policy", "s1", "leaf", "s1")
+            at_leaf = Receiver(leaf, child, ["s1"])
+            session = SenderSession(
+                store,
+                "s1",
+                child,
+                [ClientConfig("policy")],
+                lambda r=at_leaf: InProcessTransport(r, "s1"),  # type: ignore[misc]
+                ReplicationConfig(batch_max_entries=10),
+                reader=fanout,
+                cascade={"policy": node},
+            )
+            sessions.append(session)
+            workers.append(threading.Thread(target=session.run, args=(stop,), daemon=True))
+        for worker in workers:
+            worker.start()
+        for child, leaf in leaves.items():
+            wait_for(
+                lambda s=leaf: s.sink_progress("s1", "policy").last_position == head,
+                what=f"{child} has every entry",
+                detail=lambda: [(x.state, x.last_error) for x in sessions],
+            )
+            got = leaf.read_relay("policy", "s1", 0, 100)
+            assert [e.payload for e in got] == [b"x%d" % i for i in range(40)]
+        assert calls == [0]  # one read of the database, for both children
+        assert fanout.hits >= 8  # four batches of ten for each child
+    finally:
+        stop.set()
+        for worker in workers:
+            join(worker, 30)
+        for leaf in leaves.values():
+            leaf.engine.dispose()
+
+
+def test_the_first_read_of_a_client_fills_the_window_whatever_the_refresh_interval(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The interval between refreshes counts from the last one; before the first there is
+    none (it counted from the clock's zero: on a machine up for less than the interval,
+    nothing was ever read)."""
+    store.register_sites(DESTS)
+    nums = store.site_numbers()
+    with store.write() as conn:
+        store.append_log_entries(conn, "policy", [(b"x%d" % i, [nums["b"]]) for i in range(3)])
+    fanout = LogFanout(store, min_refresh_interval=1e12)
+    assert [e.payload for e in fanout.read("b", "policy", 0, 10)] == [b"x0", b"x1", b"x2"]
