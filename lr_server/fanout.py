@@ -15,12 +15,12 @@ entries make room for it, and the read itself loads at most ``read_batch``
 entries and a quarter of ``max_bytes`` (one larger entry alone exceeds it).
 A session behind the window (a destination catching up a backlog) reads its
 own entries from the database, as without the fan-out, until it reaches it.
+A session's batch is cut to its byte limit as it is gathered, so it never
+holds more than that either.
 
 A cascaded client goes whole to each child of the node that originates it
 (docs/cascading.md): its sessions read with no destination, every entry of
 the client, from the same window.
-A session's batch is cut to its byte limit as it is gathered, so it never
-holds more than that either.
 
 It returns exactly what :meth:`~lr_client.store.contract.Shipping.read_log_entries`
 would: a range ``(lo, hi]`` read once stays complete because positions follow

@@ -35,6 +35,19 @@ def _transmit(store: SQLAlchemyQueueStore, rng: random.Random, n: int) -> None:
             store.append_log_entries(conn, client, [(payload, [nums[d] for d in dests])])
 
 
+def _client_log_reads(store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ``after`` of every ``read_client_log`` of ``store`` from now on, as it happens."""
+    calls: list[int] = []
+    real = store.read_client_log
+
+    def counted(client_name: str, after: int, limit: int, max_bytes: int | None) -> LogRange:
+        calls.append(after)
+        return real(client_name, after, limit, max_bytes)
+
+    monkeypatch.setattr(store, "read_client_log", counted)
+    return calls
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fanout_reads_equal_direct_reads(store: SQLAlchemyQueueStore, seed: int) -> None:
     """Random transmits and session reads, rewinds (reconnects) and jumps (snapshots).
@@ -89,14 +102,7 @@ def test_one_read_of_the_database_serves_every_destination(
         store.append_log_entries(
             conn, "policy", [(b"x%d" % i, [nums[d] for d in DESTS]) for i in range(50)]
         )
-    calls: list[int] = []
-    real = store.read_client_log
-
-    def counted(client_name: str, after: int, limit: int, max_bytes: int | None) -> LogRange:
-        calls.append(after)
-        return real(client_name, after, limit, max_bytes)
-
-    monkeypatch.setattr(store, "read_client_log", counted)
+    calls = _client_log_reads(store, monkeypatch)
     fanout = LogFanout(store, min_refresh_interval=60.0)
     for dest in DESTS:
         got = fanout.read(dest, "policy", 0, 100)
@@ -119,14 +125,7 @@ def test_the_root_ships_a_cascaded_client_to_its_children_from_one_read(
             conn, "policy", [(b"x%d" % i, [nums["s2"], nums["s3"]]) for i in range(40)]
         )
     head = store.head_position()
-    calls: list[int] = []
-    real = store.read_client_log
-
-    def counted(client_name: str, after: int, limit: int, max_bytes: int | None) -> LogRange:
-        calls.append(after)
-        return real(client_name, after, limit, max_bytes)
-
-    monkeypatch.setattr(store, "read_client_log", counted)
+    calls = _client_log_reads(store, monkeypatch)
     fanout = LogFanout(store, min_refresh_interval=3600.0)
     leaves: dict[str, SQLAlchemyQueueStore] = {}
     stop = threading.Event()
