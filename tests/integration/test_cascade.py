@@ -8,6 +8,7 @@ reliability verifier checks each of them against what the root committed.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,6 +23,7 @@ from lr_server.receiver import Receiver
 from lr_server.streams import SessionState
 from tests.kit.sites import CHAIN, SEED_TREE, CascadeTree, Sites
 from tests.kit.traffic import (
+    LOG,
     START,
     SinkApp,
     SourceApp,
@@ -173,6 +175,50 @@ def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
     assert {a.source for a in applied} == {"c1"}
     assert c.store("c1").list_snapshots() == []  # the root served no full sync
     c.report("c2").assert_clean()
+
+
+def test_a_full_sync_a_lagging_branch_serves_mid_stream_repeats_what_its_leaf_held_past_the_base(
+    sites: Sites, cascades: list[Cascade]
+) -> None:
+    """c1 -> c2 -> c3 with c2's application stopped while c2 goes on relaying: a full
+    sync of c3 requested at c2 has c2's delivered position as its base, below what c3
+    holds, so the entries in between reach c3's listener a second time after the
+    snapshot, in order, and nothing is lost (the limit in docs/guarantees.md)."""
+    c = Cascade(sites, CHAIN)
+    cascades.append(c)
+    c.start("c3")
+    c.start("c2", snapshot="app")
+    c.start("c1")
+    branch = c.store("c2")
+    runner = SnapshotProviderRunner(
+        branch, "policy", relay_snapshot_provider(c.sinks["c2"].engine, "c1")
+    )
+
+    def synced(snapshots: int) -> bool:
+        r = c.report("c3", snapshots_from="c2")
+        done = sum(s.snapshots_completed for s in r.streams.values())
+        return r.lost == 0 and r.expected > 0 and done == snapshots
+
+    with running(runner):  # c3 is new: its first full sync comes from c2 too
+        c.source.start()
+        wait_for(lambda: c.source.committed >= 50, timeout=scaled(60))
+        c.sinks["c2"].stop()  # c2's application stops applying; its server still relays
+        delivered = branch.relay_delivered_position("policy", "c1")
+        wait_for(lambda: c.source.committed >= 150, timeout=scaled(60))
+        c.source.stop()
+        wait_for(lambda: synced(1), timeout=scaled(60))
+        logs = [a for a in read_applied(c.sinks["c3"].engine, "c3") if a.kind == LOG]
+        held = max(a.position for a in logs)
+        assert held > delivered
+        branch.request_snapshot(None, "c3", "policy", "requested by an operator")
+        wait_for(lambda: synced(2), timeout=scaled(60))
+    assert branch.list_snapshots("c3", "policy")[0].base_position == delivered
+    c.report("c3", snapshots_from="c2").assert_clean()  # in order, nothing lost
+    again = Counter(a.position for a in read_applied(c.sinks["c3"].engine, "c3") if a.kind == LOG)
+    between = [
+        e.position for e in read_sent(c.source.engine, "c1") if delivered < e.position <= held
+    ]
+    assert between and sorted(p for p, n in again.items() if n > 1) == sorted(between)
 
 
 def test_a_restarted_branch_resumes_its_leaf_without_a_full_sync(
