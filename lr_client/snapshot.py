@@ -69,6 +69,26 @@ PROGRESS_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 5.0
 
 
+def wait_for_base(
+    store: Snapshots,
+    snapshot_id: str,
+    stop: threading.Event | None = None,
+    interval: float = 0.1,
+) -> None:
+    """Return once this node's data covers the base of a started snapshot, so that its
+    source may be read: at once where the node originates the client, at a branch of
+    a cascade once its subscriber has delivered the relayed entries through the base
+    (docs/cascading.md). Each check keeps the snapshot alive. Raises
+    :class:`~lr_client.errors.SnapshotError` if it stops running meanwhile, or ``stop``
+    is set."""
+    stop = stop or threading.Event()
+    while not store.snapshot_base_applied(snapshot_id):
+        if not store.heartbeat_snapshot(snapshot_id):
+            raise SnapshotError(f"snapshot {snapshot_id} is no longer running")
+        if stop.wait(interval):
+            raise SnapshotError(f"snapshot {snapshot_id}: stopped waiting for its base")
+
+
 class SnapshotHeartbeat:
     """While the block runs, tell the sender that a RUNNING snapshot's worker is alive.
 
@@ -337,6 +357,11 @@ class SnapshotProviderRunner:
     ``heartbeat_interval`` seconds): if its process dies, the sender session
     fails the snapshot once it has been silent for ``snapshot_stall_timeout``
     and asks for a new one, which a live runner then takes.
+
+    At a branch of a cascade the provider is called once the node's
+    subscriber has delivered the relayed entries through the snapshot's base
+    (:meth:`~lr_client.store.contract.Snapshots.snapshot_base_applied`): a
+    started snapshot waits for that across polls, kept alive by each one.
     """
 
     def __init__(
@@ -369,6 +394,8 @@ class SnapshotProviderRunner:
         if heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
         self.heartbeat_interval = heartbeat_interval
+        #: Started snapshots whose base this node's data does not cover yet, by id.
+        self._waiting: dict[str, SnapshotRequest] = {}
 
     def pending(self) -> list[SnapshotRequest]:
         """REQUESTED snapshots this runner would handle, oldest first."""
@@ -381,7 +408,8 @@ class SnapshotProviderRunner:
         return list(reversed(list({r.snapshot_id: r for r in reversed(found)}.values())))
 
     def poll_once(self, *, raise_errors: bool = True) -> int:
-        """Handle every pending request once; return how many snapshots were handled.
+        """Handle every pending request once; return how many snapshots were handled
+        (a branch's started snapshot still waiting for its base is not: a later poll is).
 
         A provider's exception is re-raised (after the snapshot is marked
         FAILED) unless ``raise_errors`` is false, in which case it is logged.
@@ -389,15 +417,21 @@ class SnapshotProviderRunner:
         handled = 0
         for req in self.pending():
             started = self.store.start_snapshot(req.snapshot_id)
-            if started is None:
-                continue  # another runner took it, or it was cancelled meanwhile
+            if started is not None:  # else another runner took it, or it was cancelled
+                self._waiting[started.snapshot_id] = started
+        for sid, started in list(self._waiting.items()):
+            if not self.store.snapshot_base_applied(sid):
+                if not self.store.heartbeat_snapshot(sid):  # cancelled or failed meanwhile
+                    del self._waiting[sid]
+                continue
+            del self._waiting[sid]
             handled += 1
             try:
                 self.provide(started)
             except Exception:
                 if raise_errors:
                     raise
-                log.exception("snapshot %s of %s failed", req.snapshot_id, self.client_name)
+                log.exception("snapshot %s of %s failed", sid, self.client_name)
         return handled
 
     def provide(self, request: SnapshotRequest) -> SnapshotContext:
@@ -473,4 +507,5 @@ __all__ = [
     "SnapshotContext",
     "SnapshotHeartbeat",
     "SnapshotProviderRunner",
+    "wait_for_base",
 ]

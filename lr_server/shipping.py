@@ -322,6 +322,16 @@ class Shipper:
         req = cs.snapshot
         if req is None or cs.snap_done_sent:
             return False
+        node = self.cascade.get(name)
+        if (
+            node is not None
+            and node.origin_id != self.source_id
+            and cs.snap_sent == 0
+            and req.base_position is not None
+            and req.base_position < cs.sent
+        ):
+            self.requests.rebase(cs)  # relayed: the node holds entries past the base
+            return False
         if req.status is not SnapshotStatus.READY:
             return False
         entries = self.store.read_snapshot_entries(

@@ -178,6 +178,30 @@ class SnapshotRequests:
             if req is not None and req.status is SnapshotStatus.REQUESTED:
                 self.launch(req, cs.config)
 
+    def rebase(self, cs: ClientStream) -> None:
+        """Replace the stream's snapshot, whose base is below what the stream already
+        sent: shipped, it would bring those entries to the listener again. A branch's
+        base is the last entry it stored, read when the snapshot starts: below an entry
+        it forwarded before storing it, or a node that came from a provider further
+        ahead. The new snapshot's base is read later (asked at once, then at most every
+        ``[retry] max_backoff`` seconds)."""
+        req = cs.snapshot
+        assert req is not None
+        if time.monotonic() < cs.retry_at:
+            return
+        cs.retry_at = time.monotonic() + self.retry.max_backoff
+        reason = (
+            f"the stream holds entries up to {cs.sent}, past base {req.base_position}"
+            f" of full sync {req.snapshot_id}"
+        )
+        new = self.request(cs.config.name, reason)
+        self._log.info(
+            "%s/%s: full sync asked again: %s", self.destination, req.client_name, reason
+        )
+        cs.snapshot, cs.snap_sent, cs.snap_done_sent = new, 0, False
+        if new is not None and new.status is SnapshotStatus.REQUESTED:
+            self.launch(new, cs.config)
+
     def reclaim_stalled(self, req: SnapshotRequest | None) -> SnapshotRequest | None:
         """Fail a RUNNING snapshot whose worker went silent (it crashed); None if so."""
         if req is None or req.status is not SnapshotStatus.RUNNING:

@@ -50,7 +50,7 @@ if __package__ in (None, ""):  # run as a file: spark-submit spark_jobs/snapshot
 from lr_client import errors as lr_errors
 from lr_client.errors import ConfigError, InvalidInputError, LRError, SnapshotError
 from lr_client.records import SnapshotRequest, SnapshotStatus
-from lr_client.snapshot import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat
+from lr_client.snapshot import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat, wait_for_base
 from lr_client.store import create_engine, open_store
 from spark_jobs.encoders import Encoder, arrow_compatible, json_encoder, load_encoder
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job
@@ -261,6 +261,7 @@ def run_snapshot_job(
         )
         _require_running(store, snapshot_id, start)  # nothing written before this
         try:
+            wait_for_base(store, snapshot_id)  # a branch's tables cover the base first
             return _run(spark, store, snapshot_id, df, writer, use_arrow, progress_interval)
         except BaseException as exc:
             err = _after_failure(store, snapshot_id, exc, mark_failed)
@@ -540,6 +541,11 @@ def _execute(
     code = 1
     result: dict[str, Any] = {"snapshot_id": snapshot_id}
     spark: SparkSession | None = None
+    try:  # a source read eagerly (a ``module:function``) reads a branch's tables after it
+        wait_for_base(store, snapshot_id)
+    except SnapshotError as exc:
+        result.update(status="stopped", error=str(exc))
+        return 3, result
     try:
         spark = build_session(args.master, conf, args.app_name, source)
         spark.sparkContext.setLogLevel(args.log_level)

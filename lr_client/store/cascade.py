@@ -208,6 +208,26 @@ def relay_delivered(conn: Connection, client_name: str, origin_id: str) -> int:
     return max(int(found or 0), base, relay_mark(conn, client_name, origin_id))
 
 
+def relay_head(conn: Connection, client_name: str, origin_id: str) -> int:
+    """The origin position of the last entry stored here from (client, origin): no node
+    below can hold one past it, except one this branch forwarded and has not stored yet."""
+    qid = relay_queue_id(conn, client_name, origin_id)
+    if qid is None:
+        return 0
+    start, base = last_end_seq(conn, qid)
+    found = conn.execute(
+        select(_R.c.source_position)
+        .where(
+            _R.c.queue_id == qid,
+            _R.c.seq > start,
+            _R.c.type == literal(_LOG, literal_execute=True),
+        )
+        .order_by(_R.c.seq.desc())
+        .limit(1)
+    ).scalar()
+    return max(int(found or 0), base, relay_mark(conn, client_name, origin_id))
+
+
 class CascadeStore(StoreBase):
     """Cascade rows (``lrq_cascade``, ``lrq_cascade_children``) and relay reads."""
 

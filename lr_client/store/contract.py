@@ -264,6 +264,11 @@ class Snapshots(Transactions, Protocol):
     def start_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
         """REQUESTED -> RUNNING, fixing ``base_position``; None if no longer requested."""
 
+    def snapshot_base_applied(self, snapshot_id: str) -> bool:
+        """Whether this node's own data covers the base of a started snapshot, so that its
+        provider may read: at once where the node originates the client; at a branch once
+        its subscriber has delivered the relayed entries through the base."""
+
     def heartbeat_snapshot(self, snapshot_id: str) -> bool:
         """Record that the worker of a RUNNING request is alive; False if it is not running."""
 

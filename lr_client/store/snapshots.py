@@ -51,7 +51,7 @@ from lr_client.records import (
     SnapshotStatus,
 )
 from lr_client.store import schema as s
-from lr_client.store.cascade import relay_delivered
+from lr_client.store.cascade import relay_delivered, relay_head
 from lr_client.store.retention import read_drops
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
@@ -481,7 +481,18 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def _snapshot_base(self, conn: Connection, snapshot_id: str) -> int:
         """The base of a snapshot starting now: the head of the send log, or for a client
         this node relays (a branch of a cascade), the origin position of the last entry
-        its subscriber delivered from the origin (see docs/cascading.md)."""
+        it stored of it, past what any node below may hold; the provider reads once the
+        branch's subscriber has delivered that far (:meth:`snapshot_base_applied`; see
+        docs/cascading.md)."""
+        node = self._relayed_node(conn, snapshot_id)
+        if node is not None:
+            client, origin = node
+            return max(relay_delivered(conn, client, origin), relay_head(conn, client, origin))
+        return self.head_position(conn)
+
+    @staticmethod
+    def _relayed_node(conn: Connection, snapshot_id: str) -> tuple[str, str] | None:
+        """(client, origin) of a snapshot of a client this node relays, else None."""
         client = conn.execute(
             select(s.snapshots.c.client_name).where(s.snapshots.c.snapshot_id == snapshot_id)
         ).scalar()
@@ -489,9 +500,19 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         node = conn.execute(
             select(c.c.role, c.c.origin_id).where(c.c.client_name == client)
         ).first()
-        if node is not None and node.role == "branch":
-            return relay_delivered(conn, str(client), str(node.origin_id))
-        return self.head_position(conn)
+        if node is None or node.role != "branch":
+            return None
+        return str(client), str(node.origin_id)
+
+    def snapshot_base_applied(self, snapshot_id: str) -> bool:
+        with self.read() as conn:
+            base = conn.execute(
+                select(s.snapshots.c.base_position).where(s.snapshots.c.snapshot_id == snapshot_id)
+            ).scalar()
+            if base is None:
+                return False
+            node = self._relayed_node(conn, snapshot_id)
+            return node is None or relay_delivered(conn, *node) >= int(base)
 
     def heartbeat_snapshot(self, snapshot_id: str) -> bool:
         return self.update_snapshot(snapshot_id, expect=[SnapshotStatus.RUNNING])

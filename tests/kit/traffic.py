@@ -451,6 +451,9 @@ class SinkApp:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> SinkApp:
+        """Start applying (again, after :meth:`stop`)."""
+        if self._stop.is_set():
+            self._stop = threading.Event()
         for sub in self.subscribers:
             t = threading.Thread(target=sub.run, args=(self._stop,), daemon=True)
             t.start()
