@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
 from lr_client.store.contract import QueueStore, Snapshots
-from tests.contract.calls import across_outage, append, refused_for_no_schema
+from tests.contract.calls import across_outage, append, log, refused_for_no_schema
 from tests.contract.outage import Outage
 
 OPEN = OPEN_SNAPSHOT_STATUSES
@@ -281,6 +281,41 @@ def test_heartbeat_keeps_a_running_snapshot_alive(store: Snapshots) -> None:
     assert _status(store, sid) is SnapshotStatus.RUNNING
 
 
+def test_a_snapshots_base_is_applied_at_its_origin_and_at_a_branch_once_delivered(
+    store: QueueStore,
+) -> None:
+    """Where the node originates the client the base is its own send log's head: applied
+    once fixed. At a branch the base is the last relayed entry stored (never below the
+    last delivered), applied once the branch's subscriber has delivered through it."""
+    sid = store.request_snapshot(None, "b", "policy")
+    assert not store.snapshot_base_applied(sid)  # REQUESTED: no base yet
+    store.start_snapshot(sid)
+    assert store.snapshot_base_applied(sid)
+    store.apply_cascade_config("relayed", "s1", "branch", "s1", ["b"])
+    store.apply_log_batch("s1", "relayed", log(4, 5, 6))
+    (queue,) = store.list_queues("relayed")
+    relayed = store.request_snapshot(None, "b", "relayed")
+    started = store.start_snapshot(relayed)
+    assert started is not None and started.base_position == 6
+    assert not store.snapshot_base_applied(relayed)
+    with store.write() as conn:
+        assert store.acquire_lease(conn, queue.queue_id, "sub", 100.0, 60.0) is not None
+        (*_, last) = store.read_queue(conn, queue.queue_id, 10)
+        assert store.save_state(
+            conn,
+            queue.queue_id,
+            "sub",
+            snapshot_id="",
+            in_snapshot=False,
+            delivered=3,
+            lease_expires=160.0,
+            previous_seq=0,
+            delivered_seq=last.seq,
+        )
+    assert store.relay_delivered_position("relayed", "s1") == 6
+    assert store.snapshot_base_applied(relayed)
+
+
 def test_a_silent_running_snapshot_is_failed_and_released(store: QueueStore) -> None:
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy")
@@ -494,6 +529,7 @@ def test_an_unknown_snapshot_changes_nothing(store: QueueStore) -> None:
     nope = "no-such-snapshot"
     assert store.start_snapshot(nope) is None
     assert not store.heartbeat_snapshot(nope)
+    assert not store.snapshot_base_applied(nope)
     assert not store.fail_stalled_snapshot(nope, time.time() + 60, "stalled")
     store.set_snapshot_progress(nope, 5)
     assert not store.cancel_snapshot(nope)
@@ -526,6 +562,7 @@ def test_every_snapshot_method_on_an_empty_database_is_a_schema_error(
         lambda: bare_store.update_snapshot("s", expect=running, reason="x"),
         lambda: bare_store.start_snapshot("s"),
         lambda: bare_store.heartbeat_snapshot("s"),
+        lambda: bare_store.snapshot_base_applied("s"),
         lambda: bare_store.fail_stalled_snapshot("s", time.time(), "stalled"),
         in_transaction(lambda c: bare_store.write_snapshot_entries(c, "s", 0, [b"a"])),
         lambda: bare_store.count_snapshot_entries("s"),

@@ -36,29 +36,12 @@ from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.grpc_client import GrpcTransport
 from lr_server.transport.inproc import InProcessTransport
 from lr_server.transport.lanes import LaneStreams
+from tests.kit.relayed import from_root
 from tests.kit.sites import SiteSpec, free_port, write_config
 from tests.kit.wait import join, scaled, wait_for
 
 #: A session that waited for its poll would relay nothing while the test runs.
 HOUR = 3600.0
-
-
-def _from_root(position: int, client: str = "policy") -> pb.ReplicationBatch:
-    """A log batch of one entry, as the root ``s1`` ships it to its child."""
-    return pb.ReplicationBatch(
-        batch_id=position,
-        source_id="s1",
-        client_name=client,
-        kind=pb.BATCH_LOG_ENTRY,
-        first_position=position,
-        last_position=position,
-        previous_position=position - 1,
-        entries=[
-            pb.RoutingTableEntryMsg(
-                type=pb.LOG_ENTRY_SYNC, opaque_payload=b"x%d" % position, position=position
-            )
-        ],
-    )
 
 
 def _relaying(
@@ -110,9 +93,9 @@ def test_the_receiver_tells_of_each_log_batch_it_stores(store: SQLAlchemyQueueSt
     store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     told: list[tuple[str, str, int]] = []
     receiver = Receiver(store, "s3", ["s1"], on_stored=lambda s, c, last: told.append((s, c, last)))
-    receiver.apply("s1", _from_root(1))
+    receiver.apply("s1", from_root(1))
     assert told == [("s1", "policy", 1)]
-    assert receiver.apply("s1", _from_root(1)).duplicate  # nothing stored: nothing told
+    assert receiver.apply("s1", from_root(1)).duplicate  # nothing stored: nothing told
     assert told == [("s1", "policy", 1)]
 
 
@@ -176,9 +159,9 @@ def test_a_branch_relays_a_batch_stored_while_the_previous_one_is_in_flight(
     session = _relaying(store, node, arrivals, lambda: sink)
     with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-        receiver.apply("s1", _from_root(1))
+        receiver.apply("s1", from_root(1))
         wait_for(lambda: len(sink.sent) == 1, timeout=scaled(30), what="the first batch")
-        receiver.apply("s1", _from_root(2))  # the first is not acknowledged, nor ever will be
+        receiver.apply("s1", from_root(2))  # the first is not acknowledged, nor ever will be
         wait_for(lambda: len(sink.sent) == 2, timeout=scaled(30), what="the second batch")
         assert [(b.first_position, b.previous_position) for b in sink.sent] == [(1, 0), (2, 1)]
 
@@ -190,7 +173,7 @@ def test_a_branch_relays_a_stored_batch_without_waiting_for_its_poll(
     node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     arrivals = Arrivals()
     receiver = Receiver(branch, "s3", ["s1"], on_stored=arrivals.ring)
-    receiver.apply("s1", _from_root(1))  # stored before the session starts
+    receiver.apply("s1", from_root(1))  # stored before the session starts
     at_leaf = Receiver(leaf, "s4", ["s3"])
     session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
     with _running(session, arrivals):
@@ -198,7 +181,7 @@ def test_a_branch_relays_a_stored_batch_without_waiting_for_its_poll(
         wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
         # Caught up with nothing in flight: the session waits. What is stored now
         # goes at once, not after the hour's poll.
-        receiver.apply("s1", _from_root(2))
+        receiver.apply("s1", from_root(2))
         wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored later")
         assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
 
@@ -247,14 +230,14 @@ def test_a_relay_read_resumes_at_the_entry_the_last_one_ended_at(
     store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in (1, 2, 3):
-        receiver.apply("s1", _from_root(position))
+        receiver.apply("s1", from_root(position))
     assert [e.position for e in store.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
     # A trap the queue never holds (an entry stored before the read's end with a higher
     # position): only a read that passes the entries before its start again finds it.
     e = schema.recv_entries
     with store.write() as conn:
         conn.execute(update(e).where(e.c.source_position == 1).values(source_position=99))
-    receiver.apply("s1", _from_root(4))
+    receiver.apply("s1", from_root(4))
     assert [e.position for e in store.read_relay("policy", "s1", 3, 10)] == [4]
     # Where no read ended, it reads from the relay's start, as ever (and finds the trap).
     assert [e.position for e in store.read_relay("policy", "s1", 2, 10)] == [99]
@@ -287,7 +270,7 @@ def test_a_branch_forwards_a_batch_before_it_has_stored_it(
     monkeypatch.setattr(store, "apply_log_batch", held)
     with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-        applying = threading.Thread(target=receiver.apply, args=("s1", _from_root(1)))
+        applying = threading.Thread(target=receiver.apply, args=("s1", from_root(1)))
         applying.start()
         try:
             wait_for(lambda: len(sink.sent) == 1, timeout=scaled(30), what="the forwarded batch")
@@ -324,12 +307,12 @@ def test_a_batch_the_branch_failed_to_store_reaches_the_leaf_once(
         received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
         monkeypatch.setattr(branch, "apply_log_batch", failing)
         with pytest.raises(StoreUnavailableError):
-            receiver.apply("s1", _from_root(1))
+            receiver.apply("s1", from_root(1))
         wait_for(lambda: received() == 1, timeout=scaled(30), what="the forwarded entry")
         assert branch.sink_progress("s1", "policy").last_position == 0
         monkeypatch.setattr(branch, "apply_log_batch", store_batch)
-        assert not receiver.apply("s1", _from_root(1)).duplicate  # sent again, stored
-        receiver.apply("s1", _from_root(2))
+        assert not receiver.apply("s1", from_root(1)).duplicate  # sent again, stored
+        receiver.apply("s1", from_root(2))
         wait_for(lambda: received() == 2, timeout=scaled(30), what="the next entry")
     assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
     assert leaf.sink_progress("s1", "policy").entries_received == 2
@@ -347,15 +330,15 @@ def test_a_child_past_what_its_branch_stored_resumes_where_it_is(
     node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     at_leaf = Receiver(leaf, "s4", ["s3"])
     for position in (1, 2):
-        at_leaf.apply("s3", _from_root(position))
+        at_leaf.apply("s3", from_root(position))
     arrivals = Arrivals()
     receiver = _forwarding_receiver(branch, arrivals)
-    receiver.apply("s1", _from_root(1))  # the branch has 1 only
+    receiver.apply("s1", from_root(1))  # the branch has 1 only
     session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
     with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
         for position in (2, 3):
-            receiver.apply("s1", _from_root(position))
+            receiver.apply("s1", from_root(position))
         received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
         wait_for(lambda: received() == 3, timeout=scaled(30), what="the entry after it")
     assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
@@ -372,14 +355,14 @@ def test_a_relay_read_that_finds_nothing_marks_where_the_next_one_starts(
     store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in (1, 2, 3):
-        receiver.apply("s1", _from_root(position))
+        receiver.apply("s1", from_root(position))
     assert store.read_relay("policy", "s1", 3, 10) == []  # no read ended at 3
     # The trap of the test above: only a read that passes the entries before 3 finds it.
     e = schema.recv_entries
     with store.write() as conn:
         conn.execute(update(e).where(e.c.source_position == 1).values(source_position=99))
     assert store.read_relay("policy", "s1", 3, 10) == []
-    receiver.apply("s1", _from_root(4))
+    receiver.apply("s1", from_root(4))
     assert [e.position for e in store.read_relay("policy", "s1", 3, 10)] == [4]
 
 
@@ -432,11 +415,11 @@ def test_a_branch_that_forwarded_all_it_stored_does_not_read_its_queue_again(
     received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
     with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-        receiver.apply("s1", _from_root(1))
+        receiver.apply("s1", from_root(1))
         wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
         reads = _counting_reads(branch, monkeypatch)
         for position in (2, 3, 4):
-            receiver.apply("s1", _from_root(position))
+            receiver.apply("s1", from_root(position))
             wait_for(lambda p=position: received() == p, timeout=scaled(30), what="an entry")
     if stored_ttl:
         assert reads == []
@@ -470,7 +453,7 @@ def test_a_batch_stored_by_another_process_is_relayed_once_the_last_store_here_i
     received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
     with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-        here.apply("s1", _from_root(1))
+        here.apply("s1", from_root(1))
         wait_for(lambda: received() == 1, timeout=scaled(30), what="the forwarded entry")
-        elsewhere.apply("s1", _from_root(2))
+        elsewhere.apply("s1", from_root(2))
         wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored elsewhere")

@@ -7,12 +7,14 @@ called directly (no transport), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+
+import pytest
 
 from lr_client._proto import replication_pb2 as pb
-from lr_client.listener import RoutingQueueListener, RoutingQueueMessage, Session
+from lr_client.errors import SnapshotError
 from lr_client.records import SnapshotStatus
-from lr_client.snapshot import SnapshotProviderRunner
+from lr_client.snapshot import SnapshotProviderRunner, wait_for_base
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
@@ -21,24 +23,7 @@ from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
 from lr_server.streams import Mode
 from lr_server.transport.base import BatchStream, Transport
-
-
-def _from_root(position: int) -> pb.ReplicationBatch:
-    """A log batch of one entry of ``policy``, as the root ``s1`` ships it."""
-    return pb.ReplicationBatch(
-        batch_id=position,
-        source_id="s1",
-        client_name="policy",
-        kind=pb.BATCH_LOG_ENTRY,
-        first_position=position,
-        last_position=position,
-        previous_position=position - 1,
-        entries=[
-            pb.RoutingTableEntryMsg(
-                type=pb.LOG_ENTRY_SYNC, opaque_payload=b"x%d" % position, position=position
-            )
-        ],
-    )
+from tests.kit.relayed import TakesAll, from_root
 
 
 class Sent(BatchStream):
@@ -60,20 +45,6 @@ class Sent(BatchStream):
         pass
 
 
-class Applies(RoutingQueueListener):
-    """The branch's application: takes everything."""
-
-    def process_full_sync(
-        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
-    ) -> bool:
-        return True
-
-    def process_log_entries(
-        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
-    ) -> bool:
-        return True
-
-
 def _no_transport() -> Transport:
     raise AssertionError("these tests call the session's steps directly")
 
@@ -84,7 +55,7 @@ def _branch(store: SQLAlchemyQueueStore, stored: int) -> SenderSession:
     node = store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in range(1, stored + 1):
-        receiver.apply("s1", _from_root(position))
+        receiver.apply("s1", from_root(position))
     return SenderSession(
         store,
         "s3",
@@ -117,7 +88,7 @@ def test_a_branchs_full_sync_is_based_on_what_it_stored_and_read_once_its_applic
     started = store.get_snapshot(sid)
     assert (started.status, started.base_position, read) == (SnapshotStatus.RUNNING, 6, [])
     assert not store.snapshot_base_applied(sid)
-    app = RoutingQueueSubscriber(store, "policy", Applies(), batch_size=5, max_batches=1)
+    app = RoutingQueueSubscriber(store, "policy", TakesAll(), batch_size=5, max_batches=1)
     assert app.poll_once() == 5
     assert runner.poll_once() == 0 and read == []  # 5 of the 6: still waiting
     assert app.poll_once() == 1
@@ -154,3 +125,25 @@ def test_a_stream_past_its_snapshots_base_asks_for_a_new_one_rather_than_repeat_
     views = {r.snapshot_id: r.status for r in store.list_snapshots("s4", "policy")}
     assert views == {first: SnapshotStatus.CANCELLED, new.snapshot_id: SnapshotStatus.RUNNING}
     assert cs.snapshot.snapshot_id == new.snapshot_id
+
+
+def test_waiting_for_a_branchs_base_keeps_the_snapshot_alive_and_ends_with_it(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    _branch(store, stored=2)
+    sid = store.request_snapshot(None, "s4", "policy", "asked")
+    started = store.start_snapshot(sid)
+    assert started is not None
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(SnapshotError, match="stopped waiting for its base"):
+        wait_for_base(store, sid, stop)
+    assert store.get_snapshot(sid).updated_at > started.updated_at  # kept alive
+    store.cancel_snapshot(sid, "operator")
+    with pytest.raises(SnapshotError, match="is no longer running"):
+        wait_for_base(store, sid)
+    other = store.request_snapshot(None, "s4", "policy", "asked")
+    store.start_snapshot(other)
+    app = RoutingQueueSubscriber(store, "policy", TakesAll())
+    assert app.poll_once() == 2
+    wait_for_base(store, other, stop)  # applied already: returns at once

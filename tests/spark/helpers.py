@@ -205,3 +205,19 @@ def killable_rows(spark: Any) -> Any:
     return numbered_rows(spark).selectExpr(
         "id", "name", f"'{os.environ[GATE_ENV]}' AS barrier", "150 AS block_at"
     )
+
+
+def branch_delivered(spark: Any) -> Any:
+    """An eager source at a branch: one row, how far the branch's application had
+    applied ``policy`` (origin ``s1``) when the source was read."""
+    import os
+
+    from lr_client.store import create_engine, open_store
+    from spark_jobs.launch import DATABASE_URL_ENV
+
+    store = open_store(create_engine(os.environ[DATABASE_URL_ENV]))
+    try:
+        delivered = store.relay_delivered_position("policy", "s1")
+    finally:
+        store.engine.dispose()
+    return spark.createDataFrame([(delivered,)], "delivered long")

@@ -13,9 +13,12 @@ import pytest
 
 from lr_client.records import SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from lr_client.subscriber import RoutingQueueSubscriber
+from lr_server.receiver import Receiver
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job, snapshot_job_command
 from spark_jobs.snapshot_job import main
 from tests.kit.guards import need
+from tests.kit.relayed import TakesAll, from_root
 from tests.kit.wait import scaled, wait_for
 from tests.spark.conftest import require_spark
 from tests.spark.helpers import GATE_ENV
@@ -180,6 +183,51 @@ def test_job_fixes_the_base_position_before_reading_its_source(
     assert req is not None and req.status == SnapshotStatus.READY and req.entry_count == 2
     after = store.read_log_entries("b", "policy", after=req.base_position or 0, limit=10)
     assert [e.payload for e in after] == [b"committed-after-the-read"]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_at_a_branch_the_job_reads_its_source_once_the_branchs_application_has_the_base(
+    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+) -> None:
+    """An eager source reads the branch's tables when the job loads it: the job waits
+    until the branch's application has applied what the branch stored (the base)."""
+    require_spark()
+    url, store = site
+    store.apply_cascade_config("policy", "s1", "branch", "s1", ["b"])
+    receiver = Receiver(store, "s3", ["s1"])
+    for position in (1, 2, 3):
+        receiver.apply("s1", from_root(position))
+    sid = store.request_snapshot(None, "b", "policy", "server")
+    log = tmp_path / "job.log"
+    proc = launch_snapshot_job(
+        url,
+        sid,
+        source="tests.spark.helpers:branch_delivered",
+        master="local[1]",
+        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        log_path=log,
+        env=_env(),
+        cwd=ROOT,
+    )
+    beats: set[float] = set()
+
+    def waiting() -> bool:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        req = store.get_snapshot(sid)
+        assert req is not None and req.rows_written == 0
+        if req.status is SnapshotStatus.RUNNING:
+            assert req.base_position == 3
+            beats.add(req.updated_at)
+        return len(beats) >= 5
+
+    wait_for(waiting, 300, 0.02, what="5 heartbeats", detail=lambda: log.read_text()[-3000:])
+    assert RoutingQueueSubscriber(store, "policy", TakesAll()).poll_once() == 3
+    assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
+    done = store.get_snapshot(sid)
+    assert done is not None and done.status is SnapshotStatus.READY
+    (entry, _end) = store.read_snapshot_entries(sid, 0, 10)
+    assert json.loads(entry.payload) == {"delivered": 3}
 
 
 @pytest.mark.spark

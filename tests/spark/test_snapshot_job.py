@@ -16,11 +16,14 @@ import pytest
 from lr_client.errors import ConfigError, InvalidPayloadError, SnapshotError
 from lr_client.records import ReplicationType, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from lr_client.subscriber import RoutingQueueSubscriber
+from lr_server.receiver import Receiver
 from spark_jobs.encoders import json_encoder
 from spark_jobs.snapshot_job import run_snapshot_job
 from spark_jobs.sources import load_dataframe, parse_source
 from spark_jobs.writer import open_sink, rows_committed
 from tests.kit.guards import need
+from tests.kit.relayed import TakesAll, from_root
 from tests.kit.wait import join, wait_for
 from tests.spark.conftest import require_spark
 
@@ -368,3 +371,44 @@ def test_a_key_column_gives_each_row_its_partition_key(
     other = _running(store, "c")
     with pytest.raises(ConfigError, match="not a column"):
         run_snapshot_job(spark, url, other, df, key_column="nope")
+
+
+def test_at_a_branch_the_job_reads_only_once_the_branchs_application_has_the_base(
+    spark: Any, site: tuple[str, SQLAlchemyQueueStore]
+) -> None:
+    """The branch stored entries 1..3 its application has not applied: the job waits,
+    keeping the snapshot alive and writing nothing, until the application has them."""
+    url, store = site
+    store.apply_cascade_config("policy", "s1", "branch", "s1", ["b"])
+    receiver = Receiver(store, "s3", ["s1"])
+    for position in (1, 2, 3):
+        receiver.apply("s1", from_root(position))
+    sid = _running(store)
+    started = store.get_snapshot(sid)
+    assert started is not None and started.base_position == 3
+    df = spark.range(0, 10, numPartitions=1).selectExpr("id")
+    counts: list[int] = []
+
+    def job() -> None:
+        counts.append(run_snapshot_job(spark, url, sid, df))
+
+    beats = {started.updated_at}
+
+    def beaten(times: int) -> bool:
+        req = store.get_snapshot(sid)
+        assert req is not None and req.status is SnapshotStatus.RUNNING
+        assert store.count_snapshot_entries(sid) == 0  # not read yet
+        beats.add(req.updated_at)
+        return len(beats) > times
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    try:
+        wait_for(lambda: beaten(10), 120, what="the waiting job's heartbeats")
+        assert thread.is_alive() and counts == []  # it cannot end before the application
+        app = RoutingQueueSubscriber(store, "policy", TakesAll())
+        assert app.poll_once() == 3
+    finally:
+        join(thread, 120)
+    assert counts == [10]
+    assert _status(store, sid) == SnapshotStatus.READY
