@@ -13,7 +13,13 @@ from sqlalchemy.engine import Connection
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
 from lr_client.store.contract import QueueStore, Snapshots
-from tests.contract.calls import across_outage, append, log, refused_for_no_schema
+from tests.contract.calls import (
+    across_outage,
+    append,
+    log,
+    pass_entries,
+    refused_for_no_schema,
+)
 from tests.contract.outage import Outage
 
 OPEN = OPEN_SNAPSHOT_STATUSES
@@ -298,20 +304,9 @@ def test_a_snapshots_base_is_applied_at_its_origin_and_at_a_branch_once_delivere
     started = store.start_snapshot(relayed)
     assert started is not None and started.base_position == 6
     assert not store.snapshot_base_applied(relayed)
-    with store.write() as conn:
-        assert store.acquire_lease(conn, queue.queue_id, "sub", 100.0, 60.0) is not None
-        (*_, last) = store.read_queue(conn, queue.queue_id, 10)
-        assert store.save_state(
-            conn,
-            queue.queue_id,
-            "sub",
-            snapshot_id="",
-            in_snapshot=False,
-            delivered=3,
-            lease_expires=160.0,
-            previous_seq=0,
-            delivered_seq=last.seq,
-        )
+    assert pass_entries(store, queue.queue_id, 2) == [4, 5]
+    assert not store.snapshot_base_applied(relayed)
+    assert pass_entries(store, queue.queue_id, 1) == [6]
     assert store.relay_delivered_position("relayed", "s1") == 6
     assert store.snapshot_base_applied(relayed)
 
