@@ -100,6 +100,9 @@ class StoreBase(abc.ABC):
         self._sites: dict[str, int] = {}
         self._site_names: dict[int, str] = {}
         self._queue_ids: dict[str, int] = {}
+        #: Queue ids each open transaction registered or read, cached once it commits:
+        #: a registration rolled back with its transaction must be made again.
+        self._txn_queue_ids: dict[Connection, dict[str, int]] = {}
         #: queue_id -> whether it is relayed, read when this store last took its lease.
         self._relayed: dict[int, bool] = {}
         #: snapshot_id -> (ordinal, part, seq) of the last entry a read returned.
@@ -155,11 +158,21 @@ class StoreBase(abc.ABC):
                 conn = conn.execution_options(
                     lr_immediate=True, isolation_level=self.consistent_isolation
                 )
-                with conn.begin():
+                with self._transaction(conn):
                     yield conn
             return
-        with mapped_errors(), self._connect(immediate=True) as conn, conn.begin():
+        with mapped_errors(), self._connect(immediate=True) as conn, self._transaction(conn):
             yield conn
+
+    @contextmanager
+    def _transaction(self, conn: Connection) -> Iterator[Connection]:
+        """``conn``'s transaction; the queue ids it learnt are cached once it committed."""
+        try:
+            with conn.begin():
+                yield conn
+            self._queue_ids.update(self._txn_queue_ids.get(conn, {}))
+        finally:
+            self._txn_queue_ids.pop(conn, None)
 
     @contextmanager
     def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:

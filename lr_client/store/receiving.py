@@ -176,6 +176,12 @@ class ReceivingStore(StoreBase):
         name = recv_queue_name(client_name, source_id)
         if name in self._queue_ids:  # registrations are never removed
             return self._queue_ids[name]
+        # Cached by the store once this transaction commits (``_transaction``), not
+        # before: a registration rolled back with it would leave entries of a queue
+        # no subscriber finds.
+        learnt = self._txn_queue_ids.setdefault(conn, {})
+        if name in learnt:
+            return learnt[name]
         qid = conn.execute(
             select(s.queue_registry.c.queue_id).where(s.queue_registry.c.queue_name == name)
         ).scalar()
@@ -196,7 +202,7 @@ class ReceivingStore(StoreBase):
             qid = conn.execute(
                 select(s.queue_registry.c.queue_id).where(s.queue_registry.c.queue_name == name)
             ).scalar_one()
-        self._queue_ids[name] = int(qid)
+        learnt[name] = int(qid)
         return int(qid)
 
     def _save_progress(self, conn: Connection, progress: SinkProgress) -> None:

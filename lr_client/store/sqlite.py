@@ -101,7 +101,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         # the engine's hook calls _Turn.take; released once committed or rolled back.
         late = _Turn(turn)
         try:
-            with mapped_errors(), self._connect(immediate=False) as conn, conn.begin():
+            with mapped_errors(), self._connect(immediate=False) as conn, self._transaction(conn):
                 conn.execution_options(lr_turn=late)  # after BEGIN, which it must not take
                 yield conn
                 late.take(conn.connection.driver_connection)  # the commit holds it too

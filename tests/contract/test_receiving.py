@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lr_client.errors import InvalidNameError, ProtocolError
+from lr_client.errors import InvalidNameError, ProtocolError, StoreUnavailableError
 from lr_client.lanes import lane_of
 from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, WireEntry
 from lr_client.store import arrival_watch
@@ -55,6 +55,26 @@ def test_a_gap_is_refused_and_applies_nothing(store: QueueStore) -> None:
     assert store.sink_progress("site-a", "policy").last_position == 2
     assert store.apply_log_batch("site-a", "policy", log(3, 4), previous_position=2) == (True, 4)
     assert [p for p, _, _ in _queued(store)] == [1, 2, 3, 4]
+
+
+def test_a_queue_registered_by_a_receive_rolled_back_is_registered_again(
+    store: QueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a receive transaction that registered a new queue and then failed
+    (its connection lost while it appended) left the queue's id cached, so the next
+    batch's entries went to a queue that no registration named: no subscriber found them."""
+
+    def lost(*args: object) -> None:
+        raise StoreUnavailableError("the connection is lost")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "_append_recv", lost)
+        with pytest.raises(StoreUnavailableError):
+            store.apply_log_batch("site-a", "policy", log(1, 2))
+    assert store.list_queues("policy") == []
+    assert store.sink_progress("site-a", "policy").last_position == 0
+    assert store.apply_log_batch("site-a", "policy", log(1, 2)) == (True, 2)
+    assert [p for p, _, _ in _queued(store)] == [1, 2]
 
 
 @pytest.mark.parametrize(("source", "client"), [("Site-A", "policy"), ("site-a", "po_licy")])
