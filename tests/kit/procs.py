@@ -144,4 +144,13 @@ class LrServer:
         return int(self.proc.returncode)
 
     def log(self) -> str:
+        """The log's tail (for failure messages)."""
         return tail(self.log_path)
+
+    def full_log(self) -> str:
+        """The whole log: count or search in this, since a flood of lines pushes any
+        line out of the tail."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""

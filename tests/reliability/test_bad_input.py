@@ -795,7 +795,9 @@ def test_tokens_never_reach_the_logs(tmp_path: Path) -> None:
             assert client.push(log_batch([1]))[1] != grpc.StatusCode.OK
         # The sender keeps failing to authenticate (and says so in its log).
         wait_for(
-            lambda: "UNAUTHENTICATED" in sender.log() and sink.log().count("rejected") >= 5,
+            lambda: (
+                "UNAUTHENTICATED" in sender.full_log() and sink.full_log().count("rejected") >= 5
+            ),
             60,
             what="the sender's and the sink's log entries of the rejections",
         )

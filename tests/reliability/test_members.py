@@ -271,7 +271,7 @@ def test_member_cut_from_the_database_fences_itself_and_rejoins(
             scaled(10),
             what=f"{cut_id} running its units",
         ) == sum(1 for o in before.values() if o == cut_id)
-        fenced_before = dep.servers[victim].log().count("stopping all work")
+        fenced_before = dep.servers[victim].full_log().count("stopping all work")
         dep.events.append(f"{time.strftime('%H:%M:%S')} cut {cut_id} from the database")
         proxy.cut()
         cut = time.monotonic()
@@ -281,7 +281,7 @@ def test_member_cut_from_the_database_fences_itself_and_rejoins(
         assert moved == {u for u in UNITS if before[u] == cut_id}  # only its own
         # It stopped its work on its own (its heartbeats failing), before the lease lapsed.
         wait_for(
-            lambda: dep.servers[victim].log().count("stopping all work") > fenced_before,
+            lambda: dep.servers[victim].full_log().count("stopping all work") > fenced_before,
             scaled(10),
             what=f"{cut_id} fenced itself",
             detail=dep.servers[victim].log,
