@@ -36,14 +36,6 @@ __all__ = ["ON_CI", "PG_URL", "PgSchema", "pg_available", "require_pg"]
 PG_URL = os.environ.get("LR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n``, every Spark test runs on one worker: one shared session."""
-    spark_dir = ROOT / "tests" / "spark"
-    for item in items:
-        if spark_dir in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     procs.forget_exited()

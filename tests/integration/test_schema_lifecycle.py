@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -305,9 +306,11 @@ def _populate_source(conn: Connection) -> None:
                 "INSERT INTO lrq_send_log_entries (position, client_name, payload, dest_nums,"
                 " created_at) VALUES (:p, 'policy', :payload, "
                 + ("CAST(:d AS smallint[])" if pg else ":d")
-                + ", 1.0)"
+                + ", :now)"
             ),
-            {"p": pos, "payload": f"e{pos}".encode(), "d": dests},
+            # Written just before the upgrade: not over a retention age (b must not be
+            # dropped before the upgraded server ships them).
+            {"p": pos, "payload": f"e{pos}".encode(), "d": dests, "now": time.time()},
         )
         if not pg:  # c's tags were released by its drop; b's remain
             conn.execute(text("INSERT INTO lrq_send_tags VALUES (1, :p)"), {"p": pos})
@@ -354,6 +357,8 @@ def _populate_sink_b(conn: Connection) -> None:
             text("INSERT INTO lrq_recv_entries VALUES (:seq, 1, 1, :pos, '', 0, :payload, 1.0)"),
             {"seq": seq, "pos": pos, "payload": f"e{pos}".encode()},
         )
+    if conn.dialect.name == "postgresql":  # numbered by its sequence, as the server's were
+        conn.execute(text("SELECT setval('lrq_recv_entries_seq_seq', 4)"))
     conn.execute(text("INSERT INTO lrq_sink_progress VALUES ('a', 'policy', 4, 0, '', 0, 4, 1.0)"))
     conn.execute(
         text("INSERT INTO lrq_subscriber_state VALUES (1, '', :f, 2, '', 0.0)"), {"f": False}
