@@ -31,7 +31,10 @@ receiver commits (``wake_on_arrival``) and poll at the product's default when id
   the time the root's COMMIT returned (one clock: this machine's). The receive queue's
   ``received_at`` cannot serve: at a node of a cascade it keeps the origin's time. The
   first second is warm-up, excluded. The relay hop's cost = relayed p99 - direct p99
-  (and p50 - p50).
+  (and p50 - p50). Also, per entry that reached both leaves, its relayed latency
+  minus its direct latency (``per_entry_hop_ms``, p10/p50/p90/p99): what the hop
+  costs the same entry, apart from each path's own tail; a diagnostic, not the
+  target's figure.
 * where the time goes (``latency.stages``): the servers' own histograms over the paced
   load, read from their metrics before and after it: ``lr_relay_lag_seconds`` at the
   branch and at each leaf (the root's transmit of an entry to its store there: the
@@ -92,6 +95,7 @@ from bench.replicate import (  # noqa: E402
     code_state,
     latency_of,
     paced_load,
+    percentile,
     prefill,
     stop_process,
 )
@@ -323,6 +327,9 @@ class LatencyResult:
     relayed: Latency
     hop_p50_ms: float
     hop_p99_ms: float
+    #: Per entry seen at both leaves: its relayed latency - its direct latency, in ms
+    #: (p10, p50, p90, p99): what the hop costs the same entry, not the target's figure.
+    per_entry_hop_ms: dict[str, float]
     #: Each stage of the paths over the paced load (see :data:`STAGES`).
     stages: dict[str, Stage]
     #: The branch's batches to the relayed leaf over the paced load, by way: forwarded
@@ -422,6 +429,15 @@ def measure_latency(
         )
         for leaf in LEAVES
     }
+    both = [
+        (seen["relayed"][p] - seen["direct"][p]) * 1000.0
+        for p in committed
+        if p in seen["relayed"] and p in seen["direct"]
+    ]
+    both.sort()
+    per_entry = {
+        f"p{round(q * 100)}": round(percentile(both, q), 2) for q in (0.10, 0.50, 0.90, 0.99)
+    }
     return LatencyResult(
         rate,
         round(load.achieved_rate, 1),
@@ -431,6 +447,7 @@ def measure_latency(
         lat["relayed"],
         round(lat["relayed"].p50_ms - lat["direct"].p50_ms, 2),
         round(lat["relayed"].p99_ms - lat["direct"].p99_ms, 2),
+        per_entry if both else {},
         {name: Stage.of(stages1[name].since(stages0[name])) for name in stages1},
         {way: int(ways1[way] - ways0.get(way, 0.0)) for way in ways1},
         round((machine1[0] - machine0[0]) / max(machine1[1] - machine0[1], 1.0), 3),
@@ -569,6 +586,10 @@ def report(console: Console, data: dict[str, Any]) -> None:
         f"{fmt_ratio(data['ratios']['relayed_vs_direct_p99'])}; throughput relayed/direct "
         f"{fmt_ratio(thr['ratio'], TARGET_THROUGHPUT)} (target >= {TARGET_THROUGHPUT}x)"
     )
+    per_entry = lat.get("per_entry_hop_ms") or {}
+    if per_entry:
+        figures = ", ".join(f"{k} {v:+.1f}" for k, v in per_entry.items())
+        console.print(f"per entry, relayed - direct latency of the same entry (ms): {figures}")
     print_table(
         console,
         "Where the time goes over the paced load (the servers' histograms)",

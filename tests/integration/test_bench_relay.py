@@ -52,6 +52,11 @@ def test_relay_benchmark_compares_both_paths_in_one_run(tmp_path: Path) -> None:
     assert lat["hop_p99_ms"] == pytest.approx(
         lat["relayed"]["p99_ms"] - lat["direct"]["p99_ms"], abs=0.01
     )
+    # Per entry: the same entries' relayed - direct latency, its quantiles in order.
+    hop = lat["per_entry_hop_ms"]
+    assert list(hop) == ["p10", "p50", "p90", "p99"]
+    assert hop["p10"] <= hop["p50"] <= hop["p90"] <= hop["p99"]
+    assert "per entry, relayed - direct" in proc.stdout
     # Where the time goes: every node stored what the load sent, the sessions were acked.
     stages = lat["stages"]
     for stage in ("stored at branch", "stored at direct", "stored at relayed"):
