@@ -435,9 +435,11 @@ def measure_latency(
         if p in seen["relayed"] and p in seen["direct"]
     ]
     both.sort()
-    per_entry = {
-        f"p{round(q * 100)}": round(percentile(both, q), 2) for q in (0.10, 0.50, 0.90, 0.99)
-    }
+    per_entry = (
+        {f"p{round(q * 100)}": round(percentile(both, q), 2) for q in (0.10, 0.50, 0.90, 0.99)}
+        if both
+        else {}
+    )
     return LatencyResult(
         rate,
         round(load.achieved_rate, 1),
@@ -447,7 +449,7 @@ def measure_latency(
         lat["relayed"],
         round(lat["relayed"].p50_ms - lat["direct"].p50_ms, 2),
         round(lat["relayed"].p99_ms - lat["direct"].p99_ms, 2),
-        per_entry if both else {},
+        per_entry,
         {name: Stage.of(stages1[name].since(stages0[name])) for name in stages1},
         {way: int(ways1[way] - ways0.get(way, 0.0)) for way in ways1},
         round((machine1[0] - machine0[0]) / max(machine1[1] - machine0[1], 1.0), 3),
@@ -586,7 +588,7 @@ def report(console: Console, data: dict[str, Any]) -> None:
         f"{fmt_ratio(data['ratios']['relayed_vs_direct_p99'])}; throughput relayed/direct "
         f"{fmt_ratio(thr['ratio'], TARGET_THROUGHPUT)} (target >= {TARGET_THROUGHPUT}x)"
     )
-    per_entry = lat.get("per_entry_hop_ms") or {}
+    per_entry = lat["per_entry_hop_ms"]
     if per_entry:
         figures = ", ".join(f"{k} {v:+.1f}" for k, v in per_entry.items())
         console.print(f"per entry, relayed - direct latency of the same entry (ms): {figures}")
