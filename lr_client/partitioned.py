@@ -198,7 +198,10 @@ class PartitionedDelivery:
         sub, store, qid = self.sub, self.sub.store, queue.queue_id
         count = sub.partitions
         with self.writer, store.write() as conn:
-            state = store.load_state(conn, qid)
+            # Held: another worker's barrier run commits the state and the marks
+            # together, so both are read after it, never the marks alone (a full
+            # sync would start twice).
+            state = store.load_state(conn, qid, lock=True)
             if state.lease_owner != sub.owner:
                 raise LeaseLost
             marks = store.load_partitions(conn, qid)

@@ -535,8 +535,12 @@ class SubscriberQueues(Transactions, Protocol):
         Never waits long for a lock: what it cannot do now, a later call does.
         """
 
-    def load_state(self, conn: Connection, queue_id: int) -> SubscriberState:
-        """The queue's delivery state (defaults if it has none yet)."""
+    def load_state(self, conn: Connection, queue_id: int, *, lock: bool = False) -> SubscriberState:
+        """The queue's delivery state (defaults if it has none yet).
+
+        ``lock``: hold its row until the transaction ends (PostgreSQL; SQLite has
+        one writer), so what the transaction reads next is no older than it.
+        """
 
     def acquire_lease(
         self, conn: Connection, queue_id: int, owner: str, now: float, lease_seconds: float

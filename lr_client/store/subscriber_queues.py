@@ -169,9 +169,10 @@ class SubscriberQueuesStore(StoreBase):
         return None
 
     # -- subscriber state and leases (in the caller's transaction) -------------------------
-    def load_state(self, conn: Connection, queue_id: int) -> SubscriberState:
-        """The queue's state (defaults if it has no row yet)."""
-        row = conn.execute(select(_T).where(_T.c.queue_id == queue_id)).first()
+    def load_state(self, conn: Connection, queue_id: int, *, lock: bool = False) -> SubscriberState:
+        """The queue's state (defaults if it has no row yet); ``lock``: its row held."""
+        query = select(_T).where(_T.c.queue_id == queue_id)
+        row = conn.execute(query.with_for_update() if lock else query).first()
         if row is None:
             return SubscriberState(queue_id)
         return SubscriberState(

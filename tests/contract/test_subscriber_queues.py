@@ -697,3 +697,37 @@ def test_watch_arrivals_listens_again_after_its_connection_is_cut(
         wait_for(lambda: wakes.count > before, what="a wake-up on the new connection")
     finally:
         watch.close()
+
+
+def test_a_locked_state_read_waits_for_a_writer_and_sees_its_commit(store: QueueStore) -> None:
+    """``load_state(lock=True)`` in a write transaction returns only once a transaction
+    that wrote the state committed, and with what it wrote (PostgreSQL: the row lock;
+    SQLite: its one writer)."""
+    store.apply_log_batch("a", "policy", log(1))
+    qid = _queue_id(store, "policy")
+    assert _lease(store, qid, "s1", 100.0) is not None
+    written, release = threading.Event(), threading.Event()
+    seen: list[SubscriberState] = []
+
+    def writer() -> None:
+        with store.write() as conn:
+            assert store.acquire_lease(conn, qid, "s1", 100.0, 60.0) == 160.0
+            written.set()
+            assert release.wait(30)
+
+    def reader() -> None:
+        with store.write() as conn:
+            seen.append(store.load_state(conn, qid, lock=True))
+
+    first = threading.Thread(target=writer)
+    first.start()
+    assert written.wait(30)
+    second = threading.Thread(target=reader)
+    second.start()
+    second.join(0.5)  # a bound: it must still be waiting for the writer
+    blocked = second.is_alive()
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert blocked and not second.is_alive()
+    assert [s.lease_expires for s in seen] == [160.0]

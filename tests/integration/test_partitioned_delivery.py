@@ -434,3 +434,84 @@ def test_sqlite_a_listener_takes_the_write_lock_at_its_first_statement(
         probe.close()
     assert listener.locks and set(listener.locks) == {(True, False)}
     assert sorted(r.position for r in applied(app)) == list(range(1, 21))
+
+
+class StartRecorder(Recorder):
+    """Records each full sync start too; the first start waits (without a statement)
+    until ``entered`` is set, or a bound passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.first: int | None = None
+
+    def on_full_sync_start(self, session: Session, source_id: str, snapshot_id: str) -> None:
+        session.add(Applied(kind="start"))
+        session.flush()
+        if self.first is None:
+            self.first = threading.get_ident()
+            self.entered.wait(scaled(30))
+
+
+def test_two_workers_at_a_full_sync_start_it_once(
+    app: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers deliver a full sync's barrier runs at once: the second reads the
+    queue's state while the first is inside its listener, and goes on only after the
+    first committed its run. It must see that run's state (inside the full sync) with
+    the partitions that run passed: the full sync starts once, comes whole, once."""
+    if app.dialect == "sqlite":
+        pytest.skip("SQLite's one writer: barrier deliveries of one subscriber never overlap")
+    snap = [
+        WireEntry(i, ReplicationType.SNAPSHOT_SYNC, b"s%d" % i, snapshot_id="s1", key=b"k%d" % i)
+        for i in range(1, 7)
+    ]
+    end = WireEntry(
+        7,
+        ReplicationType.LAST_FULL_SYNC_ENTRY,
+        b"",
+        snapshot_id="s1",
+        snapshot_count=6,
+        base_position=6,
+    )
+    app.apply_snapshot_batch("a", CLIENT, "s1", [*snap, end])
+    listener = StartRecorder()
+    sub = subscriber(app, listener, 2, batch_size=3)
+    (queue,) = app.list_queues(CLIENT)
+    assert sub._hold_lease(queue.queue_id)
+    first_done = threading.Event()
+    real_load_state = app.load_state
+
+    def load_state(conn, queue_id, **kw):  # type: ignore[no-untyped-def]
+        if listener.first in (None, threading.get_ident()):
+            return real_load_state(conn, queue_id, **kw)
+        listener.entered.set()  # the first worker is inside its listener now
+        state = real_load_state(conn, queue_id, **kw)
+        assert first_done.wait(scaled(30))  # its run committed before this worker goes on
+        return state
+
+    monkeypatch.setattr(app, "load_state", load_state)
+    results: dict[str, int | None] = {}
+
+    def deliver(name: str) -> None:
+        try:
+            results[name] = sub._partitioned.deliver_barrier(queue, 1)
+        finally:
+            if name == "first":
+                first_done.set()
+
+    first = threading.Thread(target=deliver, args=("first",))
+    first.start()
+    wait_for(lambda: listener.first is not None, scaled(30), what="the first worker's start")
+    second = threading.Thread(target=deliver, args=("second",))
+    second.start()
+    first.join(scaled(60))
+    second.join(scaled(60))
+    assert not first.is_alive() and not second.is_alive()
+    assert results == {"first": 3, "second": 3}  # neither conflicted
+    monkeypatch.undo()
+    while sub._partitioned.deliver_barrier(queue, 1) is not None:
+        pass
+    kinds = [r.kind for r in applied(app)]
+    assert kinds == ["start", *["snap"] * 6], kinds  # started once, whole, once
+    assert sorted(r.position for r in applied(app) if r.kind == "snap") == list(range(1, 7))
