@@ -259,6 +259,13 @@ class SiteServer:
             for c in cfg.clients
             if c.name in fences and (cfg.cascade(c.name) is None or c.name in cascade)
         ]
+        self._session_fences[dest_id] = fences  # an adoption restarts it from them
+        if not clients:
+            # Its every client is a cascaded one it left (it refused this node as its
+            # provider): no session, and the one that stopped stays in ``sessions``,
+            # its last error telling why.
+            log.info("no session to %s: it takes no client from this node", dest_id)
+            return
         membership = self.membership
         session = SenderSession(
             self.store,
@@ -280,7 +287,6 @@ class SiteServer:
             target=session.run, args=(stop,), name=f"lr-session-{dest_id}", daemon=True
         )
         self.sessions[dest_id] = session
-        self._session_fences[dest_id] = fences
         self._runs[dest_id] = (stop, thread)
         thread.start()
 

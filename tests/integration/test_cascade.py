@@ -316,9 +316,30 @@ def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dro
         lambda: [ch.dropped for ch in branch.cascade_children("policy")] == [True],
         timeout=scaled(30),
     )
-    session = sites.running["s3"].server.sessions["s4"]
-    wait_for(lambda: session.state is SessionState.STOPPED, timeout=scaled(30))
+    server = sites.running["s3"].server
+    session = server.sessions["s4"]
+
+    def seen() -> str:
+        now = server.sessions.get("s4")
+        return (
+            f"state {session.state}, clients {sorted(session.clients)}, last error "
+            f"{session.last_error!r}; the session to s4 now: "
+            f"{'the same' if now is session else now and (now.state, sorted(now.clients))}"
+        )
+
+    wait_for(
+        lambda: session.state is SessionState.STOPPED,
+        timeout=scaled(30),
+        what="the session of s3 to s4 stopped",
+        detail=seen,
+    )
     assert "is not the provider of policy here (s1 is, epoch 2)" in session.last_error
+    # The member's units lost and taken again (as a lease that lapsed under load does):
+    # no session starts to s4, which takes nothing from s3 now; the stopped one stays.
+    held = dict(server.fences)
+    server._placed({})
+    server._placed(held)
+    assert server.sessions["s4"] is session and "s4" not in server._runs
     c.source.stop()
     wait_for(lambda: c.settled("s2"), timeout=scaled(60))
     c.report("s2").assert_clean()
