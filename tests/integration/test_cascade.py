@@ -340,6 +340,17 @@ def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dro
     server._placed({})
     server._placed(held)
     assert server.sessions["s4"] is session and "s4" not in server._runs
-    c.source.stop()
-    wait_for(lambda: c.settled("s2"), timeout=scaled(60))
-    c.report("s2").assert_clean()
+    # Moved back (epoch 3): s3 adopts s4 at its report and ships to it again, from
+    # where it stands.
+    back = c.store("s4").apply_cascade_config("policy", "s1", "leaf", "s3")
+    assert (back.provider_id, back.epoch) == ("s3", 3)
+    wait_for(
+        lambda: server.sessions["s4"] is not session and bool(server.sessions["s4"].clients),
+        timeout=scaled(30),
+        what="a session of s3 to s4 again",
+        detail=seen,
+    )
+    c.source.stop()  # what s4 lacks now only s3 can send it
+    for node in ("s2", "s4"):
+        wait_for(lambda n=node: c.settled(n), timeout=scaled(60), what=f"{node} settled")
+        c.report(node).assert_clean()
