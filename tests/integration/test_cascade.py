@@ -346,11 +346,11 @@ def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dro
     assert (back.provider_id, back.epoch) == ("s3", 3)
     wait_for(
         lambda: server.sessions["s4"] is not session and bool(server.sessions["s4"].clients),
-        timeout=scaled(30),
+        timeout=30,
         what="a session of s3 to s4 again",
         detail=seen,
     )
     c.source.stop()  # what s4 lacks now only s3 can send it
     for node in ("s2", "s4"):
-        wait_for(lambda n=node: c.settled(n), timeout=scaled(60), what=f"{node} settled")
+        wait_for(lambda n=node: c.settled(n), timeout=60, what=f"{node} settled")
         c.report(node).assert_clean()

@@ -94,6 +94,31 @@ def keyed(positions: Sequence[int], keys: int) -> list[WireEntry]:
     return [WireEntry(p, LOG, b"%d" % p, key=b"k%d" % (p % keys)) for p in positions]
 
 
+def full_sync(sid: str, count: int) -> list[WireEntry]:
+    """A full sync of ``count`` keyed entries (positions 1..count, base ``count``) and
+    its end marker."""
+    snap = [
+        WireEntry(
+            i,
+            ReplicationType.SNAPSHOT_SYNC,
+            b"s%d" % i,
+            snapshot_id=sid,
+            base_position=count,
+            key=b"k%d" % i,
+        )
+        for i in range(1, count + 1)
+    ]
+    end = WireEntry(
+        count + 1,
+        ReplicationType.LAST_FULL_SYNC_ENTRY,
+        b"",
+        snapshot_id=sid,
+        snapshot_count=count,
+        base_position=count,
+    )
+    return [*snap, end]
+
+
 def applied(store: SQLAlchemyQueueStore) -> list[Applied]:
     with Session(store.engine) as session:
         rows = session.scalars(select(Applied).order_by(Applied.id)).all()
@@ -164,26 +189,7 @@ def test_an_entry_without_a_key_is_a_barrier(app: SQLAlchemyQueueStore) -> None:
 def test_a_full_sync_comes_first_and_whole_then_keyed_entries(
     app: SQLAlchemyQueueStore,
 ) -> None:
-    snap = [
-        WireEntry(
-            i,
-            ReplicationType.SNAPSHOT_SYNC,
-            b"s%d" % i,
-            snapshot_id="s1",
-            base_position=5,
-            key=b"k%d" % i,
-        )
-        for i in range(1, 6)
-    ]
-    end = WireEntry(
-        6,
-        ReplicationType.LAST_FULL_SYNC_ENTRY,
-        b"",
-        snapshot_id="s1",
-        snapshot_count=5,
-        base_position=5,
-    )
-    app.apply_snapshot_batch("a", CLIENT, "s1", [*snap, end])
+    app.apply_snapshot_batch("a", CLIENT, "s1", full_sync("s1", 5))
     app.apply_log_batch("a", CLIENT, keyed(range(6, 30), 4))
     listener = Recorder()
     sub = subscriber(app, listener, 4, batch_size=3)
@@ -462,19 +468,7 @@ def test_two_workers_at_a_full_sync_start_it_once(
     the partitions that run passed: the full sync starts once, comes whole, once."""
     if app.dialect == "sqlite":
         pytest.skip("SQLite's one writer: barrier deliveries of one subscriber never overlap")
-    snap = [
-        WireEntry(i, ReplicationType.SNAPSHOT_SYNC, b"s%d" % i, snapshot_id="s1", key=b"k%d" % i)
-        for i in range(1, 7)
-    ]
-    end = WireEntry(
-        7,
-        ReplicationType.LAST_FULL_SYNC_ENTRY,
-        b"",
-        snapshot_id="s1",
-        snapshot_count=6,
-        base_position=6,
-    )
-    app.apply_snapshot_batch("a", CLIENT, "s1", [*snap, end])
+    app.apply_snapshot_batch("a", CLIENT, "s1", full_sync("s1", 6))
     listener = StartRecorder()
     sub = subscriber(app, listener, 2, batch_size=3)
     (queue,) = app.list_queues(CLIENT)
@@ -502,7 +496,7 @@ def test_two_workers_at_a_full_sync_start_it_once(
 
     first = threading.Thread(target=deliver, args=("first",))
     first.start()
-    wait_for(lambda: listener.first is not None, scaled(30), what="the first worker's start")
+    wait_for(lambda: listener.first is not None, 30, what="the first worker's start")
     second = threading.Thread(target=deliver, args=("second",))
     second.start()
     first.join(scaled(60))
