@@ -20,6 +20,7 @@ from lr_client.errors import (
     UnknownDestinationError,
 )
 from lr_client.names import validate_name
+from lr_client.reading import CachedReading
 from lr_client.records import (
     CascadeRoute,
     EntryRef,
@@ -76,9 +77,11 @@ class RoutingQueueClient:
     the default) or waits up to ``backpressure_timeout`` seconds for them to
     recover before raising (``"wait"``); ``"ignore"`` never checks. The check
     happens before anything is written. The state is read from the database at
-    most every ``flow_check_interval`` seconds (0: on every transmit); a cached
-    "on" is confirmed before a transmit is refused, and a cached "off" may let
-    transmits through for up to that long after backpressure begins.
+    most every ``flow_check_interval`` seconds (0: on every transmit), by one
+    of the threads sharing the client at a time (the others go on with the last
+    reading meanwhile); a cached "on" is confirmed before a transmit is
+    refused, and a cached "off" may let transmits through for up to that long
+    (and one reading's duration) after backpressure begins.
 
     A cascaded client (docs/cascading.md) is transmitted at the root of its set
     only, and names nodes of its set only: anything else raises
@@ -113,18 +116,17 @@ class RoutingQueueClient:
             raise ValueError("backpressure_timeout and flow_check_interval must be >= 0")
         self.backpressure_timeout = backpressure_timeout
         self.flow_check_interval = flow_check_interval
-        self._flow: tuple[float, bool, list[str]] = (-1e9, False, [])
-        self._route: tuple[float, CascadeRoute | None] = (-1e9, None)
+        self._flow: CachedReading[tuple[bool, list[str]]] = CachedReading(
+            lambda: self.store.flow_state(self.client_name), flow_check_interval
+        )
+        self._route: CachedReading[CascadeRoute | None] = CachedReading(
+            lambda: self.store.transmit_route(self.client_name), flow_check_interval
+        )
         #: Destination lists already validated, with their site numbers (numbers never change).
         self._resolved: dict[tuple[object, ...], list[int]] = {}
 
     def _flow_state(self, fresh: bool = False) -> tuple[bool, list[str]]:
-        checked, on, slow = self._flow
-        now = time.monotonic()
-        if fresh or now - checked >= self.flow_check_interval:
-            on, slow = self.store.flow_state(self.client_name)
-            self._flow = (now, on, slow)
-        return on, slow
+        return self._flow.get(fresh)
 
     def _check_backpressure(self) -> None:
         if self.backpressure is Backpressure.IGNORE:
@@ -150,12 +152,7 @@ class RoutingQueueClient:
         )
 
     def _route_state(self, fresh: bool = False) -> CascadeRoute | None:
-        checked, route = self._route
-        now = time.monotonic()
-        if fresh or now - checked >= self.flow_check_interval:
-            route = self.store.transmit_route(self.client_name)
-            self._route = (now, route)
-        return route
+        return self._route.get(fresh)
 
     def _route_refusal(self, route: CascadeRoute | None, names: set[str]) -> str:
         """Why ``route`` refuses a transmit to ``names`` ('' if it does not)."""

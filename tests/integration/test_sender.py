@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -284,3 +286,45 @@ def test_a_cached_route_is_confirmed_before_a_refusal(root_client: RoutingQueueC
     with store.engine.begin() as conn:
         root_client.transmit_log_entry_message(conn, b"2", ["x"])
     assert counts(store)[0] == 2
+
+
+def test_threads_transmitting_while_the_state_is_read_again_do_not_read_it_too(
+    store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backpressure state is read again by one thread at a time: the others
+    transmit on the last reading meanwhile, instead of each querying it."""
+    app_meta.create_all(store.engine)
+    c = RoutingQueueClient(store, "site-a", "policy", flow_check_interval=0.05)
+    c.register_destinations(["site-b"])
+    real = store.flow_state
+    reads: list[str] = []
+    inside, hold = threading.Event(), threading.Event()
+
+    def flow_state(client_name: str) -> tuple[bool, list[str]]:
+        reads.append(client_name)
+        if len(reads) == 2:  # the reading again: held while the others transmit
+            inside.set()
+            assert hold.wait(60), "the test never let the reading finish"
+        return real(client_name)
+
+    monkeypatch.setattr(store, "flow_state", flow_state)
+
+    def transmit(payload: bytes) -> None:
+        with store.engine.connect() as conn:  # begins at its first write, after the checks
+            c.transmit_log_entry_message(conn, payload, ["site-b"])
+            conn.commit()
+
+    transmit(b"first")  # the first reading
+    time.sleep(0.1)  # the reading is older than flow_check_interval now
+    refresher = threading.Thread(target=transmit, args=(b"refresher",))
+    refresher.start()
+    try:
+        assert inside.wait(60)
+        for i in range(10):
+            transmit(b"%d" % i)
+        assert len(reads) == 2
+    finally:
+        hold.set()
+        refresher.join(60)
+    assert not refresher.is_alive()
+    assert counts(store)[0] == 12
