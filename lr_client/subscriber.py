@@ -339,7 +339,7 @@ class RoutingQueueSubscriber:
         due = [q for q in queues if self._retry_at.get(q.queue_id, 0.0) <= now]
         if not due:
             return 0, False
-        with self.store.read() as conn:
+        with self.store.read_statements() as conn:  # one probe a queue, no snapshot shared
             ready = [q for q in due if self.store.has_entries(conn, q.queue_id)]
         delivered, progressed = 0, False
         for queue in ready:
@@ -465,7 +465,9 @@ class RoutingQueueSubscriber:
         try:
             if not self._hold_lease(qid):
                 return 0, False
-            for _ in range(self.max_batches):
+            for i in range(self.max_batches):
+                if i and not self._has_entries(qid):
+                    break  # drained: a probe, not a delivery transaction that finds nothing
                 n = self._deliver(queue, self._failures.get(qid, 0) + 1)
                 if n is None:
                     break
@@ -484,6 +486,10 @@ class RoutingQueueSubscriber:
         except Exception as exc:
             self._fail(qid, exc)
         return delivered, progressed
+
+    def _has_entries(self, queue_id: int) -> bool:
+        with self.store.read_statements() as conn:
+            return self.store.has_entries(conn, queue_id)
 
     def _hold_lease(self, queue_id: int) -> bool:
         with self._lease_lock:

@@ -58,6 +58,11 @@ class Transactions(Protocol):
     def read(self) -> AbstractContextManager[Connection]:
         """A read-only transaction."""
 
+    def read_statements(self) -> AbstractContextManager[Connection]:
+        """Reads that need no snapshot across their statements, each seeing what was
+        committed before it began (PostgreSQL: no transaction, so no ``BEGIN`` and
+        ``COMMIT`` round trips; SQLite: :meth:`read`)."""
+
     def late_write(
         self, turn: AbstractContextManager[object]
     ) -> AbstractContextManager[Connection]:

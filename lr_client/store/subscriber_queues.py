@@ -123,7 +123,7 @@ class SubscriberQueuesStore(StoreBase):
         query = select(s.queue_registry).order_by(s.queue_registry.c.queue_id)
         if client_name is not None:
             query = query.where(s.queue_registry.c.client_name == client_name)
-        with self.read() as conn:
+        with self.read_statements() as conn:  # one statement: no transaction needed
             rows = conn.execute(query).all()
         return [QueueInfo(r.queue_id, r.queue_name, r.client_name, r.source_id) for r in rows]
 

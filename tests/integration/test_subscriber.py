@@ -683,6 +683,38 @@ def test_whether_a_queue_is_relayed_is_read_once_per_lease_not_per_delivery(
     assert len(app_rows(app_store)) == 30
 
 
+def test_a_drained_queue_is_probed_not_delivered_again(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    """After a delivery, whether more is queued is one probe of the queue, not another
+    delivery transaction (state read, head read, commit) that finds nothing; a queue
+    with more than one batch is still delivered batch after batch."""
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    sub = make_sub(AppListener(), batch_size=5)
+    assert sub.poll_once() == 3  # the lease is taken
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        statements.append(statement)
+
+    def state_reads() -> int:  # one per delivery transaction
+        return sum(1 for x in statements if x.startswith(f"SELECT {s.subscriber_state.name}."))
+
+    event.listen(app_store.engine, "before_cursor_execute", seen)
+    try:
+        app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
+        statements.clear()
+        assert sub.poll_once() == 3
+        assert state_reads() == 1  # one delivery, then the probe found the queue drained
+        app_store.apply_log_batch("src-a", CLIENT, log_entries(7, 12), previous_position=6)
+        statements.clear()
+        assert sub.poll_once() == 12  # batches of 5, 5 and 2 in one poll
+        assert state_reads() == 3
+    finally:
+        event.remove(app_store.engine, "before_cursor_execute", seen)
+    assert [r[2] for r in app_rows(app_store)] == list(range(1, 19))
+
+
 def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_it(
     db_url: str,
     app_store: SQLAlchemyQueueStore,
