@@ -277,11 +277,11 @@ class RoutingQueueSubscriber:
             while not stop.is_set():
                 turn = self._doorbell.turn()
                 try:
-                    progressed = self._poll()[1]
+                    again = self._poll()[1]
                 except Exception as exc:  # the registry could not be read
                     self._report(exc)
-                    progressed = False
-                if not progressed:
+                    again = False
+                if not again:
                     self._idle(stop, turn)
         finally:
             self.release_leases()
@@ -341,12 +341,12 @@ class RoutingQueueSubscriber:
             return 0, False
         with self.store.read_statements() as conn:  # one probe a queue, no snapshot shared
             ready = [q for q in due if self.store.has_entries(conn, q.queue_id)]
-        delivered, progressed = 0, False
+        delivered, again = 0, False
         for queue in ready:
-            n, moved = self._drain(queue)
+            n, more = self._drain(queue)
             delivered += n
-            progressed = progressed or moved
-        return delivered, progressed
+            again = again or more
+        return delivered, again
 
     def _run_workers(self, stop: threading.Event) -> None:
         threads = [
@@ -460,16 +460,22 @@ class RoutingQueueSubscriber:
         return max(0.0, min(self.poll_interval, soonest))
 
     def _drain(self, queue: QueueInfo) -> tuple[int, bool]:
+        """Deliver up to ``max_batches`` batches of ``queue``: (entries delivered, whether
+        to poll again at once rather than wait). Again if it delivered and may hold
+        more, or if entries stored meanwhile would not wake this subscriber (no
+        listening :class:`ArrivalWatch`); a queue it drained waits for the wake-up."""
         qid = queue.queue_id
-        delivered, progressed = 0, False
+        delivered, progressed, drained = 0, False, False
         try:
             if not self._hold_lease(qid):
                 return 0, False
             for i in range(self.max_batches):
                 if i and not self._has_entries(qid):
-                    break  # drained: a probe, not a delivery transaction that finds nothing
+                    drained = True  # a probe, not a delivery transaction that finds nothing
+                    break
                 n = self._deliver(queue, self._failures.get(qid, 0) + 1)
-                if n is None:
+                if n is None:  # nothing ready (a full sync may wait for its end)
+                    drained = True
                     break
                 self._failures.pop(qid, None)
                 self._retry_at.pop(qid, None)
@@ -485,7 +491,12 @@ class RoutingQueueSubscriber:
             raise
         except Exception as exc:
             self._fail(qid, exc)
-        return delivered, progressed
+        return delivered, progressed and not (drained and self._announced())
+
+    def _announced(self) -> bool:
+        """Whether each batch stored from now on wakes this subscriber."""
+        watch = self.arrival_watch
+        return watch is not None and watch.listening
 
     def _has_entries(self, queue_id: int) -> bool:
         with self.store.read_statements() as conn:

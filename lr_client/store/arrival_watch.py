@@ -64,10 +64,18 @@ class ArrivalWatch:
         self._closed = threading.Event()
         #: Connections that were listening so far (one more after each reconnection).
         self.connections = 0
+        self._listening = False
         self._thread = threading.Thread(
             target=self._run, name=f"lr-arrivals-{client_name}", daemon=True
         )
         self._thread.start()
+
+    @property
+    def listening(self) -> bool:
+        """Whether a connection is listening now: every batch committed from here on
+        wakes the subscriber (one that breaks wakes it too, so a poll finds what
+        arrived while it was down)."""
+        return self._listening
 
     def close(self) -> None:
         """Stop listening and close the connection (within about half a second)."""
@@ -98,6 +106,7 @@ class ArrivalWatch:
             raw.rollback()
             raw.autocommit = True
             raw.execute(f"LISTEN {CHANNEL}")
+            self._listening = True
             self.connections += 1
             self._wake()  # entries stored before the LISTEN are found by a poll now
             while not self._closed.is_set():
@@ -105,6 +114,7 @@ class ArrivalWatch:
                     if n.payload == self._client:
                         self._wake()
         finally:
+            self._listening = False
             fairy.close()
 
 

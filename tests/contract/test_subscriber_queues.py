@@ -651,6 +651,7 @@ def test_watch_arrivals_is_woken_by_its_clients_committed_batches(store: QueueSt
     assert watch is not None
     try:
         wait_for(lambda: watch.connections == 1, what="the watch listening")
+        assert watch.listening
         wait_for(lambda: wakes.count == 1, what="the wake-up after LISTEN")  # a first poll
         store.apply_log_batch("a", WATCHED, log(1, 2))
         wait_for(lambda: wakes.count == 2, what="a wake-up for a stored batch")
@@ -692,11 +693,13 @@ def test_watch_arrivals_listens_again_after_its_connection_is_cut(
             ).scalar()
         assert cut == 1
         wait_for(lambda: watch.connections == 2, what="the watch listening again")
+        assert watch.listening
         before = wakes.count
         store.apply_log_batch("a", WATCHED, log(1))
         wait_for(lambda: wakes.count > before, what="a wake-up on the new connection")
     finally:
         watch.close()
+    assert not watch.listening
 
 
 def test_a_locked_state_read_waits_for_a_writer_and_sees_its_commit(store: QueueStore) -> None:

@@ -715,6 +715,32 @@ def test_a_drained_queue_is_probed_not_delivered_again(
     assert [r[2] for r in app_rows(app_store)] == list(range(1, 19))
 
 
+class _Listening:
+    """An arrival watch that is listening: every batch stored wakes the subscriber."""
+
+    listening = True
+
+
+def test_a_drained_queue_waits_for_the_next_arrival_when_arrivals_wake_the_subscriber(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    """A poll says whether to poll again at once: after a delivery, yes if entries
+    stored meanwhile would not wake the subscriber (no arrival watch listening) or
+    the queue may hold more; a drained queue of a woken subscriber waits instead."""
+    sub = make_sub(AppListener(), batch_size=5, max_batches=2)
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    assert sub._poll() == (3, True)  # no watch: entries may arrive unannounced
+    sub.arrival_watch = _Listening()  # type: ignore[assignment]
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
+    assert sub._poll() == (3, False)  # drained: the next batch wakes it
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(7, 12), previous_position=6)
+    assert sub._poll() == (10, True)  # two batches of 5, and more queued
+    assert sub._poll() == (2, False)
+    assert sub._poll() == (0, False)
+    sub.arrival_watch = None
+    assert [r[2] for r in app_rows(app_store)] == list(range(1, 19))
+
+
 def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_it(
     db_url: str,
     app_store: SQLAlchemyQueueStore,
