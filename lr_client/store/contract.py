@@ -59,9 +59,10 @@ class Transactions(Protocol):
         """A read-only transaction."""
 
     def read_statements(self) -> AbstractContextManager[Connection]:
-        """Reads that need no snapshot across their statements, each seeing what was
-        committed before it began (PostgreSQL: no transaction, so no ``BEGIN`` and
-        ``COMMIT`` round trips; SQLite: :meth:`read`)."""
+        """Reads that need no snapshot across their statements: each sees at least what
+        was committed before the block began. PostgreSQL: no transaction (no ``BEGIN``
+        and ``COMMIT`` round trips), each statement what was committed before it began;
+        SQLite: :meth:`read`, one snapshot."""
 
     def late_write(
         self, turn: AbstractContextManager[object]

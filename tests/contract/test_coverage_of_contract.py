@@ -68,6 +68,7 @@ def test_the_members_are_found() -> None:
     assert members(contract.Transactions) == {
         "write": True,
         "read": True,
+        "read_statements": True,
         "late_write": True,
         "pinned": True,
     }

@@ -702,6 +702,22 @@ def test_watch_arrivals_listens_again_after_its_connection_is_cut(
     assert not watch.listening
 
 
+def test_read_statements_see_what_was_committed_before_them(store: QueueStore) -> None:
+    """Every statement of the block sees what was committed before the block; on
+    PostgreSQL (no transaction) a later statement also sees a commit made since."""
+    store.apply_log_batch("a", "policy", log(1))
+    qid = _queue_id(store, "policy")
+    with store.read_statements() as conn:
+        assert store.has_entries(conn, qid)
+        assert [q.queue_id for q in store.list_queues("other")] == []
+        store.apply_log_batch("a", "other", log(1))  # committed while the block is open
+        other = _queue_id(store, "other")
+        assert store.has_entries(conn, other) is (store.dialect == "postgresql")
+        assert store.has_entries(conn, qid)
+    with store.read_statements() as conn:
+        assert store.has_entries(conn, other)
+
+
 def test_a_locked_state_read_waits_for_a_writer_and_sees_its_commit(store: QueueStore) -> None:
     """``load_state(lock=True)`` in a write transaction returns only once a transaction
     that wrote the state committed, and with what it wrote (PostgreSQL: the row lock;
