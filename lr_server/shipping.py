@@ -4,12 +4,25 @@ Log entries are read first, then the open snapshot requests of the clients
 read for are looked up in one query, and only then are the entries sent, cut
 at an open snapshot's base (see :meth:`Shipper.ship_log` and
 docs/architecture.md). Snapshot batches and drop notices go as they come.
+
+A branch forwarding a relayed client's batches as received (its relay inbox)
+checks them against its last look-up if that is less than
+``RELAY_CHECKS_TTL`` old, and looks up again once a batch is sent when its
+last look-up is half that old: the look-up overlaps the child's round trip instead of
+delaying a batch, and is made a few times a second rather than per batch.
+This is safe for a relayed stream only: a full sync or drop recorded since is
+one recorded up to that much later, and a snapshot whose base is below what
+the stream sent is asked for again (:meth:`SnapshotRequests.rebase
+<lr_server.snapshot_requests.SnapshotRequests.rebase>`), as for a batch
+forwarded before the branch stored it (docs/cascading.md).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Protocol
 
 from lr_client._proto import replication_pb2 as pb
@@ -34,6 +47,18 @@ from lr_server.stops import StreamStops
 from lr_server.streams import ClientStream, Lanes, Mode
 from lr_server.transport.base import BatchStream
 from lr_server.window import InFlight, Window
+
+#: Seconds a look-up of relayed clients' full syncs and drops serves the batches
+#: forwarded as received.
+RELAY_CHECKS_TTL = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Clear:
+    """The clients a look-up found with no open full sync and no drop, and when."""
+
+    at: float  # the shipper's clock before the look-up
+    clients: frozenset[str]
 
 
 class ShipperStore(Shipping, Snapshots, Retention, Cascading, Protocol):
@@ -75,11 +100,19 @@ class Shipper:
         self.inbox = inbox
         #: What this process's receiver stored of them, and when (None: not known).
         self.arrivals = arrivals
+        #: Seconds a look-up serves the batches forwarded as received.
+        self.relay_checks_ttl = RELAY_CHECKS_TTL
+        #: The relayed clients read from the inbox this round.
+        self._forwarded: set[str] = set()
+        #: What the last look-up of full syncs and drops found clear (None: none yet).
+        self._clear: _Clear | None = None
+        self.clock: Callable[[], float] = time.monotonic
 
     def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         """One round over the clients: send what each may send now; whether any went."""
         sent_any = False
         reads: dict[str, list[SendEntry]] = {}
+        self._forwarded = set()
         batches = nbytes = 0  # what the reads will add to the window
         lanes = self.cfg.streams_per_destination
         for name, cs in streams.items():
@@ -101,7 +134,7 @@ class Shipper:
             elif cs.mode is Mode.SNAPSHOT:
                 sent_any |= self.send_snapshot(stream, name, cs)
         if reads:
-            requests, drops = self.store.send_checks(self.destination, list(reads))
+            requests, drops = self.checks(reads.keys())
             for name, entries in reads.items():
                 cs, request = streams[name], requests.get(name)
                 if request is not None and cs.config.snapshot == SnapshotProvider.NONE:
@@ -114,7 +147,48 @@ class Shipper:
                     if request is None:
                         continue
                 sent_any |= self.ship_log(stream, name, cs, entries, request, drops.get(name))
+            if self._forwarded and self._look_ahead_due():
+                self._look_up(frozenset(self._forwarded))  # while the batches travel
         return sent_any
+
+    def checks(
+        self, clients: Collection[str]
+    ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
+        """The open full syncs of ``clients`` and the destination's drops, for entries
+        about to be sent: looked up now, or, when every one of them was forwarded as
+        received and the last look-up, less than ``relay_checks_ttl`` old, found them
+        all clear, none. Only a clear answer is kept: one that found a full sync or a
+        drop could outlive it (a full sync ended meanwhile must not start again)."""
+        clear = self._clear
+        if (
+            clear is not None
+            and self._forwarded.issuperset(clients)
+            and clear.clients.issuperset(clients)
+            and self.clock() - clear.at < self.relay_checks_ttl
+        ):
+            return {}, {}
+        return self._look_up(frozenset(clients))
+
+    def _look_ahead_due(self) -> bool:
+        """Whether to look up again after this round's forwards: the look-up they went
+        with found them clear and is half ``relay_checks_ttl`` old (one that did not
+        is made again before the next batch)."""
+        clear = self._clear
+        return (
+            clear is not None
+            and clear.clients.issuperset(self._forwarded)
+            and self.clock() - clear.at >= self.relay_checks_ttl / 2
+        )
+
+    def _look_up(
+        self, clients: frozenset[str]
+    ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
+        """Look up now; what it finds clear serves the batches forwarded next."""
+        at = self.clock()
+        requests, drops = self.store.send_checks(self.destination, list(clients))
+        clear = frozenset(c for c in clients if c not in requests and c not in drops)
+        self._clear = _Clear(at, clear)
+        return requests, drops
 
     def source_of(self, name: str) -> str:
         """The source id of the client's batches: its origin when this node relays it."""
@@ -159,6 +233,7 @@ class Shipper:
             entries = self.inbox.take(name, after, limit, max_bytes)
             if entries:
                 metrics.RELAY_BATCHES.labels(self.destination, name, "forwarded").inc()
+                self._forwarded.add(name)
                 return entries
         if self.arrivals is not None and self.arrivals.nothing_stored_past(origin, name, after):
             return []  # all stored here was forwarded: the read would find nothing
