@@ -6,10 +6,10 @@ at an open snapshot's base (see :meth:`Shipper.ship_log` and
 docs/architecture.md). Snapshot batches and drop notices go as they come.
 
 A branch forwarding a relayed client's batches as received (its relay inbox)
-checks them against its last look-up if that is less than
-``RELAY_CHECKS_TTL`` old, and looks up again once a batch is sent when its
-last look-up is half that old: the look-up overlaps the child's round trip instead of
-delaying a batch, and is made a few times a second rather than per batch.
+checks them against its last look-up if that found them clear and is less
+than ``RELAY_CHECKS_TTL`` old, and looks up again once a batch is sent when
+that look-up is half as old: the look-up overlaps the child's round trip
+instead of delaying a batch, and is made a few times a second, not per batch.
 This is safe for a relayed stream only: a full sync or drop recorded since is
 one recorded up to that much later, and a snapshot whose base is below what
 the stream sent is asked for again (:meth:`SnapshotRequests.rebase
@@ -106,6 +106,7 @@ class Shipper:
         self._forwarded: set[str] = set()
         #: What the last look-up of full syncs and drops found clear (None: none yet).
         self._clear: _Clear | None = None
+        #: The clock a look-up's age is read on.
         self.clock: Callable[[], float] = time.monotonic
 
     def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:

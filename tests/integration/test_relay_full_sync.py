@@ -22,31 +22,7 @@ from lr_server.protocol import PROTOCOL_VERSION
 from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
 from lr_server.streams import Mode
-from lr_server.transport.base import BatchStream, Transport
-from tests.kit.relayed import TakesAll, from_root
-
-
-class Sent(BatchStream):
-    """Keeps what the session sends; acknowledges nothing."""
-
-    def __init__(self) -> None:
-        self.batches: list[pb.ReplicationBatch] = []
-
-    def send(self, batch: pb.ReplicationBatch) -> None:
-        self.batches.append(batch)
-
-    def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
-        return None
-
-    def interrupt(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _no_transport() -> Transport:
-    raise AssertionError("these tests call the session's steps directly")
+from tests.kit.relayed import Sent, TakesAll, from_root, no_transport
 
 
 def _branch(store: SQLAlchemyQueueStore, stored: int) -> SenderSession:
@@ -61,7 +37,7 @@ def _branch(store: SQLAlchemyQueueStore, stored: int) -> SenderSession:
         "s3",
         "s4",
         [ClientConfig("policy", SnapshotProvider.APP)],
-        _no_transport,
+        no_transport,
         ReplicationConfig(),
         cascade={"policy": node},
     )

@@ -21,32 +21,7 @@ from lr_server.protocol import PROTOCOL_VERSION
 from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
 from lr_server.streams import ClientStream, Mode
-from lr_server.transport.base import BatchStream, Transport
-from tests.kit.relayed import from_root
-
-
-class Logged(BatchStream):
-    """Notes each batch the session sends, as ``("sent", last position)``, in ``events``;
-    acknowledges nothing."""
-
-    def __init__(self, events: list[tuple[str, int]]) -> None:
-        self.events = events
-
-    def send(self, batch: pb.ReplicationBatch) -> None:
-        self.events.append(("sent", batch.entries[-1].position))
-
-    def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
-        return None
-
-    def interrupt(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _no_transport() -> Transport:
-    raise AssertionError("these tests call the session's steps directly")
+from tests.kit.relayed import Sent, from_root, no_transport
 
 
 class Branch:
@@ -66,14 +41,14 @@ class Branch:
             "s3",
             "s4",
             [ClientConfig("policy", SnapshotProvider.APP)],
-            _no_transport,
+            no_transport,
             ReplicationConfig(),
             cascade={"policy": node},
             arrivals=Arrivals(),
         )
         self.receiver = Receiver(store, "s3", ["s1"], on_received=self._offer)
         self.events: list[tuple[str, int]] = []
-        self.stream = Logged(self.events)
+        self.stream = Sent(lambda batch: self.events.append(("sent", batch.entries[-1].position)))
         self.streams = self.session._plan(
             pb.NegotiateResponse(
                 sink_id="s4",
