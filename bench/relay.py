@@ -34,7 +34,10 @@ receiver commits (``wake_on_arrival``) and poll at the product's default when id
   (and p50 - p50). Also, per entry that reached both leaves, its relayed latency
   minus its direct latency (``per_entry_hop_ms``, p10/p50/p90/p99): what the hop
   costs the same entry, apart from each path's own tail; a diagnostic, not the
-  target's figure.
+  target's figure. And the run's noise (``one_hop_spread_p50_ms``/``_p99_ms``): the
+  branch's own listener's latency minus the direct leaf's. Both are one hop from the
+  root, sent by the same server from the same reads, so their difference holds no hop:
+  it is how far a difference of two p99s moves in that run with nothing between them.
 * where the time goes (``latency.stages``): the servers' own histograms over the paced
   load, read from their metrics before and after it: ``lr_relay_lag_seconds`` at the
   branch and at each leaf (the root's transmit of an entry to its store there: the
@@ -327,6 +330,12 @@ class LatencyResult:
     relayed: Latency
     hop_p50_ms: float
     hop_p99_ms: float
+    #: The branch's own listener: root -> branch, one hop from the root as ``direct`` is.
+    branch: Latency
+    #: Branch - direct, p50 and p99: two paths built alike, so their difference is the
+    #: run's noise, what a difference of p99s moves by with no hop in it.
+    one_hop_spread_p50_ms: float
+    one_hop_spread_p99_ms: float
     #: Per entry seen at both leaves: its relayed latency - its direct latency, in ms
     #: (p10, p50, p90, p99): what the hop costs the same entry, not the target's figure.
     per_entry_hop_ms: dict[str, float]
@@ -420,14 +429,14 @@ def measure_latency(
             if proc.is_alive():
                 proc.terminate()
                 proc.join(timeout=5)
-    seen = {leaf: applied_times(tree.stores[leaf]) for leaf in LEAVES}
+    seen = {site: applied_times(tree.stores[site]) for site in TREE}
     warm_until = started + min(WARMUP_SECONDS, seconds / 4)
     committed = {p: at for p, at in load.commits if at >= warm_until}
     lat = {
         leaf: latency_of(
             [(seen[leaf][p] - at) * 1000.0 for p, at in committed.items() if p in seen[leaf]]
         )
-        for leaf in LEAVES
+        for leaf in (*LEAVES, "branch")
     }
     both = [
         (seen["relayed"][p] - seen["direct"][p]) * 1000.0
@@ -449,6 +458,9 @@ def measure_latency(
         lat["relayed"],
         round(lat["relayed"].p50_ms - lat["direct"].p50_ms, 2),
         round(lat["relayed"].p99_ms - lat["direct"].p99_ms, 2),
+        lat["branch"],
+        round(lat["branch"].p50_ms - lat["direct"].p50_ms, 2),
+        round(lat["branch"].p99_ms - lat["direct"].p99_ms, 2),
         per_entry,
         {name: Stage.of(stages1[name].since(stages0[name])) for name in stages1},
         {way: int(ways1[way] - ways0.get(way, 0.0)) for way in ways1},
@@ -544,6 +556,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "throughput": asdict(throughput),
         "ratios": {
             "hop_p99_ms": latency.hop_p99_ms,
+            "one_hop_spread_p99_ms": latency.one_hop_spread_p99_ms,
             "relayed_vs_direct_p99": round(latency.relayed.p99_ms / latency.direct.p99_ms, 3)
             if latency.direct.p99_ms
             else None,
@@ -587,6 +600,10 @@ def report(console: Console, data: dict[str, Any]) -> None:
         f"(target <= {TARGET_HOP_P99_MS:.0f} ms: {met}); relayed/direct p99 "
         f"{fmt_ratio(data['ratios']['relayed_vs_direct_p99'])}; throughput relayed/direct "
         f"{fmt_ratio(thr['ratio'], TARGET_THROUGHPUT)} (target >= {TARGET_THROUGHPUT}x)"
+    )
+    console.print(
+        f"one-hop spread (the branch's listener - direct, both one hop from the root): "
+        f"{lat['one_hop_spread_p50_ms']:+.1f} ms p50, {lat['one_hop_spread_p99_ms']:+.1f} ms p99"
     )
     per_entry = lat["per_entry_hop_ms"]
     if per_entry:

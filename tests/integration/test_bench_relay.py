@@ -52,6 +52,16 @@ def test_relay_benchmark_compares_both_paths_in_one_run(tmp_path: Path) -> None:
     assert lat["hop_p99_ms"] == pytest.approx(
         lat["relayed"]["p99_ms"] - lat["direct"]["p99_ms"], abs=0.01
     )
+    # The run's noise: the branch's own listener against the direct leaf, one hop each.
+    assert lat["branch"]["entries"] > 0
+    assert lat["one_hop_spread_p99_ms"] == pytest.approx(
+        lat["branch"]["p99_ms"] - lat["direct"]["p99_ms"], abs=0.01
+    )
+    assert lat["one_hop_spread_p50_ms"] == pytest.approx(
+        lat["branch"]["p50_ms"] - lat["direct"]["p50_ms"], abs=0.01
+    )
+    assert data["ratios"]["one_hop_spread_p99_ms"] == lat["one_hop_spread_p99_ms"]
+    assert "one-hop spread" in proc.stdout
     # Per entry: the same entries' relayed - direct latency, its quantiles in order.
     hop = lat["per_entry_hop_ms"]
     assert list(hop) == ["p10", "p50", "p90", "p99"]
