@@ -26,10 +26,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store  # noqa: E402
-from tests.kit import procs  # noqa: E402
+from tests.kit import procs, timing  # noqa: E402
 from tests.kit.guards import ON_CI, need  # noqa: E402
 from tests.kit.ports import release_ports  # noqa: E402
 from tests.kit.sites import Sites  # noqa: E402
+from tests.kit.templates import (  # noqa: E402
+    PG_SCHEMA,
+    database_url,
+    drop_pg_database,
+    migrated_pg_database,
+    migrated_sqlite,
+)
 
 __all__ = ["ON_CI", "PG_URL", "PgSchema", "pg_available", "require_pg"]
 
@@ -51,6 +58,10 @@ def pytest_runtest_makereport(
         for title, text in procs.tracked_logs():
             report.sections.append((f"log of {title}", text or "(empty)"))
     return report
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    timing.register(config)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -82,17 +93,32 @@ def require_pg() -> None:
 
 
 class PgSchema:
-    """A throwaway schema on the test server; ``url`` points at it."""
+    """A throwaway schema on the test server; ``url`` points at it.
 
-    def __init__(self) -> None:
+    Empty, in the server's test database; or, ``migrated``, the schema ``lr``
+    of a database of its own copied from a migrated template
+    (:mod:`tests.kit.templates`). ``admin`` is an engine on the same
+    database, outside that schema (advisory locks are per database).
+    """
+
+    def __init__(self, migrated: bool = False) -> None:
         require_pg()
-        self.name = "t_" + uuid.uuid4().hex[:12]
-        self.admin = create_engine(PG_URL, poolclass=sqlalchemy.pool.NullPool)
-        with self.admin.begin() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{self.name}"')
-        base = "postgresql+psycopg://" + PG_URL.split("://", 1)[1]
-        sep = "&" if "?" in base else "?"
-        self.url = f"{base}{sep}options=-csearch_path%3D{self.name}"
+        self.database: str | None = None
+        if migrated:
+            self.database = migrated_pg_database(PG_URL)
+            self.name = PG_SCHEMA
+            self.url = database_url(PG_URL, self.database)
+            self.admin = create_engine(
+                database_url(PG_URL, self.database, "public"), poolclass=sqlalchemy.pool.NullPool
+            )
+        else:
+            self.name = "t_" + uuid.uuid4().hex[:12]
+            self.admin = create_engine(PG_URL, poolclass=sqlalchemy.pool.NullPool)
+            with self.admin.begin() as conn:
+                conn.exec_driver_sql(f'CREATE SCHEMA "{self.name}"')
+            base = "postgresql+psycopg://" + PG_URL.split("://", 1)[1]
+            sep = "&" if "?" in base else "?"
+            self.url = f"{base}{sep}options=-csearch_path%3D{self.name}"
 
         self._engines: list[Engine] = []
 
@@ -104,6 +130,10 @@ class PgSchema:
     def drop(self) -> None:
         for eng in self._engines:
             eng.dispose()
+        if self.database is not None:
+            self.admin.dispose()
+            drop_pg_database(PG_URL, self.database)
+            return
         with self.admin.begin() as conn:
             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{self.name}" CASCADE')
         self.admin.dispose()
@@ -123,13 +153,23 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'site.db'}"
 
 
+#: Fixtures that want ``db_url``'s database at the current schema revision.
+STORE_FIXTURES = frozenset({"store", "_store_and_name"})
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database URL for an empty database of each backend."""
+    """A database URL of each backend: an empty database, or, for a test that also
+    asks for a store fixture (:data:`STORE_FIXTURES`), the migrated database of that
+    store (a copy of one real migration, :mod:`tests.kit.templates`)."""
+    migrated = not STORE_FIXTURES.isdisjoint(request.fixturenames)
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'site.db'}"
+        path = tmp_path / "site.db"
+        if migrated:
+            migrated_sqlite(path)
+        yield f"sqlite:///{path}"
         return
-    schema = PgSchema()
+    schema = PgSchema(migrated)
     try:
         yield schema.url
     finally:
@@ -139,14 +179,21 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def db_url_factory(
     request: pytest.FixtureRequest, tmp_path: Path, db_url: str
-) -> Iterator[Callable[[str], str]]:
-    """More databases of the same backend as ``db_url`` (one per site)."""
+) -> Iterator[Callable[..., str]]:
+    """More databases of the same backend as ``db_url`` (one per site).
+
+    ``make(name)`` gives a database at the current schema revision (a copy of one
+    real migration); ``make(name, migrated=False)`` an empty one.
+    """
     made: list[PgSchema] = []
 
-    def make(name: str) -> str:
+    def make(name: str, migrated: bool = True) -> str:
         if db_url.startswith("sqlite"):
-            return f"sqlite:///{tmp_path / (name + '.db')}"
-        schema = PgSchema()
+            path = tmp_path / (name + ".db")
+            if migrated:
+                migrated_sqlite(path)
+            return f"sqlite:///{path}"
+        schema = PgSchema(migrated)
         made.append(schema)
         return schema.url
 
@@ -157,7 +204,7 @@ def db_url_factory(
 
 @pytest.fixture
 def store(db_url: str) -> Iterator[SQLAlchemyQueueStore]:
-    """An empty store with its schema, on each backend."""
+    """A store with its schema and nothing else, on each backend (``db_url``'s database)."""
     st = open_store(create_engine(db_url))
     st.create_schema()
     st.rotation_period = 0.0  # PostgreSQL: a trim closes the current slot, so what is passed goes

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -125,9 +125,10 @@ def test_upgrading_an_empty_database_gives_the_declared_schema(db_url: str) -> N
 
 
 def test_migrated_and_created_schemas_match_index_for_index(
-    db_url: str, db_url_factory: Callable[[str], str]
+    db_url: str, db_url_factory: Callable[..., str]
 ) -> None:
-    migrated, created = create_engine(db_url), create_engine(db_url_factory("created"))
+    migrated = create_engine(db_url)
+    created = create_engine(db_url_factory("created", migrated=False))
     try:
         lifecycle.upgrade_schema(migrated)
         with created.begin() as conn:
@@ -405,7 +406,16 @@ def test_an_upgrade_marks_what_trim_may_have_deleted_before_marks_existed(db_url
         engine.dispose()
 
 
-def test_upgrading_a_running_sites_databases_loses_nothing(sites: Sites) -> None:
+@pytest.fixture
+def empty_sites(tmp_path: Path, db_url_factory: Callable[..., str]) -> Iterator[Sites]:
+    """In-process sites on empty databases of the backend."""
+    sites = Sites(tmp_path, lambda name: db_url_factory(name, migrated=False))
+    yield sites
+    sites.close()
+
+
+def test_upgrading_a_running_sites_databases_loses_nothing(empty_sites: Sites) -> None:
+    sites = empty_sites
     engines = {site: create_engine(sites.url(site)) for site in ("a", "b", "c")}
     try:
         for engine in engines.values():

@@ -1,0 +1,69 @@
+"""A migrated database of the test kit equals one migrated in front of it.
+
+The fixtures hand out copies of one real migration per process
+(:mod:`tests.kit.templates`); this checks, on both backends, that a copy has
+exactly the tables, columns, indexes, constraints (and, on PostgreSQL, the
+functions, triggers and sequences) of a database that runs every revision now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection
+
+from lr_client.store import create_engine, lifecycle
+
+#: PostgreSQL's objects of the schema; a function body names its own schema,
+#: compared without the name.
+_PG_OBJECTS = {
+    "functions": "SELECT p.proname || ':' || md5(replace(replace(p.prosrc,"
+    " current_schema() || '.', 'S.'), quote_literal(current_schema()), 'S'))"
+    " FROM pg_proc p"
+    " WHERE p.pronamespace = CAST(current_schema() AS regnamespace)",
+    "triggers": "SELECT t.tgname || ':' || c.relname FROM pg_trigger t"
+    " JOIN pg_class c ON c.oid = t.tgrelid"
+    " WHERE c.relnamespace = CAST(current_schema() AS regnamespace) AND NOT t.tgisinternal",
+    "relations": "SELECT relname || ':' || CAST(relkind AS text) FROM pg_class"
+    " WHERE relnamespace = CAST(current_schema() AS regnamespace)",
+}
+
+
+def _shape(conn: Connection) -> dict[str, Any]:
+    insp = inspect(conn)
+    tables = sorted(insp.get_table_names())
+    shape: dict[str, Any] = {"tables": tables}
+    for t in tables:
+        shape[t] = {
+            "columns": [(c["name"], str(c["type"]), c["nullable"]) for c in insp.get_columns(t)],
+            "pk": insp.get_pk_constraint(t)["constrained_columns"],
+            "indexes": sorted((i["name"], tuple(i["column_names"])) for i in insp.get_indexes(t)),
+            "unique": sorted(str(u["column_names"]) for u in insp.get_unique_constraints(t)),
+            "fks": sorted(str(f["referred_table"]) for f in insp.get_foreign_keys(t)),
+        }
+    if conn.dialect.name == "postgresql":
+        for name, query in _PG_OBJECTS.items():
+            shape[name] = sorted(str(r[0]) for r in conn.execute(text(query)))
+    shape["version"] = lifecycle.schema_status(conn.engine).current
+    return shape
+
+
+@pytest.mark.filterwarnings("ignore:Did not recognize type:sqlalchemy.exc.SAWarning")
+def test_a_copied_database_is_the_migrated_schema(
+    db_url: str, db_url_factory: Callable[..., str]
+) -> None:
+    migrated, copied = create_engine(db_url), create_engine(db_url_factory("copy"))
+    try:
+        assert lifecycle.schema_status(migrated).state is lifecycle.SchemaState.EMPTY
+        lifecycle.upgrade_schema(migrated)
+        assert lifecycle.schema_status(copied).state is lifecycle.SchemaState.CURRENT
+        with migrated.connect() as a, copied.connect() as b:
+            want, got = _shape(a), _shape(b)
+        assert len(want["tables"]) > 20
+        assert got == want
+    finally:
+        migrated.dispose()
+        copied.dispose()
