@@ -1,13 +1,21 @@
-"""The job's command line: ``python -m``, the server's launcher, and ``spark-submit``."""
+"""The job's command line: ``python -m``, the server's launcher, and ``spark-submit``.
+
+The launcher starts a real job process (``test_launch_snapshot_job_runs_a_requested_snapshot``;
+``spark-submit`` of the job's file is ``tests/spark/test_cluster.py``'s). The tests of what
+the job does with its arguments (the base fixed before the source is read, a branch's
+wait, heartbeats, a failing source, ``--destination``) run its entry point, ``main``, in
+this process, on the suite's SparkSession: the job's own session is that one.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,11 +23,11 @@ from lr_client.records import SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.receiver import Receiver
+from spark_jobs import snapshot_job
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job, snapshot_job_command
 from spark_jobs.snapshot_job import main
-from tests.kit.guards import need
 from tests.kit.relayed import TakesAll, from_root
-from tests.kit.wait import scaled, wait_for
+from tests.kit.wait import join, scaled, wait_for
 from tests.spark.conftest import require_spark
 from tests.spark.helpers import GATE_ENV
 
@@ -54,19 +62,42 @@ def _result(output: str) -> dict[str, object]:
     return dict(json.loads(lines[-1]))
 
 
-def _run_helper_source(url: str, sid: str, function: str, log: Path) -> int:
-    """Launch the job on a ``tests.spark.helpers`` source, as the server does; its exit code."""
-    proc = launch_snapshot_job(
-        url,
-        sid,
-        source=f"tests.spark.helpers:{function}",
-        master="local[1]",
-        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
-        log_path=log,
-        env=_env(),
-        cwd=ROOT,
-    )
-    return proc.wait(timeout=scaled(300))
+class _JobSession:
+    """The suite's SparkSession as the job's own: the job's ``stop()`` is counted, and
+    leaves the shared session running."""
+
+    def __init__(self, spark: Any) -> None:
+        self._spark = spark
+        self.stops = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._spark, name)
+
+    def stop(self) -> None:
+        self.stops += 1
+
+
+@pytest.fixture
+def job_session(
+    spark: Any, site: tuple[str, SQLAlchemyQueueStore], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[_JobSession]:
+    """``main`` runs on the shared session, with the site's URL in the environment
+    (where the launcher puts it, and where the helpers' sources read it)."""
+    session = _JobSession(spark)
+    monkeypatch.setattr(snapshot_job, "build_session", lambda *args, **kwargs: session)
+    monkeypatch.setenv(DATABASE_URL_ENV, site[0])
+    try:
+        yield session
+    finally:
+        spark.sparkContext.setLogLevel("ERROR")  # main sets the job's --log-level
+
+
+def _main_in_thread(argv: list[str]) -> tuple[threading.Thread, list[int]]:
+    """``main(argv)`` in a thread of its own; its exit code lands in the list."""
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(main(argv)), name="snapshot-job")
+    thread.start()
+    return thread, codes
 
 
 def test_bad_arguments_exit_2_before_spark_starts(
@@ -168,17 +199,16 @@ def test_launch_snapshot_job_runs_a_requested_snapshot(
 
 
 @pytest.mark.spark
-@pytest.mark.slow
 def test_job_fixes_the_base_position_before_reading_its_source(
-    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+    site: tuple[str, SQLAlchemyQueueStore], job_session: _JobSession
 ) -> None:
     """A change committed after an eager source read its rows follows the snapshot."""
-    require_spark()
-    url, store = site
+    _, store = site
     store.register_sites(["b"])
     sid = store.request_snapshot(None, "b", "policy", "server")
-    log = tmp_path / "job.log"
-    assert _run_helper_source(url, sid, "rows_then_a_change", log) == 0, log.read_text()[-3000:]
+    source = "tests.spark.helpers:rows_then_a_change"
+    assert main(["--snapshot-id", sid, "--source", source, "--start"]) == 0
+    assert job_session.stops == 1
     req = store.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.READY and req.entry_count == 2
     after = store.read_log_entries("b", "policy", after=req.base_position or 0, limit=10)
@@ -186,34 +216,23 @@ def test_job_fixes_the_base_position_before_reading_its_source(
 
 
 @pytest.mark.spark
-@pytest.mark.slow
 def test_at_a_branch_the_job_reads_its_source_once_the_branchs_application_has_the_base(
-    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+    site: tuple[str, SQLAlchemyQueueStore], job_session: _JobSession
 ) -> None:
     """An eager source reads the branch's tables when the job loads it: the job waits
     until the branch's application has applied what the branch stored (the base)."""
-    require_spark()
-    url, store = site
+    _, store = site
     store.apply_cascade_config("policy", "s1", "branch", "s1", ["b"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in (1, 2, 3):
         receiver.apply("s1", from_root(position))
     sid = store.request_snapshot(None, "b", "policy", "server")
-    log = tmp_path / "job.log"
-    proc = launch_snapshot_job(
-        url,
-        sid,
-        source="tests.spark.helpers:branch_delivered",
-        master="local[1]",
-        spark_options={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
-        log_path=log,
-        env=_env(),
-        cwd=ROOT,
-    )
+    source = "tests.spark.helpers:branch_delivered"
+    thread, codes = _main_in_thread(["--snapshot-id", sid, "--source", source, "--start"])
     beats: set[float] = set()
 
     def waiting() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
+        assert thread.is_alive() and codes == [], f"the job ended: {codes}"
         req = store.get_snapshot(sid)
         assert req is not None and req.rows_written == 0
         if req.status is SnapshotStatus.RUNNING:
@@ -221,9 +240,12 @@ def test_at_a_branch_the_job_reads_its_source_once_the_branchs_application_has_t
             beats.add(req.updated_at)
         return len(beats) >= 5
 
-    wait_for(waiting, 300, 0.02, what="5 heartbeats", detail=lambda: log.read_text()[-3000:])
-    assert RoutingQueueSubscriber(store, "policy", TakesAll()).poll_once() == 3
-    assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
+    try:
+        wait_for(waiting, 300, 0.02, what="5 heartbeats")
+        assert RoutingQueueSubscriber(store, "policy", TakesAll()).poll_once() == 3
+    finally:
+        join(thread, 300)
+    assert codes == [0]
     done = store.get_snapshot(sid)
     assert done is not None and done.status is SnapshotStatus.READY
     (entry, _end) = store.read_snapshot_entries(sid, 0, 10)
@@ -231,47 +253,40 @@ def test_at_a_branch_the_job_reads_its_source_once_the_branchs_application_has_t
 
 
 @pytest.mark.spark
-@pytest.mark.slow
 def test_job_whose_source_fails_marks_the_request_failed(
-    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+    site: tuple[str, SQLAlchemyQueueStore],
+    job_session: _JobSession,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    require_spark()
-    url, store = site
+    _, store = site
     sid = store.request_snapshot(None, "b", "policy", "server")
-    log = tmp_path / "job.log"
-    assert _run_helper_source(url, sid, "broken_source", log) == 1, log.read_text()[-3000:]
-    assert _result(log.read_text())["status"] == "failed"
+    source = "tests.spark.helpers:broken_source"
+    assert main(["--snapshot-id", sid, "--source", source, "--start"]) == 1
+    assert job_session.stops == 1
+    assert _result(capsys.readouterr().out)["status"] == "failed"
     req = store.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.FAILED
     assert "the source is unreachable" in req.reason
 
 
 @pytest.mark.spark
-@pytest.mark.slow
 def test_job_sends_heartbeats_while_its_source_loads(
-    site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+    site: tuple[str, SQLAlchemyQueueStore],
+    job_session: _JobSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    require_spark()
-    url, store = site
+    _, store = site
     sid = store.request_snapshot(None, "b", "policy", "server")
-    log = tmp_path / "job.log"
     gate = tmp_path / "gate"
-    cmd = snapshot_job_command(
-        sid, source="tests.spark.helpers:gated_rows", master="local[1]", python=sys.executable
-    )
-    conf = ["--conf", "spark.ui.enabled=false", "--heartbeat-interval", "0.2"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*cmd, *conf],
-            env={**_env(), DATABASE_URL_ENV: url, GATE_ENV: str(gate)},
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    source = "tests.spark.helpers:gated_rows"
+    argv = ["--snapshot-id", sid, "--source", source, "--start", "--heartbeat-interval", "0.2"]
+    thread, codes = _main_in_thread(argv)
     beats: set[float] = set()
 
     def beating() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
+        assert thread.is_alive() and codes == [], f"the job ended: {codes}"
         req = store.get_snapshot(sid)
         assert req is not None and req.rows_written == 0  # the source is still loading
         if req.status is SnapshotStatus.RUNNING:
@@ -280,65 +295,27 @@ def test_job_sends_heartbeats_while_its_source_loads(
 
     try:
         # The source loads until the gate opens: every beat seen comes before any row.
-        wait_for(beating, 300, 0.02, what="5 heartbeats", detail=lambda: log.read_text()[-3000:])
+        wait_for(beating, 300, 0.02, what="5 heartbeats")
     finally:
         gate.touch()
-    assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
+        join(thread, 300)
+    assert codes == [0]
     done = store.get_snapshot(sid)
     assert done is not None and done.status is SnapshotStatus.READY and done.entry_count == 2
 
 
-def _spark_submit() -> Path | None:
-    for candidate in (Path(sys.executable).parent / "spark-submit",):
-        if candidate.exists():
-            return candidate
-    try:
-        import pyspark
-    except ImportError:
-        return None
-    path = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    return path if path.exists() else None
-
-
 @pytest.mark.spark
-@pytest.mark.slow
-def test_spark_submit_with_destination_and_client(
-    site: tuple[str, SQLAlchemyQueueStore], people_csv: Path, tmp_path: Path
+def test_a_destination_and_client_record_and_fill_a_new_request(
+    site: tuple[str, SQLAlchemyQueueStore],
+    job_session: _JobSession,
+    people_csv: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    require_spark()
-    submit = _spark_submit()
-    need(submit is not None, "no spark-submit next to pyspark")
-    assert submit is not None
-    url, store = site
-    env = _env()
-    env[DATABASE_URL_ENV] = url
-    done = subprocess.run(
-        [
-            str(submit),
-            "--master",
-            "local[2]",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            f"spark.pyspark.python={sys.executable}",
-            "--conf",
-            f"spark.pyspark.driver.python={sys.executable}",
-            str(ROOT / "spark_jobs" / "snapshot_job.py"),
-            "--destination",
-            "b",
-            "--client",
-            "policy",
-            "--source",
-            f"csv:{people_csv}",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=scaled(300),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = _result(done.stdout)
+    """``--destination`` and ``--client`` (as ``lr snapshot run``): a new request, filled."""
+    _, store = site
+    argv = ["--destination", "b", "--client", "policy", "--source", f"csv:{people_csv}"]
+    assert main(argv) == 0
+    result = _result(capsys.readouterr().out)
     assert result["entry_count"] == 4
     (req,) = store.list_snapshots(destination="b", client_name="policy")
     assert req.snapshot_id == result["snapshot_id"]
