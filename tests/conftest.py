@@ -64,6 +64,13 @@ def pytest_configure(config: pytest.Config) -> None:
     timing.register(config)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test of the ``pg_schema`` fixture needs PostgreSQL too (``-m postgres`` selects it)."""
+    for item in items:
+        if "pg_schema" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     release_ports()
 
