@@ -99,7 +99,7 @@ def test_one_lanes_connection_reset_mid_run_loses_and_repeats_nothing(
     done = threading.Event()
 
     def write() -> None:
-        writer.write(600, per_tx=5)
+        writer.write(400, per_tx=5)
         done.set()
 
     t = threading.Thread(target=write)
@@ -157,7 +157,7 @@ def test_a_restart_with_another_stream_count_applies_nothing_twice(
     again over 2 (the sink finds each entry's lane under the old count from its key)."""
     sites.start("a", dests=["b"], replication=LANES)
     writer, sink = Writer(sites.store("a")), sites.store("b")
-    writer.write(1500, per_tx=50)
+    writer.write(500, per_tx=50)
     wait_for(lambda: len(received(sink)) >= 100, timeout=60)
     sites.stop("a")
     # The sink holds entries past its position, known only by their lanes' progress.

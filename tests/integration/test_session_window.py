@@ -31,6 +31,8 @@ class SilentStream(BatchStream):
         self.transport.sent.append(batch)
 
     def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
+        if self.transport.hung_up.is_set():
+            raise TransportError("the sink hung up")
         self.transport.polls += 1
         threading.Event().wait(min(timeout, 0.01))
         return None
@@ -40,9 +42,13 @@ class SilentStream(BatchStream):
 
 
 class SilentTransport(Transport):
+    """``hung_up``: the connection is gone (a stopping session then does not wait out
+    its shutdown drain for acknowledgements that never come)."""
+
     def __init__(self) -> None:
         self.sent: list[pb.ReplicationBatch] = []
         self.polls = 0
+        self.hung_up = threading.Event()
 
     def negotiate(self, request: pb.NegotiateRequest, timeout: float) -> pb.NegotiateResponse:
         return pb.NegotiateResponse(sink_id="b")
@@ -81,6 +87,7 @@ def test_window_bounds_batches_and_bytes(store: SQLAlchemyQueueStore) -> None:
             assert len(transport.sent) == expect
             assert store.get_cursor("b", "policy").position == 0
         finally:
+            transport.hung_up.set()
             stop.set()
             join(worker, 30)
 
@@ -173,6 +180,7 @@ def test_window_bounds_batches_across_clients(store: SQLAlchemyQueueStore) -> No
         wait_for(lambda: session.state == "log_entry_sync")
         assert [b.client_name for b in transport.sent] == ["c1", "c2"]
     finally:
+        transport.hung_up.set()
         stop.set()
         worker.join(timeout=30)
 

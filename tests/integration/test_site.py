@@ -162,10 +162,11 @@ def test_stopping_ends_the_snapshot_jobs_it_launched(tmp_path: Path, sqlite_url:
     site = Site(path)
     site.start()
     site.wait_serving(scaled(30))
-    finishing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    # /bin/sleep, not a Python process: it starts at once, so a shorter grace still holds it.
+    finishing = subprocess.Popen(["sleep", "0.2"])
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     site.server.children.extend([finishing, stuck])
-    site.stop(grace=scaled(3))
+    site.stop(grace=scaled(1.5))
     assert finishing.returncode == 0
     assert stuck.returncode == -signal.SIGTERM
     assert site.server.children == []
