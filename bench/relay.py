@@ -430,8 +430,42 @@ def measure_latency(
                 proc.terminate()
                 proc.join(timeout=5)
     seen = {site: applied_times(tree.stores[site]) for site in TREE}
+    return latency_result(
+        rate,
+        load.achieved_rate,
+        load.commits,
+        complete,
+        seen,
+        started,
+        seconds,
+        {name: stages1[name].since(stages0[name]) for name in stages1},
+        {way: ways1[way] - ways0.get(way, 0.0) for way in ways1},
+        (machine1[0] - machine0[0], machine1[1] - machine0[1]),
+        {name: cpu1[name] - cpu0[name] for name in pids},
+        wall,
+    )
+
+
+def latency_result(
+    rate: float,
+    achieved_rate: float,
+    commits: Sequence[tuple[int, float]],
+    complete: bool,
+    seen: dict[str, dict[int, float]],
+    started: float,
+    seconds: float,
+    stages: dict[str, ServerHistogram],
+    ways: dict[str, float],
+    machine: tuple[float, float],
+    cpu: dict[str, float],
+    wall: float,
+) -> LatencyResult:
+    """The paced load's figures from what was measured: ``commits`` (position, commit
+    time), ``seen`` (node -> position -> when its listener had it), the servers'
+    histograms and relay counters over the load, the machine's (busy, total) CPU ticks
+    and each process's CPU seconds over it."""
     warm_until = started + min(WARMUP_SECONDS, seconds / 4)
-    committed = {p: at for p, at in load.commits if at >= warm_until}
+    committed = {p: at for p, at in commits if at >= warm_until}
     lat = {
         leaf: latency_of(
             [(seen[leaf][p] - at) * 1000.0 for p, at in committed.items() if p in seen[leaf]]
@@ -451,8 +485,8 @@ def measure_latency(
     )
     return LatencyResult(
         rate,
-        round(load.achieved_rate, 1),
-        len(load.commits),
+        round(achieved_rate, 1),
+        len(commits),
         complete,
         lat["direct"],
         lat["relayed"],
@@ -462,10 +496,10 @@ def measure_latency(
         round(lat["branch"].p50_ms - lat["direct"].p50_ms, 2),
         round(lat["branch"].p99_ms - lat["direct"].p99_ms, 2),
         per_entry,
-        {name: Stage.of(stages1[name].since(stages0[name])) for name in stages1},
-        {way: int(ways1[way] - ways0.get(way, 0.0)) for way in ways1},
-        round((machine1[0] - machine0[0]) / max(machine1[1] - machine0[1], 1.0), 3),
-        {name: round(cpu1[name] - cpu0[name], 2) for name in pids},
+        {name: Stage.of(h) for name, h in stages.items()},
+        {way: int(n) for way, n in ways.items()},
+        round(machine[0] / max(machine[1], 1.0), 3),
+        {name: round(used, 2) for name, used in cpu.items()},
         round(wall, 2),
     )
 
@@ -491,6 +525,14 @@ def measure_throughput(tree: Tree, entries: int, payloads: Sequence[bytes]) -> T
         time.sleep(POLL)
     if len(done_at) < len(LEAVES):
         raise RuntimeError(f"the drain of {entries} entries did not finish: {done_at}")
+    return throughput_result(entries, last, first_seen, done_at)
+
+
+def throughput_result(
+    entries: int, last: int, first_seen: dict[str, tuple[float, int]], done_at: dict[str, float]
+) -> ThroughputResult:
+    """The drain's rates: per leaf, from its first entry seen (when, position) to the
+    drain's ``last`` position reached (when)."""
     rates, spans = {}, {}
     for leaf in LEAVES:
         t0, pos0 = first_seen[leaf]
@@ -533,6 +575,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.per_txn,
         )
         throughput = measure_throughput(tree, args.entries, payloads)
+    return relay_data(args, machine, facts, latency, throughput)
+
+
+def relay_data(
+    args: argparse.Namespace,
+    machine: dict[str, Any],
+    facts: dict[str, Any],
+    latency: LatencyResult,
+    throughput: ThroughputResult,
+) -> dict[str, Any]:
+    """The JSON the benchmark writes, from the run's settings and what it measured."""
     return {
         "benchmark": "relay",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

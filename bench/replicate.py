@@ -1464,21 +1464,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
-    if args.members:
-        from bench.replicate_members import run_members
-
-        return run_members(args, pg_url, DEFAULT_OUT)
-    console = Console(width=160)
-    names = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    started = time.perf_counter()
+def replicate_result(
+    args: argparse.Namespace,
+    results: Sequence[BackendResult],
+    elapsed: float,
+    machine: dict[str, Any],
+    started_at: str,
+) -> dict[str, Any]:
+    """The JSON the benchmark writes, from its settings, the machine's facts at its start
+    and each backend's measured cells."""
     replication, retry = ReplicationConfig(), RetryConfig()
     result: dict[str, Any] = {
         "benchmark": "replicate",
         "format": 1,
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "started_at": started_at,
         "settings": {
             "seconds_per_cell": args.seconds,
             "entries_override": args.entries,
@@ -1497,11 +1496,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "retry": asdict(retry),
             "transport": "gRPC plaintext on loopback, token auth; one lr server process per site",
             "stall": "FaultProxy.stall() in front of sink-8 (accepts, forwards nothing)",
-            "backends": names,
+            "backends": [r.backend for r in results],
             "workarounds": args.workarounds,
             "shared_reader": not args.no_shared_reader,
         },
-        "machine": machine_facts(),
+        "machine": machine,
         "code": code_state(),
         "targets": {
             "one_dest_vs_baseline_at_least": TARGET_VS_BASELINE,
@@ -1512,10 +1511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": {},
         "ratios": {},
     }
-    results = []
-    for name in names:
-        r = run_backend(name, args, pg_url, console)
-        results.append(r)
+    for r in results:
+        name = r.backend
         result["backend_facts"][name] = r.facts
         result["results"][name] = {
             "baseline": asdict(r.baseline),
@@ -1524,7 +1521,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             "transmit_control": asdict(r.control),
         }
         result["ratios"][name] = ratios_of(r)
-    result["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+    result["elapsed_seconds"] = round(elapsed, 1)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
+    if args.members:
+        from bench.replicate_members import run_members
+
+        return run_members(args, pg_url, DEFAULT_OUT)
+    console = Console(width=160)
+    names = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+    machine = machine_facts()
+    results = [run_backend(name, args, pg_url, console) for name in names]
+    result = replicate_result(args, results, time.perf_counter() - started, machine, started_at)
     report(console, results, result["ratios"])
     write_json(args.out, result)
     if args.svg is not None:

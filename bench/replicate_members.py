@@ -463,29 +463,21 @@ def report(console: Console, cells: Sequence[MembersCell]) -> None:
     )
 
 
-def run_members(args: argparse.Namespace, pg_url: str, default_out: Path) -> int:
-    console = Console(width=180)
-    out = args.out
-    if out == default_out:
-        out = default_out.with_name("replicate_members.json")
-    payloads = [os.urandom(PAYLOAD_BYTES) for _ in range(1024)]
-    started = time.perf_counter()
-    machine = machine_facts()
-    cells: list[MembersCell] = []
-    with contextlib.ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lrbench-mem-")))
-        dbs = Databases("postgresql", stack, workdir, pg_url)
-        facts = dbs.facts()
-        cluster = Cluster(dbs, workdir, [f"src-m{n}" for n in args.members], args.destinations)
-        stack.callback(cluster.close)
-        console.log(f"starting {args.destinations} sinks on PostgreSQL")
-        cluster.start()
-        for n in args.members:
-            cells.append(members_cell(cluster, n, args, payloads, console))
+def members_result(
+    args: argparse.Namespace,
+    cells: Sequence[MembersCell],
+    machine: dict[str, Any],
+    facts: dict[str, Any],
+    elapsed: float,
+    started_at: str | None = None,
+) -> dict[str, Any]:
+    """The JSON the benchmark writes, from its settings and the cells it measured."""
+    if started_at is None:
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
     result: dict[str, Any] = {
         "benchmark": "replicate-members",
         "format": 1,
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "started_at": started_at,
         "settings": {
             "members": args.members,
             "destinations": args.destinations,
@@ -511,12 +503,35 @@ def run_members(args: argparse.Namespace, pg_url: str, default_out: Path) -> int
             }
             for c in cells
         ],
-        "elapsed_seconds": round(time.perf_counter() - started, 1),
+        "elapsed_seconds": round(elapsed, 1),
     }
+    return result
+
+
+def run_members(args: argparse.Namespace, pg_url: str, default_out: Path) -> int:
+    console = Console(width=180)
+    out = args.out
+    if out == default_out:
+        out = default_out.with_name("replicate_members.json")
+    payloads = [os.urandom(PAYLOAD_BYTES) for _ in range(1024)]
+    started = time.perf_counter()
+    machine = machine_facts()
+    cells: list[MembersCell] = []
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lrbench-mem-")))
+        dbs = Databases("postgresql", stack, workdir, pg_url)
+        facts = dbs.facts()
+        cluster = Cluster(dbs, workdir, [f"src-m{n}" for n in args.members], args.destinations)
+        stack.callback(cluster.close)
+        console.log(f"starting {args.destinations} sinks on PostgreSQL")
+        cluster.start()
+        for n in args.members:
+            cells.append(members_cell(cluster, n, args, payloads, console))
+    result = members_result(args, cells, machine, facts, time.perf_counter() - started)
     report(console, cells)
     write_json(out, result)
     console.print(f"wrote {out} in {result['elapsed_seconds']} s")
     return 0
 
 
-__all__ = ["parse_members", "run_members"]
+__all__ = ["members_result", "parse_members", "run_members"]

@@ -808,6 +808,70 @@ def build_spark(master: str) -> Any:
     return spark
 
 
+def case_summary(rows: int, times: Sequence[float], loads: list[float]) -> dict[str, Any]:
+    """One case's figures over its rounds: the median, the best, each run's seconds."""
+    seconds = statistics.median(times)
+    return {
+        "seconds": round(seconds, 3),
+        "rows_per_second": round(rows / seconds),
+        "best_rows_per_second": round(rows / min(times)),
+        "runs": [round(t, 3) for t in times],
+        "loadavg_after_runs": loads,
+    }
+
+
+def snapshot_report(
+    console: Console,
+    args: argparse.Namespace,
+    payload_bytes: int,
+    results: dict[str, dict[str, Any]],
+    deliveries: dict[str, dict[str, Any]],
+) -> None:
+    """The cases' table (and the job against its references), then the deliveries."""
+    names = list(dict.fromkeys(n for r in results.values() for n in r))
+    rows_out = []
+    for backend, r in results.items():
+        job = r.get("job", {}).get("rows_per_second")
+        ratios = []
+        for ref in ("plain-insert", "copy-no-spark"):
+            base = r.get(ref, {}).get("rows_per_second")
+            ratios.append(f"{job / base:.2f}x" if job and base else "-")
+        rows_out.append(
+            [backend]
+            + [fmt_rate(r[n]["rows_per_second"]) if n in r else "-" for n in names]
+            + ratios
+        )
+    print_table(
+        console,
+        f"Snapshot job, {args.rows:,} rows of ~{payload_bytes} bytes, {args.master}, rows/s",
+        ["backend", *names, "job / plain-insert", "job / copy-no-spark"],
+        rows_out,
+        caption="target: job >= 100,000 rows/s into PostgreSQL",
+    )
+    if deliveries:
+        print_deliveries(console, deliveries)
+
+
+def snapshot_data(
+    args: argparse.Namespace,
+    facts: dict[str, Any],
+    payload_bytes: int,
+    results: dict[str, dict[str, Any]],
+    deliveries: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The JSON the benchmark writes."""
+    return {
+        "benchmark": "snapshot",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "rows": args.rows,
+        "payload_bytes": payload_bytes,
+        "partitions": args.partitions,
+        "facts": facts,
+        "results": results,
+        "delivery": deliveries,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -940,55 +1004,15 @@ def main(argv: list[str] | None = None) -> int:
             if delivery is not None:
                 deliveries[backend] = delivery
             for name in names:
-                seconds = statistics.median(times[name])
-                results[backend][name] = {
-                    "seconds": round(seconds, 3),
-                    "rows_per_second": round(args.rows / seconds),
-                    "best_rows_per_second": round(args.rows / min(times[name])),
-                    "runs": [round(t, 3) for t in times[name]],
-                    "loadavg_after_runs": loads[name],
-                }
+                results[backend][name] = case_summary(args.rows, times[name], loads[name])
     finally:
         spark.stop()
         for leftover in tmp.glob("*"):
             leftover.unlink()
         tmp.rmdir()
 
-    names = list(dict.fromkeys(n for r in results.values() for n in r))
-    rows_out = []
-    for backend, r in results.items():
-        job = r.get("job", {}).get("rows_per_second")
-        ratios = []
-        for ref in ("plain-insert", "copy-no-spark"):
-            base = r.get(ref, {}).get("rows_per_second")
-            ratios.append(f"{job / base:.2f}x" if job and base else "-")
-        rows_out.append(
-            [backend]
-            + [fmt_rate(r[n]["rows_per_second"]) if n in r else "-" for n in names]
-            + ratios
-        )
-    print_table(
-        console,
-        f"Snapshot job, {args.rows:,} rows of ~{payload_bytes} bytes, {args.master}, rows/s",
-        ["backend", *names, "job / plain-insert", "job / copy-no-spark"],
-        rows_out,
-        caption="target: job >= 100,000 rows/s into PostgreSQL",
-    )
-    if deliveries:
-        print_deliveries(console, deliveries)
-    write_json(
-        args.out,
-        {
-            "benchmark": "snapshot",
-            "when": datetime.now(UTC).isoformat(timespec="seconds"),
-            "rows": args.rows,
-            "payload_bytes": payload_bytes,
-            "partitions": args.partitions,
-            "facts": facts,
-            "results": results,
-            "delivery": deliveries,
-        },
-    )
+    snapshot_report(console, args, payload_bytes, results, deliveries)
+    write_json(args.out, snapshot_data(args, facts, payload_bytes, results, deliveries))
     console.print(f"wrote {args.out}")
     return 0
 

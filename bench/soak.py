@@ -868,12 +868,20 @@ def run_one(
                     soak.held["still_idle_in_transaction_at_end"] = (
                         last_snap.get("state") == "idle in transaction"
                     )
+    return run_record(soak, facts, probe, rate)
+
+
+def run_record(
+    soak: Soak, facts: dict[str, Any], probe: dict[str, Any], rate: float
+) -> dict[str, Any]:
+    """One run's JSON, from what its soak observed: its samples, totals and targets."""
+    backend, long_tx, args, cluster = soak.backend, soak.long_transaction, soak.args, soak.cluster
     samples = [soak.sample(i) for i in range(soak.n_periods)]
     transmitted = sum(s["transmitted"] for s in samples)
     return {
         "backend": backend,
         "long_transaction": long_tx,
-        "label": label,
+        "label": soak.label,
         "facts": facts,
         "probe": probe,
         "rate": rate,
@@ -1159,17 +1167,8 @@ def autovacuum_on(pg_url: str) -> bool:
         engine.dispose()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
-    console = Console(width=170)
-    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    variants = {"off": [False], "on": [True], "both": [False, True]}[args.long_transaction]
-    if args.vacuum_seconds is None:
-        auto = "postgresql" not in backends or autovacuum_on(pg_url)
-        args.vacuum_seconds = 0.0 if auto else 60.0
-        if not auto:
-            console.log("the server's autovacuum is off: VACUUM every 60 s stands in for it")
+def soak_header(args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON's settings, machine and targets, before any run."""
     result: dict[str, Any] = {
         "benchmark": "soak",
         "format": 1,
@@ -1198,6 +1197,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "runs": [],
     }
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
+    console = Console(width=170)
+    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    variants = {"off": [False], "on": [True], "both": [False, True]}[args.long_transaction]
+    if args.vacuum_seconds is None:
+        auto = "postgresql" not in backends or autovacuum_on(pg_url)
+        args.vacuum_seconds = 0.0 if auto else 60.0
+        if not auto:
+            console.log("the server's autovacuum is off: VACUUM every 60 s stands in for it")
+    result = soak_header(args)
     started = time.perf_counter()
     for backend in backends:
         for long_tx in variants:

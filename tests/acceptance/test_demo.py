@@ -10,10 +10,25 @@ from pathlib import Path
 from tests.kit.procs import ROOT, lr_env
 from tests.kit.wait import scaled
 
+# The smallest run that still shows every part: --duration's minimum is 1 s, and the
+# application writes on past --transactions until d's full sync (star) or the provider
+# switch (tree) is done, so neither part is cut short by a small count.
+TRANSACTIONS = "40"
+DURATION = "1"
+
 
 def _demo(env: dict[str, str]) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "lr_server.cli", "demo", "--transactions", "400", "--duration", "6"],
+        [
+            sys.executable,
+            "-m",
+            "lr_server.cli",
+            "demo",
+            "--transactions",
+            TRANSACTIONS,
+            "--duration",
+            DURATION,
+        ],
         capture_output=True,
         text=True,
         env={**env, "COLUMNS": "80"},
@@ -50,7 +65,7 @@ def test_demo_without_java_says_so_and_runs_the_rest(tmp_path: Path) -> None:
 def test_demo_tree_relays_to_every_node_and_switches_a_leaf_without_full_sync() -> None:
     """`lr demo --topology tree`: a -> b -> c, d; d moved to a mid-run by `lr provider
     switch`; every node ends with the root's rows and no node needed a full sync."""
-    args = ["demo", "--topology", "tree", "--transactions", "300", "--duration", "5"]
+    args = ["demo", "--topology", "tree", "--transactions", TRANSACTIONS, "--duration", DURATION]
     done = subprocess.run(
         [sys.executable, "-m", "lr_server.cli", *args],
         capture_output=True,
@@ -72,7 +87,7 @@ def test_demo_tree_relays_to_every_node_and_switches_a_leaf_without_full_sync() 
     role, provider, applied, rows_a, syncs, sent = rows["a"]
     assert (role, provider, applied, syncs) == ("root", "-", "-", "-")
     sent = sent.removesuffix(" sent")
-    assert int(sent) >= 300  # the application writes on until the switch is done
+    assert int(sent) >= int(TRANSACTIONS)  # the application writes on until the switch is done
     assert rows["b"][0:2] == ["branch", "a (epoch 1)"]
     assert rows["c"][0:2] == ["leaf", "b (epoch 1)"]
     assert rows["d"][0:2] == ["leaf", "a (epoch 2)"]

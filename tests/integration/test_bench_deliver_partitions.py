@@ -3,33 +3,28 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.kit.wait import scaled
+import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.deliver_partitions import main as dp_main
 
 
-def test_deliver_partitions_bench_sqlite_smoke(tmp_path: Path) -> None:
+def test_deliver_partitions_bench_sqlite_smoke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "deliver_partitions.json"
-    proc = subprocess.run(
+    code = dp_main(
         [
-            sys.executable,
-            str(ROOT / "bench" / "deliver_partitions.py"),
             "--backend=sqlite",
             "--entries=200",
             "--partitions=1,4",
             "--sleep-ms=1",
             f"--out={out}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=scaled(120),
+        ]
     )
-    assert proc.returncode == 0, proc.stderr
+    assert code == 0
     data = json.loads(out.read_text())
     assert set(data["results"]) == {
         "sqlite/io/1",

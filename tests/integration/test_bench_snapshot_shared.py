@@ -3,35 +3,30 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.kit.wait import scaled
+import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.snapshot import main as snap_main
 
 
-def test_shared_snapshot_bench_sqlite_smoke(tmp_path: Path) -> None:
+def test_shared_snapshot_bench_sqlite_smoke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "shared.json"
-    proc = subprocess.run(
+    code = snap_main(
         [
-            sys.executable,
-            str(ROOT / "bench" / "snapshot.py"),
             "--shared-rows",
             "300",
             "--backend",
             "sqlite",
             "--shared-out",
             str(out),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=scaled(120),
+        ]
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "Shared snapshots: 1 vs 5 destinations" in proc.stdout
+    assert code == 0
+    assert "Shared snapshots: 1 vs 5 destinations" in capsys.readouterr().out
     data = json.loads(out.read_text())
     got = data["results"]["sqlite"]
     # One snapshot, one job and one copy of the rows (and its end marker), whatever

@@ -3,28 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench.snapshot import main as snap_main
 from tests.conftest import PG_URL
-from tests.kit.wait import scaled
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 )
-def test_sink_delivery_bench_smoke(tmp_path: Path, backend: str) -> None:
+def test_sink_delivery_bench_smoke(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LR_BENCH_PG_URL", PG_URL)
     out = tmp_path / "sink.json"
-    proc = subprocess.run(
+    code = snap_main(
         [
-            sys.executable,
-            str(ROOT / "bench" / "snapshot.py"),
             "--sink-rows",
             "2500",
             "--deliver-row-bytes",
@@ -36,14 +33,9 @@ def test_sink_delivery_bench_smoke(tmp_path: Path, backend: str) -> None:
             "1000",
             "--sink-out",
             str(out),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=scaled(120),
-        env={**os.environ, "LR_BENCH_PG_URL": PG_URL},
+        ]
     )
-    assert proc.returncode == 0, proc.stderr
+    assert code == 0
     (run,) = json.loads(out.read_text())["results"][backend]
     assert (run["rows"], run["row_bytes"]) == (2500, 512)  # every row reached the listener
     assert (run["snapshot_batch_size"], run["batch_max_bytes"]) == (1000, 1000 * (512 + 64))

@@ -4,27 +4,24 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
+from bench.transmit import main as transmit_main
 from lr_client.store import open_store
 from tests.conftest import PgSchema
-from tests.kit.wait import scaled
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_transmit_bench_sqlite_smoke(tmp_path: Path) -> None:
+def test_transmit_bench_sqlite_smoke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "transmit.json"
-    proc = subprocess.run(
+    code = transmit_main(
         [
-            sys.executable,
-            str(ROOT / "bench" / "transmit.py"),
             "--seconds",
             "0.2",
             "--backend",
@@ -33,14 +30,10 @@ def test_transmit_bench_sqlite_smoke(tmp_path: Path) -> None:
             "200",
             "--out",
             str(out),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=scaled(60),
+        ]
     )
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    assert "Transmit throughput" in proc.stdout
+    assert code == 0
+    assert "Transmit throughput" in capsys.readouterr().out
 
     data = json.loads(out.read_text())
     for key in ("settings", "machine", "targets", "results", "ratios", "storage", "storage_ratios"):

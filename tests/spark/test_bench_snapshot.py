@@ -1,56 +1,70 @@
-"""bench/snapshot.py runs end to end (small) and writes the JSON it documents."""
+"""``bench/snapshot.py``'s case figures, table and JSON, from measured times and deliveries.
+
+The benchmark times the PySpark snapshot job against its references and the delivery of
+its snapshot through real ``lr server`` processes; this test feeds the code that turns
+those times and the delivery's figures into its table and its JSON, in this process. The
+snapshot job itself is proven by the other tests of tests/spark; the benchmarks' wiring
+with real servers by tests/integration/test_bench_lanes.py.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
-import pytest
+from rich.console import Console
 
-from tests.kit.wait import scaled
-from tests.spark.conftest import require_spark
+from bench.common import write_json
+from bench.snapshot import case_summary, snapshot_data, snapshot_report
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
+ROWS = 3000
 
 
 def test_snapshot_bench_sqlite_smoke(tmp_path: Path) -> None:
-    require_spark()
     out = tmp_path / "snapshot.json"
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "snapshot.py"),
-            "--rows",
-            "3000",
-            "--backend",
-            "sqlite",
-            "--out",
-            str(out),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=scaled(300),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout
+    args = argparse.Namespace(rows=ROWS, partitions=2, master="local[2]", out=out)
+    times = {"job": [0.5, 0.4, 0.6], "job-rdd": [0.75], "plain-insert": [1.0, 1.5]}
+    results = {"sqlite": {name: case_summary(ROWS, t, [1.0] * len(t)) for name, t in times.items()}}
+    delivery: dict[str, Any] = {
+        "seconds": 0.3,
+        "rows_per_second": 10_000,
+        "listener_rows_per_second": 12_000,
+        "cpu_seconds": {"ship": 0.03, "receive": 0.06, "deliver": 0.09},
+        "cpu_us_per_row": {"ship": 10.0, "receive": 20.0, "deliver": 30.0},
+        "rss_mib": {"subscriber": [80, 95, 90]},
+        "rows": ROWS,
+        "row_bytes": 1024,
+        "loadavg_after": 1.0,
+    }
+    console = Console(record=True, width=200)
+    snapshot_report(console, args, 200, results, {"sqlite": delivery})
+    facts = {"spark": "4.0", "master": "local[2]"}
+    write_json(out, snapshot_data(args, facts, 200, results, {"sqlite": delivery}))
+
     data = json.loads(out.read_text())
-    assert data["rows"] == 3000 and 150 <= data["payload_bytes"] <= 250
+    assert data["benchmark"] == "snapshot" and data["partitions"] == 2
+    assert data["rows"] == ROWS and data["payload_bytes"] == 200 and data["facts"] == facts
     cases = data["results"]["sqlite"]
     assert set(cases) == {"job", "job-rdd", "plain-insert"}
+    # Each case's median over its rounds, its best, and every run.
+    assert cases["job"] == {
+        "seconds": 0.5,
+        "rows_per_second": 6000,
+        "best_rows_per_second": 7500,
+        "runs": [0.5, 0.4, 0.6],
+        "loadavg_after_runs": [1.0, 1.0, 1.0],
+    }
+    assert (
+        cases["plain-insert"]["seconds"] == 1.25
+        and cases["plain-insert"]["rows_per_second"] == 2400
+    )
     assert all(c["rows_per_second"] > 0 for c in cases.values())
     delivered = data["delivery"]["sqlite"]  # the snapshot reached the listener, every row
-    assert delivered["rows"] == 3000 and delivered["rows_per_second"] > 0
-    assert delivered["listener_rows_per_second"] >= delivered["rows_per_second"]
-    assert delivered["row_bytes"] == 1024
-    assert set(delivered["cpu_us_per_row"]) == {"ship", "receive", "deliver"}
-    assert all(v > 0 for v in delivered["cpu_us_per_row"].values())
-    ready, peak, end = delivered["rss_mib"]["subscriber"]
-    assert 0 < ready <= peak and end <= peak
+    assert delivered == delivery
+
+    shown = console.export_text()
+    assert f"Snapshot job, {ROWS:,} rows of ~200 bytes, local[2]" in shown
+    assert "2.50x" in shown  # job / plain-insert: 6,000 / 2,400 rows/s
+    assert "Snapshot delivery" in shown and "80/95/90" in shown
