@@ -5,12 +5,14 @@
   :class:`~lr_client.errors.InvalidInputError` subclass, and a failed call
   leaves the database as it was (even when the application's transaction
   goes on and commits).
-* The gRPC boundary of a running sink (a fresh one per test): generated
-  garbage bytes, generated invalid batches (positions, types, names, snapshot
-  ids, claimed sources), oversized batches, replays, unknown clients and
-  impersonation. Each gets an error status and the sink stores nothing from
-  the offender; a burst of them while a well-behaved source replicates
-  through the real sender leaves that source's traffic complete.
+* The gRPC boundary of a running sink (one per module and backend, checked
+  after every test: it still answers, and what the test did not write is as
+  it was): generated garbage bytes, generated invalid batches (positions,
+  types, names, snapshot ids, claimed sources), oversized batches, replays,
+  unknown clients and impersonation. Each gets an error status and the sink
+  stores nothing from the offender; a burst of them while a well-behaved
+  source replicates through the real sender (a sink of its own) leaves that
+  source's traffic complete.
 * Names that become queue names: invalid ones are rejected everywhere
   (config, sender API, wire); valid look-alikes make distinct queues.
 * Security with real processes: no plaintext listener unless configured, TLS
@@ -54,6 +56,7 @@ from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store import schema as lrq
 from lr_server.config import load_config, parse_config
 from lr_server.server import SiteServer
+from tests.conftest import PgSchema
 from tests.kit.certs import Pki, make_pki
 from tests.kit.procs import ROOT, LrServer, lr_env
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
@@ -272,6 +275,8 @@ class Boundary:
         self.sink.start()
         self.store = open_store(self.url_b)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        #: Sources a test using the shared sink stores entries of (see :func:`boundary`).
+        self.writes: set[str] = set()
         self.source: SourceApp | None = None
         self.app: SinkApp | None = None
         self.sender: SiteServer | None = None
@@ -306,6 +311,19 @@ class Boundary:
             ).scalar_one()
         return int(progress), len(queues), int(entries)
 
+    def state(self) -> dict[str, tuple[int, int, int]]:
+        """:meth:`stored_from` of every source (and of ``x``, which it does not accept)."""
+        return {s: self.stored_from(s) for s in (*SOURCES, "x")}
+
+    def sentinel(self) -> list[tuple[int, bytes]]:
+        """(position, payload) of what ``a`` stored for ``policy`` (see :func:`shared_boundary`)."""
+        queue = next(
+            q for q in self.store.list_queues() if (q.source_id, q.client_name) == ("a", "policy")
+        )
+        with self.store.read() as conn:
+            entries = self.store.read_queue(conn, queue.queue_id, 100)
+        return [(e.source_position, bytes(e.payload)) for e in entries]
+
     def finish(self) -> None:
         """Stop the good source's traffic: all of it must arrive, exactly once, in order."""
         source, app = self.source, self.app
@@ -329,18 +347,62 @@ class Boundary:
             self.source.close()
         if self.app is not None:
             self.app.close()
-        self.sink.stop()
+        # After a request it could not decode, grpcio never reports its server stopped
+        # (the call's state is not released), so the stop waits out its whole bound
+        # (5 s + grace): a short grace keeps that short. The sink serves no session.
+        self.sink.stop(grace=1.0)
         self.store.engine.dispose()
 
 
-@pytest.fixture
-def boundary(tmp_path: Path, db_url_factory: Callable[[str], str]) -> Iterator[Boundary]:
-    """A fresh sink per test, on each backend: what one test leaves cannot fail another."""
-    b = Boundary(tmp_path, db_url_factory)
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def shared_boundary(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Boundary]:
+    """One sink per backend for the module's boundary tests (see :func:`boundary`).
+
+    Source ``a`` (no test speaks as it here) stores three entries first: the
+    sentinel every test must leave as it is.
+    """
+    tmp_path = tmp_path_factory.mktemp(f"boundary-{request.param}")
+    schemas: list[PgSchema] = []
+
+    def make_url(name: str) -> str:
+        if request.param == "sqlite":
+            return f"sqlite:///{tmp_path / (name + '.db')}"
+        schemas.append(PgSchema())
+        return schemas[-1].url
+
+    b = Boundary(tmp_path, make_url)
     try:
+        acks, code, details = b.client("a").push(log_batch([1, 2, 3]))
+        assert code == grpc.StatusCode.OK and acks[-1].last_position == 3, (code, details)
+        assert b.sentinel() == [(p, b"p%d" % p) for p in (1, 2, 3)]
         yield b
     finally:
         b.close()
+        for schema in schemas:
+            schema.drop()
+
+
+@pytest.fixture
+def boundary(shared_boundary: Boundary) -> Iterator[Boundary]:
+    """The module's sink; after the test it must still answer, hold the sentinel as it
+    was and nothing new from any source but those the test names in ``writes``."""
+    b = shared_boundary
+    b.writes = set()
+    before = b.state()
+    yield b
+    assert b.client("f").negotiate(pb.NegotiateRequest(source_id="f", clients=["policy"])) == (
+        grpc.StatusCode.OK
+    ), "the sink stopped answering"
+    b.store.check_schema()
+    assert b.sentinel() == [(p, b"p%d" % p) for p in (1, 2, 3)]
+    after = b.state()
+    assert {s: n for s, n in after.items() if s not in b.writes} == {
+        s: n for s, n in before.items() if s not in b.writes
+    }
 
 
 @pytest.fixture
@@ -519,6 +581,7 @@ def test_oversized_batches(boundary: Boundary) -> None:
 
 
 def test_replayed_batches_are_acked_as_duplicates_and_applied_once(boundary: Boundary) -> None:
+    boundary.writes = {"r"}
     client = boundary.client("r")
     first, second = log_batch([1, 2, 3]), log_batch([4, 5], previous=3)
     second.batch_id = 2
@@ -551,6 +614,7 @@ def test_unknown_client_is_accepted_into_its_own_queue(boundary: Boundary) -> No
     client names against it. A client the sink application never subscribes
     to just accumulates in its own queue (visible in ``lr status``/``browse``).
     """
+    boundary.writes = {"u"}
     acks, code, _ = boundary.client("u").push(log_batch([1, 2], client="never-configured"))
     assert code == grpc.StatusCode.OK and acks[0].last_position == 2
     names = {q.queue_name for q in boundary.store.list_queues()}
@@ -594,6 +658,7 @@ def test_look_alike_names_make_distinct_queues_and_underscores_are_refused(
     boundary: Boundary,
 ) -> None:
     """``a-b`` + ``c`` and ``a`` + ``b-c`` are distinct; ``a_b`` never gets in anywhere."""
+    boundary.writes = {"c", "b-c"}
     acks, code, _ = boundary.client("c").push(log_batch([1], client="a-b"))
     assert code == grpc.StatusCode.OK and acks[0].last_position == 1
     acks, code, _ = boundary.client("b-c").push(log_batch([1, 2], client="a"))
@@ -625,6 +690,7 @@ def test_look_alike_names_make_distinct_queues_and_underscores_are_refused(
 @given(client=st.text(max_size=70))
 def test_client_names_on_the_wire_are_validated(boundary: Boundary, client: str) -> None:
     """Any text as a client name: a valid name gets a queue, anything else INVALID_ARGUMENT."""
+    boundary.writes = {"g"}
     acks, code, _ = boundary.client("g").push(log_batch([10**6], client=client))
     if _valid_name(client):
         assert code == grpc.StatusCode.OK and acks[0].last_position == 10**6
