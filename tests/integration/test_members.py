@@ -64,6 +64,7 @@ def test_two_members_never_ship_one_unit_at_once(pg_store: SQLAlchemyQueueStore)
     stop = threading.Event()
     shipped: list[tuple[float, str, int]] = []  # (when it decided to ship, member, token)
     refused = [0]
+    stalls = [0]
     lock = threading.Lock()
     members = [
         Membership(
@@ -81,6 +82,8 @@ def test_two_members_never_ship_one_unit_at_once(pg_store: SQLAlchemyQueueStore)
     def heartbeats(m: Membership, rng: random.Random) -> None:
         while not stop.wait(0.05):
             if rng.random() < 0.03:
+                with lock:
+                    stalls[0] += 1
                 stop.wait(rng.uniform(0.5, 1.2))  # a stall past the lease, now and then
             m.heartbeat()
 
@@ -115,8 +118,22 @@ def test_two_members_never_ship_one_unit_at_once(pg_store: SQLAlchemyQueueStore)
     ]
     for t in threads:
         t.start()
-    time.sleep(8.0)  # the run itself: stalls and takeovers happen at random within it
-    stop.set()
+
+    def run_done() -> bool:
+        # The run itself: stalls and takeovers happen at random within it, until the
+        # unit changed hands five times (six owners shipped: twice the least below).
+        with lock:
+            return len({tok for _, _, tok in shipped}) >= 6
+
+    try:
+        wait_for(
+            run_done,
+            60,
+            what="six owners shipped",
+            detail=lambda: f"{stalls[0]} stalls, tokens {sorted({t for _, _, t in shipped})}",
+        )
+    finally:
+        stop.set()
     for t in threads:
         t.join(10)
     for m in members:
