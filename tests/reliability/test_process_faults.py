@@ -260,11 +260,12 @@ def test_sigkill_during_a_snapshot(tmp_path: Path, db_url_factory: Callable[[str
         dep.close()
 
 
-def _start_provider(url: str, log_path: Path) -> subprocess.Popen[bytes]:
-    """The application's snapshot provider, as its own process (``provider_proc.py``)."""
+def _start_provider(url: str, log_path: Path, pause: float) -> subprocess.Popen[bytes]:
+    """The application's snapshot provider, as its own process (``provider_proc.py``),
+    pausing ``pause`` s between chunks."""
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(PROVIDER_PROC), "--url", url, "--pause", "0.2"],
+            [sys.executable, str(PROVIDER_PROC), "--url", url, "--pause", str(pause)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=lr_env(),
@@ -291,7 +292,8 @@ def test_sigkill_of_the_snapshot_provider(
     )
     _preload(source.engine, 600)
     store = source.store
-    provider = _start_provider(dep.raw_urls["a"], tmp_path / "provider-1.log")
+    # Slow (0.2 s between chunks of 50), so that it dies mid-snapshot.
+    provider = _start_provider(dep.raw_urls["a"], tmp_path / "provider-1.log", 0.2)
     try:
         dep.start()
         source.start()
@@ -305,7 +307,8 @@ def test_sigkill_of_the_snapshot_provider(
         killed = wait_for(writing, 60, 0.02, what="snapshot entries written")
         provider.kill()  # SIGKILL mid-snapshot: no heartbeat any more
         provider.wait(timeout=scaled(10))
-        provider = _start_provider(dep.raw_urls["a"], tmp_path / "provider-2.log")
+        # Its successor only has to complete a snapshot: no pause.
+        provider = _start_provider(dep.raw_urls["a"], tmp_path / "provider-2.log", 0.0)
         wait_for(lambda: store.get_snapshot(killed).status is SnapshotStatus.FAILED, timeout=60)  # type: ignore[union-attr]
         wait_for(
             lambda: bool(store.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])),
