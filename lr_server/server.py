@@ -370,7 +370,10 @@ class SiteServer:
                 self.children.remove(proc)
                 log.info("snapshot job exited", extra={"pid": proc.pid, "code": code})
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 10.0, call_grace: float = 2.0) -> None:
+        """Stop: sessions and threads are joined for up to ``grace`` s each; the
+        receiver's open calls get ``call_grace`` s to end before they are cancelled
+        (a sender's stream never ends by itself), and their handlers are drained."""
         self.stop_event.set()
         if self.membership is not None:  # sessions stop, then the leases go at once
             self.membership.leave()
@@ -380,7 +383,7 @@ class SiteServer:
         for t in self._threads:
             t.join(timeout=grace)
         if self._grpc is not None:
-            self._grpc.stop(grace=2.0).wait(5.0 + grace)  # the handlers left the store
+            self._grpc.stop(grace=call_grace).wait(5.0 + grace)  # the handlers left the store
         self._end_children(grace)
         self.store.close()
 

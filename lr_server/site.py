@@ -196,10 +196,11 @@ class Site:
                 )
             time.sleep(_PROBE_INTERVAL)
 
-    def stop(self, grace: float = DEFAULT_STOP_GRACE) -> None:
+    def stop(self, grace: float = DEFAULT_STOP_GRACE, call_grace: float = 2.0) -> None:
         """Stop the site as ``lr server`` stops: sessions and trim end (each
         thread joined for up to ``grace`` seconds), the receiver finishes its
-        calls, the store is closed. Idempotent.
+        calls (an open one is cancelled after ``call_grace`` seconds), the store
+        is closed. Idempotent.
 
         A start still in progress (a database that does not answer, a schema
         upgrade another process holds) is waited for up to ``grace`` seconds;
@@ -218,7 +219,7 @@ class Site:
             thread.join(grace)
             return
         if self._error is None and self._server is not None:
-            self._server.stop(grace)
+            self._server.stop(grace, call_grace)
 
     def __enter__(self) -> Site:
         self.start()

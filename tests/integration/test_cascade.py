@@ -37,6 +37,21 @@ from tests.kit.verifier import Report, verify
 from tests.kit.wait import scaled, wait_for
 
 
+@pytest.fixture(autouse=True)
+def _sites_stop_at_once(request: pytest.FixtureRequest) -> None:
+    """A stopped site cancels the streams open to it at once: how those calls end is not
+    what this module tests, and each would hold the stop for the default grace."""
+    if "sites" in request.fixturenames:
+        request.getfixturevalue("sites").call_grace = 0.1
+
+
+#: The traffic and the reports of this module's sets: entries at a brisk rate (the counts
+#: the tests wait for are what matters, not how long they take to come) and a report
+#: every 0.2 s (the interval itself is not what is tested).
+RATE = 400.0
+REPORTS = "cascade_report_interval = 0.2"
+
+
 @contextmanager
 def running(*loops: object) -> Iterator[threading.Event]:
     """Run ``loop.run(stop)`` of each object in a thread until the block ends."""
@@ -55,14 +70,16 @@ def running(*loops: object) -> Iterator[threading.Event]:
 class Cascade:
     """A running set: the root's source application, every other node's sink application."""
 
-    def __init__(self, sites: Sites, tree: CascadeTree, **node_options: object) -> None:
+    def __init__(
+        self, sites: Sites, tree: CascadeTree, *, rate: float = 150.0, **node_options: object
+    ) -> None:
         self.sites, self.tree = sites, tree
         self.nodes = [n for n in tree.members() if n != tree.root]
         self.source = SourceApp(
             sites.url(tree.root),
             tree.root,
             self.nodes,
-            rate=150.0,
+            rate=rate,
             all_destinations=True,  # a cascaded client goes to every node of its set
         )
         self.sinks = {n: SinkApp(sites.url(n)).start() for n in self.nodes}
@@ -115,7 +132,7 @@ def test_the_seed_tree_delivers_every_entry_once_in_order_at_every_node(
 ) -> None:
     """S1 root; S2, S3 below it; S4 below S3: every listener gets every entry once, in
     order, and S4's come with S1's identity though S3 relays them."""
-    c = Cascade(sites, SEED_TREE)
+    c = Cascade(sites, SEED_TREE, rate=RATE, replication=REPORTS)
     cascades.append(c)
     for node in ("s4", "s3", "s2", "s1"):
         c.start(node)
@@ -140,7 +157,7 @@ def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
 ) -> None:
     """c1 -> c2 -> c3: c2 released entries c3 never had, so c3 needs a full sync; c2
     serves it from its own copy (base: what its subscriber delivered), then relays on."""
-    c = Cascade(sites, CHAIN)
+    c = Cascade(sites, CHAIN, rate=RATE, replication=REPORTS)
     cascades.append(c)
     c.start("c2", snapshot="app")
     c.start("c1")
@@ -185,7 +202,7 @@ def test_a_full_sync_a_lagging_branch_serves_mid_stream_waits_for_its_applicatio
     sync of c3 requested at c2 takes as its base the last entry c2 stored, past what c3
     holds, and its provider reads only once c2's application has applied that far, so no
     entry reaches c3's listener twice and nothing is lost."""
-    c = Cascade(sites, CHAIN)
+    c = Cascade(sites, CHAIN, rate=RATE, replication=REPORTS)
     cascades.append(c)
     c.start("c3")
     c.start("c2", snapshot="app")
@@ -226,7 +243,7 @@ def test_a_full_sync_a_lagging_branch_serves_mid_stream_waits_for_its_applicatio
 def test_a_restarted_branch_resumes_its_leaf_without_a_full_sync(
     sites: Sites, cascades: list[Cascade]
 ) -> None:
-    c = Cascade(sites, CHAIN)
+    c = Cascade(sites, CHAIN, rate=RATE, replication=REPORTS)
     cascades.append(c)
     for node in ("c3", "c2", "c1"):
         c.start(node)
@@ -301,7 +318,7 @@ def test_the_receiver_takes_relayed_batches_from_the_current_provider_only(
 def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dropped(
     sites: Sites, cascades: list[Cascade]
 ) -> None:
-    c = Cascade(sites, SEED_TREE)
+    c = Cascade(sites, SEED_TREE, rate=RATE, replication=REPORTS)
     cascades.append(c)
     for node in ("s4", "s3", "s2", "s1"):
         c.start(node)

@@ -77,13 +77,17 @@ def leaf(db_url_factory: Callable[[str], str]) -> Iterator[SQLAlchemyQueueStore]
 
 
 @contextlib.contextmanager
-def _running(session: SenderSession, arrivals: Arrivals) -> Iterator[None]:
+def _running(
+    session: SenderSession, arrivals: Arrivals, held: HeldAcks | None = None
+) -> Iterator[None]:
     stop = threading.Event()
     worker = threading.Thread(target=session.run, args=(stop,), daemon=True)
     worker.start()
     try:
         yield
     finally:
+        if held is not None:  # the test is over: acknowledge, so the session stops at once
+            held.release()
         stop.set()
         arrivals.ring("s1", "policy")  # end its wait now
         join(worker, 30)
@@ -119,6 +123,13 @@ class HeldAcks(Transport):
 
     def __init__(self) -> None:
         self.sent: list[pb.ReplicationBatch] = []
+        self.released = False  # from then on, every batch is acknowledged
+        self.acked = 0  # batches of ``sent`` acknowledged since
+
+    def release(self) -> None:
+        """Acknowledge what was sent and what will be (a session that stops waits up
+        to 5 s for its batches in flight to be acknowledged)."""
+        self.released = True
 
     def negotiate(self, request: pb.NegotiateRequest, timeout: float) -> pb.NegotiateResponse:
         return pb.NegotiateResponse(sink_id="s4", protocol_version=PROTOCOL_VERSION)
@@ -136,6 +147,11 @@ class HeldAcksStream(BatchStream):
         self.transport.sent.append(batch)
 
     def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
+        held = self.transport
+        if held.released and held.acked < len(held.sent):
+            batch = held.sent[held.acked]
+            held.acked += 1
+            return pb.ReplicationAck(batch_id=batch.batch_id, last_position=batch.last_position)
         with contextlib.suppress(queue.Empty):
             self.woken.get(timeout=timeout)
         return None
@@ -157,7 +173,7 @@ def test_a_branch_relays_a_batch_stored_while_the_previous_one_is_in_flight(
     receiver = Receiver(store, "s3", ["s1"], on_stored=arrivals.ring)
     sink = HeldAcks()
     session = _relaying(store, node, arrivals, lambda: sink)
-    with _running(session, arrivals):
+    with _running(session, arrivals, sink):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
         receiver.apply("s1", from_root(1))
         wait_for(lambda: len(sink.sent) == 1, timeout=scaled(30), what="the first batch")
@@ -268,7 +284,7 @@ def test_a_branch_forwards_a_batch_before_it_has_stored_it(
         return store_batch(*args, **kwargs)
 
     monkeypatch.setattr(store, "apply_log_batch", held)
-    with _running(session, arrivals):
+    with _running(session, arrivals, sink):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
         applying = threading.Thread(target=receiver.apply, args=("s1", from_root(1)))
         applying.start()
