@@ -220,8 +220,17 @@ def store(db_url: str) -> Iterator[SQLAlchemyQueueStore]:
 
 
 @pytest.fixture
-def sites(tmp_path: Path, db_url_factory: Callable[[str], str]) -> Iterator[Sites]:
-    """In-process sites (real gRPC on loopback), each with its own database of the backend."""
+def sites(
+    request: pytest.FixtureRequest, tmp_path: Path, db_url_factory: Callable[[str], str]
+) -> Iterator[Sites]:
+    """In-process sites (real gRPC on loopback), each with its own database of the backend.
+
+    In a test marked ``stop_calls_at_once`` a stopped site cancels the calls
+    open to it after 0.1 s instead of its receiver's 2 s grace (a sender's
+    stream never ends by itself, so each stop would wait that long).
+    """
     s = Sites(tmp_path, db_url_factory)
+    if request.node.get_closest_marker("stop_calls_at_once"):
+        s.call_grace = 0.1
     yield s
     s.close()

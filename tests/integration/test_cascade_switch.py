@@ -26,13 +26,8 @@ from tests.kit.sites import SEED_TREE, Sites
 from tests.kit.traffic import START, read_applied, relay_snapshot_provider
 from tests.kit.wait import scaled, wait_for
 
-
-@pytest.fixture(autouse=True)
-def _sites_stop_at_once(request: pytest.FixtureRequest) -> None:
-    """A stopped site cancels the streams open to it at once: how those calls end is not
-    what this module tests, and each would hold the stop for the default grace."""
-    if "sites" in request.fixturenames:
-        request.getfixturevalue("sites").call_grace = 0.1
+#: How a stopped site's open calls end is not what this module tests.
+pytestmark = pytest.mark.stop_calls_at_once
 
 
 @pytest.fixture

@@ -32,13 +32,8 @@ from tests.kit import kvapp
 from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for
 
-
-@pytest.fixture(autouse=True)
-def _sites_stop_at_once(request: pytest.FixtureRequest) -> None:
-    """A stopped site cancels the streams open to it at once: how those calls end is not
-    what this module tests, and each would hold the stop for the default grace."""
-    if "sites" in request.fixturenames:
-        request.getfixturevalue("sites").call_grace = 0.1
+#: How a stopped site's open calls end is not what this module tests.
+pytestmark = pytest.mark.stop_calls_at_once
 
 
 FAST_TRIM = "[retention]\nmax_entries = 40\ntrim_interval = 0.1\nrotation_period = 0.5\n"

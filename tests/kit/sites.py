@@ -212,7 +212,10 @@ class Sites:
         return self.ports.setdefault(site, free_port())
 
     def url(self, site: str) -> str:
-        return self.urls.setdefault(site, self.make_url(site))
+        """The database of ``site``, made on first use."""
+        if site not in self.urls:
+            self.urls[site] = self.make_url(site)
+        return self.urls[site]
 
     def start(
         self,
