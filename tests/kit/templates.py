@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 import sqlalchemy
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import make_url
 
 from lr_client.store import create_engine
 from lr_client.store.lifecycle import upgrade_schema
@@ -68,31 +68,27 @@ def database_url(server_url: str, database: str, schema: str = PG_SCHEMA) -> str
     return f"{base}{sep}options=-csearch_path%3D{schema}"
 
 
-def _autocommit(server_url: str) -> Engine:
-    return create_engine(
+def _server_sql(server_url: str, statement: str) -> None:
+    """Run one statement outside a transaction (CREATE/DROP DATABASE) on the server."""
+    admin = create_engine(
         server_url, poolclass=sqlalchemy.pool.NullPool, isolation_level="AUTOCOMMIT"
     )
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(statement)
+    finally:
+        admin.dispose()
 
 
 def _drop(server_url: str, database: str) -> None:
-    admin = _autocommit(server_url)
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    finally:
-        admin.dispose()
+    _server_sql(server_url, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def _pg_template(server_url: str) -> str:
     """This process's migrated template database on the server (made once)."""
     if server_url not in _pg_templates:
         name = f"lr_tmpl_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-        admin = _autocommit(server_url)
-        try:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        finally:
-            admin.dispose()
+        _server_sql(server_url, f'CREATE DATABASE "{name}"')
         atexit.register(_drop, server_url, name)
         engine = create_engine(database_url(server_url, name), poolclass=sqlalchemy.pool.NullPool)
         try:
@@ -109,12 +105,7 @@ def migrated_pg_database(server_url: str) -> str:
     """A new database holding the migrated schema ``lr``; returns its name."""
     template = _pg_template(server_url)
     name = "t_" + uuid.uuid4().hex[:12]
-    admin = _autocommit(server_url)
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    finally:
-        admin.dispose()
+    _server_sql(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     return name
 
 
