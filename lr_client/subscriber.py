@@ -55,8 +55,8 @@ from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
 from lr_client.partitioners import Partitioner, load_partitioner
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 from lr_client.store import Sites, SubscriberQueues, open_store
-from lr_client.store.arrival_watch import ArrivalWatch
 from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.watches import Watch
 
 log = logging.getLogger("lr_client.subscriber")
 
@@ -235,7 +235,7 @@ class RoutingQueueSubscriber:
         self._doorbell = Doorbell()
         self.wake_on_arrival = wake_on_arrival
         #: While :meth:`run` runs with ``wake_on_arrival`` on PostgreSQL: its listening watch.
-        self.arrival_watch: ArrivalWatch | None = None
+        self.arrival_watch: Watch | None = None
         #: Queues whose partitions moved since their own mark was raised (monotonic: since).
         self._behind: dict[int, float] = {}
         self._marks_lock = threading.Lock()
@@ -463,7 +463,8 @@ class RoutingQueueSubscriber:
         """Deliver up to ``max_batches`` batches of ``queue``: (entries delivered, whether
         to poll again at once rather than wait). Again if it delivered and may hold
         more, or if entries stored meanwhile would not wake this subscriber (no
-        listening :class:`ArrivalWatch`); a queue it drained waits for the wake-up."""
+        listening :class:`~lr_client.store.watches.Watch`); a queue it drained waits for
+        the wake-up."""
         qid = queue.queue_id
         delivered, progressed, drained = 0, False, False
         try:

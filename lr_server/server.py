@@ -25,6 +25,7 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError
 from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
+from lr_client.store.watches import Watch
 from lr_server import metrics
 from lr_server.arrivals import Arrivals
 from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
@@ -96,6 +97,8 @@ class SiteServer:
         self.reader: LogFanout | None = None
         #: Rung by the receiver: the sessions relaying a client read what it stored at once.
         self.arrivals = Arrivals()
+        #: Wakes the sender sessions when entries may have come (None: they poll).
+        self.send_watch: Watch | None = None
         self.membership: Membership | None = None
         #: The units this member owns now, and each destination's running session.
         self.fences: dict[str, Fence] = {}
@@ -138,6 +141,8 @@ class SiteServer:
             if rep.shared_reader and len(cfg.destinations) > 1
             else None
         )
+        if cfg.destinations:
+            self.send_watch = self.store.watch_sends(self.wake_sessions)
         units = [stream_unit(d.id, c) for d in cfg.destinations for c in cfg.clients_for(d)]
         members = cfg.members
         self.membership = Membership(
@@ -156,6 +161,11 @@ class SiteServer:
         self._spawn("lr-trim", self._trim_loop)
         if cfg.cascades:
             self._spawn("lr-cascade", CascadeReporter(self.store, cfg, grpc_sender(cfg)).run)
+
+    def wake_sessions(self) -> None:
+        """Entries may have come: every sender session reads at once."""
+        for session in list(self.sessions.values()):
+            session.wake()
 
     def apply_cascades(self) -> None:
         """Write each ``[cascade.<client>]`` table into ``lrq_cascade`` (see
@@ -375,6 +385,9 @@ class SiteServer:
         receiver's open calls get ``call_grace`` s to end before they are cancelled
         (a sender's stream never ends by itself), and their handlers are drained."""
         self.stop_event.set()
+        watch, self.send_watch = self.send_watch, None
+        if watch is not None:
+            watch.close()
         if self.membership is not None:  # sessions stop, then the leases go at once
             self.membership.leave()
         with self._placing:

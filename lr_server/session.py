@@ -12,6 +12,12 @@ resume exactly where the sink stopped. Full-sync requests are followed by
 A branch's session relaying a cascaded client is woken when its receiver
 stores a batch of it (:mod:`lr_server.arrivals`): it does not wait for a poll
 or an acknowledgement to relay it.
+
+Idle, a session waits for a wake-up (:meth:`SenderSession.wake`: the server's
+watch of the send queue, :meth:`~lr_client.store.contract.Shipping.watch_sends`)
+or an acknowledgement. Its safety poll starts at ``poll_interval`` after work
+or a wake-up and doubles with each round that finds nothing, up to
+:data:`IDLE_POLL_MAX`: a lost wake-up costs at most that, never an entry.
 """
 
 from __future__ import annotations
@@ -52,6 +58,13 @@ from lr_server.window import InFlight, Window
 
 log = logging.getLogger("lr.session")
 
+#: Seconds an idle session waits at most between two reads (its safety poll).
+IDLE_POLL_MAX = 1.0
+#: Seconds an idle session takes at most to see its stop.
+STOP_CHECK = 0.25
+#: Seconds between writes of an unchanged session status row (``updated_at`` stays fresh).
+STATUS_REFRESH = 30.0
+
 
 class SessionStore(Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Protocol):
     """What a sender session needs of the store: reads and cursors, snapshots, the
@@ -91,6 +104,13 @@ class SenderSession:
         #: branch): its wait for acknowledgements ends, and it reads the batch at once.
         self.arrivals = arrivals
         self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
+        #: Set by :meth:`wake`: the next round polls fast again.
+        self._woken = False
+        #: Seconds an idle session waits at most between two reads.
+        self.idle_poll_max = IDLE_POLL_MAX
+        #: The status last written, and when (time.monotonic()).
+        self._status_written: tuple[object, ...] | None = None
+        self._status_at = float("-inf")
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
         #: The batches of the clients it relays received here and not stored yet, which
@@ -131,6 +151,13 @@ class SenderSession:
             self.inbox,
             arrivals if self.inbox is not None else None,
         )
+
+    def wake(self) -> None:
+        """Entries may have come: end the session's wait, and poll fast again."""
+        self._woken = True
+        stream = self._stream
+        if stream is not None:
+            stream.interrupt()
 
     def fence(self, client: str) -> Fence | None:
         """The lease ``client``'s writes are made under (None: unfenced)."""
@@ -390,14 +417,23 @@ class SenderSession:
         self, stop: threading.Event, stream: BatchStream, streams: dict[str, ClientStream]
     ) -> None:
         last_status = last_check = 0.0
+        fast = self.cfg.poll_interval
+        slow = max(fast, self.idle_poll_max)
+        idle = fast  # the next idle wait: doubles with each round that finds nothing
         while not stop.is_set():
             now = time.monotonic()
             if now - last_check > 0.5:
                 self._check_requests(streams)
                 last_check = now
+            woken, self._woken = self._woken, False
             sent_any = self._ship(stream, streams)
-            timeout = 0.0 if sent_any and not self.window.full() else self.cfg.poll_interval
-            self._drain_acks(stream, streams, timeout)
+            if sent_any or woken:
+                idle = fast
+            timeout = 0.0 if sent_any and not self.window.full() else idle
+            if self._wait_acks(stop, stream, streams, timeout) or sent_any:
+                idle = fast
+            elif not self._woken:
+                idle = min(slow, idle * 2)
             oldest = self.window.oldest_sent_at()
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
                 raise TransportError("no acknowledgement within stream_idle_timeout")
@@ -412,9 +448,7 @@ class SenderSession:
 
     def _arrived(self) -> None:
         """A batch of a client this session relays was stored: end its wait, if any."""
-        stream = self._stream
-        if stream is not None:
-            stream.interrupt()
+        self.wake()
 
     def _received(
         self, origin: str, client: str, previous: int, entries: Sequence[WireEntry]
@@ -426,26 +460,47 @@ class SenderSession:
         if node is None or node.origin_id != origin or stream is None or inbox is None:
             return
         if inbox.put(client, previous, entries):
-            stream.interrupt()
+            self.wake()
 
     def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         if not self.lease_valid():  # this member's heartbeat lapsed: others may own it now
             raise FencedError(f"{self.destination}: this member's leases lapsed; not shipping")
         return self.shipper.ship(stream, streams)
 
+    def _wait_acks(
+        self,
+        stop: threading.Event,
+        stream: BatchStream,
+        streams: dict[str, ClientStream],
+        timeout: float,
+    ) -> int:
+        """Handle acknowledgements for up to ``timeout`` s, or until a wake-up or the stop
+        (seen within ``STOP_CHECK`` s); how many came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            n = self._drain_acks(stream, streams, max(0.0, min(left, STOP_CHECK)))
+            if n or left <= STOP_CHECK or self._woken or stop.is_set():
+                return n
+
     def _drain_acks(
         self, stream: BatchStream, streams: dict[str, ClientStream], timeout: float
-    ) -> None:
+    ) -> int:
+        """Handle the acknowledgements that come within ``timeout``; how many."""
+        n = 0
         if isinstance(stream, LaneStreams):
             got = stream.next_ack_from(timeout)
             while got is not None:
                 self._on_ack(got[1], streams, got[0])
+                n += 1
                 got = stream.next_ack_from(0.0)
-            return
+            return n
         ack = stream.next_ack(timeout)
         while ack is not None:
             self._on_ack(ack, streams)
+            n += 1
             ack = stream.next_ack(0.0)
+        return n
 
     def _on_ack(
         self, ack: pb.ReplicationAck, streams: dict[str, ClientStream], index: int = 0
@@ -509,15 +564,27 @@ class SenderSession:
         self._save_status()
 
     def _save_status(self) -> None:
+        """Write the status row if it changed, or if it is ``STATUS_REFRESH`` old."""
+        status = (
+            self.state,
+            self.connected,
+            len(self.window),
+            self.window.nbytes,
+            self.last_error or self._stopped,
+        )
+        now = time.monotonic()
+        if status == self._status_written and now - self._status_at < STATUS_REFRESH:
+            return
         try:
             self.store.save_session_status(
                 self.destination,
-                self.state,
-                connected=self.connected,
-                inflight_batches=len(self.window),
-                inflight_bytes=self.window.nbytes,
-                last_error=self.last_error or self._stopped,
+                status[0],
+                connected=status[1],
+                inflight_batches=status[2],
+                inflight_bytes=status[3],
+                last_error=status[4],
             )
+            self._status_written, self._status_at = status, now
         except LRError as exc:
             self._log.warning("cannot save session status: %s", exc)
 

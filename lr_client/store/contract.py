@@ -45,8 +45,8 @@ from lr_client.records import (
     UnitLease,
     WireEntry,
 )
-from lr_client.store.arrival_watch import ArrivalWatch
 from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.watches import Watch
 
 
 class Transactions(Protocol):
@@ -148,6 +148,13 @@ class SendLog(Protocol):
 
 class Shipping(Protocol):
     """A sender session's reads of the send log, and its cursors."""
+
+    def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
+        """Call ``wake`` (from a thread of its own) whenever entries may have come for the
+        sender sessions (a transmit committed, snapshot entries or a snapshot's state
+        written), until the watch is closed; None where the backend cannot tell (the
+        sessions poll). A wake-up may be spurious or coalesced with others, never
+        needed for correctness: see :mod:`lr_client.store.watches`."""
 
     def read_log_entries(
         self,
@@ -517,11 +524,12 @@ class SubscriberQueues(Transactions, Protocol):
     def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
         """Registered receive queues."""
 
-    def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> ArrivalWatch | None:
-        """Call ``wake`` (from a thread of its own) whenever a receiver of another process
-        commits entries of ``client_name``, until the watch is closed; None where the
-        backend cannot tell (SQLite: the subscriber polls). See
-        :mod:`lr_client.store.arrival_watch`."""
+    def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> Watch | None:
+        """Call ``wake`` (from a thread of its own) whenever a receiver commits entries of
+        ``client_name``, until the watch is closed (PostgreSQL: its notifications,
+        :mod:`lr_client.store.arrival_watch`; SQLite: any commit to the database file,
+        :class:`~lr_client.store.watches.DataVersionWatch`); None where the backend
+        cannot tell (an in-memory database: the subscriber polls)."""
 
     def read_queue(self, conn: Connection, queue_id: int, limit: int) -> list[RecvEntry]:
         """The oldest undelivered entries of a receive queue (``seq > delivered_seq``).

@@ -35,7 +35,14 @@ from lr_client.records import (
     WireEntry,
     new_entry_key,
 )
-from lr_client.store import arrival_watch, recv_rotation, sequencer, slots, snapshot_pool
+from lr_client.store import (
+    arrival_watch,
+    recv_rotation,
+    sequencer,
+    slots,
+    snapshot_pool,
+    watches,
+)
 from lr_client.store import schema as s
 from lr_client.store.base import mapped_errors
 from lr_client.store.receiving import recv_base
@@ -48,6 +55,18 @@ _INSERT = (
     "VALUES (%s, %s, CAST(%s AS smallint[]), %s, %s) "
     "RETURNING CAST(CAST(txid AS text) AS bigint), ord"
 )
+#: The sessions' wake-up at commit (:data:`~lr_client.store.watches.SENDS_CHANNEL`),
+#: sent from the statement a transmit runs anyway: no round trip of its own.
+_NOTIFY_SENDS = (
+    f"(SELECT 1 FROM pg_notify('{watches.SENDS_CHANNEL}', '')"
+    f" WHERE pg_notification_queue_usage() < {watches.QUEUE_USAGE_LIMIT})"
+)
+_INSERT_NOTIFY = (
+    "WITH e AS (INSERT INTO lrq_send_entries"
+    " (client_name, payload, dest_nums, created_at, partition_key)"
+    " VALUES (%s, %s, CAST(%s AS smallint[]), %s, %s) RETURNING txid, ord) "
+    f"SELECT CAST(CAST(e.txid AS text) AS bigint), e.ord, {_NOTIFY_SENDS} FROM e"
+)
 #: A batch reserves its ordinals at once: the transaction-local counter that
 #: ``lrq_next_ord`` (the ``ord`` default, revision 0004) advances by one per
 #: row, advanced here by the batch's size. Returns (txid, first ordinal).
@@ -57,6 +76,7 @@ _RESERVE = (
     " + %(n)s)::text, true)::bigint - %(n)s + 1 "
     "FROM (SELECT 'lrq.ord_' || 'lrq_send_entries'::regclass::oid AS name) k"
 )
+_RESERVE_NOTIFY = _RESERVE.replace(" FROM (", f", {_NOTIFY_SENDS} FROM (", 1)
 _COPY_ENTRIES = (
     "COPY lrq_send_entries (client_name, payload, dest_nums, created_at, ord, partition_key) "
     "FROM STDIN (FORMAT BINARY)"
@@ -113,6 +133,19 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         self._slot_marks: slots.MarksCache = {}
+        #: When this store last notified the sender sessions (time.monotonic()).
+        self._notified_at = float("-inf")
+
+    def _notify_now(self) -> bool:
+        """Whether this transmit notifies the sessions (one per ``NOTIFY_INTERVAL``)."""
+        now = time.monotonic()
+        if now - self._notified_at < watches.NOTIFY_INTERVAL:
+            return False
+        self._notified_at = now
+        return True
+
+    def watch_sends(self, wake: Callable[[], None]) -> watches.Watch | None:
+        return watches.ChannelWatch(self.engine, watches.SENDS_CHANNEL, wake)
 
     def _tick_lock(self, conn: Connection) -> int:
         if self._tick_key is None:
@@ -128,18 +161,22 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         # application several times the driver's own work per call.
         raw = conn.connection.driver_connection
         assert raw is not None
+        notify = self._notify_now()
         with raw.cursor() as cur:
             if len(messages) == 1:
                 payload, nums = messages[0][0], messages[0][1]
                 dests = "{" + ",".join(str(n) for n in nums) + "}"
                 key = new_entry_key(messages[0])
-                cur.execute(_INSERT, (client_name, payload, dests, now, key))
-                txid, ord_ = cur.fetchone()
-                return [EntryRef(int(txid), int(ord_))]
+                cur.execute(
+                    _INSERT_NOTIFY if notify else _INSERT, (client_name, payload, dests, now, key)
+                )
+                row = cur.fetchone()
+                return [EntryRef(int(row[0]), int(row[1]))]
             # A batch: its ordinals reserved in one statement, its rows in one
             # COPY (the stamp trigger fires for the row whose ordinal is 1).
-            cur.execute(_RESERVE, {"n": len(messages)})
-            txid, first = (int(v) for v in cur.fetchone())
+            cur.execute(_RESERVE_NOTIFY if notify else _RESERVE, {"n": len(messages)})
+            row = cur.fetchone()
+            txid, first = int(row[0]), int(row[1])
             with cur.copy(_COPY_ENTRIES) as copy:
                 copy.set_types(list(_ENTRY_TYPES))
                 for i, m in enumerate(messages):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -30,11 +30,24 @@ from lr_client.store import schema as s
 from lr_client.store.base import mapped_errors
 from lr_client.store.receiving import recv_base
 from lr_client.store.sqla import SQLAlchemyQueueStore
+from lr_client.store.watches import DataVersionWatch, HeadChanged, Watch, sqlite_path
 
 _INSERT = (
     "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at,"
     " partition_key) VALUES (?, ?, ?, ?, ?)"
 )
+
+
+#: What a sender session may have to ship: the heads of the send queues and the
+#: latest change of a full sync (the tables' own names, not input).
+_SENDS_HEAD = (
+    "SELECT (SELECT seq FROM sqlite_sequence WHERE name = 'lrq_send_log_entries'),"
+    " (SELECT seq FROM sqlite_sequence WHERE name = 'lrq_send_snapsync'),"
+    " (SELECT max(updated_at) FROM lrq_snapshots),"
+    " (SELECT max(updated_at) FROM lrq_snapshot_destinations)"
+)
+#: The head of the receive queues: it moves when a receiver stores entries only.
+_ARRIVALS_HEAD = "SELECT seq FROM sqlite_sequence WHERE name = 'lrq_recv_entries'"
 
 
 def encode_dests(nums: Sequence[int]) -> str:
@@ -107,6 +120,19 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
                 late.take(conn.connection.driver_connection)  # the commit holds it too
         finally:
             late.release()
+
+    def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
+        path = sqlite_path(self.engine)
+        if path is None:
+            return None
+        return DataVersionWatch(path, wake, HeadChanged(_SENDS_HEAD), name="lr-watch-sends")
+
+    def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> Watch | None:
+        path = sqlite_path(self.engine)
+        if path is None:
+            return None
+        changed = HeadChanged(_ARRIVALS_HEAD)
+        return DataVersionWatch(path, wake, changed, name=f"lr-watch-arrivals-{client_name}")
 
     def _fetch_rows(
         self, conn: Connection, query: Any, in_index_order: bool = False

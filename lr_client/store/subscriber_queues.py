@@ -59,10 +59,10 @@ from lr_client.records import (
     SubscriberState,
 )
 from lr_client.store import schema as s
-from lr_client.store.arrival_watch import ArrivalWatch
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, sized, within
 from lr_client.store.cascade import is_relayed, relayed_as_leased
+from lr_client.store.watches import Watch
 
 _T = s.subscriber_state
 _R = s.recv_entries
@@ -116,8 +116,8 @@ def forget_delivered(
 class SubscriberQueuesStore(StoreBase):
     """Receive queues as a subscriber delivers them, under leases."""
 
-    def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> ArrivalWatch | None:
-        return None  # no notification between processes: the subscriber polls
+    def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> Watch | None:
+        return None  # the backends that can tell override it
 
     def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
         query = select(s.queue_registry).order_by(s.queue_registry.c.queue_id)
