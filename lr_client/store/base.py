@@ -164,6 +164,10 @@ class StoreBase(abc.ABC):
         with mapped_errors(), self._connect(immediate=True) as conn, self._transaction(conn):
             yield conn
 
+    def _announce_sends(self, conn: Connection) -> None:  # noqa: B027 - a hook: most need none
+        """Work for the sender sessions was written in ``conn``'s transaction: wake them
+        at commit where the backend needs telling (PostgreSQL; SQLite's watch sees it)."""
+
     @contextmanager
     def _transaction(self, conn: Connection) -> Iterator[Connection]:
         """``conn``'s transaction; the queue ids it learnt are cached once it committed."""

@@ -144,6 +144,9 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         self._notified_at = now
         return True
 
+    def _announce_sends(self, conn: Connection) -> None:
+        conn.exec_driver_sql(f"SELECT {_NOTIFY_SENDS}")
+
     def watch_sends(self, wake: Callable[[], None]) -> watches.Watch | None:
         return watches.ChannelWatch(self.engine, watches.SENDS_CHANNEL, wake)
 

@@ -100,6 +100,7 @@ class SnapshotsStore(SnapshotRequestsStore):
                     for i, p in enumerate(payloads)
                 ],
             )
+            self._announce_sends(conn)
         return len(payloads)
 
     def _count_entries(self, conn: Connection, snapshot_id: str, slot: int | None) -> int:
@@ -145,6 +146,7 @@ class SnapshotsStore(SnapshotRequestsStore):
                 [SnapshotStatus.RUNNING],
                 {"status": SnapshotStatus.READY, "entry_count": count, "rows_written": count},
             )
+            self._announce_sends(conn)
         return count
 
     def read_snapshot_entries(
@@ -242,6 +244,8 @@ class SnapshotsStore(SnapshotRequestsStore):
                     )
                     if n is not None and n < chunk_rows:
                         self._delete_part(conn, snapshot_id, part, seq + n, None, slot)
+                    if n:
+                        self._announce_sends(conn)
             if n is None:  # no bulk path: the chunk is produced outside the transaction
                 chunk = [
                     item if isinstance(item, tuple) else (item, None)

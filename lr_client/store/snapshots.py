@@ -239,6 +239,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
                 updated_at=now,
             )
         )
+        self._announce_sends(conn)
         return snapshot_id
 
     def _joinable(
