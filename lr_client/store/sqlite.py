@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import delete, func, literal_column, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_key
@@ -61,8 +61,31 @@ def _encoded(nums: tuple[int, ...]) -> str:
 
 
 def _names(dest_nums: Any, num: int) -> ColumnElement[bool]:
-    """``dest_nums`` (``",1,5,"``) names site ``num``."""
-    return func.instr(dest_nums, f",{int(num)},") > 0
+    """``dest_nums`` (``",1,5,"``) names site ``num``: the term of that site's partial
+    index (:func:`dest_index_ddl`), in literals, as SQLite uses a partial index only
+    for a query whose terms are its own (a bound parameter never is)."""
+    named: ColumnElement[bool] = func.instr(
+        dest_nums, literal_column(f"',{_site_number(num)},'")
+    ) > literal_column("0")
+    return named
+
+
+def _site_number(num: int) -> int:
+    """A site number, checked before it becomes part of a statement's text."""
+    if isinstance(num, bool) or not isinstance(num, int) or num < 0:
+        raise ValueError(f"not a site number: {num!r}")
+    return num
+
+
+def dest_index_ddl(num: int) -> str:
+    """The partial index of the entries addressed to site ``num`` (the seed's stream tag
+    ``lrq_logentry_<dest>``): a destination's read walks its own entries only,
+    whatever others hold. One index entry per destination of an entry."""
+    n = _site_number(num)
+    return (
+        f"CREATE INDEX IF NOT EXISTS lrq_send_dest_{n} ON lrq_send_log_entries"
+        f" (client_name, position) WHERE instr(dest_nums, ',{n},') > 0"
+    )
 
 
 def _names_only(dest_nums: Any, nums: Sequence[int]) -> ColumnElement[bool]:
@@ -108,6 +131,11 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     dialect_insert = staticmethod(sqlite_insert)
     single_writer = True
 
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        #: The site numbers whose partial index this store made sure of.
+        self._dest_indexes: set[int] = set()
+
     @contextmanager
     def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:
         # BEGIN (deferred): no lock and no snapshot until the first statement, where
@@ -120,6 +148,16 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
                 late.take(conn.connection.driver_connection)  # the commit holds it too
         finally:
             late.release()
+
+    def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
+        numbers = super().register_sites(site_ids)
+        missing = [n for n in numbers.values() if n not in self._dest_indexes]
+        if missing:
+            with self.write() as conn:
+                for n in missing:
+                    conn.exec_driver_sql(dest_index_ddl(n))
+            self._dest_indexes.update(missing)
+        return numbers
 
     def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
         path = sqlite_path(self.engine)
