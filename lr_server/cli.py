@@ -930,13 +930,13 @@ def demo(transactions: int, duration: float, keep: bool, topology: str) -> None:
     and that the provider switch needed no full sync.
     """
     if topology == "tree":
-        from lr_server.demo_tree import run_tree_demo
+        from lr_server.demo.tree import run_tree_demo
 
         code = int(run_tree_demo(transactions=transactions, duration=duration, keep=keep))
         if code:
             raise click.exceptions.Exit(code)
         return
-    from lr_server.demo import run_demo
+    from lr_server.demo.star import run_demo
 
     code = int(run_demo(transactions=transactions, duration=duration, keep=keep))
     if code:
