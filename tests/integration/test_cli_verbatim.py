@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server.cli import cli
-from lr_server.demo_sites import demo_console
+from lr_server.demo.sites import demo_console
 from tests.integration.test_cli import ok, transmit, write_config
 
 #: Text that rich would read as markup (or an emoji code) if it were not escaped.

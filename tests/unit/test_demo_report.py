@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from lr_server import demo
-from lr_server.demo_sites import demo_console, differences, report_check
+from lr_server.demo import star as demo
+from lr_server.demo.sites import demo_console, differences, report_check
+from spark_jobs import demo as spark_demo
 
 
 def test_differences_name_changed_missing_and_extra_keys() -> None:
@@ -30,9 +31,9 @@ def test_differences_are_capped() -> None:
 def test_without_pyspark_the_demo_says_how_to_install_the_spark_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(demo.shutil, "which", lambda _name: "/usr/bin/java")
+    monkeypatch.setattr(spark_demo.shutil, "which", lambda _name: "/usr/bin/java")
     monkeypatch.setitem(sys.modules, "pyspark", None)  # `import pyspark` raises ImportError
-    available, reason = demo.spark_available()
+    available, reason = spark_demo.spark_available()
     assert not available
     console = demo_console()
     with console.capture() as shown:

@@ -34,6 +34,21 @@ def test_client_imports_neither_grpc_nor_pyspark() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_only_spark_jobs_imports_pyspark() -> None:
+    """No module of lr_client or lr_server imports pyspark, not even inside a function."""
+    import ast
+
+    found = []
+    for path in sorted([*ROOT.glob("lr_client/**/*.py"), *ROOT.glob("lr_server/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] == "pyspark" for n in names):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
 def test_generated_code_is_current() -> None:
     done = subprocess.run(
         [sys.executable, "scripts/gen_protos.py", "--check"],

@@ -32,7 +32,7 @@ from lr_client import RoutingQueueClient
 from lr_client.records import CascadeChild
 from lr_client.store import QueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server.demo_sites import (
+from lr_server.demo.sites import (
     ApplyListener,
     Site,
     check_cell,

@@ -13,13 +13,11 @@ that every sink holds exactly what it should (exit code 1 if not).
 from __future__ import annotations
 
 import os
-import shutil
-import sqlite3
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -32,7 +30,7 @@ from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
 from lr_client.store import QueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server.demo_sites import (
+from lr_server.demo.sites import (
     ApplyListener,
     Site,
     catalog,
@@ -49,37 +47,12 @@ from lr_server.demo_sites import (
     upsert,
     wait_caught_up,
 )
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-SOURCE_DB_ENV = "LR_DEMO_SOURCE_DB"
+from spark_jobs.demo import CATALOG_SOURCE, SOURCE_DB_ENV, spark_available
 
 
 def order_destinations(key: int) -> list[str]:
     """Overlapping destination lists: a third to b and c, a third to each."""
     return [["b", "c"], ["b"], ["c"]][key % 3]
-
-
-def catalog_frame(spark: SparkSession) -> DataFrame:
-    """The Spark job's source: the catalog table of site a (path in $LR_DEMO_SOURCE_DB)."""
-    with sqlite3.connect(os.environ[SOURCE_DB_ENV]) as conn:
-        found = conn.execute("SELECT key, value FROM demo_catalog ORDER BY key").fetchall()
-    return spark.createDataFrame(found, "key string, value long")
-
-
-def spark_available() -> tuple[bool, str]:
-    if shutil.which("java") is None:
-        return False, "Java was not found on PATH"
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return False, f"PySpark is not installed (pip install {SPARK_EXTRA_HINT})"
-    return True, ""
-
-
-#: How to get the ``spark`` extra: from a release, or from a checkout of the source.
-SPARK_EXTRA_HINT = "'lr-routing-queue[spark]', or -e '.[spark]' in a checkout"
 
 
 def spark_skipped_notice(reason: str) -> Text:
@@ -122,7 +95,7 @@ def _config(
     ]
     if spark:
         lines += [
-            'spark_source = "lr_server.demo:catalog_frame"',
+            f'spark_source = "{CATALOG_SOURCE}"',
             'spark_master = "local[2]"',
         ]
     for dest, clients in dests:

@@ -1,0 +1,207 @@
+"""``lr status``: where every stream stands, read by :mod:`lr_server.status`, shown as tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from lr_server.cli.database import open_site_store
+from lr_server.cli.options import config_option, json_option
+from lr_server.cli.render import (
+    ago,
+    console,
+    human_bytes,
+    human_seconds,
+    print_json,
+    short_id,
+    shorten,
+    table,
+)
+from lr_server.config import load_config
+
+if TYPE_CHECKING:
+    from lr_server.status import SiteStatus
+
+
+@click.command()
+@config_option
+@json_option
+def status(config_path: Path, as_json: bool) -> None:
+    """Where every stream stands: lag, state, acks, in-flight, snapshots, drops."""
+    from lr_server.status import collect_status
+
+    config = load_config(config_path)
+    with open_site_store(config) as store:
+        report = collect_status(config, store)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        render_status(report)
+
+
+def render_status(report: SiteStatus) -> None:
+    """Print the report as tables: send streams, snapshots, slots, drops, stops, sessions,
+    sink streams, drop notices and cascades (the tables with no rows left out)."""
+    from rich.text import Text
+
+    from lr_server.status import StreamState
+
+    out = console()
+    now = report.time
+    oldest = "-" if report.oldest_position is None else str(report.oldest_position)
+    out.print(
+        Text.assemble(
+            (f"site {report.site}", "bold"),
+            f"  head position {report.head_position}, oldest stored {oldest}",
+        )
+    )
+    if report.send:
+        # The owner column when several members share the streams (always in --json).
+        owners = len({x.owner for x in report.send if x.owner}) > 1
+        columns = ["dest", "client", "state", "lag", "bytes", "age", "ack", "in-fl"]
+        t = table("send streams", *columns, *(["owner"] if owners else []))
+        for x in report.send:
+            t.add_row(
+                x.destination + ("" if x.configured else "*"),
+                x.client,
+                x.state,
+                str(x.lag_entries) + ("!" if x.slow and x.state != StreamState.DROPPED else ""),
+                human_bytes(x.lag_bytes),
+                human_seconds(x.lag_seconds),
+                ago(x.last_ack, now),
+                "-" if x.inflight_batches is None else str(x.inflight_batches),
+                *([x.owner or "-"] if owners else []),
+            )
+        out.print(t)
+    snaps = [x for x in report.send if x.snapshot]
+    if snaps:
+        t = table("open snapshots", "dest", "client", "id", "status", "rows", "base")
+        for x in snaps:
+            assert x.snapshot is not None
+            total = "?" if x.snapshot.entry_count is None else str(x.snapshot.entry_count)
+            t.add_row(
+                x.destination,
+                x.client,
+                short_id(x.snapshot.snapshot_id),
+                x.snapshot.status,
+                f"{x.snapshot.rows_written}/{total}",
+                "-" if x.snapshot.base_position is None else str(x.snapshot.base_position),
+            )
+        out.print(t)
+    if report.slots:
+        t = table("queue slots (retired whole)", "queue", "slots", "current", "stored", "size")
+        for queue in ("send", "receive"):
+            mine = [x for x in report.slots if x.queue == queue]
+            if mine:
+                t.add_row(
+                    queue,
+                    str(len(mine)),
+                    ",".join(str(x.slot) for x in mine if x.current),
+                    str(sum(x.entries for x in mine)),
+                    human_bytes(sum(x.bytes for x in mine)),
+                )
+        out.print(t)
+    drops = [x for x in report.send if x.drop]
+    if drops:
+        t = table("dropped (full sync on return)", "dest", "client", "from pos", "when", "reason")
+        for x in drops:
+            assert x.drop is not None
+            t.add_row(
+                x.destination,
+                x.client,
+                str(x.drop.first_dropped_position),
+                ago(x.drop.dropped_at, now),
+                x.drop.reason,
+            )
+        out.print(t)
+    stops = [x for x in report.send if x.stop]
+    if stops:
+        t = table(
+            "stopped streams (lr accept-loss to resume) and accepted losses",
+            "dest",
+            "client",
+            "resume after",
+            "since",
+            "reason",
+        )
+        for x in stops:
+            assert x.stop is not None
+            t.add_row(
+                x.destination,
+                x.client,
+                str(x.stop.resume_after) + (" (accepted)" if x.stop.accepted else ""),
+                ago(x.stop.stopped_at, now),
+                Text(x.stop.reason),
+            )
+        out.print(t)
+    if report.sessions:
+        t = table("sessions", "dest", "state", "conn", "in-flight", "updated", "last error")
+        for s in report.sessions:
+            t.add_row(
+                s.destination,
+                s.state,
+                "yes" if s.connected else "no",
+                f"{s.inflight_batches} / {human_bytes(s.inflight_bytes)}",
+                ago(s.updated_at, now),
+                shorten(s.last_error, 60) or "-",
+            )
+        out.print(t)
+    if report.sink:
+        t = table("sink streams", "source", "client", "last pos", "snapshot", "recv", "queued")
+        for y in report.sink:
+            t.add_row(
+                y.source + ("" if y.configured else "*"),
+                y.client,
+                str(y.last_position),
+                y.snapshot_state + (f" {short_id(y.snapshot_id)}" if y.snapshot_id else ""),
+                str(y.entries_received),
+                str(y.queue_depth),
+            )
+        out.print(t)
+    notices = [y for y in report.sink if y.drop]
+    if notices:
+        t = table("drop notices received", "source", "client", "from pos", "when", "reason")
+        for y in notices:
+            assert y.drop is not None
+            t.add_row(
+                y.source,
+                y.client,
+                str(y.drop.first_dropped_position),
+                ago(y.drop.dropped_at, now),
+                Text(y.drop.reason),
+            )
+        out.print(t)
+    if report.cascades:
+        t = table("cascades", "client", "origin", "role", "provider", "local wm", "global wm")
+        for k in report.cascades:
+            t.add_row(
+                k.client,
+                k.origin,
+                k.role,
+                f"{k.provider} (epoch {k.epoch})" if k.provider else "-",
+                str(k.local_watermark),
+                str(k.global_watermark),
+            )
+        out.print(t)
+    kids = [(k.client, c) for k in report.cascades for c in k.children]
+    if kids:
+        t = table("cascade children", "client", "child", "epoch", "local wm", "acked", "report")
+        for client, c in kids:
+            state = "" if not c.dropped else (" (left)" if c.counts else " (dropped)")
+            t.add_row(
+                client,
+                c.child_id + state,
+                str(c.epoch),
+                str(c.local_watermark),
+                str(c.acked_position),
+                ago(c.reported_at, now),
+            )
+        out.print(t)
+    if not report.send and not report.sink:
+        out.print("no streams yet: no destinations, sources or traffic")
+    if any(x.slow and x.state != StreamState.DROPPED for x in report.send):
+        out.print("! slow: past retention.soft_fraction of a retention limit")
+    if any(not x.configured for x in report.send) or any(not y.configured for y in report.sink):
+        out.print("* not in this config file")
