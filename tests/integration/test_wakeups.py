@@ -4,14 +4,14 @@ lost wake-up costs at most the safety poll, never an entry."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session
 
 from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine
-from lr_client.store import SQLAlchemyQueueStore, open_store, watches
+from lr_client.store import SQLAlchemyQueueStore, open_store, postgres, watches
 from lr_client.store.postgres import PostgresQueueStore
 from lr_client.store.sqlite import SQLiteQueueStore
 from lr_server import Site
@@ -116,14 +116,12 @@ def test_a_sqlite_watch_wakes_on_the_heads_it_watches_only(tmp_path: Path) -> No
 
 
 @pytest.fixture
-def pg_store(db_url: str) -> Iterator[SQLAlchemyQueueStore]:
-    if not db_url.startswith("postgresql"):
+def pg_store(store: SQLAlchemyQueueStore) -> SQLAlchemyQueueStore:
+    """A PostgreSQL store in a database of its own: notifications are per database."""
+    if store.dialect != "postgresql":
         pytest.skip("PostgreSQL's notifications")
-    st = open_store(create_engine(db_url))
-    st.create_schema()
-    st.register_sites(["b"])
-    yield st
-    st.close()
+    store.register_sites(["b"])
+    return store
 
 
 def test_transmits_notify_at_most_once_per_interval(
@@ -174,3 +172,38 @@ def test_transmits_notify_at_most_once_per_interval(
 
 def _message(payload: bytes) -> LRMessageWithDestinations:
     return LRMessageWithDestinations(payload, ["b"])
+
+
+def test_a_transmit_sends_no_notification_over_the_queues_limit(
+    pg_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the notification queue's limit (here: any use at all) a transmit notifies
+    nobody and still commits: a listener that stopped reading never fails the
+    application's transaction."""
+    rings: list[int] = []
+    watch = pg_store.watch_sends(lambda: rings.append(1))
+    assert watch is not None
+    limit = f"< {watches.QUEUE_USAGE_LIMIT})"
+    for name in ("_INSERT_NOTIFY", "_RESERVE_NOTIFY"):
+        sql = getattr(postgres, name)
+        assert limit in sql
+        monkeypatch.setattr(postgres, name, sql.replace(limit, "< 0)"))
+    client = RoutingQueueClient(pg_store, "a", "policy")
+    try:
+        wait_for(lambda: watch.listening and rings == [1], what="the watch started")
+        monkeypatch.setattr(watches, "NOTIFY_INTERVAL", 0.0)  # each one would notify
+        with Session(pg_store.engine) as s, s.begin():
+            client.transmit_log_entry_message(s, b"1", ["b"])
+        with Session(pg_store.engine) as s, s.begin():
+            client.transmit_log_entry_messages(s, [_message(b"2"), _message(b"3")])
+        with pg_store.engine.begin() as conn:  # the marker, past the limit's reach
+            conn.exec_driver_sql(f"NOTIFY {watches.SENDS_CHANNEL}")
+        wait_for(lambda: len(rings) >= 2, what="the marker's wake-up", detail=lambda: rings)
+        assert len(rings) == 2  # the start and the marker: the transmits sent none
+        assert [e.payload for e in pg_store.read_log_entries("b", "policy", 0, 10)] == [
+            b"1",
+            b"2",
+            b"3",
+        ]
+    finally:
+        watch.close()
