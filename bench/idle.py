@@ -2,6 +2,7 @@
 
     python bench/idle.py [--backend sqlite|postgresql|both] [--grid 1x1,8x2,20x5]
                          [--members 1,3] [--seconds 120] [--settle-timeout 120]
+                         [--sink-backend same|sqlite]
                          [--json bench/results/idle.json]
 
 Per cell, sites configured as a user writes them (plaintext gRPC on loopback with
@@ -16,6 +17,11 @@ PostgreSQL only: a SQLite site runs one server, so those cells are skipped). Eac
 has its own database: a SQLite file in a temporary directory, or a database created on
 the PostgreSQL server at ``LR_BENCH_PG_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``) and dropped afterwards.
+
+PostgreSQL sites hold connections (a sink's database about 3 plus 3 per client of its
+subscriber): a cell that would not fit in the server's free connections is skipped and
+says so; ``--sink-backend sqlite`` keeps the sinks on SQLite files whatever the cell's
+backend (the source's figures are then those of PostgreSQL, the sinks' of SQLite).
 
 Nothing is transmitted. Once every sender session is connected and in log entry sync
 and every stream owned by its member (``lr status --json`` of the source) and every
@@ -37,7 +43,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -54,10 +59,10 @@ if str(ROOT) not in sys.path:
 
 import sqlalchemy  # noqa: E402
 from rich.console import Console  # noqa: E402
-from sqlalchemy import text  # noqa: E402
 
 from bench.common import DEFAULT_PG_URL, loadavg, machine_facts, write_json  # noqa: E402
 from bench.cpu_profile import process_cpu  # noqa: E402
+from bench.idle_pg import PgWatch, pg_connections_needed, pg_free_connections  # noqa: E402
 from bench.idle_report import (  # noqa: E402
     SINK,
     SOURCE,
@@ -68,13 +73,13 @@ from bench.idle_report import (  # noqa: E402
     idle_result,
     report,
 )
+from bench.idle_subscriber import Subscriber  # noqa: E402
 from bench.replicate import Databases, code_state, stop_process, write_site_config  # noqa: E402
-from lr_client import create_engine  # noqa: E402
 from lr_server.placement import TRIM_UNIT, place, stream_unit  # noqa: E402
 from lr_server.status import StreamState  # noqa: E402
 from lr_server.streams import SessionState  # noqa: E402
 from tests.kit.procs import ROOT as KIT_ROOT  # noqa: E402
-from tests.kit.procs import LrServer, lr_env, tail  # noqa: E402
+from tests.kit.procs import LrServer, lr_env  # noqa: E402
 from tests.kit.sites import free_port  # noqa: E402
 
 SOURCE_ID = "src"
@@ -100,6 +105,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--members", default="1,3", help="source members per cell, e.g. 1,3")
     p.add_argument("--seconds", type=float, default=120.0, help="the measured window")
     p.add_argument("--settle-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--sink-backend",
+        choices=["same", "sqlite"],
+        default="same",
+        help="the sinks' databases: the cell's backend, or SQLite files whatever it is "
+        "(PostgreSQL sinks hold connections by the dozen: see --help's description)",
+    )
     p.add_argument("--json", "--out", dest="json", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     args.members = [int(m) for m in str(args.members).split(",")]
@@ -137,40 +149,6 @@ def lr(*cmd: str, timeout: float = 120.0) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"lr {' '.join(cmd)} failed ({proc.returncode}): {proc.stderr}")
     return proc.stdout
-
-
-@dataclass
-class Subscriber:
-    """A subscriber process of one sink (:mod:`bench.idle_subscriber`)."""
-
-    name: str
-    log_path: Path
-    proc: subprocess.Popen[bytes]
-
-    @classmethod
-    def start(cls, name: str, url: str, clients: Sequence[str], workdir: Path) -> Subscriber:
-        log_path = workdir / f"{name}.log"
-        with log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.idle_subscriber", "--url", url,
-                 "--clients", ",".join(clients)],
-                stdout=log, stderr=subprocess.STDOUT, env=lr_env(), cwd=KIT_ROOT,
-            )  # fmt: skip
-        return cls(name, log_path, proc)
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"subscriber {self.name} exited:\n{tail(self.log_path)}")
-        return "ready" in tail(self.log_path, 2000).split()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
 
 
 @dataclass
@@ -233,55 +211,19 @@ def wait_settled(cfg: Path, running: Running, dests: Sequence[str], clients: Seq
                  members: Sequence[str] | None, timeout: float) -> None:  # fmt: skip
     deadline = time.monotonic() + timeout
     status: dict[str, Any] = {}
+    seen = ""
     while True:
         running.check_alive()
-        status = json.loads(lr("status", "--config", str(cfg), "--json"))
+        try:
+            status = json.loads(lr("status", "--config", str(cfg), "--json"))
+            seen = json.dumps(status)[:3000]
+        except RuntimeError as exc:  # the database refused it (too many clients): again
+            status, seen = {}, str(exc)
         if settled(status, dests, clients, members) and all(s.ready() for s in running.subscribers):
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"not settled after {timeout:g} s: {json.dumps(status)[:3000]}")
+            raise RuntimeError(f"not settled after {timeout:g} s: {seen}")
         time.sleep(STATUS_INTERVAL)
-
-
-# -- the database's side -----------------------------------------------------------------------
-
-
-class PgWatch:
-    """Transactions and connections of the sites' databases (``pg_stat_database``,
-    ``pg_stat_activity``), read from the admin database."""
-
-    def __init__(self, admin_url: str, databases: dict[str, tuple[str, str]]) -> None:
-        self.databases = databases  # database name -> (role, site)
-        self.engine = create_engine(
-            admin_url, poolclass=sqlalchemy.pool.NullPool, isolation_level="AUTOCOMMIT"
-        )
-        self.conn = self.engine.connect()
-        self.connections_max = dict.fromkeys(databases, 0)
-
-    def transactions(self) -> dict[str, int]:
-        rows = self.conn.execute(
-            text(
-                "SELECT datname, xact_commit + xact_rollback FROM pg_stat_database "
-                "WHERE datname = ANY(:names)"
-            ),
-            {"names": list(self.databases)},
-        ).all()
-        return {str(r[0]): int(r[1]) for r in rows}
-
-    def sample_connections(self) -> None:
-        rows = self.conn.execute(
-            text(
-                "SELECT datname, count(*) FROM pg_stat_activity WHERE datname = ANY(:names) "
-                "GROUP BY datname"
-            ),
-            {"names": list(self.databases)},
-        ).all()
-        for name, count in rows:
-            self.connections_max[str(name)] = max(self.connections_max[str(name)], int(count))
-
-    def close(self) -> None:
-        self.conn.close()
-        self.engine.dispose()
 
 
 def measure(running: Running, seconds: float, watch: PgWatch | None) -> IdleCell:
@@ -321,15 +263,23 @@ def run_cell(args: argparse.Namespace, backend: str, dests_n: int, clients_n: in
     if backend == "sqlite" and members_n > 1:
         return IdleCell(backend, dests_n, clients_n, members_n,
                         skipped="a SQLite site runs one server")  # fmt: skip
+    sink_backend = backend if args.sink_backend == "same" else args.sink_backend
+    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
+    need = pg_connections_needed(backend, sink_backend, dests_n, clients_n, members_n)
+    if need and need > (free := pg_free_connections(pg_url)):
+        why = f"needs about {need} PostgreSQL connections, {free} free"
+        return IdleCell(backend, dests_n, clients_n, members_n, sink_backend=sink_backend,
+                        skipped=why)  # fmt: skip
     dests = [f"sink-{i}" for i in range(1, dests_n + 1)]
     clients = [f"client-{i}" for i in range(1, clients_n + 1)]
-    pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
     running = Running()
     # The directory outlives the stack: the processes stop (and the databases go) first.
     with tempfile.TemporaryDirectory(prefix="lr-idle-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         dbs = Databases(backend, stack, workdir, pg_url, own_databases=True)
-        urls = {site: dbs.new(site.replace("-", "_")) for site in [SOURCE_ID, *dests]}
+        sink_dbs = Databases(sink_backend, stack, workdir, pg_url, own_databases=True)
+        urls = {SOURCE_ID: dbs.new(SOURCE_ID)}
+        urls |= {d: sink_dbs.new(d.replace("-", "_")) for d in dests}
         ports = {d: free_port() for d in dests}
         stack.callback(running.stop)
         for d in dests:
@@ -356,7 +306,11 @@ def run_cell(args: argparse.Namespace, backend: str, dests_n: int, clients_n: in
         settle = time.monotonic() - started
         watch = None
         if backend == "postgresql":
-            names = {sqlalchemy.make_url(u).database or "": s for s, u in urls.items()}
+            names = {
+                sqlalchemy.make_url(u).database or "": s
+                for s, u in urls.items()
+                if u.startswith("postgresql")
+            }
             roles = {db: (SOURCE if s == SOURCE_ID else SINK, s) for db, s in names.items()}
             watch = PgWatch(pg_url, roles)
             stack.callback(watch.close)
@@ -364,6 +318,7 @@ def run_cell(args: argparse.Namespace, backend: str, dests_n: int, clients_n: in
     cell.backend, cell.destinations, cell.clients, cell.members = (
         backend, dests_n, clients_n, members_n,
     )  # fmt: skip
+    cell.sink_backend = sink_backend
     cell.settled_after_s = round(settle, 2)
     cell.loadavg_after = loadavg()
     return cell
@@ -385,7 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for dests_n, clients_n in args.grid:
             for members_n in args.members:
                 console.print(f"[dim]{backend} {dests_n}x{clients_n} members {members_n}[/]")
-                cells.append(run_cell(args, backend, dests_n, clients_n, members_n))
+                try:
+                    cells.append(run_cell(args, backend, dests_n, clients_n, members_n))
+                except RuntimeError as exc:  # reported in its row; the other cells go on
+                    why = " ".join(str(exc).split())
+                    console.print(f"[red]{why[:500]}[/]")
+                    failed = f"failed: {why[:300]}"
+                    cells.append(IdleCell(backend, dests_n, clients_n, members_n, skipped=failed))
     report(console, cells)
     at = datetime.now(UTC).isoformat(timespec="seconds")
     facts_by = {b: backend_facts(b) for b in args.backends}

@@ -64,6 +64,7 @@ class IdleCell:
     settled_after_s: float = 0.0  # first process started -> every session streaming
     processes: list[ProcessUse] = field(default_factory=list)
     databases: list[DbUse] = field(default_factory=list)  # empty on SQLite
+    sink_backend: str = ""  # the sinks' databases ("": the cell's backend)
     skipped: str = ""  # why the cell did not run ("" if it ran)
     loadavg_after: list[float] = field(default_factory=list)
 
@@ -168,7 +169,8 @@ def _met(cell: IdleCell) -> str:
 def report(console: Console, cells: Sequence[IdleCell]) -> None:
     rows = []
     for c in cells:
-        head = [c.backend, c.shape, str(c.members)]
+        sinks = f" (sinks: {c.sink_backend})" if c.sink_backend not in ("", c.backend) else ""
+        head = [c.backend + sinks, c.shape, str(c.members)]
         if c.skipped:
             rows.append([*head, *["-"] * 7, f"skipped: {c.skipped}"])
             continue
@@ -183,7 +185,7 @@ def report(console: Console, cells: Sequence[IdleCell]) -> None:
                 _pct(spread(c, SUBSCRIBER)),
                 _rate(db_per_second(c, SOURCE)),
                 _rate(db_per_second(c, SINK)),
-                f"{src_conn} / {max(sink_conn)}" if sink_conn else "n/a",
+                f"{src_conn} / {max(sink_conn) if sink_conn else 'n/a'}" if c.databases else "n/a",
                 _met(c),
             ]
         )

@@ -5,16 +5,18 @@
 Each client gets a :class:`lr_client.RoutingQueueSubscriber` with its default settings
 (poll interval, wake on arrival) over one engine, running in its own thread with a
 listener that accepts whatever it is given. Prints ``ready`` once every subscriber
-runs, and stops on SIGTERM or SIGINT.
+runs, and stops on SIGTERM or SIGINT. :class:`Subscriber` starts one and stops it.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +31,8 @@ from lr_client import (  # noqa: E402
     RoutingQueueSubscriber,
     create_engine,
 )
+from tests.kit.procs import ROOT as KIT_ROOT  # noqa: E402
+from tests.kit.procs import lr_env, tail  # noqa: E402
 
 
 class Accept(RoutingQueueListener):
@@ -43,6 +47,40 @@ class Accept(RoutingQueueListener):
         self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
     ) -> bool:
         return True
+
+
+@dataclass
+class Subscriber:
+    """A subscriber process of one sink (:mod:`bench.idle_subscriber`)."""
+
+    name: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls, name: str, url: str, clients: Sequence[str], workdir: Path) -> Subscriber:
+        log_path = workdir / f"{name}.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.idle_subscriber", "--url", url,
+                 "--clients", ",".join(clients)],
+                stdout=log, stderr=subprocess.STDOUT, env=lr_env(), cwd=KIT_ROOT,
+            )  # fmt: skip
+        return cls(name, log_path, proc)
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"subscriber {self.name} exited:\n{tail(self.log_path)}")
+        return "ready" in tail(self.log_path, 2000).split()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from bench.common import machine_facts, write_json
 from bench.idle import parse_args, parse_grid, settings, settled
+from bench.idle_pg import PG_MARGIN, pg_connections_needed
 from bench.idle_report import (
     SINK,
     SOURCE,
@@ -116,6 +117,21 @@ def test_idle_benchmark_reports_cpu_per_process_and_transactions(tmp_path: Path)
     assert "20.00 / 20.00" in shown and "missed: src" in shown
     assert "skipped: a SQLite site runs one server" in shown
     assert "0.50 / 0.33" in shown and "30.0" in shown and "9 / 4" in shown and "met" in shown
+
+
+def test_cells_on_postgresql_say_what_they_hold_and_where_their_sinks_are() -> None:
+    assert pg_connections_needed("sqlite", "sqlite", 20, 5, 1) == 0
+    assert pg_connections_needed("postgresql", "sqlite", 20, 5, 3) == 3 * 8 + PG_MARGIN
+    assert pg_connections_needed("postgresql", "postgresql", 8, 2, 1) == 8 + 8 * 9 + PG_MARGIN
+    mixed = cell("postgresql", 1, 1, 0.01)
+    mixed.databases = mixed.databases[:1]  # the sinks' are SQLite files: only the source's
+    mixed.sink_backend = "sqlite"
+    full = IdleCell("postgresql", 20, 5, 3, skipped="needs about 340 PostgreSQL connections")
+    console = Console(record=True, width=200)
+    report(console, [mixed, full])
+    shown = console.export_text()
+    assert "postgresql (sinks: sqlite)" in shown and "3 / n/a" in shown
+    assert "skipped: needs about 340 PostgreSQL connections" in shown
 
 
 def test_grid_cells_are_destinations_by_clients() -> None:
