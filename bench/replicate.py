@@ -287,8 +287,10 @@ def write_site_config(
     snapshot: str = "none",
     retention_max_entries: int | None = None,
     shared_reader: bool = True,
+    clients: Sequence[str] = (CLIENT,),
 ) -> Path:
-    """A site config with the product's replication and retry defaults (plaintext + token)."""
+    """A site config with the product's replication and retry defaults (plaintext + token);
+    each of ``clients`` a ``[[clients]]`` table with ``snapshot``."""
     lines = ["[site]", f"id = {_q(site_id)}", f"database_url = {_q(db_url)}"]
     if listen_port:
         lines.append(f'listen = "127.0.0.1:{listen_port}"')
@@ -297,10 +299,9 @@ def write_site_config(
         'transport = "plaintext"',
         'client_auth = "token"',
         f"token = {_q('token-' + site_id)}",
-        "[[clients]]",
-        f"name = {_q(CLIENT)}",
-        f"snapshot = {_q(snapshot)}",
     ]
+    for client in clients:
+        lines += ["[[clients]]", f"name = {_q(client)}", f"snapshot = {_q(snapshot)}"]
     for dest, port in destinations:
         lines += ["[[destinations]]", f"id = {_q(dest)}", f'address = "127.0.0.1:{port}"']
     for src in sources:
