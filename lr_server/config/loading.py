@@ -1,8 +1,8 @@
 """Reading a site config: the TOML file, then its tables in order, each checked as it is read.
 
 Each table is validated by pydantic against its class (lr_server.config.models),
-then the rules that join keys (lr_server.config.checks) are applied, in the
-order of docs/configuration.md's sections: the first fault is reported.
+then the rules that join it to the tables before it (lr_server.config.checks),
+in the order of ``SECTIONS``: the first fault is reported.
 """
 
 from __future__ import annotations
