@@ -507,3 +507,16 @@ def test_the_receiver_notifies_subscribers_unless_told_not_to(tmp_path: Path) ->
         assert server.store.notify_arrivals is False
     finally:
         server.store.close()
+
+
+@pytest.mark.parametrize("listen", [False, 0, [], 7000])
+def test_a_listen_that_is_not_a_string_is_refused(listen: object) -> None:
+    """Only an empty string means "send only"; false or 0 is not taken for it."""
+    raw = base()
+    del raw["sources"]
+    raw["site"]["listen"] = listen
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert str(info.value) == f"site.listen: expected host:port, got {listen!r}"
+    raw["site"]["listen"] = ""
+    assert parse_config(raw).listen == ""
