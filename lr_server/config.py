@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from lr_client.cascade_roles import CascadeRole as CascadeRole  # re-exported: defined once there
 from lr_client.errors import ConfigError, InvalidNameError
 from lr_client.lanes import MAX_LANES
 from lr_client.names import validate_name
@@ -215,14 +216,6 @@ class MembersConfig:
     weight: int = 1  # share of the units (relative); `lr members weight` changes it at run time
     lease_timeout: float = 5.0  # seconds without a heartbeat after which a member is gone
     heartbeat_interval: float = 1.0  # seconds between heartbeats (and placement rounds)
-
-
-class CascadeRole(enum.StrEnum):
-    """A node's place in a cascaded client's set (docs/cascading.md)."""
-
-    ROOT = "root"  # originates the client: its application transmits
-    BRANCH = "branch"  # applies the client and forwards it to the nodes below
-    LEAF = "leaf"  # applies only
 
 
 CASCADE_KEYS = ("root", "nodes", "branches")
