@@ -22,8 +22,7 @@ import enum
 from collections.abc import Callable, Iterable, Sequence
 
 from sqlalchemy import bindparam, column, select, table, text, update
-from sqlalchemy.engine import Connection
-from sqlalchemy.engine.base import NestedTransaction
+from sqlalchemy.engine import Connection, NestedTransaction
 from sqlalchemy.exc import DBAPIError
 
 #: SQLSTATE of a lock not granted within ``lock_timeout``.
