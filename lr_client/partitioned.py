@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import threading
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import Connection
 
 from lr_client.collector import collector_paused
 from lr_client.delivery import Plan, PlanKind, messages, plan_delivery
+from lr_client.listener_calls import ListenerCalls
 from lr_client.partition_window import Window
-from lr_client.partitioners import partition_of
+from lr_client.partitioners import Partitioner, partition_of
+from lr_client.queue_leases import QueueLeases
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
-
-    from lr_client.subscriber import RoutingQueueSubscriber
+from lr_client.store import SubscriberQueues
 
 _LOG = ReplicationType.LOG_ENTRY_SYNC
 #: A partition's window holds at most this many batches of it (see
@@ -58,10 +57,23 @@ def is_keyed(entry: HeadEntry) -> bool:
 
 
 class PartitionedDelivery:
-    """The two transactions of delivery by partition, for one subscriber."""
+    """The two transactions of delivery by partition, for one subscriber: its store, its
+    listener (``calls``) and its leases (``leases``: their owner and partition count)."""
 
-    def __init__(self, subscriber: RoutingQueueSubscriber) -> None:
-        self.sub = subscriber
+    def __init__(
+        self,
+        store: SubscriberQueues,
+        calls: ListenerCalls,
+        leases: QueueLeases,
+        *,
+        partitioner: Partitioner,
+        batch_size: int,
+        batch_max_bytes: int,
+    ) -> None:
+        self.store, self.calls, self.leases = store, calls, leases
+        self.owner, self.partitions = leases.owner, leases.partitions
+        self.partitioner = partitioner
+        self.batch_size, self.batch_max_bytes = batch_size, batch_max_bytes
         #: Per thread: whether its last partition delivery stopped below a barrier.
         self.local = threading.local()
         #: {(queue id, partition): its delivered_seq} as last committed or read here.
@@ -74,7 +86,7 @@ class PartitionedDelivery:
         #: SQLite has one writer: this subscriber's workers wait for it here, each
         #: woken as the one before commits (SQLite's busy handler sleeps and polls).
         self.writer: AbstractContextManager[object] = (
-            threading.Lock() if subscriber.store.single_writer else nullcontext()
+            threading.Lock() if store.single_writer else nullcontext()
         )
 
     def forget(self, queue_id: int) -> None:
@@ -97,7 +109,7 @@ class PartitionedDelivery:
             return window
 
     def _make_window(self, queue_id: int) -> Window:
-        sub, store, count = self.sub, self.sub.store, self.sub.partitions
+        store, count = self.store, self.partitions
         with store.read() as conn:
             marks = store.load_partitions(conn, queue_id)
         if sorted(marks) != list(range(count)):
@@ -107,27 +119,27 @@ class PartitionedDelivery:
             self.marks[(queue_id, p)] = marks[p]
         # Small payloads come with the read (within batch_max_bytes / N in all): the
         # others are read for the entries taken only.
-        limit, inline = sub.batch_size * count, sub.batch_max_bytes // count
+        limit, inline = self.batch_size * count, self.batch_max_bytes // count
 
         def read(after: int, limit: int) -> list[HeadEntry]:
             with store.read() as conn:
                 return store.scan_entries(conn, queue_id, after, limit, inline)
 
         def partition(key: bytes) -> int:
-            return partition_of(sub.partitioner, key, count)
+            return partition_of(self.partitioner, key, count)
 
-        return Window(marks, read, partition, limit, cap=WINDOW_BATCHES * sub.batch_size)
+        return Window(marks, read, partition, limit, cap=WINDOW_BATCHES * self.batch_size)
 
     def deliver_partition(self, queue: QueueInfo, partition: int, attempt: int) -> int | None:
         """Deliver the next keyed entries of ``partition``: how many, 0 if it only
         passed other partitions' entries, None if it stands at a barrier or the end."""
-        sub, store, qid = self.sub, self.sub.store, queue.queue_id
+        store, qid = self.store, queue.queue_id
         window = self._window(qid)
         previous = self.marks.get((qid, partition))
         if previous is None:
             raise Conflict  # the window was made without it: made again
         self.local.at_barrier = False
-        took = window.take(partition, previous, sub.batch_size)
+        took = window.take(partition, previous, self.batch_size)
         if took is None:
             return None
         self.local.at_barrier = took.at_barrier
@@ -141,7 +153,7 @@ class PartitionedDelivery:
         size = 0
         for e in took.entries:
             payload = payloads.get(e.seq, e.payload)
-            if kept and size + len(payload) > sub.batch_max_bytes:
+            if kept and size + len(payload) > self.batch_max_bytes:
                 upto = e.seq - 1
                 self.local.at_barrier = False
                 break
@@ -155,11 +167,11 @@ class PartitionedDelivery:
         with store.late_write(self.writer) as conn:
             if kept:
                 plan = Plan(PlanKind.LOG, seqs, messages(queue, kept), "", False, False, False)
-                sub._call_listener(conn, queue, plan, attempt, partition=partition)
+                self.calls.call(conn, queue, plan, attempt, partition=partition)
             if not store.save_partition(
                 conn,
                 qid,
-                sub.owner,
+                self.owner,
                 partition,
                 previous_seq=previous,
                 delivered_seq=upto,
@@ -177,7 +189,7 @@ class PartitionedDelivery:
         there, apart, and another partition count would be refused though the
         queue is drained. Nothing is above it, so nothing is passed undelivered.
         """
-        store, owner = self.sub.store, self.sub.owner
+        store, owner = self.store, self.owner
         if store.peek_head(conn, queue_id, after=min(marks.values())) is not None:
             return
         high = max(marks.values())
@@ -195,14 +207,14 @@ class PartitionedDelivery:
     def deliver_barrier(self, queue: QueueInfo, attempt: int) -> int | None:
         """Deliver the entries every partition waits for, once all stand below them:
         how many messages, or None if they are not all there yet (or none waits)."""
-        sub, store, qid = self.sub, self.sub.store, queue.queue_id
-        count = sub.partitions
+        store, qid, owner = self.store, queue.queue_id, self.owner
+        count = self.partitions
         with self.writer, store.write() as conn:
             # Held: another worker's barrier run commits the state and the marks
             # together, so both are read after it, never the marks alone (a full
             # sync would start twice).
             state = store.load_state(conn, qid, lock=True)
-            if state.lease_owner != sub.owner:
+            if state.lease_owner != owner:
                 raise LeaseLost
             marks = store.load_partitions(conn, qid)
             if len(marks) != count:
@@ -218,7 +230,7 @@ class PartitionedDelivery:
                 store.save_barrier(
                     conn,
                     qid,
-                    sub.owner,
+                    owner,
                     count=count,
                     previous_seq=low,
                     delivered_seq=low,
@@ -230,22 +242,24 @@ class PartitionedDelivery:
             if head is None or is_keyed(head):
                 return None
             with collector_paused():  # a batch of new objects: scanned once, after
-                entries = store.read_head(conn, qid, sub.batch_size, sub.batch_max_bytes, after=low)
+                entries = store.read_head(
+                    conn, qid, self.batch_size, self.batch_max_bytes, after=low
+                )
                 run = []
                 for e in entries:
                     if is_keyed(e):
                         break
                     run.append(e)
-                if not run or sub._waits_for_end(conn, qid, state, run):
+                if not run or self.calls.waits_for_end(conn, qid, state, run):
                     return None
                 plan = plan_delivery(queue, state, run)
             if plan.kind is not PlanKind.STALE:
-                sub._call_listener(conn, queue, plan, attempt, partition=None)
-            expires = sub._lease_expiry()
+                self.calls.call(conn, queue, plan, attempt, partition=None)
+            expires = self.leases.expiry()
             if not store.save_barrier(
                 conn,
                 qid,
-                sub.owner,
+                owner,
                 count=count,
                 previous_seq=low,
                 delivered_seq=plan.seqs[-1],
@@ -259,7 +273,7 @@ class PartitionedDelivery:
         for p in range(count):
             self.marks[(qid, p)] = plan.seqs[-1]
         self.windows.pop(qid, None)  # made again from the marks, all above the barrier
-        sub._lease_renewed(qid, expires)
+        self.leases.renewed(qid, expires)
         return len(plan.messages)
 
 

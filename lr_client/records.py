@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import InvalidPartitionKeyError, InvalidPayloadError, PayloadTooLargeError
 
 
@@ -397,7 +398,7 @@ class CascadeNode:
 
     client_name: str
     origin_id: str  # the root of the set: relayed entries keep its id and positions
-    role: str  # "root", "branch" or "leaf"
+    role: CascadeRole
     provider_id: str = ""  # the node this one receives the client from ("" at the root)
     epoch: int = 0  # raised by every provider switch
     config_provider: str = ""  # the provider the configuration named when last applied
@@ -410,7 +411,7 @@ class CascadeRoute:
     """Where a cascaded client's entries may be transmitted, as this node's database knows it."""
 
     origin_id: str  # the root: the one node whose application transmits the client
-    role: str  # this node's role: "root", "branch" or "leaf"
+    role: CascadeRole  # this node's role
     nodes: tuple[str, ...] | None = None  # the set's nodes but the root (None: not recorded)
 
 

@@ -11,6 +11,7 @@ from typing import Protocol, overload
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
+from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import (
     BackpressureError,
     CascadeRouteError,
@@ -158,7 +159,7 @@ class RoutingQueueClient:
         """Why ``route`` refuses a transmit to ``names`` ('' if it does not)."""
         if route is None:
             return ""
-        if route.role != "root" or route.origin_id != self.source_id:
+        if route.role != CascadeRole.ROOT or route.origin_id != self.source_id:
             return (
                 f"{self.client_name!r} is cascaded from its root {route.origin_id}: only the "
                 f"root transmits it, not {self.source_id} (a {route.role} of its set)"

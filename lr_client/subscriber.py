@@ -38,22 +38,18 @@ from typing import Protocol
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
 from lr_client.collector import collector_paused
-from lr_client.delivery import Plan, PlanKind, awaits_end, plan_delivery
+from lr_client.delivery import Plan, PlanKind, plan_delivery
 from lr_client.doorbell import Doorbell
-from lr_client.errors import (
-    InvalidInputError,
-    ListenerError,
-    PartitionCountError,
-    StoreUnavailableError,
-)
-from lr_client.listener import RoutingQueueListener, takes_base_position
+from lr_client.errors import InvalidInputError, PartitionCountError, StoreUnavailableError
+from lr_client.listener import RoutingQueueListener
+from lr_client.listener_calls import PARTITION_INFO_KEY, ListenerCalls
 from lr_client.names import validate_name
 from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
 from lr_client.partitioners import Partitioner, load_partitioner
-from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
+from lr_client.queue_leases import QueueLeases
+from lr_client.records import QueueInfo, ReplicationType, SubscriberState
 from lr_client.store import Sites, SubscriberQueues, open_store
 from lr_client.store.lifecycle import SchemaStatus
 from lr_client.store.watches import Watch
@@ -88,26 +84,11 @@ _LeaseLost = LeaseLost
 #: The queue's state changed under the delivery (its lease lost, or another
 #: delivery committed first): roll back, then take the lease again or leave it.
 _Conflict = Conflict
-#: The key of :meth:`session.info <sqlalchemy.orm.Session.info>` that tells a listener
-#: the partition it is called for (None: entries every partition waited for).
-PARTITION_INFO_KEY = "lr_partition"
-
 #: Seconds between raises of a queue's own ``delivered_seq`` to the minimum over its
 #: partitions while they deliver (it lags by at most this; never runs ahead).
 QUEUE_MARK_INTERVAL = 0.5
 #: Seconds at most between looks at the stop event while idle.
 STOP_CHECK = 0.1
-
-
-def _awaits_end(
-    store: SubscriberQueues,
-    conn: Connection,
-    queue_id: int,
-    state: SubscriberState,
-    head: HeadEntry | None,
-) -> bool:
-    """:func:`~lr_client.delivery.awaits_end`, asking the store whether the end arrived."""
-    return awaits_end(state, head, lambda sid: store.has_snapshot_end(conn, queue_id, sid))
 
 
 def default_owner() -> str:
@@ -201,10 +182,6 @@ class RoutingQueueSubscriber:
             self.store = engine
         self.client_name = validate_name(client_name, "client name")
         self.listener = listener
-        #: Whether the listener's start and end callbacks take ``base_position`` (else
-        #: they have the older signature and are called without it).
-        self._base_at_start = takes_base_position(listener.on_full_sync_start)
-        self._base_at_end = takes_base_position(listener.on_full_sync_end)
         self.batch_size = batch_size
         self.snapshot_batch_size = snapshot_batch_size
         self.batch_max_bytes = batch_max_bytes
@@ -217,7 +194,6 @@ class RoutingQueueSubscriber:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.retry_jitter = retry_jitter
-        self._lease_until: dict[int, float] = {}  # wall clock, as stored in the lease row
         self._failures: dict[object, int] = {}  # by queue id, or (queue id, partition)
         self._retry_at: dict[object, float] = {}  # monotonic
         self._awaiting: set[int] = set()  # queues whose head snapshot lacks its end
@@ -228,8 +204,20 @@ class RoutingQueueSubscriber:
         self.workers = min(partitions, workers or partitions)
         if self.workers < 1:
             raise InvalidInputError("workers must be at least 1")
-        self._partitioned = PartitionedDelivery(self)
-        self._lease_lock = threading.Lock()
+        self._calls = ListenerCalls(
+            listener,
+            self.store,
+            whole_snapshots=self.snapshot_delivery is SnapshotDelivery.COMPLETE,
+        )
+        self._leases = QueueLeases(self.store, self.owner, lease_seconds, partitions)
+        self._partitioned = PartitionedDelivery(
+            self.store,
+            self._calls,
+            self._leases,
+            partitioner=self.partitioner,
+            batch_size=batch_size,
+            batch_max_bytes=batch_max_bytes,
+        )
         #: Rung when a partition commits (workers waiting at a barrier look again), when
         #: entries arrive (``wake_on_arrival``) and at the stop.
         self._doorbell = Doorbell()
@@ -294,9 +282,14 @@ class RoutingQueueSubscriber:
             if left <= 0 or self._doorbell.wait(turn, min(left, STOP_CHECK)):
                 return
 
+    @property
+    def _lease_until(self) -> dict[int, float]:
+        """{queue id: the expiry of this subscriber's lease of it}, as last taken or renewed."""
+        return self._leases.until
+
     def release_leases(self) -> None:
         """Let other subscribers take this one's queues at once."""
-        self._lease_until.clear()
+        self._leases.until.clear()
         try:
             with self.store.write() as conn:
                 self.store.release_leases(conn, self.owner)
@@ -422,7 +415,7 @@ class RoutingQueueSubscriber:
                 except PartitionCountError:
                     raise
                 except _LeaseLost:
-                    self._lease_until.pop(qid, None)
+                    self._leases.lost(qid)
                     self._partitioned.forget(qid)
                     break
                 except _Conflict:  # retried at its next turn
@@ -483,10 +476,10 @@ class RoutingQueueSubscriber:
                 delivered += n
                 progressed = True
         except _LeaseLost:
-            self._lease_until.pop(qid, None)
+            self._leases.lost(qid)
         except _Conflict:
             log.debug("queue %s changed during delivery; retrying", queue.queue_name)
-            self._lease_until.pop(qid, None)
+            self._leases.lost(qid)
             progressed = True
         except PartitionCountError:
             raise
@@ -504,40 +497,7 @@ class RoutingQueueSubscriber:
             return self.store.has_entries(conn, queue_id)
 
     def _hold_lease(self, queue_id: int) -> bool:
-        with self._lease_lock:
-            now = time.time()
-            if self._lease_until.get(queue_id, 0.0) - now > self.lease_seconds / 2:
-                return True
-            with self.store.write() as conn:
-                expires = self.store.acquire_lease(
-                    conn, queue_id, self.owner, now, self.lease_seconds
-                )
-                if expires is not None:
-                    # The partition count of the queue: refused (and the lease not
-                    # taken) if it differs and the queue is not drained.
-                    self.store.claim_partitions(conn, queue_id, self.partitions)
-            if expires is None:
-                self._lease_until.pop(queue_id, None)
-                return False
-            self._lease_until[queue_id] = expires
-            return True
-
-    def _lease_expiry(self) -> float:
-        return time.time() + self.lease_seconds
-
-    def _lease_renewed(self, queue_id: int, expires: float) -> None:
-        self._lease_until[queue_id] = expires
-
-    def _waits_for_end(
-        self, conn: Connection, queue_id: int, state: SubscriberState, entries: list[HeadEntry]
-    ) -> bool:
-        """Whether a full sync at the head must wait for its end (``"complete"`` delivery)."""
-        if self.snapshot_delivery is not SnapshotDelivery.COMPLETE:
-            return False
-        first = entries[0]
-        ends = ReplicationType.LAST_FULL_SYNC_ENTRY
-        whole = any(e.type is ends and e.snapshot_id == first.snapshot_id for e in entries)
-        return not whole and _awaits_end(self.store, conn, queue_id, state, first)
+        return self._leases.hold(queue_id)
 
     def _fail(self, queue_id: object, error: BaseException) -> None:
         failures = self._failures.get(queue_id, 0) + 1
@@ -565,7 +525,7 @@ class RoutingQueueSubscriber:
             qid = queue.queue_id
             if qid in self._awaiting:
                 # Waiting for a snapshot's end: look at the head alone, not a whole batch.
-                if _awaits_end(self.store, conn, qid, state, self.store.peek_head(conn, qid)):
+                if self._calls.awaits_end(conn, qid, state, self.store.peek_head(conn, qid)):
                     return None
                 self._awaiting.discard(qid)
             with collector_paused():  # a batch of new objects: scanned once, after
@@ -580,8 +540,8 @@ class RoutingQueueSubscriber:
                     queue.queue_name,
                 )
             else:
-                self._call_listener(conn, queue, plan, attempt)
-            expires = time.time() + self.lease_seconds
+                self._calls.call(conn, queue, plan, attempt)
+            expires = self._leases.expiry()
             saved = self.store.save_state(
                 conn,
                 queue.queue_id,
@@ -598,7 +558,7 @@ class RoutingQueueSubscriber:
             )
             if not saved:
                 raise _Conflict
-        self._lease_until[queue.queue_id] = expires
+        self._leases.renewed(queue.queue_id, expires)
         return len(plan.messages)
 
     def _read_plan(self, conn: Connection, queue: QueueInfo, state: SubscriberState) -> Plan | None:
@@ -613,81 +573,10 @@ class RoutingQueueSubscriber:
             return None
         if len(entries) > self.batch_size and entries[0].type is not _SNAPSHOT_ENTRY:
             entries = entries[: self.batch_size]  # log entries: batch_size per callback
-        if self._waits_for_end(conn, qid, state, entries):
+        if self._calls.waits_for_end(conn, qid, state, entries):
             self._awaiting.add(qid)
             return None
         return plan_delivery(queue, state, entries)
-
-    def _call_listener(
-        self,
-        conn: Connection,
-        queue: QueueInfo,
-        plan: Plan,
-        attempt: int,
-        partition: int | None = None,
-    ) -> None:
-        listener, source = self.listener, queue.source_id
-        txn = conn.get_transaction()
-        session = Session(bind=conn, join_transaction_mode="rollback_only")
-        session.info[PARTITION_INFO_KEY] = partition
-
-        def failed(callback: str, message: str) -> ListenerError:
-            return ListenerError(
-                f"{callback} for {queue.queue_name} (seq {plan.seqs[0]}..{plan.seqs[-1]}, "
-                f"attempt {attempt}): {message}",
-                source_id=source,
-                client_name=queue.client_name,
-                callback=callback,
-                first_seq=plan.seqs[0],
-                last_seq=plan.seqs[-1],
-                attempt=attempt,
-            )
-
-        callback = ""
-        try:
-            if plan.start:
-                callback = "on_full_sync_start"
-                if self._base_at_start:
-                    base = plan.base_position
-                    if base is None:  # not on its entries: the end marker's, if queued
-                        base = self.store.snapshot_base(conn, queue.queue_id, plan.snapshot_id)
-                    listener.on_full_sync_start(
-                        session, source, plan.snapshot_id, base_position=base
-                    )
-                else:
-                    listener.on_full_sync_start(session, source, plan.snapshot_id)
-            if plan.kind is PlanKind.DROP:
-                callback = "on_stream_dropped"
-                notice = plan.messages[0]
-                listener.on_stream_dropped(
-                    session, source, notice.source_position, notice.payload.decode()
-                )
-            elif plan.messages:
-                if plan.kind is PlanKind.LOG:
-                    callback = "process_log_entries"
-                    ok = listener.process_log_entries(session, source, plan.messages)
-                else:
-                    callback = "process_full_sync"
-                    ok = listener.process_full_sync(session, source, plan.messages)
-                if not ok:
-                    raise failed(callback, f"returned {ok!r}")
-            if plan.end:
-                callback = "on_full_sync_end"
-                if self._base_at_end:
-                    listener.on_full_sync_end(
-                        session, source, plan.snapshot_id, base_position=plan.base_position
-                    )
-                else:
-                    listener.on_full_sync_end(session, source, plan.snapshot_id)
-            session.flush()
-        except ListenerError:
-            raise
-        except Exception as exc:
-            raise failed(callback, f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            session.close()
-        if txn is None or not txn.is_active:
-            raise failed(callback, "the listener rolled back the delivery transaction")
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lr_client._proto import replication_pb2 as pb
+from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import LRError, PermissionDeniedError, ProtocolError, TransportError
 from lr_server import metrics, watermarks
 from lr_server.config import SiteConfig
@@ -61,10 +62,10 @@ def delivered_position(store: QueueStore, node: CascadeNode) -> int:
     """This node's own position of the client: the root's head; a branch's delivered
     origin position (at most what it received); a leaf's received position (what it
     received and has not delivered waits in its own queue: it needs only what follows)."""
-    if node.role == "root":
+    if node.role == CascadeRole.ROOT:
         return store.head_position()
     received = store.sink_progress(node.origin_id, node.client_name).last_position
-    if node.role == "branch":
+    if node.role == CascadeRole.BRANCH:
         return min(received, store.relay_delivered_position(node.client_name, node.origin_id))
     return received
 
@@ -77,7 +78,7 @@ def node_watermarks(
     now = time.time() if now is None else now
     delivered = delivered_position(store, node)
     children = children_of(store, node.client_name)
-    if node.role == "root":
+    if node.role == CascadeRole.ROOT:
         return watermarks.global_watermark(delivered, children, now, grace), delivered
     return watermarks.local_watermark(delivered, children, now, grace), delivered
 
@@ -88,7 +89,7 @@ def branch_floor(store: QueueStore, config: SiteConfig, client_name: str) -> int
     delivered position, what the children that count still need); None unless this node
     is a branch of the client."""
     node = store.cascade_node(client_name)
-    if node is None or node.role != "branch":
+    if node is None or node.role != CascadeRole.BRANCH:
         return None
     children = children_of(store, client_name)
     return watermarks.relay_floor(
@@ -145,7 +146,7 @@ def serve_report(
             f"epoch {current}"
         )
     grace = config.replication.cascade_grace
-    if node.role == "root":
+    if node.role == CascadeRole.ROOT:
         global_wm, _ = node_watermarks(store, node, grace)
         store.set_global_watermark(client, global_wm)
     else:
@@ -162,7 +163,7 @@ def report_once(
     """Report ``node``'s client to its provider and store the reply's global watermark
     (the root computes its own); the global watermark, or None if the call failed."""
     grace = config.replication.cascade_grace
-    if node.role == "root":
+    if node.role == CascadeRole.ROOT:
         global_wm, _ = node_watermarks(store, node, grace)
         store.set_global_watermark(node.client_name, global_wm)
         metrics.CASCADE_WATERMARK.labels(node.client_name, "global").set(global_wm)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lr_client._proto import replication_pb2 as pb
+from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import FencedError
 from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
@@ -193,7 +194,7 @@ class SiteServer:
         (configured, or adopted at run time), less those it left (dropped)."""
         out = {}
         for node in self.store.list_cascade_nodes():
-            if node.role == "leaf":
+            if node.role == CascadeRole.LEAF:
                 continue
             children = {ch.child_id: ch for ch in self.store.cascade_children(node.client_name)}
             child = children.get(dest_id)
@@ -237,7 +238,7 @@ class SiteServer:
         """Release what every node below has of the clients this node relays."""
         done = 0
         for node in self.store.list_cascade_nodes():
-            if node.role == "branch":
+            if node.role == CascadeRole.BRANCH:
                 extra = self.relay_extra_floor(node.client_name)
                 done += self.store.trim_relay(node.client_name, node.origin_id, extra)
         return done

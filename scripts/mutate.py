@@ -225,8 +225,18 @@ TARGETS: dict[str, Target] = {
         (("LR_COMMIT_ORDER_EXAMPLES", "20"),),
     ),
     "subscriber": Target(
-        ["lr_client/delivery.py", "lr_client/subscriber.py"],
-        ["lr_client.delivery.*", "lr_client.subscriber.*"],
+        [
+            "lr_client/delivery.py",
+            "lr_client/subscriber.py",
+            "lr_client/listener_calls.py",
+            "lr_client/queue_leases.py",
+        ],
+        [
+            "lr_client.delivery.*",
+            "lr_client.subscriber.*",
+            "lr_client.listener_calls.*",
+            "lr_client.queue_leases.*",
+        ],
         [
             "tests/unit/test_delivery_plan.py",
             "tests/integration/test_subscriber.py",

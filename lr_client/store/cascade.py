@@ -42,6 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
+from lr_client.cascade_roles import CascadeRole
 from lr_client.names import recv_queue_name, validate_name
 from lr_client.records import CascadeChild, CascadeNode, CascadeRoute, ReplicationType, SendEntry
 from lr_client.store import schema as s
@@ -49,7 +50,6 @@ from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import fill, sized, within
 
 _R, _C, _K, _G = s.recv_entries, s.cascade, s.cascade_children, s.queue_registry
-ROLES = ("root", "branch", "leaf")
 _LOG = int(ReplicationType.LOG_ENTRY_SYNC)
 _END = int(ReplicationType.LAST_FULL_SYNC_ENTRY)
 #: A queue's highest ``seq`` (the index on (queue_id, seq) serves it).
@@ -71,7 +71,8 @@ def transmit_route(conn: Connection, client_name: str) -> CascadeRoute | None:
     if row is None:
         return None
     nodes = _recorded_nodes(conn).get(client_name)
-    return CascadeRoute(row.origin_id, row.role, None if nodes is None else tuple(nodes))
+    route_nodes = None if nodes is None else tuple(nodes)
+    return CascadeRoute(row.origin_id, CascadeRole(row.role), route_nodes)
 
 
 def relayed_queue_ids(conn: Connection, client_name: str | None = None) -> list[int]:
@@ -82,7 +83,7 @@ def relayed_queue_ids(conn: Connection, client_name: str | None = None) -> list[
         and_(
             _C.c.client_name == _G.c.client_name,
             _C.c.origin_id == _G.c.source_id,
-            _C.c.role == "branch",
+            _C.c.role == CascadeRole.BRANCH.value,
         ),
     )
     if client_name is not None:
@@ -98,7 +99,7 @@ _RELAYED = (
         and_(
             _C.c.client_name == _G.c.client_name,
             _C.c.origin_id == _G.c.source_id,
-            _C.c.role == "branch",
+            _C.c.role == CascadeRole.BRANCH.value,
         ),
     )
     .where(_G.c.queue_id == bindparam("qid"))
@@ -236,7 +237,7 @@ class CascadeStore(StoreBase):
         return CascadeNode(
             r.client_name,
             r.origin_id,
-            r.role,
+            CascadeRole(r.role),
             r.provider_id,
             int(r.epoch),
             r.config_provider,
@@ -259,8 +260,11 @@ class CascadeStore(StoreBase):
             validate_name(provider_id, "site id")
         for child in [*children, *(nodes or ())]:
             validate_name(child, "site id")
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        try:
+            role = CascadeRole(role).value
+        except ValueError:
+            roles = tuple(r.value for r in CascadeRole)
+            raise ValueError(f"role must be one of {roles}, not {role!r}") from None
         now = time.time()
         with self.write() as conn:
             row = conn.execute(

@@ -12,6 +12,7 @@ import time
 
 from sqlalchemy import select, update
 
+from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import InvalidInputError
 from lr_client.names import validate_name
 from lr_client.store import schema as s
@@ -94,7 +95,7 @@ class CascadeReportsStore(StoreBase):
             ).first()
             if row is None:
                 return None
-            if row.role == "root":
+            if row.role == CascadeRole.ROOT:
                 raise InvalidInputError(f"{client_name}: the root of a set has no provider")
             epoch = int(row.epoch) + 1
             conn.execute(

@@ -47,17 +47,22 @@ from sqlalchemy.exc import DBAPIError
 from lr_client.records import QueueSlot, ReplicationType
 from lr_client.store import schema as s
 from lr_client.store.cascade import relay_keep
-from lr_client.store.slot_ring import Reclaim, StateRow, next_slot
+from lr_client.store.slot_ring import (
+    Partitions,
+    Reclaim,
+    StateRow,
+    lock_not_available,
+    next_slot,
+)
 
 #: Partitions of the ring at most: a slot is added only when none is free.
 MAX_SLOTS = 16
 #: Seconds rotation waits for a partition's lock before it leaves it for next time.
 LOCK_TIMEOUT = 0.05
 
-_LOCK_NOT_AVAILABLE = "55P03"
-
 _CURRENT = "SELECT cur_slot FROM lrq_recv_state WHERE id = 1"
 _STATE = StateRow(s.recv_state.name)
+_PARTITIONS = Partitions(s.recv_entries.name, s.RECV_PARTITION_PREFIX, defaults=True)
 _LOCK_TIMEOUT = text("SELECT set_config('lock_timeout', :ms, true)")
 _SLOTS = text(
     "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
@@ -67,7 +72,7 @@ _SLOTS = text(
 
 def partition(slot: int) -> str:
     """The partition of ``slot`` (a number: the name is never built from input)."""
-    return f"{s.RECV_PARTITION_PREFIX}{int(slot)}"
+    return _PARTITIONS.name(slot)
 
 
 def current_slot(raw: Any) -> int:
@@ -128,10 +133,6 @@ def slot_sizes(conn: Connection) -> list[QueueSlot]:
     return out
 
 
-def _lock_not_available(exc: DBAPIError) -> bool:
-    return getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE
-
-
 def _truncate_if_passed(conn: Connection, slot: int) -> Reclaim:
     """Lock ``slot``, check it again and TRUNCATE it if every row of it is passed.
 
@@ -139,34 +140,15 @@ def _truncate_if_passed(conn: Connection, slot: int) -> Reclaim:
     """
     if not passed(conn, slot):
         return Reclaim.PINNED
-    savepoint = conn.begin_nested()
-    try:
-        conn.execute(text(f"LOCK TABLE {partition(slot)} IN ACCESS EXCLUSIVE MODE"))
-    except DBAPIError as exc:
-        savepoint.rollback()
-        if _lock_not_available(exc):
-            return Reclaim.BUSY
-        raise
+    savepoint = _PARTITIONS.lock(conn, slot)  # under the transaction's lock_timeout
+    if savepoint is None:
+        return Reclaim.BUSY
     if not passed(conn, slot):  # rows committed before our lock
         savepoint.rollback()
         return Reclaim.PINNED
-    conn.execute(text(f"TRUNCATE {partition(slot)}"))
+    _PARTITIONS.truncate(conn, slot)
     savepoint.commit()
     return Reclaim.FREED
-
-
-def _add_slot(conn: Connection, slot: int) -> None:
-    """A new, empty partition for ``slot``: created apart, then attached.
-
-    ``ATTACH PARTITION`` takes a SHARE UPDATE EXCLUSIVE lock of the parent,
-    which readers and writers do not conflict with (``CREATE TABLE ...
-    PARTITION OF`` would take an ACCESS EXCLUSIVE one).
-    """
-    name = partition(slot)
-    conn.execute(text(f"CREATE TABLE {name} (LIKE lrq_recv_entries INCLUDING DEFAULTS)"))
-    conn.execute(
-        text(f"ALTER TABLE lrq_recv_entries ATTACH PARTITION {name} FOR VALUES IN ({int(slot)})")
-    )
 
 
 def rotate(
@@ -202,7 +184,7 @@ def rotate(
                     ring,
                     others,
                     lambda x: _truncate_if_passed(conn, x),
-                    lambda x: _add_slot(conn, x),
+                    lambda x: _PARTITIONS.add(conn, x),
                     max_slots=max_slots,
                     busy_waits=True,
                 )
@@ -210,7 +192,7 @@ def rotate(
                     _STATE.switch(conn, chosen, now)
                 return chosen
         except DBAPIError as exc:
-            if _lock_not_available(exc):
+            if lock_not_available(exc):
                 return None
             raise
 

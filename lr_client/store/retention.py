@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import bindparam, case, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
+from lr_client.cascade_roles import CascadeRole
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, Fence, StreamStop
 from lr_client.store import schema as s
 from lr_client.store.snapshot_pool import SnapshotPoolStore
@@ -99,7 +100,9 @@ class RetentionStore(SnapshotPoolStore):
         caps = {
             r.client_name: int(r.global_watermark)
             for r in conn.execute(
-                select(c.c.client_name, c.c.global_watermark).where(c.c.role == "root")
+                select(c.c.client_name, c.c.global_watermark).where(
+                    c.c.role == CascadeRole.ROOT.value
+                )
             )
         }
         # Its entries go to every node of the set whatever sites they name, so each

@@ -439,7 +439,7 @@ cascade = Table(
     # One row per cascaded client at this node (revision 0013, docs/cascading.md).
     Column("client_name", String(63), primary_key=True),
     Column("origin_id", String(63), nullable=False),  # the root of the set
-    Column("role", String(16), nullable=False),  # root | branch | leaf
+    Column("role", String(16), nullable=False),  # a CascadeRole value: root, branch, leaf
     Column("provider_id", String(63), nullable=False, default=""),
     # Raised by every provider switch; a provider refuses relays of an older epoch's node.
     Column("epoch", BigInteger, nullable=False, default=0),

@@ -62,19 +62,17 @@ from typing import Any
 
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
 
 from lr_client.records import SnapshotStatus
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
+from lr_client.store.slot_ring import Partitions
 
 #: The statuses of a snapshot that ended: its entries are released.
 FINISHED_STATUSES = (SnapshotStatus.COMPLETED, SnapshotStatus.CANCELLED, SnapshotStatus.FAILED)
 #: How long a release waits for the lock of its partition (PostgreSQL) before
 #: leaving it to the next trim.
 RELEASE_LOCK_TIMEOUT = "50ms"
-#: SQLSTATE of a lock not granted within ``lock_timeout``.
-LOCK_NOT_AVAILABLE = "55P03"
 
 #: PostgreSQL: taking a slot, one transaction at a time (per schema).
 POOL_LOCK = text(
@@ -87,31 +85,20 @@ REQUEST_LOCK = text(
     "hashtextextended('lrq_snap_request:' || current_schema() || ':' || :client, 0))"
 )
 _EXISTS = text("SELECT to_regclass(:name) IS NOT NULL")
-_TIMEOUT = text("SELECT current_setting('lock_timeout')")
-_SET_TIMEOUT = text("SELECT set_config('lock_timeout', :value, true)")
+#: PostgreSQL's partitions of ``lrq_send_snapsync``, one per slot of the pool.
+_PARTITIONS = Partitions(s.send_snapsync.name, s.SNAPSYNC_PARTITION_PREFIX)
 
 
 def partition_name(slot: int) -> str:
     """The name of PostgreSQL's partition of ``slot``: made of the integer alone."""
-    if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
-        raise ValueError(f"a slot is a non-negative integer, got {slot!r}")
-    return f"{s.SNAPSYNC_PARTITION_PREFIX}{slot}"
+    return _PARTITIONS.name(slot)
 
 
 def pg_make_partition(conn: Connection, slot: int) -> None:
-    """Make slot ``slot``'s partition if it is missing (under the pool's lock).
-
-    Made apart, then attached: ATTACH takes the parent's SHARE UPDATE
-    EXCLUSIVE lock, which readers and writers of other slots do not conflict
-    with (``CREATE TABLE ... PARTITION OF`` would take ACCESS EXCLUSIVE).
-    """
-    name = partition_name(slot)
-    if conn.execute(_EXISTS, {"name": name}).scalar_one():
-        return
-    conn.exec_driver_sql(f"CREATE TABLE {name} (LIKE {s.send_snapsync.name})")
-    conn.exec_driver_sql(
-        f"ALTER TABLE {s.send_snapsync.name} ATTACH PARTITION {name} FOR VALUES IN ({slot})"
-    )
+    """Make slot ``slot``'s partition if it is missing (under the pool's lock), apart and
+    then attached (:meth:`~lr_client.store.slot_ring.Partitions.add`)."""
+    if not conn.execute(_EXISTS, {"name": partition_name(slot)}).scalar_one():
+        _PARTITIONS.add(conn, slot)
 
 
 def pg_truncate(conn: Connection, slot: int, count: bool) -> int | None:
@@ -120,20 +107,14 @@ def pg_truncate(conn: Connection, slot: int, count: bool) -> int | None:
     None if its lock was not granted within :data:`RELEASE_LOCK_TIMEOUT`
     (nothing changed). The caller's ``lock_timeout`` is restored.
     """
-    name = partition_name(slot)
-    before = conn.execute(_TIMEOUT).scalar_one()
+    savepoint = _PARTITIONS.lock(conn, slot, RELEASE_LOCK_TIMEOUT)
+    if savepoint is None:
+        return None
     n = 0
-    try:
-        with conn.begin_nested():
-            conn.execute(_SET_TIMEOUT, {"value": RELEASE_LOCK_TIMEOUT})
-            if count:
-                n = int(conn.exec_driver_sql(f"SELECT count(*) FROM {name}").scalar_one())
-            conn.exec_driver_sql(f"TRUNCATE {name}")
-            conn.execute(_SET_TIMEOUT, {"value": before})
-    except DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-            return None
-        raise
+    if count:
+        n = int(conn.exec_driver_sql(f"SELECT count(*) FROM {partition_name(slot)}").scalar_one())
+    _PARTITIONS.truncate(conn, slot)
+    savepoint.commit()
     return n
 
 

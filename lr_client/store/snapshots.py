@@ -42,6 +42,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
+from lr_client.cascade_roles import CascadeRole
 from lr_client.names import validate_name
 from lr_client.records import (
     OPEN_SNAPSHOT_STATUSES,
@@ -501,7 +502,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         node = conn.execute(
             select(c.c.role, c.c.origin_id).where(c.c.client_name == client)
         ).first()
-        if node is None or node.role != "branch":
+        if node is None or node.role != CascadeRole.BRANCH:
             return None
         return str(client), str(node.origin_id)
 

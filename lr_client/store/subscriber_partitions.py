@@ -24,7 +24,6 @@ partition stands just below them. The partition count is stored in
 from __future__ import annotations
 
 from sqlalchemy import (
-    and_,
     bindparam,
     case,
     delete,
@@ -42,7 +41,7 @@ from lr_client.records import TYPES_BY_VALUE, HeadEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.cascade import is_relayed, relayed_as_leased
-from lr_client.store.subscriber_queues import forget_delivered
+from lr_client.store.subscriber_queues import check_forward, save_fenced
 
 _T = s.subscriber_state
 _P = s.subscriber_partitions
@@ -185,8 +184,7 @@ class SubscriberPartitionsStore(StoreBase):
         delivered_seq: int,
         delivered_seqs: list[int],
     ) -> bool:
-        if delivered_seq < previous_seq:
-            raise ValueError("delivered_seq cannot go back")
+        check_forward(previous_seq, delivered_seq)
         moved = conn.execute(
             _SAVE_PARTITION,
             {
@@ -234,8 +232,7 @@ class SubscriberPartitionsStore(StoreBase):
         delivered: int,
         lease_expires: float,
     ) -> bool:
-        if delivered_seq < previous_seq:
-            raise ValueError("delivered_seq cannot go back")
+        check_forward(previous_seq, delivered_seq)  # before the partitions move
         moved = conn.execute(
             update(_P)
             .where(_P.c.queue_id == queue_id, _P.c.delivered_seq == previous_seq)
@@ -243,29 +240,19 @@ class SubscriberPartitionsStore(StoreBase):
         )
         if moved.rowcount != count:
             return False
-        fenced = conn.execute(
-            update(_T)
-            .where(
-                and_(
-                    _T.c.queue_id == queue_id,
-                    _T.c.lease_owner == owner,
-                    _T.c.partitions == count,
-                )
-            )
-            .values(
-                snapshot_id=snapshot_id,
-                in_snapshot=in_snapshot,
-                delivered=delivered,
-                lease_expires=lease_expires,
-                delivered_seq=delivered_seq,
-            )
+        return save_fenced(
+            conn,
+            queue_id,
+            owner,
+            _T.c.partitions == count,
+            relayed=None if self.keeps_delivered else self._relayed,
+            snapshot_id=snapshot_id,
+            in_snapshot=in_snapshot,
+            delivered=delivered,
+            lease_expires=lease_expires,
+            previous_seq=previous_seq,
+            delivered_seq=delivered_seq,
         )
-        if fenced.rowcount != 1:
-            return False
-        if not self.keeps_delivered:
-            relayed = relayed_as_leased(self._relayed, conn, queue_id)
-            forget_delivered(conn, queue_id, previous_seq, delivered_seq, relayed)
-        return True
 
 
 __all__ = ["SubscriberPartitionsStore"]

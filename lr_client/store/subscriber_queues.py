@@ -113,6 +113,55 @@ def forget_delivered(
         )
 
 
+def check_forward(previous_seq: int, delivered_seq: int) -> None:
+    """Refuse a delivery that would move a ``delivered_seq`` back (``ValueError``)."""
+    if delivered_seq < previous_seq:
+        raise ValueError("delivered_seq cannot go back")
+
+
+def save_fenced(
+    conn: Connection,
+    queue_id: int,
+    owner: str,
+    fence: ColumnElement[bool],
+    *,
+    relayed: dict[int, bool] | None,
+    snapshot_id: str,
+    in_snapshot: bool,
+    delivered: int,
+    lease_expires: float,
+    previous_seq: int,
+    delivered_seq: int,
+) -> bool:
+    """The fenced save of a delivery, in its transaction: the queue's new state, up to
+    ``delivered_seq``, written only while ``owner`` holds the lease (renewing it) and
+    ``fence`` holds; False if no row matched (the caller must roll back).
+
+    Then the entries it passed are deleted (SQLite), unless the queue is relayed:
+    ``relayed`` is the store's answers read when it took its leases
+    (:func:`~lr_client.store.cascade.relayed_as_leased`), None for a store that
+    keeps delivered entries until rotation (PostgreSQL).
+    """
+    check_forward(previous_seq, delivered_seq)
+    saved = conn.execute(
+        update(_T)
+        .where(_T.c.queue_id == queue_id, _T.c.lease_owner == owner, fence)
+        .values(
+            snapshot_id=snapshot_id,
+            in_snapshot=in_snapshot,
+            delivered=delivered,
+            lease_expires=lease_expires,
+            delivered_seq=delivered_seq,
+        )
+    )
+    if saved.rowcount != 1:
+        return False
+    if relayed is not None:
+        keep = relayed_as_leased(relayed, conn, queue_id)
+        forget_delivered(conn, queue_id, previous_seq, delivered_seq, keep)
+    return True
+
+
 class SubscriberQueuesStore(StoreBase):
     """Receive queues as a subscriber delivers them, under leases."""
 
@@ -241,29 +290,19 @@ class SubscriberQueuesStore(StoreBase):
         read. Returns False otherwise (the lease was lost, or another delivery
         committed first): the caller must roll back.
         """
-        if delivered_seq < previous_seq:
-            raise ValueError("delivered_seq cannot go back")
-        result = conn.execute(
-            update(_T)
-            .where(
-                _T.c.queue_id == queue_id,
-                _T.c.lease_owner == owner,
-                _T.c.delivered_seq == previous_seq,
-            )
-            .values(
-                snapshot_id=snapshot_id,
-                in_snapshot=in_snapshot,
-                delivered=delivered,
-                lease_expires=lease_expires,
-                delivered_seq=delivered_seq,
-            )
+        return save_fenced(
+            conn,
+            queue_id,
+            owner,
+            _T.c.delivered_seq == previous_seq,
+            relayed=None if self.keeps_delivered else self._relayed,
+            snapshot_id=snapshot_id,
+            in_snapshot=in_snapshot,
+            delivered=delivered,
+            lease_expires=lease_expires,
+            previous_seq=previous_seq,
+            delivered_seq=delivered_seq,
         )
-        if result.rowcount != 1:
-            return False
-        if not self.keeps_delivered:
-            relayed = relayed_as_leased(self._relayed, conn, queue_id)
-            forget_delivered(conn, queue_id, previous_seq, delivered_seq, relayed)
-        return True
 
     def release_leases(
         self, conn: Connection, owner: str, queue_ids: list[int] | None = None
@@ -357,4 +396,12 @@ class SubscriberQueuesStore(StoreBase):
         return conn.execute(probe).first() is not None
 
 
-__all__ = ["SubscriberQueuesStore", "delivered_seq", "depth", "undelivered"]
+__all__ = [
+    "SubscriberQueuesStore",
+    "check_forward",
+    "delivered_seq",
+    "depth",
+    "forget_delivered",
+    "save_fenced",
+    "undelivered",
+]

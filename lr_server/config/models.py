@@ -16,6 +16,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict
 
+from lr_client.cascade_roles import CascadeRole as CascadeRole  # re-exported: defined once there
 from lr_client.lanes import MAX_LANES
 from lr_client.records import Backlog
 from lr_server.config.values import (
@@ -268,14 +269,6 @@ class MembersConfig:
     weight: PositiveInt = 1  # share of the units (relative); `lr members weight` changes it
     lease_timeout: Number = 5.0  # seconds without a heartbeat after which a member is gone
     heartbeat_interval: Number = 1.0  # seconds between heartbeats (and placement rounds)
-
-
-class CascadeRole(enum.StrEnum):
-    """A node's place in a cascaded client's set (docs/cascading.md)."""
-
-    ROOT = "root"  # originates the client: its application transmits
-    BRANCH = "branch"  # applies the client and forwards it to the nodes below
-    LEAF = "leaf"  # applies only
 
 
 CASCADE_KEYS = ("root", "nodes", "branches")
