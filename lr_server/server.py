@@ -23,7 +23,6 @@ from typing import Any
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.cascade_roles import CascadeRole
-from lr_client.errors import FencedError
 from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_client.store.watches import Watch
@@ -37,16 +36,13 @@ from lr_server.membership import Membership, default_member_id
 from lr_server.memory import map_large_blocks
 from lr_server.placement import TRIM_UNIT, stream_unit
 from lr_server.receiver import Receiver
-from lr_server.retention import RetentionPolicy
 from lr_server.session import SenderSession
 from lr_server.snapshot_requests import once_per_snapshot
 from lr_server.transport.base import Transport
+from lr_server.upkeep import Upkeep
 from spark_jobs.launch import launch_snapshot_job
 
 log = logging.getLogger("lr.server")
-
-#: Seconds between refreshes of the send queue's planner statistics.
-ANALYZE_INTERVAL = 15.0
 
 
 def spark_launcher(
@@ -342,36 +338,14 @@ class SiteServer:
         self._threads.append(t)
 
     def _trim_loop(self, stop: threading.Event) -> None:
-        """Retention (drops, backpressure, lag metrics), trim and the rotation of the
-        receive queues (:meth:`~lr_client.store.contract.SubscriberQueues.rotate_receive_queues`),
-        on a schedule."""
-        interval = self.config.retention.trim_interval
-        policy = RetentionPolicy(self.store, self.config)
-        self.store.rotation_period = self.config.retention.rotation_period
-        self.store.max_slots = self.config.retention.max_slots
-        analyzed = time.monotonic()
-        while not stop.wait(interval):
-            fence = self.fences.get(TRIM_UNIT)
-            if fence is None:  # another member runs the trim job
-                continue
-            try:
-                policy.run_once()  # also with no destinations: unconfigured ones are bounded too
-                n = self.store.trim(self.config.retention.trim_batch, max_batches=10, fence=fence)
-                if n:
-                    metrics.TRIMMED.inc(n)
-                self._reap()
-                self.trim_relays()
-                if self.config.listen:  # a sink: retire delivered receive queue entries
-                    rotated = self.store.rotate_receive_queues(self.config.receiver.rotation_period)
-                    if rotated is not None:
-                        metrics.RECV_ROTATIONS.inc()
-                if time.monotonic() - analyzed > ANALYZE_INTERVAL:
-                    self.store.analyze()
-                    analyzed = time.monotonic()
-            except FencedError as exc:  # the trim unit moved to another member meanwhile
-                log.info("trim stopped: %s", exc)
-            except Exception:
-                log.exception("retention or trim failed")
+        Upkeep(self.store, self.config, lambda: self.fences.get(TRIM_UNIT), self._after_trim).run(
+            stop
+        )
+
+    def _after_trim(self) -> None:
+        """What each round of the upkeep does after retention and trim."""
+        self._reap()
+        self.trim_relays()
 
     def _reap(self) -> None:
         """Collect finished snapshot jobs (their outcome is in the snapshot request)."""

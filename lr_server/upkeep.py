@@ -1,0 +1,90 @@
+"""The site's upkeep, on a schedule: retention (drops, backpressure, lag metrics),
+trim, the rotation of the receive queues and the planner's statistics.
+
+It runs in the member that owns the trim unit. While the send queue is idle
+(its head unmoved since a round that found every stream caught up and nothing
+to trim) retention and trim wait for the head to move, or for
+:data:`IDLE_RETENTION_PERIOD`: an idle site does not measure every stream's
+backlog and rewrite every client's flow state each ``trim_interval``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from lr_client.errors import FencedError
+from lr_client.records import Fence
+from lr_client.store import QueueStore
+from lr_server import metrics
+from lr_server.config import SiteConfig
+from lr_server.retention import RetentionPolicy
+
+log = logging.getLogger("lr.server")
+
+#: Seconds between refreshes of the send queue's planner statistics.
+ANALYZE_INTERVAL = 15.0
+#: Seconds between retention rounds while the send queue is idle.
+IDLE_RETENTION_PERIOD = 30.0
+
+
+class Upkeep:
+    """Retention, trim and rotation every ``trim_interval`` while this member owns the
+    trim unit (``fence()`` is its lease, None while another member owns it)."""
+
+    def __init__(
+        self,
+        store: QueueStore,
+        config: SiteConfig,
+        fence: Callable[[], Fence | None],
+        after_trim: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.fence = fence
+        self.after_trim = after_trim
+        self.policy = RetentionPolicy(store, config)
+        #: The send queue's head when a round found it idle (None: not idle).
+        self.quiet_head: int | None = None
+        self._full_at = float("-inf")
+        self._analyzed = time.monotonic()
+
+    def run(self, stop: threading.Event) -> None:
+        self.store.rotation_period = self.config.retention.rotation_period
+        self.store.max_slots = self.config.retention.max_slots
+        while not stop.wait(self.config.retention.trim_interval):
+            fence = self.fence()
+            if fence is None:  # another member runs the trim job
+                continue
+            try:
+                self.round(fence)
+            except FencedError as exc:  # the trim unit moved to another member meanwhile
+                log.info("trim stopped: %s", exc)
+            except Exception:
+                log.exception("retention or trim failed")
+
+    def round(self, fence: Fence | None) -> None:
+        """One round, its writes under ``fence`` (None: unfenced, a single server)."""
+        now = time.monotonic()
+        head = self.store.head_position()
+        if head != self.quiet_head or now - self._full_at >= IDLE_RETENTION_PERIOD:
+            # Also with no destinations: unconfigured ones are bounded too.
+            report = self.policy.run_once()
+            n = self.store.trim(self.config.retention.trim_batch, max_batches=10, fence=fence)
+            if n:
+                metrics.TRIMMED.inc(n)
+            idle = not n and all(h.backlog.entries == 0 for h in report.streams)
+            self.quiet_head, self._full_at = (head if idle else None), now
+        self.after_trim()
+        if self.config.listen:  # a sink: retire delivered receive queue entries
+            rotated = self.store.rotate_receive_queues(self.config.receiver.rotation_period)
+            if rotated is not None:
+                metrics.RECV_ROTATIONS.inc()
+        if time.monotonic() - self._analyzed > ANALYZE_INTERVAL:
+            self.store.analyze()
+            self._analyzed = time.monotonic()
+
+
+__all__ = ["ANALYZE_INTERVAL", "IDLE_RETENTION_PERIOD", "Upkeep"]
