@@ -58,8 +58,10 @@ _INSERT = (
 #: The sessions' wake-up at commit (:data:`~lr_client.store.watches.SENDS_CHANNEL`),
 #: sent from the statement a transmit runs anyway: no round trip of its own.
 _NOTIFY_SENDS = (
-    f"(SELECT 1 FROM pg_notify('{watches.SENDS_CHANNEL}', '')"
-    f" WHERE pg_notification_queue_usage() < {watches.QUEUE_USAGE_LIMIT})"
+    # The condition in a FROM-less SELECT: checked before pg_notify is called (in a
+    # FROM clause, the function would run first and the condition filter its row).
+    f"(SELECT count(*) FROM (SELECT pg_notify('{watches.SENDS_CHANNEL}', '')"
+    f" WHERE pg_notification_queue_usage() < {watches.QUEUE_USAGE_LIMIT}) n)"
 )
 _INSERT_NOTIFY = (
     "WITH e AS (INSERT INTO lrq_send_entries"

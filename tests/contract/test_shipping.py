@@ -5,10 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from lr_client.records import ReplicationType
+from lr_client.store import watches
 from lr_client.store.contract import QueueStore, Shipping
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
+from tests.kit.wait import wait_for
 
 
 def test_reads_are_per_destination_and_client(store: QueueStore) -> None:
@@ -205,3 +209,28 @@ def test_every_shipping_read_survives_a_lost_connection(store: QueueStore, outag
     assert [(c.destination, c.client_name, c.position) for c in cursors] == [("b", "policy", p[0])]
     assert across_outage(outage, lambda: store.backlog("b", "policy")).entries == 1
     assert across_outage(outage, store.log_streams) == ({("b", "policy"), ("c", "policy")}, p[1])
+
+
+def test_watch_sends_is_woken_by_work_for_the_sessions_only(
+    store: QueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committed transmit and a full-sync request wake the watch (PostgreSQL:
+    ``NOTIFY lrq_sends``; SQLite: the send queues' heads moved); a write that is no
+    work for a session (its status row) does not."""
+    monkeypatch.setattr(watches, "NOTIFY_INTERVAL", 0.0)  # every transmit notifies
+    wakes: list[int] = []
+    watch = store.watch_sends(lambda: wakes.append(1))
+    assert watch is not None
+    try:
+        wait_for(lambda: watch.listening and len(wakes) == 1, what="the watch's first wake")
+        append(store, "policy", (b"1", ["b"]))
+        wait_for(lambda: len(wakes) == 2, what="a transmit's wake-up")
+        append(store, "policy", (b"2", ["b"]), (b"3", ["c"]))
+        wait_for(lambda: len(wakes) == 3, what="a batch's wake-up")
+        status = {"inflight_batches": 0, "inflight_bytes": 0}
+        store.save_session_status("b", "connected", connected=True, **status)
+        store.request_snapshot(None, "b", "policy", "test")  # the marker
+        wait_for(lambda: len(wakes) >= 4, what="a full-sync request's wake-up")
+        assert len(wakes) == 4  # the status row woke nobody
+    finally:
+        watch.close()

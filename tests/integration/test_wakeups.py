@@ -183,11 +183,11 @@ def test_a_transmit_sends_no_notification_over_the_queues_limit(
     rings: list[int] = []
     watch = pg_store.watch_sends(lambda: rings.append(1))
     assert watch is not None
-    limit = f"< {watches.QUEUE_USAGE_LIMIT})"
+    limit = f"< {watches.QUEUE_USAGE_LIMIT}) n)"
     for name in ("_INSERT_NOTIFY", "_RESERVE_NOTIFY"):
         sql = getattr(postgres, name)
         assert limit in sql
-        monkeypatch.setattr(postgres, name, sql.replace(limit, "< 0)"))
+        monkeypatch.setattr(postgres, name, sql.replace(limit, "< 0) n)"))
     client = RoutingQueueClient(pg_store, "a", "policy")
     try:
         wait_for(lambda: watch.listening and rings == [1], what="the watch started")
