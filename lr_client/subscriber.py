@@ -245,9 +245,8 @@ class RoutingQueueSubscriber:
 
         With ``partitions > 1`` the delivery runs in ``workers`` threads. Idle, it
         polls every ``poll_interval`` seconds and, with ``wake_on_arrival``, as soon
-        as a receiver commits entries of its client (PostgreSQL: its notification,
-        :mod:`lr_client.store.arrival_watch`; SQLite: the receive queue's head moved
-        in the database file, :class:`~lr_client.store.watches.DataVersionWatch`).
+        as a receiver commits entries of its client (``store.watch_arrivals``:
+        PostgreSQL's notification, SQLite's database file written).
         """
         if self.wake_on_arrival:
             self.arrival_watch = self.store.watch_arrivals(self.client_name, self._doorbell.ring)
