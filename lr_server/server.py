@@ -12,13 +12,11 @@ import itertools
 import logging
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from lr_client._proto import replication_pb2 as pb
@@ -37,38 +35,11 @@ from lr_server.memory import map_large_blocks
 from lr_server.placement import TRIM_UNIT, stream_unit
 from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
-from lr_server.snapshot_requests import once_per_snapshot
+from lr_server.snapshot_requests import once_per_snapshot, spark_launcher
 from lr_server.transport.base import Transport
 from lr_server.upkeep import Upkeep
-from spark_jobs.launch import launch_snapshot_job
 
 log = logging.getLogger("lr.server")
-
-
-def spark_launcher(
-    config: SiteConfig, children: list[subprocess.Popen[bytes]]
-) -> Callable[[SnapshotRequest, ClientConfig], None]:
-    """Start the PySpark snapshot job for a request, as a child process."""
-
-    def launch(req: SnapshotRequest, client: ClientConfig) -> None:
-        log_path = Path(tempfile.gettempdir()) / f"lr-snapshot-{req.snapshot_id}.log"
-        proc = launch_snapshot_job(
-            config.database_url,
-            req.snapshot_id,
-            source=client.spark_source,
-            encoder=client.spark_encoder,
-            key_column=client.spark_key_column,
-            master=client.spark_master,
-            spark_options=client.spark_options,
-            log_path=log_path,
-        )
-        children.append(proc)
-        log.info(
-            "launched snapshot job",
-            extra={"snapshot_id": req.snapshot_id, "pid": proc.pid, "log": str(log_path)},
-        )
-
-    return launch
 
 
 class SiteServer:
@@ -303,8 +274,15 @@ class SiteServer:
         if run is None:
             return
         stop, thread = run
-        stop.set()
+        self._signal_stop(dest_id, stop)
         thread.join(timeout=grace)
+
+    def _signal_stop(self, dest_id: str, stop: threading.Event) -> None:
+        """Tell a session to stop, ending its wait at once."""
+        stop.set()
+        session = self.sessions.get(dest_id)
+        if session is not None:
+            session.wake()
 
     def _factory(self, dest_id: str) -> Callable[[], Transport]:
         if self._transport_factory is not None:
@@ -366,6 +344,8 @@ class SiteServer:
         if self.membership is not None:  # sessions stop, then the leases go at once
             self.membership.leave()
         with self._placing:
+            for dest_id, (stop, _) in list(self._runs.items()):
+                self._signal_stop(dest_id, stop)  # all at once: each drains its window
             for dest_id in list(self._runs):
                 self._stop_session(dest_id, grace)
         for t in self._threads:

@@ -10,16 +10,26 @@ it and log entries resume after its base.
 from __future__ import annotations
 
 import logging
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, SnapshotRequest, SnapshotStatus
 from lr_client.store import Retention, Shipping, Snapshots
-from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
+from lr_server.config import (
+    ClientConfig,
+    ReplicationConfig,
+    RetryConfig,
+    SiteConfig,
+    SnapshotProvider,
+)
 from lr_server.stops import StreamStops
 from lr_server.streams import ClientStream, Mode
+from spark_jobs.launch import launch_snapshot_job
 
 SnapshotLauncher = Callable[[SnapshotRequest, ClientConfig], None]
 
@@ -238,4 +248,30 @@ class SnapshotRequests:
         self.launcher(req, config)
 
 
-__all__ = ["SnapshotLauncher", "SnapshotRequests", "once_per_snapshot"]
+def spark_launcher(
+    config: SiteConfig, children: list[subprocess.Popen[bytes]]
+) -> Callable[[SnapshotRequest, ClientConfig], None]:
+    """Start the PySpark snapshot job for a request, as a child process."""
+
+    def launch(req: SnapshotRequest, client: ClientConfig) -> None:
+        log_path = Path(tempfile.gettempdir()) / f"lr-snapshot-{req.snapshot_id}.log"
+        proc = launch_snapshot_job(
+            config.database_url,
+            req.snapshot_id,
+            source=client.spark_source,
+            encoder=client.spark_encoder,
+            key_column=client.spark_key_column,
+            master=client.spark_master,
+            spark_options=client.spark_options,
+            log_path=log_path,
+        )
+        children.append(proc)
+        logging.getLogger("lr.server").info(
+            "launched snapshot job",
+            extra={"snapshot_id": req.snapshot_id, "pid": proc.pid, "log": str(log_path)},
+        )
+
+    return launch
+
+
+__all__ = ["SnapshotLauncher", "SnapshotRequests", "once_per_snapshot", "spark_launcher"]
