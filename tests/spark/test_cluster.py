@@ -101,7 +101,8 @@ class ClusterHost:
                 start_new_session=True,
             )
         track("cluster driver", log, self.proc)
-        threading.Thread(target=self._read, name="cluster-answers", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="cluster-answers", daemon=True)
+        self._reader.start()
         ready = self._answer(300)
         assert ready.get("ready") == 2, ready
 
@@ -152,14 +153,23 @@ class ClusterHost:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        self._close_pipes()
 
     def close(self) -> None:
+        """Close its stdin: the driver stops its application and exits."""
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         try:
             self.proc.wait(timeout=scaled(60))
         except subprocess.TimeoutExpired:
             self.kill()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        self._reader.join(scaled(10))  # it has read up to the end of the driver's stdout
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 @pytest.fixture(scope="module")
