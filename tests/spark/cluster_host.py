@@ -69,7 +69,14 @@ def main() -> int:
         request = json.loads(line)
         try:
             os.environ.update(request["env"])
+            waited = time.monotonic()
             wait_executors(spark)
+            print(
+                f"{time.strftime('%H:%M:%S')} cluster host: {live_executors(spark)} executors, "
+                f"waited {time.monotonic() - waited:.1f} s; running {request['argv']}",
+                file=sys.stderr,
+                flush=True,
+            )
             code = snapshot_job.main(request["argv"])
             answer: dict[str, object] = {"code": code}
         except BaseException:  # the test reads the traceback

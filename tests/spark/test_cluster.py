@@ -89,6 +89,8 @@ class ClusterHost:
     def __init__(self, log: Path) -> None:
         self.log = log
         self.answers: queue.Queue[dict[str, Any]] = queue.Queue()
+        #: Whether a job was sent and its exit code not read yet.
+        self.pending = False
         conf = CLUSTER_CONF
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -136,17 +138,20 @@ class ClusterHost:
         assert cmd[1:3] == ["-m", "spark_jobs.snapshot_job"], cmd
         env = {DATABASE_URL_ENV: url, ROWS_ENV: str(ROWS), PARTS_ENV: str(PARTS), **env}
         request = json.dumps({"argv": cmd[3:], "env": env}) + "\n"
-        assert self.proc.stdin is not None
+        assert self.proc.stdin is not None and not self.pending
         self.proc.stdin.write(request.encode())
         self.proc.stdin.flush()
+        self.pending = True
 
     def running(self) -> bool:
         """Whether the job sent last has not answered yet (and the driver runs)."""
-        return self.answers.empty() and self.proc.poll() is None
+        return self.pending and self.answers.empty() and self.proc.poll() is None
 
     def wait(self, timeout: float = 300) -> int:
         """The exit code of the job sent last."""
-        return int(self._answer(timeout)["code"])
+        answer = self._answer(timeout)
+        self.pending = False
+        return int(answer["code"])
 
     def kill(self) -> None:
         """SIGKILL the driver and its executors (a job left running by a failed test)."""
@@ -187,6 +192,8 @@ def cluster(
 ) -> ClusterHost:
     """The module's application on the cluster, started by the first test that runs a job."""
     require_spark()
+    if cluster_drivers and cluster_drivers[-1].pending:  # a failed test left its job running
+        cluster_drivers[-1].kill()
     if not cluster_drivers or cluster_drivers[-1].proc.poll() is not None:
         log = tmp_path_factory.mktemp("cluster") / "driver.log"
         cluster_drivers.append(ClusterHost(log))
@@ -335,7 +342,7 @@ def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
         wait_for(lambda: process_gone(executor), 60, what=f"executor {executor} gone")
         assert cluster.wait() == 0, tail(cluster.log)
     finally:
-        if cluster.running():  # the test failed: no job is left running for the next one
+        if cluster.pending:  # the test failed: no job is left running for the next one
             cluster.kill()
     rows = _ready(store, sid)
     ready = _status_snapshot(config, rows=ROWS)
