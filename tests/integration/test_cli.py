@@ -28,7 +28,6 @@ from tests.kit.positions import new_slot
 from tests.kit.procs import LrServer, track
 from tests.kit.sites import free_port, wait_for
 from tests.kit.wait import scaled
-from tests.spark.conftest import require_spark
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -675,25 +674,6 @@ def test_example_configs_replicate_over_mtls(tmp_path: Path) -> None:
     finally:
         codes = [s.stop() for s in servers]
     assert codes == [0, 0, 0], [s.log() for s in servers]
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_snapshot_run_fills_a_new_request(tmp_path: Path, sqlite_url: str) -> None:
-    """`lr snapshot run` runs the real job on the client's spark_source."""
-    require_spark()
-    (tmp_path / "policy.csv").write_text("key,value\np1,a\np2,b\np3,c\n")
-    cfg = write_config(tmp_path, sqlite_url)
-    source = f'"csv:{tmp_path / "policy.csv"}"\nspark_master = "local[1]"'
-    cfg.write_text(cfg.read_text().replace('"csv:/data/policy.csv"', source))
-    ok("init-db", "--config", cfg)
-    ok("snapshot", "run", "--config", cfg, "-d", "site-b", "--client", "policy")
-    (snap,) = as_json("snapshot", "list", "--config", cfg)
-    assert (snap["status"], snap["entry_count"], snap["destination"]) == ("ready", 3, "site-b")
-    entries = as_json(
-        "browse", "--config", cfg, "LRQ_Send_SnapSync", "--tag", "lrq_snapsync_site-b"
-    )
-    assert [e["type"] for e in entries] == ["SNAPSHOT_SYNC"] * 3 + ["LAST_FULL_SYNC_ENTRY"]
 
 
 def test_snapshot_request_for_a_client_without_provider_is_refused(

@@ -4,18 +4,26 @@ PySpark's ``local-cluster`` master starts a standalone master and two workers
 in the driver's JVM; each worker launches its executor as a separate JVM
 process, as on a standalone, YARN or Kubernetes cluster. Only one
 SparkContext can live in a process and the suite's shared one is ``local``
-(which the ``local`` case of the correctness test uses), so every cluster
-job runs in a process of its own: the job's command line (what
-``lr snapshot`` and ``lr server`` start) or ``spark-submit``.
+(which the ``local`` case of the correctness test uses), so cluster jobs run
+in processes of their own. ``spark-submit`` starts its own application, as an
+operator runs it. The correctness and executor-kill tests share one driver
+process per module (:mod:`tests.spark.cluster_host`): an application on the
+cluster, started once, that runs each test's job through the job's entry point
+(``main``, with the arguments ``lr server`` and ``lr snapshot`` give the job's
+command line); a killed executor is replaced by the cluster before the next
+job. That the server and the launcher start the job's process is
+``test_server_launches_job.py``'s and ``test_snapshot_cli.py``'s.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,10 +33,11 @@ import pytest
 
 from lr_client.records import ReplicationType, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job, snapshot_job_command
+from spark_jobs.launch import DATABASE_URL_ENV, snapshot_job_command
 from spark_jobs.snapshot_job import run_snapshot_job
 from spark_jobs.writer import rows_committed
 from tests.kit.guards import need
+from tests.kit.procs import tail, track
 from tests.kit.wait import scaled, wait_for
 from tests.spark.conftest import require_spark
 from tests.spark.helpers import GATE_ENV, PARTS_ENV, ROWS_ENV, process_gone
@@ -73,44 +82,122 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _launch(
-    url: str, sid: str, log: Path, source: str, method: str = "copy", **env: str
-) -> subprocess.Popen[bytes]:
-    """The job on the cluster for request ``sid``, as ``lr server`` launches it
-    (with ``--method store`` added for that write method)."""
-    encoder = "killable_encoder" if source == "killable_rows" else "jvm_encoder"
-    child_env = _env(**{ROWS_ENV: str(ROWS), PARTS_ENV: str(PARTS)}, **env)
-    if method == "copy":
-        return launch_snapshot_job(
-            url,
+class ClusterHost:
+    """The driver process of :mod:`tests.spark.cluster_host`: an application on ``CLUSTER``
+    whose executors (JVM processes of their own) run every job sent to it."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.answers: queue.Queue[dict[str, Any]] = queue.Queue()
+        #: Whether a job was sent and its exit code not read yet.
+        self.pending = False
+        conf = CLUSTER_CONF
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.spark.cluster_host", CLUSTER, json.dumps(conf)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=out,
+                env=_env(),
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        track("cluster driver", log, self.proc)
+        self._reader = threading.Thread(target=self._read, name="cluster-answers", daemon=True)
+        self._reader.start()
+        ready = self._answer(300)
+        assert ready.get("ready") == 2, ready
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.answers.put(json.loads(line))
+        self.answers.put({"error": f"the cluster driver exited ({self.proc.wait()})"})
+
+    def _answer(self, timeout: float) -> dict[str, Any]:
+        try:
+            answer = self.answers.get(timeout=scaled(timeout))
+        except queue.Empty:
+            raise AssertionError(f"no answer from the cluster driver\n{tail(self.log)}") from None
+        assert "error" not in answer, f"{answer['error']}\n{tail(self.log)}"
+        return answer
+
+    def submit(self, url: str, sid: str, source: str, method: str = "copy", **env: str) -> None:
+        """Run the job for request ``sid`` on the cluster, as ``lr server`` launches it
+        (with ``--method`` for another write method); :meth:`wait` for its exit code."""
+        encoder = "killable_encoder" if source == "killable_rows" else "jvm_encoder"
+        cmd = snapshot_job_command(
             sid,
             source=f"tests.spark.helpers:{source}",
             encoder=f"tests.spark.helpers:{encoder}",
             master=CLUSTER,
             spark_options=CLUSTER_CONF,
             chunk_rows=CHUNK,
-            log_path=log,
-            env=child_env,
-            cwd=ROOT,
+            extra_args=[] if method == "copy" else ["--method", method],
         )
-    cmd = snapshot_job_command(
-        sid,
-        source=f"tests.spark.helpers:{source}",
-        encoder=f"tests.spark.helpers:{encoder}",
-        master=CLUSTER,
-        spark_options=CLUSTER_CONF,
-        chunk_rows=CHUNK,
-        extra_args=["--method", method],
-    )
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            cmd,
-            env={**child_env, DATABASE_URL_ENV: url},
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        assert cmd[1:3] == ["-m", "spark_jobs.snapshot_job"], cmd
+        env = {DATABASE_URL_ENV: url, ROWS_ENV: str(ROWS), PARTS_ENV: str(PARTS), **env}
+        request = json.dumps({"argv": cmd[3:], "env": env}) + "\n"
+        assert self.proc.stdin is not None and not self.pending
+        self.proc.stdin.write(request.encode())
+        self.proc.stdin.flush()
+        self.pending = True
+
+    def running(self) -> bool:
+        """Whether the job sent last has not answered yet (and the driver runs)."""
+        return self.pending and self.answers.empty() and self.proc.poll() is None
+
+    def wait(self, timeout: float = 300) -> int:
+        """The exit code of the job sent last."""
+        answer = self._answer(timeout)
+        self.pending = False
+        return int(answer["code"])
+
+    def kill(self) -> None:
+        """SIGKILL the driver and its executors (a job left running by a failed test)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._close_pipes()
+
+    def close(self) -> None:
+        """Close its stdin: the driver stops its application and exits."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=scaled(60))
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        self._reader.join(scaled(10))  # it has read up to the end of the driver's stdout
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture(scope="module")
+def cluster_drivers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ClusterHost]]:
+    """The module's driver processes: one, unless a test had to kill it."""
+    drivers: list[ClusterHost] = []
+    yield drivers
+    for host in drivers:
+        host.close()
+
+
+@pytest.fixture
+def cluster(
+    cluster_drivers: list[ClusterHost], tmp_path_factory: pytest.TempPathFactory
+) -> ClusterHost:
+    """The module's application on the cluster, started by the first test that runs a job."""
+    require_spark()
+    if cluster_drivers and cluster_drivers[-1].pending:  # a failed test left its job running
+        cluster_drivers[-1].kill()
+    if not cluster_drivers or cluster_drivers[-1].proc.poll() is not None:
+        log = tmp_path_factory.mktemp("cluster") / "driver.log"
+        cluster_drivers.append(ClusterHost(log))
+    return cluster_drivers[-1]
 
 
 def _entries(store: SQLAlchemyQueueStore, sid: str) -> list[dict[str, Any]]:
@@ -151,9 +238,9 @@ def test_every_row_once_on_either_master(
         assert run_snapshot_job(spark, url, sid, df, encoder, start=True, chunk_rows=CHUNK) == ROWS
         assert len({r["jvm"] for r in _ready(store, sid)}) == 1  # the driver's own JVM
         return
-    log = tmp_path / "job.log"
-    proc = _launch(url, sid, log, "numbered_rows")
-    assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
+    cluster = request.getfixturevalue("cluster")
+    cluster.submit(url, sid, "numbered_rows")
+    assert cluster.wait() == 0, tail(cluster.log)
     jvms = {r["jvm"] for r in _ready(store, sid)}
     assert len(jvms) == 2, f"rows written by the JVMs {jvms}: expected both executors"
 
@@ -217,7 +304,7 @@ def _descendants(pid: int) -> set[int]:
 
 @pytest.mark.postgres
 def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
-    pg_site: tuple[str, SQLAlchemyQueueStore], tmp_path: Path
+    pg_site: tuple[str, SQLAlchemyQueueStore], cluster: ClusterHost, tmp_path: Path
 ) -> None:
     """``kill -9`` of the executor JVM running partition 0, after 3 of its chunks
     committed: Spark retries the task on an executor still alive (or a new one),
@@ -231,18 +318,18 @@ def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
     method = "copy"
     url, store = pg_site
     sid = store.request_snapshot(None, "b", "policy", "test")
-    log, barrier = tmp_path / "job.log", tmp_path / "partition-0-blocked"
+    barrier = tmp_path / "partition-0-blocked"
     config = _site_config(tmp_path, url)
-    proc = _launch(url, sid, log, "killable_rows", method, **{GATE_ENV: str(barrier)})
+    cluster.submit(url, sid, "killable_rows", method, **{GATE_ENV: str(barrier)})
     try:
 
         def blocked() -> bool:
-            assert proc.poll() is None, log.read_text()[-3000:]
+            assert cluster.running(), tail(cluster.log)
             return barrier.exists()
 
-        wait_for(blocked, 300, 0.05, what="partition 0 blocked", detail=lambda: log.read_text())
+        wait_for(blocked, 300, 0.05, what="partition 0 blocked", detail=lambda: tail(cluster.log))
         executor = int(barrier.read_text())
-        assert executor in _descendants(proc.pid), "the executor is a process of this job"
+        assert executor in _descendants(cluster.proc.pid), "the executor is a process of this job"
         cmdline = Path(f"/proc/{executor}/cmdline").read_bytes()
         assert b"CoarseGrainedExecutorBackend" in cmdline
         assert rows_committed(store, sid, 1) == 3 * CHUNK  # part 0: chunks 1..3 committed
@@ -253,11 +340,10 @@ def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
         assert running["status"] == "running" and running["entry_count"] is None
         os.kill(executor, signal.SIGKILL)
         wait_for(lambda: process_gone(executor), 60, what=f"executor {executor} gone")
-        assert proc.wait(timeout=scaled(300)) == 0, log.read_text()[-3000:]
+        assert cluster.wait() == 0, tail(cluster.log)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if cluster.pending:  # the test failed: no job is left running for the next one
+            cluster.kill()
     rows = _ready(store, sid)
     ready = _status_snapshot(config, rows=ROWS)
     assert ready and ready["status"] == "ready" and ready["entry_count"] == ROWS

@@ -14,6 +14,9 @@ from lr_client.records import SnapshotStatus
 from tests.kit.sites import Sites, wait_for
 from tests.spark.conftest import ROOT, require_spark
 
+# How a stopped site's calls end is not what is tested here.
+pytestmark = pytest.mark.stop_calls_at_once
+
 
 def test_first_contact_runs_the_spark_job(
     sites: Sites, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -27,7 +30,9 @@ def test_first_contact_runs_the_spark_job(
         w = csv.writer(f)
         w.writerow(["key", "value"])
         w.writerows([[f"k{i}", str(i)] for i in range(250)])
-    options = f'spark_source = "csv:{data}"\nspark_master = "local[2]"'
+    options = f'spark_source = "csv:{data}"\nspark_master = "local[2]"\n' + (
+        'spark_options = { "spark.ui.enabled" = "false", "spark.ui.showConsoleProgress" = "false" }'
+    )
     sites.start("b", sources=["a"])
     src = sites.store("a")
     sites.start("a", dests=["b"], snapshot="spark", client_options=options)

@@ -1,20 +1,24 @@
-"""The job's command line: ``python -m``, the server's launcher, and ``spark-submit``.
+"""The job's command line: ``python -m``, the server's launcher, ``lr snapshot run``, and
+``spark-submit``.
 
 The launcher starts a real job process (``test_launch_snapshot_job_runs_a_requested_snapshot``;
 ``spark-submit`` of the job's file is ``tests/spark/test_cluster.py``'s). The tests of what
 the job does with its arguments (the base fixed before the source is read, a branch's
-wait, heartbeats, a failing source, ``--destination``) run its entry point, ``main``, in
-this process, on the suite's SparkSession: the job's own session is that one.
+wait, heartbeats, a failing source, ``--destination``, the command ``lr snapshot run``
+builds from a site's config) run its entry point, ``main``, in this process, on the
+suite's SparkSession: the job's own session is that one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,6 +30,7 @@ from lr_server.receiver import Receiver
 from spark_jobs import snapshot_job
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job, snapshot_job_command
 from spark_jobs.snapshot_job import main
+from tests.integration.test_cli import as_json, ok, write_config
 from tests.kit.relayed import TakesAll, from_root
 from tests.kit.wait import join, scaled, wait_for
 from tests.spark.conftest import require_spark
@@ -320,3 +325,49 @@ def test_a_destination_and_client_record_and_fill_a_new_request(
     (req,) = store.list_snapshots(destination="b", client_name="policy")
     assert req.snapshot_id == result["snapshot_id"]
     assert req.status == SnapshotStatus.READY and req.reason == "lr snapshot run"
+
+
+@pytest.mark.spark
+def test_snapshot_run_fills_a_new_request(
+    site: tuple[str, SQLAlchemyQueueStore],
+    job_session: _JobSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`lr snapshot run` runs the job on the client's spark_source and spark_master.
+
+    The command it runs is ``python -m spark_jobs.snapshot_job`` (a real process of it is
+    ``test_launch_snapshot_job_runs_a_requested_snapshot``'s): here that command's
+    arguments go to the job's ``main`` in this process, with the environment
+    ``lr snapshot run`` gives it, and ``main``'s exit code is the process's.
+    """
+    import lr_server.cli
+
+    url, _ = site
+    (tmp_path / "policy.csv").write_text("key,value\np1,a\np2,b\np3,c\n")
+    cfg = write_config(tmp_path, url)
+    source = f'"csv:{tmp_path / "policy.csv"}"\nspark_master = "local[1]"'
+    cfg.write_text(cfg.read_text().replace('"csv:/data/policy.csv"', source))
+    ran: list[list[str]] = []
+
+    def run(cmd: list[str], env: dict[str, str], check: bool) -> subprocess.CompletedProcess[str]:
+        assert cmd[:3] == [sys.executable, "-m", "spark_jobs.snapshot_job"], cmd
+        assert env[DATABASE_URL_ENV] == url and url not in " ".join(cmd)
+        assert env["PYSPARK_PYTHON"]  # local master: the workers' interpreter is set
+        assert cmd[cmd.index("--source") + 1] == f"csv:{tmp_path / 'policy.csv'}"
+        assert cmd[cmd.index("--master") + 1] == "local[1]"
+        ran.append(cmd)
+        monkeypatch.setenv(DATABASE_URL_ENV, env[DATABASE_URL_ENV])
+        return subprocess.CompletedProcess(cmd, main(cmd[3:]))
+
+    monkeypatch.setattr(lr_server.cli, "subprocess", SimpleNamespace(run=run))
+    monkeypatch.delenv(DATABASE_URL_ENV)  # only what lr snapshot run gives the job
+    ok("init-db", "--config", cfg)
+    ok("snapshot", "run", "--config", cfg, "-d", "site-b", "--client", "policy")
+    assert len(ran) == 1 and job_session.stops == 1
+    (snap,) = as_json("snapshot", "list", "--config", cfg)
+    assert (snap["status"], snap["entry_count"], snap["destination"]) == ("ready", 3, "site-b")
+    entries = as_json(
+        "browse", "--config", cfg, "LRQ_Send_SnapSync", "--tag", "lrq_snapsync_site-b"
+    )
+    assert [e["type"] for e in entries] == ["SNAPSHOT_SYNC"] * 3 + ["LAST_FULL_SYNC_ENTRY"]
