@@ -7,8 +7,9 @@ migration. So each test process migrates once per backend, for real
 
 - SQLite: the migrated file, copied to the test's path (WAL mode is kept in the file);
 - PostgreSQL: ``CREATE DATABASE ... TEMPLATE`` of a database migrated in its
-  schema ``lr`` (a copy of the files, about 0.1 s), dropped ``WITH (FORCE)``
-  at the end of the test.
+  schema ``lr`` (a copy of the files, about 0.1 s), with ``synchronous_commit``
+  off (commits do not wait for the disk: no test crashes the server), dropped
+  ``WITH (FORCE)`` at the end of the test.
 
 A copy equals a migration: ``tests/integration/test_schema_templates.py``
 compares them, and ``test_schema_lifecycle.py`` still migrates every revision
@@ -106,6 +107,9 @@ def migrated_pg_database(server_url: str) -> str:
     template = _pg_template(server_url)
     name = "t_" + uuid.uuid4().hex[:12]
     _server_sql(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    # Commits visible at once as ever, only not waiting for the WAL's flush: no test
+    # crashes the PostgreSQL server, and a test database is dropped at its end.
+    _server_sql(server_url, f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     return name
 
 
