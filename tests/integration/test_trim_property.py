@@ -100,6 +100,8 @@ def run_program(store: SQLAlchemyQueueStore, program: list[Op]) -> None:
         else:  # a full sync for the destination: requested, then its base fixed
             sid = store.request_snapshot(None, op[1], CLIENT, "test")
             started = store.start_snapshot(sid)
+            if started is None:  # it joined another's full sync, running: that one's base
+                started = store.get_snapshot(sid, op[1])
             assert started is not None and started.base_position is not None
             base[op[1]] = started.base_position
         for d in DESTS:
@@ -128,6 +130,9 @@ def _slot_mates(store: SQLAlchemyQueueStore, positions: set[int]) -> set[int]:
 
 # The dangerous shapes, always run: the first unacknowledged entry of a destination
 # directly follows its acknowledged one.
+@example(  # a full sync asked while another destination's runs joins it, and its base
+    [("transmit", DESTS), ("snapshot", "b"), ("ack", "c", 0), ("snapshot", "c")]
+)
 @example([("transmit", ["b"]), ("transmit", ["b"]), ("ack", "b", 0), ("trim", 4, None)])
 @example(
     [
