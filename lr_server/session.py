@@ -104,10 +104,10 @@ class SenderSession:
         #: branch): its wait for acknowledgements ends, and it reads the batch at once.
         self.arrivals = arrivals
         self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
-        #: Set by :meth:`wake`: the next round polls fast again.
-        self._woken = False
-        #: Seconds an idle session waits at most between two reads.
-        self.idle_poll_max = IDLE_POLL_MAX
+        self._woken = False  # set by wake(): the next round polls fast again
+        #: Seconds an idle session waits at most between two reads; between writes of an
+        #: unchanged status row.
+        self.idle_poll_max, self.status_refresh = IDLE_POLL_MAX, STATUS_REFRESH
         #: The status last written, and when (time.monotonic()).
         self._status_written: tuple[object, ...] | None = None
         self._status_at = float("-inf")
@@ -573,7 +573,7 @@ class SenderSession:
             self.last_error or self._stopped,
         )
         now = time.monotonic()
-        if status == self._status_written and now - self._status_at < STATUS_REFRESH:
+        if status == self._status_written and now - self._status_at < self.status_refresh:
             return
         try:
             self.store.save_session_status(

@@ -2,10 +2,10 @@
 trim, the rotation of the receive queues and the planner's statistics.
 
 It runs in the member that owns the trim unit. While the send queue is idle
-(its head unmoved since a round that found every stream caught up and nothing
-to trim) retention and trim wait for the head to move, or for
-:data:`IDLE_RETENTION_PERIOD`: an idle site does not measure every stream's
-backlog and rewrite every client's flow state each ``trim_interval``.
+(its head unmoved since a round that found every stream caught up) retention
+waits for the head to move, or for :data:`IDLE_RETENTION_PERIOD`: an idle site
+does not measure every stream's backlog and rewrite every client's flow state
+each ``trim_interval``. Trim runs every round.
 """
 
 from __future__ import annotations
@@ -72,11 +72,13 @@ class Upkeep:
         if head != self.quiet_head or now - self._full_at >= IDLE_RETENTION_PERIOD:
             # Also with no destinations: unconfigured ones are bounded too.
             report = self.policy.run_once()
-            n = self.store.trim(self.config.retention.trim_batch, max_batches=10, fence=fence)
-            if n:
-                metrics.TRIMMED.inc(n)
-            idle = not n and all(h.backlog.entries == 0 for h in report.streams)
+            idle = all(h.backlog.entries == 0 for h in report.streams)
             self.quiet_head, self._full_at = (head if idle else None), now
+        # Every round: what was released (a drop) or passed goes even while idle, and on
+        # PostgreSQL a slot is retired whole once its time is up, not when it is passed.
+        n = self.store.trim(self.config.retention.trim_batch, max_batches=10, fence=fence)
+        if n:
+            metrics.TRIMMED.inc(n)
         self.after_trim()
         if self.config.listen:  # a sink: retire delivered receive queue entries
             rotated = self.store.rotate_receive_queues(self.config.receiver.rotation_period)

@@ -360,7 +360,7 @@ def test_snapshot_run_fills_a_new_request(
         monkeypatch.setenv(DATABASE_URL_ENV, env[DATABASE_URL_ENV])
         return subprocess.CompletedProcess(cmd, main(cmd[3:]))
 
-    monkeypatch.setattr(lr_server.cli, "subprocess", SimpleNamespace(run=run))
+    monkeypatch.setattr(lr_server.cli.snapshot, "subprocess", SimpleNamespace(run=run))
     monkeypatch.delenv(DATABASE_URL_ENV)  # only what lr snapshot run gives the job
     ok("init-db", "--config", cfg)
     ok("snapshot", "run", "--config", cfg, "-d", "site-b", "--client", "policy")
