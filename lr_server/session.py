@@ -418,7 +418,6 @@ class SenderSession:
     ) -> None:
         last_status = last_check = 0.0
         fast = self.cfg.poll_interval
-        slow = max(fast, self.idle_poll_max)
         idle = fast  # the next idle wait: doubles with each round that finds nothing
         while not stop.is_set():
             now = time.monotonic()
@@ -433,7 +432,7 @@ class SenderSession:
             if self._wait_acks(stop, stream, streams, timeout) or sent_any:
                 idle = fast
             elif not self._woken:
-                idle = min(slow, idle * 2)
+                idle = min(max(fast, self.idle_poll_max), idle * 2)
             oldest = self.window.oldest_sent_at()
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
                 raise TransportError("no acknowledgement within stream_idle_timeout")
