@@ -219,8 +219,17 @@ class Membership:
                 )
                 metrics.PLACEMENT_CHANGES.labels(self.member_id, "released").inc()
         taken: dict[str, Fence] = {}
+        # One read finds the units this run still holds: a steady round writes nothing.
+        held = {
+            lease.unit: Fence(lease.unit, self.instance, lease.token)
+            for lease in self.store.list_leases()
+            if lease.owner == self.instance
+        }
         for unit, winner in wanted.items():
             if winner != self.member_id:
+                continue
+            if unit in held:
+                taken[unit] = held[unit]
                 continue
             got = self.store.acquire_unit(unit, self.member_id, self.instance, self.lease_timeout)
             if got is None:

@@ -1,23 +1,19 @@
 """The sender session: one replication stream from this site to one destination.
 
-Per client it either ships log entries tagged ``lrq_logentry_<dest>`` after its
-cursor, or a full snapshot (``LRQ_Send_SnapSync``) followed by log entries
-from the snapshot's base position. Batches are bounded in entries and bytes;
-at most ``window_batches`` / ``window_bytes`` are unacknowledged at once
-(:mod:`lr_server.window`); the cursor is persisted only when the sink
-acknowledges. Connection loss: reconnect with exponential backoff and jitter
-until the session is stopped, renegotiate (:mod:`lr_server.negotiation`),
-resume exactly where the sink stopped. Full-sync requests are followed by
-:mod:`lr_server.snapshot_requests`, stopped streams by :mod:`lr_server.stops`.
-A branch's session relaying a cascaded client is woken when its receiver
-stores a batch of it (:mod:`lr_server.arrivals`): it does not wait for a poll
-or an acknowledgement to relay it.
+Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or
+a full snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base.
+Batches are bounded in entries and bytes, at most ``window_batches`` /
+``window_bytes`` unacknowledged (:mod:`lr_server.window`); the cursor is saved when
+the sink acknowledges. Connection loss: reconnect with backoff and jitter,
+renegotiate (:mod:`lr_server.negotiation`), resume where the sink stopped. Full
+syncs are followed by :mod:`lr_server.snapshot_requests`, stopped streams by
+:mod:`lr_server.stops`. A branch's session relaying a cascaded client is woken when
+its receiver stores a batch of it (:mod:`lr_server.arrivals`).
 
-Idle, a session waits for a wake-up (:meth:`SenderSession.wake`: the server's
-watch of the send queue, :meth:`~lr_client.store.contract.Shipping.watch_sends`)
-or an acknowledgement. Its safety poll starts at ``poll_interval`` after work
-or a wake-up and doubles with each round that finds nothing, up to
-:data:`IDLE_POLL_MAX`: a lost wake-up costs at most that, never an entry.
+Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of
+the send queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack.
+Its safety poll doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX`: a lost
+wake-up costs at most that, never an entry.
 """
 
 from __future__ import annotations
@@ -59,7 +55,9 @@ from lr_server.window import InFlight, Window
 log = logging.getLogger("lr.session")
 
 #: Seconds an idle session waits at most between two reads (its safety poll).
-IDLE_POLL_MAX = 1.0
+IDLE_POLL_MAX = 5.0
+#: Seconds between two reads of full-sync requests, drops and stops while shipping.
+REQUEST_CHECK = 0.5
 #: Seconds an idle session takes at most to see its stop.
 STOP_CHECK = 0.25
 #: Seconds between writes of an unchanged session status row (``updated_at`` stays fresh).
@@ -105,8 +103,7 @@ class SenderSession:
         self.arrivals = arrivals
         self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
         self._woken = False  # set by wake(): the next round polls fast again
-        #: Seconds an idle session waits at most between two reads; between writes of an
-        #: unchanged status row.
+        #: Seconds an idle session waits at most between reads; between status rows.
         self.idle_poll_max, self.status_refresh = IDLE_POLL_MAX, STATUS_REFRESH
         #: The status last written, and when (time.monotonic()).
         self._status_written: tuple[object, ...] | None = None
@@ -410,7 +407,7 @@ class SenderSession:
         return stream
 
     def _check_requests(self, streams: dict[str, ClientStream]) -> None:
-        self.requests.check(streams)
+        self.requests.check(streams)  # a step of its own, for tests to take
 
     # -- pumping ----------------------------------------------------------------------------------
     def _pump(
@@ -421,10 +418,11 @@ class SenderSession:
         idle = fast  # the next idle wait: doubles with each round that finds nothing
         while not stop.is_set():
             now = time.monotonic()
-            if now - last_check > 0.5:
+            woken, self._woken = self._woken, False
+            # Requests, drops, stops: on a wake-up (at most every REQUEST_CHECK s), or polled.
+            if now - last_check > (REQUEST_CHECK if woken else max(REQUEST_CHECK, idle)):
                 self._check_requests(streams)
                 last_check = now
-            woken, self._woken = self._woken, False
             sent_any = self._ship(stream, streams)
             if sent_any or woken:
                 idle = fast

@@ -5,7 +5,8 @@ It runs in the member that owns the trim unit. While the send queue is idle
 (its head unmoved since a round that found every stream caught up) retention
 waits for the head to move, or for :data:`IDLE_RETENTION_PERIOD`: an idle site
 does not measure every stream's backlog and rewrite every client's flow state
-each ``trim_interval``. Trim runs every round.
+each ``trim_interval``. Trim runs every round; rounds that find nothing to do
+come at doubling intervals, from ``trim_interval`` up to :data:`IDLE_UPKEEP_MAX`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ log = logging.getLogger("lr.server")
 ANALYZE_INTERVAL = 15.0
 #: Seconds between retention rounds while the send queue is idle.
 IDLE_RETENTION_PERIOD = 30.0
+#: Seconds between upkeep rounds at most, while rounds find nothing to do.
+IDLE_UPKEEP_MAX = 5.0
 
 
 class Upkeep:
@@ -54,32 +57,40 @@ class Upkeep:
     def run(self, stop: threading.Event) -> None:
         self.store.rotation_period = self.config.retention.rotation_period
         self.store.max_slots = self.config.retention.max_slots
-        while not stop.wait(self.config.retention.trim_interval):
+        every = self.config.retention.trim_interval
+        wait = every
+        while not stop.wait(wait):
             fence = self.fence()
             if fence is None:  # another member runs the trim job
                 continue
+            busy = True
             try:
-                self.round(fence)
+                busy = self.round(fence)
             except FencedError as exc:  # the trim unit moved to another member meanwhile
                 log.info("trim stopped: %s", exc)
             except Exception:
                 log.exception("retention or trim failed")
+            wait = every if busy else min(max(every, IDLE_UPKEEP_MAX), wait * 2)
 
-    def round(self, fence: Fence | None) -> None:
-        """One round, its writes under ``fence`` (None: unfenced, a single server)."""
+    def round(self, fence: Fence | None) -> bool:
+        """One round, its writes under ``fence`` (None: unfenced, a single server);
+        whether it found something to do (the head moved, a backlog, a trim, a rotation)."""
         now = time.monotonic()
         head = self.store.head_position()
-        if head != self.quiet_head or now - self._full_at >= IDLE_RETENTION_PERIOD:
+        busy = head != self.quiet_head
+        if busy or now - self._full_at >= IDLE_RETENTION_PERIOD:
             # Also with no destinations: unconfigured ones are bounded too.
             report = self.policy.run_once()
             idle = all(h.backlog.entries == 0 for h in report.streams)
             self.quiet_head, self._full_at = (head if idle else None), now
+            busy = busy or not idle
         # Every round: what was released (a drop) or passed goes even while idle, and on
         # PostgreSQL a slot is retired whole once its time is up, not when it is passed.
         n = self.store.trim(self.config.retention.trim_batch, max_batches=10, fence=fence)
         if n:
             metrics.TRIMMED.inc(n)
         self.after_trim()
+        rotated = None
         if self.config.listen:  # a sink: retire delivered receive queue entries
             rotated = self.store.rotate_receive_queues(self.config.receiver.rotation_period)
             if rotated is not None:
@@ -87,6 +98,7 @@ class Upkeep:
         if time.monotonic() - self._analyzed > ANALYZE_INTERVAL:
             self.store.analyze()
             self._analyzed = time.monotonic()
+        return busy or bool(n) or rotated is not None
 
 
-__all__ = ["ANALYZE_INTERVAL", "IDLE_RETENTION_PERIOD", "Upkeep"]
+__all__ = ["ANALYZE_INTERVAL", "IDLE_RETENTION_PERIOD", "IDLE_UPKEEP_MAX", "Upkeep"]

@@ -156,6 +156,7 @@ class RetentionStore(SnapshotPoolStore):
             }
             conn.execute(insert(s.drops).values(**row))
             self._set_cursor(conn, destination, client_name, cursor, True)
+            self._announce_sends(conn)  # the destination's session sends the drop notice
         return DropRecord(destination, client_name, first, now, reason)
 
     def list_drops(self, destination: str | None = None) -> list[DropRecord]:
@@ -296,6 +297,8 @@ class RetentionStore(SnapshotPoolStore):
             row = conn.execute(
                 select(t).where(t.c.destination == destination, t.c.client_name == client_name)
             ).first()
+            if done:
+                self._announce_sends(conn)  # the stopped stream's session resumes it
         return self._stop(row) if done and row else None
 
     def mark_stream_resumed(self, destination: str, client_name: str) -> None:

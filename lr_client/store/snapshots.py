@@ -381,6 +381,8 @@ class SnapshotRequestsStore(SnapshotPoolStore):
             query = query.where(s.snapshots.c.status.in_([x.value for x in expect]))
         if not conn.execute(query.values(**own)).rowcount:
             return False
+        if "status" in own:  # a session may have a step to take
+            self._announce_sends(conn)
         theirs = {k: v for k, v in values.items() if k in _DESTINATION_COLUMNS}
         if theirs:
             d = s.snapshot_destinations
@@ -414,20 +416,17 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         return ok
 
     def _settle(self, conn: Connection, snapshot_id: str, reason: str = "") -> None:
-        """End an open snapshot none of whose destinations is open.
-
-        COMPLETED if it was READY and a destination completed it, else
-        CANCELLED (for ``reason``, the last one's to leave). Its entries are
-        the caller's to release (else trim's).
-        """
+        """End an open snapshot none of whose destinations is open: COMPLETED if it was
+        READY and a destination completed it, else CANCELLED (for ``reason``, the last
+        one's to leave). Its entries are the caller's to release (else trim's)."""
+        self._announce_sends(conn)  # a destination's view changed: its session has a step
         d, j = s.snapshot_destinations, s.snapshots
         row = conn.execute(
             select(j.c.status).where(j.c.snapshot_id == snapshot_id).with_for_update()
         ).first()
         if row is None or row.status not in _OPEN:
             return
-        views = conn.execute(select(d.c.status).where(d.c.snapshot_id == snapshot_id)).scalars()
-        seen = set(views)
+        seen = set(conn.execute(select(d.c.status).where(d.c.snapshot_id == snapshot_id)).scalars())
         if seen & set(_OPEN):
             return
         if row.status == SnapshotStatus.READY.value and SnapshotStatus.COMPLETED.value in seen:
@@ -435,9 +434,9 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         else:
             final = SnapshotStatus.CANCELLED
             reason = reason or "no destination left in it"
-        values: dict[str, object] = {"status": final.value, "updated_at": time.time()}
-        if final is SnapshotStatus.CANCELLED:
-            values["reason"] = reason
+        values = {"status": final.value, "updated_at": time.time(), "reason": reason}
+        if final is SnapshotStatus.COMPLETED:
+            del values["reason"]
         conn.execute(update(j).where(j.c.snapshot_id == snapshot_id).values(**values))
 
     def _leave(

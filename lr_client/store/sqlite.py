@@ -38,13 +38,16 @@ _INSERT = (
 )
 
 
-#: What a sender session may have to ship: the heads of the send queues and the
-#: latest change of a full sync (the tables' own names, not input).
+#: What a sender session may have to ship: the heads of the send queues, the latest
+#: change of a full sync, a stream dropped or its loss accepted (the tables' own names,
+#: not input).
 _SENDS_HEAD = (
     "SELECT (SELECT seq FROM sqlite_sequence WHERE name = 'lrq_send_log_entries'),"
     " (SELECT seq FROM sqlite_sequence WHERE name = 'lrq_send_snapsync'),"
     " (SELECT max(updated_at) FROM lrq_snapshots),"
-    " (SELECT max(updated_at) FROM lrq_snapshot_destinations)"
+    " (SELECT max(updated_at) FROM lrq_snapshot_destinations),"
+    " (SELECT count(*) FROM lrq_drops), (SELECT max(dropped_at) FROM lrq_drops),"
+    " (SELECT max(accepted_at) FROM lrq_stream_stops)"
 )
 #: The head of the receive queues: it moves when a receiver stores entries only.
 _ARRIVALS_HEAD = "SELECT seq FROM sqlite_sequence WHERE name = 'lrq_recv_entries'"

@@ -214,9 +214,9 @@ def test_every_shipping_read_survives_a_lost_connection(store: QueueStore, outag
 def test_watch_sends_is_woken_by_work_for_the_sessions_only(
     store: QueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A committed transmit and a full-sync request wake the watch (PostgreSQL:
-    ``NOTIFY lrq_sends``; SQLite: the send queues' heads moved); a write that is no
-    work for a session (its status row) does not."""
+    """A committed transmit, a full-sync request, a dropped stream and an accepted loss
+    wake the watch (PostgreSQL: ``NOTIFY lrq_sends``; SQLite: the send queues' heads
+    moved); a write that is no work for a session (its status row) does not."""
     monkeypatch.setattr(watches, "NOTIFY_INTERVAL", 0.0)  # every transmit notifies
     wakes: list[int] = []
     watch = store.watch_sends(lambda: wakes.append(1))
@@ -232,5 +232,10 @@ def test_watch_sends_is_woken_by_work_for_the_sessions_only(
         store.request_snapshot(None, "b", "policy", "test")  # the marker
         wait_for(lambda: len(wakes) >= 4, what="a full-sync request's wake-up")
         assert len(wakes) == 4  # the status row woke nobody
+        store.drop_stream("c", "policy", "test")
+        wait_for(lambda: len(wakes) == 5, what="a dropped stream's wake-up")
+        store.stop_stream("c", "policy", "test", 1)
+        assert store.accept_stream_loss("c", "policy") is not None
+        wait_for(lambda: len(wakes) >= 6, what="an accepted loss's wake-up")
     finally:
         watch.close()

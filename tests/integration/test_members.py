@@ -399,3 +399,36 @@ def test_units_kept_through_a_lapse_are_released_when_they_move(
     assert set(m1.fences) == {u for u, o in want.items() if o == "m1"}
     m1.leave()
     m2.leave()
+
+
+def test_a_steady_round_writes_no_lease(
+    pg_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round that changes nothing reads the leases it holds and takes none again (an
+    idle member costs a read per round, not a write per unit); a lease lost meanwhile
+    is still seen as lost."""
+    units = [stream_unit("b", f"c{i}") for i in range(5)]
+    member = Membership(pg_store, "m1", units, lambda f: None)
+    member.join()
+    held = dict(member.fences)
+    assert set(held) == set(units)
+    taken: list[str] = []
+    acquire = pg_store.acquire_unit
+
+    def counted(unit: str, *args: object) -> Fence | None:
+        taken.append(unit)
+        return acquire(unit, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pg_store, "acquire_unit", counted)
+    member.round()
+    assert taken == [] and member.fences == held
+    other = Membership(pg_store, "m2", [], lambda f: None, weight=0)  # places nothing
+    other.join()
+    pg_store.remove_member("m1")  # an operator's clean-up: its leases are free ...
+    assert pg_store.acquire_unit(units[0], "m2", other.instance, 5.0) is not None  # ... taken
+    pg_store.join_member("m1", member.instance, "", 1)
+    taken.clear()
+    member.round()  # none is held any more: each asked for, and m2 keeps the one it took
+    assert sorted(taken) == sorted(units) and set(member.fences) == set(units[1:])
+    member.leave()
+    other.leave()

@@ -40,19 +40,19 @@ def test_an_idle_send_queue_is_measured_again_once_it_moves_or_after_the_period(
     keeper, reports = _upkeep(store, db_url)
     fence = None  # one server: its writes unfenced
     keeper.round(fence)
-    keeper.round(fence)  # idle: nothing transmitted, every stream caught up
+    assert not keeper.round(fence)  # idle: nothing transmitted, every stream caught up
     assert len(reports) == 1 and keeper.quiet_head is not None
     client = RoutingQueueClient(store, "a", "policy")
     with Session(store.engine) as s, s.begin():
         client.transmit_log_entry_message(s, b"x", ["b"])
-    keeper.round(fence)  # the head moved: measured, and behind (not acknowledged)
+    assert keeper.round(fence)  # the head moved: measured, and behind (not acknowledged)
     assert len(reports) == 2 and keeper.quiet_head is None
     assert [h.backlog.entries for h in reports[-1].streams] == [1]
-    keeper.round(fence)  # a stream behind is measured every round
+    assert keeper.round(fence)  # a stream behind is measured every round: busy
     assert len(reports) == 3
     store.set_cursor("b", "policy", store.head_position())
-    keeper.round(fence)  # caught up: idle from here on
-    keeper.round(fence)
+    assert keeper.round(fence)  # caught up, and its entry trimmed
+    assert not keeper.round(fence)  # idle from here on: the next rounds come slower
     assert len(reports) == 4 and keeper.quiet_head is not None
     assert store.read_client_log("policy", 0, 10) == []  # trimmed all the same
     monkeypatch.setattr(upkeep, "IDLE_RETENTION_PERIOD", 0.0)
