@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 from sqlalchemy.orm import Session
 
-import lr_client.sender as sender_module
+import lr_client.sending as sending_module
 from lr_client import (
     Backpressure,
     CascadeRouteError,
@@ -132,7 +132,7 @@ def test_validated_destination_lists_are_remembered_but_never_trusted_blindly(
     with client.store.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"1", ["site-b", "site-c"])
         # A list seen before is not validated again (the hot path of a transmitting app)...
-        monkeypatch.setattr(sender_module, "validate_name", _must_not_run)
+        monkeypatch.setattr(sending_module, "validate_name", _must_not_run)
         client.transmit_log_entry_message(conn, b"2", ("site-b", "site-c"))
         monkeypatch.undo()
         # ...but any other list is, whatever was remembered.
@@ -159,11 +159,11 @@ def test_the_remembered_destination_lists_are_bounded(client: RoutingQueueClient
     sites = [f"s{i}" for i in range(50)]
     client.register_destinations(sites)
     pairs = [[a, b] for i, a in enumerate(sites) for b in sites[i + 1 :]]  # 1,225 lists
-    assert len(pairs) > sender_module.RESOLVED_CACHE_SIZE
+    assert len(pairs) > sending_module.RESOLVED_CACHE_SIZE
     with client.store.engine.begin() as conn:
         for dests in pairs:
             client.transmit_log_entry_message(conn, b"x", dests)
-    assert len(client._resolved) == sender_module.RESOLVED_CACHE_SIZE
+    assert len(client.rules.resolved) == sending_module.RESOLVED_CACHE_SIZE
     # Lists past the bound still work, validated each time.
     assert client.store.backlog("s49", "policy").entries == 49
 
