@@ -100,6 +100,10 @@ class Tx:
     def transmit_many(self, messages: Sequence[LRMessageWithDestinations]) -> list[EntryRef]:
         return self._do(self.app.client.transmit_log_entry_messages(self.handle, messages))  # type: ignore[no-any-return]
 
+    def request_snapshot(self, destination: str, reason: str = "application") -> str:
+        c = self.app.client
+        return self._do(c.request_snapshot_sync(destination, self.handle, reason=reason))  # type: ignore[no-any-return]
+
     @contextmanager
     def undone(self) -> Iterator[None]:
         """A savepoint rolled back at the end of the block."""
@@ -193,6 +197,11 @@ class App:
             tx.commit()
         finally:
             tx.close()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The client's ``method`` (awaited in the async flavours)."""
+        result = getattr(self.client, method)(*args, **kwargs)
+        return self.run(result) if self.is_async else result
 
     def positions_of(self, refs: Sequence[EntryRef], timeout: float = 0.0) -> list[int | None]:
         if isinstance(self.client, AsyncRoutingQueueClient):
