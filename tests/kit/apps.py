@@ -45,7 +45,9 @@ FLAVOURS = [
 ]
 
 
-def every_flavour(backends: Sequence[str] = ("sqlite", "postgresql")) -> pytest.MarkDecorator:
+def every_flavour(
+    backends: Sequence[str] = ("sqlite", "postgresql"), only_async: bool = False
+) -> pytest.MarkDecorator:
     """Parametrise a test over ``db_url`` (the backend) and ``flavour`` together."""
     return pytest.mark.parametrize(
         ("db_url", "flavour"),
@@ -57,7 +59,7 @@ def every_flavour(backends: Sequence[str] = ("sqlite", "postgresql")) -> pytest.
                 marks=[pytest.mark.postgres] if b == "postgresql" else [],
             )
             for b, f in FLAVOURS
-            if b in backends
+            if b in backends and not (only_async and f == "sync")
         ],
         indirect=["db_url"],
     )
@@ -142,7 +144,7 @@ class App:
     def is_async(self) -> bool:
         return self.flavour != "sync"
 
-    def _loop(self) -> tuple[asyncio.Runner, AsyncEngine]:
+    def loop(self) -> tuple[asyncio.Runner, AsyncEngine]:
         """This thread's event loop and async engine."""
         mine: tuple[asyncio.Runner, AsyncEngine] | None = getattr(self._local, "loop", None)
         if mine is None:
@@ -158,7 +160,7 @@ class App:
 
     def run(self, awaitable: Awaitable[T]) -> T:
         """Run a coroutine to its end in this thread's event loop."""
-        runner, _ = self._loop()
+        runner, _ = self.loop()
 
         async def wrapped() -> T:
             return await awaitable
@@ -175,7 +177,7 @@ class App:
             if begin:
                 handle.begin()
             return Tx(self, handle, None)
-        _, engine = self._loop()
+        _, engine = self.loop()
         if kind == "session":
             ahandle: AsyncSession | AsyncConnection = AsyncSession(engine)
         else:
