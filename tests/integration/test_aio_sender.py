@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from lr_client import BackpressureError, ConfigError, LRMessageWithDestinations
 from lr_client.aio import AsyncRoutingQueueClient, create_async_engine, sync_url
 from lr_client.store import SQLAlchemyQueueStore
+from tests.conftest import PG_URL, require_pg
 from tests.kit.apps import App, every_flavour
 from tests.kit.templates import migrated_sqlite
 
@@ -209,3 +211,31 @@ def test_create_async_engine_gives_sqlite_the_stores_settings(sqlite_site: Path)
             await engine.dispose()
 
     assert asyncio.run(scenario()) == ("wal", 60_000, None)  # BEGIN is the engine's
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "options",
+    ["-cstatement_timeout=5s -csearch_path=lr", "-c statement_timeout=5s -c search_path=lr"],
+)
+def test_asyncpg_gets_a_urls_options_as_server_settings(options: str) -> None:
+    require_pg()
+    url = make_url(PG_URL).set(drivername="postgresql+asyncpg")
+    engine = create_async_engine(url.update_query_dict({"options": options}))
+
+    async def shown() -> tuple[Any, ...]:
+        try:
+            async with engine.connect() as conn:
+                timeout = (await conn.exec_driver_sql("SHOW statement_timeout")).scalar()
+                path = (await conn.exec_driver_sql("SHOW search_path")).scalar()
+                return timeout, path
+        finally:
+            await engine.dispose()
+
+    assert "options" not in engine.url.query
+    assert asyncio.run(shown()) == ("5s", "lr")
+
+
+def test_asyncpg_refuses_other_options() -> None:
+    with pytest.raises(ConfigError, match="-c name=value"):
+        create_async_engine("postgresql+asyncpg://u@h/db?options=--single")

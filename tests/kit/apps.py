@@ -22,7 +22,6 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import parse_qs
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -67,18 +66,12 @@ def every_flavour(
 
 def async_engine(sync_url: str, flavour: str) -> AsyncEngine:
     """An async engine of ``flavour``'s driver on the database of ``sync_url``."""
-    url = make_url(sync_url)
-    if flavour == "aiosqlite":
-        return create_async_engine(url.set(drivername="sqlite+aiosqlite"))
-    if flavour == "psycopg_async":
-        return create_async_engine(url.set(drivername="postgresql+psycopg"))
-    if flavour == "asyncpg":  # asyncpg takes the search path as a server setting
-        options = url.query.get("options", "")
-        found = parse_qs(str(options).replace("-c", "&"), keep_blank_values=True)
-        settings = {k.strip(): v[0].strip() for k, v in found.items() if k.strip()}
-        bare = url.set(drivername="postgresql+asyncpg").difference_update_query(["options"])
-        return create_async_engine(bare, connect_args={"server_settings": settings})
-    raise ValueError(f"not an async flavour: {flavour}")
+    drivers = {
+        "aiosqlite": "sqlite+aiosqlite",
+        "psycopg_async": "postgresql+psycopg",
+        "asyncpg": "postgresql+asyncpg",  # the search path: lr_client.aio reads it for asyncpg
+    }
+    return create_async_engine(make_url(sync_url).set(drivername=drivers[flavour]))
 
 
 class Tx:
