@@ -33,6 +33,17 @@ class CachedReading(Generic[T]):
         #: (the clock's time when the reading started, its value), or None before the first.
         self._last: tuple[float, T] | None = None
 
+    def cached(self) -> tuple[T] | None:
+        """The last reading, in a 1-tuple, if it is younger than ``interval``; else None.
+
+        Never reads: a caller that must not block (an event loop) reads with
+        :meth:`get` elsewhere when this gives None.
+        """
+        last = self._last
+        if last is not None and self.interval > 0 and self._clock() - last[0] < self.interval:
+            return (last[1],)
+        return None
+
     def get(self, fresh: bool = False) -> T:
         last = self._last
         if fresh or self.interval <= 0:

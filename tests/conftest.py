@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:
 
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store  # noqa: E402
 from tests.kit import procs, timing  # noqa: E402
+from tests.kit.apps import App  # noqa: E402
 from tests.kit.guards import ON_CI, need  # noqa: E402
 from tests.kit.ports import release_ports  # noqa: E402
 from tests.kit.sites import Sites  # noqa: E402
@@ -234,3 +235,31 @@ def sites(
         s.call_grace = 0.1
     yield s
     s.close()
+
+
+@pytest.fixture
+def flavour() -> str:
+    """How the application transmits: ``sync`` unless the test is parametrised over
+    every flavour (:func:`tests.kit.apps.every_flavour`)."""
+    return "sync"
+
+
+@pytest.fixture
+def make_app(flavour: str) -> Iterator[Callable[..., App]]:
+    """``make(store, source_id, client_name, **settings)``: a transmitting application of
+    the test's flavour on ``store``'s database (:class:`tests.kit.apps.App`)."""
+    made: list[App] = []
+
+    def make(
+        store: SQLAlchemyQueueStore,
+        source_id: str = "site-a",
+        client_name: str = "policy",
+        **settings: object,
+    ) -> App:
+        app = App(store, flavour, source_id, client_name, **settings)
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.close()

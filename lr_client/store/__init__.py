@@ -34,19 +34,26 @@ from lr_client.store.sqlite import SQLiteQueueStore
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
-def _enable_wal(cur: Any, timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
+def _enable_wal(
+    cur: Any,
+    timeout_s: float = SQLITE_BUSY_TIMEOUT_S,
+    locked: tuple[type[Exception], ...] = (sqlite3.OperationalError,),
+) -> None:
     """Switch the database to WAL, waiting for other connections' locks.
 
     SQLite answers ``database is locked`` at once, without its busy handler, when
     another connection holds a lock while the journal mode changes (several
     processes opening a new database together): retry until the busy timeout.
+    ``locked`` are the driver's errors for it (aiosqlite's through SQLAlchemy's
+    adapter are not sqlite3's).
     """
     deadline = time.monotonic() + timeout_s
     delay = 0.005
     while True:
         try:
-            mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        except sqlite3.OperationalError as exc:
+            cur.execute("PRAGMA journal_mode=WAL")
+            mode = cur.fetchone()[0]
+        except locked as exc:
             if "locked" not in str(exc) or time.monotonic() >= deadline:
                 raise
             time.sleep(delay)  # a lock held by another process: nothing to poll but the lock
@@ -57,16 +64,21 @@ def _enable_wal(cur: Any, timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
         raise sqlite3.OperationalError(f"cannot switch the database to WAL (journal mode {mode})")
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def configure_sqlite_engine(engine: Engine) -> None:
     """WAL, a busy timeout, ``secure_delete=FAST``, and explicit BEGIN (IMMEDIATE for
-    the store's writes; a late write takes the lock at its first statement)."""
+    the store's writes; a late write takes the lock at its first statement).
+
+    On a connection of the sqlite3 driver or of aiosqlite (an async engine's
+    ``sync_engine``, :func:`lr_client.aio.create_async_engine`).
+    """
+    locked = (sqlite3.OperationalError, engine.dialect.loaded_dbapi.OperationalError)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        _enable_wal(cur)
+        _enable_wal(cur, locked=locked)
         cur.execute("PRAGMA synchronous=NORMAL")
         # Deleted rows are zeroed in the b-tree pages that stay, not in the pages
         # freed (reused for new rows): builds with SECURE_DELETE on (Debian's) wrote
@@ -100,7 +112,7 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
         kwargs["connect_args"].setdefault("check_same_thread", False)
         engine = sqlalchemy.create_engine(url, **kwargs)
-        _configure_sqlite(engine)
+        configure_sqlite_engine(engine)
         return engine
     # No pool_pre_ping: it costs a round trip per checkout on the hot path; a
     # dead connection surfaces as StoreUnavailableError and the caller retries.
@@ -158,6 +170,7 @@ def create_app_tables(
 
 
 __all__ = [
+    "SQLITE_BUSY_TIMEOUT_S",
     "CascadeReports",
     "Cascading",
     "Inspection",
@@ -173,6 +186,7 @@ __all__ = [
     "Sites",
     "Snapshots",
     "SubscriberQueues",
+    "configure_sqlite_engine",
     "create_app_tables",
     "create_engine",
     "create_schema",

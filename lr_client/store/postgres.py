@@ -33,10 +33,10 @@ from lr_client.records import (
     QueueSlot,
     ReplicationType,
     WireEntry,
-    new_entry_key,
 )
 from lr_client.store import (
     arrival_watch,
+    pg_append,
     recv_rotation,
     sequencer,
     slots,
@@ -50,40 +50,6 @@ from lr_client.store.sqla import SQLAlchemyQueueStore
 
 log = logging.getLogger(__name__)
 
-_INSERT = (
-    "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at, partition_key) "
-    "VALUES (%s, %s, CAST(%s AS smallint[]), %s, %s) "
-    "RETURNING CAST(CAST(txid AS text) AS bigint), ord"
-)
-#: The sessions' wake-up at commit (:data:`~lr_client.store.watches.SENDS_CHANNEL`),
-#: sent from the statement a transmit runs anyway: no round trip of its own.
-_NOTIFY_SENDS = (
-    # The condition in a FROM-less SELECT: checked before pg_notify is called (in a
-    # FROM clause, the function would run first and the condition filter its row).
-    f"(SELECT count(*) FROM (SELECT pg_notify('{watches.SENDS_CHANNEL}', '')"
-    f" WHERE pg_notification_queue_usage() < {watches.QUEUE_USAGE_LIMIT}) n)"
-)
-_INSERT_NOTIFY = (
-    "WITH e AS (INSERT INTO lrq_send_entries"
-    " (client_name, payload, dest_nums, created_at, partition_key)"
-    " VALUES (%s, %s, CAST(%s AS smallint[]), %s, %s) RETURNING txid, ord) "
-    f"SELECT CAST(CAST(e.txid AS text) AS bigint), e.ord, {_NOTIFY_SENDS} FROM e"
-)
-#: A batch reserves its ordinals at once: the transaction-local counter that
-#: ``lrq_next_ord`` (the ``ord`` default, revision 0004) advances by one per
-#: row, advanced here by the batch's size. Returns (txid, first ordinal).
-_RESERVE = (
-    "SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint), "
-    "set_config(k.name, (coalesce(nullif(current_setting(k.name, true), ''), '0')::bigint"
-    " + %(n)s)::text, true)::bigint - %(n)s + 1 "
-    "FROM (SELECT 'lrq.ord_' || 'lrq_send_entries'::regclass::oid AS name) k"
-)
-_RESERVE_NOTIFY = _RESERVE.replace(" FROM (", f", {_NOTIFY_SENDS} FROM (", 1)
-_COPY_ENTRIES = (
-    "COPY lrq_send_entries (client_name, payload, dest_nums, created_at, ord, partition_key) "
-    "FROM STDIN (FORMAT BINARY)"
-)
-_ENTRY_TYPES = ("varchar", "bytea", "int2[]", "float8", "int8", "bytea")
 
 _RECV_COLUMNS = (
     "queue_id",
@@ -147,7 +113,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         return True
 
     def _announce_sends(self, conn: Connection) -> None:
-        conn.exec_driver_sql(f"SELECT {_NOTIFY_SENDS}")
+        conn.exec_driver_sql(f"SELECT {pg_append.NOTIFY_SENDS}")
 
     def watch_sends(self, wake: Callable[[], None]) -> watches.Watch | None:
         return watches.ChannelWatch(self.engine, watches.SENDS_CHANNEL, wake)
@@ -160,35 +126,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     def _insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
-        now = time.time()
-        # Through the driver's own cursor: this runs in every transmitting
-        # transaction, and SQLAlchemy's statement machinery costs the
-        # application several times the driver's own work per call.
-        raw = conn.connection.driver_connection
-        assert raw is not None
-        notify = self._notify_now()
-        with raw.cursor() as cur:
-            if len(messages) == 1:
-                payload, nums = messages[0][0], messages[0][1]
-                dests = "{" + ",".join(str(n) for n in nums) + "}"
-                key = new_entry_key(messages[0])
-                cur.execute(
-                    _INSERT_NOTIFY if notify else _INSERT, (client_name, payload, dests, now, key)
-                )
-                row = cur.fetchone()
-                return [EntryRef(int(row[0]), int(row[1]))]
-            # A batch: its ordinals reserved in one statement, its rows in one
-            # COPY (the stamp trigger fires for the row whose ordinal is 1).
-            cur.execute(_RESERVE_NOTIFY if notify else _RESERVE, {"n": len(messages)})
-            row = cur.fetchone()
-            txid, first = int(row[0]), int(row[1])
-            with cur.copy(_COPY_ENTRIES) as copy:
-                copy.set_types(list(_ENTRY_TYPES))
-                for i, m in enumerate(messages):
-                    copy.write_row(
-                        (client_name, m[0], list(m[1]), now, first + i, new_entry_key(m))
-                    )
-        return [EntryRef(txid, first + i) for i in range(len(messages))]
+        return pg_append.insert_entries(conn, client_name, messages, self._notify_now())
 
     def sequence(self) -> int:
         with mapped_errors(), self.engine.connect() as conn, conn.begin():

@@ -15,6 +15,7 @@ acknowledged that range.
 from __future__ import annotations
 
 import functools
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -36,6 +37,7 @@ _INSERT = (
     "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at,"
     " partition_key) VALUES (?, ?, ?, ?, ?)"
 )
+_LAST_ROWID = "SELECT last_insert_rowid()"
 
 
 #: What a sender session may have to ship: the heads of the send queues, the latest
@@ -192,19 +194,22 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         now = time.time()
+        rows = [(client_name, m[0], encode_dests(m[1]), now, new_entry_key(m)) for m in messages]
         raw = conn.connection.driver_connection
-        assert raw is not None
-        cur = raw.cursor()
-        try:
-            cur.executemany(
-                _INSERT,
-                [(client_name, m[0], encode_dests(m[1]), now, new_entry_key(m)) for m in messages],
-            )
-            # This transaction holds SQLite's only write lock, so the rows got
-            # consecutive rowids: the last one and the count give them all.
-            last = int(cur.execute("SELECT last_insert_rowid()").fetchone()[0])
-        finally:
-            cur.close()
+        if isinstance(raw, sqlite3.Connection):
+            cur = raw.cursor()
+            try:
+                cur.executemany(_INSERT, rows)
+                last = int(cur.execute(_LAST_ROWID).fetchone()[0])
+            finally:
+                cur.close()
+        else:
+            # Another driver (aiosqlite, on an application's AsyncConnection through
+            # run_sync): the same statements through SQLAlchemy, qmark as sqlite3's.
+            conn.exec_driver_sql(_INSERT, rows)
+            last = int(conn.exec_driver_sql(_LAST_ROWID).scalar_one())
+        # This transaction holds SQLite's only write lock, so the rows got
+        # consecutive rowids: the last one and the count give them all.
         return [EntryRef(0, p, p) for p in range(last - len(messages) + 1, last + 1)]
 
     def _with_tag(self, query: Any, dest_num: int) -> Any:

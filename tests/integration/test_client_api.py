@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy.orm import Session
@@ -21,7 +22,8 @@ from lr_client import (
     create_engine,
 )
 from lr_client.records import ReplicationType
-from lr_client.store import QueueStore
+from lr_client.store import QueueStore, SQLAlchemyQueueStore
+from tests.kit.apps import App, every_flavour
 from tests.kit.sites import Sites
 from tests.kit.wait import wait_for
 
@@ -47,17 +49,27 @@ def test_create_schema_from_a_url_or_an_engine_without_a_store(db_url: str) -> N
         engine.dispose()
 
 
-def test_request_snapshot_sync_destination_first_warns_nothing(
-    client: RoutingQueueClient, store: QueueStore
-) -> None:
+@pytest.fixture
+def app(store: QueueStore, make_app: Callable[..., App]) -> App:
+    """``client`` in the test's flavour (sync, or async on a driver)."""
+    store.register_sites(["b", "c"])
+    assert isinstance(store, SQLAlchemyQueueStore)
+    return make_app(store, "a", "policy")
+
+
+@every_flavour()
+def test_request_snapshot_sync_destination_first_warns_nothing(app: App, store: QueueStore) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        sid = client.request_snapshot_sync("b", reason="rebuild")
-        with Session(store.engine) as s, s.begin():
-            in_txn = client.request_snapshot_sync("c", s, reason="in my transaction")
-        with Session(store.engine) as s, s.begin():
-            rolled_back = client.request_snapshot_sync("c", session=s)
-            s.rollback()
+        sid = app.call("request_snapshot_sync", "b", reason="rebuild")
+        with app.transaction() as tx:
+            in_txn = tx.request_snapshot("c", reason="in my transaction")
+        tx = app.open()
+        try:
+            rolled_back = tx.request_snapshot("c")
+            tx.rollback()
+        finally:
+            tx.close()
     assert caught == []
     req = store.get_snapshot(sid)
     assert req is not None and (req.destination, req.reason) == ("b", "rebuild")
@@ -79,48 +91,49 @@ def test_request_snapshot_sync_session_first_still_works_with_a_deprecation_warn
     assert second is not None and (second.destination, second.reason) == ("c", "old style")
 
 
-def test_request_snapshot_sync_rejects_what_is_not_a_destination(
-    client: RoutingQueueClient,
-) -> None:
+@every_flavour()
+def test_request_snapshot_sync_rejects_what_is_not_a_destination(app: App) -> None:
     with pytest.raises(InvalidInputError, match="destination must be a site id"):
-        client.request_snapshot_sync(None)  # type: ignore[call-overload]
+        app.call("request_snapshot_sync", None)
     with pytest.raises(InvalidNameError):
-        client.request_snapshot_sync("Not A Site")
-    assert client.snapshots() == []
+        app.call("request_snapshot_sync", "Not A Site")
+    assert app.call("snapshots") == []
 
 
+@every_flavour()
 def test_snapshots_lists_this_clients_requests_by_destination_and_state(
-    client: RoutingQueueClient, store: QueueStore
+    app: App, store: QueueStore
 ) -> None:
-    first = client.request_snapshot_sync("b", reason="one")
-    second = client.request_snapshot_sync("b", reason="two")  # supersedes the first
-    to_c = client.request_snapshot_sync("c", reason="three")
+    call = app.call
+    first = call("request_snapshot_sync", "b", reason="one")
+    second = call("request_snapshot_sync", "b", reason="two")  # supersedes the first
+    to_c = call("request_snapshot_sync", "c", reason="three")
     assert to_c == second  # c joins b's snapshot: not started yet
     other = RoutingQueueClient(store, "a", "orders").request_snapshot_sync("b")
-    every = client.snapshots()
+    every = call("snapshots")
     assert {x.snapshot_id for x in every} == {first, second}  # not the other client's
-    assert [x.snapshot_id for x in client.snapshots("b")] == [second, first]  # newest first
-    by_id = {x.snapshot_id: x for x in client.snapshots("b")}
+    assert [x.snapshot_id for x in call("snapshots", "b")] == [second, first]  # newest first
+    by_id = {x.snapshot_id: x for x in call("snapshots", "b")}
     assert by_id[first].state is SnapshotStatus.CANCELLED and not by_id[first].is_open
     assert by_id[second].state is SnapshotStatus.REQUESTED and by_id[second].is_open
     assert by_id[second].reason == "two" and by_id[second].base_position is None
     assert by_id[second].created_at <= by_id[second].updated_at
-    open_ones = client.snapshots(states=["requested", SnapshotStatus.RUNNING])
+    open_ones = call("snapshots", states=["requested", SnapshotStatus.RUNNING])
     assert sorted(x.snapshot_id for x in open_ones) == [second, second]  # b's and c's
-    (for_c,) = client.snapshots("c", states="requested")
+    (for_c,) = call("snapshots", "c", states="requested")
     assert (for_c.snapshot_id, for_c.reason) == (second, "three")
-    assert client.snapshot(second, "c") == for_c
-    assert client.snapshot(second, "b") == by_id[second]
-    whole = client.snapshot(second)
+    assert call("snapshot", second, "c") == for_c
+    assert call("snapshot", second, "b") == by_id[second]
+    whole = call("snapshot", second)
     assert whole is not None and whole.state is SnapshotStatus.REQUESTED
     assert whole.reason == "two"  # the snapshot's: its first request's
-    assert client.snapshot(second, "d") is None  # not in it
-    assert client.snapshot(other) is None  # another client's
-    assert client.snapshot("0" * 32) is None
+    assert call("snapshot", second, "d") is None  # not in it
+    assert call("snapshot", other) is None  # another client's
+    assert call("snapshot", "0" * 32) is None
     with pytest.raises(InvalidInputError, match="unknown snapshot state 'done'"):
-        client.snapshots(states=["done"])
+        call("snapshots", states=["done"])
     with pytest.raises(InvalidNameError):
-        client.snapshots("B!")
+        call("snapshots", "B!")
 
 
 def test_snapshot_progress_from_request_to_completed(sites: Sites) -> None:

@@ -23,8 +23,9 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select,
 from sqlalchemy.orm import Session
 
 from lr_client import EntryRef, LRMessageWithDestinations, RoutingQueueClient
-from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from tests.conftest import PgSchema
+from tests.kit.apps import App, Tx, every_flavour
 from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.wait import join, wait_for
 
@@ -81,50 +82,54 @@ def pg_source(pg_schema: PgSchema) -> tuple[SQLAlchemyQueueStore, RoutingQueueCl
     return store, client
 
 
-def test_out_of_order_commits_are_never_skipped(pg_schema: PgSchema) -> None:
+@every_flavour(["postgresql"])
+def test_out_of_order_commits_are_never_skipped(
+    store: SQLAlchemyQueueStore, db_url: str, make_app: Callable[..., App]
+) -> None:
     """A transaction that transmits first and commits last comes after a later, shorter one.
 
     The short writer commits while the long one is open (it does not wait for
     it), a reader passes the short one's entry, and the long one's entry,
     committed afterwards, is still read: above the reader's cursor.
     """
-    store, client = pg_source(pg_schema)
+    store.register_sites(["site-b"])
+    long_txn = make_app(store).open()
+    long_txn.transmit(b"long", ["site-b"])
 
-    long_session = Session(store.engine)
-    long_session.begin()
-    client.transmit_log_entry_message(long_session, b"long", ["site-b"])
+    short_store = open_store(create_engine(db_url))
+    assert isinstance(short_store, SQLAlchemyQueueStore)
+    try:
+        with make_app(short_store).transaction() as tx:  # never waits for "long"
+            tx.transmit(b"short", ["site-b"])
 
-    short_store = open_store(pg_schema.engine())
-    short_client = RoutingQueueClient(short_store, source_id="site-a", client_name="policy")
-    with Session(short_store.engine) as session, session.begin():  # never waits for "long"
-        short_client.transmit_log_entry_message(session, b"short", ["site-b"])
+        first = store.read_log_entries("site-b", "policy", 0, 100)
+        assert [e.payload for e in first] == [b"short"]
+        cursor = first[-1].position
 
-    first = store.read_log_entries("site-b", "policy", 0, 100)
-    assert [e.payload for e in first] == [b"short"]
-    cursor = first[-1].position
+        long_txn.commit()
+        long_txn.close()
 
-    long_session.commit()
-    long_session.close()
-
-    rest = store.read_log_entries("site-b", "policy", cursor, 100)
-    assert [e.payload for e in rest] == [b"long"]  # not skipped: above the cursor
-    everything = store.read_log_entries("site-b", "policy", 0, 100)
-    assert [e.payload for e in everything] == [b"short", b"long"]  # commit order
-    assert everything[0].position == cursor < everything[1].position
-    short_store.engine.dispose()
+        rest = store.read_log_entries("site-b", "policy", cursor, 100)
+        assert [e.payload for e in rest] == [b"long"]  # not skipped: above the cursor
+        everything = store.read_log_entries("site-b", "policy", 0, 100)
+        assert [e.payload for e in everything] == [b"short", b"long"]  # commit order
+        assert everything[0].position == cursor < everything[1].position
+    finally:
+        short_store.engine.dispose()
 
 
-def test_many_concurrent_writers_never_skip(pg_schema: PgSchema) -> None:
-    store = open_store(pg_schema.engine(pool_size=10))
-    store.create_schema()
-    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
-    client.register_destinations(["site-b"])
+@every_flavour(["postgresql"])
+def test_many_concurrent_writers_never_skip(
+    store: SQLAlchemyQueueStore, make_app: Callable[..., App]
+) -> None:
+    store.register_sites(["site-b"])
+    app = make_app(store)
     n_threads, per_thread = 6, 40
 
     def writer(k: int) -> None:
         for i in range(per_thread):
-            with Session(store.engine) as session, session.begin():
-                client.transmit_log_entry_message(session, b"%d-%d" % (k, i), ["site-b"])
+            with app.transaction() as tx:
+                tx.transmit(b"%d-%d" % (k, i), ["site-b"])
 
     seen = read_while_writing(store, [functools.partial(writer, k) for k in range(n_threads)])
     everything = store.read_log_entries("site-b", "policy", 0, 10_000)
@@ -149,8 +154,9 @@ class Txn:
     commit_returned: float = 0.0
 
 
+@every_flavour()
 def test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order(
-    store: SQLAlchemyQueueStore,
+    store: SQLAlchemyQueueStore, make_app: Callable[..., App]
 ) -> None:
     """Concurrent application transactions, some rolled back, with work between transmits.
 
@@ -158,8 +164,8 @@ def test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order(
     a transaction whose COMMIT returned before another's began comes first.
     """
     app_meta.create_all(store.engine)
-    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
-    client.register_destinations(["site-b"])
+    store.register_sites(["site-b"])
+    app = make_app(store)
     n_writers, per_writer = 5, 24
     txns: list[Txn] = []
     lock = threading.Lock()
@@ -168,22 +174,21 @@ def test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order(
         rng = random.Random(k)
         for i in range(per_writer):
             txn = Txn([b"%d-%d-%d" % (k, i, j) for j in range(rng.randint(1, 3))])
-            session = Session(store.engine)
+            tx = app.open()
             try:
-                session.begin()
-                session.execute(insert(app_rows).values(note=f"{k}-{i}"))
+                tx.execute(insert(app_rows).values(note=f"{k}-{i}"))
                 for payload in txn.payloads:
-                    client.transmit_log_entry_message(session, payload, ["site-b"])
+                    tx.transmit(payload, ["site-b"])
                     time.sleep(rng.uniform(0, 0.003))  # the application's own work
                 if rng.random() < 0.25:
-                    session.rollback()
+                    tx.rollback()
                 else:
                     txn.commit_started = time.monotonic()
-                    session.commit()
+                    tx.commit()
                     txn.commit_returned = time.monotonic()
                     txn.committed = True
             finally:
-                session.close()
+                tx.close()
             with lock:
                 txns.append(txn)
 
@@ -292,35 +297,33 @@ def test_transactions_that_conflict_on_a_row_are_delivered_in_commit_order(
     b_store.engine.dispose()
 
 
+@every_flavour()
 @pytest.mark.parametrize("n", [1, 3], ids=["single", "batch"])
 def test_savepoints_keep_a_transactions_entries_dense_and_in_order(
-    store: SQLAlchemyQueueStore, n: int
+    store: SQLAlchemyQueueStore, make_app: Callable[..., App], n: int
 ) -> None:
     """Entries rolled back to a savepoint leave no gap and no stamp of their own."""
-    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
-    client.register_destinations(["site-b"])
+    store.register_sites(["site-b"])
+    app = make_app(store)
 
-    def send(session: Session, name: str) -> list[EntryRef]:
+    def send(tx: Tx, name: str) -> list[EntryRef]:
         payloads = [f"{name}.{i}".encode() for i in range(n)]
         if n == 1:
-            return [client.transmit_log_entry_message(session, payloads[0], ["site-b"])]
-        batch = [LRMessageWithDestinations(p, ["site-b"]) for p in payloads]
-        return client.transmit_log_entry_messages(session, batch)
+            return [tx.transmit(payloads[0], ["site-b"])]
+        return tx.transmit_many([LRMessageWithDestinations(p, ["site-b"]) for p in payloads])
 
-    with Session(store.engine) as session, session.begin():
-        with session.begin_nested() as sp:  # the first entries of the transaction, undone
-            send(session, "undone-1")
-            sp.rollback()
-        kept = send(session, "k1")
-        with session.begin_nested() as sp:
-            send(session, "undone-2")
-            sp.rollback()
-        kept += send(session, "k2")
-    got = client.positions_of(kept)
+    with app.transaction() as tx:
+        with tx.undone():  # the first entries of the transaction, undone
+            send(tx, "undone-1")
+        kept = send(tx, "k1")
+        with tx.undone():
+            send(tx, "undone-2")
+        kept += send(tx, "k2")
+    got = app.positions_of(kept)
     read = store.read_log_entries("site-b", "policy", 0, 10)
     expected = [f"{k}.{i}".encode() for k in ("k1", "k2") for i in range(n)]
     assert [(e.position, e.payload) for e in read] == list(zip(got, expected, strict=True))
-    assert got == list(range(got[0], got[0] + 2 * n))  # dense: nothing between them given out
+    assert got == list(range(got[0] or 0, (got[0] or 0) + 2 * n))  # dense: nothing between
     assert store.head_position() == got[-1]
 
 

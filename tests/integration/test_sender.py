@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 from sqlalchemy.orm import Session
 
-import lr_client.sender as sender_module
+import lr_client.sending as sending_module
 from lr_client import (
     Backpressure,
     CascadeRouteError,
@@ -20,6 +20,7 @@ from lr_client import (
     InvalidInputError,
     InvalidNameError,
     InvalidPayloadError,
+    InvalidSessionError,
     LRMessageWithDestinations,
     PayloadTooLargeError,
     RoutingQueueClient,
@@ -27,6 +28,7 @@ from lr_client import (
 )
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
+from tests.kit.apps import App, Tx, every_flavour
 
 app_meta = MetaData()
 orders = Table(
@@ -42,6 +44,14 @@ def client(store: SQLAlchemyQueueStore) -> Iterator[RoutingQueueClient]:
     yield c
 
 
+@pytest.fixture
+def app(store: SQLAlchemyQueueStore, make_app: Callable[..., App]) -> App:
+    """The application of the test's flavour (sync, or async on a driver), as ``client``."""
+    app_meta.create_all(store.engine)
+    store.register_sites(["site-b", "site-c"])
+    return make_app(store, max_payload_bytes=1024)
+
+
 def counts(store: SQLAlchemyQueueStore) -> tuple[int, int]:
     store.sequence()  # PostgreSQL: the send log shows entries once sequenced
     with store.read() as conn:
@@ -50,51 +60,65 @@ def counts(store: SQLAlchemyQueueStore) -> tuple[int, int]:
     return int(entries), int(apps)
 
 
-def test_commits_with_the_application(client: RoutingQueueClient) -> None:
-    store = client.store
-    with Session(store.engine) as session, session.begin():
-        session.execute(insert(orders).values(name="o1"))
-        client.transmit_log_entry_message(session, b"o1", ["site-b", "site-c"])
-        client.transmit_log_entry_messages(
-            session,
+@every_flavour()
+def test_commits_with_the_application(app: App) -> None:
+    store = app.store
+    with app.transaction() as tx:
+        tx.execute(insert(orders).values(name="o1"))
+        tx.transmit(b"o1", ["site-b", "site-c"])
+        tx.transmit_many(
             [
                 LRMessageWithDestinations(b"o2", ["site-b"]),
-                LRMessageWithDestinations(b"o3", ["site-c"]),
+                LRMessageWithDestinations(b"o3", ["site-c"], key=b"k"),
             ],
         )
     assert counts(store) == (3, 1)
     assert [e.payload for e in store.read_log_entries("site-b", "policy", 0, 9)] == [b"o1", b"o2"]
-    assert [e.payload for e in store.read_log_entries("site-c", "policy", 0, 9)] == [b"o1", b"o3"]
+    read_c = store.read_log_entries("site-c", "policy", 0, 9)
+    assert [(e.payload, e.key) for e in read_c] == [(b"o1", None), (b"o3", b"k")]
 
 
-def test_rolls_back_with_the_application(client: RoutingQueueClient) -> None:
-    with pytest.raises(RuntimeError), Session(client.store.engine) as session, session.begin():
-        session.execute(insert(orders).values(name="o1"))
-        client.transmit_log_entry_message(session, b"o1", ["site-b"])
+@every_flavour()
+def test_rolls_back_with_the_application(app: App) -> None:
+    with pytest.raises(RuntimeError), app.transaction() as tx:
+        tx.execute(insert(orders).values(name="o1"))
+        tx.transmit(b"o1", ["site-b"])
+        tx.transmit_many([LRMessageWithDestinations(b"o2", ["site-b"])])
         raise RuntimeError("application failure")
-    assert counts(client.store) == (0, 0)
+    assert counts(app.store) == (0, 0)
 
 
-def test_accepts_a_connection(client: RoutingQueueClient) -> None:
-    with client.store.engine.begin() as conn:
-        client.transmit_log_entry_message(conn, b"x", ["site-b"])
-    assert counts(client.store) == (1, 0)
+@every_flavour()
+def test_accepts_a_connection(app: App) -> None:
+    with app.transaction("connection") as tx:
+        tx.transmit(b"x", ["site-b"])
+    assert counts(app.store) == (1, 0)
 
 
+@every_flavour()
 @pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
-def test_a_connection_without_begin_commits_what_it_transmitted(
-    client: RoutingQueueClient, batch: bool
-) -> None:
+def test_a_connection_without_begin_commits_what_it_transmitted(app: App, batch: bool) -> None:
     # The first statement of a connection begins its transaction (autobegin);
     # a transmit that is that first statement must too, or commit() drops it.
-    with client.store.engine.connect() as conn:
+    tx = app.open("connection", begin=False)
+    try:
         if batch:
-            client.transmit_log_entry_messages(conn, [LRMessageWithDestinations(b"x", ["site-b"])])
+            tx.transmit_many([LRMessageWithDestinations(b"x", ["site-b"])])
         else:
-            client.transmit_log_entry_message(conn, b"x", ["site-b"])
-        conn.commit()
-    got = client.store.read_log_entries("site-b", "policy", 0, 9)
+            tx.transmit(b"x", ["site-b"])
+        tx.commit()
+    finally:
+        tx.close()
+    got = app.store.read_log_entries("site-b", "policy", 0, 9)
     assert [e.payload for e in got] == [b"x"]
+
+
+@every_flavour()
+def test_anything_but_a_session_or_connection_is_refused(app: App) -> None:
+    for handle in (None, app.store.engine, "conn"):
+        with pytest.raises(InvalidSessionError):
+            Tx(app, handle, app.run if app.is_async else None).transmit(b"x", ["site-b"])
+    assert counts(app.store) == (0, 0)
 
 
 BAD: list[tuple[object, object, type[Exception]]] = [
@@ -113,17 +137,25 @@ BAD: list[tuple[object, object, type[Exception]]] = [
 ]
 
 
+@every_flavour()
 @pytest.mark.parametrize(("payload", "dests", "error"), BAD)
 def test_bad_input_is_typed_and_changes_nothing(
-    client: RoutingQueueClient, payload: object, dests: object, error: type[Exception]
+    app: App, payload: object, dests: object, error: type[Exception]
 ) -> None:
-    with Session(client.store.engine) as session, session.begin():
-        session.execute(insert(orders).values(name="before"))
-        client.transmit_log_entry_message(session, b"ok", ["site-b"])
-    before = counts(client.store)
-    with pytest.raises(error), Session(client.store.engine) as session, session.begin():
-        client.transmit_log_entry_message(session, payload, dests)  # type: ignore[arg-type]
-    assert counts(client.store) == before
+    with app.transaction() as tx:
+        tx.execute(insert(orders).values(name="before"))
+        tx.transmit(b"ok", ["site-b"])
+    before = counts(app.store)
+    with pytest.raises(error), app.transaction() as tx:
+        tx.transmit(payload, dests)
+    with pytest.raises(error), app.transaction() as tx:  # in a batch, after a good message
+        tx.transmit_many([LRMessageWithDestinations(b"ok", ["site-b"]), _unchecked(payload, dests)])
+    assert counts(app.store) == before
+
+
+def _unchecked(payload: object, dests: object) -> LRMessageWithDestinations:
+    """A message as a caller may build it, with whatever it holds."""
+    return LRMessageWithDestinations(payload, dests)  # type: ignore[arg-type]
 
 
 def test_validated_destination_lists_are_remembered_but_never_trusted_blindly(
@@ -132,7 +164,7 @@ def test_validated_destination_lists_are_remembered_but_never_trusted_blindly(
     with client.store.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"1", ["site-b", "site-c"])
         # A list seen before is not validated again (the hot path of a transmitting app)...
-        monkeypatch.setattr(sender_module, "validate_name", _must_not_run)
+        monkeypatch.setattr(sending_module, "validate_name", _must_not_run)
         client.transmit_log_entry_message(conn, b"2", ("site-b", "site-c"))
         monkeypatch.undo()
         # ...but any other list is, whatever was remembered.
@@ -159,11 +191,11 @@ def test_the_remembered_destination_lists_are_bounded(client: RoutingQueueClient
     sites = [f"s{i}" for i in range(50)]
     client.register_destinations(sites)
     pairs = [[a, b] for i, a in enumerate(sites) for b in sites[i + 1 :]]  # 1,225 lists
-    assert len(pairs) > sender_module.RESOLVED_CACHE_SIZE
+    assert len(pairs) > sending_module.RESOLVED_CACHE_SIZE
     with client.store.engine.begin() as conn:
         for dests in pairs:
             client.transmit_log_entry_message(conn, b"x", dests)
-    assert len(client._resolved) == sender_module.RESOLVED_CACHE_SIZE
+    assert len(client.rules.resolved) == sending_module.RESOLVED_CACHE_SIZE
     # Lists past the bound still work, validated each time.
     assert client.store.backlog("s49", "policy").entries == 49
 
@@ -172,15 +204,14 @@ def _must_not_run(*_args: object) -> str:
     raise AssertionError("validated again")
 
 
-def test_one_bad_message_rejects_the_whole_batch(client: RoutingQueueClient) -> None:
+@every_flavour()
+def test_one_bad_message_rejects_the_whole_batch(app: App) -> None:
     batch = [LRMessageWithDestinations(b"ok", ["site-b"]), LRMessageWithDestinations(b"x", [])]
-    with (
-        pytest.raises(InvalidDestinationsError),
-        Session(client.store.engine) as session,
-        session.begin(),
-    ):
-        client.transmit_log_entry_messages(session, batch)
-    assert counts(client.store) == (0, 0)
+    with pytest.raises(InvalidDestinationsError), app.transaction() as tx:
+        tx.transmit_many(batch)
+    with pytest.raises(InvalidPayloadError), app.transaction() as tx:
+        tx.transmit_many([LRMessageWithDestinations(b"ok", ["site-b"]), b"x"])  # type: ignore[list-item]
+    assert counts(app.store) == (0, 0)
 
 
 @pytest.mark.parametrize("name", ["", "A", "a_b", "x" * 70])
@@ -238,24 +269,30 @@ def root_client(store: SQLAlchemyQueueStore) -> RoutingQueueClient:
     return c
 
 
-def test_a_cascaded_client_goes_to_nodes_of_its_set_only(root_client: RoutingQueueClient) -> None:
+@every_flavour()
+def test_a_cascaded_client_goes_to_nodes_of_its_set_only(
+    root_client: RoutingQueueClient, make_app: Callable[..., App]
+) -> None:
     store = root_client.store
     assert isinstance(store, SQLAlchemyQueueStore)
-    with Session(store.engine) as session, session.begin():
-        session.execute(insert(orders).values(name="ok"))
-        root_client.transmit_log_entry_message(session, b"1", ["s2", "s3", "s4"])  # every node
-        root_client.transmit_log_entry_message(session, b"2", ["s2", "s3"])  # the children
+    app = make_app(store, source_id="s1", flow_check_interval=60.0)
+    with app.transaction() as tx:
+        tx.execute(insert(orders).values(name="ok"))
+        tx.transmit(b"1", ["s2", "s3", "s4"])  # every node
+        tx.transmit(b"2", ["s2", "s3"])  # the children
     assert counts(store) == (2, 1)
-    with Session(store.engine) as session, session.begin():
-        session.execute(insert(orders).values(name="not-sent"))
+    tx = app.open()
+    try:
+        tx.execute(insert(orders).values(name="not-sent"))
         with pytest.raises(CascadeRouteError, match=r"^x: not a node of the set of 'policy'"):
-            root_client.transmit_log_entry_message(session, b"3", ["s2", "x"])
+            tx.transmit(b"3", ["s2", "x"])
         with pytest.raises(CascadeRouteError, match="x: not a node"):
-            root_client.transmit_log_entry_messages(
-                session,
+            tx.transmit_many(
                 [LRMessageWithDestinations(b"4", ["s2"]), LRMessageWithDestinations(b"5", ["x"])],
             )
-        session.rollback()
+        tx.rollback()
+    finally:
+        tx.close()
     assert counts(store) == (2, 1)  # nothing of the refused calls was written
     assert isinstance(CascadeRouteError(), InvalidInputError)
 

@@ -140,3 +140,22 @@ def test_an_older_reading_never_replaces_a_newer_one(clock: Clock) -> None:
 def test_a_negative_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval"):
         CachedReading(lambda: 1, -1.0)
+
+
+def test_cached_gives_a_fresh_reading_and_never_reads() -> None:
+    clock = Clock()
+    reads: list[int] = []
+
+    def read() -> int:
+        reads.append(1)
+        return len(reads)
+
+    reading = CachedReading(read, 1.0, clock)
+    assert reading.cached() is None  # nothing read yet, and cached() does not read
+    assert reads == []
+    assert reading.get() == 1
+    assert reading.cached() == (1,)
+    clock.now += 1.0  # as old as the interval: stale
+    assert reading.cached() is None
+    assert reads == [1]
+    assert CachedReading(read, 0.0, clock).cached() is None  # interval 0: always read

@@ -1,0 +1,166 @@
+"""PostgreSQL's transmit path: the statements that append to the send queue, named once.
+
+An application's transaction runs them (:meth:`SendLog.append_log_entries
+<lr_client.store.contract.SendLog.append_log_entries>`). On psycopg's sync
+connection they go through the driver's own cursor (a batch's rows in one
+binary COPY): this runs in every transmitting transaction, and SQLAlchemy's
+statement machinery costs the application several times the driver's own work
+per call. On any other driver (asyncpg, psycopg's async connection, reached
+from an ``AsyncConnection`` through ``run_sync``) the same statements go
+through SQLAlchemy, a batch's rows in one executemany: the same rows, the
+same round trips (one per entry, two per batch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import TextClause
+
+from lr_client.records import EntryRef, NewLogEntry, new_entry_key
+from lr_client.store import watches
+
+try:
+    import psycopg
+except ImportError:  # pragma: no cover - only without the extra
+    psycopg = None  # type: ignore[assignment]
+
+#: The sessions' wake-up at commit (:data:`~lr_client.store.watches.SENDS_CHANNEL`),
+#: sent from the statement a transmit runs anyway: no round trip of its own.
+NOTIFY_SENDS = (
+    # The condition in a FROM-less SELECT: checked before pg_notify is called (in a
+    # FROM clause, the function would run first and the condition filter its row).
+    f"(SELECT count(*) FROM (SELECT pg_notify('{watches.SENDS_CHANNEL}', '')"
+    f" WHERE pg_notification_queue_usage() < {watches.QUEUE_USAGE_LIMIT}) n)"
+)
+_VALUES = "VALUES (:client_name, :payload, CAST(:dest_nums AS smallint[]), :created_at, :key)"
+_INSERT_SQL = (
+    "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at, partition_key) "
+    f"{_VALUES} RETURNING CAST(CAST(txid AS text) AS bigint), ord"
+)
+_INSERT_NOTIFY_SQL = (
+    "WITH e AS (INSERT INTO lrq_send_entries"
+    f" (client_name, payload, dest_nums, created_at, partition_key) {_VALUES}"
+    " RETURNING txid, ord) "
+    f"SELECT CAST(CAST(e.txid AS text) AS bigint), e.ord, {NOTIFY_SENDS} FROM e"
+)
+#: A batch reserves its ordinals at once: the transaction-local counter that
+#: ``lrq_next_ord`` (the ``ord`` default, revision 0004) advances by one per
+#: row, advanced here by the batch's size. Returns (txid, first ordinal).
+_RESERVE_SQL = (
+    "SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint), "
+    "CAST(set_config(k.name, CAST(CAST(coalesce(nullif(current_setting(k.name, true), ''), '0')"
+    " AS bigint) + :n AS text), true) AS bigint) - :n + 1 "
+    "FROM (SELECT 'lrq.ord_' || CAST(CAST('lrq_send_entries' AS regclass) AS oid) AS name) k"
+)
+_RESERVE_NOTIFY_SQL = _RESERVE_SQL.replace(" FROM (", f", {NOTIFY_SENDS} FROM (", 1)
+#: A batch's rows with their reserved ordinals, where no COPY serves.
+_INSERT_ROWS_SQL = (
+    "INSERT INTO lrq_send_entries"
+    " (client_name, payload, dest_nums, created_at, ord, partition_key)"
+    " VALUES (:client_name, :payload, CAST(:dest_nums AS smallint[]), :created_at, :ord, :key)"
+)
+_COPY_ENTRIES = (
+    "COPY lrq_send_entries (client_name, payload, dest_nums, created_at, ord, partition_key) "
+    "FROM STDIN (FORMAT BINARY)"
+)
+_ENTRY_TYPES = ("varchar", "bytea", "int2[]", "float8", "int8", "bytea")
+
+
+def _portable(sql: str) -> TextClause:
+    """``sql`` for any driver: the destinations bound as a smallint array."""
+    stmt = text(sql)
+    if ":dest_nums" in sql:
+        stmt = stmt.bindparams(bindparam("dest_nums", type_=postgresql.ARRAY(postgresql.SMALLINT)))
+    return stmt
+
+
+_PSYCOPG = postgresql.dialect(paramstyle="pyformat")  # type: ignore[no-untyped-call]
+
+
+def _psycopg(sql: str) -> str:
+    """``sql`` in psycopg's paramstyle (``%(name)s``), for the driver's own cursor."""
+    return str(text(sql).compile(dialect=_PSYCOPG))
+
+
+#: (portable statement, psycopg's own text) of each, by (batch, notify).
+_STATEMENTS: dict[tuple[bool, bool], tuple[TextClause, str]] = {
+    (batch, notify): (_portable(sql), _psycopg(sql))
+    for (batch, notify), sql in {
+        (False, False): _INSERT_SQL,
+        (False, True): _INSERT_NOTIFY_SQL,
+        (True, False): _RESERVE_SQL,
+        (True, True): _RESERVE_NOTIFY_SQL,
+    }.items()
+}
+_INSERT_ROWS = _portable(_INSERT_ROWS_SQL)
+
+
+def insert_entries(
+    conn: Connection, client_name: str, messages: Sequence[NewLogEntry], notify: bool
+) -> list[EntryRef]:
+    """Append ``messages`` in ``conn``'s transaction (which must have begun); a ref each.
+
+    ``notify`` wakes the sender sessions at commit, from the first statement.
+    """
+    now = time.time()
+    portable, own = _STATEMENTS[(len(messages) > 1, notify)]
+    raw = conn.connection.driver_connection
+    if psycopg is None or not isinstance(raw, psycopg.Connection):
+        return _through_sqlalchemy(conn, portable, client_name, messages, now)
+    with raw.cursor() as cur:
+        if len(messages) == 1:
+            m = messages[0]
+            dests = "{" + ",".join(str(n) for n in m[1]) + "}"
+            cur.execute(own, _row(client_name, m, now, dests))
+            row = cur.fetchone()
+            assert row is not None
+            return [EntryRef(int(row[0]), int(row[1]))]
+        # A batch: its ordinals reserved in one statement, its rows in one
+        # COPY (the stamp trigger fires for the row whose ordinal is 1).
+        cur.execute(own, {"n": len(messages)})
+        row = cur.fetchone()
+        assert row is not None
+        txid, first = int(row[0]), int(row[1])
+        with cur.copy(_COPY_ENTRIES) as copy:
+            copy.set_types(list(_ENTRY_TYPES))
+            for i, m in enumerate(messages):
+                copy.write_row((client_name, m[0], list(m[1]), now, first + i, new_entry_key(m)))
+    return [EntryRef(txid, first + i) for i in range(len(messages))]
+
+
+def _row(client_name: str, m: NewLogEntry, now: float, dests: Any) -> dict[str, Any]:
+    return {
+        "client_name": client_name,
+        "payload": m[0],
+        "dest_nums": dests,
+        "created_at": now,
+        "key": new_entry_key(m),
+    }
+
+
+def _through_sqlalchemy(
+    conn: Connection,
+    stmt: TextClause,
+    client_name: str,
+    messages: Sequence[NewLogEntry],
+    now: float,
+) -> list[EntryRef]:
+    if len(messages) == 1:
+        row = conn.execute(stmt, _row(client_name, messages[0], now, list(messages[0][1]))).one()
+        return [EntryRef(int(row[0]), int(row[1]))]
+    reserved = conn.execute(stmt, {"n": len(messages)}).one()
+    txid, first = int(reserved[0]), int(reserved[1])
+    rows = [
+        {**_row(client_name, m, now, list(m[1])), "ord": first + i} for i, m in enumerate(messages)
+    ]
+    conn.execute(_INSERT_ROWS, rows)
+    return [EntryRef(txid, first + i) for i in range(len(messages))]
+
+
+__all__ = ["NOTIFY_SENDS", "insert_entries"]

@@ -1,0 +1,241 @@
+"""What the async sender adds to the shared rules: no extra round trip, a free event loop,
+engines and URLs (the rules themselves are tested in every flavour in test_sender.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from lr_client import BackpressureError, ConfigError, LRMessageWithDestinations
+from lr_client.aio import AsyncRoutingQueueClient, create_async_engine, sync_url
+from lr_client.store import SQLAlchemyQueueStore
+from tests.conftest import PG_URL, require_pg
+from tests.kit.apps import App, every_flavour
+from tests.kit.templates import migrated_sqlite
+
+
+@pytest.fixture
+def app(store: SQLAlchemyQueueStore, make_app: Callable[..., App]) -> App:
+    store.register_sites(["site-b", "site-c"])
+    return make_app(store)
+
+
+def sent(store: SQLAlchemyQueueStore) -> list[bytes]:
+    return [e.payload for e in store.read_log_entries("site-b", "policy", 0, 100)]
+
+
+@every_flavour(only_async=True)
+def test_a_transmit_adds_no_statement_of_its_own(app: App) -> None:
+    """Readings cached, a transmit is its INSERT alone on the application's connection
+    (SQLite: and its last rowid; a batch on PostgreSQL: its ordinals, then its rows)."""
+    _, engine = app.loop()
+    statements: list[str] = []
+
+    def count(_conn: Any, _cur: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    with app.transaction() as tx:  # the client's readings: read once, cached
+        tx.transmit(b"warm", ["site-b"])
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        tx = app.open()
+        try:
+            tx.execute(text("SELECT 1"))  # the application's own first statement
+            before = len(statements)
+            tx.transmit(b"one", ["site-b"])
+            single = statements[before:]
+            before = len(statements)
+            tx.transmit_many([LRMessageWithDestinations(b"%d" % i, ["site-b"]) for i in range(3)])
+            batch = statements[before:]
+            tx.commit()
+        finally:
+            tx.close()
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+    if app.store.dialect == "sqlite":
+        assert [s.split()[0] for s in single] == ["INSERT", "SELECT"]  # the row, its rowid
+        assert [s.split()[0] for s in batch] == ["INSERT", "SELECT"]  # executemany, rowid
+    else:
+        assert len(single) == 1 and "INSERT INTO lrq_send_entries" in single[0]
+        assert len(batch) == 2 and "pg_current_xact_id" in batch[0]
+        assert "INSERT INTO lrq_send_entries" in batch[1]
+    assert sent(app.store) == [b"warm", b"one", b"0", b"1", b"2"]
+
+
+@every_flavour(only_async=True)
+def test_the_clients_own_readings_leave_the_event_loop_free(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading of the store (here the flow state, read at every transmit) runs in a
+    thread: other tasks go on while it waits for the database."""
+    client = app.client
+    assert isinstance(client, AsyncRoutingQueueClient)
+    client.rules.flow.interval = 0.0  # read on every transmit
+    real = app.store.flow_state
+    inside, release = threading.Event(), threading.Event()
+
+    def held_flow_state(client_name: str) -> tuple[bool, list[str]]:
+        inside.set()
+        assert release.wait(30), "the event loop never ran while the reading was held"
+        return real(client_name)
+
+    monkeypatch.setattr(app.store, "flow_state", held_flow_state)
+    _, engine = app.loop()
+
+    async def scenario() -> None:
+        async with AsyncSession(engine) as session, session.begin():
+            task = asyncio.create_task(client.transmit_log_entry_message(session, b"x", ["site-b"]))
+            # Runs only if the loop is free while the transmit's reading is held.
+            assert await asyncio.to_thread(inside.wait, 30)
+            release.set()
+            await task
+
+    app.run(scenario())
+    assert sent(app.store) == [b"x"]
+
+
+@every_flavour()
+def test_backpressure_is_refused_before_anything_is_written(app: App) -> None:
+    app.store.set_flow_state("policy", True, ["site-b"])
+    app.client.rules.flow.interval = 0.0
+    with pytest.raises(BackpressureError, match="site-b"), app.transaction() as tx:
+        tx.transmit(b"refused", ["site-b"])
+    app.store.set_flow_state("policy", False, [])
+    with app.transaction() as tx:
+        tx.transmit(b"after", ["site-b"])
+    assert sent(app.store) == [b"after"]
+
+
+@every_flavour(only_async=True)
+def test_backpressure_wait_lets_other_tasks_run_and_ends_when_it_lifts(
+    store: SQLAlchemyQueueStore, make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.register_sites(["site-b"])
+    store.set_flow_state("policy", True, ["site-b"])
+    real = store.flow_state
+    reads: list[str] = []
+    polling = threading.Event()
+
+    def flow_state(client_name: str) -> tuple[bool, list[str]]:
+        reads.append(client_name)
+        if len(reads) >= 4:  # the first, its confirmation, then the wait's own
+            polling.set()
+        return real(client_name)
+
+    monkeypatch.setattr(store, "flow_state", flow_state)
+    app = make_app(store, backpressure="wait", backpressure_timeout=60, flow_check_interval=0.01)
+    client = app.client
+    assert isinstance(client, AsyncRoutingQueueClient)
+    _, engine = app.loop()
+
+    async def scenario() -> None:
+        async with AsyncSession(engine) as session, session.begin():
+            task = asyncio.create_task(
+                client.transmit_log_entry_message(session, b"waited", ["site-b"])
+            )
+            # The transmit is waiting (reading the state again), and the loop is not.
+            assert await asyncio.to_thread(polling.wait, 30)
+            assert not task.done()
+            await asyncio.to_thread(store.set_flow_state, "policy", False, [])
+            await asyncio.wait_for(task, 30)
+
+    app.run(scenario())
+    assert sent(store) == [b"waited"]
+
+
+@pytest.mark.parametrize(
+    ("url", "sync"),
+    [
+        ("sqlite+aiosqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+        ("postgresql+asyncpg://u:p@h:5/db", "postgresql+psycopg://u:p@h:5/db"),
+        ("postgresql+psycopg://u@h/db?options=-c", "postgresql+psycopg://u@h/db?options=-c"),
+        ("postgresql+psycopg_async://u@h/db", "postgresql+psycopg://u@h/db"),
+    ],
+)
+def test_sync_url_changes_the_driver_only(url: str, sync: str) -> None:
+    assert sync_url(url).render_as_string(hide_password=False) == sync
+
+
+@pytest.mark.parametrize("url", ["sqlite+aiosqlite://", "mysql+aiomysql://h/db", "sqlite:///x"])
+def test_sync_url_refuses_what_the_store_cannot_share(url: str) -> None:
+    with pytest.raises(ConfigError):
+        sync_url(url)
+
+
+@pytest.fixture
+def sqlite_site(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "site.db"
+    migrated_sqlite(path)
+    yield path
+
+
+def test_from_async_engine_opens_and_closes_its_own_store(sqlite_site: Path) -> None:
+    async def scenario() -> list[int | None]:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
+        try:
+            async with AsyncRoutingQueueClient.from_async_engine(
+                engine, "site-a", "policy"
+            ) as client:
+                await client.register_destinations(["site-b"])
+                async with AsyncSession(engine) as session, session.begin():
+                    ref = await client.transmit_log_entry_message(session, b"x", ["site-b"])
+                found = await client.positions_of([ref], timeout=5)
+                store = client.store
+                assert isinstance(store, SQLAlchemyQueueStore)
+                assert str(store.engine.url) == f"sqlite:///{sqlite_site}"
+            return found
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == [1]
+
+
+def test_create_async_engine_gives_sqlite_the_stores_settings(sqlite_site: Path) -> None:
+    async def scenario() -> tuple[Any, ...]:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
+        try:
+            async with engine.connect() as conn:
+                mode = (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar()
+                busy = (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar()
+                raw = await conn.get_raw_connection()
+                return mode, busy, raw.driver_connection.isolation_level  # type: ignore[union-attr]
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == ("wal", 60_000, None)  # BEGIN is the engine's
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "options",
+    ["-cstatement_timeout=5s -csearch_path=lr", "-c statement_timeout=5s -c search_path=lr"],
+)
+def test_asyncpg_gets_a_urls_options_as_server_settings(options: str) -> None:
+    require_pg()
+    url = make_url(PG_URL).set(drivername="postgresql+asyncpg")
+    engine = create_async_engine(url.update_query_dict({"options": options}))
+
+    async def shown() -> tuple[Any, ...]:
+        try:
+            async with engine.connect() as conn:
+                timeout = (await conn.exec_driver_sql("SHOW statement_timeout")).scalar()
+                path = (await conn.exec_driver_sql("SHOW search_path")).scalar()
+                return timeout, path
+        finally:
+            await engine.dispose()
+
+    assert "options" not in engine.url.query
+    assert asyncio.run(shown()) == ("5s", "lr")
+
+
+def test_asyncpg_refuses_other_options() -> None:
+    with pytest.raises(ConfigError, match="-c name=value"):
+        create_async_engine("postgresql+asyncpg://u@h/db?options=--single")
