@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import lr_client.subscriber as subscriber_module
+import lr_client.subscriber_settings as subscriber_settings
 from lr_client import (
     InvalidInputError,
     ListenerError,
@@ -1026,7 +1027,7 @@ def test_a_database_url_or_engine_opens_the_store(app_store: SQLAlchemyQueueStor
 
 
 def test_the_default_owner_is_host_pid_and_a_random_part(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(subscriber_module.socket, "gethostname", lambda: "h" * 100)
+    monkeypatch.setattr(subscriber_settings.socket, "gethostname", lambda: "h" * 100)
     owner = default_owner()
     assert re.fullmatch(rf"h{{80}}:{os.getpid()}:[0-9a-f]{{8}}", owner), owner
     assert default_owner() != owner
