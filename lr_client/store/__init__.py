@@ -45,7 +45,8 @@ def _enable_wal(cur: Any, timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
     delay = 0.005
     while True:
         try:
-            mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            cur.execute("PRAGMA journal_mode=WAL")  # not chained: aiosqlite's returns no cursor
+            mode = cur.fetchone()[0]
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() >= deadline:
                 raise
@@ -57,7 +58,7 @@ def _enable_wal(cur: Any, timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
         raise sqlite3.OperationalError(f"cannot switch the database to WAL (journal mode {mode})")
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def configure_sqlite(engine: Engine) -> None:
     """WAL, a busy timeout, ``secure_delete=FAST``, and explicit BEGIN (IMMEDIATE for
     the store's writes; a late write takes the lock at its first statement)."""
 
@@ -100,7 +101,7 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
         kwargs["connect_args"].setdefault("check_same_thread", False)
         engine = sqlalchemy.create_engine(url, **kwargs)
-        _configure_sqlite(engine)
+        configure_sqlite(engine)
         return engine
     # No pool_pre_ping: it costs a round trip per checkout on the hot path; a
     # dead connection surfaces as StoreUnavailableError and the caller retries.
