@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from lr_client import ListenerError, RoutingQueueMessage
 from lr_client.aio import AsyncRoutingQueueListener, AsyncRoutingQueueSubscriber
 from lr_client.errors import UnsupportedSettingError
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from tests.conftest import PgSchema
-from tests.kit.aio import async_engine
-from tests.kit.templates import migrated_sqlite
+from lr_client.store import SQLAlchemyQueueStore
+from tests.kit.aio import DRIVER_PARAMS, Site, aio_site
 from tests.kit.wait import scaled
 
 CLIENT = "policy"
@@ -46,42 +43,11 @@ applied = Table(
 )
 
 
-@dataclass
-class Site:
-    """A sink's database: its sync store (the receiver's side) and its URL."""
-
-    store: SQLAlchemyQueueStore
-    url: str
-    driver: str
-
-    def engine(self) -> AsyncEngine:
-        return async_engine(self.url, self.driver)
-
-
-@pytest.fixture(
-    params=[
-        "aiosqlite",
-        pytest.param("psycopg", marks=pytest.mark.postgres),
-        pytest.param("asyncpg", marks=pytest.mark.postgres),
-    ]
-)
+@pytest.fixture(params=DRIVER_PARAMS)
 def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
-    driver = str(request.param)
-    schema: PgSchema | None = None
-    if driver == "aiosqlite":
-        migrated_sqlite(tmp_path / "sink.db")
-        url = f"sqlite:///{tmp_path / 'sink.db'}"
-    else:
-        schema = PgSchema(migrated=True)
-        url = schema.url
-    store = open_store(create_engine(url))
-    meta.create_all(store.engine)
-    try:
-        yield Site(store, url, driver)
-    finally:
-        store.engine.dispose()
-        if schema is not None:
-            schema.drop()
+    with aio_site(str(request.param), tmp_path) as made:
+        meta.create_all(made.store.engine)
+        yield made
 
 
 def log_entries(first: int, count: int) -> list[WireEntry]:

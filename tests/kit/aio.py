@@ -12,20 +12,33 @@ engine of a test database URL with a given driver.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from lr_client.aio import AsyncRoutingQueueListener, AsyncRoutingQueueSubscriber
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage, takes_base_position
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store.async_engine import create_async_engine
+from tests.conftest import PgSchema
+from tests.kit.templates import migrated_sqlite
 
 #: The async drivers of each backend.
 DRIVERS = {"sqlite": ("aiosqlite",), "postgresql": ("psycopg", "asyncpg")}
+#: Every async driver, as the params of a fixture (PostgreSQL's marked).
+DRIVER_PARAMS = [
+    "aiosqlite",
+    pytest.param("psycopg", marks=pytest.mark.postgres),
+    pytest.param("asyncpg", marks=pytest.mark.postgres),
+]
 
 
 def async_engine(url: str, driver: str | None = None, **kwargs: Any) -> AsyncEngine:
@@ -52,6 +65,38 @@ def async_engine(url: str, driver: str | None = None, **kwargs: Any) -> AsyncEng
     return create_async_engine(
         u.render_as_string(hide_password=False), connect_args=connect_args, **kwargs
     )
+
+
+@dataclass
+class Site:
+    """A site's migrated database: its sync store (a receiver's, a requester's side),
+    its URL and the async driver under test."""
+
+    store: SQLAlchemyQueueStore
+    url: str
+    driver: str
+
+    def engine(self) -> AsyncEngine:
+        return async_engine(self.url, self.driver)
+
+
+@contextlib.contextmanager
+def aio_site(driver: str, tmp_path: Path) -> Iterator[Site]:
+    """A migrated database of the backend of ``driver`` (dropped at the end)."""
+    schema: PgSchema | None = None
+    if driver == "aiosqlite":
+        migrated_sqlite(tmp_path / "aio.db")
+        url = f"sqlite:///{tmp_path / 'aio.db'}"
+    else:
+        schema = PgSchema(migrated=True)
+        url = schema.url
+    store = open_store(create_engine(url))
+    try:
+        yield Site(store, url, driver)
+    finally:
+        store.engine.dispose()
+        if schema is not None:
+            schema.drop()
 
 
 class AsAsync(AsyncRoutingQueueListener):
@@ -169,4 +214,4 @@ class SyncDriven:
         self.close()
 
 
-__all__ = ["DRIVERS", "AsAsync", "SyncDriven", "async_engine"]
+__all__ = ["DRIVERS", "DRIVER_PARAMS", "AsAsync", "Site", "SyncDriven", "aio_site", "async_engine"]
