@@ -34,6 +34,7 @@ from lr_client.errors import (
     TransientError,
     TransportError,
     UnknownDestinationError,
+    UnsupportedSettingError,
 )
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.partitioners import HashPartitioner, Partitioner, RangePartitioner
@@ -99,6 +100,7 @@ __all__ = [
     "TransientError",
     "TransportError",
     "UnknownDestinationError",
+    "UnsupportedSettingError",
     "__version__",
     "create_app_tables",
     "create_engine",

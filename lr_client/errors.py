@@ -13,7 +13,8 @@
     │   ├── PayloadTooLargeError       payload over the configured limit
     │   └── InvalidPartitionKeyError   partition key not bytes/str, empty, or too long
     ├── ConfigError                a configuration file or value is wrong
-    │   └── PartitionCountError    a queue not drained is delivered with another partition count
+    │   ├── PartitionCountError    a queue not drained is delivered with another partition count
+    │   └── UnsupportedSettingError    a setting this component does not support (yet)
     ├── TransientError             worth retrying: the operation may succeed later
     │   ├── StoreUnavailableError  the database could not be reached
     │   ├── TransportError         the peer could not be reached or the stream broke
@@ -84,6 +85,10 @@ class ConfigError(LRError):
 
 class PartitionCountError(ConfigError):
     """The receive queue is delivered with another partition count; drain it before changing."""
+
+
+class UnsupportedSettingError(ConfigError):
+    """This component does not support that setting."""
 
 
 class TransientError(LRError):

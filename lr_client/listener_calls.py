@@ -1,13 +1,18 @@
 """The listener as a delivery calls it, in the delivery's own transaction.
 
-What the subscriber (:mod:`lr_client.subscriber`) and delivery by partition
-(:mod:`lr_client.partitioned`) share: one call of the listener's callbacks
-for a planned batch, with an ORM session bound to the delivering
-transaction, and whether a full sync at the head waits for its end before it
-reaches the listener (``"complete"`` delivery).
+What the subscribers (:mod:`lr_client.subscriber`, :mod:`lr_client.aio.subscriber`)
+and delivery by partition (:mod:`lr_client.partitioned`) share: which
+callbacks a planned batch makes (:meth:`CallPlanner.callbacks`, without I/O
+but for a snapshot's base position read in the delivery's transaction), how
+a failed one is reported, and whether a full sync at the head waits for its
+end before it reaches the listener (``"complete"`` delivery).
+:class:`ListenerCalls` runs them with an ORM session bound to the delivering
+transaction; the async subscriber awaits them with an ``AsyncSession``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -23,23 +28,32 @@ from lr_client.store import SubscriberQueues
 PARTITION_INFO_KEY = "lr_partition"
 
 
-class ListenerCalls:
-    """Calls ``listener`` for planned batches of ``store``'s receive queues.
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """One call of a listener method: ``name(session, *args, **kwargs)``."""
+
+    name: str
+    args: tuple[object, ...]
+    kwargs: dict[str, object] = field(default_factory=dict)
+    #: A ``process_*`` batch: a false result fails the delivery.
+    batch: bool = False
+
+
+class CallPlanner:
+    """The callbacks of planned batches of ``store``'s receive queues, for ``listener``
+    (sync or async: only its methods' names and signatures are read here).
 
     ``whole_snapshots``: a full sync reaches the listener only once its end
     marker is at the sink (else as it arrives).
     """
 
-    def __init__(
-        self, listener: RoutingQueueListener, store: SubscriberQueues, *, whole_snapshots: bool
-    ) -> None:
-        self.listener = listener
+    def __init__(self, listener: object, store: SubscriberQueues, *, whole_snapshots: bool) -> None:
         self.store = store
         self.whole_snapshots = whole_snapshots
         #: Whether the listener's start and end callbacks take ``base_position`` (else
         #: they have the older signature and are called without it).
-        self.base_at_start = takes_base_position(listener.on_full_sync_start)
-        self.base_at_end = takes_base_position(listener.on_full_sync_end)
+        self.base_at_start = takes_base_position(getattr(listener, "on_full_sync_start"))  # noqa: B009
+        self.base_at_end = takes_base_position(getattr(listener, "on_full_sync_end"))  # noqa: B009
 
     def awaits_end(
         self, conn: Connection, queue_id: int, state: SubscriberState, head: HeadEntry | None
@@ -59,6 +73,70 @@ class ListenerCalls:
         whole = any(e.type is ends and e.snapshot_id == first.snapshot_id for e in entries)
         return not whole and self.awaits_end(conn, queue_id, state, first)
 
+    def callbacks(self, conn: Connection, queue: QueueInfo, plan: Plan) -> list[Callback]:
+        """The calls ``plan`` makes, in order (none for stale entries); a snapshot's base
+        position not on its entries is read in ``conn``'s transaction."""
+        source, sid = queue.source_id, plan.snapshot_id
+        out: list[Callback] = []
+        if plan.kind is PlanKind.STALE:
+            return out
+        if plan.start:
+            if self.base_at_start:
+                base = plan.base_position
+                if base is None:  # not on its entries: the end marker's, if queued
+                    base = self.store.snapshot_base(conn, queue.queue_id, sid)
+                out.append(Callback("on_full_sync_start", (source, sid), {"base_position": base}))
+            else:
+                out.append(Callback("on_full_sync_start", (source, sid)))
+        if plan.kind is PlanKind.DROP:
+            notice = plan.messages[0]
+            args = (source, notice.source_position, notice.payload.decode())
+            out.append(Callback("on_stream_dropped", args))
+        elif plan.messages:
+            name = "process_log_entries" if plan.kind is PlanKind.LOG else "process_full_sync"
+            out.append(Callback(name, (source, plan.messages), batch=True))
+        if plan.end:
+            if self.base_at_end:
+                kwargs: dict[str, object] = {"base_position": plan.base_position}
+                out.append(Callback("on_full_sync_end", (source, sid), kwargs))
+            else:
+                out.append(Callback("on_full_sync_end", (source, sid)))
+        return out
+
+    @staticmethod
+    def failure(
+        queue: QueueInfo, plan: Plan, attempt: int, callback: str, message: str
+    ) -> ListenerError:
+        """The error of a delivery whose ``callback`` failed (``message``: how)."""
+        return ListenerError(
+            f"{callback} for {queue.queue_name} (seq {plan.seqs[0]}..{plan.seqs[-1]}, "
+            f"attempt {attempt}): {message}",
+            source_id=queue.source_id,
+            client_name=queue.client_name,
+            callback=callback,
+            first_seq=plan.seqs[0],
+            last_seq=plan.seqs[-1],
+            attempt=attempt,
+        )
+
+    @staticmethod
+    def rejected(result: object) -> str:
+        """How a batch callback's ``result`` fails it ("" if it does not)."""
+        return "" if result else f"returned {result!r}"
+
+    #: The failure when the listener ended the delivery's transaction itself.
+    ROLLED_BACK = "the listener rolled back the delivery transaction"
+
+
+class ListenerCalls(CallPlanner):
+    """Calls a sync ``listener`` for planned batches, in the delivering transaction."""
+
+    def __init__(
+        self, listener: RoutingQueueListener, store: SubscriberQueues, *, whole_snapshots: bool
+    ) -> None:
+        super().__init__(listener, store, whole_snapshots=whole_snapshots)
+        self.listener = listener
+
     def call(
         self,
         conn: Connection,
@@ -66,75 +144,36 @@ class ListenerCalls:
         plan: Plan,
         attempt: int,
         partition: int | None = None,
+        calls: list[Callback] | None = None,
     ) -> None:
-        """Run ``plan``'s callbacks in ``conn``'s transaction (``partition``: the one it is
-        delivered for, None for entries every partition waited for).
+        """Run ``plan``'s callbacks (``calls``, if planned already) in ``conn``'s
+        transaction (``partition``: the one it is delivered for, None for entries
+        every partition waited for).
 
         :class:`~lr_client.errors.ListenerError` if a callback raised, returned a
         false value for a batch, or rolled the transaction back.
         """
-        listener, source = self.listener, queue.source_id
+        if calls is None:
+            calls = self.callbacks(conn, queue, plan)
         txn = conn.get_transaction()
         session = Session(bind=conn, join_transaction_mode="rollback_only")
         session.info[PARTITION_INFO_KEY] = partition
-
-        def failed(callback: str, message: str) -> ListenerError:
-            return ListenerError(
-                f"{callback} for {queue.queue_name} (seq {plan.seqs[0]}..{plan.seqs[-1]}, "
-                f"attempt {attempt}): {message}",
-                source_id=source,
-                client_name=queue.client_name,
-                callback=callback,
-                first_seq=plan.seqs[0],
-                last_seq=plan.seqs[-1],
-                attempt=attempt,
-            )
-
-        callback = ""
+        name = ""
         try:
-            if plan.start:
-                callback = "on_full_sync_start"
-                if self.base_at_start:
-                    base = plan.base_position
-                    if base is None:  # not on its entries: the end marker's, if queued
-                        base = self.store.snapshot_base(conn, queue.queue_id, plan.snapshot_id)
-                    listener.on_full_sync_start(
-                        session, source, plan.snapshot_id, base_position=base
-                    )
-                else:
-                    listener.on_full_sync_start(session, source, plan.snapshot_id)
-            if plan.kind is PlanKind.DROP:
-                callback = "on_stream_dropped"
-                notice = plan.messages[0]
-                listener.on_stream_dropped(
-                    session, source, notice.source_position, notice.payload.decode()
-                )
-            elif plan.messages:
-                if plan.kind is PlanKind.LOG:
-                    callback = "process_log_entries"
-                    ok = listener.process_log_entries(session, source, plan.messages)
-                else:
-                    callback = "process_full_sync"
-                    ok = listener.process_full_sync(session, source, plan.messages)
-                if not ok:
-                    raise failed(callback, f"returned {ok!r}")
-            if plan.end:
-                callback = "on_full_sync_end"
-                if self.base_at_end:
-                    listener.on_full_sync_end(
-                        session, source, plan.snapshot_id, base_position=plan.base_position
-                    )
-                else:
-                    listener.on_full_sync_end(session, source, plan.snapshot_id)
+            for cb in calls:
+                name = cb.name
+                result = getattr(self.listener, name)(session, *cb.args, **cb.kwargs)
+                if cb.batch and (why := self.rejected(result)):
+                    raise self.failure(queue, plan, attempt, name, why)
             session.flush()
         except ListenerError:
             raise
         except Exception as exc:
-            raise failed(callback, f"{type(exc).__name__}: {exc}") from exc
+            raise self.failure(queue, plan, attempt, name, f"{type(exc).__name__}: {exc}") from exc
         finally:
             session.close()
         if txn is None or not txn.is_active:
-            raise failed(callback, "the listener rolled back the delivery transaction")
+            raise self.failure(queue, plan, attempt, name, self.ROLLED_BACK)
 
 
-__all__ = ["PARTITION_INFO_KEY", "ListenerCalls"]
+__all__ = ["PARTITION_INFO_KEY", "CallPlanner", "Callback", "ListenerCalls"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
+from sqlalchemy.engine import Connection
+
 from lr_client.store import SubscriberQueues
 
 
@@ -34,22 +36,35 @@ class QueueLeases:
         """Whether this owner holds the queue's lease, taking or renewing it once less
         than half of it is left (a round trip then, else none)."""
         with self.lock:
-            now = time.time()
-            if self.until.get(queue_id, 0.0) - now > self.lease_seconds / 2:
+            if self.fresh(queue_id):
                 return True
             with self.store.write() as conn:
-                expires = self.store.acquire_lease(
-                    conn, queue_id, self.owner, now, self.lease_seconds
-                )
-                if expires is not None:
-                    # The partition count of the queue: refused (and the lease not
-                    # taken) if it differs and the queue is not drained.
-                    self.store.claim_partitions(conn, queue_id, self.partitions)
-            if expires is None:
-                self.until.pop(queue_id, None)
-                return False
-            self.until[queue_id] = expires
-            return True
+                expires = self.take(conn, queue_id)
+            return self.taken(queue_id, expires)
+
+    def fresh(self, queue_id: int) -> bool:
+        """Whether more than half of this owner's lease of the queue is left (no round trip)."""
+        return self.until.get(queue_id, 0.0) - time.time() > self.lease_seconds / 2
+
+    def take(self, conn: Connection, queue_id: int) -> float | None:
+        """Take or renew the queue's lease in ``conn``'s transaction: its expiry, or None
+        if another owner holds it. The queue's partition count is claimed with it:
+        refused (:class:`~lr_client.errors.PartitionCountError`, the lease not taken) if
+        it differs and the queue is not drained."""
+        expires = self.store.acquire_lease(
+            conn, queue_id, self.owner, time.time(), self.lease_seconds
+        )
+        if expires is not None:
+            self.store.claim_partitions(conn, queue_id, self.partitions)
+        return expires
+
+    def taken(self, queue_id: int, expires: float | None) -> bool:
+        """Record what :meth:`take` committed; whether this owner holds the lease."""
+        if expires is None:
+            self.until.pop(queue_id, None)
+            return False
+        self.until[queue_id] = expires
+        return True
 
     def expiry(self) -> float:
         """The expiry a delivery starting now saves with the queue's state."""

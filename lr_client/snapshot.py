@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 
 from sqlalchemy.engine import Engine
 
@@ -53,6 +54,7 @@ from lr_client.records import (
     check_partition_key,
     check_payload,
 )
+from lr_client.snapshot_heartbeat import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat
 from lr_client.store import Snapshots, open_store
 
 log = logging.getLogger("lr_client.snapshot")
@@ -63,10 +65,6 @@ DEFAULT_CHUNK_SIZE = 1000
 DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES = 64 * 1024 * 1024
 #: Minimum seconds between two progress writes while a transmit is running.
 PROGRESS_INTERVAL_S = 1.0
-#: Seconds between two heartbeats of a running snapshot's worker. The sender
-#: session fails a RUNNING snapshot not heard of for ``snapshot_stall_timeout``
-#: (``[replication]``, 60 s by default) and asks for a new one.
-HEARTBEAT_INTERVAL_S = 5.0
 
 
 def wait_for_base(
@@ -87,45 +85,6 @@ def wait_for_base(
             raise SnapshotError(f"snapshot {snapshot_id} is no longer running")
         if stop.wait(interval):
             raise SnapshotError(f"snapshot {snapshot_id}: stopped waiting for its base")
-
-
-class SnapshotHeartbeat:
-    """While the block runs, tell the sender that a RUNNING snapshot's worker is alive.
-
-    A daemon thread refreshes the request every ``interval`` seconds, so a
-    worker that crashes (its process killed) stops the heartbeat and the
-    sender session replaces the snapshot instead of waiting for it forever::
-
-        with SnapshotHeartbeat(store, snapshot_id):
-            ...  # read the source, write the entries
-    """
-
-    def __init__(
-        self, store: Snapshots, snapshot_id: str, interval: float = HEARTBEAT_INTERVAL_S
-    ) -> None:
-        self.store = store
-        self.snapshot_id = snapshot_id
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"lr-snapshot-heartbeat-{snapshot_id[:8]}", daemon=True
-        )
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                if not self.store.heartbeat_snapshot(self.snapshot_id):
-                    return  # completed, cancelled or failed: nothing to keep alive
-            except Exception:  # a missed beat is retried; the timeout is many beats long
-                log.warning("snapshot %s: heartbeat failed", self.snapshot_id, exc_info=True)
-
-    def __enter__(self) -> SnapshotHeartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _check_payload(payload: object, limit: int) -> bytes:
@@ -444,7 +403,7 @@ class SnapshotProviderRunner:
         )
         sid = request.snapshot_id
         try:
-            with SnapshotHeartbeat(self.store, sid, self.heartbeat_interval):
+            with self.heartbeat(sid):
                 self.provider(ctx)
             if not ctx.completed and not ctx.is_cancelled():
                 ctx.mark_completed()
@@ -471,6 +430,10 @@ class SnapshotProviderRunner:
                 ctx.entry_count,
             )
         return ctx
+
+    def heartbeat(self, snapshot_id: str) -> AbstractContextManager[object]:
+        """What keeps a snapshot alive while its provider runs (a thread's heartbeats)."""
+        return SnapshotHeartbeat(self.store, snapshot_id, self.heartbeat_interval)
 
     def _fail(self, snapshot_id: str, reason: str) -> None:
         self.store.update_snapshot(

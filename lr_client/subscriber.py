@@ -26,57 +26,36 @@ its batch (:mod:`lr_client.collector`), not while the listener runs.
 
 from __future__ import annotations
 
-import enum
 import logging
-import os
-import random
-import socket
 import threading
 import time
-import uuid
 from typing import Protocol
 
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import Engine
 
-from lr_client.collector import collector_paused
-from lr_client.delivery import Plan, PlanKind, plan_delivery
 from lr_client.doorbell import Doorbell
-from lr_client.errors import InvalidInputError, PartitionCountError, StoreUnavailableError
+from lr_client.errors import PartitionCountError
 from lr_client.listener import RoutingQueueListener
 from lr_client.listener_calls import PARTITION_INFO_KEY, ListenerCalls
-from lr_client.names import validate_name
 from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
-from lr_client.partitioners import Partitioner, load_partitioner
-from lr_client.queue_leases import QueueLeases
-from lr_client.records import QueueInfo, ReplicationType, SubscriberState
+from lr_client.partitioners import Partitioner
+from lr_client.records import QueueInfo
 from lr_client.store import Sites, SubscriberQueues, open_store
 from lr_client.store.lifecycle import SchemaStatus
 from lr_client.store.watches import Watch
+from lr_client.subscriber_settings import (
+    DEFAULT_BATCH_MAX_BYTES,
+    DEFAULT_SNAPSHOT_BATCH_SIZE,
+    SnapshotDelivery,
+    SubscriberCore,
+    default_owner,
+)
 
 log = logging.getLogger("lr_client.subscriber")
-
-_SNAPSHOT_ENTRY = ReplicationType.SNAPSHOT_SYNC
-
-#: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
-DEFAULT_BATCH_MAX_BYTES = 4 * 1024 * 1024
-#: Default bound of the entries of one full sync delivery (its bytes: ``batch_max_bytes``).
-DEFAULT_SNAPSHOT_BATCH_SIZE = 4000
 
 
 class DeliveryStore(Sites, SubscriberQueues, Protocol):
     """What the subscriber needs of the store: the schema and the receive queues."""
-
-
-class SnapshotDelivery(enum.StrEnum):
-    """When the entries of a full sync reach the listener."""
-
-    #: Only once the whole snapshot is at the sink (its end marker received): a
-    #: snapshot superseded during its transfer never reaches the listener at all.
-    COMPLETE = "complete"
-    #: As its entries arrive: the listener starts sooner and the sink holds less,
-    #: but a snapshot superseded mid-transfer may have reached it in part.
-    STREAMING = "streaming"
 
 
 #: Another subscriber holds the queue now: roll back and leave it.
@@ -91,12 +70,7 @@ QUEUE_MARK_INTERVAL = 0.5
 STOP_CHECK = 0.1
 
 
-def default_owner() -> str:
-    """``host:pid:random``, unique per subscriber instance."""
-    return f"{socket.gethostname()[:80]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-class RoutingQueueSubscriber:
+class RoutingQueueSubscriber(SubscriberCore):
     """Delivers one client's receive queues ``LRQ_Recv_<client>__*`` to a listener.
 
     ``batch_size`` bounds the entries per callback and ``batch_max_bytes``
@@ -155,22 +129,6 @@ class RoutingQueueSubscriber:
         workers: int | None = None,
         wake_on_arrival: bool = True,
     ) -> None:
-        if min(batch_size, snapshot_batch_size, max_batches, batch_max_bytes) < 1:
-            raise ValueError(
-                "batch_size, snapshot_batch_size, batch_max_bytes and max_batches"
-                " must be at least 1"
-            )
-        if lease_seconds <= 0 or poll_interval < 0 or retry_initial < 0 or retry_max < 0:
-            raise ValueError("lease_seconds must be positive, intervals not negative")
-        if not 0 <= retry_jitter <= 1:
-            raise ValueError("retry_jitter must be between 0 and 1")
-        try:
-            self.snapshot_delivery = SnapshotDelivery(snapshot_delivery)
-        except ValueError:
-            choices = ", ".join(repr(x.value) for x in SnapshotDelivery)
-            raise InvalidInputError(
-                f"snapshot_delivery must be one of {choices}, not {snapshot_delivery!r}"
-            ) from None
         #: A store this subscriber opened from a URL: its connections are closed by close().
         self._owned = open_store(engine) if isinstance(engine, str) else None
         self.store: DeliveryStore
@@ -180,36 +138,38 @@ class RoutingQueueSubscriber:
             self.store = open_store(engine)
         else:
             self.store = engine
-        self.client_name = validate_name(client_name, "client name")
+        try:
+            super().__init__(
+                self.store,
+                client_name,
+                listener,
+                batch_size=batch_size,
+                batch_max_bytes=batch_max_bytes,
+                snapshot_batch_size=snapshot_batch_size,
+                max_batches=max_batches,
+                owner=owner,
+                lease_seconds=lease_seconds,
+                poll_interval=poll_interval,
+                retry_initial=retry_initial,
+                retry_max=retry_max,
+                retry_jitter=retry_jitter,
+                snapshot_delivery=snapshot_delivery,
+                partitions=partitions,
+                partitioner=partitioner,
+                partition_boundaries=partition_boundaries,
+                workers=workers,
+            )
+        except BaseException:
+            if self._owned is not None:
+                self._owned.close()
+            raise
         self.listener = listener
-        self.batch_size = batch_size
-        self.snapshot_batch_size = snapshot_batch_size
-        self.batch_max_bytes = batch_max_bytes
-        self.max_batches = max_batches
-        self.owner = owner or default_owner()
-        if len(self.owner) > 128:
-            raise ValueError("owner must be at most 128 characters")
-        self.lease_seconds = lease_seconds
-        self.poll_interval = poll_interval
-        self.retry_initial = retry_initial
-        self.retry_max = retry_max
-        self.retry_jitter = retry_jitter
-        self._failures: dict[object, int] = {}  # by queue id, or (queue id, partition)
-        self._retry_at: dict[object, float] = {}  # monotonic
-        self._awaiting: set[int] = set()  # queues whose head snapshot lacks its end
-        if not isinstance(partitions, int) or partitions < 1:
-            raise InvalidInputError(f"partitions must be a positive integer, not {partitions!r}")
-        self.partitions = partitions
-        self.partitioner: Partitioner = load_partitioner(partitioner, partition_boundaries)
-        self.workers = min(partitions, workers or partitions)
-        if self.workers < 1:
-            raise InvalidInputError("workers must be at least 1")
         self._calls = ListenerCalls(
             listener,
             self.store,
             whole_snapshots=self.snapshot_delivery is SnapshotDelivery.COMPLETE,
         )
-        self._leases = QueueLeases(self.store, self.owner, lease_seconds, partitions)
+        self._delivery = self._steps(self.store, self._calls)
         self._partitioned = PartitionedDelivery(
             self.store,
             self._calls,
@@ -282,11 +242,6 @@ class RoutingQueueSubscriber:
             if left <= 0 or self._doorbell.wait(turn, min(left, STOP_CHECK)):
                 return
 
-    @property
-    def _lease_until(self) -> dict[int, float]:
-        """{queue id: the expiry of this subscriber's lease of it}, as last taken or renewed."""
-        return self._leases.until
-
     def release_leases(self) -> None:
         """Let other subscribers take this one's queues at once."""
         self._leases.until.clear()
@@ -311,11 +266,6 @@ class RoutingQueueSubscriber:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def backoff(self, failures: int) -> float:
-        """The delay before retrying a queue that failed ``failures`` times in a row."""
-        delay = min(self.retry_max, self.retry_initial * 2.0 ** max(0, failures - 1))
-        return delay * (1.0 - self.retry_jitter * random.random())
-
     # -- polling ----------------------------------------------------------------------
     def _poll(self) -> tuple[int, bool]:
         if self.partitions > 1:
@@ -328,8 +278,7 @@ class RoutingQueueSubscriber:
                     self._raise_marks(0.0)
                     return total, moved
         queues = self.store.list_queues(self.client_name)
-        now = time.monotonic()
-        due = [q for q in queues if self._retry_at.get(q.queue_id, 0.0) <= now]
+        due = self._due(queues)
         if not due:
             return 0, False
         with self.store.read_statements() as conn:  # one probe a queue, no snapshot shared
@@ -405,8 +354,7 @@ class RoutingQueueSubscriber:
                             n = self._partitioned.deliver_barrier(queue, attempt)
                             if n is None:
                                 break
-                        self._failures.pop(key, None)
-                        self._retry_at.pop(key, None)
+                        self._succeeded(key)
                         delivered += n
                         progressed = True
                         self._behind.setdefault(qid, time.monotonic())
@@ -446,12 +394,6 @@ class RoutingQueueSubscriber:
         finally:
             self._marks_lock.release()
 
-    def _idle_wait(self) -> float:
-        if not self._retry_at:
-            return self.poll_interval
-        soonest = min(list(self._retry_at.values()), default=0.0) - time.monotonic()
-        return max(0.0, min(self.poll_interval, soonest))
-
     def _drain(self, queue: QueueInfo) -> tuple[int, bool]:
         """Deliver up to ``max_batches`` batches of ``queue``: (entries delivered, whether
         to poll again at once rather than wait). Again if it delivered and may hold
@@ -471,8 +413,7 @@ class RoutingQueueSubscriber:
                 if n is None:  # nothing ready (a full sync may wait for its end)
                     drained = True
                     break
-                self._failures.pop(qid, None)
-                self._retry_at.pop(qid, None)
+                self._succeeded(qid)
                 delivered += n
                 progressed = True
         except _LeaseLost:
@@ -500,14 +441,7 @@ class RoutingQueueSubscriber:
         return self._leases.hold(queue_id)
 
     def _fail(self, queue_id: object, error: BaseException) -> None:
-        failures = self._failures.get(queue_id, 0) + 1
-        self._failures[queue_id] = failures
-        self._retry_at[queue_id] = time.monotonic() + self.backoff(failures)
-        if isinstance(error, SQLAlchemyError):
-            wrapped = StoreUnavailableError(str(error))
-            wrapped.__cause__ = error
-            error = wrapped
-        self._report(error)
+        self._report(self._failed(queue_id, error))
 
     def _report(self, error: BaseException) -> None:
         try:
@@ -519,64 +453,14 @@ class RoutingQueueSubscriber:
     def _deliver(self, queue: QueueInfo, attempt: int) -> int | None:
         """Deliver the head of ``queue``: the number of messages, or None if none is ready."""
         with self.store.write() as conn:
-            state = self.store.load_state(conn, queue.queue_id)
-            if state.lease_owner != self.owner:
-                raise _LeaseLost
-            qid = queue.queue_id
-            if qid in self._awaiting:
-                # Waiting for a snapshot's end: look at the head alone, not a whole batch.
-                if self._calls.awaits_end(conn, qid, state, self.store.peek_head(conn, qid)):
-                    return None
-                self._awaiting.discard(qid)
-            with collector_paused():  # a batch of new objects: scanned once, after
-                plan = self._read_plan(conn, queue, state)
-            if plan is None:
+            opened = self._delivery.open(conn, queue)
+            if opened is None:
                 return None
-            if plan.kind is PlanKind.STALE:
-                log.warning(
-                    "dropping %d entries of ended snapshot %s from %s",
-                    len(plan.seqs),
-                    plan.snapshot_id,
-                    queue.queue_name,
-                )
-            else:
-                self._calls.call(conn, queue, plan, attempt)
-            expires = self._leases.expiry()
-            saved = self.store.save_state(
-                conn,
-                queue.queue_id,
-                self.owner,
-                snapshot_id=plan.snapshot_id,
-                in_snapshot=plan.in_snapshot,
-                delivered=state.delivered
-                + (0 if plan.kind is PlanKind.DROP else len(plan.messages)),
-                lease_expires=expires,
-                # The plan takes a prefix of the entries read: they are passed,
-                # skipped (STALE) or not, exactly when this transaction commits.
-                previous_seq=state.delivered_seq,
-                delivered_seq=plan.seqs[-1],
-            )
-            if not saved:
-                raise _Conflict
+            if opened.callbacks:  # none for the left-overs of an ended snapshot
+                self._calls.call(conn, queue, opened.plan, attempt, calls=opened.callbacks)
+            expires = self._delivery.mark(conn, queue, opened)
         self._leases.renewed(queue.queue_id, expires)
-        return len(plan.messages)
-
-    def _read_plan(self, conn: Connection, queue: QueueInfo, state: SubscriberState) -> Plan | None:
-        """Read the head of ``queue`` and plan its delivery; None if nothing is ready."""
-        qid = queue.queue_id
-        # Inside a full sync, its entries come in batches of snapshot_batch_size;
-        # a log entry read past its end waits for the next delivery (the plan
-        # takes one run), which reads batch_size again.
-        limit = self.snapshot_batch_size if state.in_snapshot else self.batch_size
-        entries = self.store.read_head(conn, qid, limit, self.batch_max_bytes)
-        if not entries:
-            return None
-        if len(entries) > self.batch_size and entries[0].type is not _SNAPSHOT_ENTRY:
-            entries = entries[: self.batch_size]  # log entries: batch_size per callback
-        if self._calls.waits_for_end(conn, qid, state, entries):
-            self._awaiting.add(qid)
-            return None
-        return plan_delivery(queue, state, entries)
+        return len(opened.plan.messages)
 
 
 __all__ = [

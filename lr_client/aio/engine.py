@@ -40,8 +40,8 @@ SYNC_DRIVERS = {
 def create_async_engine(url: str | URL, **kwargs: Any) -> sa_asyncio.AsyncEngine:
     """An async engine for the application's own transactions, on a site's database.
 
-    ``sqlite+aiosqlite`` gets the settings of the store's engine
-    (:func:`lr_client.store.create_engine`); ``postgresql://`` means psycopg's
+    ``sqlite+aiosqlite`` (or a bare ``sqlite://``) gets the settings of the store's
+    engine (:func:`lr_client.store.create_engine`); ``postgresql://`` means psycopg's
     async driver; ``postgresql+asyncpg`` takes a URL's ``options`` (``-c
     name=value`` only) as ``server_settings``. Other URLs and every keyword go
     to SQLAlchemy as they are.
@@ -49,6 +49,8 @@ def create_async_engine(url: str | URL, **kwargs: Any) -> sa_asyncio.AsyncEngine
     text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
     if text.startswith("postgresql://") or text.startswith("postgres://"):
         text = "postgresql+psycopg://" + text.split("://", 1)[1]
+    elif text.startswith("sqlite://"):
+        text = "sqlite+aiosqlite://" + text.split("://", 1)[1]
     if text.startswith("postgresql+asyncpg") and "options" in make_url(text).query:
         parsed = make_url(text)
         settings = _server_settings(str(parsed.query["options"]))

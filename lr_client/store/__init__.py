@@ -51,7 +51,7 @@ def _enable_wal(
     delay = 0.005
     while True:
         try:
-            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA journal_mode=WAL")  # not chained: aiosqlite's returns no cursor
             mode = cur.fetchone()[0]
         except locked as exc:
             if "locked" not in str(exc) or time.monotonic() >= deadline:

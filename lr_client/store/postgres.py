@@ -163,6 +163,8 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         # Binary results through the driver's cursor: a bytea payload travels as its
         # bytes, not as hex text twice its size that the server encodes and the
         # driver decodes (about half the time of a read of 1 KiB payloads).
+        if conn.dialect.is_async:  # asyncpg or async psycopg: through SQLAlchemy, sorts on
+            return conn.execute(query).all()
         compiled = query.compile(dialect=conn.dialect)
         raw = conn.connection.driver_connection
         assert raw is not None

@@ -182,6 +182,8 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     ) -> Sequence[Any]:
         # The driver's own rows: SQLAlchemy's result processing per row cost a
         # read of 4,000 entries about as much as the driver's fetch itself.
+        if conn.dialect.is_async:  # aiosqlite: its driver connection is awaited
+            return super()._fetch_rows(conn, query, in_index_order)
         compiled = query.compile(dialect=conn.dialect)
         params = compiled.construct_params()
         names = compiled.positiontup or ()

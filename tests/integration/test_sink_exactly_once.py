@@ -19,6 +19,7 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.receiver import Receiver
+from tests.kit.aio import SyncDriven
 
 SOURCE = "src-a"
 CLIENT = "policy"
@@ -71,9 +72,18 @@ def recorder() -> Recorder:
     return Recorder()
 
 
-@pytest.fixture
-def subscriber(store: SQLAlchemyQueueStore, recorder: Recorder) -> Iterator[RoutingQueueSubscriber]:
-    sub = RoutingQueueSubscriber(store, CLIENT, recorder, batch_size=100, retry_initial=0.0)
+@pytest.fixture(params=["sync", "aio"])
+def subscriber(
+    request: pytest.FixtureRequest, store: SQLAlchemyQueueStore, recorder: Recorder
+) -> Iterator[RoutingQueueSubscriber]:
+    """The sync subscriber, or the async one driven from these tests (:mod:`tests.kit.aio`)."""
+    sub: RoutingQueueSubscriber
+    if request.param == "aio":
+        url = store.engine.url.render_as_string(hide_password=False)
+        settings = {"batch_size": 100, "retry_initial": 0.0}
+        sub = SyncDriven(url, CLIENT, recorder, **settings)  # type: ignore[assignment]
+    else:
+        sub = RoutingQueueSubscriber(store, CLIENT, recorder, batch_size=100, retry_initial=0.0)
     yield sub
     sub.close()
 

@@ -7,14 +7,18 @@ start / end) through the session it is given. ``--block-in CALLBACK
 SIGKILL it mid-callback. ``--exit-when-empty`` ends the process once every
 receive queue of the client is empty; ``--release-every-poll`` gives the
 leases up after each poll so competing processes trade queues constantly.
-``--partitions N`` (N > 1) delivers by partition with N worker threads
-(:meth:`RoutingQueueSubscriber.run`); ``--sleep S`` makes each log batch wait
-up to S seconds at random (an I/O-bound listener).
+``--api aio`` runs the async subscriber (``AsyncRoutingQueueSubscriber``, the
+same listener awaited, see :mod:`tests.kit.aio`) in an event loop, through
+``--driver`` (PostgreSQL: psycopg or asyncpg). ``--partitions N`` (N > 1)
+delivers by partition with N worker threads (:meth:`RoutingQueueSubscriber.run`);
+``--sleep S`` makes each log batch wait up to S seconds at random (an I/O-bound
+listener).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -28,6 +32,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
+from lr_client.aio import AsyncRoutingQueueSubscriber
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 
 app_metadata = MetaData()
@@ -141,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--api", choices=["sync", "aio"], default="sync")
+    parser.add_argument("--driver", default=None, help="aio on PostgreSQL: psycopg or asyncpg")
     args = parser.parse_args(argv)
 
     engine = create_engine(args.url)
@@ -149,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     delivered = 0
     if args.partitions > 1:
         return run_partitioned(args, store, listener, engine)
+    if args.api == "aio":
+        try:
+            return asyncio.run(run_async(args, store, listener))
+        finally:
+            engine.dispose()
     store_is_empty(store)  # connected, the store's queries run once: the idle size
     idle_peak = peak_rss()
     try:
@@ -216,6 +228,46 @@ def run_partitioned(
             stop.set()
             worker.join()
     print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": -1}))
+    return 0
+
+
+async def run_async(
+    args: argparse.Namespace, store: SQLAlchemyQueueStore, listener: AppListener
+) -> int:
+    """Deliver with the async subscriber until the queues are empty or the timeout."""
+    from tests.kit.aio import AsAsync, async_engine  # the test kit: not needed by sync runs
+
+    engine = async_engine(args.url, args.driver)
+    delivered = 0
+    try:
+        sub = AsyncRoutingQueueSubscriber(
+            engine,
+            args.client,
+            AsAsync(listener),
+            batch_size=args.batch_size,
+            snapshot_batch_size=args.snapshot_batch_size or args.batch_size,
+            max_batches=3,
+            owner=args.owner,
+            lease_seconds=args.lease_seconds,
+            retry_initial=0.05,
+        )
+        async with sub:
+            deadline = time.monotonic() + args.timeout
+            while time.monotonic() < deadline:
+                n = await sub.poll_once()
+                delivered += n
+                if args.release_every_poll:
+                    await sub.release_leases()
+                if n == 0:
+                    if args.exit_when_empty and await asyncio.to_thread(store_is_empty, store):
+                        break
+                    await asyncio.sleep(0.01)
+            else:
+                print("timed out", file=sys.stderr)
+                return 3
+    finally:
+        await engine.dispose()
+    print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": delivered}))
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,11 @@ CLIENT = "policy"
 
 def runner(url: str, owner: str, *args: str) -> subprocess.Popen[str]:
     timeout = f"--timeout={scaled(120)}"  # the process gives up after this
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
         [sys.executable, str(RUNNER), f"--url={url}", f"--owner={owner}", *args, timeout],
         cwd=ROOT,
+        env=env,  # this tree's packages, not an installed copy's
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -111,16 +114,28 @@ def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 60.0
         ("on_full_sync_end", 1),
     ],
 )
+@pytest.mark.parametrize("api", ["sync", "aio-psycopg", "aio-asyncpg"])
 def test_sigkill_mid_callback_then_restart_applies_each_entry_once(
-    store: SQLAlchemyQueueStore, db_url: str, tmp_path: Path, block_in: str, block_at: int
+    store: SQLAlchemyQueueStore,
+    db_url: str,
+    tmp_path: Path,
+    block_in: str,
+    block_at: int,
+    api: str,
 ) -> None:
+    """``api``: the victim runs the sync subscriber or the async one (on SQLite both aio
+    cases run aiosqlite), killed inside its listener's callback."""
+    if api == "aio-asyncpg" and store.dialect == "sqlite":
+        pytest.skip("on SQLite both async cases run aiosqlite: aio-psycopg runs it")
     app_metadata.create_all(store.engine)
     fill(store, "src-a", snapshot=10, log=20)
     marker = tmp_path / "blocked.json"
+    how = [] if api == "sync" else ["--api=aio", f"--driver={api.split('-')[1]}"]
 
     victim = runner(
         db_url,
         "victim",
+        *how,
         "--batch-size=4",
         "--lease-seconds=1",
         f"--block-in={block_in}",
@@ -139,23 +154,33 @@ def test_sigkill_mid_callback_then_restart_applies_each_entry_once(
     lost = {(blocked["source"], kind, sid, pos) for sid, pos in blocked["rows"]}
     assert lost and not lost & set(before)  # the killed transaction left nothing behind
 
-    result = finish(runner(db_url, "survivor", "--batch-size=4", "--exit-when-empty"))
+    result = finish(runner(db_url, "survivor", *how, "--batch-size=4", "--exit-when-empty"))
     after = collections.Counter(applied(store))
     assert after == expected("src-a", snapshot=10, log=20)  # everything, exactly once
     assert result["delivered"] == 30 - sum(1 for r in before if r[1] not in ("start", "end"))
 
 
+@pytest.mark.parametrize("apis", [("sync", "sync"), ("sync", "aio")], ids=["sync+sync", "sync+aio"])
 def test_competing_subscriber_processes_never_deliver_twice(
-    store: SQLAlchemyQueueStore, db_url: str
+    store: SQLAlchemyQueueStore, db_url: str, apis: tuple[str, str]
 ) -> None:
+    """Two processes trading the queues at every poll: both sync, or a sync one and an
+    async one (psycopg's async driver on PostgreSQL)."""
     app_metadata.create_all(store.engine)
     fill(store, "src-a", snapshot=0, log=150)
     fill(store, "src-b", snapshot=0, log=150)
     fill(store, "src-s", snapshot=40, log=60)
 
     procs = [
-        runner(db_url, name, "--batch-size=7", "--exit-when-empty", "--release-every-poll")
-        for name in ("one", "two")
+        runner(
+            db_url,
+            name,
+            f"--api={api}",
+            "--batch-size=7",
+            "--exit-when-empty",
+            "--release-every-poll",
+        )
+        for name, api in zip(("one", "two"), apis, strict=True)
     ]
     results = [finish(p) for p in procs]
 

@@ -1,0 +1,57 @@
+"""The async listener as a delivery awaits it: the callbacks planned by
+:class:`~lr_client.listener_calls.CallPlanner` (the sync subscriber's), each awaited
+with an ``AsyncSession`` joined to the delivering transaction."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from lr_client.aio.listener import AsyncRoutingQueueListener
+from lr_client.errors import ListenerError
+from lr_client.listener_calls import PARTITION_INFO_KEY, CallPlanner
+from lr_client.queue_delivery import Opened
+from lr_client.records import QueueInfo
+from lr_client.store import SubscriberQueues
+
+
+class AsyncListenerCalls(CallPlanner):
+    """Awaits an async ``listener`` for planned batches, in the delivering transaction."""
+
+    def __init__(
+        self, listener: AsyncRoutingQueueListener, store: SubscriberQueues, *, whole_snapshots: bool
+    ) -> None:
+        super().__init__(listener, store, whole_snapshots=whole_snapshots)
+        self.listener = listener
+
+    async def call(
+        self, conn: AsyncConnection, queue: QueueInfo, opened: Opened, attempt: int
+    ) -> None:
+        """Await ``opened``'s callbacks in ``conn``'s transaction.
+
+        :class:`~lr_client.errors.ListenerError` if a callback raised, returned a
+        false value for a batch, or rolled the transaction back. A cancellation
+        is not caught: the caller's transaction rolls back as it unwinds.
+        """
+        plan = opened.plan
+        txn = conn.sync_connection.get_transaction() if conn.sync_connection else None
+        session = AsyncSession(bind=conn, join_transaction_mode="rollback_only")
+        session.info[PARTITION_INFO_KEY] = None
+        name = ""
+        try:
+            for cb in opened.callbacks:
+                name = cb.name
+                result = await getattr(self.listener, name)(session, *cb.args, **cb.kwargs)
+                if cb.batch and (why := self.rejected(result)):
+                    raise self.failure(queue, plan, attempt, name, why)
+            await session.flush()
+        except ListenerError:
+            raise
+        except Exception as exc:
+            raise self.failure(queue, plan, attempt, name, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            await session.close()
+        if txn is None or not txn.is_active:
+            raise self.failure(queue, plan, attempt, name, self.ROLLED_BACK)
+
+
+__all__ = ["AsyncListenerCalls"]

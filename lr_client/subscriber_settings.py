@@ -1,0 +1,172 @@
+"""What the sync and async subscribers share outside the delivery transaction: their
+settings (checked once, here), their retries of failed queues and their leases.
+
+:class:`SubscriberCore` is the base of :class:`~lr_client.subscriber.RoutingQueueSubscriber`
+and :class:`~lr_client.aio.subscriber.AsyncRoutingQueueSubscriber`; each adds only
+how it runs the steps (:mod:`lr_client.queue_delivery`) and calls its listener.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import random
+import socket
+import time
+import uuid
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from lr_client.errors import InvalidInputError, StoreUnavailableError
+from lr_client.listener_calls import CallPlanner
+from lr_client.names import validate_name
+from lr_client.partitioners import Partitioner, load_partitioner
+from lr_client.queue_delivery import QueueDelivery
+from lr_client.queue_leases import QueueLeases
+from lr_client.records import QueueInfo
+from lr_client.store import SubscriberQueues
+
+#: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
+DEFAULT_BATCH_MAX_BYTES = 4 * 1024 * 1024
+#: Default bound of the entries of one full sync delivery (its bytes: ``batch_max_bytes``).
+DEFAULT_SNAPSHOT_BATCH_SIZE = 4000
+
+
+class SnapshotDelivery(enum.StrEnum):
+    """When the entries of a full sync reach the listener."""
+
+    #: Only once the whole snapshot is at the sink (its end marker received): a
+    #: snapshot superseded during its transfer never reaches the listener at all.
+    COMPLETE = "complete"
+    #: As its entries arrive: the listener starts sooner and the sink holds less,
+    #: but a snapshot superseded mid-transfer may have reached it in part.
+    STREAMING = "streaming"
+
+
+def default_owner() -> str:
+    """``host:pid:random``, unique per subscriber instance."""
+    return f"{socket.gethostname()[:80]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class SubscriberCore:
+    """A subscriber's settings, leases, read-and-mark steps and retries (see the
+    subscribers' docstrings for the settings)."""
+
+    def __init__(
+        self,
+        store: SubscriberQueues,
+        client_name: str,
+        listener: object,
+        *,
+        batch_size: int,
+        batch_max_bytes: int,
+        snapshot_batch_size: int,
+        max_batches: int,
+        owner: str | None,
+        lease_seconds: float,
+        poll_interval: float,
+        retry_initial: float,
+        retry_max: float,
+        retry_jitter: float,
+        snapshot_delivery: SnapshotDelivery | str,
+        partitions: int,
+        partitioner: str | Partitioner,
+        partition_boundaries: list[bytes | str] | None,
+        workers: int | None,
+    ) -> None:
+        if min(batch_size, snapshot_batch_size, max_batches, batch_max_bytes) < 1:
+            raise ValueError(
+                "batch_size, snapshot_batch_size, batch_max_bytes and max_batches"
+                " must be at least 1"
+            )
+        if lease_seconds <= 0 or poll_interval < 0 or retry_initial < 0 or retry_max < 0:
+            raise ValueError("lease_seconds must be positive, intervals not negative")
+        if not 0 <= retry_jitter <= 1:
+            raise ValueError("retry_jitter must be between 0 and 1")
+        try:
+            self.snapshot_delivery = SnapshotDelivery(snapshot_delivery)
+        except ValueError:
+            choices = ", ".join(repr(x.value) for x in SnapshotDelivery)
+            raise InvalidInputError(
+                f"snapshot_delivery must be one of {choices}, not {snapshot_delivery!r}"
+            ) from None
+        self.client_name = validate_name(client_name, "client name")
+        self.batch_size = batch_size
+        self.snapshot_batch_size = snapshot_batch_size
+        self.batch_max_bytes = batch_max_bytes
+        self.max_batches = max_batches
+        self.owner = owner or default_owner()
+        if len(self.owner) > 128:
+            raise ValueError("owner must be at most 128 characters")
+        self.lease_seconds = lease_seconds
+        self.poll_interval = poll_interval
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.retry_jitter = retry_jitter
+        self._failures: dict[object, int] = {}  # by queue id, or (queue id, partition)
+        self._retry_at: dict[object, float] = {}  # monotonic
+        if not isinstance(partitions, int) or partitions < 1:
+            raise InvalidInputError(f"partitions must be a positive integer, not {partitions!r}")
+        self.partitions = partitions
+        self.partitioner: Partitioner = load_partitioner(partitioner, partition_boundaries)
+        self.workers = min(partitions, workers or partitions)
+        if self.workers < 1:
+            raise InvalidInputError("workers must be at least 1")
+        self._leases = QueueLeases(store, self.owner, lease_seconds, partitions)
+
+    def _steps(self, store: SubscriberQueues, calls: CallPlanner) -> QueueDelivery:
+        """The read and mark of this subscriber's deliveries, planned by ``calls``."""
+        return QueueDelivery(
+            store,
+            calls,
+            self._leases,
+            batch_size=self.batch_size,
+            snapshot_batch_size=self.snapshot_batch_size,
+            batch_max_bytes=self.batch_max_bytes,
+        )
+
+    @property
+    def _lease_until(self) -> dict[int, float]:
+        """{queue id: the expiry of this subscriber's lease of it}, as last taken or renewed."""
+        return self._leases.until
+
+    def backoff(self, failures: int) -> float:
+        """The delay before retrying a queue that failed ``failures`` times in a row."""
+        delay = min(self.retry_max, self.retry_initial * 2.0 ** max(0, failures - 1))
+        return delay * (1.0 - self.retry_jitter * random.random())
+
+    def _due(self, queues: list[QueueInfo]) -> list[QueueInfo]:
+        """The queues not waiting for a retry."""
+        now = time.monotonic()
+        return [q for q in queues if self._retry_at.get(q.queue_id, 0.0) <= now]
+
+    def _succeeded(self, key: object) -> None:
+        self._failures.pop(key, None)
+        self._retry_at.pop(key, None)
+
+    def _failed(self, key: object, error: BaseException) -> BaseException:
+        """Count a failure of ``key`` (a queue, or a queue's partition), set its retry
+        time; the error to report (a database error as a transient store error)."""
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        self._retry_at[key] = time.monotonic() + self.backoff(failures)
+        if isinstance(error, SQLAlchemyError):
+            wrapped = StoreUnavailableError(str(error))
+            wrapped.__cause__ = error
+            return wrapped
+        return error
+
+    def _idle_wait(self) -> float:
+        if not self._retry_at:
+            return self.poll_interval
+        soonest = min(list(self._retry_at.values()), default=0.0) - time.monotonic()
+        return max(0.0, min(self.poll_interval, soonest))
+
+
+__all__ = [
+    "DEFAULT_BATCH_MAX_BYTES",
+    "DEFAULT_SNAPSHOT_BATCH_SIZE",
+    "SnapshotDelivery",
+    "SubscriberCore",
+    "default_owner",
+]
