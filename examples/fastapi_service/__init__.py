@@ -1,0 +1,1 @@
+"""A FastAPI order service and a FastAPI sink service on the async API."""
