@@ -13,9 +13,11 @@ import httpx
 from fastapi import FastAPI
 
 from examples.fastapi_service import orders_service, sink_service
-from tests.kit.procs import LrServer
-from tests.kit.sites import SiteSpec, free_port, write_config
+from tests.kit.procs import ROOT, LrServer
+from tests.kit.sites import free_port
 from tests.kit.wait import Deadline
+
+EXAMPLE = ROOT / "examples" / "fastapi_service"
 
 
 async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -60,22 +62,26 @@ async def _scenario(source_url: str, sink_url: str) -> None:
         await _until(replicated, "the sink service to hold every accepted order")
 
 
+def _config(tmp_path: Path, site: str, url: str, port: int) -> Path:
+    """The example's own config of ``site``, on this test's database and port."""
+    text = (EXAMPLE / f"{site}.toml").read_text()
+    assert f"sqlite:///{site}.db" in text and "127.0.0.1:50052" in text
+    path = tmp_path / f"{site}.toml"
+    path.write_text(
+        text.replace(f"sqlite:///{site}.db", url).replace("127.0.0.1:50052", f"127.0.0.1:{port}")
+    )
+    return path
+
+
 def test_an_order_posted_to_the_service_is_applied_by_the_sink_service_once(
     tmp_path: Path, db_url_factory: Callable[[str], str]
 ) -> None:
     port = free_port()
     sink_url, source_url = db_url_factory("site-b"), db_url_factory("site-a")
-    sink_cfg = write_config(
-        tmp_path, SiteSpec("site-b", sink_url, port, sources=["site-a"], clients=["orders"])
-    )
-    source_cfg = write_config(
-        tmp_path,
-        SiteSpec("site-a", source_url, destinations=[("site-b", port)], clients=["orders"]),
-    )
-    servers = [LrServer(sink_cfg).start()]
+    servers = [LrServer(_config(tmp_path, "site-b", sink_url, port)).start()]
     try:
         servers[0].wait_listening(port)
-        servers.append(LrServer(source_cfg).start())
+        servers.append(LrServer(_config(tmp_path, "site-a", source_url, port)).start())
         asyncio.run(_scenario(source_url, sink_url))
     finally:
         for server in servers:
