@@ -37,6 +37,7 @@ from lr_client.records import (
 from lr_client.store import (
     arrival_watch,
     pg_append,
+    pg_dest_index,
     recv_rotation,
     sequencer,
     slots,
@@ -101,8 +102,19 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         self._slot_marks: slots.MarksCache = {}
+        self._dest_indexes: set[int] = set()  # the destinations whose index exists
         #: When this store last notified the sender sessions (time.monotonic()).
         self._notified_at = float("-inf")
+
+    def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
+        numbers = super().register_sites(site_ids)
+        missing = [n for n in numbers.values() if n not in self._dest_indexes]
+        if missing:
+            with self.write() as conn:
+                for n in missing:
+                    conn.exec_driver_sql(pg_dest_index.ddl(n))
+            self._dest_indexes.update(missing)
+        return numbers
 
     def _notify_now(self) -> bool:
         """Whether this transmit notifies the sessions (one per ``NOTIFY_INTERVAL``)."""
