@@ -1,6 +1,6 @@
 """Delivery throughput: ``RoutingQueueSubscriber`` against reading + deleting with plain SQL.
 
-    python bench/deliver.py [--entries N] [--batch-size B] [--rounds R]
+    python bench/deliver.py [--entries N] [--batch-size B] [--rounds R] [--async]
                             [--backend sqlite|postgresql|both] [--out bench/results/deliver.json]
 
 A receive queue is pre-filled (untimed, through ``apply_log_batch``) with
@@ -13,7 +13,11 @@ entries per second of wall time until the queue is empty. Cases:
   (an executemany in the same transaction);
 * ``noop``: the subscriber, with a listener that returns True;
 * ``insert``: the subscriber, with a listener that inserts one application row per
-  entry through the session it is given (the same executemany).
+  entry through the session it is given (the same executemany);
+* with ``--async``, ``async noop`` and ``async insert``: the same with
+  ``AsyncRoutingQueueSubscriber`` and an async listener, on an async engine of the
+  same database (aiosqlite; psycopg's async driver), each step awaited on one
+  event loop. Target: **>= 0.9x** the sync subscriber's case.
 
 Each case drains ``--entries`` in total, as ``--rounds`` slices in rotating
 order (the queue is refilled before each slice, untimed), so load drift on a
@@ -26,6 +30,7 @@ throwaway schema on ``LR_BENCH_PG_URL`` (default
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -41,6 +46,7 @@ if str(ROOT) not in sys.path:
 
 from rich.console import Console  # noqa: E402
 from sqlalchemy import Column, Integer, LargeBinary, MetaData, String, Table, insert, text  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.common import (  # noqa: E402
@@ -60,6 +66,11 @@ from lr_client import (  # noqa: E402
     RoutingQueueMessage,
     RoutingQueueSubscriber,
 )
+from lr_client.aio import (  # noqa: E402
+    AsyncRoutingQueueListener,
+    AsyncRoutingQueueSubscriber,
+    create_async_engine,
+)
 from lr_client.records import ReplicationType, WireEntry  # noqa: E402
 from lr_client.store import SQLAlchemyQueueStore  # noqa: E402
 
@@ -67,8 +78,11 @@ PAYLOAD_BYTES = 256
 SOURCE_ID = "bench-src"
 CLIENT_NAME = "bench"
 CASES = ("raw", "raw+insert", "noop", "insert")
+ASYNC_CASES = ("async noop", "async insert")
 #: Target: the subscriber delivers at least half the raw read+delete rate.
 TARGET = 0.5
+#: Target: the async subscriber delivers at least this share of the sync one's rate.
+ASYNC_TARGET = 0.9
 
 app_meta = MetaData()
 app_table = Table(
@@ -107,13 +121,37 @@ class InsertListener(NoopListener):
     def process_log_entries(
         self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
     ) -> bool:
-        session.execute(
-            insert(app_table),
-            [
-                {"source_id": m.source_id, "position": m.source_position, "payload": m.payload}
-                for m in messages
-            ],
-        )
+        session.execute(insert(app_table), _rows(messages))
+        return True
+
+
+def _rows(messages: Sequence[RoutingQueueMessage]) -> list[dict[str, object]]:
+    return [
+        {"source_id": m.source_id, "position": m.source_position, "payload": m.payload}
+        for m in messages
+    ]
+
+
+class AsyncNoopListener(AsyncRoutingQueueListener):
+    async def process_full_sync(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    async def process_log_entries(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    async def on_error(self, error: BaseException) -> None:
+        raise RuntimeError(f"delivery failed during the benchmark: {error}") from error
+
+
+class AsyncInsertListener(AsyncNoopListener):
+    async def process_log_entries(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        await session.execute(insert(app_table), _rows(messages))
         return True
 
 
@@ -129,6 +167,13 @@ class Bench:
         store.create_schema()
         app_meta.create_all(store.engine)
         self.payload = os.urandom(PAYLOAD_BYTES)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the async cases' loop
+        self.async_engine: AsyncEngine | None = None
+
+    def close(self) -> None:
+        if self.loop is not None and self.async_engine is not None:
+            self.loop.run_until_complete(self.async_engine.dispose())
+            self.loop.close()
 
     def refill(self, count: int) -> None:
         """Append ``count`` log entries to the queue and tidy up (untimed)."""
@@ -185,7 +230,24 @@ class Bench:
         )
         return sub.poll_once
 
+    def async_subscriber(self, listener: AsyncRoutingQueueListener) -> Callable[[], int]:
+        """The async subscriber's poll, awaited on the bench's loop (the sync cases'
+        owner: the queue's lease is the same subscriber's)."""
+        if self.loop is None or self.async_engine is None:
+            self.loop = asyncio.new_event_loop()
+            url = self.store.engine.url.render_as_string(hide_password=False)
+            self.async_engine = create_async_engine(url)
+        sub = AsyncRoutingQueueSubscriber(
+            self.async_engine, CLIENT_NAME, listener, batch_size=self.batch_size, owner="bench"
+        )
+        loop = self.loop
+        return lambda: loop.run_until_complete(sub.poll_once())
+
     def step_for(self, case: str) -> Callable[[], int]:
+        if case == "async noop":
+            return self.async_subscriber(AsyncNoopListener())
+        if case == "async insert":
+            return self.async_subscriber(AsyncInsertListener())
         if case == "raw":
             return self.raw(with_insert=False)
         if case == "raw+insert":
@@ -213,11 +275,14 @@ def backend_store(
     return queue_store(name, pg_url, "deliver")
 
 
-def measure(bench: Bench, entries: int, rounds: int, console: Console) -> dict[str, Measurement]:
-    totals = {c: Measurement() for c in CASES}
+def measure(
+    bench: Bench, entries: int, rounds: int, console: Console, cases: Sequence[str] = CASES
+) -> dict[str, Measurement]:
+    cases = tuple(cases)
+    totals = {c: Measurement() for c in cases}
     per_round = max(1, entries // rounds)
     for r in range(rounds):
-        order = CASES[r % len(CASES) :] + CASES[: r % len(CASES)]
+        order = cases[r % len(cases) :] + cases[: r % len(cases)]
         for case in order:
             m = bench.drain(case, per_round)
             totals[case].add(m)
@@ -231,6 +296,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    parser.add_argument(
+        "--async", dest="aio", action="store_true", help="also the async subscriber's cases"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "deliver.json")
     return parser.parse_args(argv)
 
@@ -257,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target_vs_raw_at_least": TARGET,
         "results": {},
     }
+    cases = CASES + (ASYNC_CASES if args.aio else ())
+    result["settings"]["async"] = args.aio
     rows: list[list[str]] = []
     for name in names:
         with backend_store(name, pg_url) as (store, schema):
@@ -264,13 +334,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with store.engine.connect() as conn:
                     result["backend_facts"][name] = pg_facts(conn)
             bench = Bench(store, args.batch_size, schema)
-            totals = measure(bench, args.entries, args.rounds, console)
-        rate = {c: totals[c].rate for c in CASES}
+            try:
+                totals = measure(bench, args.entries, args.rounds, console, cases)
+            finally:
+                bench.close()
+        rate = {c: totals[c].rate for c in cases}
         ratios = {
             "noop_vs_raw": rate["noop"] / rate["raw"],
             "insert_vs_raw": rate["insert"] / rate["raw"],
             "insert_vs_raw_insert": rate["insert"] / rate["raw+insert"],
         }
+        if args.aio:
+            ratios["async_noop_vs_noop"] = rate["async noop"] / rate["noop"]
+            ratios["async_insert_vs_insert"] = rate["async insert"] / rate["insert"]
         result["results"][name] = {
             "cases": {
                 c: {
@@ -279,27 +355,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "rate": round(rate[c], 1),
                     "round_rates": [round(x, 1) for x in totals[c].slices],
                 }
-                for c in CASES
+                for c in cases
             },
             "ratios": {k: round(v, 3) for k, v in ratios.items()},
         }
         rows.append(
             [
                 name,
-                *(fmt_rate(rate[c]) for c in CASES),
+                *(fmt_rate(rate[c]) for c in cases),
                 fmt_ratio(ratios["noop_vs_raw"], TARGET),
                 fmt_ratio(ratios["insert_vs_raw"], TARGET),
                 fmt_ratio(ratios["insert_vs_raw_insert"], TARGET),
+                *(
+                    fmt_ratio(ratios[k], ASYNC_TARGET)
+                    for k in ("async_noop_vs_noop", "async_insert_vs_insert")
+                    if args.aio
+                ),
             ]
         )
     result["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+    async_columns = ["async/sync noop", "async/sync insert"] if args.aio else []
     print_table(
         console,
         f"Delivery, entries/s ({args.entries:,} per case, batch {args.batch_size}, "
         f"{PAYLOAD_BYTES}-byte payloads)",
-        ["backend", *CASES, "noop/raw", "insert/raw", "insert/raw+insert"],
+        ["backend", *cases, "noop/raw", "insert/raw", "insert/raw+insert", *async_columns],
         rows,
-        caption=f"target: subscriber >= {TARGET}x raw",
+        caption=f"target: subscriber >= {TARGET}x raw"
+        + (f"; async >= {ASYNC_TARGET}x sync" if args.aio else ""),
     )
     write_json(args.out, result)
     console.print(f"wrote {args.out} in {result['elapsed_seconds']} s")

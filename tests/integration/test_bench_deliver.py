@@ -1,0 +1,39 @@
+"""bench/deliver.py and bench/dest_read.py run and report what docs/benchmarks.md says
+(tiny runs: the figures themselves come from the benchmarks' own runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import deliver, dest_read
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_deliver_reports_every_case_and_the_async_subscriber_against_the_sync_one(
+    tmp_path: Path, backend: str
+) -> None:
+    out = tmp_path / "deliver.json"
+    args = ["--entries", "120", "--rounds", "1", "--batch-size", "40", "--backend", backend]
+    assert deliver.main([*args, "--async", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())["results"][backend]
+    assert set(result["cases"]) == {*deliver.CASES, *deliver.ASYNC_CASES}
+    assert all(c["entries"] == 120 and c["rate"] > 0 for c in result["cases"].values())
+    ratios = result["ratios"]
+    rates = {k: v["rate"] for k, v in result["cases"].items()}
+    assert ratios["async_noop_vs_noop"] == pytest.approx(
+        rates["async noop"] / rates["noop"], rel=0.01
+    )
+    assert "async_insert_vs_insert" in ratios
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_dest_read_reports_each_count_of_others_against_none(tmp_path: Path, backend: str) -> None:
+    out = tmp_path / "dest_read.json"
+    args = ["--others", "300", "--reads", "3", "--backend", backend, "--json", str(out)]
+    assert dest_read.main(args) == 0
+    cells = json.loads(out.read_text())["results"][backend]
+    assert [c["others"] for c in cells] == [0, 300]  # the control is always measured
+    assert cells[0]["vs_control"] == 1.0 and cells[1]["median_ms"] > 0
