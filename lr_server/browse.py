@@ -54,16 +54,20 @@ class BrowsedEntry:
     seq: int | None = None  # receive queues: the queue's own order
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``lr browse QUEUE --json`` prints for it."""
         return asdict(self)
 
 
 @dataclass
 class QueueSummary:
+    """One queue of the site, its stored entries and the tags that index it."""
+
     queue: str
     entries: int
     tags: list[str]
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``lr browse --json`` prints for it."""
         return asdict(self)
 
 
