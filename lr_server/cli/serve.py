@@ -26,7 +26,7 @@ from lr_server.config import SiteConfig, load_config
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
-    help="Metrics port (default: site.metrics_port).",
+    help="Metrics port (default: site.metrics_port, or the port of site.metrics_listen).",
 )
 def server(
     config_path: Path, member_id: str | None, listen: str | None, metrics_port: int | None
@@ -66,7 +66,10 @@ def member_overrides(
         config = replace(config, members=replace(config.members, id=member_id))
     if listen is not None:
         config = replace(config, listen=parse_listen(listen, "--listen"))
-    if metrics_port is not None:
+    if metrics_port is not None and config.metrics_listen:  # the port of metrics_listen
+        host = config.metrics_listen.rpartition(":")[0]
+        config = replace(config, metrics_listen=f"{host}:{metrics_port}" if metrics_port else "")
+    elif metrics_port is not None:
         config = replace(config, metrics_port=metrics_port)
     return config
 
