@@ -27,9 +27,16 @@ from __future__ import annotations
 
 from lr_server.admin.cascade import switch_provider
 from lr_server.admin.checks import check_snapshot_request, check_stream, check_switch
+from lr_server.admin.database import check_database, database_url, init_database
 from lr_server.admin.errors import AdminError, AdminInputError, NotFoundError, StateError
 from lr_server.admin.members import list_members, remove_member, set_member_weight
-from lr_server.admin.records import MemberView, ProviderSwitch, SnapshotView, TrimResult
+from lr_server.admin.records import (
+    DatabaseCheck,
+    MemberView,
+    ProviderSwitch,
+    SnapshotView,
+    TrimResult,
+)
 from lr_server.admin.snapshots import (
     cancel_snapshot,
     list_snapshots,
@@ -44,6 +51,7 @@ __all__ = [
     "AdminError",
     "AdminInputError",
     "BrowsedEntry",
+    "DatabaseCheck",
     "MemberView",
     "NotFoundError",
     "ProviderSwitch",
@@ -55,9 +63,12 @@ __all__ = [
     "accept_loss",
     "browse",
     "cancel_snapshot",
+    "check_database",
     "check_snapshot_request",
     "check_stream",
     "check_switch",
+    "database_url",
+    "init_database",
     "list_members",
     "list_queues",
     "list_snapshots",

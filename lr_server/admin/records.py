@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lr_client.records import SnapshotRequest
+from lr_client.store.lifecycle import SchemaState, SchemaStatus
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,32 @@ class ProviderSwitch:
 
 
 @dataclass(frozen=True)
+class DatabaseCheck:
+    """Where the site's database stands (``lr init-db --check``): the schema's ``state``
+    (``current``, ``behind``, ``ahead``, ``empty``) and revisions, and the configured
+    destinations not registered yet. ``database`` is the URL without its password."""
+
+    database: str
+    state: str
+    current: str | None
+    expected: str
+    pending: list[str]
+    unregistered_destinations: list[str]
+    status: SchemaStatus = field(repr=False, compare=False)
+
+    @property
+    def ready(self) -> bool:
+        """The schema is current and every destination registered: a server may start."""
+        return self.status.state is SchemaState.CURRENT and not self.unregistered_destinations
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``lr init-db --check --json`` prints."""
+        out = asdict(self)
+        del out["status"]
+        return out
+
+
+@dataclass(frozen=True)
 class TrimResult:
     """What ``lr trim`` deleted: send-queue entries every destination had acknowledged."""
 
@@ -100,4 +127,4 @@ class TrimResult:
         return asdict(self)
 
 
-__all__ = ["MemberView", "ProviderSwitch", "SnapshotView", "TrimResult"]
+__all__ = ["DatabaseCheck", "MemberView", "ProviderSwitch", "SnapshotView", "TrimResult"]

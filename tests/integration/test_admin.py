@@ -12,7 +12,8 @@ import pytest
 
 from lr_client import RoutingQueueClient
 from lr_client.errors import InvalidInputError, LRError
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
+from lr_client.store.lifecycle import SchemaState
 from lr_server import admin, parse_config
 from lr_server.config import SiteConfig
 from tests.kit.positions import new_slot
@@ -163,6 +164,30 @@ def test_a_switch_the_config_forbids_changes_nothing(
         admin.switch_provider(config, store, "policy", "site-b")
     assert bad.value.option == "client" and "not a cascaded client" in str(bad.value)
     assert store.cascade_node("policy") is None
+
+
+def test_database_checked_then_initialised(db_url: str) -> None:
+    config = site_config(db_url)
+    store = open_store(create_engine(db_url))  # a database without our schema
+    try:
+        found = admin.check_database(config, store)
+        assert (found.state, found.current, found.ready) == ("empty", None, False)
+        assert found.unregistered_destinations == ["site-b", "site-c"]
+        assert found.database.startswith(db_url.split(":")[0]) and found.pending
+        before = admin.init_database(config, store)
+        assert before.state is SchemaState.EMPTY
+        after = admin.check_database(config, store)
+        assert after.ready and after.to_dict() == {
+            "database": found.database,
+            "state": "current",
+            "current": found.expected,
+            "expected": found.expected,
+            "pending": [],
+            "unregistered_destinations": [],
+        }
+        assert admin.init_database(config, store).state is SchemaState.CURRENT  # again: no-op
+    finally:
+        store.close()
 
 
 def test_every_admin_error_is_an_lr_error() -> None:
