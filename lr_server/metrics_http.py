@@ -22,6 +22,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
 
+from lr_client.sink_metrics import SinkCollector, SinkReads
 from lr_server.config import SiteConfig
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -123,14 +124,24 @@ def serve_metrics(
     return MetricsEndpoint(server, thread, tls=bool(cert_file))
 
 
-def serve_site_metrics(
-    config: SiteConfig, registry: CollectorRegistry = REGISTRY
-) -> MetricsEndpoint | None:
-    """The site's endpoint as its config says, or None if it has none. An ``OSError``
+def site_registry(store: SinkReads) -> CollectorRegistry:
+    """What a site serves: the process's metrics (``REGISTRY``) and its sink's, read from
+    ``store`` at each scrape (:mod:`lr_client.sink_metrics`: the names an embedded
+    subscriber's application exports too)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(REGISTRY)
+    registry.register(SinkCollector(store))
+    return registry
+
+
+def serve_site_metrics(config: SiteConfig, store: object = None) -> MetricsEndpoint | None:
+    """The site's endpoint as its config says, or None if it has none: the process's
+    metrics, and its sink's if ``store`` reads them (:class:`SinkReads`). An ``OSError``
     names the key of the address it could not bind."""
     address = config.metrics_address()
     if address is None:
         return None
+    registry = site_registry(store) if isinstance(store, SinkReads) else REGISTRY
     tls = config.metrics_tls
     try:
         return serve_metrics(
@@ -146,4 +157,10 @@ def serve_site_metrics(
         raise OSError(exc.errno, f"{key}: {exc.strerror}") from exc
 
 
-__all__ = ["MetricsEndpoint", "basic_auth", "serve_metrics", "serve_site_metrics"]
+__all__ = [
+    "MetricsEndpoint",
+    "basic_auth",
+    "serve_metrics",
+    "serve_site_metrics",
+    "site_registry",
+]

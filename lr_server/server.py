@@ -88,7 +88,7 @@ class SiteServer:
         self.apply_cascades()
         if cfg.cascades:
             self.relay_extra_floor = partial(branch_floor, self.store, cfg)
-        self.metrics_endpoint = serve_site_metrics(cfg)
+        self.metrics_endpoint = serve_site_metrics(cfg, self.store)
         if cfg.listen:
             from lr_server.transport.grpc_server import start_grpc_server
 

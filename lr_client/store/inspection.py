@@ -9,6 +9,7 @@ the whole payload: a page of 64 MiB payloads returns a few KiB.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, LargeBinary, and_, func, or_, select
@@ -30,6 +31,17 @@ def payload_head(payload: ColumnElement[bytes]) -> tuple[ColumnElement[bytes], C
     SQLite's ``substr`` reads the one value it cuts, inside the library, row by row."""
     head = func.substr(payload, 1, BROWSE_HEAD_BYTES, type_=LargeBinary).label("head")
     return head, payload_size(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class SinkBacklog:
+    """A receive queue's undelivered entries: how many, and when the oldest arrived
+    (the database's ``received_at``; None: the queue is empty)."""
+
+    client_name: str
+    source_id: str
+    depth: int
+    oldest_received_at: float | None
 
 
 class InspectionStore(StoreBase):
@@ -78,6 +90,27 @@ class InspectionStore(StoreBase):
         with self.read() as conn:
             rows = conn.execute(select(reg.c.queue_id, depth(reg.c.queue_id))).all()
         return {int(r[0]): int(r[1]) for r in rows if r[1]}
+
+    def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
+        """Every receive queue's (of one client's) undelivered entries, in one query: their
+        count (one index range per queue) and the arrival of the lowest ``seq`` (one probe)."""
+        reg, t = s.queue_registry, s.recv_entries
+        oldest = (
+            select(t.c.received_at)
+            .where(undelivered(reg.c.queue_id))
+            .order_by(t.c.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        query = select(reg.c.client_name, reg.c.source_id, depth(reg.c.queue_id), oldest)
+        if client_name is not None:
+            query = query.where(reg.c.client_name == client_name)
+        with self.read() as conn:
+            rows = conn.execute(query.order_by(reg.c.client_name, reg.c.source_id)).all()
+        return [
+            SinkBacklog(str(r[0]), str(r[1]), int(r[2] or 0), None if r[3] is None else float(r[3]))
+            for r in rows
+        ]
 
     def queue_sizes(self) -> tuple[int, int, list[tuple[QueueInfo, int]]]:
         """Entries in the send log, in the snapshot queue, and in each receive queue
@@ -220,4 +253,4 @@ class InspectionStore(StoreBase):
         ]
 
 
-__all__ = ["BROWSE_HEAD_BYTES", "InspectionStore", "payload_head"]
+__all__ = ["BROWSE_HEAD_BYTES", "InspectionStore", "SinkBacklog", "payload_head"]

@@ -155,7 +155,9 @@ def test_a_site_serves_its_metrics_where_configured_and_frees_the_port(sqlite_ur
     port = reserve_port()
     cfg = config(sqlite_url, metrics_listen=f"127.0.0.1:{port}")
     with Site(cfg):
-        assert get(f"http://127.0.0.1:{port}/metrics")[0] == 200
+        status, body = get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200 and "lr_entries_shipped" in body
+        assert "lr_sink_metrics_up 1.0" in body  # the sink's metrics, read from its database
     with pytest.raises(urllib.error.URLError):
         get(f"http://127.0.0.1:{port}/metrics")
 
