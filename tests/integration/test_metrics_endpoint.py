@@ -17,7 +17,7 @@ import pytest
 from lr_client.errors import ConfigError
 from lr_server import Site, parse_config
 from lr_server.config import SiteConfig
-from lr_server.metrics_http import MetricsEndpoint, serve_site_metrics
+from lr_server.metrics_http import MetricsEndpoint, serve_metrics, serve_site_metrics
 from tests.kit.certs import Pki, make_pki
 from tests.kit.ports import reserve_port
 
@@ -93,6 +93,21 @@ def test_metrics_listen_binds_the_address_given(endpoints: Any) -> None:
     if outward is not None:  # reachable from another host: at the host's own address
         status, body = get(f"http://{outward}:{port}/metrics")
         assert status == 200 and "lr_lag_entries" in body
+
+
+def test_an_ipv6_address_is_served() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        endpoint = serve_metrics("[::1]", 0)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    try:
+        assert endpoint.server.server_address[0] == "::1"
+        status, body = get(f"http://[::1]:{endpoint.port}/metrics")
+        assert status == 200 and "lr_entries_shipped" in body
+    finally:
+        endpoint.close()
 
 
 def test_basic_auth_refuses_a_request_without_the_credentials(endpoints: Any) -> None:
