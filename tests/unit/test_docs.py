@@ -197,8 +197,10 @@ class OneQueue:
 
 
 def test_metric_names_in_docs_match_lr_server_metrics() -> None:
+    from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
 
+    from lr_client.listener_metrics import ListenerMetrics
     from lr_client.sink_metrics import SinkCollector
     from lr_server import metrics
 
@@ -210,6 +212,11 @@ def test_metric_names_in_docs_match_lr_server_metrics() -> None:
             defined[exposed] = (family.type, tuple(value._labelnames))
     for family in SinkCollector(OneQueue()).collect():  # the sink's, read from its database
         defined[family.name] = (family.type, tuple(family.samples[0].labels))
+    listener = ListenerMetrics(CollectorRegistry())  # and measured around its listener
+    for value in (listener.batches, listener.entries, listener.apply_seconds):
+        (family,) = value.describe()
+        exposed = family.name + ("_total" if family.type == "counter" else "")
+        defined[exposed] = (family.type, tuple(value._labelnames))
     docs = documented_metrics()
     assert docs, "no metrics table in docs/configuration.md"
     assert set(docs) - set(defined) == set(), "documented but not defined in lr_server/metrics.py"
