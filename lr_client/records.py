@@ -338,16 +338,16 @@ class HeadEntry(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class StoredEntry:
-    """An entry as one of the queues stores it (what ``lr browse`` shows).
-
-    ``position`` is the source position (receive queues: the entry's), ``seq``
-    a receive queue's own order; ``type`` is the stored integer.
+    """An entry as a queue stores it (``lr browse``): ``payload`` is only its first bytes
+    (``BROWSE_HEAD_BYTES``), ``size`` the whole payload's. ``position`` is the source
+    position (receive queues: the entry's), ``seq`` a receive queue's own order.
     """
 
     position: int
-    type: int
+    type: int  # the stored integer
     client_name: str
     payload: bytes
+    size: int
     destinations: tuple[str, ...] = ()
     snapshot_id: str = ""
     created_at: float | None = None

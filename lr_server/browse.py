@@ -54,35 +54,44 @@ class BrowsedEntry:
     seq: int | None = None  # receive queues: the queue's own order
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``lr browse QUEUE --json`` prints for it."""
         return asdict(self)
 
 
 @dataclass
 class QueueSummary:
+    """One queue of the site, its stored entries and the tags that index it."""
+
     queue: str
     entries: int
     tags: list[str]
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``lr browse --json`` prints for it."""
         return asdict(self)
 
 
-def preview(payload: bytes, limit: int = PREVIEW_CHARS) -> str:
-    """A short printable rendering: text if the payload is printable UTF-8, else hex."""
+def preview(payload: bytes, limit: int = PREVIEW_CHARS, size: int | None = None) -> str:
+    """A short printable rendering: text if the payload is printable UTF-8, else hex.
+
+    ``payload`` may be only the payload's head (at least ``limit * 4`` bytes of it) when
+    ``size`` gives the whole payload's size.
+    """
+    total = len(payload) if size is None else size
     head = payload[: limit * 4]
     text: str | None
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as exc:
         # A character cut at the end of ``head`` is still text; anything else is binary.
-        cut = len(head) < len(payload) and exc.start >= len(head) - 3
+        cut = len(head) < total and exc.start >= len(head) - 3
         text = head[: exc.start].decode("utf-8") if cut else None
     if text is not None and all(c.isprintable() or c in "\t\n\r" for c in text):
         flat = text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-        more = len(flat) > limit or len(head) < len(payload)
+        more = len(flat) > limit or len(head) < total
         return flat[:limit] + ("…" if more else "")
     shown = payload[: limit // 2]
-    return "0x" + shown.hex() + ("…" if len(shown) < len(payload) else "")
+    return "0x" + shown.hex() + ("…" if len(shown) < total else "")
 
 
 def _type_name(value: int) -> str:
@@ -113,8 +122,8 @@ def _browsed(entry: StoredEntry) -> BrowsedEntry:
         client=entry.client_name,
         destinations=list(entry.destinations),
         snapshot_id=entry.snapshot_id,
-        size=len(entry.payload),
-        preview=preview(entry.payload),
+        size=entry.size,
+        preview=preview(entry.payload, size=entry.size),
         created_at=entry.created_at,
         seq=entry.seq,
     )

@@ -1,8 +1,9 @@
-"""Prometheus metrics of an ``lr`` server (documented in docs/configuration.md)."""
+"""Prometheus metrics of an ``lr`` server (documented in docs/configuration.md); served by
+:mod:`lr_server.metrics_http`."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 ENTRIES_SHIPPED = Counter(
     "lr_entries_shipped", "Entries acknowledged by a destination", ["destination", "client"]
@@ -86,16 +87,6 @@ RELAY_BATCHES = Counter(
 )
 
 
-def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve ``/metrics`` on ``addr:port`` from a daemon thread; an error names the port."""
-    try:
-        start_http_server(port, addr=addr)
-    except OSError as exc:
-        raise OSError(
-            exc.errno, f"site.metrics_port: cannot serve {addr}:{port}: {exc.strerror or exc}"
-        ) from exc
-
-
 __all__ = [
     "BACKPRESSURE",
     "BACKPRESSURE_EVENTS",
@@ -124,5 +115,4 @@ __all__ = [
     "STREAM_STOPPED",
     "TRIMMED",
     "UNCONFIGURED_ENTRIES",
-    "start_metrics_server",
 ]

@@ -24,7 +24,6 @@ from lr_client.cascade_roles import CascadeRole
 from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_client.store.watches import Watch
-from lr_server import metrics
 from lr_server.arrivals import Arrivals
 from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
 from lr_server.config import ClientConfig, SiteConfig
@@ -32,6 +31,7 @@ from lr_server.fanout import LogFanout
 from lr_server.logs import configure_logging
 from lr_server.membership import Membership, default_member_id
 from lr_server.memory import map_large_blocks
+from lr_server.metrics_http import MetricsEndpoint, serve_site_metrics
 from lr_server.placement import TRIM_UNIT, stream_unit
 from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
@@ -74,6 +74,7 @@ class SiteServer:
         self._session_fences: dict[str, dict[str, Fence]] = {}
         self._launcher: Callable[[SnapshotRequest, ClientConfig], None] | None = None
         self._placing = threading.Lock()
+        self.metrics_endpoint: MetricsEndpoint | None = None
         #: The relay floor's extra bound per cascaded client (the set's global
         #: watermark), or None: none (see :meth:`trim_relays`).
         self.relay_extra_floor: Callable[[str], int | None] = lambda client: None
@@ -87,8 +88,7 @@ class SiteServer:
         self.apply_cascades()
         if cfg.cascades:
             self.relay_extra_floor = partial(branch_floor, self.store, cfg)
-        if cfg.metrics_port:
-            metrics.start_metrics_server(cfg.metrics_port)
+        self.metrics_endpoint = serve_site_metrics(cfg, self.store)
         if cfg.listen:
             from lr_server.transport.grpc_server import start_grpc_server
 
@@ -353,6 +353,8 @@ class SiteServer:
         if self._grpc is not None:
             self._grpc.stop(grace=call_grace).wait(5.0 + grace)  # the handlers left the store
         self._end_children(grace)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         self.store.close()
 
     def _end_children(self, grace: float) -> None:

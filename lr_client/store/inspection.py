@@ -1,20 +1,47 @@
 """The :class:`~lr_client.store.contract.Inspection` role: read-only views and session status.
 
 What ``lr status``, ``lr browse`` and the CLI show; sender sessions write
-their status rows here too.
+their status rows here too. Browsing reads each payload's size and first
+:data:`BROWSE_HEAD_BYTES` with the database's ``length`` and ``substr``, never
+the whole payload: a page of 64 MiB payloads returns a few KiB.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import ColumnElement, LargeBinary, and_, func, or_, select
 
 from lr_client.records import QueueInfo, QueueSlot, ReplicationType, StoredEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
+from lr_client.store.byte_bounds import payload_size
 from lr_client.store.subscriber_queues import depth, undelivered
+
+#: The bytes of a payload browsing reads: enough for a preview of 32 characters of UTF-8.
+BROWSE_HEAD_BYTES = 128
+
+
+def payload_head(payload: ColumnElement[bytes]) -> tuple[ColumnElement[bytes], ColumnElement[int]]:
+    """The payload's first :data:`BROWSE_HEAD_BYTES` (``head``) and its size in bytes
+    (``size``), computed by the database: ``substr`` and ``length`` of SQLite's BLOB and
+    PostgreSQL's bytea count bytes. PostgreSQL fetches only the TOAST chunks of the head;
+    SQLite's ``substr`` reads the one value it cuts, inside the library, row by row."""
+    head = func.substr(payload, 1, BROWSE_HEAD_BYTES, type_=LargeBinary).label("head")
+    return head, payload_size(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class SinkBacklog:
+    """A receive queue's undelivered entries: how many, and when the oldest arrived
+    (the database's ``received_at``; None: the queue is empty)."""
+
+    client_name: str
+    source_id: str
+    depth: int
+    oldest_received_at: float | None
 
 
 class InspectionStore(StoreBase):
@@ -64,6 +91,27 @@ class InspectionStore(StoreBase):
             rows = conn.execute(select(reg.c.queue_id, depth(reg.c.queue_id))).all()
         return {int(r[0]): int(r[1]) for r in rows if r[1]}
 
+    def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
+        """Every receive queue's (of one client's) undelivered entries, in one query: their
+        count (one index range per queue) and the arrival of the lowest ``seq`` (one probe)."""
+        reg, t = s.queue_registry, s.recv_entries
+        oldest = (
+            select(t.c.received_at)
+            .where(undelivered(reg.c.queue_id))
+            .order_by(t.c.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        query = select(reg.c.client_name, reg.c.source_id, depth(reg.c.queue_id), oldest)
+        if client_name is not None:
+            query = query.where(reg.c.client_name == client_name)
+        with self.read() as conn:
+            rows = conn.execute(query.order_by(reg.c.client_name, reg.c.source_id)).all()
+        return [
+            SinkBacklog(str(r[0]), str(r[1]), int(r[2] or 0), None if r[3] is None else float(r[3]))
+            for r in rows
+        ]
+
     def queue_sizes(self) -> tuple[int, int, list[tuple[QueueInfo, int]]]:
         """Entries in the send log, in the snapshot queue, and in each receive queue
         (by queue name), read in one transaction."""
@@ -95,7 +143,8 @@ class InspectionStore(StoreBase):
         """
         self.sequence()
         e = s.send_log_entries
-        query = select(e.c.position, e.c.client_name, e.c.payload, e.c.dest_nums, e.c.created_at)
+        head = payload_head(e.c.payload)
+        query = select(e.c.position, e.c.client_name, *head, e.c.dest_nums, e.c.created_at)
         if destination is not None:
             num = self.site_numbers(refresh=True).get(destination)
             if num is None:
@@ -122,7 +171,8 @@ class InspectionStore(StoreBase):
                 position=int(r.position),
                 type=int(ReplicationType.LOG_ENTRY_SYNC),
                 client_name=r.client_name,
-                payload=bytes(r.payload),
+                payload=bytes(r.head),
+                size=int(r.size),
                 destinations=tuple(
                     self.site_name(n) for n in self._dest_nums_of(r.dest_nums or [])
                 ),
@@ -137,7 +187,8 @@ class InspectionStore(StoreBase):
         """Snapshot queue entries after ``after`` (of the snapshots of a destination, a client)."""
         t, snap, d = s.send_snapsync, s.snapshots, s.snapshot_destinations
         query = (
-            select(t.c.position, t.c.type, t.c.payload, t.c.snapshot_id, snap.c.client_name)
+            select(t.c.position, t.c.type, *payload_head(t.c.payload), t.c.snapshot_id)
+            .add_columns(snap.c.client_name)
             .select_from(t.outerjoin(snap, snap.c.snapshot_id == t.c.snapshot_id))
             .where(t.c.position > after)
         )
@@ -163,7 +214,8 @@ class InspectionStore(StoreBase):
                 position=int(r.position),
                 type=int(r.type),
                 client_name=r.client_name or "",
-                payload=bytes(r.payload),
+                payload=bytes(r.head),
+                size=int(r.size),
                 destinations=tuple(members.get(r.snapshot_id, ())),
                 snapshot_id=r.snapshot_id,
             )
@@ -179,8 +231,9 @@ class InspectionStore(StoreBase):
             ).first()
             if found is None:
                 return None
+            columns = (t.c.seq, t.c.source_position, t.c.type, t.c.snapshot_id, t.c.received_at)
             rows = conn.execute(
-                select(t)
+                select(*columns, *payload_head(t.c.payload))
                 .where(undelivered(found.queue_id), t.c.seq > after)
                 .order_by(t.c.seq)
                 .limit(limit)
@@ -190,7 +243,8 @@ class InspectionStore(StoreBase):
                 position=int(r.source_position),
                 type=int(r.type),
                 client_name=found.client_name,
-                payload=bytes(r.payload),
+                payload=bytes(r.head),
+                size=int(r.size),
                 snapshot_id=r.snapshot_id,
                 created_at=r.received_at,
                 seq=int(r.seq),
@@ -199,4 +253,4 @@ class InspectionStore(StoreBase):
         ]
 
 
-__all__ = ["InspectionStore"]
+__all__ = ["BROWSE_HEAD_BYTES", "InspectionStore", "SinkBacklog", "payload_head"]

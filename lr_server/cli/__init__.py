@@ -17,8 +17,10 @@ One module per command group: :mod:`~lr_server.cli.serve` (``server``,
 :mod:`~lr_server.cli.errors`, :mod:`~lr_server.cli.options`,
 :mod:`~lr_server.cli.database` and :mod:`~lr_server.cli.render`.
 
-Heavy modules (grpc, the server) are imported inside the commands that need
-them, so ``lr --help`` is fast.
+Each command parses its arguments, opens the site's store, calls one function of
+:mod:`lr_server.admin` (the operator's API: the actions and their checks live
+there) and prints the record it returns. Heavy modules (grpc, the server) are
+imported inside the commands that need them, so ``lr --help`` is fast.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def browse(
     QUEUE is LRQ_Send_LogEntries, LRQ_Send_SnapSync or LRQ_Recv_<client>__<source>.
     """
     from lr_client.errors import InvalidInputError
-    from lr_server import browse as b
+    from lr_server import admin as b
 
     config = load_config(config_path)
     with open_site_store(config) as store:

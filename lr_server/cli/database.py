@@ -11,23 +11,12 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from lr_client.errors import ConfigError, SchemaError, StoreUnavailableError
+from lr_server.admin.database import database_url
 from lr_server.cli.errors import fail, first_line
 from lr_server.config import SiteConfig
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import URL
-
     from lr_client.store import QueueStore
-
-
-def database_url(config: SiteConfig) -> URL:
-    """``site.database_url`` parsed, or a :class:`ConfigError` naming the key."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(config.database_url)
-    except ArgumentError as exc:
-        raise ConfigError(f"site.database_url: {first_line(exc)}") from exc
 
 
 def sqlite_file(config: SiteConfig) -> Path | None:

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING
 import click
 
 from lr_server.cli.database import open_site_store
-from lr_server.cli.errors import fail
 from lr_server.cli.options import config_option, json_option
-from lr_server.cli.render import ago, console, print_json, table
+from lr_server.cli.render import console, human_seconds, print_json, table
 from lr_server.config import load_config
 
 if TYPE_CHECKING:
-    from lr_client.records import Member
+    from lr_server.admin import MemberView
 
 
 @click.group(invoke_without_command=True)
@@ -35,36 +34,19 @@ def members(ctx: click.Context, config_path: Path | None, as_json: bool) -> None
         return
     if config_path is None:
         raise click.UsageError("Missing option '--config' / '-c'.", ctx)
+    from lr_server import admin
+
     config = load_config(config_path)
     with open_site_store(config) as store:
-        found = store.list_members(config.members.lease_timeout)
-        leases = store.list_leases()
-        now = store.db_now()
-    owned: dict[str, list[str]] = {}
-    for lease in leases:
-        if lease.owner is not None:
-            owned.setdefault(lease.owner, []).append(lease.unit)
+        found = admin.list_members(config, store)
     if as_json:
-        print_json(
-            [
-                {
-                    "member_id": m.member_id,
-                    "address": m.address,
-                    "weight": m.weight,
-                    "alive": m.alive,
-                    "heartbeat_age": round(max(0.0, now - m.heartbeat_at), 3),
-                    "joined_at": m.joined_at,
-                    "units": sorted(owned.get(m.instance, [])),
-                }
-                for m in found
-            ]
-        )
+        print_json([m.to_dict() for m in found])
         return
-    render_members(found, owned, now)
+    render_members(found)
 
 
-def render_members(found: Sequence[Member], owned: dict[str, list[str]], now: float) -> None:
-    """Print the members as a table; ``owned`` maps a member's instance to its units."""
+def render_members(found: Sequence[MemberView]) -> None:
+    """Print the members as a table."""
     t = table("members", "member", "address", "weight", "state", "heartbeat", "units")
     for m in found:
         t.add_row(
@@ -72,8 +54,8 @@ def render_members(found: Sequence[Member], owned: dict[str, list[str]], now: fl
             m.address,
             str(m.weight),
             "alive" if m.alive else "gone",
-            ago(m.heartbeat_at, now),
-            str(len(owned.get(m.instance, []))),
+            human_seconds(m.heartbeat_age) + " ago",
+            str(len(m.units)),
         )
     out = console()
     out.print(t)
@@ -87,10 +69,11 @@ def render_members(found: Sequence[Member], owned: dict[str, list[str]], now: fl
 @click.argument("weight", type=click.IntRange(min=0))
 def members_weight(config_path: Path, member_id: str, weight: int) -> None:
     """Set a member's weight at run time (0 drains it: its units move to the others)."""
+    from lr_server import admin
+
     config = load_config(config_path)
     with open_site_store(config) as store:
-        if not store.set_member_weight(member_id, weight):
-            fail(f"no member {member_id!r} (see 'lr members')")
+        admin.set_member_weight(store, member_id, weight)
     click.echo(f"member {member_id}: weight {weight}")
 
 
@@ -99,8 +82,9 @@ def members_weight(config_path: Path, member_id: str, weight: int) -> None:
 @click.argument("member_id")
 def members_remove(config_path: Path, member_id: str) -> None:
     """Forget a member that is gone, releasing its units at once."""
+    from lr_server import admin
+
     config = load_config(config_path)
     with open_site_store(config) as store:
-        if not store.remove_member(member_id):
-            fail(f"no member {member_id!r} (see 'lr members')")
+        admin.remove_member(store, member_id)
     click.echo(f"member {member_id} removed")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from lr_server.config import SiteConfig
+from lr_server.cli.errors import EXIT_USAGE, fail
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,19 +34,19 @@ def json_option(func: F) -> F:
     )
 
 
-def check_stream(config: SiteConfig, destination: str, client: str) -> None:
-    """A usage error naming ``--destination`` or ``--client`` unless the site replicates
-    ``client`` to ``destination``."""
-    dest = next((d for d in config.destinations if d.id == destination), None)
-    if dest is None:
-        known = ", ".join(d.id for d in config.destinations) or "none"
-        raise click.BadParameter(
-            f"{destination!r} is not a destination of site {config.id} (configured: {known})",
-            param_hint="--destination",
-        )
-    clients = config.clients_for(dest)
-    if clients and client not in clients:
-        raise click.BadParameter(
-            f"{client!r} is not replicated to {destination} (clients: {', '.join(clients)})",
-            param_hint="--client",
-        )
+@contextmanager
+def admin_errors() -> Iterator[None]:
+    """The admin API's input errors as usage errors (exit 2): naming the option at fault
+    (``--destination``, ``--client``, ``--to``, ...) when the error names one.
+
+    Its other errors are :class:`~lr_client.errors.LRError` s, which the ``lr`` group
+    prints as one line (exit 1).
+    """
+    from lr_server.admin import AdminInputError
+
+    try:
+        yield
+    except AdminInputError as exc:
+        if exc.option is None:
+            fail(str(exc), EXIT_USAGE)
+        raise click.BadParameter(str(exc), param_hint=f"--{exc.option}") from exc

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from lr_client.errors import ConfigError
+from lr_server.admin.database import database_url
 from lr_server.cli.database import (
-    database_url,
     make_database_directory,
     open_site_store,
     sqlite_file,
@@ -26,7 +26,7 @@ from lr_server.config import SiteConfig, load_config
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
-    help="Metrics port (default: site.metrics_port).",
+    help="Metrics port (default: site.metrics_port, or the port of site.metrics_listen).",
 )
 def server(
     config_path: Path, member_id: str | None, listen: str | None, metrics_port: int | None
@@ -66,7 +66,10 @@ def member_overrides(
         config = replace(config, members=replace(config.members, id=member_id))
     if listen is not None:
         config = replace(config, listen=parse_listen(listen, "--listen"))
-    if metrics_port is not None:
+    if metrics_port is not None and config.metrics_listen:  # the port of metrics_listen
+        host = config.metrics_listen.rpartition(":")[0]
+        config = replace(config, metrics_listen=f"{host}:{metrics_port}" if metrics_port else "")
+    elif metrics_port is not None:
         config = replace(config, metrics_port=metrics_port)
     return config
 
@@ -108,6 +111,7 @@ def check_listen_address(address: str) -> None:
 def init_db(config_path: Path, check: bool, as_json: bool) -> None:
     """Create or upgrade the site's schema (concurrency-safe) and register its destinations."""
     from lr_client.store.lifecycle import SchemaState
+    from lr_server import admin
 
     config = load_config(config_path)
     url = database_url(config)
@@ -118,23 +122,10 @@ def init_db(config_path: Path, check: bool, as_json: bool) -> None:
         if db_file is not None and not db_file.exists():
             fail(f"no database file at {db_file} (run `lr init-db`)", EXIT_PENDING)
         with open_site_store(config, check=False) as store:
-            status = store.schema_status()
-            missing = (
-                [d for d in dests if d not in store.site_numbers(refresh=True)]
-                if status.state is SchemaState.CURRENT
-                else dests
-            )
+            found = admin.check_database(config, store)
+        status = found.status
         if as_json:
-            print_json(
-                {
-                    "database": where,
-                    "state": status.state.value,
-                    "current": status.current,
-                    "expected": status.expected,
-                    "pending": list(status.pending),
-                    "unregistered_destinations": missing,
-                }
-            )
+            print_json(found.to_dict())
         elif status.state is SchemaState.CURRENT:
             click.echo(f"{where}: {status.describe()}")
         if status.state is not SchemaState.CURRENT:
@@ -142,12 +133,12 @@ def init_db(config_path: Path, check: bool, as_json: bool) -> None:
             if not as_json:
                 fail(f"{where}: {status.describe()}", code)
             raise click.exceptions.Exit(code)
-        if missing:
-            fail(f"destinations not registered: {', '.join(missing)} (run `lr init-db`)")
+        if found.unregistered_destinations:
+            missing = ", ".join(found.unregistered_destinations)
+            fail(f"destinations not registered: {missing} (run `lr init-db`)")
         return
     with open_site_store(config, check=False, create=True) as store:
-        before = store.create_schema()
-        store.register_sites(dests)
+        before = admin.init_database(config, store)
     if before.state is SchemaState.CURRENT:
         click.echo(f"schema revision {before.expected} already current at {where}")
     else:

@@ -14,12 +14,12 @@ import click
 
 from lr_server.cli.database import open_site_store, require_database
 from lr_server.cli.errors import EXIT_USAGE, fail
-from lr_server.cli.options import check_stream, config_option, json_option
+from lr_server.cli.options import admin_errors, config_option, json_option
 from lr_server.cli.render import ago, console, print_json, short_id, table
-from lr_server.config import SiteConfig, SnapshotProvider, load_config
+from lr_server.config import load_config
 
 if TYPE_CHECKING:
-    from lr_client.records import SnapshotRequest
+    from lr_server.admin import SnapshotView
 
 
 @click.group()
@@ -39,17 +39,13 @@ def snapshot_request(config_path: Path, destination: str, client: str, reason: s
     running server picks the request up (and launches the Spark job for
     clients with snapshot = "spark").
     """
+    from lr_server import admin
+
     config = load_config(config_path)
-    check_stream(config, destination, client)
-    found = config.client(client)
-    if found is not None and found.snapshot == SnapshotProvider.NONE:
-        fail(
-            f'client {client!r} has no snapshot provider (snapshot = "none"), so nobody '
-            f'could make a full sync for {destination}; set snapshot = "app" or "spark"',
-            EXIT_USAGE,
-        )
-    with open_site_store(config) as store:
-        snapshot_id = store.request_snapshot(None, destination, client, reason)
+    with admin_errors():
+        admin.check_snapshot_request(config, destination, client)  # before opening the database
+        with open_site_store(config) as store:
+            snapshot_id = admin.request_snapshot(config, store, destination, client, reason)
     click.echo(snapshot_id)
 
 
@@ -71,37 +67,18 @@ def snapshot_list(
     as_json: bool,
 ) -> None:
     """List snapshot requests, newest first."""
-    from lr_client.records import OPEN_SNAPSHOT_STATUSES
+    from lr_server import admin
 
     config = load_config(config_path)
     with open_site_store(config) as store:
-        snaps = store.list_snapshots(
-            destination, client, OPEN_SNAPSHOT_STATUSES if only_open else None
-        )[:limit]
+        snaps = admin.list_snapshots(store, destination, client, only_open=only_open, limit=limit)
     if as_json:
-        print_json(
-            [
-                {
-                    "snapshot_id": x.snapshot_id,
-                    "destination": x.destination,
-                    "client": x.client_name,
-                    "status": x.status.value,
-                    "base_position": x.base_position,
-                    "rows_written": x.rows_written,
-                    "entry_count": x.entry_count,
-                    "shipped_position": x.shipped_position,
-                    "reason": x.reason,
-                    "created_at": x.created_at,
-                    "updated_at": x.updated_at,
-                }
-                for x in snaps
-            ]
-        )
+        print_json([x.to_dict() for x in snaps])
         return
     render_snapshots(snaps)
 
 
-def render_snapshots(snaps: Sequence[SnapshotRequest]) -> None:
+def render_snapshots(snaps: Sequence[SnapshotView]) -> None:
     """Print snapshot requests as a table, one row per destination's view."""
     now = time.time()
     t = table("snapshots", "id", "dest", "client", "status", "rows", "created", "reason")
@@ -110,8 +87,8 @@ def render_snapshots(snaps: Sequence[SnapshotRequest]) -> None:
         t.add_row(
             short_id(x.snapshot_id),
             x.destination,
-            x.client_name,
-            x.status.value,
+            x.client,
+            x.status,
             f"{x.rows_written}/{total}",
             ago(x.created_at, now),
             x.reason,
@@ -136,51 +113,13 @@ def snapshot_cancel(
     config_path: Path, snapshot_id: str, reason: str, destination: str | None
 ) -> None:
     """Cancel an open snapshot (SNAPSHOT_ID or a unique prefix of it)."""
+    from lr_server import admin
+
     config = load_config(config_path)
     with open_site_store(config) as store:
-        views = store.list_snapshots(destination)
-        matches = list({x.snapshot_id: x for x in views if x.snapshot_id.startswith(snapshot_id)})
-        if not matches:
-            fail(f"no snapshot {snapshot_id}" + (f" for {destination}" if destination else ""))
-        if len(matches) > 1:
-            fail(f"{snapshot_id} matches {len(matches)} snapshots; give more of the id")
-        found = store.get_snapshot(matches[0], destination)
-        assert found is not None
-        if not store.cancel_snapshot(found.snapshot_id, reason, destination):
-            fail(f"snapshot {found.snapshot_id} is {found.status.value}, not open")
+        found = admin.cancel_snapshot(store, snapshot_id, reason, destination)
     where = f" for {destination}" if destination else ""
     click.echo(f"cancelled {found.snapshot_id}{where}")
-
-
-def snapshot_job_command(
-    config: SiteConfig,
-    destination: str,
-    client: str,
-    source: str | None,
-    snapshot_id: str | None,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """The snapshot job's command line for a client of ``config`` (see
-    :func:`spark_jobs.launch.snapshot_job_command`); the URL goes in ``$LR_DATABASE_URL``."""
-    from spark_jobs.launch import snapshot_job_command as job_command
-
-    conf = config.client(client)
-    spec = source or (conf.spark_source if conf else "")
-    if not spec:
-        raise click.BadParameter(
-            f"client {client!r} has no spark_source in the config; give one", param_hint="--source"
-        )
-    return job_command(
-        snapshot_id,
-        source=spec,
-        encoder=conf.spark_encoder if conf else "",
-        key_column=conf.spark_key_column if conf else "",
-        master=conf.spark_master if conf else None,
-        spark_options=conf.spark_options if conf else None,
-        destination=None if snapshot_id else destination,
-        client=None if snapshot_id else client,
-        extra_args=extra,
-    )
 
 
 @snapshot.command("run", context_settings={"ignore_unknown_options": True})
@@ -210,11 +149,12 @@ def snapshot_run(
     import os
     import shlex
 
+    from lr_server import admin
     from spark_jobs.launch import DATABASE_URL_ENV
 
     config = load_config(config_path)
-    check_stream(config, destination, client)
-    cmd = snapshot_job_command(config, destination, client, source, snapshot_id, job_args)
+    with admin_errors():
+        cmd = admin.snapshot_job_command(config, destination, client, source, snapshot_id, job_args)
     if dry_run:
         click.echo(f"{DATABASE_URL_ENV}=... {shlex.join(cmd)}")
         return

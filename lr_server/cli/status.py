@@ -1,4 +1,5 @@
-"""``lr status``: where every stream stands, read by :mod:`lr_server.status`, shown as tables."""
+"""``lr status``: where every stream stands, read by :func:`lr_server.admin.status`, shown as
+tables."""
 
 from __future__ import annotations
 
@@ -30,11 +31,11 @@ if TYPE_CHECKING:
 @json_option
 def status(config_path: Path, as_json: bool) -> None:
     """Where every stream stands: lag, state, acks, in-flight, snapshots, drops."""
-    from lr_server.status import collect_status
+    from lr_server import admin
 
     config = load_config(config_path)
     with open_site_store(config) as store:
-        report = collect_status(config, store)
+        report = admin.status(config, store)
     if as_json:
         print_json(report.to_dict())
     else:

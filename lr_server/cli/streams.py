@@ -1,4 +1,5 @@
-"""``lr trim`` and ``lr accept-loss``: acknowledged entries deleted, a stopped stream resumed."""
+"""``lr trim`` and ``lr accept-loss``: acknowledged entries deleted, a stopped stream resumed
+(:mod:`lr_server.admin` does both)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ from pathlib import Path
 import click
 
 from lr_server.cli.database import open_site_store
-from lr_server.cli.errors import fail
-from lr_server.cli.options import check_stream, config_option
+from lr_server.cli.options import admin_errors, config_option
 from lr_server.config import load_config
 
 
@@ -20,11 +20,12 @@ def trim(config_path: Path, batch: int | None) -> None:
 
     On PostgreSQL the current slot is closed first, so everything acknowledged goes.
     """
+    from lr_server import admin
+
     config = load_config(config_path)
     with open_site_store(config) as store:
-        store.rotation_period = 0.0
-        n = store.trim(batch or config.retention.trim_batch)
-    click.echo(f"trimmed {n} entries")
+        result = admin.trim(config, store, batch)
+    click.echo(f"trimmed {result.entries} entries")
 
 
 @click.command("accept-loss")
@@ -38,12 +39,13 @@ def accept_loss(config_path: Path, destination: str, client: str) -> None:
     and the client has no snapshot provider. The running server then tells
     the sink (its listener's on_stream_dropped) and ships log entries again.
     """
+    from lr_server import admin
+
     config = load_config(config_path)
-    check_stream(config, destination, client)
-    with open_site_store(config) as store:
-        stop = store.accept_stream_loss(destination, client)
-    if stop is None:
-        fail(f"stream {destination}/{client} is not stopped")
+    with admin_errors():
+        admin.check_stream(config, destination, client)  # before the database is opened
+        with open_site_store(config) as store:
+            stop = admin.accept_loss(config, store, destination, client)
     click.echo(
         f"accepted the loss of {destination}/{client} ({stop.reason}); "
         f"log entries resume after position {stop.resume_after}"

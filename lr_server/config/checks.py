@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from lr_client.errors import ConfigError
 from lr_client.names import NAME_RE
@@ -58,6 +58,40 @@ def check_security(security: SecurityConfig, raw: dict[str, Any], listen: str) -
         raise ConfigError("security.client_auth: 'mtls' needs security.transport = 'tls'")
     if security.client_auth == "none":
         _check_unauthenticated(raw, security, listen)
+
+
+class MetricsKeys(Protocol):
+    """The ``[site]`` keys of the metrics endpoint."""
+
+    @property
+    def metrics_port(self) -> int: ...
+    @property
+    def metrics_listen(self) -> str: ...
+    @property
+    def metrics_username(self) -> str: ...
+    @property
+    def metrics_password(self) -> str: ...
+    @property
+    def metrics_tls(self) -> bool: ...
+
+
+def check_metrics(site: MetricsKeys, security: SecurityConfig) -> None:
+    """One address (``metrics_listen`` or ``metrics_port``), a username and a password
+    together, and TLS only with the site's certificate and key."""
+    if site.metrics_listen and site.metrics_port:
+        raise ConfigError(
+            "site.metrics_listen: give either metrics_listen (host:port) or metrics_port"
+        )
+    if bool(site.metrics_username) != bool(site.metrics_password):
+        missing = "metrics_password" if site.metrics_username else "metrics_username"
+        raise ConfigError(f"site.{missing}: basic auth needs metrics_username and metrics_password")
+    if site.metrics_tls:
+        for k in ("cert_file", "key_file"):
+            p = getattr(security, k)
+            if p is None:
+                raise ConfigError(f"security.{k}: required when site.metrics_tls = true")
+            if not p.exists():
+                raise ConfigError(f"security.{k}: no such file {p}")
 
 
 def _check_unauthenticated(raw: dict[str, Any], security: SecurityConfig, listen: str) -> None:

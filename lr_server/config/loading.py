@@ -18,6 +18,7 @@ from lr_client.errors import ConfigError
 from lr_server.config.checks import (
     cascades,
     check_members,
+    check_metrics,
     check_replication,
     check_security,
     tables,
@@ -39,7 +40,7 @@ from lr_server.config.models import (
     SnapshotProvider,
     SourceConfig,
 )
-from lr_server.config.values import DatabaseUrl, Listen, Name, Port, host_port
+from lr_server.config.values import DatabaseUrl, Flag, Listen, Name, Port, Text, host_port
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class SiteTable:
     database_url: DatabaseUrl
     listen: Listen = ""
     metrics_port: Port = 0
+    metrics_listen: Listen = ""
+    metrics_username: Text = ""
+    metrics_password: Text = ""
+    metrics_tls: Flag = False
 
 
 def parse_listen(value: object, key: str = "site.listen") -> str:
@@ -84,6 +89,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     if security.transport == "plaintext" and "client_auth" not in raw_security:
         security = replace(security, client_auth="none")
     check_security(security, raw, site.listen)
+    check_metrics(site, security)
 
     clients = [_client(c, f"clients[{i}]") for i, c in enumerate(tables(raw, "clients"))]
     names = [c.name for c in clients]
@@ -131,6 +137,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         database_url=url,
         listen=site.listen,
         metrics_port=site.metrics_port,
+        metrics_listen=site.metrics_listen,
+        metrics_username=site.metrics_username,
+        metrics_password=site.metrics_password,
+        metrics_tls=site.metrics_tls,
         security=security,
         destinations=tuple(destinations),
         sources=tuple(sources),

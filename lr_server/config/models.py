@@ -54,7 +54,16 @@ SECTIONS = (
     "members",
     "cascade",
 )
-SITE_KEYS = ("id", "database_url", "listen", "metrics_port")
+SITE_KEYS = (
+    "id",
+    "database_url",
+    "listen",
+    "metrics_port",
+    "metrics_listen",
+    "metrics_username",
+    "metrics_password",
+    "metrics_tls",
+)
 
 
 class SnapshotProvider(enum.StrEnum):
@@ -324,7 +333,11 @@ class SiteConfig:
     id: str
     database_url: str
     listen: str = ""  # host:port of the receiver; empty: send only
-    metrics_port: int = 0  # 0: no metrics endpoint
+    metrics_port: int = 0  # 0: no metrics endpoint (unless metrics_listen); on 127.0.0.1
+    metrics_listen: str = ""  # host:port of the metrics endpoint (overrides metrics_port)
+    metrics_username: str = ""  # with metrics_password: basic auth on /metrics
+    metrics_password: str = ""
+    metrics_tls: bool = False  # HTTPS with security.cert_file and key_file
     security: SecurityConfig = field(default_factory=SecurityConfig)
     destinations: tuple[DestinationConfig, ...] = ()
     sources: tuple[SourceConfig, ...] = ()
@@ -336,6 +349,14 @@ class SiteConfig:
     members: MembersConfig = field(default_factory=MembersConfig)
     cascades: tuple[CascadeConfig, ...] = ()
     path: Path | None = None
+
+    def metrics_address(self) -> tuple[str, int] | None:
+        """(host, port) of the metrics endpoint: ``metrics_listen``, else 127.0.0.1 at
+        ``metrics_port``; None without either."""
+        if self.metrics_listen:
+            host, _, port = self.metrics_listen.rpartition(":")
+            return host, int(port)
+        return ("127.0.0.1", self.metrics_port) if self.metrics_port else None
 
     def client_names(self) -> list[str]:
         """The names of the configured clients, in config order."""

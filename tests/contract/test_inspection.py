@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from lr_client.records import ReplicationType
+from lr_client.records import ReplicationType, WireEntry
 from lr_client.store.contract import Inspection, QueueStore
+from lr_client.store.inspection import BROWSE_HEAD_BYTES
 from tests.contract.calls import (
     across_outage,
     append,
@@ -190,6 +191,25 @@ def test_browse_snapshot_entries_by_destination_and_client(store: QueueStore) ->
     ]
     assert store.browse_snapshot_entries("b", "other", 0, 10) == []
     assert store.browse_snapshot_entries("nobody", None, 0, 10) == []
+
+
+def test_browsing_reads_a_payloads_head_and_size_only(store: QueueStore) -> None:
+    """Every browse returns the first BROWSE_HEAD_BYTES of a payload and its whole size."""
+    big = bytes(range(256)) * 40 + b"\x00"  # every byte value, NULs included
+    head = big[:BROWSE_HEAD_BYTES]
+    append(store, "policy", (big, ["b"]), (b"tiny", ["b"]))
+    logged = store.browse_log_entries("b", None, 0, 10)
+    assert [(e.payload, e.size) for e in logged] == [(head, len(big)), (b"tiny", 4)]
+    sid = store.request_snapshot(None, "b", "policy")
+    store.start_snapshot(sid)
+    with store.write() as conn:
+        store.write_snapshot_entries(conn, sid, 0, [big])
+    assert [(e.payload, e.size) for e in store.browse_snapshot_entries("b", None, 0, 10)] == [
+        (head, len(big))
+    ]
+    store.apply_log_batch("a", "policy", [WireEntry(3, ReplicationType.LOG_ENTRY_SYNC, big)])
+    queued = store.browse_queue("LRQ_Recv_policy__a", 0, 10)
+    assert [(e.payload, e.size) for e in queued or []] == [(head, len(big))]
 
 
 def test_browse_queue_by_name_from_a_seq(store: QueueStore) -> None:

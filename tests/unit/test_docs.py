@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from lr_client.records import SnapshotStatus
+from lr_client.store.inspection import SinkBacklog
 from lr_server import config as config_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,9 +189,19 @@ def documented_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
     return out
 
 
+class OneQueue:
+    """A sink with one receive queue, for :class:`SinkCollector`."""
+
+    def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
+        return [SinkBacklog("policy", "site-a", 1, 0.0)]
+
+
 def test_metric_names_in_docs_match_lr_server_metrics() -> None:
+    from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
 
+    from lr_client.listener_metrics import ListenerMetrics
+    from lr_client.sink_metrics import SinkCollector
     from lr_server import metrics
 
     defined = {}
@@ -199,6 +210,13 @@ def test_metric_names_in_docs_match_lr_server_metrics() -> None:
             (family,) = value.describe()
             exposed = family.name + ("_total" if family.type == "counter" else "")
             defined[exposed] = (family.type, tuple(value._labelnames))
+    for family in SinkCollector(OneQueue()).collect():  # the sink's, read from its database
+        defined[family.name] = (family.type, tuple(family.samples[0].labels))
+    listener = ListenerMetrics(CollectorRegistry())  # and measured around its listener
+    for value in (listener.batches, listener.entries, listener.apply_seconds):
+        (family,) = value.describe()
+        exposed = family.name + ("_total" if family.type == "counter" else "")
+        defined[exposed] = (family.type, tuple(value._labelnames))
     docs = documented_metrics()
     assert docs, "no metrics table in docs/configuration.md"
     assert set(docs) - set(defined) == set(), "documented but not defined in lr_server/metrics.py"

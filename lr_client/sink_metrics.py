@@ -1,0 +1,104 @@
+"""The sink's metrics, read from its database at each scrape: a Prometheus collector.
+
+An application that embeds a :class:`~lr_client.RoutingQueueSubscriber` mounts
+them on its own registry (``lr server`` exports the same names for every client
+of the site)::
+
+    from prometheus_client import make_wsgi_app
+    from lr_client.sink_metrics import sink_registry
+
+    app = make_wsgi_app(sink_registry(subscriber.store, "policy"))  # mount at /metrics
+
+Per client and source (receive queue ``LRQ_Recv_<client>__<source>``):
+
+* ``lr_sink_queue_depth``: entries received and not delivered to the listener yet;
+* ``lr_sink_oldest_undelivered_seconds``: how long ago the oldest of them arrived
+  (0 when the queue is empty);
+
+and ``lr_sink_metrics_up``: 1 if the database answered the scrape's read, else 0
+(the other two are then absent).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lr_client.errors import TransientError
+from lr_client.store.inspection import SinkBacklog
+
+#: The metrics' names, as exported by the collector and by ``lr server``.
+QUEUE_DEPTH = "lr_sink_queue_depth"
+OLDEST_UNDELIVERED = "lr_sink_oldest_undelivered_seconds"
+UP = "lr_sink_metrics_up"
+
+
+@runtime_checkable
+class SinkReads(Protocol):
+    """What the collector reads: every receive queue's backlog (the SQLAlchemy stores of
+    both backends have it; it is not part of the store contract)."""
+
+    def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
+        """Every receive queue's (of one client's) undelivered count and oldest arrival."""
+        ...
+
+
+class SinkCollector(Collector):
+    """The receive queues' depth and oldest undelivered age, read at each scrape (one
+    query); of one client's queues, or every client's."""
+
+    def __init__(
+        self,
+        store: SinkReads,
+        client_name: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.client_name = client_name
+        self.clock = clock
+
+    def describe(self) -> list[Metric]:
+        """Nothing: the families are read at scrape time, none at registration."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """The gauges, as of now; only ``lr_sink_metrics_up`` 0 if the read failed."""
+        up = GaugeMetricFamily(UP, "1 if the sink's database answered this scrape's read")
+        try:
+            backlogs = self.store.sink_backlogs(self.client_name)
+        except TransientError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        labels = ["client", "source"]
+        depth = GaugeMetricFamily(
+            QUEUE_DEPTH, "Entries received, not delivered to the listener yet", labels=labels
+        )
+        age = GaugeMetricFamily(
+            OLDEST_UNDELIVERED,
+            "Seconds since the oldest undelivered entry arrived (0: none)",
+            labels=labels,
+        )
+        now = self.clock()
+        for b in backlogs:
+            at = b.oldest_received_at
+            depth.add_metric([b.client_name, b.source_id], b.depth)
+            age.add_metric([b.client_name, b.source_id], 0.0 if at is None else max(0.0, now - at))
+        yield from (up, depth, age)
+
+
+def sink_registry(store: SinkReads, client_name: str | None = None) -> CollectorRegistry:
+    """A registry holding a :class:`SinkCollector`, for ``make_wsgi_app`` or
+    ``start_http_server`` of the application."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SinkCollector(store, client_name))
+    return registry
+
+
+__all__ = ["OLDEST_UNDELIVERED", "QUEUE_DEPTH", "UP", "SinkCollector", "SinkReads", "sink_registry"]

@@ -1,0 +1,82 @@
+"""The operator's API: every action of the ``lr`` command as a typed function.
+
+Each function takes the site's :class:`~lr_server.config.SiteConfig` and/or its
+store (:func:`lr_client.store.open_store` on ``config.database_url``) and
+returns the record that the command's ``--json`` prints (``to_dict()``); the
+``lr`` command is a thin layer over these functions. Failures are
+:class:`AdminError` subclasses (:mod:`lr_server.admin.errors`); nothing is
+changed when one is raised before the action's write.
+
+::
+
+    from lr_client.store import open_store
+    from lr_server import load_config
+    from lr_server import admin
+
+    config = load_config("site.toml")
+    store = open_store(config.database_url)
+    try:
+        for x in admin.status(config, store).send:
+            print(x.destination, x.client, x.lag_entries)
+        sid = admin.request_snapshot(config, store, "site-b", "policy")
+    finally:
+        store.close()
+"""
+
+from __future__ import annotations
+
+from lr_server.admin.cascade import switch_provider
+from lr_server.admin.checks import check_snapshot_request, check_stream, check_switch
+from lr_server.admin.database import check_database, database_url, init_database
+from lr_server.admin.errors import AdminError, AdminInputError, NotFoundError, StateError
+from lr_server.admin.members import list_members, remove_member, set_member_weight
+from lr_server.admin.records import (
+    DatabaseCheck,
+    MemberView,
+    ProviderSwitch,
+    SnapshotView,
+    TrimResult,
+)
+from lr_server.admin.snapshots import (
+    cancel_snapshot,
+    list_snapshots,
+    request_snapshot,
+    snapshot_job_command,
+)
+from lr_server.admin.streams import accept_loss, status, trim
+from lr_server.browse import BrowsedEntry, QueueSummary, browse, list_queues
+from lr_server.status import SiteStatus
+
+__all__ = [
+    "AdminError",
+    "AdminInputError",
+    "BrowsedEntry",
+    "DatabaseCheck",
+    "MemberView",
+    "NotFoundError",
+    "ProviderSwitch",
+    "QueueSummary",
+    "SiteStatus",
+    "SnapshotView",
+    "StateError",
+    "TrimResult",
+    "accept_loss",
+    "browse",
+    "cancel_snapshot",
+    "check_database",
+    "check_snapshot_request",
+    "check_stream",
+    "check_switch",
+    "database_url",
+    "init_database",
+    "list_members",
+    "list_queues",
+    "list_snapshots",
+    "remove_member",
+    "request_snapshot",
+    "set_member_weight",
+    "snapshot_job_command",
+    "status",
+    "switch_provider",
+    "trim",
+]

@@ -1,0 +1,85 @@
+"""The sink's metrics read from its database (``lr_client.sink_metrics``), on both backends:
+the collector an embedded subscriber's application mounts, and ``lr server``'s endpoint."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lr_client.errors import StoreUnavailableError
+from lr_client.records import ReplicationType, WireEntry
+from lr_client.sink_metrics import SinkCollector, sink_registry
+from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.inspection import SinkBacklog
+from lr_server.metrics_http import serve_metrics
+from tests.contract.calls import pass_entries
+from tests.kit.ports import reserve_port
+
+
+def samples(collector: SinkCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in collector.collect()
+        for s in family.samples
+    }
+
+
+def entries(*positions: int) -> list[WireEntry]:
+    return [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"%d" % p) for p in positions]
+
+
+def test_depth_and_oldest_age_per_client_and_source(store: SQLAlchemyQueueStore) -> None:
+    store.apply_log_batch("site-a", "policy", entries(1, 2, 3))
+    store.apply_log_batch("site-b", "policy", entries(7))
+    store.apply_log_batch("site-a", "orders", entries(4))
+    (arrived,) = [b.oldest_received_at for b in store.sink_backlogs("orders")]
+    first = min(b.oldest_received_at or arrived or 0.0 for b in store.sink_backlogs("policy"))
+    assert arrived is not None and first <= arrived
+    now = first + 5.0
+    collector = SinkCollector(store, "policy", clock=lambda: now)
+    got = samples(collector)
+    a = (("client", "policy"), ("source", "site-a"))
+    b = (("client", "policy"), ("source", "site-b"))
+    assert got[("lr_sink_metrics_up", ())] == 1
+    assert got[("lr_sink_queue_depth", a)] == 3 and got[("lr_sink_queue_depth", b)] == 1
+    assert got[("lr_sink_oldest_undelivered_seconds", a)] == pytest.approx(5.0, abs=1e-3)
+    assert not any(dict(labels).get("client") == "orders" for _, labels in got)
+
+    (queue,) = [q for q in store.list_queues("policy") if q.source_id == "site-a"]
+    pass_entries(store, queue.queue_id, 3)  # delivered
+    got = samples(collector)
+    assert got[("lr_sink_queue_depth", a)] == 0
+    assert got[("lr_sink_oldest_undelivered_seconds", a)] == 0.0
+    every = samples(SinkCollector(store, clock=lambda: now))
+    assert every[("lr_sink_queue_depth", (("client", "orders"), ("source", "site-a")))] == 1
+
+
+class Unreachable:
+    def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
+        raise StoreUnavailableError("the database could not be reached")
+
+
+def test_a_failed_read_is_up_0_not_a_failed_scrape() -> None:
+    assert samples(SinkCollector(Unreachable())) == {("lr_sink_metrics_up", ()): 0}
+
+
+def test_an_application_serves_the_registry_over_http(store: SQLAlchemyQueueStore) -> None:
+    store.apply_log_batch("site-a", "policy", entries(1, 2))
+    port = reserve_port()
+    endpoint = serve_metrics("127.0.0.1", port, registry=sink_registry(store, "policy"))
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10.0) as reply:
+            text = reply.read().decode()
+    finally:
+        endpoint.close()
+    found = {
+        (s.name, s.labels.get("source", "")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert found[("lr_sink_queue_depth", "site-a")] == 2
+    assert found[("lr_sink_metrics_up", "")] == 1
+    assert "lr_entries_shipped" not in text  # only what the application registered
