@@ -54,7 +54,7 @@ def readme_effects(namespace: dict[str, Any]) -> None:
     store = namespace["client"].store
     b = [e.payload for e in store.read_log_entries("site-b", "policy", 0, 10)]
     c = [e.payload for e in store.read_log_entries("site-c", "policy", 0, 10)]
-    assert (b, c) == ([b"payload", b"p2"], [b"payload"])
+    assert (b, c) == ([b"payload", b"p2", b"from-async"], [b"payload", b"from-async"])
     (request,) = store.list_snapshots("site-b", "policy")
     assert request.status is SnapshotStatus.READY  # the provider wrote it
     info = namespace["info"]
