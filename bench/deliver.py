@@ -1,6 +1,6 @@
 """Delivery throughput: ``RoutingQueueSubscriber`` against reading + deleting with plain SQL.
 
-    python bench/deliver.py [--entries N] [--batch-size B] [--rounds R]
+    python bench/deliver.py [--entries N] [--batch-size B] [--rounds R] [--async]
                             [--backend sqlite|postgresql|both] [--out bench/results/deliver.json]
 
 A receive queue is pre-filled (untimed, through ``apply_log_batch``) with
@@ -15,6 +15,11 @@ entries per second of wall time until the queue is empty. Cases:
 * ``insert``: the subscriber, with a listener that inserts one application row per
   entry through the session it is given (the same executemany).
 
+With ``--async``, two more: ``aio-noop`` and ``aio-insert``, the same listeners
+awaited by ``AsyncRoutingQueueSubscriber`` (aiosqlite; PostgreSQL through
+psycopg's async driver) in one event loop; target: at least ``ASYNC_TARGET`` of
+the sync subscriber's rate.
+
 Each case drains ``--entries`` in total, as ``--rounds`` slices in rotating
 order (the queue is refilled before each slice, untimed), so load drift on a
 shared machine hits every case alike. PostgreSQL tables are VACUUMed after each
@@ -26,6 +31,7 @@ throwaway schema on ``LR_BENCH_PG_URL`` (default
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -41,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 from rich.console import Console  # noqa: E402
 from sqlalchemy import Column, Integer, LargeBinary, MetaData, String, Table, insert, text  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.common import (  # noqa: E402
@@ -60,6 +67,11 @@ from lr_client import (  # noqa: E402
     RoutingQueueMessage,
     RoutingQueueSubscriber,
 )
+from lr_client.aio import (  # noqa: E402
+    AsyncRoutingQueueListener,
+    AsyncRoutingQueueSubscriber,
+    create_async_engine,
+)
 from lr_client.records import ReplicationType, WireEntry  # noqa: E402
 from lr_client.store import SQLAlchemyQueueStore  # noqa: E402
 
@@ -67,8 +79,11 @@ PAYLOAD_BYTES = 256
 SOURCE_ID = "bench-src"
 CLIENT_NAME = "bench"
 CASES = ("raw", "raw+insert", "noop", "insert")
+ASYNC_CASES = ("aio-noop", "aio-insert")
 #: Target: the subscriber delivers at least half the raw read+delete rate.
 TARGET = 0.5
+#: Target: the async subscriber delivers at least this share of the sync one's rate.
+ASYNC_TARGET = 0.9
 
 app_meta = MetaData()
 app_table = Table(
@@ -117,6 +132,35 @@ class InsertListener(NoopListener):
         return True
 
 
+class AsyncNoop(AsyncRoutingQueueListener):
+    async def process_full_sync(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    async def process_log_entries(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        return True
+
+    async def on_error(self, error: BaseException) -> None:
+        raise RuntimeError(f"delivery failed during the benchmark: {error}") from error
+
+
+class AsyncInsert(AsyncNoop):
+    async def process_log_entries(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        await session.execute(
+            insert(app_table),
+            [
+                {"source_id": m.source_id, "position": m.source_position, "payload": m.payload}
+                for m in messages
+            ],
+        )
+        return True
+
+
 # -- one backend -------------------------------------------------------------------------
 
 
@@ -129,6 +173,8 @@ class Bench:
         store.create_schema()
         app_meta.create_all(store.engine)
         self.payload = os.urandom(PAYLOAD_BYTES)
+        self.loop: asyncio.Runner | None = None
+        self.async_engine: AsyncEngine | None = None
 
     def refill(self, count: int) -> None:
         """Append ``count`` log entries to the queue and tidy up (untimed)."""
@@ -185,7 +231,30 @@ class Bench:
         )
         return sub.poll_once
 
+    def async_subscriber(self, listener: AsyncRoutingQueueListener) -> Callable[[], int]:
+        """``poll_once`` of an async subscriber, run in this bench's event loop."""
+        if self.loop is None:
+            self.loop = asyncio.Runner()
+            url = self.store.engine.url.render_as_string(hide_password=False)
+            self.async_engine = create_async_engine(url)
+        assert self.async_engine is not None
+        sub = AsyncRoutingQueueSubscriber(
+            self.async_engine, CLIENT_NAME, listener, batch_size=self.batch_size, owner="bench"
+        )
+        loop = self.loop
+        return lambda: loop.run(sub.poll_once())
+
+    def close(self) -> None:
+        if self.loop is not None:
+            if self.async_engine is not None:
+                self.loop.run(self.async_engine.dispose())
+            self.loop.close()
+
     def step_for(self, case: str) -> Callable[[], int]:
+        if case == "aio-noop":
+            return self.async_subscriber(AsyncNoop())
+        if case == "aio-insert":
+            return self.async_subscriber(AsyncInsert())
         if case == "raw":
             return self.raw(with_insert=False)
         if case == "raw+insert":
@@ -213,11 +282,13 @@ def backend_store(
     return queue_store(name, pg_url, "deliver")
 
 
-def measure(bench: Bench, entries: int, rounds: int, console: Console) -> dict[str, Measurement]:
-    totals = {c: Measurement() for c in CASES}
+def measure(
+    bench: Bench, entries: int, rounds: int, console: Console, cases: tuple[str, ...] = CASES
+) -> dict[str, Measurement]:
+    totals = {c: Measurement() for c in cases}
     per_round = max(1, entries // rounds)
     for r in range(rounds):
-        order = CASES[r % len(CASES) :] + CASES[: r % len(CASES)]
+        order = cases[r % len(cases) :] + cases[: r % len(cases)]
         for case in order:
             m = bench.drain(case, per_round)
             totals[case].add(m)
@@ -230,6 +301,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--entries", type=int, default=50_000, help="per case (default 50000)")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--async", dest="aio", action="store_true", help="also the async subscriber"
+    )
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "deliver.json")
     return parser.parse_args(argv)
@@ -240,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
     console = Console(width=120)
     names = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    cases = CASES + ASYNC_CASES if args.aio else CASES
     started = time.perf_counter()
     result: dict[str, Any] = {
         "benchmark": "deliver",
@@ -255,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine_facts(),
         "backend_facts": {},
         "target_vs_raw_at_least": TARGET,
+        "async_target_vs_sync_at_least": ASYNC_TARGET,
         "results": {},
     }
     rows: list[list[str]] = []
@@ -264,13 +340,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with store.engine.connect() as conn:
                     result["backend_facts"][name] = pg_facts(conn)
             bench = Bench(store, args.batch_size, schema)
-            totals = measure(bench, args.entries, args.rounds, console)
-        rate = {c: totals[c].rate for c in CASES}
+            try:
+                totals = measure(bench, args.entries, args.rounds, console, cases)
+            finally:
+                bench.close()
+        rate = {c: totals[c].rate for c in cases}
         ratios = {
             "noop_vs_raw": rate["noop"] / rate["raw"],
             "insert_vs_raw": rate["insert"] / rate["raw"],
             "insert_vs_raw_insert": rate["insert"] / rate["raw+insert"],
         }
+        if args.aio:
+            ratios["aio_noop_vs_noop"] = rate["aio-noop"] / rate["noop"]
+            ratios["aio_insert_vs_insert"] = rate["aio-insert"] / rate["insert"]
         result["results"][name] = {
             "cases": {
                 c: {
@@ -279,27 +361,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "rate": round(rate[c], 1),
                     "round_rates": [round(x, 1) for x in totals[c].slices],
                 }
-                for c in CASES
+                for c in cases
             },
             "ratios": {k: round(v, 3) for k, v in ratios.items()},
         }
-        rows.append(
-            [
-                name,
-                *(fmt_rate(rate[c]) for c in CASES),
-                fmt_ratio(ratios["noop_vs_raw"], TARGET),
-                fmt_ratio(ratios["insert_vs_raw"], TARGET),
-                fmt_ratio(ratios["insert_vs_raw_insert"], TARGET),
-            ]
-        )
+        row = [
+            name,
+            *(fmt_rate(rate[c]) for c in cases),
+            fmt_ratio(ratios["noop_vs_raw"], TARGET),
+            fmt_ratio(ratios["insert_vs_raw"], TARGET),
+            fmt_ratio(ratios["insert_vs_raw_insert"], TARGET),
+        ]
+        if args.aio:
+            row.append(fmt_ratio(ratios["aio_insert_vs_insert"], ASYNC_TARGET))
+        rows.append(row)
     result["elapsed_seconds"] = round(time.perf_counter() - started, 1)
     print_table(
         console,
         f"Delivery, entries/s ({args.entries:,} per case, batch {args.batch_size}, "
         f"{PAYLOAD_BYTES}-byte payloads)",
-        ["backend", *CASES, "noop/raw", "insert/raw", "insert/raw+insert"],
+        [
+            "backend",
+            *cases,
+            "noop/raw",
+            "insert/raw",
+            "insert/raw+insert",
+            *(["aio-insert/insert"] if args.aio else []),
+        ],
         rows,
-        caption=f"target: subscriber >= {TARGET}x raw",
+        caption=f"target: subscriber >= {TARGET}x raw; async >= {ASYNC_TARGET}x sync",
     )
     write_json(args.out, result)
     console.print(f"wrote {args.out} in {result['elapsed_seconds']} s")
