@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 import lr_client
+import lr_client.aio
 import lr_server
 
 ROOT = Path(__file__).resolve().parents[2]
 API_DOC = ROOT / "docs" / "api.md"
-PACKAGES = [lr_client, lr_server]
+PACKAGES = [lr_client, lr_client.aio, lr_server]
 
 
 def public(package: types.ModuleType) -> list[tuple[str, object]]:
