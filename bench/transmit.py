@@ -2,6 +2,7 @@
 
     python bench/transmit.py [--seconds N] [--backend sqlite|postgresql|both]
                              [--out bench/results/transmit.json]
+    python bench/transmit.py --async [--tasks 1,16] ...   (bench/transmit_async.py)
 
 Entries per second with 1 KiB payloads, one entry per transaction and 100 per
 transaction, to 1 and 8 destinations, on SQLite (a file in a temporary
@@ -148,7 +149,7 @@ outbox_table = Table(
 )
 Index("bench_outbox_dest", outbox_table.c.destination, outbox_table.c.id)
 
-_PLAIN_INSERT = text(
+PLAIN_INSERT = text(
     "INSERT INTO bench_plain (client_name, payload, created_at) "
     "VALUES (:client_name, :payload, :created_at)"
 )
@@ -254,7 +255,7 @@ class Plain(System):
     def write(self, session: Session, payloads: list[bytes]) -> None:
         now = time.time()
         rows = [{"client_name": CLIENT_NAME, "payload": p, "created_at": now} for p in payloads]
-        session.execute(_PLAIN_INSERT, rows[0] if len(rows) == 1 else rows)
+        session.execute(PLAIN_INSERT, rows[0] if len(rows) == 1 else rows)
 
     def tables(self) -> tuple[str | None, list[str]]:
         return None, ["bench_plain"]
@@ -894,8 +895,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--out",
         type=Path,
-        default=ROOT / "bench" / "results" / "transmit.json",
-        help="JSON results (bench/results/transmit.json)",
+        default=None,
+        help="JSON results (bench/results/transmit.json; with --async, transmit-async.json)",
+    )
+    p.add_argument(
+        "--async",
+        dest="run_async",
+        action="store_true",
+        help="the async API instead: AsyncRoutingQueueClient against a plain async INSERT\n"
+        "on each async driver (bench/transmit_async.py)",
+    )
+    p.add_argument(
+        "--tasks",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 16],
+        help="--async: concurrent tasks per cell, comma-separated (1,16)",
     )
     p.add_argument("--rounds", type=int, default=5, help="interleaved slices per case (5)")
     p.add_argument(
@@ -940,6 +954,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--seconds must be > 0, --rounds >= 1, --storage-entries >= 100")
     if any(n < 1 for n in args.writer_counts) or any(h < 0 for h in args.hold_ms):
         p.error("--writer-counts must be >= 1 and --hold-ms >= 0")
+    if any(n < 1 for n in args.tasks):
+        p.error("--tasks must be >= 1")
+    if args.out is None:
+        name = "transmit-async.json" if args.run_async else "transmit.json"
+        args.out = ROOT / "bench" / "results" / name
     return args
 
 
@@ -949,6 +968,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 130)
     names = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
     payloads = [os.urandom(PAYLOAD_BYTES) for _ in range(1024)]
+    if args.run_async:
+        from bench import transmit_async
+
+        done = transmit_async.run(args, names, pg_url, console, payloads)
+        m = done["machine"]
+        console.print(
+            f"{m['cpus']} CPUs, load average {m['loadavg_at_start'][0]} at start, "
+            f"{m['loadavg_at_end'][0]} at end; wrote {args.out} in {done['elapsed_seconds']} s"
+        )
+        return 0
     trace = SqlTrace() if args.trace_sql else None
     started = time.perf_counter()
     result: dict[str, Any] = {

@@ -46,26 +46,32 @@ class SenderSettings:
 
     @property
     def source_id(self) -> str:
+        """This site's id."""
         return self.rules.source_id
 
     @property
     def client_name(self) -> str:
+        """The client (stream) this sender transmits."""
         return self.rules.client_name
 
     @property
     def max_payload_bytes(self) -> int:
+        """The largest payload accepted."""
         return self.rules.max_payload_bytes
 
     @property
     def backpressure(self) -> Backpressure:
+        """What a transmit does under backpressure."""
         return self.rules.backpressure
 
     @property
     def backpressure_timeout(self) -> float:
+        """Seconds a transmit waits in ``"wait"`` mode."""
         return self.rules.backpressure_timeout
 
     @property
     def flow_check_interval(self) -> float:
+        """Seconds a reading of the flow state and route is reused."""
         return self.rules.flow_check_interval
 
 

@@ -8,11 +8,11 @@ steps from the event loop (:func:`run_steps`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from lr_client.aio.engine import sync_url
@@ -35,13 +35,14 @@ from lr_client.store.lifecycle import SchemaStatus
 T = TypeVar("T")
 
 
-async def run_steps(steps: Steps[T], conn: AsyncConnection | None = None) -> T:
+async def run_steps(steps: Steps[T], conn: AsyncSession | AsyncConnection | None = None) -> T:
     """Drive an operation's steps (:mod:`lr_client.sending`) without blocking the loop.
 
     - :class:`~lr_client.sending.InTransaction` (the append, a snapshot request
-      in the caller's transaction) runs on ``conn`` through
-      ``AsyncConnection.run_sync``: SQLAlchemy's greenlet bridge hands the store a
-      sync ``Connection`` on the same DBAPI connection and transaction, so the
+      in the caller's transaction) runs on ``conn`` through its ``run_sync``
+      (``AsyncConnection``'s, or ``AsyncSession``'s with the session's
+      connection): SQLAlchemy's greenlet bridge hands the store a sync
+      ``Connection`` on the same DBAPI connection and transaction, so the
       store's SQL runs unchanged, in the application's transaction, with no
       round trip of its own.
     - :class:`~lr_client.sending.Blocking` (a reading of the client's own store:
@@ -63,7 +64,7 @@ async def run_steps(steps: Steps[T], conn: AsyncConnection | None = None) -> T:
             if isinstance(step, InTransaction):
                 if conn is None:
                     raise AssertionError("an operation with no connection wrote in one")
-                result: Any = await conn.run_sync(step.call)
+                result: Any = await _in_transaction(conn, step.call)
             elif isinstance(step, Blocking):
                 result = await asyncio.to_thread(step.call)
             else:
@@ -76,10 +77,17 @@ async def run_steps(steps: Steps[T], conn: AsyncConnection | None = None) -> T:
         steps.close()
 
 
-async def _connection(session: AsyncSession | AsyncConnection) -> AsyncConnection:
-    if isinstance(session, AsyncSession):
-        return await session.connection()
-    if isinstance(session, AsyncConnection):
+async def _in_transaction(
+    conn: AsyncSession | AsyncConnection, call: Callable[[Connection], T]
+) -> T:
+    if isinstance(conn, AsyncConnection):
+        return await conn.run_sync(call)
+    # One greenlet for the session's connection and the call.
+    return await conn.run_sync(lambda session: call(session.connection()))
+
+
+def _checked(session: object) -> AsyncSession | AsyncConnection:
+    if isinstance(session, (AsyncSession, AsyncConnection)):
         return session
     raise InvalidSessionError(
         f"expected a SQLAlchemy AsyncSession or AsyncConnection, got {type(session).__name__}"
@@ -177,7 +185,7 @@ class AsyncRoutingQueueClient(SenderSettings):
         As :meth:`RoutingQueueClient.transmit_log_entry_message
         <lr_client.sender.RoutingQueueClient.transmit_log_entry_message>`.
         """
-        conn = await _connection(session)
+        conn = _checked(session)
         return await run_steps(self.rules.transmit(payload, destinations, key), conn)
 
     async def transmit_log_entry_messages(
@@ -186,7 +194,7 @@ class AsyncRoutingQueueClient(SenderSettings):
         messages: Sequence[LRMessageWithDestinations],
     ) -> list[EntryRef]:
         """Queue several payloads in the caller's transaction; all or none are valid."""
-        conn = await _connection(session)
+        conn = _checked(session)
         return await run_steps(self.rules.transmit_many(messages), conn)
 
     async def positions_of(
@@ -213,7 +221,7 @@ class AsyncRoutingQueueClient(SenderSettings):
         :meth:`RoutingQueueClient.request_snapshot_sync
         <lr_client.sender.RoutingQueueClient.request_snapshot_sync>`.
         """
-        conn = None if session is None else await _connection(session)
+        conn = None if session is None else _checked(session)
         steps = self.rules.request_snapshot(destination, conn is not None, reason)
         return await run_steps(steps, conn)
 

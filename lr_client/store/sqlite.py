@@ -38,6 +38,9 @@ _INSERT = (
     " partition_key) VALUES (?, ?, ?, ?, ?)"
 )
 _LAST_ROWID = "SELECT last_insert_rowid()"
+#: One entry: its position in the INSERT's own answer (SQLite 3.35+), no second statement.
+_INSERT_RETURNING = _INSERT + " RETURNING position"
+_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 #: What a sender session may have to ship: the heads of the send queues, the latest
@@ -197,17 +200,23 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     ) -> list[EntryRef]:
         now = time.time()
         rows = [(client_name, m[0], encode_dests(m[1]), now, new_entry_key(m)) for m in messages]
+        one = len(rows) == 1 and _RETURNING
         raw = conn.connection.driver_connection
         if isinstance(raw, sqlite3.Connection):
             cur = raw.cursor()
             try:
-                cur.executemany(_INSERT, rows)
-                last = int(cur.execute(_LAST_ROWID).fetchone()[0])
+                if one:
+                    last = int(cur.execute(_INSERT_RETURNING, rows[0]).fetchone()[0])
+                else:
+                    cur.executemany(_INSERT, rows)
+                    last = int(cur.execute(_LAST_ROWID).fetchone()[0])
             finally:
                 cur.close()
-        else:
+        elif one:
             # Another driver (aiosqlite, on an application's AsyncConnection through
             # run_sync): the same statements through SQLAlchemy, qmark as sqlite3's.
+            last = int(conn.exec_driver_sql(_INSERT_RETURNING, rows[0]).scalar_one())
+        else:
             conn.exec_driver_sql(_INSERT, rows)
             last = int(conn.exec_driver_sql(_LAST_ROWID).scalar_one())
         # This transaction holds SQLite's only write lock, so the rows got

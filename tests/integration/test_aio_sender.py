@@ -35,7 +35,8 @@ def sent(store: SQLAlchemyQueueStore) -> list[bytes]:
 @every_flavour(only_async=True)
 def test_a_transmit_adds_no_statement_of_its_own(app: App) -> None:
     """Readings cached, a transmit is its INSERT alone on the application's connection
-    (SQLite: and its last rowid; a batch on PostgreSQL: its ordinals, then its rows)."""
+    (a batch: on SQLite its rows, then the last rowid; on PostgreSQL its ordinals, then
+    its rows)."""
     _, engine = app.loop()
     statements: list[str] = []
 
@@ -61,7 +62,7 @@ def test_a_transmit_adds_no_statement_of_its_own(app: App) -> None:
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", count)
     if app.store.dialect == "sqlite":
-        assert [s.split()[0] for s in single] == ["INSERT", "SELECT"]  # the row, its rowid
+        assert [s.split()[0] for s in single] == ["INSERT"]  # RETURNING its position
         assert [s.split()[0] for s in batch] == ["INSERT", "SELECT"]  # executemany, rowid
     else:
         assert len(single) == 1 and "INSERT INTO lrq_send_entries" in single[0]

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine
-from lr_client.store import SQLAlchemyQueueStore, open_store, postgres, watches
+from lr_client.store import SQLAlchemyQueueStore, open_store, pg_append, watches
 from lr_client.store.postgres import PostgresQueueStore
 from lr_client.store.sqlite import SQLiteQueueStore
 from lr_server import Site
@@ -184,10 +184,11 @@ def test_a_transmit_sends_no_notification_over_the_queues_limit(
     watch = pg_store.watch_sends(lambda: rings.append(1))
     assert watch is not None
     limit = f"< {watches.QUEUE_USAGE_LIMIT}) n)"
-    for name in ("_INSERT_NOTIFY", "_RESERVE_NOTIFY"):
-        sql = getattr(postgres, name)
-        assert limit in sql
-        monkeypatch.setattr(postgres, name, sql.replace(limit, "< 0) n)"))
+    for key in [(False, True), (True, True)]:  # (batch, notify): the notifying statements
+        portable, own = pg_append._STATEMENTS[key]
+        assert limit in own and limit in portable.text
+        never = pg_append._portable(portable.text.replace(limit, "< 0) n)"))
+        monkeypatch.setitem(pg_append._STATEMENTS, key, (never, own.replace(limit, "< 0) n)")))
     client = RoutingQueueClient(pg_store, "a", "policy")
     try:
         wait_for(lambda: watch.listening and rings == [1], what="the watch started")

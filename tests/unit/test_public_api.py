@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 import lr_client
+import lr_client.aio
 import lr_server
 import lr_server.admin
 
 ROOT = Path(__file__).resolve().parents[2]
 API_DOC = ROOT / "docs" / "api.md"
-PACKAGES = [lr_client, lr_server, lr_server.admin]
+PACKAGES = [lr_client, lr_client.aio, lr_server, lr_server.admin]
 
 
 def public(package: types.ModuleType) -> list[tuple[str, object]]:
