@@ -9,7 +9,7 @@ migration. So each test process migrates once per backend, for real
 - PostgreSQL: ``CREATE DATABASE ... TEMPLATE`` of a database migrated in its
   schema ``lr`` (a copy of the files, about 0.1 s), with ``synchronous_commit``
   off (commits do not wait for the disk: no test crashes the server), dropped
-  ``WITH (FORCE)`` at the end of the test.
+  ``WITH (FORCE)`` after the test, by a thread of its own (:func:`drop_pg_database`).
 
 A copy equals a migration: ``tests/integration/test_schema_templates.py``
 compares them, and ``test_schema_lifecycle.py`` still migrates every revision
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -113,15 +115,52 @@ def migrated_pg_database(server_url: str) -> str:
     return name
 
 
+_drops: queue.Queue[tuple[str, str]] = queue.Queue()
+_dropper: list[threading.Thread] = []
+#: Drops that failed (database, error), reported by :func:`finish_drops`.
+drop_errors: list[tuple[str, str]] = []
+
+
+def _drop_loop() -> None:
+    while True:
+        server_url, database = _drops.get()
+        try:
+            _drop(server_url, database)
+        except Exception as exc:  # reported at the end of the run
+            drop_errors.append((database, repr(exc)))
+        finally:
+            _drops.task_done()
+
+
 def drop_pg_database(server_url: str, database: str) -> None:
-    """Drop a database made by :func:`migrated_pg_database`, closing its sessions."""
-    _drop(server_url, database)
+    """Drop a database made by :func:`migrated_pg_database`, closing its sessions.
+
+    The drop is queued to one thread of this process and the call returns at
+    once: ``DROP DATABASE`` waits for a checkpoint (0.1-2 s, more when the
+    server is busy), which the test that made the database no longer needs.
+    The caller must have closed its own connections (``WITH (FORCE)`` ends
+    any left). :func:`finish_drops` waits for the queue; it runs at exit.
+    """
+    if not _dropper:
+        thread = threading.Thread(target=_drop_loop, name="lr-test-dropdb", daemon=True)
+        thread.start()
+        _dropper.append(thread)
+        atexit.register(finish_drops)
+    _drops.put((server_url, database))
+
+
+def finish_drops() -> list[tuple[str, str]]:
+    """Wait until every queued drop is done; the drops that failed (database, error)."""
+    if _dropper:
+        _drops.join()
+    return list(drop_errors)
 
 
 __all__ = [
     "PG_SCHEMA",
     "database_url",
     "drop_pg_database",
+    "finish_drops",
     "migrated_pg_database",
     "migrated_sqlite",
 ]
