@@ -115,7 +115,10 @@ def migrated_pg_database(server_url: str) -> str:
     return name
 
 
-_drops: queue.Queue[tuple[str, str]] = queue.Queue()
+#: Drops queued at most (a test that would queue more waits: databases do not pile up),
+#: and the threads running them (concurrent drops can share one checkpoint).
+DROP_BACKLOG, DROP_THREADS = 16, 4
+_drops: queue.Queue[tuple[str, str]] = queue.Queue(DROP_BACKLOG)
 _dropper: list[threading.Thread] = []
 #: Drops that failed (database, error), reported by :func:`finish_drops`.
 drop_errors: list[tuple[str, str]] = []
@@ -135,16 +138,18 @@ def _drop_loop() -> None:
 def drop_pg_database(server_url: str, database: str) -> None:
     """Drop a database made by :func:`migrated_pg_database`, closing its sessions.
 
-    The drop is queued to one thread of this process and the call returns at
-    once: ``DROP DATABASE`` waits for a checkpoint (0.1-2 s, more when the
-    server is busy), which the test that made the database no longer needs.
+    The drop is queued to threads of this process and the call returns at
+    once (unless :data:`DROP_BACKLOG` drops are pending): ``DROP DATABASE``
+    waits for a checkpoint (0.1-2 s, several seconds when the server is busy),
+    which the test that made the database no longer needs.
     The caller must have closed its own connections (``WITH (FORCE)`` ends
     any left). :func:`finish_drops` waits for the queue; it runs at exit.
     """
     if not _dropper:
-        thread = threading.Thread(target=_drop_loop, name="lr-test-dropdb", daemon=True)
-        thread.start()
-        _dropper.append(thread)
+        for n in range(DROP_THREADS):
+            thread = threading.Thread(target=_drop_loop, name=f"lr-test-dropdb-{n}", daemon=True)
+            thread.start()
+            _dropper.append(thread)
         atexit.register(finish_drops)
     _drops.put((server_url, database))
 
