@@ -71,14 +71,15 @@ def database_url(server_url: str, database: str, schema: str = PG_SCHEMA) -> str
     return f"{base}{sep}options=-csearch_path%3D{schema}"
 
 
-def _server_sql(server_url: str, statement: str) -> None:
-    """Run one statement outside a transaction (CREATE/DROP DATABASE) on the server."""
+def _server_sql(server_url: str, *statements: str) -> None:
+    """Run statements outside a transaction (CREATE/DROP DATABASE) on the server."""
     admin = create_engine(
         server_url, poolclass=sqlalchemy.pool.NullPool, isolation_level="AUTOCOMMIT"
     )
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(statement)
+            for statement in statements:
+                conn.exec_driver_sql(statement)
     finally:
         admin.dispose()
 
@@ -108,10 +109,13 @@ def migrated_pg_database(server_url: str) -> str:
     """A new database holding the migrated schema ``lr``; returns its name."""
     template = _pg_template(server_url)
     name = "t_" + uuid.uuid4().hex[:12]
-    _server_sql(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     # Commits visible at once as ever, only not waiting for the WAL's flush: no test
     # crashes the PostgreSQL server, and a test database is dropped at its end.
-    _server_sql(server_url, f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    _server_sql(
+        server_url,
+        f'CREATE DATABASE "{name}" TEMPLATE "{template}"',
+        f'ALTER DATABASE "{name}" SET synchronous_commit = off',
+    )
     return name
 
 
