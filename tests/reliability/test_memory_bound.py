@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -145,6 +146,9 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
         for s, st in sink_stores.items():
             assert _digests(st) == expected, s
     finally:
+        for s in servers:  # SIGTERM to all at once; then each must exit cleanly
+            if s.proc is not None and s.proc.poll() is None:
+                s.signal(signal.SIGTERM)
         codes = [s.stop() for s in servers]
         for st in stores:
             st.engine.dispose()
