@@ -35,6 +35,7 @@ from tests.kit.templates import (  # noqa: E402
     PG_SCHEMA,
     database_url,
     drop_pg_database,
+    finish_drops,
     migrated_pg_database,
     migrated_sqlite,
 )
@@ -74,6 +75,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     release_ports()
+    # Test databases are dropped in the background (tests/kit/templates.py): wait for them.
+    for database, error in finish_drops():
+        sys.stderr.write(f"\ntest database {database} not dropped: {error}\n")
 
 
 _pg_state: dict[str, object] = {}

@@ -11,7 +11,7 @@ from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import open_store
 from lr_client.subscriber import RoutingQueueSubscriber
 from tests.kit import kvapp
-from tests.kit.procs import LrServer
+from tests.kit.procs import LrServer, stop_all
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
 from tests.kit.wait import scaled
 
@@ -50,7 +50,7 @@ def test_application_to_application(tmp_path: Path, db_url_factory: Callable[[st
         for t in loops:
             if t.is_alive():
                 t.join(scaled(30))
-        codes = [s.stop() for s in servers]
+        codes = stop_all(servers)
         subscriber.close()
         src.engine.dispose()
         sink.engine.dispose()

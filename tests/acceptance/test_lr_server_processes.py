@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from tests.kit.procs import LrServer
+from tests.kit.procs import LrServer, stop_all
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
 
 
@@ -66,7 +66,7 @@ def test_two_sites_as_processes(tmp_path: Path, db_url_factory: Callable[[str], 
         status = {r["destination"]: r for r in src.list_session_status()}
         assert set(status) == {"b", "c"}
     finally:
-        codes = [s.stop() for s in servers]
+        codes = stop_all(servers)
         for st in stores.values():
             st.engine.dispose()
     assert codes == [0, 0, 0], [s.log() for s in servers]

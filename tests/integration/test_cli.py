@@ -25,7 +25,7 @@ from lr_server.cli import EXIT_FAILED, EXIT_NEWER, EXIT_PENDING, EXIT_USAGE, cli
 from tests.integration.test_schema_lifecycle import make_legacy_v1
 from tests.kit.guards import need
 from tests.kit.positions import new_slot
-from tests.kit.procs import LrServer, track
+from tests.kit.procs import LrServer, stop_all, track
 from tests.kit.sites import free_port, wait_for
 from tests.kit.wait import scaled
 
@@ -672,7 +672,7 @@ def test_example_configs_replicate_over_mtls(tmp_path: Path) -> None:
             exposed = resp.read().decode()
         assert 'lr_entries_shipped_total{client="policy",destination="site-c"} 20.0' in exposed
     finally:
-        codes = [s.stop() for s in servers]
+        codes = stop_all(servers)
     assert codes == [0, 0, 0], [s.log() for s in servers]
 
 

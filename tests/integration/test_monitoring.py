@@ -25,7 +25,7 @@ from lr_server import metrics
 from lr_server.config import RetentionConfig
 from lr_server.retention import RetentionPolicy
 from tests.integration.test_unconfigured import send, site_config
-from tests.kit.procs import ROOT, LrServer
+from tests.kit.procs import ROOT, LrServer, stop_all
 from tests.kit.prometheus import Prometheus, binary, promtool
 from tests.kit.promql import exported_samples, metric_names, rated_names
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
@@ -455,7 +455,7 @@ def test_prometheus_scrapes_running_sites_evaluates_the_rules_and_answers_the_da
             errors = "Stream errors per second, by kind"
             assert panel(errors, "kind") >= {("TransportError",)}
     finally:
-        codes = [s.stop() for s in servers]
+        codes = stop_all(servers)
         for st in stores.values():
             st.engine.dispose()
     assert codes == [0, 0], [s.log() for s in servers]

@@ -70,6 +70,31 @@ def lr_env() -> dict[str, str]:
     return env
 
 
+def stop_all(servers: Sequence[LrServer], timeout: float = 30.0) -> list[int]:
+    """SIGTERM every running server at once, then wait for each; their exit codes.
+
+    One after another, each stop waits while the servers still running retry
+    the stopped ones; together they take about as long as the slowest. Each
+    gets one SIGTERM only: a second one can land while the interpreter exits
+    (its handlers reset) and end it with -15.
+    """
+    for server in servers:
+        if server.proc is not None and server.proc.poll() is None:
+            server.signal(signal.SIGTERM)
+    codes = []
+    for server in servers:
+        proc = server.proc
+        assert proc is not None
+        try:
+            proc.wait(timeout=scaled(timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=scaled(10))
+            raise AssertionError(f"did not stop on SIGTERM\n{server.log()}") from None
+        codes.append(int(proc.returncode))
+    return codes
+
+
 class LrServer:
     """``lr server --config FILE`` in a subprocess, logging to a file."""
 

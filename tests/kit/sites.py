@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -282,7 +283,11 @@ class Sites:
         return st
 
     def close(self) -> None:
-        for site in list(self.running):
-            self.stop(site)
+        """Stop every running site, all at once (each stop waits for its own threads)."""
+        sites = list(self.running)
+        if sites:
+            with ThreadPoolExecutor(len(sites), thread_name_prefix="lr-test-stop") as pool:
+                for done in [pool.submit(self.stop, site) for site in sites]:
+                    done.result()
         for st in self.stores:
             st.engine.dispose()

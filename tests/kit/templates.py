@@ -9,7 +9,7 @@ migration. So each test process migrates once per backend, for real
 - PostgreSQL: ``CREATE DATABASE ... TEMPLATE`` of a database migrated in its
   schema ``lr`` (a copy of the files, about 0.1 s), with ``synchronous_commit``
   off (commits do not wait for the disk: no test crashes the server), dropped
-  ``WITH (FORCE)`` at the end of the test.
+  ``WITH (FORCE)`` after the test, by a thread of its own (:func:`drop_pg_database`).
 
 A copy equals a migration: ``tests/integration/test_schema_templates.py``
 compares them, and ``test_schema_lifecycle.py`` still migrates every revision
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -69,14 +71,15 @@ def database_url(server_url: str, database: str, schema: str = PG_SCHEMA) -> str
     return f"{base}{sep}options=-csearch_path%3D{schema}"
 
 
-def _server_sql(server_url: str, statement: str) -> None:
-    """Run one statement outside a transaction (CREATE/DROP DATABASE) on the server."""
+def _server_sql(server_url: str, *statements: str) -> None:
+    """Run statements outside a transaction (CREATE/DROP DATABASE) on the server."""
     admin = create_engine(
         server_url, poolclass=sqlalchemy.pool.NullPool, isolation_level="AUTOCOMMIT"
     )
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(statement)
+            for statement in statements:
+                conn.exec_driver_sql(statement)
     finally:
         admin.dispose()
 
@@ -106,22 +109,67 @@ def migrated_pg_database(server_url: str) -> str:
     """A new database holding the migrated schema ``lr``; returns its name."""
     template = _pg_template(server_url)
     name = "t_" + uuid.uuid4().hex[:12]
-    _server_sql(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     # Commits visible at once as ever, only not waiting for the WAL's flush: no test
     # crashes the PostgreSQL server, and a test database is dropped at its end.
-    _server_sql(server_url, f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    _server_sql(
+        server_url,
+        f'CREATE DATABASE "{name}" TEMPLATE "{template}"',
+        f'ALTER DATABASE "{name}" SET synchronous_commit = off',
+    )
     return name
 
 
+#: Drops queued at most (a test that would queue more waits: databases do not pile up),
+#: and the threads running them (concurrent drops can share one checkpoint).
+DROP_BACKLOG, DROP_THREADS = 16, 4
+_drops: queue.Queue[tuple[str, str]] = queue.Queue(DROP_BACKLOG)
+_dropper: list[threading.Thread] = []
+#: Drops that failed (database, error), reported by :func:`finish_drops`.
+drop_errors: list[tuple[str, str]] = []
+
+
+def _drop_loop() -> None:
+    while True:
+        server_url, database = _drops.get()
+        try:
+            _drop(server_url, database)
+        except Exception as exc:  # reported at the end of the run
+            drop_errors.append((database, repr(exc)))
+        finally:
+            _drops.task_done()
+
+
 def drop_pg_database(server_url: str, database: str) -> None:
-    """Drop a database made by :func:`migrated_pg_database`, closing its sessions."""
-    _drop(server_url, database)
+    """Drop a database made by :func:`migrated_pg_database`, closing its sessions.
+
+    The drop is queued to threads of this process and the call returns at
+    once (unless :data:`DROP_BACKLOG` drops are pending): ``DROP DATABASE``
+    waits for a checkpoint (0.1-2 s, several seconds when the server is busy),
+    which the test that made the database no longer needs.
+    The caller must have closed its own connections (``WITH (FORCE)`` ends
+    any left). :func:`finish_drops` waits for the queue; it runs at exit.
+    """
+    if not _dropper:
+        for n in range(DROP_THREADS):
+            thread = threading.Thread(target=_drop_loop, name=f"lr-test-dropdb-{n}", daemon=True)
+            thread.start()
+            _dropper.append(thread)
+        atexit.register(finish_drops)
+    _drops.put((server_url, database))
+
+
+def finish_drops() -> list[tuple[str, str]]:
+    """Wait until every queued drop is done; the drops that failed (database, error)."""
+    if _dropper:
+        _drops.join()
+    return list(drop_errors)
 
 
 __all__ = [
     "PG_SCHEMA",
     "database_url",
     "drop_pg_database",
+    "finish_drops",
     "migrated_pg_database",
     "migrated_sqlite",
 ]

@@ -27,7 +27,7 @@ from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.subscriber import DEFAULT_BATCH_MAX_BYTES
 from lr_server.config import ReplicationConfig
-from tests.kit.procs import LrServer
+from tests.kit.procs import LrServer, stop_all
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
 from tests.kit.wait import scaled
 from tests.reliability.subscriber_proc import app_metadata
@@ -145,7 +145,7 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
         for s, st in sink_stores.items():
             assert _digests(st) == expected, s
     finally:
-        codes = [s.stop() for s in servers]
+        codes = stop_all(servers)  # SIGTERM to all at once; each must exit cleanly
         for st in stores:
             st.engine.dispose()
     assert codes == [0] * len(servers), [s.log() for s in servers]
