@@ -7,8 +7,9 @@ binary COPY): this runs in every transmitting transaction, and SQLAlchemy's
 statement machinery costs the application several times the driver's own work
 per call. On any other driver (asyncpg, psycopg's async connection, reached
 from an ``AsyncConnection`` through ``run_sync``) the same statements go
-through SQLAlchemy, a batch's rows in one executemany: the same rows, the
-same round trips (one per entry, two per batch).
+through SQLAlchemy's driver-level execution (``exec_driver_sql``, the text
+compiled once per dialect), a batch's rows in one executemany: the same rows,
+the same round trips (one per entry, two per batch).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import text
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.engine import Connection, Dialect
 
 from lr_client.records import EntryRef, NewLogEntry, new_entry_key
 from lr_client.store import watches
@@ -72,25 +72,17 @@ _COPY_ENTRIES = (
 _ENTRY_TYPES = ("varchar", "bytea", "int2[]", "float8", "int8", "bytea")
 
 
-def _portable(sql: str) -> TextClause:
-    """``sql`` for any driver: the destinations bound as a smallint array."""
-    stmt = text(sql)
-    if ":dest_nums" in sql:
-        stmt = stmt.bindparams(bindparam("dest_nums", type_=postgresql.ARRAY(postgresql.SMALLINT)))
-    return stmt
+def _compiled(sql: str, dialect: Dialect) -> tuple[str, tuple[str, ...] | None]:
+    """``sql`` in ``dialect``'s paramstyle, and its parameters' order if positional."""
+    compiled = text(sql).compile(dialect=dialect)
+    names = compiled.positiontup
+    return str(compiled), (tuple(names) if names else None)
 
 
-_PSYCOPG = postgresql.dialect(paramstyle="pyformat")  # type: ignore[no-untyped-call]
-
-
-def _psycopg(sql: str) -> str:
-    """``sql`` in psycopg's paramstyle (``%(name)s``), for the driver's own cursor."""
-    return str(text(sql).compile(dialect=_PSYCOPG))
-
-
-#: (portable statement, psycopg's own text) of each, by (batch, notify).
-_STATEMENTS: dict[tuple[bool, bool], tuple[TextClause, str]] = {
-    (batch, notify): (_portable(sql), _psycopg(sql))
+_PYFORMAT = postgresql.dialect(paramstyle="pyformat")  # type: ignore[no-untyped-call]
+#: The named statements by (batch, notify), and psycopg's own text of each.
+_STATEMENTS: dict[tuple[bool, bool], tuple[str, str]] = {
+    (batch, notify): (sql, _compiled(sql, _PYFORMAT)[0])
     for (batch, notify), sql in {
         (False, False): _INSERT_SQL,
         (False, True): _INSERT_NOTIFY_SQL,
@@ -98,7 +90,8 @@ _STATEMENTS: dict[tuple[bool, bool], tuple[TextClause, str]] = {
         (True, True): _RESERVE_NOTIFY_SQL,
     }.items()
 }
-_INSERT_ROWS = _portable(_INSERT_ROWS_SQL)
+#: Another driver's text of a statement: (named statement, dialect class, paramstyle).
+_DRIVER_TEXT: dict[tuple[str, type[Dialect], str], tuple[str, tuple[str, ...] | None]] = {}
 
 
 def insert_entries(
@@ -109,15 +102,14 @@ def insert_entries(
     ``notify`` wakes the sender sessions at commit, from the first statement.
     """
     now = time.time()
-    portable, own = _STATEMENTS[(len(messages) > 1, notify)]
+    named, own = _STATEMENTS[(len(messages) > 1, notify)]
     raw = conn.connection.driver_connection
     if psycopg is None or not isinstance(raw, psycopg.Connection):
-        return _through_sqlalchemy(conn, portable, client_name, messages, now)
+        return _through_sqlalchemy(conn, named, client_name, messages, now)
     with raw.cursor() as cur:
         if len(messages) == 1:
             m = messages[0]
-            dests = "{" + ",".join(str(n) for n in m[1]) + "}"
-            cur.execute(own, _row(client_name, m, now, dests))
+            cur.execute(own, _row(client_name, m, now, _array(m[1])))
             row = cur.fetchone()
             assert row is not None
             return [EntryRef(int(row[0]), int(row[1]))]
@@ -144,22 +136,47 @@ def _row(client_name: str, m: NewLogEntry, now: float, dests: Any) -> dict[str, 
     }
 
 
+def _array(nums: Sequence[int]) -> str:
+    """Site numbers as PostgreSQL's array literal (the statement casts it to smallint[])."""
+    return "{" + ",".join(str(n) for n in nums) + "}"
+
+
 def _through_sqlalchemy(
     conn: Connection,
-    stmt: TextClause,
+    named: str,
     client_name: str,
     messages: Sequence[NewLogEntry],
     now: float,
 ) -> list[EntryRef]:
+    """The same statements through SQLAlchemy's driver-level execution, in the driver's
+    own paramstyle (compiled once per dialect): no statement compiling or type
+    processing per call. asyncpg types the array parameter from the statement
+    (smallint[]) and takes a list; psycopg takes the literal, as on its own cursor."""
+    dialect = conn.dialect
+    as_list = dialect.driver == "asyncpg"
+
+    def run(sql: str, rows: list[dict[str, Any]], many: bool = False) -> Any:
+        key = (sql, type(dialect), dialect.paramstyle)
+        found = _DRIVER_TEXT.get(key)
+        if found is None:
+            found = _DRIVER_TEXT[key] = _compiled(sql, dialect)
+        string, order = found
+        params: list[Any] = [r if order is None else tuple(r[n] for n in order) for r in rows]
+        return conn.exec_driver_sql(string, params if many else params[0])
+
+    def dests(m: NewLogEntry) -> Any:
+        return list(m[1]) if as_list else _array(m[1])
+
     if len(messages) == 1:
-        row = conn.execute(stmt, _row(client_name, messages[0], now, list(messages[0][1]))).one()
+        m = messages[0]
+        row = run(named, [_row(client_name, m, now, dests(m))]).one()
         return [EntryRef(int(row[0]), int(row[1]))]
-    reserved = conn.execute(stmt, {"n": len(messages)}).one()
+    reserved = run(named, [{"n": len(messages)}]).one()
     txid, first = int(reserved[0]), int(reserved[1])
     rows = [
-        {**_row(client_name, m, now, list(m[1])), "ord": first + i} for i, m in enumerate(messages)
+        {**_row(client_name, m, now, dests(m)), "ord": first + i} for i, m in enumerate(messages)
     ]
-    conn.execute(_INSERT_ROWS, rows)
+    run(_INSERT_ROWS_SQL, rows, many=True)
     return [EntryRef(txid, first + i) for i in range(len(messages))]
 
 

@@ -185,10 +185,10 @@ def test_a_transmit_sends_no_notification_over_the_queues_limit(
     assert watch is not None
     limit = f"< {watches.QUEUE_USAGE_LIMIT}) n)"
     for key in [(False, True), (True, True)]:  # (batch, notify): the notifying statements
-        portable, own = pg_append._STATEMENTS[key]
-        assert limit in own and limit in portable.text
-        never = pg_append._portable(portable.text.replace(limit, "< 0) n)"))
-        monkeypatch.setitem(pg_append._STATEMENTS, key, (never, own.replace(limit, "< 0) n)")))
+        named, own = pg_append._STATEMENTS[key]
+        assert limit in own and limit in named
+        never = (named.replace(limit, "< 0) n)"), own.replace(limit, "< 0) n)"))
+        monkeypatch.setitem(pg_append._STATEMENTS, key, never)
     client = RoutingQueueClient(pg_store, "a", "policy")
     try:
         wait_for(lambda: watch.listening and rings == [1], what="the watch started")
