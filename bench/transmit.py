@@ -318,8 +318,21 @@ class Experiment:
     ddl: tuple[str, ...] = ()
 
 
-#: Locally patched variants of ours, by name (none at present: the last one shipped).
-EXPERIMENTS: dict[str, Experiment] = {}
+#: Locally patched variants of ours, by name.
+EXPERIMENTS: dict[str, Experiment] = {
+    # Without the destinations' own indexes (the stream tags that keep a destination's
+    # read independent of what others hold): what they cost a transmit.
+    "no-dest-index-sqlite": Experiment(
+        "sqlite",
+        "without the partial index per destination",
+        ddl=tuple(f"DROP INDEX IF EXISTS lrq_send_dest_{n}" for n in range(64)),
+    ),
+    "no-dest-index-pg": Experiment(
+        "postgresql",
+        "without the partial index per destination",
+        ddl=tuple(f"DROP INDEX IF EXISTS lrq_send_positions_dest_{n}" for n in range(64)),
+    ),
+}
 
 
 def experiment_kind(name: str) -> type[System]:

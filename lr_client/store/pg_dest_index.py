@@ -15,6 +15,25 @@ the planner uses a partial index only for a query whose terms imply it.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
+
+log = logging.getLogger(__name__)
+
+#: How long making a missing index waits for the send queue's lock (ms): it must not
+#: queue every transmit behind an application's long transaction that holds the table.
+LOCK_TIMEOUT_MS = 2000
+
+_EXISTING = text(
+    "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+    " AND tablename = 'lrq_send_positions'"
+)
+_PREFIX = "lrq_send_positions_dest_"
+
 
 def _site_number(num: int) -> int:
     """A site number, checked before it becomes part of a statement's text."""
@@ -33,4 +52,35 @@ def ddl(num: int) -> str:
     )
 
 
-__all__ = ["ddl"]
+def ensure(conn: Connection, numbers: Iterable[int]) -> set[int]:
+    """Make the missing indexes of sites ``numbers``; the sites whose index exists.
+
+    The catalog is read first, so an index that exists costs no lock. One that is
+    missing is made under a ``lock_timeout``: a long transaction holding the send
+    queue defers it (the read falls back to the GIN index over the destinations)
+    to the next registration, instead of queueing every transmit behind it.
+    """
+    names = conn.execute(_EXISTING).scalars()
+    found = {
+        int(name[len(_PREFIX) :])
+        for name in names
+        if name.startswith(_PREFIX) and name[len(_PREFIX) :].isdigit()
+    }
+    missing = sorted(set(numbers) - found)
+    if not missing:
+        return found
+    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT_MS)}")
+    for n in missing:
+        conn.exec_driver_sql("SAVEPOINT lrq_dest_index")
+        try:
+            conn.exec_driver_sql(ddl(n))
+        except OperationalError as exc:  # the lock timed out: next time
+            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT lrq_dest_index")
+            log.warning("index of destination %d deferred: %s", n, exc.orig)
+            continue
+        conn.exec_driver_sql("RELEASE SAVEPOINT lrq_dest_index")
+        found.add(n)
+    return found
+
+
+__all__ = ["LOCK_TIMEOUT_MS", "ddl", "ensure"]

@@ -108,12 +108,9 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
 
     def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
         numbers = super().register_sites(site_ids)
-        missing = [n for n in numbers.values() if n not in self._dest_indexes]
-        if missing:
+        if set(numbers.values()) - self._dest_indexes:
             with self.write() as conn:
-                for n in missing:
-                    conn.exec_driver_sql(pg_dest_index.ddl(n))
-            self._dest_indexes.update(missing)
+                self._dest_indexes = pg_dest_index.ensure(conn, numbers.values())
         return numbers
 
     def _notify_now(self) -> bool:

@@ -18,7 +18,14 @@ from sqlalchemy import text
 
 from lr_client import LRMessageWithDestinations, RoutingQueueClient
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store, sequencer, slots
+from lr_client.store import (
+    SQLAlchemyQueueStore,
+    create_engine,
+    open_store,
+    pg_dest_index,
+    sequencer,
+    slots,
+)
 from lr_client.store.cascade import last_end_query, last_end_seq
 from tests.conftest import PgSchema
 
@@ -149,3 +156,40 @@ def test_a_destinations_read_walks_its_own_entries_only(store: SQLAlchemyQueueSt
             {"term": f"%WHERE (dest_nums @> '{{{numbers['b']}}}'%"},
         ).scalar_one()
     assert f"Index Scan using {partial} on lrq_send_positions_s0" in plan, plan
+
+
+def test_a_destinations_index_waits_for_no_long_transaction(
+    store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: a transaction writing the sequenced send queue (the sequencer's
+    tick, held up) defers a new destination's index instead of queueing every write
+    behind the index's lock; the destination is registered and read all the same
+    (through the GIN index), and its index is made once the transaction ends. An index
+    that exists is found in the catalog: no lock at all."""
+    if store.dialect != "postgresql":
+        pytest.skip("PostgreSQL's partial indexes")
+    monkeypatch.setattr(pg_dest_index, "LOCK_TIMEOUT_MS", 100)
+    client = RoutingQueueClient(store, source_id="a", client_name="policy")
+    client.register_destinations(["b"])
+
+    def indexed() -> set[int]:
+        with store.read() as conn:
+            return pg_dest_index.ensure(conn, [])
+
+    holder = store.engine.connect()
+    try:
+        tx = holder.begin()
+        holder.exec_driver_sql("LOCK TABLE lrq_send_positions IN ROW EXCLUSIVE MODE")
+        client.register_destinations(["b"])  # exists: found in the catalog, no wait
+        client.register_destinations(["c"])  # deferred, not an error
+        numbers = store.site_numbers()
+        assert numbers["c"] not in indexed() and numbers["b"] in indexed()
+        with store.engine.begin() as conn:
+            client.transmit_log_entry_message(conn, b"to-c", ["c"])
+        store.sequence()
+        assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"to-c"]
+        tx.rollback()
+    finally:
+        holder.close()
+    client.register_destinations(["c"])
+    assert store.site_numbers()["c"] in indexed()
