@@ -88,4 +88,3 @@ def test_ready_answers_200_or_503_with_the_reasons_and_other_paths_go_to_the_app
     )
     assert _call(app, "/metrics") == ("401 Unauthorized", b"metrics")
     assert _call(app, "/") == ("401 Unauthorized", b"metrics")
-
