@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
 
 from lr_client.sink_metrics import SinkCollector, SinkReads
 from lr_server.config import SiteConfig
+from lr_server.readiness import ready_app, route_ready
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -102,13 +103,17 @@ def serve_metrics(
     cert_file: str | Path | None = None,
     key_file: str | Path | None = None,
     registry: CollectorRegistry = REGISTRY,
+    ready: Callable[[], list[str]] | None = None,
 ) -> MetricsEndpoint:
     """Serve ``registry`` on ``host:port`` from a daemon thread: HTTPS with
-    ``cert_file`` and ``key_file``, basic auth with ``username``. An ``OSError`` names
-    the address (a port in use, a host not local)."""
+    ``cert_file`` and ``key_file``, basic auth with ``username``; with ``ready`` (why
+    not ready: :mod:`lr_server.readiness`), ``/ready`` too, without credentials. An
+    ``OSError`` names the address (a port in use, a host not local)."""
     app: WSGIApp = make_wsgi_app(registry)
     if username:
         app = basic_auth(app, username, password)
+    if ready is not None:
+        app = route_ready(app, ready_app(ready))
     bind = host.strip("[]")
     server_class = ThreadingServer6 if ":" in bind else ThreadingServer
     try:
@@ -134,10 +139,12 @@ def site_registry(store: SinkReads) -> CollectorRegistry:
     return registry
 
 
-def serve_site_metrics(config: SiteConfig, store: object = None) -> MetricsEndpoint | None:
+def serve_site_metrics(
+    config: SiteConfig, store: object = None, ready: Callable[[], list[str]] | None = None
+) -> MetricsEndpoint | None:
     """The site's endpoint as its config says, or None if it has none: the process's
-    metrics, and its sink's if ``store`` reads them (:class:`SinkReads`). An ``OSError``
-    names the key of the address it could not bind."""
+    metrics, and its sink's if ``store`` reads them (:class:`SinkReads`); ``/ready``
+    with ``ready``. An ``OSError`` names the key of the address it could not bind."""
     address = config.metrics_address()
     if address is None:
         return None
@@ -151,6 +158,7 @@ def serve_site_metrics(config: SiteConfig, store: object = None) -> MetricsEndpo
             cert_file=config.security.cert_file if tls else None,
             key_file=config.security.key_file if tls else None,
             registry=registry,
+            ready=ready,
         )
     except OSError as exc:
         key = "site.metrics_listen" if config.metrics_listen else "site.metrics_port"

@@ -33,6 +33,7 @@ from lr_server.membership import Membership, default_member_id
 from lr_server.memory import map_large_blocks
 from lr_server.metrics_http import MetricsEndpoint, serve_site_metrics
 from lr_server.placement import TRIM_UNIT, stream_unit
+from lr_server.readiness import problems
 from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
 from lr_server.snapshot_requests import once_per_snapshot, spark_launcher
@@ -88,7 +89,7 @@ class SiteServer:
         self.apply_cascades()
         if cfg.cascades:
             self.relay_extra_floor = partial(branch_floor, self.store, cfg)
-        self.metrics_endpoint = serve_site_metrics(cfg, self.store)
+        self.metrics_endpoint = serve_site_metrics(cfg, self.store, partial(problems, self))
         if cfg.listen:
             from lr_server.transport.grpc_server import start_grpc_server
 

@@ -17,10 +17,13 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from lr_client import RoutingQueueClient
+from lr_client.listener_metrics import ListenerMetrics
+from lr_client.sink_metrics import SinkCollector
 from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store.inspection import SinkBacklog
 from lr_server import metrics
 from lr_server.config import RetentionConfig
 from lr_server.retention import RetentionPolicy
@@ -51,6 +54,10 @@ DASHBOARD_METRICS = {
     "lr_errors_total",
     "lr_stream_stopped",
     "process_resident_memory_bytes",
+    "lr_sink_queue_depth",
+    "lr_sink_oldest_undelivered_seconds",
+    "lr_sink_listener_batches_total",
+    "lr_sink_apply_seconds_bucket",
 }
 
 #: Grafana's variables, as a test replaces them (every server, every destination).
@@ -134,10 +141,21 @@ def substituted(expr: str) -> str:
 
 
 # -- names ------------------------------------------------------------------------------------
+class _NoBacklog:
+    def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
+        return []
+
+
 def exported() -> dict[str, str]:
-    """{sample name: type} of what ``lr server`` exports (its registry, after the import)."""
+    """{sample name: type} of what ``lr server`` exports (its registry, after the import),
+    with the sink's gauges (``lr_client.sink_metrics``: ``lr server`` serves them, an
+    application may too) and the listener's (``lr_client.listener_metrics``: an
+    application running a subscriber exports them)."""
     assert metrics.LAG_SECONDS is not None  # lr_server.metrics registered its families
-    return exported_samples(REGISTRY)
+    sink = CollectorRegistry(auto_describe=False)
+    sink.register(SinkCollector(_NoBacklog()))
+    ListenerMetrics(sink)
+    return {**exported_samples(REGISTRY), **exported_samples(sink)}
 
 
 def test_the_registry_exports_the_server_metrics_under_their_sample_names() -> None:
@@ -273,6 +291,9 @@ def test_every_alert_has_a_case_that_fires_and_one_that_does_not() -> None:
         ("increase(lr_errors_total[5m]) > 0", "increase(lr_errors_total[5m]) > 5"),
         ("expr: lr_backpressure == 1", "expr: lr_backpressure == 0"),
         ("changes(lr_snapshot_rows[30m]) > 0", "changes(lr_snapshot_rows[30m]) >= 0"),
+        ("lr_sink_oldest_undelivered_seconds > 300", "lr_sink_oldest_undelivered_seconds > 3000"),
+        ('{outcome!="accepted"}', '{outcome="accepted"}'),
+        ("expr: lr_sink_metrics_up == 0", "expr: lr_sink_metrics_up == 1"),
     ],
 )
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:
@@ -454,6 +475,9 @@ def test_prometheus_scrapes_running_sites_evaluates_the_rules_and_answers_the_da
             assert len(panel("Resident memory", "instance")) == 2
             errors = "Stream errors per second, by kind"
             assert panel(errors, "kind") >= {("TransportError",)}
+            # b runs no subscriber: what it received waits for the listener.
+            waiting = "Sink: entries waiting for the listener"
+            wait_for(lambda: panel(waiting, "source", "client") == {("a", "policy")}, 30)
     finally:
         codes = stop_all(servers)
         for st in stores.values():
