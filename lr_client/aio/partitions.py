@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.util import await_only, greenlet_spawn
 
 from lr_client.aio.calls import AsyncListenerCalls
 from lr_client.delivery import PlanKind
@@ -37,6 +37,7 @@ from lr_client.queue_marks import QueueMarks
 from lr_client.records import QueueInfo
 from lr_client.store import QueueStore
 from lr_client.store.base import mapped_errors
+from lr_client.store.sqlite import LateTurn
 from lr_client.subscriber_settings import SubscriberCore
 
 log = logging.getLogger("lr_client.subscriber")
@@ -52,6 +53,21 @@ async def in_greenlet(fn: Callable[..., T], *args: Any) -> T:
     """Run a sync store method that opens its own connections on an async engine."""
     result: T = await greenlet_spawn(fn, *args)
     return result
+
+
+class LoopTurn:
+    """The async tasks' turn at SQLite's one writer, as a late write's ``turn``: taken
+    in the greenlet of the transaction's first statement, awaiting ``lock`` there (the
+    loop runs on meanwhile)."""
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        await_only(self.lock.acquire())
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
 
 
 class AsyncPartitionWorkers(SubscriberCore):
@@ -78,9 +94,12 @@ class AsyncPartitionWorkers(SubscriberCore):
         self._reading = asyncio.Lock()
         #: One task at a time takes or renews a lease.
         self._holding = asyncio.Lock()
-        #: SQLite has one writer: the tasks take their turns here, not in its busy handler.
+        #: SQLite has one writer: the tasks take their turns here, not in its busy handler;
+        #: a partition's delivery at its first statement (a late write: what its listener
+        #: awaits before it touches the database holds no lock), a barrier run at BEGIN.
+        self._writer = asyncio.Lock() if self.store.single_writer else None
         self._writing: contextlib.AbstractAsyncContextManager[object] = (
-            asyncio.Lock() if self.store.single_writer else contextlib.nullcontext()
+            self._writer if self._writer is not None else contextlib.nullcontext()
         )
         #: Set (and replaced) when a barrier run commits, entries arrive or the run stops.
         self._bell = asyncio.Event()
@@ -209,16 +228,24 @@ class AsyncPartitionWorkers(SubscriberCore):
         if taken is None:
             return None, True
         plan = taken.plan(queue)
-        with mapped_errors():
-            async with self._writing, self.engine.connect() as conn:
-                await conn.execution_options(lr_immediate=True)  # SQLite: BEGIN IMMEDIATE
-                async with conn.begin():
+        late = None if self._writer is None else LateTurn(LoopTurn(self._writer))
+        try:
+            with mapped_errors():
+                # SQLite: BEGIN deferred, the locks taken at the first statement.
+                async with self.engine.connect() as conn, conn.begin():
+                    if late is not None:
+                        await conn.execution_options(lr_turn=late)
                     if plan is not None:
                         calls = await conn.run_sync(self._calls.callbacks, queue, plan)
                         await self._calls.call(
                             conn, queue, plan, attempt, calls=calls, partition=partition
                         )
                     await conn.run_sync(steps.save, queue, partition, taken)
+                    if late is not None:  # the commit holds the locks too
+                        await conn.run_sync(lambda c: late.take(c.connection.dbapi_connection))
+        finally:
+            if late is not None:
+                late.release()
         steps.saved(queue.queue_id, partition, taken)
         return len(taken.entries), taken.at_barrier
 
