@@ -16,6 +16,7 @@ awaits commits nothing of that delivery.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -481,3 +482,52 @@ def test_by_partition_a_run_cancelled_while_a_listener_awaits_commits_nothing_of
     assert asyncio.run(main()) == 60
     got = rows(store)
     assert sorted(r[3] for r in got) == list(range(1, 61)) and in_key_order(got)
+
+
+class Overlap(Applier):
+    """Each batch awaits (before any statement) until ``parties`` batches are inside the
+    listener at once, as listeners awaiting a remote call would overlap; then writes."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.parties, self.inside = parties, 0
+        self.all_in = asyncio.Event()
+
+    async def process_log_entries(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        if not self.all_in.is_set():
+            self.inside += 1
+            if self.inside >= self.parties:
+                self.all_in.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.all_in.wait(), scaled(10))
+        return await super().process_log_entries(session, source_id, messages)
+
+
+def test_by_partition_listeners_awaiting_before_their_writes_overlap(site: Site) -> None:
+    """Four partitions' listeners are inside their callbacks at once (SQLite too: a
+    delivery takes the write lock at its first statement, not before the listener)."""
+    hashing = HashPartitioner()
+    assert {hashing(b"k%d" % k, 4) for k in range(13)} == {0, 1, 2, 3}
+    store = site.store
+    store.apply_log_batch("src-a", CLIENT, keyed(1, 80))
+    listener = Overlap(4)
+
+    async def main() -> None:
+        engine = site.engine()
+        sub = AsyncRoutingQueueSubscriber(
+            engine, CLIENT, listener, partitions=4, batch_size=2, poll_interval=0.05
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(sub.run(stop))
+        try:
+            await until(lambda: len(rows(store)) == 80)
+        finally:
+            stop.set()
+            await task
+            await engine.dispose()
+
+    asyncio.run(main())
+    assert listener.all_in.is_set()  # they overlapped
+    assert sorted(r[3] for r in rows(store)) == list(range(1, 81))
