@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 from lr_client.records import HeadEntry, ReplicationType
@@ -50,7 +51,13 @@ class Window:
     """One subscriber's read cache of one queue's keyed entries, by partition."""
 
     def __init__(
-        self, marks: dict[int, int], read: Reader, partition: Partition, limit: int, cap: int
+        self,
+        marks: dict[int, int],
+        read: Reader,
+        partition: Partition,
+        limit: int,
+        cap: int,
+        lock: AbstractContextManager[object] | None = None,
     ) -> None:
         #: Every entry up to ``hi`` was read (or passed by every partition).
         self.hi = min(marks.values())
@@ -60,7 +67,9 @@ class Window:
         self.covered = [marks[p] for p in range(len(marks))]
         self.held: list[deque[HeadEntry]] = [deque() for _ in marks]
         self.read, self.partition, self.limit, self.cap = read, partition, limit, cap
-        self.lock = threading.Lock()
+        #: Held across a read (``threading.Lock`` by default); a caller serialising its
+        #: takes itself (an ``asyncio.Lock`` in the async subscriber) passes a no-op.
+        self.lock: AbstractContextManager[object] = threading.Lock() if lock is None else lock
 
     def take(self, partition: int, mark: int, count: int) -> Take | None:
         """The next (at most ``count``) entries of ``partition``, whose mark is ``mark``;

@@ -39,6 +39,7 @@ from lr_client.listener import RoutingQueueListener
 from lr_client.listener_calls import PARTITION_INFO_KEY, ListenerCalls
 from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
 from lr_client.partitioners import Partitioner
+from lr_client.queue_marks import QueueMarks
 from lr_client.records import QueueInfo
 from lr_client.store import Sites, SubscriberQueues, open_store
 from lr_client.store.lifecycle import SchemaStatus
@@ -184,9 +185,8 @@ class RoutingQueueSubscriber(SubscriberCore):
         self.wake_on_arrival = wake_on_arrival
         #: While :meth:`run` runs with ``wake_on_arrival`` on PostgreSQL: its listening watch.
         self.arrival_watch: Watch | None = None
-        #: Queues whose partitions moved since their own mark was raised (monotonic: since).
-        self._behind: dict[int, float] = {}
-        self._marks_lock = threading.Lock()
+        #: Queues whose partitions moved since their own mark was raised.
+        self._marks = QueueMarks(self.store, self.owner)
 
     # -- public API ------------------------------------------------------------------
     def create_schema(self) -> SchemaStatus:
@@ -275,7 +275,7 @@ class RoutingQueueSubscriber(SubscriberCore):
                 total += n
                 moved = moved or progressed
                 if not progressed:
-                    self._raise_marks(0.0)
+                    self._marks.raise_due(0.0)
                     return total, moved
         queues = self.store.list_queues(self.client_name)
         due = self._due(queues)
@@ -308,7 +308,7 @@ class RoutingQueueSubscriber(SubscriberCore):
             for thread in threads:
                 thread.join()
             try:
-                self._raise_marks(0.0)
+                self._marks.raise_due(0.0)
             except Exception as exc:  # raised by the next subscriber
                 self._report(exc)
         finally:
@@ -323,7 +323,7 @@ class RoutingQueueSubscriber(SubscriberCore):
             turn = self._doorbell.turn()
             try:
                 progressed = self._poll_partitions(parts)[1]
-                self._raise_marks(
+                self._marks.raise_due(
                     QUEUE_MARK_INTERVAL
                     if progressed
                     else min(self.poll_interval, QUEUE_MARK_INTERVAL)
@@ -357,7 +357,7 @@ class RoutingQueueSubscriber(SubscriberCore):
                         self._succeeded(key)
                         delivered += n
                         progressed = True
-                        self._behind.setdefault(qid, time.monotonic())
+                        self._marks.moved(qid)
                         if barrier:  # the workers waiting there look again
                             self._doorbell.ring()
                 except PartitionCountError:
@@ -373,26 +373,6 @@ class RoutingQueueSubscriber(SubscriberCore):
                     self._partitioned.forget(qid)
                     self._fail(key, exc)
         return delivered, progressed
-
-    def _raise_marks(self, every: float) -> None:
-        """Raise the own mark of the queues whose partitions moved ``every`` seconds ago
-        or more (one worker at a time; partition deliveries never write that row)."""
-        if not self._behind or not self._marks_lock.acquire(blocking=False):
-            return
-        try:
-            now = time.monotonic()
-            for qid, since in list(self._behind.items()):
-                if now - since < every:
-                    continue
-                self._behind.pop(qid, None)
-                try:
-                    with self.store.write() as conn:
-                        self.store.raise_queue_mark(conn, qid, self.owner)
-                except BaseException:
-                    self._behind.setdefault(qid, since)
-                    raise
-        finally:
-            self._marks_lock.release()
 
     def _drain(self, queue: QueueInfo) -> tuple[int, bool]:
         """Deliver up to ``max_batches`` batches of ``queue``: (entries delivered, whether

@@ -7,9 +7,9 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from lr_client.aio.listener import AsyncRoutingQueueListener
+from lr_client.delivery import Plan
 from lr_client.errors import ListenerError
-from lr_client.listener_calls import PARTITION_INFO_KEY, CallPlanner
-from lr_client.queue_delivery import Opened
+from lr_client.listener_calls import PARTITION_INFO_KEY, Callback, CallPlanner
 from lr_client.records import QueueInfo
 from lr_client.store import SubscriberQueues
 
@@ -24,21 +24,29 @@ class AsyncListenerCalls(CallPlanner):
         self.listener = listener
 
     async def call(
-        self, conn: AsyncConnection, queue: QueueInfo, opened: Opened, attempt: int
+        self,
+        conn: AsyncConnection,
+        queue: QueueInfo,
+        plan: Plan,
+        attempt: int,
+        *,
+        calls: list[Callback],
+        partition: int | None = None,
     ) -> None:
-        """Await ``opened``'s callbacks in ``conn``'s transaction.
+        """Await ``plan``'s callbacks (``calls``, planned in the transaction) in ``conn``'s
+        transaction (``partition``: the one it is delivered for, None for entries every
+        partition waited for, or without partitions).
 
         :class:`~lr_client.errors.ListenerError` if a callback raised, returned a
         false value for a batch, or rolled the transaction back. A cancellation
         is not caught: the caller's transaction rolls back as it unwinds.
         """
-        plan = opened.plan
         txn = conn.sync_connection.get_transaction() if conn.sync_connection else None
         session = AsyncSession(bind=conn, join_transaction_mode="rollback_only")
-        session.info[PARTITION_INFO_KEY] = None
+        session.info[PARTITION_INFO_KEY] = partition
         name = ""
         try:
-            for cb in opened.callbacks:
+            for cb in calls:
                 name = cb.name
                 result = await getattr(self.listener, name)(session, *cb.args, **cb.kwargs)
                 if cb.batch and (why := self.rejected(result)):

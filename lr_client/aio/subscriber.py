@@ -14,8 +14,8 @@ nothing of a delivery cut short is committed, its entries come again.
 
 Leases, retries with back-off, the settings and the full-sync rules are the
 sync subscriber's (:mod:`lr_client.subscriber_settings`). Delivery by partition
-(``partitions > 1``) is not supported yet: it is refused with
-:class:`~lr_client.errors.UnsupportedSettingError`.
+(``partitions > 1``) runs ``workers`` tasks in the loop
+(:mod:`lr_client.aio.partitions`), with the sync subscriber's steps and rules.
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.util import greenlet_spawn
 
 from lr_client.aio.calls import AsyncListenerCalls
 from lr_client.aio.engine import create_async_engine
 from lr_client.aio.listener import AsyncRoutingQueueListener
-from lr_client.errors import PartitionCountError, UnsupportedSettingError
+from lr_client.aio.partitions import AsyncPartitionWorkers, in_greenlet
+from lr_client.errors import PartitionCountError
 from lr_client.partitioned import Conflict, LeaseLost
 from lr_client.partitioners import Partitioner
 from lr_client.records import QueueInfo
@@ -44,31 +43,28 @@ from lr_client.subscriber_settings import (
     DEFAULT_BATCH_MAX_BYTES,
     DEFAULT_SNAPSHOT_BATCH_SIZE,
     SnapshotDelivery,
-    SubscriberCore,
 )
 
 log = logging.getLogger("lr_client.subscriber")
 
-T = TypeVar("T")
 
-
-async def in_greenlet(fn: Callable[..., T], *args: Any) -> T:
-    """Run a sync store method that opens its own connections on an async engine."""
-    result: T = await greenlet_spawn(fn, *args)
-    return result
-
-
-class AsyncRoutingQueueSubscriber(SubscriberCore):
+class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
     """Delivers one client's receive queues ``LRQ_Recv_<client>__*`` to an async listener.
 
     ``engine``: the application's ``AsyncEngine`` (aiosqlite, asyncpg or psycopg's
     async driver; see :func:`lr_client.aio.engine.create_async_engine`), or
     a URL (the subscriber opens an engine and disposes of it at :meth:`close`).
-    The settings are those of :class:`~lr_client.subscriber.RoutingQueueSubscriber`
-    (``partitions`` must be 1). Run it with ``await subscriber.run(stop)``; with
-    ``wake_on_arrival`` it delivers as soon as a receiver commits entries of its
-    client, else at most every ``poll_interval`` seconds. Several subscribers
-    (tasks or processes) of one client share its queues through their leases.
+    The settings are those of :class:`~lr_client.subscriber.RoutingQueueSubscriber`;
+    with ``partitions = N`` (N > 1) it delivers each queue by partition with
+    ``workers`` tasks (default N) in the loop, each owning the partitions ``p``
+    with ``p % workers`` equal to its number: the entries of one key in source
+    order, different keys in parallel, entries without a key and full syncs
+    after every entry before them and before every entry after them; the
+    listener finds its partition in ``session.info["lr_partition"]``. Run it with
+    ``await subscriber.run(stop)``; with ``wake_on_arrival`` it delivers as soon as a
+    receiver commits entries of its client, else at most every ``poll_interval``
+    seconds. Several subscribers (tasks or processes) of one client share its
+    queues through their leases.
     """
 
     def __init__(
@@ -91,13 +87,9 @@ class AsyncRoutingQueueSubscriber(SubscriberCore):
         partitions: int = 1,
         partitioner: str | Partitioner = "hash",
         partition_boundaries: list[bytes | str] | None = None,
+        workers: int | None = None,
         wake_on_arrival: bool = True,
     ) -> None:
-        if partitions != 1:
-            raise UnsupportedSettingError(
-                f"partitions={partitions!r}: the async subscriber delivers each queue in"
-                " one stream (partitions=1); use RoutingQueueSubscriber for partitions"
-            )
         owned = isinstance(engine, str)
         self.engine = create_async_engine(engine) if isinstance(engine, str) else engine
         #: Whether this subscriber made the engine (and disposes of it at close()).
@@ -118,10 +110,10 @@ class AsyncRoutingQueueSubscriber(SubscriberCore):
             retry_max=retry_max,
             retry_jitter=retry_jitter,
             snapshot_delivery=snapshot_delivery,
-            partitions=1,
+            partitions=partitions,
             partitioner=partitioner,
             partition_boundaries=partition_boundaries,
-            workers=1,
+            workers=workers,
         )
         self.listener = listener
         self._calls = AsyncListenerCalls(
@@ -130,6 +122,7 @@ class AsyncRoutingQueueSubscriber(SubscriberCore):
             whole_snapshots=self.snapshot_delivery is SnapshotDelivery.COMPLETE,
         )
         self._delivery = self._steps(self.store, self._calls)
+        self._init_partitions()
         self.wake_on_arrival = wake_on_arrival
         #: While :meth:`run` runs with ``wake_on_arrival``: its watch (a thread).
         self.arrival_watch: Watch | None = None
@@ -149,9 +142,13 @@ class AsyncRoutingQueueSubscriber(SubscriberCore):
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
+        def woken() -> None:
+            wake.set()
+            self._ring()
+
         def ring() -> None:  # from the watch's thread
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(wake.set)
+                loop.call_soon_threadsafe(woken)
 
         if self.wake_on_arrival:
             self.arrival_watch = await asyncio.to_thread(
@@ -159,6 +156,8 @@ class AsyncRoutingQueueSubscriber(SubscriberCore):
             )
         stopping = asyncio.ensure_future(stop.wait())
         try:
+            if self.partitions > 1:
+                await self._run_partitions(stop)
             while not stop.is_set():
                 wake.clear()  # before looking: a ring while it looks ends the next wait
                 try:
@@ -212,6 +211,8 @@ class AsyncRoutingQueueSubscriber(SubscriberCore):
 
     # -- polling ----------------------------------------------------------------------
     async def _poll(self) -> tuple[int, bool]:
+        if self.partitions > 1:
+            return await self._poll_by_partition()
         queues = await in_greenlet(self.store.list_queues, self.client_name)
         due = self._due(queues)
         if not due:
@@ -234,7 +235,7 @@ class AsyncRoutingQueueSubscriber(SubscriberCore):
         qid = queue.queue_id
         delivered, progressed, drained = 0, False, False
         try:
-            if not (self._leases.fresh(qid) or await in_greenlet(self._leases.hold, qid)):
+            if not await self._hold(qid):
                 return 0, False
             for i in range(self.max_batches):
                 if i and not await in_greenlet(self._ready, [queue]):
@@ -279,7 +280,8 @@ class AsyncRoutingQueueSubscriber(SubscriberCore):
                     if opened is None:
                         return None
                     if opened.callbacks:  # none for the left-overs of an ended snapshot
-                        await self._calls.call(conn, queue, opened, attempt)
+                        calls = opened.callbacks
+                        await self._calls.call(conn, queue, opened.plan, attempt, calls=calls)
                     expires = await conn.run_sync(steps.mark, queue, opened)
         self._leases.renewed(queue.queue_id, expires)
         return len(opened.plan.messages)

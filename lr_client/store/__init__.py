@@ -96,7 +96,7 @@ def configure_sqlite_engine(engine: Engine) -> None:
         # A late write (SQLiteQueueStore.late_write) takes its write lock here.
         turn = conn.get_execution_options().get("lr_turn")
         if turn is not None:
-            turn.take(conn.connection.driver_connection)
+            turn.take(conn.connection.dbapi_connection)
 
 
 def create_engine(url: str, **kwargs: Any) -> Engine:

@@ -110,10 +110,15 @@ def _names_only(dest_nums: Any, nums: Sequence[int]) -> ColumnElement[bool]:
 _TAKE_WRITE_LOCK = "UPDATE lrq_subscriber_partitions SET delivered = delivered WHERE 0"
 
 
-class _Turn:
+class LateTurn:
     """A late write's locks, taken at its first statement: the process's writers'
     ``turn``, then SQLite's write lock, so no commit comes between the transaction's
-    first read and its first write (which SQLite would refuse, SQLITE_BUSY_SNAPSHOT)."""
+    first read and its first write (which SQLite would refuse, SQLITE_BUSY_SNAPSHOT).
+
+    Set as the ``lr_turn`` execution option of a connection in a deferred
+    transaction (the engine's hook calls :meth:`take`); the async subscriber sets
+    it on an aiosqlite connection with a ``turn`` of its event loop.
+    """
 
     __slots__ = ("held", "turn")
 
@@ -121,12 +126,17 @@ class _Turn:
         self.turn = turn
         self.held = False
 
-    def take(self, raw: Any) -> None:
+    def take(self, dbapi_conn: Any) -> None:
+        """Take both locks (once) before the first statement on ``dbapi_conn``."""
         if self.held:
             return
         self.turn.__enter__()
         self.held = True
-        raw.execute(_TAKE_WRITE_LOCK)
+        cursor = dbapi_conn.cursor()  # sqlite3's, or aiosqlite's adapted one (in a greenlet)
+        try:
+            cursor.execute(_TAKE_WRITE_LOCK)
+        finally:
+            cursor.close()
 
     def release(self) -> None:
         if self.held:
@@ -147,13 +157,13 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
     @contextmanager
     def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:
         # BEGIN (deferred): no lock and no snapshot until the first statement, where
-        # the engine's hook calls _Turn.take; released once committed or rolled back.
-        late = _Turn(turn)
+        # the engine's hook calls LateTurn.take; released once committed or rolled back.
+        late = LateTurn(turn)
         try:
             with mapped_errors(), self._connect(immediate=False) as conn, self._transaction(conn):
                 conn.execution_options(lr_turn=late)  # after BEGIN, which it must not take
                 yield conn
-                late.take(conn.connection.driver_connection)  # the commit holds it too
+                late.take(conn.connection.dbapi_connection)  # the commit holds it too
         finally:
             late.release()
 
@@ -338,4 +348,4 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         )
 
 
-__all__ = ["SQLiteQueueStore", "encode_dests"]
+__all__ = ["LateTurn", "SQLiteQueueStore", "encode_dests"]

@@ -7,12 +7,16 @@ aiosqlite and psycopg); here: each entry exactly once and in order with the
 listener's writes committed with the mark, on every driver, while entries
 arrive (woken on arrival) and two subscribers compete; a failed callback rolls
 back and comes again; a task cancelled while its listener awaits commits
-nothing and its entries come again; ``partitions > 1`` is refused.
+nothing and its entries come again; by partition (``partitions=4``, tasks in the
+loop): each entry once, each key in order, a failed delivery of one partition
+rolls back that delivery only, a run cancelled while one partition's listener
+awaits commits nothing of that delivery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -22,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from lr_client import ListenerError, RoutingQueueMessage
 from lr_client.aio import AsyncRoutingQueueListener, AsyncRoutingQueueSubscriber
-from lr_client.errors import UnsupportedSettingError
+from lr_client.partitioners import HashPartitioner
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from tests.kit.aio import DRIVER_PARAMS, Site, aio_site
@@ -306,13 +310,224 @@ def test_a_task_cancelled_while_its_listener_awaits_commits_nothing(site: Site) 
     assert store.queue_depths() == {}
 
 
-def test_partitions_are_refused_with_a_typed_error(site: Site) -> None:
+def keyed(first: int, count: int, keys: int = 13) -> list[WireEntry]:
+    """Log entries with keys ``k<position % keys>``."""
+    return [
+        WireEntry(p, LOG, b"log-%d" % p, key=b"k%d" % (p % keys))
+        for p in range(first, first + count)
+    ]
+
+
+class ByKey(Applier):
+    """Writes a row per message whose ``kind`` is its key; ``fail``: refuses (once, by
+    raising) the first batch of that partition; ``hang``: awaits until cancelled in
+    the first batch of that partition."""
+
+    def __init__(self, fail: int | None = None, hang: int | None = None) -> None:
+        super().__init__()
+        self.fail, self.hang = fail, hang
+        self.partitions: set[int | None] = set()
+        self.inside = asyncio.Event()
+
+    async def process_log_entries(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        part = session.info["lr_partition"]
+        self.partitions.add(part)
+        for m in messages:
+            key = (m.key or b"-").decode()
+            await session.execute(
+                insert(applied),
+                {
+                    "owner": self.owner,
+                    "source_id": source_id,
+                    "kind": key,
+                    "position": m.source_position,
+                },
+            )
+        await asyncio.sleep(0)  # other partitions' tasks run meanwhile
+        if part is not None and part == self.fail:
+            self.fail = None
+            raise RuntimeError(f"boom in partition {part}")
+        if part is not None and part == self.hang:
+            await session.flush()  # the rows are in the transaction, not committed
+            self.inside.set()
+            await asyncio.Event().wait()  # until the task is cancelled
+        return True
+
+
+def in_key_order(got: list[tuple[str, str, str, int]]) -> bool:
+    by_key: dict[str, list[int]] = {}
+    for _, _, key, position in got:
+        by_key.setdefault(key, []).append(position)
+    return all(positions == sorted(positions) for positions in by_key.values())
+
+
+def partition_marks(store: SQLAlchemyQueueStore) -> dict[int, int]:
+    (qid,) = [q.queue_id for q in store.list_queues(CLIENT)]
+    with store.read() as conn:
+        return store.load_partitions(conn, qid)
+
+
+def test_by_partition_each_entry_once_and_each_key_in_order_while_entries_arrive(
+    site: Site,
+) -> None:
+    """Four partitions, four tasks, two subscribers competing, a barrier (an entry
+    without a key) in the middle, entries arriving while they run."""
+    store = site.store
+    first = keyed(1, 100)
+    first[49] = WireEntry(50, LOG, b"log-50")  # no key: a barrier
+    store.apply_log_batch("src-a", CLIENT, first)
+
+    async def main() -> list[ByKey]:
+        engine = site.engine()
+        listeners = [ByKey(), ByKey()]
+        subs = [
+            AsyncRoutingQueueSubscriber(
+                engine,
+                CLIENT,
+                listener,
+                owner=f"o{i}",
+                partitions=4,
+                batch_size=5,
+                poll_interval=0.05,
+                lease_seconds=5.0,
+            )
+            for i, listener in enumerate(listeners)
+        ]
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(sub.run(stop)) for sub in subs]
+        try:
+            await until(lambda: len(rows(store)) == 100)
+            await asyncio.to_thread(
+                store.apply_log_batch, "src-a", CLIENT, keyed(101, 100), previous_position=100
+            )
+            await until(lambda: len(rows(store)) == 200)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+            await engine.dispose()
+        return listeners
+
+    listeners = asyncio.run(main())
+    got = rows(store)
+    assert sorted(r[3] for r in got) == list(range(1, 201))  # each once
+    assert in_key_order(got)
+    at = [i for i, r in enumerate(got) if r[3] == 50]
+    assert {r[3] for r in got[: at[0]]} == set(range(1, 50))  # the barrier after all before
+    assert [e for listener in listeners for e in listener.errors] == []
+    assert set().union(*(lst.partitions for lst in listeners)) == {0, 1, 2, 3, None}
+    assert len(set(partition_marks(store).values())) == 1
+
+
+def test_by_partition_a_failed_delivery_rolls_back_that_delivery_only(site: Site) -> None:
+    store = site.store
+    store.apply_log_batch("src-a", CLIENT, keyed(1, 60))
+    hashing = HashPartitioner()
+    failing = [p for p in range(1, 61) if hashing(b"k%d" % (p % 13), 4) == 2]
+    listener = ByKey(fail=2)
+
+    async def main() -> tuple[int, int]:
+        engine = site.engine()
+        kw: dict[str, object] = {"owner": "one", "partitions": 4, "batch_size": 4}
+        sub = AsyncRoutingQueueSubscriber(engine, CLIENT, listener, retry_initial=3600.0, **kw)
+        again = AsyncRoutingQueueSubscriber(engine, CLIENT, listener, retry_initial=0.0, **kw)
+        try:
+            n = await sub.poll_once()
+            assert sorted(r[3] for r in rows(store)) == sorted(set(range(1, 61)) - set(failing))
+            assert partition_marks(store)[2] == 0  # its mark did not move
+            return n, await again.poll_once()  # retried: the same entries come again
+        finally:
+            await sub.close()
+            await again.close()
+            await engine.dispose()
+
+    assert asyncio.run(main()) == (60 - len(failing), len(failing))
+    got = rows(store)
+    assert sorted(r[3] for r in got) == list(range(1, 61)) and in_key_order(got)
+    (error,) = listener.errors
+    assert isinstance(error, ListenerError) and isinstance(error.__cause__, RuntimeError)
+
+
+def test_by_partition_a_run_cancelled_while_a_listener_awaits_commits_nothing_of_it(
+    site: Site,
+) -> None:
+    store = site.store
+    store.apply_log_batch("src-a", CLIENT, keyed(1, 60))
+    hashing = HashPartitioner()
+    hung = [p for p in range(1, 61) if hashing(b"k%d" % (p % 13), 4) == 1]
+    listener = ByKey(hang=1)
+
+    async def main() -> int:
+        engine = site.engine()
+        kw: dict[str, object] = {"owner": "one", "partitions": 4, "batch_size": 4}
+        sub = AsyncRoutingQueueSubscriber(engine, CLIENT, listener, poll_interval=0.05, **kw)
+        try:
+            task = asyncio.create_task(sub.run(asyncio.Event()))
+            await asyncio.wait_for(listener.inside.wait(), scaled(30))
+            if site.driver != "aiosqlite":  # SQLite: its one writer waits for the hung one
+                await until(lambda: len(rows(store)) == 60 - len(hung))  # the others go on
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert {r[3] for r in rows(store)}.isdisjoint(hung)  # nothing of it committed
+            assert partition_marks(store)[1] == 0
+            listener.hang = None
+            before = len(rows(store))
+            return before + await sub.poll_once()  # its entries come again
+        finally:
+            await sub.close()
+            await engine.dispose()
+
+    assert asyncio.run(main()) == 60
+    got = rows(store)
+    assert sorted(r[3] for r in got) == list(range(1, 61)) and in_key_order(got)
+
+
+class Overlap(Applier):
+    """Each batch awaits (before any statement) until ``parties`` batches are inside the
+    listener at once, as listeners awaiting a remote call would overlap; then writes."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.parties, self.inside = parties, 0
+        self.all_in = asyncio.Event()
+
+    async def process_log_entries(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        if not self.all_in.is_set():
+            self.inside += 1
+            if self.inside >= self.parties:
+                self.all_in.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.all_in.wait(), scaled(10))
+        return await super().process_log_entries(session, source_id, messages)
+
+
+def test_by_partition_listeners_awaiting_before_their_writes_overlap(site: Site) -> None:
+    """Four partitions' listeners are inside their callbacks at once (SQLite too: a
+    delivery takes the write lock at its first statement, not before the listener)."""
+    hashing = HashPartitioner()
+    assert {hashing(b"k%d" % k, 4) for k in range(13)} == {0, 1, 2, 3}
+    store = site.store
+    store.apply_log_batch("src-a", CLIENT, keyed(1, 80))
+    listener = Overlap(4)
+
     async def main() -> None:
         engine = site.engine()
+        sub = AsyncRoutingQueueSubscriber(
+            engine, CLIENT, listener, partitions=4, batch_size=2, poll_interval=0.05
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(sub.run(stop))
         try:
-            with pytest.raises(UnsupportedSettingError, match="partitions=2"):
-                AsyncRoutingQueueSubscriber(engine, CLIENT, Applier(), partitions=2)
+            await until(lambda: len(rows(store)) == 80)
         finally:
+            stop.set()
+            await task
             await engine.dispose()
 
     asyncio.run(main())
+    assert listener.all_in.is_set()  # they overlapped
+    assert sorted(r[3] for r in rows(store)) == list(range(1, 81))

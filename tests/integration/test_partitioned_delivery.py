@@ -1,5 +1,9 @@
 """Delivery by partition on SQLite and PostgreSQL: per-key order, exactly once, barriers,
-the partition count kept with the queue."""
+the partition count kept with the queue.
+
+The ``api`` cases run the async subscriber too (driven from these sync tests,
+:mod:`tests.kit.aio`): partition tasks in an event loop, the same rules.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 from sqlalchemy import Integer, LargeBinary, String, func, select
@@ -24,6 +28,7 @@ from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import schema as s
 from lr_client.subscriber import PARTITION_INFO_KEY
+from tests.kit.aio import SyncDriven
 from tests.kit.wait import scaled, wait_for
 
 CLIENT = "policy"
@@ -148,10 +153,49 @@ def subscriber(
     )
 
 
-def test_each_key_is_delivered_in_order_by_its_partition_once(app: SQLAlchemyQueueStore) -> None:
+@pytest.fixture(params=["sync", "aio"])
+def api(request: pytest.FixtureRequest) -> str:
+    """``RoutingQueueSubscriber``, or ``AsyncRoutingQueueSubscriber`` driven from here."""
+    return str(request.param)
+
+
+Make = Callable[..., RoutingQueueSubscriber]
+
+
+@pytest.fixture
+def make(app: SQLAlchemyQueueStore, api: str) -> Iterator[Make]:
+    """:func:`subscriber` of the ``api`` under test (the async ones closed at the end)."""
+    made: list[SyncDriven] = []
+
+    def build(listener: RoutingQueueListener, partitions: int, **kw: object) -> object:
+        if api == "sync":
+            return subscriber(app, listener, partitions, **kw)
+        kw.setdefault("batch_size", 7)
+        url = app.engine.url.render_as_string(hide_password=False)
+        sub = SyncDriven(
+            url,
+            CLIENT,
+            listener,
+            partitions=partitions,
+            poll_interval=0.02,
+            retry_initial=0.01,
+            retry_max=0.05,
+            **kw,
+        )
+        made.append(sub)
+        return sub
+
+    yield build  # type: ignore[misc]
+    for sub in made:
+        sub.close()
+
+
+def test_each_key_is_delivered_in_order_by_its_partition_once(
+    app: SQLAlchemyQueueStore, make: Make
+) -> None:
     app.apply_log_batch("a", CLIENT, keyed(range(1, 201), 13))
     listener = Recorder()
-    sub = subscriber(app, listener, 4)
+    sub = make(listener, 4)
     assert sub.poll_once() == 200
     rows = applied(app)
     assert sorted(r.position for r in rows) == list(range(1, 201))
@@ -171,12 +215,12 @@ def test_each_key_is_delivered_in_order_by_its_partition_once(app: SQLAlchemyQue
     assert app.queue_depth(qid) == 0
 
 
-def test_an_entry_without_a_key_is_a_barrier(app: SQLAlchemyQueueStore) -> None:
+def test_an_entry_without_a_key_is_a_barrier(app: SQLAlchemyQueueStore, make: Make) -> None:
     entries = keyed(range(1, 41), 5)
     entries[19] = WireEntry(20, LOG, b"20")  # no key
     app.apply_log_batch("a", CLIENT, entries)
     listener = Recorder()
-    sub = subscriber(app, listener, 3, batch_size=4)
+    sub = make(listener, 3, batch_size=4)
     assert sub.poll_once() == 40
     rows = applied(app)
     at = [i for i, r in enumerate(rows) if r.position == 20]
@@ -187,12 +231,12 @@ def test_an_entry_without_a_key_is_a_barrier(app: SQLAlchemyQueueStore) -> None:
 
 
 def test_a_full_sync_comes_first_and_whole_then_keyed_entries(
-    app: SQLAlchemyQueueStore,
+    app: SQLAlchemyQueueStore, make: Make
 ) -> None:
     app.apply_snapshot_batch("a", CLIENT, "s1", full_sync("s1", 5))
     app.apply_log_batch("a", CLIENT, keyed(range(6, 30), 4))
     listener = Recorder()
-    sub = subscriber(app, listener, 4, batch_size=3)
+    sub = make(listener, 4, batch_size=3)
     sub.poll_once()
     rows = applied(app)
     kinds = [r.kind for r in rows]
@@ -201,7 +245,7 @@ def test_a_full_sync_comes_first_and_whole_then_keyed_entries(
 
 
 def test_parallel_workers_with_a_slow_listener_keep_order_and_exactly_once(
-    app: SQLAlchemyQueueStore,
+    app: SQLAlchemyQueueStore, make: Make
 ) -> None:
     positions = list(range(1, 401))
     entries = keyed(positions, 17)
@@ -209,7 +253,7 @@ def test_parallel_workers_with_a_slow_listener_keep_order_and_exactly_once(
         entries[p - 1] = WireEntry(p, LOG, b"%d" % p)  # barriers
     app.apply_log_batch("a", CLIENT, entries)
     listener = Recorder(sleep=0.01, fail_rate=0.1)
-    sub = subscriber(app, listener, 8, batch_size=5)
+    sub = make(listener, 8, batch_size=5)
     stop = threading.Event()
     runner = threading.Thread(target=sub.run, args=(stop,))
     runner.start()
@@ -246,13 +290,13 @@ class Poisoned(Recorder):
 
 
 def test_the_queue_mark_follows_its_lowest_partition_while_the_workers_run(
-    app: SQLAlchemyQueueStore,
+    app: SQLAlchemyQueueStore, make: Make
 ) -> None:
     """Partition deliveries do not write the queue's state row; the workers raise its
     ``delivered_seq`` to the lowest partition apart, though the queue never drains."""
     app.apply_log_batch("a", CLIENT, keyed(range(1, 121), 11))
     (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
-    sub = subscriber(app, Poisoned(poison=60), 3, batch_size=4)
+    sub = make(Poisoned(poison=60), 3, batch_size=4)
     stop = threading.Event()
     runner = threading.Thread(target=sub.run, args=(stop,))
 

@@ -1253,8 +1253,6 @@ def test_run_delivers_what_a_receiver_commits_without_waiting_for_its_poll(
     """An idle subscriber polling once an hour delivers each batch a receiver stores as it
     commits: PostgreSQL's notification wakes it, on SQLite the database file's
     ``data_version``."""
-    if api == "aio" and partitions > 1:
-        pytest.skip("the async subscriber refuses partitions > 1 (test_async_subscriber.py)")
     app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
     sub = make_sub(AppListener(), poll_interval=3600.0, partitions=partitions)
     stop = threading.Event()

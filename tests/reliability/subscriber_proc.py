@@ -10,7 +10,8 @@ leases up after each poll so competing processes trade queues constantly.
 ``--api aio`` runs the async subscriber (``AsyncRoutingQueueSubscriber``, the
 same listener awaited, see :mod:`tests.kit.aio`) in an event loop, through
 ``--driver`` (PostgreSQL: psycopg or asyncpg). ``--partitions N`` (N > 1)
-delivers by partition with N worker threads (:meth:`RoutingQueueSubscriber.run`);
+delivers by partition with N worker threads (:meth:`RoutingQueueSubscriber.run`),
+or N tasks with ``--api aio``;
 ``--sleep S`` makes each log batch wait up to S seconds at random (an I/O-bound
 listener).
 """
@@ -200,6 +201,8 @@ def run_partitioned(
     args: argparse.Namespace, store: SQLAlchemyQueueStore, listener: AppListener, engine: object
 ) -> int:
     """Deliver with worker threads (``run``) until the queues are empty or the timeout."""
+    if args.api == "aio":
+        return asyncio.run(run_partitioned_async(args, store, listener))
     stop = threading.Event()
     with RoutingQueueSubscriber(
         store,
@@ -227,6 +230,47 @@ def run_partitioned(
         finally:
             stop.set()
             worker.join()
+    print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": -1}))
+    return 0
+
+
+async def run_partitioned_async(
+    args: argparse.Namespace, store: SQLAlchemyQueueStore, listener: AppListener
+) -> int:
+    """Deliver with the async subscriber's partition tasks (``run``) until the queues are
+    empty or the timeout."""
+    from tests.kit.aio import AsAsync, async_engine  # the test kit: not needed by sync runs
+
+    engine = async_engine(args.url, args.driver)
+    stop = asyncio.Event()
+    try:
+        async with AsyncRoutingQueueSubscriber(
+            engine,
+            args.client,
+            AsAsync(listener),
+            batch_size=args.batch_size,
+            max_batches=3,
+            owner=args.owner,
+            lease_seconds=args.lease_seconds,
+            retry_initial=0.05,
+            poll_interval=0.05,
+            partitions=args.partitions,
+        ) as sub:
+            task = asyncio.create_task(sub.run(stop))
+            deadline = time.monotonic() + args.timeout
+            try:
+                while time.monotonic() < deadline:
+                    if args.exit_when_empty and await asyncio.to_thread(store_is_empty, store):
+                        break
+                    await asyncio.sleep(0.05)
+                else:
+                    print("timed out", file=sys.stderr)
+                    return 3
+            finally:
+                stop.set()
+                await task
+    finally:
+        await engine.dispose()
     print(json.dumps({"owner": args.owner, "pid": os.getpid(), "delivered": -1}))
     return 0
 

@@ -1,4 +1,5 @@
-"""A subscriber delivering by partition (8 worker threads) killed with SIGKILL mid-run.
+"""A subscriber delivering by partition (8 worker threads, or 8 tasks of the async
+subscriber) killed with SIGKILL mid-run.
 
 Whatever it had in flight rolls back; a restarted subscriber delivers the
 rest: every entry exactly once, each key in source order, the entries
@@ -10,6 +11,7 @@ from __future__ import annotations
 import collections
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from lr_client.records import ReplicationType, WireEntry
@@ -96,12 +98,13 @@ def applied(store: SQLAlchemyQueueStore) -> list[AppliedEntry]:
     ]
 
 
+@pytest.mark.parametrize("api", ["sync", "aio"])
 def test_sigkill_of_a_partitioned_subscriber_keeps_key_order_and_exactly_once(
-    store: SQLAlchemyQueueStore, db_url: str, tmp_path: Path
+    store: SQLAlchemyQueueStore, db_url: str, tmp_path: Path, api: str
 ) -> None:
     app_metadata.create_all(store.engine)
     fill(store)
-    args = ("--partitions=8", "--batch-size=5", "--lease-seconds=1")
+    args = ("--partitions=8", "--batch-size=5", "--lease-seconds=1", f"--api={api}")
     victim = runner(db_url, "victim", *args, "--sleep=0.02")
     try:
         wait_for(lambda: log_rows(store) >= 60, scaled(90), 0.02, what="the victim delivering")

@@ -127,7 +127,7 @@ OVER_LIMIT: dict[str, int] = {
     "spark_jobs/snapshot_job.py": 598,
     "lr_server/session.py": 589,
     "lr_client/store/snapshots.py": 590,
-    "lr_client/subscriber.py": 473,
+    "lr_client/subscriber.py": 453,
     "lr_client/store/cascade.py": 552,
     "lr_client/snapshot.py": 474,
     "lr_client/store/schema.py": 500,
