@@ -25,11 +25,15 @@ from lr_client.queue_delivery import QueueDelivery
 from lr_client.queue_leases import QueueLeases
 from lr_client.records import QueueInfo
 from lr_client.store import SubscriberQueues
+from lr_client.store.watches import Watch
 
 #: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
 DEFAULT_BATCH_MAX_BYTES = 4 * 1024 * 1024
 #: Default bound of the entries of one full sync delivery (its bytes: ``batch_max_bytes``).
 DEFAULT_SNAPSHOT_BATCH_SIZE = 4000
+#: Seconds an idle subscriber waits at most between polls while its arrival watch
+#: listens (the poll then only bounds a lost wake-up): it doubles from ``poll_interval``.
+IDLE_POLL_MAX = 5.0
 
 
 class SnapshotDelivery(enum.StrEnum):
@@ -103,6 +107,7 @@ class SubscriberCore:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.retry_jitter = retry_jitter
+        self._quiet = 0  # idle waits since the last delivery
         self._failures: dict[object, int] = {}  # by queue id, or (queue id, partition)
         self._retry_at: dict[object, float] = {}  # monotonic
         if not isinstance(partitions, int) or partitions < 1:
@@ -141,6 +146,7 @@ class SubscriberCore:
         return [q for q in queues if self._retry_at.get(q.queue_id, 0.0) <= now]
 
     def _succeeded(self, key: object) -> None:
+        self._quiet = 0
         self._failures.pop(key, None)
         self._retry_at.pop(key, None)
 
@@ -157,15 +163,26 @@ class SubscriberCore:
         return error
 
     def _idle_wait(self) -> float:
+        """How long the next idle wait lasts: ``poll_interval``, doubling with each wait
+        since the last delivery up to :data:`IDLE_POLL_MAX` (a third of the lease at
+        most) while a listening arrival watch wakes the subscriber; a retry due sooner
+        shortens it."""
+        wait = self.poll_interval
+        watch: Watch | None = getattr(self, "arrival_watch", None)
+        if watch is not None and watch.listening:
+            most = max(wait, min(IDLE_POLL_MAX, self.lease_seconds / 3))
+            wait = min(most, wait * 2.0 ** min(self._quiet, 16))
+            self._quiet += 1
         if not self._retry_at:
-            return self.poll_interval
+            return wait
         soonest = min(list(self._retry_at.values()), default=0.0) - time.monotonic()
-        return max(0.0, min(self.poll_interval, soonest))
+        return max(0.0, min(wait, soonest))
 
 
 __all__ = [
     "DEFAULT_BATCH_MAX_BYTES",
     "DEFAULT_SNAPSHOT_BATCH_SIZE",
+    "IDLE_POLL_MAX",
     "SnapshotDelivery",
     "SubscriberCore",
     "default_owner",

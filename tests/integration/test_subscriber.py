@@ -299,6 +299,29 @@ def test_failed_queue_waits_for_its_backoff(
     assert [sub.backoff(n) for n in (1, 2, 3)] == [30.0, 60.0, 100.0]  # capped by retry_max
 
 
+def test_an_idle_subscriber_woken_on_arrival_polls_less_and_less(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    """With a listening arrival watch, the idle poll only bounds a lost wake-up: it
+    doubles from ``poll_interval`` to ``IDLE_POLL_MAX`` (a third of the lease at most),
+    and a delivery starts it over. Without one, it stays ``poll_interval``."""
+    sub = make_sub(AppListener(), poll_interval=0.5, lease_seconds=30.0)
+    core = getattr(sub, "sub", sub)  # the async one, driven from this test
+    assert [core._idle_wait() for _ in range(3)] == [0.5, 0.5, 0.5]  # no watch
+
+    class Listening:
+        listening = True
+
+    core.arrival_watch = Listening()
+    waits = [core._idle_wait() for _ in range(6)]
+    assert waits == [0.5, 1.0, 2.0, 4.0, subscriber_settings.IDLE_POLL_MAX, 5.0]
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    assert sub.poll_once() == 2
+    assert core._idle_wait() == 0.5  # a delivery: back to the fast poll
+    core.lease_seconds = 3.0
+    assert max(core._idle_wait() for _ in range(8)) == 1.0  # a third of the lease
+
+
 def test_listener_that_rolls_back_the_session_fails_the_batch(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
