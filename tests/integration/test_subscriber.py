@@ -1160,7 +1160,10 @@ def _count_idle_rounds(sub: RoutingQueueSubscriber, rounds: int) -> list[float]:
 def test_run_waits_a_poll_interval_after_each_round_that_delivered_nothing(
     app_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), poll_interval=0.25)
+    # Not woken on arrival: the poll is all it has (woken, it backs off: the test above).
+    sub = RoutingQueueSubscriber(
+        app_store, CLIENT, AppListener(), poll_interval=0.25, wake_on_arrival=False
+    )
     polls: list[int] = []
     real = sub._poll
     monkeypatch.setattr(sub, "_poll", lambda: (polls.append(1), real())[1])
@@ -1175,7 +1178,9 @@ def test_run_reports_a_failed_poll_and_waits_before_the_next(
     app_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     listener = AppListener()
-    sub = RoutingQueueSubscriber(app_store, CLIENT, listener, poll_interval=0.25)
+    sub = RoutingQueueSubscriber(
+        app_store, CLIENT, listener, poll_interval=0.25, wake_on_arrival=False
+    )
     failure = StoreUnavailableError("the database went away")
 
     def broken() -> tuple[int, bool]:
