@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,14 @@ def ensure(conn: Connection, numbers: Iterable[int]) -> set[int]:
         conn.exec_driver_sql("SAVEPOINT lrq_dest_index")
         try:
             conn.exec_driver_sql(ddl(n))
+        except IntegrityError:  # another process made it meanwhile (IF NOT EXISTS races)
+            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT lrq_dest_index")
         except OperationalError as exc:  # the lock timed out: next time
             conn.exec_driver_sql("ROLLBACK TO SAVEPOINT lrq_dest_index")
             log.warning("index of destination %d deferred: %s", n, exc.orig)
             continue
-        conn.exec_driver_sql("RELEASE SAVEPOINT lrq_dest_index")
+        else:
+            conn.exec_driver_sql("RELEASE SAVEPOINT lrq_dest_index")
         found.add(n)
     return found
 
