@@ -110,9 +110,8 @@ def test_sigterm_with_batches_in_flight_loses_and_repeats_nothing(
         started = time.monotonic()
         server.signal(signal.SIGTERM)
         if case == "within_grace":
-            wait_for(
-                lambda: "stopping" in server.full_log(), 10, what="source stopping", detail=dep.logs
-            )
+            # The link comes back at once: waiting to see the stop first could, on a busy
+            # machine, restore it only after the grace (the past_grace case's outcome).
             proxy.restore()
         assert _wait_exit(server, 60) == 0, server.log()
         took = time.monotonic() - started
