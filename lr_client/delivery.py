@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from lr_client.errors import ProtocolError
+from lr_client.headers import EMPTY, decode_headers
 from lr_client.listener import RoutingQueueMessage
 from lr_client.records import (
     SNAPSHOT_TYPES,
@@ -71,6 +72,7 @@ _SET = tuple(
         "type",
         "snapshot_id",
         "key",
+        "headers",
     )
 )
 
@@ -78,7 +80,7 @@ _SET = tuple(
 def messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueueMessage]:
     """The listener's messages of ``entries`` (one object per entry, nothing else)."""
     source, client, new = queue.source_id, queue.client_name, object.__new__
-    payload, source_id, client_name, position, type_, snapshot_id, key = _SET
+    payload, source_id, client_name, position, type_, snapshot_id, key, headers = _SET
     out: list[RoutingQueueMessage] = []
     append = out.append
     for e in entries:
@@ -90,6 +92,7 @@ def messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueu
         type_(m, e[1])
         snapshot_id(m, e[3])
         key(m, e[6])
+        headers(m, EMPTY if e[7] is None else decode_headers(e[7]))
         append(m)
     return out
 

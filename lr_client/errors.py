@@ -11,7 +11,8 @@
     │   ├── InvalidSessionError        not a SQLAlchemy Session or Connection
     │   ├── InvalidPayloadError        payload not bytes
     │   ├── PayloadTooLargeError       payload over the configured limit
-    │   └── InvalidPartitionKeyError   partition key not bytes/str, empty, or too long
+    │   ├── InvalidPartitionKeyError   partition key not bytes/str, empty, or too long
+    │   └── InvalidHeadersError    headers not a str map, a bad or reserved name, or too large
     ├── ConfigError                a configuration file or value is wrong
     │   ├── PartitionCountError    a queue not drained is delivered with another partition count
     │   └── UnsupportedSettingError    a setting this component does not support (yet)
@@ -77,6 +78,10 @@ class PayloadTooLargeError(InvalidInputError):
 
 class InvalidPartitionKeyError(InvalidInputError, TypeError):
     """Invalid partition key: expected bytes or str of 1 to 256 bytes."""
+
+
+class InvalidHeadersError(InvalidInputError, TypeError):
+    """Invalid headers: expected a small mapping of header names to str values."""
 
 
 class ConfigError(LRError):
@@ -174,6 +179,7 @@ __all__ = [
     "FencedError",
     "IncompatibleVersionError",
     "InvalidDestinationsError",
+    "InvalidHeadersError",
     "InvalidInputError",
     "InvalidNameError",
     "InvalidPartitionKeyError",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import abc
 import inspect
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
+from lr_client.headers import EMPTY
 from lr_client.records import ReplicationType
 
 log = logging.getLogger("lr_client.subscriber")
@@ -32,6 +33,8 @@ class RoutingQueueMessage:
     snapshot_id: str = ""
     #: The partition key the source gave the entry (None: none).
     key: bytes | None = None
+    #: The headers the source gave the entry: a read-only mapping, empty when none.
+    headers: Mapping[str, str] = field(default_factory=lambda: EMPTY)
 
 
 class RoutingQueueListener(abc.ABC):

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lr_client.cascade_roles import CascadeRole
-from lr_client.errors import InvalidPartitionKeyError, InvalidPayloadError, PayloadTooLargeError
+from lr_client.entry_checks import MAX_PARTITION_KEY_BYTES as MAX_PARTITION_KEY_BYTES
+from lr_client.entry_checks import check_partition_key as check_partition_key
+from lr_client.entry_checks import check_payload as check_payload
 
 
 class ReplicationType(enum.IntEnum):
@@ -48,58 +50,23 @@ class SnapshotStatus(enum.StrEnum):
 OPEN_SNAPSHOT_STATUSES = (SnapshotStatus.REQUESTED, SnapshotStatus.RUNNING, SnapshotStatus.READY)
 
 
-def check_payload(value: object, limit: int, what: str = "payload") -> bytes:
-    """``value`` as bytes, if it is bytes-like and at most ``limit`` bytes long.
-
-    Raises :class:`~lr_client.errors.InvalidPayloadError` (not bytes) or
-    :class:`~lr_client.errors.PayloadTooLargeError`; ``what`` names it in the message.
-    """
-    if isinstance(value, (bytearray, memoryview)):
-        value = bytes(value)
-    if not isinstance(value, bytes):
-        raise InvalidPayloadError(f"{what} must be bytes, got {type(value).__name__}")
-    if len(value) > limit:
-        raise PayloadTooLargeError(f"{what} of {len(value)} bytes exceeds the limit of {limit}")
-    return value
-
-
-#: The longest partition key, in bytes (a str key counts its UTF-8 bytes).
-MAX_PARTITION_KEY_BYTES = 256
-
-
-def check_partition_key(value: object) -> bytes | None:
-    """A partition key as stored: bytes of 1 to :data:`MAX_PARTITION_KEY_BYTES`, or None.
-
-    A ``str`` is encoded as UTF-8. Raises
-    :class:`~lr_client.errors.InvalidPartitionKeyError` for any other type, an
-    empty key or a longer one.
-    """
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = value.encode()
-    elif isinstance(value, (bytearray, memoryview)):
-        value = bytes(value)
-    if not isinstance(value, bytes):
-        raise InvalidPartitionKeyError(
-            f"partition key must be bytes or str, got {type(value).__name__}"
-        )
-    if not value:
-        raise InvalidPartitionKeyError("partition key must not be empty (None: no key)")
-    if len(value) > MAX_PARTITION_KEY_BYTES:
-        raise InvalidPartitionKeyError(
-            f"partition key of {len(value)} bytes exceeds the limit of {MAX_PARTITION_KEY_BYTES}"
-        )
-    return value
-
-
-#: An entry to append to the send log: (payload, destination site numbers[, partition key]).
-NewLogEntry = tuple[bytes, Sequence[int]] | tuple[bytes, Sequence[int], bytes | None]
+#: An entry to append to the send log: (payload, destination site numbers[, partition key
+#: [, headers in their stored form (:func:`lr_client.headers.encode_headers`)]]).
+NewLogEntry = (
+    tuple[bytes, Sequence[int]]
+    | tuple[bytes, Sequence[int], bytes | None]
+    | tuple[bytes, Sequence[int], bytes | None, bytes | None]
+)
 
 
 def new_entry_key(entry: NewLogEntry) -> bytes | None:
     """The partition key of an entry to append (None: none)."""
     return entry[2] if len(entry) > 2 else None
+
+
+def new_entry_headers(entry: NewLogEntry) -> bytes | None:
+    """The stored headers of an entry to append (None: none)."""
+    return entry[3] if len(entry) > 3 else None
 
 
 class SinkSnapshotState(enum.IntEnum):
@@ -112,11 +79,12 @@ class SinkSnapshotState(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class LRMessageWithDestinations:
-    """One payload, the sites it must reach and its partition key (None: none)."""
+    """One payload, the sites it must reach, its partition key and its headers (None: none)."""
 
     payload: bytes
     destinations: list[str] | tuple[str, ...]
     key: bytes | str | None = None
+    headers: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +115,7 @@ class SendEntry:
     snapshot_id: str = ""
     created_at: float = 0.0
     key: bytes | None = None  # the partition key (None: none)
+    headers: bytes | None = None  # stored form (lr_client.headers; None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +132,7 @@ class WireEntry:
     #: A cascaded client's origin transmit time (0: none); a receive queue keeps it as
     #: the entry's ``received_at``, so a branch relays it unchanged.
     origin_time: float = 0.0
+    headers: bytes | None = None  # stored form (lr_client.headers; None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +149,7 @@ class RecvEntry:
     snapshot_id: str = ""
     snapshot_count: int = 0
     key: bytes | None = None  # the partition key (None: none)
+    headers: bytes | None = None  # stored form (lr_client.headers; None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +305,7 @@ class HeadEntry(NamedTuple):
     payload: bytes
     base_position: int | None = None  # a snapshot entry's: its snapshot's base, if sent
     key: bytes | None = None  # the partition key (None: none)
+    headers: bytes | None = None  # stored form (lr_client.headers; None: none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ operation's steps are :mod:`lr_client.sending`'s, shared with the async client
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import overload
 
 from sqlalchemy.engine import Connection, Engine
@@ -142,6 +142,7 @@ class RoutingQueueClient(SenderSettings):
         payload: bytes,
         destinations: Sequence[str],
         key: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> EntryRef:
         """Queue one payload for ``destinations`` in the caller's transaction.
 
@@ -156,16 +157,22 @@ class RoutingQueueClient(SenderSettings):
         a key is delivered in order relative to every other entry. A bad key
         raises :class:`~lr_client.errors.InvalidPartitionKeyError` and writes
         nothing.
+
+        ``headers``, a small ``str -> str`` map (e.g. ``{"content-type":
+        "application/json"}``), is stored once with the payload and given to
+        the listener as ``message.headers`` (:mod:`lr_client.headers` for the
+        limits; names starting ``lr-`` are the library's). Bad headers raise
+        :class:`~lr_client.errors.InvalidHeadersError` and write nothing.
         """
         conn = _connection(session)
-        return run(self.rules.transmit(payload, destinations, key), conn)
+        return run(self.rules.transmit(payload, destinations, key, headers), conn)
 
     def transmit_log_entry_messages(
         self, session: Session | Connection, messages: Sequence[LRMessageWithDestinations]
     ) -> list[EntryRef]:
         """Queue several payloads in the caller's transaction; all or none are valid.
 
-        Each message's ``key`` is its partition key, as for
+        Each message's ``key`` and ``headers`` are as for
         :meth:`transmit_log_entry_message`.
         """
         conn = _connection(session)

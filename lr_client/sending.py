@@ -40,6 +40,7 @@ from lr_client.errors import (
     InvalidPayloadError,
     UnknownDestinationError,
 )
+from lr_client.headers import check_headers, encode_headers
 from lr_client.names import validate_name
 from lr_client.reading import CachedReading
 from lr_client.records import (
@@ -165,13 +166,14 @@ class SenderRules:
 
     # -- the operations ------------------------------------------------------------------
     def transmit(
-        self, payload: object, destinations: object, key: object = None
+        self, payload: object, destinations: object, key: object = None, headers: object = None
     ) -> Steps[EntryRef]:
         """Append one payload for ``destinations`` in the caller's transaction."""
         row = (
             check_payload(payload, self.max_payload_bytes),
             (yield from self.dest_nums(destinations)),
             check_partition_key(key),
+            self.stored_headers(headers),
         )
         yield from self._check_route([destinations])  # type: ignore[list-item]
         yield from self._check_backpressure()
@@ -191,7 +193,7 @@ class SenderRules:
                 )
             payload = check_payload(m.payload, self.max_payload_bytes)
             nums = yield from self.dest_nums(m.destinations)
-            rows.append((payload, nums, check_partition_key(m.key)))
+            rows.append((payload, nums, check_partition_key(m.key), self.stored_headers(m.headers)))
             checked.append(m)
         yield from self._check_route([m.destinations for m in checked])
         yield from self._check_backpressure()
@@ -250,6 +252,10 @@ class SenderRules:
         if req is None or req.client_name != self.client_name:
             return None
         return SnapshotInfo.from_request(req)
+
+    def stored_headers(self, headers: object) -> bytes | None:
+        """An entry's headers, checked, in their stored form (None: none)."""
+        return encode_headers(check_headers(headers))
 
     # -- destinations --------------------------------------------------------------------
     def dest_nums(self, destinations: object) -> Steps[list[int]]:

@@ -24,6 +24,14 @@ is version 1):
    refuses an older one), since an older sink would take relayed entries for
    the branch's own. Streams of clients that are not cascaded send what
    version 4 sends.
+6. Headers (``RoutingTableEntryMsg.headers``, a ``map<string, string>``): a
+   log entry's headers (lr_client.headers), the trace context among them.
+   A sink of version 5 would drop the field unseen, so a source never sends
+   an entry with headers to it: the session stops with
+   :class:`~lr_client.errors.IncompatibleVersionError`, which names both
+   versions, before the batch goes (:func:`require_headers`), and retries
+   until the sink is upgraded; nothing is lost or skipped. Entries without
+   headers go to older sinks as before.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
 upgraded one at a time; an older peer is refused at negotiation with
@@ -36,11 +44,13 @@ from __future__ import annotations
 from lr_client.errors import IncompatibleVersionError
 
 #: The wire protocol this release speaks.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 #: The first version whose sinks accept batches of lanes.
 LANES_VERSION = 4
 #: The first version whose sinks accept relayed (cascaded) clients.
 CASCADE_VERSION = 5
+#: The first version whose sinks accept entry headers.
+HEADERS_VERSION = 6
 #: The oldest peer version this release accepts.
 MIN_PEER_VERSION = 1
 
@@ -81,13 +91,25 @@ def require_cascade(announced: int, peer: str) -> None:
         )
 
 
+def require_headers(version: int, peer: str) -> None:
+    """:class:`IncompatibleVersionError` unless the sink (of negotiated ``version``)
+    accepts entry headers."""
+    if version < HEADERS_VERSION:
+        raise IncompatibleVersionError(
+            f"sink {peer} speaks wire protocol {version}; entries with headers need "
+            f"{HEADERS_VERSION} or newer (this source speaks {PROTOCOL_VERSION}): upgrade it"
+        )
+
+
 __all__ = [
     "CASCADE_VERSION",
+    "HEADERS_VERSION",
     "LANES_VERSION",
     "MIN_PEER_VERSION",
     "PROTOCOL_VERSION",
     "peer_version",
     "require_cascade",
     "require_compatible",
+    "require_headers",
     "require_lanes",
 ]

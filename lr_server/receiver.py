@@ -25,6 +25,7 @@ from typing import Protocol
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import InvalidNameError, NotProviderError, ProtocolError
+from lr_client.headers import received_headers
 from lr_client.names import validate_name
 from lr_client.records import (
     SNAPSHOT_TYPES,
@@ -296,6 +297,7 @@ def _entries(msgs: Sequence[pb.RoutingTableEntryMsg], previous: int) -> list[Wir
                 msg.base_position,
                 msg.partition_key or None,
                 msg.origin_time,
+                received_headers(msg.headers) if msg.headers else None,
             )
         )
     return out
@@ -318,4 +320,5 @@ def _entry(msg: pb.RoutingTableEntryMsg) -> WireEntry:
         snapshot_count=msg.snapshot_count,
         base_position=msg.base_position,
         key=msg.partition_key or None,
+        headers=received_headers(msg.headers) if msg.headers else None,
     )

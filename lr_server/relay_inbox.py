@@ -119,6 +119,7 @@ class RelayInbox:
                         e.payload,
                         created_at=e.origin_time,
                         key=e.key,
+                        headers=e.headers,
                     )
                 )
             if out and out[-1].position == found.last:

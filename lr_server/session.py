@@ -65,9 +65,8 @@ STATUS_REFRESH = 30.0
 
 
 class SessionStore(Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Protocol):
-    """What a sender session needs of the store: reads and cursors, snapshots, the
-    records of dropped and stopped streams, its status row, and for cascaded
-    clients the relay reads and what this node received of them."""
+    """What a sender session needs of the store: reads and cursors, snapshots, the records
+    of dropped and stopped streams, its status row, and the relay reads and receipts."""
 
 
 class SenderSession:
@@ -292,7 +291,8 @@ class SenderSession:
     # -- negotiation ----------------------------------------------------------------------------
     def _plan(self, response: pb.NegotiateResponse) -> dict[str, ClientStream]:
         """Decide, per client, where to resume: read, plan (:func:`negotiation.plan`), apply."""
-        protocol.require_compatible(response.protocol_version, f"sink {self.destination!r}")
+        sink = f"sink {self.destination!r}"
+        self.shipper.peer_version = protocol.require_compatible(response.protocol_version, sink)
         self.stops.notices = bool(response.drop_notices)
         facts = self._gather(wire.sink_states(response))
         plans = negotiation.plan(facts)

@@ -37,7 +37,7 @@ from lr_client.records import (
 )
 from lr_client.store import Cascading, Retention, Shipping, Snapshots
 from lr_client.store.byte_bounds import ByteCut
-from lr_server import metrics, wire
+from lr_server import metrics, outbound, protocol, wire
 from lr_server.arrivals import Arrivals
 from lr_server.config import ReplicationConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
@@ -108,6 +108,8 @@ class Shipper:
         self._clear: _Clear | None = None
         #: The clock a look-up's age is read on.
         self.clock: Callable[[], float] = time.monotonic
+        #: The sink's wire protocol, as negotiated (the session sets it on each connect).
+        self.peer_version = protocol.PROTOCOL_VERSION
 
     def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         """One round over the clients: send what each may send now; whether any went."""
@@ -467,24 +469,9 @@ class Shipper:
         lane: int = 0,
         low_water: int = 0,
     ) -> None:
-        """Count ``batch`` in flight (``lane``, ``low_water``: a lane batch's), then send it."""
-        self.window.add(
-            InFlight(
-                batch.batch_id,
-                name,
-                batch.kind,
-                batch.last_position,
-                len(entries),
-                sum(len(e.payload) for e in entries),
-                time.monotonic(),
-                batch.snapshot_id,
-                is_end,
-                lane,
-                low_water,
-            )
-        )
-        metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))
-        stream.send(batch)
+        """Count ``batch`` in flight, check it, send it (:func:`lr_server.outbound.send`)."""
+        args = (self.window, self.destination, self.peer_version, stream, batch, name, entries)
+        outbound.send(*args, is_end, lane, low_water)
 
 
 __all__ = ["Shipper"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lr_client._proto import replication_pb2 as pb
+from lr_client.headers import decode_headers
 from lr_client.records import ReplicationType, SendEntry
 from lr_server.negotiation import SinkState
 from lr_server.streams import Notice
@@ -29,7 +30,7 @@ def entry(e: SendEntry, origin_time: bool = False) -> pb.RoutingTableEntryMsg:
     ``origin_time``: a cascaded client's entry carries the origin's transmit time
     (``created_at``: at the root its transmit, at a branch the origin time it received).
     """
-    return pb.RoutingTableEntryMsg(
+    msg = pb.RoutingTableEntryMsg(
         type=e.type.name,
         opaque_payload=e.payload,
         position=e.position,
@@ -38,6 +39,9 @@ def entry(e: SendEntry, origin_time: bool = False) -> pb.RoutingTableEntryMsg:
         partition_key=e.key or b"",
         origin_time=e.created_at if origin_time else 0.0,
     )
+    if e.headers is not None:  # sent to sinks of HEADERS_VERSION on (lr_server.outbound)
+        msg.headers.update(decode_headers(e.headers))
+    return msg
 
 
 _NAMES = {t: t.name for t in ReplicationType}

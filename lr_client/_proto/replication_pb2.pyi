@@ -41,7 +41,14 @@ BATCH_SNAPSHOT: BatchKind
 BATCH_DROP_NOTICE: BatchKind
 
 class RoutingTableEntryMsg(_message.Message):
-    __slots__ = ("destinations", "type", "opaque_payload", "source_id", "client_name", "snapshot_id", "position", "snapshot_count", "base_position", "partition_key", "origin_time")
+    __slots__ = ("destinations", "type", "opaque_payload", "source_id", "client_name", "snapshot_id", "position", "snapshot_count", "base_position", "partition_key", "origin_time", "headers")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     DESTINATIONS_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     OPAQUE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +60,7 @@ class RoutingTableEntryMsg(_message.Message):
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
     destinations: _containers.RepeatedScalarFieldContainer[str]
     type: ReplicationType
     opaque_payload: bytes
@@ -64,7 +72,8 @@ class RoutingTableEntryMsg(_message.Message):
     base_position: int
     partition_key: bytes
     origin_time: float
-    def __init__(self, destinations: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[ReplicationType, str]] = ..., opaque_payload: _Optional[bytes] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., position: _Optional[int] = ..., snapshot_count: _Optional[int] = ..., base_position: _Optional[int] = ..., partition_key: _Optional[bytes] = ..., origin_time: _Optional[float] = ...) -> None: ...
+    headers: _containers.ScalarMap[str, str]
+    def __init__(self, destinations: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[ReplicationType, str]] = ..., opaque_payload: _Optional[bytes] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., position: _Optional[int] = ..., snapshot_count: _Optional[int] = ..., base_position: _Optional[int] = ..., partition_key: _Optional[bytes] = ..., origin_time: _Optional[float] = ..., headers: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ClientState(_message.Message):
     __slots__ = ("client_name", "last_position", "snapshot_state", "snapshot_id", "snapshot_position", "origin_id")

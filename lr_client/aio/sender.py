@@ -8,7 +8,7 @@ steps from the event loop (:func:`run_steps`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -179,6 +179,7 @@ class AsyncRoutingQueueClient(SenderSettings):
         payload: bytes,
         destinations: Sequence[str],
         key: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> EntryRef:
         """Queue one payload for ``destinations`` in the caller's transaction.
 
@@ -186,7 +187,7 @@ class AsyncRoutingQueueClient(SenderSettings):
         <lr_client.sender.RoutingQueueClient.transmit_log_entry_message>`.
         """
         conn = _checked(session)
-        return await run_steps(self.rules.transmit(payload, destinations, key), conn)
+        return await run_steps(self.rules.transmit(payload, destinations, key, headers), conn)
 
     async def transmit_log_entry_messages(
         self,

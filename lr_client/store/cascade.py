@@ -43,6 +43,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from lr_client.cascade_roles import CascadeRole
+from lr_client.headers import stored
 from lr_client.names import recv_queue_name, validate_name
 from lr_client.records import CascadeChild, CascadeNode, CascadeRoute, ReplicationType, SendEntry
 from lr_client.store import schema as s
@@ -385,8 +386,7 @@ class CascadeStore(StoreBase):
             # After the last full sync's end (looked up in the same statement: one
             # round trip), and at the entry a mark says (:mod:`.relay_marks`), not at
             # the relay's start: a relayed queue keeps what every node below has not
-            # acknowledged, and a read from the start would pass all of it again each
-            # time.
+            # acknowledged, and a read from the start would pass all of it again each time.
             start, exact = marks.start(qid, after)
             # Where no read ended at ``after``, the queue's highest seq, read first:
             # if the read finds nothing, every entry up to it is at or before
@@ -395,7 +395,7 @@ class CascadeStore(StoreBase):
             end = last_end_query(qid).with_only_columns(_R.c.seq).scalar_subquery()
             query = (
                 select(_R.c.seq, _R.c.source_position, _R.c.received_at, _R.c.partition_key)
-                .add_columns(*sized(_R.c.payload, limit, max_bytes))
+                .add_columns(_R.c.headers, *sized(_R.c.payload, limit, max_bytes))
                 .where(
                     _R.c.queue_id == qid,
                     _R.c.seq > func.coalesce(end, 0),
@@ -420,7 +420,6 @@ class CascadeStore(StoreBase):
             if position <= last:  # a repeat after an accepted loss: sent once
                 continue
             last = position
-            key = None if r[3] is None else bytes(r[3])
             out.append(
                 SendEntry(
                     position,
@@ -428,7 +427,8 @@ class CascadeStore(StoreBase):
                     ReplicationType.LOG_ENTRY_SYNC,
                     payload,
                     created_at=float(r[2]),
-                    key=key,
+                    key=stored(r[3]),
+                    headers=stored(r[4]),
                 )
             )
         return out

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect
 
-from lr_client.records import EntryRef, NewLogEntry, new_entry_key
+from lr_client.records import EntryRef, NewLogEntry, new_entry_headers, new_entry_key
 from lr_client.store import watches
 
 try:
@@ -38,14 +38,17 @@ NOTIFY_SENDS = (
     f"(SELECT count(*) FROM (SELECT pg_notify('{watches.SENDS_CHANNEL}', '')"
     f" WHERE pg_notification_queue_usage() < {watches.QUEUE_USAGE_LIMIT}) n)"
 )
-_VALUES = "VALUES (:client_name, :payload, CAST(:dest_nums AS smallint[]), :created_at, :key)"
+_VALUES = (
+    "VALUES (:client_name, :payload, CAST(:dest_nums AS smallint[]), :created_at, :key, :headers)"
+)
 _INSERT_SQL = (
-    "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at, partition_key) "
+    "INSERT INTO lrq_send_entries"
+    " (client_name, payload, dest_nums, created_at, partition_key, headers) "
     f"{_VALUES} RETURNING CAST(CAST(txid AS text) AS bigint), ord"
 )
 _INSERT_NOTIFY_SQL = (
     "WITH e AS (INSERT INTO lrq_send_entries"
-    f" (client_name, payload, dest_nums, created_at, partition_key) {_VALUES}"
+    f" (client_name, payload, dest_nums, created_at, partition_key, headers) {_VALUES}"
     " RETURNING txid, ord) "
     f"SELECT CAST(CAST(e.txid AS text) AS bigint), e.ord, {NOTIFY_SENDS} FROM e"
 )
@@ -62,14 +65,16 @@ _RESERVE_NOTIFY_SQL = _RESERVE_SQL.replace(" FROM (", f", {NOTIFY_SENDS} FROM ("
 #: A batch's rows with their reserved ordinals, where no COPY serves.
 _INSERT_ROWS_SQL = (
     "INSERT INTO lrq_send_entries"
-    " (client_name, payload, dest_nums, created_at, ord, partition_key)"
-    " VALUES (:client_name, :payload, CAST(:dest_nums AS smallint[]), :created_at, :ord, :key)"
+    " (client_name, payload, dest_nums, created_at, ord, partition_key, headers)"
+    " VALUES (:client_name, :payload, CAST(:dest_nums AS smallint[]), :created_at, :ord, :key,"
+    " :headers)"
 )
 _COPY_ENTRIES = (
-    "COPY lrq_send_entries (client_name, payload, dest_nums, created_at, ord, partition_key) "
-    "FROM STDIN (FORMAT BINARY)"
+    "COPY lrq_send_entries"
+    " (client_name, payload, dest_nums, created_at, ord, partition_key, headers)"
+    " FROM STDIN (FORMAT BINARY)"
 )
-_ENTRY_TYPES = ("varchar", "bytea", "int2[]", "float8", "int8", "bytea")
+_ENTRY_TYPES = ("varchar", "bytea", "int2[]", "float8", "int8", "bytea", "bytea")
 
 
 def _compiled(sql: str, dialect: Dialect) -> tuple[str, tuple[str, ...] | None]:
@@ -122,7 +127,8 @@ def insert_entries(
         with cur.copy(_COPY_ENTRIES) as copy:
             copy.set_types(list(_ENTRY_TYPES))
             for i, m in enumerate(messages):
-                copy.write_row((client_name, m[0], list(m[1]), now, first + i, new_entry_key(m)))
+                key, headers = new_entry_key(m), new_entry_headers(m)
+                copy.write_row((client_name, m[0], list(m[1]), now, first + i, key, headers))
     return [EntryRef(txid, first + i) for i in range(len(messages))]
 
 
@@ -133,6 +139,7 @@ def _row(client_name: str, m: NewLogEntry, now: float, dests: Any) -> dict[str, 
         "dest_nums": dests,
         "created_at": now,
         "key": new_entry_key(m),
+        "headers": new_entry_headers(m),
     }
 
 

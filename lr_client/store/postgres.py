@@ -63,6 +63,7 @@ _RECV_COLUMNS = (
     "base_position",
     "slot",
     "partition_key",
+    "headers",
 )
 _RECV_TYPES = (
     "int4",
@@ -74,6 +75,7 @@ _RECV_TYPES = (
     "float8",
     "int8",
     "int2",
+    "bytea",
     "bytea",
 )
 _COPY_RECV = "COPY {} ({}) FROM STDIN (FORMAT BINARY)".format(
@@ -285,6 +287,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                         recv_base(e),
                         slot,
                         e.key,
+                        e.headers,
                     )
                 )
 

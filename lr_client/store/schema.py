@@ -58,7 +58,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 16
 
 metadata = MetaData()
 
@@ -92,9 +92,9 @@ send_log_entries = Table(
         nullable=False,
     ),
     Column("created_at", Double, nullable=False),
-    # The entry's partition key (NULL: none): entries of one key reach the listener
-    # in order; those without a key in order relative to every entry.
+    # The partition key (NULL: none; lr_client.partitioned) and headers (lr_client.headers).
     Column("partition_key", LargeBinary),
+    Column("headers", LargeBinary),
     sqlite_autoincrement=True,
     # PostgreSQL: a view of the sequencer's tables with these columns.
     info={"view_on": "postgresql"},
@@ -286,10 +286,10 @@ recv_entries = Table(
     Column("snapshot_count", BigInteger, nullable=False, default=0),
     Column("payload", LargeBinary, nullable=False),
     Column("received_at", Double, nullable=False),
-    # Snapshot entries: the snapshot's base position (NULL: log entries, and
-    # entries of a source that sends it on the end marker only).
+    # A snapshot entry's base position (NULL: log entries, or sent on the end marker only).
     Column("base_position", BigInteger),
     Column("partition_key", LargeBinary),  # the source's key (NULL: none)
+    Column("headers", LargeBinary),  # the source's headers (NULL: none)
     sqlite_autoincrement=True,
     # PostgreSQL: these columns and ``slot smallint`` (the partition key), created in SQL.
     info={"partitioned_on": "postgresql"},

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import Row
 
+from lr_client.headers import stored
 from lr_client.records import Backlog, Cursor, Fence, LogRange, ReplicationType, SendEntry
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
@@ -32,7 +33,9 @@ class ShippingStore(StoreBase):
                 return []
         self.sequence()
         e = s.send_log_entries
-        query = self._tagged_query(num, client_name, after).add_columns(e.c.partition_key)
+        query = self._tagged_query(num, client_name, after).add_columns(
+            e.c.partition_key, e.c.headers
+        )
         query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
         if up_to is not None:
             query = query.where(e.c.position <= up_to)
@@ -49,6 +52,7 @@ class ShippingStore(StoreBase):
                 payload=payload,
                 created_at=r.created_at,
                 key=None if r.partition_key is None else bytes(r.partition_key),
+                headers=stored(r.headers),
             )
             for r, payload in rows
         ]
@@ -64,6 +68,7 @@ class ShippingStore(StoreBase):
                 e.c.dest_nums,
                 e.c.created_at,
                 e.c.partition_key,
+                e.c.headers,
                 *sized(e.c.payload, limit, max_bytes),
             )
             .where(e.c.client_name == client_name, e.c.position > after)
@@ -92,6 +97,7 @@ class ShippingStore(StoreBase):
                     destinations=destinations(r.dest_nums),
                     created_at=r.created_at,
                     key=None if r.partition_key is None else bytes(r.partition_key),
+                    headers=stored(r.headers),
                 )
                 for r, payload in rows
             ),

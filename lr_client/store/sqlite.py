@@ -26,7 +26,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
-from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_key
+from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_headers, new_entry_key
 from lr_client.store import schema as s
 from lr_client.store.base import mapped_errors
 from lr_client.store.receiving import recv_base
@@ -35,7 +35,7 @@ from lr_client.store.watches import DataVersionWatch, HeadChanged, Watch, sqlite
 
 _INSERT = (
     "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at,"
-    " partition_key) VALUES (?, ?, ?, ?, ?)"
+    " partition_key, headers) VALUES (?, ?, ?, ?, ?, ?)"
 )
 _LAST_ROWID = "SELECT last_insert_rowid()"
 #: One entry: its position in the INSERT's own answer (SQLite 3.35+), no second statement.
@@ -209,7 +209,10 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         now = time.time()
-        rows = [(client_name, m[0], encode_dests(m[1]), now, new_entry_key(m)) for m in messages]
+        rows = [
+            (client_name, m[0], encode_dests(m[1]), now, new_entry_key(m), new_entry_headers(m))
+            for m in messages
+        ]
         one = len(rows) == 1 and _RETURNING
         raw = conn.connection.driver_connection
         if isinstance(raw, sqlite3.Connection):
@@ -329,8 +332,8 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         assert raw is not None
         raw.executemany(
             "INSERT INTO lrq_recv_entries (queue_id, type, source_position, snapshot_id,"
-            " snapshot_count, payload, received_at, base_position, partition_key)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " snapshot_count, payload, received_at, base_position, partition_key, headers)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     queue_id,
@@ -342,6 +345,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
                     e.origin_time or now,
                     recv_base(e),
                     e.key,
+                    e.headers,
                 )
                 for e in entries
             ],

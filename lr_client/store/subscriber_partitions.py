@@ -146,6 +146,7 @@ class SubscriberPartitionsStore(StoreBase):
                 _R.c.snapshot_id,
                 _R.c.base_position,
                 _R.c.partition_key,
+                _R.c.headers,
                 inline.label("inline"),
             )
             .where(_R.c.queue_id == queue_id, _R.c.seq > after)
@@ -158,9 +159,10 @@ class SubscriberPartitionsStore(StoreBase):
                 TYPES_BY_VALUE[r[1]],
                 r[2],
                 r[3],
-                b"" if r[6] is None else bytes(r[6]),
+                b"" if r[7] is None else bytes(r[7]),
                 r[4],
                 None if r[5] is None else bytes(r[5]),
+                None if r[6] is None else bytes(r[6]),
             )
             for r in rows
         ]

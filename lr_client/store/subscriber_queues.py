@@ -197,7 +197,8 @@ class SubscriberQueuesStore(StoreBase):
                 payload=bytes(r.payload),
                 snapshot_id=r.snapshot_id,
                 snapshot_count=r.snapshot_count,
-                key=None if r.partition_key is None else bytes(r.partition_key),
+                key=_key(r.partition_key),
+                headers=_key(r.headers),
             )
             for r in rows
         ]
@@ -336,6 +337,7 @@ class SubscriberQueuesStore(StoreBase):
                 _R.c.snapshot_id,
                 _R.c.base_position,
                 _R.c.partition_key,
+                _R.c.headers,
             )
             .add_columns(*sized(_R.c.payload, limit, max_bytes))
             .where(_above(queue_id, after))
@@ -349,9 +351,7 @@ class SubscriberQueuesStore(StoreBase):
         # per entry, HeadEntry._make without its length check.
         new, types = tuple.__new__, TYPES_BY_VALUE
         return [
-            new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], _key(r[5])))
-            if r[5] is not None
-            else new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], None))
+            new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], _key(r[5]), _key(r[6])))
             for r in rows
         ]
 

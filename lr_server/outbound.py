@@ -1,0 +1,56 @@
+"""A batch leaving a sender session: counted in flight, checked against what the sink
+speaks, then sent.
+
+Every batch :class:`~lr_server.shipping.Shipper` sends goes through :func:`send`:
+it refuses entries with headers to a sink of a wire protocol older than
+:data:`~lr_server.protocol.HEADERS_VERSION` (that sink would drop them unseen),
+before anything is counted or sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from lr_client._proto import replication_pb2 as pb
+from lr_client.records import SendEntry
+from lr_server import metrics, protocol
+from lr_server.transport.base import BatchStream
+from lr_server.window import InFlight, Window
+
+
+def send(
+    window: Window,
+    destination: str,
+    peer_version: int,
+    stream: BatchStream,
+    batch: pb.ReplicationBatch,
+    name: str,
+    entries: Sequence[SendEntry],
+    is_end: bool = False,
+    lane: int = 0,
+    low_water: int = 0,
+) -> None:
+    """Count ``batch`` in flight (``lane``, ``low_water``: a lane batch's), then send it."""
+    if peer_version < protocol.HEADERS_VERSION and any(e.headers is not None for e in entries):
+        protocol.require_headers(peer_version, repr(destination))
+    window.add(
+        InFlight(
+            batch.batch_id,
+            name,
+            batch.kind,
+            batch.last_position,
+            len(entries),
+            sum(len(e.payload) for e in entries),
+            time.monotonic(),
+            batch.snapshot_id,
+            is_end,
+            lane,
+            low_water,
+        )
+    )
+    metrics.INFLIGHT_BATCHES.labels(destination).set(len(window))
+    stream.send(batch)
+
+
+__all__ = ["send"]
