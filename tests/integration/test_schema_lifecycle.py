@@ -1023,3 +1023,72 @@ def test_revision_0013_keeps_a_sinks_progress_and_adds_cascade_tables(db_url: st
             assert conn.execute(text("SELECT count(*) FROM lrq_cascade_children")).scalar() == 0
     finally:
         engine.dispose()
+
+
+class _HeadersRecorder(_BaseRecorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[bytes, dict[str, str]]] = []
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self.seen += [(m.payload, dict(m.headers)) for m in messages]
+        return True
+
+
+def test_revision_0016_adds_headers_keeping_every_entry(db_url: str) -> None:
+    """Entries queued at revision 0013, sent and received, keep their rows and have no
+    headers after the upgrade; new ones carry theirs."""
+    engine = create_engine(db_url)
+    postgres = engine.dialect.name == "postgresql"
+    send = "lrq_send_entries" if postgres else "lrq_send_log_entries"
+    dests = "'{1}'" if postgres else "',1,'"
+    try:
+        with engine.connect() as conn, conn.begin():
+            command.upgrade(lifecycle._config(conn), "0013")
+            conn.execute(text("INSERT INTO lrq_sites (site_id) VALUES ('site-b')"))
+            for payload in (b"old-1", b"old-2"):
+                conn.execute(
+                    text(
+                        f"INSERT INTO {send} (client_name, payload, dest_nums, created_at)"
+                        f" VALUES ('policy', :p, {dests}, :t)"
+                    ),
+                    {"p": payload, "t": time.time()},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO lrq_queue_registry (queue_name, client_name, source_id,"
+                    " created_at) VALUES ('LRQ_Recv_policy__a', 'policy', 'a', 1.0)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO lrq_recv_entries (queue_id, type, source_position,"
+                    " snapshot_id, snapshot_count, payload, received_at)"
+                    " VALUES (1, 1, 1, '', 0, :b, 1.0)"
+                ),
+                {"b": b"got"},
+            )
+        store = open_store(engine)
+        assert "0016" in store.create_schema().pending
+        client = RoutingQueueClient(store, "site-a", "policy")
+        with Session(engine) as session, session.begin():
+            client.transmit_log_entry_message(session, b"new", ["site-b"], headers={"a": "1"})
+        found = store.read_client_log("policy", 0, 10)
+        assert [(e.payload, e.headers) for e in found] == [
+            (b"old-1", None),
+            (b"old-2", None),
+            (b"new", b'{"a":"1"}'),
+        ]
+        store.apply_log_batch(
+            "a",
+            "policy",
+            [WireEntry(2, ReplicationType.LOG_ENTRY_SYNC, b"got-2", headers=b'{"b":"2"}')],
+        )
+        listener = _HeadersRecorder()
+        with RoutingQueueSubscriber(store, "policy", listener) as sub:
+            assert sub.poll_once() == 2
+        assert listener.seen == [(b"got", {}), (b"got-2", {"b": "2"})]
+    finally:
+        engine.dispose()

@@ -28,6 +28,7 @@ from lr_client import (
     StoreUnavailableError,
 )
 from lr_client.errors import InvalidNameError
+from lr_client.headers import encode_headers
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store import schema as s
@@ -244,6 +245,33 @@ def test_messages_expose_the_entry(
 
     assert make_sub(Keep()).poll_once() == 1
     assert seen == [RoutingQueueMessage(b"\x00payload", "src-a", CLIENT, 7, LOG, "")]
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_messages_carry_their_headers_read_only(
+    app_store: SQLAlchemyQueueStore,
+    make_sub: Callable[..., RoutingQueueSubscriber],
+    partitions: int,
+) -> None:
+    headers = encode_headers({"content-type": "application/json", "lr-traceparent": "00-x"})
+    entries = [WireEntry(1, LOG, b"a", key=b"k", headers=headers), WireEntry(2, LOG, b"b")]
+    app_store.apply_log_batch("src-a", CLIENT, entries)
+    seen: list[RoutingQueueMessage] = []
+
+    class Keep(AppListener):
+        def process_log_entries(
+            self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+        ) -> bool:
+            seen.extend(messages)
+            return True
+
+    assert make_sub(Keep(), partitions=partitions).poll_once() == 2
+    assert [dict(m.headers) for m in sorted(seen, key=lambda m: m.source_position)] == [
+        {"content-type": "application/json", "lr-traceparent": "00-x"},
+        {},
+    ]
+    with pytest.raises(TypeError):
+        seen[0].headers["x"] = "y"  # type: ignore[index]
 
 
 def test_other_clients_queues_are_not_delivered(

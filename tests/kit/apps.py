@@ -88,9 +88,12 @@ class Tx:
     def execute(self, statement: Any) -> Any:
         return self._do(self.handle.execute(statement))
 
-    def transmit(self, payload: Any, destinations: Any, key: Any = None) -> EntryRef:
+    def transmit(
+        self, payload: Any, destinations: Any, key: Any = None, headers: Any = None
+    ) -> EntryRef:
         c = self.app.client
-        return self._do(c.transmit_log_entry_message(self.handle, payload, destinations, key))  # type: ignore[no-any-return]
+        call = c.transmit_log_entry_message(self.handle, payload, destinations, key, headers)
+        return self._do(call)  # type: ignore[no-any-return]
 
     def transmit_many(self, messages: Sequence[LRMessageWithDestinations]) -> list[EntryRef]:
         return self._do(self.app.client.transmit_log_entry_messages(self.handle, messages))  # type: ignore[no-any-return]
