@@ -33,6 +33,12 @@ MAX_VALUE_BYTES = 1024
 MAX_HEADERS_BYTES = 8192
 #: Names the library reserves for itself (the trace context).
 RESERVED_PREFIX = "lr-"
+#: (count, encoded bytes) of headers with the library's own added to an application's.
+LIBRARY_LIMITS = (MAX_HEADERS + 4, MAX_HEADERS_BYTES + 2 * MAX_VALUE_BYTES)
+#: The entry header holding the W3C ``traceparent`` of its transmit (lr_client.tracing).
+TRACEPARENT = RESERVED_PREFIX + "traceparent"
+#: The entry header holding the W3C ``tracestate`` of its transmit, when it has one.
+TRACESTATE = RESERVED_PREFIX + "tracestate"
 _NAME = re.compile(rf"[a-z0-9][a-z0-9._-]{{0,{MAX_NAME_LENGTH - 1}}}")
 
 #: No headers: what a message without any carries.
@@ -51,8 +57,9 @@ def check_headers(value: object, *, library: bool = False) -> dict[str, str] | N
         raise InvalidHeadersError(
             f"headers must be a mapping of str to str, got {type(value).__name__}"
         )
-    if len(value) > MAX_HEADERS:
-        raise InvalidHeadersError(f"{len(value)} headers exceed the limit of {MAX_HEADERS}")
+    most, total = (MAX_HEADERS, MAX_HEADERS_BYTES) if not library else LIBRARY_LIMITS
+    if len(value) > most:
+        raise InvalidHeadersError(f"{len(value)} headers exceed the limit of {most}")
     out: dict[str, str] = {}
     for name, text in value.items():
         if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -76,10 +83,8 @@ def check_headers(value: object, *, library: bool = False) -> dict[str, str] | N
     if not out:
         return None
     size = len(encode_headers(out) or b"")
-    if size > MAX_HEADERS_BYTES:
-        raise InvalidHeadersError(
-            f"headers of {size} bytes encoded exceed the limit of {MAX_HEADERS_BYTES}"
-        )
+    if size > total:
+        raise InvalidHeadersError(f"headers of {size} bytes encoded exceed the limit of {total}")
     return out
 
 
@@ -115,11 +120,14 @@ def stored(blob: Any) -> bytes | None:
 
 __all__ = [
     "EMPTY",
+    "LIBRARY_LIMITS",
     "MAX_HEADERS",
     "MAX_HEADERS_BYTES",
     "MAX_NAME_LENGTH",
     "MAX_VALUE_BYTES",
     "RESERVED_PREFIX",
+    "TRACEPARENT",
+    "TRACESTATE",
     "check_headers",
     "decode_headers",
     "encode_headers",

@@ -12,11 +12,13 @@ transaction; the async subscriber awaits them with an ``AsyncSession``.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from lr_client import tracing
 from lr_client.delivery import Plan, PlanKind, awaits_end
 from lr_client.errors import ListenerError
 from lr_client.listener import RoutingQueueListener, takes_base_position
@@ -120,6 +122,14 @@ class CallPlanner:
         )
 
     @staticmethod
+    def applying(queue: QueueInfo, plan: Plan) -> AbstractContextManager[None]:
+        """The ``lr.apply`` span of a log batch's callbacks (:mod:`lr_client.tracing`)."""
+        if plan.kind is not PlanKind.LOG:
+            return nullcontext()
+        contexts = ((m.source_position, m.headers) for m in plan.messages)
+        return tracing.batch_span("lr.apply", queue.source_id, queue.client_name, contexts)
+
+    @staticmethod
     def rejected(result: object) -> str:
         """How a batch callback's ``result`` fails it ("" if it does not)."""
         return "" if result else f"returned {result!r}"
@@ -160,11 +170,12 @@ class ListenerCalls(CallPlanner):
         session.info[PARTITION_INFO_KEY] = partition
         name = ""
         try:
-            for cb in calls:
-                name = cb.name
-                result = getattr(self.listener, name)(session, *cb.args, **cb.kwargs)
-                if cb.batch and (why := self.rejected(result)):
-                    raise self.failure(queue, plan, attempt, name, why)
+            with self.applying(queue, plan):
+                for cb in calls:
+                    name = cb.name
+                    result = getattr(self.listener, name)(session, *cb.args, **cb.kwargs)
+                    if cb.batch and (why := self.rejected(result)):
+                        raise self.failure(queue, plan, attempt, name, why)
             session.flush()
         except ListenerError:
             raise

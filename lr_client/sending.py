@@ -32,6 +32,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from sqlalchemy.engine import Connection
 
+from lr_client import tracing
 from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import (
     BackpressureError,
@@ -169,11 +170,12 @@ class SenderRules:
         self, payload: object, destinations: object, key: object = None, headers: object = None
     ) -> Steps[EntryRef]:
         """Append one payload for ``destinations`` in the caller's transaction."""
+        stamp = tracing.transmit_stamp(self.source_id, self.client_name)
         row = (
             check_payload(payload, self.max_payload_bytes),
             (yield from self.dest_nums(destinations)),
             check_partition_key(key),
-            self.stored_headers(headers),
+            encode_headers(stamp(check_headers(headers))),
         )
         yield from self._check_route([destinations])  # type: ignore[list-item]
         yield from self._check_backpressure()
@@ -186,6 +188,7 @@ class SenderRules:
         """Append several payloads in the caller's transaction; all or none are valid."""
         rows: list[NewLogEntry] = []
         checked: list[LRMessageWithDestinations] = []
+        stamp = tracing.transmit_stamp(self.source_id, self.client_name)
         for m in messages:
             if not isinstance(m, LRMessageWithDestinations):
                 raise InvalidPayloadError(
@@ -193,7 +196,8 @@ class SenderRules:
                 )
             payload = check_payload(m.payload, self.max_payload_bytes)
             nums = yield from self.dest_nums(m.destinations)
-            rows.append((payload, nums, check_partition_key(m.key), self.stored_headers(m.headers)))
+            headers = encode_headers(stamp(check_headers(m.headers)))
+            rows.append((payload, nums, check_partition_key(m.key), headers))
             checked.append(m)
         yield from self._check_route([m.destinations for m in checked])
         yield from self._check_backpressure()
@@ -252,10 +256,6 @@ class SenderRules:
         if req is None or req.client_name != self.client_name:
             return None
         return SnapshotInfo.from_request(req)
-
-    def stored_headers(self, headers: object) -> bytes | None:
-        """An entry's headers, checked, in their stored form (None: none)."""
-        return encode_headers(check_headers(headers))
 
     # -- destinations --------------------------------------------------------------------
     def dest_nums(self, destinations: object) -> Steps[list[int]]:

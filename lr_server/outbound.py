@@ -4,7 +4,8 @@ speaks, then sent.
 Every batch :class:`~lr_server.shipping.Shipper` sends goes through :func:`send`:
 it refuses entries with headers to a sink of a wire protocol older than
 :data:`~lr_server.protocol.HEADERS_VERSION` (that sink would drop them unseen),
-before anything is counted or sent.
+before anything is counted or sent; with tracing on, the send is the batch's
+``lr.ship`` span (:mod:`lr_client.tracing`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from lr_client import tracing
 from lr_client._proto import replication_pb2 as pb
 from lr_client.records import SendEntry
 from lr_server import metrics, protocol
@@ -50,7 +52,9 @@ def send(
         )
     )
     metrics.INFLIGHT_BATCHES.labels(destination).set(len(window))
-    stream.send(batch)
+    contexts = ((e.position, e.headers) for e in entries)
+    with tracing.batch_span("lr.ship", batch.source_id, name, contexts, **{"lr.to": destination}):
+        stream.send(batch)
 
 
 __all__ = ["send"]

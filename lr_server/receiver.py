@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
+from lr_client import tracing
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import InvalidNameError, NotProviderError, ProtocolError
 from lr_client.headers import received_headers
@@ -165,6 +166,24 @@ class Receiver:
             )
         return response
 
+    def _apply_log(
+        self, source_id: str, client: str, batch: pb.ReplicationBatch, entries: list[WireEntry]
+    ) -> tuple[bool, int]:
+        """Store a log batch (of one lane, or the whole stream); (applied, last position)."""
+        if batch.lane:
+            return self.store.apply_lane_batch(
+                source_id,
+                client,
+                batch.lane,
+                batch.lanes,
+                entries,
+                batch.previous_position,
+                batch.low_water,
+            )
+        if self.on_received is not None:
+            self.on_received(source_id, client, batch.previous_position, entries)
+        return self.store.apply_log_batch(source_id, client, entries, batch.previous_position)
+
     def apply(self, source_id: str, batch: pb.ReplicationBatch) -> pb.ReplicationAck:
         """Validate and apply one batch; return its acknowledgement."""
         client = _valid(batch.client_name, "client name")
@@ -178,22 +197,11 @@ class Receiver:
         if batch.kind == pb.BATCH_LOG_ENTRY:
             if any(e.type not in _LOG_TYPES for e in entries):
                 raise ProtocolError("log entry batch holds entries of another type")
-            if batch.lane:
-                applied, last = self.store.apply_lane_batch(
-                    source_id,
-                    client,
-                    batch.lane,
-                    batch.lanes,
-                    entries,
-                    batch.previous_position,
-                    batch.low_water,
-                )
-            else:
-                if self.on_received is not None:
-                    self.on_received(source_id, client, batch.previous_position, entries)
-                applied, last = self.store.apply_log_batch(
-                    source_id, client, entries, batch.previous_position
-                )
+            contexts = ((e.position, e.headers) for e in entries)
+            with tracing.batch_span(
+                "lr.receive", source_id, client, contexts, **{"lr.from": caller}
+            ):
+                applied, last = self._apply_log(source_id, client, batch, entries)
         elif batch.kind == pb.BATCH_SNAPSHOT:
             if not batch.snapshot_id:
                 raise ProtocolError("snapshot batch without snapshot_id")

@@ -19,6 +19,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from lr_client import tracing
 from lr_client._proto import replication_pb2 as pb
 from lr_client.cascade_roles import CascadeRole
 from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
@@ -382,6 +383,8 @@ class SiteServer:
 def run_server(config: SiteConfig, stop: threading.Event | None = None) -> None:
     """Run a site until ``stop`` is set or SIGTERM/SIGINT arrives."""
     configure_logging(config.id)
+    if config.tracing.enabled:  # spans through the process's global tracer provider
+        tracing.enable()
     server = SiteServer(config)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():

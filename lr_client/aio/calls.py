@@ -46,11 +46,12 @@ class AsyncListenerCalls(CallPlanner):
         session.info[PARTITION_INFO_KEY] = partition
         name = ""
         try:
-            for cb in calls:
-                name = cb.name
-                result = await getattr(self.listener, name)(session, *cb.args, **cb.kwargs)
-                if cb.batch and (why := self.rejected(result)):
-                    raise self.failure(queue, plan, attempt, name, why)
+            with self.applying(queue, plan):
+                for cb in calls:
+                    name = cb.name
+                    result = await getattr(self.listener, name)(session, *cb.args, **cb.kwargs)
+                    if cb.batch and (why := self.rejected(result)):
+                        raise self.failure(queue, plan, attempt, name, why)
             await session.flush()
         except ListenerError:
             raise

@@ -32,6 +32,7 @@ from lr_server.config.models import (
     SiteConfig,
     SnapshotProvider,
     SourceConfig,
+    TracingConfig,
 )
 from lr_server.config.values import DATABASE_SCHEMES, SUPPORTED_DATABASES
 
@@ -60,6 +61,7 @@ __all__ = [
     "SiteConfig",
     "SnapshotProvider",
     "SourceConfig",
+    "TracingConfig",
     "is_loopback",
     "load_config",
     "parse_config",

@@ -39,6 +39,7 @@ from lr_server.config.models import (
     SiteConfig,
     SnapshotProvider,
     SourceConfig,
+    TracingConfig,
 )
 from lr_server.config.values import DatabaseUrl, Flag, Listen, Name, Port, Text, host_port
 
@@ -131,6 +132,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
     receiver = validate(ReceiverConfig, raw.get("receiver", {}), "receiver")
     members = validate(MembersConfig, raw.get("members", {}), "members")
     check_members(members)
+    tracing = validate(TracingConfig, raw.get("tracing", {}), "tracing")
     dest_ids, source_ids = {d.id for d in destinations}, {s.id for s in sources}
     return SiteConfig(
         id=site.id,
@@ -152,6 +154,7 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
         members=members,
         cascades=cascades(raw.get("cascade", {}), site.id, names, dest_ids, source_ids),
         path=path,
+        tracing=tracing,
     )
 
 

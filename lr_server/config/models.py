@@ -53,6 +53,7 @@ SECTIONS = (
     "receiver",
     "members",
     "cascade",
+    "tracing",
 )
 SITE_KEYS = (
     "id",
@@ -257,6 +258,16 @@ class ReceiverConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry spans of shipped and received batches (``[tracing]``; the ``otel``
+    extra), exported by the process's global tracer provider (docs/operations.md)."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    enabled: Flag = False
+
+
+@dataclass(frozen=True)
 class MembersConfig:
     """This ``lr server`` as one member of the site (``[members]``): every key optional.
 
@@ -349,6 +360,7 @@ class SiteConfig:
     members: MembersConfig = field(default_factory=MembersConfig)
     cascades: tuple[CascadeConfig, ...] = ()
     path: Path | None = None
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def metrics_address(self) -> tuple[str, int] | None:
         """(host, port) of the metrics endpoint: ``metrics_listen``, else 127.0.0.1 at

@@ -104,8 +104,11 @@ class LrServer:
         log_dir: Path | None = None,
         args: Sequence[str] = (),
         name: str = "",
+        launcher: Sequence[str] = ("-m", "lr_server.cli"),
     ) -> None:
         self.config = config
+        #: What runs ``lr`` after the interpreter (a wrapper module and its arguments).
+        self.launcher = list(launcher)
         self.name = name or config.stem
         self.log_path = (log_dir or config.parent) / f"{self.name}.log"
         self.args = list(args)  # more `lr server` options (--member-id, --listen, ...)
@@ -116,8 +119,7 @@ class LrServer:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "lr_server.cli",
+                *self.launcher,
                 "server",
                 "--config",
                 str(self.config),
