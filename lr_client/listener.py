@@ -34,7 +34,7 @@ class RoutingQueueMessage:
     #: The partition key the source gave the entry (None: none).
     key: bytes | None = None
     #: The headers the source gave the entry: a read-only mapping, empty when none.
-    headers: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    headers: Mapping[str, str] = field(default_factory=lambda: EMPTY, hash=False)
 
 
 class RoutingQueueListener(abc.ABC):

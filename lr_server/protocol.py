@@ -25,7 +25,8 @@ is version 1):
    the branch's own. Streams of clients that are not cascaded send what
    version 4 sends.
 6. Headers (``RoutingTableEntryMsg.headers``, a ``map<string, string>``): a
-   log entry's headers (lr_client.headers), the trace context among them.
+   log entry's headers (lr_client.headers), the trace context among them
+   (lr_client.tracing). Full sync rows and drop notices carry none.
    A sink of version 5 would drop the field unseen, so a source never sends
    an entry with headers to it: the session stops with
    :class:`~lr_client.errors.IncompatibleVersionError`, which names both

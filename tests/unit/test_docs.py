@@ -101,6 +101,7 @@ SECTIONS: dict[str, type[Any]] = {
     "retention": config_module.RetentionConfig,
     "receiver": config_module.ReceiverConfig,
     "members": config_module.MembersConfig,
+    "tracing": config_module.TracingConfig,
 }
 #: SiteConfig fields that are sections (or not settable) rather than [site] keys.
 NOT_SITE_KEYS = {*SECTIONS, "path", "cascades"} - {"site"}
