@@ -29,14 +29,17 @@ from lr_client import (
     RoutingQueueSubscriber,
     tracing,
 )
-from lr_client.headers import TRACEPARENT
-from lr_client.store import open_store
+from lr_client.headers import TRACEPARENT, encode_headers
+from lr_client.records import ReplicationType, WireEntry
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from tests.kit.aio import SyncDriven
 from tests.kit.procs import ROOT, LrServer, lr_env, stop_all
 from tests.kit.sites import SiteSpec, free_port, write_config
 from tests.kit.traced_server import read_spans, span_record
 from tests.kit.wait import wait_for
 
 _EXPORTER = InMemorySpanExporter()
+LOG = ReplicationType.LOG_ENTRY_SYNC
 
 
 @pytest.fixture
@@ -143,6 +146,41 @@ def test_one_trace_links_transmit_ship_receive_apply(
         ], span["name"]
         assert span["attributes"]["lr.first_position"] == message.source_position
     assert ship["attributes"]["lr.to"] == "b" and receive["attributes"]["lr.from"] == "a"
+
+
+@pytest.mark.parametrize("api", ["sync", "aio"])
+def test_a_listener_applies_a_batch_in_a_span_linked_to_each_traced_entry(
+    store: SQLAlchemyQueueStore, spans: InMemorySpanExporter, api: str
+) -> None:
+    """In process, both subscribers: one ``lr.apply`` span per batch, a child of the first
+    traced entry's context, linked to each traced entry; an untraced batch makes none."""
+    traces = [f"{0xA1 + i:032x}" for i in range(2)]
+    parents = [f"{0xB1 + i:016x}" for i in range(2)]
+    traced = [encode_headers({TRACEPARENT: f"00-{traces[i]}-{parents[i]}-01"}) for i in (0, 1)]
+    entries = [
+        WireEntry(1, LOG, b"1", headers=traced[0]),
+        WireEntry(2, LOG, b"2"),
+        WireEntry(3, LOG, b"3", headers=traced[1]),
+    ]
+    store.apply_log_batch("src", "policy", entries)
+    listener = Applied()
+    sub: Any
+    if api == "aio":
+        sub = SyncDriven(store.engine.url.render_as_string(hide_password=False), "policy", listener)
+    else:
+        sub = RoutingQueueSubscriber(store, "policy", listener)
+    with sub:
+        assert sub.poll_once() == 3
+    [apply] = [span_record(s) for s in spans.get_finished_spans() if s.name == "lr.apply"]
+    assert (apply["trace_id"], apply["parent_id"]) == (traces[0], parents[0])
+    links = [(x["trace_id"], x["span_id"], x["attributes"]["lr.position"]) for x in apply["links"]]
+    assert links == [(traces[0], parents[0], 1), (traces[1], parents[1], 3)]
+    assert apply["attributes"]["lr.source"] == "src"
+    spans.clear()
+    store.apply_log_batch("src", "policy", [WireEntry(4, LOG, b"4")], previous_position=3)
+    with RoutingQueueSubscriber(store, "policy", listener) as again:
+        assert again.poll_once() == 1
+    assert spans.get_finished_spans() == ()
 
 
 def test_without_opentelemetry_loaded_nothing_of_it_is_imported(tmp_path: Path) -> None:

@@ -520,3 +520,16 @@ def test_a_listen_that_is_not_a_string_is_refused(listen: object) -> None:
     assert str(info.value) == f"site.listen: expected host:port, got {listen!r}"
     raw["site"]["listen"] = ""
     assert parse_config(raw).listen == ""
+
+
+def test_tracing_is_off_unless_enabled_and_its_keys_are_checked() -> None:
+    assert parse_config(base()).tracing.enabled is False
+    raw = base()
+    raw["tracing"] = {"enabled": True}
+    assert parse_config(raw).tracing.enabled is True
+    raw["tracing"] = {"enabled": "yes"}
+    with pytest.raises(ConfigError, match=r"tracing\.enabled"):
+        parse_config(raw)
+    raw["tracing"] = {"exporter": "otlp"}
+    with pytest.raises(ConfigError, match=r"tracing\.exporter"):
+        parse_config(raw)
