@@ -24,6 +24,11 @@ is version 1):
    refuses an older one), since an older sink would take relayed entries for
    the branch's own. Streams of clients that are not cascaded send what
    version 4 sends.
+6. Compression (``NegotiateRequest.codecs``, ``NegotiateResponse.codecs``,
+   ``ReplicationBatch.codec`` and ``compressed``): a source offers the codec its
+   destination is configured with, the sink answers those it accepts, and only
+   then are batches compressed (:mod:`lr_server.codecs`). A sink of version 5
+   answers none and gets batches uncompressed, as before.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
 upgraded one at a time; an older peer is refused at negotiation with
@@ -36,11 +41,13 @@ from __future__ import annotations
 from lr_client.errors import IncompatibleVersionError
 
 #: The wire protocol this release speaks.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 #: The first version whose sinks accept batches of lanes.
 LANES_VERSION = 4
 #: The first version whose sinks accept relayed (cascaded) clients.
 CASCADE_VERSION = 5
+#: The first version whose sinks accept compressed batches (when they answer the codec).
+COMPRESSION_VERSION = 6
 #: The oldest peer version this release accepts.
 MIN_PEER_VERSION = 1
 
@@ -83,6 +90,7 @@ def require_cascade(announced: int, peer: str) -> None:
 
 __all__ = [
     "CASCADE_VERSION",
+    "COMPRESSION_VERSION",
     "LANES_VERSION",
     "MIN_PEER_VERSION",
     "PROTOCOL_VERSION",
