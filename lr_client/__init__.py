@@ -12,6 +12,9 @@ from lr_client.errors import (
     BackpressureError,
     CascadeRouteError,
     ConfigError,
+    DecompressionError,
+    DecryptionError,
+    EncryptionError,
     FencedError,
     IncompatibleVersionError,
     InvalidDestinationsError,
@@ -20,6 +23,7 @@ from lr_client.errors import (
     InvalidPartitionKeyError,
     InvalidPayloadError,
     InvalidSessionError,
+    KeyUnavailableError,
     ListenerError,
     LRError,
     NotProviderError,
@@ -36,6 +40,7 @@ from lr_client.errors import (
     UnknownDestinationError,
     UnsupportedSettingError,
 )
+from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.partitioners import HashPartitioner, Partitioner, RangePartitioner
 from lr_client.records import (
@@ -60,6 +65,9 @@ __all__ = [
     "BackpressureError",
     "CascadeRouteError",
     "ConfigError",
+    "DecompressionError",
+    "DecryptionError",
+    "EncryptionError",
     "EntryRef",
     "FencedError",
     "HashPartitioner",
@@ -70,6 +78,8 @@ __all__ = [
     "InvalidPartitionKeyError",
     "InvalidPayloadError",
     "InvalidSessionError",
+    "KeyUnavailableError",
+    "Keyring",
     "LRError",
     "LRMessageWithDestinations",
     "ListenerError",

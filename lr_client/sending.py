@@ -33,6 +33,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from sqlalchemy.engine import Connection
 
 from lr_client.cascade_roles import CascadeRole
+from lr_client.encryption import seal
 from lr_client.errors import (
     BackpressureError,
     CascadeRouteError,
@@ -40,6 +41,7 @@ from lr_client.errors import (
     InvalidPayloadError,
     UnknownDestinationError,
 )
+from lr_client.keys import Keyring
 from lr_client.names import validate_name
 from lr_client.reading import CachedReading
 from lr_client.records import (
@@ -140,8 +142,11 @@ class SenderRules:
         backpressure: Backpressure | str,
         backpressure_timeout: float,
         flow_check_interval: float,
+        keyring: Keyring | None = None,
     ) -> None:
         self.store = store
+        #: Seals every payload for its destinations (:mod:`lr_client.encryption`); None: not.
+        self.keyring = keyring
         self.source_id = validate_name(source_id, "source site id")
         self.client_name = validate_name(client_name, "client name")
         if max_payload_bytes <= 0:
@@ -168,11 +173,12 @@ class SenderRules:
         self, payload: object, destinations: object, key: object = None
     ) -> Steps[EntryRef]:
         """Append one payload for ``destinations`` in the caller's transaction."""
-        row = (
-            check_payload(payload, self.max_payload_bytes),
-            (yield from self.dest_nums(destinations)),
-            check_partition_key(key),
-        )
+        data = check_payload(payload, self.max_payload_bytes)
+        nums = yield from self.dest_nums(destinations)
+        partition_key = check_partition_key(key)
+        if self.keyring is not None:
+            data = self.seal(data, destinations)  # type: ignore[arg-type]  # validated
+        row = (data, nums, partition_key)
         yield from self._check_route([destinations])  # type: ignore[list-item]
         yield from self._check_backpressure()
         refs: list[EntryRef] = yield InTransaction(
@@ -191,6 +197,8 @@ class SenderRules:
                 )
             payload = check_payload(m.payload, self.max_payload_bytes)
             nums = yield from self.dest_nums(m.destinations)
+            if self.keyring is not None:
+                payload = self.seal(payload, m.destinations)
             rows.append((payload, nums, check_partition_key(m.key)))
             checked.append(m)
         yield from self._check_route([m.destinations for m in checked])
@@ -250,6 +258,11 @@ class SenderRules:
         if req is None or req.client_name != self.client_name:
             return None
         return SnapshotInfo.from_request(req)
+
+    def seal(self, payload: bytes, destinations: Sequence[str]) -> bytes:
+        """``payload`` encrypted for ``destinations`` (validated) under the keyring."""
+        assert self.keyring is not None
+        return seal(self.keyring, payload, destinations, self.source_id, self.client_name)
 
     # -- destinations --------------------------------------------------------------------
     def dest_nums(self, destinations: object) -> Steps[list[int]]:
