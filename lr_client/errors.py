@@ -31,7 +31,7 @@
         │   └── DecompressionError a compressed batch is malformed or expands past the limit
         ├── SnapshotError          a snapshot was cancelled, superseded or failed
         └── EncryptionError        a payload could not be encrypted or decrypted
-            ├── KeyUnavailableError    no configured key opens it (or seals for a destination)
+            ├── KeyUnavailableError    no key of the keyring opens it
             └── DecryptionError        the key is wrong, or the envelope was altered or moved
 
 Each class's docstring is its default message.
@@ -179,7 +179,7 @@ class EncryptionError(PermanentError):
 
 
 class KeyUnavailableError(EncryptionError):
-    """No configured key opens the payload (or seals it for a destination)."""
+    """No key of the keyring opens the payload."""
 
 
 class DecryptionError(EncryptionError):
