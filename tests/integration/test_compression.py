@@ -42,15 +42,22 @@ def _payload(i: int) -> bytes:
     return json.dumps(doc).encode()
 
 
+#: The lane of every log batch with entries a receiver is given (see ``received``).
+LANES: list[int] = []
+
+
 @pytest.fixture
 def received(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The codec of every batch a receiver is given, in order ('' : uncompressed)."""
+    """The codec of every log batch with entries a receiver is given, in order ('':
+    uncompressed); their lanes in ``LANES``."""
     seen: list[str] = []
+    LANES.clear()
     apply = Receiver.apply
 
     def recording(self: Receiver, source_id: str, batch: pb.ReplicationBatch) -> pb.ReplicationAck:
-        if batch.kind == pb.BATCH_LOG_ENTRY:
+        if batch.kind == pb.BATCH_LOG_ENTRY and (batch.entries or batch.compressed):
             seen.append(batch.codec)
+            LANES.append(batch.lane)
         return apply(self, source_id, batch)
 
     monkeypatch.setattr(Receiver, "apply", recording)
@@ -140,3 +147,24 @@ def test_a_zip_bomb_is_refused_with_invalid_argument(sites: Sites) -> None:
     finally:
         transport.close()
     assert sites.store("b").list_queues() == []
+
+
+def test_every_lane_of_a_destination_compresses(sites: Sites, received: list[str]) -> None:
+    """Three streams to one destination: negotiated over the first, used by all."""
+    sites.start("b", sources=["a"])
+    sites.start(
+        "a",
+        dests=["b"],
+        dest_options='compression = "zstd"',
+        replication="streams_per_destination = 3\nbatch_max_entries = 10",
+    )
+    store = sites.store("a")
+    client = RoutingQueueClient(store, "a", "policy")
+    with store.write() as conn:
+        for i in range(N):
+            client.transmit_log_entry_message(conn, _payload(i), ["b"], key=f"k{i % 7}")
+    listener = Applied()
+    with RoutingQueueSubscriber(sites.store("b"), "policy", listener) as sub:
+        wait_for(lambda: sub.poll_once() >= 0 and len(listener.payloads) >= N, scaled(30))
+    assert sorted(listener.payloads) == sorted(_payload(i) for i in range(N))
+    assert set(received) == {"zstd"} and len(set(LANES)) > 1

@@ -210,3 +210,29 @@ def test_a_relay_forwards_ciphertext_it_cannot_read(sites: Sites) -> None:
         wait_for(lambda: _drain(sub) >= 0 and len(listener.payloads) >= 5, scaled(30))
     assert listener.payloads == [_payload(i) for i in range(5)]
     assert {n: _scan(st) for n, st in stores.items()} == {"c1": [], "c2": [], "c3": []}
+
+
+def test_delivery_by_partition_blocks_without_the_key_and_resumes_with_it(sites: Sites) -> None:
+    src, sink = _pair(sites)
+    client = RoutingQueueClient(src, "a", "policy", keyring=Keyring({"k1": K1}))
+    with src.write() as conn:
+        for i in range(8):
+            client.transmit_log_entry_message(conn, _payload(i), ["b"], key=f"k{i % 4}")
+    wait_for(lambda: len(_stored(sink)) >= 8, scaled(30))
+    listener = Applied()
+    sub = RoutingQueueSubscriber(
+        sink,
+        "policy",
+        listener,
+        partitions=2,
+        keyring=Keyring({"k2": K2}),
+        retry_initial=0.0,
+        retry_jitter=0,
+    )
+    with sub:
+        assert sub.poll_once() == 0
+        assert sub.failing and all(isinstance(e, KeyUnavailableError) for e in sub.failing.values())
+        sub.keyring = Keyring({"k1": K1})
+        wait_for(lambda: sub.poll_once() >= 0 and len(listener.payloads) >= 8, scaled(30))
+        assert sub.failing == {}
+    assert sorted(listener.payloads) == sorted(_payload(i) for i in range(8))
