@@ -37,7 +37,7 @@ NONE = "none"
 MIN_BYTES = 512
 #: zlib's level: its default's ratio at a lower cost.
 ZLIB_LEVEL = 6
-#: zstd's level (3, its default: fast, and a better ratio than zlib's 6).
+#: zstd's level (3, its default): nearly zlib 6's ratio for a fifth of its CPU.
 ZSTD_LEVEL = 3
 
 
