@@ -119,3 +119,29 @@ def test_the_codec_is_used_only_once_the_sink_accepts_it(answer: list[str], chos
     CompressingTransport(sink, choice).negotiate(request, 1.0)
     assert sink.offered == ["zstd"] and not request.codecs  # the caller's request unchanged
     assert choice.codec == chosen
+
+
+def _site(compression: str) -> dict[str, object]:
+    return {
+        "site": {"id": "a", "database_url": "sqlite:///a.db"},
+        "security": {"transport": "plaintext"},
+        "clients": [{"name": "policy"}],
+        "destinations": [
+            {"id": "b", "address": "127.0.0.1:7001", "compression": compression},
+        ],
+    }
+
+
+def test_a_destination_s_compression_is_checked_with_the_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lr_server.config.loading import parse_config
+
+    assert parse_config(_site("zstd")).destinations[0].compression == "zstd"
+    assert parse_config(_site("none")).destinations[0].compression == "none"
+    with pytest.raises(ConfigError, match=r"destinations\[0\]\.compression: expected one of"):
+        parse_config(_site("lz4"))
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)
+    with pytest.raises(ConfigError, match=r"destinations\[0\]\.compression: .*lr\[zstd\]"):
+        parse_config(_site("zstd"))
+    assert parse_config(_site("zlib")).destinations[0].compression == "zlib"
