@@ -236,3 +236,30 @@ def test_delivery_by_partition_blocks_without_the_key_and_resumes_with_it(sites:
         wait_for(lambda: sub.poll_once() >= 0 and len(listener.payloads) >= 8, scaled(30))
         assert sub.failing == {}
     assert sorted(listener.payloads) == sorted(_payload(i) for i in range(8))
+
+
+def test_the_async_subscriber_blocks_without_the_key_and_resumes_with_it(sites: Sites) -> None:
+    src, sink = _pair(sites)
+    _transmit(src, Keyring({"k1": K1}), ["b"], range(4))
+    wait_for(lambda: len(_stored(sink)) >= 4, scaled(30))
+
+    async def scenario() -> tuple[int, list[BaseException], list[bytes]]:
+        listener, engine = Applied(), async_engine(sites.url("b"))
+        sub = AsyncRoutingQueueSubscriber(
+            engine, "policy", AsAsync(listener), keyring=Keyring({"k2": K2}), retry_initial=0.0
+        )
+        try:
+            async with sub:
+                blocked = await sub.poll_once()
+                errors = list(sub.failing.values())
+                sub.keyring = Keyring({"k1": K1})
+                while await sub.poll_once():
+                    pass
+                assert sub.failing == {}
+        finally:
+            await engine.dispose()
+        return blocked, errors, listener.payloads
+
+    blocked, errors, payloads = asyncio.run(scenario())
+    assert blocked == 0 and [type(e) for e in errors] == [KeyUnavailableError]
+    assert payloads == [_payload(i) for i in range(4)]
