@@ -19,7 +19,7 @@ all unknown to the keyring raises :class:`~lr_client.errors.KeyUnavailableError`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from lr_client.errors import DecryptionError, KeyUnavailableError
 from lr_client.keys import KEY_BYTES, Keyring, aesgcm
@@ -44,7 +44,16 @@ def seal(
     keyring: Keyring, payload: bytes, destinations: Iterable[str], source_id: str, client: str
 ) -> bytes:
     """``payload`` sealed for ``destinations``, bound to ``source_id`` and ``client``."""
-    ids = sorted({keyring.key_for(d) for d in destinations})
+    return seal_for_keys(
+        keyring, payload, {keyring.key_for(d) for d in destinations}, source_id, client
+    )
+
+
+def seal_for_keys(
+    keyring: Keyring, payload: bytes, key_ids: Iterable[str], source_id: str, client: str
+) -> bytes:
+    """``payload`` sealed under each of ``key_ids`` (of ``keyring``)."""
+    ids = sorted(set(key_ids))
     data_key = os.urandom(KEY_BYTES)
     parts = [MAGIC, bytes((VERSION, len(ids)))]
     for kid in ids:
@@ -61,6 +70,13 @@ def seal(
     nonce = os.urandom(NONCE)
     body = aesgcm()(data_key).encrypt(nonce, payload, _aad(b"payload", source_id, client) + header)
     return header + nonce + bytes(body)
+
+
+def sealer(keyring: Keyring, source_id: str, client: str) -> Callable[[bytes], bytes]:
+    """Seals a payload for every destination ``keyring`` knows: under its current key and
+    each destination's (a full sync's rows, which destinations may join later)."""
+    ids = {keyring.current, *keyring.destinations.values()}
+    return lambda payload: seal_for_keys(keyring, payload, ids, source_id, client)
 
 
 def key_ids(envelope: bytes) -> list[str]:
@@ -120,4 +136,13 @@ def open_sealed(keyring: Keyring, envelope: bytes, source_id: str, client: str) 
         ) from None
 
 
-__all__ = ["MAGIC", "VERSION", "is_sealed", "key_ids", "open_sealed", "seal"]
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "is_sealed",
+    "key_ids",
+    "open_sealed",
+    "seal",
+    "seal_for_keys",
+    "sealer",
+]

@@ -23,6 +23,8 @@ from lr_client import (
     RoutingQueueClient,
     RoutingQueueListener,
     RoutingQueueSubscriber,
+    SnapshotContext,
+    SnapshotProviderRunner,
 )
 from lr_client.aio import AsyncRoutingQueueClient, AsyncRoutingQueueSubscriber
 from lr_client.encryption import is_sealed, key_ids
@@ -43,6 +45,7 @@ K1, K2 = generate_key(), generate_key()
 class Applied(RoutingQueueListener):
     def __init__(self) -> None:
         self.payloads: list[bytes] = []
+        self.snapshot: list[bytes] = []
         self.errors: list[BaseException] = []
 
     def process_log_entries(
@@ -54,6 +57,7 @@ class Applied(RoutingQueueListener):
     def process_full_sync(
         self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
     ) -> bool:
+        self.snapshot += [m.payload for m in messages]
         return True
 
     def on_error(self, error: BaseException) -> None:
@@ -263,3 +267,23 @@ def test_the_async_subscriber_blocks_without_the_key_and_resumes_with_it(sites: 
     blocked, errors, payloads = asyncio.run(scenario())
     assert blocked == 0 and [type(e) for e in errors] == [KeyUnavailableError]
     assert payloads == [_payload(i) for i in range(4)]
+
+
+def test_a_full_sync_written_by_a_provider_with_a_keyring_is_sealed(sites: Sites) -> None:
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"], snapshot="app")  # first contact: a full sync
+    src, sink = sites.store("a"), sites.store("b")
+    ring = Keyring({"k1": K1, "kc": K2}, destinations={"c": "kc"})
+
+    def provide(ctx: SnapshotContext) -> None:
+        ctx.transmit([_payload(i) for i in range(5)])
+
+    runner = SnapshotProviderRunner(src, "policy", provide, keyring=ring, source_id="a")
+    wait_for(lambda: runner.poll_once() > 0, scaled(30))
+    wait_for(lambda: len(_stored(sink)) >= 6, scaled(30))  # 5 rows and the end marker
+    assert all(key_ids(p) == ["k1", "kc"] for p in _stored(sink)[:5])
+    listener = Applied()
+    with RoutingQueueSubscriber(sink, "policy", listener, keyring=Keyring({"kc": K2})) as sub:
+        _drain(sub)
+    assert listener.snapshot == [_payload(i) for i in range(5)]
+    assert _scan(src) == [] and _scan(sink) == []
