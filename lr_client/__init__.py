@@ -12,6 +12,9 @@ from lr_client.errors import (
     BackpressureError,
     CascadeRouteError,
     ConfigError,
+    DecompressionError,
+    DecryptionError,
+    EncryptionError,
     FencedError,
     IncompatibleVersionError,
     InvalidDestinationsError,
@@ -21,6 +24,7 @@ from lr_client.errors import (
     InvalidPartitionKeyError,
     InvalidPayloadError,
     InvalidSessionError,
+    KeyUnavailableError,
     ListenerError,
     LRError,
     NotProviderError,
@@ -37,6 +41,7 @@ from lr_client.errors import (
     UnknownDestinationError,
     UnsupportedSettingError,
 )
+from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.partitioners import HashPartitioner, Partitioner, RangePartitioner
 from lr_client.records import (
@@ -61,6 +66,9 @@ __all__ = [
     "BackpressureError",
     "CascadeRouteError",
     "ConfigError",
+    "DecompressionError",
+    "DecryptionError",
+    "EncryptionError",
     "EntryRef",
     "FencedError",
     "HashPartitioner",
@@ -72,6 +80,8 @@ __all__ = [
     "InvalidPartitionKeyError",
     "InvalidPayloadError",
     "InvalidSessionError",
+    "KeyUnavailableError",
+    "Keyring",
     "LRError",
     "LRMessageWithDestinations",
     "ListenerError",

@@ -28,8 +28,12 @@
         ├── PermissionDeniedError  the peer does not accept us (PERMISSION_DENIED)
         ├── ProtocolError          the peer sent something malformed or out of order
         │   ├── IncompatibleVersionError  the peer speaks a wire protocol too old for us
-        │   └── NotProviderError   the sink takes this cascaded client from another provider
-        └── SnapshotError          a snapshot was cancelled, superseded or failed
+        │   ├── NotProviderError   the sink takes this cascaded client from another provider
+        │   └── DecompressionError a compressed batch is malformed or expands past the limit
+        ├── SnapshotError          a snapshot was cancelled, superseded or failed
+        └── EncryptionError        a payload could not be encrypted or decrypted
+            ├── KeyUnavailableError    no key of the keyring opens it
+            └── DecryptionError        the key is wrong, or the envelope was altered or moved
 
 Each class's docstring is its default message.
 """
@@ -167,8 +171,24 @@ class NotProviderError(ProtocolError):
     """This site is not the sink's provider of the cascaded client (FAILED_PRECONDITION)."""
 
 
+class DecompressionError(ProtocolError):
+    """A compressed batch is malformed or expands past the receiver's limit."""
+
+
 class SnapshotError(PermanentError):
     """The snapshot was cancelled, superseded or failed."""
+
+
+class EncryptionError(PermanentError):
+    """A payload could not be encrypted or decrypted."""
+
+
+class KeyUnavailableError(EncryptionError):
+    """No key of the keyring opens the payload."""
+
+
+class DecryptionError(EncryptionError):
+    """The payload did not decrypt: a wrong key, or an envelope altered or moved."""
 
 
 __all__ = [
@@ -176,6 +196,9 @@ __all__ = [
     "BackpressureError",
     "CascadeRouteError",
     "ConfigError",
+    "DecompressionError",
+    "DecryptionError",
+    "EncryptionError",
     "FencedError",
     "IncompatibleVersionError",
     "InvalidDestinationsError",
@@ -185,6 +208,7 @@ __all__ = [
     "InvalidPartitionKeyError",
     "InvalidPayloadError",
     "InvalidSessionError",
+    "KeyUnavailableError",
     "LRError",
     "ListenerError",
     "NotProviderError",

@@ -3,7 +3,8 @@
 What the subscribers (:mod:`lr_client.subscriber`, :mod:`lr_client.aio.subscriber`)
 and delivery by partition (:mod:`lr_client.partitioned`) share: which
 callbacks a planned batch makes (:meth:`CallPlanner.callbacks`, without I/O
-but for a snapshot's base position read in the delivery's transaction), how
+but for a snapshot's base position read in the delivery's transaction; with a
+keyring, the payloads decrypted, :mod:`lr_client.sealed_messages`), how
 a failed one is reported, and whether a full sync at the head waits for its
 end before it reaches the listener (``"complete"`` delivery).
 :class:`ListenerCalls` runs them with an ORM session bound to the delivering
@@ -21,8 +22,10 @@ from sqlalchemy.orm import Session
 from lr_client import tracing
 from lr_client.delivery import Plan, PlanKind, awaits_end
 from lr_client.errors import ListenerError
+from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueListener, takes_base_position
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
+from lr_client.sealed_messages import open_messages
 from lr_client.store import SubscriberQueues
 
 #: The key of :meth:`session.info <sqlalchemy.orm.Session.info>` that tells a listener
@@ -49,8 +52,17 @@ class CallPlanner:
     marker is at the sink (else as it arrives).
     """
 
-    def __init__(self, listener: object, store: SubscriberQueues, *, whole_snapshots: bool) -> None:
+    def __init__(
+        self,
+        listener: object,
+        store: SubscriberQueues,
+        *,
+        whole_snapshots: bool,
+        keyring: Keyring | None = None,
+    ) -> None:
         self.store = store
+        #: Opens sealed payloads before the listener sees them (None: passed as stored).
+        self.keyring = keyring
         self.whole_snapshots = whole_snapshots
         #: Whether the listener's start and end callbacks take ``base_position`` (else
         #: they have the older signature and are called without it).
@@ -96,7 +108,10 @@ class CallPlanner:
             out.append(Callback("on_stream_dropped", args))
         elif plan.messages:
             name = "process_log_entries" if plan.kind is PlanKind.LOG else "process_full_sync"
-            out.append(Callback(name, (source, plan.messages), batch=True))
+            messages = plan.messages
+            if self.keyring is not None:
+                messages = open_messages(self.keyring, queue, messages)
+            out.append(Callback(name, (source, messages), batch=True))
         if plan.end:
             if self.base_at_end:
                 kwargs: dict[str, object] = {"base_position": plan.base_position}
@@ -142,9 +157,14 @@ class ListenerCalls(CallPlanner):
     """Calls a sync ``listener`` for planned batches, in the delivering transaction."""
 
     def __init__(
-        self, listener: RoutingQueueListener, store: SubscriberQueues, *, whole_snapshots: bool
+        self,
+        listener: RoutingQueueListener,
+        store: SubscriberQueues,
+        *,
+        whole_snapshots: bool,
+        keyring: Keyring | None = None,
     ) -> None:
-        super().__init__(listener, store, whole_snapshots=whole_snapshots)
+        super().__init__(listener, store, whole_snapshots=whole_snapshots, keyring=keyring)
         self.listener = listener
 
     def call(

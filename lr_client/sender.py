@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from lr_client.errors import InvalidSessionError
+from lr_client.keys import Keyring
 from lr_client.records import EntryRef, LRMessageWithDestinations, SnapshotStatus
 from lr_client.sending import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -74,6 +75,11 @@ class SenderSettings:
         """Seconds a reading of the flow state and route is reused."""
         return self.rules.flow_check_interval
 
+    @property
+    def keyring(self) -> Keyring | None:
+        """The keys payloads are sealed with (None: sent as given)."""
+        return self.rules.keyring
+
 
 class RoutingQueueClient(SenderSettings):
     """Transmits payloads to remote sites, atomically with the application's writes.
@@ -100,6 +106,12 @@ class RoutingQueueClient(SenderSettings):
     :class:`~lr_client.errors.CascadeRouteError` and writes nothing. The route
     is read from the database (``lr server`` records it at start) at most every
     ``flow_check_interval`` seconds; a refusal is confirmed on a fresh reading.
+
+    With a ``keyring`` (:class:`~lr_client.keys.Keyring`) every payload is encrypted
+    here, before it is written (:mod:`lr_client.encryption`): the send queue, the
+    wire and every relay hold ciphertext, which only a sink holding the key of a
+    destination it was sealed for decrypts (its subscriber, given the keyring).
+    The payload limit applies to the plaintext.
     """
 
     def __init__(
@@ -112,6 +124,7 @@ class RoutingQueueClient(SenderSettings):
         backpressure: Backpressure | str = Backpressure.RAISE,
         backpressure_timeout: float = 30.0,
         flow_check_interval: float = 0.25,
+        keyring: Keyring | None = None,
     ) -> None:
         self.store = open_store(engine) if isinstance(engine, (Engine, str)) else engine
         self.rules = SenderRules(
@@ -122,6 +135,7 @@ class RoutingQueueClient(SenderSettings):
             backpressure=backpressure,
             backpressure_timeout=backpressure_timeout,
             flow_check_interval=flow_check_interval,
+            keyring=keyring,
         )
 
     def create_schema(self) -> SchemaStatus:

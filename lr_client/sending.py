@@ -34,6 +34,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client import tracing
 from lr_client.cascade_roles import CascadeRole
+from lr_client.encryption import seal
 from lr_client.errors import (
     BackpressureError,
     CascadeRouteError,
@@ -42,6 +43,7 @@ from lr_client.errors import (
     UnknownDestinationError,
 )
 from lr_client.headers import check_headers, encode_headers
+from lr_client.keys import Keyring
 from lr_client.names import validate_name
 from lr_client.reading import CachedReading
 from lr_client.records import (
@@ -142,8 +144,11 @@ class SenderRules:
         backpressure: Backpressure | str,
         backpressure_timeout: float,
         flow_check_interval: float,
+        keyring: Keyring | None = None,
     ) -> None:
         self.store = store
+        #: Seals every payload for its destinations (:mod:`lr_client.encryption`); None: not.
+        self.keyring = keyring
         self.source_id = validate_name(source_id, "source site id")
         self.client_name = validate_name(client_name, "client name")
         if max_payload_bytes <= 0:
@@ -171,12 +176,13 @@ class SenderRules:
     ) -> Steps[EntryRef]:
         """Append one payload for ``destinations`` in the caller's transaction."""
         stamp = tracing.transmit_stamp(self.source_id, self.client_name)
-        row = (
-            check_payload(payload, self.max_payload_bytes),
-            (yield from self.dest_nums(destinations)),
-            check_partition_key(key),
-            encode_headers(stamp(check_headers(headers))),
-        )
+        data = check_payload(payload, self.max_payload_bytes)
+        nums = yield from self.dest_nums(destinations)
+        partition_key = check_partition_key(key)
+        encoded = encode_headers(stamp(check_headers(headers)))
+        if self.keyring is not None:
+            data = self.seal(data, destinations)  # type: ignore[arg-type]  # validated
+        row = (data, nums, partition_key, encoded)
         yield from self._check_route([destinations])  # type: ignore[list-item]
         yield from self._check_backpressure()
         refs: list[EntryRef] = yield InTransaction(
@@ -197,6 +203,8 @@ class SenderRules:
             payload = check_payload(m.payload, self.max_payload_bytes)
             nums = yield from self.dest_nums(m.destinations)
             headers = encode_headers(stamp(check_headers(m.headers)))
+            if self.keyring is not None:
+                payload = self.seal(payload, m.destinations)
             rows.append((payload, nums, check_partition_key(m.key), headers))
             checked.append(m)
         yield from self._check_route([m.destinations for m in checked])
@@ -256,6 +264,11 @@ class SenderRules:
         if req is None or req.client_name != self.client_name:
             return None
         return SnapshotInfo.from_request(req)
+
+    def seal(self, payload: bytes, destinations: Sequence[str]) -> bytes:
+        """``payload`` encrypted for ``destinations`` (validated) under the keyring."""
+        assert self.keyring is not None
+        return seal(self.keyring, payload, destinations, self.source_id, self.client_name)
 
     # -- destinations --------------------------------------------------------------------
     def dest_nums(self, destinations: object) -> Steps[list[int]]:

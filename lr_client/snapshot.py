@@ -41,19 +41,11 @@ from contextlib import AbstractContextManager
 
 from sqlalchemy.engine import Engine
 
-from lr_client.errors import (
-    InvalidPayloadError,
-    LRError,
-    SnapshotError,
-    TransientError,
-)
+from lr_client.encryption import sealer
+from lr_client.errors import InvalidPayloadError, LRError, SnapshotError, TransientError
+from lr_client.keys import Keyring
 from lr_client.names import validate_name
-from lr_client.records import (
-    SnapshotRequest,
-    SnapshotStatus,
-    check_partition_key,
-    check_payload,
-)
+from lr_client.records import SnapshotRequest, SnapshotStatus, check_partition_key, check_payload
 from lr_client.snapshot_heartbeat import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat
 from lr_client.store import Snapshots, open_store
 
@@ -121,6 +113,7 @@ class SnapshotContext:
         *,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         max_payload_bytes: int = DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES,
+        seal: Callable[[bytes], bytes] | None = None,
     ) -> None:
         if request.status != SnapshotStatus.RUNNING:
             raise SnapshotError(
@@ -132,6 +125,7 @@ class SnapshotContext:
         self.request = request
         self.chunk_size = chunk_size
         self.max_payload_bytes = max_payload_bytes
+        self.seal = seal  # encrypts each payload as it is written (None: written as given)
         self._next_seq = 0  # append position in part 0
         self._parts: dict[int, int] = {}  # explicit part -> entries written
         self._completed = False
@@ -242,7 +236,7 @@ class SnapshotContext:
         return written
 
     def _write(self, part: int, rows: list[tuple[bytes, bytes | None]], first_seq: int) -> None:
-        payloads = [p for p, _ in rows]
+        payloads = [self.seal(p) if self.seal else p for p, _ in rows]
         keys = [k for _, k in rows]
         try:
             with self.store.write() as conn:
@@ -320,7 +314,9 @@ class SnapshotProviderRunner:
     At a branch of a cascade the provider is called once the node's
     subscriber has delivered the relayed entries through the snapshot's base
     (:meth:`~lr_client.store.contract.Snapshots.snapshot_base_applied`): a
-    started snapshot waits for that across polls, kept alive by each one.
+    started snapshot waits for that across polls, kept alive by each one. With
+    ``keyring`` and ``source_id`` (the client's origin: this site, or a cascade's
+    root) each row is encrypted as it is written, for every key of the keyring.
     """
 
     def __init__(
@@ -333,6 +329,8 @@ class SnapshotProviderRunner:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         max_payload_bytes: int = DEFAULT_MAX_SNAPSHOT_PAYLOAD_BYTES,
         heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
+        keyring: Keyring | None = None,
+        source_id: str = "",
     ) -> None:
         self.store: Snapshots = (
             open_store(engine_or_store)
@@ -353,6 +351,7 @@ class SnapshotProviderRunner:
         if heartbeat_interval <= 0:
             raise ValueError("heartbeat_interval must be positive")
         self.heartbeat_interval = heartbeat_interval
+        self.seal = None if keyring is None else sealer(keyring, source_id, self.client_name)
         #: Started snapshots whose base this node's data does not cover yet, by id.
         self._waiting: dict[str, SnapshotRequest] = {}
 
@@ -400,6 +399,7 @@ class SnapshotProviderRunner:
             request,
             chunk_size=self.chunk_size,
             max_payload_bytes=self.max_payload_bytes,
+            seal=self.seal,
         )
         sid = request.snapshot_id
         try:

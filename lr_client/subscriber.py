@@ -35,6 +35,7 @@ from sqlalchemy.engine import Engine
 
 from lr_client.doorbell import Doorbell
 from lr_client.errors import PartitionCountError
+from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueListener
 from lr_client.listener_calls import PARTITION_INFO_KEY, ListenerCalls
 from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
@@ -78,12 +79,13 @@ class RoutingQueueSubscriber(SubscriberCore):
     their payload bytes (a larger entry comes alone); ``snapshot_batch_size``
     the entries per ``process_full_sync`` call once a full sync has started
     (a snapshot is delivered in few, large transactions; the bytes bound is
-    the same); ``max_batches`` the
-    batches delivered per queue in one :meth:`poll_once` (so queues take
-    turns). ``owner`` names this subscriber in lease rows (unique by
-    default). A failed batch of a queue is retried after ``retry_initial``
-    seconds, doubling up to ``retry_max``, each delay shortened by up to
-    ``retry_jitter`` of itself at random; other queues go on meanwhile.
+    the same); ``max_batches`` the batches delivered per queue in one
+    :meth:`poll_once` (so queues take turns). ``owner`` names this subscriber
+    in lease rows (unique by default). A failed batch of a queue is retried
+    after ``retry_initial`` seconds, doubling up to ``retry_max``, each delay
+    shortened by up to ``retry_jitter`` of itself at random; other queues go
+    on meanwhile. ``keyring``: payloads are decrypted before the listener; a queue
+    whose entry does not open waits for its key so (:mod:`lr_client.sealed_messages`).
 
     ``snapshot_delivery`` (:class:`SnapshotDelivery`) says when a full sync
     reaches the listener: ``"complete"`` (the default) waits until the sink
@@ -129,6 +131,7 @@ class RoutingQueueSubscriber(SubscriberCore):
         partition_boundaries: list[bytes | str] | None = None,
         workers: int | None = None,
         wake_on_arrival: bool = True,
+        keyring: Keyring | None = None,
     ) -> None:
         #: A store this subscriber opened from a URL: its connections are closed by close().
         self._owned = open_store(engine) if isinstance(engine, str) else None
@@ -159,17 +162,14 @@ class RoutingQueueSubscriber(SubscriberCore):
                 partitioner=partitioner,
                 partition_boundaries=partition_boundaries,
                 workers=workers,
+                keyring=keyring,
             )
         except BaseException:
             if self._owned is not None:
                 self._owned.close()
             raise
         self.listener = listener
-        self._calls = ListenerCalls(
-            listener,
-            self.store,
-            whole_snapshots=self.snapshot_delivery is SnapshotDelivery.COMPLETE,
-        )
+        self._calls = self._planner(ListenerCalls, listener, self.store)
         self._delivery = self._steps(self.store, self._calls)
         self._partitioned = PartitionedDelivery(
             self.store,

@@ -14,10 +14,12 @@ import random
 import socket
 import time
 import uuid
+from typing import Any, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from lr_client.errors import InvalidInputError, StoreUnavailableError
+from lr_client.keys import Keyring
 from lr_client.listener_calls import CallPlanner
 from lr_client.names import validate_name
 from lr_client.partitioners import Partitioner, load_partitioner
@@ -34,6 +36,8 @@ DEFAULT_SNAPSHOT_BATCH_SIZE = 4000
 #: Seconds an idle subscriber waits at most between polls while its arrival watch
 #: listens (the poll then only bounds a lost wake-up): it doubles from ``poll_interval``.
 IDLE_POLL_MAX = 5.0
+
+P = TypeVar("P", bound=CallPlanner)
 
 
 class SnapshotDelivery(enum.StrEnum):
@@ -77,6 +81,7 @@ class SubscriberCore:
         partitioner: str | Partitioner,
         partition_boundaries: list[bytes | str] | None,
         workers: int | None,
+        keyring: Keyring | None = None,
     ) -> None:
         if min(batch_size, snapshot_batch_size, max_batches, batch_max_bytes) < 1:
             raise ValueError(
@@ -109,6 +114,9 @@ class SubscriberCore:
         self.retry_jitter = retry_jitter
         self._quiet = 0  # idle waits since the last delivery
         self._failures: dict[object, int] = {}  # by queue id, or (queue id, partition)
+        #: The last error of each queue (id, or (id, partition)) failing now.
+        self._errors: dict[object, BaseException] = {}
+        self._keyring = keyring
         self._retry_at: dict[object, float] = {}  # monotonic
         if not isinstance(partitions, int) or partitions < 1:
             raise InvalidInputError(f"partitions must be a positive integer, not {partitions!r}")
@@ -118,6 +126,31 @@ class SubscriberCore:
         if self.workers < 1:
             raise InvalidInputError("workers must be at least 1")
         self._leases = QueueLeases(store, self.owner, lease_seconds, partitions)
+
+    @property
+    def keyring(self) -> Keyring | None:
+        """Opens sealed payloads before the listener sees them (None: passed as stored).
+        Assign another (a key supplied, a key file reloaded): the next delivery uses it."""
+        return self._keyring
+
+    @keyring.setter
+    def keyring(self, keyring: Keyring | None) -> None:
+        self._keyring = keyring
+        calls: CallPlanner | None = getattr(self, "_calls", None)
+        if calls is not None:
+            calls.keyring = keyring
+
+    def _planner(self, cls: type[P], listener: Any, store: SubscriberQueues) -> P:
+        """This subscriber's listener calls, of ``cls``."""
+        whole = self.snapshot_delivery is SnapshotDelivery.COMPLETE
+        return cls(listener, store, whole_snapshots=whole, keyring=self.keyring)
+
+    @property
+    def failing(self) -> dict[object, BaseException]:
+        """The queues failing now (by queue id, or (queue id, partition)) and the last
+        error of each: a listener's failure, or an entry that does not decrypt (a block
+        until the key is supplied); a queue leaves it at its next delivery."""
+        return dict(self._errors)
 
     def _steps(self, store: SubscriberQueues, calls: CallPlanner) -> QueueDelivery:
         """The read and mark of this subscriber's deliveries, planned by ``calls``."""
@@ -148,6 +181,7 @@ class SubscriberCore:
     def _succeeded(self, key: object) -> None:
         self._quiet = 0
         self._failures.pop(key, None)
+        self._errors.pop(key, None)
         self._retry_at.pop(key, None)
 
     def _failed(self, key: object, error: BaseException) -> BaseException:
@@ -156,6 +190,7 @@ class SubscriberCore:
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
         self._retry_at[key] = time.monotonic() + self.backoff(failures)
+        self._errors[key] = error
         if isinstance(error, SQLAlchemyError):
             wrapped = StoreUnavailableError(str(error))
             wrapped.__cause__ = error

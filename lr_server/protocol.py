@@ -33,6 +33,11 @@ is version 1):
    versions, before the batch goes (:func:`require_headers`), and retries
    until the sink is upgraded; nothing is lost or skipped. Entries without
    headers go to older sinks as before.
+   Compression (``NegotiateRequest.codecs``, ``NegotiateResponse.codecs``,
+   ``ReplicationBatch.codec`` and ``compressed``): a source offers the codec its
+   destination is configured with, the sink answers those it accepts, and only
+   then are batches compressed (:mod:`lr_server.codecs`). A sink of version 5
+   answers none and gets batches uncompressed, as before.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
 upgraded one at a time; an older peer is refused at negotiation with
@@ -52,6 +57,8 @@ LANES_VERSION = 4
 CASCADE_VERSION = 5
 #: The first version whose sinks accept entry headers.
 HEADERS_VERSION = 6
+#: The first version whose sinks accept compressed batches (when they answer the codec).
+COMPRESSION_VERSION = 6
 #: The oldest peer version this release accepts.
 MIN_PEER_VERSION = 1
 
@@ -104,6 +111,7 @@ def require_headers(version: int, peer: str) -> None:
 
 __all__ = [
     "CASCADE_VERSION",
+    "COMPRESSION_VERSION",
     "HEADERS_VERSION",
     "LANES_VERSION",
     "MIN_PEER_VERSION",

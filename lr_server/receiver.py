@@ -13,6 +13,9 @@ queue only when the caller is this node's current provider of the client
 (``lrq_cascade``), else refused with :class:`NotProviderError` (see
 docs/cascading.md). A cascaded client's batches from the origin itself are
 refused the same way once this node has another provider.
+
+A compressed batch (protocol 6, :mod:`lr_server.codecs`) is expanded
+first, up to ``max_message_bytes``, then checked and applied as any other.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from lr_client.records import (
     WireEntry,
 )
 from lr_client.store import Cascading, Receiving
-from lr_server import metrics, protocol
+from lr_server import codecs, metrics, protocol
 
 log = logging.getLogger("lr.receiver")
 
@@ -78,6 +81,7 @@ class Receiver:
         accepted_sources: Collection[str],
         *,
         max_batch_entries: int = 100_000,
+        max_message_bytes: int = 65 * 1024 * 1024,
         cascade_reports: CascadeHandler | None = None,
         on_stored: StoredHook | None = None,
         on_received: ReceivedHook | None = None,
@@ -86,6 +90,8 @@ class Receiver:
         self.sink_id = sink_id
         self.accepted_sources = frozenset(accepted_sources)
         self.max_batch_entries = max_batch_entries
+        #: The most bytes a compressed batch's entries may expand to.
+        self.max_message_bytes = max_message_bytes
         #: Serves ``Cascade`` calls (a child's report); None: not served here.
         self.cascade_reports = cascade_reports
         #: Told of every log batch stored: a branch's sessions relay it at once
@@ -144,7 +150,10 @@ class Receiver:
             )
         protocol.require_compatible(request.protocol_version, f"source {source_id!r}")
         response = pb.NegotiateResponse(
-            sink_id=self.sink_id, drop_notices=True, protocol_version=protocol.PROTOCOL_VERSION
+            sink_id=self.sink_id,
+            drop_notices=True,
+            protocol_version=protocol.PROTOCOL_VERSION,
+            codecs=codecs.accepted(request.codecs),
         )
         origins = {}
         for relay in request.relays:
@@ -191,6 +200,7 @@ class Receiver:
         if batch.source_id and batch.source_id != caller:
             source_id = _valid(batch.source_id, "origin id")  # a relayed batch: the origin's
         self.check_provider(caller, source_id, client)
+        batch = codecs.unpack(batch, self.max_message_bytes)
         if len(batch.entries) > self.max_batch_entries:
             raise ProtocolError(f"batch of {len(batch.entries)} entries exceeds the limit")
         entries = _entries(batch.entries, batch.previous_position)

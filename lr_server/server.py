@@ -8,14 +8,12 @@ stream, the trim job) is run by the member that owns its lease
 
 from __future__ import annotations
 
-import itertools
 import logging
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -25,6 +23,7 @@ from lr_client.cascade_roles import CascadeRole
 from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_client.store.watches import Watch
+from lr_server import codecs, compression
 from lr_server.arrivals import Arrivals
 from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
 from lr_server.config import ClientConfig, SiteConfig
@@ -39,6 +38,7 @@ from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
 from lr_server.snapshot_requests import once_per_snapshot, spark_launcher
 from lr_server.transport.base import Transport
+from lr_server.transport.dialing import grpc_connector
 from lr_server.upkeep import Upkeep
 
 log = logging.getLogger("lr.server")
@@ -98,6 +98,7 @@ class SiteServer:
                 self.store,
                 cfg.id,
                 [s.id for s in cfg.sources],
+                max_message_bytes=cfg.replication.max_message_bytes,
                 cascade_reports=self.serve_cascade if cfg.cascades else None,
                 on_stored=self.arrivals.ring,
                 on_received=self.arrivals.offer,
@@ -287,30 +288,14 @@ class SiteServer:
             session.wake()
 
     def _factory(self, dest_id: str) -> Callable[[], Transport]:
+        """New transports to ``dest_id``, compressing as its ``compression`` says."""
+        dest = next((d for d in self.config.destinations if d.id == dest_id), None)
+        codec = codecs.NONE if dest is None else dest.compression
         if self._transport_factory is not None:
             factory = self._transport_factory
-            return lambda: factory(dest_id)
-        from lr_server.transport.grpc_client import GrpcTransport
-
-        dest = next(d for d in self.config.destinations if d.id == dest_id)
-        cfg = self.config
-        addresses = dest.all_addresses()
-        attempts = itertools.count()
-        own = cfg.replication.streams_per_destination > 1  # a connection per lane
-
-        def connect() -> Transport:
-            # Each attempt (the session retries with backoff) tries the next address:
-            # a destination run by several members fails over between them.
-            address = addresses[next(attempts) % len(addresses)]
-            return GrpcTransport(
-                cfg.id,
-                replace(dest, address=address),
-                cfg.security,
-                cfg.replication.max_message_bytes,
-                own,
-            )
-
-        return connect
+            return compression.compressing(lambda: factory(dest_id), codec)
+        assert dest is not None, f"{dest_id} is not a configured destination"
+        return compression.compressing(grpc_connector(self.config, dest), codec)
 
     def _spawn(self, name: str, target: Callable[[threading.Event], None]) -> None:
         t = threading.Thread(target=target, args=(self.stop_event,), name=name, daemon=True)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lr/replication.proto\x12\x05lr.v1\"\xff\x02\n\x14RoutingTableEntryMsg\x12\x14\n\x0c\x64\x65stinations\x18\x01 \x03(\t\x12$\n\x04type\x18\x02 \x01(\x0e\x32\x16.lr.v1.ReplicationType\x12\x16\n\x0eopaque_payload\x18\x03 \x01(\x0c\x12\x11\n\tsource_id\x18\x04 \x01(\t\x12\x13\n\x0b\x63lient_name\x18\x05 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x06 \x01(\t\x12\x10\n\x08position\x18\x07 \x01(\x04\x12\x16\n\x0esnapshot_count\x18\x08 \x01(\x04\x12\x15\n\rbase_position\x18\t \x01(\x04\x12\x15\n\rpartition_key\x18\n \x01(\x0c\x12\x13\n\x0borigin_time\x18\x0b \x01(\x01\x12\x39\n\x07headers\x18\x0c \x03(\x0b\x32(.lr.v1.RoutingTableEntryMsg.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xaa\x01\n\x0b\x43lientState\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x15\n\rlast_position\x18\x02 \x01(\x04\x12,\n\x0esnapshot_state\x18\x03 \x01(\x0e\x32\x14.lr.v1.SnapshotState\x12\x13\n\x0bsnapshot_id\x18\x04 \x01(\t\x12\x19\n\x11snapshot_position\x18\x05 \x01(\x04\x12\x11\n\torigin_id\x18\x06 \x01(\t\"7\n\rRelayedClient\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x11\n\torigin_id\x18\x02 \x01(\t\"v\n\x10NegotiateRequest\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63lients\x18\x02 \x03(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12$\n\x06relays\x18\x04 \x03(\x0b\x32\x14.lr.v1.RelayedClient\"y\n\x11NegotiateResponse\x12\x0f\n\x07sink_id\x18\x01 \x01(\t\x12#\n\x07\x63lients\x18\x02 \x03(\x0b\x32\x12.lr.v1.ClientState\x12\x14\n\x0c\x64rop_notices\x18\x03 \x01(\x08\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\"\xa9\x02\n\x10ReplicationBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63lient_name\x18\x03 \x01(\t\x12\x1e\n\x04kind\x18\x04 \x01(\x0e\x32\x10.lr.v1.BatchKind\x12\x13\n\x0bsnapshot_id\x18\x05 \x01(\t\x12\x16\n\x0e\x66irst_position\x18\x06 \x01(\x04\x12\x15\n\rlast_position\x18\x07 \x01(\x04\x12\x19\n\x11previous_position\x18\x08 \x01(\x04\x12,\n\x07\x65ntries\x18\t \x03(\x0b\x32\x1b.lr.v1.RoutingTableEntryMsg\x12\x0c\n\x04lane\x18\n \x01(\r\x12\r\n\x05lanes\x18\x0b \x01(\r\x12\x11\n\tlow_water\x18\x0c \x01(\x04\"a\n\x0eReplicationAck\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x63lient_name\x18\x02 \x01(\t\x12\x15\n\rlast_position\x18\x03 \x01(\x04\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\x8a\x01\n\rCascadeReport\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x11\n\torigin_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x17\n\x0flocal_watermark\x18\x05 \x01(\x04\x12\x18\n\x10\x61pplied_position\x18\x06 \x01(\x04\"Z\n\x0c\x43\x61scadeReply\x12\x18\n\x10global_watermark\x18\x01 \x01(\x04\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bprovider_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04*p\n\x0fReplicationType\x12\x08\n\x04NONE\x10\x00\x12\x12\n\x0eLOG_ENTRY_SYNC\x10\x01\x12\x11\n\rSNAPSHOT_SYNC\x10\x02\x12\x18\n\x14LAST_FULL_SYNC_ENTRY\x10\x03\x12\x12\n\x0eSTREAM_DROPPED\x10\x04*P\n\rSnapshotState\x12\x11\n\rSNAPSHOT_NONE\x10\x00\x12\x14\n\x10SNAPSHOT_ONGOING\x10\x01\x12\x16\n\x12SNAPSHOT_COMPLETED\x10\x02*[\n\tBatchKind\x12\x0e\n\nBATCH_NONE\x10\x00\x12\x13\n\x0f\x42\x41TCH_LOG_ENTRY\x10\x01\x12\x12\n\x0e\x42\x41TCH_SNAPSHOT\x10\x02\x12\x15\n\x11\x42\x41TCH_DROP_NOTICE\x10\x03\x32\xc7\x01\n\x0eLogReplication\x12>\n\tNegotiate\x12\x17.lr.v1.NegotiateRequest\x1a\x18.lr.v1.NegotiateResponse\x12?\n\tReplicate\x12\x17.lr.v1.ReplicationBatch\x1a\x15.lr.v1.ReplicationAck(\x01\x30\x01\x12\x34\n\x07\x43\x61scade\x12\x14.lr.v1.CascadeReport\x1a\x13.lr.v1.CascadeReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lr/replication.proto\x12\x05lr.v1\"\xff\x02\n\x14RoutingTableEntryMsg\x12\x14\n\x0c\x64\x65stinations\x18\x01 \x03(\t\x12$\n\x04type\x18\x02 \x01(\x0e\x32\x16.lr.v1.ReplicationType\x12\x16\n\x0eopaque_payload\x18\x03 \x01(\x0c\x12\x11\n\tsource_id\x18\x04 \x01(\t\x12\x13\n\x0b\x63lient_name\x18\x05 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x06 \x01(\t\x12\x10\n\x08position\x18\x07 \x01(\x04\x12\x16\n\x0esnapshot_count\x18\x08 \x01(\x04\x12\x15\n\rbase_position\x18\t \x01(\x04\x12\x15\n\rpartition_key\x18\n \x01(\x0c\x12\x13\n\x0borigin_time\x18\x0b \x01(\x01\x12\x39\n\x07headers\x18\x0c \x03(\x0b\x32(.lr.v1.RoutingTableEntryMsg.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xaa\x01\n\x0b\x43lientState\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x15\n\rlast_position\x18\x02 \x01(\x04\x12,\n\x0esnapshot_state\x18\x03 \x01(\x0e\x32\x14.lr.v1.SnapshotState\x12\x13\n\x0bsnapshot_id\x18\x04 \x01(\t\x12\x19\n\x11snapshot_position\x18\x05 \x01(\x04\x12\x11\n\torigin_id\x18\x06 \x01(\t\"7\n\rRelayedClient\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x11\n\torigin_id\x18\x02 \x01(\t\"\x86\x01\n\x10NegotiateRequest\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63lients\x18\x02 \x03(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12$\n\x06relays\x18\x04 \x03(\x0b\x32\x14.lr.v1.RelayedClient\x12\x0e\n\x06\x63odecs\x18\x06 \x03(\t\"\x89\x01\n\x11NegotiateResponse\x12\x0f\n\x07sink_id\x18\x01 \x01(\t\x12#\n\x07\x63lients\x18\x02 \x03(\x0b\x32\x12.lr.v1.ClientState\x12\x14\n\x0c\x64rop_notices\x18\x03 \x01(\x08\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x0e\n\x06\x63odecs\x18\x06 \x03(\t\"\xcc\x02\n\x10ReplicationBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63lient_name\x18\x03 \x01(\t\x12\x1e\n\x04kind\x18\x04 \x01(\x0e\x32\x10.lr.v1.BatchKind\x12\x13\n\x0bsnapshot_id\x18\x05 \x01(\t\x12\x16\n\x0e\x66irst_position\x18\x06 \x01(\x04\x12\x15\n\rlast_position\x18\x07 \x01(\x04\x12\x19\n\x11previous_position\x18\x08 \x01(\x04\x12,\n\x07\x65ntries\x18\t \x03(\x0b\x32\x1b.lr.v1.RoutingTableEntryMsg\x12\x0c\n\x04lane\x18\n \x01(\r\x12\r\n\x05lanes\x18\x0b \x01(\r\x12\x11\n\tlow_water\x18\x0c \x01(\x04\x12\r\n\x05\x63odec\x18\x0e \x01(\t\x12\x12\n\ncompressed\x18\x0f \x01(\x0c\"a\n\x0eReplicationAck\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x63lient_name\x18\x02 \x01(\t\x12\x15\n\rlast_position\x18\x03 \x01(\x04\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\x8a\x01\n\rCascadeReport\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x11\n\torigin_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x17\n\x0flocal_watermark\x18\x05 \x01(\x04\x12\x18\n\x10\x61pplied_position\x18\x06 \x01(\x04\"Z\n\x0c\x43\x61scadeReply\x12\x18\n\x10global_watermark\x18\x01 \x01(\x04\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bprovider_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04*p\n\x0fReplicationType\x12\x08\n\x04NONE\x10\x00\x12\x12\n\x0eLOG_ENTRY_SYNC\x10\x01\x12\x11\n\rSNAPSHOT_SYNC\x10\x02\x12\x18\n\x14LAST_FULL_SYNC_ENTRY\x10\x03\x12\x12\n\x0eSTREAM_DROPPED\x10\x04*P\n\rSnapshotState\x12\x11\n\rSNAPSHOT_NONE\x10\x00\x12\x14\n\x10SNAPSHOT_ONGOING\x10\x01\x12\x16\n\x12SNAPSHOT_COMPLETED\x10\x02*[\n\tBatchKind\x12\x0e\n\nBATCH_NONE\x10\x00\x12\x13\n\x0f\x42\x41TCH_LOG_ENTRY\x10\x01\x12\x12\n\x0e\x42\x41TCH_SNAPSHOT\x10\x02\x12\x15\n\x11\x42\x41TCH_DROP_NOTICE\x10\x03\x32\xc7\x01\n\x0eLogReplication\x12>\n\tNegotiate\x12\x17.lr.v1.NegotiateRequest\x1a\x18.lr.v1.NegotiateResponse\x12?\n\tReplicate\x12\x17.lr.v1.ReplicationBatch\x1a\x15.lr.v1.ReplicationAck(\x01\x30\x01\x12\x34\n\x07\x43\x61scade\x12\x14.lr.v1.CascadeReport\x1a\x13.lr.v1.CascadeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROUTINGTABLEENTRYMSG_HEADERSENTRY']._loaded_options = None
   _globals['_ROUTINGTABLEENTRYMSG_HEADERSENTRY']._serialized_options = b'8\001'
-  _globals['_REPLICATIONTYPE']._serialized_start=1522
-  _globals['_REPLICATIONTYPE']._serialized_end=1634
-  _globals['_SNAPSHOTSTATE']._serialized_start=1636
-  _globals['_SNAPSHOTSTATE']._serialized_end=1716
-  _globals['_BATCHKIND']._serialized_start=1718
-  _globals['_BATCHKIND']._serialized_end=1809
+  _globals['_REPLICATIONTYPE']._serialized_start=1591
+  _globals['_REPLICATIONTYPE']._serialized_end=1703
+  _globals['_SNAPSHOTSTATE']._serialized_start=1705
+  _globals['_SNAPSHOTSTATE']._serialized_end=1785
+  _globals['_BATCHKIND']._serialized_start=1787
+  _globals['_BATCHKIND']._serialized_end=1878
   _globals['_ROUTINGTABLEENTRYMSG']._serialized_start=32
   _globals['_ROUTINGTABLEENTRYMSG']._serialized_end=415
   _globals['_ROUTINGTABLEENTRYMSG_HEADERSENTRY']._serialized_start=369
@@ -47,18 +47,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLIENTSTATE']._serialized_end=588
   _globals['_RELAYEDCLIENT']._serialized_start=590
   _globals['_RELAYEDCLIENT']._serialized_end=645
-  _globals['_NEGOTIATEREQUEST']._serialized_start=647
-  _globals['_NEGOTIATEREQUEST']._serialized_end=765
-  _globals['_NEGOTIATERESPONSE']._serialized_start=767
-  _globals['_NEGOTIATERESPONSE']._serialized_end=888
-  _globals['_REPLICATIONBATCH']._serialized_start=891
-  _globals['_REPLICATIONBATCH']._serialized_end=1188
-  _globals['_REPLICATIONACK']._serialized_start=1190
-  _globals['_REPLICATIONACK']._serialized_end=1287
-  _globals['_CASCADEREPORT']._serialized_start=1290
-  _globals['_CASCADEREPORT']._serialized_end=1428
-  _globals['_CASCADEREPLY']._serialized_start=1430
-  _globals['_CASCADEREPLY']._serialized_end=1520
-  _globals['_LOGREPLICATION']._serialized_start=1812
-  _globals['_LOGREPLICATION']._serialized_end=2011
+  _globals['_NEGOTIATEREQUEST']._serialized_start=648
+  _globals['_NEGOTIATEREQUEST']._serialized_end=782
+  _globals['_NEGOTIATERESPONSE']._serialized_start=785
+  _globals['_NEGOTIATERESPONSE']._serialized_end=922
+  _globals['_REPLICATIONBATCH']._serialized_start=925
+  _globals['_REPLICATIONBATCH']._serialized_end=1257
+  _globals['_REPLICATIONACK']._serialized_start=1259
+  _globals['_REPLICATIONACK']._serialized_end=1356
+  _globals['_CASCADEREPORT']._serialized_start=1359
+  _globals['_CASCADEREPORT']._serialized_end=1497
+  _globals['_CASCADEREPLY']._serialized_start=1499
+  _globals['_CASCADEREPLY']._serialized_end=1589
+  _globals['_LOGREPLICATION']._serialized_start=1881
+  _globals['_LOGREPLICATION']._serialized_end=2080
 # @@protoc_insertion_point(module_scope)

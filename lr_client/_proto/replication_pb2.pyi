@@ -100,31 +100,35 @@ class RelayedClient(_message.Message):
     def __init__(self, client_name: _Optional[str] = ..., origin_id: _Optional[str] = ...) -> None: ...
 
 class NegotiateRequest(_message.Message):
-    __slots__ = ("source_id", "clients", "protocol_version", "relays")
+    __slots__ = ("source_id", "clients", "protocol_version", "relays", "codecs")
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     RELAYS_FIELD_NUMBER: _ClassVar[int]
+    CODECS_FIELD_NUMBER: _ClassVar[int]
     source_id: str
     clients: _containers.RepeatedScalarFieldContainer[str]
     protocol_version: int
     relays: _containers.RepeatedCompositeFieldContainer[RelayedClient]
-    def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ..., protocol_version: _Optional[int] = ..., relays: _Optional[_Iterable[_Union[RelayedClient, _Mapping]]] = ...) -> None: ...
+    codecs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ..., protocol_version: _Optional[int] = ..., relays: _Optional[_Iterable[_Union[RelayedClient, _Mapping]]] = ..., codecs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NegotiateResponse(_message.Message):
-    __slots__ = ("sink_id", "clients", "drop_notices", "protocol_version")
+    __slots__ = ("sink_id", "clients", "drop_notices", "protocol_version", "codecs")
     SINK_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     DROP_NOTICES_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CODECS_FIELD_NUMBER: _ClassVar[int]
     sink_id: str
     clients: _containers.RepeatedCompositeFieldContainer[ClientState]
     drop_notices: bool
     protocol_version: int
-    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    codecs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReplicationBatch(_message.Message):
-    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries", "lane", "lanes", "low_water")
+    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries", "lane", "lanes", "low_water", "codec", "compressed")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +141,8 @@ class ReplicationBatch(_message.Message):
     LANE_FIELD_NUMBER: _ClassVar[int]
     LANES_FIELD_NUMBER: _ClassVar[int]
     LOW_WATER_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     source_id: str
     client_name: str
@@ -149,7 +155,9 @@ class ReplicationBatch(_message.Message):
     lane: int
     lanes: int
     low_water: int
-    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ..., lane: _Optional[int] = ..., lanes: _Optional[int] = ..., low_water: _Optional[int] = ...) -> None: ...
+    codec: str
+    compressed: bytes
+    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ..., lane: _Optional[int] = ..., lanes: _Optional[int] = ..., low_water: _Optional[int] = ..., codec: _Optional[str] = ..., compressed: _Optional[bytes] = ...) -> None: ...
 
 class ReplicationAck(_message.Message):
     __slots__ = ("batch_id", "client_name", "last_position", "duplicate")

@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from lr_client.aio.listener import AsyncRoutingQueueListener
 from lr_client.delivery import Plan
 from lr_client.errors import ListenerError
+from lr_client.keys import Keyring
 from lr_client.listener_calls import PARTITION_INFO_KEY, Callback, CallPlanner
 from lr_client.records import QueueInfo
 from lr_client.store import SubscriberQueues
@@ -18,9 +19,14 @@ class AsyncListenerCalls(CallPlanner):
     """Awaits an async ``listener`` for planned batches, in the delivering transaction."""
 
     def __init__(
-        self, listener: AsyncRoutingQueueListener, store: SubscriberQueues, *, whole_snapshots: bool
+        self,
+        listener: AsyncRoutingQueueListener,
+        store: SubscriberQueues,
+        *,
+        whole_snapshots: bool,
+        keyring: Keyring | None = None,
     ) -> None:
-        super().__init__(listener, store, whole_snapshots=whole_snapshots)
+        super().__init__(listener, store, whole_snapshots=whole_snapshots, keyring=keyring)
         self.listener = listener
 
     async def call(

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from lr_client.aio.engine import sync_url
 from lr_client.errors import InvalidSessionError
+from lr_client.keys import Keyring
 from lr_client.records import EntryRef, LRMessageWithDestinations, SnapshotStatus
 from lr_client.sender import SenderSettings
 from lr_client.sending import (
@@ -122,6 +123,7 @@ class AsyncRoutingQueueClient(SenderSettings):
         backpressure: Backpressure | str = Backpressure.RAISE,
         backpressure_timeout: float = 30.0,
         flow_check_interval: float = 0.25,
+        keyring: Keyring | None = None,
     ) -> None:
         self._owns_store = isinstance(store, str)
         self.store = open_store(store) if isinstance(store, (Engine, str)) else store
@@ -133,6 +135,7 @@ class AsyncRoutingQueueClient(SenderSettings):
             backpressure=backpressure,
             backpressure_timeout=backpressure_timeout,
             flow_check_interval=flow_check_interval,
+            keyring=keyring,
         )
 
     @classmethod

@@ -32,6 +32,7 @@ from lr_client.aio.engine import create_async_engine
 from lr_client.aio.listener import AsyncRoutingQueueListener
 from lr_client.aio.partitions import AsyncPartitionWorkers, in_greenlet
 from lr_client.errors import PartitionCountError
+from lr_client.keys import Keyring
 from lr_client.partitioned import Conflict, LeaseLost
 from lr_client.partitioners import Partitioner
 from lr_client.records import QueueInfo
@@ -64,7 +65,8 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
     ``await subscriber.run(stop)``; with ``wake_on_arrival`` it delivers as soon as a
     receiver commits entries of its client, else at most every ``poll_interval``
     seconds. Several subscribers (tasks or processes) of one client share its
-    queues through their leases.
+    queues through their leases. ``keyring``: payloads are decrypted before the
+    listener sees them, as by the sync subscriber.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
         partition_boundaries: list[bytes | str] | None = None,
         workers: int | None = None,
         wake_on_arrival: bool = True,
+        keyring: Keyring | None = None,
     ) -> None:
         owned = isinstance(engine, str)
         self.engine = create_async_engine(engine) if isinstance(engine, str) else engine
@@ -114,13 +117,10 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
             partitioner=partitioner,
             partition_boundaries=partition_boundaries,
             workers=workers,
+            keyring=keyring,
         )
         self.listener = listener
-        self._calls = AsyncListenerCalls(
-            listener,
-            self.store,
-            whole_snapshots=self.snapshot_delivery is SnapshotDelivery.COMPLETE,
-        )
+        self._calls = self._planner(AsyncListenerCalls, listener, self.store)
         self._delivery = self._steps(self.store, self._calls)
         self._init_partitions()
         self.wake_on_arrival = wake_on_arrival

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic_core import PydanticCustomError
 
 from lr_client.errors import ConfigError
+from lr_server.codecs import check_codec
 from lr_server.config.checks import (
     cascades,
     check_members,
@@ -106,6 +107,10 @@ def parse_config(raw: dict[str, Any], path: Path | None = None) -> SiteConfig:
                 raise ConfigError(f"{key}.clients[{j}]: {cn!r} is not in [[clients]]")
         if dest.id == site.id:
             raise ConfigError(f"{key}.id: a site cannot replicate to itself")
+        try:
+            check_codec(dest.compression)
+        except ConfigError as exc:
+            raise ConfigError(f"{key}.compression: {exc}") from None
         if security.client_auth == "token" and not (dest.token or security.token):
             raise ConfigError(
                 f"{key}.token: token auth needs security.token or a per-destination token"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict
 
@@ -76,6 +76,8 @@ class SnapshotProvider(enum.StrEnum):
 
 
 SNAPSHOT_PROVIDERS = tuple(p.value for p in SnapshotProvider)
+#: A destination's ``compression``.
+Compression = Literal["none", "zlib", "zstd"]
 #: What a table may not hold: a key its class does not have.
 FORBID_EXTRA = ConfigDict(extra="forbid")
 #: Bytes of a gRPC message left for what a batch holds besides its payloads.
@@ -114,6 +116,9 @@ class DestinationConfig:
     token: Text = ""  # overrides security.token for this destination
     server_name: Text = ""  # TLS name to expect (default: the address host)
     addresses: HostPorts = ()  # more members of the destination, tried in turn
+    #: Batches on the wire: none, zlib or zstd (the ``zstd`` extra); sent uncompressed to
+    #: a sink that does not accept the codec (older than protocol 6, or without zstd).
+    compression: Annotated[Compression, expect("expected one of none, zlib, zstd")] = "none"
 
     def all_addresses(self) -> list[str]:
         """``address``, then ``addresses``: where the session connects, in turn."""

@@ -44,6 +44,7 @@ class SiteSpec:
     metrics_port: int = 0
     replication: str = ""  # extra lines of the [replication] section
     client_options: str = ""  # extra lines of each [[clients]] table
+    dest_options: str = ""  # extra lines of each [[destinations]] table
     extra: str = ""
 
 
@@ -176,6 +177,8 @@ def write_config(
             lines.append(spec.client_options)
     for dest, port in spec.destinations:
         lines += ["[[destinations]]", f"id = {_q(dest)}", f'address = "127.0.0.1:{port}"']
+        if spec.dest_options:
+            lines.append(spec.dest_options)
         if security == "mtls":
             lines.append(f"server_name = {_q(dest)}")
     for src in spec.sources:
