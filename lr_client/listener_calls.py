@@ -175,5 +175,10 @@ class ListenerCalls(CallPlanner):
         if txn is None or not txn.is_active:
             raise self.failure(queue, plan, attempt, name, self.ROLLED_BACK)
 
+    def redeliver(self, conn: Connection, queue: QueueInfo) -> int:
+        """Deliver entries of ``queue`` parked and released since (none here: see
+        :class:`lr_client.parking.ParkingCalls`): how many the listener applied."""
+        return 0
+
 
 __all__ = ["PARTITION_INFO_KEY", "CallPlanner", "Callback", "ListenerCalls"]

@@ -9,15 +9,18 @@ how it runs the steps (:mod:`lr_client.queue_delivery`) and calls its listener.
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import random
 import socket
 import time
 import uuid
 
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from lr_client.errors import InvalidInputError, StoreUnavailableError
+from lr_client.failure_policy import FailurePolicy, backoff
 from lr_client.listener_calls import CallPlanner
 from lr_client.names import validate_name
 from lr_client.partitioners import Partitioner, load_partitioner
@@ -25,6 +28,7 @@ from lr_client.queue_delivery import QueueDelivery
 from lr_client.queue_leases import QueueLeases
 from lr_client.records import QueueInfo
 from lr_client.store import SubscriberQueues
+from lr_client.store import parked as pk
 from lr_client.store.watches import Watch
 
 #: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
@@ -34,6 +38,8 @@ DEFAULT_SNAPSHOT_BATCH_SIZE = 4000
 #: Seconds an idle subscriber waits at most between polls while its arrival watch
 #: listens (the poll then only bounds a lost wake-up): it doubles from ``poll_interval``.
 IDLE_POLL_MAX = 5.0
+
+log = logging.getLogger("lr_client.subscriber")
 
 
 class SnapshotDelivery(enum.StrEnum):
@@ -77,6 +83,7 @@ class SubscriberCore:
         partitioner: str | Partitioner,
         partition_boundaries: list[bytes | str] | None,
         workers: int | None,
+        failure_policy: FailurePolicy | None,
     ) -> None:
         if min(batch_size, snapshot_batch_size, max_batches, batch_max_bytes) < 1:
             raise ValueError(
@@ -118,6 +125,13 @@ class SubscriberCore:
         if self.workers < 1:
             raise InvalidInputError("workers must be at least 1")
         self._leases = QueueLeases(store, self.owner, lease_seconds, partitions)
+        #: What a batch failing ``max_attempts`` times in a row leads to.
+        self.failure_policy = failure_policy or FailurePolicy()
+        if not isinstance(self.failure_policy, FailurePolicy):
+            raise InvalidInputError(
+                f"failure_policy must be a FailurePolicy, not {failure_policy!r}"
+            )
+        self._store = store
 
     def _steps(self, store: SubscriberQueues, calls: CallPlanner) -> QueueDelivery:
         """The read and mark of this subscriber's deliveries, planned by ``calls``."""
@@ -137,7 +151,7 @@ class SubscriberCore:
 
     def backoff(self, failures: int) -> float:
         """The delay before retrying a queue that failed ``failures`` times in a row."""
-        delay = min(self.retry_max, self.retry_initial * 2.0 ** max(0, failures - 1))
+        delay = backoff(failures, self.retry_initial, self.retry_max)
         return delay * (1.0 - self.retry_jitter * random.random())
 
     def _due(self, queues: list[QueueInfo]) -> list[QueueInfo]:
@@ -161,6 +175,26 @@ class SubscriberCore:
             wrapped.__cause__ = error
             return wrapped
         return error
+
+    def _note_failure(self, key: object, error: BaseException) -> None:
+        """Record ``key``'s queue or partition blocked once it failed ``max_attempts``
+        times in a row (sync I/O: the async subscriber runs it in a greenlet)."""
+        failures = self._failures.get(key, 0)
+        if not self.failure_policy.exhausted(failures):
+            return
+        qid, part = key if isinstance(key, tuple) else (key, pk.WHOLE_QUEUE)
+        text = f"{type(error).__name__}: {error}"[:4000]
+        try:
+            with self._store.write() as conn:
+                pk.note_blocked(conn, qid, part, text, failures)
+        except Exception as exc:  # the next failure records it
+            log.warning("could not record queue %s blocked: %s", qid, exc)
+
+    def _waiting(self, conn: Connection, queue_id: int) -> bool:
+        """Whether a queue has entries to deliver, or (parking) parked ones released."""
+        if self._store.has_entries(conn, queue_id):
+            return True
+        return self.failure_policy.parks and pk.has_released(conn, queue_id)
 
     def _idle_wait(self) -> float:
         """How long the next idle wait lasts: ``poll_interval``, doubling with each wait
