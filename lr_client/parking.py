@@ -66,13 +66,9 @@ class Parking:
     def open(
         self, conn: Connection, queue: QueueInfo, plan: Plan, attempt: int, partition: int | None
     ) -> Guard | None:
-        """Clear the queue's blocked state if due; the guard of ``plan``, or None if
-        it is delivered as it is (no parking: not parking, not log entries, nothing
-        held, not the attempt that isolates)."""
+        """The guard of ``plan``, or None if it is delivered as it is (not parking,
+        not log entries, nothing held, not the attempt that isolates)."""
         qid = queue.queue_id
-        if attempt > 1 or (qid, partition) not in self.cleared:
-            pk.clear_blocked(conn, qid, partition)  # None: every row of the queue
-            self.cleared.add((qid, partition))
         if not self.policy.parks or plan.kind is not PlanKind.LOG or not plan.messages:
             return None
         keys = {m.key for m in plan.messages if m.key is not None}
@@ -81,6 +77,18 @@ class Parking:
         if not isolating and not held:
             return None
         return Guard(plan, Bisection(plan.messages, {k for k in held if k is not None}), isolating)
+
+    def unblock(
+        self, conn: Connection, queue: QueueInfo, attempt: int, partition: int | None
+    ) -> None:
+        """After the listener's calls: clear the queue's (None: every partition's) blocked
+        state, if this subscriber saw it fail or has not cleared it since it started
+        (after the calls: on SQLite a delivery by partition takes the write lock at its
+        listener's first statement)."""
+        qid = queue.queue_id
+        if attempt > 1 or (qid, partition) not in self.cleared:
+            pk.clear_blocked(conn, qid, partition)
+            self.cleared.add((qid, partition))
 
     @staticmethod
     def close(conn: Connection, queue: QueueInfo, guard: Guard, attempt: int) -> None:
@@ -186,6 +194,7 @@ class ParkingCalls(ListenerCalls):
         guard = self.parking.open(conn, queue, plan, attempt, partition)
         if guard is None:
             super().call(conn, queue, plan, attempt, partition, calls)
+            self.parking.unblock(conn, queue, attempt, partition)
             return
         search = guard.search
         while (group := search.next()) is not None:
@@ -201,6 +210,7 @@ class ParkingCalls(ListenerCalls):
                     savepoint.commit()
                 search.ok()
         self.parking.close(conn, queue, guard, attempt)
+        self.parking.unblock(conn, queue, attempt, partition)
 
     def redeliver(self, conn: Connection, queue: QueueInfo) -> int:
         """Deliver the queue's released rows in ``conn``'s transaction: how many applied."""

@@ -55,6 +55,7 @@ class AsyncParkingCalls(AsyncListenerCalls):
         guard = await conn.run_sync(parking.open, queue, plan, attempt, partition)
         if guard is None:
             await super().call(conn, queue, plan, attempt, calls=calls, partition=partition)
+            await conn.run_sync(parking.unblock, queue, attempt, partition)
             return
         search = guard.search
         while (group := search.next()) is not None:
@@ -72,6 +73,7 @@ class AsyncParkingCalls(AsyncListenerCalls):
                     await savepoint.commit()
                 search.ok()
         await conn.run_sync(parking.close, queue, guard, attempt)
+        await conn.run_sync(parking.unblock, queue, attempt, partition)
 
     async def redeliver(self, conn: AsyncConnection, queue: QueueInfo) -> int:
         """Deliver the queue's released rows in ``conn``'s transaction: how many applied."""
