@@ -36,6 +36,7 @@ from lr_client.errors import (
     UnknownDestinationError,
     UnsupportedSettingError,
 )
+from lr_client.failure_policy import FailurePolicy, OnFailure
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.partitioners import HashPartitioner, Partitioner, RangePartitioner
 from lr_client.records import (
@@ -61,6 +62,7 @@ __all__ = [
     "CascadeRouteError",
     "ConfigError",
     "EntryRef",
+    "FailurePolicy",
     "FencedError",
     "HashPartitioner",
     "IncompatibleVersionError",
@@ -74,6 +76,7 @@ __all__ = [
     "LRMessageWithDestinations",
     "ListenerError",
     "NotProviderError",
+    "OnFailure",
     "PartitionCountError",
     "Partitioner",
     "PayloadTooLargeError",

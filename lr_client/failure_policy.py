@@ -74,6 +74,7 @@ class FailurePolicy:
 
     @property
     def parks(self) -> bool:
+        """Whether the policy parks (else it blocks)."""
         return self.on_failure == OnFailure.PARK
 
     def exhausted(self, attempt: int) -> bool:

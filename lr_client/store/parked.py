@@ -290,29 +290,48 @@ class BlockedRow:
 
 def blocked_rows(conn: Connection, client: str | None = None) -> list[BlockedRow]:
     """Every blocked queue or partition (of ``client``, if given)."""
-    query = select(
-        _Q.c.client_name,
-        _Q.c.source_id,
-        _B.c.queue_id,
-        _B.c.partition,
-        _B.c.error,
-        _B.c.attempts,
-        _B.c.first_failed_at,
-        _B.c.last_failed_at,
-    ).join(_Q, _Q.c.queue_id == _B.c.queue_id)
+    query = (
+        select(
+            _Q.c.client_name,
+            _Q.c.source_id,
+            _B.c.queue_id,
+            _B.c.partition,
+            _B.c.error,
+            _B.c.attempts,
+            _B.c.first_failed_at,
+            _B.c.last_failed_at,
+        )
+        .select_from(_B)
+        .join(_Q, _Q.c.queue_id == _B.c.queue_id)
+    )
     if client is not None:
         query = query.where(_Q.c.client_name == client)
     rows = conn.execute(query.order_by(_Q.c.client_name, _Q.c.source_id, _B.c.partition))
     return [BlockedRow(*r) for r in rows]
 
 
-def open_counts(conn: Connection) -> dict[tuple[str, str], int]:
+def open_counts(conn: Connection, client: str | None = None) -> dict[tuple[str, str], int]:
     """{(client, source): entries parked, held or retrying}."""
     query = (
         select(_P.c.client_name, _P.c.source_id, func.count())
         .where(_P.c.state.in_([x.value for x in OPEN_STATES]))
         .group_by(_P.c.client_name, _P.c.source_id)
     )
+    if client is not None:
+        query = query.where(_P.c.client_name == client)
+    return {(r[0], r[1]): int(r[2]) for r in conn.execute(query)}
+
+
+def blocked_counts(conn: Connection, client: str | None = None) -> dict[tuple[str, str], int]:
+    """{(client, source): its queue's blocked rows (the queue, or partitions of it)}."""
+    query = (
+        select(_Q.c.client_name, _Q.c.source_id, func.count())
+        .select_from(_B)
+        .join(_Q, _Q.c.queue_id == _B.c.queue_id)
+        .group_by(_Q.c.client_name, _Q.c.source_id)
+    )
+    if client is not None:
+        query = query.where(_Q.c.client_name == client)
     return {(r[0], r[1]): int(r[2]) for r in conn.execute(query)}
 
 
@@ -379,6 +398,7 @@ __all__ = [
     "ParkedRow",
     "ParkedState",
     "blocked",
+    "blocked_counts",
     "blocked_rows",
     "clear_blocked",
     "failed_again",

@@ -32,10 +32,12 @@ from lr_server.admin.errors import AdminError, AdminInputError, NotFoundError, S
 from lr_server.admin.members import list_members, remove_member, set_member_weight
 from lr_server.admin.parked import (
     BlockedView,
+    ParkedCount,
     ParkedView,
     blocked_queues,
     discard_parked,
     list_parked,
+    parked_counts,
     retry_parked,
     show_parked,
 )
@@ -64,6 +66,7 @@ __all__ = [
     "DatabaseCheck",
     "MemberView",
     "NotFoundError",
+    "ParkedCount",
     "ParkedView",
     "ProviderSwitch",
     "QueueSummary",
@@ -86,6 +89,7 @@ __all__ = [
     "list_parked",
     "list_queues",
     "list_snapshots",
+    "parked_counts",
     "remove_member",
     "request_snapshot",
     "retry_parked",

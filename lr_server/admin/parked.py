@@ -86,7 +86,28 @@ class BlockedView:
     last_failed_at: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``lr status --json`` prints for it."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ParkedCount:
+    """How many entries of a queue wait for an operator (parked, held or retrying)."""
+
+    client: str
+    source: str
+    entries: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``lr status --json`` prints for it."""
+        return asdict(self)
+
+
+def parked_counts(store: QueueStore, client: str | None = None) -> list[ParkedCount]:
+    """Per queue with any: its entries parked, held or retrying (``lr status``)."""
+    with store.read() as conn:
+        counts = pk.open_counts(conn, client)
+    return [ParkedCount(c, s, n) for (c, s), n in sorted(counts.items())]
 
 
 def list_parked(
@@ -187,10 +208,12 @@ def blocked_queues(store: QueueStore, client: str | None = None) -> list[Blocked
 __all__ = [
     "STATES",
     "BlockedView",
+    "ParkedCount",
     "ParkedView",
     "blocked_queues",
     "discard_parked",
     "list_parked",
+    "parked_counts",
     "retry_parked",
     "show_parked",
 ]

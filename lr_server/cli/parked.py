@@ -17,7 +17,7 @@ from lr_server.cli.render import ago, console, print_json, shorten, table
 from lr_server.config import load_config
 
 if TYPE_CHECKING:
-    from lr_server.admin import ParkedView
+    from lr_server.admin import BlockedView, ParkedCount, ParkedView
 
 #: The states ``lr parked list --state`` takes.
 STATES = ("parked", "held", "retrying", "retried", "discarded")
@@ -82,6 +82,30 @@ def render(found: Sequence[ParkedView]) -> None:
             shorten(v.error, 120),
         )
     console().print(t)
+
+
+def render_failures(
+    blocked: Sequence[BlockedView], parked: Sequence[ParkedCount], now: float
+) -> None:
+    """Print the sink's blocked queues and parked counts (``lr status``), if any."""
+    out = console()
+    if blocked:
+        t = table("blocked queues", "source", "client", "partition", "attempts", "since", "error")
+        for b in blocked:
+            t.add_row(
+                b.source,
+                b.client,
+                "-" if b.partition is None else str(b.partition),
+                str(b.attempts),
+                ago(b.first_failed_at, now),
+                shorten(b.error, 120),
+            )
+        out.print(t)
+    if parked:
+        t = table("parked entries (lr parked list)", "source", "client", "entries")
+        for p in parked:
+            t.add_row(p.source, p.client, str(p.entries))
+        out.print(t)
 
 
 @parked.command("show")

@@ -57,3 +57,26 @@ def test_parked_list_show_retry_discard(site: Path, store: SQLAlchemyQueueStore)
     assert as_json("parked", "list", "--config", site) == []
     done = as_json("parked", "list", "--config", site, "--state", "retried")
     assert [r["source_position"] for r in done] == [3, 4]
+
+
+def test_status_shows_blocked_queues_and_parked_counts(
+    site: Path, store: SQLAlchemyQueueStore
+) -> None:
+    Base.metadata.create_all(store.engine)
+    store.apply_log_batch("site-x", CLIENT, entries(1, 3))
+    store.apply_log_batch("site-y", CLIENT, entries(11, 2))
+    park = FailurePolicy("park", max_attempts=1)
+    with RoutingQueueSubscriber(store, CLIENT, Poisoned({2}), failure_policy=park) as sub:
+        sub.poll_once()
+    report = as_json("status", "--config", site)
+    assert report["parked_entries"] == [{"client": CLIENT, "source": "site-x", "entries": 1}]
+    assert report["blocked_queues"] == []
+    store.apply_log_batch("site-x", CLIENT, entries(4, 1))
+    block = FailurePolicy("block", max_attempts=1)
+    with RoutingQueueSubscriber(store, CLIENT, Poisoned({4}), failure_policy=block) as sub:
+        sub.poll_once()
+    (blocked,) = as_json("status", "--config", site)["blocked_queues"]
+    assert (blocked["source"], blocked["partition"], blocked["attempts"]) == ("site-x", None, 1)
+    assert "cannot apply [4]" in blocked["error"]
+    shown = ok("status", "--config", site).stdout
+    assert "blocked queues" in shown and "parked entries" in shown

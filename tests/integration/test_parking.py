@@ -13,6 +13,7 @@ from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSub
 from lr_client.errors import InvalidInputError, ProtocolError
 from lr_client.failure_policy import FailurePolicy
 from lr_client.records import ReplicationType, WireEntry
+from lr_client.sink_metrics import SinkCollector
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store import parked as pk
 from lr_client.store import schema as s
@@ -271,3 +272,38 @@ def test_a_bad_policy_is_refused() -> None:
         FailurePolicy("drop")
     with pytest.raises(InvalidInputError, match="max_attempts"):
         FailurePolicy("park", 0)
+
+
+def _gauges(store: SQLAlchemyQueueStore) -> dict[tuple[str, str], float]:
+    out = {}
+    for family in SinkCollector(store, CLIENT).collect():
+        for sample in family.samples:
+            if sample.name in ("lr_parked_entries", "lr_blocked_queues"):
+                out[(sample.name, sample.labels["source"])] = sample.value
+    return out
+
+
+def test_the_sinks_metrics_count_parked_entries_and_blocked_queues(
+    app_store: SQLAlchemyQueueStore,
+) -> None:
+    app_store.apply_log_batch("src-a", CLIENT, entries(1, 4, lambda p: b"k"))
+    app_store.apply_log_batch("src-b", CLIENT, entries(11, 1))
+    assert _gauges(app_store) == {
+        ("lr_parked_entries", "src-a"): 0,
+        ("lr_parked_entries", "src-b"): 0,
+        ("lr_blocked_queues", "src-a"): 0,
+        ("lr_blocked_queues", "src-b"): 0,
+    }
+    parking = RoutingQueueSubscriber(app_store, CLIENT, Poisoned({2}), failure_policy=PARK)
+    with parking:
+        drain(parking, lambda: len(parked_rows(app_store)) == 3)  # 2 parked, 3 and 4 held
+    assert _gauges(app_store)[("lr_parked_entries", "src-a")] == 3
+    app_store.apply_log_batch("src-b", CLIENT, entries(12, 1))
+    block = FailurePolicy("block", 1)
+    with RoutingQueueSubscriber(app_store, CLIENT, Poisoned({12}), failure_policy=block) as sub:
+        drain(sub, lambda: _gauges(app_store)[("lr_blocked_queues", "src-b")] == 1)
+    (head,) = admin.list_parked(app_store, states=["parked"])
+    admin.discard_parked(app_store, [head.parked_id], by="ops")
+    with RoutingQueueSubscriber(app_store, CLIENT, Poisoned(set()), failure_policy=PARK) as sub:
+        drain(sub, lambda: _gauges(app_store)[("lr_blocked_queues", "src-b")] == 0)
+        drain(sub, lambda: _gauges(app_store)[("lr_parked_entries", "src-a")] == 0)
