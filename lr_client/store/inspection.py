@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, LargeBinary, and_, func, or_, select
 
 from lr_client.records import QueueInfo, QueueSlot, ReplicationType, StoredEntry
-from lr_client.store import parked as pk
+from lr_client.store import parked_views as pv
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import payload_size
@@ -60,8 +60,8 @@ class InspectionStore(StoreBase):
     def sink_failures(self, client_name: str | None = None) -> SinkFailures:
         """The receive queues' (of one client's) parked entries and blocked state."""
         with self.read() as conn:
-            parked = pk.open_counts(conn, client_name)
-            blocked = pk.blocked_counts(conn, client_name)
+            parked = pv.open_counts(conn, client_name)
+            blocked = pv.blocked_counts(conn, client_name)
         return SinkFailures(parked, blocked)
 
     def save_session_status(

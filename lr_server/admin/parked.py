@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from lr_client.store import parked as pk
+from lr_client.store import parked_views as pv
 from lr_server.admin.errors import AdminInputError, NotFoundError, StateError
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class ParkedView:
     payload: str | None = None
 
     @classmethod
-    def of(cls, r: pk.ParkedRow, *, payload: bool = False) -> ParkedView:
+    def of(cls, r: pv.ParkedRow, *, payload: bool = False) -> ParkedView:
         return cls(
             parked_id=r.parked_id,
             client=r.client_name,
@@ -106,7 +107,7 @@ class ParkedCount:
 def parked_counts(store: QueueStore, client: str | None = None) -> list[ParkedCount]:
     """Per queue with any: its entries parked, held or retrying (``lr status``)."""
     with store.read() as conn:
-        counts = pk.open_counts(conn, client)
+        counts = pv.open_counts(conn, client)
     return [ParkedCount(c, s, n) for (c, s), n in sorted(counts.items())]
 
 
@@ -127,14 +128,14 @@ def list_parked(
     if bad:
         raise AdminInputError(f"unknown state {bad[0]!r} (one of {', '.join(STATES)})", "state")
     with store.read() as conn:
-        rows = pk.find(conn, client=client, source=source, states=chosen, limit=limit)
+        rows = pv.find(conn, client=client, source=source, states=chosen, limit=limit)
     return [ParkedView.of(r) for r in rows]
 
 
 def show_parked(store: QueueStore, parked_id: int) -> ParkedView:
     """One parked entry with its payload (``lr parked show``)."""
     with store.read() as conn:
-        rows = pk.find(conn, ids=[parked_id])
+        rows = pv.find(conn, ids=[parked_id])
     if not rows:
         raise NotFoundError(f"no parked entry {parked_id}")
     return ParkedView.of(rows[0], payload=True)
@@ -151,7 +152,7 @@ def _change(
     if not ids:
         raise AdminInputError("give at least one parked entry id", "id")
     with store.write() as conn:
-        rows = {r.parked_id: r for r in pk.find(conn, ids=ids)}
+        rows = {r.parked_id: r for r in pv.find(conn, ids=ids)}
         for i in ids:
             row = rows.get(i)
             if row is None:
@@ -161,7 +162,7 @@ def _change(
                 raise StateError(f"parked entry {i} is {row.state}, not {allowed[0].value}")
             if not pk.move(conn, i, was, to, **values):
                 raise StateError(f"parked entry {i} changed meanwhile; try again")
-        changed = pk.find(conn, ids=ids)
+        changed = pv.find(conn, ids=ids)
     return [ParkedView.of(r) for r in changed]
 
 
@@ -190,7 +191,7 @@ def discard_parked(
 def blocked_queues(store: QueueStore, client: str | None = None) -> list[BlockedView]:
     """The queues and partitions whose listener failed ``max_attempts`` times in a row."""
     with store.read() as conn:
-        rows = pk.blocked_rows(conn, client)
+        rows = pv.blocked_rows(conn, client)
     return [
         BlockedView(
             r.client_name,

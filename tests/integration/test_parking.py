@@ -15,7 +15,7 @@ from lr_client.failure_policy import FailurePolicy
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.sink_metrics import SinkCollector
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import parked as pk
+from lr_client.store import parked_views as pv
 from lr_client.store import schema as s
 from lr_server import admin
 from tests.kit.aio import SyncDriven
@@ -86,7 +86,7 @@ def applied(store: SQLAlchemyQueueStore) -> list[tuple[int, str]]:
 
 def parked_rows(store: SQLAlchemyQueueStore) -> list[tuple[int, str]]:
     with store.engine.connect() as conn:
-        return [(r.source_position, r.state) for r in pk.find(conn)]
+        return [(r.source_position, r.state) for r in pv.find(conn)]
 
 
 @pytest.fixture
@@ -142,8 +142,8 @@ def test_a_poison_entry_among_1000_is_parked_alone_and_the_others_applied_once(
     assert admin.show_parked(app_store, view.parked_id).payload == "v437"
     assert len(listener.errors) == 1  # the one whole failure before the bisection
     with app_store.engine.connect() as conn:
-        assert pk.open_counts(conn) == {(CLIENT, "src-a"): 1}
-        assert pk.blocked_rows(conn) == []
+        assert pv.open_counts(conn) == {(CLIENT, "src-a"): 1}
+        assert pv.blocked_rows(conn) == []
 
 
 def test_block_policy_delivers_nothing_after_the_failing_entry_and_records_it(
