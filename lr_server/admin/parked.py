@@ -174,6 +174,14 @@ def retry_parked(store: QueueStore, ids: Sequence[int]) -> list[ParkedView]:
     return _change(store, ids, (pk.ParkedState.PARKED,), pk.ParkedState.RETRYING)
 
 
+def os_user() -> str:
+    """The OS user running this process ("unknown" if it has no name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry, no LOGNAME/USER (a container)
+        return "unknown"
+
+
 def discard_parked(
     store: QueueStore, ids: Sequence[int], by: str | None = None
 ) -> list[ParkedView]:
@@ -181,7 +189,7 @@ def discard_parked(
     the OS user) and the time; the row stays. The entries held behind a discarded
     parked entry are then delivered. :class:`StateError` (nothing changed) if one
     is resolved already."""
-    who = by or getpass.getuser()
+    who = by or os_user()
     allowed = (pk.ParkedState.PARKED, pk.ParkedState.HELD)
     return _change(
         store, ids, allowed, pk.ParkedState.DISCARDED, discarded_by=who, discarded_at=time.time()
@@ -214,6 +222,7 @@ __all__ = [
     "blocked_queues",
     "discard_parked",
     "list_parked",
+    "os_user",
     "parked_counts",
     "retry_parked",
     "show_parked",

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import getpass
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,9 +152,10 @@ def parked_discard(config_path: Path, ids: tuple[int, ...], by: str | None) -> N
     The entries of a key held behind a discarded entry are then delivered.
     """
     from lr_server import admin
+    from lr_server.admin.parked import os_user
 
     config = load_config(config_path)
-    who = by or getpass.getuser()
+    who = by or os_user()
     with admin_errors(), open_site_store(config) as store:
         done = admin.discard_parked(store, ids, who)
     click.echo(f"{len(done)} entries discarded by {who}")
