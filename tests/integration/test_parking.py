@@ -307,3 +307,24 @@ def test_the_sinks_metrics_count_parked_entries_and_blocked_queues(
     with RoutingQueueSubscriber(app_store, CLIENT, Poisoned(set()), failure_policy=PARK) as sub:
         drain(sub, lambda: _gauges(app_store)[("lr_blocked_queues", "src-b")] == 0)
         drain(sub, lambda: _gauges(app_store)[("lr_parked_entries", "src-a")] == 0)
+
+
+class FailingSnapshot(Poisoned):
+    def process_full_sync(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        raise RuntimeError("cannot apply the snapshot")
+
+
+def test_a_failing_full_sync_blocks_under_the_park_policy(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    sid = "s1"
+    rows = [WireEntry(i, ReplicationType.SNAPSHOT_SYNC, b"s", snapshot_id=sid) for i in (1, 2)]
+    end = WireEntry(3, ReplicationType.LAST_FULL_SYNC_ENTRY, b"", snapshot_id=sid, snapshot_count=2)
+    app_store.apply_snapshot_batch("src-a", CLIENT, sid, [*rows, end])
+    app_store.apply_log_batch("src-a", CLIENT, entries(4, 2))
+    sub = make_sub(FailingSnapshot(set()), batch_size=10)
+    drain(sub, lambda: bool(admin.blocked_queues(app_store)))
+    assert parked_rows(app_store) == [] and applied(app_store) == []
+    assert "cannot apply the snapshot" in admin.blocked_queues(app_store)[0].error
