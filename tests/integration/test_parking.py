@@ -12,6 +12,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client.errors import InvalidInputError, ProtocolError
 from lr_client.failure_policy import FailurePolicy
+from lr_client.partitioners import HashPartitioner, partition_of
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.sink_metrics import SinkCollector
 from lr_client.store import SQLAlchemyQueueStore
@@ -328,3 +329,28 @@ def test_a_failing_full_sync_blocks_under_the_park_policy(
     drain(sub, lambda: bool(admin.blocked_queues(app_store)))
     assert parked_rows(app_store) == [] and applied(app_store) == []
     assert "cannot apply the snapshot" in admin.blocked_queues(app_store)[0].error
+
+
+def test_block_policy_with_partitions_blocks_the_failing_partition_only(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    def key(p: int) -> bytes:
+        return b"k%d" % (p % 3)
+
+    app_store.apply_log_batch("src-a", CLIENT, entries(1, 30, key))
+    listener = Poisoned({5})
+    block = FailurePolicy("block", 2)
+    sub = make_sub(listener, batch_size=4, partitions=3, failure_policy=block)
+    poisoned = partition_of(HashPartitioner(), key(5), 3)
+    others = [p for p in range(1, 31) if partition_of(HashPartitioner(), key(p), 3) != poisoned]
+
+    def settled() -> bool:
+        got = {p for p, _ in applied(app_store)}
+        return set(others) <= got and bool(admin.blocked_queues(app_store))
+
+    drain(sub, settled)
+    (b,) = admin.blocked_queues(app_store)
+    assert b.partition == poisoned and b.attempts >= 2
+    stuck = [p for p, _ in applied(app_store) if p not in others]
+    assert all(p < 5 for p in stuck)  # nothing of its partition after the failing entry
+    assert parked_rows(app_store) == []
