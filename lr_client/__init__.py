@@ -41,6 +41,7 @@ from lr_client.errors import (
     UnknownDestinationError,
     UnsupportedSettingError,
 )
+from lr_client.failure_policy import FailurePolicy, OnFailure
 from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.partitioners import HashPartitioner, Partitioner, RangePartitioner
@@ -70,6 +71,7 @@ __all__ = [
     "DecryptionError",
     "EncryptionError",
     "EntryRef",
+    "FailurePolicy",
     "FencedError",
     "HashPartitioner",
     "IncompatibleVersionError",
@@ -86,6 +88,7 @@ __all__ = [
     "LRMessageWithDestinations",
     "ListenerError",
     "NotProviderError",
+    "OnFailure",
     "PartitionCountError",
     "Partitioner",
     "PayloadTooLargeError",

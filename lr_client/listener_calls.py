@@ -13,6 +13,7 @@ transaction; the async subscriber awaits them with an ``AsyncSession``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from lr_client import tracing
 from lr_client.delivery import Plan, PlanKind, awaits_end
 from lr_client.errors import ListenerError
 from lr_client.keys import Keyring
-from lr_client.listener import RoutingQueueListener, takes_base_position
+from lr_client.listener import RoutingQueueListener, RoutingQueueMessage, takes_base_position
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 from lr_client.sealed_messages import open_messages
 from lr_client.store import SubscriberQueues
@@ -108,10 +109,7 @@ class CallPlanner:
             out.append(Callback("on_stream_dropped", args))
         elif plan.messages:
             name = "process_log_entries" if plan.kind is PlanKind.LOG else "process_full_sync"
-            messages = plan.messages
-            if self.keyring is not None:
-                messages = open_messages(self.keyring, queue, messages)
-            out.append(Callback(name, (source, messages), batch=True))
+            out.append(Callback(name, (source, self.readable(queue, plan.messages)), batch=True))
         if plan.end:
             if self.base_at_end:
                 kwargs: dict[str, object] = {"base_position": plan.base_position}
@@ -119,6 +117,14 @@ class CallPlanner:
             else:
                 out.append(Callback("on_full_sync_end", (source, sid)))
         return out
+
+    def readable(
+        self, queue: QueueInfo, messages: Sequence[RoutingQueueMessage]
+    ) -> Sequence[RoutingQueueMessage]:
+        """``messages`` as the listener sees them: decrypted, with a keyring."""
+        if self.keyring is None:
+            return messages
+        return open_messages(self.keyring, queue, messages)
 
     @staticmethod
     def failure(
@@ -205,6 +211,11 @@ class ListenerCalls(CallPlanner):
             session.close()
         if txn is None or not txn.is_active:
             raise self.failure(queue, plan, attempt, name, self.ROLLED_BACK)
+
+    def redeliver(self, conn: Connection, queue: QueueInfo) -> int:
+        """Deliver entries of ``queue`` parked and released since (none here: see
+        :class:`lr_client.parking.ParkingCalls`): how many the listener applied."""
+        return 0
 
 
 __all__ = ["PARTITION_INFO_KEY", "CallPlanner", "Callback", "ListenerCalls"]

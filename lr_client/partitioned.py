@@ -376,14 +376,15 @@ class PartitionedDelivery(PartitionSteps):
         how many messages, or None if they are not all there yet (or none waits)."""
         with self.writer, self.store.write() as conn:
             barrier = self.open_barrier(conn, queue)
+            redone = self.calls.redeliver(conn, queue)  # parked entries released meanwhile
             if barrier is None:
-                return None
+                return redone or None
             if barrier.plan.kind is not PlanKind.STALE:
                 calls = barrier.callbacks
                 self.calls.call(conn, queue, barrier.plan, attempt, partition=None, calls=calls)
             expires = self.mark_barrier(conn, queue, barrier)
         self.barrier_saved(queue.queue_id, barrier, expires)
-        return len(barrier.plan.messages)
+        return len(barrier.plan.messages) + redone
 
 
 __all__ = [

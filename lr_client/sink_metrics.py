@@ -14,6 +14,10 @@ Per client and source (receive queue ``LRQ_Recv_<client>__<source>``):
 * ``lr_sink_queue_depth``: entries received and not delivered to the listener yet;
 * ``lr_sink_oldest_undelivered_seconds``: how long ago the oldest of them arrived
   (0 when the queue is empty);
+* ``lr_parked_entries``: entries its listener failed on that wait for an operator
+  (parked, held behind them, or asked for again; :mod:`lr_client.failure_policy`);
+* ``lr_blocked_queues``: 1 (or the number of its partitions) while its delivery has
+  failed ``max_attempts`` times in a row, else 0;
 
 and ``lr_sink_metrics_up``: 1 if the database answered the scrape's read, else 0
 (the other two are then absent).
@@ -30,12 +34,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lr_client.errors import TransientError
-from lr_client.store.inspection import SinkBacklog
+from lr_client.store.inspection import SinkBacklog, SinkFailures
 
 #: The metrics' names, as exported by the collector and by ``lr server``.
 QUEUE_DEPTH = "lr_sink_queue_depth"
 OLDEST_UNDELIVERED = "lr_sink_oldest_undelivered_seconds"
 UP = "lr_sink_metrics_up"
+PARKED = "lr_parked_entries"
+BLOCKED = "lr_blocked_queues"
 
 
 @runtime_checkable
@@ -45,6 +51,10 @@ class SinkReads(Protocol):
 
     def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
         """Every receive queue's (of one client's) undelivered count and oldest arrival."""
+        ...
+
+    def sink_failures(self, client_name: str | None = None) -> SinkFailures:
+        """Every receive queue's (of one client's) parked entries and blocked state."""
         ...
 
 
@@ -71,6 +81,7 @@ class SinkCollector(Collector):
         up = GaugeMetricFamily(UP, "1 if the sink's database answered this scrape's read")
         try:
             backlogs = self.store.sink_backlogs(self.client_name)
+            failures = self.store.sink_failures(self.client_name)
         except TransientError:
             up.add_metric([], 0)
             yield up
@@ -85,12 +96,21 @@ class SinkCollector(Collector):
             "Seconds since the oldest undelivered entry arrived (0: none)",
             labels=labels,
         )
+        parked = GaugeMetricFamily(
+            PARKED, "Entries parked or held after their listener failed", labels=labels
+        )
+        blocked = GaugeMetricFamily(
+            BLOCKED, "Queues (or partitions) whose delivery keeps failing", labels=labels
+        )
         now = self.clock()
         for b in backlogs:
             at = b.oldest_received_at
-            depth.add_metric([b.client_name, b.source_id], b.depth)
-            age.add_metric([b.client_name, b.source_id], 0.0 if at is None else max(0.0, now - at))
-        yield from (up, depth, age)
+            queue = (b.client_name, b.source_id)
+            depth.add_metric(list(queue), b.depth)
+            age.add_metric(list(queue), 0.0 if at is None else max(0.0, now - at))
+            parked.add_metric(list(queue), failures.parked.get(queue, 0))
+            blocked.add_metric(list(queue), failures.blocked.get(queue, 0))
+        yield from (up, depth, age, parked, blocked)
 
 
 def sink_registry(store: SinkReads, client_name: str | None = None) -> CollectorRegistry:
@@ -101,4 +121,13 @@ def sink_registry(store: SinkReads, client_name: str | None = None) -> Collector
     return registry
 
 
-__all__ = ["OLDEST_UNDELIVERED", "QUEUE_DEPTH", "UP", "SinkCollector", "SinkReads", "sink_registry"]
+__all__ = [
+    "BLOCKED",
+    "OLDEST_UNDELIVERED",
+    "PARKED",
+    "QUEUE_DEPTH",
+    "UP",
+    "SinkCollector",
+    "SinkReads",
+    "sink_registry",
+]

@@ -35,9 +35,11 @@ from sqlalchemy.engine import Engine
 
 from lr_client.doorbell import Doorbell
 from lr_client.errors import PartitionCountError
+from lr_client.failure_policy import FailurePolicy
 from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueListener
-from lr_client.listener_calls import PARTITION_INFO_KEY, ListenerCalls
+from lr_client.listener_calls import PARTITION_INFO_KEY
+from lr_client.parking import ParkingCalls
 from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
 from lr_client.partitioners import Partitioner
 from lr_client.queue_marks import QueueMarks
@@ -60,11 +62,6 @@ class DeliveryStore(Sites, SubscriberQueues, Protocol):
     """What the subscriber needs of the store: the schema and the receive queues."""
 
 
-#: Another subscriber holds the queue now: roll back and leave it.
-_LeaseLost = LeaseLost
-#: The queue's state changed under the delivery (its lease lost, or another
-#: delivery committed first): roll back, then take the lease again or leave it.
-_Conflict = Conflict
 #: Seconds between raises of a queue's own ``delivered_seq`` to the minimum over its
 #: partitions while they deliver (it lags by at most this; never runs ahead).
 QUEUE_MARK_INTERVAL = 0.5
@@ -84,8 +81,10 @@ class RoutingQueueSubscriber(SubscriberCore):
     in lease rows (unique by default). A failed batch of a queue is retried
     after ``retry_initial`` seconds, doubling up to ``retry_max``, each delay
     shortened by up to ``retry_jitter`` of itself at random; other queues go
-    on meanwhile. ``keyring``: payloads are decrypted before the listener; a queue
-    whose entry does not open waits for its key so (:mod:`lr_client.sealed_messages`).
+    on meanwhile. ``failure_policy`` (:class:`~lr_client.failure_policy.FailurePolicy`):
+    block or park after ``max_attempts``. ``keyring``: payloads are decrypted before
+    the listener; a queue whose entry does not open waits for its key
+    (:mod:`lr_client.sealed_messages`).
 
     ``snapshot_delivery`` (:class:`SnapshotDelivery`) says when a full sync
     reaches the listener: ``"complete"`` (the default) waits until the sink
@@ -132,6 +131,7 @@ class RoutingQueueSubscriber(SubscriberCore):
         workers: int | None = None,
         wake_on_arrival: bool = True,
         keyring: Keyring | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> None:
         #: A store this subscriber opened from a URL: its connections are closed by close().
         self._owned = open_store(engine) if isinstance(engine, str) else None
@@ -163,13 +163,14 @@ class RoutingQueueSubscriber(SubscriberCore):
                 partition_boundaries=partition_boundaries,
                 workers=workers,
                 keyring=keyring,
+                failure_policy=failure_policy,
             )
         except BaseException:
             if self._owned is not None:
                 self._owned.close()
             raise
         self.listener = listener
-        self._calls = self._planner(ListenerCalls, listener, self.store)
+        self._calls = self._planner(ParkingCalls, listener, self.store)
         self._delivery = self._steps(self.store, self._calls)
         self._partitioned = PartitionedDelivery(
             self.store,
@@ -282,7 +283,7 @@ class RoutingQueueSubscriber(SubscriberCore):
         if not due:
             return 0, False
         with self.store.read_statements() as conn:  # one probe a queue, no snapshot shared
-            ready = [q for q in due if self.store.has_entries(conn, q.queue_id)]
+            ready = [q for q in due if self._waiting(conn, q.queue_id)]
         delivered, again = 0, False
         for queue in ready:
             n, more = self._drain(queue)
@@ -362,11 +363,11 @@ class RoutingQueueSubscriber(SubscriberCore):
                             self._doorbell.ring()
                 except PartitionCountError:
                     raise
-                except _LeaseLost:
+                except LeaseLost:
                     self._leases.lost(qid)
                     self._partitioned.forget(qid)
                     break
-                except _Conflict:  # retried at its next turn
+                except Conflict:  # retried at its next turn
                     log.debug("partition %d of %s changed; retrying", p, queue.queue_name)
                     self._partitioned.forget(qid)
                 except Exception as exc:
@@ -396,9 +397,9 @@ class RoutingQueueSubscriber(SubscriberCore):
                 self._succeeded(qid)
                 delivered += n
                 progressed = True
-        except _LeaseLost:
+        except LeaseLost:
             self._leases.lost(qid)
-        except _Conflict:
+        except Conflict:
             log.debug("queue %s changed during delivery; retrying", queue.queue_name)
             self._leases.lost(qid)
             progressed = True
@@ -421,7 +422,8 @@ class RoutingQueueSubscriber(SubscriberCore):
         return self._leases.hold(queue_id)
 
     def _fail(self, queue_id: object, error: BaseException) -> None:
-        self._report(self._failed(queue_id, error))
+        self._report(error := self._failed(queue_id, error))
+        self._note_failure(queue_id, error)
 
     def _report(self, error: BaseException) -> None:
         try:
@@ -434,13 +436,14 @@ class RoutingQueueSubscriber(SubscriberCore):
         """Deliver the head of ``queue``: the number of messages, or None if none is ready."""
         with self.store.write() as conn:
             opened = self._delivery.open(conn, queue)
+            redone = self._calls.redeliver(conn, queue)  # parked entries released meanwhile
             if opened is None:
-                return None
+                return redone or None
             if opened.callbacks:  # none for the left-overs of an ended snapshot
                 self._calls.call(conn, queue, opened.plan, attempt, calls=opened.callbacks)
             expires = self._delivery.mark(conn, queue, opened)
         self._leases.renewed(queue.queue_id, expires)
-        return len(opened.plan.messages)
+        return len(opened.plan.messages) + redone
 
 
 __all__ = [

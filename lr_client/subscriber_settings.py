@@ -9,16 +9,20 @@ how it runs the steps (:mod:`lr_client.queue_delivery`) and calls its listener.
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import random
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from lr_client.errors import InvalidInputError, StoreUnavailableError
+from lr_client.failure_policy import FailurePolicy, backoff
 from lr_client.keys import Keyring
 from lr_client.listener_calls import CallPlanner
 from lr_client.names import validate_name
@@ -27,6 +31,7 @@ from lr_client.queue_delivery import QueueDelivery
 from lr_client.queue_leases import QueueLeases
 from lr_client.records import QueueInfo
 from lr_client.store import SubscriberQueues
+from lr_client.store import parked as pk
 from lr_client.store.watches import Watch
 
 #: Default bound of the payload bytes one delivery reads (a larger entry comes alone).
@@ -38,6 +43,7 @@ DEFAULT_SNAPSHOT_BATCH_SIZE = 4000
 IDLE_POLL_MAX = 5.0
 
 P = TypeVar("P", bound=CallPlanner)
+log = logging.getLogger("lr_client.subscriber")
 
 
 class SnapshotDelivery(enum.StrEnum):
@@ -82,6 +88,7 @@ class SubscriberCore:
         partition_boundaries: list[bytes | str] | None,
         workers: int | None,
         keyring: Keyring | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> None:
         if min(batch_size, snapshot_batch_size, max_batches, batch_max_bytes) < 1:
             raise ValueError(
@@ -126,6 +133,13 @@ class SubscriberCore:
         if self.workers < 1:
             raise InvalidInputError("workers must be at least 1")
         self._leases = QueueLeases(store, self.owner, lease_seconds, partitions)
+        #: What a batch failing ``max_attempts`` times in a row leads to.
+        self.failure_policy = failure_policy or FailurePolicy()
+        if not isinstance(self.failure_policy, FailurePolicy):
+            raise InvalidInputError(
+                f"failure_policy must be a FailurePolicy, not {failure_policy!r}"
+            )
+        self._store = store
 
     @property
     def keyring(self) -> Keyring | None:
@@ -140,10 +154,16 @@ class SubscriberCore:
         if calls is not None:
             calls.keyring = keyring
 
-    def _planner(self, cls: type[P], listener: Any, store: SubscriberQueues) -> P:
+    def _planner(self, cls: Callable[..., P], listener: Any, store: SubscriberQueues) -> P:
         """This subscriber's listener calls, of ``cls``."""
         whole = self.snapshot_delivery is SnapshotDelivery.COMPLETE
-        return cls(listener, store, whole_snapshots=whole, keyring=self.keyring)
+        return cls(
+            listener,
+            store,
+            whole_snapshots=whole,
+            keyring=self.keyring,
+            policy=self.failure_policy,
+        )
 
     @property
     def failing(self) -> dict[object, BaseException]:
@@ -170,7 +190,7 @@ class SubscriberCore:
 
     def backoff(self, failures: int) -> float:
         """The delay before retrying a queue that failed ``failures`` times in a row."""
-        delay = min(self.retry_max, self.retry_initial * 2.0 ** max(0, failures - 1))
+        delay = backoff(failures, self.retry_initial, self.retry_max)
         return delay * (1.0 - self.retry_jitter * random.random())
 
     def _due(self, queues: list[QueueInfo]) -> list[QueueInfo]:
@@ -196,6 +216,26 @@ class SubscriberCore:
             wrapped.__cause__ = error
             return wrapped
         return error
+
+    def _note_failure(self, key: object, error: BaseException) -> None:
+        """Record ``key``'s queue or partition blocked once it failed ``max_attempts``
+        times in a row (sync I/O: the async subscriber runs it in a greenlet)."""
+        failures = self._failures.get(key, 0)
+        if not self.failure_policy.exhausted(failures):
+            return
+        qid, part = key if isinstance(key, tuple) else (key, pk.WHOLE_QUEUE)
+        text = f"{type(error).__name__}: {error}"[:4000]
+        try:
+            with self._store.write() as conn:
+                pk.note_blocked(conn, qid, part, text, failures)
+        except Exception as exc:  # the next failure records it
+            log.warning("could not record queue %s blocked: %s", qid, exc)
+
+    def _waiting(self, conn: Connection, queue_id: int) -> bool:
+        """Whether a queue has entries to deliver, or (parking) parked ones released."""
+        if self._store.has_entries(conn, queue_id):
+            return True
+        return self.failure_policy.parks and pk.has_released(conn, queue_id)
 
     def _idle_wait(self) -> float:
         """How long the next idle wait lasts: ``poll_interval``, doubling with each wait

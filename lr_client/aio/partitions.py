@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import await_only, greenlet_spawn
 
-from lr_client.aio.calls import AsyncListenerCalls
+from lr_client.aio.parking import AsyncParkingCalls
 from lr_client.delivery import PlanKind
 from lr_client.errors import PartitionCountError
 from lr_client.partitioned import Conflict, LeaseLost, PartitionSteps
@@ -76,7 +76,7 @@ class AsyncPartitionWorkers(SubscriberCore):
 
     engine: AsyncEngine
     store: QueueStore
-    _calls: AsyncListenerCalls
+    _calls: AsyncParkingCalls
 
     def _init_partitions(self) -> None:
         self._partition_steps = PartitionSteps(
@@ -212,7 +212,8 @@ class AsyncPartitionWorkers(SubscriberCore):
                     steps.forget(qid)
                 except Exception as exc:
                     steps.forget(qid)
-                    await self._report(self._failed(key, exc))
+                    await self._report(error := self._failed(key, exc))
+                    await in_greenlet(self._note_failure, key, error)
         return delivered, progressed
 
     # -- the two delivery transactions ------------------------------------------------
@@ -258,8 +259,9 @@ class AsyncPartitionWorkers(SubscriberCore):
                 await conn.execution_options(lr_immediate=True)
                 async with conn.begin():
                     barrier = await conn.run_sync(steps.open_barrier, queue)
+                    redone = await self._calls.redeliver(conn, queue)  # parked, released
                     if barrier is None:
-                        return None
+                        return redone or None
                     plan = barrier.plan
                     if plan.kind is not PlanKind.STALE:
                         calls = barrier.callbacks
@@ -268,7 +270,7 @@ class AsyncPartitionWorkers(SubscriberCore):
                         )
                     expires = await conn.run_sync(steps.mark_barrier, queue, barrier)
         steps.barrier_saved(queue.queue_id, barrier, expires)
-        return len(barrier.plan.messages)
+        return len(barrier.plan.messages) + redone
 
 
 __all__ = ["QUEUE_MARK_INTERVAL", "AsyncPartitionWorkers", "in_greenlet"]

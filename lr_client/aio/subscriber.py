@@ -27,11 +27,12 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from lr_client.aio.calls import AsyncListenerCalls
 from lr_client.aio.engine import create_async_engine
 from lr_client.aio.listener import AsyncRoutingQueueListener
+from lr_client.aio.parking import AsyncParkingCalls
 from lr_client.aio.partitions import AsyncPartitionWorkers, in_greenlet
 from lr_client.errors import PartitionCountError
+from lr_client.failure_policy import FailurePolicy
 from lr_client.keys import Keyring
 from lr_client.partitioned import Conflict, LeaseLost
 from lr_client.partitioners import Partitioner
@@ -92,6 +93,7 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
         workers: int | None = None,
         wake_on_arrival: bool = True,
         keyring: Keyring | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> None:
         owned = isinstance(engine, str)
         self.engine = create_async_engine(engine) if isinstance(engine, str) else engine
@@ -118,9 +120,10 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
             partition_boundaries=partition_boundaries,
             workers=workers,
             keyring=keyring,
+            failure_policy=failure_policy,
         )
         self.listener = listener
-        self._calls = self._planner(AsyncListenerCalls, listener, self.store)
+        self._calls = self._planner(AsyncParkingCalls, listener, self.store)
         self._delivery = self._steps(self.store, self._calls)
         self._init_partitions()
         self.wake_on_arrival = wake_on_arrival
@@ -227,7 +230,7 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
 
     def _ready(self, queues: list[QueueInfo]) -> list[QueueInfo]:
         with self.store.read_statements() as conn:  # one probe a queue, no snapshot shared
-            return [q for q in queues if self.store.has_entries(conn, q.queue_id)]
+            return [q for q in queues if self._waiting(conn, q.queue_id)]
 
     async def _drain(self, queue: QueueInfo) -> tuple[int, bool]:
         """As :meth:`RoutingQueueSubscriber._drain <lr_client.subscriber.RoutingQueueSubscriber>`:
@@ -257,7 +260,8 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
         except PartitionCountError:
             raise
         except Exception as exc:
-            await self._report(self._failed(qid, exc))
+            await self._report(error := self._failed(qid, exc))
+            await in_greenlet(self._note_failure, qid, error)
         watch = self.arrival_watch
         announced = watch is not None and watch.listening
         return delivered, progressed and not (drained and announced)
@@ -277,14 +281,15 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
                 await conn.execution_options(lr_immediate=True)  # SQLite: BEGIN IMMEDIATE
                 async with conn.begin():
                     opened = await conn.run_sync(steps.open, queue)
+                    redone = await self._calls.redeliver(conn, queue)  # parked, released
                     if opened is None:
-                        return None
+                        return redone or None
                     if opened.callbacks:  # none for the left-overs of an ended snapshot
                         calls = opened.callbacks
                         await self._calls.call(conn, queue, opened.plan, attempt, calls=calls)
                     expires = await conn.run_sync(steps.mark, queue, opened)
         self._leases.renewed(queue.queue_id, expires)
-        return len(opened.plan.messages)
+        return len(opened.plan.messages) + redone
 
 
 __all__ = ["AsyncRoutingQueueSubscriber", "in_greenlet"]

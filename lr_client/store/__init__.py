@@ -12,6 +12,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
+from lr_client.store import parked as parked  # its tables join the schema
 from lr_client.store.contract import (
     CascadeReports,
     Cascading,

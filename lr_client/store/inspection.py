@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, LargeBinary, and_, func, or_, select
 
 from lr_client.records import QueueInfo, QueueSlot, ReplicationType, StoredEntry
+from lr_client.store import parked_views as pv
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import payload_size
@@ -44,8 +45,24 @@ class SinkBacklog:
     oldest_received_at: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class SinkFailures:
+    """Per (client, source): entries parked or held, and blocked rows of its queue
+    (the queue, or partitions of it); only the non-zero ones."""
+
+    parked: dict[tuple[str, str], int]
+    blocked: dict[tuple[str, str], int]
+
+
 class InspectionStore(StoreBase):
     """Counts, browsing and the sessions' status rows."""
+
+    def sink_failures(self, client_name: str | None = None) -> SinkFailures:
+        """The receive queues' (of one client's) parked entries and blocked state."""
+        with self.read() as conn:
+            parked = pv.open_counts(conn, client_name)
+            blocked = pv.blocked_counts(conn, client_name)
+        return SinkFailures(parked, blocked)
 
     def save_session_status(
         self,
@@ -253,4 +270,4 @@ class InspectionStore(StoreBase):
         ]
 
 
-__all__ = ["BROWSE_HEAD_BYTES", "InspectionStore", "SinkBacklog", "payload_head"]
+__all__ = ["BROWSE_HEAD_BYTES", "InspectionStore", "SinkBacklog", "SinkFailures", "payload_head"]

@@ -30,6 +30,17 @@ from lr_server.admin.checks import check_snapshot_request, check_stream, check_s
 from lr_server.admin.database import check_database, database_url, init_database
 from lr_server.admin.errors import AdminError, AdminInputError, NotFoundError, StateError
 from lr_server.admin.members import list_members, remove_member, set_member_weight
+from lr_server.admin.parked import (
+    BlockedView,
+    ParkedCount,
+    ParkedView,
+    blocked_queues,
+    discard_parked,
+    list_parked,
+    parked_counts,
+    retry_parked,
+    show_parked,
+)
 from lr_server.admin.records import (
     DatabaseCheck,
     MemberView,
@@ -50,10 +61,13 @@ from lr_server.status import SiteStatus
 __all__ = [
     "AdminError",
     "AdminInputError",
+    "BlockedView",
     "BrowsedEntry",
     "DatabaseCheck",
     "MemberView",
     "NotFoundError",
+    "ParkedCount",
+    "ParkedView",
     "ProviderSwitch",
     "QueueSummary",
     "SiteStatus",
@@ -61,6 +75,7 @@ __all__ = [
     "StateError",
     "TrimResult",
     "accept_loss",
+    "blocked_queues",
     "browse",
     "cancel_snapshot",
     "check_database",
@@ -68,13 +83,18 @@ __all__ = [
     "check_stream",
     "check_switch",
     "database_url",
+    "discard_parked",
     "init_database",
     "list_members",
+    "list_parked",
     "list_queues",
     "list_snapshots",
+    "parked_counts",
     "remove_member",
     "request_snapshot",
+    "retry_parked",
     "set_member_weight",
+    "show_parked",
     "snapshot_job_command",
     "status",
     "switch_provider",

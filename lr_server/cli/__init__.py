@@ -13,7 +13,7 @@ One module per command group: :mod:`~lr_server.cli.serve` (``server``,
 ``init-db``), :mod:`~lr_server.cli.status`, :mod:`~lr_server.cli.browse`,
 :mod:`~lr_server.cli.snapshot`, :mod:`~lr_server.cli.members`,
 :mod:`~lr_server.cli.provider`, :mod:`~lr_server.cli.streams` (``trim``,
-``accept-loss``) and :mod:`~lr_server.cli.demo`; what they share is in
+``accept-loss``), :mod:`~lr_server.cli.parked` and :mod:`~lr_server.cli.demo`; what they share is in
 :mod:`~lr_server.cli.errors`, :mod:`~lr_server.cli.options`,
 :mod:`~lr_server.cli.database` and :mod:`~lr_server.cli.render`.
 
@@ -29,7 +29,17 @@ from collections.abc import Sequence
 
 import click
 
-from lr_server.cli import browse, demo, members, provider, serve, snapshot, status, streams
+from lr_server.cli import (
+    browse,
+    demo,
+    members,
+    parked,
+    provider,
+    serve,
+    snapshot,
+    status,
+    streams,
+)
 from lr_server.cli.errors import (
     EXIT_FAILED,
     EXIT_NEWER,
@@ -59,6 +69,7 @@ cli.add_command(streams.accept_loss)
 cli.add_command(members.members)
 cli.add_command(provider.provider)
 cli.add_command(streams.trim)
+cli.add_command(parked.parked)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -10,6 +10,7 @@ import click
 
 from lr_server.cli.database import open_site_store
 from lr_server.cli.options import config_option, json_option
+from lr_server.cli.parked import render_failures
 from lr_server.cli.render import (
     ago,
     console,
@@ -36,10 +37,16 @@ def status(config_path: Path, as_json: bool) -> None:
     config = load_config(config_path)
     with open_site_store(config) as store:
         report = admin.status(config, store)
+        blocked, parked = admin.blocked_queues(store), admin.parked_counts(store)
     if as_json:
-        print_json(report.to_dict())
+        extra = {
+            "blocked_queues": [b.to_dict() for b in blocked],
+            "parked_entries": [p.to_dict() for p in parked],
+        }
+        print_json({**report.to_dict(), **extra})
     else:
         render_status(report)
+        render_failures(blocked, parked, report.time)
 
 
 def render_status(report: SiteStatus) -> None:

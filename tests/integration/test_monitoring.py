@@ -23,7 +23,7 @@ from lr_client import RoutingQueueClient
 from lr_client.listener_metrics import ListenerMetrics
 from lr_client.sink_metrics import SinkCollector
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_client.store.inspection import SinkBacklog
+from lr_client.store.inspection import SinkBacklog, SinkFailures
 from lr_server import metrics
 from lr_server.config import RetentionConfig
 from lr_server.retention import RetentionPolicy
@@ -144,6 +144,9 @@ def substituted(expr: str) -> str:
 class _NoBacklog:
     def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
         return []
+
+    def sink_failures(self, client_name: str | None = None) -> SinkFailures:
+        return SinkFailures({}, {})
 
 
 def exported() -> dict[str, str]:

@@ -12,7 +12,7 @@ from lr_client.errors import StoreUnavailableError
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.sink_metrics import SinkCollector, sink_registry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.inspection import SinkBacklog
+from lr_client.store.inspection import SinkBacklog, SinkFailures
 from lr_server.metrics_http import serve_metrics
 from tests.contract.calls import pass_entries
 from tests.kit.ports import reserve_port
@@ -58,6 +58,9 @@ def test_depth_and_oldest_age_per_client_and_source(store: SQLAlchemyQueueStore)
 
 class Unreachable:
     def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
+        raise StoreUnavailableError("the database could not be reached")
+
+    def sink_failures(self, client_name: str | None = None) -> SinkFailures:
         raise StoreUnavailableError("the database could not be reached")
 
 

@@ -13,7 +13,9 @@ same listener awaited, see :mod:`tests.kit.aio`) in an event loop, through
 delivers by partition with N worker threads (:meth:`RoutingQueueSubscriber.run`),
 or N tasks with ``--api aio``;
 ``--sleep S`` makes each log batch wait up to S seconds at random (an I/O-bound
-listener).
+listener). ``--poison P,Q`` makes a log batch holding one of those positions raise
+(before it writes or counts as a call); ``--park-after N`` runs the subscriber
+with the ``park`` failure policy, ``max_attempts=N``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from pathlib import Path
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.orm import Session
 
-from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
+from lr_client import (
+    FailurePolicy,
+    RoutingQueueListener,
+    RoutingQueueMessage,
+    RoutingQueueSubscriber,
+)
 from lr_client.aio import AsyncRoutingQueueSubscriber
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 
@@ -62,6 +69,7 @@ class AppListener(RoutingQueueListener):
         self.block_at = block_at
         self.marker = marker
         self.calls: dict[str, int] = {}
+        self.poison: set[int] = set()
 
     def _write(
         self,
@@ -115,6 +123,9 @@ class AppListener(RoutingQueueListener):
         self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
     ) -> bool:
         rows = [("", m.source_position) for m in messages]
+        bad = self.poison & {m.source_position for m in messages}
+        if bad:
+            raise RuntimeError(f"poisoned: {sorted(bad)}")
         if self.sleep:
             time.sleep(random.random() * self.sleep)
         self._write(
@@ -149,11 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--api", choices=["sync", "aio"], default="sync")
     parser.add_argument("--driver", default=None, help="aio on PostgreSQL: psycopg or asyncpg")
+    parser.add_argument("--poison", default="", help="positions whose log batches raise")
+    parser.add_argument("--park-after", type=int, default=0, help="park after N attempts")
     args = parser.parse_args(argv)
 
     engine = create_engine(args.url)
     store = open_store(engine)
     listener = AppListener(args.owner, args.block_in, args.block_at, args.marker, args.sleep)
+    listener.poison = {int(p) for p in args.poison.split(",") if p}
+    policy = FailurePolicy("park", args.park_after) if args.park_after else None
     delivered = 0
     if args.partitions > 1:
         return run_partitioned(args, store, listener, engine)
@@ -175,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             owner=args.owner,
             lease_seconds=args.lease_seconds,
             retry_initial=0.05,
+            failure_policy=policy,
         ) as sub:
             deadline = time.monotonic() + args.timeout
             while time.monotonic() < deadline:

@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import parked_views as pv
 from tests.kit.wait import scaled, wait_for
 from tests.reliability.subscriber_proc import app_applied, app_metadata
 
@@ -270,3 +271,37 @@ def test_sigkill_mid_delivery_across_rotations_applies_each_entry_once_in_order(
         assert any(r is not None for r in rotated), rotated
     else:
         assert rotated == [None] * len(rotated)
+
+
+def test_sigkill_mid_park_then_restart_parks_once_and_applies_the_others_once(
+    store: SQLAlchemyQueueStore, db_url: str, tmp_path: Path
+) -> None:
+    """The ``park`` policy's bisection killed after it found the poison entry, inside the
+    listener's call of the last good half: nothing of that transaction stays; the next
+    process parks the entry once and applies every other entry once."""
+    app_metadata.create_all(store.engine)
+    fill(store, "src-a", snapshot=0, log=30)
+    marker = tmp_path / "blocked.json"
+    park = ["--batch-size=10", "--poison=15", "--park-after=1", "--lease-seconds=1"]
+    # Batch 11..20: the whole and [11..15] fail; [11, 12], [13], [14] apply in savepoints,
+    # 15 fails alone (parked), and the 4th good call, [16..20], hangs.
+    block = ["--block-in=process_log_entries", "--block-at=5", f"--marker={marker}"]
+    victim = runner(db_url, "victim", *park, *block)
+    wait_for_file(marker, victim)
+    assert [pos for _, pos in json.loads(marker.read_text())["rows"]] == [16, 17, 18, 19, 20]
+    victim.kill()
+    victim.communicate(timeout=scaled(30))
+    assert victim.returncode == -9
+    with store.read() as conn:
+        assert pv.find(conn) == []  # the park was in the killed transaction
+    assert sorted(pos for *_, pos in applied(store)) == list(range(1, 11))
+
+    finish(runner(db_url, "survivor", *park, "--exit-when-empty"))
+    got = collections.Counter(applied(store))
+    want = expected("src-a", 0, 30)
+    del want[("src-a", "log_entries", "", 15)]
+    assert got == want  # every other entry, exactly once
+    with store.read() as conn:
+        parked = pv.find(conn)
+    assert [(r.source_position, r.state, r.attempts) for r in parked] == [(15, "parked", 1)]
+    assert "poisoned: [15]" in parked[0].error

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from lr_client.records import SnapshotStatus
-from lr_client.store.inspection import SinkBacklog
+from lr_client.store.inspection import SinkBacklog, SinkFailures
 from lr_server import config as config_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,6 +195,9 @@ class OneQueue:
 
     def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
         return [SinkBacklog("policy", "site-a", 1, 0.0)]
+
+    def sink_failures(self, client_name: str | None = None) -> SinkFailures:
+        return SinkFailures({("policy", "site-a"): 1}, {})
 
 
 def test_metric_names_in_docs_match_lr_server_metrics() -> None:
