@@ -22,6 +22,7 @@ from lr_client.records import (
     ReplicationType,
     SubscriberState,
 )
+from lr_client.replayed import REPLAYED_MARK
 
 
 class PlanKind(enum.StrEnum):
@@ -71,6 +72,7 @@ _SET = tuple(
         "type",
         "snapshot_id",
         "key",
+        "replayed",
     )
 )
 
@@ -78,7 +80,7 @@ _SET = tuple(
 def messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueueMessage]:
     """The listener's messages of ``entries`` (one object per entry, nothing else)."""
     source, client, new = queue.source_id, queue.client_name, object.__new__
-    payload, source_id, client_name, position, type_, snapshot_id, key = _SET
+    payload, source_id, client_name, position, type_, snapshot_id, key, replayed = _SET
     out: list[RoutingQueueMessage] = []
     append = out.append
     for e in entries:
@@ -88,7 +90,13 @@ def messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueu
         client_name(m, client)
         position(m, e[2])
         type_(m, e[1])
-        snapshot_id(m, e[3])
+        sid = e[3]
+        if sid == REPLAYED_MARK:  # queued again (lr_client.replayed)
+            snapshot_id(m, "")
+            replayed(m, True)
+        else:
+            snapshot_id(m, sid)
+            replayed(m, False)
         key(m, e[6])
         append(m)
     return out

@@ -32,6 +32,9 @@ class RoutingQueueMessage:
     snapshot_id: str = ""
     #: The partition key the source gave the entry (None: none).
     key: bytes | None = None
+    #: Delivered again on an operator's request (``lr replay`` at the source, ``lr
+    #: rewind`` here): the listener applied it before. False for every other entry.
+    replayed: bool = False
 
 
 class RoutingQueueListener(abc.ABC):

@@ -85,6 +85,21 @@ RELAY_BATCHES = Counter(
     "stored them) or read from its receive queue",
     ["destination", "client", "way"],
 )
+ENTRIES_REPLAYED = Counter(
+    "lr_entries_replayed",
+    "Entries queued again at a sink on a source's replay (lr replay)",
+    ["source", "client"],
+)
+REPLAYS_SHIPPED = Counter(
+    "lr_replay_entries_shipped",
+    "Entries shipped again on a replay and acknowledged",
+    ["destination", "client"],
+)
+ENTRY_TOO_LARGE = Gauge(
+    "lr_entry_too_large",
+    "1 while a stream is stopped at an entry larger than its destination accepts",
+    ["destination", "client"],
+)
 
 
 __all__ = [
@@ -97,7 +112,9 @@ __all__ = [
     "CASCADE_WATERMARK",
     "DROPS",
     "ENTRIES_APPLIED",
+    "ENTRIES_REPLAYED",
     "ENTRIES_SHIPPED",
+    "ENTRY_TOO_LARGE",
     "ERRORS",
     "INFLIGHT_BATCHES",
     "LAG_BYTES",
@@ -110,6 +127,7 @@ __all__ = [
     "RECEIVER_OPEN_CALLS",
     "RELAY_BATCHES",
     "RELAY_LAG",
+    "REPLAYS_SHIPPED",
     "SNAPSHOT_ACTIVE",
     "SNAPSHOT_ROWS",
     "STREAM_STOPPED",

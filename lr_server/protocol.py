@@ -24,6 +24,11 @@ is version 1):
    refuses an older one), since an older sink would take relayed entries for
    the branch's own. Streams of clients that are not cascaded send what
    version 4 sends.
+6. Replay (``ReplicationBatch.replay``): entries the sink already holds, sent
+   again on an operator's request (``lr replay``); the sink queues them again,
+   flagged replayed, and leaves its position as it is. Only sent to sinks of
+   version 6 or newer (:func:`require_replay`: the request is refused for an
+   older one), and only accepted from sources that announced 6 or newer.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
 upgraded one at a time; an older peer is refused at negotiation with
@@ -36,11 +41,13 @@ from __future__ import annotations
 from lr_client.errors import IncompatibleVersionError
 
 #: The wire protocol this release speaks.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 #: The first version whose sinks accept batches of lanes.
 LANES_VERSION = 4
 #: The first version whose sinks accept relayed (cascaded) clients.
 CASCADE_VERSION = 5
+#: The first version whose sinks accept replayed batches.
+REPLAY_VERSION = 6
 #: The oldest peer version this release accepts.
 MIN_PEER_VERSION = 1
 
@@ -81,13 +88,25 @@ def require_cascade(announced: int, peer: str) -> None:
         )
 
 
+def require_replay(announced: int, peer: str) -> None:
+    """:class:`IncompatibleVersionError` unless the sink accepts replayed batches."""
+    version = peer_version(announced)
+    if version < REPLAY_VERSION:
+        raise IncompatibleVersionError(
+            f"sink {peer} speaks wire protocol {version}; replay needs "
+            f"{REPLAY_VERSION} or newer: upgrade it"
+        )
+
+
 __all__ = [
     "CASCADE_VERSION",
     "LANES_VERSION",
     "MIN_PEER_VERSION",
     "PROTOCOL_VERSION",
+    "REPLAY_VERSION",
     "peer_version",
     "require_cascade",
     "require_compatible",
     "require_lanes",
+    "require_replay",
 ]

@@ -37,12 +37,14 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
 from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
 from lr_client.store import Cascading, Inspection, Receiving, Retention, Shipping, Snapshots
+from lr_client.store.replay_contract import Replays
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.arrivals import Arrivals
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
 from lr_server.negotiation import ClientFacts, ClientPlan, SinkState, Step
 from lr_server.relay_inbox import RelayInbox
+from lr_server.replay import Replayer
 from lr_server.shipping import Shipper
 from lr_server.snapshot_requests import SnapshotLauncher, SnapshotRequests
 from lr_server.status import head_position as assigned_head
@@ -50,7 +52,7 @@ from lr_server.stops import StreamStops, is_accepted_notice
 from lr_server.streams import ClientStream, Mode, SessionState, summary
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.lanes import LaneStreams, LaneTransport
-from lr_server.window import InFlight, Window
+from lr_server.window import Window
 
 log = logging.getLogger("lr.session")
 
@@ -64,7 +66,9 @@ STOP_CHECK = 0.25
 STATUS_REFRESH = 30.0
 
 
-class SessionStore(Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Protocol):
+class SessionStore(
+    Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Replays, Protocol
+):
     """What a sender session needs of the store: reads and cursors, snapshots, the
     records of dropped and stopped streams, its status row, and for cascaded
     clients the relay reads and what this node received of them."""
@@ -148,6 +152,7 @@ class SenderSession:
             self.inbox,
             arrivals if self.inbox is not None else None,
         )
+        self.replays = Replayer(store, source_id, destination, self.cfg, self.window, self._log)
 
     def wake(self) -> None:
         """Entries may have come: end the session's wait, and poll fast again."""
@@ -220,14 +225,6 @@ class SenderSession:
             )
         return bool(self.clients)
 
-    def relays(self) -> list[pb.RelayedClient]:
-        """The clients this session relays for their origin (this node is a branch)."""
-        return [
-            pb.RelayedClient(client_name=name, origin_id=node.origin_id)
-            for name, node in sorted(self.cascade.items())
-            if node.origin_id != self.source_id
-        ]
-
     def _failed(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
         self.state = SessionState.RECONNECTING
@@ -260,7 +257,7 @@ class SenderSession:
                             source_id=self.source_id,
                             clients=sorted(self.clients),
                             protocol_version=protocol.PROTOCOL_VERSION,
-                            relays=self.relays(),
+                            relays=wire.relays(self.cascade, self.source_id),
                         )
                         response = transport.negotiate(request, timeout=10.0)
                         if request.relays:
@@ -268,6 +265,7 @@ class SenderSession:
                         if self.lanes > 1:
                             protocol.require_lanes(response.protocol_version, self.destination)
                         streams = self._plan(response)
+                        self.replays.connected(response.protocol_version)
                         stream = transport.open_stream()
                     except BaseException:
                         transport.close()
@@ -408,6 +406,7 @@ class SenderSession:
 
     def _check_requests(self, streams: dict[str, ClientStream]) -> None:
         self.requests.check(streams)  # a step of its own, for tests to take
+        self.replays.check(streams, [n for n in self.cascade if self._origin(n) is not None])
 
     # -- pumping ----------------------------------------------------------------------------------
     def _pump(
@@ -462,7 +461,7 @@ class SenderSession:
     def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         if not self.lease_valid():  # this member's heartbeat lapsed: others may own it now
             raise FencedError(f"{self.destination}: this member's leases lapsed; not shipping")
-        return self.shipper.ship(stream, streams)
+        return self.shipper.ship(stream, streams) | self.replays.ship(stream, streams)
 
     def _wait_acks(
         self,
@@ -505,6 +504,9 @@ class SenderSession:
         done = self.window.acknowledge(ack.batch_id, index)
         now = time.monotonic()
         for f in done:
+            if f.replay:
+                self.replays.acked(f)
+                continue
             if f.lane:  # the cursor: the lowest position acknowledged on every lane
                 ls = streams[f.client].lanes
                 if ls is not None and ls.settled(f.batch_id, f.low_water):
@@ -519,7 +521,7 @@ class SenderSession:
                 if is_accepted_notice(f.snapshot_id):  # an accepted loss: the stream runs again
                     self.stops.resumed(f.client, f.last_position - 1)
             elif f.is_end:
-                self._snapshot_end(f, streams[f.client])
+                self.requests.end_acked(f.snapshot_id, streams[f.client])
             else:
                 metrics.SNAPSHOT_ROWS.labels(self.destination, f.client).set(f.last_position)
                 self.store.update_snapshot(
@@ -533,18 +535,6 @@ class SenderSession:
         if self.window.flush_due(now):
             self._flush_cursors()
         metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))
-
-    def _snapshot_end(self, f: InFlight, cs: ClientStream) -> None:
-        current = cs.snapshot
-        if current is not None and current.snapshot_id == f.snapshot_id:
-            self.requests.done(cs)
-        else:  # superseded while its end was in flight: the newer one goes on
-            self._log.info(
-                "%s/%s: end of superseded full sync %s acknowledged",
-                self.destination,
-                f.client,
-                f.snapshot_id,
-            )
 
     def _flush_cursors(self) -> None:
         for client, position in self.window.cursors.items():

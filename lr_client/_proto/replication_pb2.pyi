@@ -115,7 +115,7 @@ class NegotiateResponse(_message.Message):
     def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class ReplicationBatch(_message.Message):
-    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries", "lane", "lanes", "low_water")
+    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries", "lane", "lanes", "low_water", "replay")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class ReplicationBatch(_message.Message):
     LANE_FIELD_NUMBER: _ClassVar[int]
     LANES_FIELD_NUMBER: _ClassVar[int]
     LOW_WATER_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     source_id: str
     client_name: str
@@ -140,7 +141,8 @@ class ReplicationBatch(_message.Message):
     lane: int
     lanes: int
     low_water: int
-    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ..., lane: _Optional[int] = ..., lanes: _Optional[int] = ..., low_water: _Optional[int] = ...) -> None: ...
+    replay: bool
+    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ..., lane: _Optional[int] = ..., lanes: _Optional[int] = ..., low_water: _Optional[int] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class ReplicationAck(_message.Message):
     __slots__ = ("batch_id", "client_name", "last_position", "duplicate")

@@ -28,7 +28,13 @@ from __future__ import annotations
 from lr_server.admin.cascade import switch_provider
 from lr_server.admin.checks import check_snapshot_request, check_stream, check_switch
 from lr_server.admin.database import check_database, database_url, init_database
-from lr_server.admin.errors import AdminError, AdminInputError, NotFoundError, StateError
+from lr_server.admin.errors import (
+    AdminError,
+    AdminInputError,
+    FullSyncNeededError,
+    NotFoundError,
+    StateError,
+)
 from lr_server.admin.members import list_members, remove_member, set_member_weight
 from lr_server.admin.records import (
     DatabaseCheck,
@@ -37,6 +43,7 @@ from lr_server.admin.records import (
     SnapshotView,
     TrimResult,
 )
+from lr_server.admin.replays import list_replays, replay
 from lr_server.admin.snapshots import (
     cancel_snapshot,
     list_snapshots,
@@ -52,6 +59,7 @@ __all__ = [
     "AdminInputError",
     "BrowsedEntry",
     "DatabaseCheck",
+    "FullSyncNeededError",
     "MemberView",
     "NotFoundError",
     "ProviderSwitch",
@@ -71,8 +79,10 @@ __all__ = [
     "init_database",
     "list_members",
     "list_queues",
+    "list_replays",
     "list_snapshots",
     "remove_member",
+    "replay",
     "request_snapshot",
     "set_member_weight",
     "snapshot_job_command",

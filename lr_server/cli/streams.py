@@ -1,5 +1,5 @@
-"""``lr trim`` and ``lr accept-loss``: acknowledged entries deleted, a stopped stream resumed
-(:mod:`lr_server.admin` does both)."""
+"""``lr trim``, ``lr accept-loss`` and ``lr replay``: acknowledged entries deleted, a stopped
+stream resumed, a range shipped again (:mod:`lr_server.admin` does them)."""
 
 from __future__ import annotations
 
@@ -49,4 +49,36 @@ def accept_loss(config_path: Path, destination: str, client: str) -> None:
     click.echo(
         f"accepted the loss of {destination}/{client} ({stop.reason}); "
         f"log entries resume after position {stop.resume_after}"
+    )
+
+
+@click.command()
+@config_option
+@click.option("--destination", "-d", required=True, help="The destination site id.")
+@click.option("--client", required=True, help="The client name.")
+@click.option(
+    "--from",
+    "from_position",
+    required=True,
+    type=int,
+    help="The first position shipped again (inclusive).",
+)
+def replay(config_path: Path, destination: str, client: str, from_position: int) -> None:
+    """Ship a stream's retained entries to its destination again, from a position on.
+
+    The running server ships the client's entries from --from (inclusive) through
+    what the destination had acknowledged when it picks the request up; the sink
+    delivers them again, flagged replayed. A position trim deleted is refused: a
+    full sync is needed then (lr snapshot request).
+    """
+    from lr_server import admin
+
+    config = load_config(config_path)
+    with admin_errors():
+        admin.check_stream(config, destination, client)  # before the database is opened
+        with open_site_store(config) as store:
+            request = admin.replay(config, store, destination, client, from_position)
+    click.echo(
+        f"replay {request.replay_id} of {destination}/{client} from position "
+        f"{request.from_position} requested; lr status shows it until it is done"
     )
