@@ -77,6 +77,7 @@ class Receiver:
         accepted_sources: Collection[str],
         *,
         max_batch_entries: int = 100_000,
+        max_message_bytes: int = 0,
         cascade_reports: CascadeHandler | None = None,
         on_stored: StoredHook | None = None,
         on_received: ReceivedHook | None = None,
@@ -85,6 +86,8 @@ class Receiver:
         self.sink_id = sink_id
         self.accepted_sources = frozenset(accepted_sources)
         self.max_batch_entries = max_batch_entries
+        #: The largest gRPC message this sink accepts, told to sources (0: not said).
+        self.max_message_bytes = max_message_bytes
         #: Serves ``Cascade`` calls (a child's report); None: not served here.
         self.cascade_reports = cascade_reports
         #: Told of every log batch stored: a branch's sessions relay it at once
@@ -146,7 +149,10 @@ class Receiver:
         version = protocol.require_compatible(request.protocol_version, f"source {source_id!r}")
         self.versions[source_id] = version
         response = pb.NegotiateResponse(
-            sink_id=self.sink_id, drop_notices=True, protocol_version=protocol.PROTOCOL_VERSION
+            sink_id=self.sink_id,
+            drop_notices=True,
+            protocol_version=protocol.PROTOCOL_VERSION,
+            max_message_bytes=self.max_message_bytes,
         )
         origins = {}
         for relay in request.relays:

@@ -97,6 +97,7 @@ class SiteServer:
                 self.store,
                 cfg.id,
                 [s.id for s in cfg.sources],
+                max_message_bytes=cfg.replication.max_message_bytes,
                 cascade_reports=self.serve_cascade if cfg.cascades else None,
                 on_stored=self.arrivals.ring,
                 on_received=self.arrivals.offer,

@@ -291,7 +291,7 @@ class SenderSession:
     def _plan(self, response: pb.NegotiateResponse) -> dict[str, ClientStream]:
         """Decide, per client, where to resume: read, plan (:func:`negotiation.plan`), apply."""
         protocol.require_compatible(response.protocol_version, f"sink {self.destination!r}")
-        self.stops.notices = bool(response.drop_notices)
+        self.stops.negotiated(response, self.cfg.max_message_bytes)
         facts = self._gather(wire.sink_states(response))
         plans = negotiation.plan(facts)
         checks = [name for name, p in plans.items() if p.step is Step.CHECK]

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lr/replication.proto\x12\x05lr.v1\"\x94\x02\n\x14RoutingTableEntryMsg\x12\x14\n\x0c\x64\x65stinations\x18\x01 \x03(\t\x12$\n\x04type\x18\x02 \x01(\x0e\x32\x16.lr.v1.ReplicationType\x12\x16\n\x0eopaque_payload\x18\x03 \x01(\x0c\x12\x11\n\tsource_id\x18\x04 \x01(\t\x12\x13\n\x0b\x63lient_name\x18\x05 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x06 \x01(\t\x12\x10\n\x08position\x18\x07 \x01(\x04\x12\x16\n\x0esnapshot_count\x18\x08 \x01(\x04\x12\x15\n\rbase_position\x18\t \x01(\x04\x12\x15\n\rpartition_key\x18\n \x01(\x0c\x12\x13\n\x0borigin_time\x18\x0b \x01(\x01\"\xaa\x01\n\x0b\x43lientState\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x15\n\rlast_position\x18\x02 \x01(\x04\x12,\n\x0esnapshot_state\x18\x03 \x01(\x0e\x32\x14.lr.v1.SnapshotState\x12\x13\n\x0bsnapshot_id\x18\x04 \x01(\t\x12\x19\n\x11snapshot_position\x18\x05 \x01(\x04\x12\x11\n\torigin_id\x18\x06 \x01(\t\"7\n\rRelayedClient\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x11\n\torigin_id\x18\x02 \x01(\t\"v\n\x10NegotiateRequest\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63lients\x18\x02 \x03(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12$\n\x06relays\x18\x04 \x03(\x0b\x32\x14.lr.v1.RelayedClient\"y\n\x11NegotiateResponse\x12\x0f\n\x07sink_id\x18\x01 \x01(\t\x12#\n\x07\x63lients\x18\x02 \x03(\x0b\x32\x12.lr.v1.ClientState\x12\x14\n\x0c\x64rop_notices\x18\x03 \x01(\x08\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\"\xb9\x02\n\x10ReplicationBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63lient_name\x18\x03 \x01(\t\x12\x1e\n\x04kind\x18\x04 \x01(\x0e\x32\x10.lr.v1.BatchKind\x12\x13\n\x0bsnapshot_id\x18\x05 \x01(\t\x12\x16\n\x0e\x66irst_position\x18\x06 \x01(\x04\x12\x15\n\rlast_position\x18\x07 \x01(\x04\x12\x19\n\x11previous_position\x18\x08 \x01(\x04\x12,\n\x07\x65ntries\x18\t \x03(\x0b\x32\x1b.lr.v1.RoutingTableEntryMsg\x12\x0c\n\x04lane\x18\n \x01(\r\x12\r\n\x05lanes\x18\x0b \x01(\r\x12\x11\n\tlow_water\x18\x0c \x01(\x04\x12\x0e\n\x06replay\x18\r \x01(\x08\"a\n\x0eReplicationAck\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x63lient_name\x18\x02 \x01(\t\x12\x15\n\rlast_position\x18\x03 \x01(\x04\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\x8a\x01\n\rCascadeReport\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x11\n\torigin_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x17\n\x0flocal_watermark\x18\x05 \x01(\x04\x12\x18\n\x10\x61pplied_position\x18\x06 \x01(\x04\"Z\n\x0c\x43\x61scadeReply\x12\x18\n\x10global_watermark\x18\x01 \x01(\x04\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bprovider_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04*p\n\x0fReplicationType\x12\x08\n\x04NONE\x10\x00\x12\x12\n\x0eLOG_ENTRY_SYNC\x10\x01\x12\x11\n\rSNAPSHOT_SYNC\x10\x02\x12\x18\n\x14LAST_FULL_SYNC_ENTRY\x10\x03\x12\x12\n\x0eSTREAM_DROPPED\x10\x04*P\n\rSnapshotState\x12\x11\n\rSNAPSHOT_NONE\x10\x00\x12\x14\n\x10SNAPSHOT_ONGOING\x10\x01\x12\x16\n\x12SNAPSHOT_COMPLETED\x10\x02*[\n\tBatchKind\x12\x0e\n\nBATCH_NONE\x10\x00\x12\x13\n\x0f\x42\x41TCH_LOG_ENTRY\x10\x01\x12\x12\n\x0e\x42\x41TCH_SNAPSHOT\x10\x02\x12\x15\n\x11\x42\x41TCH_DROP_NOTICE\x10\x03\x32\xc7\x01\n\x0eLogReplication\x12>\n\tNegotiate\x12\x17.lr.v1.NegotiateRequest\x1a\x18.lr.v1.NegotiateResponse\x12?\n\tReplicate\x12\x17.lr.v1.ReplicationBatch\x1a\x15.lr.v1.ReplicationAck(\x01\x30\x01\x12\x34\n\x07\x43\x61scade\x12\x14.lr.v1.CascadeReport\x1a\x13.lr.v1.CascadeReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lr/replication.proto\x12\x05lr.v1\"\x94\x02\n\x14RoutingTableEntryMsg\x12\x14\n\x0c\x64\x65stinations\x18\x01 \x03(\t\x12$\n\x04type\x18\x02 \x01(\x0e\x32\x16.lr.v1.ReplicationType\x12\x16\n\x0eopaque_payload\x18\x03 \x01(\x0c\x12\x11\n\tsource_id\x18\x04 \x01(\t\x12\x13\n\x0b\x63lient_name\x18\x05 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x06 \x01(\t\x12\x10\n\x08position\x18\x07 \x01(\x04\x12\x16\n\x0esnapshot_count\x18\x08 \x01(\x04\x12\x15\n\rbase_position\x18\t \x01(\x04\x12\x15\n\rpartition_key\x18\n \x01(\x0c\x12\x13\n\x0borigin_time\x18\x0b \x01(\x01\"\xaa\x01\n\x0b\x43lientState\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x15\n\rlast_position\x18\x02 \x01(\x04\x12,\n\x0esnapshot_state\x18\x03 \x01(\x0e\x32\x14.lr.v1.SnapshotState\x12\x13\n\x0bsnapshot_id\x18\x04 \x01(\t\x12\x19\n\x11snapshot_position\x18\x05 \x01(\x04\x12\x11\n\torigin_id\x18\x06 \x01(\t\"7\n\rRelayedClient\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x11\n\torigin_id\x18\x02 \x01(\t\"v\n\x10NegotiateRequest\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63lients\x18\x02 \x03(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12$\n\x06relays\x18\x04 \x03(\x0b\x32\x14.lr.v1.RelayedClient\"\x94\x01\n\x11NegotiateResponse\x12\x0f\n\x07sink_id\x18\x01 \x01(\t\x12#\n\x07\x63lients\x18\x02 \x03(\x0b\x32\x12.lr.v1.ClientState\x12\x14\n\x0c\x64rop_notices\x18\x03 \x01(\x08\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\x04\"\xb9\x02\n\x10ReplicationBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x11\n\tsource_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63lient_name\x18\x03 \x01(\t\x12\x1e\n\x04kind\x18\x04 \x01(\x0e\x32\x10.lr.v1.BatchKind\x12\x13\n\x0bsnapshot_id\x18\x05 \x01(\t\x12\x16\n\x0e\x66irst_position\x18\x06 \x01(\x04\x12\x15\n\rlast_position\x18\x07 \x01(\x04\x12\x19\n\x11previous_position\x18\x08 \x01(\x04\x12,\n\x07\x65ntries\x18\t \x03(\x0b\x32\x1b.lr.v1.RoutingTableEntryMsg\x12\x0c\n\x04lane\x18\n \x01(\r\x12\r\n\x05lanes\x18\x0b \x01(\r\x12\x11\n\tlow_water\x18\x0c \x01(\x04\x12\x0e\n\x06replay\x18\r \x01(\x08\"a\n\x0eReplicationAck\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x63lient_name\x18\x02 \x01(\t\x12\x15\n\rlast_position\x18\x03 \x01(\x04\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\x8a\x01\n\rCascadeReport\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12\x11\n\torigin_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x17\n\x0flocal_watermark\x18\x05 \x01(\x04\x12\x18\n\x10\x61pplied_position\x18\x06 \x01(\x04\"Z\n\x0c\x43\x61scadeReply\x12\x18\n\x10global_watermark\x18\x01 \x01(\x04\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x13\n\x0bprovider_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04*p\n\x0fReplicationType\x12\x08\n\x04NONE\x10\x00\x12\x12\n\x0eLOG_ENTRY_SYNC\x10\x01\x12\x11\n\rSNAPSHOT_SYNC\x10\x02\x12\x18\n\x14LAST_FULL_SYNC_ENTRY\x10\x03\x12\x12\n\x0eSTREAM_DROPPED\x10\x04*P\n\rSnapshotState\x12\x11\n\rSNAPSHOT_NONE\x10\x00\x12\x14\n\x10SNAPSHOT_ONGOING\x10\x01\x12\x16\n\x12SNAPSHOT_COMPLETED\x10\x02*[\n\tBatchKind\x12\x0e\n\nBATCH_NONE\x10\x00\x12\x13\n\x0f\x42\x41TCH_LOG_ENTRY\x10\x01\x12\x12\n\x0e\x42\x41TCH_SNAPSHOT\x10\x02\x12\x15\n\x11\x42\x41TCH_DROP_NOTICE\x10\x03\x32\xc7\x01\n\x0eLogReplication\x12>\n\tNegotiate\x12\x17.lr.v1.NegotiateRequest\x1a\x18.lr.v1.NegotiateResponse\x12?\n\tReplicate\x12\x17.lr.v1.ReplicationBatch\x1a\x15.lr.v1.ReplicationAck(\x01\x30\x01\x12\x34\n\x07\x43\x61scade\x12\x14.lr.v1.CascadeReport\x1a\x13.lr.v1.CascadeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lr.replication_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPLICATIONTYPE']._serialized_start=1431
-  _globals['_REPLICATIONTYPE']._serialized_end=1543
-  _globals['_SNAPSHOTSTATE']._serialized_start=1545
-  _globals['_SNAPSHOTSTATE']._serialized_end=1625
-  _globals['_BATCHKIND']._serialized_start=1627
-  _globals['_BATCHKIND']._serialized_end=1718
+  _globals['_REPLICATIONTYPE']._serialized_start=1459
+  _globals['_REPLICATIONTYPE']._serialized_end=1571
+  _globals['_SNAPSHOTSTATE']._serialized_start=1573
+  _globals['_SNAPSHOTSTATE']._serialized_end=1653
+  _globals['_BATCHKIND']._serialized_start=1655
+  _globals['_BATCHKIND']._serialized_end=1746
   _globals['_ROUTINGTABLEENTRYMSG']._serialized_start=32
   _globals['_ROUTINGTABLEENTRYMSG']._serialized_end=308
   _globals['_CLIENTSTATE']._serialized_start=311
@@ -45,16 +45,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELAYEDCLIENT']._serialized_end=538
   _globals['_NEGOTIATEREQUEST']._serialized_start=540
   _globals['_NEGOTIATEREQUEST']._serialized_end=658
-  _globals['_NEGOTIATERESPONSE']._serialized_start=660
-  _globals['_NEGOTIATERESPONSE']._serialized_end=781
-  _globals['_REPLICATIONBATCH']._serialized_start=784
-  _globals['_REPLICATIONBATCH']._serialized_end=1097
-  _globals['_REPLICATIONACK']._serialized_start=1099
-  _globals['_REPLICATIONACK']._serialized_end=1196
-  _globals['_CASCADEREPORT']._serialized_start=1199
-  _globals['_CASCADEREPORT']._serialized_end=1337
-  _globals['_CASCADEREPLY']._serialized_start=1339
-  _globals['_CASCADEREPLY']._serialized_end=1429
-  _globals['_LOGREPLICATION']._serialized_start=1721
-  _globals['_LOGREPLICATION']._serialized_end=1920
+  _globals['_NEGOTIATERESPONSE']._serialized_start=661
+  _globals['_NEGOTIATERESPONSE']._serialized_end=809
+  _globals['_REPLICATIONBATCH']._serialized_start=812
+  _globals['_REPLICATIONBATCH']._serialized_end=1125
+  _globals['_REPLICATIONACK']._serialized_start=1127
+  _globals['_REPLICATIONACK']._serialized_end=1224
+  _globals['_CASCADEREPORT']._serialized_start=1227
+  _globals['_CASCADEREPORT']._serialized_end=1365
+  _globals['_CASCADEREPLY']._serialized_start=1367
+  _globals['_CASCADEREPLY']._serialized_end=1457
+  _globals['_LOGREPLICATION']._serialized_start=1749
+  _globals['_LOGREPLICATION']._serialized_end=1948
 # @@protoc_insertion_point(module_scope)

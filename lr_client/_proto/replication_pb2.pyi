@@ -103,16 +103,18 @@ class NegotiateRequest(_message.Message):
     def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ..., protocol_version: _Optional[int] = ..., relays: _Optional[_Iterable[_Union[RelayedClient, _Mapping]]] = ...) -> None: ...
 
 class NegotiateResponse(_message.Message):
-    __slots__ = ("sink_id", "clients", "drop_notices", "protocol_version")
+    __slots__ = ("sink_id", "clients", "drop_notices", "protocol_version", "max_message_bytes")
     SINK_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     DROP_NOTICES_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     sink_id: str
     clients: _containers.RepeatedCompositeFieldContainer[ClientState]
     drop_notices: bool
     protocol_version: int
-    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    max_message_bytes: int
+    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicationBatch(_message.Message):
     __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries", "lane", "lanes", "low_water", "replay")
