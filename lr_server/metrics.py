@@ -100,6 +100,11 @@ ENTRY_TOO_LARGE = Gauge(
     "1 while a stream is stopped at an entry larger than its destination accepts",
     ["destination", "client"],
 )
+RECEIVE_QUEUE_FULL = Gauge(
+    "lr_receive_queue_full",
+    "1 while a sink refuses a client's log batches: its receive queue is at its limits",
+    ["source", "client"],
+)
 
 
 __all__ = [
@@ -125,6 +130,7 @@ __all__ = [
     "PLACEMENT_CHANGES",
     "RECEIVER_CALLS_REFUSED",
     "RECEIVER_OPEN_CALLS",
+    "RECEIVE_QUEUE_FULL",
     "RELAY_BATCHES",
     "RELAY_LAG",
     "REPLAYS_SHIPPED",

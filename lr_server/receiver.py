@@ -37,6 +37,7 @@ from lr_client.records import (
 from lr_client.store import Cascading, Receiving
 from lr_client.store.replay_contract import Replays
 from lr_server import metrics, protocol
+from lr_server.receive_limits import ReceiveLimits
 
 log = logging.getLogger("lr.receiver")
 
@@ -78,6 +79,7 @@ class Receiver:
         *,
         max_batch_entries: int = 100_000,
         max_message_bytes: int = 0,
+        limits: ReceiveLimits | None = None,
         cascade_reports: CascadeHandler | None = None,
         on_stored: StoredHook | None = None,
         on_received: ReceivedHook | None = None,
@@ -88,6 +90,8 @@ class Receiver:
         self.max_batch_entries = max_batch_entries
         #: The largest gRPC message this sink accepts, told to sources (0: not said).
         self.max_message_bytes = max_message_bytes
+        #: Bounds of the receive queues: log batches refused while one is full.
+        self.limits = limits
         #: Serves ``Cascade`` calls (a child's report); None: not served here.
         self.cascade_reports = cascade_reports
         #: Told of every log batch stored: a branch's sessions relay it at once
@@ -184,6 +188,8 @@ class Receiver:
         if len(batch.entries) > self.max_batch_entries:
             raise ProtocolError(f"batch of {len(batch.entries)} entries exceeds the limit")
         entries = _entries(batch.entries, batch.previous_position)
+        if self.limits is not None and batch.kind == pb.BATCH_LOG_ENTRY and entries:
+            self.limits.check(source_id, client)
         if batch.replay:
             return self.apply_replay(caller, source_id, client, batch, entries)
         if batch.kind == pb.BATCH_LOG_ENTRY:

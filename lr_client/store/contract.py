@@ -124,8 +124,7 @@ class SendLog(Protocol):
         SQLite knows a position at insert (the ref carries it). On PostgreSQL
         it is known once the transaction has committed and been sequenced:
         None before, for an entry whose transaction rolled back, and for one
-        trim has removed since.
-        """
+        trim has removed since."""
 
     def sequence(self) -> int:
         """Give positions to what committed since the last call (PostgreSQL); how many.
@@ -228,8 +227,7 @@ class Snapshots(Transactions, Protocol):
         cursor when it has a cursor and no drop record; else a new one is
         REQUESTED. With ``conn`` (the caller's transaction) the entries of a
         snapshot left with no destination are released by the next
-        :meth:`Retention.trim`.
-        """
+        :meth:`Retention.trim`."""
 
     def get_snapshot(
         self, snapshot_id: str, destination: str | None = None
@@ -270,8 +268,7 @@ class Snapshots(Transactions, Protocol):
         With ``destination``: that destination's view only (``status``,
         ``reason``, ``shipped_position``); a snapshot left with no open
         destination ends. Without: the snapshot, a new status going to its
-        open destinations too.
-        """
+        open destinations too."""
 
     def start_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
         """REQUESTED -> RUNNING, fixing ``base_position``; None if no longer requested."""
@@ -538,6 +535,9 @@ class SubscriberQueues(Transactions, Protocol):
 
     def queue_depth(self, queue_id: int) -> int:
         """How many entries wait in a receive queue (above its ``delivered_seq``)."""
+
+    def receive_queue_size(self, source_id: str, client_name: str) -> tuple[int, int]:
+        """(entries, payload bytes) waiting in the client's receive queue of ``source_id``."""
 
     def rotate_receive_queues(self, period: float = 30.0) -> int | None:
         """Retire delivered entries in bulk once the newest ones are ``period`` s old.

@@ -12,6 +12,7 @@ from lr_client.store.cascade import CascadeStore
 from lr_client.store.cascade_children import CascadeReportsStore
 from lr_client.store.inspection import InspectionStore
 from lr_client.store.members import MembersStore
+from lr_client.store.queue_sizes import QueueSizesStore
 from lr_client.store.receiving import ReceivingStore
 from lr_client.store.replays import ReplaysStore
 from lr_client.store.retention import RetentionStore
@@ -32,6 +33,7 @@ class SQLAlchemyQueueStore(
     ReplaysStore,
     ReceivingStore,
     SubscriberQueuesStore,
+    QueueSizesStore,
     SubscriberPartitionsStore,
     InspectionStore,
     MembersStore,
