@@ -7,13 +7,17 @@ session's and receiver's own code.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client._proto import replication_pb2 as pb
+from lr_client.aio import AsyncRoutingQueueListener, AsyncRoutingQueueSubscriber
 from lr_client.errors import ProtocolError
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import ReplicationType, WireEntry
@@ -26,6 +30,7 @@ from lr_server.session import SenderSession
 from lr_server.streams import ClientStream
 from lr_server.transport.base import BatchStream
 from lr_server.transport.inproc import InProcessTransport
+from tests.kit.aio import DRIVER_PARAMS, aio_site
 from tests.kit.positions import new_slot
 from tests.kit.sites import wait_for
 
@@ -264,3 +269,40 @@ def test_a_sink_refuses_a_replayed_batch_from_a_version_5_source(
     )
     assert not receiver.apply("a", batch).duplicate
     assert links["b"].deliver("policy") == [(1, False), (1, True)]
+
+
+class AsyncSeen(AsyncRoutingQueueListener):
+    def __init__(self) -> None:
+        self.log: list[tuple[int, bool, str]] = []
+
+    async def process_log_entries(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self.log += [(m.source_position, m.replayed, m.snapshot_id) for m in messages]
+        return True
+
+    async def process_full_sync(
+        self, session: AsyncSession, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        raise AssertionError("no full sync here")
+
+
+@pytest.mark.parametrize("driver", DRIVER_PARAMS)
+def test_the_async_listener_sees_replayed_entries_flagged(driver: str, tmp_path: Path) -> None:
+    log = ReplicationType.LOG_ENTRY_SYNC
+    with aio_site(driver, tmp_path) as site:
+        site.store.apply_log_batch("a", "policy", [WireEntry(p, log, b"x") for p in (1, 2)])
+        site.store.apply_replay_batch("a", "policy", [WireEntry(2, log, b"x")])
+        listener = AsyncSeen()
+
+        async def main() -> int:
+            engine = site.engine()
+            sub = AsyncRoutingQueueSubscriber(engine, "policy", listener)
+            try:
+                return await sub.poll_once()
+            finally:
+                await sub.close()
+                await engine.dispose()
+
+        asyncio.run(main())
+    assert listener.log == [(1, False, ""), (2, False, ""), (2, True, "")]
