@@ -36,6 +36,20 @@ class ReplayRequest:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    """What a sink's rewind (``lr rewind``) did: the entries it made deliverable again,
+    their first and last source positions; or why it did nothing (``refused``)."""
+
+    entries: int = 0
+    first_position: int = 0
+    last_position: int = 0
+    refused: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
 class Replays(Protocol):
     """The store's role for replays (both ends)."""
 
@@ -58,5 +72,9 @@ class Replays(Protocol):
     ) -> tuple[bool, int]:
         """Queue a replayed batch again, flagged; (whether any was queued, its last position)."""
 
+    def rewind_receive_queue(self, source_id: str, client_name: str, to_position: int) -> Rewind:
+        """Lower the queue's delivered mark so that the delivered log entries it still
+        holds from ``to_position`` on are delivered again, flagged replayed."""
 
-__all__ = ["DONE", "OPEN", "PENDING", "REFUSED", "RUNNING", "ReplayRequest", "Replays"]
+
+__all__ = ["DONE", "OPEN", "PENDING", "REFUSED", "RUNNING", "ReplayRequest", "Replays", "Rewind"]

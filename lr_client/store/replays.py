@@ -15,15 +15,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Row
 
 from lr_client.errors import InvalidInputError
-from lr_client.names import validate_name
+from lr_client.names import recv_queue_name, validate_name
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.replayed import REPLAYED_MARK
+from lr_client.store import schema as s
 from lr_client.store.receiving import ReceivingStore
-from lr_client.store.replay_contract import OPEN, PENDING, ReplayRequest
+from lr_client.store.replay_contract import OPEN, PENDING, ReplayRequest, Rewind
 from lr_client.store.replay_tables import replays as _P
 
 
@@ -119,6 +120,65 @@ class ReplaysStore(ReceivingStore):
                 qid = self._ensure_queue(conn, source_id, client_name)
                 self._append(conn, qid, client_name, held)
         return bool(held), last
+
+    def rewind_receive_queue(self, source_id: str, client_name: str, to_position: int) -> Rewind:
+        """The delivered entries the queue still holds are those it has not retired:
+        SQLite deletes them as it delivers them (a relayed queue keeps them until its
+        relay trim), PostgreSQL keeps them until rotation truncates their partition. So
+        the rewind is refused unless every delivered log entry from ``to_position`` on
+        is still held (the queue's oldest held entry is below the first of them, or is
+        at ``to_position``), and when a full sync or a drop notice lies in the range,
+        or the queue is delivered by partition or in the middle of a full sync."""
+        r, st = s.recv_entries, s.subscriber_state
+        log = int(ReplicationType.LOG_ENTRY_SYNC)
+        name = recv_queue_name(client_name, source_id)
+        with self.write() as conn:
+            qid = conn.execute(
+                select(s.queue_registry.c.queue_id).where(s.queue_registry.c.queue_name == name)
+            ).scalar()
+            state = None
+            if qid is not None:
+                state = conn.execute(
+                    select(st).where(st.c.queue_id == qid).with_for_update()
+                ).first()
+            if qid is None or state is None:
+                return Rewind(refused=f"{name}: nothing was delivered from this queue")
+            if state.partitions or state.in_snapshot:
+                why = "delivered by partition" if state.partitions else "in a full sync"
+                return Rewind(refused=f"{name} is {why}: it cannot be rewound")
+            mark = int(state.delivered_seq)
+            delivered = (r.c.queue_id == qid, r.c.seq <= mark)
+            first = conn.execute(
+                select(func.min(r.c.seq)).where(
+                    *delivered, r.c.type == log, r.c.source_position >= to_position
+                )
+            ).scalar()
+            oldest = conn.execute(
+                select(r.c.seq, r.c.source_position)
+                .where(r.c.queue_id == qid)
+                .order_by(r.c.seq)
+                .limit(1)
+            ).first()
+            if first is None or oldest is None:
+                return Rewind(refused=f"{name} holds no delivered entry at or after {to_position}")
+            if oldest.seq == first and oldest.source_position != to_position:
+                return Rewind(
+                    refused=f"{name} holds delivered entries from position "
+                    f"{oldest.source_position} on only (those before were retired)"
+                )
+            span = (r.c.queue_id == qid, r.c.seq >= first, r.c.seq <= mark)
+            kinds = conn.execute(select(r.c.type).where(*span, r.c.type != log).limit(1)).first()
+            if kinds is not None:
+                return Rewind(refused=f"a full sync or a drop notice lies past {to_position}")
+            count, low, high = conn.execute(
+                select(
+                    func.count(), func.min(r.c.source_position), func.max(r.c.source_position)
+                ).where(*span)
+            ).one()
+            conn.execute(update(r).where(*span).values(snapshot_id=REPLAYED_MARK))
+            conn.execute(update(st).where(st.c.queue_id == qid).values(delivered_seq=first - 1))
+            self._announce(conn, client_name)
+        return Rewind(int(count), int(low), int(high))
 
 
 __all__ = ["ReplaysStore"]

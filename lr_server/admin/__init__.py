@@ -43,7 +43,7 @@ from lr_server.admin.records import (
     SnapshotView,
     TrimResult,
 )
-from lr_server.admin.replays import list_replays, replay
+from lr_server.admin.replays import list_replays, replay, rewind
 from lr_server.admin.snapshots import (
     cancel_snapshot,
     list_snapshots,
@@ -84,6 +84,7 @@ __all__ = [
     "remove_member",
     "replay",
     "request_snapshot",
+    "rewind",
     "set_member_weight",
     "snapshot_job_command",
     "status",

@@ -1,16 +1,17 @@
-"""Replays: a stream's retained entries shipped again to one destination (``lr replay``)."""
+"""Replays: a stream's retained entries shipped again to one destination (``lr replay``),
+or delivered again from a sink's receive queue (``lr rewind``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from lr_server.admin.checks import check_stream
-from lr_server.admin.errors import AdminInputError, FullSyncNeededError
+from lr_server.admin.errors import AdminInputError, FullSyncNeededError, StateError
 from lr_server.replay import trimmed_message
 
 if TYPE_CHECKING:
     from lr_client.store import QueueStore
-    from lr_client.store.replay_contract import ReplayRequest
+    from lr_client.store.replay_contract import ReplayRequest, Rewind
     from lr_server.config import SiteConfig
 
 
@@ -50,3 +51,33 @@ def replay(
 def list_replays(store: QueueStore, open_only: bool = True) -> list[ReplayRequest]:
     """The replay requests (``open_only``: those not done or refused yet), oldest first."""
     return store.list_replays(open_only=open_only)
+
+
+def rewind(
+    config: SiteConfig, store: QueueStore, source: str, client: str, to_position: int
+) -> Rewind:
+    """At a sink: deliver again the log entries of ``client`` from ``source`` that were
+    delivered from ``to_position`` on (``lr rewind``), flagged replayed; what it did.
+
+    Only what the receive queue still holds can be delivered again: SQLite deletes
+    entries as it delivers them (nothing to rewind, unless the queue is relayed),
+    PostgreSQL keeps them until rotation retires their partition
+    (``receiver.rotation_period``). Other queues are not touched.
+
+    Raises :class:`AdminInputError` if the site does not accept ``source`` or
+    ``to_position`` is below 1, :class:`StateError` if the queue does not hold every
+    delivered entry from ``to_position`` on (the source can still ship them again:
+    ``lr replay`` there), a full sync or drop notice lies in the range, or the queue is
+    delivered by partition or in the middle of a full sync.
+    """
+    if config.source(source) is None:
+        known = ", ".join(s.id for s in config.sources) or "none"
+        raise AdminInputError(
+            f"{source!r} is not a source of site {config.id} (configured: {known})", "source"
+        )
+    if isinstance(to_position, bool) or not isinstance(to_position, int) or to_position < 1:
+        raise AdminInputError(f"position must be 1 or more, not {to_position!r}", "to")
+    done = store.rewind_receive_queue(source, client, to_position)
+    if done.refused:
+        raise StateError(f"{done.refused}; the source can ship it again: lr replay")
+    return done

@@ -306,3 +306,39 @@ def test_the_async_listener_sees_replayed_entries_flagged(driver: str, tmp_path:
 
         asyncio.run(main())
     assert listener.log == [(1, False, ""), (2, False, ""), (2, True, "")]
+
+
+def test_a_sink_rewind_delivers_again_what_its_queue_still_holds(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    log = ReplicationType.LOG_ENTRY_SYNC
+    for source in ("a", "x"):
+        store.apply_log_batch(source, "policy", [WireEntry(p, log, b"x") for p in (2, 4, 6)])
+    store.apply_log_batch("a", "other", [WireEntry(p, log, b"x") for p in (3, 5)])
+    for client in CLIENTS:
+        with RoutingQueueSubscriber(store, client, Seen()) as sub:
+            while sub.poll_once():
+                pass
+    sink = parse_config(
+        {
+            "site": {"id": "b", "database_url": "sqlite://", "listen": "127.0.0.1:7001"},
+            "security": {"transport": "plaintext"},
+            "sources": [{"id": "a"}, {"id": "x"}],
+        }
+    )
+    with pytest.raises(admin.AdminInputError, match="not a source"):
+        admin.rewind(sink, store, "z", "policy", 3)
+    if not store.keeps_delivered:  # SQLite deleted them as it delivered them
+        with pytest.raises(admin.StateError, match="holds no delivered entry at or after 3"):
+            admin.rewind(sink, store, "a", "policy", 3)
+        return
+    with pytest.raises(admin.StateError, match="lr replay"):
+        admin.rewind(sink, store, "a", "policy", 7)
+    done = admin.rewind(sink, store, "a", "policy", 3)
+    assert (done.entries, done.first_position, done.last_position) == (2, 4, 6)
+    seen = Seen()
+    with RoutingQueueSubscriber(store, "policy", seen) as sub:
+        while sub.poll_once():
+            pass
+    assert seen.log == [(4, True), (6, True)]  # source x's queue and client other untouched
+    assert store.queue_depths() == {}
