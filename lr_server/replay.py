@@ -4,7 +4,7 @@ An operator's request (a row of ``lrq_replays``, :mod:`lr_client.store.replays`)
 is picked up by the session of its destination at its next check of requests:
 it is refused (``refused``, with the reason) when the destination speaks a
 protocol older than :data:`~lr_server.protocol.REPLAY_VERSION`, when the
-stream is shipped over lanes or relayed in a cascade, or when trim deleted an
+stream is shipped over lanes or is of a cascaded client, or when trim deleted an
 entry of the range (a full sync is then the way: ``lr snapshot request``).
 Otherwise it runs: its range ends at ``through_position``, the position the
 destination had acknowledged when it was picked up, and the retained entries
@@ -82,12 +82,12 @@ class Replayer:
         self.version = protocol.peer_version(announced)
         self.runs.clear()
 
-    def check(self, streams: dict[str, ClientStream], relayed: Collection[str]) -> None:
+    def check(self, streams: dict[str, ClientStream], cascaded: Collection[str]) -> None:
         """Pick up the destination's open requests (one at a time per client)."""
         for req in self.store.list_replays(self.destination, open_only=True):
             if req.client_name in self.runs:
                 continue
-            error = self.refusal(req, streams, relayed)
+            error = self.refusal(req, streams, cascaded)
             if error:
                 self.refuse(req, error)
                 continue
@@ -107,7 +107,7 @@ class Replayer:
             self.finish(run)  # nothing left to ship (an empty range, or all acknowledged)
 
     def refusal(
-        self, req: ReplayRequest, streams: dict[str, ClientStream], relayed: Collection[str]
+        self, req: ReplayRequest, streams: dict[str, ClientStream], cascaded: Collection[str]
     ) -> str:
         """Why the request cannot run here ("" if it can)."""
         name = req.client_name
@@ -119,8 +119,8 @@ class Replayer:
             return str(exc)
         if self.cfg.streams_per_destination > 1:
             return "replay ships on one stream: set streams_per_destination = 1"
-        if name in relayed:
-            return f"{name} is cascaded: replay it from its root to its children"
+        if name in cascaded:
+            return f"{name} is a cascaded client: its streams are not replayed"
         trimmed = self.store.trimmed_through(self.destination, name)
         if trimmed > req.shipped_through:
             return trimmed_message(self.destination, name, req.shipped_through + 1, trimmed)

@@ -406,7 +406,7 @@ class SenderSession:
 
     def _check_requests(self, streams: dict[str, ClientStream]) -> None:
         self.requests.check(streams)  # a step of its own, for tests to take
-        self.replays.check(streams, [n for n in self.cascade if self._origin(n) is not None])
+        self.replays.check(streams, self.cascade)
 
     # -- pumping ----------------------------------------------------------------------------------
     def _pump(
