@@ -23,7 +23,7 @@ from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server import admin, parse_config, protocol
+from lr_server import admin, load_config, parse_config, protocol
 from lr_server.config import ClientConfig, ReplicationConfig, SiteConfig
 from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
@@ -32,7 +32,7 @@ from lr_server.transport.base import BatchStream
 from lr_server.transport.inproc import InProcessTransport
 from tests.kit.aio import DRIVER_PARAMS, aio_site
 from tests.kit.positions import new_slot
-from tests.kit.sites import wait_for
+from tests.kit.sites import Sites, wait_for
 
 CLIENTS = ("policy", "other")
 
@@ -342,3 +342,27 @@ def test_a_sink_rewind_delivers_again_what_its_queue_still_holds(
             pass
     assert seen.log == [(4, True), (6, True)]  # source x's queue and client other untouched
     assert store.queue_depths() == {}
+
+
+def test_a_replay_requested_while_the_source_is_down_runs_once_it_is_up(
+    sites: Sites, tmp_path: Path
+) -> None:
+    """Real servers over gRPC on loopback: the request is a row the restarted server
+    picks up."""
+    sites.start("b", sources=["a"])
+    sites.start("a", dests=["b"])
+    src = sites.store("a")
+    transmit(src, "policy", 3, ["b"])
+    last = src.head_position()
+    wait_for(lambda: src.get_cursor("b", "policy").position == last, timeout=30)
+    sites.stop("a")
+    request = admin.replay(load_config(tmp_path / "a.toml"), src, "b", "policy", last - 1)
+    sites.start("a", dests=["b"])
+    wait_for(lambda: src.list_replays()[0].status == "done", timeout=30)
+    assert src.list_replays()[0].replay_id == request.replay_id
+    seen = Seen()
+    with RoutingQueueSubscriber(sites.store("b"), "policy", seen) as sub:
+        while sub.poll_once():
+            pass
+    once = [(p, False) for p in range(last - 2, last + 1)]
+    assert seen.log == [*once, (last - 1, True), (last, True)]
