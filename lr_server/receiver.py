@@ -284,8 +284,8 @@ class Receiver:
         applied, last = self.store.apply_replay_batch(source_id, client, entries)
         if applied:
             metrics.ENTRIES_REPLAYED.labels(source_id, client).inc(len(entries))
-            log.info("%s/%s: replayed %d..%d queued again", source_id, client,
-                     entries[0].position, last)  # fmt: skip
+            first = entries[0].position
+            log.info("%s/%s: replayed %d..%d queued again", source_id, client, first, last)
         return pb.ReplicationAck(
             batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
         )

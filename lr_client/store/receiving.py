@@ -53,8 +53,8 @@ class ReceivingStore(StoreBase):
     ) -> bool:
         """Queue a drop notice for the listener, once per ``notice_id``; False if a repeat.
 
-        The stream's position goes (back, or for a loss an operator accepted, ids ``a...``,
-        also on: past a skipped entry) to just before ``first_dropped_position``.
+        The stream's position goes to just before ``first_dropped_position``: back if it
+        was further, and on for a loss an operator accepted (ids ``a...``: a skipped entry).
         """
         t = s.sink_drops
         with self.write() as conn:
