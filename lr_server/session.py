@@ -1,20 +1,19 @@
 """The sender session: one replication stream from this site to one destination.
 
-Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or
-a full snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base.
-Batches are bounded in entries and bytes, at most ``window_batches`` /
-``window_bytes`` unacknowledged (:mod:`lr_server.window`); the cursor is saved when
-the sink acknowledges. Connection loss: reconnect with backoff and jitter,
-renegotiate (:mod:`lr_server.negotiation`), resume where the sink stopped. Full
-syncs are followed by :mod:`lr_server.snapshot_requests`, stopped streams by
-:mod:`lr_server.stops`. A branch's session relaying a cascaded client is woken when
-its receiver stores a batch of it (:mod:`lr_server.arrivals`).
+Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or a full
+snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base. Batches are bounded
+in entries and bytes, at most ``window_batches`` / ``window_bytes`` unacknowledged
+(:mod:`lr_server.window`); the cursor is saved when the sink acknowledges. Connection loss:
+reconnect with backoff and jitter, renegotiate (:mod:`lr_server.negotiation`), resume where the
+sink stopped; a sink whose receive queue is full is tried again after a wait that doubles up to
+``max_backoff``. Full syncs are followed by :mod:`lr_server.snapshot_requests`, stopped streams
+by :mod:`lr_server.stops`, replays by :mod:`lr_server.replay`. A branch's session relaying a
+cascaded client is woken when its receiver stores a batch of it (:mod:`lr_server.arrivals`).
 
-Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of
-the send queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack.
-Its safety poll doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX`: a lost
-wake-up costs at most that, never an entry.
-"""
+Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of the send
+queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack. Its safety poll
+doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX`: a lost wake-up costs at most that,
+never an entry."""
 
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ from tenacity import (
     wait_random,
 )
 
+from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
 from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
@@ -173,6 +173,7 @@ class SenderSession:
     # -- the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Replicate until ``stop`` is set; never raises for transient trouble."""
+        full = 0.0  # the last wait after a sink's full receive queue refused a batch
         while not stop.is_set():
             transport: Transport | None = None
             try:
@@ -192,8 +193,13 @@ class SenderSession:
                 if not self._child_left(exc):
                     break
                 stop.wait(self.retry.initial_backoff)
+            except ReceiveQueueFullError as exc:  # until its subscriber drains: longer each time
+                self._failed(exc)
+                full = min(self.retry.max_backoff, max(self.retry.initial_backoff, full * 2))
+                stop.wait(full)
             except LRError as exc:
                 self._failed(exc)
+                full = 0.0
                 stop.wait(self.retry.initial_backoff)
             except Exception as exc:  # a bug or the database: log, back off, go on
                 self._log.exception("session to %s failed", self.destination)

@@ -4,7 +4,8 @@ loopback, each backend."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import pytest
 from prometheus_client import REGISTRY
@@ -14,12 +15,18 @@ from lr_client import RoutingQueueClient
 from lr_client.errors import ConfigError, ReceiveQueueFullError
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server import parse_config
+from lr_server.config import ClientConfig, RetryConfig
 from lr_server.receive_limits import ReceiveLimits
+from lr_server.receiver import Receiver
+from lr_server.session import SenderSession
+from lr_server.transport.inproc import InProcessTransport
 from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for
+
+LOG = ReplicationType.LOG_ENTRY_SYNC
 
 
 class Positions(RoutingQueueListener):
@@ -95,3 +102,48 @@ def test_limits_are_per_client_validated_and_checked_on_entries_and_bytes(
     bad = {**raw, "clients": [{"name": "policy", "receive_queue_max_entries": -1}]}
     with pytest.raises(ConfigError, match="receive_queue_max_entries"):
         parse_config(bad)
+
+
+class Waits(threading.Event):
+    """A stop event that records the session's waits and sets itself after ``n``."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n, self.waits = n, list[float]()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        if len(self.waits) >= self.n:
+            self.set()
+        return self.is_set()
+
+
+def test_a_source_waits_longer_each_time_a_full_queue_refuses_it(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    sink = open_store(db_url_factory("sink"))
+    try:
+        sink.apply_log_batch("a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
+        receiver = Receiver(sink, "b", ["a"], limits=ReceiveLimits(sink, {"policy": (3, 0)}))
+        transport = InProcessTransport(receiver, "a")
+        store.register_sites(["b"])
+        sender = RoutingQueueClient(store, source_id="a", client_name="policy")
+        for _ in range(4):
+            new_slot(store)
+            with store.engine.begin() as conn:
+                sender.transmit_log_entry_message(conn, b"x", ["b"])
+        session = SenderSession(
+            store,
+            "a",
+            "b",
+            [ClientConfig("policy")],
+            lambda: transport,
+            retry=RetryConfig(initial_backoff=0.1, max_backoff=0.5, jitter=0.0),
+        )
+        stop = Waits(4)
+        session.run(stop)
+        assert stop.waits == [0.1, 0.2, 0.4, 0.5]  # doubling up to max_backoff
+        assert "receive queue is full" in session.last_error
+        assert sink.sink_progress("a", "policy").last_position == 3  # nothing stored
+    finally:
+        sink.engine.dispose()
