@@ -23,6 +23,7 @@ from lr_client.records import (
     ReplicationType,
     SubscriberState,
 )
+from lr_client.replayed import REPLAYED_MARK
 
 
 class PlanKind(enum.StrEnum):
@@ -73,6 +74,7 @@ _SET = tuple(
         "snapshot_id",
         "key",
         "headers",
+        "replayed",
     )
 )
 
@@ -80,7 +82,7 @@ _SET = tuple(
 def messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueueMessage]:
     """The listener's messages of ``entries`` (one object per entry, nothing else)."""
     source, client, new = queue.source_id, queue.client_name, object.__new__
-    payload, source_id, client_name, position, type_, snapshot_id, key, headers = _SET
+    payload, source_id, client_name, position, type_, snapshot_id, key, headers, replayed = _SET
     out: list[RoutingQueueMessage] = []
     append = out.append
     for e in entries:
@@ -90,7 +92,13 @@ def messages(queue: QueueInfo, entries: Sequence[HeadEntry]) -> list[RoutingQueu
         client_name(m, client)
         position(m, e[2])
         type_(m, e[1])
-        snapshot_id(m, e[3])
+        sid = e[3]
+        if sid == REPLAYED_MARK:  # queued again (lr_client.replayed)
+            snapshot_id(m, "")
+            replayed(m, True)
+        else:
+            snapshot_id(m, sid)
+            replayed(m, False)
         key(m, e[6])
         headers(m, EMPTY if e[7] is None else decode_headers(e[7]))
         append(m)

@@ -20,6 +20,7 @@
     │   ├── StoreUnavailableError  the database could not be reached
     │   ├── TransportError         the peer could not be reached or the stream broke
     │   ├── ListenerError          a listener rejected or failed a batch; it comes again
+    │   ├── ReceiveQueueFullError  a sink's receive queue is at its limit (RESOURCE_EXHAUSTED)
     │   └── BackpressureError      destinations are too far behind; slow down
     └── PermanentError             retrying will not help
         ├── FencedError            this member lost the unit's lease; the write was refused
@@ -135,6 +136,15 @@ class ListenerError(TransientError):
         self.attempt = attempt
 
 
+class ReceiveQueueFullError(TransientError):
+    """A sink's receive queue is at its limit: the batch was refused; send it again later."""
+
+
+#: What a :class:`ReceiveQueueFullError`'s message holds: gRPC RESOURCE_EXHAUSTED with it
+#: is that error (retryable), without it a :class:`ProtocolError` (a message too large).
+QUEUE_FULL = "receive queue is full"
+
+
 class BackpressureError(TransientError):
     """Too many destinations are behind; transmit refused to protect the queue."""
 
@@ -217,6 +227,7 @@ __all__ = [
     "PermanentError",
     "PermissionDeniedError",
     "ProtocolError",
+    "ReceiveQueueFullError",
     "SchemaError",
     "SnapshotError",
     "StoreUnavailableError",

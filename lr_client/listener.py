@@ -35,6 +35,9 @@ class RoutingQueueMessage:
     key: bytes | None = None
     #: The headers the source gave the entry: a read-only mapping, empty when none.
     headers: Mapping[str, str] = field(default_factory=lambda: EMPTY, hash=False)
+    #: Delivered again on an operator's request (``lr replay`` at the source, ``lr
+    #: rewind`` here): the listener applied it before. False for every other entry.
+    replayed: bool = False
 
 
 class RoutingQueueListener(abc.ABC):

@@ -85,6 +85,26 @@ RELAY_BATCHES = Counter(
     "stored them) or read from its receive queue",
     ["destination", "client", "way"],
 )
+ENTRIES_REPLAYED = Counter(
+    "lr_entries_replayed",
+    "Entries queued again at a sink on a source's replay (lr replay)",
+    ["source", "client"],
+)
+REPLAYS_SHIPPED = Counter(
+    "lr_replay_entries_shipped",
+    "Entries shipped again on a replay and acknowledged",
+    ["destination", "client"],
+)
+ENTRY_TOO_LARGE = Gauge(
+    "lr_entry_too_large",
+    "1 while a stream is stopped at an entry larger than its destination accepts",
+    ["destination", "client"],
+)
+RECEIVE_QUEUE_FULL = Gauge(
+    "lr_receive_queue_full",
+    "1 while a sink refuses a client's log batches: its receive queue is at its limits",
+    ["source", "client"],
+)
 
 
 __all__ = [
@@ -97,7 +117,9 @@ __all__ = [
     "CASCADE_WATERMARK",
     "DROPS",
     "ENTRIES_APPLIED",
+    "ENTRIES_REPLAYED",
     "ENTRIES_SHIPPED",
+    "ENTRY_TOO_LARGE",
     "ERRORS",
     "INFLIGHT_BATCHES",
     "LAG_BYTES",
@@ -108,8 +130,10 @@ __all__ = [
     "PLACEMENT_CHANGES",
     "RECEIVER_CALLS_REFUSED",
     "RECEIVER_OPEN_CALLS",
+    "RECEIVE_QUEUE_FULL",
     "RELAY_BATCHES",
     "RELAY_LAG",
+    "REPLAYS_SHIPPED",
     "SNAPSHOT_ACTIVE",
     "SNAPSHOT_ROWS",
     "STREAM_STOPPED",

@@ -38,6 +38,11 @@ is version 1):
    destination is configured with, the sink answers those it accepts, and only
    then are batches compressed (:mod:`lr_server.codecs`). A sink of version 5
    answers none and gets batches uncompressed, as before.
+   Replay (``ReplicationBatch.replay``): entries the sink already holds, sent
+   again on an operator's request (``lr replay``); the sink queues them again,
+   flagged replayed, and leaves its position as it is. Only sent to sinks of
+   version 6 or newer (:func:`require_replay`: the request is refused for an
+   older one), and only accepted from sources that announced 6 or newer.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
 upgraded one at a time; an older peer is refused at negotiation with
@@ -59,6 +64,8 @@ CASCADE_VERSION = 5
 HEADERS_VERSION = 6
 #: The first version whose sinks accept compressed batches (when they answer the codec).
 COMPRESSION_VERSION = 6
+#: The first version whose sinks accept replayed batches.
+REPLAY_VERSION = 6
 #: The oldest peer version this release accepts.
 MIN_PEER_VERSION = 1
 
@@ -109,6 +116,16 @@ def require_headers(version: int, peer: str) -> None:
         )
 
 
+def require_replay(announced: int, peer: str) -> None:
+    """:class:`IncompatibleVersionError` unless the sink accepts replayed batches."""
+    version = peer_version(announced)
+    if version < REPLAY_VERSION:
+        raise IncompatibleVersionError(
+            f"sink {peer} speaks wire protocol {version}; replay needs "
+            f"{REPLAY_VERSION} or newer: upgrade it"
+        )
+
+
 __all__ = [
     "CASCADE_VERSION",
     "COMPRESSION_VERSION",
@@ -116,9 +133,11 @@ __all__ = [
     "LANES_VERSION",
     "MIN_PEER_VERSION",
     "PROTOCOL_VERSION",
+    "REPLAY_VERSION",
     "peer_version",
     "require_cascade",
     "require_compatible",
     "require_headers",
     "require_lanes",
+    "require_replay",
 ]

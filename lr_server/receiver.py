@@ -40,7 +40,9 @@ from lr_client.records import (
     WireEntry,
 )
 from lr_client.store import Cascading, Receiving
+from lr_client.store.replay_contract import Replays
 from lr_server import codecs, metrics, protocol
+from lr_server.receive_limits import ReceiveLimits
 
 log = logging.getLogger("lr.receiver")
 
@@ -56,8 +58,8 @@ _LOG_TYPES = {ReplicationType.LOG_ENTRY_SYNC}
 CASCADE_ROWS_TTL = 1.0
 
 
-class ReceiverStore(Receiving, Cascading, Protocol):
-    """What the receiver needs of the store: receive queues and cascade rows."""
+class ReceiverStore(Receiving, Cascading, Replays, Protocol):
+    """What the receiver needs of the store: receive queues, cascade rows, replays."""
 
 
 #: Serves one ``Cascade`` call: (the authenticated caller, its report) -> the reply.
@@ -82,6 +84,7 @@ class Receiver:
         *,
         max_batch_entries: int = 100_000,
         max_message_bytes: int = 65 * 1024 * 1024,
+        limits: ReceiveLimits | None = None,
         cascade_reports: CascadeHandler | None = None,
         on_stored: StoredHook | None = None,
         on_received: ReceivedHook | None = None,
@@ -90,8 +93,11 @@ class Receiver:
         self.sink_id = sink_id
         self.accepted_sources = frozenset(accepted_sources)
         self.max_batch_entries = max_batch_entries
-        #: The most bytes a compressed batch's entries may expand to.
+        #: The largest gRPC message this sink accepts (told to sources), and the most bytes
+        #: a compressed batch's entries may expand to.
         self.max_message_bytes = max_message_bytes
+        #: Bounds of the receive queues: log batches refused while one is full.
+        self.limits = limits
         #: Serves ``Cascade`` calls (a child's report); None: not served here.
         self.cascade_reports = cascade_reports
         #: Told of every log batch stored: a branch's sessions relay it at once
@@ -103,6 +109,8 @@ class Receiver:
         self._cascade: dict[str, CascadeNode] = {}
         self._cascade_read_at = -CASCADE_ROWS_TTL
         self._cascade_lock = threading.Lock()
+        #: The wire protocol each source announced when it last negotiated here.
+        self.versions: dict[str, int] = {}
 
     def _cascade_rows(self, fresh: bool = False) -> dict[str, CascadeNode]:
         with self._cascade_lock:
@@ -148,12 +156,14 @@ class Receiver:
             raise ProtocolError(
                 f"negotiation names source {request.source_id!r}, not {source_id!r}"
             )
-        protocol.require_compatible(request.protocol_version, f"source {source_id!r}")
+        version = protocol.require_compatible(request.protocol_version, f"source {source_id!r}")
+        self.versions[source_id] = version
         response = pb.NegotiateResponse(
             sink_id=self.sink_id,
             drop_notices=True,
             protocol_version=protocol.PROTOCOL_VERSION,
             codecs=codecs.accepted(request.codecs),
+            max_message_bytes=self.max_message_bytes,
         )
         origins = {}
         for relay in request.relays:
@@ -204,6 +214,10 @@ class Receiver:
         if len(batch.entries) > self.max_batch_entries:
             raise ProtocolError(f"batch of {len(batch.entries)} entries exceeds the limit")
         entries = _entries(batch.entries, batch.previous_position)
+        if self.limits is not None and batch.kind == pb.BATCH_LOG_ENTRY and entries:
+            self.limits.check(source_id, client)
+        if batch.replay:
+            return self.apply_replay(caller, source_id, client, batch, entries)
         if batch.kind == pb.BATCH_LOG_ENTRY:
             if any(e.type not in _LOG_TYPES for e in entries):
                 raise ProtocolError("log entry batch holds entries of another type")
@@ -261,6 +275,32 @@ class Receiver:
                 _observe_relay_lag(client, source_id, batch.entries)
                 if self.on_stored is not None:
                     self.on_stored(source_id, client, last)
+        return pb.ReplicationAck(
+            batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
+        )
+
+    def apply_replay(
+        self,
+        caller: str,
+        source_id: str,
+        client: str,
+        batch: pb.ReplicationBatch,
+        entries: list[WireEntry],
+    ) -> pb.ReplicationAck:
+        """Queue a replayed batch again (``lr replay`` at the source), flagged; the
+        stream's position stays. Only log entries, on no lane, from a source that
+        negotiated protocol 6 or newer here."""
+        if self.versions.get(caller, protocol.REPLAY_VERSION) < protocol.REPLAY_VERSION:
+            raise ProtocolError(f"{caller} negotiated a protocol without replay")
+        if batch.kind != pb.BATCH_LOG_ENTRY or batch.lane or not entries:
+            raise ProtocolError("a replayed batch holds log entries, on no lane")
+        if any(e.type not in _LOG_TYPES for e in entries):
+            raise ProtocolError("log entry batch holds entries of another type")
+        applied, last = self.store.apply_replay_batch(source_id, client, entries)
+        if applied:
+            metrics.ENTRIES_REPLAYED.labels(source_id, client).inc(len(entries))
+            first = entries[0].position
+            log.info("%s/%s: replayed %d..%d queued again", source_id, client, first, last)
         return pb.ReplicationAck(
             batch_id=batch.batch_id, client_name=client, last_position=last, duplicate=not applied
         )

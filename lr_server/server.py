@@ -34,6 +34,7 @@ from lr_server.memory import map_large_blocks
 from lr_server.metrics_http import MetricsEndpoint, serve_site_metrics
 from lr_server.placement import TRIM_UNIT, stream_unit
 from lr_server.readiness import problems
+from lr_server.receive_limits import ReceiveLimits
 from lr_server.receiver import Receiver
 from lr_server.session import SenderSession
 from lr_server.snapshot_requests import once_per_snapshot, spark_launcher
@@ -99,6 +100,7 @@ class SiteServer:
                 cfg.id,
                 [s.id for s in cfg.sources],
                 max_message_bytes=cfg.replication.max_message_bytes,
+                limits=ReceiveLimits.from_config(self.store, cfg),
                 cascade_reports=self.serve_cascade if cfg.cascades else None,
                 on_stored=self.arrivals.ring,
                 on_received=self.arrivals.offer,

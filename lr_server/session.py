@@ -1,20 +1,19 @@
 """The sender session: one replication stream from this site to one destination.
 
-Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or
-a full snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base.
-Batches are bounded in entries and bytes, at most ``window_batches`` /
-``window_bytes`` unacknowledged (:mod:`lr_server.window`); the cursor is saved when
-the sink acknowledges. Connection loss: reconnect with backoff and jitter,
-renegotiate (:mod:`lr_server.negotiation`), resume where the sink stopped. Full
-syncs are followed by :mod:`lr_server.snapshot_requests`, stopped streams by
-:mod:`lr_server.stops`. A branch's session relaying a cascaded client is woken when
-its receiver stores a batch of it (:mod:`lr_server.arrivals`).
+Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or a full
+snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base. Batches are bounded
+in entries and bytes, at most ``window_batches`` / ``window_bytes`` unacknowledged
+(:mod:`lr_server.window`); the cursor is saved when the sink acknowledges. Connection loss:
+reconnect with backoff and jitter, renegotiate (:mod:`lr_server.negotiation`), resume where the
+sink stopped; a sink whose receive queue is full is tried again after a wait that doubles up to
+``max_backoff``. Full syncs are followed by :mod:`lr_server.snapshot_requests`, stopped streams
+by :mod:`lr_server.stops`, replays by :mod:`lr_server.replay`. A branch's session relaying a
+cascaded client is woken when its receiver stores a batch of it (:mod:`lr_server.arrivals`).
 
-Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of
-the send queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack.
-Its safety poll doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX`: a lost
-wake-up costs at most that, never an entry.
-"""
+Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of the send
+queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack. Its safety poll
+doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX`: a lost wake-up costs at most that,
+never an entry."""
 
 from __future__ import annotations
 
@@ -33,16 +32,19 @@ from tenacity import (
     wait_random,
 )
 
+from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
 from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
 from lr_client.store import Cascading, Inspection, Receiving, Retention, Shipping, Snapshots
+from lr_client.store.replay_contract import Replays
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.arrivals import Arrivals
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
 from lr_server.fanout import LogFanout
 from lr_server.negotiation import ClientFacts, ClientPlan, SinkState, Step
 from lr_server.relay_inbox import RelayInbox
+from lr_server.replay import Replayer
 from lr_server.shipping import Shipper
 from lr_server.snapshot_requests import SnapshotLauncher, SnapshotRequests
 from lr_server.status import head_position as assigned_head
@@ -50,7 +52,7 @@ from lr_server.stops import StreamStops, is_accepted_notice
 from lr_server.streams import ClientStream, Mode, SessionState, summary
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.lanes import LaneStreams, LaneTransport
-from lr_server.window import InFlight, Window
+from lr_server.window import Window
 
 log = logging.getLogger("lr.session")
 
@@ -64,9 +66,12 @@ STOP_CHECK = 0.25
 STATUS_REFRESH = 30.0
 
 
-class SessionStore(Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Protocol):
-    """What a sender session needs of the store: reads and cursors, snapshots, the records
-    of dropped and stopped streams, its status row, and the relay reads and receipts."""
+class SessionStore(
+    Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Replays, Protocol
+):
+    """What a sender session needs of the store: reads and cursors, snapshots, the
+    records of dropped and stopped streams, its status row, and for cascaded
+    clients the relay reads and what this node received of them."""
 
 
 class SenderSession:
@@ -147,6 +152,7 @@ class SenderSession:
             self.inbox,
             arrivals if self.inbox is not None else None,
         )
+        self.replays = Replayer(store, source_id, destination, self.cfg, self.window, self._log)
 
     def wake(self) -> None:
         """Entries may have come: end the session's wait, and poll fast again."""
@@ -167,6 +173,7 @@ class SenderSession:
     # -- the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Replicate until ``stop`` is set; never raises for transient trouble."""
+        full = 0.0  # the last wait after a sink's full receive queue refused a batch
         while not stop.is_set():
             transport: Transport | None = None
             try:
@@ -186,8 +193,13 @@ class SenderSession:
                 if not self._child_left(exc):
                     break
                 stop.wait(self.retry.initial_backoff)
+            except ReceiveQueueFullError as exc:  # until its subscriber drains: longer each time
+                self._failed(exc)
+                full = min(self.retry.max_backoff, max(self.retry.initial_backoff, full * 2))
+                stop.wait(full)
             except LRError as exc:
                 self._failed(exc)
+                full = 0.0
                 stop.wait(self.retry.initial_backoff)
             except Exception as exc:  # a bug or the database: log, back off, go on
                 self._log.exception("session to %s failed", self.destination)
@@ -218,14 +230,6 @@ class SenderSession:
                 exc,
             )
         return bool(self.clients)
-
-    def relays(self) -> list[pb.RelayedClient]:
-        """The clients this session relays for their origin (this node is a branch)."""
-        return [
-            pb.RelayedClient(client_name=name, origin_id=node.origin_id)
-            for name, node in sorted(self.cascade.items())
-            if node.origin_id != self.source_id
-        ]
 
     def _failed(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -259,7 +263,7 @@ class SenderSession:
                             source_id=self.source_id,
                             clients=sorted(self.clients),
                             protocol_version=protocol.PROTOCOL_VERSION,
-                            relays=self.relays(),
+                            relays=wire.relays(self.cascade, self.source_id),
                         )
                         response = transport.negotiate(request, timeout=10.0)
                         if request.relays:
@@ -267,6 +271,7 @@ class SenderSession:
                         if self.lanes > 1:
                             protocol.require_lanes(response.protocol_version, self.destination)
                         streams = self._plan(response)
+                        self.replays.connected(response.protocol_version)
                         stream = transport.open_stream()
                     except BaseException:
                         transport.close()
@@ -293,7 +298,7 @@ class SenderSession:
         """Decide, per client, where to resume: read, plan (:func:`negotiation.plan`), apply."""
         sink = f"sink {self.destination!r}"
         self.shipper.peer_version = protocol.require_compatible(response.protocol_version, sink)
-        self.stops.notices = bool(response.drop_notices)
+        self.stops.negotiated(response, self.cfg.max_message_bytes)
         facts = self._gather(wire.sink_states(response))
         plans = negotiation.plan(facts)
         checks = [name for name, p in plans.items() if p.step is Step.CHECK]
@@ -408,6 +413,7 @@ class SenderSession:
 
     def _check_requests(self, streams: dict[str, ClientStream]) -> None:
         self.requests.check(streams)  # a step of its own, for tests to take
+        self.replays.check(streams, self.cascade)
 
     # -- pumping ----------------------------------------------------------------------------------
     def _pump(
@@ -462,7 +468,7 @@ class SenderSession:
     def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
         if not self.lease_valid():  # this member's heartbeat lapsed: others may own it now
             raise FencedError(f"{self.destination}: this member's leases lapsed; not shipping")
-        return self.shipper.ship(stream, streams)
+        return self.shipper.ship(stream, streams) | self.replays.ship(stream, streams)
 
     def _wait_acks(
         self,
@@ -505,6 +511,9 @@ class SenderSession:
         done = self.window.acknowledge(ack.batch_id, index)
         now = time.monotonic()
         for f in done:
+            if f.replay:
+                self.replays.acked(f)
+                continue
             if f.lane:  # the cursor: the lowest position acknowledged on every lane
                 ls = streams[f.client].lanes
                 if ls is not None and ls.settled(f.batch_id, f.low_water):
@@ -519,7 +528,7 @@ class SenderSession:
                 if is_accepted_notice(f.snapshot_id):  # an accepted loss: the stream runs again
                     self.stops.resumed(f.client, f.last_position - 1)
             elif f.is_end:
-                self._snapshot_end(f, streams[f.client])
+                self.requests.end_acked(f.snapshot_id, streams[f.client])
             else:
                 metrics.SNAPSHOT_ROWS.labels(self.destination, f.client).set(f.last_position)
                 self.store.update_snapshot(
@@ -533,18 +542,6 @@ class SenderSession:
         if self.window.flush_due(now):
             self._flush_cursors()
         metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))
-
-    def _snapshot_end(self, f: InFlight, cs: ClientStream) -> None:
-        current = cs.snapshot
-        if current is not None and current.snapshot_id == f.snapshot_id:
-            self.requests.done(cs)
-        else:  # superseded while its end was in flight: the newer one goes on
-            self._log.info(
-                "%s/%s: end of superseded full sync %s acknowledged",
-                self.destination,
-                f.client,
-                f.snapshot_id,
-            )
 
     def _flush_cursors(self) -> None:
         for client, position in self.window.cursors.items():

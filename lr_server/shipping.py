@@ -126,7 +126,7 @@ class Shipper:
             if cs.notice is not None:  # a drop notice goes before anything else
                 sent_any |= self.send_notice(stream, name, cs)
             elif cs.mode is Mode.LOG:
-                entries = self.read_log(name, cs)
+                entries = self.stops.sized(cs, self.read_log(name, cs))
                 if lanes > 1 and not entries and name not in self.cascade:
                     sent_any |= self.send_mark(stream, name, cs)
                     continue

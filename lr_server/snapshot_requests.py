@@ -114,6 +114,19 @@ class SnapshotRequests:
         )
         self.store.clear_drop(self.destination, client)
 
+    def end_acked(self, snapshot_id: str, cs: ClientStream) -> None:
+        """The sink acknowledged the end marker of ``snapshot_id``, a snapshot of ``cs``."""
+        current = cs.snapshot
+        if current is not None and current.snapshot_id == snapshot_id:
+            self.done(cs)
+        else:  # superseded while its end was in flight: the newer one goes on
+            self._log.info(
+                "%s/%s: end of superseded full sync %s acknowledged",
+                self.destination,
+                cs.config.name,
+                snapshot_id,
+            )
+
     def done(self, cs: ClientStream) -> None:
         """The sink acknowledged the end marker of the stream's current snapshot."""
         req = cs.snapshot

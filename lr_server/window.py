@@ -33,6 +33,7 @@ class InFlight:
     is_end: bool = False
     lane: int = 0  # 0: the whole stream; else the lane of a log batch
     low_water: int = 0  # a lane batch's: every entry up to it was acknowledged when sent
+    replay: bool = False  # entries shipped again (lr_server.replay): no cursor moves
 
     @property
     def stream(self) -> int:
@@ -125,7 +126,7 @@ class Window:
         log_cursors: dict[str, int] = {}
         for f in done:
             if f.kind == pb.BATCH_LOG_ENTRY:
-                if f.lane:  # a lane's cursor is the lowest position acknowledged on all
+                if f.lane or f.replay:  # a lane's cursor: the lowest acknowledged on all
                     continue
                 log_cursors[f.client] = f.last_position
             elif f.is_end:  # a snapshot's end marker

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.headers import decode_headers
-from lr_client.records import ReplicationType, SendEntry
+from lr_client.records import CascadeNode, ReplicationType, SendEntry
 from lr_server.negotiation import SinkState
 from lr_server.streams import Notice
 
@@ -65,6 +65,15 @@ def snapshot_entries(
             partition_key=e.key or b"",
         )
         for e in entries
+    ]
+
+
+def relays(cascade: Mapping[str, CascadeNode], source_id: str) -> list[pb.RelayedClient]:
+    """The clients a session relays for their origin (its node is a branch)."""
+    return [
+        pb.RelayedClient(client_name=name, origin_id=node.origin_id)
+        for name, node in sorted(cascade.items())
+        if node.origin_id != source_id
     ]
 
 

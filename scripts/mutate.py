@@ -256,7 +256,7 @@ TARGETS: dict[str, Target] = {
             "lr_server.negotiation.*",
             "lr_server.window.*",
             "lr_server.snapshot_requests.*",
-            *_methods(SESSION, "_plan", "_apply", "_on_ack", "_snapshot_end", "_flush_cursors"),
+            *_methods(SESSION, "_plan", "_apply", "_on_ack", "_flush_cursors"),
         ],
         [
             "tests/unit/test_negotiation.py",

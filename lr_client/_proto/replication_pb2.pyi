@@ -114,21 +114,23 @@ class NegotiateRequest(_message.Message):
     def __init__(self, source_id: _Optional[str] = ..., clients: _Optional[_Iterable[str]] = ..., protocol_version: _Optional[int] = ..., relays: _Optional[_Iterable[_Union[RelayedClient, _Mapping]]] = ..., codecs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NegotiateResponse(_message.Message):
-    __slots__ = ("sink_id", "clients", "drop_notices", "protocol_version", "codecs")
+    __slots__ = ("sink_id", "clients", "drop_notices", "protocol_version", "codecs", "max_message_bytes")
     SINK_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     DROP_NOTICES_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CODECS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     sink_id: str
     clients: _containers.RepeatedCompositeFieldContainer[ClientState]
     drop_notices: bool
     protocol_version: int
     codecs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_message_bytes: int
+    def __init__(self, sink_id: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientState, _Mapping]]] = ..., drop_notices: _Optional[bool] = ..., protocol_version: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicationBatch(_message.Message):
-    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries", "lane", "lanes", "low_water", "codec", "compressed")
+    __slots__ = ("batch_id", "source_id", "client_name", "kind", "snapshot_id", "first_position", "last_position", "previous_position", "entries", "lane", "lanes", "low_water", "codec", "compressed", "replay")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +145,7 @@ class ReplicationBatch(_message.Message):
     LOW_WATER_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     source_id: str
     client_name: str
@@ -157,7 +160,8 @@ class ReplicationBatch(_message.Message):
     low_water: int
     codec: str
     compressed: bytes
-    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ..., lane: _Optional[int] = ..., lanes: _Optional[int] = ..., low_water: _Optional[int] = ..., codec: _Optional[str] = ..., compressed: _Optional[bytes] = ...) -> None: ...
+    replay: bool
+    def __init__(self, batch_id: _Optional[int] = ..., source_id: _Optional[str] = ..., client_name: _Optional[str] = ..., kind: _Optional[_Union[BatchKind, str]] = ..., snapshot_id: _Optional[str] = ..., first_position: _Optional[int] = ..., last_position: _Optional[int] = ..., previous_position: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[RoutingTableEntryMsg, _Mapping]]] = ..., lane: _Optional[int] = ..., lanes: _Optional[int] = ..., low_water: _Optional[int] = ..., codec: _Optional[str] = ..., compressed: _Optional[bytes] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class ReplicationAck(_message.Message):
     __slots__ = ("batch_id", "client_name", "last_position", "duplicate")

@@ -1,13 +1,11 @@
 """The queue store contract, split by role: what each caller needs of the store.
 
-Callers type against the role(s) they play (:class:`Shipping` for a sender
-session's reads, :class:`Receiving` for a sink's receiver, ...);
-:class:`QueueStore` combines them all and is what
-:func:`~lr_client.store.open_store` returns.
-
-Methods that take a ``conn`` run inside the caller's transaction (the
-application's, or a subscriber's) and commit or roll back with it; the others
-run their own short transactions.
+Callers type against the role(s) they play (:class:`Shipping` for a sender session's
+reads, :class:`Receiving` for a sink's receiver, :class:`Replays` for ``lr replay``, ...);
+:class:`QueueStore` combines them all and is what :func:`~lr_client.store.open_store`
+returns. Methods that take a ``conn`` run inside the caller's transaction (the
+application's, or a subscriber's) and commit or roll back with it; the others run their
+own short transactions.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ from lr_client.records import (
     WireEntry,
 )
 from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.replay_contract import Replays
 from lr_client.store.watches import Watch
 
 
@@ -125,8 +124,7 @@ class SendLog(Protocol):
         SQLite knows a position at insert (the ref carries it). On PostgreSQL
         it is known once the transaction has committed and been sequenced:
         None before, for an entry whose transaction rolled back, and for one
-        trim has removed since.
-        """
+        trim has removed since."""
 
     def sequence(self) -> int:
         """Give positions to what committed since the last call (PostgreSQL); how many.
@@ -229,8 +227,7 @@ class Snapshots(Transactions, Protocol):
         cursor when it has a cursor and no drop record; else a new one is
         REQUESTED. With ``conn`` (the caller's transaction) the entries of a
         snapshot left with no destination are released by the next
-        :meth:`Retention.trim`.
-        """
+        :meth:`Retention.trim`."""
 
     def get_snapshot(
         self, snapshot_id: str, destination: str | None = None
@@ -271,8 +268,7 @@ class Snapshots(Transactions, Protocol):
         With ``destination``: that destination's view only (``status``,
         ``reason``, ``shipped_position``); a snapshot left with no open
         destination ends. Without: the snapshot, a new status going to its
-        open destinations too.
-        """
+        open destinations too."""
 
     def start_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
         """REQUESTED -> RUNNING, fixing ``base_position``; None if no longer requested."""
@@ -539,6 +535,9 @@ class SubscriberQueues(Transactions, Protocol):
 
     def queue_depth(self, queue_id: int) -> int:
         """How many entries wait in a receive queue (above its ``delivered_seq``)."""
+
+    def receive_queue_size(self, source_id: str, client_name: str) -> tuple[int, int]:
+        """(entries, payload bytes) waiting in the client's receive queue of ``source_id``."""
 
     def rotate_receive_queues(self, period: float = 30.0) -> int | None:
         """Retire delivered entries in bulk once the newest ones are ``period`` s old.
@@ -880,6 +879,7 @@ class QueueStore(
     Members,
     CascadeReports,
     Cascading,
+    Replays,
     Protocol,
 ):
     """Every role: routing queues, stream tags and replication metadata in one database."""

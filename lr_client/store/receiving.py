@@ -53,8 +53,8 @@ class ReceivingStore(StoreBase):
     ) -> bool:
         """Queue a drop notice for the listener, once per ``notice_id``; False if a repeat.
 
-        The stream's position goes back to just before ``first_dropped_position``
-        if it was further: what follows is sent again from there.
+        The stream's position goes to just before ``first_dropped_position``: back if it
+        was further, and on for a loss an operator accepted (ids ``a...``: a skipped entry).
         """
         t = s.sink_drops
         with self.write() as conn:
@@ -105,7 +105,7 @@ class ReceivingStore(StoreBase):
             )
             rewind = max(first_dropped_position - 1, 0)
             self._clear_lanes(conn, source_id, client_name, above=rewind)
-            if progress.last_position > rewind:
+            if progress.last_position > rewind or notice_id[:1] == "a":
                 self._save_progress(
                     conn,
                     SinkProgress(

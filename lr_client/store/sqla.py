@@ -12,7 +12,9 @@ from lr_client.store.cascade import CascadeStore
 from lr_client.store.cascade_children import CascadeReportsStore
 from lr_client.store.inspection import InspectionStore
 from lr_client.store.members import MembersStore
+from lr_client.store.queue_sizes import QueueSizesStore
 from lr_client.store.receiving import ReceivingStore
+from lr_client.store.replays import ReplaysStore
 from lr_client.store.retention import RetentionStore
 from lr_client.store.send_log import SendLogStore
 from lr_client.store.shipping import ShippingStore
@@ -28,8 +30,10 @@ class SQLAlchemyQueueStore(
     ShippingStore,
     SnapshotsStore,
     RetentionStore,
+    ReplaysStore,
     ReceivingStore,
     SubscriberQueuesStore,
+    QueueSizesStore,
     SubscriberPartitionsStore,
     InspectionStore,
     MembersStore,

@@ -28,7 +28,13 @@ from __future__ import annotations
 from lr_server.admin.cascade import switch_provider
 from lr_server.admin.checks import check_snapshot_request, check_stream, check_switch
 from lr_server.admin.database import check_database, database_url, init_database
-from lr_server.admin.errors import AdminError, AdminInputError, NotFoundError, StateError
+from lr_server.admin.errors import (
+    AdminError,
+    AdminInputError,
+    FullSyncNeededError,
+    NotFoundError,
+    StateError,
+)
 from lr_server.admin.members import list_members, remove_member, set_member_weight
 from lr_server.admin.parked import (
     BlockedView,
@@ -48,6 +54,7 @@ from lr_server.admin.records import (
     SnapshotView,
     TrimResult,
 )
+from lr_server.admin.replays import list_replays, replay, rewind
 from lr_server.admin.snapshots import (
     cancel_snapshot,
     list_snapshots,
@@ -64,6 +71,7 @@ __all__ = [
     "BlockedView",
     "BrowsedEntry",
     "DatabaseCheck",
+    "FullSyncNeededError",
     "MemberView",
     "NotFoundError",
     "ParkedCount",
@@ -88,11 +96,14 @@ __all__ = [
     "list_members",
     "list_parked",
     "list_queues",
+    "list_replays",
     "list_snapshots",
     "parked_counts",
     "remove_member",
+    "replay",
     "request_snapshot",
     "retry_parked",
+    "rewind",
     "set_member_weight",
     "show_parked",
     "snapshot_job_command",

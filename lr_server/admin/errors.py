@@ -10,6 +10,9 @@
   * :class:`StateError`: the thing exists but is not in a state the action
     applies to (a snapshot not open, a stream not stopped, a provider already
     in place).
+
+    * :class:`FullSyncNeededError`: what was asked for is no longer held (trimmed):
+      only a full sync (``lr snapshot request``) brings the sink back.
 """
 
 from __future__ import annotations
@@ -37,4 +40,8 @@ class StateError(AdminError):
     """The action does not apply in the current state (not open, not stopped, ...)."""
 
 
-__all__ = ["AdminError", "AdminInputError", "NotFoundError", "StateError"]
+class FullSyncNeededError(StateError):
+    """The entries asked for were trimmed at the source: a full sync is needed."""
+
+
+__all__ = ["AdminError", "AdminInputError", "FullSyncNeededError", "NotFoundError", "StateError"]

@@ -14,6 +14,7 @@ One module per command group: :mod:`~lr_server.cli.serve` (``server``,
 :mod:`~lr_server.cli.snapshot`, :mod:`~lr_server.cli.members`,
 :mod:`~lr_server.cli.provider`, :mod:`~lr_server.cli.streams` (``trim``,
 ``accept-loss``), :mod:`~lr_server.cli.parked` and :mod:`~lr_server.cli.demo`; what they share is in
+``accept-loss``, ``replay``, ``rewind``) and :mod:`~lr_server.cli.demo`; what they share is in
 :mod:`~lr_server.cli.errors`, :mod:`~lr_server.cli.options`,
 :mod:`~lr_server.cli.database` and :mod:`~lr_server.cli.render`.
 
@@ -70,6 +71,8 @@ cli.add_command(members.members)
 cli.add_command(provider.provider)
 cli.add_command(streams.trim)
 cli.add_command(parked.parked)
+cli.add_command(streams.replay)
+cli.add_command(streams.rewind)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

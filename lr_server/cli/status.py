@@ -24,6 +24,7 @@ from lr_server.cli.render import (
 from lr_server.config import load_config
 
 if TYPE_CHECKING:
+    from lr_client.store.replay_contract import ReplayRequest
     from lr_server.status import SiteStatus
 
 
@@ -31,22 +32,44 @@ if TYPE_CHECKING:
 @config_option
 @json_option
 def status(config_path: Path, as_json: bool) -> None:
-    """Where every stream stands: lag, state, acks, in-flight, snapshots, drops."""
+    """Where every stream stands: lag, state, acks, in-flight, snapshots, drops, replays."""
     from lr_server import admin
 
     config = load_config(config_path)
     with open_site_store(config) as store:
         report = admin.status(config, store)
         blocked, parked = admin.blocked_queues(store), admin.parked_counts(store)
+        replays = admin.list_replays(store)
     if as_json:
         extra = {
             "blocked_queues": [b.to_dict() for b in blocked],
             "parked_entries": [p.to_dict() for p in parked],
+            "replays": [r.to_dict() for r in replays],
         }
         print_json({**report.to_dict(), **extra})
     else:
         render_status(report)
         render_failures(blocked, parked, report.time)
+        render_replays(replays)
+
+
+def render_replays(replays: list[ReplayRequest]) -> None:
+    """Print the open replay requests (``lr replay``), if any."""
+    if not replays:
+        return
+    t = table("replays", "id", "dest", "client", "from", "through", "acked", "status")
+    for r in replays:
+        through = "-" if r.through_position is None else str(r.through_position)
+        t.add_row(
+            str(r.replay_id),
+            r.destination,
+            r.client_name,
+            str(r.from_position),
+            through,
+            str(r.shipped_through),
+            r.status,
+        )
+    console().print(t)
 
 
 def render_status(report: SiteStatus) -> None:

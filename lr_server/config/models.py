@@ -21,6 +21,7 @@ from lr_client.lanes import MAX_LANES
 from lr_client.records import Backlog
 from lr_server.config.values import (
     Address,
+    Count,
     FilePath,
     Flag,
     HostPorts,
@@ -154,6 +155,11 @@ class ClientConfig:
     spark_key_column: Text = ""  # the column whose value is each row's partition key
     spark_master: Text = "local[*]"
     spark_options: SparkOptions = field(default_factory=dict)
+    #: At a sink: the client's receive queue (per source) holds at most about this many
+    #: undelivered entries / payload bytes; past it, log batches are refused (retryable,
+    #: RESOURCE_EXHAUSTED) until the subscriber drains it. 0: no limit.
+    receive_queue_max_entries: Count = 0
+    receive_queue_max_bytes: Count = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "snapshot", SnapshotProvider(self.snapshot))

@@ -148,6 +148,8 @@ def _spark_options(value: object) -> dict[str, str]:
 
 
 PositiveInt = Annotated[int, Strict(), Gt(0), expect("expected a positive integer, got {got}")]
+#: A count that may be 0 (a limit: 0 is none).
+Count = Annotated[int, Strict(), Ge(0), expect("expected a non-negative integer, got {got}")]
 #: A non-negative number (an integer is taken as a float).
 Number = Annotated[float, Strict(), Ge(0), expect("expected a non-negative number, got {got}")]
 PositiveNumber = Annotated[Number, rule(lambda v: v > 0, "expected a positive number")]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import grpc
 
 from lr_client.errors import (
+    QUEUE_FULL,
     AuthenticationError,
     IncompatibleVersionError,
     LRError,
     NotProviderError,
     PermissionDeniedError,
     ProtocolError,
+    ReceiveQueueFullError,
     StoreUnavailableError,
     TransportError,
 )
@@ -47,6 +49,7 @@ ERROR_TO_STATUS: dict[type[LRError], grpc.StatusCode] = {
     NotProviderError: grpc.StatusCode.FAILED_PRECONDITION,
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ProtocolError: grpc.StatusCode.INVALID_ARGUMENT,
+    ReceiveQueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
 }
 
@@ -58,6 +61,8 @@ def map_rpc_error(exc: grpc.RpcError) -> LRError:
     cls = STATUS_TO_ERROR.get(code, TransportError)
     if code == grpc.StatusCode.FAILED_PRECONDITION and NOT_PROVIDER in (details or ""):
         cls = NotProviderError
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and QUEUE_FULL in (details or ""):
+        cls = ReceiveQueueFullError
     return cls(f"{code.name}: {details}")
 
 

@@ -141,6 +141,10 @@ def test_queue_depth_follows_appends_and_deliveries(store: QueueStore) -> None:
     assert store.queue_depth(qid) == 2
     assert _positions(store, qid) == [2, 3]
     assert store.queue_depth(qid + 1000) == 0
+    # (entries, payload bytes) waiting, by source and client
+    assert store.receive_queue_size("a", "policy") == (2, sum(len(e.payload) for e in log(2, 3)))
+    assert store.receive_queue_size("b", "policy") == (1, len(log(1)[0].payload))
+    assert store.receive_queue_size("a", "other") == (0, 0)
 
 
 def test_rotation_keeps_every_undelivered_entry(store: QueueStore) -> None:

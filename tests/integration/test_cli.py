@@ -706,6 +706,27 @@ def test_accept_loss_of_a_stream_that_is_not_stopped_fails(
     assert stream["stop"]["accepted"] is True and stream["state"] != "stopped"
 
 
+def test_replay_records_a_request_that_status_shows_or_refuses_a_trimmed_position(
+    site: Path, store: SQLAlchemyQueueStore
+) -> None:
+    transmit(store, "inventory", [(b"a", ["site-b"]), (b"b", ["site-b"]), (b"c", ["site-b"])])
+    store.set_cursor("site-b", "inventory", 3)
+    args = ("replay", "--config", site, "-d", "site-b", "--client", "inventory")
+    requested = ok(*args, "--from", "2")
+    assert "replay 1 of site-b/inventory from position 2 requested" in requested.stdout
+    assert "replays" in ok("status", "--config", site).stdout
+    (shown,) = as_json("status", "--config", site)["replays"]
+    assert (shown["from_position"], shown["status"]) == (2, "pending")
+    past = lr(*args, "--from", "4")
+    assert past.exit_code == EXIT_USAGE and "--from" in past.stderr
+    store.set_cursor("site-c", "policy", 3)
+    ok("trim", "--config", site)
+    trimmed = lr(*args, "--from", "2")
+    assert trimmed.exit_code == EXIT_FAILED
+    assert "a full sync is needed: lr snapshot request" in trimmed.stderr
+    no_traceback(trimmed)
+
+
 # -- members ------------------------------------------------------------------------------
 def test_members_lists_the_servers_and_changes_a_weight(
     site: Path, store: SQLAlchemyQueueStore

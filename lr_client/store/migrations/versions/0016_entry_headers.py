@@ -1,7 +1,7 @@
 """Headers on log entries: a small str -> str map stored once, like the payload.
 
 Revision ID: 0016
-Revises: 0013
+Revises: 0015
 
 ``headers`` (bytes, NULL: none) on the send queue and the receive queues: the
 entry's headers in their stored form (compact JSON, :mod:`lr_client.headers`).
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0016"
-down_revision = "0013"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
