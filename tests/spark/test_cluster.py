@@ -46,6 +46,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "local-cluster[2,1,1024]"
+#: spark-submit's own application: one executor JVM is enough to show that the
+#: executors find the encoder in the shipped zip only (two is the other tests' point).
+SUBMIT_CLUSTER = "local-cluster[1,1,1024]"
 #: Spark settings of every cluster job: no UI, small executors, and the job waits
 #: until both executors have registered, so both take tasks from the start.
 CLUSTER_CONF = {
@@ -388,7 +391,7 @@ def test_spark_submit_on_a_cluster(
         [
             str(_spark_submit()),
             "--master",
-            CLUSTER,
+            SUBMIT_CLUSTER,
             "--deploy-mode",
             "client",
             "--executor-cores",
