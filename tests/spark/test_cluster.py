@@ -49,12 +49,14 @@ CLUSTER = "local-cluster[2,1,1024]"
 #: spark-submit's own application: one executor JVM is enough to show that the
 #: executors find the encoder in the shipped zip only (two is the other tests' point).
 SUBMIT_CLUSTER = "local-cluster[1,1,1024]"
-#: Spark settings of every cluster job: no UI, small executors, and the job waits
-#: until both executors have registered, so both take tasks from the start.
+#: Spark settings of every cluster job: no UI, small executors compiling with the
+#: JVM's quick compiler only (as the drivers do: tests/kit/spark_jvm.py), and the job
+#: waits until both executors have registered, so both take tasks from the start.
 CLUSTER_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.executor.memory": "512m",
+    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     "spark.scheduler.minRegisteredResourcesRatio": "1.0",
     "spark.scheduler.maxRegisteredResourcesWaitingTime": "600s",
 }
