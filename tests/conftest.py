@@ -31,6 +31,7 @@ from tests.kit.apps import App  # noqa: E402
 from tests.kit.guards import ON_CI, need  # noqa: E402
 from tests.kit.ports import release_ports  # noqa: E402
 from tests.kit.sites import Sites  # noqa: E402
+from tests.kit.spark_jvm import quick_spark_jvm  # noqa: E402
 from tests.kit.templates import (  # noqa: E402
     PG_SCHEMA,
     database_url,
@@ -43,6 +44,8 @@ from tests.kit.templates import (  # noqa: E402
 __all__ = ["ON_CI", "PG_URL", "PgSchema", "pg_available", "require_pg"]
 
 PG_URL = os.environ.get("LR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+quick_spark_jvm()
 
 
 @pytest.hookimpl(tryfirst=True)

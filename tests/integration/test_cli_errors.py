@@ -452,8 +452,17 @@ PROCESS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("command", ["script", "module"])
-@pytest.mark.parametrize("case", PROCESS_CASES, ids=[c.id for c in PROCESS_CASES])
+#: Every case through the console script, as users run it; ``python -m lr_server`` calls
+#: the same ``main``: one usage error and one failed command show its wiring.
+MODULE_CASES = {"status-no-db", "unknown-command"}
+PROCESS_RUNS = [(c, "script") for c in PROCESS_CASES] + [
+    (c, "module") for c in PROCESS_CASES if c.id in MODULE_CASES
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "command"), PROCESS_RUNS, ids=[f"{c.id}-{how}" for c, how in PROCESS_RUNS]
+)
 def test_error_in_a_real_process(tmp_path: Path, case: Case, command: str) -> None:
     cfg = _write(tmp_path, case)
     before = _tree(tmp_path)

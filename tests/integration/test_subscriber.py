@@ -168,6 +168,10 @@ def poll_until(
     wait_for(step, timeout, 0.01)
 
 
+#: A test of the constructor's checks alone (they never read the database): on SQLite.
+SETTINGS_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
 @pytest.fixture
 def app_store(store: SQLAlchemyQueueStore) -> SQLAlchemyQueueStore:
     Base.metadata.create_all(store.engine)
@@ -702,6 +706,7 @@ def test_a_delivery_another_one_passed_meanwhile_rolls_back(
     assert len(app_rows(app_store)) == 3
 
 
+@SETTINGS_ONLY
 def test_settings_are_validated(app_store: SQLAlchemyQueueStore) -> None:
     with pytest.raises(InvalidInputError, match="snapshot_delivery"):
         RoutingQueueSubscriber(app_store, CLIENT, AppListener(), snapshot_delivery="whole")
@@ -1005,6 +1010,7 @@ def test_the_delivered_count_counts_entries_given_to_the_listener_not_drop_notic
 
 
 # -- settings: defaults, bounds and messages ---------------------------------------------
+@SETTINGS_ONLY
 def test_the_defaults_are_the_documented_ones(app_store: SQLAlchemyQueueStore) -> None:
     sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener())
     settings = (sub.batch_size, sub.batch_max_bytes, sub.max_batches, sub.lease_seconds)
@@ -1017,6 +1023,7 @@ def test_the_defaults_are_the_documented_ones(app_store: SQLAlchemyQueueStore) -
     )
 
 
+@SETTINGS_ONLY
 def test_the_smallest_settings_are_accepted(app_store: SQLAlchemyQueueStore) -> None:
     for jitter in (0.0, 1.0):
         sub = RoutingQueueSubscriber(
@@ -1041,6 +1048,7 @@ SIZES = "batch_size, snapshot_batch_size, batch_max_bytes and max_batches must b
 TIMES = "lease_seconds must be positive, intervals not negative"
 
 
+@SETTINGS_ONLY
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
@@ -1064,12 +1072,14 @@ def test_each_setting_out_of_bounds_is_refused_by_name(
         RoutingQueueSubscriber(app_store, CLIENT, AppListener(), **setting)  # type: ignore[arg-type]
 
 
+@SETTINGS_ONLY
 def test_an_unknown_snapshot_delivery_names_the_choices(app_store: SQLAlchemyQueueStore) -> None:
     expected = "snapshot_delivery must be one of 'complete', 'streaming', not 'whole'"
     with pytest.raises(InvalidInputError, match=f"^{re.escape(expected)}$"):
         RoutingQueueSubscriber(app_store, CLIENT, AppListener(), snapshot_delivery="whole")
 
 
+@SETTINGS_ONLY
 def test_a_bad_client_name_is_refused_as_a_client_name(app_store: SQLAlchemyQueueStore) -> None:
     with pytest.raises(InvalidNameError, match=r"^invalid client name 'Bad_Name'"):
         RoutingQueueSubscriber(app_store, "Bad_Name", AppListener())

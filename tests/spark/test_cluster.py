@@ -46,12 +46,17 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "local-cluster[2,1,1024]"
-#: Spark settings of every cluster job: no UI, small executors, and the job waits
-#: until both executors have registered, so both take tasks from the start.
+#: spark-submit's own application: one executor JVM is enough to show that the
+#: executors find the encoder in the shipped zip only (two is the other tests' point).
+SUBMIT_CLUSTER = "local-cluster[1,1,1024]"
+#: Spark settings of every cluster job: no UI, small executors compiling with the
+#: JVM's quick compiler only (as the drivers do: tests/kit/spark_jvm.py), and the job
+#: waits until both executors have registered, so both take tasks from the start.
 CLUSTER_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.executor.memory": "512m",
+    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     "spark.scheduler.minRegisteredResourcesRatio": "1.0",
     "spark.scheduler.maxRegisteredResourcesWaitingTime": "600s",
 }
@@ -388,7 +393,7 @@ def test_spark_submit_on_a_cluster(
         [
             str(_spark_submit()),
             "--master",
-            CLUSTER,
+            SUBMIT_CLUSTER,
             "--deploy-mode",
             "client",
             "--executor-cores",

@@ -1,4 +1,9 @@
-"""``lr server`` launches the PySpark job itself when a client's full sync is requested."""
+"""``lr server`` launches the PySpark job itself when a client's full sync is requested.
+
+On SQLite only: the launch does not depend on the backend, and a job process
+writing to PostgreSQL is ``test_cluster.py``'s ``spark-submit`` test (each run
+here costs a Spark application of its own).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,10 @@ from tests.kit.sites import Sites, wait_for
 from tests.spark.conftest import ROOT, require_spark
 
 # How a stopped site's calls end is not what is tested here.
-pytestmark = pytest.mark.stop_calls_at_once
+pytestmark = [
+    pytest.mark.stop_calls_at_once,
+    pytest.mark.parametrize("db_url", ["sqlite"], indirect=True),
+]
 
 
 def test_first_contact_runs_the_spark_job(
