@@ -92,7 +92,9 @@ def encode_headers(headers: Mapping[str, str] | None) -> bytes | None:
     """The stored form of ``headers`` (checked already): compact JSON; None for none."""
     if not headers:
         return None
-    return json.dumps(headers, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+    return json.dumps(
+        dict(headers), ensure_ascii=False, separators=(",", ":"), sort_keys=True
+    ).encode()
 
 
 def decode_headers(blob: Any) -> Mapping[str, str]:

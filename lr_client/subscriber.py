@@ -20,8 +20,7 @@ A full sync is delivered only once it is complete at the sink (its end
 marker received), so one superseded during its transfer never reaches the
 listener; ``snapshot_delivery="streaming"`` delivers it as it arrives.
 
-Python's cyclic garbage collector is paused while a delivery reads and plans
-its batch (:mod:`lr_client.collector`), not while the listener runs.
+The cyclic garbage collector is paused while a delivery plans (:mod:`lr_client.collector`).
 """
 
 from __future__ import annotations
@@ -81,10 +80,8 @@ class RoutingQueueSubscriber(SubscriberCore):
     in lease rows (unique by default). A failed batch of a queue is retried
     after ``retry_initial`` seconds, doubling up to ``retry_max``, each delay
     shortened by up to ``retry_jitter`` of itself at random; other queues go
-    on meanwhile. ``failure_policy`` (:class:`~lr_client.failure_policy.FailurePolicy`):
-    block or park after ``max_attempts``. ``keyring``: payloads are decrypted before
-    the listener; a queue whose entry does not open waits for its key
-    (:mod:`lr_client.sealed_messages`).
+    on meanwhile; ``failure_policy`` blocks or parks after ``max_attempts``. ``keyring``
+    decrypts payloads (:mod:`lr_client.sealed_messages`).
 
     ``snapshot_delivery`` (:class:`SnapshotDelivery`) says when a full sync
     reaches the listener: ``"complete"`` (the default) waits until the sink

@@ -24,13 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_when_event_set,
-    wait_exponential,
-    wait_random,
-)
+import tenacity
+from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
 from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
@@ -244,7 +239,7 @@ class SenderSession:
         retrying = Retrying(
             retry=retry_if_exception_type(LRError),
             wait=wait_exponential(multiplier=self.retry.initial_backoff, max=self.retry.max_backoff)
-            + wait_random(0, self.retry.jitter),
+            + tenacity.wait_random(0, self.retry.jitter),
             stop=stop_when_event_set(stop),
             sleep=stop.wait,  # type: ignore[arg-type]  # returns early on stop
             before_sleep=lambda rs: (
@@ -296,8 +291,8 @@ class SenderSession:
     # -- negotiation ----------------------------------------------------------------------------
     def _plan(self, response: pb.NegotiateResponse) -> dict[str, ClientStream]:
         """Decide, per client, where to resume: read, plan (:func:`negotiation.plan`), apply."""
-        sink = f"sink {self.destination!r}"
-        self.shipper.peer_version = protocol.require_compatible(response.protocol_version, sink)
+        peer = protocol.require_compatible(response.protocol_version, f"sink {self.destination!r}")
+        self.shipper.peer_version = peer
         self.stops.negotiated(response, self.cfg.max_message_bytes)
         facts = self._gather(wire.sink_states(response))
         plans = negotiation.plan(facts)

@@ -254,8 +254,7 @@ class RetentionConfig:
 
 @dataclass(frozen=True)
 class ReceiverConfig:
-    """Limits of the receiver's gRPC server (the site's ``listen``), and how often its
-    receive queues retire delivered entries."""
+    """Limits of the receiver's gRPC server (``listen``); its queues' retirement period."""
 
     __pydantic_config__ = FORBID_EXTRA
 
@@ -270,8 +269,7 @@ class ReceiverConfig:
 
 @dataclass(frozen=True)
 class TracingConfig:
-    """OpenTelemetry spans of shipped and received batches (``[tracing]``; the ``otel``
-    extra), exported by the process's global tracer provider (docs/operations.md)."""
+    """OpenTelemetry spans (``[tracing]``; the ``otel`` extra; docs/operations.md)."""
 
     __pydantic_config__ = FORBID_EXTRA
 
