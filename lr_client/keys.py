@@ -26,7 +26,7 @@ import binascii
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,8 @@ class Keyring:
 
     ``keys``: ``{key id: 32 bytes, or their base64}``; ``current``: the id that
     seals new entries (default: the first); ``destinations``: ``{destination:
-    key id}`` for destinations sealed under another key. Keys are held in memory
+    key id}`` for destinations sealed under another key; ``sealed_headers``: the names
+    of headers sealed with the payload (:mod:`lr_client.sealed_headers`). Keys are held in memory
     only; ``repr`` shows their ids, never their bytes.
     """
 
@@ -84,6 +85,7 @@ class Keyring:
         current: str | None = None,
         destinations: Mapping[str, str] | None = None,
         *,
+        sealed_headers: Iterable[str] = (),
         where: str = "keyring",
     ) -> None:
         self._keys = {k: _decode(k, v, where) for k, v in keys.items()}
@@ -91,6 +93,12 @@ class Keyring:
             raise ConfigError(f"{where}: no keys")
         self.current = current or next(iter(self._keys))
         self.destinations = dict(destinations or {})
+        #: Header names sealed with the payload (:mod:`lr_client.sealed_headers`).
+        self.sealed_headers = frozenset(sealed_headers)
+        if isinstance(sealed_headers, str) or not all(
+            isinstance(n, str) for n in self.sealed_headers
+        ):
+            raise ConfigError(f"{where}: sealed_headers must be a list of header names")
         for name, kid in [("current", self.current), *self.destinations.items()]:
             if kid not in self._keys:
                 raise ConfigError(f"{where}: {name} names key {kid!r}, which is not given")
@@ -160,7 +168,7 @@ class Keyring:
     def from_config(cls, section: Mapping[str, Any], base: Path | None = None) -> Keyring:
         """The keyring of a configuration table: ``file`` (a key file, relative to ``base``)
         or ``env`` (a variable's name), and optionally ``current`` and ``destinations``."""
-        unknown = set(section) - {"file", "env", "current", "destinations"}
+        unknown = set(section) - {"file", "env", "current", "destinations", "sealed_headers"}
         if unknown or ("file" in section) == ("env" in section):
             raise ConfigError("encryption: give one of file or env (and current, destinations)")
         current = section.get("current")
@@ -170,7 +178,10 @@ class Keyring:
         else:
             ring = cls.from_env(str(section["env"]))
         dests = {**ring.destinations, **dict(section.get("destinations", {}))}
-        return cls(ring._keys, current or ring.current, dests, where="encryption")
+        sealed = section.get("sealed_headers", ())
+        return cls(
+            ring._keys, current or ring.current, dests, sealed_headers=sealed, where="encryption"
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from lr_client.errors import DecryptionError, EncryptionError
 from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueMessage
 from lr_client.records import QueueInfo, ReplicationType
+from lr_client.sealed_headers import SEALED, open_headers
 
 log = logging.getLogger("lr_client.encryption")
 
@@ -37,6 +38,8 @@ def open_messages(
                 m = replace(m, payload=open_sealed(keyring, m.payload, m.source_id, m.client_name))
             elif m.type is ReplicationType.LOG_ENTRY_SYNC:
                 raise DecryptionError("the entry is not encrypted, and this subscriber requires it")
+            if SEALED in m.headers:
+                m = replace(m, headers=open_headers(keyring, m.headers, m.source_id, m.client_name))
         except EncryptionError as exc:
             error = type(exc)(
                 f"{queue.queue_name}: delivery blocked at source position "

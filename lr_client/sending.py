@@ -56,6 +56,7 @@ from lr_client.records import (
     check_partition_key,
     check_payload,
 )
+from lr_client.sealed_headers import seal_headers
 from lr_client.snapshot_status import SnapshotInfo, parse_states
 from lr_client.store import SendLog, Sites, Snapshots
 
@@ -179,9 +180,11 @@ class SenderRules:
         data = check_payload(payload, self.max_payload_bytes)
         nums = yield from self.dest_nums(destinations)
         partition_key = check_partition_key(key)
-        encoded = encode_headers(stamp(check_headers(headers)))
+        checked = check_headers(headers)
         if self.keyring is not None:
             data = self.seal(data, destinations)  # type: ignore[arg-type]  # validated
+            checked = self.seal_headers(checked, destinations)  # type: ignore[arg-type]
+        encoded = encode_headers(stamp(checked))
         row = (data, nums, partition_key, encoded)
         yield from self._check_route([destinations])  # type: ignore[list-item]
         yield from self._check_backpressure()
@@ -202,9 +205,11 @@ class SenderRules:
                 )
             payload = check_payload(m.payload, self.max_payload_bytes)
             nums = yield from self.dest_nums(m.destinations)
-            headers = encode_headers(stamp(check_headers(m.headers)))
+            given = check_headers(m.headers)
             if self.keyring is not None:
                 payload = self.seal(payload, m.destinations)
+                given = self.seal_headers(given, m.destinations)
+            headers = encode_headers(stamp(given))
             rows.append((payload, nums, check_partition_key(m.key), headers))
             checked.append(m)
         yield from self._check_route([m.destinations for m in checked])
@@ -269,6 +274,13 @@ class SenderRules:
         """``payload`` encrypted for ``destinations`` (validated) under the keyring."""
         assert self.keyring is not None
         return seal(self.keyring, payload, destinations, self.source_id, self.client_name)
+
+    def seal_headers(
+        self, headers: dict[str, str] | None, destinations: Sequence[str]
+    ) -> dict[str, str] | None:
+        """``headers`` with those the keyring names sealed (:mod:`lr_client.sealed_headers`)."""
+        assert self.keyring is not None
+        return seal_headers(self.keyring, headers, destinations, self.source_id, self.client_name)
 
     # -- destinations --------------------------------------------------------------------
     def dest_nums(self, destinations: object) -> Steps[list[int]]:

@@ -17,6 +17,7 @@ from sqlalchemy.exc import SAWarning
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from lr_client import (
+    ConfigError,
     DecryptionError,
     Keyring,
     KeyUnavailableError,
@@ -28,6 +29,7 @@ from lr_client import (
 )
 from lr_client.aio import AsyncRoutingQueueClient, AsyncRoutingQueueSubscriber
 from lr_client.encryption import is_sealed, key_ids
+from lr_client.errors import InvalidHeadersError
 from lr_client.keys import generate_key
 from lr_client.listener import RoutingQueueMessage, Session
 from lr_client.store import SQLAlchemyQueueStore
@@ -287,3 +289,56 @@ def test_a_full_sync_written_by_a_provider_with_a_keyring_is_sealed(sites: Sites
         _drain(sub)
     assert listener.snapshot == [_payload(i) for i in range(5)]
     assert _scan(src) == [] and _scan(sink) == []
+
+
+class WithHeaders(Applied):
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: list[dict[str, str]] = []
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        self.headers += [dict(m.headers) for m in messages]
+        return super().process_log_entries(session, source_id, messages)
+
+
+def test_headers_the_keyring_names_travel_sealed_and_reach_the_listener_as_given(
+    sites: Sites,
+) -> None:
+    src, sink = _pair(sites)
+    ring = Keyring({"k1": K1}, sealed_headers=["tenant"])
+    given = {"tenant": MARKER.decode(), "content-type": "application/json"}
+    client = RoutingQueueClient(src, "a", "policy", keyring=ring)
+    with src.write() as conn:
+        for i in range(3):
+            client.transmit_log_entry_message(conn, _payload(i), ["b"], headers=given)
+    wait_for(lambda: len(_stored(sink)) >= 3, scaled(30))
+    assert _scan(src) == [] and _scan(sink) == []  # the tenant is sealed at rest, both ends
+    listener = WithHeaders()
+    with RoutingQueueSubscriber(sink, "policy", listener, keyring=Keyring({"k1": K1})) as sub:
+        assert _drain(sub) == 3
+    assert listener.headers == [given] * 3
+    assert listener.payloads == [_payload(i) for i in range(3)]
+
+
+def test_sealed_headers_too_large_for_a_header_are_refused_and_nothing_is_written(
+    sites: Sites,
+) -> None:
+    src, _ = _pair(sites)
+    ring = Keyring({"k1": K1}, sealed_headers=["tenant"])
+    client = RoutingQueueClient(src, "a", "policy", keyring=ring)
+    with pytest.raises(InvalidHeadersError, match="lr-sealed"), src.write() as conn:
+        client.transmit_log_entry_message(conn, b"x", ["b"], headers={"tenant": "t" * 1000})
+    with src.read() as conn:
+        assert conn.execute(select(s.send_log_entries.c.position)).first() is None
+
+
+def test_sealed_headers_come_from_the_config_and_must_be_a_list_of_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LR_TEST_KEYS", f"k1:{K1}")
+    ring = Keyring.from_config({"env": "LR_TEST_KEYS", "sealed_headers": ["tenant"]})
+    assert ring.sealed_headers == {"tenant"}
+    with pytest.raises(ConfigError, match="sealed_headers"):
+        Keyring({"k1": K1}, sealed_headers="tenant")
