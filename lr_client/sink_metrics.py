@@ -18,6 +18,8 @@ Per client and source (receive queue ``LRQ_Recv_<client>__<source>``):
   (parked, held behind them, or asked for again; :mod:`lr_client.failure_policy`);
 * ``lr_blocked_queues``: 1 (or the number of its partitions) while its delivery has
   failed ``max_attempts`` times in a row, else 0;
+* ``lr_sink_partition_behind_entries`` (also by ``partition``, for queues delivered
+  by partition): the queue's entries above the partition's delivered mark;
 
 and ``lr_sink_metrics_up``: 1 if the database answered the scrape's read, else 0
 (the other two are then absent).
@@ -35,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from lr_client.errors import TransientError
 from lr_client.store.inspection import SinkBacklog, SinkFailures
+from lr_client.store.partition_lags import PartitionLag
 
 #: The metrics' names, as exported by the collector and by ``lr server``.
 QUEUE_DEPTH = "lr_sink_queue_depth"
@@ -42,6 +45,7 @@ OLDEST_UNDELIVERED = "lr_sink_oldest_undelivered_seconds"
 UP = "lr_sink_metrics_up"
 PARKED = "lr_parked_entries"
 BLOCKED = "lr_blocked_queues"
+PARTITION_BEHIND = "lr_sink_partition_behind_entries"
 
 
 @runtime_checkable
@@ -55,6 +59,10 @@ class SinkReads(Protocol):
 
     def sink_failures(self, client_name: str | None = None) -> SinkFailures:
         """Every receive queue's (of one client's) parked entries and blocked state."""
+        ...
+
+    def sink_partition_lags(self, client_name: str | None = None) -> list[PartitionLag]:
+        """Every partition's (of one client's queues) entries above its delivered mark."""
         ...
 
 
@@ -82,6 +90,7 @@ class SinkCollector(Collector):
         try:
             backlogs = self.store.sink_backlogs(self.client_name)
             failures = self.store.sink_failures(self.client_name)
+            lags = self.store.sink_partition_lags(self.client_name)
         except TransientError:
             up.add_metric([], 0)
             yield up
@@ -110,7 +119,14 @@ class SinkCollector(Collector):
             age.add_metric(list(queue), 0.0 if at is None else max(0.0, now - at))
             parked.add_metric(list(queue), failures.parked.get(queue, 0))
             blocked.add_metric(list(queue), failures.blocked.get(queue, 0))
-        yield from (up, depth, age, parked, blocked)
+        behind = GaugeMetricFamily(
+            PARTITION_BEHIND,
+            "Entries of a queue delivered by partition above the partition's delivered mark",
+            labels=[*labels, "partition"],
+        )
+        for lag in lags:
+            behind.add_metric([lag.client_name, lag.source_id, str(lag.partition)], lag.behind)
+        yield from (up, depth, age, parked, blocked, behind)
 
 
 def sink_registry(store: SinkReads, client_name: str | None = None) -> CollectorRegistry:

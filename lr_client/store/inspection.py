@@ -19,6 +19,7 @@ from lr_client.store import parked_views as pv
 from lr_client.store import schema as s
 from lr_client.store.base import StoreBase
 from lr_client.store.byte_bounds import payload_size
+from lr_client.store.partition_lags import PartitionLag, partition_lags
 from lr_client.store.subscriber_queues import depth, undelivered
 
 #: The bytes of a payload browsing reads: enough for a preview of 32 characters of UTF-8.
@@ -63,6 +64,11 @@ class InspectionStore(StoreBase):
             parked = pv.open_counts(conn, client_name)
             blocked = pv.blocked_counts(conn, client_name)
         return SinkFailures(parked, blocked)
+
+    def sink_partition_lags(self, client_name: str | None = None) -> list[PartitionLag]:
+        """Every partition's (of one client's queues) entries above its delivered mark."""
+        with self.read() as conn:
+            return partition_lags(conn, client_name)
 
     def save_session_status(
         self,

@@ -24,6 +24,7 @@ from lr_client.listener_metrics import ListenerMetrics
 from lr_client.sink_metrics import SinkCollector
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.inspection import SinkBacklog, SinkFailures
+from lr_client.store.partition_lags import PartitionLag
 from lr_server import metrics
 from lr_server.config import RetentionConfig
 from lr_server.retention import RetentionPolicy
@@ -147,6 +148,9 @@ class _NoBacklog:
 
     def sink_failures(self, client_name: str | None = None) -> SinkFailures:
         return SinkFailures({}, {})
+
+    def sink_partition_lags(self, client_name: str | None = None) -> list[PartitionLag]:
+        return [PartitionLag("policy", "site-a", 0, 0)]
 
 
 def exported() -> dict[str, str]:

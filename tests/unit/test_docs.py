@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 
 from lr_client.records import SnapshotStatus
 from lr_client.store.inspection import SinkBacklog, SinkFailures
+from lr_client.store.partition_lags import PartitionLag
 from lr_server import config as config_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,6 +199,9 @@ class OneQueue:
 
     def sink_failures(self, client_name: str | None = None) -> SinkFailures:
         return SinkFailures({("policy", "site-a"): 1}, {})
+
+    def sink_partition_lags(self, client_name: str | None = None) -> list[PartitionLag]:
+        return [PartitionLag("policy", "site-a", 0, 3)]
 
 
 def test_metric_names_in_docs_match_lr_server_metrics() -> None:
