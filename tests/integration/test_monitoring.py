@@ -301,6 +301,7 @@ def test_every_alert_has_a_case_that_fires_and_one_that_does_not() -> None:
         ("lr_sink_oldest_undelivered_seconds > 300", "lr_sink_oldest_undelivered_seconds > 3000"),
         ('{outcome!="accepted"}', '{outcome="accepted"}'),
         ("expr: lr_sink_metrics_up == 0", "expr: lr_sink_metrics_up == 1"),
+        ("min_over_time(lr_sink_partition_behind", "max_over_time(lr_sink_partition_behind"),
     ],
 )
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:
