@@ -239,8 +239,9 @@ class Snapshots(Transactions, Protocol):
         destination: str | None = None,
         client_name: str | None = None,
         statuses: Sequence[SnapshotStatus] | None = None,
+        limit: int | None = None,
     ) -> list[SnapshotRequest]:
-        """Each destination's view of the snapshots it is in, newest first."""
+        """Each destination's view of the snapshots it is in, newest first (``limit`` at most)."""
 
     def open_snapshots(
         self, destination: str, client_names: Sequence[str]
@@ -858,8 +859,7 @@ class Cascading(Protocol):
     def relay_floor(self, client_name: str, origin_id: str, extra_floor: int | None = None) -> int:
         """The origin position up to which no node below needs the relayed entries: the
         lowest acknowledged position of the children not dropped, at most
-        ``extra_floor`` (the set's global watermark). No child left: the delivered
-        position."""
+        ``extra_floor`` (the set's global watermark). No child left: the delivered position."""
 
     def trim_relay(self, client_name: str, origin_id: str, extra_floor: int | None = None) -> int:
         """Release relayed entries delivered here and at or below :meth:`relay_floor`

@@ -276,8 +276,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
                 .with_for_update()
             ).scalar()
         for sid in candidates:
-            # Locked: a start waits for the join (and then counts it in), or the
-            # join sees the start's base.
+            # Locked: a start waits for the join (and counts it in), or it sees the base.
             r = conn.execute(
                 select(j.c.status, j.c.base_position)
                 .where(j.c.snapshot_id == sid)
@@ -308,6 +307,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         destination: str | None = None,
         client_name: str | None = None,
         statuses: Sequence[SnapshotStatus] | None = None,
+        limit: int | None = None,
     ) -> list[SnapshotRequest]:
         d = s.snapshot_destinations
         query = _view_query()
@@ -317,7 +317,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
             query = query.where(d.c.client_name == client_name)
         if statuses is not None:
             query = query.where(d.c.status.in_([x.value for x in statuses]))
-        query = query.order_by(d.c.created_at.desc(), d.c.destination)
+        query = query.order_by(d.c.created_at.desc(), d.c.destination).limit(limit)
         with self.read() as conn:
             return self._views(conn, conn.execute(query).all())
 
@@ -416,9 +416,9 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         return ok
 
     def _settle(self, conn: Connection, snapshot_id: str, reason: str = "") -> None:
-        """End an open snapshot none of whose destinations is open: COMPLETED if it was
-        READY and a destination completed it, else CANCELLED (for ``reason``, the last
-        one's to leave). Its entries are the caller's to release (else trim's)."""
+        """End an open snapshot none of whose destinations is open: COMPLETED if it was READY
+        and a destination completed it, else CANCELLED (for ``reason``, the last one's to
+        leave); its entries are the caller's to release (else trim's)."""
         self._announce_sends(conn)  # a destination's view changed: its session has a step
         d, j = s.snapshot_destinations, s.snapshots
         row = conn.execute(

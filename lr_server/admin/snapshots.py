@@ -45,8 +45,8 @@ def list_snapshots(
     of one destination, one client, only the open ones (requested, running, ready)."""
     if limit <= 0:
         raise AdminInputError("limit must be positive", "limit")
-    snaps = store.list_snapshots(destination, client, OPEN_SNAPSHOT_STATUSES if only_open else None)
-    return [SnapshotView.of(x) for x in snaps[:limit]]
+    wanted = OPEN_SNAPSHOT_STATUSES if only_open else None
+    return [SnapshotView.of(x) for x in store.list_snapshots(destination, client, wanted, limit)]
 
 
 def cancel_snapshot(
@@ -59,10 +59,12 @@ def cancel_snapshot(
     cancel``); with ``destination`` only for it (the others keep the shared snapshot).
     The snapshot's view after the cancel.
 
-    Raises :class:`NotFoundError` if no snapshot (or several) match the prefix,
+    Raises :class:`NotFoundError` if no snapshot (or several open ones) match the prefix,
     :class:`StateError` if it is not open.
     """
-    views = store.list_snapshots(destination)
+    # The id as given, else a prefix of an open one's: never every snapshot ever requested.
+    exact = store.get_snapshot(snapshot_id, destination)
+    views = [exact] if exact else store.list_snapshots(destination, None, OPEN_SNAPSHOT_STATUSES)
     matches = list({x.snapshot_id: x for x in views if x.snapshot_id.startswith(snapshot_id)})
     if not matches:
         raise NotFoundError(

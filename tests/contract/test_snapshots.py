@@ -203,6 +203,8 @@ def test_list_and_open_snapshots(store: Snapshots) -> None:
     assert [r.snapshot_id for r in store.list_snapshots(destination="b")] == [b, a]
     assert [r.snapshot_id for r in store.list_snapshots(client_name="policy")] == [c, a]
     assert [r.snapshot_id for r in store.list_snapshots(statuses=OPEN)] == [c, a]
+    assert [r.snapshot_id for r in store.list_snapshots(limit=2)] == [c, b]  # the newest
+    assert [r.snapshot_id for r in store.list_snapshots(None, None, OPEN, 1)] == [c]
     got = store.list_snapshots("b", "other", [SnapshotStatus.CANCELLED])
     assert [r.snapshot_id for r in got] == [b]
     opened = store.open_snapshots("b", ["policy", "other", "none"])

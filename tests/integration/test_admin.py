@@ -104,6 +104,8 @@ def test_snapshots_requested_listed_cancelled(
     assert [x.destination for x in admin.list_snapshots(store, only_open=True)] == ["site-c"]
     with pytest.raises(admin.StateError, match="not open"):
         admin.cancel_snapshot(store, first, destination="site-b")
+    with pytest.raises(admin.NotFoundError):  # a prefix is looked up among open ones only
+        admin.cancel_snapshot(store, first[:10], destination="site-b")
     with pytest.raises(admin.NotFoundError, match="no snapshot ffff"):
         admin.cancel_snapshot(store, "ffffffff")
     with pytest.raises(admin.AdminInputError) as bad:
