@@ -149,6 +149,7 @@ class SourceApp:
         pad: int = 0,
         all_destinations: bool = False,
         state: bool = True,
+        keyed: bool = False,
     ) -> None:
         self.engine = create_engine(url)
         meta.create_all(self.engine, tables=SOURCE_TABLES)
@@ -170,6 +171,7 @@ class SourceApp:
         self.pad = pad
         self.all_destinations = all_destinations
         self.state = state
+        self.keyed = keyed  # each entry's partition key is its key-value key
         self.rolled_back: set[str] = set()
         self.committed = 0
         self.errors: list[str] = []
@@ -203,13 +205,17 @@ class SourceApp:
                     if self.state:
                         _upsert_source_kv(session, client, key, value)
                     messages.append(
-                        LRMessageWithDestinations(encode(pid, key, value, self.pad), dests)
+                        LRMessageWithDestinations(
+                            encode(pid, key, value, self.pad), dests, key if self.keyed else None
+                        )
                     )
                     sent.append({"payload_id": pid, "client": client, "dests": ",".join(dests)})
                     ids.append(pid)
                 if len(messages) == 1:
                     m = messages[0]
-                    refs = [api.transmit_log_entry_message(session, m.payload, m.destinations)]
+                    refs = [
+                        api.transmit_log_entry_message(session, m.payload, m.destinations, m.key)
+                    ]
                 else:
                     refs = api.transmit_log_entry_messages(session, messages)
                 for row, ref in zip(sent, refs, strict=True):
@@ -428,10 +434,12 @@ class SinkApp:
         batch_size: int = 100,
         lease_seconds: float = 5.0,
         poll_interval: float = 0.02,
+        partitions: int = 1,
     ) -> None:
         self.engine = create_engine(url)
         self.store = open_store(self.engine)
         self.store.create_schema()
+        self.partitions = partitions
         create_app_tables(self.engine, meta, SINK_TABLES)  # beside a running server
         self.listeners = {c: RecordingListener(c) for c in clients}
         self.subscribers = [
@@ -444,6 +452,7 @@ class SinkApp:
                 poll_interval=poll_interval,
                 retry_initial=0.05,
                 retry_max=1.0,
+                partitions=partitions,
             )
             for c, listener in self.listeners.items()
         ]
@@ -491,7 +500,9 @@ def read_sent(engine: Engine, source: str) -> list[SentEntry]:
     return out
 
 
-def read_applied(engine: Engine, sink: str) -> list[AppliedEntry]:
+def read_applied(engine: Engine, sink: str, keyed: bool = False) -> list[AppliedEntry]:
+    """What the sink's listener applied, in order; ``keyed``: each log entry's partition
+    key is its key-value key (a sink delivering by partition promises per-key order)."""
     t = rel_applied
     with engine.connect() as conn:
         try:
@@ -500,7 +511,15 @@ def read_applied(engine: Engine, sink: str) -> list[AppliedEntry]:
             return []
     return [
         AppliedEntry(
-            sink, r.source, r.client, r.position, r.payload_id, r.kind, r.snapshot_id, r.id
+            sink,
+            r.source,
+            r.client,
+            r.position,
+            r.payload_id,
+            r.kind,
+            r.snapshot_id,
+            r.id,
+            r.key if keyed and r.kind == LOG else "",
         )
         for r in rows
     ]

@@ -1,0 +1,91 @@
+"""The nemesis (:mod:`tests.reliability.nemesis`): combined faults, then the verifier.
+
+CI runs one short run (one trial) per backend (``test_nemesis_trial``); the
+long mode runs ``LR_NEMESIS_TRIALS`` trials in runs of ``LR_NEMESIS_RUN_TRIALS``
+(default 10: a run is one deployment), alternating SQLite and PostgreSQL::
+
+    LR_NEMESIS_TRIALS=200 nice -n 10 python -m pytest -s -n 0 \\
+        tests/reliability/test_nemesis.py::test_nemesis_long
+
+Each run prints its seed; ``LR_NEMESIS_SEED=<seed>`` replays it:
+``LR_NEMESIS_RUN_TRIALS`` as printed, with ``test_nemesis_trial[<backend>]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kit.guards import need
+from tests.kit.pgcluster import PgCluster, pg_bindir
+from tests.reliability.nemesis import (
+    Tally,
+    draw_plan,
+    each_run,
+    nemesis_seed,
+    nemesis_trials,
+    run_plan,
+    start_clusters,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def run_trials(default: int) -> int:
+    """``LR_NEMESIS_RUN_TRIALS``: trials per run (one deployment)."""
+    raw = os.environ.get("LR_NEMESIS_RUN_TRIALS", "").strip()
+    return max(1, int(raw)) if raw else default
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[dict[str, PgCluster]]:
+    """A PostgreSQL cluster per site of the nemesis (crashed and restarted by it), in
+    directories of the system's temporary directory (pytest's are private to root)."""
+    need(pg_bindir() is not None, "PostgreSQL binaries (initdb, pg_ctl) not installed")
+    made = start_clusters()
+    yield made
+    for c in made.values():
+        c.remove()
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def test_nemesis_trial(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """One seeded run of combined faults; nothing lost, twice or out of order."""
+    clusters = request.getfixturevalue("clusters") if backend == "postgresql" else {}
+    plan = draw_plan(nemesis_seed(), backend, run_trials(1))
+    print(plan.describe())
+    tally = Tally()
+    report = run_plan(plan, tmp_path, clusters, tally)
+    print(tally.summary())
+    assert report.clean
+    assert report.applied > 0 and tally.faults.total() > 0
+
+
+def test_nemesis_long(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """``LR_NEMESIS_TRIALS`` trials, alternating the backends (skipped when unset)."""
+    count = nemesis_trials()
+    if count <= 0:
+        pytest.skip("the long mode: set LR_NEMESIS_TRIALS")
+    clusters = request.getfixturevalue("clusters")
+    per_run = run_trials(10)
+    runs = -(-count // per_run)
+    seed_of = each_run(nemesis_seed(), runs)
+    tally = Tally()
+    try:
+        for n in range(runs):
+            backend = ("sqlite", "postgresql")[n % 2]
+            workdir = tmp_path / f"run{n}"
+            workdir.mkdir()
+            plan = draw_plan(seed_of(n), backend, min(per_run, count - tally.trials))
+            print(plan.describe(), flush=True)
+            run_plan(plan, workdir, clusters, tally)
+            print(f"after run {n + 1}/{runs}: {tally.summary()}", flush=True)
+    finally:
+        print(f"\nnemesis long mode: {tally.summary()}")
+    assert tally.trials == count
+    assert sum(tally.problems.values()) == 0
