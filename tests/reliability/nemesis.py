@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,7 +168,7 @@ def draw_plan(
 class Databases:
     """A fresh database per site and trial: SQLite files, or one PostgreSQL cluster per site."""
 
-    def __init__(self, backend: str, root: Path, clusters: dict[str, PgCluster]) -> None:
+    def __init__(self, backend: str, root: Path, clusters: Mapping[str, PgCluster]) -> None:
         self.backend = backend
         self.root = root
         self.clusters = clusters
@@ -190,8 +190,8 @@ class Databases:
 
 
 def start_clusters() -> dict[str, PgCluster]:
-    """One PostgreSQL cluster per site, running."""
-    clusters = {s: PgCluster(f"nemesis-{s}") for s in ("a", *SINKS)}
+    """One PostgreSQL cluster per site (a, b, c; d for the cascade's fourth node), running."""
+    clusters = {s: PgCluster(f"nemesis-{s}") for s in ("a", *SINKS, "d")}
     for c in clusters.values():
         c.init()
         c.start()
@@ -320,8 +320,8 @@ class Trial:
     def inject(self, f: Fault, t0: float, stop: threading.Event) -> None:
         if stop.wait(max(0.0, t0 + f.at - time.monotonic())):
             return
-        # A process is either killed or paused at a time; each other kind has its own lock.
-        lock = self.locks[f.target if f.kind in ("kill", "pause") else f"{f.kind}:{f.target}"]
+        # One fault of a kind per target at a time (a paused process may be killed).
+        lock = self.locks[f"{f.kind}:{f.target}"]
         if not lock.acquire(blocking=False):
             self.skipped += 1
             self.dep.events.append(f"skip {f} (target busy)")

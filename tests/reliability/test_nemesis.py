@@ -21,6 +21,7 @@ import pytest
 
 from tests.kit.guards import need
 from tests.kit.pgcluster import PgCluster, pg_bindir
+from tests.kit.verifier import Report
 from tests.reliability.nemesis import (
     Tally,
     draw_plan,
@@ -30,6 +31,7 @@ from tests.reliability.nemesis import (
     run_plan,
     start_clusters,
 )
+from tests.reliability.nemesis_cascade import draw_cascade_plan, run_cascade_plan
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +40,28 @@ def run_trials(default: int) -> int:
     """``LR_NEMESIS_RUN_TRIALS``: trials per run (one deployment)."""
     raw = os.environ.get("LR_NEMESIS_RUN_TRIALS", "").strip()
     return max(1, int(raw)) if raw else default
+
+
+SCENARIOS = ("members", "cascade")
+
+
+def run_scenario(
+    scenario: str,
+    seed: int,
+    backend: str,
+    trials: int,
+    tmp: Path,
+    clusters: dict[str, PgCluster],
+    tally: Tally,
+) -> Report:
+    """One run of ``scenario``: the 2-member source and its sinks, or the cascade."""
+    if scenario == "cascade":
+        plan = draw_cascade_plan(seed, backend, trials)
+        print(f"cascade {plan.describe()}", flush=True)
+        return run_cascade_plan(plan, tmp, clusters, tally)
+    plan = draw_plan(seed, backend, trials)
+    print(plan.describe(), flush=True)
+    return run_plan(plan, tmp, clusters, tally)
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +79,13 @@ def clusters() -> Iterator[dict[str, PgCluster]]:
     "backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 )
 def test_nemesis_trial(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    """One seeded run of combined faults; nothing lost, twice or out of order."""
+    """One seeded run of combined faults, over the 2-member source and its sinks or over
+    the cascade (the seed chooses); nothing lost, twice or out of order."""
     clusters = request.getfixturevalue("clusters") if backend == "postgresql" else {}
-    plan = draw_plan(nemesis_seed(), backend, run_trials(1))
-    print(plan.describe())
+    seed = nemesis_seed()
     tally = Tally()
-    report = run_plan(plan, tmp_path, clusters, tally)
+    scenario = SCENARIOS[seed % 2]
+    report = run_scenario(scenario, seed, backend, run_trials(1), tmp_path, clusters, tally)
     print(tally.summary())
     assert report.clean
     assert report.applied > 0 and tally.faults.total() > 0
@@ -79,11 +104,11 @@ def test_nemesis_long(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     try:
         for n in range(runs):
             backend = ("sqlite", "postgresql")[n % 2]
+            scenario = SCENARIOS[(n // 2) % 2]
             workdir = tmp_path / f"run{n}"
             workdir.mkdir()
-            plan = draw_plan(seed_of(n), backend, min(per_run, count - tally.trials))
-            print(plan.describe(), flush=True)
-            run_plan(plan, workdir, clusters, tally)
+            trials = min(per_run, count - tally.trials)
+            run_scenario(scenario, seed_of(n), backend, trials, workdir, clusters, tally)
             print(f"after run {n + 1}/{runs}: {tally.summary()}", flush=True)
     finally:
         print(f"\nnemesis long mode: {tally.summary()}")
