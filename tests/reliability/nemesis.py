@@ -40,9 +40,11 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy.engine import make_url
 
+from lr_client.errors import TransientError
 from lr_client.records import SnapshotStatus
 from lr_client.store import open_store
 from tests.kit.pgcluster import PgCluster
@@ -53,6 +55,7 @@ from tests.kit.verifier import Report, verify
 from tests.kit.wait import scaled, wait_for
 from tests.reliability.harness import Deployment, SinkProc, stop_server
 
+T = TypeVar("T")
 PROVIDER_PROC = Path(__file__).with_name("provider_proc.py")
 SINKS = ("b", "c")
 LEASE = 2.0
@@ -162,6 +165,19 @@ def draw_plan(
     keyed = partitions > 1 or rng.random() < 0.5
     schedules = tuple(draw_faults(rng, backend, seconds, faults) for _ in range(trials))
     return Plan(seed, backend, lanes, partitions, keyed, seconds, schedules)
+
+
+def as_operator(action: Callable[[], T], timeout: float = 60.0) -> T:
+    """Run an operator's action, again while the database is unreachable (a crash, a cut
+    link: the operator retries), until ``timeout``."""
+    deadline = time.monotonic() + scaled(timeout)
+    while True:
+        try:
+            return action()
+        except TransientError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 # -- the databases ------------------------------------------------------------------------
@@ -373,12 +389,13 @@ class Trial:
             finally:
                 cluster.start()
         elif f.kind == "full-sync":
-            self.source.apis["policy"].request_snapshot_sync(f.target, reason="nemesis")
+            api = self.source.apis["policy"]
+            as_operator(lambda: api.request_snapshot_sync(f.target, reason="nemesis"))
         else:  # weight
             store = open_store(self.dep.engine("a"))
-            store.set_member_weight(f.target, int(f.mode))
+            as_operator(lambda: store.set_member_weight(f.target, int(f.mode)))
             time.sleep(f.hold)
-            store.set_member_weight(f.target, 1)
+            as_operator(lambda: store.set_member_weight(f.target, 1))
 
     # -- the run ------------------------------------------------------------------------
     def deploy(self) -> None:

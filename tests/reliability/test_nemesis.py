@@ -7,8 +7,10 @@ long mode runs ``LR_NEMESIS_TRIALS`` trials in runs of ``LR_NEMESIS_RUN_TRIALS``
     LR_NEMESIS_TRIALS=200 nice -n 10 python -m pytest -s -n 0 \\
         tests/reliability/test_nemesis.py::test_nemesis_long
 
-Each run prints its seed; ``LR_NEMESIS_SEED=<seed>`` replays it:
-``LR_NEMESIS_RUN_TRIALS`` as printed, with ``test_nemesis_trial[<backend>]``.
+Each run prints its seed; ``LR_NEMESIS_SEED=<seed>`` replays it, with
+``LR_NEMESIS_SCENARIO`` (``members`` or ``cascade``, default: the seed's
+parity) and ``LR_NEMESIS_RUN_TRIALS`` as printed, in
+``test_nemesis_trial[<backend>]``.
 """
 
 from __future__ import annotations
@@ -55,10 +57,12 @@ def run_scenario(
     tally: Tally,
 ) -> Report:
     """One run of ``scenario``: the 2-member source and its sinks, or the cascade."""
+    print(f"LR_NEMESIS_SCENARIO={scenario} LR_NEMESIS_RUN_TRIALS={trials}", flush=True)
     if scenario == "cascade":
         plan = draw_cascade_plan(seed, backend, trials)
-        print(f"cascade {plan.describe()}", flush=True)
+        print(plan.describe(), flush=True)
         return run_cascade_plan(plan, tmp, clusters, tally)
+    assert scenario == "members", scenario
     plan = draw_plan(seed, backend, trials)
     print(plan.describe(), flush=True)
     return run_plan(plan, tmp, clusters, tally)
@@ -84,7 +88,7 @@ def test_nemesis_trial(backend: str, tmp_path: Path, request: pytest.FixtureRequ
     clusters = request.getfixturevalue("clusters") if backend == "postgresql" else {}
     seed = nemesis_seed()
     tally = Tally()
-    scenario = SCENARIOS[seed % 2]
+    scenario = os.environ.get("LR_NEMESIS_SCENARIO", "").strip() or SCENARIOS[seed % 2]
     report = run_scenario(scenario, seed, backend, run_trials(1), tmp_path, clusters, tally)
     print(tally.summary())
     assert report.clean
