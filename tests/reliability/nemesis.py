@@ -219,7 +219,8 @@ def start_clusters() -> dict[str, PgCluster]:
 class Tally:
     """What the trials did and found, summed over a run."""
 
-    trials: int = 0
+    trials: int = 0  # trials that passed
+    failed: int = 0  # trials (of runs, in the long mode) that failed
     faults: Counter[str] = field(default_factory=Counter)
     skipped: int = 0
     entries: int = 0
@@ -238,7 +239,7 @@ class Tally:
 
     def summary(self) -> str:
         return (
-            f"{self.trials} trials in {self.seconds:.0f}s;"
+            f"{self.trials} trials passed, {self.failed} failed, in {self.seconds:.0f}s;"
             f" faults {dict(sorted(self.faults.items()))}"
             f" ({self.skipped} skipped: target busy); entries checked {self.entries},"
             f" log entries applied {self.applied}, snapshots completed {self.snapshots};"
@@ -543,6 +544,7 @@ def run_plan(plan: Plan, tmp: Path, clusters: dict[str, PgCluster], tally: Tally
             tally.trials += 1
             tally.faults.update(run.done)
             if not report.clean:
+                tally.add(report)  # its problems count in the run's figures
                 raise AssertionError(
                     f"LR_NEMESIS_SEED={plan.seed} (backend {plan.backend}) trial {n} failed:\n"
                     f"{report.summary()}\n{plan.describe()}\n" + "\n".join(run.dep.events)

@@ -253,6 +253,7 @@ def run_cascade_plan(plan: Plan, tmp: Path, clusters: dict[str, PgCluster], tall
             tally.trials += 1
             tally.faults.update({f"cascade-{k}": v for k, v in run.done.items()})
             if not report.clean:
+                tally.add(report)  # its problems count in the run's figures
                 raise AssertionError(
                     f"LR_NEMESIS_SEED={plan.seed} (cascade, {plan.backend}) trial {n}:\n"
                     f"{report.summary()}\n{plan.describe()}\n" + "\n".join(run.events)

@@ -102,19 +102,32 @@ def test_nemesis_long(tmp_path: Path, request: pytest.FixtureRequest) -> None:
         pytest.skip("the long mode: set LR_NEMESIS_TRIALS")
     clusters = request.getfixturevalue("clusters")
     per_run = run_trials(10)
-    runs = -(-count // per_run)
-    seed_of = each_run(nemesis_seed(), runs)
+    seed_of = each_run(nemesis_seed(), 10 * count)
     tally = Tally()
+    failed: list[str] = []  # a failed run is recorded and the next one runs
     try:
-        for n in range(runs):
+        n = -1
+        while tally.trials + tally.failed < count:
+            n += 1
             backend = ("sqlite", "postgresql")[n % 2]
             scenario = SCENARIOS[(n // 2) % 2]
             workdir = tmp_path / f"run{n}"
             workdir.mkdir()
-            trials = min(per_run, count - tally.trials)
-            run_scenario(scenario, seed_of(n), backend, trials, workdir, clusters, tally)
-            print(f"after run {n + 1}/{runs}: {tally.summary()}", flush=True)
+            trials = min(per_run, count - tally.trials - tally.failed)
+            try:
+                run_scenario(scenario, seed_of(n), backend, trials, workdir, clusters, tally)
+            except Exception as exc:
+                tally.failed += 1
+                first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                failed.append(
+                    f"LR_NEMESIS_SEED={seed_of(n)} LR_NEMESIS_SCENARIO={scenario}"
+                    f" LR_NEMESIS_RUN_TRIALS={trials} [{backend}]: {type(exc).__name__}: {first}"
+                )
+                print(f"FAILED RUN {failed[-1]}", flush=True)
+            print(f"after run {n + 1}: {tally.summary()}", flush=True)
     finally:
         print(f"\nnemesis long mode: {tally.summary()}")
+        print("\n".join(["failed runs:", *failed] if failed else ["failed runs: none"]))
+    assert not failed, failed
     assert tally.trials == count
     assert sum(tally.problems.values()) == 0
