@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -104,10 +105,12 @@ SOURCE_TABLES = [rel_sent, rel_source_kv]
 SINK_TABLES = [rel_applied, rel_sink_kv]
 
 
-def encode(payload_id: str, key: str, value: int, pad: int = 0) -> bytes:
+def encode(payload_id: str, key: str, value: int, pad: int = 0, noise: bool = False) -> bytes:
+    """A payload; ``pad`` characters more, random (``noise``: they do not compress, as
+    PostgreSQL compresses large values) or not."""
     body: dict[str, Any] = {"id": payload_id, "k": key, "v": value}
     if pad:
-        body["pad"] = "x" * pad
+        body["pad"] = os.urandom(pad // 2 + 1).hex()[:pad] if noise else "x" * pad
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -150,6 +153,7 @@ class SourceApp:
         all_destinations: bool = False,
         state: bool = True,
         keyed: bool = False,
+        noise: bool = False,
     ) -> None:
         self.engine = create_engine(url)
         meta.create_all(self.engine, tables=SOURCE_TABLES)
@@ -172,6 +176,7 @@ class SourceApp:
         self.all_destinations = all_destinations
         self.state = state
         self.keyed = keyed  # each entry's partition key is its key-value key
+        self.noise = noise  # random padding (it does not compress)
         self.rolled_back: set[str] = set()
         self.committed = 0
         self.errors: list[str] = []
@@ -206,7 +211,9 @@ class SourceApp:
                         _upsert_source_kv(session, client, key, value)
                     messages.append(
                         LRMessageWithDestinations(
-                            encode(pid, key, value, self.pad), dests, key if self.keyed else None
+                            encode(pid, key, value, self.pad, self.noise),
+                            dests,
+                            key if self.keyed else None,
                         )
                     )
                     sent.append({"payload_id": pid, "client": client, "dests": ",".join(dests)})
@@ -482,7 +489,10 @@ class SinkApp:
 
 # -- reading the records back ---------------------------------------------------------------
 def read_sent(engine: Engine, source: str) -> list[SentEntry]:
-    """What the source committed; a position not recorded yet is asked of the store."""
+    """What the source committed; a position not recorded yet is asked of the store and
+    recorded (the application could not: a crash right after its commit). Trim
+    removes what every destination has, and with it what the store knows of its
+    position, so the position must be read before then."""
     t = rel_sent
     with engine.connect() as conn:
         rows = conn.execute(
@@ -490,6 +500,15 @@ def read_sent(engine: Engine, source: str) -> list[SentEntry]:
         ).all()
     missing = [EntryRef(int(r.txid), int(r.ord)) for r in rows if r.position is None]
     found = dict(zip(missing, open_store(engine).positions_of(missing), strict=True))
+    known = [
+        {"pid": r.payload_id, "pos": found[EntryRef(int(r.txid), int(r.ord))]}
+        for r in rows
+        if r.position is None and found[EntryRef(int(r.txid), int(r.ord))] is not None
+    ]
+    if known:  # kept: once trim has removed its entry, the store no longer knows it
+        with engine.begin() as conn:
+            stmt = update(t).where(t.c.payload_id == bindparam("pid"))
+            conn.execute(stmt.values(position=bindparam("pos")), known)
     out = []
     for r in rows:
         position = r.position
