@@ -25,6 +25,7 @@ from tests.kit.guards import need
 from tests.kit.pgcluster import PgCluster, pg_bindir
 from tests.kit.verifier import Report
 from tests.reliability.nemesis import (
+    KINDS,
     Tally,
     draw_plan,
     each_run,
@@ -131,3 +132,24 @@ def test_nemesis_long(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     assert not failed, failed
     assert tally.trials == count
     assert sum(tally.problems.values()) == 0
+
+
+def test_a_seed_replays_the_same_schedules() -> None:
+    """The replay promise: a run's shape and schedules are a function of its seed (and
+    backend), every kind of fault is drawn, and the PostgreSQL-only ones only there."""
+    for backend in ("sqlite", "postgresql"):
+        assert draw_plan(7, backend, 3) == draw_plan(7, backend, 3)
+        assert draw_cascade_plan(7, backend, 3) == draw_cascade_plan(7, backend, 3)
+    assert draw_plan(7, "sqlite", 3) != draw_plan(8, "sqlite", 3)
+    kinds = {
+        backend: {
+            f.kind
+            for seed in range(40)
+            for plan in (draw_plan(seed, backend), draw_cascade_plan(seed, backend))
+            for faults in plan.schedules
+            for f in faults
+        }
+        for backend in ("sqlite", "postgresql")
+    }
+    assert kinds["postgresql"] == {*KINDS, "switch"}
+    assert kinds["sqlite"] == {*KINDS, "switch"} - {"db-net", "db-crash"}
