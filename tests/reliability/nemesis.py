@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from lr_client.errors import TransientError
 from lr_client.records import SnapshotStatus
@@ -167,14 +168,18 @@ def draw_plan(
     return Plan(seed, backend, lanes, partitions, keyed, seconds, schedules)
 
 
+#: A database that is down, or a pooled connection that died with it (the pool drops it).
+DB_DOWN = (TransientError, OperationalError, InterfaceError)
+
+
 def as_operator(action: Callable[[], T], timeout: float = 60.0) -> T:
-    """Run an operator's action, again while the database is unreachable (a crash, a cut
-    link: the operator retries), until ``timeout``."""
+    """Run an operator's action (or the test's own read), again while the database is
+    unreachable (a crash, a cut link: the operator retries), until ``timeout``."""
     deadline = time.monotonic() + scaled(timeout)
     while True:
         try:
             return action()
-        except TransientError:
+        except DB_DOWN:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
@@ -452,6 +457,11 @@ class Trial:
         assert not self.errors, "\n".join(self.errors) + "\n" + self.dep.logs()
 
     def check(self) -> Report:
+        """The verifier's report of everything the run committed (read again if a pooled
+        connection of this process died with a crashed database)."""
+        return as_operator(self._check)
+
+    def _check(self) -> Report:
         applied = []
         for s in SINKS:
             # Per-key order only where that is the promise: keyed entries on several lanes,
@@ -473,10 +483,10 @@ class Trial:
         def done() -> Report | None:
             report = self.check()
             last[:] = [report]
-            open_snapshots = _open_snapshots(self)
+            open_snapshots = as_operator(lambda: _open_snapshots(self))
             if report.lost or report.snapshot_problems or open_snapshots:
                 return None
-            return None if self.dep.received_backlog() else report
+            return None if as_operator(self.dep.received_backlog) else report
 
         wait_for(
             done,

@@ -169,11 +169,11 @@ class CascadeRun:
         self.done.clear()
         self.phases = {k: v for k, v in self.phases.items() if k == "deploy"} if n == 0 else {}
         mark = time.monotonic()
-        floor = {node: self.c.report(node).applied + 10 for node in NODES}
+        floor = {node: self.report(node).applied + 10 for node in NODES}
         self.c.source.start()
         for node in NODES:
             wait_for(
-                lambda node=node: self.c.report(node).applied >= floor[node],
+                lambda node=node: self.report(node).applied >= floor[node],
                 scaled(60),
                 0.1,
                 what=f"traffic reaching {node}",
@@ -200,19 +200,28 @@ class CascadeRun:
         mark = time.monotonic()
         for node in NODES:
             wait_for(
-                lambda node=node: self.c.settled(node),
+                lambda node=node: self.settled(node),
                 scaled(120),
                 0.25,
                 what=f"{node} settled",
                 detail=lambda node=node: "\n".join(
-                    [self.c.report(node).summary(), self.plan.describe(n), *self.events]
+                    [self.report(node).summary(), self.plan.describe(n), *self.events]
                 ),
             )
         self.phases["drain"] = time.monotonic() - mark
         return self.check()
 
+    def report(self, node: str) -> Report:
+        """The verifier's report of ``node`` (read again if a pooled connection of this
+        process died with a crashed database)."""
+        return as_operator(lambda: self.c.report(node))
+
+    def settled(self, node: str) -> bool:
+        report = self.report(node)
+        return report.lost == 0 and report.expected > 0
+
     def check(self) -> Report:
-        reports = [self.c.report(node) for node in NODES]
+        reports = [self.report(node) for node in NODES]
         merged = dict(reports[0].streams)
         for r in reports[1:]:
             merged.update(r.streams)
