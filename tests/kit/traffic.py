@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -104,10 +105,12 @@ SOURCE_TABLES = [rel_sent, rel_source_kv]
 SINK_TABLES = [rel_applied, rel_sink_kv]
 
 
-def encode(payload_id: str, key: str, value: int, pad: int = 0) -> bytes:
+def encode(payload_id: str, key: str, value: int, pad: int = 0, noise: bool = False) -> bytes:
+    """A payload; ``pad`` characters more, random (``noise``: they do not compress, as
+    PostgreSQL compresses large values) or not."""
     body: dict[str, Any] = {"id": payload_id, "k": key, "v": value}
     if pad:
-        body["pad"] = "x" * pad
+        body["pad"] = os.urandom(pad // 2 + 1).hex()[:pad] if noise else "x" * pad
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -149,6 +152,8 @@ class SourceApp:
         pad: int = 0,
         all_destinations: bool = False,
         state: bool = True,
+        keyed: bool = False,
+        noise: bool = False,
     ) -> None:
         self.engine = create_engine(url)
         meta.create_all(self.engine, tables=SOURCE_TABLES)
@@ -170,6 +175,8 @@ class SourceApp:
         self.pad = pad
         self.all_destinations = all_destinations
         self.state = state
+        self.keyed = keyed  # each entry's partition key is its key-value key
+        self.noise = noise  # random padding (it does not compress)
         self.rolled_back: set[str] = set()
         self.committed = 0
         self.errors: list[str] = []
@@ -203,13 +210,19 @@ class SourceApp:
                     if self.state:
                         _upsert_source_kv(session, client, key, value)
                     messages.append(
-                        LRMessageWithDestinations(encode(pid, key, value, self.pad), dests)
+                        LRMessageWithDestinations(
+                            encode(pid, key, value, self.pad, self.noise),
+                            dests,
+                            key if self.keyed else None,
+                        )
                     )
                     sent.append({"payload_id": pid, "client": client, "dests": ",".join(dests)})
                     ids.append(pid)
                 if len(messages) == 1:
                     m = messages[0]
-                    refs = [api.transmit_log_entry_message(session, m.payload, m.destinations)]
+                    refs = [
+                        api.transmit_log_entry_message(session, m.payload, m.destinations, m.key)
+                    ]
                 else:
                     refs = api.transmit_log_entry_messages(session, messages)
                 for row, ref in zip(sent, refs, strict=True):
@@ -428,10 +441,12 @@ class SinkApp:
         batch_size: int = 100,
         lease_seconds: float = 5.0,
         poll_interval: float = 0.02,
+        partitions: int = 1,
     ) -> None:
         self.engine = create_engine(url)
         self.store = open_store(self.engine)
         self.store.create_schema()
+        self.partitions = partitions
         create_app_tables(self.engine, meta, SINK_TABLES)  # beside a running server
         self.listeners = {c: RecordingListener(c) for c in clients}
         self.subscribers = [
@@ -444,6 +459,7 @@ class SinkApp:
                 poll_interval=poll_interval,
                 retry_initial=0.05,
                 retry_max=1.0,
+                partitions=partitions,
             )
             for c, listener in self.listeners.items()
         ]
@@ -473,7 +489,10 @@ class SinkApp:
 
 # -- reading the records back ---------------------------------------------------------------
 def read_sent(engine: Engine, source: str) -> list[SentEntry]:
-    """What the source committed; a position not recorded yet is asked of the store."""
+    """What the source committed; a position not recorded yet is asked of the store and
+    recorded (the application could not: a crash right after its commit). Trim
+    removes what every destination has, and with it what the store knows of its
+    position, so the position must be read before then."""
     t = rel_sent
     with engine.connect() as conn:
         rows = conn.execute(
@@ -481,6 +500,15 @@ def read_sent(engine: Engine, source: str) -> list[SentEntry]:
         ).all()
     missing = [EntryRef(int(r.txid), int(r.ord)) for r in rows if r.position is None]
     found = dict(zip(missing, open_store(engine).positions_of(missing), strict=True))
+    known = [
+        {"pid": r.payload_id, "pos": found[EntryRef(int(r.txid), int(r.ord))]}
+        for r in rows
+        if r.position is None and found[EntryRef(int(r.txid), int(r.ord))] is not None
+    ]
+    if known:  # kept: once trim has removed its entry, the store no longer knows it
+        with engine.begin() as conn:
+            stmt = update(t).where(t.c.payload_id == bindparam("pid"))
+            conn.execute(stmt.values(position=bindparam("pos")), known)
     out = []
     for r in rows:
         position = r.position
@@ -491,7 +519,9 @@ def read_sent(engine: Engine, source: str) -> list[SentEntry]:
     return out
 
 
-def read_applied(engine: Engine, sink: str) -> list[AppliedEntry]:
+def read_applied(engine: Engine, sink: str, keyed: bool = False) -> list[AppliedEntry]:
+    """What the sink's listener applied, in order; ``keyed``: each log entry's partition
+    key is its key-value key (a sink delivering by partition promises per-key order)."""
     t = rel_applied
     with engine.connect() as conn:
         try:
@@ -500,7 +530,15 @@ def read_applied(engine: Engine, sink: str) -> list[AppliedEntry]:
             return []
     return [
         AppliedEntry(
-            sink, r.source, r.client, r.position, r.payload_id, r.kind, r.snapshot_id, r.id
+            sink,
+            r.source,
+            r.client,
+            r.position,
+            r.payload_id,
+            r.kind,
+            r.snapshot_id,
+            r.id,
+            r.key if keyed and r.kind == LOG else "",
         )
         for r in rows
     ]

@@ -119,12 +119,18 @@ class SinkProc:
     """The sink application (:mod:`tests.reliability.sink_app`) as a subprocess."""
 
     def __init__(
-        self, url: str, log_path: Path, clients: Sequence[str], lease_seconds: float = 2.0
+        self,
+        url: str,
+        log_path: Path,
+        clients: Sequence[str],
+        lease_seconds: float = 2.0,
+        partitions: int = 1,
     ) -> None:
         self.url = url
         self.log_path = log_path
         self.clients = list(clients)
         self.lease_seconds = lease_seconds
+        self.partitions = partitions
         self.ready = log_path.with_suffix(".ready")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -132,7 +138,7 @@ class SinkProc:
         """Start the process (see :meth:`wait_ready`)."""
         self.ready.unlink(missing_ok=True)
         args = [sys.executable, str(SINK_APP), "--url", self.url, "--ready", str(self.ready)]
-        args += [f"--lease-seconds={self.lease_seconds}"]
+        args += [f"--lease-seconds={self.lease_seconds}", f"--partitions={self.partitions}"]
         for c in self.clients:
             args += ["--client", c]
         with self.log_path.open("ab") as log:

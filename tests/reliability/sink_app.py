@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=200)
     parser.add_argument("--lease-seconds", type=float, default=2.0)
     parser.add_argument("--ready", type=Path)
+    parser.add_argument("--partitions", type=int, default=1, help="deliver by partition")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         args.client or ["policy"],
         batch_size=args.batch_size,
         lease_seconds=args.lease_seconds,
+        partitions=args.partitions,
     )
     try:
         app.start()
