@@ -1075,6 +1075,8 @@ def test_revision_0016_adds_headers_keeping_every_entry(db_url: str) -> None:
         client = RoutingQueueClient(store, "site-a", "policy")
         with Session(engine) as session, session.begin():
             client.transmit_log_entry_message(session, b"new", ["site-b"], headers={"a": "1"})
+        # PostgreSQL gives positions after commit, in commit order: wait for all three.
+        wait_for(lambda: len(list(store.read_client_log("policy", 0, 10))) == 3, 30.0)
         found = store.read_client_log("policy", 0, 10)
         assert [(e.payload, e.headers) for e in found] == [
             (b"old-1", None),

@@ -107,6 +107,7 @@ def test_sigterm_with_batches_in_flight_loses_and_repeats_nothing(
         # it sends what comes next, which the stalled proxy holds.
         wait_for(steadily(in_flight, 1.0), 30, what="batches in flight", detail=dep.logs)
         at_sigterm = sink_position()
+        acked_before = src.get_cursor("b", "policy").position
         started = time.monotonic()
         server.signal(signal.SIGTERM)
         if case == "within_grace":
@@ -119,9 +120,10 @@ def test_sigterm_with_batches_in_flight_loses_and_repeats_nothing(
         after_exit = sink_position()
         print(f"{case}: sink at {at_sigterm} at SIGTERM, {after_exit} at exit, cursor {cursor}")
         if case == "within_grace":
-            # The batches in flight were applied and acknowledged before the exit.
-            assert after_exit > at_sigterm, server.log()
-            assert cursor == after_exit, server.log()
+            # The batches in flight were acknowledged before the exit (applied at the sink
+            # before or after the SIGTERM: the stall may have held only their acks).
+            assert cursor > acked_before, server.log()
+            assert cursor == after_exit >= at_sigterm, server.log()
         else:
             assert took >= GRACE, f"exited after {took:.2f} s: the grace was not given"
             assert after_exit == at_sigterm, server.log()
