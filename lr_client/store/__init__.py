@@ -18,19 +18,24 @@ from lr_client.store.contract import (
     Cascading,
     Inspection,
     Members,
+    QueueHeads,
+    QueuePartitions,
     QueueStore,
     Receiving,
+    Replays,
     Retention,
     SendLog,
     Shipping,
     Sites,
-    Snapshots,
+    SnapshotEntries,
+    SnapshotRequests,
     SubscriberQueues,
+    Transactions,
 )
 from lr_client.store.lifecycle import SchemaStatus
-from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.postgres import PostgresCore
 from lr_client.store.sqla import SQLAlchemyQueueStore
-from lr_client.store.sqlite import SQLiteQueueStore
+from lr_client.store.sqlite import SQLiteCore
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
@@ -94,7 +99,7 @@ def configure_sqlite_engine(engine: Engine) -> None:
 
     @event.listens_for(engine, "before_cursor_execute")
     def _first_statement(conn: Any, *_args: Any) -> None:
-        # A late write (SQLiteQueueStore.late_write) takes its write lock here.
+        # A late write (SQLiteCore.late_write) takes its write lock here.
         turn = conn.get_execution_options().get("lr_turn")
         if turn is not None:
             turn.take(conn.connection.dbapi_connection)
@@ -120,14 +125,14 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
     return sqlalchemy.create_engine(url, **kwargs)
 
 
-def open_store(engine_or_url: Engine | str) -> QueueStore:
+def open_store(engine_or_url: Engine | str) -> SQLAlchemyQueueStore:
     """The store backend for an engine (or a URL, through :func:`create_engine`)."""
     engine = create_engine(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
     name = engine.dialect.name
     if name == "sqlite":
-        return SQLiteQueueStore(engine)
+        return SQLAlchemyQueueStore(SQLiteCore(engine))
     if name == "postgresql":
-        return PostgresQueueStore(engine)
+        return SQLAlchemyQueueStore(PostgresCore(engine))
     raise ValueError(f"unsupported database dialect {name!r} (SQLite and PostgreSQL are)")
 
 
@@ -176,17 +181,20 @@ __all__ = [
     "Cascading",
     "Inspection",
     "Members",
-    "PostgresQueueStore",
+    "QueueHeads",
+    "QueuePartitions",
     "QueueStore",
     "Receiving",
+    "Replays",
     "Retention",
     "SQLAlchemyQueueStore",
-    "SQLiteQueueStore",
     "SendLog",
     "Shipping",
     "Sites",
-    "Snapshots",
+    "SnapshotEntries",
+    "SnapshotRequests",
     "SubscriberQueues",
+    "Transactions",
     "configure_sqlite_engine",
     "create_app_tables",
     "create_engine",

@@ -1,88 +1,44 @@
 """What every role of the SQLAlchemy store stands on: the engine, transactions,
 the site cache, upserts, and the hooks a dialect (SQLite, PostgreSQL) fills in.
 
-Each role's implementation is a mixin over :class:`StoreBase`
-(:mod:`~lr_client.store.sqla` composes them); the dialect classes override
-the abstract hooks.
+Each role is an object of its own holding the core (:class:`Role`);
+:mod:`~lr_client.store.sqla` assembles them. The dialect classes override
+the hooks.
 """
 
 from __future__ import annotations
 
 import abc
-import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
 
-from lr_client.errors import FencedError, LRError, SchemaError, StoreUnavailableError
-from lr_client.records import EntryRef, Fence, NewLogEntry
+from lr_client.errors import FencedError
+from lr_client.records import EntryRef, Fence, NewLogEntry, QueueSlot, WireEntry
 from lr_client.store import schema as s
+from lr_client.store.db_errors import DATABASE_ERRORS, mapped_errors
 from lr_client.store.relay_marks import RelayMarks
-
-try:  # the PostgreSQL driver is an optional extra
-    import psycopg
-except ImportError:  # pragma: no cover - only without the extra
-    psycopg = None  # type: ignore[assignment]
-
-#: SQLSTATEs of a missing or older schema: undefined table, schema, column.
-MISSING_SCHEMA_STATES = frozenset({"42P01", "3F000", "42703"})
-#: Errors of the drivers' own cursors, which some hot paths write through.
-RAW_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error,) + (
-    (psycopg.Error,) if psycopg is not None else ()
-)
-RAW_OPERATIONAL: tuple[type[Exception], ...] = (sqlite3.OperationalError,) + (
-    (psycopg.OperationalError,) if psycopg is not None else ()
-)
+from lr_client.store.watches import Watch
 
 
-def map_error(exc: Exception) -> LRError | None:
-    """The store's error for a database error (None: not ours, re-raise it as it is).
+class TrimMarks(Protocol):
+    """What a trim of the send log reads and records (the retention role)."""
 
-    ``exc`` is SQLAlchemy's wrapper or a raw ``sqlite3`` or ``psycopg`` error
-    (some hot paths write through the driver's own cursor). A table,
-    schema or column that does not exist is a :class:`SchemaError`
-    (permanent: ``lr init-db`` must run); any other operational error is a
-    :class:`StoreUnavailableError` (transient: the database may come back).
-    """
-    orig = exc.orig if isinstance(exc, DBAPIError) else exc
-    detail = str(orig) if orig else str(exc)
-    state = getattr(orig, "sqlstate", None)
-    operational = isinstance(exc, (OperationalError, *RAW_OPERATIONAL))
-    if state in MISSING_SCHEMA_STATES or (
-        operational and ("no such table" in detail or "no such column" in detail)
-    ):
-        first = detail.splitlines()[0] if detail else ""
-        return SchemaError(
-            f"no schema, or an older one ({first}); `lr init-db` creates or upgrades it"
-        )
-    if operational:
-        return StoreUnavailableError(detail)
-    return None
+    def acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
+        """{(destination number, client): acknowledged position} of every cursor."""
+
+    def record_trim_marks(self, conn: Connection, marks: dict[tuple[int, str], int]) -> None:
+        """Raise each stream's trim mark to the highest position the trim retired."""
 
 
-_DATABASE_ERRORS: tuple[type[Exception], ...] = (DBAPIError, *RAW_ERRORS)
-
-
-@contextmanager
-def mapped_errors() -> Iterator[None]:
-    """Raise the store's error (:func:`map_error`) for a database error in the block."""
-    try:
-        yield
-    except _DATABASE_ERRORS as exc:
-        mapped = map_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
-
-
-class StoreBase(abc.ABC):
-    """The engine, the store's own transactions, the site cache and the dialect hooks."""
+class StoreCore(abc.ABC):
+    """The engine, the store's own transactions, the caches its roles share and the
+    dialect hooks (a subclass per database: :mod:`.sqlite`, :mod:`.postgres`)."""
 
     dialect = "generic"
     #: Isolation for trim: every read of the transaction sees one snapshot.
@@ -94,23 +50,33 @@ class StoreBase(abc.ABC):
     rotation_period: float = 30.0
     #: PostgreSQL: slots are added while the others are pinned, up to this many.
     max_slots: int = 32
+    #: Whether delivered entries stay until rotation truncates their partition
+    #: (PostgreSQL); else the delivery deletes them (SQLite).
+    keeps_delivered = False
+    #: Whether one transaction at a time writes (SQLite): the partitions' deliveries
+    #: then queue on a lock of their own, woken at once, not on the busy handler's sleeps.
+    single_writer = False
+    #: PostgreSQL: snapshot entries carry their snapshot's slot, the partition key.
+    snapsync_slotted = False
+    #: Whether appends to receive queues wake their subscribers (where the backend can).
+    notify_arrivals = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sites: dict[str, int] = {}
         self._site_names: dict[int, str] = {}
-        self._queue_ids: dict[str, int] = {}
+        self.queue_ids: dict[str, int] = {}
         #: Queue ids each open transaction registered or read, cached once it commits:
         #: a registration rolled back with its transaction must be made again.
-        self._txn_queue_ids: dict[Connection, dict[str, int]] = {}
+        self.txn_queue_ids: dict[Connection, dict[str, int]] = {}
         #: queue_id -> whether it is relayed, read when this store last took its lease.
-        self._relayed: dict[int, bool] = {}
+        self.relayed_queues: dict[int, bool] = {}
         #: snapshot_id -> (ordinal, part, seq) of the last entry a read returned.
-        self._snapshot_marks: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self.snapshot_marks: dict[tuple[str, int], tuple[int, int, int]] = {}
         #: Per thread: whether its transactions run on one connection, and which.
         self._pins = threading.local()
         #: Where relay reads of a relayed queue may start (:mod:`.relay_marks`).
-        self._relay_marks = RelayMarks()
+        self.relay_marks = RelayMarks()
 
     # -- transactions -----------------------------------------------------------
     @contextmanager
@@ -131,7 +97,7 @@ class StoreBase(abc.ABC):
             self._pins.on = False
             conn, self._pins.conn = getattr(self._pins, "conn", None), None
             if conn is not None:
-                with suppress(*_DATABASE_ERRORS):
+                with suppress(*DATABASE_ERRORS):
                     conn.close()
 
     def _connect(self, immediate: bool) -> AbstractContextManager[Connection]:
@@ -140,7 +106,7 @@ class StoreBase(abc.ABC):
         if getattr(self._pins, "on", False):
             conn: Connection | None = getattr(self._pins, "conn", None)
             if conn is not None and (conn.closed or conn.invalidated):
-                with suppress(*_DATABASE_ERRORS):
+                with suppress(*DATABASE_ERRORS):
                     conn.close()
                 conn = None
             if conn is None:
@@ -164,7 +130,7 @@ class StoreBase(abc.ABC):
         with mapped_errors(), self._connect(immediate=True) as conn, self._transaction(conn):
             yield conn
 
-    def _announce_sends(self, conn: Connection) -> None:  # noqa: B027 - a hook: most need none
+    def announce_sends(self, conn: Connection) -> None:  # noqa: B027 - a hook: most need none
         """Work for the sender sessions was written in ``conn``'s transaction: wake them
         at commit where the backend needs telling (PostgreSQL; SQLite's watch sees it)."""
 
@@ -174,9 +140,9 @@ class StoreBase(abc.ABC):
         try:
             with conn.begin():
                 yield conn
-            self._queue_ids.update(self._txn_queue_ids.get(conn, {}))
+            self.queue_ids.update(self.txn_queue_ids.get(conn, {}))
         finally:
-            self._txn_queue_ids.pop(conn, None)
+            self.txn_queue_ids.pop(conn, None)
 
     @contextmanager
     def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:
@@ -204,7 +170,7 @@ class StoreBase(abc.ABC):
         with self.read() as conn:
             yield conn
 
-    def _fetch_rows(
+    def fetch_rows(
         self, conn: Connection, query: Any, in_index_order: bool = False
     ) -> Sequence[Any]:
         """The rows of a read of entries with their payloads, as tuples (by index).
@@ -231,19 +197,19 @@ class StoreBase(abc.ABC):
         return self._site_names.get(num, f"#{num}")
 
     @staticmethod
-    def _dest_nums_of(value: Any) -> list[int]:
+    def dest_nums_of(value: Any) -> list[int]:
         """The destination numbers stored with an entry (a backend's encoding)."""
         if isinstance(value, str):  # SQLite: ",1,5,"
             return [int(x) for x in value.split(",") if x]
         return [int(x) for x in value]
 
     # -- upserts -------------------------------------------------------------------
-    def _insert_ignore(
+    def insert_ignore(
         self, conn: Connection, table: Any, rows: list[dict[str, Any]], keys: list[str]
     ) -> None:
         conn.execute(self.dialect_insert(table).on_conflict_do_nothing(index_elements=keys), rows)
 
-    def _upsert(
+    def upsert(
         self,
         conn: Connection,
         table: Any,
@@ -259,7 +225,7 @@ class StoreBase(abc.ABC):
         )
         conn.execute(stmt)
 
-    def _set_cursor(
+    def write_cursor(
         self,
         conn: Connection,
         destination: str,
@@ -276,9 +242,9 @@ class StoreBase(abc.ABC):
             "needs_snapshot": bool(needs_snapshot),
         }
         keep = ["needs_snapshot"] if needs_snapshot is None else []
-        self._upsert(conn, s.cursors, row, ["destination", "client_name"], keep)
+        self.upsert(conn, s.cursors, row, ["destination", "client_name"], keep)
 
-    def _fence(self, conn: Connection, fence: Fence | None) -> None:
+    def hold_fence(self, conn: Connection, fence: Fence | None) -> None:
         """Hold ``fence``'s lease row for the transaction, or raise :class:`FencedError`."""
         if fence is None:
             return
@@ -299,7 +265,7 @@ class StoreBase(abc.ABC):
         """The highest position assigned so far (0 if none)."""
 
     @abc.abstractmethod
-    def _insert_entries(
+    def insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         """Insert send log entries with their destinations; a ref for each."""
@@ -312,31 +278,31 @@ class StoreBase(abc.ABC):
         """
         return 0
 
-    def _bases(self, conn: Connection, txids: Sequence[int]) -> dict[int, int]:
+    def txn_bases(self, conn: Connection, txids: Sequence[int]) -> dict[int, int]:
         """{txid: base} of sequenced transactions: an entry's position is base + ord."""
         return {}
 
     @abc.abstractmethod
-    def _with_tag(self, query: Any, dest_num: int) -> Any:
+    def with_tag(self, query: Any, dest_num: int) -> Any:
         """``query`` (over the send log) narrowed to the entries tagged for ``dest_num``."""
 
     @abc.abstractmethod
-    def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+    def tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         """``position, created_at`` of a stream's entries after ``after`` (no payloads)."""
 
     @abc.abstractmethod
-    def _trim_send_log(self, batch_size: int, max_batches: int | None) -> int:
+    def trim_send_log(self, batch_size: int, max_batches: int | None, marks: TrimMarks) -> int:
         """Retire the log entries every destination has passed, raising the trim marks.
 
         Returns how many entries went.
         """
 
-    def _lock_stream(  # noqa: B027 (a hook: SQLite needs no lock)
+    def lock_stream(  # noqa: B027 (a hook: SQLite needs no lock)
         self, conn: Connection, source_id: str, client_name: str
     ) -> None:
         """Serialise appends to one receive queue (SQLite already serialises writers)."""
 
-    def _copy_snapshot_rows(
+    def copy_snapshot_rows(
         self,
         conn: Connection,
         snapshot_id: str,
@@ -356,5 +322,60 @@ class StoreBase(abc.ABC):
     def analyze(self) -> None:  # noqa: B027 (a hook: PostgreSQL analyzes)
         """Refresh the planner's statistics of the send queue (a backend hook)."""
 
+    def index_destinations(self, numbers: Iterable[int]) -> None:  # noqa: B027 - a hook
+        """Make sure of each registered destination's index of the send log, if the
+        backend keeps one per destination."""
 
-__all__ = ["StoreBase"]
+    def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
+        """A watch calling ``wake`` when entries may be ready to ship (None: poll)."""
+        return None
+
+    def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> Watch | None:
+        """A watch calling ``wake`` when entries of ``client_name`` arrive (None: poll)."""
+        return None
+
+    def rotate_receive_queues(self, period: float) -> int | None:
+        """Retire delivered entries in bulk (PostgreSQL); the new current slot, or None."""
+        return None
+
+    def queue_slots(self) -> list[QueueSlot]:
+        """The slots of the send and receive queues (PostgreSQL); SQLite trims rows."""
+        return []
+
+    # -- receive queues ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
+        """Insert received entries into a receive queue (each backend bulk-loads them)."""
+
+    def announce_arrivals(self, conn: Connection, client_name: str) -> None:  # noqa: B027
+        """Entries of ``client_name`` were appended in ``conn``'s transaction: wake its
+        subscribers at commit where the backend can (PostgreSQL: :mod:`arrival_watch
+        <lr_client.store.arrival_watch>`)."""
+
+    # -- the pool of snapshot slots (:mod:`.snapshot_pool`) ---------------------------------
+    def lock_pool(self, conn: Connection) -> None:  # noqa: B027 - a hook
+        """Serialise the taking of slots (SQLite already serialises writers)."""
+
+    def lock_requests(self, conn: Connection, client_name: str) -> None:  # noqa: B027
+        """Serialise the requests of one client's snapshots (SQLite serialises writers)."""
+
+    def slot_storage(self, conn: Connection, slot: int) -> None:  # noqa: B027 - a hook
+        """Make the storage of a slot if it is missing (PostgreSQL: its partition)."""
+
+    def drop_slot_entries(
+        self, conn: Connection, snapshot_id: str, slot: int | None, count: bool
+    ) -> int | None:
+        """Delete a finished snapshot's entries; how many (0 unless ``count``), None: not now."""
+        t = s.send_snapsync
+        n = conn.execute(delete(t).where(t.c.snapshot_id == snapshot_id)).rowcount or 0
+        return n if count else 0
+
+
+class Role:
+    """A role of the store: an object holding the :class:`StoreCore` it works through."""
+
+    def __init__(self, core: StoreCore) -> None:
+        self.core = core
+
+
+__all__ = ["Role", "StoreCore"]

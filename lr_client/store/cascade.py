@@ -47,7 +47,7 @@ from lr_client.headers import stored
 from lr_client.names import recv_queue_name, validate_name
 from lr_client.records import CascadeChild, CascadeNode, CascadeRoute, ReplicationType, SendEntry
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import Role
 from lr_client.store.byte_bounds import fill, sized, within
 
 _R, _C, _K, _G = s.recv_entries, s.cascade, s.cascade_children, s.queue_registry
@@ -230,7 +230,7 @@ def relay_head(conn: Connection, client_name: str, origin_id: str) -> int:
     return max(int(found or 0), base, relay_mark(conn, client_name, origin_id))
 
 
-class CascadeStore(StoreBase):
+class CascadeStore(Role):
     """Cascade rows (``lrq_cascade``, ``lrq_cascade_children``) and relay reads."""
 
     @staticmethod
@@ -267,7 +267,7 @@ class CascadeStore(StoreBase):
             roles = tuple(r.value for r in CascadeRole)
             raise ValueError(f"role must be one of {roles}, not {role!r}") from None
         now = time.time()
-        with self.write() as conn:
+        with self.core.write() as conn:
             row = conn.execute(
                 select(_C).where(_C.c.client_name == client_name).with_for_update()
             ).first()
@@ -295,7 +295,7 @@ class CascadeStore(StoreBase):
                     )
                 conn.execute(update(_C).where(_C.c.client_name == client_name).values(**values))
             if children:
-                self._insert_ignore(
+                self.core.insert_ignore(
                     conn,
                     _K,
                     [{"client_name": client_name, "child_id": c} for c in children],
@@ -310,7 +310,7 @@ class CascadeStore(StoreBase):
         return self._node(found)
 
     def _record_nodes(self, conn: Connection, client_name: str, nodes: Sequence[str]) -> None:
-        self._insert_ignore(conn, s.meta, [{"key": NODES_KEY, "value": "{}"}], ["key"])
+        self.core.insert_ignore(conn, s.meta, [{"key": NODES_KEY, "value": "{}"}], ["key"])
         locked = select(s.meta.c.value).where(s.meta.c.key == NODES_KEY).with_for_update()
         sets = dict(json.loads(conn.execute(locked).scalar_one()))
         sets[client_name] = sorted(set(nodes))
@@ -321,17 +321,17 @@ class CascadeStore(StoreBase):
         )
 
     def cascade_node(self, client_name: str) -> CascadeNode | None:
-        with self.read() as conn:
+        with self.core.read() as conn:
             row = conn.execute(select(_C).where(_C.c.client_name == client_name)).first()
         return None if row is None else self._node(row)
 
     def list_cascade_nodes(self) -> list[CascadeNode]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(select(_C).order_by(_C.c.client_name)).all()
         return [self._node(r) for r in rows]
 
     def cascade_children(self, client_name: str) -> list[CascadeChild]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(
                 select(_K).where(_K.c.client_name == client_name).order_by(_K.c.child_id)
             ).all()
@@ -349,7 +349,7 @@ class CascadeStore(StoreBase):
         ]
 
     def mark_child_dropped(self, client_name: str, child_id: str, dropped: bool = True) -> bool:
-        with self.write() as conn:
+        with self.core.write() as conn:
             done = conn.execute(
                 update(_K)
                 .where(_K.c.client_name == client_name, _K.c.child_id == child_id)
@@ -358,17 +358,14 @@ class CascadeStore(StoreBase):
         return bool(done.rowcount)
 
     # -- relay reads ------------------------------------------------------------------------
-    #: Whether delivered entries stay until rotation truncates them (PostgreSQL).
-    keeps_delivered = False
-
     def _relay_queue(self, conn: Connection, client_name: str, origin_id: str) -> int | None:
         name = recv_queue_name(client_name, origin_id)
-        if name not in self._queue_ids:
+        if name not in self.core.queue_ids:
             qid = relay_queue_id(conn, client_name, origin_id)
             if qid is None:
                 return None
-            self._queue_ids[name] = qid
-        return self._queue_ids[name]
+            self.core.queue_ids[name] = qid
+        return self.core.queue_ids[name]
 
     def read_relay(
         self,
@@ -378,8 +375,8 @@ class CascadeStore(StoreBase):
         limit: int,
         max_bytes: int | None = None,
     ) -> list[SendEntry]:
-        marks = self._relay_marks
-        with self.read_statements() as conn:
+        marks = self.core.relay_marks
+        with self.core.read_statements() as conn:
             qid = self._relay_queue(conn, client_name, origin_id)
             if qid is None:
                 return []
@@ -407,7 +404,7 @@ class CascadeStore(StoreBase):
                 .limit(limit)
             )
             rows = fill(
-                conn, within(self._fetch_rows(conn, query), max_bytes), _R.c.seq, _R.c.payload
+                conn, within(self.core.fetch_rows(conn, query), max_bytes), _R.c.seq, _R.c.payload
             )
         out: list[SendEntry] = []
         last = after
@@ -434,7 +431,7 @@ class CascadeStore(StoreBase):
         return out
 
     def relay_resume_floor(self, client_name: str, origin_id: str) -> int:
-        with self.read() as conn:
+        with self.core.read() as conn:
             qid = self._relay_queue(conn, client_name, origin_id)
             base = 0 if qid is None else last_end_seq(conn, qid)[1]
             return max(base, relay_mark(conn, client_name, origin_id))
@@ -444,12 +441,12 @@ class CascadeStore(StoreBase):
     ) -> int:
         if conn is not None:
             return relay_delivered(conn, client_name, origin_id)
-        with self.read() as own:
+        with self.core.read() as own:
             return relay_delivered(own, client_name, origin_id)
 
     def relay_floor(self, client_name: str, origin_id: str, extra_floor: int | None = None) -> int:
         c = s.cursors
-        with self.read() as conn:
+        with self.core.read() as conn:
             children = [
                 ch
                 for ch in conn.execute(
@@ -475,7 +472,7 @@ class CascadeStore(StoreBase):
 
     def trim_relay(self, client_name: str, origin_id: str, extra_floor: int | None = None) -> int:
         floor = self.relay_floor(client_name, origin_id, extra_floor)
-        with self.write() as conn:
+        with self.core.write() as conn:
             qid = self._relay_queue(conn, client_name, origin_id)
             if qid is None:
                 return 0
@@ -484,12 +481,14 @@ class CascadeStore(StoreBase):
                 conn.execute(select(st.c.delivered_seq).where(st.c.queue_id == qid)).scalar() or 0
             )
             floor = min(floor, relay_delivered(conn, client_name, origin_id))
-            self._insert_ignore(conn, s.sites, [{"site_id": origin_id}], ["site_id"])
+            self.core.insert_ignore(conn, s.sites, [{"site_id": origin_id}], ["site_id"])
             num = conn.execute(
                 select(s.sites.c.site_num).where(s.sites.c.site_id == origin_id)
             ).scalar_one()
             self._record_relay_mark(conn, int(num), client_name, floor)
-            if self.keeps_delivered:  # PostgreSQL: rotation truncates (the floor is read there)
+            if (
+                self.core.keeps_delivered
+            ):  # PostgreSQL: rotation truncates (the floor is read there)
                 return 0
             marker, _ = last_end_seq(conn, qid)
             done = conn.execute(
@@ -517,7 +516,7 @@ class CascadeStore(StoreBase):
             select(t.c.trimmed_through).where(t.c.dest_num == num, t.c.client_name == client_name)
         ).scalar()
         if current is None or int(current) < floor:
-            self._upsert(
+            self.core.upsert(
                 conn,
                 t,
                 {"dest_num": num, "client_name": client_name, "trimmed_through": floor},

@@ -16,7 +16,7 @@ from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import InvalidInputError
 from lr_client.names import validate_name
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import Role
 
 _C, _K = s.cascade, s.cascade_children
 
@@ -27,7 +27,7 @@ def _position(value: int, what: str) -> int:
     return value
 
 
-class CascadeReportsStore(StoreBase):
+class CascadeReportsStore(Role):
     """Children's reports, the global watermark and provider switches."""
 
     def record_cascade_report(
@@ -45,7 +45,7 @@ class CascadeReportsStore(StoreBase):
         _position(local_watermark, "local watermark")
         _position(acked_position, "acked position")
         now = time.time() if reported_at is None else reported_at
-        with self.write() as conn:
+        with self.core.write() as conn:
             row = conn.execute(
                 select(_K.c.epoch, _K.c.dropped)
                 .where(_K.c.client_name == client_name, _K.c.child_id == child_id)
@@ -77,7 +77,7 @@ class CascadeReportsStore(StoreBase):
 
     def set_global_watermark(self, client_name: str, value: int) -> bool:
         _position(value, "global watermark")
-        with self.write() as conn:
+        with self.core.write() as conn:
             done = conn.execute(
                 update(_C)
                 .where(_C.c.client_name == client_name)
@@ -87,7 +87,7 @@ class CascadeReportsStore(StoreBase):
 
     def switch_cascade_provider(self, client_name: str, provider_id: str) -> int | None:
         validate_name(provider_id, "site id")
-        with self.write() as conn:
+        with self.core.write() as conn:
             row = conn.execute(
                 select(_C.c.role, _C.c.epoch, _C.c.origin_id)
                 .where(_C.c.client_name == client_name)

@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, LargeBinary, and_, func, or_, select
 from lr_client.records import QueueInfo, QueueSlot, ReplicationType, StoredEntry
 from lr_client.store import parked_views as pv
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import Role
 from lr_client.store.byte_bounds import payload_size
 from lr_client.store.partition_lags import PartitionLag, partition_lags
 from lr_client.store.subscriber_queues import depth, undelivered
@@ -55,19 +55,19 @@ class SinkFailures:
     blocked: dict[tuple[str, str], int]
 
 
-class InspectionStore(StoreBase):
+class InspectionStore(Role):
     """Counts, browsing and the sessions' status rows."""
 
     def sink_failures(self, client_name: str | None = None) -> SinkFailures:
         """The receive queues' (of one client's) parked entries and blocked state."""
-        with self.read() as conn:
+        with self.core.read() as conn:
             parked = pv.open_counts(conn, client_name)
             blocked = pv.blocked_counts(conn, client_name)
         return SinkFailures(parked, blocked)
 
     def sink_partition_lags(self, client_name: str | None = None) -> list[PartitionLag]:
         """Every partition's (of one client's queues) entries above its delivered mark."""
-        with self.read() as conn:
+        with self.core.read() as conn:
             return partition_lags(conn, client_name)
 
     def save_session_status(
@@ -80,8 +80,8 @@ class InspectionStore(StoreBase):
         inflight_bytes: int,
         last_error: str = "",
     ) -> None:
-        with self.write() as conn:
-            self._upsert(
+        with self.core.write() as conn:
+            self.core.upsert(
                 conn,
                 s.session_status,
                 {
@@ -97,7 +97,7 @@ class InspectionStore(StoreBase):
             )
 
     def list_session_status(self) -> list[dict[str, Any]]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(
                 select(s.session_status).order_by(s.session_status.c.destination)
             ).all()
@@ -110,7 +110,7 @@ class InspectionStore(StoreBase):
         Entries above each queue's ``delivered_seq``: one index range per queue.
         """
         reg = s.queue_registry
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(select(reg.c.queue_id, depth(reg.c.queue_id))).all()
         return {int(r[0]): int(r[1]) for r in rows if r[1]}
 
@@ -128,7 +128,7 @@ class InspectionStore(StoreBase):
         query = select(reg.c.client_name, reg.c.source_id, depth(reg.c.queue_id), oldest)
         if client_name is not None:
             query = query.where(reg.c.client_name == client_name)
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(query.order_by(reg.c.client_name, reg.c.source_id)).all()
         return [
             SinkBacklog(str(r[0]), str(r[1]), int(r[2] or 0), None if r[3] is None else float(r[3]))
@@ -139,8 +139,8 @@ class InspectionStore(StoreBase):
         """Entries in the send log, in the snapshot queue, and in each receive queue
         (by queue name), read in one transaction."""
         reg = s.queue_registry
-        self.sequence()
-        with self.read() as conn:
+        self.core.sequence()
+        with self.core.read() as conn:
             n_log = conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar_one()
             n_snap = conn.execute(select(func.count()).select_from(s.send_snapsync)).scalar_one()
             registry = conn.execute(
@@ -152,8 +152,11 @@ class InspectionStore(StoreBase):
         ]
         return int(n_log), int(n_snap), queues
 
+    def head_position_estimate(self) -> int:
+        return self.core.head_position_estimate()
+
     def queue_slots(self) -> list[QueueSlot]:
-        return []  # PostgreSQL's store has slots; SQLite trims rows
+        return self.core.queue_slots()  # PostgreSQL's store has slots; SQLite trims rows
 
     # -- browsing -----------------------------------------------------------------------
     def browse_log_entries(
@@ -164,15 +167,15 @@ class InspectionStore(StoreBase):
         Those are the entries tagged for it after its cursor, and none of a
         dropped stream. An unknown destination has none.
         """
-        self.sequence()
+        self.core.sequence()
         e = s.send_log_entries
         head = payload_head(e.c.payload)
         query = select(e.c.position, e.c.client_name, *head, e.c.dest_nums, e.c.created_at)
         if destination is not None:
-            num = self.site_numbers(refresh=True).get(destination)
+            num = self.core.site_numbers(refresh=True).get(destination)
             if num is None:
                 return []
-            query = self._with_tag(query, num)
+            query = self.core.with_tag(query, num)
             c, d = s.cursors, s.drops
             query = (
                 query.outerjoin(
@@ -187,7 +190,7 @@ class InspectionStore(StoreBase):
         if client_name is not None:
             query = query.where(e.c.client_name == client_name)
         query = query.where(e.c.position > after).order_by(e.c.position).limit(limit)
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(query).all()
         return [
             StoredEntry(
@@ -197,7 +200,7 @@ class InspectionStore(StoreBase):
                 payload=bytes(r.head),
                 size=int(r.size),
                 destinations=tuple(
-                    self.site_name(n) for n in self._dest_nums_of(r.dest_nums or [])
+                    self.core.site_name(n) for n in self.core.dest_nums_of(r.dest_nums or [])
                 ),
                 created_at=r.created_at,
             )
@@ -221,7 +224,7 @@ class InspectionStore(StoreBase):
             )
         if client_name is not None:
             query = query.where(snap.c.client_name == client_name)
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(query.order_by(t.c.position).limit(limit)).all()
             ids = list({r.snapshot_id for r in rows})
             members: dict[str, list[str]] = {}
@@ -248,7 +251,7 @@ class InspectionStore(StoreBase):
     def browse_queue(self, queue_name: str, after: int, limit: int) -> list[StoredEntry] | None:
         """A receive queue's entries with ``seq`` after ``after``; None if it does not exist."""
         reg, t = s.queue_registry, s.recv_entries
-        with self.read() as conn:
+        with self.core.read() as conn:
             found = conn.execute(
                 select(reg.c.queue_id, reg.c.client_name).where(reg.c.queue_name == queue_name)
             ).first()

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection, Row
 from lr_client.errors import InvalidInputError
 from lr_client.records import Fence, Member, UnitLease
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import Role
 
 #: The longest member id and unit name the tables hold.
 MAX_MEMBER_ID = 128
@@ -41,17 +41,17 @@ def _check_member_id(member_id: str) -> None:
         raise InvalidInputError(f"invalid member id {member_id!r}: 1 to 128 printable characters")
 
 
-class MembersStore(StoreBase):
+class MembersStore(Role):
     """Members, their heartbeats, and the leases of units of work."""
 
     def db_now(self, conn: Connection | None = None) -> float:
         """The database's clock, in seconds since the epoch (SQLite: this process's)."""
-        if self.dialect != "postgresql":
+        if self.core.dialect != "postgresql":
             return time.time()
         stmt = select(func.extract("epoch", func.clock_timestamp()))
         if conn is not None:
             return float(conn.execute(stmt).scalar_one())
-        with self.read() as own:
+        with self.core.read() as own:
             return float(own.execute(stmt).scalar_one())
 
     # -- members --------------------------------------------------------------------------
@@ -59,7 +59,7 @@ class MembersStore(StoreBase):
         _check_member_id(member_id)
         if weight < 0:
             raise InvalidInputError(f"member weight must be >= 0, not {weight}")
-        with self.write() as conn:
+        with self.core.write() as conn:
             now = self.db_now(conn)
             row = {
                 "member_id": member_id,
@@ -69,12 +69,12 @@ class MembersStore(StoreBase):
                 "joined_at": now,
                 "heartbeat_at": now,
             }
-            self._upsert(conn, s.members, row, ["member_id"])
+            self.core.upsert(conn, s.members, row, ["member_id"])
         return Member(member_id, instance, address, weight, now, now)
 
     def heartbeat_member(self, member_id: str, instance: str) -> bool:
         m = s.members
-        with self.write() as conn:
+        with self.core.write() as conn:
             now = self.db_now(conn)
             n = conn.execute(
                 update(m)
@@ -85,7 +85,7 @@ class MembersStore(StoreBase):
 
     def leave_member(self, member_id: str, instance: str) -> int:
         leases = s.unit_leases
-        with self.write() as conn:
+        with self.core.write() as conn:
             released = conn.execute(
                 update(leases).where(leases.c.owner == instance).values(owner=None)
             ).rowcount
@@ -97,7 +97,7 @@ class MembersStore(StoreBase):
         return int(released)
 
     def list_members(self, lease_timeout: float) -> list[Member]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             now = self.db_now(conn)
             rows = conn.execute(select(s.members).order_by(s.members.c.member_id)).all()
         return [self._member(r, now - r.heartbeat_at <= lease_timeout) for r in rows]
@@ -119,14 +119,14 @@ class MembersStore(StoreBase):
         if weight < 0:
             raise InvalidInputError(f"member weight must be >= 0, not {weight}")
         m = s.members
-        with self.write() as conn:
+        with self.core.write() as conn:
             n = conn.execute(
                 update(m).where(m.c.member_id == member_id).values(weight=weight)
             ).rowcount
         return bool(n)
 
     def remove_member(self, member_id: str) -> bool:
-        with self.write() as conn:
+        with self.core.write() as conn:
             found = conn.execute(
                 select(s.members.c.instance).where(s.members.c.member_id == member_id)
             ).scalar()
@@ -141,7 +141,7 @@ class MembersStore(StoreBase):
     # -- leases ---------------------------------------------------------------------------
     def list_leases(self) -> list[UnitLease]:
         u = s.unit_leases
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(select(u).order_by(u.c.unit)).all()
         return [
             UnitLease(
@@ -160,7 +160,7 @@ class MembersStore(StoreBase):
         if not unit or len(unit) > MAX_UNIT:
             raise InvalidInputError(f"invalid unit name {unit!r}")
         u, m = s.unit_leases, s.members
-        with self.write() as conn:
+        with self.core.write() as conn:
             now = self.db_now(conn)
             blank: dict[str, object] = {
                 "unit": unit,
@@ -169,7 +169,7 @@ class MembersStore(StoreBase):
                 "token": 0,
                 "acquired_at": 0.0,
             }
-            self._insert_ignore(conn, u, [blank], ["unit"])
+            self.core.insert_ignore(conn, u, [blank], ["unit"])
             row = conn.execute(select(u).where(u.c.unit == unit).with_for_update()).one()
             if row.owner == instance:
                 return Fence(unit, instance, int(row.token))
@@ -191,7 +191,7 @@ class MembersStore(StoreBase):
 
     def release_unit(self, fence: Fence) -> bool:
         u = s.unit_leases
-        with self.write() as conn:
+        with self.core.write() as conn:
             n = conn.execute(
                 update(u)
                 .where(u.c.unit == fence.unit, u.c.owner == fence.owner, u.c.token == fence.token)
@@ -200,8 +200,8 @@ class MembersStore(StoreBase):
         return bool(n)
 
     def check_fence(self, fence: Fence) -> None:
-        with self.write() as conn:
-            self._fence(conn, fence)
+        with self.core.write() as conn:
+            self.core.hold_fence(conn, fence)
 
 
 __all__ = ["MAX_MEMBER_ID", "MAX_UNIT", "MembersStore"]

@@ -45,9 +45,9 @@ from lr_client.store import (
     watches,
 )
 from lr_client.store import schema as s
-from lr_client.store.base import mapped_errors
+from lr_client.store.base import StoreCore, TrimMarks
+from lr_client.store.db_errors import mapped_errors
 from lr_client.store.receiving import recv_base
-from lr_client.store.sqla import SQLAlchemyQueueStore
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ _SORT_BACK = "SELECT set_config('enable_sort', %s, true)"
 ANALYZE_AFTER_TICK = 5000
 
 
-class PostgresQueueStore(SQLAlchemyQueueStore):
+class PostgresCore(StoreCore):
     dialect = "postgresql"
     dialect_insert = staticmethod(pg_insert)
     consistent_isolation = "REPEATABLE READ"
@@ -108,12 +108,11 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         #: When this store last notified the sender sessions (time.monotonic()).
         self._notified_at = float("-inf")
 
-    def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
-        numbers = super().register_sites(site_ids)
-        if set(numbers.values()) - self._dest_indexes:
+    def index_destinations(self, numbers: Iterable[int]) -> None:
+        wanted = set(numbers)
+        if wanted - self._dest_indexes:
             with self.write() as conn:
-                self._dest_indexes = pg_dest_index.ensure(conn, numbers.values())
-        return numbers
+                self._dest_indexes = pg_dest_index.ensure(conn, wanted)
 
     def _notify_now(self) -> bool:
         """Whether this transmit notifies the sessions (one per ``NOTIFY_INTERVAL``)."""
@@ -123,7 +122,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         self._notified_at = now
         return True
 
-    def _announce_sends(self, conn: Connection) -> None:
+    def announce_sends(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"SELECT {pg_append.NOTIFY_SENDS}")
 
     def watch_sends(self, wake: Callable[[], None]) -> watches.Watch | None:
@@ -134,7 +133,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             self._tick_key = sequencer.lock_key(conn)
         return self._tick_key
 
-    def _insert_entries(
+    def insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         return pg_append.insert_entries(conn, client_name, messages, self._notify_now())
@@ -149,7 +148,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             self.analyze()
         return n
 
-    def _bases(self, conn: Connection, txids: Sequence[int]) -> dict[int, int]:
+    def txn_bases(self, conn: Connection, txids: Sequence[int]) -> dict[int, int]:
         return sequencer.bases(conn, txids)
 
     @contextmanager
@@ -168,7 +167,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             auto.exec_driver_sql("ANALYZE lrq_send_positions")
             auto.exec_driver_sql("ANALYZE lrq_send_entries")
 
-    def _fetch_rows(
+    def fetch_rows(
         self, conn: Connection, query: Any, in_index_order: bool = False
     ) -> Sequence[Any]:
         # Binary results through the driver's cursor: a bytea payload travels as its
@@ -198,7 +197,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             cur.execute(_SORT_BACK, (previous[0],))
         return rows
 
-    def _lock_stream(self, conn: Connection, source_id: str, client_name: str) -> None:
+    def lock_stream(self, conn: Connection, source_id: str, client_name: str) -> None:
         # Two appends to one queue must commit in sequence order, or a
         # subscriber could pass a sequence number that commits later.
         conn.execute(
@@ -206,17 +205,17 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             {"k": f"lrq_recv:{client_name}:{source_id}"},
         )
 
-    def _with_tag(self, query: Any, dest_num: int) -> Any:
+    def with_tag(self, query: Any, dest_num: int) -> Any:
         e = s.send_log_entries
         arr = literal([dest_num], postgresql.ARRAY(postgresql.SMALLINT))
         return query.where(e.c.dest_nums.op("@>")(arr))
 
-    def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+    def tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         e = s.send_log_entries
         query = select(e.c.position, e.c.created_at).where(
             e.c.client_name == client_name, e.c.position > after
         )
-        return self._with_tag(query, dest_num)
+        return self.with_tag(query, dest_num)
 
     def head_position(self, conn: Connection | None = None) -> int:
         # Sequenced positions only: an entry committed since the last tick gets
@@ -227,7 +226,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         with self.read() as own:
             return sequencer.head(own)
 
-    def _copy_snapshot_rows(
+    def copy_snapshot_rows(
         self,
         conn: Connection,
         snapshot_id: str,
@@ -251,21 +250,21 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
         return n
 
     # -- the pool of snapshot slots: a partition each (lr_client.store.snapshot_pool) -----
-    def _lock_pool(self, conn: Connection) -> None:
+    def lock_pool(self, conn: Connection) -> None:
         conn.execute(snapshot_pool.POOL_LOCK)
 
-    def _lock_requests(self, conn: Connection, client_name: str) -> None:
+    def lock_requests(self, conn: Connection, client_name: str) -> None:
         conn.execute(snapshot_pool.REQUEST_LOCK, {"client": client_name})
 
-    def _slot_storage(self, conn: Connection, slot: int) -> None:
+    def slot_storage(self, conn: Connection, slot: int) -> None:
         snapshot_pool.pg_make_partition(conn, slot)
 
-    def _drop_slot_entries(
+    def drop_slot_entries(
         self, conn: Connection, snapshot_id: str, slot: int | None, count: bool
     ) -> int | None:
         return 0 if slot is None else snapshot_pool.pg_truncate(conn, slot, count)
 
-    def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
+    def append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
         # Binary COPY in the apply transaction: one round trip for the whole batch,
         # into the current slot of the receive queues' partitions.
         now = time.time()
@@ -291,7 +290,7 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
                     )
                 )
 
-    def _announce(self, conn: Connection, client_name: str) -> None:
+    def announce_arrivals(self, conn: Connection, client_name: str) -> None:
         if self.notify_arrivals:
             arrival_watch.notify(conn.connection.driver_connection, client_name)
 
@@ -300,15 +299,15 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
     ) -> arrival_watch.ArrivalWatch | None:
         return arrival_watch.ArrivalWatch(self.engine, client_name, wake)
 
-    def _trim_send_log(self, batch_size: int, max_batches: int | None) -> int:
+    def trim_send_log(self, batch_size: int, max_batches: int | None, marks: TrimMarks) -> int:
         # Whole slots, not rows (see :mod:`lr_client.store.slots`): the batch
         # bounds of the row trim do not apply.
         with self.write() as conn:
             done = slots.retire(
                 conn,
                 self._tick_lock(conn),
-                self._acked_positions,
-                self._record_trim_marks,
+                marks.acked_positions,
+                marks.record_trim_marks,
                 period=self.rotation_period,
                 max_slots=self.max_slots,
                 cache=self._slot_marks,
@@ -345,4 +344,4 @@ class PostgresQueueStore(SQLAlchemyQueueStore):
             return recv_rotation.rotate(self.engine, period)
 
 
-__all__ = ["PostgresQueueStore"]
+__all__ = ["PostgresCore"]

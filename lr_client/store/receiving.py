@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.errors import ProtocolError
@@ -21,7 +21,7 @@ from lr_client.records import (
     WireEntry,
 )
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import Role
 
 
 def recv_base(entry: WireEntry) -> int | None:
@@ -38,10 +38,8 @@ def recv_base(entry: WireEntry) -> int | None:
     return None
 
 
-class ReceivingStore(StoreBase):
+class ReceivingStore(Role):
     """Receive queues filled exactly once per (source, client) position."""
-
-    notify_arrivals = True
 
     def apply_drop_notice(
         self,
@@ -57,8 +55,8 @@ class ReceivingStore(StoreBase):
         was further, and on for a loss an operator accepted (ids ``a...``: a skipped entry).
         """
         t = s.sink_drops
-        with self.write() as conn:
-            self._lock_stream(conn, source_id, client_name)
+        with self.core.write() as conn:
+            self.core.lock_stream(conn, source_id, client_name)
             last = conn.execute(
                 select(t.c.notice_id).where(
                     t.c.source_id == source_id, t.c.client_name == client_name
@@ -66,7 +64,7 @@ class ReceivingStore(StoreBase):
             ).scalar()
             if last == notice_id:
                 return False
-            qid = self._ensure_queue(conn, source_id, client_name)
+            qid = self.ensure_queue(conn, source_id, client_name)
             row = self._progress_row(conn, source_id, client_name)
             progress = self._progress(row) if row else SinkProgress(source_id, client_name)
             if progress.snapshot_state == SinkSnapshotState.ONGOING and progress.snapshot_id:
@@ -89,8 +87,8 @@ class ReceivingStore(StoreBase):
                 reason.encode(),
                 snapshot_id=notice_id,
             )
-            self._append(conn, qid, client_name, [entry])
-            self._upsert(
+            self.append(conn, qid, client_name, [entry])
+            self.core.upsert(
                 conn,
                 t,
                 {
@@ -122,7 +120,7 @@ class ReceivingStore(StoreBase):
 
     def list_sink_drops(self) -> list[SinkDrop]:
         t = s.sink_drops
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(select(t).order_by(t.c.source_id, t.c.client_name)).all()
         return [
             SinkDrop(
@@ -150,7 +148,7 @@ class ReceivingStore(StoreBase):
         )
 
     def sink_progress(self, source_id: str, client_name: str) -> SinkProgress:
-        with self.read() as conn:
+        with self.core.read() as conn:
             row = self._progress_row(conn, source_id, client_name)
         return self._progress(row) if row else SinkProgress(source_id, client_name)
 
@@ -164,7 +162,7 @@ class ReceivingStore(StoreBase):
         ).first()
 
     def list_sink_progress(self) -> list[SinkProgress]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(
                 select(s.sink_progress).order_by(
                     s.sink_progress.c.source_id, s.sink_progress.c.client_name
@@ -172,21 +170,21 @@ class ReceivingStore(StoreBase):
             ).all()
         return [self._progress(r) for r in rows]
 
-    def _ensure_queue(self, conn: Connection, source_id: str, client_name: str) -> int:
+    def ensure_queue(self, conn: Connection, source_id: str, client_name: str) -> int:
         name = recv_queue_name(client_name, source_id)
-        if name in self._queue_ids:  # registrations are never removed
-            return self._queue_ids[name]
+        if name in self.core.queue_ids:  # registrations are never removed
+            return self.core.queue_ids[name]
         # Cached by the store once this transaction commits (``_transaction``), not
         # before: a registration rolled back with it would leave entries of a queue
         # no subscriber finds.
-        learnt = self._txn_queue_ids.setdefault(conn, {})
+        learnt = self.core.txn_queue_ids.setdefault(conn, {})
         if name in learnt:
             return learnt[name]
         qid = conn.execute(
             select(s.queue_registry.c.queue_id).where(s.queue_registry.c.queue_name == name)
         ).scalar()
         if qid is None:
-            self._insert_ignore(
+            self.core.insert_ignore(
                 conn,
                 s.queue_registry,
                 [
@@ -206,7 +204,7 @@ class ReceivingStore(StoreBase):
         return int(qid)
 
     def _save_progress(self, conn: Connection, progress: SinkProgress) -> None:
-        self._upsert(
+        self.core.upsert(
             conn,
             s.sink_progress,
             {
@@ -222,40 +220,16 @@ class ReceivingStore(StoreBase):
             ["source_id", "client_name"],
         )
 
-    def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
-        now = time.time()
-        conn.execute(
-            insert(s.recv_entries),
-            [
-                {
-                    "queue_id": queue_id,
-                    "type": int(e.type),
-                    "source_position": e.position,
-                    "snapshot_id": e.snapshot_id,
-                    "snapshot_count": e.snapshot_count,
-                    "payload": e.payload,
-                    "received_at": e.origin_time or now,
-                    "base_position": recv_base(e),
-                }
-                for e in entries
-            ],
-        )
-
-    def _append(
+    def append(
         self, conn: Connection, queue_id: int, client_name: str, entries: Sequence[WireEntry]
     ) -> None:
         """Append entries to a client's receive queue, announcing them (:meth:`_announce`)."""
-        self._append_recv(conn, queue_id, entries)
-        self._announce(conn, client_name)
+        self.core.append_recv(conn, queue_id, entries)
+        self.core.announce_arrivals(conn, client_name)
 
-    def _announce(self, conn: Connection, client_name: str) -> None:
-        """Entries of ``client_name`` were appended in ``conn``'s transaction: wake its
-        subscribers at commit where the backend can (PostgreSQL: :mod:`arrival_watch
-        <lr_client.store.arrival_watch>`)."""
-
-    def _locked_progress(self, conn: Connection, source_id: str, client_name: str) -> SinkProgress:
+    def locked_progress(self, conn: Connection, source_id: str, client_name: str) -> SinkProgress:
         """The stream's progress, read under its lock (batches of one stream apply in turn)."""
-        self._lock_stream(conn, source_id, client_name)
+        self.core.lock_stream(conn, source_id, client_name)
         row = self._progress_row(conn, source_id, client_name)
         return self._progress(row) if row else SinkProgress(source_id, client_name)
 
@@ -266,8 +240,8 @@ class ReceivingStore(StoreBase):
         entries: Sequence[WireEntry],
         previous_position: int | None = None,
     ) -> tuple[bool, int]:
-        with self.write() as conn:
-            progress = self._locked_progress(conn, source_id, client_name)
+        with self.core.write() as conn:
+            progress = self.locked_progress(conn, source_id, client_name)
             if previous_position is not None and previous_position > progress.last_position:
                 raise ProtocolError(
                     f"gap: batch follows position {previous_position}, "
@@ -276,8 +250,8 @@ class ReceivingStore(StoreBase):
             fresh = [e for e in entries if e.position > progress.last_position]
             if not fresh:
                 return False, progress.last_position
-            qid = self._ensure_queue(conn, source_id, client_name)
-            self._append(conn, qid, client_name, fresh)
+            qid = self.ensure_queue(conn, source_id, client_name)
+            self.append(conn, qid, client_name, fresh)
             last = fresh[-1].position
             self._save_progress(
                 conn,
@@ -308,8 +282,8 @@ class ReceivingStore(StoreBase):
         if any(lane_of(e.key, lanes) != lane for e in entries):
             raise ProtocolError(f"an entry of the batch does not belong to lane {lane}")
         t = s.sink_lanes
-        with self.write() as conn:
-            progress = self._locked_progress(conn, source_id, client_name)
+        with self.core.write() as conn:
+            progress = self.locked_progress(conn, source_id, client_name)
             rows = conn.execute(
                 select(t.c.lanes, t.c.lane, t.c.last_position).where(
                     t.c.source_id == source_id, t.c.client_name == client_name
@@ -334,10 +308,10 @@ class ReceivingStore(StoreBase):
 
             fresh = [e for e in entries if not applied(e)]
             if fresh:
-                qid = self._ensure_queue(conn, source_id, client_name)
-                self._append(conn, qid, client_name, fresh)
+                qid = self.ensure_queue(conn, source_id, client_name)
+                self.append(conn, qid, client_name, fresh)
                 floor = max(floor, fresh[-1].position)
-                self._upsert(
+                self.core.upsert(
                     conn,
                     t,
                     {
@@ -389,15 +363,15 @@ class ReceivingStore(StoreBase):
         entries: Sequence[WireEntry],
         previous_position: int | None = None,
     ) -> tuple[bool, int]:
-        with self.write() as conn:
-            progress = self._locked_progress(conn, source_id, client_name)
+        with self.core.write() as conn:
+            progress = self.locked_progress(conn, source_id, client_name)
             same = progress.snapshot_id == snapshot_id
             if previous_position is not None:
                 if same and previous_position > progress.snapshot_position:
                     raise ProtocolError("gap in snapshot batch")
                 if not same and previous_position != 0:
                     raise ProtocolError("a new snapshot must start at its first entry")
-            qid = self._ensure_queue(conn, source_id, client_name)
+            qid = self.ensure_queue(conn, source_id, client_name)
             if not same:
                 # A new snapshot supersedes what is still queued of an unfinished
                 # one. A completed one stays whole: the log entries replayed after
@@ -424,7 +398,7 @@ class ReceivingStore(StoreBase):
             if not fresh:
                 self._save_progress(conn, progress)
                 return False, progress.snapshot_position
-            self._append(conn, qid, client_name, fresh)
+            self.append(conn, qid, client_name, fresh)
             last = fresh[-1]
             done = last.type == ReplicationType.LAST_FULL_SYNC_ENTRY
             # After the end marker, log entries resume after the snapshot's base

@@ -23,6 +23,7 @@ from lr_client.names import recv_queue_name, validate_name
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.replayed import REPLAYED_MARK
 from lr_client.store import schema as s
+from lr_client.store.base import Role, StoreCore
 from lr_client.store.receiving import ReceivingStore
 from lr_client.store.replay_contract import OPEN, PENDING, ReplayRequest, Rewind
 from lr_client.store.replay_tables import replays as _P
@@ -43,8 +44,12 @@ def _request(row: Row[Any]) -> ReplayRequest:
     )
 
 
-class ReplaysStore(ReceivingStore):
-    """``lrq_replays`` rows and replayed batches."""
+class ReplaysStore(Role):
+    """``lrq_replays`` rows and replayed batches (appended through the receiving role)."""
+
+    def __init__(self, core: StoreCore, recv: ReceivingStore) -> None:
+        super().__init__(core)
+        self.recv = recv
 
     def request_replay(
         self, destination: str, client_name: str, from_position: int
@@ -66,7 +71,7 @@ class ReplaysStore(ReceivingStore):
             "requested_at": now,
             "updated_at": now,
         }
-        with self.write() as conn:
+        with self.core.write() as conn:
             rid = conn.execute(insert(_P).values(**row).returning(_P.c.replay_id)).scalar_one()
         return ReplayRequest(
             int(rid),
@@ -89,14 +94,14 @@ class ReplaysStore(ReceivingStore):
             query = query.where(_P.c.destination == destination)
         if open_only:
             query = query.where(_P.c.status.in_(OPEN))
-        with self.read() as conn:
+        with self.core.read() as conn:
             return [_request(r) for r in conn.execute(query).all()]
 
     def update_replay(self, replay_id: int, **values: Any) -> None:
         allowed = {"status", "error", "through_position", "shipped_through"}
         if not values or set(values) - allowed:
             raise InvalidInputError(f"cannot update {sorted(set(values) - allowed)}")
-        with self.write() as conn:
+        with self.core.write() as conn:
             conn.execute(
                 update(_P)
                 .where(_P.c.replay_id == replay_id)
@@ -109,16 +114,16 @@ class ReplaysStore(ReceivingStore):
         """Entries past the stream's position are left out: they are not held here yet
         and come in their turn, once."""
         last = entries[-1].position if entries else 0
-        with self.write() as conn:
-            progress = self._locked_progress(conn, source_id, client_name)
+        with self.core.write() as conn:
+            progress = self.recv.locked_progress(conn, source_id, client_name)
             held = [
                 replace(e, snapshot_id=REPLAYED_MARK)
                 for e in entries
                 if e.position <= progress.last_position and e.type is ReplicationType.LOG_ENTRY_SYNC
             ]
             if held:
-                qid = self._ensure_queue(conn, source_id, client_name)
-                self._append(conn, qid, client_name, held)
+                qid = self.recv.ensure_queue(conn, source_id, client_name)
+                self.recv.append(conn, qid, client_name, held)
         return bool(held), last
 
     def rewind_receive_queue(self, source_id: str, client_name: str, to_position: int) -> Rewind:
@@ -132,7 +137,7 @@ class ReplaysStore(ReceivingStore):
         r, st = s.recv_entries, s.subscriber_state
         log = int(ReplicationType.LOG_ENTRY_SYNC)
         name = recv_queue_name(client_name, source_id)
-        with self.write() as conn:
+        with self.core.write() as conn:
             qid = conn.execute(
                 select(s.queue_registry.c.queue_id).where(s.queue_registry.c.queue_name == name)
             ).scalar()
@@ -177,7 +182,7 @@ class ReplaysStore(ReceivingStore):
             ).one()
             conn.execute(update(r).where(*span).values(snapshot_id=REPLAYED_MARK))
             conn.execute(update(st).where(st.c.queue_id == qid).values(delivered_seq=first - 1))
-            self._announce(conn, client_name)
+            self.core.announce_arrivals(conn, client_name)
         return Rewind(int(count), int(low), int(high))
 
 

@@ -1,8 +1,8 @@
 """The :class:`~lr_client.store.contract.Retention` role: trim, drops, stops, flow control.
 
 Written by the server's retention policy and the sender sessions' edge
-cases; the dialects implement the trim itself (``_trim_send_log``) over
-:meth:`RetentionStore._acked_positions`.
+cases; the dialects implement the trim itself (``trim_send_log``) over
+:meth:`RetentionStore.acked_positions`.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ class RetentionStore(SnapshotPoolStore):
         self, batch_size: int = 5000, max_batches: int | None = None, fence: Fence | None = None
     ) -> int:
         if fence is not None:
-            with self.write() as conn:
-                self._fence(conn, fence)
-        total = self._trim_send_log(batch_size, max_batches)
+            with self.core.write() as conn:
+                self.core.hold_fence(conn, fence)
+        total = self.core.trim_send_log(batch_size, max_batches, self)
         # Entries of finished snapshots that are still stored (a release that
         # found them locked, a snapshot ended by update_snapshot alone).
         return total + self._sweep_finished_snapshots()
@@ -63,7 +63,7 @@ class RetentionStore(SnapshotPoolStore):
         rows = conn.execute(select(s.sites.c.site_id, s.sites.c.site_num)).all()
         return {r.site_id: r.site_num for r in rows}
 
-    def _acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
+    def acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
         """{(site number, client): position below which the stream needs nothing}."""
         rows = conn.execute(select(s.cursors)).all()
         nums = self._trim_sites(conn)
@@ -126,9 +126,9 @@ class RetentionStore(SnapshotPoolStore):
         reason: str,
         first_dropped_position: int | None = None,
     ) -> DropRecord | None:
-        if destination not in self.site_numbers():
+        if destination not in self.core.site_numbers():
             return None
-        with self.write() as conn:
+        with self.core.write() as conn:
             existing = conn.execute(
                 select(s.drops).where(
                     s.drops.c.destination == destination, s.drops.c.client_name == client_name
@@ -155,16 +155,16 @@ class RetentionStore(SnapshotPoolStore):
                 "reason": reason,
             }
             conn.execute(insert(s.drops).values(**row))
-            self._set_cursor(conn, destination, client_name, cursor, True)
-            self._announce_sends(conn)  # the destination's session sends the drop notice
+            self.core.write_cursor(conn, destination, client_name, cursor, True)
+            self.core.announce_sends(conn)  # the destination's session sends the drop notice
         return DropRecord(destination, client_name, first, now, reason)
 
     def list_drops(self, destination: str | None = None) -> list[DropRecord]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             return read_drops(conn, destination)
 
     def clear_drop(self, destination: str, client_name: str) -> None:
-        with self.write() as conn:
+        with self.core.write() as conn:
             conn.execute(
                 delete(s.drops).where(
                     s.drops.c.destination == destination, s.drops.c.client_name == client_name
@@ -172,13 +172,13 @@ class RetentionStore(SnapshotPoolStore):
             )
 
     # -- trim marks and stopped streams ---------------------------------------------------
-    def _record_trim_marks(self, conn: Connection, marks: dict[tuple[int, str], int]) -> None:
+    def record_trim_marks(self, conn: Connection, marks: dict[tuple[int, str], int]) -> None:
         """Raise the trim marks of the streams whose entries were just deleted."""
         if not marks:
             return
         t = s.trim_marks
         for (num, client), position in sorted(marks.items()):
-            stmt = self.dialect_insert(t).values(
+            stmt = self.core.dialect_insert(t).values(
                 dest_num=num, client_name=client, trimmed_through=position
             )
             stmt = stmt.on_conflict_do_update(
@@ -197,11 +197,11 @@ class RetentionStore(SnapshotPoolStore):
 
         Every entry of the stream above it is still stored.
         """
-        num = self.site_numbers().get(destination)
+        num = self.core.site_numbers().get(destination)
         if num is None:
             return 0
         t = s.trim_marks
-        with self.read() as conn:
+        with self.core.read() as conn:
             value = conn.execute(
                 select(t.c.trimmed_through).where(
                     t.c.dest_num == num, t.c.client_name == client_name
@@ -230,7 +230,7 @@ class RetentionStore(SnapshotPoolStore):
         The record of an earlier loss, accepted and resumed, is replaced.
         """
         t = s.stream_stops
-        with self.write() as conn:
+        with self.core.write() as conn:
             found = conn.execute(
                 select(t.c.resumed_at).where(
                     t.c.destination == destination, t.c.client_name == client_name
@@ -257,7 +257,7 @@ class RetentionStore(SnapshotPoolStore):
         return True
 
     def get_stream_stop(self, destination: str, client_name: str) -> StreamStop | None:
-        with self.read() as conn:
+        with self.core.read() as conn:
             row = conn.execute(
                 select(s.stream_stops).where(
                     s.stream_stops.c.destination == destination,
@@ -267,7 +267,7 @@ class RetentionStore(SnapshotPoolStore):
         return self._stop(row) if row else None
 
     def list_stream_stops(self) -> list[StreamStop]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(
                 select(s.stream_stops).order_by(
                     s.stream_stops.c.destination, s.stream_stops.c.client_name
@@ -278,8 +278,8 @@ class RetentionStore(SnapshotPoolStore):
     def accept_stream_loss(self, destination: str, client_name: str) -> StreamStop | None:
         """Mark a stopped stream's loss accepted; None if the stream is not stopped."""
         t, m = s.stream_stops, s.trim_marks
-        num = self.site_numbers(refresh=True).get(destination, -1)
-        with self.write() as conn:
+        num = self.core.site_numbers(refresh=True).get(destination, -1)
+        with self.core.write() as conn:
             mark = conn.execute(
                 select(m.c.trimmed_through).where(
                     m.c.dest_num == num, m.c.client_name == client_name
@@ -298,13 +298,13 @@ class RetentionStore(SnapshotPoolStore):
                 select(t).where(t.c.destination == destination, t.c.client_name == client_name)
             ).first()
             if done:
-                self._announce_sends(conn)  # the stopped stream's session resumes it
+                self.core.announce_sends(conn)  # the stopped stream's session resumes it
         return self._stop(row) if done and row else None
 
     def mark_stream_resumed(self, destination: str, client_name: str) -> None:
         """The sink was told of an accepted loss: the stop is only a record now."""
         t = s.stream_stops
-        with self.write() as conn:
+        with self.core.write() as conn:
             conn.execute(
                 update(t)
                 .where(
@@ -316,7 +316,7 @@ class RetentionStore(SnapshotPoolStore):
             )
 
     def clear_stream_stop(self, destination: str, client_name: str) -> None:
-        with self.write() as conn:
+        with self.core.write() as conn:
             conn.execute(
                 delete(s.stream_stops).where(
                     s.stream_stops.c.destination == destination,
@@ -326,8 +326,8 @@ class RetentionStore(SnapshotPoolStore):
 
     # -- flow control (written by the server's retention policy) ------------------------
     def set_flow_state(self, client_name: str, backpressure: bool, slow: Sequence[str]) -> None:
-        with self.write() as conn:
-            self._upsert(
+        with self.core.write() as conn:
+            self.core.upsert(
                 conn,
                 s.flow_control,
                 {

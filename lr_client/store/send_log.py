@@ -9,11 +9,12 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import CascadeRoute, EntryRef, NewLogEntry
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase, mapped_errors
+from lr_client.store.base import Role
 from lr_client.store.cascade import transmit_route
+from lr_client.store.db_errors import mapped_errors
 
 
-class SendLogStore(StoreBase):
+class SendLogStore(Role):
     """Appends to the send log in the application's transaction."""
 
     def append_log_entries(
@@ -27,14 +28,14 @@ class SendLogStore(StoreBase):
                 # does not see: begin as its first statement would have (autobegin),
                 # so the caller's commit() commits them.
                 conn.begin()
-            return self._insert_entries(conn, client_name, messages)
+            return self.core.insert_entries(conn, client_name, messages)
 
     def positions_of(self, refs: Sequence[EntryRef]) -> list[int | None]:
         if all(r.position is not None for r in refs):
             return [r.position for r in refs]
-        self.sequence()
-        with self.read() as conn:
-            found = self._bases(conn, sorted({r.txid for r in refs if r.position is None}))
+        self.core.sequence()
+        with self.core.read() as conn:
+            found = self.core.txn_bases(conn, sorted({r.txid for r in refs if r.position is None}))
         out: list[int | None] = []
         for r in refs:
             base = found.get(r.txid)
@@ -46,7 +47,7 @@ class SendLogStore(StoreBase):
 
     def flow_state(self, client_name: str) -> tuple[bool, list[str]]:
         """(backpressure on, slow destinations) for a client."""
-        with self.read() as conn:
+        with self.core.read() as conn:
             row = conn.execute(
                 select(s.flow_control).where(s.flow_control.c.client_name == client_name)
             ).first()
@@ -55,8 +56,17 @@ class SendLogStore(StoreBase):
         return bool(row.backpressure), [x for x in row.slow_destinations.split(",") if x]
 
     def transmit_route(self, client_name: str) -> CascadeRoute | None:
-        with self.read() as conn:
+        with self.core.read() as conn:
             return transmit_route(conn, client_name)
+
+    def analyze(self) -> None:
+        self.core.analyze()
+
+    def sequence(self) -> int:
+        return self.core.sequence()
+
+    def head_position(self, conn: Connection | None = None) -> int:
+        return self.core.head_position(conn)
 
 
 __all__ = ["SendLogStore"]

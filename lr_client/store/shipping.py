@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, select
@@ -10,12 +11,16 @@ from sqlalchemy.engine import Row
 from lr_client.headers import stored
 from lr_client.records import Backlog, Cursor, Fence, LogRange, ReplicationType, SendEntry
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import Role
 from lr_client.store.byte_bounds import fill, payload_size, sized, within
+from lr_client.store.watches import Watch
 
 
-class ShippingStore(StoreBase):
+class ShippingStore(Role):
     """Reads of the send log by stream, and the acknowledged cursors."""
+
+    def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
+        return self.core.watch_sends(wake)
 
     def read_log_entries(
         self,
@@ -26,21 +31,21 @@ class ShippingStore(StoreBase):
         max_bytes: int | None = None,
         up_to: int | None = None,
     ) -> list[SendEntry]:
-        num = self.site_numbers().get(destination)
+        num = self.core.site_numbers().get(destination)
         if num is None:
-            num = self.site_numbers(refresh=True).get(destination)
+            num = self.core.site_numbers(refresh=True).get(destination)
             if num is None:
                 return []
-        self.sequence()
+        self.core.sequence()
         e = s.send_log_entries
-        query = self._tagged_query(num, client_name, after).add_columns(
+        query = self.core.tagged_query(num, client_name, after).add_columns(
             e.c.partition_key, e.c.headers
         )
         query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
         if up_to is not None:
             query = query.where(e.c.position <= up_to)
         query = query.order_by(e.c.position).limit(limit)
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = fill(
                 conn, within(conn.execute(query).all(), max_bytes), e.c.position, e.c.payload
             )
@@ -60,7 +65,7 @@ class ShippingStore(StoreBase):
     def read_client_log(
         self, client_name: str, after: int, limit: int, max_bytes: int | None = None
     ) -> LogRange:
-        self.sequence()
+        self.core.sequence()
         e = s.send_log_entries
         query = (
             select(
@@ -75,7 +80,7 @@ class ShippingStore(StoreBase):
             .order_by(e.c.position)
             .limit(limit)
         )
-        with self.read() as conn:
+        with self.core.read() as conn:
             found = conn.execute(query).all()
             rows = fill(conn, within(found, max_bytes), e.c.position, e.c.payload)
         names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
@@ -84,7 +89,9 @@ class ShippingStore(StoreBase):
             key = value if isinstance(value, str) else tuple(value)
             got = names.get(key)
             if got is None:
-                got = names[key] = tuple(self.site_name(n) for n in self._dest_nums_of(value))
+                got = names[key] = tuple(
+                    self.core.site_name(n) for n in self.core.dest_nums_of(value)
+                )
             return got
 
         return LogRange(
@@ -108,7 +115,7 @@ class ShippingStore(StoreBase):
         query = select(func.min(s.send_log_entries.c.position))
         if client_name is not None:
             query = query.where(s.send_log_entries.c.client_name == client_name)
-        with self.read() as conn:
+        with self.core.read() as conn:
             value = conn.execute(query).scalar()
         return None if value is None else int(value)
 
@@ -123,7 +130,7 @@ class ShippingStore(StoreBase):
         )
 
     def get_cursor(self, destination: str, client_name: str) -> Cursor:
-        with self.read() as conn:
+        with self.core.read() as conn:
             row = conn.execute(
                 select(s.cursors).where(
                     s.cursors.c.destination == destination, s.cursors.c.client_name == client_name
@@ -132,7 +139,7 @@ class ShippingStore(StoreBase):
         return self._cursor(row) if row else Cursor(destination, client_name)
 
     def list_cursors(self) -> list[Cursor]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             rows = conn.execute(
                 select(s.cursors).order_by(s.cursors.c.destination, s.cursors.c.client_name)
             ).all()
@@ -147,19 +154,19 @@ class ShippingStore(StoreBase):
         needs_snapshot: bool | None = None,
         fence: Fence | None = None,
     ) -> None:
-        with self.write() as conn:
-            self._fence(conn, fence)
-            self._set_cursor(conn, destination, client_name, position, needs_snapshot)
+        with self.core.write() as conn:
+            self.core.hold_fence(conn, fence)
+            self.core.write_cursor(conn, destination, client_name, position, needs_snapshot)
 
     def backlog(self, destination: str, client_name: str) -> Backlog:
         cursor = self.get_cursor(destination, client_name)
-        num = self.site_numbers().get(destination)
+        num = self.core.site_numbers().get(destination)
         if num is None:
             return Backlog(destination, client_name)
-        self.sequence()
-        query = self._tagged_query(num, client_name, cursor.position)
+        self.core.sequence()
+        query = self.core.tagged_query(num, client_name, cursor.position)
         sub = query.add_columns(payload_size(s.send_log_entries.c.payload)).subquery()
-        with self.read() as conn:
+        with self.core.read() as conn:
             row = conn.execute(
                 select(
                     func.count(),
@@ -176,9 +183,9 @@ class ShippingStore(StoreBase):
         caller can read only what was sequenced since: positions are assigned
         in commit order, none can appear below it later.
         """
-        self.sequence()
+        self.core.sequence()
         e = s.send_log_entries
-        with self.read() as conn:
+        with self.core.read() as conn:
             top = conn.execute(select(func.max(e.c.position)).where(e.c.position > after)).scalar()
             if top is None:
                 return set(), after
@@ -188,9 +195,9 @@ class ShippingStore(StoreBase):
                 .distinct()
             ).all()
         pairs = {
-            (self.site_name(num), str(r.client_name))
+            (self.core.site_name(num), str(r.client_name))
             for r in rows
-            for num in self._dest_nums_of(r.dest_nums)
+            for num in self.core.dest_nums_of(r.dest_nums)
         }
         return pairs, int(top)
 

@@ -1,41 +1,33 @@
-"""The :class:`~lr_client.store.contract.Sites` role: schema, registered sites, the engine."""
+"""The :class:`~lr_client.store.contract.Sites` role: the sites registered, by number."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from lr_client.names import validate_name
-from lr_client.store import lifecycle
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
-from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.base import Role
 
 
-class SitesStore(StoreBase):
-    """Schema and site registration (the site cache itself is on the base)."""
-
-    def create_schema(self) -> SchemaStatus:
-        """Create or upgrade the schema (concurrency-safe; see :mod:`lifecycle`)."""
-        return lifecycle.upgrade_schema(self.engine)
-
-    def check_schema(self) -> None:
-        lifecycle.require_current(self.engine)
-
-    def schema_status(self) -> SchemaStatus:
-        return lifecycle.schema_status(self.engine)
+class SitesStore(Role):
+    """The sites this database knows, by number (the cache itself is on the core)."""
 
     def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
         wanted = [validate_name(x, "site id") for x in site_ids]
-        known = self.site_numbers(refresh=True)
+        known = self.core.site_numbers(refresh=True)
         new = [x for x in dict.fromkeys(wanted) if x not in known]
         if new:
-            with self.write() as conn:
-                self._insert_ignore(conn, s.sites, [{"site_id": x} for x in new], ["site_id"])
-        return self.site_numbers(refresh=True)
+            with self.core.write() as conn:
+                self.core.insert_ignore(conn, s.sites, [{"site_id": x} for x in new], ["site_id"])
+        numbers = self.core.site_numbers(refresh=True)
+        self.core.index_destinations(numbers.values())
+        return numbers
 
-    def close(self) -> None:
-        """Close the store's connections (the engine's pool); the store can reconnect."""
-        self.engine.dispose()
+    def site_numbers(self, refresh: bool = False) -> dict[str, int]:
+        return self.core.site_numbers(refresh)
+
+    def site_name(self, num: int) -> str:
+        return self.core.site_name(num)
 
 
 __all__ = ["SitesStore"]

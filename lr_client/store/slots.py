@@ -18,7 +18,7 @@ deleted row by row: :func:`retire` runs in one READ COMMITTED transaction and
    time), then the sequencer ticks, so every entry committed there has its
    position (no open transaction writes there any more). Acknowledgements are
    read as the row trim read them
-   (:meth:`~lr_client.store.retention.RetentionStore._acked_positions`): a
+   (:meth:`~lr_client.store.retention.RetentionStore.acked_positions`): a
    stream without a cursor pins every slot holding its entries, a dropped
    stream pins nothing, an open snapshot's base pins what follows it;
 3. **rotates** when the current slot holds entries and has been current for

@@ -21,7 +21,9 @@ from sqlalchemy.engine import Connection
 from lr_client.errors import SnapshotError
 from lr_client.records import TYPES_BY_VALUE, ReplicationType, SendEntry, SnapshotStatus
 from lr_client.store import schema as s
+from lr_client.store.base import StoreCore
 from lr_client.store.byte_bounds import fill, sized, within
+from lr_client.store.snapshot_pool import SnapshotPoolStore
 from lr_client.store.snapshots import SnapshotRequestsStore
 
 #: Read marks kept (one per destination reading a snapshot, a few spare).
@@ -44,8 +46,17 @@ _PARTS_COMMITTED = text(_PARTS.format(""))
 _PARTS_COMMITTED_IN_SLOT = text(_PARTS.format(" AND e.snap_slot = :slot"))
 
 
-class SnapshotsStore(SnapshotRequestsStore):
-    """Snapshot requests (inherited) and the entries of the snapshot queue."""
+class SnapshotEntriesStore(SnapshotPoolStore):
+    """The entries of the snapshot queue: written by a provider, read by sessions."""
+
+    def __init__(self, core: StoreCore, requests: SnapshotRequestsStore) -> None:
+        super().__init__(core)
+        self.requests = requests
+
+    def set_snapshot_progress(self, snapshot_id: str, rows_written: int) -> None:
+        self.requests.update_snapshot(
+            snapshot_id, expect=[SnapshotStatus.RUNNING], rows_written=rows_written
+        )
 
     def _require_writable(self, conn: Connection, snapshot_id: str) -> int:
         """The slot of a RUNNING snapshot, its row key-share-locked until ``conn`` commits.
@@ -100,11 +111,11 @@ class SnapshotsStore(SnapshotRequestsStore):
                     for i, p in enumerate(payloads)
                 ],
             )
-            self._announce_sends(conn)
+            self.core.announce_sends(conn)
         return len(payloads)
 
     def _count_entries(self, conn: Connection, snapshot_id: str, slot: int | None) -> int:
-        if slot is None and self.snapsync_slotted:
+        if slot is None and self.core.snapsync_slotted:
             return 0  # PostgreSQL: a snapshot's entries live in its slot only
         t = self._snapsync
         query = select(func.count()).where(
@@ -115,12 +126,12 @@ class SnapshotsStore(SnapshotRequestsStore):
         return int(conn.execute(query).scalar_one())
 
     def count_snapshot_entries(self, snapshot_id: str) -> int:
-        with self.read() as conn:
+        with self.core.read() as conn:
             return self._count_entries(conn, snapshot_id, self._slot_of(conn, snapshot_id))
 
     def finish_snapshot(self, snapshot_id: str) -> int:
         t = self._snapsync
-        with self.write() as conn:
+        with self.core.write() as conn:
             slot = self._require_writable(conn, snapshot_id)
             count = self._count_entries(conn, snapshot_id, slot)
             conn.execute(
@@ -140,13 +151,13 @@ class SnapshotsStore(SnapshotRequestsStore):
                     **self._slot_values(slot),
                 )
             )
-            self._update_snapshot(
+            self.requests.change_snapshot(
                 conn,
                 snapshot_id,
                 [SnapshotStatus.RUNNING],
                 {"status": SnapshotStatus.READY, "entry_count": count, "rows_written": count},
             )
-            self._announce_sends(conn)
+            self.core.announce_sends(conn)
         return count
 
     def read_snapshot_entries(
@@ -161,7 +172,7 @@ class SnapshotsStore(SnapshotRequestsStore):
             t.c.partition_key,
             *sized(t.c.payload, limit, max_bytes),
         )
-        with self.read() as conn:
+        with self.core.read() as conn:
             req = conn.execute(
                 select(s.snapshots).where(s.snapshots.c.snapshot_id == snapshot_id)
             ).first()
@@ -174,7 +185,7 @@ class SnapshotsStore(SnapshotRequestsStore):
             # that rescans everything already shipped.
             # Keyed by where a read ended: destinations reading the same snapshot
             # at their own pace each continue from their own mark.
-            mark = self._snapshot_marks.get((snapshot_id, after))
+            mark = self.core.snapshot_marks.get((snapshot_id, after))
             if after == 0 or (mark is not None and mark[0] == after):
                 query = select(*cols).where(*mine)
                 if after:
@@ -182,10 +193,14 @@ class SnapshotsStore(SnapshotRequestsStore):
                     query = query.where(tuple_(t.c.part, t.c.seq) > tuple_(mark[1], mark[2]))
                 else:
                     query = query.where(t.c.part >= 0)
-                rows = list(self._fetch_rows(conn, query.order_by(t.c.part, t.c.seq).limit(limit)))
+                rows = list(
+                    self.core.fetch_rows(conn, query.order_by(t.c.part, t.c.seq).limit(limit))
+                )
                 if len(rows) < limit:
                     end = select(*cols).where(*mine, t.c.part < 0)
-                    rows += self._fetch_rows(conn, end.limit(limit - len(rows)))  # the end marker
+                    rows += self.core.fetch_rows(
+                        conn, end.limit(limit - len(rows))
+                    )  # the end marker
             else:  # resuming elsewhere (a reconnect): find the place once
                 rows = list(
                     conn.execute(
@@ -202,9 +217,9 @@ class SnapshotsStore(SnapshotRequestsStore):
             return []
         if rows and rows[-1][2] >= 0:  # (position, type, part, seq, key, size, inline)
             upto = after + len(rows)
-            if len(self._snapshot_marks) >= _MAX_MARKS:
-                self._snapshot_marks.pop(next(iter(self._snapshot_marks)))
-            self._snapshot_marks[(snapshot_id, upto)] = (upto, rows[-1][2], rows[-1][3])
+            if len(self.core.snapshot_marks) >= _MAX_MARKS:
+                self.core.snapshot_marks.pop(next(iter(self.core.snapshot_marks)))
+            self.core.snapshot_marks[(snapshot_id, upto)] = (upto, rows[-1][2], rows[-1][3])
         client, types = req.client_name, TYPES_BY_VALUE  # per row: no enum call, no keywords
         return [
             SendEntry(after + i, client, types[r[1]], payload, (), snapshot_id, 0.0, _key(r[4]))
@@ -236,16 +251,16 @@ class SnapshotsStore(SnapshotRequestsStore):
         while True:
             n: int | None = None
             if bulk:
-                with self.write() as conn:
+                with self.core.write() as conn:
                     slot = self._require_writable(conn, snapshot_id)
                     self._delete_part(conn, snapshot_id, part, seq, seq + chunk_rows, slot)
-                    n = self._copy_snapshot_rows(
+                    n = self.core.copy_snapshot_rows(
                         conn, snapshot_id, part, seq, itertools.islice(source, chunk_rows), slot
                     )
                     if n is not None and n < chunk_rows:
                         self._delete_part(conn, snapshot_id, part, seq + n, None, slot)
                     if n:
-                        self._announce_sends(conn)
+                        self.core.announce_sends(conn)
             if n is None:  # no bulk path: the chunk is produced outside the transaction
                 chunk = [
                     item if isinstance(item, tuple) else (item, None)
@@ -253,7 +268,7 @@ class SnapshotsStore(SnapshotRequestsStore):
                 ]
                 n = len(chunk)
                 keys = [k for _, k in chunk]
-                with self.write() as conn:
+                with self.core.write() as conn:
                     self.write_snapshot_entries(
                         conn,
                         snapshot_id,
@@ -296,8 +311,8 @@ class SnapshotsStore(SnapshotRequestsStore):
         if parts <= 0:
             return 0
         params: dict[str, object] = {"sid": snapshot_id, "last": parts - 1}
-        with self.read() as conn:
-            if not self.snapsync_slotted:
+        with self.core.read() as conn:
+            if not self.core.snapsync_slotted:
                 value = conn.execute(_PARTS_COMMITTED, params).scalar()
             elif (slot := self._slot_of(conn, snapshot_id)) is not None:
                 value = conn.execute(_PARTS_COMMITTED_IN_SLOT, {**params, "slot": slot}).scalar()
@@ -315,7 +330,7 @@ class SnapshotsStore(SnapshotRequestsStore):
         t = self._snapsync
         top = max(written, default=-1)
         gaps = [p for p in range(top) if p not in written]
-        with self.write() as conn:
+        with self.core.write() as conn:
             slot = self._require_writable(conn, snapshot_id)
             base = and_(
                 t.c.snapshot_id == snapshot_id,
@@ -327,4 +342,4 @@ class SnapshotsStore(SnapshotRequestsStore):
                 conn.execute(delete(t).where(base, t.c.part.in_(gaps[i : i + 500])))
 
 
-__all__ = ["SnapshotsStore"]
+__all__ = ["SnapshotEntriesStore"]

@@ -65,7 +65,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import SnapshotStatus
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import Role
 from lr_client.store.slot_ring import Partitions
 
 #: The statuses of a snapshot that ended: its entries are released.
@@ -118,59 +118,37 @@ def pg_truncate(conn: Connection, slot: int, count: bool) -> int | None:
     return n
 
 
-class SnapshotPoolStore(StoreBase):
+class SnapshotPoolStore(Role):
     """Slots of snapshot entries: taken at a start, freed once the entries are released."""
-
-    #: PostgreSQL: entries carry their snapshot's slot, the partition key.
-    snapsync_slotted = False
 
     # -- the entries table as this backend has it -------------------------------------
     @property
     def _snapsync(self) -> Any:
         """``lrq_send_snapsync``, with ``snap_slot`` where the backend has it."""
-        return s.send_snapsync_slotted if self.snapsync_slotted else s.send_snapsync
+        return s.send_snapsync_slotted if self.core.snapsync_slotted else s.send_snapsync
 
     def _in_slot(self, slot: int | None) -> list[Any]:
         """Conditions keeping a query on ``_snapsync`` to the slot's partition (if any)."""
-        if not self.snapsync_slotted or slot is None:
+        if not self.core.snapsync_slotted or slot is None:
             return []
         return [s.send_snapsync_slotted.c.snap_slot == slot]
 
     def _slot_values(self, slot: int) -> dict[str, int]:
         """The slot as a column value of a new entry (where the backend stores it)."""
-        return {"snap_slot": slot} if self.snapsync_slotted else {}
+        return {"snap_slot": slot} if self.core.snapsync_slotted else {}
 
     def _slot_of(self, conn: Connection, snapshot_id: str) -> int | None:
         return conn.execute(
             select(s.snapshots.c.snap_slot).where(s.snapshots.c.snapshot_id == snapshot_id)
         ).scalar()
 
-    # -- dialect hooks ------------------------------------------------------------------
-    def _lock_pool(self, conn: Connection) -> None:
-        """Serialise the taking of slots (SQLite already serialises writers)."""
-
-    def _lock_requests(self, conn: Connection, client_name: str) -> None:
-        """Serialise the requests of one client's snapshots (SQLite serialises writers)."""
-
-    def _slot_storage(self, conn: Connection, slot: int) -> None:
-        """Make the storage of a slot if it is missing (PostgreSQL: its partition)."""
-
-    def _drop_slot_entries(
-        self, conn: Connection, snapshot_id: str, slot: int | None, count: bool
-    ) -> int | None:
-        """Delete a finished snapshot's entries; how many (0 unless ``count``), None: not now."""
-        t = s.send_snapsync
-        n = conn.execute(delete(t).where(t.c.snapshot_id == snapshot_id)).rowcount or 0
-        return n if count else 0
-
-    # -- taking and releasing ---------------------------------------------------------
     def _take_slot(self, conn: Connection, snapshot_id: str) -> int:
         """Give the snapshot the lowest free slot (in the caller's transaction)."""
-        self._lock_pool(conn)
+        self.core.lock_pool(conn)
         c = s.snapshots.c
         used = set(conn.execute(select(c.snap_slot).where(c.snap_slot.is_not(None))).scalars())
         slot = next(n for n in itertools.count() if n not in used)
-        self._slot_storage(conn, slot)
+        self.core.slot_storage(conn, slot)
         conn.execute(update(s.snapshots).where(c.snapshot_id == snapshot_id).values(snap_slot=slot))
         return slot
 
@@ -190,7 +168,7 @@ class SnapshotPoolStore(StoreBase):
         ).first()
         if row is None or row.status not in [x.value for x in FINISHED_STATUSES]:
             return 0
-        n = self._drop_slot_entries(conn, snapshot_id, row.snap_slot, count)
+        n = self.core.drop_slot_entries(conn, snapshot_id, row.snap_slot, count)
         if n is not None and row.snap_slot is not None:
             conn.execute(
                 update(s.snapshots).where(c.snapshot_id == snapshot_id).values(snap_slot=None)
@@ -207,7 +185,7 @@ class SnapshotPoolStore(StoreBase):
         """
         c = s.snapshots.c
         finished = [x.value for x in FINISHED_STATUSES]
-        with self.read() as conn:
+        with self.core.read() as conn:
             held = list(
                 conn.execute(
                     select(c.snapshot_id).where(c.status.in_(finished), c.snap_slot.is_not(None))
@@ -215,12 +193,12 @@ class SnapshotPoolStore(StoreBase):
             )
         total = 0
         for snapshot_id in held:
-            with self.write() as conn:
+            with self.core.write() as conn:
                 total += self._release_entries(conn, snapshot_id, count=True) or 0
-        if not self.snapsync_slotted:  # entries stored before slots existed (revision 0007)
+        if not self.core.snapsync_slotted:  # entries stored before slots existed (revision 0007)
             t = s.send_snapsync
             done = select(c.snapshot_id).where(c.status.in_(finished))
-            with self.write() as conn:
+            with self.core.write() as conn:
                 total += conn.execute(delete(t).where(t.c.snapshot_id.in_(done))).rowcount or 0
         return total
 

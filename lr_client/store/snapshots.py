@@ -173,7 +173,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         validate_name(destination, "site id")
         validate_name(client_name, "client name")
         if conn is None:
-            with self.write() as own:
+            with self.core.write() as own:
                 return self._request_snapshot(own, destination, client_name, reason, True)
         return self._request_snapshot(conn, destination, client_name, reason, False)
 
@@ -186,7 +186,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         left that has nobody else only ends: trim releases its entries, so
         that transaction takes no lock of theirs (PostgreSQL: its partition's).
         """
-        self._lock_requests(conn, client_name)  # two asking at once share one snapshot
+        self.core.lock_requests(conn, client_name)  # two asking at once share one snapshot
         now = time.time()
         d, j = s.snapshot_destinations, s.snapshots
         left = set(
@@ -240,7 +240,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
                 updated_at=now,
             )
         )
-        self._announce_sends(conn)
+        self.core.announce_sends(conn)
         return snapshot_id
 
     def _joinable(
@@ -293,7 +293,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def get_snapshot(
         self, snapshot_id: str, destination: str | None = None
     ) -> SnapshotRequest | None:
-        with self.read() as conn:
+        with self.core.read() as conn:
             if destination is None:
                 return self._snapshot_view(conn, snapshot_id)
             d = s.snapshot_destinations
@@ -318,13 +318,13 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         if statuses is not None:
             query = query.where(d.c.status.in_([x.value for x in statuses]))
         query = query.order_by(d.c.created_at.desc(), d.c.destination).limit(limit)
-        with self.read() as conn:
+        with self.core.read() as conn:
             return self._views(conn, conn.execute(query).all())
 
     def open_snapshots(
         self, destination: str, client_names: Sequence[str]
     ) -> dict[str, SnapshotRequest]:
-        with self.read() as conn:
+        with self.core.read() as conn:
             return self._open_snapshots(conn, destination, client_names)
 
     def _open_snapshots(
@@ -339,7 +339,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def send_checks(
         self, destination: str, client_names: Sequence[str]
     ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
-        with self.read_statements() as conn:
+        with self.core.read_statements() as conn:
             requests = self._open_snapshots(conn, destination, client_names)
             drops = {d.client_name: d for d in read_drops(conn, destination)}
         return requests, drops
@@ -353,12 +353,12 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         destination: str | None = None,
         **values: object,
     ) -> bool:
-        with self.write() as conn:
+        with self.core.write() as conn:
             if destination is None:
-                return self._update_snapshot(conn, snapshot_id, expect, values)
+                return self.change_snapshot(conn, snapshot_id, expect, values)
             return self._update_destination(conn, snapshot_id, destination, expect, values)
 
-    def _update_snapshot(
+    def change_snapshot(
         self,
         conn: Connection,
         snapshot_id: str,
@@ -382,7 +382,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         if not conn.execute(query.values(**own)).rowcount:
             return False
         if "status" in own:  # a session may have a step to take
-            self._announce_sends(conn)
+            self.core.announce_sends(conn)
         theirs = {k: v for k, v in values.items() if k in _DESTINATION_COLUMNS}
         if theirs:
             d = s.snapshot_destinations
@@ -419,7 +419,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         """End an open snapshot none of whose destinations is open: COMPLETED if it was READY
         and a destination completed it, else CANCELLED (for ``reason``, the last one's to
         leave); its entries are the caller's to release (else trim's)."""
-        self._announce_sends(conn)  # a destination's view changed: its session has a step
+        self.core.announce_sends(conn)  # a destination's view changed: its session has a step
         d, j = s.snapshot_destinations, s.snapshots
         row = conn.execute(
             select(j.c.status).where(j.c.snapshot_id == snapshot_id).with_for_update()
@@ -465,10 +465,10 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def start_snapshot(self, snapshot_id: str) -> SnapshotRequest | None:
         # PostgreSQL: what committed before the start gets its position first,
         # so the base covers it (and it is not replayed after the snapshot).
-        self.sequence()
-        with self.write() as conn:
+        self.core.sequence()
+        with self.core.write() as conn:
             base = self._snapshot_base(conn, snapshot_id)
-            ok = self._update_snapshot(
+            ok = self.change_snapshot(
                 conn,
                 snapshot_id,
                 [SnapshotStatus.REQUESTED],
@@ -489,7 +489,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         if node is not None:
             client, origin = node
             return max(relay_delivered(conn, client, origin), relay_head(conn, client, origin))
-        return self.head_position(conn)
+        return self.core.head_position(conn)
 
     @staticmethod
     def _relayed_node(conn: Connection, snapshot_id: str) -> tuple[str, str] | None:
@@ -506,7 +506,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
         return str(client), str(node.origin_id)
 
     def snapshot_base_applied(self, snapshot_id: str) -> bool:
-        with self.read() as conn:
+        with self.core.read() as conn:
             base = conn.execute(
                 select(s.snapshots.c.base_position).where(s.snapshots.c.snapshot_id == snapshot_id)
             ).scalar()
@@ -520,7 +520,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
 
     def fail_stalled_snapshot(self, snapshot_id: str, silent_since: float, reason: str) -> bool:
         t = s.snapshots
-        with self.write() as conn:
+        with self.core.write() as conn:
             silent = conn.execute(
                 select(t.c.snapshot_id).where(
                     t.c.snapshot_id == snapshot_id,
@@ -528,7 +528,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
                     t.c.updated_at < silent_since,
                 )
             ).first()
-            failed = silent is not None and self._update_snapshot(
+            failed = silent is not None and self.change_snapshot(
                 conn,
                 snapshot_id,
                 [SnapshotStatus.RUNNING],
@@ -538,16 +538,11 @@ class SnapshotRequestsStore(SnapshotPoolStore):
                 self._release_entries(conn, snapshot_id)
         return failed
 
-    def set_snapshot_progress(self, snapshot_id: str, rows_written: int) -> None:
-        self.update_snapshot(
-            snapshot_id, expect=[SnapshotStatus.RUNNING], rows_written=rows_written
-        )
-
     def _cancel(
         self, conn: Connection, snapshot_id: str, reason: str, release: bool = True
     ) -> bool:
         """Cancel an open snapshot for all; release its entries (``release``: also if ended)."""
-        ok = self._update_snapshot(
+        ok = self.change_snapshot(
             conn,
             snapshot_id,
             OPEN_SNAPSHOT_STATUSES,
@@ -560,7 +555,7 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     def cancel_snapshot(
         self, snapshot_id: str, reason: str = "cancelled", destination: str | None = None
     ) -> bool:
-        with self.write() as conn:
+        with self.core.write() as conn:
             if destination is None:
                 return self._cancel(conn, snapshot_id, reason)
             return self._leave(conn, snapshot_id, destination, reason, release=True)
@@ -570,8 +565,8 @@ class SnapshotRequestsStore(SnapshotPoolStore):
     ) -> bool:
         """READY -> COMPLETED for the destination (None: all); the last one releases the entries."""
         d = s.snapshot_destinations
-        with self.write() as conn:
-            self._fence(conn, fence)
+        with self.core.write() as conn:
+            self.core.hold_fence(conn, fence)
             query = update(d).where(
                 d.c.snapshot_id == snapshot_id, d.c.status == SnapshotStatus.READY.value
             )

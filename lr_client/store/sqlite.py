@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -28,9 +28,9 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_headers, new_entry_key
 from lr_client.store import schema as s
-from lr_client.store.base import mapped_errors
+from lr_client.store.base import StoreCore, TrimMarks
+from lr_client.store.db_errors import mapped_errors
 from lr_client.store.receiving import recv_base
-from lr_client.store.sqla import SQLAlchemyQueueStore
 from lr_client.store.watches import DataVersionWatch, HeadChanged, Watch, sqlite_path
 
 _INSERT = (
@@ -144,7 +144,7 @@ class LateTurn:
             self.turn.__exit__(None, None, None)
 
 
-class SQLiteQueueStore(SQLAlchemyQueueStore):
+class SQLiteCore(StoreCore):
     dialect = "sqlite"
     dialect_insert = staticmethod(sqlite_insert)
     single_writer = True
@@ -167,15 +167,13 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         finally:
             late.release()
 
-    def register_sites(self, site_ids: Sequence[str]) -> dict[str, int]:
-        numbers = super().register_sites(site_ids)
-        missing = [n for n in numbers.values() if n not in self._dest_indexes]
+    def index_destinations(self, numbers: Iterable[int]) -> None:
+        missing = [n for n in numbers if n not in self._dest_indexes]
         if missing:
             with self.write() as conn:
                 for n in missing:
                     conn.exec_driver_sql(dest_index_ddl(n))
             self._dest_indexes.update(missing)
-        return numbers
 
     def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
         path = sqlite_path(self.engine)
@@ -190,13 +188,13 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         changed = HeadChanged(_ARRIVALS_HEAD)
         return DataVersionWatch(path, wake, changed, name=f"lr-watch-arrivals-{client_name}")
 
-    def _fetch_rows(
+    def fetch_rows(
         self, conn: Connection, query: Any, in_index_order: bool = False
     ) -> Sequence[Any]:
         # The driver's own rows: SQLAlchemy's result processing per row cost a
         # read of 4,000 entries about as much as the driver's fetch itself.
         if conn.dialect.is_async:  # aiosqlite: its driver connection is awaited
-            return super()._fetch_rows(conn, query, in_index_order)
+            return super().fetch_rows(conn, query, in_index_order)
         compiled = query.compile(dialect=conn.dialect)
         params = compiled.construct_params()
         names = compiled.positiontup or ()
@@ -205,7 +203,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         rows: list[Any] = raw.execute(str(compiled), [params[n] for n in names]).fetchall()
         return rows
 
-    def _insert_entries(
+    def insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         now = time.time()
@@ -236,15 +234,15 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         # consecutive rowids: the last one and the count give them all.
         return [EntryRef(0, p, p) for p in range(last - len(messages) + 1, last + 1)]
 
-    def _with_tag(self, query: Any, dest_num: int) -> Any:
+    def with_tag(self, query: Any, dest_num: int) -> Any:
         return query.where(_names(s.send_log_entries.c.dest_nums, dest_num))
 
-    def _tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+    def tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
         e = s.send_log_entries
         query = select(e.c.position, e.c.created_at).where(
             e.c.client_name == client_name, e.c.position > after
         )
-        return self._with_tag(query, dest_num)
+        return self.with_tag(query, dest_num)
 
     def head_position(self, conn: Connection | None = None) -> int:
         query = text("SELECT seq FROM sqlite_sequence WHERE name = 'lrq_send_log_entries'")
@@ -253,7 +251,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         with self.read() as own:
             return int(own.execute(query).scalar() or 0)
 
-    def _trim_send_log(self, batch_size: int, max_batches: int | None) -> int:
+    def trim_send_log(self, batch_size: int, max_batches: int | None, marks: TrimMarks) -> int:
         # Rows, in batches: SQLite has no dead tuples (freed pages are reused).
         total = 0
         batches = 0
@@ -261,16 +259,16 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             # One transaction for the acknowledgements read and the delete, so an
             # entry committed meanwhile is never judged by stale acknowledgements.
             with self.write(consistent=True) as conn:
-                n = self._trim_log(conn, batch_size)
+                n = self._trim_log(conn, batch_size, marks)
             total += n
             batches += 1
             if n < batch_size:
                 break
         return total
 
-    def _trim_log(self, conn: Connection, batch_size: int) -> int:
+    def _trim_log(self, conn: Connection, batch_size: int, trim: TrimMarks) -> int:
         streams: dict[str, dict[int, int]] = {}
-        for (num, client), position in self._acked_positions(conn).items():
+        for (num, client), position in trim.acked_positions(conn).items():
             streams.setdefault(client, {})[num] = position
         marks: dict[tuple[int, str], int] = {}
         deleted = 0
@@ -279,7 +277,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             if deleted >= batch_size:
                 break
         # Per stream, the highest position deleted: recorded in this transaction.
-        self._record_trim_marks(conn, marks)
+        trim.record_trim_marks(conn, marks)
         return deleted
 
     def _trim_client(
@@ -316,7 +314,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
                 delete(e).where(e.c.position.in_(victims)).returning(e.c.position, e.c.dest_nums)
             ).all()
             for position, dests in rows:
-                for num in self._dest_nums_of(dests):
+                for num in self.dest_nums_of(dests):
                     key = (num, client)
                     marks[key] = max(marks.get(key, 0), int(position))
             deleted += len(rows)
@@ -325,7 +323,7 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
             low = high
         return deleted
 
-    def _append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
+    def append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
         # The driver's executemany with tuples: no per-row dictionaries to build and bind.
         now = time.time()
         raw = conn.connection.driver_connection
@@ -352,4 +350,4 @@ class SQLiteQueueStore(SQLAlchemyQueueStore):
         )
 
 
-__all__ = ["LateTurn", "SQLiteQueueStore", "encode_dests"]
+__all__ = ["LateTurn", "SQLiteCore", "encode_dests"]

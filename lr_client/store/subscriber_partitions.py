@@ -39,7 +39,7 @@ from sqlalchemy.engine import Connection
 from lr_client.errors import PartitionCountError
 from lr_client.records import TYPES_BY_VALUE, HeadEntry
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
+from lr_client.store.base import Role
 from lr_client.store.cascade import is_relayed, relayed_as_leased
 from lr_client.store.subscriber_queues import check_forward, save_fenced
 
@@ -73,13 +73,8 @@ _FORGET_ENTRIES = delete(_R).where(
 )
 
 
-class SubscriberPartitionsStore(StoreBase):
+class SubscriberPartitionsStore(Role):
     """Per-partition delivery state of receive queues."""
-
-    keeps_delivered = False
-    #: Whether one transaction at a time writes (SQLite): the partitions' deliveries
-    #: then queue on a lock of their own, woken at once, not on the busy handler's sleeps.
-    single_writer = False
 
     def claim_partitions(self, conn: Connection, queue_id: int, count: int) -> None:
         if count < 1:
@@ -120,7 +115,7 @@ class SubscriberPartitionsStore(StoreBase):
             .where(_T.c.queue_id == queue_id)
             .values(partitions=target, delivered_seq=start)
         )
-        if not self.keeps_delivered and start > floor and not is_relayed(conn, queue_id):
+        if not self.core.keeps_delivered and start > floor and not is_relayed(conn, queue_id):
             conn.execute(delete(_R).where(_R.c.queue_id == queue_id, _R.c.seq <= start))
 
     def load_partitions(self, conn: Connection, queue_id: int) -> dict[int, int]:
@@ -200,9 +195,9 @@ class SubscriberPartitionsStore(StoreBase):
         )
         if moved.rowcount != 1:
             return False
-        if self.keeps_delivered or not delivered_seqs:
+        if self.core.keeps_delivered or not delivered_seqs:
             return True
-        if not relayed_as_leased(self._relayed, conn, queue_id):
+        if not relayed_as_leased(self.core.relayed_queues, conn, queue_id):
             conn.execute(_FORGET_ENTRIES, {"qid": queue_id, "seqs": delivered_seqs})
         return True
 
@@ -247,7 +242,7 @@ class SubscriberPartitionsStore(StoreBase):
             queue_id,
             owner,
             _T.c.partitions == count,
-            relayed=None if self.keeps_delivered else self._relayed,
+            relayed=None if self.core.keeps_delivered else self.core.relayed_queues,
             snapshot_id=snapshot_id,
             in_snapshot=in_snapshot,
             delivered=delivered,

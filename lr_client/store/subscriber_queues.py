@@ -47,20 +47,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from lr_client.records import (
-    TYPES_BY_VALUE,
-    HeadEntry,
     QueueInfo,
     RecvEntry,
     ReplicationType,
     SubscriberState,
 )
 from lr_client.store import schema as s
-from lr_client.store.base import StoreBase
-from lr_client.store.byte_bounds import fill, sized, within
+from lr_client.store.base import Role
 from lr_client.store.cascade import is_relayed, relayed_as_leased
 from lr_client.store.watches import Watch
 
@@ -89,13 +86,13 @@ def depth(queue_id: Any) -> Any:
     return select(func.count()).where(undelivered(queue_id)).scalar_subquery()
 
 
-def _above(queue_id: int, after: int | None) -> ColumnElement[bool]:
+def above(queue_id: int, after: int | None) -> ColumnElement[bool]:
     if after is None:
         return undelivered(queue_id)
     return and_(_R.c.queue_id == queue_id, _R.c.seq > after)
 
 
-def _key(value: Any) -> bytes | None:
+def optional_bytes(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
 
 
@@ -162,17 +159,17 @@ def save_fenced(
     return True
 
 
-class SubscriberQueuesStore(StoreBase):
+class SubscriberQueuesStore(Role):
     """Receive queues as a subscriber delivers them, under leases."""
 
     def watch_arrivals(self, client_name: str, wake: Callable[[], None]) -> Watch | None:
-        return None  # the backends that can tell override it
+        return self.core.watch_arrivals(client_name, wake)
 
     def list_queues(self, client_name: str | None = None) -> list[QueueInfo]:
         query = select(s.queue_registry).order_by(s.queue_registry.c.queue_id)
         if client_name is not None:
             query = query.where(s.queue_registry.c.client_name == client_name)
-        with self.read_statements() as conn:  # one statement: no transaction needed
+        with self.core.read_statements() as conn:  # one statement: no transaction needed
             rows = conn.execute(query).all()
         return [QueueInfo(r.queue_id, r.queue_name, r.client_name, r.source_id) for r in rows]
 
@@ -197,26 +194,22 @@ class SubscriberQueuesStore(StoreBase):
                 payload=bytes(r.payload),
                 snapshot_id=r.snapshot_id,
                 snapshot_count=r.snapshot_count,
-                key=_key(r.partition_key),
-                headers=_key(r.headers),
+                key=optional_bytes(r.partition_key),
+                headers=optional_bytes(r.headers),
             )
             for r in rows
         ]
 
     def queue_depth(self, queue_id: int) -> int:
-        with self.read() as conn:
+        with self.core.read() as conn:
             return int(conn.execute(select(depth(queue_id))).scalar_one())
-
-    #: Whether delivered entries stay until :meth:`rotate_receive_queues` truncates
-    #: their partition (PostgreSQL); else the delivery deletes them (SQLite).
-    keeps_delivered = False
 
     def rotate_receive_queues(self, period: float = 30.0) -> int | None:
         """Retire delivered entries in bulk (PostgreSQL); the new current slot, or None.
 
         SQLite deletes them as they are delivered: nothing to do.
         """
-        return None
+        return self.core.rotate_receive_queues(period)
 
     # -- subscriber state and leases (in the caller's transaction) -------------------------
     def load_state(self, conn: Connection, queue_id: int, *, lock: bool = False) -> SubscriberState:
@@ -246,7 +239,7 @@ class SubscriberQueuesStore(StoreBase):
             "lease_expires": 0.0,
             "delivered_seq": 0,
         }
-        conn.execute(self.dialect_insert(_T).values(**values).on_conflict_do_nothing())
+        conn.execute(self.core.dialect_insert(_T).values(**values).on_conflict_do_nothing())
 
     def acquire_lease(
         self, conn: Connection, queue_id: int, owner: str, now: float, lease_seconds: float
@@ -267,8 +260,8 @@ class SubscriberQueuesStore(StoreBase):
             self._ensure_state_row(conn, queue_id)
             if conn.execute(stmt).rowcount != 1:
                 return None
-        if not self.keeps_delivered:  # read once per lease (module docstring)
-            self._relayed[queue_id] = is_relayed(conn, queue_id)
+        if not self.core.keeps_delivered:  # read once per lease (module docstring)
+            self.core.relayed_queues[queue_id] = is_relayed(conn, queue_id)
         return expires
 
     def save_state(
@@ -296,7 +289,7 @@ class SubscriberQueuesStore(StoreBase):
             queue_id,
             owner,
             _T.c.delivered_seq == previous_seq,
-            relayed=None if self.keeps_delivered else self._relayed,
+            relayed=None if self.core.keeps_delivered else self.core.relayed_queues,
             snapshot_id=snapshot_id,
             in_snapshot=in_snapshot,
             delivered=delivered,
@@ -314,94 +307,15 @@ class SubscriberQueuesStore(StoreBase):
             stmt = stmt.where(_T.c.queue_id.in_(queue_ids))
         return int(conn.execute(stmt.values(lease_owner="", lease_expires=0.0)).rowcount or 0)
 
-    def read_head(
-        self,
-        conn: Connection,
-        queue_id: int,
-        limit: int,
-        max_bytes: int | None = None,
-        after: int | None = None,
-    ) -> list[HeadEntry]:
-        """The oldest entries of a receive queue, in seq order: at most ``limit``, and
-        past the first no more than ``max_bytes`` (the store's one byte-cut rule).
-
-        Sizes come first and large payloads only once their entry fits, so a queue
-        of large payloads never loads more than the limit (see :func:`sized`).
-        ``after``: those above this ``seq`` (None: above the queue's ``delivered_seq``).
-        """
-        query = (
-            select(
-                _R.c.seq,
-                _R.c.type,
-                _R.c.source_position,
-                _R.c.snapshot_id,
-                _R.c.base_position,
-                _R.c.partition_key,
-                _R.c.headers,
-            )
-            .add_columns(*sized(_R.c.payload, limit, max_bytes))
-            .where(_above(queue_id, after))
-            .order_by(_R.c.seq)
-            .limit(limit)
-        )
-        rows = within(self._fetch_rows(conn, query, in_index_order=True), max_bytes)
-        if any(r[-1] is None for r in rows):  # a large payload, loaded now that it fits
-            rows = [(*r[:-1], p) for r, p in fill(conn, rows, _R.c.seq, _R.c.payload)]
-        # Each row's last column is its payload (the drivers give bytes); one tuple
-        # per entry, HeadEntry._make without its length check.
-        new, types = tuple.__new__, TYPES_BY_VALUE
-        return [
-            new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], _key(r[5]), _key(r[6])))
-            for r in rows
-        ]
-
-    def peek_head(
-        self, conn: Connection, queue_id: int, after: int | None = None
-    ) -> HeadEntry | None:
-        """The oldest entry of a receive queue (above ``after``, as for
-        :meth:`read_head`), without its payload (``b""``)."""
-        row = conn.execute(
-            select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
-            .where(_above(queue_id, after))
-            .order_by(_R.c.seq)
-            .limit(1)
-        ).first()
-        if row is None:
-            return None
-        return HeadEntry(row[0], TYPES_BY_VALUE[row[1]], row[2], row[3], b"", row[4])
-
-    def has_snapshot_end(self, conn: Connection, queue_id: int, snapshot_id: str) -> bool:
-        """Whether the end marker of ``snapshot_id`` is in the receive queue (an index probe)."""
-        end = literal(int(ReplicationType.LAST_FULL_SYNC_ENTRY), literal_execute=True)
-        probe = (
-            select(_R.c.seq)
-            .where(undelivered(queue_id), _R.c.snapshot_id == snapshot_id, _R.c.type == end)
-            .limit(1)
-        )
-        return conn.execute(probe).first() is not None
-
-    def snapshot_base(self, conn: Connection, queue_id: int, snapshot_id: str) -> int | None:
-        """The base position the end marker of ``snapshot_id`` carries; None if not queued."""
-        end = literal(int(ReplicationType.LAST_FULL_SYNC_ENTRY), literal_execute=True)
-        row = conn.execute(
-            select(_R.c.base_position)
-            .where(undelivered(queue_id), _R.c.snapshot_id == snapshot_id, _R.c.type == end)
-            .limit(1)
-        ).first()
-        return None if row is None or row[0] is None else int(row[0])
-
-    def has_entries(self, conn: Connection, queue_id: int) -> bool:
-        """Whether the receive queue holds anything (a cheap indexed probe)."""
-        probe = select(_R.c.seq).where(undelivered(queue_id)).limit(1)
-        return conn.execute(probe).first() is not None
-
 
 __all__ = [
     "SubscriberQueuesStore",
+    "above",
     "check_forward",
     "delivered_seq",
     "depth",
     "forget_delivered",
+    "optional_bytes",
     "save_fenced",
     "undelivered",
 ]

@@ -1,0 +1,69 @@
+"""Database errors as the store's own: :func:`map_error` and :func:`mapped_errors`."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from lr_client.errors import LRError, SchemaError, StoreUnavailableError
+
+try:  # the PostgreSQL driver is an optional extra
+    import psycopg
+except ImportError:  # pragma: no cover - only without the extra
+    psycopg = None  # type: ignore[assignment]
+
+#: SQLSTATEs of a missing or older schema: undefined table, schema, column.
+MISSING_SCHEMA_STATES = frozenset({"42P01", "3F000", "42703"})
+#: Errors of the drivers' own cursors, which some hot paths write through.
+RAW_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error,) + (
+    (psycopg.Error,) if psycopg is not None else ()
+)
+RAW_OPERATIONAL: tuple[type[Exception], ...] = (sqlite3.OperationalError,) + (
+    (psycopg.OperationalError,) if psycopg is not None else ()
+)
+
+
+def map_error(exc: Exception) -> LRError | None:
+    """The store's error for a database error (None: not ours, re-raise it as it is).
+
+    ``exc`` is SQLAlchemy's wrapper or a raw ``sqlite3`` or ``psycopg`` error
+    (some hot paths write through the driver's own cursor). A table,
+    schema or column that does not exist is a :class:`SchemaError`
+    (permanent: ``lr init-db`` must run); any other operational error is a
+    :class:`StoreUnavailableError` (transient: the database may come back).
+    """
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    detail = str(orig) if orig else str(exc)
+    state = getattr(orig, "sqlstate", None)
+    operational = isinstance(exc, (OperationalError, *RAW_OPERATIONAL))
+    if state in MISSING_SCHEMA_STATES or (
+        operational and ("no such table" in detail or "no such column" in detail)
+    ):
+        first = detail.splitlines()[0] if detail else ""
+        return SchemaError(
+            f"no schema, or an older one ({first}); `lr init-db` creates or upgrades it"
+        )
+    if operational:
+        return StoreUnavailableError(detail)
+    return None
+
+
+DATABASE_ERRORS: tuple[type[Exception], ...] = (DBAPIError, *RAW_ERRORS)
+
+
+@contextmanager
+def mapped_errors() -> Iterator[None]:
+    """Raise the store's error (:func:`map_error`) for a database error in the block."""
+    try:
+        yield
+    except DATABASE_ERRORS as exc:
+        mapped = map_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+__all__ = ["DATABASE_ERRORS", "RAW_ERRORS", "map_error", "mapped_errors"]
