@@ -180,7 +180,7 @@ class Bench:
         """Append ``count`` log entries to the queue and tidy up (untimed)."""
         for first in range(self.position + 1, self.position + count + 1, 2000):
             last = min(self.position + count, first + 1999)
-            self.store.apply_log_batch(
+            self.store.recv.apply_log_batch(
                 SOURCE_ID,
                 CLIENT_NAME,
                 [
@@ -189,7 +189,7 @@ class Bench:
                 ],
             )
         self.position += count
-        self.store.rotate_receive_queues(period=0.0)  # what the subscriber cases delivered
+        self.store.queues.rotate_receive_queues(period=0.0)  # what the subscriber cases delivered
         if self.schema is not None:
             with self.store.engine.connect().execution_options(
                 isolation_level="AUTOCOMMIT"
@@ -198,7 +198,7 @@ class Bench:
                     conn.exec_driver_sql(f"VACUUM ANALYZE {quote_ident(self.schema)}.{table}")
 
     def queue_id(self) -> int:
-        return self.store.list_queues(CLIENT_NAME)[0].queue_id
+        return self.store.queues.list_queues(CLIENT_NAME)[0].queue_id
 
     def raw(self, with_insert: bool) -> Callable[[], int]:
         qid = self.queue_id()

@@ -134,7 +134,7 @@ def fill(
             WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, payload, key=b"k%d" % (p % keys))
             for p in range(first, min(first + 1000, entries + 1))
         ]
-        store.apply_log_batch(source, client, batch)
+        store.recv.apply_log_batch(source, client, batch)
 
 
 def drain(
@@ -153,7 +153,7 @@ def drain(
     runner.start()
     try:
         listener.all_seen.wait()  # every entry given once at least: the last commits follow
-        while store.queue_depths():
+        while store.inspection.queue_depths():
             time.sleep(0.005)
         return time.perf_counter() - started
     finally:

@@ -68,18 +68,18 @@ def fill(store: SQLAlchemyQueueStore, client: RoutingQueueClient, count: int) ->
         with store.engine.begin() as conn:
             client.transmit_log_entry_messages(conn, [message] * n)
         left -= n
-    store.sequence()
-    store.analyze()
+    store.send.sequence()
+    store.send.analyze()
 
 
 def time_reads(store: SQLAlchemyQueueStore, reads: int) -> list[float]:
     """Seconds of each of ``reads`` reads of ``b``'s entries after position 0."""
     took = []
     for _ in range(5):  # warm: statement caches, pages
-        store.read_log_entries("b", CLIENT, 0, LIMIT)
+        store.shipping.read_log_entries("b", CLIENT, 0, LIMIT)
     for _ in range(reads):
         start = time.perf_counter()
-        entries = store.read_log_entries("b", CLIENT, 0, LIMIT)
+        entries = store.shipping.read_log_entries("b", CLIENT, 0, LIMIT)
         took.append(time.perf_counter() - start)
         if len(entries) != OWN:
             raise AssertionError(f"read {len(entries)} entries of b, not {OWN}")

@@ -86,7 +86,7 @@ def run_one(args: argparse.Namespace, streams: int, tmp: Path) -> float:
         deadline = time.monotonic() + args.timeout
         first = None
         while True:
-            got = sink_store.sink_progress("a", "policy").entries_received
+            got = sink_store.recv.sink_progress("a", "policy").entries_received
             now = time.monotonic()
             if got and first is None:
                 first = (now, got)

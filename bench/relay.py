@@ -181,7 +181,7 @@ class Tree:
         stop_process(self.servers.pop(site), timeout=10)
 
     def received(self, leaf: str) -> int:
-        return self.stores[leaf].sink_progress("root", CLIENT).last_position
+        return self.stores[leaf].recv.sink_progress("root", CLIENT).last_position
 
     def applied(self, site: str) -> int:
         """The newest position the site's listener applied (0: none)."""

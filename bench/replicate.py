@@ -399,13 +399,13 @@ class Cluster:
 
     # -- what a sink holds from one source --------------------------------------------------
     def queue_id(self, sink: str, source: str) -> int | None:
-        for q in self.stores[sink].list_queues(CLIENT):
+        for q in self.stores[sink].queues.list_queues(CLIENT):
             if q.source_id == source:
                 return q.queue_id
         return None
 
     def last_position(self, sink: str, source: str) -> int:
-        return self.stores[sink].sink_progress(source, CLIENT).last_position
+        return self.stores[sink].recv.sink_progress(source, CLIENT).last_position
 
     def received_groups(self, sink: str, source: str) -> list[tuple[float, int]]:
         """(received_at, entries) per applied batch, oldest first."""
@@ -594,7 +594,7 @@ def apply_workarounds(src: Source, backend: str, *, prefilled: bool) -> None:
 
 
 def send_queue_size(store: SQLAlchemyQueueStore) -> int:
-    return store.queue_sizes()[0]
+    return store.inspection.queue_sizes()[0]
 
 
 def throughput_cell(
@@ -1014,7 +1014,7 @@ def latency_cell(
                     "dropped_after_s": round(d.dropped_at - load_started, 2),
                     "reason": d.reason,
                 }
-                for d in src.store.list_drops()
+                for d in src.store.retention.list_drops()
             ]
         finally:
             stop.set()

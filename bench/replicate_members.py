@@ -128,8 +128,8 @@ def site_units(src: Source) -> list[str]:
 
 def placement(src: Source) -> dict[str, str | None]:
     """unit -> the live member owning it (None: nobody alive holds it)."""
-    live = {m.instance: m.member_id for m in src.store.list_members(LEASE) if m.alive}
-    leases = {x.unit: x.owner for x in src.store.list_leases()}
+    live = {m.instance: m.member_id for m in src.store.members.list_members(LEASE) if m.alive}
+    leases = {x.unit: x.owner for x in src.store.members.list_leases()}
     return {u: live.get(leases.get(u) or "") for u in site_units(src)}
 
 

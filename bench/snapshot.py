@@ -259,9 +259,9 @@ def run_delivery(
     try:
         store.create_schema()
         sink.create_schema()
-        store.register_sites(["sink"])
-        sid = store.request_snapshot(None, "sink", CLIENT, "bench")
-        store.start_snapshot(sid)
+        store.sites.register_sites(["sink"])
+        sid = store.snapshots.request_snapshot(None, "sink", CLIENT, "bench")
+        store.snapshots.start_snapshot(sid)
         port = free_port()
         sink_cfg = write_site_config(
             workdir / "sink.toml", "sink", sink_url, listen_port=port, sources=["src"]
@@ -359,11 +359,11 @@ def fill_sink(store: Any, rows: int, row_bytes: int, snapshot_id: str = "bench-s
             WireEntry(pos, snap, f'{{"body":"{body}","id":{pos:07d}}}'.encode(), snapshot_id)
             for pos in range(first, min(rows, first + SINK_FILL_BATCH - 1) + 1)
         ]
-        store.apply_snapshot_batch(SINK_SOURCE, CLIENT, snapshot_id, batch)
+        store.recv.apply_snapshot_batch(SINK_SOURCE, CLIENT, snapshot_id, batch)
     end = WireEntry(
         rows + 1, ReplicationType.LAST_FULL_SYNC_ENTRY, b"", snapshot_id, rows, base_position=7
     )
-    store.apply_snapshot_batch(SINK_SOURCE, CLIENT, snapshot_id, [end])
+    store.recv.apply_snapshot_batch(SINK_SOURCE, CLIENT, snapshot_id, [end])
 
 
 def run_sink_delivery(
@@ -543,12 +543,12 @@ def run_job(spark: Any, url: str, df: Any, rows: int, **kwargs: Any) -> float:
     store = open_store(create_engine(url))
     try:
         store.create_schema()
-        sid = store.request_snapshot(None, "bench", "bench")
-        store.start_snapshot(sid)
+        sid = store.snapshots.request_snapshot(None, "bench", "bench")
+        store.snapshots.start_snapshot(sid)
         start = time.perf_counter()
         count = run_snapshot_job(spark, url, sid, df, progress_interval=5.0, **kwargs)
         seconds = time.perf_counter() - start
-        req = store.get_snapshot(sid)
+        req = store.snapshots.get_snapshot(sid)
         assert count == rows and req is not None and req.entry_count == rows, (count, req)
         return seconds
     finally:
@@ -611,13 +611,13 @@ def run_copy_no_spark(spark: Any, url: str, df: Any, rows: int, workers: int = 2
     store = open_store(create_engine(url))
     try:
         store.create_schema()
-        sid = store.request_snapshot(None, "bench", "bench")
-        store.start_snapshot(sid)
+        sid = store.snapshots.request_snapshot(None, "bench", "bench")
+        store.snapshots.start_snapshot(sid)
         step = -(-rows // workers)
         jobs = [(url, sid, i, i * step, min(rows, (i + 1) * step)) for i in range(workers)]
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             seconds = max(pool.starmap(_copy_worker, jobs))
-        assert store.count_snapshot_entries(sid) == rows
+        assert store.snapshot_entries.count_snapshot_entries(sid) == rows
         return seconds
     finally:
         store.engine.dispose()
@@ -675,14 +675,14 @@ def run_shared(url: str, destinations: int, rows: int) -> dict[str, Any]:
     try:
         store.create_schema()
         names = [f"dest{i}" for i in range(destinations)]
-        store.register_sites(names)
-        ids = {store.request_snapshot(None, d, "bench", "bench") for d in names}
+        store.sites.register_sites(names)
+        ids = {store.snapshots.request_snapshot(None, d, "bench", "bench") for d in names}
         runner = SnapshotProviderRunner(store, "bench", provide, chunk_size=5000)
         start = time.perf_counter()
         jobs = runner.poll_once()
         seconds = time.perf_counter() - start
         stored_rows, stored_bytes = _snapsync_storage(store)
-        views = store.list_snapshots(client_name="bench")
+        views = store.snapshots.list_snapshots(client_name="bench")
         assert all(v.status.value == "ready" for v in views) and len(views) == destinations
         return {
             "destinations": destinations,

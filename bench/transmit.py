@@ -242,7 +242,7 @@ class Ours(System):
         ]
 
     def stored_bytes(self) -> int:
-        self.client.store.sequence()  # PostgreSQL: positions are written after commit
+        self.client.store.send.sequence()  # PostgreSQL: positions are written after commit
         return super().stored_bytes()
 
 

@@ -51,7 +51,7 @@ def main(directory: Path) -> None:
     with engine.connect() as conn:
         print("orders:", conn.execute(select(func.count()).select_from(orders)).scalar())
     for dest in ("site-b", "site-c"):
-        queued = client.store.read_log_entries(dest, "orders", 0, 100)
+        queued = client.store.shipping.read_log_entries(dest, "orders", 0, 100)
         print(f"queued for {dest}:", [(e.position, e.payload.decode()) for e in queued])
     engine.dispose()
 

@@ -53,7 +53,7 @@ def main() -> int:
 
     store = open_store(create_engine(url))
     store.create_schema()
-    snapshot_id = store.request_snapshot(None, "site-b", "policy", "example")
+    snapshot_id = store.snapshots.request_snapshot(None, "site-b", "policy", "example")
 
     # Local Spark runs its Python workers with this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -65,8 +65,8 @@ def main() -> int:
     finally:
         spark.stop()
 
-    entries = store.read_snapshot_entries(snapshot_id, 0, 3)
-    end = store.read_snapshot_entries(snapshot_id, count, 1)
+    entries = store.snapshot_entries.read_snapshot_entries(snapshot_id, 0, 3)
+    end = store.snapshot_entries.read_snapshot_entries(snapshot_id, count, 1)
     assert end and end[0].type == ReplicationType.LAST_FULL_SYNC_ENTRY
     print(f"snapshot {snapshot_id} for site-b: {count} entries")
     for entry in entries:

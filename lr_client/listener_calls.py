@@ -27,7 +27,7 @@ from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage, takes_base_position
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
 from lr_client.sealed_messages import open_messages
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 
 #: The key of :meth:`session.info <sqlalchemy.orm.Session.info>` that tells a listener
 #: the partition it is called for (None: entries every partition waited for).
@@ -56,7 +56,7 @@ class CallPlanner:
     def __init__(
         self,
         listener: object,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         *,
         whole_snapshots: bool,
         keyring: Keyring | None = None,
@@ -75,7 +75,9 @@ class CallPlanner:
     ) -> bool:
         """:func:`~lr_client.delivery.awaits_end`, asking the store whether the end arrived."""
         store = self.store
-        return awaits_end(state, head, lambda sid: store.has_snapshot_end(conn, queue_id, sid))
+        return awaits_end(
+            state, head, lambda sid: store.heads.has_snapshot_end(conn, queue_id, sid)
+        )
 
     def waits_for_end(
         self, conn: Connection, queue_id: int, state: SubscriberState, entries: list[HeadEntry]
@@ -99,7 +101,7 @@ class CallPlanner:
             if self.base_at_start:
                 base = plan.base_position
                 if base is None:  # not on its entries: the end marker's, if queued
-                    base = self.store.snapshot_base(conn, queue.queue_id, sid)
+                    base = self.store.heads.snapshot_base(conn, queue.queue_id, sid)
                 out.append(Callback("on_full_sync_start", (source, sid), {"base_position": base}))
             else:
                 out.append(Callback("on_full_sync_start", (source, sid)))
@@ -165,7 +167,7 @@ class ListenerCalls(CallPlanner):
     def __init__(
         self,
         listener: RoutingQueueListener,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         *,
         whole_snapshots: bool,
         keyring: Keyring | None = None,

@@ -33,7 +33,7 @@ from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.listener_calls import Callback, ListenerCalls
 from lr_client.partitioned import Conflict
 from lr_client.records import QueueInfo, ReplicationType
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 from lr_client.store import parked as pk
 
 #: The error text of an entry held behind a parked entry of its key.
@@ -181,7 +181,7 @@ class ParkingCalls(ListenerCalls):
     def __init__(
         self,
         listener: RoutingQueueListener,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         *,
         whole_snapshots: bool,
         policy: FailurePolicy,

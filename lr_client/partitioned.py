@@ -37,7 +37,7 @@ from lr_client.partition_window import Window
 from lr_client.partitioners import Partitioner, partition_of
 from lr_client.queue_leases import QueueLeases
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 
 _LOG = ReplicationType.LOG_ENTRY_SYNC
 #: A partition's window holds at most this many batches of it (see
@@ -107,7 +107,7 @@ class PartitionSteps:
 
     def __init__(
         self,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         calls: CallPlanner,
         leases: QueueLeases,
         *,
@@ -151,7 +151,7 @@ class PartitionSteps:
     def _make_window(self, queue_id: int) -> Window:
         store, count = self.store, self.partitions
         with store.read() as conn:
-            marks = store.load_partitions(conn, queue_id)
+            marks = store.partitions.load_partitions(conn, queue_id)
         if sorted(marks) != list(range(count)):
             raise Conflict
         for p, seq in marks.items():  # a mark only rises: one committed since is newer
@@ -163,7 +163,7 @@ class PartitionSteps:
 
         def read(after: int, limit: int) -> list[HeadEntry]:
             with store.read() as conn:
-                return store.scan_entries(conn, queue_id, after, limit, inline)
+                return store.partitions.scan_entries(conn, queue_id, after, limit, inline)
 
         def partition(key: bytes) -> int:
             return partition_of(self.partitioner, key, count)
@@ -188,7 +188,7 @@ class PartitionSteps:
         payloads: dict[int, bytes] = {}
         if missing:  # read apart from the delivery: its transaction takes no lock before
             with store.read() as conn:  # the listener's first statement (SQLite)
-                payloads = store.read_payloads(conn, qid, missing)
+                payloads = store.partitions.read_payloads(conn, qid, missing)
         kept: list[HeadEntry] = []
         size = 0
         for e in took.entries:
@@ -206,7 +206,7 @@ class PartitionSteps:
     def save(self, conn: Connection, queue: QueueInfo, partition: int, taken: Taken) -> None:
         """Record ``taken`` delivered in ``conn``'s transaction: a compare-and-set from
         its mark (:class:`Conflict` if another delivery committed since)."""
-        if not self.store.save_partition(
+        if not self.store.partitions.save_partition(
             conn,
             queue.queue_id,
             self.owner,
@@ -230,11 +230,11 @@ class PartitionSteps:
         queue is drained. Nothing is above it, so nothing is passed undelivered.
         """
         store, owner = self.store, self.owner
-        if store.peek_head(conn, queue_id, after=min(marks.values())) is not None:
+        if store.heads.peek_head(conn, queue_id, after=min(marks.values())) is not None:
             return
         high = max(marks.values())
         for p, seq in marks.items():
-            if seq < high and not store.save_partition(
+            if seq < high and not store.partitions.save_partition(
                 conn, queue_id, owner, p, previous_seq=seq, delivered_seq=high, delivered_seqs=[]
             ):
                 raise Conflict
@@ -249,21 +249,21 @@ class PartitionSteps:
         # Held: another worker's barrier run commits the state and the marks
         # together, so both are read after it, never the marks alone (a full
         # sync would start twice).
-        state = store.load_state(conn, qid, lock=True)
+        state = store.queues.load_state(conn, qid, lock=True)
         if state.lease_owner != owner:
             raise LeaseLost
-        marks = store.load_partitions(conn, qid)
+        marks = store.partitions.load_partitions(conn, qid)
         if len(marks) != count:
             raise Conflict
         low = min(marks.values())
         if any(seq != low for seq in marks.values()):
             self._level(conn, qid, marks)
             return None
-        head = store.peek_head(conn, qid, after=low)
+        head = store.heads.peek_head(conn, qid, after=low)
         if head is None and state.delivered_seq < low:
             # Every partition passed everything: the queue's own mark catches up
             # (a worker's commit may have read its peers' marks before theirs).
-            store.save_barrier(
+            store.partitions.save_barrier(
                 conn,
                 qid,
                 owner,
@@ -278,7 +278,9 @@ class PartitionSteps:
         if head is None or is_keyed(head):
             return None
         with collector_paused():  # a batch of new objects: scanned once, after
-            entries = store.read_head(conn, qid, self.batch_size, self.batch_max_bytes, after=low)
+            entries = store.heads.read_head(
+                conn, qid, self.batch_size, self.batch_max_bytes, after=low
+            )
             run = []
             for e in entries:
                 if is_keyed(e):
@@ -294,7 +296,7 @@ class PartitionSteps:
         above it: the lease's new expiry. :class:`Conflict` if the queue changed."""
         state, plan = barrier.state, barrier.plan
         expires = self.leases.expiry()
-        if not self.store.save_barrier(
+        if not self.store.partitions.save_barrier(
             conn,
             queue.queue_id,
             self.owner,
@@ -325,7 +327,7 @@ class PartitionedDelivery(PartitionSteps):
 
     def __init__(
         self,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         calls: ListenerCalls,
         leases: QueueLeases,
         *,

@@ -23,7 +23,7 @@ from lr_client.listener_calls import Callback, CallPlanner
 from lr_client.partitioned import Conflict, LeaseLost
 from lr_client.queue_leases import QueueLeases
 from lr_client.records import QueueInfo, ReplicationType, SubscriberState
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 
 log = logging.getLogger("lr_client.subscriber")
 
@@ -45,7 +45,7 @@ class QueueDelivery:
 
     def __init__(
         self,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         calls: CallPlanner,
         leases: QueueLeases,
         *,
@@ -65,12 +65,12 @@ class QueueDelivery:
         """Read the head of ``queue`` in ``conn``'s transaction and plan it; None if
         nothing is ready. :class:`LeaseLost` if this owner does not hold the queue."""
         store, qid = self.store, queue.queue_id
-        state = store.load_state(conn, qid)
+        state = store.queues.load_state(conn, qid)
         if state.lease_owner != self.owner:
             raise LeaseLost
         if qid in self.awaiting:
             # Waiting for a snapshot's end: look at the head alone, not a whole batch.
-            if self.calls.awaits_end(conn, qid, state, store.peek_head(conn, qid)):
+            if self.calls.awaits_end(conn, qid, state, store.heads.peek_head(conn, qid)):
                 return None
             self.awaiting.discard(qid)
         with collector_paused():  # a batch of new objects: scanned once, after
@@ -93,7 +93,7 @@ class QueueDelivery:
         # a log entry read past its end waits for the next delivery (the plan
         # takes one run), which reads batch_size again.
         limit = self.snapshot_batch_size if state.in_snapshot else self.batch_size
-        entries = self.store.read_head(conn, qid, limit, self.batch_max_bytes)
+        entries = self.store.heads.read_head(conn, qid, limit, self.batch_max_bytes)
         if not entries:
             return None
         if len(entries) > self.batch_size and entries[0].type is not _SNAPSHOT_ENTRY:
@@ -109,7 +109,7 @@ class QueueDelivery:
         since the read (the caller rolls back)."""
         state, plan = opened.state, opened.plan
         expires = self.leases.expiry()
-        saved = self.store.save_state(
+        saved = self.store.queues.save_state(
             conn,
             queue.queue_id,
             self.owner,

@@ -14,7 +14,7 @@ import time
 
 from sqlalchemy.engine import Connection
 
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 
 
 class QueueLeases:
@@ -22,7 +22,7 @@ class QueueLeases:
     delivery with ``partitions`` partitions."""
 
     def __init__(
-        self, store: SubscriberQueues, owner: str, lease_seconds: float, partitions: int
+        self, store: DeliveryStore, owner: str, lease_seconds: float, partitions: int
     ) -> None:
         self.store = store
         self.owner = owner
@@ -51,11 +51,11 @@ class QueueLeases:
         if another owner holds it. The queue's partition count is claimed with it:
         refused (:class:`~lr_client.errors.PartitionCountError`, the lease not taken) if
         it differs and the queue is not drained."""
-        expires = self.store.acquire_lease(
+        expires = self.store.queues.acquire_lease(
             conn, queue_id, self.owner, time.time(), self.lease_seconds
         )
         if expires is not None:
-            self.store.claim_partitions(conn, queue_id, self.partitions)
+            self.store.partitions.claim_partitions(conn, queue_id, self.partitions)
         return expires
 
     def taken(self, queue_id: int, expires: float | None) -> bool:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import threading
 import time
 
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 
 
 class QueueMarks:
     """The queues of ``owner`` whose partitions moved since their own mark was raised."""
 
-    def __init__(self, store: SubscriberQueues, owner: str) -> None:
+    def __init__(self, store: DeliveryStore, owner: str) -> None:
         self.store, self.owner = store, owner
         #: {queue id: when (monotonic) its partitions first moved since the last raise}.
         self.behind: dict[int, float] = {}
@@ -42,7 +42,7 @@ class QueueMarks:
                 self.behind.pop(qid, None)
                 try:
                     with self.store.write() as conn:
-                        self.store.raise_queue_mark(conn, qid, self.owner)
+                        self.store.partitions.raise_queue_mark(conn, qid, self.owner)
                 except BaseException:
                     self.behind.setdefault(qid, since)
                     raise

@@ -147,7 +147,7 @@ class RoutingQueueClient(SenderSettings):
 
     def register_destinations(self, destinations: Iterable[str]) -> None:
         """Register sites this client may send to."""
-        self.store.register_sites(list(destinations))
+        self.store.sites.register_sites(list(destinations))
 
     # -- transmit ----------------------------------------------------------------------
     def transmit_log_entry_message(

@@ -58,7 +58,8 @@ from lr_client.records import (
 )
 from lr_client.sealed_headers import seal_headers
 from lr_client.snapshot_status import SnapshotInfo, parse_states
-from lr_client.store import SendLog, Sites, Snapshots
+from lr_client.store import SendLog, Sites, SnapshotEntries, SnapshotRequests, Transactions
+from lr_client.store.lifecycle import SchemaStatus
 
 T = TypeVar("T")
 
@@ -70,8 +71,26 @@ RESOLVED_CACHE_SIZE = 1024
 POSITION_POLL_S = 0.01
 
 
-class TransmitStore(Sites, SendLog, Snapshots, Protocol):
+class TransmitStore(Transactions, Protocol):
     """What the sender API needs of the store: sites, the send log, snapshot requests."""
+
+    def create_schema(self) -> SchemaStatus:
+        """Create or upgrade every table (idempotent); the schema's status before."""
+
+    def close(self) -> None:
+        """Close the store's connections; a later call reconnects."""
+
+    @property
+    def sites(self) -> Sites: ...
+
+    @property
+    def send(self) -> SendLog: ...
+
+    @property
+    def snapshots(self) -> SnapshotRequests: ...
+
+    @property
+    def snapshot_entries(self) -> SnapshotEntries: ...
 
 
 class Backpressure(enum.StrEnum):
@@ -163,10 +182,10 @@ class SenderRules:
         self.backpressure_timeout = backpressure_timeout
         self.flow_check_interval = flow_check_interval
         self.flow: CachedReading[tuple[bool, list[str]]] = CachedReading(
-            lambda: store.flow_state(self.client_name), flow_check_interval
+            lambda: store.send.flow_state(self.client_name), flow_check_interval
         )
         self.route: CachedReading[CascadeRoute | None] = CachedReading(
-            lambda: store.transmit_route(self.client_name), flow_check_interval
+            lambda: store.send.transmit_route(self.client_name), flow_check_interval
         )
         #: Destination lists already validated, with their site numbers (numbers never change).
         self.resolved: dict[tuple[object, ...], list[int]] = {}
@@ -189,7 +208,7 @@ class SenderRules:
         yield from self._check_route([destinations])  # type: ignore[list-item]
         yield from self._check_backpressure()
         refs: list[EntryRef] = yield InTransaction(
-            lambda conn: self.store.append_log_entries(conn, self.client_name, [row])
+            lambda conn: self.store.send.append_log_entries(conn, self.client_name, [row])
         )
         return refs[0]
 
@@ -215,7 +234,7 @@ class SenderRules:
         yield from self._check_route([m.destinations for m in checked])
         yield from self._check_backpressure()
         refs: list[EntryRef] = yield InTransaction(
-            lambda conn: self.store.append_log_entries(conn, self.client_name, rows)
+            lambda conn: self.store.send.append_log_entries(conn, self.client_name, rows)
         )
         return refs
 
@@ -229,7 +248,7 @@ class SenderRules:
                 f"destination must be a site id, got {type(destination).__name__}"
             )
         yield from self.dest_nums([destination])
-        request = self.store.request_snapshot
+        request = self.store.snapshots.request_snapshot
         if in_transaction:
             sid: str = yield InTransaction(
                 lambda conn: request(conn, destination, self.client_name, reason)
@@ -242,7 +261,7 @@ class SenderRules:
         """The positions of ``refs``, asking again every ``POSITION_POLL_S`` until ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
-            found: list[int | None] = yield Blocking(lambda: self.store.positions_of(refs))
+            found: list[int | None] = yield Blocking(lambda: self.store.send.positions_of(refs))
             if None not in found or time.monotonic() >= deadline:
                 return found
             yield POSITION_POLL_S
@@ -255,7 +274,7 @@ class SenderRules:
             destination = validate_name(destination, "destination site id")
         wanted = parse_states(states)
         found: list[SnapshotRequest] = yield Blocking(
-            lambda: self.store.list_snapshots(destination, self.client_name, wanted)
+            lambda: self.store.snapshots.list_snapshots(destination, self.client_name, wanted)
         )
         return [SnapshotInfo.from_request(r) for r in found]
 
@@ -264,7 +283,7 @@ class SenderRules:
         if destination is not None:
             destination = validate_name(destination, "destination site id")
         req: SnapshotRequest | None = yield Blocking(
-            lambda: self.store.get_snapshot(snapshot_id, destination)
+            lambda: self.store.snapshots.get_snapshot(snapshot_id, destination)
         )
         if req is None or req.client_name != self.client_name:
             return None
@@ -294,9 +313,9 @@ class SenderRules:
             except (KeyError, TypeError):  # new, or an unhashable element
                 pass
         names = self._names(destinations)
-        known: dict[str, int] = yield Blocking(self.store.site_numbers)
+        known: dict[str, int] = yield Blocking(self.store.sites.site_numbers)
         if any(n not in known for n in names):
-            known = yield Blocking(lambda: self.store.site_numbers(refresh=True))
+            known = yield Blocking(lambda: self.store.sites.site_numbers(refresh=True))
         unknown = [n for n in names if n not in known]
         if unknown:
             raise UnknownDestinationError(f"unknown destinations: {', '.join(unknown)}")

@@ -36,8 +36,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lr_client.errors import TransientError
-from lr_client.store.inspection import SinkBacklog, SinkFailures
-from lr_client.store.partition_lags import PartitionLag
+from lr_client.store.contract import Inspection
 
 #: The metrics' names, as exported by the collector and by ``lr server``.
 QUEUE_DEPTH = "lr_sink_queue_depth"
@@ -50,20 +49,11 @@ PARTITION_BEHIND = "lr_sink_partition_behind_entries"
 
 @runtime_checkable
 class SinkReads(Protocol):
-    """What the collector reads: every receive queue's backlog (the SQLAlchemy stores of
-    both backends have it; it is not part of the store contract)."""
+    """What the collector reads: a store's inspection role (every receive queue's
+    backlog, failures and partitions' lag)."""
 
-    def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
-        """Every receive queue's (of one client's) undelivered count and oldest arrival."""
-        ...
-
-    def sink_failures(self, client_name: str | None = None) -> SinkFailures:
-        """Every receive queue's (of one client's) parked entries and blocked state."""
-        ...
-
-    def sink_partition_lags(self, client_name: str | None = None) -> list[PartitionLag]:
-        """Every partition's (of one client's queues) entries above its delivered mark."""
-        ...
+    @property
+    def inspection(self) -> Inspection: ...
 
 
 class SinkCollector(Collector):
@@ -88,9 +78,9 @@ class SinkCollector(Collector):
         """The gauges, as of now; only ``lr_sink_metrics_up`` 0 if the read failed."""
         up = GaugeMetricFamily(UP, "1 if the sink's database answered this scrape's read")
         try:
-            backlogs = self.store.sink_backlogs(self.client_name)
-            failures = self.store.sink_failures(self.client_name)
-            lags = self.store.sink_partition_lags(self.client_name)
+            backlogs = self.store.inspection.sink_backlogs(self.client_name)
+            failures = self.store.inspection.sink_failures(self.client_name)
+            lags = self.store.inspection.sink_partition_lags(self.client_name)
         except TransientError:
             up.add_metric([], 0)
             yield up

@@ -47,7 +47,7 @@ from lr_client.keys import Keyring
 from lr_client.names import validate_name
 from lr_client.records import SnapshotRequest, SnapshotStatus, check_partition_key, check_payload
 from lr_client.snapshot_heartbeat import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat
-from lr_client.store import Snapshots, open_store
+from lr_client.store import SnapshotStore, open_store
 
 log = logging.getLogger("lr_client.snapshot")
 
@@ -60,7 +60,7 @@ PROGRESS_INTERVAL_S = 1.0
 
 
 def wait_for_base(
-    store: Snapshots,
+    store: SnapshotStore,
     snapshot_id: str,
     stop: threading.Event | None = None,
     interval: float = 0.1,
@@ -72,8 +72,8 @@ def wait_for_base(
     :class:`~lr_client.errors.SnapshotError` if it stops running meanwhile, or ``stop``
     is set."""
     stop = stop or threading.Event()
-    while not store.snapshot_base_applied(snapshot_id):
-        if not store.heartbeat_snapshot(snapshot_id):
+    while not store.snapshots.snapshot_base_applied(snapshot_id):
+        if not store.snapshots.heartbeat_snapshot(snapshot_id):
             raise SnapshotError(f"snapshot {snapshot_id} is no longer running")
         if stop.wait(interval):
             raise SnapshotError(f"snapshot {snapshot_id}: stopped waiting for its base")
@@ -108,7 +108,7 @@ class SnapshotContext:
 
     def __init__(
         self,
-        store: Snapshots,
+        store: SnapshotStore,
         request: SnapshotRequest,
         *,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -240,7 +240,7 @@ class SnapshotContext:
         keys = [k for _, k in rows]
         try:
             with self.store.write() as conn:
-                self.store.write_snapshot_entries(
+                self.store.snapshot_entries.write_snapshot_entries(
                     conn,
                     self.snapshot_id,
                     part,
@@ -254,7 +254,7 @@ class SnapshotContext:
 
     def _save_progress(self) -> None:
         self._progress_at = time.monotonic()
-        self.store.set_snapshot_progress(self.snapshot_id, self.progress)
+        self.store.snapshot_entries.set_snapshot_progress(self.snapshot_id, self.progress)
 
     def mark_completed(self) -> int:
         """Write the end marker (with the entry count); the snapshot becomes READY.
@@ -266,7 +266,7 @@ class SnapshotContext:
             assert self._count is not None
             return self._count
         try:
-            self._count = self.store.finish_snapshot(self.snapshot_id)
+            self._count = self.store.snapshot_entries.finish_snapshot(self.snapshot_id)
         except SnapshotError:
             self._cancelled = True
             raise
@@ -276,7 +276,7 @@ class SnapshotContext:
     def cancel(self, reason: str = "cancelled by the provider") -> None:
         """Give up this snapshot: cancel the request and release its entries."""
         self._cancelled = True
-        self.store.cancel_snapshot(self.snapshot_id, reason)
+        self.store.snapshots.cancel_snapshot(self.snapshot_id, reason)
 
     def is_cancelled(self) -> bool:
         """Whether the request was cancelled or superseded (asks the database).
@@ -285,7 +285,7 @@ class SnapshotContext:
         """
         if self._cancelled:
             return True
-        req = self.store.get_snapshot(self.snapshot_id)
+        req = self.store.snapshots.get_snapshot(self.snapshot_id)
         if req is None or req.status in (SnapshotStatus.CANCELLED, SnapshotStatus.FAILED):
             self._cancelled = True
         return self._cancelled
@@ -313,7 +313,7 @@ class SnapshotProviderRunner:
 
     At a branch of a cascade the provider is called once the node's
     subscriber has delivered the relayed entries through the snapshot's base
-    (:meth:`~lr_client.store.contract.Snapshots.snapshot_base_applied`): a
+    (:meth:`~lr_client.store.contract.SnapshotStore.snapshot_base_applied`): a
     started snapshot waits for that across polls, kept alive by each one. With
     ``keyring`` and ``source_id`` (the client's origin: this site, or a cascade's
     root) each row is encrypted as it is written, for every key of the keyring.
@@ -321,7 +321,7 @@ class SnapshotProviderRunner:
 
     def __init__(
         self,
-        engine_or_store: Engine | Snapshots,
+        engine_or_store: Engine | SnapshotStore,
         client_name: str,
         provider: Provider,
         *,
@@ -332,7 +332,7 @@ class SnapshotProviderRunner:
         keyring: Keyring | None = None,
         source_id: str = "",
     ) -> None:
-        self.store: Snapshots = (
+        self.store: SnapshotStore = (
             open_store(engine_or_store)
             if isinstance(engine_or_store, (Engine, str))
             else engine_or_store
@@ -357,7 +357,7 @@ class SnapshotProviderRunner:
 
     def pending(self) -> list[SnapshotRequest]:
         """REQUESTED snapshots this runner would handle, oldest first."""
-        found = self.store.list_snapshots(
+        found = self.store.snapshots.list_snapshots(
             client_name=self.client_name, statuses=[SnapshotStatus.REQUESTED]
         )
         if self.destinations is not None:
@@ -374,12 +374,14 @@ class SnapshotProviderRunner:
         """
         handled = 0
         for req in self.pending():
-            started = self.store.start_snapshot(req.snapshot_id)
+            started = self.store.snapshots.start_snapshot(req.snapshot_id)
             if started is not None:  # else another runner took it, or it was cancelled
                 self._waiting[started.snapshot_id] = started
         for sid, started in list(self._waiting.items()):
-            if not self.store.snapshot_base_applied(sid):
-                if not self.store.heartbeat_snapshot(sid):  # cancelled or failed meanwhile
+            if not self.store.snapshots.snapshot_base_applied(sid):
+                if not self.store.snapshots.heartbeat_snapshot(
+                    sid
+                ):  # cancelled or failed meanwhile
                     del self._waiting[sid]
                 continue
             del self._waiting[sid]
@@ -436,7 +438,7 @@ class SnapshotProviderRunner:
         return SnapshotHeartbeat(self.store, snapshot_id, self.heartbeat_interval)
 
     def _fail(self, snapshot_id: str, reason: str) -> None:
-        self.store.update_snapshot(
+        self.store.snapshots.update_snapshot(
             snapshot_id,
             expect=[SnapshotStatus.RUNNING],
             status=SnapshotStatus.FAILED,
@@ -446,7 +448,7 @@ class SnapshotProviderRunner:
     def _release(self, snapshot_id: str) -> None:
         """Delete whatever the provider wrote (the request is already closed)."""
         try:
-            self.store.cancel_snapshot(snapshot_id, "released by the provider runner")
+            self.store.snapshots.cancel_snapshot(snapshot_id, "released by the provider runner")
         except LRError:
             log.warning("could not release the entries of snapshot %s", snapshot_id)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from lr_client.store import Snapshots
+from lr_client.store import SnapshotStore
 
 log = logging.getLogger("lr_client.snapshot")
 
@@ -29,7 +29,7 @@ class SnapshotHeartbeat:
     """
 
     def __init__(
-        self, store: Snapshots, snapshot_id: str, interval: float = HEARTBEAT_INTERVAL_S
+        self, store: SnapshotStore, snapshot_id: str, interval: float = HEARTBEAT_INTERVAL_S
     ) -> None:
         self.store = store
         self.snapshot_id = snapshot_id
@@ -42,7 +42,7 @@ class SnapshotHeartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                if not self.store.heartbeat_snapshot(self.snapshot_id):
+                if not self.store.snapshots.heartbeat_snapshot(self.snapshot_id):
                     return  # completed, cancelled or failed: nothing to keep alive
             except Exception:  # a missed beat is retried; the timeout is many beats long
                 log.warning("snapshot %s: heartbeat failed", self.snapshot_id, exc_info=True)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
 
 from sqlalchemy.engine import Engine
 
@@ -43,7 +42,10 @@ from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
 from lr_client.partitioners import Partitioner
 from lr_client.queue_marks import QueueMarks
 from lr_client.records import QueueInfo
-from lr_client.store import Sites, SubscriberQueues, open_store
+from lr_client.store import (
+    DeliveryStore,
+    open_store,
+)
 from lr_client.store.lifecycle import SchemaStatus
 from lr_client.store.watches import Watch
 from lr_client.subscriber_settings import (
@@ -55,10 +57,6 @@ from lr_client.subscriber_settings import (
 )
 
 log = logging.getLogger("lr_client.subscriber")
-
-
-class DeliveryStore(Sites, SubscriberQueues, Protocol):
-    """What the subscriber needs of the store: the schema and the receive queues."""
 
 
 #: Seconds between raises of a queue's own ``delivered_seq`` to the minimum over its
@@ -207,7 +205,9 @@ class RoutingQueueSubscriber(SubscriberCore):
         PostgreSQL's notification, SQLite's database file written).
         """
         if self.wake_on_arrival:
-            self.arrival_watch = self.store.watch_arrivals(self.client_name, self._doorbell.ring)
+            self.arrival_watch = self.store.queues.watch_arrivals(
+                self.client_name, self._doorbell.ring
+            )
         try:
             if self.partitions > 1:
                 self._run_workers(stop)
@@ -245,7 +245,7 @@ class RoutingQueueSubscriber(SubscriberCore):
         self._leases.until.clear()
         try:
             with self.store.write() as conn:
-                self.store.release_leases(conn, self.owner)
+                self.store.queues.release_leases(conn, self.owner)
         except Exception as exc:  # they expire anyway
             log.warning("could not release leases of %s: %s", self.owner, exc)
 
@@ -275,7 +275,7 @@ class RoutingQueueSubscriber(SubscriberCore):
                 if not progressed:
                     self._marks.raise_due(0.0)
                     return total, moved
-        queues = self.store.list_queues(self.client_name)
+        queues = self.store.queues.list_queues(self.client_name)
         due = self._due(queues)
         if not due:
             return 0, False
@@ -335,7 +335,7 @@ class RoutingQueueSubscriber(SubscriberCore):
     def _poll_partitions(self, parts: range) -> tuple[int, bool]:
         """One turn of ``parts`` over every queue: (messages delivered, any progress)."""
         delivered, progressed = 0, False
-        for queue in self.store.list_queues(self.client_name):
+        for queue in self.store.queues.list_queues(self.client_name):
             qid = queue.queue_id
             for p in parts:
                 key = (qid, p)
@@ -413,7 +413,7 @@ class RoutingQueueSubscriber(SubscriberCore):
 
     def _has_entries(self, queue_id: int) -> bool:
         with self.store.read_statements() as conn:
-            return self.store.has_entries(conn, queue_id)
+            return self.store.heads.has_entries(conn, queue_id)
 
     def _hold_lease(self, queue_id: int) -> bool:
         return self._leases.hold(queue_id)

@@ -30,7 +30,7 @@ from lr_client.partitioners import Partitioner, load_partitioner
 from lr_client.queue_delivery import QueueDelivery
 from lr_client.queue_leases import QueueLeases
 from lr_client.records import QueueInfo
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 from lr_client.store import parked as pk
 from lr_client.store.watches import Watch
 
@@ -68,7 +68,7 @@ class SubscriberCore:
 
     def __init__(
         self,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         client_name: str,
         listener: object,
         *,
@@ -154,7 +154,7 @@ class SubscriberCore:
         if calls is not None:
             calls.keyring = keyring
 
-    def _planner(self, cls: Callable[..., P], listener: Any, store: SubscriberQueues) -> P:
+    def _planner(self, cls: Callable[..., P], listener: Any, store: DeliveryStore) -> P:
         """This subscriber's listener calls, of ``cls``."""
         whole = self.snapshot_delivery is SnapshotDelivery.COMPLETE
         return cls(
@@ -172,7 +172,7 @@ class SubscriberCore:
         until the key is supplied); a queue leaves it at its next delivery."""
         return dict(self._errors)
 
-    def _steps(self, store: SubscriberQueues, calls: CallPlanner) -> QueueDelivery:
+    def _steps(self, store: DeliveryStore, calls: CallPlanner) -> QueueDelivery:
         """The read and mark of this subscriber's deliveries, planned by ``calls``."""
         return QueueDelivery(
             store,
@@ -233,7 +233,7 @@ class SubscriberCore:
 
     def _waiting(self, conn: Connection, queue_id: int) -> bool:
         """Whether a queue has entries to deliver, or (parking) parked ones released."""
-        if self._store.has_entries(conn, queue_id):
+        if self._store.heads.has_entries(conn, queue_id):
             return True
         return self.failure_policy.parks and pk.has_released(conn, queue_id)
 

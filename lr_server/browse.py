@@ -30,13 +30,19 @@ from lr_client.names import (
     validate_name,
 )
 from lr_client.records import ReplicationType, StoredEntry
-from lr_client.store import Inspection, Sites
+from lr_client.store import Inspection, Sites, Transactions
 
 PREVIEW_CHARS = 32
 
 
-class BrowseStore(Inspection, Sites, Protocol):
+class BrowseStore(Transactions, Protocol):
     """What the queue listing needs: the queues' sizes and the sites (their tags)."""
+
+    @property
+    def inspection(self) -> Inspection: ...
+
+    @property
+    def sites(self) -> Sites: ...
 
 
 @dataclass
@@ -132,15 +138,15 @@ def _browsed(entry: StoredEntry) -> BrowsedEntry:
 def _log_entries(
     store: BrowseStore, tag: str | None, client: str | None, after: int, limit: int
 ) -> list[StoredEntry]:
-    dest = None if tag is None else _tag_site(store, tag, LOGENTRY_TAG, SEND_LOG_ENTRIES)
-    return store.browse_log_entries(dest, client, after, limit)
+    dest = None if tag is None else _tag_site(store.sites, tag, LOGENTRY_TAG, SEND_LOG_ENTRIES)
+    return store.inspection.browse_log_entries(dest, client, after, limit)
 
 
 def _snapsync_entries(
     store: BrowseStore, tag: str | None, client: str | None, after: int, limit: int
 ) -> list[StoredEntry]:
-    dest = None if tag is None else _tag_site(store, tag, SNAPSYNC_TAG, SEND_SNAPSYNC)
-    return store.browse_snapshot_entries(dest, client, after, limit)
+    dest = None if tag is None else _tag_site(store.sites, tag, SNAPSYNC_TAG, SEND_SNAPSYNC)
+    return store.inspection.browse_snapshot_entries(dest, client, after, limit)
 
 
 def _recv_entries(
@@ -180,7 +186,7 @@ def browse(
         return [_browsed(e) for e in _snapsync_entries(store, tag, client, after, limit)]
     if queue.startswith(RECV_PREFIX):
         try:
-            return [_browsed(e) for e in _recv_entries(store, queue, tag, after, limit)]
+            return [_browsed(e) for e in _recv_entries(store.inspection, queue, tag, after, limit)]
         except InvalidNameError as exc:
             raise InvalidInputError(str(exc)) from exc
     raise InvalidInputError(
@@ -191,8 +197,8 @@ def browse(
 
 def list_queues(store: BrowseStore) -> list[QueueSummary]:
     """Every queue of the site with its stored entry count and the tags that index it."""
-    sites = sorted(store.site_numbers(refresh=True))
-    n_log, n_snap, queues = store.queue_sizes()
+    sites = sorted(store.sites.site_numbers(refresh=True))
+    n_log, n_snap, queues = store.inspection.queue_sizes()
     out = [
         QueueSummary(SEND_LOG_ENTRIES, n_log, [logentry_tag(x) for x in sites]),
         QueueSummary(SEND_SNAPSYNC, n_snap, [snapsync_tag(x) for x in sites]),

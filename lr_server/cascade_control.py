@@ -54,8 +54,10 @@ def child_reports(
 
 def children_of(store: QueueStore, client_name: str) -> list[watermarks.ChildReport]:
     """This node's children of ``client_name``, with the retention drops of their streams."""
-    drops = frozenset(d.destination for d in store.list_drops() if d.client_name == client_name)
-    return child_reports(store.cascade_children(client_name), drops)
+    drops = frozenset(
+        d.destination for d in store.retention.list_drops() if d.client_name == client_name
+    )
+    return child_reports(store.cascade.cascade_children(client_name), drops)
 
 
 def delivered_position(store: QueueStore, node: CascadeNode) -> int:
@@ -63,10 +65,12 @@ def delivered_position(store: QueueStore, node: CascadeNode) -> int:
     origin position (at most what it received); a leaf's received position (what it
     received and has not delivered waits in its own queue: it needs only what follows)."""
     if node.role == CascadeRole.ROOT:
-        return store.head_position()
-    received = store.sink_progress(node.origin_id, node.client_name).last_position
+        return store.send.head_position()
+    received = store.recv.sink_progress(node.origin_id, node.client_name).last_position
     if node.role == CascadeRole.BRANCH:
-        return min(received, store.relay_delivered_position(node.client_name, node.origin_id))
+        return min(
+            received, store.cascade.relay_delivered_position(node.client_name, node.origin_id)
+        )
     return received
 
 
@@ -88,7 +92,7 @@ def branch_floor(store: QueueStore, config: SiteConfig, client_name: str) -> int
     :func:`lr_server.watermarks.relay_floor`: the global watermark it was told, its own
     delivered position, what the children that count still need); None unless this node
     is a branch of the client."""
-    node = store.cascade_node(client_name)
+    node = store.cascade.cascade_node(client_name)
     if node is None or node.role != CascadeRole.BRANCH:
         return None
     children = children_of(store, client_name)
@@ -130,17 +134,19 @@ def serve_report(
     if caller != report.node_id:
         raise PermissionDeniedError(f"{caller} cannot report as {report.node_id!r}")
     cascade = config.cascade(client)
-    node = store.cascade_node(client)
+    node = store.cascade.cascade_node(client)
     if cascade is None or node is None:
         raise ProtocolError(f"{client!r} is not a cascaded client of {config.id}")
     if origin != node.origin_id:
         raise ProtocolError(f"{client!r} has origin {node.origin_id} here, not {origin!r}")
     if caller not in cascade.nodes or caller == config.id:
         raise PermissionDeniedError(f"{caller} is not a node of the set of {client!r}")
-    if not store.record_cascade_report(
+    if not store.cascade_reports.record_cascade_report(
         client, caller, report.epoch, report.local_watermark, report.applied_position
     ):
-        current = next((c.epoch for c in store.cascade_children(client) if c.child_id == caller), 0)
+        current = next(
+            (c.epoch for c in store.cascade.cascade_children(client) if c.child_id == caller), 0
+        )
         raise ProtocolError(
             f"{caller} reported {client!r} at epoch {report.epoch}; {config.id} has it at "
             f"epoch {current}"
@@ -148,10 +154,10 @@ def serve_report(
     grace = config.replication.cascade_grace
     if node.role == CascadeRole.ROOT:
         global_wm, _ = node_watermarks(store, node, grace)
-        store.set_global_watermark(client, global_wm)
+        store.cascade_reports.set_global_watermark(client, global_wm)
     else:
         global_wm = node.global_watermark
-    accepted = next(c.epoch for c in store.cascade_children(client) if c.child_id == caller)
+    accepted = next(c.epoch for c in store.cascade.cascade_children(client) if c.child_id == caller)
     return pb.CascadeReply(
         global_watermark=global_wm, role=node.role, provider_id=config.id, epoch=accepted
     )
@@ -165,7 +171,7 @@ def report_once(
     grace = config.replication.cascade_grace
     if node.role == CascadeRole.ROOT:
         global_wm, _ = node_watermarks(store, node, grace)
-        store.set_global_watermark(node.client_name, global_wm)
+        store.cascade_reports.set_global_watermark(node.client_name, global_wm)
         metrics.CASCADE_WATERMARK.labels(node.client_name, "global").set(global_wm)
         metrics.CASCADE_WATERMARK.labels(node.client_name, "local").set(global_wm)
         return global_wm
@@ -178,7 +184,7 @@ def report_once(
             "cascade report of %s to %s failed: %s", node.client_name, node.provider_id, exc
         )
         return None
-    store.set_global_watermark(node.client_name, reply.global_watermark)
+    store.cascade_reports.set_global_watermark(node.client_name, reply.global_watermark)
     metrics.CASCADE_WATERMARK.labels(node.client_name, "global").set(reply.global_watermark)
     return int(reply.global_watermark)
 
@@ -209,7 +215,7 @@ class CascadeReporter:
 
     def run_once(self) -> None:
         """One round: a report (or the root's computation) per cascaded client."""
-        for node in self.store.list_cascade_nodes():
+        for node in self.store.cascade.list_cascade_nodes():
             report_once(self.store, self.config, self.send, node)
 
     def run(self, stop: threading.Event) -> None:

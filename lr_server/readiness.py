@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from lr_client.store import Sites
+from lr_client.store import QueueStore
 from lr_server.membership import Membership
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -23,7 +23,7 @@ class Serving(Protocol):
     """What the probe reads of a running server (:class:`~lr_server.server.SiteServer`)."""
 
     @property
-    def store(self) -> Sites: ...
+    def store(self) -> QueueStore: ...
     @property
     def membership(self) -> Membership | None: ...
     @property

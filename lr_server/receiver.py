@@ -39,7 +39,7 @@ from lr_client.records import (
     SinkSnapshotState,
     WireEntry,
 )
-from lr_client.store import Cascading, Receiving
+from lr_client.store import Cascading, Receiving, Transactions
 from lr_client.store.replay_contract import Replays
 from lr_server import codecs, metrics, protocol
 from lr_server.receive_limits import ReceiveLimits
@@ -58,8 +58,17 @@ _LOG_TYPES = {ReplicationType.LOG_ENTRY_SYNC}
 CASCADE_ROWS_TTL = 1.0
 
 
-class ReceiverStore(Receiving, Cascading, Replays, Protocol):
+class ReceiverStore(Transactions, Protocol):
     """What the receiver needs of the store: receive queues, cascade rows, replays."""
+
+    @property
+    def recv(self) -> Receiving: ...
+
+    @property
+    def cascade(self) -> Cascading: ...
+
+    @property
+    def replays(self) -> Replays: ...
 
 
 #: Serves one ``Cascade`` call: (the authenticated caller, its report) -> the reply.
@@ -116,7 +125,7 @@ class Receiver:
         with self._cascade_lock:
             now = time.monotonic()
             if fresh or now - self._cascade_read_at >= CASCADE_ROWS_TTL:
-                self._cascade = {n.client_name: n for n in self.store.list_cascade_nodes()}
+                self._cascade = {n.client_name: n for n in self.store.cascade.list_cascade_nodes()}
                 self._cascade_read_at = now
             return self._cascade
 
@@ -172,7 +181,7 @@ class Receiver:
         for client in request.clients:
             _valid(client, "client name")
             origin = origins.get(client, "")
-            p = self.store.sink_progress(origin or source_id, client)
+            p = self.store.recv.sink_progress(origin or source_id, client)
             response.clients.append(
                 pb.ClientState(
                     client_name=client,
@@ -190,7 +199,7 @@ class Receiver:
     ) -> tuple[bool, int]:
         """Store a log batch (of one lane, or the whole stream); (applied, last position)."""
         if batch.lane:
-            return self.store.apply_lane_batch(
+            return self.store.recv.apply_lane_batch(
                 source_id,
                 client,
                 batch.lane,
@@ -201,7 +210,7 @@ class Receiver:
             )
         if self.on_received is not None:
             self.on_received(source_id, client, batch.previous_position, entries)
-        return self.store.apply_log_batch(source_id, client, entries, batch.previous_position)
+        return self.store.recv.apply_log_batch(source_id, client, entries, batch.previous_position)
 
     def apply(self, source_id: str, batch: pb.ReplicationBatch) -> pb.ReplicationAck:
         """Validate and apply one batch; return its acknowledgement."""
@@ -234,7 +243,7 @@ class Receiver:
                 e.type not in SNAPSHOT_TYPES or e.snapshot_id != batch.snapshot_id for e in entries
             ):
                 raise ProtocolError("snapshot batch holds entries of another type or snapshot")
-            applied, last = self.store.apply_snapshot_batch(
+            applied, last = self.store.recv.apply_snapshot_batch(
                 source_id, client, batch.snapshot_id, entries, batch.previous_position
             )
         elif batch.kind == pb.BATCH_DROP_NOTICE:
@@ -246,7 +255,7 @@ class Receiver:
                 reason = notice.payload.decode()
             except UnicodeDecodeError as exc:
                 raise ProtocolError("drop notice reason is not UTF-8") from exc
-            applied = self.store.apply_drop_notice(
+            applied = self.store.recv.apply_drop_notice(
                 source_id, client, batch.snapshot_id, notice.position, reason
             )
             last = notice.position
@@ -296,7 +305,7 @@ class Receiver:
             raise ProtocolError("a replayed batch holds log entries, on no lane")
         if any(e.type not in _LOG_TYPES for e in entries):
             raise ProtocolError("log entry batch holds entries of another type")
-        applied, last = self.store.apply_replay_batch(source_id, client, entries)
+        applied, last = self.store.replays.apply_replay_batch(source_id, client, entries)
         if applied:
             metrics.ENTRIES_REPLAYED.labels(source_id, client).inc(len(entries))
             first = entries[0].position

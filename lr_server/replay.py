@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from lr_client.errors import IncompatibleVersionError
-from lr_client.store import Retention, Shipping
+from lr_client.store import Retention, Shipping, Transactions
 from lr_client.store.replay_contract import DONE, REFUSED, RUNNING, ReplayRequest, Replays
 from lr_server import metrics, protocol, wire
 from lr_server.config import ReplicationConfig
@@ -33,8 +33,17 @@ from lr_server.transport.base import BatchStream
 from lr_server.window import InFlight, Window
 
 
-class ReplayStore(Shipping, Retention, Replays, Protocol):
+class ReplayStore(Transactions, Protocol):
     """What it needs of the store: log reads, cursors, trim marks, replay requests."""
+
+    @property
+    def shipping(self) -> Shipping: ...
+
+    @property
+    def retention(self) -> Retention: ...
+
+    @property
+    def replays(self) -> Replays: ...
 
 
 def trimmed_message(destination: str, client: str, position: int, trimmed: int) -> str:
@@ -84,7 +93,7 @@ class Replayer:
 
     def check(self, streams: dict[str, ClientStream], cascaded: Collection[str]) -> None:
         """Pick up the destination's open requests (one at a time per client)."""
-        for req in self.store.list_replays(self.destination, open_only=True):
+        for req in self.store.replays.list_replays(self.destination, open_only=True):
             if req.client_name in self.runs:
                 continue
             error = self.refusal(req, streams, cascaded)
@@ -93,8 +102,10 @@ class Replayer:
                 continue
             through = req.through_position
             if through is None:
-                through = self.store.get_cursor(self.destination, req.client_name).position
-                self.store.update_replay(req.replay_id, status=RUNNING, through_position=through)
+                through = self.store.shipping.get_cursor(self.destination, req.client_name).position
+                self.store.replays.update_replay(
+                    req.replay_id, status=RUNNING, through_position=through
+                )
                 self._log.info(
                     "%s/%s: replay %d of positions %d..%d",
                     self.destination,
@@ -121,14 +132,14 @@ class Replayer:
             return "replay ships on one stream: set streams_per_destination = 1"
         if name in cascaded:
             return f"{name} is a cascaded client: its streams are not replayed"
-        trimmed = self.store.trimmed_through(self.destination, name)
+        trimmed = self.store.retention.trimmed_through(self.destination, name)
         if trimmed > req.shipped_through:
             return trimmed_message(self.destination, name, req.shipped_through + 1, trimmed)
         return ""
 
     def refuse(self, req: ReplayRequest, error: str) -> None:
         self.runs.pop(req.client_name, None)
-        self.store.update_replay(req.replay_id, status=REFUSED, error=error)
+        self.store.replays.update_replay(req.replay_id, status=REFUSED, error=error)
         self._log.error("replay %d refused: %s", req.replay_id, error)
 
     def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
@@ -140,7 +151,7 @@ class Replayer:
                 continue  # waits for the stream's full sync or stop to end
             if run.sent >= run.through or self.window.full():
                 continue
-            entries = self.store.read_log_entries(
+            entries = self.store.shipping.read_log_entries(
                 self.destination,
                 name,
                 run.sent,
@@ -148,7 +159,7 @@ class Replayer:
                 max_bytes=self.cfg.batch_max_bytes,
                 up_to=run.through,
             )
-            trimmed = self.store.trimmed_through(self.destination, name)
+            trimmed = self.store.retention.trimmed_through(self.destination, name)
             if trimmed > run.sent:  # trim went past the range meanwhile
                 self.refuse(
                     run.request, trimmed_message(self.destination, name, run.sent + 1, trimmed)
@@ -188,14 +199,16 @@ class Replayer:
             return
         run.inflight.discard(f.batch_id)
         metrics.REPLAYS_SHIPPED.labels(self.destination, f.client).inc(f.entries)
-        self.store.update_replay(run.request.replay_id, shipped_through=f.last_position)
+        self.store.replays.update_replay(run.request.replay_id, shipped_through=f.last_position)
         self.finish(run)
 
     def finish(self, run: ReplayRun) -> None:
         """End the request once its range was shipped and acknowledged."""
         if run.sent < run.through or run.inflight:
             return
-        self.store.update_replay(run.request.replay_id, status=DONE, shipped_through=run.through)
+        self.store.replays.update_replay(
+            run.request.replay_id, status=DONE, shipped_through=run.through
+        )
         self.runs.pop(run.request.client_name, None)
         self._log.info(
             "%s/%s: replay %d done (positions %d..%d)",

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, Backlog
-from lr_client.store import Retention, SendLog, Shipping, Snapshots
+from lr_client.store import Retention, SendLog, Shipping, SnapshotEntries, Transactions
+from lr_client.store import SnapshotRequests as SnapshotRequestRole
 from lr_server import metrics
 from lr_server.config import SiteConfig, SnapshotProvider
 from lr_server.status import shipped_streams, unconfigured_streams
@@ -63,9 +64,24 @@ class RetentionReport:
     left_snapshots: list[tuple[str, str]] = field(default_factory=list)
 
 
-class PolicyStore(Retention, Shipping, SendLog, Snapshots, Protocol):
+class PolicyStore(Transactions, Protocol):
     """What the policy needs of the store: retention, backlogs, the flow state it sets,
     the open snapshots."""
+
+    @property
+    def retention(self) -> Retention: ...
+
+    @property
+    def shipping(self) -> Shipping: ...
+
+    @property
+    def send(self) -> SendLog: ...
+
+    @property
+    def snapshots(self) -> SnapshotRequestRole: ...
+
+    @property
+    def snapshot_entries(self) -> SnapshotEntries: ...
 
 
 class RetentionPolicy:
@@ -85,7 +101,7 @@ class RetentionPolicy:
         limits = self.config.retention
         now = time.time()
         dropped_now: list[tuple[str, str]] = []
-        already = {(d.destination, d.client_name) for d in self.store.list_drops()}
+        already = {(d.destination, d.client_name) for d in self.store.retention.list_drops()}
         streams: list[StreamHealth] = []
         backpressure: dict[str, bool] = {}
         # A site without destinations has no flow to control (a pure sink).
@@ -97,7 +113,7 @@ class RetentionPolicy:
             for dest in dests:
                 if (dest, client.name) in already:
                     continue  # its backlog is released; the full sync will catch it up
-                backlog = self.store.backlog(dest, client.name)
+                backlog = self.store.shipping.backlog(dest, client.name)
                 age, is_slow, over = limits.measure(backlog, now)
                 health.append(StreamHealth(dest, client.name, backlog, age, is_slow, over))
                 metrics.LAG_ENTRIES.labels(dest, client.name).set(backlog.entries)
@@ -113,7 +129,7 @@ class RetentionPolicy:
                             f"over retention: {h.backlog.entries} entries, "
                             f"{h.backlog.bytes} bytes, oldest {h.age_seconds:.0f}s"
                         )
-                        if self.store.drop_stream(h.destination, client.name, reason):
+                        if self.store.retention.drop_stream(h.destination, client.name, reason):
                             metrics.DROPS.labels(h.destination, client.name).inc()
                             log.warning(
                                 "dropped %s/%s to a full sync: %s",
@@ -123,7 +139,7 @@ class RetentionPolicy:
                                 extra={"destination": h.destination, "client": client.name},
                             )
                             dropped_now.append((h.destination, client.name))
-            previous, _ = self.store.flow_state(client.name)
+            previous, _ = self.store.send.flow_state(client.name)
             if on and not previous:
                 metrics.BACKPRESSURE_EVENTS.inc()
             if on != previous:
@@ -133,7 +149,7 @@ class RetentionPolicy:
                     client.name,
                     ", ".join(slow) or "none",
                 )
-            self.store.set_flow_state(client.name, on, slow)
+            self.store.retention.set_flow_state(client.name, on, slow)
             metrics.BACKPRESSURE.labels(client.name).set(1 if on else 0)
             backpressure[client.name] = on
         streams += self._unconfigured(already, now, dropped_now)
@@ -145,12 +161,12 @@ class RetentionPolicy:
         one goes on for the others, and ends, released, when the last one is done)."""
         shipped = shipped_streams(self.config)
         left = []
-        for view in self.store.list_snapshots(statuses=OPEN_SNAPSHOT_STATUSES):
+        for view in self.store.snapshots.list_snapshots(statuses=OPEN_SNAPSHOT_STATUSES):
             dest, client = view.destination, view.client_name
             if (dest, client) in shipped:
                 continue
             reason = f"{dest} is not configured for {client} at this site"
-            if self.store.cancel_snapshot(view.snapshot_id, reason, dest):
+            if self.store.snapshots.cancel_snapshot(view.snapshot_id, reason, dest):
                 log.warning(
                     "%s left snapshot %s: %s",
                     dest,
@@ -168,13 +184,13 @@ class RetentionPolicy:
         limits = self.config.retention
         health = []
         reported = set()
-        found, self._scanned = unconfigured_streams(self.config, self.store, self._scanned)
+        found, self._scanned = unconfigured_streams(self.config, self.store.shipping, self._scanned)
         self._found |= set(found)
         for dest, client in sorted(self._found):
             if (dest, client) in already:
                 self._found.discard((dest, client))
                 continue  # released: new entries are trimmed as they come
-            backlog = self.store.backlog(dest, client)
+            backlog = self.store.shipping.backlog(dest, client)
             if not backlog.entries:
                 self._found.discard((dest, client))  # new entries will find it again
                 continue
@@ -202,7 +218,7 @@ class RetentionPolicy:
                 f"not configured; over retention: {backlog.entries} entries, "
                 f"{backlog.bytes} bytes, oldest {age:.0f}s"
             )
-            if self.store.drop_stream(dest, client, reason):
+            if self.store.retention.drop_stream(dest, client, reason):
                 metrics.DROPS.labels(dest, client).inc()
                 log.warning("dropped %s/%s: %s", dest, client, reason, extra=fields)
                 dropped_now.append((dest, client))

@@ -58,7 +58,7 @@ class SiteServer:
         self.config = config
         self.member_id = member_id or default_member_id(config)
         self.store = store or open_store(config.database_url)
-        self.store.notify_arrivals = config.receiver.notify_subscribers
+        self.store.recv.notify_arrivals = config.receiver.notify_subscribers
         self.stop_event = threading.Event()
         self._threads: list[threading.Thread] = []
         self._grpc: Any = None
@@ -87,7 +87,7 @@ class SiteServer:
         map_large_blocks()
         self.store.create_schema()
         self.store.check_schema()
-        self.store.register_sites([d.id for d in cfg.destinations])
+        self.store.sites.register_sites([d.id for d in cfg.destinations])
         self.apply_cascades()
         if cfg.cascades:
             self.relay_extra_floor = partial(branch_floor, self.store, cfg)
@@ -100,7 +100,7 @@ class SiteServer:
                 cfg.id,
                 [s.id for s in cfg.sources],
                 max_message_bytes=cfg.replication.max_message_bytes,
-                limits=ReceiveLimits.from_config(self.store, cfg),
+                limits=ReceiveLimits.from_config(self.store.heads, cfg),
                 cascade_reports=self.serve_cascade if cfg.cascades else None,
                 on_stored=self.arrivals.ring,
                 on_received=self.arrivals.offer,
@@ -110,16 +110,16 @@ class SiteServer:
         self._launcher = once_per_snapshot(spark_launcher(cfg, self.children))
         rep = cfg.replication
         self.reader = (
-            LogFanout(self.store, rep.shared_reader_entries, rep.shared_reader_bytes)
+            LogFanout(self.store.shipping, rep.shared_reader_entries, rep.shared_reader_bytes)
             if rep.shared_reader and len(cfg.destinations) > 1
             else None
         )
         if cfg.destinations:
-            self.send_watch = self.store.watch_sends(self.wake_sessions)
+            self.send_watch = self.store.shipping.watch_sends(self.wake_sessions)
         units = [stream_unit(d.id, c) for d in cfg.destinations for c in cfg.clients_for(d)]
         members = cfg.members
         self.membership = Membership(
-            self.store,
+            self.store.members,
             self.member_id,
             [*units, TRIM_UNIT],
             self._placed,
@@ -145,7 +145,7 @@ class SiteServer:
         :meth:`~lr_client.store.contract.Cascading.apply_cascade_config`)."""
         cfg = self.config
         for c in cfg.cascades:
-            node = self.store.apply_cascade_config(
+            node = self.store.cascade.apply_cascade_config(
                 c.client,
                 c.root,
                 c.role_of(cfg.id).value,
@@ -165,10 +165,12 @@ class SiteServer:
         """This node's rows of the cascaded clients ``dest_id`` is a child of here
         (configured, or adopted at run time), less those it left (dropped)."""
         out = {}
-        for node in self.store.list_cascade_nodes():
+        for node in self.store.cascade.list_cascade_nodes():
             if node.role == CascadeRole.LEAF:
                 continue
-            children = {ch.child_id: ch for ch in self.store.cascade_children(node.client_name)}
+            children = {
+                ch.child_id: ch for ch in self.store.cascade.cascade_children(node.client_name)
+            }
             child = children.get(dest_id)
             if child is not None and not child.dropped:
                 out[node.client_name] = node
@@ -191,7 +193,7 @@ class SiteServer:
 
     def _child(self, client: str, child_id: str) -> CascadeChild | None:
         return next(
-            (c for c in self.store.cascade_children(client) if c.child_id == child_id), None
+            (c for c in self.store.cascade.cascade_children(client) if c.child_id == child_id), None
         )
 
     def _restart_session(self, dest_id: str) -> None:
@@ -209,10 +211,10 @@ class SiteServer:
     def trim_relays(self) -> int:
         """Release what every node below has of the clients this node relays."""
         done = 0
-        for node in self.store.list_cascade_nodes():
+        for node in self.store.cascade.list_cascade_nodes():
             if node.role == CascadeRole.BRANCH:
                 extra = self.relay_extra_floor(node.client_name)
-                done += self.store.trim_relay(node.client_name, node.origin_id, extra)
+                done += self.store.cascade.trim_relay(node.client_name, node.origin_id, extra)
         return done
 
     # -- the units this member owns ----------------------------------------------------------

@@ -31,7 +31,16 @@ from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
 from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
-from lr_client.store import Cascading, Inspection, Receiving, Retention, Shipping, Snapshots
+from lr_client.store import (
+    Cascading,
+    Inspection,
+    Receiving,
+    Retention,
+    Shipping,
+    SnapshotEntries,
+    Transactions,
+)
+from lr_client.store import SnapshotRequests as SnapshotRequestRole
 from lr_client.store.replay_contract import Replays
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.arrivals import Arrivals
@@ -61,12 +70,34 @@ STOP_CHECK = 0.25
 STATUS_REFRESH = 30.0
 
 
-class SessionStore(
-    Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Replays, Protocol
-):
+class SessionStore(Transactions, Protocol):
     """What a sender session needs of the store: reads and cursors, snapshots, the
     records of dropped and stopped streams, its status row, and for cascaded
     clients the relay reads and what this node received of them."""
+
+    @property
+    def shipping(self) -> Shipping: ...
+
+    @property
+    def snapshots(self) -> SnapshotRequestRole: ...
+
+    @property
+    def snapshot_entries(self) -> SnapshotEntries: ...
+
+    @property
+    def retention(self) -> Retention: ...
+
+    @property
+    def inspection(self) -> Inspection: ...
+
+    @property
+    def cascade(self) -> Cascading: ...
+
+    @property
+    def recv(self) -> Receiving: ...
+
+    @property
+    def replays(self) -> Replays: ...
 
 
 class SenderSession:
@@ -215,7 +246,7 @@ class SenderSession:
         """The destination takes its cascaded clients from another provider now: mark it
         dropped for them and ship them no more (no retry). Whether clients are left."""
         for name in list(self.cascade):
-            self.store.mark_child_dropped(name, self.destination)
+            self.store.cascade.mark_child_dropped(name, self.destination)
             self.clients.pop(name, None)
             self.cascade.pop(name)
             self._log.warning(
@@ -303,11 +334,13 @@ class SenderSession:
                 if lower is not None:
                     # Lower the cursor first: a trim from now on keeps what the
                     # replay needs, and the trim mark read next covers any before.
-                    self.store.set_cursor(self.destination, name, lower, fence=self.fence(name))
+                    self.store.shipping.set_cursor(
+                        self.destination, name, lower, fence=self.fence(name)
+                    )
             marks = {n: self._trimmed_through(n) for n in checks}
             # The highest position assigned, read without waiting for
             # transmitters: the sink can never be past it.
-            head = assigned_head(self.store)
+            head = assigned_head(self.store.inspection)
             sinks = {f.name: f.sink.last_position for f in facts}
             heads = {n: self._head(n, head, sinks[n]) for n in checks}
             facts = [
@@ -329,8 +362,8 @@ class SenderSession:
         queue, after the base of the last full sync this node applied)."""
         origin = self._origin(name)
         if origin is None:
-            return self.store.trimmed_through(self.destination, name)
-        return self.store.relay_resume_floor(name, origin)
+            return self.store.retention.trimmed_through(self.destination, name)
+        return self.store.cascade.relay_resume_floor(name, origin)
 
     def _head(self, name: str, head: int, sink_position: int) -> int:
         """The highest position of the stream here (relayed: the last one received, or
@@ -342,22 +375,24 @@ class SenderSession:
         origin = self._origin(name)
         if origin is None:
             return head
-        return max(self.store.sink_progress(origin, name).last_position, sink_position)
+        return max(self.store.recv.sink_progress(origin, name).last_position, sink_position)
 
     def _gather(self, sink: dict[str, SinkState]) -> list[ClientFacts]:
         """What the plan needs to know of each configured client (all but the trim marks)."""
         drops = {
-            d.client_name: d for d in self.store.list_drops() if d.destination == self.destination
+            d.client_name: d
+            for d in self.store.retention.list_drops()
+            if d.destination == self.destination
         }
         return [
             ClientFacts(
                 name,
                 config.snapshot != SnapshotProvider.NONE,
                 sink.get(name, SinkState()),
-                self.store.get_cursor(self.destination, name),
+                self.store.shipping.get_cursor(self.destination, name),
                 self.requests.open_snapshot(name),
                 drops.get(name),
-                self.store.get_stream_stop(self.destination, name),
+                self.store.retention.get_stream_stop(self.destination, name),
             )
             for name, config in self.clients.items()
         ]
@@ -375,11 +410,16 @@ class SenderSession:
             return stream
         if p.finish is not None:
             self.requests.finish(name, p.finish)
-            self.store.set_cursor(self.destination, name, p.sink_position, fence=self.fence(name))
+            self.store.shipping.set_cursor(
+                self.destination, name, p.sink_position, fence=self.fence(name)
+            )
         drop = p.drop
         if p.record_drop is not None:
             d = p.record_drop
-            drop = self.store.drop_stream(self.destination, name, d.reason, d.first_missing) or drop
+            drop = (
+                self.store.retention.drop_stream(self.destination, name, d.reason, d.first_missing)
+                or drop
+            )
         if p.unstop and p.stop is not None:
             self.stops.clear(name)
             self._log.info("%s/%s: no longer stopped: %s", self.destination, name, p.stop.reason)
@@ -392,8 +432,8 @@ class SenderSession:
                 p.snapshot,
             )
             if p.snapshot is None:
-                sid = self.store.request_snapshot(None, self.destination, name, p.reason)
-                stream.snapshot = self.store.get_snapshot(sid, self.destination)
+                sid = self.store.snapshots.request_snapshot(None, self.destination, name, p.reason)
+                stream.snapshot = self.store.snapshots.get_snapshot(sid, self.destination)
                 self._log.info("%s/%s: full sync %s (%s)", self.destination, name, sid, p.reason)
             if p.notify:
                 stream.notice = self.stops.drop_notice(drop)
@@ -401,7 +441,7 @@ class SenderSession:
             assert p.step is Step.LOG  # a CHECK is planned again, with the trim mark
             stream.sent = p.resume_after
             if p.raise_cursor:
-                self.store.set_cursor(
+                self.store.shipping.set_cursor(
                     self.destination, name, p.resume_after, fence=self.fence(name)
                 )
         return stream
@@ -526,7 +566,7 @@ class SenderSession:
                 self.requests.end_acked(f.snapshot_id, streams[f.client])
             else:
                 metrics.SNAPSHOT_ROWS.labels(self.destination, f.client).set(f.last_position)
-                self.store.update_snapshot(
+                self.store.snapshots.update_snapshot(
                     f.snapshot_id,
                     expect=[SnapshotStatus.READY],
                     destination=self.destination,
@@ -540,7 +580,9 @@ class SenderSession:
 
     def _flush_cursors(self) -> None:
         for client, position in self.window.cursors.items():
-            self.store.set_cursor(self.destination, client, position, fence=self.fence(client))
+            self.store.shipping.set_cursor(
+                self.destination, client, position, fence=self.fence(client)
+            )
         self.window.flushed(time.monotonic())
 
     # -- status ----------------------------------------------------------------------------------
@@ -565,7 +607,7 @@ class SenderSession:
         if status == self._status_written and now - self._status_at < self.status_refresh:
             return
         try:
-            self.store.save_session_status(
+            self.store.inspection.save_session_status(
                 self.destination,
                 status[0],
                 connected=status[1],

@@ -35,7 +35,14 @@ from lr_client.records import (
     SnapshotRequest,
     SnapshotStatus,
 )
-from lr_client.store import Cascading, Retention, Shipping, Snapshots
+from lr_client.store import (
+    Cascading,
+    Retention,
+    Shipping,
+    SnapshotEntries,
+    Transactions,
+)
+from lr_client.store import SnapshotRequests as SnapshotRequestRole
 from lr_client.store.byte_bounds import ByteCut
 from lr_server import metrics, outbound, protocol, wire
 from lr_server.arrivals import Arrivals
@@ -61,9 +68,24 @@ class _Clear:
     clients: frozenset[str]
 
 
-class ShipperStore(Shipping, Snapshots, Retention, Cascading, Protocol):
+class ShipperStore(Transactions, Protocol):
     """What it needs of the store: log reads, open snapshots, their entries, drop records,
     relay reads."""
+
+    @property
+    def shipping(self) -> Shipping: ...
+
+    @property
+    def snapshots(self) -> SnapshotRequestRole: ...
+
+    @property
+    def snapshot_entries(self) -> SnapshotEntries: ...
+
+    @property
+    def retention(self) -> Retention: ...
+
+    @property
+    def cascade(self) -> Cascading: ...
 
 
 class Shipper:
@@ -188,7 +210,7 @@ class Shipper:
     ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
         """Look up now; what it finds clear serves the batches forwarded next."""
         at = self.clock()
-        requests, drops = self.store.send_checks(self.destination, list(clients))
+        requests, drops = self.store.snapshots.send_checks(self.destination, list(clients))
         clear = frozenset(c for c in clients if c not in requests and c not in drops)
         self._clear = _Clear(at, clear)
         return requests, drops
@@ -214,8 +236,10 @@ class Shipper:
                 return self.read_relay(name, node.origin_id, cs.sent, limit, max_bytes)
             if self.reader is not None:  # the root: one read for all its children
                 return self.reader.read(None, name, cs.sent, limit, max_bytes=max_bytes)
-            return list(self.store.read_client_log(name, cs.sent, limit, max_bytes=max_bytes))
-        read = self.reader.read if self.reader is not None else self.store.read_log_entries
+            return list(
+                self.store.shipping.read_client_log(name, cs.sent, limit, max_bytes=max_bytes)
+            )
+        read = self.reader.read if self.reader is not None else self.store.shipping.read_log_entries
         lanes = self.cfg.streams_per_destination  # a batch's worth per lane
         return read(
             self.destination,
@@ -240,7 +264,7 @@ class Shipper:
                 return entries
         if self.arrivals is not None and self.arrivals.nothing_stored_past(origin, name, after):
             return []  # all stored here was forwarded: the read would find nothing
-        entries = self.store.read_relay(name, origin, after, limit, max_bytes)
+        entries = self.store.cascade.read_relay(name, origin, after, limit, max_bytes)
         if entries:
             metrics.RELAY_BATCHES.labels(self.destination, name, "stored").inc()
         return entries
@@ -412,7 +436,7 @@ class Shipper:
             return False
         if req.status is not SnapshotStatus.READY:
             return False
-        entries = self.store.read_snapshot_entries(
+        entries = self.store.snapshot_entries.read_snapshot_entries(
             req.snapshot_id,
             cs.snap_sent,
             self.cfg.snapshot_batch_entries,

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Protocol
 
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, SnapshotRequest, SnapshotStatus
-from lr_client.store import Retention, Shipping, Snapshots
+from lr_client.store import Retention, Shipping, SnapshotEntries, Transactions
+from lr_client.store import SnapshotRequests as SnapshotRequestRole
 from lr_server.config import (
     ClientConfig,
     ReplicationConfig,
@@ -54,8 +55,20 @@ def once_per_snapshot(launcher: SnapshotLauncher) -> SnapshotLauncher:
     return launch
 
 
-class RequestStore(Snapshots, Retention, Shipping, Protocol):
+class RequestStore(Transactions, Protocol):
     """What it needs of the store: snapshot requests, drop records, cursors."""
+
+    @property
+    def snapshots(self) -> SnapshotRequestRole: ...
+
+    @property
+    def snapshot_entries(self) -> SnapshotEntries: ...
+
+    @property
+    def retention(self) -> Retention: ...
+
+    @property
+    def shipping(self) -> Shipping: ...
 
 
 class SnapshotRequests:
@@ -82,13 +95,15 @@ class SnapshotRequests:
 
     def open_snapshot(self, client: str) -> SnapshotRequest | None:
         """The client's open (requested, running or ready) request, if any."""
-        found = self.store.list_snapshots(self.destination, client, OPEN_SNAPSHOT_STATUSES)
+        found = self.store.snapshots.list_snapshots(
+            self.destination, client, OPEN_SNAPSHOT_STATUSES
+        )
         return found[0] if found else None
 
     def request(self, client: str, reason: str) -> SnapshotRequest | None:
         """Ask for a full sync of ``client``; the new request."""
-        sid = self.store.request_snapshot(None, self.destination, client, reason)
-        return self.store.get_snapshot(sid, self.destination)
+        sid = self.store.snapshots.request_snapshot(None, self.destination, client, reason)
+        return self.store.snapshots.get_snapshot(sid, self.destination)
 
     def refuse(self, req: SnapshotRequest) -> None:
         """Cancel a full-sync request of a client that has no snapshot provider."""
@@ -96,7 +111,7 @@ class SnapshotRequests:
             f'client {req.client_name} has no snapshot provider (snapshot = "none"): '
             "log entries go on"
         )
-        if self.store.cancel_snapshot(req.snapshot_id, reason, self.destination):
+        if self.store.snapshots.cancel_snapshot(req.snapshot_id, reason, self.destination):
             self._log.warning(
                 "%s/%s: snapshot %s cancelled: %s",
                 self.destination,
@@ -108,11 +123,11 @@ class SnapshotRequests:
     def finish(self, client: str, req: SnapshotRequest) -> None:
         """The sink has every entry of ``req``: log entries resume after its base."""
         fence = self.stops.fence(client)
-        self.store.complete_snapshot(req.snapshot_id, self.destination, fence=fence)
-        self.store.set_cursor(
+        self.store.snapshots.complete_snapshot(req.snapshot_id, self.destination, fence=fence)
+        self.store.shipping.set_cursor(
             self.destination, client, req.base_position or 0, needs_snapshot=False, fence=fence
         )
-        self.store.clear_drop(self.destination, client)
+        self.store.retention.clear_drop(self.destination, client)
 
     def end_acked(self, snapshot_id: str, cs: ClientStream) -> None:
         """The sink acknowledged the end marker of ``snapshot_id``, a snapshot of ``cs``."""
@@ -147,7 +162,9 @@ class SnapshotRequests:
     def check(self, streams: dict[str, ClientStream]) -> None:
         """Pick up drops and new or changed snapshot requests; launch providers."""
         dropped = {
-            d.client_name: d for d in self.store.list_drops() if d.destination == self.destination
+            d.client_name: d
+            for d in self.store.retention.list_drops()
+            if d.destination == self.destination
         }
         for name, cs in streams.items():
             open_req = self.reclaim_stalled(self.open_snapshot(name))
@@ -155,7 +172,7 @@ class SnapshotRequests:
                 self.refuse(open_req)
                 open_req = None
             if cs.mode is Mode.STOPPED:
-                stop = self.store.get_stream_stop(self.destination, name)
+                stop = self.store.retention.get_stream_stop(self.destination, name)
                 if stop is not None and stop.accepted_at is not None and stop.resumed_at is None:
                     self.stops.resume_accepted(cs, stop)
                 continue
@@ -234,7 +251,7 @@ class SnapshotRequests:
             return req
         reason = f"no heartbeat from its worker for {self.cfg.snapshot_stall_timeout:g}s"
         # Conditional on the silence, so a beat that came meanwhile keeps it.
-        if self.store.fail_stalled_snapshot(req.snapshot_id, silent_since, reason):
+        if self.store.snapshots.fail_stalled_snapshot(req.snapshot_id, silent_since, reason):
             self._log.warning(
                 "%s/%s: snapshot %s failed: %s",
                 self.destination,

@@ -263,23 +263,25 @@ def _send_streams(
 ) -> list[SendStream]:
     now = time.time()
     configured = configured_streams(config)
-    cursors = {(c.destination, c.client_name): c for c in store.list_cursors()}
-    drops = {(d.destination, d.client_name): d for d in store.list_drops()}
-    stops = {(x.destination, x.client_name): x for x in store.list_stream_stops()}
+    cursors = {(c.destination, c.client_name): c for c in store.shipping.list_cursors()}
+    drops = {(d.destination, d.client_name): d for d in store.retention.list_drops()}
+    stops = {(x.destination, x.client_name): x for x in store.retention.list_stream_stops()}
     open_snaps: dict[tuple[str, str], SnapshotRequest] = {}
-    for req in store.list_snapshots(
+    for req in store.snapshots.list_snapshots(
         statuses=OPEN_SNAPSHOT_STATUSES
     ):  # newest first: keep the newest
         open_snaps.setdefault((req.destination, req.client_name), req)
     recorded = configured | set(cursors) | set(drops) | set(open_snaps)
-    backlogs = {key: store.backlog(*key) for key in unconfigured_streams(config, store)[0]}
+    backlogs = {
+        key: store.shipping.backlog(*key) for key in unconfigured_streams(config, store.shipping)[0]
+    }
     keys = sorted(recorded | {key for key, b in backlogs.items() if b.entries})
-    throttled = flow_states(store, {c for _, c in keys})
-    owners = {x.unit: x.member_id for x in store.list_leases() if x.owner is not None}
+    throttled = flow_states(store.send, {c for _, c in keys})
+    owners = {x.unit: x.member_id for x in store.members.list_leases() if x.owner is not None}
 
     streams = []
     for dest, client in keys:
-        backlog = backlogs.get((dest, client)) or store.backlog(dest, client)
+        backlog = backlogs.get((dest, client)) or store.shipping.backlog(dest, client)
         age = now - backlog.oldest_created_at if backlog.oldest_created_at else 0.0
         cursor = cursors.get((dest, client))
         drop = drops.get((dest, client))
@@ -328,10 +330,10 @@ def _send_streams(
 
 
 def _sink_streams(config: SiteConfig, store: QueueStore) -> list[SinkStream]:
-    depths = queue_depths(store)
-    queues = {(q.source_id, q.client_name): q for q in store.list_queues()}
-    progress = {(p.source_id, p.client_name): p for p in store.list_sink_progress()}
-    notices = {(d.source_id, d.client_name): d for d in store.list_sink_drops()}
+    depths = queue_depths(store.inspection)
+    queues = {(q.source_id, q.client_name): q for q in store.queues.list_queues()}
+    progress = {(p.source_id, p.client_name): p for p in store.recv.list_sink_progress()}
+    notices = {(d.source_id, d.client_name): d for d in store.recv.list_sink_drops()}
     configured_sources = {x.id for x in config.sources}
     out = []
     for source, client in sorted(set(queues) | set(progress)):
@@ -366,7 +368,7 @@ def _cascades(config: SiteConfig, store: QueueStore, now: float) -> list[Cascade
 
     grace = config.replication.cascade_grace
     out = []
-    for node in store.list_cascade_nodes():
+    for node in store.cascade.list_cascade_nodes():
         local, _ = node_watermarks(store, node, grace, now)
         children = [
             CascadeChildInfo(
@@ -399,18 +401,18 @@ def _cascades(config: SiteConfig, store: QueueStore, now: float) -> list[Cascade
 
 def collect_status(config: SiteConfig, store: QueueStore) -> SiteStatus:
     """Everything ``lr status`` shows, read in a few short transactions."""
-    session_rows = read_session_status(store)
+    session_rows = read_session_status(store.inspection)
     sessions = None if session_rows is None else {x.destination: x for x in session_rows}
     return SiteStatus(
         site=config.id,
         time=time.time(),
-        head_position=head_position(store),
-        oldest_position=store.oldest_position(),
+        head_position=head_position(store.inspection),
+        oldest_position=store.shipping.oldest_position(),
         sessions_known=session_rows is not None,
         sessions=session_rows or [],
         send=_send_streams(config, store, sessions),
         sink=_sink_streams(config, store),
-        slots=store.queue_slots(),
+        slots=store.inspection.queue_slots(),
         cascades=_cascades(config, store, time.time()),
     )
 

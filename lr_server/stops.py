@@ -23,14 +23,20 @@ from typing import Protocol
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.records import DropRecord, Fence, SendEntry, StreamStop
-from lr_client.store import Retention, Shipping
+from lr_client.store import Retention, Shipping, Transactions
 from lr_server import metrics
 from lr_server.config.models import WIRE_BYTES_PER_BATCH, WIRE_BYTES_PER_ENTRY
 from lr_server.streams import ClientStream, Mode, Notice
 
 
-class StopStore(Retention, Shipping, Protocol):
+class StopStore(Transactions, Protocol):
     """What it needs of the store: stream stops, drop records, cursors."""
+
+    @property
+    def retention(self) -> Retention: ...
+
+    @property
+    def shipping(self) -> Shipping: ...
 
 
 class StreamStops:
@@ -80,7 +86,7 @@ class StreamStops:
         cs.stop_reason = f"{name}: {reason}"
         metrics.STREAM_STOPPED.labels(self.destination, name).set(1)
         metrics.ENTRY_TOO_LARGE.labels(self.destination, name).set(1)
-        if self.store.stop_stream(self.destination, name, reason, position):
+        if self.store.retention.stop_stream(self.destination, name, reason, position):
             self._log.error(
                 "%s/%s stopped: %s. It can never ship: raise max_message_bytes at %s and "
                 "here and restart both, or skip it with `lr accept-loss` (log entries "
@@ -98,7 +104,7 @@ class StreamStops:
         cs.mode, cs.snapshot, cs.notice = Mode.STOPPED, None, None
         cs.stop_reason = f"{name}: {reason}"
         metrics.STREAM_STOPPED.labels(self.destination, name).set(1)
-        if self.store.stop_stream(self.destination, name, reason, resume_after):
+        if self.store.retention.stop_stream(self.destination, name, reason, resume_after):
             self._log.error(
                 "%s/%s stopped: %s. The client has no snapshot provider: configure one and "
                 "restart the server (a full sync follows), or accept the loss with "
@@ -112,10 +118,10 @@ class StreamStops:
     def clear(self, name: str) -> None:
         """The stream is no longer stopped (a provider was configured, or nothing is missing);
         a stop at an entry too large stays (:meth:`sized` finds the entry again)."""
-        stop = self.store.get_stream_stop(self.destination, name)
+        stop = self.store.retention.get_stream_stop(self.destination, name)
         if stop is not None and stop.is_stopped and TOO_LARGE in stop.reason:
             return
-        self.store.clear_stream_stop(self.destination, name)
+        self.store.retention.clear_stream_stop(self.destination, name)
         metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
 
     def resume_accepted(self, cs: ClientStream, stop: StreamStop) -> None:
@@ -141,11 +147,11 @@ class StreamStops:
 
     def resumed(self, name: str, resume_after: int) -> None:
         """The stream runs again after an accepted loss (the sink has the notice)."""
-        self.store.clear_drop(self.destination, name)
-        self.store.set_cursor(
+        self.store.retention.clear_drop(self.destination, name)
+        self.store.shipping.set_cursor(
             self.destination, name, resume_after, needs_snapshot=False, fence=self.fence(name)
         )
-        self.store.mark_stream_resumed(self.destination, name)
+        self.store.retention.mark_stream_resumed(self.destination, name)
         metrics.STREAM_STOPPED.labels(self.destination, name).set(0)
         metrics.ENTRY_TOO_LARGE.labels(self.destination, name).set(0)
 

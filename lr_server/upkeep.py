@@ -55,8 +55,8 @@ class Upkeep:
         self._analyzed = time.monotonic()
 
     def run(self, stop: threading.Event) -> None:
-        self.store.rotation_period = self.config.retention.rotation_period
-        self.store.max_slots = self.config.retention.max_slots
+        self.store.retention.rotation_period = self.config.retention.rotation_period
+        self.store.retention.max_slots = self.config.retention.max_slots
         every = self.config.retention.trim_interval
         wait = every
         while not stop.wait(wait):
@@ -76,7 +76,7 @@ class Upkeep:
         """One round, its writes under ``fence`` (None: unfenced, a single server);
         whether it found something to do (the head moved, a backlog, a trim, a rotation)."""
         now = time.monotonic()
-        head = self.store.head_position()
+        head = self.store.send.head_position()
         busy = head != self.quiet_head
         if busy or now - self._full_at >= IDLE_RETENTION_PERIOD:
             # Also with no destinations: unconfigured ones are bounded too.
@@ -86,17 +86,17 @@ class Upkeep:
             busy = busy or not idle
         # Every round: what was released (a drop) or passed goes even while idle, and on
         # PostgreSQL a slot is retired whole once its time is up, not when it is passed.
-        n = self.store.trim(self.config.retention.trim_batch, max_batches=10, fence=fence)
+        n = self.store.retention.trim(self.config.retention.trim_batch, max_batches=10, fence=fence)
         if n:
             metrics.TRIMMED.inc(n)
         self.after_trim()
         rotated = None
         if self.config.listen:  # a sink: retire delivered receive queue entries
-            rotated = self.store.rotate_receive_queues(self.config.receiver.rotation_period)
+            rotated = self.store.queues.rotate_receive_queues(self.config.receiver.rotation_period)
             if rotated is not None:
                 metrics.RECV_ROTATIONS.inc()
         if time.monotonic() - self._analyzed > ANALYZE_INTERVAL:
-            self.store.analyze()
+            self.store.send.analyze()
             self._analyzed = time.monotonic()
         return busy or bool(n) or rotated is not None
 

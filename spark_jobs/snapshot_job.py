@@ -106,14 +106,14 @@ class _Monitor(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(self.interval):
             try:
-                req = self.store.get_snapshot(self.snapshot_id)
+                req = self.store.snapshots.get_snapshot(self.snapshot_id)
                 if req is None or req.status != SnapshotStatus.RUNNING:
                     self.cancelled_status = req.status if req else SnapshotStatus.CANCELLED
                     log.warning("snapshot %s is %s: stopping", self.snapshot_id, req and req.status)
                     self.on_cancel()
                     return
                 rows = rows_committed(self.store, self.snapshot_id, self.parts)
-                self.store.set_snapshot_progress(self.snapshot_id, rows)
+                self.store.snapshot_entries.set_snapshot_progress(self.snapshot_id, rows)
             except Exception:  # progress is best effort; the job's own writes decide
                 log.warning("snapshot %s: progress update failed", self.snapshot_id, exc_info=True)
 
@@ -131,11 +131,11 @@ def _resolve_encoder(encoder: Encoder | str | None) -> Encoder | None:
 
 
 def _require_running(store: JobStore, snapshot_id: str, start: bool) -> None:
-    req = store.get_snapshot(snapshot_id)
+    req = store.snapshots.get_snapshot(snapshot_id)
     if req is None:
         raise SnapshotError(f"no snapshot request {snapshot_id}")
     if req.status == SnapshotStatus.REQUESTED and start:
-        if store.start_snapshot(snapshot_id) is None:
+        if store.snapshots.start_snapshot(snapshot_id) is None:
             raise SnapshotError(f"snapshot {snapshot_id} could not be started (taken or cancelled)")
         return
     if req.status != SnapshotStatus.RUNNING:
@@ -167,22 +167,22 @@ def _after_failure(
     store: JobStore, snapshot_id: str, exc: BaseException, mark_failed: bool
 ) -> BaseException:
     """Release what the job wrote and say why it stopped; return the error to raise."""
-    req = store.get_snapshot(snapshot_id)
+    req = store.snapshots.get_snapshot(snapshot_id)
     status = req.status if req else None
     if status in (SnapshotStatus.CANCELLED, SnapshotStatus.FAILED, None):
         # Superseded or cancelled meanwhile: purge anything a task committed late.
-        store.cancel_snapshot(snapshot_id, "released by the snapshot job")
+        store.snapshots.cancel_snapshot(snapshot_id, "released by the snapshot job")
         return SnapshotError(f"snapshot {snapshot_id} was {status or 'deleted'}: job stopped")
     mapped = _mapped_error(exc)
     if status == SnapshotStatus.RUNNING and mark_failed and isinstance(exc, Exception):
         reason = f"snapshot job failed: {mapped or _summary(exc)}"[:500]
-        store.update_snapshot(
+        store.snapshots.update_snapshot(
             snapshot_id,
             expect=[SnapshotStatus.RUNNING],
             status=SnapshotStatus.FAILED,
             reason=reason,
         )
-        store.cancel_snapshot(snapshot_id, "released by the snapshot job")  # entries only
+        store.snapshots.cancel_snapshot(snapshot_id, "released by the snapshot job")  # entries only
     if not isinstance(exc, Exception):
         return exc
     if mapped is not None:
@@ -335,9 +335,13 @@ def _run(
         raise SnapshotError(
             f"snapshot {snapshot_id}: {found} entries in the queue, the partitions wrote {total}"
         )
-    count = store.finish_snapshot(snapshot_id)  # counts them and writes the end marker
+    count = store.snapshot_entries.finish_snapshot(
+        snapshot_id
+    )  # counts them and writes the end marker
     if count != total:  # cannot happen unless something else writes this snapshot
-        store.cancel_snapshot(snapshot_id, f"end marker counted {count}, job wrote {total}")
+        store.snapshots.cancel_snapshot(
+            snapshot_id, f"end marker counted {count}, job wrote {total}"
+        )
         raise SnapshotError(f"snapshot {snapshot_id}: counted {count}, the job wrote {total}")
     done = time.monotonic()
     log.info(
@@ -493,22 +497,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = open_store(create_engine(args.database_url))
     try:
         if not snapshot_id:
-            snapshot_id = store.request_snapshot(None, args.destination, args.client, args.reason)
+            snapshot_id = store.snapshots.request_snapshot(
+                None, args.destination, args.client, args.reason
+            )
             start = True
             log.info("recorded snapshot request %s", snapshot_id)
         else:  # refuse early, before Spark starts, a request there is nothing to do for
-            req = store.get_snapshot(snapshot_id)
+            req = store.snapshots.get_snapshot(snapshot_id)
             usable = [SnapshotStatus.RUNNING] + ([SnapshotStatus.REQUESTED] if start else [])
             if req is None or req.status not in usable:
                 return _nothing_to_do(snapshot_id, req)
-        if start and store.start_snapshot(snapshot_id) is None:
+        if start and store.snapshots.start_snapshot(snapshot_id) is None:
             # Started here, before the source is read: a source that reads eagerly
             # (a ``module:function`` that collects rows) must not read before the
             # base position is fixed, or changes committed in between would be in
             # neither the snapshot nor the log entries that follow it. A request
             # another job started (a shared snapshot launched by two servers of a
             # site) is that job's to write: two writers of one part would race.
-            return _nothing_to_do(snapshot_id, store.get_snapshot(snapshot_id))
+            return _nothing_to_do(snapshot_id, store.snapshots.get_snapshot(snapshot_id))
     except LRError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

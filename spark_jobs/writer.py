@@ -33,7 +33,16 @@ from sqlalchemy.pool import NullPool
 
 from lr_client.errors import PayloadTooLargeError
 from lr_client.records import check_partition_key, check_payload
-from lr_client.store import Sites, Snapshots, create_engine, open_store
+from lr_client.store import (
+    Sites,
+    SnapshotEntries,
+    SnapshotStore,
+    Transactions,
+    create_engine,
+    open_store,
+)
+from lr_client.store import SnapshotRequests as SnapshotRequestRole
+from lr_client.store.lifecycle import SchemaStatus
 from spark_jobs.encoders import Encoder, arrow_json, encode_json_dict
 
 if TYPE_CHECKING:
@@ -69,8 +78,23 @@ class _Sink(Protocol):
     def close(self) -> None: ...
 
 
-class JobStore(Sites, Snapshots, Protocol):
+class JobStore(Transactions, Protocol):
     """What the snapshot job needs of the store: the snapshot queue and the backend."""
+
+    def create_schema(self) -> SchemaStatus:
+        """Create or upgrade every table (idempotent); the schema's status before."""
+
+    def close(self) -> None:
+        """Close the store's connections; a later call reconnects."""
+
+    @property
+    def sites(self) -> Sites: ...
+
+    @property
+    def snapshots(self) -> SnapshotRequestRole: ...
+
+    @property
+    def snapshot_entries(self) -> SnapshotEntries: ...
 
 
 class _StoreSink:
@@ -82,7 +106,7 @@ class _StoreSink:
         self.bulk = bulk
 
     def write_part(self, part: int, payloads: Iterator[Entry], chunk_rows: int) -> int:
-        return self.store.write_snapshot_part(
+        return self.store.snapshot_entries.write_snapshot_part(
             self.snapshot_id, part, payloads, chunk_rows, bulk=self.bulk
         )
 
@@ -204,23 +228,23 @@ RESULT_SCHEMA = "part long, entries long"
 # -- driver side ----------------------------------------------------------------------------
 
 
-def rows_committed(store: Snapshots, snapshot_id: str, parts: int) -> int:
+def rows_committed(store: SnapshotStore, snapshot_id: str, parts: int) -> int:
     """Entries committed so far by the partitions (one index probe per part).
 
     Counts up to the highest seq of each part, so a part being re-written by
     a retry may count rows of its earlier attempt: good enough for progress.
     """
-    return store.snapshot_rows_committed(snapshot_id, parts)
+    return store.snapshot_entries.snapshot_rows_committed(snapshot_id, parts)
 
 
-def drop_other_parts(store: Snapshots, snapshot_id: str, written: dict[int, int]) -> None:
+def drop_other_parts(store: SnapshotStore, snapshot_id: str, written: dict[int, int]) -> None:
     """Delete entries of parts this run did not write (left by an earlier run).
 
     ``written`` maps each part this run wrote to its entry count; every other
     part (a partition count that changed, an empty partition Spark skipped)
     is emptied. (Each partition already deleted anything past its own end.)
     """
-    store.drop_unwritten_parts(snapshot_id, written)
+    store.snapshot_entries.drop_unwritten_parts(snapshot_id, written)
 
 
 __all__ = [

@@ -12,7 +12,7 @@ from lr_client.errors import ListenerError
 from lr_client.keys import Keyring
 from lr_client.listener_calls import PARTITION_INFO_KEY, Callback, CallPlanner
 from lr_client.records import QueueInfo
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 
 
 class AsyncListenerCalls(CallPlanner):
@@ -21,7 +21,7 @@ class AsyncListenerCalls(CallPlanner):
     def __init__(
         self,
         listener: AsyncRoutingQueueListener,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         *,
         whole_snapshots: bool,
         keyring: Keyring | None = None,

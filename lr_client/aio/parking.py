@@ -16,7 +16,7 @@ from lr_client.keys import Keyring
 from lr_client.listener_calls import Callback
 from lr_client.parking import Parking
 from lr_client.records import QueueInfo
-from lr_client.store import SubscriberQueues
+from lr_client.store import DeliveryStore
 
 
 async def undone(conn: AsyncConnection, savepoint: AsyncTransaction) -> bool:
@@ -34,7 +34,7 @@ class AsyncParkingCalls(AsyncListenerCalls):
     def __init__(
         self,
         listener: AsyncRoutingQueueListener,
-        store: SubscriberQueues,
+        store: DeliveryStore,
         *,
         whole_snapshots: bool,
         policy: FailurePolicy,

@@ -36,7 +36,7 @@ from lr_client.partitioned import Conflict, LeaseLost, PartitionSteps
 from lr_client.queue_marks import QueueMarks
 from lr_client.records import QueueInfo
 from lr_client.store import QueueStore
-from lr_client.store.base import mapped_errors
+from lr_client.store.db_errors import mapped_errors
 from lr_client.store.sqlite import LateTurn
 from lr_client.subscriber_settings import SubscriberCore
 
@@ -179,7 +179,7 @@ class AsyncPartitionWorkers(SubscriberCore):
         """One turn of ``parts`` over every queue: (messages delivered, any progress)."""
         steps = self._partition_steps
         delivered, progressed = 0, False
-        for queue in await in_greenlet(self.store.list_queues, self.client_name):
+        for queue in await in_greenlet(self.store.queues.list_queues, self.client_name):
             qid = queue.queue_id
             for p in parts:
                 key = (qid, p)

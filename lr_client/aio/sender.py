@@ -173,7 +173,7 @@ class AsyncRoutingQueueClient(SenderSettings):
 
     async def register_destinations(self, destinations: Iterable[str]) -> None:
         """Register sites this client may send to."""
-        await asyncio.to_thread(self.store.register_sites, list(destinations))
+        await asyncio.to_thread(self.store.sites.register_sites, list(destinations))
 
     # -- transmit ----------------------------------------------------------------------
     async def transmit_log_entry_message(

@@ -31,7 +31,7 @@ from lr_client.snapshot import (
     SnapshotContext,
     SnapshotProviderRunner,
 )
-from lr_client.store import Snapshots
+from lr_client.store import SnapshotStore
 from lr_client.store.async_engine import open_async_store
 
 log = logging.getLogger("lr_client.snapshot")
@@ -100,7 +100,7 @@ class _LoopHeartbeat:
     """The heartbeats of a snapshot from a task of the running loop (entered in a greenlet
     of it), cancelled and awaited at the end of the block."""
 
-    def __init__(self, store: Snapshots, snapshot_id: str, interval: float) -> None:
+    def __init__(self, store: SnapshotStore, snapshot_id: str, interval: float) -> None:
         self.store, self.snapshot_id, self.interval = store, snapshot_id, interval
         self.task: asyncio.Task[None] | None = None
 
@@ -108,7 +108,7 @@ class _LoopHeartbeat:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                if not await in_greenlet(self.store.heartbeat_snapshot, self.snapshot_id):
+                if not await in_greenlet(self.store.snapshots.heartbeat_snapshot, self.snapshot_id):
                     return  # completed, cancelled or failed
             except Exception:  # a missed beat is retried
                 log.warning("snapshot %s: heartbeat failed", self.snapshot_id, exc_info=True)
@@ -128,7 +128,7 @@ class _InLoop(SnapshotProviderRunner):
     """The sync runner, run in a greenlet of the loop: awaits the async provider."""
 
     def __init__(
-        self, store: Snapshots, client_name: str, provider: AsyncProvider, **kwargs: Any
+        self, store: SnapshotStore, client_name: str, provider: AsyncProvider, **kwargs: Any
     ) -> None:
         self.async_provider = provider
         super().__init__(store, client_name, self.call_provider, **kwargs)

@@ -38,7 +38,7 @@ from lr_client.partitioned import Conflict, LeaseLost
 from lr_client.partitioners import Partitioner
 from lr_client.records import QueueInfo
 from lr_client.store.async_engine import open_async_store, watch_arrivals
-from lr_client.store.base import mapped_errors
+from lr_client.store.db_errors import mapped_errors
 from lr_client.store.lifecycle import SchemaStatus
 from lr_client.store.watches import Watch
 from lr_client.subscriber_settings import (
@@ -193,7 +193,7 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
 
         def release() -> None:
             with self.store.write() as conn:
-                self.store.release_leases(conn, self.owner)
+                self.store.queues.release_leases(conn, self.owner)
 
         try:
             await in_greenlet(release)
@@ -216,7 +216,7 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
     async def _poll(self) -> tuple[int, bool]:
         if self.partitions > 1:
             return await self._poll_by_partition()
-        queues = await in_greenlet(self.store.list_queues, self.client_name)
+        queues = await in_greenlet(self.store.queues.list_queues, self.client_name)
         due = self._due(queues)
         if not due:
             return 0, False

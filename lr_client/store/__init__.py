@@ -16,6 +16,7 @@ from lr_client.store import parked as parked  # its tables join the schema
 from lr_client.store.contract import (
     CascadeReports,
     Cascading,
+    DeliveryStore,
     Inspection,
     Members,
     QueueHeads,
@@ -29,6 +30,7 @@ from lr_client.store.contract import (
     Sites,
     SnapshotEntries,
     SnapshotRequests,
+    SnapshotStore,
     SubscriberQueues,
     Transactions,
 )
@@ -179,6 +181,7 @@ __all__ = [
     "SQLITE_BUSY_TIMEOUT_S",
     "CascadeReports",
     "Cascading",
+    "DeliveryStore",
     "Inspection",
     "Members",
     "QueueHeads",
@@ -193,6 +196,7 @@ __all__ = [
     "Sites",
     "SnapshotEntries",
     "SnapshotRequests",
+    "SnapshotStore",
     "SubscriberQueues",
     "Transactions",
     "configure_sqlite_engine",

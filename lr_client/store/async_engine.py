@@ -36,7 +36,7 @@ def watch_arrivals(engine: AsyncEngine, client_name: str, wake: Wake) -> Watch |
         url = engine.url.set(drivername="postgresql+psycopg", query={})
         listener = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
         return ArrivalWatch(listener, client_name, wake)
-    return open_store(engine.sync_engine).watch_arrivals(client_name, wake)
+    return open_store(engine.sync_engine).queues.watch_arrivals(client_name, wake)
 
 
 __all__ = [

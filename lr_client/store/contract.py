@@ -55,12 +55,46 @@ class Transactions(Protocol):
         block ends (a worker running transactions back to back)."""
 
 
+class DeliveryStore(Transactions, Protocol):
+    """What a subscriber needs: transactions and the receive queues' roles."""
+
+    #: Whether one transaction at a time writes (SQLite): partitions then take turns.
+    @property
+    def single_writer(self) -> bool: ...
+
+    @property
+    def queues(self) -> SubscriberQueues: ...
+
+    @property
+    def heads(self) -> QueueHeads: ...
+
+    @property
+    def partitions(self) -> QueuePartitions: ...
+
+    def create_schema(self) -> SchemaStatus:
+        """Create or upgrade every table (idempotent); the schema's status before."""
+
+
+class SnapshotStore(Transactions, Protocol):
+    """What a snapshot provider needs: transactions, requests and the snapshot queue."""
+
+    @property
+    def snapshots(self) -> SnapshotRequests: ...
+
+    @property
+    def snapshot_entries(self) -> SnapshotEntries: ...
+
+
 class QueueStore(Transactions, Protocol):
     """A site's store: its transactions, its schema, and an object per role."""
 
     #: The backend: ``"sqlite"`` or ``"postgresql"``.
     @property
     def dialect(self) -> str: ...
+
+    #: Whether one transaction at a time writes (SQLite).
+    @property
+    def single_writer(self) -> bool: ...
 
     @property
     def sites(self) -> Sites: ...
@@ -109,6 +143,7 @@ class QueueStore(Transactions, Protocol):
 __all__ = [
     "CascadeReports",
     "Cascading",
+    "DeliveryStore",
     "Inspection",
     "Members",
     "QueueHeads",
@@ -122,6 +157,7 @@ __all__ = [
     "Sites",
     "SnapshotEntries",
     "SnapshotRequests",
+    "SnapshotStore",
     "SubscriberQueues",
     "Transactions",
 ]

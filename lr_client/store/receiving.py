@@ -41,6 +41,15 @@ def recv_base(entry: WireEntry) -> int | None:
 class ReceivingStore(Role):
     """Receive queues filled exactly once per (source, client) position."""
 
+    @property
+    def notify_arrivals(self) -> bool:
+        """Whether appends wake the subscribers at commit (where the backend can)."""
+        return self.core.notify_arrivals
+
+    @notify_arrivals.setter
+    def notify_arrivals(self, on: bool) -> None:
+        self.core.notify_arrivals = on
+
     def apply_drop_notice(
         self,
         source_id: str,

@@ -30,6 +30,9 @@ from lr_client.store.watches import Watch
 class Receiving(Protocol):
     """A sink's receiver: batches appended to receive queues exactly once."""
 
+    #: Whether appends wake the subscribers at commit (where the backend can).
+    notify_arrivals: bool
+
     def apply_log_batch(
         self,
         source_id: str,

@@ -42,6 +42,24 @@ def read_drops(conn: Connection, destination: str | None = None) -> list[DropRec
 class RetentionStore(SnapshotPoolStore):
     """What the send queue keeps, and the records of streams it gave up."""
 
+    @property
+    def rotation_period(self) -> float:
+        """PostgreSQL: seconds a send queue slot stays current before a trim closes it."""
+        return self.core.rotation_period
+
+    @rotation_period.setter
+    def rotation_period(self, seconds: float) -> None:
+        self.core.rotation_period = seconds
+
+    @property
+    def max_slots(self) -> int:
+        """PostgreSQL: slots are added while the others are pinned, up to this many."""
+        return self.core.max_slots
+
+    @max_slots.setter
+    def max_slots(self, count: int) -> None:
+        self.core.max_slots = count
+
     def trim(
         self, batch_size: int = 5000, max_batches: int | None = None, fence: Fence | None = None
     ) -> int:

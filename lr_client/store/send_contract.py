@@ -156,6 +156,11 @@ class Shipping(Protocol):
 class Retention(Protocol):
     """What the send queue keeps: trim, dropped and stopped streams, flow control."""
 
+    #: PostgreSQL: seconds a send queue slot stays current before a trim closes it.
+    rotation_period: float
+    #: PostgreSQL: slots are added while the others are pinned, up to this many.
+    max_slots: int
+
     def trim(
         self, batch_size: int = 5000, max_batches: int | None = None, fence: Fence | None = None
     ) -> int:

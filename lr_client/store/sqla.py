@@ -66,6 +66,10 @@ class SQLAlchemyQueueStore:
     def dialect(self) -> str:
         return self.core.dialect
 
+    @property
+    def single_writer(self) -> bool:
+        return self.core.single_writer
+
     # -- transactions ---------------------------------------------------------------------
     def write(self, consistent: bool = False) -> AbstractContextManager[Connection]:
         return self.core.write(consistent)

@@ -33,15 +33,15 @@ def switch_provider(
     from lr_server.transport.grpc_client import call_cascade
 
     check_switch(config, client, to)
-    before = store.cascade_node(client)
+    before = store.cascade.cascade_node(client)
     if before is None:
         raise NotFoundError(
             f"{client} is not cascaded in the database yet: start `lr server` once first"
         )
     if before.provider_id == to:
         raise StateError(f"{to} already provides {client} here (epoch {before.epoch})")
-    epoch = store.switch_cascade_provider(client, to)
-    node = store.cascade_node(client)
+    epoch = store.cascade_reports.switch_cascade_provider(client, to)
+    node = store.cascade.cascade_node(client)
     if epoch is None or node is None:
         raise NotFoundError(f"{client} is no longer cascaded in the database")
     report = make_report(store, config.id, node, config.replication.cascade_grace)

@@ -33,7 +33,7 @@ def check_database(config: SiteConfig, store: QueueStore) -> DatabaseCheck:
     status = store.schema_status()
     dests = [d.id for d in config.destinations]
     if status.state is SchemaState.CURRENT:
-        known = store.site_numbers(refresh=True)
+        known = store.sites.site_numbers(refresh=True)
         dests = [d for d in dests if d not in known]
     return DatabaseCheck(
         database=database_url(config).render_as_string(hide_password=True),
@@ -50,5 +50,5 @@ def init_database(config: SiteConfig, store: QueueStore) -> SchemaStatus:
     """Create or upgrade the site's schema (safe to run concurrently) and register its
     destinations (``lr init-db``); the schema's status before."""
     before = store.create_schema()
-    store.register_sites([d.id for d in config.destinations])
+    store.sites.register_sites([d.id for d in config.destinations])
     return before

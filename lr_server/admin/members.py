@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 def list_members(config: SiteConfig, store: QueueStore) -> list[MemberView]:
     """The site's servers (``lr members``): alive or gone by ``members.lease_timeout``,
     with their heartbeat's age and the units of work each owns."""
-    found = store.list_members(config.members.lease_timeout)
-    leases = store.list_leases()
-    now = store.db_now()
+    found = store.members.list_members(config.members.lease_timeout)
+    leases = store.members.list_leases()
+    now = store.members.db_now()
     owned: dict[str, list[str]] = {}
     for lease in leases:
         if lease.owner is not None:
@@ -41,12 +41,12 @@ def set_member_weight(store: QueueStore, member_id: str, weight: int) -> None:
     move to the others). Raises :class:`NotFoundError` for an unknown member."""
     if weight < 0:
         raise AdminInputError(f"weight {weight} is negative", "weight")
-    if not store.set_member_weight(member_id, weight):
+    if not store.members.set_member_weight(member_id, weight):
         raise NotFoundError(f"no member {member_id!r} (see 'lr members')")
 
 
 def remove_member(store: QueueStore, member_id: str) -> None:
     """Forget a member that is gone, releasing its units at once (``lr members remove``).
     Raises :class:`NotFoundError` for an unknown member."""
-    if not store.remove_member(member_id):
+    if not store.members.remove_member(member_id):
         raise NotFoundError(f"no member {member_id!r} (see 'lr members')")

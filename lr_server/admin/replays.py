@@ -35,22 +35,22 @@ def replay(
     check_stream(config, destination, client)
     if isinstance(from_position, bool) or not isinstance(from_position, int) or from_position < 1:
         raise AdminInputError(f"position must be 1 or more, not {from_position!r}", "from")
-    trimmed = store.trimmed_through(destination, client)
+    trimmed = store.retention.trimmed_through(destination, client)
     if trimmed >= from_position:
         raise FullSyncNeededError(trimmed_message(destination, client, from_position, trimmed))
-    acked = store.get_cursor(destination, client).position
+    acked = store.shipping.get_cursor(destination, client).position
     if from_position > acked:
         raise AdminInputError(
             f"{destination} acknowledged {client} through position {acked}; entries from "
             f"{from_position} on are shipped to it in their turn, once",
             "from",
         )
-    return store.request_replay(destination, client, from_position)
+    return store.replays.request_replay(destination, client, from_position)
 
 
 def list_replays(store: QueueStore, open_only: bool = True) -> list[ReplayRequest]:
     """The replay requests (``open_only``: those not done or refused yet), oldest first."""
-    return store.list_replays(open_only=open_only)
+    return store.replays.list_replays(open_only=open_only)
 
 
 def rewind(
@@ -77,7 +77,7 @@ def rewind(
         )
     if isinstance(to_position, bool) or not isinstance(to_position, int) or to_position < 1:
         raise AdminInputError(f"position must be 1 or more, not {to_position!r}", "to")
-    done = store.rewind_receive_queue(source, client, to_position)
+    done = store.replays.rewind_receive_queue(source, client, to_position)
     if done.refused:
         raise StateError(f"{done.refused}; the source can ship it again: lr replay")
     return done

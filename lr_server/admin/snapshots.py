@@ -30,7 +30,7 @@ def request_snapshot(
     replicate the client there or the client has no snapshot provider.
     """
     check_snapshot_request(config, destination, client)
-    return store.request_snapshot(None, destination, client, reason)
+    return store.snapshots.request_snapshot(None, destination, client, reason)
 
 
 def list_snapshots(
@@ -46,7 +46,10 @@ def list_snapshots(
     if limit <= 0:
         raise AdminInputError("limit must be positive", "limit")
     wanted = OPEN_SNAPSHOT_STATUSES if only_open else None
-    return [SnapshotView.of(x) for x in store.list_snapshots(destination, client, wanted, limit)]
+    return [
+        SnapshotView.of(x)
+        for x in store.snapshots.list_snapshots(destination, client, wanted, limit)
+    ]
 
 
 def cancel_snapshot(
@@ -63,8 +66,12 @@ def cancel_snapshot(
     :class:`StateError` if it is not open.
     """
     # The id as given, else a prefix of an open one's: never every snapshot ever requested.
-    exact = store.get_snapshot(snapshot_id, destination)
-    views = [exact] if exact else store.list_snapshots(destination, None, OPEN_SNAPSHOT_STATUSES)
+    exact = store.snapshots.get_snapshot(snapshot_id, destination)
+    views = (
+        [exact]
+        if exact
+        else store.snapshots.list_snapshots(destination, None, OPEN_SNAPSHOT_STATUSES)
+    )
     matches = list({x.snapshot_id: x for x in views if x.snapshot_id.startswith(snapshot_id)})
     if not matches:
         raise NotFoundError(
@@ -72,12 +79,12 @@ def cancel_snapshot(
         )
     if len(matches) > 1:
         raise NotFoundError(f"{snapshot_id} matches {len(matches)} snapshots; give more of the id")
-    found = store.get_snapshot(matches[0], destination)
+    found = store.snapshots.get_snapshot(matches[0], destination)
     if found is None:
         raise NotFoundError(f"no snapshot {matches[0]}")
-    if not store.cancel_snapshot(found.snapshot_id, reason, destination):
+    if not store.snapshots.cancel_snapshot(found.snapshot_id, reason, destination):
         raise StateError(f"snapshot {found.snapshot_id} is {found.status.value}, not open")
-    after = store.get_snapshot(found.snapshot_id, destination)
+    after = store.snapshots.get_snapshot(found.snapshot_id, destination)
     return SnapshotView.of(after if after is not None else found)
 
 

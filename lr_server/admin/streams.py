@@ -30,7 +30,7 @@ def accept_loss(config: SiteConfig, store: QueueStore, destination: str, client:
     ``destination``, :class:`StateError` if the stream is not stopped.
     """
     check_stream(config, destination, client)
-    stop = store.accept_stream_loss(destination, client)
+    stop = store.retention.accept_stream_loss(destination, client)
     if stop is None:
         raise StateError(f"stream {destination}/{client} is not stopped")
     return stop
@@ -43,8 +43,8 @@ def trim(config: SiteConfig, store: QueueStore, batch: int | None = None) -> Tri
     On PostgreSQL the current slot is closed first, so everything acknowledged goes
     (the store's ``rotation_period`` is restored after).
     """
-    before, store.rotation_period = store.rotation_period, 0.0
+    before, store.retention.rotation_period = store.retention.rotation_period, 0.0
     try:
-        return TrimResult(store.trim(batch or config.retention.trim_batch))
+        return TrimResult(store.retention.trim(batch or config.retention.trim_batch))
     finally:
-        store.rotation_period = before
+        store.retention.rotation_period = before

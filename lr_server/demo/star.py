@@ -157,7 +157,7 @@ class Demo:
             path.write_text(_config(s[name], [], ["a"], self.spark))
         for name, site in s.items():
             self.engines[name], self.stores[name] = site.open()
-        self.stores["a"].register_sites(["b", "c", "d"])
+        self.stores["a"].sites.register_sites(["b", "c", "d"])
 
     def _loop(self, target: Any) -> None:
         t = threading.Thread(target=target.run, args=(self.stop,), daemon=True)
@@ -207,7 +207,9 @@ class Demo:
     def _d_synced(self, stop_at: int) -> bool:
         """True once d's full sync is complete (then a few more changes follow it)."""
         if self._synced_at is None:
-            done = self.stores["a"].list_snapshots("d", "catalog", [SnapshotStatus.COMPLETED])
+            done = self.stores["a"].snapshots.list_snapshots(
+                "d", "catalog", [SnapshotStatus.COMPLETED]
+            )
             if not done:
                 return False
             self._synced_at = time.monotonic()
@@ -290,10 +292,12 @@ class Demo:
         ok = True
         for name, client in (("b", "orders"), ("c", "orders"), ("d", "catalog")):
             listener = self.listeners[name]
-            lag = a.backlog(name, client).entries
+            lag = a.shipping.backlog(name, client).entries
             match = expected[name] == actual[name]
             ok &= match
-            snaps = [x for x in a.list_snapshots(name, client) if x.entry_count is not None]
+            snaps = [
+                x for x in a.snapshots.list_snapshots(name, client) if x.entry_count is not None
+            ]
             snap_rows = sum(x.entry_count or 0 for x in snaps)
             table.add_row(
                 name,

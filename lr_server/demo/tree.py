@@ -153,7 +153,7 @@ class TreeDemo:
             site.config = self.workdir / f"{name}.toml"
             site.config.write_text(_tree_config(site, ports))
             self.engines[name], self.stores[name] = site.open()
-        self.stores[ROOT].register_sites(list(NODES))
+        self.stores[ROOT].sites.register_sites(list(NODES))
 
     # -- the operator ---------------------------------------------------------------------------
     def _switch(self, log: Any) -> None:
@@ -259,7 +259,7 @@ class TreeDemo:
 
     def _child(self, provider: str) -> CascadeChild | None:
         """The switched leaf as ``provider`` knows it (None: not a child there)."""
-        children = self.stores[provider].cascade_children(CLIENT)
+        children = self.stores[provider].cascade.cascade_children(CLIENT)
         return next((r for r in children if r.child_id == SWITCHED), None)
 
     def _report(self, elapsed: float) -> bool:
@@ -276,14 +276,14 @@ class TreeDemo:
                 ("check", "left"),
             ],
         )
-        root = self.stores[ROOT].cascade_node(CLIENT)
+        root = self.stores[ROOT].cascade.cascade_node(CLIENT)
         table.add_row(
             ROOT, root.role if root else "?", "-", "-", str(len(expected)), "-", f"{self.sent} sent"
         )
         ok = True
         actual = {n: rows(self.engines[n], orders) for n in NODES}
         for name in NODES:
-            node = self.stores[name].cascade_node(CLIENT)
+            node = self.stores[name].cascade.cascade_node(CLIENT)
             listener = self.listeners[name]
             match = actual[name] == expected
             ok &= match and listener.full_syncs == 0
@@ -298,7 +298,7 @@ class TreeDemo:
                 check_cell(actual[name], match),
             )
         self.console.print(table)
-        switched = self.stores[SWITCHED].cascade_node(CLIENT)
+        switched = self.stores[SWITCHED].cascade.cascade_node(CLIENT)
         moved = switched is not None and switched.provider_id == SWITCH_TO
         adopted = self._child(SWITCH_TO)
         left = self._child(TREE[SWITCHED])

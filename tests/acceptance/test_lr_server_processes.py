@@ -16,10 +16,10 @@ from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
 
 def _received(store: SQLAlchemyQueueStore, source: str) -> list[bytes]:
     out: list[bytes] = []
-    for q in store.list_queues("policy"):
+    for q in store.queues.list_queues("policy"):
         if q.source_id == source:
             with store.read() as conn:
-                out += [e.payload for e in store.read_queue(conn, q.queue_id, 100_000)]
+                out += [e.payload for e in store.queues.read_queue(conn, q.queue_id, 100_000)]
     return out
 
 

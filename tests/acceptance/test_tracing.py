@@ -162,7 +162,7 @@ def test_a_listener_applies_a_batch_in_a_span_linked_to_each_traced_entry(
         WireEntry(2, LOG, b"2"),
         WireEntry(3, LOG, b"3", headers=traced[1]),
     ]
-    store.apply_log_batch("src", "policy", entries)
+    store.recv.apply_log_batch("src", "policy", entries)
     listener = Applied()
     sub: Any
     if api == "aio":
@@ -177,7 +177,7 @@ def test_a_listener_applies_a_batch_in_a_span_linked_to_each_traced_entry(
     assert links == [(traces[0], parents[0], 1), (traces[1], parents[1], 3)]
     assert apply["attributes"]["lr.source"] == "src"
     spans.clear()
-    store.apply_log_batch("src", "policy", [WireEntry(4, LOG, b"4")], previous_position=3)
+    store.recv.apply_log_batch("src", "policy", [WireEntry(4, LOG, b"4")], previous_position=3)
     with RoutingQueueSubscriber(store, "policy", listener) as again:
         assert again.poll_once() == 1
     assert spans.get_finished_spans() == ()

@@ -32,9 +32,9 @@ def rolled_back(store: Transactions) -> Iterator[Connection]:
 
 def append(store: QueueStore, client: str, *rows: tuple[bytes, list[str]]) -> list[int]:
     """Transmit ``(payload, destinations)`` rows in one committed transaction; their positions."""
-    nums = store.register_sites(sorted({d for _, ds in rows for d in ds}))
+    nums = store.sites.register_sites(sorted({d for _, ds in rows for d in ds}))
     with store.write() as conn:
-        refs = store.append_log_entries(
+        refs = store.send.append_log_entries(
             conn, client, [(p, [nums[d] for d in ds]) for p, ds in rows]
         )
     return positions(store, refs)
@@ -55,13 +55,13 @@ def append_apart(store: QueueStore, client: str, *rows: tuple[bytes, list[str]])
 def pass_entries(store: SubscriberQueues, queue_id: int, n: int, owner: str = "s1") -> list[int]:
     """Deliver the ``n`` oldest entries of a queue as a subscriber does; their positions."""
     with store.write() as conn:
-        assert store.acquire_lease(conn, queue_id, owner, 100.0, 1e9) is not None
+        assert store.queues.acquire_lease(conn, queue_id, owner, 100.0, 1e9) is not None
     with store.write() as conn:
-        state = store.load_state(conn, queue_id)
-        head = store.read_head(conn, queue_id, n)
+        state = store.queues.load_state(conn, queue_id)
+        head = store.heads.read_head(conn, queue_id, n)
         if not head:
             return []
-        assert store.save_state(
+        assert store.queues.save_state(
             conn,
             queue_id,
             owner,

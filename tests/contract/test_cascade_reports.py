@@ -11,84 +11,84 @@ C = "policy"
 
 
 def _child(store: QueueStore, child: str = "s4") -> tuple[int, int, int, float, bool]:
-    (row,) = [c for c in store.cascade_children(C) if c.child_id == child]
+    (row,) = [c for c in store.cascade.cascade_children(C) if c.child_id == child]
     return row.epoch, row.local_watermark, row.acked_position, row.reported_at, row.dropped
 
 
 def test_a_report_adopts_the_child_then_updates_it(store: QueueStore) -> None:
-    store.apply_cascade_config(C, "s1", "branch", "s1", ["s4"])  # seeded: never reported
-    assert store.record_cascade_report(C, "s4", 1, 5, 6, reported_at=100.0)
+    store.cascade.apply_cascade_config(C, "s1", "branch", "s1", ["s4"])  # seeded: never reported
+    assert store.cascade_reports.record_cascade_report(C, "s4", 1, 5, 6, reported_at=100.0)
     assert _child(store) == (1, 5, 6, 100.0, False)
-    assert store.record_cascade_report(C, "s4", 1, 7, 9, reported_at=101.0)
+    assert store.cascade_reports.record_cascade_report(C, "s4", 1, 7, 9, reported_at=101.0)
     assert _child(store) == (1, 7, 9, 101.0, False)
     # A node that was never seeded (switched here) is adopted by its first report.
-    assert store.record_cascade_report(C, "s5", 3, 2, 2, reported_at=102.0)
+    assert store.cascade_reports.record_cascade_report(C, "s5", 3, 2, 2, reported_at=102.0)
     assert _child(store, "s5") == (3, 2, 2, 102.0, False)
 
 
 def test_the_same_epoch_keeps_a_drop_and_a_newer_one_adopts_again(store: QueueStore) -> None:
-    store.apply_cascade_config(C, "s1", "branch", "s1", ["s4"])
-    assert store.record_cascade_report(C, "s4", 1, 5, 6, reported_at=100.0)
-    assert store.mark_child_dropped(C, "s4")
-    assert store.record_cascade_report(C, "s4", 1, 8, 8, reported_at=101.0)
+    store.cascade.apply_cascade_config(C, "s1", "branch", "s1", ["s4"])
+    assert store.cascade_reports.record_cascade_report(C, "s4", 1, 5, 6, reported_at=100.0)
+    assert store.cascade.mark_child_dropped(C, "s4")
+    assert store.cascade_reports.record_cascade_report(C, "s4", 1, 8, 8, reported_at=101.0)
     assert _child(store) == (1, 8, 8, 101.0, True)  # a late report of the old epoch
-    assert store.record_cascade_report(C, "s4", 2, 9, 9, reported_at=102.0)
+    assert store.cascade_reports.record_cascade_report(C, "s4", 2, 9, 9, reported_at=102.0)
     assert _child(store) == (2, 9, 9, 102.0, False)
 
 
 def test_a_report_of_an_older_epoch_is_refused_and_changes_nothing(store: QueueStore) -> None:
-    store.apply_cascade_config(C, "s1", "branch", "s1", ["s4"])
-    assert store.record_cascade_report(C, "s4", 3, 5, 6, reported_at=100.0)
-    assert not store.record_cascade_report(C, "s4", 2, 50, 60, reported_at=200.0)
+    store.cascade.apply_cascade_config(C, "s1", "branch", "s1", ["s4"])
+    assert store.cascade_reports.record_cascade_report(C, "s4", 3, 5, 6, reported_at=100.0)
+    assert not store.cascade_reports.record_cascade_report(C, "s4", 2, 50, 60, reported_at=200.0)
     assert _child(store) == (3, 5, 6, 100.0, False)
 
 
 def test_a_bad_report_is_a_typed_error_and_changes_nothing(store: QueueStore) -> None:
-    store.apply_cascade_config(C, "s1", "branch", "s1", ["s4"])
-    assert store.record_cascade_report(C, "s4", 1, 5, 6, reported_at=100.0)
+    store.cascade.apply_cascade_config(C, "s1", "branch", "s1", ["s4"])
+    assert store.cascade_reports.record_cascade_report(C, "s4", 1, 5, 6, reported_at=100.0)
     with pytest.raises(InvalidNameError):
-        store.record_cascade_report(C, "s4; drop table x", 1, 5, 6)
+        store.cascade_reports.record_cascade_report(C, "s4; drop table x", 1, 5, 6)
     with pytest.raises(InvalidNameError):
-        store.record_cascade_report("", "s4", 1, 5, 6)
+        store.cascade_reports.record_cascade_report("", "s4", 1, 5, 6)
     for bad in ((-1, 5, 6), (1, -5, 6), (1, 5, -6)):
         with pytest.raises(InvalidInputError):
-            store.record_cascade_report(C, "s4", *bad)
+            store.cascade_reports.record_cascade_report(C, "s4", *bad)
     assert _child(store) == (1, 5, 6, 100.0, False)
-    assert [c.child_id for c in store.cascade_children(C)] == ["s4"]
+    assert [c.child_id for c in store.cascade.cascade_children(C)] == ["s4"]
 
 
 def test_the_global_watermark_is_stored_for_a_cascaded_client(store: QueueStore) -> None:
-    assert not store.set_global_watermark(C, 9)  # not cascaded here
-    store.apply_cascade_config(C, "s1", "branch", "s1", [])
-    assert store.set_global_watermark(C, 9)
-    node = store.cascade_node(C)
+    assert not store.cascade_reports.set_global_watermark(C, 9)  # not cascaded here
+    store.cascade.apply_cascade_config(C, "s1", "branch", "s1", [])
+    assert store.cascade_reports.set_global_watermark(C, 9)
+    node = store.cascade.cascade_node(C)
     assert node is not None and node.global_watermark == 9
     with pytest.raises(InvalidInputError):
-        store.set_global_watermark(C, -1)
-    node = store.cascade_node(C)
+        store.cascade_reports.set_global_watermark(C, -1)
+    node = store.cascade.cascade_node(C)
     assert node is not None and node.global_watermark == 9
 
 
 def test_a_switch_raises_the_epoch_and_survives_the_same_config(store: QueueStore) -> None:
-    assert store.switch_cascade_provider(C, "s2") is None  # not cascaded here
-    before = store.apply_cascade_config(C, "s1", "branch", "s3", ["s5"])
-    epoch = store.switch_cascade_provider(C, "s2")
+    assert store.cascade_reports.switch_cascade_provider(C, "s2") is None  # not cascaded here
+    before = store.cascade.apply_cascade_config(C, "s1", "branch", "s3", ["s5"])
+    epoch = store.cascade_reports.switch_cascade_provider(C, "s2")
     assert epoch == before.epoch + 1
-    node = store.cascade_node(C)
+    node = store.cascade.cascade_node(C)
     assert node is not None
     assert (node.provider_id, node.epoch, node.config_provider) == ("s2", epoch, "s3")
     # The server applies the unchanged configuration at its next start: the switch stays.
-    again = store.apply_cascade_config(C, "s1", "branch", "s3", ["s5"])
+    again = store.cascade.apply_cascade_config(C, "s1", "branch", "s3", ["s5"])
     assert (again.provider_id, again.epoch) == ("s2", epoch)
 
 
 def test_a_bad_switch_is_a_typed_error_and_changes_nothing(store: QueueStore) -> None:
-    root = store.apply_cascade_config(C, "s1", "root", "", ["s2"])
+    root = store.cascade.apply_cascade_config(C, "s1", "root", "", ["s2"])
     with pytest.raises(InvalidInputError):
-        store.switch_cascade_provider(C, "s2")  # the root has no provider
-    assert store.cascade_node(C) == root
-    store.apply_cascade_config("orders", "s1", "leaf", "s1", [])
+        store.cascade_reports.switch_cascade_provider(C, "s2")  # the root has no provider
+    assert store.cascade.cascade_node(C) == root
+    store.cascade.apply_cascade_config("orders", "s1", "leaf", "s1", [])
     with pytest.raises(InvalidNameError):
-        store.switch_cascade_provider("orders", "bad name!")
-    node = store.cascade_node("orders")
+        store.cascade_reports.switch_cascade_provider("orders", "bad name!")
+    node = store.cascade.cascade_node("orders")
     assert node is not None and (node.provider_id, node.epoch) == ("s1", 1)

@@ -26,58 +26,60 @@ def _summary(store: Inspection) -> list[tuple[object, ...]]:
             r["inflight_bytes"],
             r["last_error"],
         )
-        for r in store.list_session_status()
+        for r in store.inspection.list_session_status()
     ]
 
 
 def test_session_status_is_one_row_per_destination(store: Inspection) -> None:
-    assert store.list_session_status() == []
-    store.save_session_status(
+    assert store.inspection.list_session_status() == []
+    store.inspection.save_session_status(
         "c", "streaming", connected=True, inflight_batches=2, inflight_bytes=9
     )
-    store.save_session_status(
+    store.inspection.save_session_status(
         "b", "backoff", connected=False, inflight_batches=0, inflight_bytes=0, last_error="down"
     )
     assert _summary(store) == [
         ("b", "backoff", False, 0, 0, "down"),
         ("c", "streaming", True, 2, 9, ""),
     ]
-    store.save_session_status(
+    store.inspection.save_session_status(
         "b", "streaming", connected=True, inflight_batches=1, inflight_bytes=3
     )
     assert _summary(store) == [
         ("b", "streaming", True, 1, 3, ""),
         ("c", "streaming", True, 2, 9, ""),
     ]
-    assert all(r["updated_at"] > 0 for r in store.list_session_status())
+    assert all(r["updated_at"] > 0 for r in store.inspection.list_session_status())
 
 
 def test_a_long_error_is_kept_to_its_start(store: Inspection) -> None:
     error = "".join(chr(ord("a") + i % 26) for i in range(5000))
-    store.save_session_status(
+    store.inspection.save_session_status(
         "b", "backoff", connected=False, inflight_batches=0, inflight_bytes=0, last_error=error
     )
-    (row,) = store.list_session_status()
+    (row,) = store.inspection.list_session_status()
     assert row["last_error"] == error[:2000]
 
 
 def test_an_inspection_method_on_an_empty_database_is_a_schema_error(
     bare_store: QueueStore,
 ) -> None:
-    refused_for_no_schema(bare_store, bare_store.list_session_status)
+    refused_for_no_schema(bare_store, bare_store.inspection.list_session_status)
     refused_for_no_schema(
         bare_store,
-        lambda: bare_store.save_session_status(
+        lambda: bare_store.inspection.save_session_status(
             "b", "idle", connected=False, inflight_batches=0, inflight_bytes=0
         ),
     )
 
 
 def test_a_lost_connection_is_transient(store: Inspection, outage: Outage) -> None:
-    store.save_session_status("b", "idle", connected=True, inflight_batches=0, inflight_bytes=0)
+    store.inspection.save_session_status(
+        "b", "idle", connected=True, inflight_batches=0, inflight_bytes=0
+    )
     across_outage(
         outage,
-        lambda: store.save_session_status(
+        lambda: store.inspection.save_session_status(
             "b", "streaming", connected=True, inflight_batches=1, inflight_bytes=5
         ),
     )
@@ -85,47 +87,47 @@ def test_a_lost_connection_is_transient(store: Inspection, outage: Outage) -> No
 
 
 def test_head_position_estimate_counts_what_was_assigned(store: QueueStore) -> None:
-    assert store.head_position_estimate() == 0
+    assert store.inspection.head_position_estimate() == 0
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["c"]))
-    assert store.head_position_estimate() == p[-1] == store.head_position()
-    nums = store.register_sites(["b"])
+    assert store.inspection.head_position_estimate() == p[-1] == store.send.head_position()
+    nums = store.sites.register_sites(["b"])
     with store.write() as conn:  # a position assigned in an open transaction
-        (pending,) = store.append_log_entries(conn, "policy", [(b"3", [nums["b"]])])
+        (pending,) = store.send.append_log_entries(conn, "policy", [(b"3", [nums["b"]])])
         # SQLite gave it a position at insert; PostgreSQL gives it one after commit.
-        assert p[-1] <= store.head_position_estimate() <= (pending.position or p[-1])
+        assert p[-1] <= store.inspection.head_position_estimate() <= (pending.position or p[-1])
     (done,) = positions(store, [pending])
-    assert done > p[-1] and store.head_position_estimate() == done
+    assert done > p[-1] and store.inspection.head_position_estimate() == done
 
 
 def test_queue_depths_are_those_of_the_non_empty_queues(store: QueueStore) -> None:
-    assert store.queue_depths() == {}
-    store.apply_log_batch("a", "policy", log(1, 2, 3))
-    store.apply_log_batch("b", "policy", log(1))
-    store.apply_log_batch("a", "other", log(7))
-    qa, qb = (q.queue_id for q in store.list_queues("policy"))
-    (qo,) = (q.queue_id for q in store.list_queues("other"))
-    assert store.queue_depths() == {qa: 3, qb: 1, qo: 1}
+    assert store.inspection.queue_depths() == {}
+    store.recv.apply_log_batch("a", "policy", log(1, 2, 3))
+    store.recv.apply_log_batch("b", "policy", log(1))
+    store.recv.apply_log_batch("a", "other", log(7))
+    qa, qb = (q.queue_id for q in store.queues.list_queues("policy"))
+    (qo,) = (q.queue_id for q in store.queues.list_queues("other"))
+    assert store.inspection.queue_depths() == {qa: 3, qb: 1, qo: 1}
     pass_entries(store, qb, 10)
-    assert store.queue_depths() == {qa: 3, qo: 1}
+    assert store.inspection.queue_depths() == {qa: 3, qo: 1}
 
 
 def test_queue_sizes_count_every_queue_by_name(store: QueueStore) -> None:
-    assert store.queue_sizes() == (0, 0, [])
+    assert store.inspection.queue_sizes() == (0, 0, [])
     append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
-    sid = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
     with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, [b"x", b"y", b"z"])
-    store.apply_log_batch("b", "policy", log(1, 2))
-    store.apply_log_batch("a", "policy", log(1))
-    n_log, n_snap, queues = store.queue_sizes()
+        store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [b"x", b"y", b"z"])
+    store.recv.apply_log_batch("b", "policy", log(1, 2))
+    store.recv.apply_log_batch("a", "policy", log(1))
+    n_log, n_snap, queues = store.inspection.queue_sizes()
     assert (n_log, n_snap) == (2, 3)
     assert [(q.queue_name, q.source_id, depth) for q, depth in queues] == [
         ("LRQ_Recv_policy__a", "a", 1),
         ("LRQ_Recv_policy__b", "b", 2),
     ]
     pass_entries(store, queues[0][0].queue_id, 10)
-    assert [(q.queue_name, d) for q, d in store.queue_sizes()[2]] == [
+    assert [(q.queue_name, d) for q, d in store.inspection.queue_sizes()[2]] == [
         ("LRQ_Recv_policy__a", 0),
         ("LRQ_Recv_policy__b", 2),
     ]
@@ -133,8 +135,8 @@ def test_queue_sizes_count_every_queue_by_name(store: QueueStore) -> None:
 
 def test_queue_slots_show_where_rows_are_stored(store: QueueStore) -> None:
     append(store, "policy", (b"1", ["b"]), (b"2", ["b"]))
-    store.apply_log_batch("a", "policy", log(1, 2, 3))
-    found = store.queue_slots()
+    store.recv.apply_log_batch("a", "policy", log(1, 2, 3))
+    found = store.inspection.queue_slots()
     if store.dialect == "sqlite":  # one table per queue, trimmed by rows: no slots
         assert found == []
         return
@@ -149,7 +151,7 @@ def test_queue_slots_show_where_rows_are_stored(store: QueueStore) -> None:
 def test_browse_log_entries_shows_what_a_destination_still_needs(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]), (b"3", ["c"]))
     q = append(store, "other", (b"4", ["b"]))
-    every = store.browse_log_entries(None, None, 0, 10)
+    every = store.inspection.browse_log_entries(None, None, 0, 10)
     assert [(e.position, e.client_name, e.payload) for e in every] == [
         (p[0], "policy", b"1"),
         (p[1], "policy", b"2"),
@@ -157,25 +159,29 @@ def test_browse_log_entries_shows_what_a_destination_still_needs(store: QueueSto
         (q[0], "other", b"4"),
     ]
     assert [sorted(e.destinations) for e in every] == [["b"], ["b", "c"], ["c"], ["b"]]
-    assert [e.position for e in store.browse_log_entries(None, None, p[0], 2)] == p[1:]
-    assert [e.position for e in store.browse_log_entries(None, "other", 0, 10)] == q
-    assert [e.position for e in store.browse_log_entries("b", None, 0, 10)] == [p[0], p[1], q[0]]
-    store.set_cursor("b", "policy", p[0])
-    assert [e.position for e in store.browse_log_entries("b", "policy", 0, 10)] == [p[1]]
-    store.drop_stream("b", "other", "too slow")
-    assert [e.position for e in store.browse_log_entries("b", None, 0, 10)] == [p[1]]
-    assert store.browse_log_entries("nobody", None, 0, 10) == []
+    assert [e.position for e in store.inspection.browse_log_entries(None, None, p[0], 2)] == p[1:]
+    assert [e.position for e in store.inspection.browse_log_entries(None, "other", 0, 10)] == q
+    assert [e.position for e in store.inspection.browse_log_entries("b", None, 0, 10)] == [
+        p[0],
+        p[1],
+        q[0],
+    ]
+    store.shipping.set_cursor("b", "policy", p[0])
+    assert [e.position for e in store.inspection.browse_log_entries("b", "policy", 0, 10)] == [p[1]]
+    store.retention.drop_stream("b", "other", "too slow")
+    assert [e.position for e in store.inspection.browse_log_entries("b", None, 0, 10)] == [p[1]]
+    assert store.inspection.browse_log_entries("nobody", None, 0, 10) == []
 
 
 def test_browse_snapshot_entries_by_destination_and_client(store: QueueStore) -> None:
-    assert store.browse_snapshot_entries(None, None, 0, 10) == []
-    first = store.request_snapshot(None, "b", "policy")
-    second = store.request_snapshot(None, "c", "other")
+    assert store.inspection.browse_snapshot_entries(None, None, 0, 10) == []
+    first = store.snapshots.request_snapshot(None, "b", "policy")
+    second = store.snapshots.request_snapshot(None, "c", "other")
     for sid, payloads in ((first, [b"p0", b"p1"]), (second, [b"o0"])):
-        store.start_snapshot(sid)
+        store.snapshots.start_snapshot(sid)
         with store.write() as conn:
-            store.write_snapshot_entries(conn, sid, 0, payloads)
-    every = store.browse_snapshot_entries(None, None, 0, 10)
+            store.snapshot_entries.write_snapshot_entries(conn, sid, 0, payloads)
+    every = store.inspection.browse_snapshot_entries(None, None, 0, 10)
     assert [(e.snapshot_id, e.client_name, e.destinations, e.payload) for e in every] == [
         (first, "policy", ("b",), b"p0"),
         (first, "policy", ("b",), b"p1"),
@@ -183,14 +189,16 @@ def test_browse_snapshot_entries_by_destination_and_client(store: QueueStore) ->
     ]
     positions = [e.position for e in every]
     assert positions == sorted(positions)
-    assert store.browse_snapshot_entries(None, None, positions[0], 1) == every[1:2]
-    assert [e.payload for e in store.browse_snapshot_entries("c", None, 0, 10)] == [b"o0"]
-    assert [e.payload for e in store.browse_snapshot_entries(None, "policy", 0, 10)] == [
+    assert store.inspection.browse_snapshot_entries(None, None, positions[0], 1) == every[1:2]
+    assert [e.payload for e in store.inspection.browse_snapshot_entries("c", None, 0, 10)] == [
+        b"o0"
+    ]
+    assert [e.payload for e in store.inspection.browse_snapshot_entries(None, "policy", 0, 10)] == [
         b"p0",
         b"p1",
     ]
-    assert store.browse_snapshot_entries("b", "other", 0, 10) == []
-    assert store.browse_snapshot_entries("nobody", None, 0, 10) == []
+    assert store.inspection.browse_snapshot_entries("b", "other", 0, 10) == []
+    assert store.inspection.browse_snapshot_entries("nobody", None, 0, 10) == []
 
 
 def test_browsing_reads_a_payloads_head_and_size_only(store: QueueStore) -> None:
@@ -198,24 +206,24 @@ def test_browsing_reads_a_payloads_head_and_size_only(store: QueueStore) -> None
     big = bytes(range(256)) * 40 + b"\x00"  # every byte value, NULs included
     head = big[:BROWSE_HEAD_BYTES]
     append(store, "policy", (big, ["b"]), (b"tiny", ["b"]))
-    logged = store.browse_log_entries("b", None, 0, 10)
+    logged = store.inspection.browse_log_entries("b", None, 0, 10)
     assert [(e.payload, e.size) for e in logged] == [(head, len(big)), (b"tiny", 4)]
-    sid = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
     with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, [big])
-    assert [(e.payload, e.size) for e in store.browse_snapshot_entries("b", None, 0, 10)] == [
-        (head, len(big))
-    ]
-    store.apply_log_batch("a", "policy", [WireEntry(3, ReplicationType.LOG_ENTRY_SYNC, big)])
-    queued = store.browse_queue("LRQ_Recv_policy__a", 0, 10)
+        store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [big])
+    assert [
+        (e.payload, e.size) for e in store.inspection.browse_snapshot_entries("b", None, 0, 10)
+    ] == [(head, len(big))]
+    store.recv.apply_log_batch("a", "policy", [WireEntry(3, ReplicationType.LOG_ENTRY_SYNC, big)])
+    queued = store.inspection.browse_queue("LRQ_Recv_policy__a", 0, 10)
     assert [(e.payload, e.size) for e in queued or []] == [(head, len(big))]
 
 
 def test_browse_queue_by_name_from_a_seq(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(2, 4, 6))
-    store.apply_log_batch("b", "policy", log(1))
-    got = store.browse_queue("LRQ_Recv_policy__a", 0, 10)
+    store.recv.apply_log_batch("a", "policy", log(2, 4, 6))
+    store.recv.apply_log_batch("b", "policy", log(1))
+    got = store.inspection.browse_queue("LRQ_Recv_policy__a", 0, 10)
     assert got is not None
     assert [(e.position, e.payload, e.client_name) for e in got] == [
         (2, b"2", "policy"),
@@ -225,32 +233,45 @@ def test_browse_queue_by_name_from_a_seq(store: QueueStore) -> None:
     seqs = [e.seq or 0 for e in got]
     assert seqs == sorted(seqs) and len(set(seqs)) == 3
     assert {e.type for e in got} == {int(ReplicationType.LOG_ENTRY_SYNC)}
-    assert [e.position for e in store.browse_queue("LRQ_Recv_policy__a", seqs[0], 1) or []] == [4]
-    assert store.browse_queue("LRQ_Recv_policy__a", seqs[-1], 10) == []
-    assert store.browse_queue("LRQ_Recv_nobody__a", 0, 10) is None
-    qa = store.list_queues("policy")[0].queue_id
+    assert [
+        e.position for e in store.inspection.browse_queue("LRQ_Recv_policy__a", seqs[0], 1) or []
+    ] == [4]
+    assert store.inspection.browse_queue("LRQ_Recv_policy__a", seqs[-1], 10) == []
+    assert store.inspection.browse_queue("LRQ_Recv_nobody__a", 0, 10) is None
+    qa = store.queues.list_queues("policy")[0].queue_id
     pass_entries(store, qa, 1)  # delivered: no longer in the queue
-    assert [e.position for e in store.browse_queue("LRQ_Recv_policy__a", 0, 10) or []] == [4, 6]
+    assert [
+        e.position for e in store.inspection.browse_queue("LRQ_Recv_policy__a", 0, 10) or []
+    ] == [4, 6]
 
 
 def test_the_views_on_an_empty_database_are_schema_errors(bare_store: QueueStore) -> None:
-    refused_for_no_schema(bare_store, bare_store.head_position_estimate)
-    refused_for_no_schema(bare_store, bare_store.queue_depths)
-    refused_for_no_schema(bare_store, bare_store.queue_sizes)
-    refused_for_no_schema(bare_store, lambda: bare_store.browse_log_entries(None, None, 0, 10))
-    refused_for_no_schema(bare_store, lambda: bare_store.browse_snapshot_entries(None, None, 0, 10))
-    refused_for_no_schema(bare_store, lambda: bare_store.browse_queue("LRQ_Recv_p__a", 0, 10))
+    refused_for_no_schema(bare_store, bare_store.inspection.head_position_estimate)
+    refused_for_no_schema(bare_store, bare_store.inspection.queue_depths)
+    refused_for_no_schema(bare_store, bare_store.inspection.queue_sizes)
+    refused_for_no_schema(
+        bare_store, lambda: bare_store.inspection.browse_log_entries(None, None, 0, 10)
+    )
+    refused_for_no_schema(
+        bare_store, lambda: bare_store.inspection.browse_snapshot_entries(None, None, 0, 10)
+    )
+    refused_for_no_schema(
+        bare_store, lambda: bare_store.inspection.browse_queue("LRQ_Recv_p__a", 0, 10)
+    )
 
 
 def test_the_views_survive_a_lost_connection(store: QueueStore, outage: Outage) -> None:
     p = append(store, "policy", (b"1", ["b"]))
-    store.apply_log_batch("a", "policy", log(5))
-    (queue,) = store.list_queues("policy")
-    assert across_outage(outage, store.head_position_estimate) == p[0]
-    assert across_outage(outage, store.queue_depths) == {queue.queue_id: 1}
-    assert across_outage(outage, store.queue_sizes) == (1, 0, [(queue, 1)])
-    logged = across_outage(outage, lambda: store.browse_log_entries("b", None, 0, 10))
+    store.recv.apply_log_batch("a", "policy", log(5))
+    (queue,) = store.queues.list_queues("policy")
+    assert across_outage(outage, store.inspection.head_position_estimate) == p[0]
+    assert across_outage(outage, store.inspection.queue_depths) == {queue.queue_id: 1}
+    assert across_outage(outage, store.inspection.queue_sizes) == (1, 0, [(queue, 1)])
+    logged = across_outage(outage, lambda: store.inspection.browse_log_entries("b", None, 0, 10))
     assert [e.position for e in logged] == p
-    assert across_outage(outage, lambda: store.browse_snapshot_entries(None, None, 0, 10)) == []
-    queued = across_outage(outage, lambda: store.browse_queue(queue.queue_name, 0, 10))
+    assert (
+        across_outage(outage, lambda: store.inspection.browse_snapshot_entries(None, None, 0, 10))
+        == []
+    )
+    queued = across_outage(outage, lambda: store.inspection.browse_queue(queue.queue_name, 0, 10))
     assert [e.position for e in queued or []] == [5]

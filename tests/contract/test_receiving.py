@@ -27,33 +27,36 @@ END = ReplicationType.LAST_FULL_SYNC_ENTRY
 
 def _queued(store: QueueStore, client: str = "policy") -> list[tuple[int, bytes, str]]:
     """(source position, payload, snapshot id) of everything queued for ``client``, in order."""
-    (queue,) = store.list_queues(client)
+    (queue,) = store.queues.list_queues(client)
     with store.write() as conn:
-        got = store.read_queue(conn, queue.queue_id, 100)
+        got = store.queues.read_queue(conn, queue.queue_id, 100)
     return [(e.source_position, e.payload, e.snapshot_id) for e in got]
 
 
 def test_receiver_is_idempotent_and_registers_queue(store: QueueStore) -> None:
     batch = log(3, 5, 9)
-    assert store.apply_log_batch("site-a", "policy", batch) == (True, 9)
-    assert store.apply_log_batch("site-a", "policy", batch) == (False, 9)
-    assert store.apply_log_batch("site-a", "policy", [*batch, *log(11)]) == (True, 11)
-    (queue,) = store.list_queues("policy")
+    assert store.recv.apply_log_batch("site-a", "policy", batch) == (True, 9)
+    assert store.recv.apply_log_batch("site-a", "policy", batch) == (False, 9)
+    assert store.recv.apply_log_batch("site-a", "policy", [*batch, *log(11)]) == (True, 11)
+    (queue,) = store.queues.list_queues("policy")
     assert queue.queue_name == "LRQ_Recv_policy__site-a"
     assert (queue.source_id, queue.client_name) == ("site-a", "policy")
     assert [p for p, _, _ in _queued(store)] == [3, 5, 9, 11]
-    progress = store.sink_progress("site-a", "policy")
+    progress = store.recv.sink_progress("site-a", "policy")
     assert progress.last_position == 11
     assert progress.snapshot_state is SinkSnapshotState.NONE
 
 
 def test_a_gap_is_refused_and_applies_nothing(store: QueueStore) -> None:
-    store.apply_log_batch("site-a", "policy", log(1, 2))
+    store.recv.apply_log_batch("site-a", "policy", log(1, 2))
     with pytest.raises(ProtocolError, match="gap"):
-        store.apply_log_batch("site-a", "policy", log(5, 6), previous_position=4)
+        store.recv.apply_log_batch("site-a", "policy", log(5, 6), previous_position=4)
     assert [p for p, _, _ in _queued(store)] == [1, 2]
-    assert store.sink_progress("site-a", "policy").last_position == 2
-    assert store.apply_log_batch("site-a", "policy", log(3, 4), previous_position=2) == (True, 4)
+    assert store.recv.sink_progress("site-a", "policy").last_position == 2
+    assert store.recv.apply_log_batch("site-a", "policy", log(3, 4), previous_position=2) == (
+        True,
+        4,
+    )
     assert [p for p, _, _ in _queued(store)] == [1, 2, 3, 4]
 
 
@@ -70,109 +73,112 @@ def test_a_queue_registered_by_a_receive_rolled_back_is_registered_again(
     with monkeypatch.context() as patched:
         patched.setattr(store, "_append_recv", lost)
         with pytest.raises(StoreUnavailableError):
-            store.apply_log_batch("site-a", "policy", log(1, 2))
-    assert store.list_queues("policy") == []
-    assert store.sink_progress("site-a", "policy").last_position == 0
-    assert store.apply_log_batch("site-a", "policy", log(1, 2)) == (True, 2)
+            store.recv.apply_log_batch("site-a", "policy", log(1, 2))
+    assert store.queues.list_queues("policy") == []
+    assert store.recv.sink_progress("site-a", "policy").last_position == 0
+    assert store.recv.apply_log_batch("site-a", "policy", log(1, 2)) == (True, 2)
     assert [p for p, _, _ in _queued(store)] == [1, 2]
 
 
 @pytest.mark.parametrize(("source", "client"), [("Site-A", "policy"), ("site-a", "po_licy")])
 def test_a_bad_name_applies_nothing(store: QueueStore, source: str, client: str) -> None:
     with pytest.raises(InvalidNameError):
-        store.apply_log_batch(source, client, log(1))
+        store.recv.apply_log_batch(source, client, log(1))
     with pytest.raises(InvalidNameError):
-        store.apply_snapshot_batch(source, client, "s1", [WireEntry(1, SNAP, b"x", "s1")])
+        store.recv.apply_snapshot_batch(source, client, "s1", [WireEntry(1, SNAP, b"x", "s1")])
     with pytest.raises(InvalidNameError):
-        store.apply_drop_notice(source, client, "n1", 1, "dropped")
-    assert store.list_queues() == []
-    assert store.list_sink_progress() == []
-    assert store.list_sink_drops() == []
+        store.recv.apply_drop_notice(source, client, "n1", 1, "dropped")
+    assert store.queues.list_queues() == []
+    assert store.recv.list_sink_progress() == []
+    assert store.recv.list_sink_drops() == []
 
 
 def test_sources_get_separate_queues(store: QueueStore) -> None:
     e = [WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"x")]
-    store.apply_log_batch("a-b", "c", e)
-    store.apply_log_batch("a", "b-c", e)
-    names = sorted(q.queue_name for q in store.list_queues())
+    store.recv.apply_log_batch("a-b", "c", e)
+    store.recv.apply_log_batch("a", "b-c", e)
+    names = sorted(q.queue_name for q in store.queues.list_queues())
     assert names == ["LRQ_Recv_b-c__a", "LRQ_Recv_c__a-b"]
 
 
 def test_sink_snapshot_supersedes_and_sets_base(store: QueueStore) -> None:
-    store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"old", "s1")])
-    assert store.sink_progress("a", "policy").snapshot_state is SinkSnapshotState.ONGOING
-    store.apply_snapshot_batch("a", "policy", "s2", [WireEntry(1, SNAP, b"new", "s2")])
+    store.recv.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"old", "s1")])
+    assert store.recv.sink_progress("a", "policy").snapshot_state is SinkSnapshotState.ONGOING
+    store.recv.apply_snapshot_batch("a", "policy", "s2", [WireEntry(1, SNAP, b"new", "s2")])
     end = WireEntry(2, END, b"1", "s2", 1, base_position=42)
-    assert store.apply_snapshot_batch("a", "policy", "s2", [end]) == (True, 2)
+    assert store.recv.apply_snapshot_batch("a", "policy", "s2", [end]) == (True, 2)
     assert [(b, s) for _, b, s in _queued(store)] == [(b"new", "s2"), (b"1", "s2")]
-    progress = store.sink_progress("a", "policy")
+    progress = store.recv.sink_progress("a", "policy")
     assert progress.last_position == 42 and progress.snapshot_id == "s2"
     assert progress.snapshot_state is SinkSnapshotState.COMPLETED
     # a replayed batch of the completed snapshot is not applied again
-    assert store.apply_snapshot_batch("a", "policy", "s2", [end])[0] is False
+    assert store.recv.apply_snapshot_batch("a", "policy", "s2", [end])[0] is False
     # log entries resume after the base
-    assert store.apply_log_batch("a", "policy", log(40, 43)) == (True, 43)
+    assert store.recv.apply_log_batch("a", "policy", log(40, 43)) == (True, 43)
     assert [p for p, _, _ in _queued(store)][-1:] == [43]
 
 
 def test_snapshot_batches_are_checked_for_gaps(store: QueueStore) -> None:
     first = [WireEntry(1, SNAP, b"a", "s1"), WireEntry(2, SNAP, b"b", "s1")]
-    assert store.apply_snapshot_batch("a", "policy", "s1", first, previous_position=0) == (True, 2)
-    assert store.apply_snapshot_batch("a", "policy", "s1", first[1:], previous_position=1) == (
+    assert store.recv.apply_snapshot_batch("a", "policy", "s1", first, previous_position=0) == (
+        True,
+        2,
+    )
+    assert store.recv.apply_snapshot_batch("a", "policy", "s1", first[1:], previous_position=1) == (
         False,
         2,
     )
     with pytest.raises(ProtocolError):
-        store.apply_snapshot_batch(
+        store.recv.apply_snapshot_batch(
             "a", "policy", "s1", [WireEntry(5, SNAP, b"e", "s1")], previous_position=4
         )
     with pytest.raises(ProtocolError):
-        store.apply_snapshot_batch(
+        store.recv.apply_snapshot_batch(
             "a", "policy", "s2", [WireEntry(3, SNAP, b"c", "s2")], previous_position=2
         )
     assert [(p, s) for p, _, s in _queued(store)] == [(1, "s1"), (2, "s1")]
-    assert store.sink_progress("a", "policy").snapshot_id == "s1"
+    assert store.recv.sink_progress("a", "policy").snapshot_id == "s1"
 
 
 def test_a_drop_notice_is_queued_once_and_rewinds(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1, 2, 3, 4))
-    assert store.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
-    assert not store.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
+    store.recv.apply_log_batch("a", "policy", log(1, 2, 3, 4))
+    assert store.recv.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
+    assert not store.recv.apply_drop_notice("a", "policy", "n1", 3, "too far behind")
     queued = _queued(store)
     assert queued[-1] == (3, b"too far behind", "n1")
-    (queue,) = store.list_queues("policy")
+    (queue,) = store.queues.list_queues("policy")
     with store.write() as conn:
-        assert store.read_queue(conn, queue.queue_id, 100)[-1].type is (
+        assert store.queues.read_queue(conn, queue.queue_id, 100)[-1].type is (
             ReplicationType.STREAM_DROPPED
         )
-    assert store.sink_progress("a", "policy").last_position == 2
-    (drop,) = store.list_sink_drops()
+    assert store.recv.sink_progress("a", "policy").last_position == 2
+    (drop,) = store.recv.list_sink_drops()
     assert (drop.source_id, drop.client_name, drop.notice_id) == ("a", "policy", "n1")
     assert (drop.first_dropped_position, drop.reason) == (3, "too far behind")
-    assert store.apply_drop_notice("a", "policy", "n2", 9, "again")
-    assert [d.notice_id for d in store.list_sink_drops()] == ["n2"]  # the last per stream
-    assert store.sink_progress("a", "policy").last_position == 2  # never moved forward
+    assert store.recv.apply_drop_notice("a", "policy", "n2", 9, "again")
+    assert [d.notice_id for d in store.recv.list_sink_drops()] == ["n2"]  # the last per stream
+    assert store.recv.sink_progress("a", "policy").last_position == 2  # never moved forward
 
 
 def test_a_drop_notice_ends_a_partial_snapshot(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1))
-    store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"part", "s1")])
-    assert store.apply_drop_notice("a", "policy", "n1", 2, "dropped")
+    store.recv.apply_log_batch("a", "policy", log(1))
+    store.recv.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"part", "s1")])
+    assert store.recv.apply_drop_notice("a", "policy", "n1", 2, "dropped")
     assert [(p, s) for p, _, s in _queued(store)] == [(1, ""), (2, "n1")]
-    progress = store.sink_progress("a", "policy")
+    progress = store.recv.sink_progress("a", "policy")
     assert (progress.snapshot_state, progress.snapshot_id) == (SinkSnapshotState.NONE, "")
 
 
 def test_sink_progress_is_listed_per_source_and_client(store: Receiving) -> None:
-    assert store.sink_progress("a", "policy").last_position == 0
-    store.apply_log_batch("b", "policy", log(7))
-    store.apply_log_batch("a", "zeta", log(5))
-    store.apply_log_batch("a", "alpha", log(3))
-    got = [(p.source_id, p.client_name, p.last_position) for p in store.list_sink_progress()]
+    assert store.recv.sink_progress("a", "policy").last_position == 0
+    store.recv.apply_log_batch("b", "policy", log(7))
+    store.recv.apply_log_batch("a", "zeta", log(5))
+    store.recv.apply_log_batch("a", "alpha", log(3))
+    got = [(p.source_id, p.client_name, p.last_position) for p in store.recv.list_sink_progress()]
     assert got == [("a", "alpha", 3), ("a", "zeta", 5), ("b", "policy", 7)]
-    store.apply_drop_notice("b", "zeta", "n", 1, "r")
-    store.apply_drop_notice("a", "policy", "m", 1, "r")
-    assert [(d.source_id, d.client_name) for d in store.list_sink_drops()] == [
+    store.recv.apply_drop_notice("b", "zeta", "n", 1, "r")
+    store.recv.apply_drop_notice("a", "policy", "m", 1, "r")
+    assert [(d.source_id, d.client_name) for d in store.recv.list_sink_drops()] == [
         ("a", "policy"),
         ("b", "zeta"),
     ]
@@ -181,28 +187,34 @@ def test_sink_progress_is_listed_per_source_and_client(store: Receiving) -> None
 def test_a_receiving_method_on_an_empty_database_is_a_schema_error(
     bare_store: QueueStore,
 ) -> None:
-    refused_for_no_schema(bare_store, lambda: bare_store.apply_log_batch("a", "policy", log(1)))
-    refused_for_no_schema(bare_store, bare_store.list_sink_progress)
+    refused_for_no_schema(
+        bare_store, lambda: bare_store.recv.apply_log_batch("a", "policy", log(1))
+    )
+    refused_for_no_schema(bare_store, bare_store.recv.list_sink_progress)
 
 
 def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
-    store.apply_log_batch("a", "policy", log(1))
-    assert across_outage(outage, lambda: store.apply_log_batch("a", "policy", log(1, 2)))[1] == 2
+    store.recv.apply_log_batch("a", "policy", log(1))
+    assert (
+        across_outage(outage, lambda: store.recv.apply_log_batch("a", "policy", log(1, 2)))[1] == 2
+    )
     assert [p for p, _, _ in _queued(store)] == [1, 2]  # applied once
-    assert across_outage(outage, lambda: store.sink_progress("a", "policy")).last_position == 2
+    assert across_outage(outage, lambda: store.recv.sink_progress("a", "policy")).last_position == 2
 
 
 def test_every_receiving_method_on_an_empty_database_is_a_schema_error(
     bare_store: QueueStore,
 ) -> None:
     calls: list[Callable[[], object]] = [
-        lambda: bare_store.apply_log_batch("a", "policy", log(1)),
-        lambda: bare_store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"x")]),
-        lambda: bare_store.apply_drop_notice("a", "policy", "n1", 1, "dropped"),
-        lambda: bare_store.apply_lane_batch("a", "policy", 1, 2, [], 0, 0),
-        lambda: bare_store.sink_progress("a", "policy"),
-        bare_store.list_sink_progress,
-        bare_store.list_sink_drops,
+        lambda: bare_store.recv.apply_log_batch("a", "policy", log(1)),
+        lambda: bare_store.recv.apply_snapshot_batch(
+            "a", "policy", "s1", [WireEntry(1, SNAP, b"x")]
+        ),
+        lambda: bare_store.recv.apply_drop_notice("a", "policy", "n1", 1, "dropped"),
+        lambda: bare_store.recv.apply_lane_batch("a", "policy", 1, 2, [], 0, 0),
+        lambda: bare_store.recv.sink_progress("a", "policy"),
+        bare_store.recv.list_sink_progress,
+        bare_store.recv.list_sink_drops,
     ]
     for call in calls:
         refused_for_no_schema(bare_store, call)
@@ -212,22 +224,26 @@ def test_every_receiving_method_survives_a_lost_connection(
     store: QueueStore, outage: Outage
 ) -> None:
     snap = [WireEntry(1, SNAP, b"x", "s1")]
-    assert across_outage(outage, lambda: store.apply_snapshot_batch("a", "p", "s1", snap)) in (
+    assert across_outage(outage, lambda: store.recv.apply_snapshot_batch("a", "p", "s1", snap)) in (
         (True, 1),
         (False, 1),
     )
-    assert across_outage(outage, lambda: store.apply_drop_notice("a", "p", "n1", 2, "gone")) in (
+    assert across_outage(
+        outage, lambda: store.recv.apply_drop_notice("a", "p", "n1", 2, "gone")
+    ) in (
         True,
         False,
     )
     lane = _keyed(None, 5)
-    assert across_outage(outage, lambda: store.apply_lane_batch("a", "q", 1, 2, lane, 0, 0)) in (
+    assert across_outage(
+        outage, lambda: store.recv.apply_lane_batch("a", "q", 1, 2, lane, 0, 0)
+    ) in (
         (True, 5),
         (False, 5),
     )
-    drops = across_outage(outage, store.list_sink_drops)
+    drops = across_outage(outage, store.recv.list_sink_drops)
     assert [(d.source_id, d.client_name, d.notice_id) for d in drops] == [("a", "p", "n1")]
-    progress = across_outage(outage, store.list_sink_progress)
+    progress = across_outage(outage, store.recv.list_sink_progress)
     assert [(p.source_id, p.client_name) for p in progress] == [("a", "p"), ("a", "q")]
     assert [(p, b) for p, b, _ in _queued(store, "p")] == [(2, b"gone")]
     assert [p for p, _, _ in _queued(store, "q")] == [5]  # applied once
@@ -243,33 +259,33 @@ def _snap(sid: str, *positions: int, end: int | None = None, base: int = 0) -> l
 
 
 def test_a_stream_never_seen_has_empty_progress_of_its_own(store: QueueStore) -> None:
-    assert store.sink_progress("site-a", "policy") == SinkProgress("site-a", "policy")
+    assert store.recv.sink_progress("site-a", "policy") == SinkProgress("site-a", "policy")
 
 
 def test_progress_counts_every_entry_received_and_stamps_the_time(
     store: QueueStore,
 ) -> None:
     before = time.time()
-    store.apply_log_batch("site-a", "policy", log(1, 2, 3))
-    store.apply_log_batch("site-a", "policy", log(3, 4))  # 3 again: not counted
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 2, end=3, base=4))
-    got = store.sink_progress("site-a", "policy")
+    store.recv.apply_log_batch("site-a", "policy", log(1, 2, 3))
+    store.recv.apply_log_batch("site-a", "policy", log(3, 4))  # 3 again: not counted
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 2, end=3, base=4))
+    got = store.recv.sink_progress("site-a", "policy")
     assert got.entries_received == 4 + 2 + 1
     assert before - 1 <= got.updated_at <= time.time() + 1
-    assert store.list_sink_progress() == [got]
+    assert store.recv.list_sink_progress() == [got]
 
 
 def test_a_partial_snapshot_keeps_the_log_position_and_its_end_completes_it(
     store: QueueStore,
 ) -> None:
-    store.apply_log_batch("site-a", "policy", log(4, 5))
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
-    got = store.sink_progress("site-a", "policy")
+    store.recv.apply_log_batch("site-a", "policy", log(4, 5))
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    got = store.recv.sink_progress("site-a", "policy")
     assert (got.last_position, got.snapshot_state) == (5, SinkSnapshotState.ONGOING)
     assert (got.snapshot_id, got.snapshot_position) == ("s1", 2)
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", end=3, base=9))
-    got = store.sink_progress("site-a", "policy")
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", end=3, base=9))
+    got = store.recv.sink_progress("site-a", "policy")
     assert (got.last_position, got.snapshot_state) == (9, SinkSnapshotState.COMPLETED)
     assert (got.snapshot_id, got.snapshot_position) == ("s1", 3)
 
@@ -277,10 +293,10 @@ def test_a_partial_snapshot_keeps_the_log_position_and_its_end_completes_it(
 def test_an_empty_first_batch_of_a_new_snapshot_still_supersedes_the_unfinished_one(
     store: QueueStore,
 ) -> None:
-    store.apply_log_batch("site-a", "policy", log(1, 2))
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
-    assert store.apply_snapshot_batch("site-a", "policy", "s2", []) == (False, 0)
-    got = store.sink_progress("site-a", "policy")
+    store.recv.apply_log_batch("site-a", "policy", log(1, 2))
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    assert store.recv.apply_snapshot_batch("site-a", "policy", "s2", []) == (False, 0)
+    got = store.recv.sink_progress("site-a", "policy")
     assert (got.source_id, got.client_name) == ("site-a", "policy")
     assert (got.last_position, got.snapshot_state) == (2, SinkSnapshotState.ONGOING)
     assert (got.snapshot_id, got.snapshot_position, got.entries_received) == ("s2", 0, 4)
@@ -291,14 +307,14 @@ def test_a_new_snapshot_removes_only_the_unfinished_one_of_its_own_stream(
     store: QueueStore,
 ) -> None:
     """Queued log entries stay; another source's snapshot of the same id stays."""
-    store.apply_log_batch("site-a", "policy", log(1, 2))
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
-    store.apply_snapshot_batch("site-c", "policy", "s1", _snap("s1", 1))
-    store.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 1))
-    by_source = {q.source_id: q.queue_id for q in store.list_queues("policy")}
+    store.recv.apply_log_batch("site-a", "policy", log(1, 2))
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    store.recv.apply_snapshot_batch("site-c", "policy", "s1", _snap("s1", 1))
+    store.recv.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 1))
+    by_source = {q.source_id: q.queue_id for q in store.queues.list_queues("policy")}
     with store.engine.begin() as conn:
-        a = store.read_queue(conn, by_source["site-a"], 100)
-        c = store.read_queue(conn, by_source["site-c"], 100)
+        a = store.queues.read_queue(conn, by_source["site-a"], 100)
+        c = store.queues.read_queue(conn, by_source["site-c"], 100)
     assert [(e.source_position, e.snapshot_id) for e in a] == [(1, ""), (2, ""), (1, "s2")]
     assert [(e.source_position, e.snapshot_id) for e in c] == [(1, "s1")]
 
@@ -307,41 +323,45 @@ def test_a_completed_snapshot_stays_whole_when_a_new_one_starts(
     store: QueueStore,
 ) -> None:
     """The log entries after its base follow it in the queue and need its end before them."""
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, end=2, base=5))
-    store.apply_log_batch("site-a", "policy", log(6))
-    store.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 1))
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, end=2, base=5))
+    store.recv.apply_log_batch("site-a", "policy", log(6))
+    store.recv.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 1))
     assert [(p, sid) for p, _, sid in _queued(store)] == [(1, "s1"), (2, "s1"), (6, ""), (1, "s2")]
 
 
 def test_gaps_are_refused_with_what_each_side_has(store: QueueStore) -> None:
-    store.apply_log_batch("site-a", "policy", log(1, 2))
+    store.recv.apply_log_batch("site-a", "policy", log(1, 2))
     with pytest.raises(ProtocolError, match="gap: batch follows position 4, sink has 2"):
-        store.apply_log_batch("site-a", "policy", log(5), previous_position=4)
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1))
+        store.recv.apply_log_batch("site-a", "policy", log(5), previous_position=4)
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1))
     with pytest.raises(ProtocolError, match=r"^gap in snapshot batch$"):
-        store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 3), previous_position=2)
+        store.recv.apply_snapshot_batch(
+            "site-a", "policy", "s1", _snap("s1", 3), previous_position=2
+        )
     with pytest.raises(ProtocolError, match="a new snapshot must start at its first entry"):
-        store.apply_snapshot_batch("site-a", "policy", "s2", _snap("s2", 2), previous_position=1)
+        store.recv.apply_snapshot_batch(
+            "site-a", "policy", "s2", _snap("s2", 2), previous_position=1
+        )
     assert [(p, sid) for p, _, sid in _queued(store)] == [(1, ""), (2, ""), (1, "s1")]
 
 
 def test_log_batches_keep_the_streams_snapshot_state(store: QueueStore) -> None:
     """An ongoing snapshot goes on after a log batch; a completed one's replay stays a duplicate."""
-    store.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
-    assert store.apply_log_batch("site-a", "policy", log(3)) == (True, 3)
-    got = store.sink_progress("site-a", "policy")
+    store.recv.apply_snapshot_batch("site-a", "policy", "s1", _snap("s1", 1, 2))
+    assert store.recv.apply_log_batch("site-a", "policy", log(3)) == (True, 3)
+    got = store.recv.sink_progress("site-a", "policy")
     assert (got.last_position, got.snapshot_state) == (3, SinkSnapshotState.ONGOING)
     assert (got.snapshot_id, got.snapshot_position) == ("s1", 2)
     end = _snap("s1", end=3, base=4)
-    assert store.apply_snapshot_batch("site-a", "policy", "s1", end, previous_position=2) == (
+    assert store.recv.apply_snapshot_batch("site-a", "policy", "s1", end, previous_position=2) == (
         True,
         3,
     )
-    assert store.apply_log_batch("site-a", "policy", log(5)) == (True, 5)
-    got = store.sink_progress("site-a", "policy")
+    assert store.recv.apply_log_batch("site-a", "policy", log(5)) == (True, 5)
+    got = store.recv.sink_progress("site-a", "policy")
     assert (got.last_position, got.snapshot_state) == (5, SinkSnapshotState.COMPLETED)
     assert (got.snapshot_id, got.snapshot_position) == ("s1", 3)
-    assert store.apply_snapshot_batch("site-a", "policy", "s1", end, previous_position=2) == (
+    assert store.recv.apply_snapshot_batch("site-a", "policy", "s1", end, previous_position=2) == (
         False,
         3,
     )
@@ -370,35 +390,38 @@ def test_lanes_apply_out_of_global_order_and_a_resend_applies_nothing_twice(
     store: QueueStore,
 ) -> None:
     one, two = _key(1, 2), _key(2, 2)
-    assert store.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3, 4), 0, 0) == (True, 4)
-    assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 5), 0, 0) == (True, 5)
+    assert store.recv.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3, 4), 0, 0) == (True, 4)
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 5), 0, 0) == (True, 5)
     assert [p for p, _, _ in _queued(store)] == [3, 4, 1, 2, 5]
-    assert store.sink_progress("a", "policy").last_position == 0  # no low-water mark yet
+    assert store.recv.sink_progress("a", "policy").last_position == 0  # no low-water mark yet
     # After a crash the source sends everything again from the stream's position (0).
-    assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 5), 0, 0) == (False, 5)
-    assert store.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3, 4, 6), 0, 0) == (True, 6)
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 5), 0, 0) == (
+        False,
+        5,
+    )
+    assert store.recv.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3, 4, 6), 0, 0) == (True, 6)
     assert [p for p, _, _ in _queued(store)] == [3, 4, 1, 2, 5, 6]
     # The low-water mark (every entry up to it acknowledged) becomes the stream's position.
-    assert store.apply_lane_batch("a", "policy", 1, 2, [], 5, 6) == (False, 6)
-    assert store.sink_progress("a", "policy").last_position == 6
-    assert store.sink_progress("a", "policy").entries_received == 6
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, [], 5, 6) == (False, 6)
+    assert store.recv.sink_progress("a", "policy").last_position == 6
+    assert store.recv.sink_progress("a", "policy").entries_received == 6
 
 
 def test_a_lane_gap_or_an_entry_of_another_lane_is_refused_and_applies_nothing(
     store: QueueStore,
 ) -> None:
     one, two = _key(1, 2), _key(2, 2)
-    store.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3), 0, 0)
+    store.recv.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 3), 0, 0)
     with pytest.raises(ProtocolError, match="gap"):
-        store.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 9), 7, 0)
+        store.recv.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 9), 7, 0)
     with pytest.raises(ProtocolError, match="lane 2"):
-        store.apply_lane_batch("a", "policy", 2, 2, _keyed(one, 4), 3, 0)
+        store.recv.apply_lane_batch("a", "policy", 2, 2, _keyed(one, 4), 3, 0)
     with pytest.raises(ProtocolError, match="lane 2"):  # an unkeyed entry goes on lane 1
-        store.apply_lane_batch("a", "policy", 2, 2, _keyed(None, 4), 3, 0)
+        store.recv.apply_lane_batch("a", "policy", 2, 2, _keyed(None, 4), 3, 0)
     with pytest.raises(ProtocolError, match="out of range"):
-        store.apply_lane_batch("a", "policy", 3, 2, [], 0, 0)
+        store.recv.apply_lane_batch("a", "policy", 3, 2, [], 0, 0)
     assert [p for p, _, _ in _queued(store)] == [3]
-    assert store.sink_progress("a", "policy").last_position == 0
+    assert store.recv.sink_progress("a", "policy").last_position == 0
 
 
 def test_entries_applied_under_one_lane_count_are_skipped_under_another(
@@ -406,21 +429,21 @@ def test_entries_applied_under_one_lane_count_are_skipped_under_another(
 ) -> None:
     keys = [b"k%d" % i for i in range(6)]
     for n, k in enumerate(keys, start=1):  # positions 1..6 over 2 lanes
-        store.apply_lane_batch("a", "policy", lane_of(k, 2), 2, _keyed(k, n), 0, 0)
+        store.recv.apply_lane_batch("a", "policy", lane_of(k, 2), 2, _keyed(k, n), 0, 0)
     # Sent again over 3 lanes (the configuration changed), with 7 and 8 new.
     for n, k in enumerate([*keys, b"x", b"y"], start=1):
-        store.apply_lane_batch("a", "policy", lane_of(k, 3), 3, _keyed(k, n), 0, 0)
+        store.recv.apply_lane_batch("a", "policy", lane_of(k, 3), 3, _keyed(k, n), 0, 0)
     assert sorted(p for p, _, _ in _queued(store)) == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def test_a_snapshots_end_and_a_drop_notice_forget_the_lanes(store: QueueStore) -> None:
     one = _key(1, 2)
-    store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 3), 0, 0)
-    store.apply_drop_notice("a", "policy", "n1", 3, "gone")  # the stream resumes after 2
-    assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 2, 2) == (True, 3)
-    store.apply_snapshot_batch("a", "policy", "s1", _snap("s1", 1, end=2, base=2))
+    store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 1, 2, 3), 0, 0)
+    store.recv.apply_drop_notice("a", "policy", "n1", 3, "gone")  # the stream resumes after 2
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 2, 2) == (True, 3)
+    store.recv.apply_snapshot_batch("a", "policy", "s1", _snap("s1", 1, end=2, base=2))
     # After the end, log entries after the base (2) are applied again, whatever the lanes held.
-    assert store.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 2, 2) == (True, 3)
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 2, 2) == (True, 3)
     assert [p for p, _, _ in _queued(store)] == [1, 2, 3, 3, 3, 1, 2, 3]
 
 
@@ -429,16 +452,16 @@ def test_a_store_told_not_to_notify_wakes_no_subscriber(store: QueueStore) -> No
     stored as ever and no watch is woken (notifications come in commit order: the batch
     stored after it, with notifications on again, is the next wake-up)."""
     woken: list[int] = []
-    watch = store.watch_arrivals(WATCHED, lambda: woken.append(1))
+    watch = store.queues.watch_arrivals(WATCHED, lambda: woken.append(1))
     if watch is None:  # SQLite: nothing to notify
         assert store.dialect == "sqlite"
         return
     try:
         wait_for(lambda: woken == [1], what="the wake-up after LISTEN")
         store.notify_arrivals = False
-        assert store.apply_log_batch("a", WATCHED, log(1)) == (True, 1)
+        assert store.recv.apply_log_batch("a", WATCHED, log(1)) == (True, 1)
         store.notify_arrivals = True
-        store.apply_log_batch("a", WATCHED, log(2))
+        store.recv.apply_log_batch("a", WATCHED, log(2))
         wait_for(lambda: len(woken) >= 2, what="the wake-up for position 2")
         assert len(woken) == 2
         assert [p for p, _, _ in _queued(store, WATCHED)] == [1, 2]
@@ -453,16 +476,16 @@ def test_no_notification_is_sent_once_the_notification_queue_is_at_its_limit(
     queue's usage, 0, is at it): the batch is stored and nobody is woken, so a listener
     that stopped reading can never fill the queue and fail receive transactions."""
     woken: list[int] = []
-    watch = store.watch_arrivals(WATCHED, lambda: woken.append(1))
+    watch = store.queues.watch_arrivals(WATCHED, lambda: woken.append(1))
     if watch is None:
         assert store.dialect == "sqlite"
         return
     try:
         wait_for(lambda: woken == [1], what="the wake-up after LISTEN")
         monkeypatch.setattr(arrival_watch, "QUEUE_USAGE_LIMIT", 0.0)
-        assert store.apply_log_batch("a", WATCHED, log(1)) == (True, 1)
+        assert store.recv.apply_log_batch("a", WATCHED, log(1)) == (True, 1)
         monkeypatch.undo()
-        store.apply_log_batch("a", WATCHED, log(2))
+        store.recv.apply_log_batch("a", WATCHED, log(2))
         wait_for(lambda: len(woken) >= 2, what="the wake-up for position 2")
         assert len(woken) == 2
     finally:

@@ -24,55 +24,57 @@ def test_the_schema_is_checked_and_created_idempotently(
     p = append(bare_store, "policy", (b"1", ["b"]))
     bare_store.create_schema()  # idempotent: what is there stays
     bare_store.check_schema()
-    assert [e.position for e in bare_store.read_log_entries("b", "policy", 0, 10)] == p
-    assert bare_store.site_numbers(refresh=True) == {"b": bare_store.site_numbers()["b"]}
+    assert [e.position for e in bare_store.shipping.read_log_entries("b", "policy", 0, 10)] == p
+    assert bare_store.sites.site_numbers(refresh=True) == {
+        "b": bare_store.sites.site_numbers()["b"]
+    }
 
 
 def test_a_site_method_on_an_empty_database_is_a_schema_error(
     bare_store: Sites,
 ) -> None:
-    refused_for_no_schema(bare_store, lambda: bare_store.register_sites(["b"]))
-    refused_for_no_schema(bare_store, lambda: bare_store.site_numbers(refresh=True))
+    refused_for_no_schema(bare_store, lambda: bare_store.sites.register_sites(["b"]))
+    refused_for_no_schema(bare_store, lambda: bare_store.sites.site_numbers(refresh=True))
 
 
 def test_sites_get_distinct_stable_numbers(store: Sites) -> None:
-    assert store.site_numbers(refresh=True) == {}
-    first = store.register_sites(["b", "c"])
+    assert store.sites.site_numbers(refresh=True) == {}
+    first = store.sites.register_sites(["b", "c"])
     assert sorted(first) == ["b", "c"] and first["b"] != first["c"]
-    again = store.register_sites(["c", "d", "d"])  # known ones keep their number
+    again = store.sites.register_sites(["c", "d", "d"])  # known ones keep their number
     assert again["b"] == first["b"] and again["c"] == first["c"]
     assert sorted(again) == ["b", "c", "d"]
     assert len({again["b"], again["c"], again["d"]}) == 3
-    assert store.site_numbers() == again
-    assert {store.site_name(n): n for n in again.values()} == again
+    assert store.sites.site_numbers() == again
+    assert {store.sites.site_name(n): n for n in again.values()} == again
     unknown = max(again.values()) + 1
-    assert store.site_name(unknown) == f"#{unknown}"
+    assert store.sites.site_name(unknown) == f"#{unknown}"
 
 
 def test_sites_registered_elsewhere_are_seen_on_refresh(store: Sites, db_url: str) -> None:
-    store.register_sites(["b"])
+    store.sites.register_sites(["b"])
     other = open_store(create_engine(db_url))
     try:
         nums = other.register_sites(["c"])
     finally:
         other.close()
-    assert store.site_numbers(refresh=True) == nums
-    assert store.site_name(nums["c"]) == "c"
+    assert store.sites.site_numbers(refresh=True) == nums
+    assert store.sites.site_name(nums["c"]) == "c"
 
 
 @pytest.mark.parametrize("bad", ["B", "", "-b", "b_c", "b" * 64, "b c"])
 def test_a_bad_site_name_registers_nothing(store: Sites, bad: str) -> None:
-    store.register_sites(["a"])
+    store.sites.register_sites(["a"])
     with pytest.raises(InvalidNameError):
-        store.register_sites(["c", bad])
-    assert sorted(store.site_numbers(refresh=True)) == ["a"]
+        store.sites.register_sites(["c", bad])
+    assert sorted(store.sites.site_numbers(refresh=True)) == ["a"]
 
 
 def test_analyze_changes_no_data(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
-    store.analyze()
-    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p
-    assert [e.position for e in store.read_log_entries("c", "policy", 0, 10)] == p[1:]
+    store.send.analyze()
+    assert [e.position for e in store.shipping.read_log_entries("b", "policy", 0, 10)] == p
+    assert [e.position for e in store.shipping.read_log_entries("c", "policy", 0, 10)] == p[1:]
     store.check_schema()
 
 
@@ -81,9 +83,9 @@ def test_dialect_names_the_backend(store: Sites, db_url: str) -> None:
 
 
 def test_a_lost_connection_is_transient(store: Sites, outage: Outage) -> None:
-    before = store.register_sites(["b"])
-    assert across_outage(outage, lambda: store.register_sites(["b", "c"]))["b"] == before["b"]
-    assert sorted(store.site_numbers(refresh=True)) == ["b", "c"]
+    before = store.sites.register_sites(["b"])
+    assert across_outage(outage, lambda: store.sites.register_sites(["b", "c"]))["b"] == before["b"]
+    assert sorted(store.sites.site_numbers(refresh=True)) == ["b", "c"]
     store.check_schema()
 
 
@@ -111,8 +113,8 @@ def test_close_gives_back_the_connections_and_a_later_call_reconnects(
     store.close()
     assert connections(closing=True) == 0
     store.close()  # closing again is harmless
-    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p
-    assert store.register_sites(["c"])["c"] != store.site_numbers()["b"]
+    assert [e.position for e in store.shipping.read_log_entries("b", "policy", 0, 10)] == p
+    assert store.sites.register_sites(["c"])["c"] != store.sites.site_numbers()["b"]
     store.check_schema()
     assert connections() >= 1
     store.close()
@@ -126,23 +128,23 @@ def test_schema_status_on_a_lost_connection(store: Sites, outage: Outage) -> Non
 
 
 def test_every_site_method_on_an_empty_database_is_a_schema_error(bare_store: Sites) -> None:
-    refused_for_no_schema(bare_store, lambda: bare_store.site_name(1))
+    refused_for_no_schema(bare_store, lambda: bare_store.sites.site_name(1))
     assert bare_store.schema_status().state is SchemaState.EMPTY
     bare_store.close()  # nothing to give back but the connections
 
 
 def test_analyze_on_an_empty_database(bare_store: Sites) -> None:
     if bare_store.dialect == "sqlite":  # no statistics to refresh: nothing is read
-        bare_store.analyze()
+        bare_store.send.analyze()
         assert bare_store.schema_status().state is SchemaState.EMPTY
     else:
-        refused_for_no_schema(bare_store, bare_store.analyze)
+        refused_for_no_schema(bare_store, bare_store.send.analyze)
 
 
 def test_analyze_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
     p = append(store, "policy", (b"1", ["b"]))
     if store.dialect != "sqlite":  # SQLite: a no-op, it touches no connection
-        across_outage(outage, store.analyze)
-    unknown = store.site_numbers()["b"] + 1  # not cached: read from the database
-    assert across_outage(outage, lambda: store.site_name(unknown)) == f"#{unknown}"
-    assert [e.position for e in store.read_log_entries("b", "policy", 0, 10)] == p
+        across_outage(outage, store.send.analyze)
+    unknown = store.sites.site_numbers()["b"] + 1  # not cached: read from the database
+    assert across_outage(outage, lambda: store.sites.site_name(unknown)) == f"#{unknown}"
+    assert [e.position for e in store.shipping.read_log_entries("b", "policy", 0, 10)] == p

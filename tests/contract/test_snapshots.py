@@ -26,28 +26,28 @@ OPEN = OPEN_SNAPSHOT_STATUSES
 
 
 def _status(store: Snapshots, sid: str) -> SnapshotStatus:
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None
     return req.status
 
 
 def _request_later(store: Snapshots, after: str, destination: str, client: str) -> str:
     """A request created strictly after ``after`` (the listing is newest first)."""
-    req = store.get_snapshot(after)
+    req = store.snapshots.get_snapshot(after)
     assert req is not None
     while time.time() <= req.created_at:
         pass
-    return store.request_snapshot(None, destination, client)
+    return store.snapshots.request_snapshot(None, destination, client)
 
 
 def _write(store: Snapshots, sid: str, part: int, payloads: list[bytes]) -> int:
     with store.write() as conn:
-        return store.write_snapshot_entries(conn, sid, part, payloads)
+        return store.snapshot_entries.write_snapshot_entries(conn, sid, part, payloads)
 
 
 def test_a_request_is_recorded(store: Snapshots) -> None:
-    sid = store.request_snapshot(None, "b", "policy", "new destination")
-    req = store.get_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "new destination")
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None
     assert (req.snapshot_id, req.destination, req.client_name) == (sid, "b", "policy")
     assert (req.status, req.reason, req.base_position) == (
@@ -55,19 +55,19 @@ def test_a_request_is_recorded(store: Snapshots) -> None:
         "new destination",
         None,
     )
-    assert store.get_snapshot("no-such-snapshot") is None
+    assert store.snapshots.get_snapshot("no-such-snapshot") is None
 
 
 def test_a_request_in_the_callers_transaction_commits_with_it(
     store: Snapshots, app_transaction: Callable[[], AbstractContextManager[Connection]]
 ) -> None:
     with pytest.raises(RuntimeError), app_transaction() as conn:
-        gone = store.request_snapshot(conn, "b", "policy")
+        gone = store.snapshots.request_snapshot(conn, "b", "policy")
         raise RuntimeError("the application failed")
-    assert store.get_snapshot(gone) is None
+    assert store.snapshots.get_snapshot(gone) is None
     with app_transaction() as conn:
-        kept = store.request_snapshot(conn, "b", "policy")
-    assert [r.snapshot_id for r in store.list_snapshots()] == [kept]
+        kept = store.snapshots.request_snapshot(conn, "b", "policy")
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots()] == [kept]
 
 
 @pytest.mark.parametrize(
@@ -82,60 +82,69 @@ def test_a_bad_name_requests_nothing(
     store: Snapshots, destination: str, client: str, says: str
 ) -> None:
     with pytest.raises(InvalidNameError, match=f"^{re.escape(says)}:"):
-        store.request_snapshot(None, destination, client)
-    assert store.list_snapshots() == []
+        store.snapshots.request_snapshot(None, destination, client)
+    assert store.snapshots.list_snapshots() == []
 
 
 def test_a_request_without_a_reason_has_an_empty_one(store: Snapshots) -> None:
-    req = store.get_snapshot(store.request_snapshot(None, "b", "policy"))
+    req = store.snapshots.get_snapshot(store.snapshots.request_snapshot(None, "b", "policy"))
     assert req is not None and req.reason == ""
 
 
 def test_snapshot_lifecycle_is_idempotent(store: QueueStore) -> None:
-    store.register_sites(["b"])
-    sid = store.request_snapshot(None, "b", "policy")
-    req = store.start_snapshot(sid)
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    req = store.snapshots.start_snapshot(sid)
     assert req is not None and req.status is SnapshotStatus.RUNNING
-    assert store.start_snapshot(sid) is None
+    assert store.snapshots.start_snapshot(sid) is None
     with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
-        store.write_snapshot_entries(conn, sid, 1, [b"c"])
+        store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
+        store.snapshot_entries.write_snapshot_entries(conn, sid, 1, [b"c"])
     _write(store, sid, 0, [b"a", b"b"])  # a retried part replaces itself
-    assert store.count_snapshot_entries(sid) == 3
-    assert store.read_snapshot_entries(sid, 0, 10) == []  # not ready yet
-    assert store.finish_snapshot(sid) == 3
-    entries = store.read_snapshot_entries(sid, 0, 10)
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 3
+    assert store.snapshot_entries.read_snapshot_entries(sid, 0, 10) == []  # not ready yet
+    assert store.snapshot_entries.finish_snapshot(sid) == 3
+    entries = store.snapshot_entries.read_snapshot_entries(sid, 0, 10)
     assert [e.payload for e in entries[:-1]] == [b"a", b"b", b"c"]
     assert entries[-1].type is ReplicationType.LAST_FULL_SYNC_ENTRY
     assert [e.position for e in entries] == [1, 2, 3, 4]
     assert {(e.snapshot_id, e.client_name) for e in entries} == {(sid, "policy")}
-    assert [e.payload for e in store.read_snapshot_entries(sid, 2, 10)] == [b"c", b"3"]
-    ready = store.get_snapshot(sid)
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 2, 10)] == [
+        b"c",
+        b"3",
+    ]
+    ready = store.snapshots.get_snapshot(sid)
     assert ready is not None and ready.status is SnapshotStatus.READY
     assert (ready.entry_count, ready.rows_written) == (3, 3)
 
 
 def test_start_fixes_the_base_at_the_head(store: QueueStore) -> None:
     p = append(store, "policy", (b"1", ["b"]), (b"2", ["c"]))
-    sid = store.request_snapshot(None, "b", "policy")
-    req = store.start_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    req = store.snapshots.start_snapshot(sid)
     assert req is not None and req.base_position == p[-1]
     append(store, "policy", (b"3", ["b"]))
-    again = store.get_snapshot(sid)
+    again = store.snapshots.get_snapshot(sid)
     assert again is not None and again.base_position == p[-1]
 
 
 def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
     store: Snapshots,
 ) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
     _write(store, sid, 0, [b"a", b"b", b"c", b"d", b"e", b"f"])
     with store.write() as conn:  # a chunk in the middle, then one past the part's end
-        assert store.write_snapshot_entries(conn, sid, 0, [b"B", b"C"], first_seq=1) == 2
-        assert store.write_snapshot_entries(conn, sid, 0, [b"F", b"G"], first_seq=5) == 2
-    store.finish_snapshot(sid)
-    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [
+        assert (
+            store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [b"B", b"C"], first_seq=1)
+            == 2
+        )
+        assert (
+            store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [b"F", b"G"], first_seq=5)
+            == 2
+        )
+    store.snapshot_entries.finish_snapshot(sid)
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 0, 10)] == [
         b"a",
         b"B",
         b"C",
@@ -148,144 +157,155 @@ def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
 
 
 def test_only_a_running_snapshot_takes_entries(store: Snapshots) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
     with pytest.raises(SnapshotError):
         _write(store, sid, 0, [b"a"])  # REQUESTED
     with pytest.raises(SnapshotError):
         _write(store, "no-such-snapshot", 0, [b"a"])
     with pytest.raises(SnapshotError):
-        store.finish_snapshot(sid)
-    store.start_snapshot(sid)
+        store.snapshot_entries.finish_snapshot(sid)
+    store.snapshots.start_snapshot(sid)
     _write(store, sid, 0, [b"a"])
-    store.finish_snapshot(sid)
+    store.snapshot_entries.finish_snapshot(sid)
     with pytest.raises(SnapshotError):
         _write(store, sid, 1, [b"late"])  # READY
-    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 10)] == [b"a", b"1"]
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 0, 10)] == [
+        b"a",
+        b"1",
+    ]
 
 
 def test_new_request_cancels_the_open_one(store: Snapshots) -> None:
-    first = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(first)
+    first = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(first)
     _write(store, first, 0, [b"a"])
-    second = store.request_snapshot(None, "b", "policy")
-    old = store.get_snapshot(first)
+    second = store.snapshots.request_snapshot(None, "b", "policy")
+    old = store.snapshots.get_snapshot(first)
     assert old is not None and old.status is SnapshotStatus.CANCELLED
     assert second in old.reason
-    assert store.count_snapshot_entries(first) == 0
-    assert store.read_snapshot_entries(first, 0, 10) == []
+    assert store.snapshot_entries.count_snapshot_entries(first) == 0
+    assert store.snapshot_entries.read_snapshot_entries(first, 0, 10) == []
     assert _status(store, second) is SnapshotStatus.REQUESTED
-    other = store.request_snapshot(None, "c", "policy")  # another stream: untouched
+    other = store.snapshots.request_snapshot(None, "c", "policy")  # another stream: untouched
     assert _status(store, second) is SnapshotStatus.REQUESTED
-    assert {r.snapshot_id for r in store.list_snapshots(statuses=OPEN)} == {second, other}
+    assert {r.snapshot_id for r in store.snapshots.list_snapshots(statuses=OPEN)} == {second, other}
 
 
 def test_a_request_in_the_callers_transaction_leaves_the_old_entries_to_trim(
     store: QueueStore, app_transaction: Callable[[], AbstractContextManager[Connection]]
 ) -> None:
-    first = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(first)
+    first = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(first)
     _write(store, first, 0, [b"a"])
     with app_transaction() as conn:
-        store.request_snapshot(conn, "b", "policy")
+        store.snapshots.request_snapshot(conn, "b", "policy")
     assert _status(store, first) is SnapshotStatus.CANCELLED
-    assert store.read_snapshot_entries(first, 0, 10) == []
-    assert store.count_snapshot_entries(first) == 1  # the caller's transaction kept off them
-    assert store.trim() == 1
-    assert store.count_snapshot_entries(first) == 0
+    assert store.snapshot_entries.read_snapshot_entries(first, 0, 10) == []
+    assert (
+        store.snapshot_entries.count_snapshot_entries(first) == 1
+    )  # the caller's transaction kept off them
+    assert store.retention.trim() == 1
+    assert store.snapshot_entries.count_snapshot_entries(first) == 0
 
 
 def test_list_and_open_snapshots(store: Snapshots) -> None:
-    a = store.request_snapshot(None, "b", "policy")
+    a = store.snapshots.request_snapshot(None, "b", "policy")
     b = _request_later(store, a, "b", "other")
     c = _request_later(store, b, "c", "policy")
-    store.cancel_snapshot(b)
-    assert [r.snapshot_id for r in store.list_snapshots()] == [c, b, a]
-    assert [r.snapshot_id for r in store.list_snapshots(destination="b")] == [b, a]
-    assert [r.snapshot_id for r in store.list_snapshots(client_name="policy")] == [c, a]
-    assert [r.snapshot_id for r in store.list_snapshots(statuses=OPEN)] == [c, a]
-    assert [r.snapshot_id for r in store.list_snapshots(limit=2)] == [c, b]  # the newest
-    assert [r.snapshot_id for r in store.list_snapshots(None, None, OPEN, 1)] == [c]
-    got = store.list_snapshots("b", "other", [SnapshotStatus.CANCELLED])
+    store.snapshots.cancel_snapshot(b)
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots()] == [c, b, a]
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots(destination="b")] == [b, a]
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots(client_name="policy")] == [c, a]
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots(statuses=OPEN)] == [c, a]
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots(limit=2)] == [c, b]  # the newest
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots(None, None, OPEN, 1)] == [c]
+    got = store.snapshots.list_snapshots("b", "other", [SnapshotStatus.CANCELLED])
     assert [r.snapshot_id for r in got] == [b]
-    opened = store.open_snapshots("b", ["policy", "other", "none"])
+    opened = store.snapshots.open_snapshots("b", ["policy", "other", "none"])
     assert {k: v.snapshot_id for k, v in opened.items()} == {"policy": a}
-    assert store.open_snapshots("d", ["policy"]) == {}
+    assert store.snapshots.open_snapshots("d", ["policy"]) == {}
 
 
 def test_the_send_checks_are_the_open_requests_and_the_drops_of_a_destination(
     store: QueueStore,
 ) -> None:
-    store.register_sites(["b", "c"])
-    a = store.request_snapshot(None, "b", "policy")
-    store.request_snapshot(None, "c", "other")
-    assert store.drop_stream("b", "other", "behind") is not None
-    assert store.drop_stream("c", "policy", "behind") is not None
-    requests, drops = store.send_checks("b", ["policy", "other"])
+    store.sites.register_sites(["b", "c"])
+    a = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.request_snapshot(None, "c", "other")
+    assert store.retention.drop_stream("b", "other", "behind") is not None
+    assert store.retention.drop_stream("c", "policy", "behind") is not None
+    requests, drops = store.snapshots.send_checks("b", ["policy", "other"])
     assert {k: v.snapshot_id for k, v in requests.items()} == {"policy": a}
     assert {k: (d.destination, d.reason) for k, d in drops.items()} == {"other": ("b", "behind")}
-    assert store.send_checks("b", ["policy"])[0] == store.open_snapshots("b", ["policy"])
-    assert store.send_checks("d", ["policy"]) == ({}, {})
+    assert store.snapshots.send_checks("b", ["policy"])[0] == store.snapshots.open_snapshots(
+        "b", ["policy"]
+    )
+    assert store.snapshots.send_checks("d", ["policy"]) == ({}, {})
 
 
 def test_update_snapshot_only_from_expected_statuses(store: Snapshots) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
-    assert not store.update_snapshot(sid, expect=[SnapshotStatus.RUNNING], shipped_position=5)
-    req = store.get_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    assert not store.snapshots.update_snapshot(
+        sid, expect=[SnapshotStatus.RUNNING], shipped_position=5
+    )
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.shipped_position == 0
-    assert store.update_snapshot(sid, expect=[SnapshotStatus.REQUESTED], shipped_position=5)
-    req = store.get_snapshot(sid)
+    assert store.snapshots.update_snapshot(
+        sid, expect=[SnapshotStatus.REQUESTED], shipped_position=5
+    )
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.shipped_position == 5
-    assert store.update_snapshot(sid, reason="any status")
-    assert not store.update_snapshot("no-such-snapshot", reason="x")
-    req = store.get_snapshot(sid)
+    assert store.snapshots.update_snapshot(sid, reason="any status")
+    assert not store.snapshots.update_snapshot("no-such-snapshot", reason="x")
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.reason == "any status"
 
 
 def test_progress_is_recorded_while_running(store: Snapshots) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
-    store.set_snapshot_progress(sid, 10)  # not running yet: ignored
-    req = store.get_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshot_entries.set_snapshot_progress(sid, 10)  # not running yet: ignored
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.rows_written == 0
-    store.start_snapshot(sid)
-    store.set_snapshot_progress(sid, 10)
-    req = store.get_snapshot(sid)
+    store.snapshots.start_snapshot(sid)
+    store.snapshot_entries.set_snapshot_progress(sid, 10)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.rows_written == 10
 
 
 def test_cancel_and_complete_release_the_entries(store: Snapshots) -> None:
-    done = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(done)
+    done = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(done)
     _write(store, done, 0, [b"a", b"b"])
-    assert not store.complete_snapshot(done)  # RUNNING, not READY
-    store.finish_snapshot(done)
-    assert store.complete_snapshot(done)
+    assert not store.snapshots.complete_snapshot(done)  # RUNNING, not READY
+    store.snapshot_entries.finish_snapshot(done)
+    assert store.snapshots.complete_snapshot(done)
     assert _status(store, done) is SnapshotStatus.COMPLETED
-    assert store.read_snapshot_entries(done, 0, 10) == []
-    assert store.count_snapshot_entries(done) == 0
-    assert not store.cancel_snapshot(done)  # closed: stays completed
+    assert store.snapshot_entries.read_snapshot_entries(done, 0, 10) == []
+    assert store.snapshot_entries.count_snapshot_entries(done) == 0
+    assert not store.snapshots.cancel_snapshot(done)  # closed: stays completed
     assert _status(store, done) is SnapshotStatus.COMPLETED
 
-    gone = store.request_snapshot(None, "c", "policy")
-    store.start_snapshot(gone)
+    gone = store.snapshots.request_snapshot(None, "c", "policy")
+    store.snapshots.start_snapshot(gone)
     _write(store, gone, 0, [b"a"])
-    assert store.cancel_snapshot(gone, "operator")
-    req = store.get_snapshot(gone)
+    assert store.snapshots.cancel_snapshot(gone, "operator")
+    req = store.snapshots.get_snapshot(gone)
     assert req is not None and (req.status, req.reason) == (SnapshotStatus.CANCELLED, "operator")
-    assert store.count_snapshot_entries(gone) == 0
-    assert not store.cancel_snapshot(gone)
+    assert store.snapshot_entries.count_snapshot_entries(gone) == 0
+    assert not store.snapshots.cancel_snapshot(gone)
 
 
 def test_heartbeat_keeps_a_running_snapshot_alive(store: Snapshots) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
-    assert not store.heartbeat_snapshot(sid)  # REQUESTED: no worker to hear from
-    store.start_snapshot(sid)
-    before = store.get_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    assert not store.snapshots.heartbeat_snapshot(sid)  # REQUESTED: no worker to hear from
+    store.snapshots.start_snapshot(sid)
+    before = store.snapshots.get_snapshot(sid)
     assert before is not None
-    assert store.heartbeat_snapshot(sid)
-    after = store.get_snapshot(sid)
+    assert store.snapshots.heartbeat_snapshot(sid)
+    after = store.snapshots.get_snapshot(sid)
     assert after is not None and after.updated_at >= before.updated_at
     # Heard of after `silent_since`: not stalled.
-    assert not store.fail_stalled_snapshot(sid, after.updated_at - 1.0, "stalled")
+    assert not store.snapshots.fail_stalled_snapshot(sid, after.updated_at - 1.0, "stalled")
     assert _status(store, sid) is SnapshotStatus.RUNNING
 
 
@@ -295,61 +315,63 @@ def test_a_snapshots_base_is_applied_at_its_origin_and_at_a_branch_once_delivere
     """Where the node originates the client the base is its own send log's head: applied
     once fixed. At a branch the base is the last relayed entry stored (never below the
     last delivered), applied once the branch's subscriber has delivered through it."""
-    sid = store.request_snapshot(None, "b", "policy")
-    assert not store.snapshot_base_applied(sid)  # REQUESTED: no base yet
-    store.start_snapshot(sid)
-    assert store.snapshot_base_applied(sid)
-    store.apply_cascade_config("relayed", "s1", "branch", "s1", ["b"])
-    store.apply_log_batch("s1", "relayed", log(4, 5, 6))
-    (queue,) = store.list_queues("relayed")
-    relayed = store.request_snapshot(None, "b", "relayed")
-    started = store.start_snapshot(relayed)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    assert not store.snapshots.snapshot_base_applied(sid)  # REQUESTED: no base yet
+    store.snapshots.start_snapshot(sid)
+    assert store.snapshots.snapshot_base_applied(sid)
+    store.cascade.apply_cascade_config("relayed", "s1", "branch", "s1", ["b"])
+    store.recv.apply_log_batch("s1", "relayed", log(4, 5, 6))
+    (queue,) = store.queues.list_queues("relayed")
+    relayed = store.snapshots.request_snapshot(None, "b", "relayed")
+    started = store.snapshots.start_snapshot(relayed)
     assert started is not None and started.base_position == 6
-    assert not store.snapshot_base_applied(relayed)
+    assert not store.snapshots.snapshot_base_applied(relayed)
     assert pass_entries(store, queue.queue_id, 2) == [4, 5]
-    assert not store.snapshot_base_applied(relayed)
+    assert not store.snapshots.snapshot_base_applied(relayed)
     assert pass_entries(store, queue.queue_id, 1) == [6]
-    assert store.relay_delivered_position("relayed", "s1") == 6
-    assert store.snapshot_base_applied(relayed)
+    assert store.cascade.relay_delivered_position("relayed", "s1") == 6
+    assert store.snapshots.snapshot_base_applied(relayed)
 
 
 def test_a_silent_running_snapshot_is_failed_and_released(store: QueueStore) -> None:
-    store.register_sites(["b"])
-    sid = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(sid)
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
     _write(store, sid, 0, [b"a", b"b"])
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None
-    assert store.fail_stalled_snapshot(sid, req.updated_at + 1.0, "no heartbeat")
-    failed = store.get_snapshot(sid)
+    assert store.snapshots.fail_stalled_snapshot(sid, req.updated_at + 1.0, "no heartbeat")
+    failed = store.snapshots.get_snapshot(sid)
     assert failed is not None and failed.status is SnapshotStatus.FAILED
     assert failed.reason == "no heartbeat"
-    assert store.count_snapshot_entries(sid) == 0
-    assert not store.heartbeat_snapshot(sid)
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 0
+    assert not store.snapshots.heartbeat_snapshot(sid)
     # Only RUNNING requests are failed.
-    assert not store.fail_stalled_snapshot(sid, req.updated_at + 1.0, "again")
-    other = store.request_snapshot(None, "b", "policy")
-    assert not store.fail_stalled_snapshot(other, req.updated_at + 3600, "requested")
+    assert not store.snapshots.fail_stalled_snapshot(sid, req.updated_at + 1.0, "again")
+    other = store.snapshots.request_snapshot(None, "b", "policy")
+    assert not store.snapshots.fail_stalled_snapshot(other, req.updated_at + 3600, "requested")
     assert _status(store, other) is SnapshotStatus.REQUESTED
 
 
 def test_snapshot_reads_continue_and_resume_in_order(store: QueueStore) -> None:
     """Reading on from the last read, or resuming anywhere, gives the same ordinals."""
-    store.register_sites(["b"])
-    sid = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(sid)
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
     parts = {0: 7, 1: 5, 3: 9}  # part -> entries; parts need not be contiguous
     with store.write() as conn:
         for part, n in parts.items():
-            store.write_snapshot_entries(conn, sid, part, [b"%d-%d" % (part, i) for i in range(n)])
-    assert store.finish_snapshot(sid) == 21
-    every = store.read_snapshot_entries(sid, 0, 100)
+            store.snapshot_entries.write_snapshot_entries(
+                conn, sid, part, [b"%d-%d" % (part, i) for i in range(n)]
+            )
+    assert store.snapshot_entries.finish_snapshot(sid) == 21
+    every = store.snapshot_entries.read_snapshot_entries(sid, 0, 100)
     expected = [b"%d-%d" % (p, i) for p, n in parts.items() for i in range(n)] + [b"21"]
     assert [e.payload for e in every] == expected
     assert every[-1].type is ReplicationType.LAST_FULL_SYNC_ENTRY
     # Continuing from where each read ended, 4 at a time (across parts and the end).
     got, after = [], 0
-    while batch := store.read_snapshot_entries(sid, after, 4):
+    while batch := store.snapshot_entries.read_snapshot_entries(sid, after, 4):
         assert len(batch) == min(4, 22 - after)
         assert [e.position for e in batch] == list(range(after + 1, after + len(batch) + 1))
         got += batch
@@ -357,44 +379,52 @@ def test_snapshot_reads_continue_and_resume_in_order(store: QueueStore) -> None:
     assert [e.payload for e in got] == expected
     # Resuming at any ordinal (a reconnect), then continuing from there.
     for start in (0, 3, 7, 12, 20, 21):
-        first = store.read_snapshot_entries(sid, start, 3)
+        first = store.snapshot_entries.read_snapshot_entries(sid, start, 3)
         assert len(first) == min(3, 22 - start)
-        rest = store.read_snapshot_entries(sid, start + len(first), 100)
+        rest = store.snapshot_entries.read_snapshot_entries(sid, start + len(first), 100)
         assert [e.payload for e in first + rest] == expected[start:]
     # A read that does not continue the previous one starts where it is asked to.
-    assert [e.payload for e in store.read_snapshot_entries(sid, 0, 4)] == expected[:4]
-    assert [e.payload for e in store.read_snapshot_entries(sid, 10, 3)] == expected[10:13]
-    assert [e.payload for e in store.read_snapshot_entries(sid, 1, 2)] == expected[1:3]
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 0, 4)] == expected[
+        :4
+    ]
+    assert [
+        e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 10, 3)
+    ] == expected[10:13]
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 1, 2)] == expected[
+        1:3
+    ]
     # A byte limit cuts a read short; the next read continues after what was returned.
-    short = store.read_snapshot_entries(sid, 0, 100, max_bytes=40)
+    short = store.snapshot_entries.read_snapshot_entries(sid, 0, 100, max_bytes=40)
     assert 0 < len(short) < 22
-    more = store.read_snapshot_entries(sid, len(short), 100)
+    more = store.snapshot_entries.read_snapshot_entries(sid, len(short), 100)
     assert [e.payload for e in short + more] == expected
 
 
 def test_a_snapshot_method_on_an_empty_database_is_a_schema_error(
     bare_store: QueueStore,
 ) -> None:
-    refused_for_no_schema(bare_store, lambda: bare_store.request_snapshot(None, "b", "policy"))
-    refused_for_no_schema(bare_store, lambda: bare_store.list_snapshots())
+    refused_for_no_schema(
+        bare_store, lambda: bare_store.snapshots.request_snapshot(None, "b", "policy")
+    )
+    refused_for_no_schema(bare_store, lambda: bare_store.snapshots.list_snapshots())
 
 
 def test_a_lost_connection_is_transient(store: Snapshots, outage: Outage) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
-    started = across_outage(outage, lambda: store.start_snapshot(sid))
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    started = across_outage(outage, lambda: store.snapshots.start_snapshot(sid))
     assert _status(store, sid) is SnapshotStatus.RUNNING  # started once, by either call
     assert started is None or started.snapshot_id == sid
-    assert [r.snapshot_id for r in across_outage(outage, store.list_snapshots)] == [sid]
+    assert [r.snapshot_id for r in across_outage(outage, store.snapshots.list_snapshots)] == [sid]
 
 
 def _payloads(store: Snapshots, sid: str) -> list[bytes]:
     """What a READY snapshot ships, end marker aside."""
-    return [e.payload for e in store.read_snapshot_entries(sid, 0, 100)[:-1]]
+    return [e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 0, 100)[:-1]]
 
 
 def _running(store: Snapshots) -> str:
-    sid = store.request_snapshot(None, "b", "policy")
-    assert store.start_snapshot(sid) is not None
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    assert store.snapshots.start_snapshot(sid) is not None
     return sid
 
 
@@ -402,11 +432,14 @@ def _running(store: Snapshots) -> str:
 def test_write_snapshot_part_writes_a_whole_part_in_chunks(store: Snapshots, bulk: bool) -> None:
     sid = _running(store)
     produced = (b"p%d" % i for i in range(5))  # produced while it is written
-    assert store.write_snapshot_part(sid, 1, produced, 2, bulk=bulk) == 5
-    assert store.write_snapshot_part(sid, 0, [b"a", b"b", b"c", b"d"], 2, bulk=bulk) == 4
-    assert store.write_snapshot_part(sid, 2, [], 2, bulk=bulk) == 0
-    assert store.count_snapshot_entries(sid) == 9
-    assert store.finish_snapshot(sid) == 9
+    assert store.snapshot_entries.write_snapshot_part(sid, 1, produced, 2, bulk=bulk) == 5
+    assert (
+        store.snapshot_entries.write_snapshot_part(sid, 0, [b"a", b"b", b"c", b"d"], 2, bulk=bulk)
+        == 4
+    )
+    assert store.snapshot_entries.write_snapshot_part(sid, 2, [], 2, bulk=bulk) == 0
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 9
+    assert store.snapshot_entries.finish_snapshot(sid) == 9
     assert _payloads(store, sid) == [b"a", b"b", b"c", b"d", b"p0", b"p1", b"p2", b"p3", b"p4"]
 
 
@@ -414,11 +447,13 @@ def test_write_snapshot_part_writes_a_whole_part_in_chunks(store: Snapshots, bul
 def test_snapshot_entries_keep_their_partition_keys(store: Snapshots, bulk: bool) -> None:
     sid = _running(store)
     rows = [(b"a", b"ka"), b"b", (b"c", None), (b"d", b"kd")]
-    assert store.write_snapshot_part(sid, 0, iter(rows), 3, bulk=bulk) == 4
+    assert store.snapshot_entries.write_snapshot_part(sid, 0, iter(rows), 3, bulk=bulk) == 4
     with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 1, [b"e", b"f"], 0, [b"ke", None])
-    store.finish_snapshot(sid)
-    found = [(e.payload, e.key) for e in store.read_snapshot_entries(sid, 0, 100)[:-1]]
+        store.snapshot_entries.write_snapshot_entries(conn, sid, 1, [b"e", b"f"], 0, [b"ke", None])
+    store.snapshot_entries.finish_snapshot(sid)
+    found = [
+        (e.payload, e.key) for e in store.snapshot_entries.read_snapshot_entries(sid, 0, 100)[:-1]
+    ]
     assert found == [
         (b"a", b"ka"),
         (b"b", None),
@@ -432,114 +467,144 @@ def test_snapshot_entries_keep_their_partition_keys(store: Snapshots, bulk: bool
 @pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
 def test_a_rewritten_part_leaves_one_entry_per_payload(store: Snapshots, bulk: bool) -> None:
     sid = _running(store)
-    assert store.write_snapshot_part(sid, 0, [b"old%d" % i for i in range(7)], 3, bulk=bulk) == 7
-    store.write_snapshot_part(sid, 1, [b"x"], 3, bulk=bulk)
-    assert store.write_snapshot_part(sid, 0, [b"a", b"b", b"c", b"d"], 3, bulk=bulk) == 4
-    assert store.count_snapshot_entries(sid) == 5
-    store.finish_snapshot(sid)
+    assert (
+        store.snapshot_entries.write_snapshot_part(
+            sid, 0, [b"old%d" % i for i in range(7)], 3, bulk=bulk
+        )
+        == 7
+    )
+    store.snapshot_entries.write_snapshot_part(sid, 1, [b"x"], 3, bulk=bulk)
+    assert (
+        store.snapshot_entries.write_snapshot_part(sid, 0, [b"a", b"b", b"c", b"d"], 3, bulk=bulk)
+        == 4
+    )
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 5
+    store.snapshot_entries.finish_snapshot(sid)
     assert _payloads(store, sid) == [b"a", b"b", b"c", b"d", b"x"]
 
 
 @pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
 def test_write_snapshot_part_needs_a_running_snapshot(store: Snapshots, bulk: bool) -> None:
     with pytest.raises(SnapshotError):
-        store.write_snapshot_part("no-such-snapshot", 0, [b"a"], 2, bulk=bulk)
-    sid = store.request_snapshot(None, "b", "policy")
+        store.snapshot_entries.write_snapshot_part("no-such-snapshot", 0, [b"a"], 2, bulk=bulk)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
     with pytest.raises(SnapshotError):  # requested, not running
-        store.write_snapshot_part(sid, 0, [b"a"], 2, bulk=bulk)
-    store.start_snapshot(sid)
-    store.write_snapshot_part(sid, 0, [b"a"], 2, bulk=bulk)
-    store.cancel_snapshot(sid)
+        store.snapshot_entries.write_snapshot_part(sid, 0, [b"a"], 2, bulk=bulk)
+    store.snapshots.start_snapshot(sid)
+    store.snapshot_entries.write_snapshot_part(sid, 0, [b"a"], 2, bulk=bulk)
+    store.snapshots.cancel_snapshot(sid)
     with pytest.raises(SnapshotError):
-        store.write_snapshot_part(sid, 0, [b"b"], 2, bulk=bulk)
-    assert store.count_snapshot_entries(sid) == 0
+        store.snapshot_entries.write_snapshot_part(sid, 0, [b"b"], 2, bulk=bulk)
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 0
 
 
 def test_snapshot_rows_committed_counts_the_first_parts(store: Snapshots) -> None:
     sid = _running(store)
-    store.write_snapshot_part(sid, 0, [b"a", b"b", b"c"], 2)
-    store.write_snapshot_part(sid, 2, [b"d", b"e"], 2)
-    assert [store.snapshot_rows_committed(sid, n) for n in range(5)] == [0, 3, 3, 5, 5]
-    assert store.snapshot_rows_committed(sid, -1) == 0
-    assert store.snapshot_rows_committed("no-such-snapshot", 3) == 0
-    other = store.request_snapshot(None, "c", "policy")  # another stream's snapshot
-    store.start_snapshot(other)
-    store.write_snapshot_part(other, 0, [b"z"], 2)
-    assert store.snapshot_rows_committed(sid, 3) == 5
-    assert store.snapshot_rows_committed(other, 3) == 1
+    store.snapshot_entries.write_snapshot_part(sid, 0, [b"a", b"b", b"c"], 2)
+    store.snapshot_entries.write_snapshot_part(sid, 2, [b"d", b"e"], 2)
+    assert [store.snapshot_entries.snapshot_rows_committed(sid, n) for n in range(5)] == [
+        0,
+        3,
+        3,
+        5,
+        5,
+    ]
+    assert store.snapshot_entries.snapshot_rows_committed(sid, -1) == 0
+    assert store.snapshot_entries.snapshot_rows_committed("no-such-snapshot", 3) == 0
+    other = store.snapshots.request_snapshot(None, "c", "policy")  # another stream's snapshot
+    store.snapshots.start_snapshot(other)
+    store.snapshot_entries.write_snapshot_part(other, 0, [b"z"], 2)
+    assert store.snapshot_entries.snapshot_rows_committed(sid, 3) == 5
+    assert store.snapshot_entries.snapshot_rows_committed(other, 3) == 1
 
 
 def test_drop_unwritten_parts_empties_the_parts_a_run_did_not_write(store: Snapshots) -> None:
     sid = _running(store)
     for part in range(5):  # an earlier run, with five partitions
-        store.write_snapshot_part(sid, part, [b"old%d" % part], 2)
-    store.write_snapshot_part(sid, 0, [b"a", b"b"], 2)  # this run: parts 0 and 2
-    store.write_snapshot_part(sid, 2, [b"c"], 2)
-    store.drop_unwritten_parts(sid, {0: 2, 2: 1})
-    assert store.count_snapshot_entries(sid) == 3
-    store.drop_unwritten_parts(sid, {0: 2, 2: 1})  # idempotent
-    store.finish_snapshot(sid)
+        store.snapshot_entries.write_snapshot_part(sid, part, [b"old%d" % part], 2)
+    store.snapshot_entries.write_snapshot_part(sid, 0, [b"a", b"b"], 2)  # this run: parts 0 and 2
+    store.snapshot_entries.write_snapshot_part(sid, 2, [b"c"], 2)
+    store.snapshot_entries.drop_unwritten_parts(sid, {0: 2, 2: 1})
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 3
+    store.snapshot_entries.drop_unwritten_parts(sid, {0: 2, 2: 1})  # idempotent
+    store.snapshot_entries.finish_snapshot(sid)
     assert _payloads(store, sid) == [b"a", b"b", b"c"]
 
 
 def test_drop_unwritten_parts_of_an_empty_run_empties_the_snapshot(store: Snapshots) -> None:
     sid = _running(store)
-    store.write_snapshot_part(sid, 0, [b"a"], 2)
-    store.write_snapshot_part(sid, 3, [b"b"], 2)
-    store.drop_unwritten_parts(sid, {})
-    assert store.count_snapshot_entries(sid) == 0
+    store.snapshot_entries.write_snapshot_part(sid, 0, [b"a"], 2)
+    store.snapshot_entries.write_snapshot_part(sid, 3, [b"b"], 2)
+    store.snapshot_entries.drop_unwritten_parts(sid, {})
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 0
 
 
 def test_drop_unwritten_parts_needs_a_running_snapshot(store: Snapshots) -> None:
     with pytest.raises(SnapshotError):
-        store.drop_unwritten_parts("no-such-snapshot", {0: 1})
+        store.snapshot_entries.drop_unwritten_parts("no-such-snapshot", {0: 1})
     sid = _running(store)
-    store.write_snapshot_part(sid, 0, [b"a"], 2)
-    store.write_snapshot_part(sid, 1, [b"b"], 2)
-    store.finish_snapshot(sid)
+    store.snapshot_entries.write_snapshot_part(sid, 0, [b"a"], 2)
+    store.snapshot_entries.write_snapshot_part(sid, 1, [b"b"], 2)
+    store.snapshot_entries.finish_snapshot(sid)
     with pytest.raises(SnapshotError):  # READY: its entries no longer change
-        store.drop_unwritten_parts(sid, {0: 1})
+        store.snapshot_entries.drop_unwritten_parts(sid, {0: 1})
     assert _payloads(store, sid) == [b"a", b"b"]
 
 
 def test_the_part_writes_on_an_empty_database_are_schema_errors(bare_store: QueueStore) -> None:
-    refused_for_no_schema(bare_store, lambda: bare_store.write_snapshot_part("s", 0, [b"a"], 2))
-    refused_for_no_schema(bare_store, lambda: bare_store.snapshot_rows_committed("s", 2))
-    refused_for_no_schema(bare_store, lambda: bare_store.drop_unwritten_parts("s", {0: 1}))
+    refused_for_no_schema(
+        bare_store, lambda: bare_store.snapshot_entries.write_snapshot_part("s", 0, [b"a"], 2)
+    )
+    refused_for_no_schema(
+        bare_store, lambda: bare_store.snapshot_entries.snapshot_rows_committed("s", 2)
+    )
+    refused_for_no_schema(
+        bare_store, lambda: bare_store.snapshot_entries.drop_unwritten_parts("s", {0: 1})
+    )
 
 
 def test_the_part_writes_survive_a_lost_connection(store: Snapshots, outage: Outage) -> None:
     sid = _running(store)
-    assert across_outage(outage, lambda: store.write_snapshot_part(sid, 0, [b"a", b"b"], 1)) == 2
-    assert across_outage(outage, lambda: store.write_snapshot_part(sid, 1, [b"c"], 1)) == 1
-    assert across_outage(outage, lambda: store.snapshot_rows_committed(sid, 2)) == 3
-    across_outage(outage, lambda: store.drop_unwritten_parts(sid, {0: 2}))
-    assert store.count_snapshot_entries(sid) == 2
-    store.finish_snapshot(sid)
+    assert (
+        across_outage(
+            outage, lambda: store.snapshot_entries.write_snapshot_part(sid, 0, [b"a", b"b"], 1)
+        )
+        == 2
+    )
+    assert (
+        across_outage(outage, lambda: store.snapshot_entries.write_snapshot_part(sid, 1, [b"c"], 1))
+        == 1
+    )
+    assert (
+        across_outage(outage, lambda: store.snapshot_entries.snapshot_rows_committed(sid, 2)) == 3
+    )
+    across_outage(outage, lambda: store.snapshot_entries.drop_unwritten_parts(sid, {0: 2}))
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 2
+    store.snapshot_entries.finish_snapshot(sid)
     assert _payloads(store, sid) == [b"a", b"b"]
 
 
 def test_an_unknown_snapshot_changes_nothing(store: QueueStore) -> None:
     sid = _running(store)
     _write(store, sid, 0, [b"a"])
-    before = store.list_snapshots()
+    before = store.snapshots.list_snapshots()
     nope = "no-such-snapshot"
-    assert store.start_snapshot(nope) is None
-    assert not store.heartbeat_snapshot(nope)
-    assert not store.snapshot_base_applied(nope)
-    assert not store.fail_stalled_snapshot(nope, time.time() + 60, "stalled")
-    store.set_snapshot_progress(nope, 5)
-    assert not store.cancel_snapshot(nope)
-    assert not store.complete_snapshot(nope)
+    assert store.snapshots.start_snapshot(nope) is None
+    assert not store.snapshots.heartbeat_snapshot(nope)
+    assert not store.snapshots.snapshot_base_applied(nope)
+    assert not store.snapshots.fail_stalled_snapshot(nope, time.time() + 60, "stalled")
+    store.snapshot_entries.set_snapshot_progress(nope, 5)
+    assert not store.snapshots.cancel_snapshot(nope)
+    assert not store.snapshots.complete_snapshot(nope)
     with pytest.raises(SnapshotError):
-        store.finish_snapshot(nope)
-    assert store.count_snapshot_entries(nope) == 0
-    assert store.read_snapshot_entries(nope, 0, 10) == []
-    assert store.open_snapshots("b", ["nobody"]) == {}
-    assert store.list_snapshots(destination="nobody") == []
-    assert store.get_snapshot(nope) is None
-    assert store.list_snapshots() == before
-    assert store.count_snapshot_entries(sid) == 1
+        store.snapshot_entries.finish_snapshot(nope)
+    assert store.snapshot_entries.count_snapshot_entries(nope) == 0
+    assert store.snapshot_entries.read_snapshot_entries(nope, 0, 10) == []
+    assert store.snapshots.open_snapshots("b", ["nobody"]) == {}
+    assert store.snapshots.list_snapshots(destination="nobody") == []
+    assert store.snapshots.get_snapshot(nope) is None
+    assert store.snapshots.list_snapshots() == before
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 1
 
 
 def test_every_snapshot_method_on_an_empty_database_is_a_schema_error(
@@ -554,20 +619,22 @@ def test_every_snapshot_method_on_an_empty_database_is_a_schema_error(
 
     running = [SnapshotStatus.RUNNING]
     calls: list[Callable[[], object]] = [
-        lambda: bare_store.get_snapshot("s"),
-        lambda: bare_store.open_snapshots("b", ["policy"]),
-        lambda: bare_store.update_snapshot("s", expect=running, reason="x"),
-        lambda: bare_store.start_snapshot("s"),
-        lambda: bare_store.heartbeat_snapshot("s"),
-        lambda: bare_store.snapshot_base_applied("s"),
-        lambda: bare_store.fail_stalled_snapshot("s", time.time(), "stalled"),
-        in_transaction(lambda c: bare_store.write_snapshot_entries(c, "s", 0, [b"a"])),
-        lambda: bare_store.count_snapshot_entries("s"),
-        lambda: bare_store.set_snapshot_progress("s", 1),
-        lambda: bare_store.finish_snapshot("s"),
-        lambda: bare_store.cancel_snapshot("s"),
-        lambda: bare_store.complete_snapshot("s"),
-        lambda: bare_store.read_snapshot_entries("s", 0, 10),
+        lambda: bare_store.snapshots.get_snapshot("s"),
+        lambda: bare_store.snapshots.open_snapshots("b", ["policy"]),
+        lambda: bare_store.snapshots.update_snapshot("s", expect=running, reason="x"),
+        lambda: bare_store.snapshots.start_snapshot("s"),
+        lambda: bare_store.snapshots.heartbeat_snapshot("s"),
+        lambda: bare_store.snapshots.snapshot_base_applied("s"),
+        lambda: bare_store.snapshots.fail_stalled_snapshot("s", time.time(), "stalled"),
+        in_transaction(
+            lambda c: bare_store.snapshot_entries.write_snapshot_entries(c, "s", 0, [b"a"])
+        ),
+        lambda: bare_store.snapshot_entries.count_snapshot_entries("s"),
+        lambda: bare_store.snapshot_entries.set_snapshot_progress("s", 1),
+        lambda: bare_store.snapshot_entries.finish_snapshot("s"),
+        lambda: bare_store.snapshots.cancel_snapshot("s"),
+        lambda: bare_store.snapshots.complete_snapshot("s"),
+        lambda: bare_store.snapshot_entries.read_snapshot_entries("s", 0, 10),
     ]
     for call in calls:
         refused_for_no_schema(bare_store, call)
@@ -575,63 +642,73 @@ def test_every_snapshot_method_on_an_empty_database_is_a_schema_error(
 
 def test_the_lifecycle_survives_a_lost_connection(store: Snapshots, outage: Outage) -> None:
     sid = _running(store)
-    assert across_outage(outage, lambda: store.heartbeat_snapshot(sid))
-    across_outage(outage, lambda: store.set_snapshot_progress(sid, 1))
+    assert across_outage(outage, lambda: store.snapshots.heartbeat_snapshot(sid))
+    across_outage(outage, lambda: store.snapshot_entries.set_snapshot_progress(sid, 1))
 
     def write() -> int:
         with store.write() as conn:
-            return store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
+            return store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
 
     assert across_outage(outage, write) == 2
-    assert across_outage(outage, lambda: store.count_snapshot_entries(sid)) == 2
-    assert across_outage(outage, lambda: store.finish_snapshot(sid)) == 2
-    got = across_outage(outage, lambda: store.read_snapshot_entries(sid, 0, 10))
+    assert across_outage(outage, lambda: store.snapshot_entries.count_snapshot_entries(sid)) == 2
+    assert across_outage(outage, lambda: store.snapshot_entries.finish_snapshot(sid)) == 2
+    got = across_outage(outage, lambda: store.snapshot_entries.read_snapshot_entries(sid, 0, 10))
     assert [e.payload for e in got] == [b"a", b"b", b"2"]
-    open_now = across_outage(outage, lambda: store.open_snapshots("b", ["policy", "other"]))
+    open_now = across_outage(
+        outage, lambda: store.snapshots.open_snapshots("b", ["policy", "other"])
+    )
     assert {c: r.snapshot_id for c, r in open_now.items()} == {"policy": sid}
-    across_outage(outage, lambda: store.complete_snapshot(sid))
-    done = store.get_snapshot(sid)
+    across_outage(outage, lambda: store.snapshots.complete_snapshot(sid))
+    done = store.snapshots.get_snapshot(sid)
     assert done is not None and done.status is SnapshotStatus.COMPLETED
-    other = across_outage(outage, lambda: store.request_snapshot(None, "c", "policy"))
-    assert across_outage(outage, lambda: store.cancel_snapshot(other)) in (True, False)
+    other = across_outage(outage, lambda: store.snapshots.request_snapshot(None, "c", "policy"))
+    assert across_outage(outage, lambda: store.snapshots.cancel_snapshot(other)) in (True, False)
     assert _status(store, other) is SnapshotStatus.CANCELLED
 
 
 def test_a_first_read_may_start_anywhere(store: QueueStore) -> None:
-    store.register_sites(["b"])
-    sid = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(sid)
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
     _write(store, sid, 0, [b"a", b"b", b"c"])
-    assert store.finish_snapshot(sid) == 3
-    assert [e.payload for e in store.read_snapshot_entries(sid, 1, 10)] == [b"b", b"c", b"3"]
+    assert store.snapshot_entries.finish_snapshot(sid) == 3
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 1, 10)] == [
+        b"b",
+        b"c",
+        b"3",
+    ]
 
 
 def test_snapshots_never_share_counts_or_end_markers(store: QueueStore) -> None:
     """Two snapshots at once: each end marker counts and closes its own snapshot only."""
-    store.register_sites(["b", "c"])
-    first = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(first)
-    second = store.request_snapshot(None, "c", "policy")  # no cursor: the next one
+    store.sites.register_sites(["b", "c"])
+    first = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(first)
+    second = store.snapshots.request_snapshot(None, "c", "policy")  # no cursor: the next one
     assert second != first
-    store.start_snapshot(second)
+    store.snapshots.start_snapshot(second)
     _write(store, first, 0, [b"f1", b"f2"])
     _write(store, second, 0, [b"s1", b"s2", b"s3"])
-    assert store.finish_snapshot(first) == 2
-    assert store.finish_snapshot(second) == 3
-    assert [e.payload for e in store.read_snapshot_entries(first, 0, 10)] == [b"f1", b"f2", b"2"]
-    assert [e.payload for e in store.read_snapshot_entries(second, 0, 10)] == [
+    assert store.snapshot_entries.finish_snapshot(first) == 2
+    assert store.snapshot_entries.finish_snapshot(second) == 3
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(first, 0, 10)] == [
+        b"f1",
+        b"f2",
+        b"2",
+    ]
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(second, 0, 10)] == [
         b"s1",
         b"s2",
         b"s3",
         b"3",
     ]
     for sid, count in ((first, 2), (second, 3)):
-        req = store.get_snapshot(sid)
+        req = store.snapshots.get_snapshot(sid)
         assert req is not None and (req.entry_count, req.rows_written) == (count, count)
 
 
 def test_writing_to_a_snapshot_that_is_not_running_says_its_state(store: Snapshots) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
     with pytest.raises(SnapshotError, match=rf"^snapshot {sid} is requested, not running$"):
         _write(store, sid, 0, [b"a"])
     with pytest.raises(SnapshotError, match=r"^snapshot nope is unknown, not running$"):
@@ -639,19 +716,19 @@ def test_writing_to_a_snapshot_that_is_not_running_says_its_state(store: Snapsho
 
 
 def test_a_cancel_without_a_reason_says_cancelled(store: Snapshots) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
-    assert store.cancel_snapshot(sid)
-    req = store.get_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    assert store.snapshots.cancel_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and (req.status, req.reason) == (SnapshotStatus.CANCELLED, "cancelled")
 
 
 def test_a_snapshot_heard_of_exactly_at_the_limit_is_not_stalled(store: Snapshots) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
-    store.start_snapshot(sid)
-    req = store.get_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None
-    assert not store.fail_stalled_snapshot(sid, req.updated_at, "stalled")
+    assert not store.snapshots.fail_stalled_snapshot(sid, req.updated_at, "stalled")
     assert _status(store, sid) is SnapshotStatus.RUNNING
-    assert store.fail_stalled_snapshot(sid, req.updated_at + 1.0, "stalled")
-    failed = store.get_snapshot(sid)
+    assert store.snapshots.fail_stalled_snapshot(sid, req.updated_at + 1.0, "stalled")
+    failed = store.snapshots.get_snapshot(sid)
     assert failed is not None and failed.updated_at > req.updated_at  # when it was failed

@@ -30,35 +30,35 @@ WATCHED = "watched-" + uuid.uuid4().hex[:8]
 
 
 def _queue_id(store: SubscriberQueues, client: str) -> int:
-    (queue,) = store.list_queues(client)
+    (queue,) = store.queues.list_queues(client)
     return queue.queue_id
 
 
 def _positions(store: SubscriberQueues, queue_id: int) -> list[int]:
     with store.write() as conn:
-        return [e.source_position for e in store.read_queue(conn, queue_id, 100)]
+        return [e.source_position for e in store.queues.read_queue(conn, queue_id, 100)]
 
 
 def test_queues_are_listed_in_registration_order(store: QueueStore) -> None:
-    assert store.list_queues() == []
-    store.apply_log_batch("b", "policy", log(1))
-    store.apply_log_batch("a", "policy", log(1))
-    store.apply_log_batch("a", "other", log(1))
-    got = [(q.source_id, q.client_name) for q in store.list_queues()]
+    assert store.queues.list_queues() == []
+    store.recv.apply_log_batch("b", "policy", log(1))
+    store.recv.apply_log_batch("a", "policy", log(1))
+    store.recv.apply_log_batch("a", "other", log(1))
+    got = [(q.source_id, q.client_name) for q in store.queues.list_queues()]
     assert got == [("b", "policy"), ("a", "policy"), ("a", "other")]
-    ids = [q.queue_id for q in store.list_queues()]
+    ids = [q.queue_id for q in store.queues.list_queues()]
     assert ids == sorted(ids) and len(set(ids)) == 3
-    assert [q.source_id for q in store.list_queues("policy")] == ["b", "a"]
-    assert store.list_queues("nobody") == []
+    assert [q.source_id for q in store.queues.list_queues("policy")] == ["b", "a"]
+    assert store.queues.list_queues("nobody") == []
 
 
 def test_read_queue_gives_the_oldest_entries_of_one_queue(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(2, 4, 6, 8))
-    store.apply_log_batch("b", "policy", log(1))
-    qid = [q.queue_id for q in store.list_queues("policy")]
+    store.recv.apply_log_batch("a", "policy", log(2, 4, 6, 8))
+    store.recv.apply_log_batch("b", "policy", log(1))
+    qid = [q.queue_id for q in store.queues.list_queues("policy")]
     with store.write() as conn:
-        first = store.read_queue(conn, qid[0], 3)
-        other = store.read_queue(conn, qid[1], 10)
+        first = store.queues.read_queue(conn, qid[0], 3)
+        other = store.queues.read_queue(conn, qid[1], 10)
     assert [e.source_position for e in first] == [2, 4, 6]
     assert [e.seq for e in first] == sorted(e.seq for e in first)
     assert {(e.queue_id, e.source_id, e.client_name) for e in first} == {(qid[0], "a", "policy")}
@@ -71,12 +71,12 @@ def test_read_queue_gives_the_oldest_entries_of_one_queue(store: QueueStore) -> 
 
 
 def test_passed_entries_are_gone_when_the_delivery_commits(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1, 2, 3, 4, 5))
+    store.recv.apply_log_batch("a", "policy", log(1, 2, 3, 4, 5))
     qid = _queue_id(store, "policy")
     _lease(store, qid, "s1", 100.0)
     with rolled_back(store) as conn:
-        seqs = [e.seq for e in store.read_queue(conn, qid, 2)]
-        assert store.save_state(
+        seqs = [e.seq for e in store.queues.read_queue(conn, qid, 2)]
+        assert store.queues.save_state(
             conn,
             qid,
             "s1",
@@ -87,31 +87,31 @@ def test_passed_entries_are_gone_when_the_delivery_commits(store: QueueStore) ->
             previous_seq=0,
             delivered_seq=seqs[-1],
         )
-        assert [e.source_position for e in store.read_queue(conn, qid, 10)] == [3, 4, 5]
+        assert [e.source_position for e in store.queues.read_queue(conn, qid, 10)] == [3, 4, 5]
     assert _positions(store, qid) == [1, 2, 3, 4, 5]
     assert pass_entries(store, qid, 2) == [1, 2]
     assert _positions(store, qid) == [3, 4, 5]
     with store.read() as conn:
-        state = store.load_state(conn, qid)
-        head = store.peek_head(conn, qid)
+        state = store.queues.load_state(conn, qid)
+        head = store.heads.peek_head(conn, qid)
         assert head is not None and head.source_position == 3
         assert state.delivered_seq == seqs[-1] < head.seq
     assert pass_entries(store, qid, 10) == [3, 4, 5]
     assert _positions(store, qid) == []
-    store.apply_log_batch("a", "policy", log(6))
+    store.recv.apply_log_batch("a", "policy", log(6))
     assert _positions(store, qid) == [6]
 
 
 def test_a_delivery_from_a_passed_point_is_refused(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1, 2, 3))
+    store.recv.apply_log_batch("a", "policy", log(1, 2, 3))
     qid = _queue_id(store, "policy")
     _lease(store, qid, "s1", 100.0)
     with store.read() as conn:
-        seqs = [e.seq for e in store.read_head(conn, qid, 3)]
+        seqs = [e.seq for e in store.heads.read_head(conn, qid, 3)]
 
     def save(previous: int, to: int) -> bool:
         with store.write() as conn:
-            return store.save_state(
+            return store.queues.save_state(
                 conn,
                 qid,
                 "s1",
@@ -133,18 +133,21 @@ def test_a_delivery_from_a_passed_point_is_refused(store: QueueStore) -> None:
 
 
 def test_queue_depth_follows_appends_and_deliveries(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1, 2, 3))
-    store.apply_log_batch("b", "policy", log(1))
-    qid = store.list_queues("policy")[0].queue_id  # source a, registered first
-    assert store.queue_depth(qid) == 3
+    store.recv.apply_log_batch("a", "policy", log(1, 2, 3))
+    store.recv.apply_log_batch("b", "policy", log(1))
+    qid = store.queues.list_queues("policy")[0].queue_id  # source a, registered first
+    assert store.queues.queue_depth(qid) == 3
     pass_entries(store, qid, 1)
-    assert store.queue_depth(qid) == 2
+    assert store.queues.queue_depth(qid) == 2
     assert _positions(store, qid) == [2, 3]
-    assert store.queue_depth(qid + 1000) == 0
+    assert store.queues.queue_depth(qid + 1000) == 0
     # (entries, payload bytes) waiting, by source and client
-    assert store.receive_queue_size("a", "policy") == (2, sum(len(e.payload) for e in log(2, 3)))
-    assert store.receive_queue_size("b", "policy") == (1, len(log(1)[0].payload))
-    assert store.receive_queue_size("a", "other") == (0, 0)
+    assert store.heads.receive_queue_size("a", "policy") == (
+        2,
+        sum(len(e.payload) for e in log(2, 3)),
+    )
+    assert store.heads.receive_queue_size("b", "policy") == (1, len(log(1)[0].payload))
+    assert store.heads.receive_queue_size("a", "other") == (0, 0)
 
 
 def test_rotation_keeps_every_undelivered_entry(store: QueueStore) -> None:
@@ -156,19 +159,21 @@ def test_rotation_keeps_every_undelivered_entry(store: QueueStore) -> None:
     got: dict[str, list[int]] = {"a": [], "b": []}
     rotated = []
     for round_ in range(6):
-        store.apply_log_batch("a", "policy", log(3 * round_ + 1, 3 * round_ + 2, 3 * round_ + 3))
-        store.apply_log_batch("b", "policy", log(round_ + 1))
-        qa, qb = (q.queue_id for q in store.list_queues("policy"))
-        rotated.append(store.rotate_receive_queues(period=0.0))
+        store.recv.apply_log_batch(
+            "a", "policy", log(3 * round_ + 1, 3 * round_ + 2, 3 * round_ + 3)
+        )
+        store.recv.apply_log_batch("b", "policy", log(round_ + 1))
+        qa, qb = (q.queue_id for q in store.queues.list_queues("policy"))
+        rotated.append(store.queues.rotate_receive_queues(period=0.0))
         got["a"] += pass_entries(store, qa, 2)
-        rotated.append(store.rotate_receive_queues(period=0.0))
+        rotated.append(store.queues.rotate_receive_queues(period=0.0))
         if round_ % 2:
             got["b"] += pass_entries(store, qb, 10)
-    assert store.rotate_receive_queues(period=3600.0) is None  # not due
+    assert store.queues.rotate_receive_queues(period=3600.0) is None  # not due
     got["a"] += pass_entries(store, qa, 100)
     got["b"] += pass_entries(store, qb, 100)
     assert got == {"a": list(range(1, 19)), "b": list(range(1, 7))}
-    assert store.queue_depths() == {}
+    assert store.inspection.queue_depths() == {}
     if store.dialect == "sqlite":
         assert rotated == [None] * 12
     else:
@@ -178,30 +183,30 @@ def test_rotation_keeps_every_undelivered_entry(store: QueueStore) -> None:
 def test_a_queue_method_on_an_empty_database_is_a_schema_error(
     bare_store: QueueStore,
 ) -> None:
-    refused_for_no_schema(bare_store, bare_store.list_queues)
-    refused_for_no_schema(bare_store, lambda: bare_store.queue_depth(1))
+    refused_for_no_schema(bare_store, bare_store.queues.list_queues)
+    refused_for_no_schema(bare_store, lambda: bare_store.queues.queue_depth(1))
 
 
 def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
-    store.apply_log_batch("a", "policy", log(1, 2))
-    got = across_outage(outage, store.list_queues)
+    store.recv.apply_log_batch("a", "policy", log(1, 2))
+    got = across_outage(outage, store.queues.list_queues)
     assert [(q.source_id, q.client_name) for q in got] == [("a", "policy")]
-    assert across_outage(outage, lambda: store.queue_depth(got[0].queue_id)) == 2
+    assert across_outage(outage, lambda: store.queues.queue_depth(got[0].queue_id)) == 2
 
 
 def _lease(store: SubscriberQueues, qid: int, owner: str, now: float) -> float | None:
     with store.write() as conn:
-        return store.acquire_lease(conn, qid, owner, now, 30.0)
+        return store.queues.acquire_lease(conn, qid, owner, now, 30.0)
 
 
 def _state(store: SubscriberQueues, qid: int) -> SubscriberState:
     with store.read() as conn:
-        return store.load_state(conn, qid)
+        return store.queues.load_state(conn, qid)
 
 
 def _save(store: SubscriberQueues, qid: int, owner: str, delivered: int) -> bool:
     with store.write() as conn:
-        return store.save_state(
+        return store.queues.save_state(
             conn,
             qid,
             owner,
@@ -215,7 +220,7 @@ def _save(store: SubscriberQueues, qid: int, owner: str, delivered: int) -> bool
 
 
 def test_a_queue_without_state_has_the_defaults(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1))
+    store.recv.apply_log_batch("a", "policy", log(1))
     qid = _queue_id(store, "policy")
     assert _state(store, qid) == SubscriberState(qid)
     assert _state(store, qid + 1000) == SubscriberState(qid + 1000)
@@ -224,7 +229,7 @@ def test_a_queue_without_state_has_the_defaults(store: QueueStore) -> None:
 
 
 def test_one_owner_holds_a_lease_until_it_expires(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1))
+    store.recv.apply_log_batch("a", "policy", log(1))
     qid = _queue_id(store, "policy")
     assert _lease(store, qid, "s1", 100.0) == 130.0
     assert _state(store, qid) == SubscriberState(qid, lease_owner="s1", lease_expires=130.0)
@@ -237,13 +242,13 @@ def test_one_owner_holds_a_lease_until_it_expires(store: QueueStore) -> None:
 
 
 def test_a_stale_owner_cannot_save_its_state(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1))
+    store.recv.apply_log_batch("a", "policy", log(1))
     qid = _queue_id(store, "policy")
     _lease(store, qid, "s1", 100.0)
     assert _save(store, qid, "s1", 3)
     assert _state(store, qid) == SubscriberState(qid, "s1", True, 3, "s1", 1000.0)
     with store.write() as conn:  # the lease expires and s2 takes it
-        taken = store.acquire_lease(conn, qid, "s2", 2000.0, 30.0)
+        taken = store.queues.acquire_lease(conn, qid, "s2", 2000.0, 30.0)
     assert taken == 2030.0
     assert not _save(store, qid, "s1", 9)  # fenced: s1 must roll back
     assert _state(store, qid) == SubscriberState(qid, "s1", True, 3, "s2", 2030.0)
@@ -252,12 +257,12 @@ def test_a_stale_owner_cannot_save_its_state(store: QueueStore) -> None:
 
 
 def test_a_save_commits_or_rolls_back_with_the_delivery(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1, 2))
+    store.recv.apply_log_batch("a", "policy", log(1, 2))
     qid = _queue_id(store, "policy")
     _lease(store, qid, "s1", 100.0)
     with rolled_back(store) as conn:
-        seq = store.read_head(conn, qid, 10)[-1].seq
-        assert store.save_state(
+        seq = store.heads.read_head(conn, qid, 10)[-1].seq
+        assert store.queues.save_state(
             conn,
             qid,
             "s1",
@@ -274,95 +279,95 @@ def test_a_save_commits_or_rolls_back_with_the_delivery(store: QueueStore) -> No
 
 def test_release_leases_gives_up_an_owners_leases(store: QueueStore) -> None:
     for source in ("a", "b", "c"):
-        store.apply_log_batch(source, "policy", log(1))
-    qa, qb, qc = (q.queue_id for q in store.list_queues("policy"))
+        store.recv.apply_log_batch(source, "policy", log(1))
+    qa, qb, qc = (q.queue_id for q in store.queues.list_queues("policy"))
     for qid in (qa, qb):
         _lease(store, qid, "s1", 100.0)
     _lease(store, qc, "s2", 100.0)
     with store.write() as conn:
-        assert store.release_leases(conn, "s1", [qa, qc]) == 1  # qc is not s1's
+        assert store.queues.release_leases(conn, "s1", [qa, qc]) == 1  # qc is not s1's
     assert [_state(store, q).lease_owner for q in (qa, qb, qc)] == ["", "s1", "s2"]
     assert _lease(store, qa, "s2", 101.0) == 131.0  # released: free at once
     with store.write() as conn:
-        assert store.release_leases(conn, "s1") == 1
-        assert store.release_leases(conn, "s1") == 0
-        assert store.release_leases(conn, "nobody", []) == 0
+        assert store.queues.release_leases(conn, "s1") == 1
+        assert store.queues.release_leases(conn, "s1") == 0
+        assert store.queues.release_leases(conn, "nobody", []) == 0
     assert [_state(store, q).lease_owner for q in (qa, qb, qc)] == ["s2", "", "s2"]
     assert _state(store, qb).lease_expires == 0.0
     with rolled_back(store) as conn:
-        assert store.release_leases(conn, "s2") == 2
+        assert store.queues.release_leases(conn, "s2") == 2
     assert [_state(store, q).lease_owner for q in (qa, qb, qc)] == ["s2", "", "s2"]
 
 
 def test_read_head_is_bounded_by_count_and_bytes(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(10, 11, 12, 13))
-    store.apply_log_batch("b", "policy", log(1))
-    qa, qb = (q.queue_id for q in store.list_queues("policy"))
+    store.recv.apply_log_batch("a", "policy", log(10, 11, 12, 13))
+    store.recv.apply_log_batch("b", "policy", log(1))
+    qa, qb = (q.queue_id for q in store.queues.list_queues("policy"))
     with store.read() as conn:
-        head = store.read_head(conn, qa, 3)
+        head = store.heads.read_head(conn, qa, 3)
         assert [(e.source_position, e.payload, e.type) for e in head] == [
             (10, b"10", ReplicationType.LOG_ENTRY_SYNC),
             (11, b"11", ReplicationType.LOG_ENTRY_SYNC),
             (12, b"12", ReplicationType.LOG_ENTRY_SYNC),
         ]
         assert [e.seq for e in head] == sorted(e.seq for e in head)
-        assert [e.source_position for e in store.read_head(conn, qb, 10)] == [1]
+        assert [e.source_position for e in store.heads.read_head(conn, qb, 10)] == [1]
         # Past the first entry, no more than max_bytes: the first always comes.
-        assert [e.source_position for e in store.read_head(conn, qa, 10, max_bytes=1)] == [10]
-        whole = store.read_head(conn, qa, 10, max_bytes=10**6)
+        assert [e.source_position for e in store.heads.read_head(conn, qa, 10, max_bytes=1)] == [10]
+        whole = store.heads.read_head(conn, qa, 10, max_bytes=10**6)
         assert [e.source_position for e in whole] == [10, 11, 12, 13]
-        assert store.read_head(conn, qa + 1000, 10) == []
+        assert store.heads.read_head(conn, qa + 1000, 10) == []
 
 
 def test_peek_head_and_has_entries_probe_the_oldest_entry(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(7, 8))
+    store.recv.apply_log_batch("a", "policy", log(7, 8))
     qid = _queue_id(store, "policy")
     with store.read() as conn:
-        head = store.peek_head(conn, qid)
+        head = store.heads.peek_head(conn, qid)
         assert head is not None
         assert (head.source_position, head.type, head.payload) == (
             7,
             ReplicationType.LOG_ENTRY_SYNC,
             b"",  # without its payload
         )
-        assert head.seq == store.read_head(conn, qid, 1)[0].seq
-        assert store.has_entries(conn, qid)
-        assert store.peek_head(conn, qid + 1000) is None
-        assert not store.has_entries(conn, qid + 1000)
+        assert head.seq == store.heads.read_head(conn, qid, 1)[0].seq
+        assert store.heads.has_entries(conn, qid)
+        assert store.heads.peek_head(conn, qid + 1000) is None
+        assert not store.heads.has_entries(conn, qid + 1000)
     pass_entries(store, qid, 10)
     with store.read() as conn:
-        assert store.peek_head(conn, qid) is None
-        assert not store.has_entries(conn, qid)
+        assert store.heads.peek_head(conn, qid) is None
+        assert not store.heads.has_entries(conn, qid)
 
 
 def test_has_snapshot_end_finds_the_end_marker_of_one_snapshot(store: QueueStore) -> None:
     snap = ReplicationType.SNAPSHOT_SYNC
-    store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, snap, b"x", "s1")])
+    store.recv.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, snap, b"x", "s1")])
     qid = _queue_id(store, "policy")
     with store.read() as conn:
-        assert not store.has_snapshot_end(conn, qid, "s1")
-        head = store.peek_head(conn, qid)
+        assert not store.heads.has_snapshot_end(conn, qid, "s1")
+        head = store.heads.peek_head(conn, qid)
         assert head is not None and (head.type, head.snapshot_id) == (snap, "s1")
     end = WireEntry(2, ReplicationType.LAST_FULL_SYNC_ENTRY, b"1", "s1", 1, base_position=5)
-    store.apply_snapshot_batch("a", "policy", "s1", [end])
+    store.recv.apply_snapshot_batch("a", "policy", "s1", [end])
     with store.read() as conn:
-        assert store.has_snapshot_end(conn, qid, "s1")
-        assert not store.has_snapshot_end(conn, qid, "s2")
-        assert not store.has_snapshot_end(conn, qid + 1000, "s1")
-        assert [(e.type, e.snapshot_id) for e in store.read_head(conn, qid, 10)] == [
+        assert store.heads.has_snapshot_end(conn, qid, "s1")
+        assert not store.heads.has_snapshot_end(conn, qid, "s2")
+        assert not store.heads.has_snapshot_end(conn, qid + 1000, "s1")
+        assert [(e.type, e.snapshot_id) for e in store.heads.read_head(conn, qid, 10)] == [
             (snap, "s1"),
             (ReplicationType.LAST_FULL_SYNC_ENTRY, "s1"),
         ]
     pass_entries(store, qid, 10)  # delivered: an end marker passed is not in the queue
     with store.read() as conn:
-        assert not store.has_snapshot_end(conn, qid, "s1")
-        assert store.snapshot_base(conn, qid, "s1") is None
+        assert not store.heads.has_snapshot_end(conn, qid, "s1")
+        assert store.heads.snapshot_base(conn, qid, "s1") is None
 
 
 def test_the_base_position_is_kept_with_snapshot_entries_and_their_end(store: QueueStore) -> None:
     snap, end = ReplicationType.SNAPSHOT_SYNC, ReplicationType.LAST_FULL_SYNC_ENTRY
-    store.apply_log_batch("a", "policy", log(3))
-    store.apply_snapshot_batch(
+    store.recv.apply_log_batch("a", "policy", log(3))
+    store.recv.apply_snapshot_batch(
         "a",
         "policy",
         "s1",
@@ -370,19 +375,19 @@ def test_the_base_position_is_kept_with_snapshot_entries_and_their_end(store: Qu
     )
     qid = _queue_id(store, "policy")
     with store.read() as conn:
-        assert store.snapshot_base(conn, qid, "s1") is None  # no end marker yet
-        head = store.read_head(conn, qid, 10)
+        assert store.heads.snapshot_base(conn, qid, "s1") is None  # no end marker yet
+        head = store.heads.read_head(conn, qid, 10)
         # a log entry has none; a snapshot entry sent without it (0) has none either
         assert [e.base_position for e in head] == [None, 9, None]
-    store.apply_snapshot_batch("a", "policy", "s1", [WireEntry(3, end, b"2", "s1", 2, 9)])
-    store.apply_snapshot_batch("b", "policy", "s0", [WireEntry(1, end, b"0", "s0", 0, 0)])
-    qb = next(q.queue_id for q in store.list_queues("policy") if q.source_id == "b")
+    store.recv.apply_snapshot_batch("a", "policy", "s1", [WireEntry(3, end, b"2", "s1", 2, 9)])
+    store.recv.apply_snapshot_batch("b", "policy", "s0", [WireEntry(1, end, b"0", "s0", 0, 0)])
+    qb = next(q.queue_id for q in store.queues.list_queues("policy") if q.source_id == "b")
     with store.read() as conn:
-        assert store.snapshot_base(conn, qid, "s1") == 9
-        assert store.read_head(conn, qid, 10)[-1].base_position == 9
-        assert store.snapshot_base(conn, qb, "s0") == 0  # an end marker's base may be 0
-        assert store.snapshot_base(conn, qid, "s0") is None  # another queue's snapshot
-        peeked = store.peek_head(conn, qb)
+        assert store.heads.snapshot_base(conn, qid, "s1") == 9
+        assert store.heads.read_head(conn, qid, 10)[-1].base_position == 9
+        assert store.heads.snapshot_base(conn, qb, "s0") == 0  # an end marker's base may be 0
+        assert store.heads.snapshot_base(conn, qid, "s0") is None  # another queue's snapshot
+        peeked = store.heads.peek_head(conn, qb)
         assert peeked is not None and peeked.base_position == 0
 
 
@@ -397,9 +402,9 @@ def test_the_delivery_methods_on_an_empty_database_are_schema_errors(
         return run
 
     calls: list[Callable[[Connection], object]] = [
-        lambda c: bare_store.load_state(c, 1),
-        lambda c: bare_store.acquire_lease(c, 1, "s1", 100.0, 30.0),
-        lambda c: bare_store.save_state(
+        lambda c: bare_store.queues.load_state(c, 1),
+        lambda c: bare_store.queues.acquire_lease(c, 1, "s1", 100.0, 30.0),
+        lambda c: bare_store.queues.save_state(
             c,
             1,
             "s1",
@@ -410,30 +415,32 @@ def test_the_delivery_methods_on_an_empty_database_are_schema_errors(
             previous_seq=0,
             delivered_seq=1,
         ),
-        lambda c: bare_store.release_leases(c, "s1"),
-        lambda c: bare_store.read_head(c, 1, 10),
-        lambda c: bare_store.peek_head(c, 1),
-        lambda c: bare_store.has_snapshot_end(c, 1, "s1"),
-        lambda c: bare_store.has_entries(c, 1),
-        lambda c: bare_store.read_queue(c, 1, 10),
+        lambda c: bare_store.queues.release_leases(c, "s1"),
+        lambda c: bare_store.heads.read_head(c, 1, 10),
+        lambda c: bare_store.heads.peek_head(c, 1),
+        lambda c: bare_store.heads.has_snapshot_end(c, 1, "s1"),
+        lambda c: bare_store.heads.has_entries(c, 1),
+        lambda c: bare_store.queues.read_queue(c, 1, 10),
     ]
     for call in calls:
         refused_for_no_schema(bare_store, in_transaction(call))
 
 
 def test_delivery_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
-    store.apply_log_batch("a", "policy", log(1, 2))
+    store.recv.apply_log_batch("a", "policy", log(1, 2))
     qid = _queue_id(store, "policy")
     assert across_outage(outage, lambda: _lease(store, qid, "s1", 100.0)) == 130.0
     assert across_outage(outage, lambda: _save(store, qid, "s1", 1))
 
     def head() -> list[int]:
         with store.read() as conn:
-            assert store.has_entries(conn, qid) and not store.has_snapshot_end(conn, qid, "s1")
-            peeked = store.peek_head(conn, qid)
+            assert store.heads.has_entries(conn, qid) and not store.heads.has_snapshot_end(
+                conn, qid, "s1"
+            )
+            peeked = store.heads.peek_head(conn, qid)
             assert peeked is not None
             return [peeked.source_position] + [
-                e.source_position for e in store.read_head(conn, qid, 10)
+                e.source_position for e in store.heads.read_head(conn, qid, 10)
             ]
 
     assert across_outage(outage, head) == [1, 1, 2]
@@ -441,7 +448,7 @@ def test_delivery_survives_a_lost_connection(store: QueueStore, outage: Outage) 
 
     def release() -> int:
         with store.write() as conn:
-            return store.release_leases(conn, "s1")
+            return store.queues.release_leases(conn, "s1")
 
     assert across_outage(outage, release) in (0, 1)  # 0: an earlier attempt committed
     assert _state(store, qid).lease_owner == ""
@@ -454,13 +461,13 @@ def _keyed(*positions: int) -> list[WireEntry]:
 
 
 def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", _keyed(1, 2, 3))
+    store.recv.apply_log_batch("a", "policy", _keyed(1, 2, 3))
     qid = _queue_id(store, "policy")
     with store.write() as conn:
-        assert store.acquire_lease(conn, qid, "s1", 1000.0, 1e9) is not None
-        store.claim_partitions(conn, qid, 3)
-        scanned = store.scan_entries(conn, qid, 0, 10)
-        marks = store.load_partitions(conn, qid)
+        assert store.queues.acquire_lease(conn, qid, "s1", 1000.0, 1e9) is not None
+        store.partitions.claim_partitions(conn, qid, 3)
+        scanned = store.partitions.scan_entries(conn, qid, 0, 10)
+        marks = store.partitions.load_partitions(conn, qid)
     assert [(e.source_position, e.key, e.payload) for e in scanned] == [
         (1, b"k1", b""),
         (2, b"k2", b""),
@@ -469,37 +476,41 @@ def test_partitions_are_claimed_and_their_progress_is_compare_and_set(store: Que
     start = marks[0]
     assert marks == {0: start, 1: start, 2: start} and start < scanned[0].seq
     with store.read() as conn:  # small payloads come with the scan when asked
-        assert [e.payload for e in store.scan_entries(conn, qid, 0, 3, inline_bytes=3)] == [
+        assert [
+            e.payload for e in store.partitions.scan_entries(conn, qid, 0, 3, inline_bytes=3)
+        ] == [
             b"1",
             b"2",
             b"3",
         ]
-        assert [e.payload for e in store.scan_entries(conn, qid, 0, 3, inline_bytes=2)] == [
+        assert [
+            e.payload for e in store.partitions.scan_entries(conn, qid, 0, 3, inline_bytes=2)
+        ] == [
             b"",
             b"",
             b"",
         ]
     seqs = [e.seq for e in scanned]
     with store.write() as conn:
-        assert store.read_payloads(conn, qid, seqs[:2]) == {seqs[0]: b"1", seqs[1]: b"2"}
-        assert store.load_state(conn, qid).partitions == 3
-        assert store.save_partition(
+        assert store.partitions.read_payloads(conn, qid, seqs[:2]) == {seqs[0]: b"1", seqs[1]: b"2"}
+        assert store.queues.load_state(conn, qid).partitions == 3
+        assert store.partitions.save_partition(
             conn, qid, "s1", 1, previous_seq=start, delivered_seq=seqs[1], delivered_seqs=[seqs[0]]
         )
     with rolled_back(store) as conn:  # from a stale point: refused (the caller rolls back)
-        assert not store.save_partition(
+        assert not store.partitions.save_partition(
             conn, qid, "s1", 1, previous_seq=start, delivered_seq=seqs[2], delivered_seqs=[]
         )
     with rolled_back(store) as conn:  # not the lease holder: refused
-        assert not store.save_partition(
+        assert not store.partitions.save_partition(
             conn, qid, "s2", 0, previous_seq=start, delivered_seq=seqs[2], delivered_seqs=[]
         )
     with store.write() as conn:
-        assert store.load_partitions(conn, qid) == {0: start, 1: seqs[1], 2: start}
-        assert store.load_state(conn, qid).delivered_seq == start  # the minimum
+        assert store.partitions.load_partitions(conn, qid) == {0: start, 1: seqs[1], 2: start}
+        assert store.queues.load_state(conn, qid).delivered_seq == start  # the minimum
         with pytest.raises(PartitionCountError):
-            store.claim_partitions(conn, qid, 2)  # its partitions stand apart
-        assert store.load_state(conn, qid).partitions == 3
+            store.partitions.claim_partitions(conn, qid, 2)  # its partitions stand apart
+        assert store.queues.load_state(conn, qid).partitions == 3
 
 
 def test_only_sqlite_has_a_single_writer(store: QueueStore) -> None:
@@ -510,16 +521,16 @@ def test_a_late_write_takes_the_writers_turn_at_its_first_statement(store: Queue
     """SQLite: the turn (and the database's write lock) from the transaction's first
     statement to its end, none before; it commits, or rolls back on an error."""
     turn = threading.Lock()
-    store.apply_log_batch("a", "policy", log(1, 2))
+    store.recv.apply_log_batch("a", "policy", log(1, 2))
     qid = _queue_id(store, "policy")
     with store.write() as conn:
-        assert store.acquire_lease(conn, qid, "me", 100.0, 1e9) is not None
+        assert store.queues.acquire_lease(conn, qid, "me", 100.0, 1e9) is not None
 
     def pass_head(conn: Connection) -> None:
-        state = store.load_state(conn, qid)
+        state = store.queues.load_state(conn, qid)
         assert turn.locked() is store.single_writer
-        (head,) = store.read_head(conn, qid, 1)
-        assert store.save_state(
+        (head,) = store.heads.read_head(conn, qid, 1)
+        assert store.queues.save_state(
             conn,
             qid,
             "me",
@@ -545,7 +556,7 @@ def test_a_late_write_takes_the_writers_turn_at_its_first_statement(store: Queue
 def test_a_pinned_thread_runs_its_transactions_on_one_connection(store: QueueStore) -> None:
     """One connection for the thread's transactions (another for one begun inside one),
     each with its own options: a read after a write takes no write lock (SQLite)."""
-    store.apply_log_batch("a", "policy", log(1))
+    store.recv.apply_log_batch("a", "policy", log(1))
     qid = _queue_id(store, "policy")
 
     def driver(conn: Connection) -> object:
@@ -559,7 +570,7 @@ def test_a_pinned_thread_runs_its_transactions_on_one_connection(store: QueueSto
         with store.read() as conn:
             assert driver(conn) is first
             assert conn.get_execution_options().get("lr_immediate") is False
-            assert store.read_queue(conn, qid, 10)[0].source_position == 1
+            assert store.queues.read_queue(conn, qid, 10)[0].source_position == 1
         with store.late_write(threading.Lock()) as conn:
             assert driver(conn) is first
     with store.read() as conn:
@@ -569,43 +580,43 @@ def test_a_pinned_thread_runs_its_transactions_on_one_connection(store: QueueSto
 def test_the_queue_mark_is_raised_to_the_lowest_partition_by_the_lease_holder(
     store: QueueStore,
 ) -> None:
-    store.apply_log_batch("a", "policy", _keyed(1, 2, 3, 4))
+    store.recv.apply_log_batch("a", "policy", _keyed(1, 2, 3, 4))
     qid = _queue_id(store, "policy")
     with store.write() as conn:
-        store.acquire_lease(conn, qid, "s1", 1000.0, 1e9)
-        store.claim_partitions(conn, qid, 2)
-        start = store.load_partitions(conn, qid)[0]
-        seqs = [e.seq for e in store.scan_entries(conn, qid, start, 10)]
+        store.queues.acquire_lease(conn, qid, "s1", 1000.0, 1e9)
+        store.partitions.claim_partitions(conn, qid, 2)
+        start = store.partitions.load_partitions(conn, qid)[0]
+        seqs = [e.seq for e in store.partitions.scan_entries(conn, qid, start, 10)]
     with store.write() as conn:  # a partition's delivery leaves the queue's mark as it is
-        assert store.save_partition(
+        assert store.partitions.save_partition(
             conn, qid, "s1", 0, previous_seq=start, delivered_seq=seqs[2], delivered_seqs=seqs[:1]
         )
-        assert store.save_partition(
+        assert store.partitions.save_partition(
             conn, qid, "s1", 1, previous_seq=start, delivered_seq=seqs[1], delivered_seqs=seqs[1:2]
         )
-        assert store.load_state(conn, qid).delivered_seq == start
+        assert store.queues.load_state(conn, qid).delivered_seq == start
     with store.write() as conn:
-        assert not store.raise_queue_mark(conn, qid, "s2")  # not the lease holder
-        assert store.load_state(conn, qid).delivered_seq == start
-        assert store.raise_queue_mark(conn, qid, "s1")
-        assert store.load_state(conn, qid).delivered_seq == seqs[1]  # the lowest partition
-        assert not store.raise_queue_mark(conn, qid, "s1")  # already there
-    assert store.queue_depth(qid) == 2
+        assert not store.partitions.raise_queue_mark(conn, qid, "s2")  # not the lease holder
+        assert store.queues.load_state(conn, qid).delivered_seq == start
+        assert store.partitions.raise_queue_mark(conn, qid, "s1")
+        assert store.queues.load_state(conn, qid).delivered_seq == seqs[1]  # the lowest partition
+        assert not store.partitions.raise_queue_mark(conn, qid, "s1")  # already there
+    assert store.queues.queue_depth(qid) == 2
 
 
 def test_a_barrier_passes_every_partition_at_once(store: QueueStore) -> None:
-    store.apply_log_batch("a", "policy", log(1, 2))
+    store.recv.apply_log_batch("a", "policy", log(1, 2))
     qid = _queue_id(store, "policy")
     with store.write() as conn:
-        store.acquire_lease(conn, qid, "s1", 1000.0, 1e9)
-        store.claim_partitions(conn, qid, 2)
-        start = store.load_partitions(conn, qid)[0]
-        head = store.read_head(conn, qid, 10, after=start)
-        assert store.peek_head(conn, qid, after=head[0].seq) == head[1]._replace(payload=b"")
+        store.queues.acquire_lease(conn, qid, "s1", 1000.0, 1e9)
+        store.partitions.claim_partitions(conn, qid, 2)
+        start = store.partitions.load_partitions(conn, qid)[0]
+        head = store.heads.read_head(conn, qid, 10, after=start)
+        assert store.heads.peek_head(conn, qid, after=head[0].seq) == head[1]._replace(payload=b"")
     last = head[-1].seq
     barrier = dict(snapshot_id="", in_snapshot=False, delivered=2, lease_expires=1e9)
     with rolled_back(store) as conn:
-        assert not store.save_barrier(
+        assert not store.partitions.save_barrier(
             conn,
             qid,
             "s1",
@@ -615,7 +626,7 @@ def test_a_barrier_passes_every_partition_at_once(store: QueueStore) -> None:
             **barrier,  # type: ignore[arg-type]
         )
     with store.write() as conn:
-        assert store.save_barrier(
+        assert store.partitions.save_barrier(
             conn,
             qid,
             "s1",
@@ -625,12 +636,12 @@ def test_a_barrier_passes_every_partition_at_once(store: QueueStore) -> None:
             **barrier,  # type: ignore[arg-type]
         )
     with store.write() as conn:
-        assert store.load_partitions(conn, qid) == {0: last, 1: last}
-        assert store.load_state(conn, qid).delivered_seq == last
-        assert not store.has_entries(conn, qid)
-        store.claim_partitions(conn, qid, 1)  # they stand together: taken
-        assert store.load_state(conn, qid).partitions == 0
-        assert store.load_partitions(conn, qid) == {}
+        assert store.partitions.load_partitions(conn, qid) == {0: last, 1: last}
+        assert store.queues.load_state(conn, qid).delivered_seq == last
+        assert not store.heads.has_entries(conn, qid)
+        store.partitions.claim_partitions(conn, qid, 1)  # they stand together: taken
+        assert store.queues.load_state(conn, qid).partitions == 0
+        assert store.partitions.load_partitions(conn, qid) == {}
 
 
 # -- wake-ups on arrival -----------------------------------------------------------------
@@ -648,27 +659,27 @@ class _Wakes:
 
 def test_watch_arrivals_is_woken_by_its_clients_committed_batches(store: QueueStore) -> None:
     wakes = _Wakes()
-    watch = store.watch_arrivals(WATCHED, wakes)
+    watch = store.queues.watch_arrivals(WATCHED, wakes)
     assert watch is not None
     try:
         wait_for(lambda: watch.connections == 1, what="the watch listening")
         assert watch.listening
         wait_for(lambda: wakes.count == 1, what="the wake-up after LISTEN")  # a first poll
-        store.apply_log_batch("a", WATCHED, log(1, 2))
+        store.recv.apply_log_batch("a", WATCHED, log(1, 2))
         wait_for(lambda: wakes.count == 2, what="a wake-up for a stored batch")
-        store.apply_lane_batch("a", WATCHED, 1, 1, log(3), 2, 2)
+        store.recv.apply_lane_batch("a", WATCHED, 1, 1, log(3), 2, 2)
         wait_for(lambda: wakes.count == 3, what="a wake-up for a lane batch")
         if store.dialect == "postgresql":
             # Another client's batch wakes nobody: notifications arrive in commit order,
             # so by the time the next one of ours woke it, the other's was passed over.
             # (SQLite's watch sees the receive queues' head: any client's batch.)
-            store.apply_log_batch("a", "other", log(1))
-        store.apply_log_batch("b", WATCHED, log(1))
+            store.recv.apply_log_batch("a", "other", log(1))
+        store.recv.apply_log_batch("b", WATCHED, log(1))
         wait_for(lambda: wakes.count >= 4, what="the next wake-up")
         assert wakes.count == 4
         # A repeat stores nothing and announces nothing.
-        store.apply_log_batch("a", WATCHED, log(1, 2))
-        store.apply_log_batch("a", WATCHED, log(4))
+        store.recv.apply_log_batch("a", WATCHED, log(1, 2))
+        store.recv.apply_log_batch("a", WATCHED, log(4))
         wait_for(lambda: wakes.count >= 5, what="the wake-up for position 4")
         assert wakes.count == 5
     finally:
@@ -679,7 +690,7 @@ def test_watch_arrivals_listens_again_after_its_connection_is_cut(
     store: QueueStore, app_transaction: Callable[[], AbstractContextManager[Connection]]
 ) -> None:
     wakes = _Wakes()
-    watch = store.watch_arrivals(WATCHED, wakes)
+    watch = store.queues.watch_arrivals(WATCHED, wakes)
     assert watch is not None
     if store.dialect == "sqlite":  # it watches a file: no connection to cut
         watch.close()
@@ -698,7 +709,7 @@ def test_watch_arrivals_listens_again_after_its_connection_is_cut(
         wait_for(lambda: watch.connections == 2, what="the watch listening again")
         assert watch.listening
         before = wakes.count
-        store.apply_log_batch("a", WATCHED, log(1))
+        store.recv.apply_log_batch("a", WATCHED, log(1))
         wait_for(lambda: wakes.count > before, what="a wake-up on the new connection")
     finally:
         watch.close()
@@ -708,24 +719,24 @@ def test_watch_arrivals_listens_again_after_its_connection_is_cut(
 def test_read_statements_see_what_was_committed_before_them(store: QueueStore) -> None:
     """Every statement of the block sees what was committed before the block; on
     PostgreSQL (no transaction) a later statement also sees a commit made since."""
-    store.apply_log_batch("a", "policy", log(1))
+    store.recv.apply_log_batch("a", "policy", log(1))
     qid = _queue_id(store, "policy")
     with store.read_statements() as conn:
-        assert store.has_entries(conn, qid)
-        assert [q.queue_id for q in store.list_queues("other")] == []
-        store.apply_log_batch("a", "other", log(1))  # committed while the block is open
+        assert store.heads.has_entries(conn, qid)
+        assert [q.queue_id for q in store.queues.list_queues("other")] == []
+        store.recv.apply_log_batch("a", "other", log(1))  # committed while the block is open
         other = _queue_id(store, "other")
-        assert store.has_entries(conn, other) is (store.dialect == "postgresql")
-        assert store.has_entries(conn, qid)
+        assert store.heads.has_entries(conn, other) is (store.dialect == "postgresql")
+        assert store.heads.has_entries(conn, qid)
     with store.read_statements() as conn:
-        assert store.has_entries(conn, other)
+        assert store.heads.has_entries(conn, other)
 
 
 def test_a_locked_state_read_waits_for_a_writer_and_sees_its_commit(store: QueueStore) -> None:
     """``load_state(lock=True)`` in a write transaction returns only once a transaction
     that wrote the state committed, and with what it wrote (PostgreSQL: the row lock;
     SQLite: its one writer)."""
-    store.apply_log_batch("a", "policy", log(1))
+    store.recv.apply_log_batch("a", "policy", log(1))
     qid = _queue_id(store, "policy")
     assert _lease(store, qid, "s1", 100.0) is not None
     written, release = threading.Event(), threading.Event()
@@ -733,13 +744,13 @@ def test_a_locked_state_read_waits_for_a_writer_and_sees_its_commit(store: Queue
 
     def writer() -> None:
         with store.write() as conn:
-            assert store.acquire_lease(conn, qid, "s1", 100.0, 60.0) == 160.0
+            assert store.queues.acquire_lease(conn, qid, "s1", 100.0, 60.0) == 160.0
             written.set()
             assert release.wait(30)
 
     def reader() -> None:
         with store.write() as conn:
-            seen.append(store.load_state(conn, qid, lock=True))
+            seen.append(store.queues.load_state(conn, qid, lock=True))
 
     first = threading.Thread(target=writer)
     first.start()

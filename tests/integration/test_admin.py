@@ -39,7 +39,7 @@ def site_config(db_url: str, **extra: Any) -> SiteConfig:
 
 @pytest.fixture
 def config(db_url: str, store: SQLAlchemyQueueStore) -> SiteConfig:
-    store.register_sites(["site-b", "site-c"])
+    store.sites.register_sites(["site-b", "site-c"])
     return site_config(db_url)
 
 
@@ -60,17 +60,17 @@ def test_status_and_trim(config: SiteConfig, store: SQLAlchemyQueueStore) -> Non
     assert report.to_dict()["head_position"] == 2
 
     assert admin.trim(config, store) == admin.TrimResult(0)
-    store.set_cursor("site-b", "policy", 2)
+    store.shipping.set_cursor("site-b", "policy", 2)
     store.rotation_period = 30.0
     assert admin.trim(config, store).to_dict() == {"entries": 1}
     assert store.rotation_period == 30.0  # restored
-    assert store.oldest_position() == 1  # site-c still needs it
+    assert store.shipping.oldest_position() == 1  # site-c still needs it
 
 
 def test_accept_loss(config: SiteConfig, store: SQLAlchemyQueueStore) -> None:
     with pytest.raises(admin.StateError, match="stream site-b/inventory is not stopped"):
         admin.accept_loss(config, store, "site-b", "inventory")
-    store.stop_stream("site-b", "inventory", "lost", 7)
+    store.retention.stop_stream("site-b", "inventory", "lost", 7)
     stop = admin.accept_loss(config, store, "site-b", "inventory")
     assert (stop.resume_after, stop.reason) == (7, "lost") and stop.accepted_at is not None
     with pytest.raises(admin.AdminInputError) as bad:
@@ -125,9 +125,9 @@ def test_snapshot_job_command() -> None:
 
 def test_members_listed_weighted_removed(config: SiteConfig, store: SQLAlchemyQueueStore) -> None:
     assert admin.list_members(config, store) == []
-    store.join_member("a-1", "i1", "127.0.0.1:7443", 1)
-    store.join_member("a-2", "i2", "127.0.0.1:7444", 2)
-    assert store.acquire_unit("stream/site-b/policy", "a-2", "i2", 5.0) is not None
+    store.members.join_member("a-1", "i1", "127.0.0.1:7443", 1)
+    store.members.join_member("a-2", "i2", "127.0.0.1:7444", 2)
+    assert store.members.acquire_unit("stream/site-b/policy", "a-2", "i2", 5.0) is not None
     found = {m.member_id: m for m in admin.list_members(config, store)}
     assert found["a-2"].units == ["stream/site-b/policy"] and found["a-1"].units == []
     assert found["a-2"].alive and 0.0 <= found["a-2"].heartbeat_age < 60.0
@@ -146,7 +146,7 @@ def test_members_listed_weighted_removed(config: SiteConfig, store: SQLAlchemyQu
     assert [m.member_id for m in admin.list_members(config, store)] == ["a-1"]
     with pytest.raises(admin.NotFoundError):
         admin.remove_member(store, "a-2")
-    assert all(x.owner is None for x in store.list_leases())
+    assert all(x.owner is None for x in store.members.list_leases())
 
 
 def test_browse_and_queues(config: SiteConfig, store: SQLAlchemyQueueStore) -> None:
@@ -165,7 +165,7 @@ def test_a_switch_the_config_forbids_changes_nothing(
     with pytest.raises(admin.AdminInputError) as bad:
         admin.switch_provider(config, store, "policy", "site-b")
     assert bad.value.option == "client" and "not a cascaded client" in str(bad.value)
-    assert store.cascade_node("policy") is None
+    assert store.cascade.cascade_node("policy") is None
 
 
 def test_database_checked_then_initialised(db_url: str) -> None:

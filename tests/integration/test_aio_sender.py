@@ -24,12 +24,12 @@ from tests.kit.templates import migrated_sqlite
 
 @pytest.fixture
 def app(store: SQLAlchemyQueueStore, make_app: Callable[..., App]) -> App:
-    store.register_sites(["site-b", "site-c"])
+    store.sites.register_sites(["site-b", "site-c"])
     return make_app(store)
 
 
 def sent(store: SQLAlchemyQueueStore) -> list[bytes]:
-    return [e.payload for e in store.read_log_entries("site-b", "policy", 0, 100)]
+    return [e.payload for e in store.shipping.read_log_entries("site-b", "policy", 0, 100)]
 
 
 @every_flavour(only_async=True)
@@ -80,7 +80,7 @@ def test_the_clients_own_readings_leave_the_event_loop_free(
     client = app.client
     assert isinstance(client, AsyncRoutingQueueClient)
     client.rules.flow.interval = 0.0  # read on every transmit
-    real = app.store.flow_state
+    real = app.store.send.flow_state
     inside, release = threading.Event(), threading.Event()
 
     def held_flow_state(client_name: str) -> tuple[bool, list[str]]:
@@ -105,11 +105,11 @@ def test_the_clients_own_readings_leave_the_event_loop_free(
 
 @every_flavour()
 def test_backpressure_is_refused_before_anything_is_written(app: App) -> None:
-    app.store.set_flow_state("policy", True, ["site-b"])
+    app.store.retention.set_flow_state("policy", True, ["site-b"])
     app.client.rules.flow.interval = 0.0
     with pytest.raises(BackpressureError, match="site-b"), app.transaction() as tx:
         tx.transmit(b"refused", ["site-b"])
-    app.store.set_flow_state("policy", False, [])
+    app.store.retention.set_flow_state("policy", False, [])
     with app.transaction() as tx:
         tx.transmit(b"after", ["site-b"])
     assert sent(app.store) == [b"after"]
@@ -119,9 +119,9 @@ def test_backpressure_is_refused_before_anything_is_written(app: App) -> None:
 def test_backpressure_wait_lets_other_tasks_run_and_ends_when_it_lifts(
     store: SQLAlchemyQueueStore, make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.register_sites(["site-b"])
-    store.set_flow_state("policy", True, ["site-b"])
-    real = store.flow_state
+    store.sites.register_sites(["site-b"])
+    store.retention.set_flow_state("policy", True, ["site-b"])
+    real = store.send.flow_state
     reads: list[str] = []
     polling = threading.Event()
 
@@ -145,7 +145,7 @@ def test_backpressure_wait_lets_other_tasks_run_and_ends_when_it_lifts(
             # The transmit is waiting (reading the state again), and the loop is not.
             assert await asyncio.to_thread(polling.wait, 30)
             assert not task.done()
-            await asyncio.to_thread(store.set_flow_state, "policy", False, [])
+            await asyncio.to_thread(store.retention.set_flow_state, "policy", False, [])
             await asyncio.wait_for(task, 30)
 
     app.run(scenario())

@@ -25,11 +25,14 @@ def site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
 
 
 def entries(site: Site, snapshot_id: str) -> list[tuple[ReplicationType, bytes]]:
-    return [(e.type, e.payload) for e in site.store.read_snapshot_entries(snapshot_id, 0, 1000)]
+    return [
+        (e.type, e.payload)
+        for e in site.store.snapshot_entries.read_snapshot_entries(snapshot_id, 0, 1000)
+    ]
 
 
 def status(site: Site, snapshot_id: str) -> SnapshotStatus:
-    req = site.store.get_snapshot(snapshot_id)
+    req = site.store.snapshots.get_snapshot(snapshot_id)
     assert req is not None
     return req.status
 
@@ -58,7 +61,7 @@ def test_an_async_provider_writes_its_entries_and_the_runner_completes_them(site
         assert await ctx.transmit(iter([b"c", (b"d", "key-d")])) == 2
         assert ctx.progress == 4 and not await ctx.is_cancelled()
 
-    sid = site.store.request_snapshot(None, "b", "policy", "test")
+    sid = site.store.snapshots.request_snapshot(None, "b", "policy", "test")
     assert poll(site, provide, chunk_size=3) == 1
     assert poll(site, provide) == 0  # nothing left to do
     (ctx,) = seen
@@ -78,11 +81,11 @@ def test_a_failing_async_provider_fails_its_snapshot_and_releases_its_entries(si
         await ctx.transmit([b"a", b"b"])
         raise RuntimeError("source went away")
 
-    sid = site.store.request_snapshot(None, "b", "policy")
+    sid = site.store.snapshots.request_snapshot(None, "b", "policy")
     with pytest.raises(RuntimeError, match="went away"):
         poll(site, provide)
     assert status(site, sid) == SnapshotStatus.FAILED
-    assert site.store.count_snapshot_entries(sid) == 0
+    assert site.store.snapshot_entries.count_snapshot_entries(sid) == 0
 
 
 def test_a_snapshot_superseded_while_its_provider_awaits_is_cancelled_not_failed(
@@ -92,17 +95,19 @@ def test_a_snapshot_superseded_while_its_provider_awaits_is_cancelled_not_failed
 
     async def provide(ctx: AsyncSnapshotContext) -> None:
         await ctx.transmit([b"old"])
-        await asyncio.to_thread(site.store.request_snapshot, None, "b", "policy", "operator")
+        await asyncio.to_thread(
+            site.store.snapshots.request_snapshot, None, "b", "policy", "operator"
+        )
         stopped.append(await ctx.is_cancelled())
         with pytest.raises(SnapshotError):
             await ctx.transmit([b"old-2"])
         raise SnapshotError("gave up")  # the runner releases it, not a failure
 
-    old = site.store.request_snapshot(None, "b", "policy")
+    old = site.store.snapshots.request_snapshot(None, "b", "policy")
     assert poll(site, provide) == 1
     assert stopped == [True]
     assert status(site, old) == SnapshotStatus.CANCELLED
-    assert site.store.count_snapshot_entries(old) == 0
+    assert site.store.snapshot_entries.count_snapshot_entries(old) == 0
 
 
 def test_heartbeats_go_on_while_the_provider_awaits(
@@ -125,6 +130,6 @@ def test_heartbeats_go_on_while_the_provider_awaits(
         return real(self, snapshot_id)  # type: ignore[arg-type]
 
     monkeypatch.setattr(store_cls, "heartbeat_snapshot", counting)
-    sid = site.store.request_snapshot(None, "b", "policy")
+    sid = site.store.snapshots.request_snapshot(None, "b", "policy")
     assert poll(site, provide, heartbeat_interval=0.02) == 1
     assert set(beats) == {sid} and status(site, sid) == SnapshotStatus.READY

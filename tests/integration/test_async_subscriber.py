@@ -153,9 +153,9 @@ def test_each_entry_once_in_order_while_entries_arrive_and_two_subscribers_compe
     site: Site,
 ) -> None:
     store = site.store
-    store.apply_snapshot_batch("src-s", CLIENT, "snap-1", snapshot("snap-1", 7, base=0))
-    store.apply_log_batch("src-a", CLIENT, log_entries(1, 20))
-    store.apply_log_batch("src-b", CLIENT, log_entries(1, 5))
+    store.recv.apply_snapshot_batch("src-s", CLIENT, "snap-1", snapshot("snap-1", 7, base=0))
+    store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 20))
+    store.recv.apply_log_batch("src-b", CLIENT, log_entries(1, 5))
 
     async def main() -> None:
         engine = site.engine()
@@ -180,14 +180,14 @@ def test_each_entry_once_in_order_while_entries_arrive_and_two_subscribers_compe
             # Idle now, polling once an hour: only a wake-up on arrival delivers these.
             for first in range(21, 61, 10):  # in a thread: SQLite's writer waits there
                 await asyncio.to_thread(
-                    store.apply_log_batch,
+                    store.recv.apply_log_batch,
                     "src-a",
                     CLIENT,
                     log_entries(first, 10),
                     previous_position=first - 1,
                 )
                 await asyncio.to_thread(
-                    store.apply_log_batch,
+                    store.recv.apply_log_batch,
                     "src-s",
                     CLIENT,
                     log_entries(first - 20, 10),
@@ -212,7 +212,7 @@ def test_each_entry_once_in_order_while_entries_arrive_and_two_subscribers_compe
         "src-b": expected("src-b", range(1, 6)),
         "src-s": expected("src-s", range(1, 41), snap=7),
     }
-    assert store.queue_depths() == {}
+    assert store.inspection.queue_depths() == {}
 
 
 class FailsFirst(Applier):
@@ -237,7 +237,7 @@ def test_a_failed_callback_rolls_back_its_writes_and_the_batch_comes_again(
     site: Site, how: str
 ) -> None:
     store = site.store
-    store.apply_log_batch("src-a", CLIENT, log_entries(1, 6))
+    store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 6))
     listener = FailsFirst(how)
 
     async def main() -> tuple[int, int]:
@@ -246,7 +246,7 @@ def test_a_failed_callback_rolls_back_its_writes_and_the_batch_comes_again(
         try:
             first = await sub.poll_once()
             assert rows(store) == []  # the writes of the failed batch rolled back
-            assert sum(store.queue_depths().values()) == 6
+            assert sum(store.inspection.queue_depths().values()) == 6
             second = await sub.poll_once()
         finally:
             await sub.close()
@@ -285,7 +285,7 @@ class Hangs(Applier):
 
 def test_a_task_cancelled_while_its_listener_awaits_commits_nothing(site: Site) -> None:
     store = site.store
-    store.apply_log_batch("src-a", CLIENT, log_entries(1, 6))
+    store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 6))
 
     async def main() -> int:
         engine = site.engine()
@@ -298,7 +298,7 @@ def test_a_task_cancelled_while_its_listener_awaits_commits_nothing(site: Site) 
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert rows(store) == []  # nothing of the cancelled delivery committed
-            assert sum(store.queue_depths().values()) == 6  # and nothing passed
+            assert sum(store.inspection.queue_depths().values()) == 6  # and nothing passed
             listener.hang = False
             return await sub.poll_once()  # the same entries come again
         finally:
@@ -307,7 +307,7 @@ def test_a_task_cancelled_while_its_listener_awaits_commits_nothing(site: Site) 
 
     assert asyncio.run(main()) == 6
     assert [r[3] for r in rows(store)] == [1, 2, 3, 4, 5, 6]  # each once
-    assert store.queue_depths() == {}
+    assert store.inspection.queue_depths() == {}
 
 
 def keyed(first: int, count: int, keys: int = 13) -> list[WireEntry]:
@@ -364,9 +364,9 @@ def in_key_order(got: list[tuple[str, str, str, int]]) -> bool:
 
 
 def partition_marks(store: SQLAlchemyQueueStore) -> dict[int, int]:
-    (qid,) = [q.queue_id for q in store.list_queues(CLIENT)]
+    (qid,) = [q.queue_id for q in store.queues.list_queues(CLIENT)]
     with store.read() as conn:
-        return store.load_partitions(conn, qid)
+        return store.partitions.load_partitions(conn, qid)
 
 
 def test_by_partition_each_entry_once_and_each_key_in_order_while_entries_arrive(
@@ -377,7 +377,7 @@ def test_by_partition_each_entry_once_and_each_key_in_order_while_entries_arrive
     store = site.store
     first = keyed(1, 100)
     first[49] = WireEntry(50, LOG, b"log-50")  # no key: a barrier
-    store.apply_log_batch("src-a", CLIENT, first)
+    store.recv.apply_log_batch("src-a", CLIENT, first)
 
     async def main() -> list[ByKey]:
         engine = site.engine()
@@ -400,7 +400,7 @@ def test_by_partition_each_entry_once_and_each_key_in_order_while_entries_arrive
         try:
             await until(lambda: len(rows(store)) == 100)
             await asyncio.to_thread(
-                store.apply_log_batch, "src-a", CLIENT, keyed(101, 100), previous_position=100
+                store.recv.apply_log_batch, "src-a", CLIENT, keyed(101, 100), previous_position=100
             )
             await until(lambda: len(rows(store)) == 200)
         finally:
@@ -422,7 +422,7 @@ def test_by_partition_each_entry_once_and_each_key_in_order_while_entries_arrive
 
 def test_by_partition_a_failed_delivery_rolls_back_that_delivery_only(site: Site) -> None:
     store = site.store
-    store.apply_log_batch("src-a", CLIENT, keyed(1, 60))
+    store.recv.apply_log_batch("src-a", CLIENT, keyed(1, 60))
     hashing = HashPartitioner()
     failing = [p for p in range(1, 61) if hashing(b"k%d" % (p % 13), 4) == 2]
     listener = ByKey(fail=2)
@@ -453,7 +453,7 @@ def test_by_partition_a_run_cancelled_while_a_listener_awaits_commits_nothing_of
     site: Site,
 ) -> None:
     store = site.store
-    store.apply_log_batch("src-a", CLIENT, keyed(1, 60))
+    store.recv.apply_log_batch("src-a", CLIENT, keyed(1, 60))
     hashing = HashPartitioner()
     hung = [p for p in range(1, 61) if hashing(b"k%d" % (p % 13), 4) == 1]
     listener = ByKey(hang=1)
@@ -511,7 +511,7 @@ def test_by_partition_listeners_awaiting_before_their_writes_overlap(site: Site)
     hashing = HashPartitioner()
     assert {hashing(b"k%d" % k, 4) for k in range(13)} == {0, 1, 2, 3}
     store = site.store
-    store.apply_log_batch("src-a", CLIENT, keyed(1, 80))
+    store.recv.apply_log_batch("src-a", CLIENT, keyed(1, 80))
     listener = Overlap(4)
 
     async def main() -> None:

@@ -41,8 +41,8 @@ def test_one_event_per_activation_whatever_the_transmits_refused(
     assert policy.run_once().backpressure == {"policy": True}  # still on: no new event
     assert events() == start + 1
 
-    store.set_cursor("b", "policy", 3)  # both caught up: backpressure lifts
-    store.set_cursor("c", "policy", 3)
+    store.shipping.set_cursor("b", "policy", 3)  # both caught up: backpressure lifts
+    store.shipping.set_cursor("c", "policy", 3)
     assert policy.run_once().backpressure == {"policy": False}
     send(store, "policy", [(b"z", ["b", "c"])] * 3)
     assert policy.run_once().backpressure == {"policy": True}  # on again: a second event

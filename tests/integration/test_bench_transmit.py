@@ -115,7 +115,7 @@ def test_concurrent_writers_section_measures_each_system_and_its_ratio(
         assert r.baseline == "plain" and r.ratio == pytest.approx(statistics.median(pairs))
         assert r.met is (r.ratio >= 0.9)
     # Every transaction wrote its application row and its entry, committed.
-    open_store(pg_schema.engine()).sequence()  # their positions are given after commit
+    open_store(pg_schema.engine()).send.sequence()  # their positions are given after commit
     with pg_schema.engine().connect() as conn:
         app = conn.execute(text("SELECT count(*) FROM bench_app_rows")).scalar_one()
         sent = conn.execute(text("SELECT count(*) FROM lrq_send_log_entries")).scalar_one()

@@ -47,9 +47,11 @@ def _traced(read: Callable[[], Any]) -> tuple[Any, int]:
 @pytest.fixture
 def queued(store: SQLAlchemyQueueStore) -> list[bytes]:
     payloads = _payloads()
-    nums = store.register_sites(["b", "c"])
+    nums = store.sites.register_sites(["b", "c"])
     with store.write() as conn:
-        store.append_log_entries(conn, "policy", [(p, [nums["b"], nums["c"]]) for p in payloads])
+        store.send.append_log_entries(
+            conn, "policy", [(p, [nums["b"], nums["c"]]) for p in payloads]
+        )
     return payloads
 
 
@@ -60,7 +62,7 @@ def test_a_destinations_reads_load_only_what_fits(
     while len(got) < COUNT:
         after = len(got)
         batch, peak = _traced(
-            lambda a=after: store.read_log_entries("b", "policy", a, 500, max_bytes=LIMIT)
+            lambda a=after: store.shipping.read_log_entries("b", "policy", a, 500, max_bytes=LIMIT)
         )
         assert [e.position for e in batch] == [after + 1, after + 2]
         assert peak < READ_PEAK, peak
@@ -71,25 +73,27 @@ def test_a_destinations_reads_load_only_what_fits(
 def test_the_shared_readers_reads_load_only_what_fits(
     store: SQLAlchemyQueueStore, queued: list[bytes]
 ) -> None:
-    rows, peak = _traced(lambda: store.read_client_log("policy", 0, 500, max_bytes=LIMIT))
+    rows, peak = _traced(lambda: store.shipping.read_client_log("policy", 0, 500, max_bytes=LIMIT))
     assert [e.payload for e in rows] == queued[:2] and not rows.complete
     assert peak < READ_PEAK, peak
-    rest = store.read_client_log("policy", 2, 500)
+    rest = store.shipping.read_client_log("policy", 2, 500)
     assert [e.payload for e in rest] == queued[2:] and rest.complete
 
 
 def test_snapshot_reads_load_only_what_fits(store: SQLAlchemyQueueStore) -> None:
     payloads = _payloads()
-    sid = store.request_snapshot(None, "b", "policy", "test")
-    assert store.start_snapshot(sid) is not None
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "test")
+    assert store.snapshots.start_snapshot(sid) is not None
     with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, payloads)
-    store.finish_snapshot(sid)
+        store.snapshot_entries.write_snapshot_entries(conn, sid, 0, payloads)
+    store.snapshot_entries.finish_snapshot(sid)
     got: list[bytes] = []
     while True:
         after = len(got)
         batch, peak = _traced(
-            lambda a=after: store.read_snapshot_entries(sid, a, 500, max_bytes=LIMIT)
+            lambda a=after: store.snapshot_entries.read_snapshot_entries(
+                sid, a, 500, max_bytes=LIMIT
+            )
         )
         assert peak < READ_PEAK, peak
         if batch[-1].type is ReplicationType.LAST_FULL_SYNC_ENTRY:
@@ -103,28 +107,32 @@ def test_snapshot_reads_load_only_what_fits(store: SQLAlchemyQueueStore) -> None
 def test_the_subscribers_reads_load_only_what_fits(store: SQLAlchemyQueueStore) -> None:
     payloads = _payloads()
     log = ReplicationType.LOG_ENTRY_SYNC
-    store.apply_log_batch("a", "policy", [WireEntry(i + 1, log, p) for i, p in enumerate(payloads)])
-    (queue,) = store.list_queues("policy")
+    store.recv.apply_log_batch(
+        "a", "policy", [WireEntry(i + 1, log, p) for i, p in enumerate(payloads)]
+    )
+    (queue,) = store.queues.list_queues("policy")
     with store.read() as conn:
-        head, peak = _traced(lambda: store.read_head(conn, queue.queue_id, 500, LIMIT))
+        head, peak = _traced(lambda: store.heads.read_head(conn, queue.queue_id, 500, LIMIT))
         assert [e.source_position for e in head] == [1, 2]
         assert [e.payload for e in head] == payloads[:2]
         assert peak < READ_PEAK, peak
-        assert len(store.read_head(conn, queue.queue_id, 500)) == COUNT
-        assert len(store.read_head(conn, queue.queue_id, 500, 1)) == 1  # never empty
+        assert len(store.heads.read_head(conn, queue.queue_id, 500)) == COUNT
+        assert len(store.heads.read_head(conn, queue.queue_id, 500, 1)) == 1  # never empty
 
 
 def test_the_shared_window_and_its_reads_stay_within_its_bytes(
     store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the shared reader holds, counting the read in progress, never passes its limit."""
-    nums = store.register_sites(["b", "c"])
+    nums = store.sites.register_sites(["b", "c"])
     payloads = [b"%04d" % i + bytes(996) for i in range(200)]
     with store.write() as conn:
-        store.append_log_entries(conn, "policy", [(p, [nums["b"], nums["c"]]) for p in payloads])
+        store.send.append_log_entries(
+            conn, "policy", [(p, [nums["b"], nums["c"]]) for p in payloads]
+        )
     fanout = LogFanout(store, max_bytes=10_000, read_batch=100, min_refresh_interval=0)
     held: list[int] = []
-    real = store.read_client_log
+    real = store.shipping.read_client_log
 
     def watched(client: str, after: int, limit: int, max_bytes: int | None) -> Any:
         rows = real(client, after, limit, max_bytes)
@@ -168,7 +176,7 @@ def test_the_subscriber_delivers_batches_within_its_byte_limit(
     log = ReplicationType.LOG_ENTRY_SYNC
     sizes = [100, 100, 900, 100, 2_000, 100, 100, 100]
     entries = [WireEntry(i + 1, log, bytes(n)) for i, n in enumerate(sizes)]
-    store.apply_log_batch("a", "policy", entries)
+    store.recv.apply_log_batch("a", "policy", entries)
     listener = _Batches()
     with RoutingQueueSubscriber(
         store, "policy", listener, batch_size=500, batch_max_bytes=1_000

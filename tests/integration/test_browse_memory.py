@@ -59,18 +59,18 @@ def run_measured(tmp: Path, cfg: Path, *args: str) -> tuple[object, int]:
 @pytest.fixture
 def big_site(tmp_path: Path, db_url: str, store: SQLAlchemyQueueStore) -> Path:
     """A site whose three queues hold 40 MiB payloads (:data:`COUNTS`)."""
-    nums = store.register_sites(["site-b"])
+    nums = store.sites.register_sites(["site-b"])
     payloads = [bytes([i]) * 16 + os.urandom(SIZE - 16) for i in range(COUNT)]
     for p in payloads:
         with store.write() as conn:
-            store.append_log_entries(conn, "policy", [(p, [nums["site-b"]])])
-    sid = store.request_snapshot(None, "site-b", "policy")
-    store.start_snapshot(sid)
+            store.send.append_log_entries(conn, "policy", [(p, [nums["site-b"]])])
+    sid = store.snapshots.request_snapshot(None, "site-b", "policy")
+    store.snapshots.start_snapshot(sid)
     for i, p in enumerate(payloads[: COUNTS["LRQ_Send_SnapSync"]]):
         with store.write() as conn:
-            store.write_snapshot_entries(conn, sid, i, [p])
+            store.snapshot_entries.write_snapshot_entries(conn, sid, i, [p])
     for i, p in enumerate(payloads[: COUNTS["LRQ_Recv_policy__site-x"]]):
-        store.apply_log_batch(
+        store.recv.apply_log_batch(
             "site-x", "policy", [WireEntry(i + 1, ReplicationType.LOG_ENTRY_SYNC, p)]
         )
     del payloads

@@ -272,7 +272,7 @@ def test_the_receiver_takes_relayed_batches_from_the_current_provider_only(
     sites: Sites,
 ) -> None:
     store: SQLAlchemyQueueStore = sites.store("s4")
-    store.apply_cascade_config("policy", "s1", "leaf", "s3")
+    store.cascade.apply_cascade_config("policy", "s1", "leaf", "s3")
     receiver = Receiver(store, "s4", ["s1", "s2", "s3"])
     with pytest.raises(
         NotProviderError, match=r"^s2 is not the provider of policy here \(s3 is, epoch 1\)$"
@@ -284,18 +284,18 @@ def test_the_receiver_takes_relayed_batches_from_the_current_provider_only(
         receiver.apply("s3", _relayed("s2"))
     with pytest.raises(ProtocolError, match="batch claims source 's1', sender is 's3'"):
         receiver.apply("s3", _relayed("s1", client="other"))  # not cascaded here
-    assert store.list_queues() == []  # nothing of the refused batches was stored
+    assert store.queues.list_queues() == []  # nothing of the refused batches was stored
     relayed = _relayed("s1")
     relayed.entries[0].origin_time = 1234.5
     ack = receiver.apply("s3", relayed)
     assert (ack.last_position, ack.duplicate) == (5, False)
     # What this node relays on carries the origin's time, unchanged.
-    (entry,) = store.read_relay("policy", "s1", 0, 10)
+    (entry,) = store.cascade.read_relay("policy", "s1", 0, 10)
     assert entry.created_at == 1234.5
     batch = wire.log_batch(1, "s1", "policy", [entry], 0, origin_time=True)
     assert batch.entries[0].origin_time == 1234.5
-    assert store.sink_progress("s1", "policy").last_position == 5
-    assert store.sink_progress("s3", "policy").last_position == 0
+    assert store.recv.sink_progress("s1", "policy").last_position == 5
+    assert store.recv.sink_progress("s3", "policy").last_position == 0
     # Negotiation answers a relayed client from the origin's progress.
     response = receiver.negotiate(
         "s3",

@@ -83,11 +83,11 @@ class Node:
         CascadeReporter(self.store, self.config, grpc_sender(self.config, timeout=5.0)).run_once()
 
     def child(self, child_id: str) -> tuple[int, int, float, bool]:
-        (c,) = [c for c in self.store.cascade_children(C) if c.child_id == child_id]
+        (c,) = [c for c in self.store.cascade.cascade_children(C) if c.child_id == child_id]
         return c.epoch, c.local_watermark, c.reported_at, c.dropped
 
     def global_watermark(self) -> int:
-        node = self.store.cascade_node(C)
+        node = self.store.cascade.cascade_node(C)
         assert node is not None
         return node.global_watermark
 
@@ -117,7 +117,7 @@ def cascade(tmp_path: Path, db_url_factory: Callable[[str], str]) -> Iterator[Se
         cascade_cfg = config.cascade(C)
         assert cascade_cfg is not None
         # As `lr server` applies the configuration at its start.
-        store.apply_cascade_config(
+        store.cascade.apply_cascade_config(
             C,
             cascade_cfg.root,
             cascade_cfg.role_of(site).value,
@@ -135,12 +135,12 @@ def cascade(tmp_path: Path, db_url_factory: Callable[[str], str]) -> Iterator[Se
 def originate(store: SQLAlchemyQueueStore, count: int, destinations: Sequence[str]) -> list[int]:
     """The root's application transmits ``count`` entries of C, each in a send-queue slot
     of its own (PostgreSQL trims whole slots); their positions."""
-    nums = store.register_sites(list(destinations))
+    nums = store.sites.register_sites(list(destinations))
     refs = []
     for i in range(count):
         new_slot(store)
         with store.write() as conn:
-            refs += store.append_log_entries(
+            refs += store.send.append_log_entries(
                 conn, C, [(b"e%d" % i, [nums[d] for d in destinations])]
             )
     return positions(store, refs)
@@ -151,7 +151,7 @@ def receive(store: SQLAlchemyQueueStore, first: int, last: int, previous: int = 
     entries = [
         WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"e%d" % p) for p in range(first, last + 1)
     ]
-    store.apply_log_batch("s1", C, entries, previous)
+    store.recv.apply_log_batch("s1", C, entries, previous)
 
 
 class Applies(RoutingQueueListener):
@@ -224,15 +224,15 @@ def test_the_root_trims_only_at_or_below_the_global_watermark(cascade: Set) -> N
     s1 = cascade["s1"]
     p = originate(s1.store, 6, ["s2", "s3"])
     for dest in ("s2", "s3"):
-        s1.store.set_cursor(dest, C, p[-1])  # both children acknowledged everything
-    s1.store.trim()
-    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == p  # watermark 0
-    s1.store.set_global_watermark(C, p[2])
-    s1.store.trim()
-    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == p[3:]
-    s1.store.set_global_watermark(C, p[-1])
-    s1.store.trim()
-    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == []
+        s1.store.shipping.set_cursor(dest, C, p[-1])  # both children acknowledged everything
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == p  # watermark 0
+    s1.store.cascade_reports.set_global_watermark(C, p[2])
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == p[3:]
+    s1.store.cascade_reports.set_global_watermark(C, p[-1])
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == []
 
 
 def test_entries_naming_every_node_of_the_set_are_trimmed_at_the_global_watermark(
@@ -242,54 +242,56 @@ def test_entries_naming_every_node_of_the_set_are_trimmed_at_the_global_watermar
     # The application names every node; the root ships to its children only.
     p = originate(s1.store, 6, ["s2", "s3", "s4"])
     for dest in ("s2", "s3"):
-        s1.store.set_cursor(dest, C, p[-1])
+        s1.store.shipping.set_cursor(dest, C, p[-1])
     assert unconfigured_streams(s1.config, s1.store)[0] == []  # s4 is reached through s3
-    s1.store.set_global_watermark(C, p[3])
-    s1.store.trim()
-    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == p[4:]
-    s1.store.set_global_watermark(C, p[-1])
-    s1.store.trim()
-    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == []
+    s1.store.cascade_reports.set_global_watermark(C, p[3])
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == p[4:]
+    s1.store.cascade_reports.set_global_watermark(C, p[-1])
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == []
 
 
 def test_a_dead_leaf_dropped_by_retention_does_not_pin_the_root(cascade: Set) -> None:
     s1 = cascade["s1"]
     p = originate(s1.store, 6, ["s2", "s3"])
     for dest in ("s2", "s3"):
-        s1.store.set_cursor(dest, C, p[-1])
+        s1.store.shipping.set_cursor(dest, C, p[-1])
     long_ago = time.time() - 10 * s1.config.replication.cascade_grace
-    s1.store.record_cascade_report(C, "s2", 1, p[0], p[0], reported_at=long_ago)  # dead
-    s1.store.record_cascade_report(C, "s3", 1, p[-1], p[-1])
+    s1.store.cascade_reports.record_cascade_report(
+        C, "s2", 1, p[0], p[0], reported_at=long_ago
+    )  # dead
+    s1.store.cascade_reports.record_cascade_report(C, "s3", 1, p[-1], p[-1])
     s1.report()
     assert s1.global_watermark() == p[0]  # not dropped yet: it pins
-    s1.store.trim()
-    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == p[1:]
-    s1.store.drop_stream("s2", C, "over retention.max_entries")  # retention drops it
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == p[1:]
+    s1.store.retention.drop_stream("s2", C, "over retention.max_entries")  # retention drops it
     s1.report()
     assert s1.global_watermark() == p[-1]
-    assert not s1.store.cascade_children(C)[0].dropped  # its stream goes on: a full sync
-    s1.store.trim()
-    assert [e.position for e in s1.store.read_client_log(C, 0, 100)] == []
+    assert not s1.store.cascade.cascade_children(C)[0].dropped  # its stream goes on: a full sync
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == []
 
 
 def test_a_branch_keeps_what_the_set_still_needs(cascade: Set) -> None:
     s3 = cascade["s3"]
     receive(s3.store, 1, 6)
     deliver(s3.store)
-    s3.store.set_cursor("s4", C, 6)  # s4 acknowledged everything s3 relayed
-    s3.store.record_cascade_report(C, "s4", 1, 6, 6)
-    s3.store.set_global_watermark(C, 2)  # a node elsewhere in the set is at 2
+    s3.store.shipping.set_cursor("s4", C, 6)  # s4 acknowledged everything s3 relayed
+    s3.store.cascade_reports.record_cascade_report(C, "s4", 1, 6, 6)
+    s3.store.cascade_reports.set_global_watermark(C, 2)  # a node elsewhere in the set is at 2
     assert branch_floor(s3.store, s3.config, C) == 2
-    s3.store.trim_relay(C, "s1", branch_floor(s3.store, s3.config, C))
-    assert s3.store.relay_resume_floor(C, "s1") == 2
-    assert [e.position for e in s3.store.read_relay(C, "s1", 2, 100)] == [3, 4, 5, 6]
-    s3.store.record_cascade_report(C, "s4", 1, 4, 6)  # a node below s4 is at 4
-    s3.store.set_global_watermark(C, 6)
+    s3.store.cascade.trim_relay(C, "s1", branch_floor(s3.store, s3.config, C))
+    assert s3.store.cascade.relay_resume_floor(C, "s1") == 2
+    assert [e.position for e in s3.store.cascade.read_relay(C, "s1", 2, 100)] == [3, 4, 5, 6]
+    s3.store.cascade_reports.record_cascade_report(C, "s4", 1, 4, 6)  # a node below s4 is at 4
+    s3.store.cascade_reports.set_global_watermark(C, 6)
     assert branch_floor(s3.store, s3.config, C) == 4
-    s3.store.set_global_watermark(C, 6)
-    s3.store.record_cascade_report(C, "s4", 1, 6, 6)
-    s3.store.trim_relay(C, "s1", branch_floor(s3.store, s3.config, C))
-    assert s3.store.relay_resume_floor(C, "s1") == 6
+    s3.store.cascade_reports.set_global_watermark(C, 6)
+    s3.store.cascade_reports.record_cascade_report(C, "s4", 1, 6, 6)
+    s3.store.cascade.trim_relay(C, "s1", branch_floor(s3.store, s3.config, C))
+    assert s3.store.cascade.relay_resume_floor(C, "s1") == 6
     assert branch_floor(cascade["s1"].store, cascade["s1"].config, C) is None  # the root
 
 
@@ -299,15 +301,15 @@ def test_a_branch_with_nothing_below_it_keeps_its_copy_down_to_the_global_waterm
     s2 = cascade["s2"]  # a branch by the set's branches, no node below it
     receive(s2.store, 1, 6)
     deliver(s2.store)
-    assert [e.position for e in s2.store.read_relay(C, "s1", 0, 100)] == [1, 2, 3, 4, 5, 6]
-    s2.store.set_global_watermark(C, 2)  # a node elsewhere in the set is at 2
+    assert [e.position for e in s2.store.cascade.read_relay(C, "s1", 0, 100)] == [1, 2, 3, 4, 5, 6]
+    s2.store.cascade_reports.set_global_watermark(C, 2)  # a node elsewhere in the set is at 2
     assert branch_floor(s2.store, s2.config, C) == 2
-    s2.store.trim_relay(C, "s1", branch_floor(s2.store, s2.config, C))
-    assert s2.store.relay_resume_floor(C, "s1") == 2
-    assert [e.position for e in s2.store.read_relay(C, "s1", 2, 100)] == [3, 4, 5, 6]
-    s2.store.set_global_watermark(C, 6)  # every node has everything: the copy goes
-    s2.store.trim_relay(C, "s1", branch_floor(s2.store, s2.config, C))
-    assert s2.store.relay_resume_floor(C, "s1") == 6
+    s2.store.cascade.trim_relay(C, "s1", branch_floor(s2.store, s2.config, C))
+    assert s2.store.cascade.relay_resume_floor(C, "s1") == 2
+    assert [e.position for e in s2.store.cascade.read_relay(C, "s1", 2, 100)] == [3, 4, 5, 6]
+    s2.store.cascade_reports.set_global_watermark(C, 6)  # every node has everything: the copy goes
+    s2.store.cascade.trim_relay(C, "s1", branch_floor(s2.store, s2.config, C))
+    assert s2.store.cascade.relay_resume_floor(C, "s1") == 6
 
 
 def test_status_shows_role_provider_children_and_watermarks(cascade: Set) -> None:
@@ -319,7 +321,7 @@ def test_status_shows_role_provider_children_and_watermarks(cascade: Set) -> Non
     deliver(s3.store)
     s4.report()
     s3.report()
-    s3.store.set_global_watermark(C, 3)
+    s3.store.cascade_reports.set_global_watermark(C, 3)
     result = CliRunner().invoke(cli, ["status", "--config", str(s3.path), "--json"])
     assert result.exit_code == 0, result.output
     (got,) = json.loads(result.output)["cascades"]
@@ -344,7 +346,7 @@ def test_status_shows_role_provider_children_and_watermarks(cascade: Set) -> Non
         "dropped": False,
         "counts": True,
     }
-    s3.store.mark_child_dropped(C, "s4")
+    s3.store.cascade.mark_child_dropped(C, "s4")
     table = CliRunner().invoke(cli, ["status", "--config", str(s3.path)])
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
@@ -376,7 +378,7 @@ def test_reports_that_are_not_the_callers_own_or_not_of_the_set_are_refused(
 ) -> None:
     s3 = cascade["s3"]
     s3.serve()
-    before = s3.store.cascade_children(C)
+    before = s3.store.cascade.cascade_children(C)
     with pytest.raises(PermissionDeniedError, match="cannot report as 's2'"):
         _call(cascade, "s4", "s3", node_id="s2")
     with pytest.raises(PermissionDeniedError, match="x is not a node"):
@@ -385,7 +387,7 @@ def test_reports_that_are_not_the_callers_own_or_not_of_the_set_are_refused(
         _call(cascade, "s4", "s3", origin_id="s2")
     with pytest.raises(ProtocolError, match="not a cascaded client"):
         _call(cascade, "s4", "s3", client_name="inventory")
-    assert s3.store.cascade_children(C) == before
+    assert s3.store.cascade.cascade_children(C) == before
     assert _call(cascade, "s4", "s3", epoch=5).epoch == 5
     with pytest.raises(ProtocolError, match="epoch 4; s3 has it at epoch 5"):
         _call(cascade, "s4", "s3", epoch=4, local_watermark=9)
@@ -417,15 +419,15 @@ def test_a_switched_node_is_adopted_by_its_new_provider(cascade: Set, to: str) -
         "global_watermark": 0,
         "error": None,
     }
-    node = s4.store.cascade_node(C)
+    node = s4.store.cascade.cascade_node(C)
     assert node is not None and (node.provider_id, node.epoch) == (to, 2)
     assert new.child("s4")[:2] + new.child("s4")[3:] == (2, 5, False)
     # From now on the node reports to its new provider, not to the old one.
-    old_row = s3.store.cascade_children(C)
+    old_row = s3.store.cascade.cascade_children(C)
     receive(s4.store, 6, 8, previous=5)
     s4.report()
     assert new.child("s4")[:2] == (2, 8)
-    assert s3.store.cascade_children(C) == old_row
+    assert s3.store.cascade.cascade_children(C) == old_row
 
 
 def test_a_switch_to_a_provider_that_does_not_answer_is_recorded_and_says_so(
@@ -435,7 +437,7 @@ def test_a_switch_to_a_provider_that_does_not_answer_is_recorded_and_says_so(
     result = switch(s4, "--to", "s1")
     assert result.exit_code == EXIT_FAILED
     assert "s1 did not answer" in result.output
-    node = s4.store.cascade_node(C)
+    node = s4.store.cascade.cascade_node(C)
     assert node is not None and (node.provider_id, node.epoch) == ("s1", 2)
     again = switch(s4, "--to", "s1")
     assert again.exit_code == EXIT_FAILED and "s1 already provides" in again.output
@@ -455,13 +457,13 @@ def test_a_bad_switch_is_a_usage_error_and_changes_nothing(
     cascade: Set, site: str, args: tuple[str, ...], fragment: str
 ) -> None:
     node = cascade[site]
-    before = node.store.cascade_node(C)
+    before = node.store.cascade.cascade_node(C)
     result = CliRunner().invoke(
         cli, ["provider", "switch", "--config", str(node.path), "--client", C, *args]
     )
     assert result.exit_code == EXIT_USAGE
     assert fragment in result.output
-    assert node.store.cascade_node(C) == before
+    assert node.store.cascade.cascade_node(C) == before
 
 
 def test_a_switch_of_a_client_that_is_not_cascaded_is_a_usage_error(cascade: Set) -> None:

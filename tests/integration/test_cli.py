@@ -165,7 +165,7 @@ def test_init_db_creates_and_checks(tmp_path: Path, db_url: str) -> None:
     store = open_store(db_url)
     try:
         store.check_schema()
-        assert {"site-b", "site-c"} <= set(store.site_numbers(refresh=True))
+        assert {"site-b", "site-c"} <= set(store.sites.site_numbers(refresh=True))
     finally:
         store.engine.dispose()
 
@@ -238,17 +238,17 @@ def test_status_per_destination_and_client(site: Path, store: SQLAlchemyQueueSto
         [(b"p1", ["site-b", "site-c"]), (b"p2", ["site-b"]), (b"p3" * 50, ["site-b", "site-c"])],
     )
     transmit(store, "inventory", [(b"i1", ["site-b"]), (b"i2", ["site-b"])])
-    store.set_cursor("site-b", "policy", 1)  # b acked p1
-    snapshot_id = store.request_snapshot(None, "site-c", "policy", "test")
-    assert store.drop_stream("site-b", "inventory", "too slow") is not None
-    store.apply_log_batch(
+    store.shipping.set_cursor("site-b", "policy", 1)  # b acked p1
+    snapshot_id = store.snapshots.request_snapshot(None, "site-c", "policy", "test")
+    assert store.retention.drop_stream("site-b", "inventory", "too slow") is not None
+    store.recv.apply_log_batch(
         "site-x",
         "policy",
         [WireEntry(position=p, type=ReplicationType.LOG_ENTRY_SYNC, payload=b"x") for p in (4, 7)],
     )
     has_sessions = hasattr(store, "save_session_status")
     if has_sessions:
-        store.save_session_status(
+        store.inspection.save_session_status(
             "site-b", "streaming", connected=True, inflight_batches=3, inflight_bytes=4096
         )
 
@@ -305,19 +305,19 @@ def test_status_slow_and_backpressure(
     cfg = write_config(tmp_path, db_url, "\n[retention]\nmax_entries = 4\nsoft_fraction = 0.5\n")
     ok("init-db", "--config", cfg)
     transmit(store, "policy", [(b"x", ["site-b", "site-c"])] * 2)
-    store.set_cursor("site-b", "policy", 2)
+    store.shipping.set_cursor("site-b", "policy", 2)
     send = {(x["destination"], x["client"]): x for x in as_json("status", "--config", cfg)["send"]}
     assert send[("site-c", "policy")]["slow"] is True  # 2 of max 4 entries: at the soft limit
     assert send[("site-b", "policy")]["slow"] is False
     assert {x["state"] for x in send.values()} == {"log entry sync"}
     assert "! slow" in ok("status", "--config", cfg).stdout
     # As the server's retention policy records it: backpressure on for policy, site-c slow.
-    store.set_flow_state("policy", True, ["site-c"])
+    store.retention.set_flow_state("policy", True, ["site-c"])
     send = {(x["destination"], x["client"]): x for x in as_json("status", "--config", cfg)["send"]}
     assert send[("site-c", "policy")]["state"] == "backpressure"
     assert send[("site-b", "policy")]["state"] == "log entry sync"
     assert send[("site-b", "inventory")]["state"] == "log entry sync"
-    store.set_flow_state("policy", False, [])
+    store.retention.set_flow_state("policy", False, [])
     send = {(x["destination"], x["client"]): x for x in as_json("status", "--config", cfg)["send"]}
     assert send[("site-c", "policy")]["state"] == "log entry sync"
 
@@ -340,7 +340,7 @@ def test_browse_send_queue_decoded(site: Path, store: SQLAlchemyQueueStore) -> N
     assert entries[0]["size"] == 13 and entries[0]["preview"] == "hello b and c"
     assert entries[2]["preview"] == "0x00ff"
 
-    store.set_cursor("site-b", "policy", 1)
+    store.shipping.set_cursor("site-b", "policy", 1)
     tagged = as_json(
         "browse", "--config", site, "LRQ_Send_LogEntries", "--tag", "lrq_logentry_site-b"
     )
@@ -364,11 +364,11 @@ def test_browse_send_queue_decoded(site: Path, store: SQLAlchemyQueueStore) -> N
 
 
 def test_browse_snapshot_and_receive_queues(site: Path, store: SQLAlchemyQueueStore) -> None:
-    snapshot_id = store.request_snapshot(None, "site-c", "policy")
-    assert store.start_snapshot(snapshot_id) is not None
+    snapshot_id = store.snapshots.request_snapshot(None, "site-c", "policy")
+    assert store.snapshots.start_snapshot(snapshot_id) is not None
     with store.engine.begin() as conn:
-        store.write_snapshot_entries(conn, snapshot_id, 0, [b"row-1", b"row-2"])
-    assert store.finish_snapshot(snapshot_id) == 2
+        store.snapshot_entries.write_snapshot_entries(conn, snapshot_id, 0, [b"row-1", b"row-2"])
+    assert store.snapshot_entries.finish_snapshot(snapshot_id) == 2
 
     snap = as_json("browse", "--config", site, "LRQ_Send_SnapSync", "--tag", "lrq_snapsync_site-c")
     assert [e["type"] for e in snap] == ["SNAPSHOT_SYNC", "SNAPSHOT_SYNC", "LAST_FULL_SYNC_ENTRY"]
@@ -379,7 +379,7 @@ def test_browse_snapshot_and_receive_queues(site: Path, store: SQLAlchemyQueueSt
         == []
     )
 
-    store.apply_log_batch(
+    store.recv.apply_log_batch(
         "site-x",
         "policy",
         [
@@ -435,7 +435,7 @@ def test_snapshot_request_list_cancel(site: Path, store: SQLAlchemyQueueStore) -
 
     cancelled = ok("snapshot", "cancel", "--config", site, second_id[:10])
     assert second_id in cancelled.stdout
-    got = store.get_snapshot(second_id)
+    got = store.snapshots.get_snapshot(second_id)
     assert got is not None and got.status.value == "cancelled"
 
     again = lr("snapshot", "cancel", "--config", site, second_id)
@@ -458,11 +458,11 @@ def test_snapshot_cancel_for_one_destination_leaves_the_shared_one(
     ]
     cancelled = ok("snapshot", "cancel", "--config", site, shared[:10], "--dest", "site-b")
     assert f"{shared} for site-b" in cancelled.stdout
-    assert store.get_snapshot(shared, "site-b").status.value == "cancelled"  # type: ignore[union-attr]
-    assert store.get_snapshot(shared, "site-c").status.value == "requested"  # type: ignore[union-attr]
+    assert store.snapshots.get_snapshot(shared, "site-b").status.value == "cancelled"  # type: ignore[union-attr]
+    assert store.snapshots.get_snapshot(shared, "site-c").status.value == "requested"  # type: ignore[union-attr]
     again = lr("snapshot", "cancel", "--config", site, shared, "--dest", "site-b")
     assert again.exit_code == EXIT_FAILED and "not open" in again.stderr
-    assert store.get_snapshot(shared).status.value == "requested"  # type: ignore[union-attr]
+    assert store.snapshots.get_snapshot(shared).status.value == "requested"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -479,7 +479,7 @@ def test_snapshot_request_unknown_stream_is_a_usage_error(
     result = lr("snapshot", "request", "--config", site, "-d", dest, "--client", client)
     assert result.exit_code == EXIT_USAGE
     assert word in result.stderr
-    assert store.list_snapshots() == []
+    assert store.snapshots.list_snapshots() == []
 
 
 def test_snapshot_run_builds_the_spark_job_command(site: Path) -> None:
@@ -511,12 +511,12 @@ def test_trim_deletes_what_every_destination_acked(site: Path, store: SQLAlchemy
         store, "policy", [(b"a", ["site-b", "site-c"]), (b"b", ["site-b"]), (b"c", ["site-b"])]
     )
     assert ok("trim", "--config", site).stdout.strip() == "trimmed 0 entries"
-    store.set_cursor("site-b", "policy", 3)
+    store.shipping.set_cursor("site-b", "policy", 3)
     assert ok("trim", "--config", site).stdout.strip() == "trimmed 2 entries"
-    assert store.oldest_position() == 1  # site-c still needs position 1
-    store.set_cursor("site-c", "policy", 1)
+    assert store.shipping.oldest_position() == 1  # site-c still needs position 1
+    store.shipping.set_cursor("site-c", "policy", 1)
     assert ok("trim", "--config", site, "--batch", "1").stdout.strip() == "trimmed 1 entries"
-    assert store.oldest_position() is None
+    assert store.shipping.oldest_position() is None
 
 
 # -- errors ---------------------------------------------------------------------------
@@ -604,9 +604,11 @@ def _received(url: str) -> dict[str, list[bytes]]:
     store = open_store(url)
     try:
         out: dict[str, list[bytes]] = {}
-        for q in store.list_queues():
+        for q in store.queues.list_queues():
             with store.read() as conn:
-                out[q.queue_name] = [e.payload for e in store.read_queue(conn, q.queue_id, 1000)]
+                out[q.queue_name] = [
+                    e.payload for e in store.queues.read_queue(conn, q.queue_id, 1000)
+                ]
         return out
     finally:
         store.engine.dispose()
@@ -683,7 +685,7 @@ def test_snapshot_request_for_a_client_without_provider_is_refused(
     assert result.exit_code == EXIT_USAGE
     assert result.stderr.startswith("lr: error: client 'inventory' has no snapshot provider")
     no_traceback(result)
-    assert store.list_snapshots() == []
+    assert store.snapshots.list_snapshots() == []
 
 
 def test_accept_loss_of_a_stream_that_is_not_stopped_fails(
@@ -692,12 +694,12 @@ def test_accept_loss_of_a_stream_that_is_not_stopped_fails(
     result = lr("accept-loss", "--config", site, "-d", "site-b", "--client", "inventory")
     assert result.exit_code == EXIT_FAILED
     assert result.stderr == "lr: error: stream site-b/inventory is not stopped\n"
-    store.stop_stream("site-b", "inventory", "test loss [/x]", 7)
+    store.retention.stop_stream("site-b", "inventory", "test loss [/x]", 7)
     shown_text = ok("status", "--config", site).stdout
     assert "stopped" in shown_text and "test loss [/x]" in shown_text
     accepted = ok("accept-loss", "--config", site, "-d", "site-b", "--client", "inventory")
     assert "resume after position 7" in accepted.stdout
-    stop = store.get_stream_stop("site-b", "inventory")
+    stop = store.retention.get_stream_stop("site-b", "inventory")
     assert stop is not None and stop.accepted_at is not None
     shown = as_json("status", "--config", site)
     (stream,) = [
@@ -710,7 +712,7 @@ def test_replay_records_a_request_that_status_shows_or_refuses_a_trimmed_positio
     site: Path, store: SQLAlchemyQueueStore
 ) -> None:
     transmit(store, "inventory", [(b"a", ["site-b"]), (b"b", ["site-b"]), (b"c", ["site-b"])])
-    store.set_cursor("site-b", "inventory", 3)
+    store.shipping.set_cursor("site-b", "inventory", 3)
     args = ("replay", "--config", site, "-d", "site-b", "--client", "inventory")
     requested = ok(*args, "--from", "2")
     assert "replay 1 of site-b/inventory from position 2 requested" in requested.stdout
@@ -719,7 +721,7 @@ def test_replay_records_a_request_that_status_shows_or_refuses_a_trimmed_positio
     assert (shown["from_position"], shown["status"]) == (2, "pending")
     past = lr(*args, "--from", "4")
     assert past.exit_code == EXIT_USAGE and "--from" in past.stderr
-    store.set_cursor("site-c", "policy", 3)
+    store.shipping.set_cursor("site-c", "policy", 3)
     ok("trim", "--config", site)
     trimmed = lr(*args, "--from", "2")
     assert trimmed.exit_code == EXIT_FAILED
@@ -733,9 +735,9 @@ def test_members_lists_the_servers_and_changes_a_weight(
 ) -> None:
     assert as_json("members", "--config", site) == []
     assert "no members" in ok("members", "--config", site).stdout
-    store.join_member("a-1", "i1", "127.0.0.1:7443", 1)
-    store.join_member("a-2", "i2", "127.0.0.1:7444", 2)
-    assert store.acquire_unit("stream/site-b/policy", "a-2", "i2", 5.0) is not None
+    store.members.join_member("a-1", "i1", "127.0.0.1:7443", 1)
+    store.members.join_member("a-2", "i2", "127.0.0.1:7444", 2)
+    assert store.members.acquire_unit("stream/site-b/policy", "a-2", "i2", 5.0) is not None
     listed = {m["member_id"]: m for m in as_json("members", "--config", site)}
     assert set(listed) == {"a-1", "a-2"}
     assert listed["a-2"]["address"] == "127.0.0.1:7444" and listed["a-2"]["weight"] == 2
@@ -744,23 +746,23 @@ def test_members_lists_the_servers_and_changes_a_weight(
     text_out = ok("members", "--config", site).stdout
     assert "a-1" in text_out and "alive" in text_out
     assert "weight 0" in ok("members", "weight", "a-2", "0", "--config", site).stdout
-    assert {m.member_id: m.weight for m in store.list_members(5.0)} == {"a-1": 1, "a-2": 0}
+    assert {m.member_id: m.weight for m in store.members.list_members(5.0)} == {"a-1": 1, "a-2": 0}
     # Bad input: a clear error, nothing changed.
     gone = lr("members", "weight", "nobody", "3", "--config", site)
     assert gone.exit_code == EXIT_FAILED and "no member 'nobody'" in gone.stderr
     negative = lr("members", "weight", "a-1", "-1", "--config", site)
     assert negative.exit_code == EXIT_USAGE
-    assert {m.member_id: m.weight for m in store.list_members(5.0)} == {"a-1": 1, "a-2": 0}
+    assert {m.member_id: m.weight for m in store.members.list_members(5.0)} == {"a-1": 1, "a-2": 0}
     assert "removed" in ok("members", "remove", "a-2", "--config", site).stdout
     assert [m["member_id"] for m in as_json("members", "--config", site)] == ["a-1"]
-    assert all(x.owner is None for x in store.list_leases())  # its unit was released
+    assert all(x.owner is None for x in store.members.list_leases())  # its unit was released
 
 
 def test_status_names_each_streams_owner(site: Path, store: SQLAlchemyQueueStore) -> None:
-    store.join_member("a-1", "i1", "", 1)
-    store.join_member("a-2", "i2", "", 1)
-    store.acquire_unit("stream/site-b/policy", "a-1", "i1", 5.0)
-    store.acquire_unit("stream/site-c/policy", "a-2", "i2", 5.0)
+    store.members.join_member("a-1", "i1", "", 1)
+    store.members.join_member("a-2", "i2", "", 1)
+    store.members.acquire_unit("stream/site-b/policy", "a-1", "i1", 5.0)
+    store.members.acquire_unit("stream/site-c/policy", "a-2", "i2", 5.0)
     send = {(s["destination"], s["client"]): s for s in as_json("status", "--config", site)["send"]}
     assert send[("site-b", "policy")]["owner"] == "a-1"
     assert send[("site-c", "policy")]["owner"] == "a-2"

@@ -41,7 +41,7 @@ def in_order(text: str, parts: list[str]) -> None:
 
 def test_browse_shows_payloads_verbatim(site: Path, store: SQLAlchemyQueueStore) -> None:
     transmit(store, "policy", [(m.encode(), ["site-b"]) for m in MARKUP])
-    store.apply_log_batch(
+    store.recv.apply_log_batch(
         "site-x",
         "policy",
         [
@@ -63,7 +63,8 @@ def test_snapshot_list_shows_reasons_verbatim(site: Path, store: SQLAlchemyQueue
     streams = [("site-b", "policy"), ("site-b", "inventory"), ("site-c", "policy")]
     reasons = ["[/x] stalled", "[red]x[/red] failed", "[bold] :smile: asked"]
     ids = [
-        store.request_snapshot(None, d, c, r) for (d, c), r in zip(streams, reasons, strict=True)
+        store.snapshots.request_snapshot(None, d, c, r)
+        for (d, c), r in zip(streams, reasons, strict=True)
     ]
     assert ids[2] == ids[0]  # site-c joined site-b's snapshot of policy: one line each
     text = shown("snapshot", "list", "--config", site)
@@ -77,8 +78,10 @@ def test_status_shows_errors_and_reasons_verbatim(
     store: SQLAlchemyQueueStore,
 ) -> None:
     transmit(store, "inventory", [(b"i1", ["site-b"])])
-    assert store.drop_stream("site-b", "inventory", "[/x] over [red]limit[/red]") is not None
-    store.save_session_status(
+    assert (
+        store.retention.drop_stream("site-b", "inventory", "[/x] over [red]limit[/red]") is not None
+    )
+    store.inspection.save_session_status(
         "site-c",
         "reconnecting",
         connected=False,

@@ -52,7 +52,7 @@ def test_create_schema_from_a_url_or_an_engine_without_a_store(db_url: str) -> N
 @pytest.fixture
 def app(store: QueueStore, make_app: Callable[..., App]) -> App:
     """``client`` in the test's flavour (sync, or async on a driver)."""
-    store.register_sites(["b", "c"])
+    store.sites.register_sites(["b", "c"])
     assert isinstance(store, SQLAlchemyQueueStore)
     return make_app(store, "a", "policy")
 
@@ -71,12 +71,12 @@ def test_request_snapshot_sync_destination_first_warns_nothing(app: App, store: 
         finally:
             tx.close()
     assert caught == []
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and (req.destination, req.reason) == ("b", "rebuild")
     assert in_txn == sid  # c joined b's snapshot, in the caller's transaction
-    committed = store.get_snapshot(in_txn, "c")
+    committed = store.snapshots.get_snapshot(in_txn, "c")
     assert committed is not None and committed.reason == "in my transaction"
-    assert store.get_snapshot(rolled_back) is None
+    assert store.snapshots.get_snapshot(rolled_back) is None
 
 
 def test_request_snapshot_sync_session_first_still_works_with_a_deprecation_warning(
@@ -86,7 +86,7 @@ def test_request_snapshot_sync_session_first_still_works_with_a_deprecation_warn
         sid = client.request_snapshot_sync(None, "b")  # type: ignore[call-overload]
     with Session(store.engine) as s, s.begin(), pytest.warns(DeprecationWarning):
         other = client.request_snapshot_sync(s, "c", "old style")
-    first, second = store.get_snapshot(sid, "b"), store.get_snapshot(other, "c")
+    first, second = store.snapshots.get_snapshot(sid, "b"), store.snapshots.get_snapshot(other, "c")
     assert first is not None and (first.destination, first.reason) == ("b", "application")
     assert second is not None and (second.destination, second.reason) == ("c", "old style")
 

@@ -53,7 +53,7 @@ def read_while_writing(
         cursor = 0
         while True:
             done = stop.is_set()
-            batch = store.read_log_entries("site-b", "policy", cursor, 1000)
+            batch = store.shipping.read_log_entries("site-b", "policy", cursor, 1000)
             seen.extend((e.position, e.payload) for e in batch)
             if batch:
                 cursor = batch[-1].position
@@ -92,7 +92,7 @@ def test_out_of_order_commits_are_never_skipped(
     it), a reader passes the short one's entry, and the long one's entry,
     committed afterwards, is still read: above the reader's cursor.
     """
-    store.register_sites(["site-b"])
+    store.sites.register_sites(["site-b"])
     long_txn = make_app(store).open()
     long_txn.transmit(b"long", ["site-b"])
 
@@ -102,16 +102,16 @@ def test_out_of_order_commits_are_never_skipped(
         with make_app(short_store).transaction() as tx:  # never waits for "long"
             tx.transmit(b"short", ["site-b"])
 
-        first = store.read_log_entries("site-b", "policy", 0, 100)
+        first = store.shipping.read_log_entries("site-b", "policy", 0, 100)
         assert [e.payload for e in first] == [b"short"]
         cursor = first[-1].position
 
         long_txn.commit()
         long_txn.close()
 
-        rest = store.read_log_entries("site-b", "policy", cursor, 100)
+        rest = store.shipping.read_log_entries("site-b", "policy", cursor, 100)
         assert [e.payload for e in rest] == [b"long"]  # not skipped: above the cursor
-        everything = store.read_log_entries("site-b", "policy", 0, 100)
+        everything = store.shipping.read_log_entries("site-b", "policy", 0, 100)
         assert [e.payload for e in everything] == [b"short", b"long"]  # commit order
         assert everything[0].position == cursor < everything[1].position
     finally:
@@ -122,7 +122,7 @@ def test_out_of_order_commits_are_never_skipped(
 def test_many_concurrent_writers_never_skip(
     store: SQLAlchemyQueueStore, make_app: Callable[..., App]
 ) -> None:
-    store.register_sites(["site-b"])
+    store.sites.register_sites(["site-b"])
     app = make_app(store)
     n_threads, per_thread = 6, 40
 
@@ -132,7 +132,7 @@ def test_many_concurrent_writers_never_skip(
                 tx.transmit(b"%d-%d" % (k, i), ["site-b"])
 
     seen = read_while_writing(store, [functools.partial(writer, k) for k in range(n_threads)])
-    everything = store.read_log_entries("site-b", "policy", 0, 10_000)
+    everything = store.shipping.read_log_entries("site-b", "policy", 0, 10_000)
     # The live reader saw every committed entry once, in position order.
     assert seen == [(e.position, e.payload) for e in everything]
     payloads = [e.payload for e in everything]
@@ -164,7 +164,7 @@ def test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order(
     a transaction whose COMMIT returned before another's began comes first.
     """
     app_meta.create_all(store.engine)
-    store.register_sites(["site-b"])
+    store.sites.register_sites(["site-b"])
     app = make_app(store)
     n_writers, per_writer = 5, 24
     txns: list[Txn] = []
@@ -196,7 +196,8 @@ def test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order(
     committed = [t for t in txns if t.committed]
     assert 0 < len(committed) < len(txns)  # both outcomes happened
     everything = [
-        (e.position, e.payload) for e in store.read_log_entries("site-b", "policy", 0, 10_000)
+        (e.position, e.payload)
+        for e in store.shipping.read_log_entries("site-b", "policy", 0, 10_000)
     ]
     assert seen == everything  # the live reader skipped nothing and saw nothing twice
     position = {payload: pos for pos, payload in everything}
@@ -231,7 +232,10 @@ def test_an_idle_transaction_does_not_hold_back_delivery(store: SQLAlchemyQueueS
                 client.transmit_log_entry_message(session, b"%d" % i, ["site-b"])
             sent.append(b"%d" % i)
         got = wait_for(
-            lambda: [e.payload for e in store.read_log_entries("site-b", "policy", 0, 100)] == sent,
+            lambda: (
+                [e.payload for e in store.shipping.read_log_entries("site-b", "policy", 0, 100)]
+                == sent
+            ),
             30,
             what="every entry readable while a transaction stays open",
         )
@@ -290,7 +294,7 @@ def test_transactions_that_conflict_on_a_row_are_delivered_in_commit_order(
     a.close()
     join(t, 60)
     assert errors == []
-    read = store.read_log_entries("site-b", "policy", 0, 10)
+    read = store.shipping.read_log_entries("site-b", "policy", 0, 10)
     assert [e.payload for e in read] == [b"a", b"b"]
     with store.engine.connect() as conn:
         assert conn.execute(select(app_rows.c.note)).scalar_one() == "b"
@@ -303,7 +307,7 @@ def test_savepoints_keep_a_transactions_entries_dense_and_in_order(
     store: SQLAlchemyQueueStore, make_app: Callable[..., App], n: int
 ) -> None:
     """Entries rolled back to a savepoint leave no gap and no stamp of their own."""
-    store.register_sites(["site-b"])
+    store.sites.register_sites(["site-b"])
     app = make_app(store)
 
     def send(tx: Tx, name: str) -> list[EntryRef]:
@@ -320,11 +324,11 @@ def test_savepoints_keep_a_transactions_entries_dense_and_in_order(
             send(tx, "undone-2")
         kept += send(tx, "k2")
     got = app.positions_of(kept)
-    read = store.read_log_entries("site-b", "policy", 0, 10)
+    read = store.shipping.read_log_entries("site-b", "policy", 0, 10)
     expected = [f"{k}.{i}".encode() for k in ("k1", "k2") for i in range(n)]
     assert [(e.position, e.payload) for e in read] == list(zip(got, expected, strict=True))
     assert got == list(range(got[0] or 0, (got[0] or 0) + 2 * n))  # dense: nothing between
-    assert store.head_position() == got[-1]
+    assert store.send.head_position() == got[-1]
 
 
 # -- a property: random interleavings of transactions on several connections ----------------
@@ -333,7 +337,7 @@ def shared_pg_store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
     """One PostgreSQL store for every generated example (each uses a client of its own)."""
     store = open_store(pg_schema.engine())
     store.create_schema()
-    store.register_sites(["site-b"])
+    store.sites.register_sites(["site-b"])
     assert isinstance(store, SQLAlchemyQueueStore)
     yield store
 
@@ -410,7 +414,9 @@ def test_any_interleaving_reads_each_committed_entry_once_in_commit_order(
                 pending[i] = []
             else:
                 while True:
-                    batch = store.read_log_entries("site-b", client_name, cursor, int(step[1]))  # type: ignore[call-overload]
+                    batch = store.shipping.read_log_entries(
+                        "site-b", client_name, cursor, int(step[1])
+                    )  # type: ignore[call-overload]
                     if not batch:
                         break
                     seen.extend(e.payload for e in batch)
@@ -420,9 +426,13 @@ def test_any_interleaving_reads_each_committed_entry_once_in_commit_order(
             if c.in_transaction():
                 c.commit()
                 committed.extend(pending[i])
-        seen.extend(e.payload for e in store.read_log_entries("site-b", client_name, cursor, 1000))
+        seen.extend(
+            e.payload for e in store.shipping.read_log_entries("site-b", client_name, cursor, 1000)
+        )
         assert seen == committed
-        assert store.read_log_entries("site-b", client_name, 0, 1000) != [] or committed == []
+        assert (
+            store.shipping.read_log_entries("site-b", client_name, 0, 1000) != [] or committed == []
+        )
     finally:
         for c in conns:
             c.close()
@@ -443,7 +453,7 @@ def test_transaction_ids_that_went_back_do_not_stop_sequencing(pg_schema: PgSche
     with store.engine.begin() as conn:
         after = client.transmit_log_entry_message(conn, b"after", ["site-b"])
     assert client.positions_of([after]) == [(first or 0) + 1]
-    read = store.read_log_entries("site-b", "policy", 0, 10)
+    read = store.shipping.read_log_entries("site-b", "policy", 0, 10)
     assert [e.payload for e in read] == [b"before", b"after"]
     with store.engine.begin() as conn:  # and the next ticks follow the new snapshot
         later = client.transmit_log_entry_message(conn, b"later", ["site-b"])
@@ -457,4 +467,4 @@ def test_a_search_path_changed_before_commit_still_stamps_the_queue(pg_schema: P
         ref = client.transmit_log_entry_message(conn, b"x", ["site-b"])
         conn.execute(text("SET LOCAL search_path = pg_catalog"))  # the application's own business
     assert client.positions_of([ref]) == [1]
-    assert [e.payload for e in store.read_log_entries("site-b", "policy", 0, 10)] == [b"x"]
+    assert [e.payload for e in store.shipping.read_log_entries("site-b", "policy", 0, 10)] == [b"x"]

@@ -50,7 +50,7 @@ def transmit(store: SQLAlchemyQueueStore, payload: bytes) -> int:
     new_slot(store)
     with store.engine.begin() as conn:
         sender.transmit_log_entry_message(conn, payload, ["b"])
-    return store.head_position()
+    return store.send.head_position()
 
 
 def stopped() -> float | None:

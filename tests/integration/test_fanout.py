@@ -26,19 +26,19 @@ def _key(entries: list[SendEntry]) -> list[tuple[int, str, bytes, float]]:
 
 
 def _transmit(store: SQLAlchemyQueueStore, rng: random.Random, n: int) -> None:
-    nums = store.site_numbers()
+    nums = store.sites.site_numbers()
     with store.write() as conn:
         for _ in range(n):
             client = rng.choice(CLIENTS)
             dests = rng.sample(DESTS, rng.randint(1, len(DESTS)))
             payload = rng.randbytes(rng.randint(1, 300))
-            store.append_log_entries(conn, client, [(payload, [nums[d] for d in dests])])
+            store.send.append_log_entries(conn, client, [(payload, [nums[d] for d in dests])])
 
 
 def _client_log_reads(store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The ``after`` of every ``read_client_log`` of ``store`` from now on, as it happens."""
     calls: list[int] = []
-    real = store.read_client_log
+    real = store.shipping.read_client_log
 
     def counted(client_name: str, after: int, limit: int, max_bytes: int | None) -> LogRange:
         calls.append(after)
@@ -59,7 +59,7 @@ def test_fanout_reads_equal_direct_reads(store: SQLAlchemyQueueStore, seed: int)
     stream behind it.
     """
     rng = random.Random(seed)
-    store.register_sites(DESTS)
+    store.sites.register_sites(DESTS)
     fanout = LogFanout(store, max_entries=7, max_bytes=900, read_batch=3, min_refresh_interval=0)
     streams: list[tuple[str | None, str]] = [(d, c) for d in [*DESTS, None] for c in CLIENTS]
     sent = dict.fromkeys(streams, 0)
@@ -74,15 +74,17 @@ def test_fanout_reads_equal_direct_reads(store: SQLAlchemyQueueStore, seed: int)
             sent[stream] = acked[stream]
             continue
         if op < 0.38:  # a full sync: log entries resume after its base (the head)
-            sent[stream] = acked[stream] = store.head_position()
+            sent[stream] = acked[stream] = store.send.head_position()
             continue
         dest, client = stream
         limit = rng.randint(1, 6)
         max_bytes = rng.choice([None, 200, 700])
         expected = (
-            list(store.read_client_log(client, sent[stream], limit, max_bytes=max_bytes))
+            list(store.shipping.read_client_log(client, sent[stream], limit, max_bytes=max_bytes))
             if dest is None
-            else store.read_log_entries(dest, client, sent[stream], limit, max_bytes=max_bytes)
+            else store.shipping.read_log_entries(
+                dest, client, sent[stream], limit, max_bytes=max_bytes
+            )
         )
         got = fanout.read(dest, client, sent[stream], limit, max_bytes=max_bytes)
         assert _key(got) == _key(expected), (stream, sent[stream], limit, max_bytes)
@@ -96,10 +98,10 @@ def test_fanout_reads_equal_direct_reads(store: SQLAlchemyQueueStore, seed: int)
 def test_one_read_of_the_database_serves_every_destination(
     store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.register_sites(DESTS)
-    nums = store.site_numbers()
+    store.sites.register_sites(DESTS)
+    nums = store.sites.site_numbers()
     with store.write() as conn:
-        store.append_log_entries(
+        store.send.append_log_entries(
             conn, "policy", [(b"x%d" % i, [nums[d] for d in DESTS]) for i in range(50)]
         )
     calls = _client_log_reads(store, monkeypatch)
@@ -118,13 +120,15 @@ def test_the_root_ships_a_cascaded_client_to_its_children_from_one_read(
 ) -> None:
     """A cascaded client goes whole to each child of its root: the root's sessions to the
     children take it from the shared window, read from the database once."""
-    node = store.apply_cascade_config("policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3"))
-    nums = store.register_sites(["s2", "s3"])
+    node = store.cascade.apply_cascade_config(
+        "policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3")
+    )
+    nums = store.sites.register_sites(["s2", "s3"])
     with store.write() as conn:
-        store.append_log_entries(
+        store.send.append_log_entries(
             conn, "policy", [(b"x%d" % i, [nums["s2"], nums["s3"]]) for i in range(40)]
         )
-    head = store.head_position()
+    head = store.send.head_position()
     calls = _client_log_reads(store, monkeypatch)
     fanout = LogFanout(store, min_refresh_interval=3600.0)
     leaves: dict[str, SQLAlchemyQueueStore] = {}
@@ -175,9 +179,9 @@ def test_the_first_read_of_a_client_fills_the_window_whatever_the_refresh_interv
     """The interval between refreshes counts from the last one; before the first there is
     none (it counted from the clock's zero: on a machine up for less than the interval,
     nothing was ever read)."""
-    store.register_sites(DESTS)
-    nums = store.site_numbers()
+    store.sites.register_sites(DESTS)
+    nums = store.sites.site_numbers()
     with store.write() as conn:
-        store.append_log_entries(conn, "policy", [(b"x%d" % i, [nums["b"]]) for i in range(3)])
+        store.send.append_log_entries(conn, "policy", [(b"x%d" % i, [nums["b"]]) for i in range(3)])
     fanout = LogFanout(store, min_refresh_interval=1e12)
     assert [e.payload for e in fanout.read("b", "policy", 0, 10)] == [b"x0", b"x1", b"x2"]

@@ -190,14 +190,14 @@ def test_wait_mode_waits_then_raises(store: SQLAlchemyQueueStore) -> None:
         flow_check_interval=0.05,
     )
     client.register_destinations(["b"])
-    store.set_flow_state("policy", True, ["b"])
+    store.retention.set_flow_state("policy", True, ["b"])
     with pytest.raises(BackpressureError), store.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"x", ["b"])
-    assert store.backlog("b", "policy").entries == 0
-    store.set_flow_state("policy", False, [])
+    assert store.shipping.backlog("b", "policy").entries == 0
+    store.retention.set_flow_state("policy", False, [])
     with store.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"x", ["b"])
-    assert store.backlog("b", "policy").entries == 1
+    assert store.shipping.backlog("b", "policy").entries == 1
 
 
 def test_raise_mode_rechecks_a_cached_on_before_refusing(store: SQLAlchemyQueueStore) -> None:
@@ -205,14 +205,14 @@ def test_raise_mode_rechecks_a_cached_on_before_refusing(store: SQLAlchemyQueueS
         store, source_id="a", client_name="policy", backpressure="raise", flow_check_interval=3600
     )
     client.register_destinations(["b"])
-    store.set_flow_state("policy", True, ["b"])
+    store.retention.set_flow_state("policy", True, ["b"])
     with pytest.raises(BackpressureError), store.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"x", ["b"])
     # Lifted in the store: the next call must see it, though its cache is an hour long.
-    store.set_flow_state("policy", False, [])
+    store.retention.set_flow_state("policy", False, [])
     with store.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"x", ["b"])
-    assert store.backlog("b", "policy").entries == 1
+    assert store.shipping.backlog("b", "policy").entries == 1
 
 
 def test_backpressure_settings_are_checked(store: SQLAlchemyQueueStore) -> None:

@@ -41,11 +41,11 @@ def test_a_head_read_fetches_its_batch_not_the_whole_queue(
     snap = ReplicationType.SNAPSHOT_SYNC
     for first in range(1, ENTRIES + 1, 5000):
         batch = [WireEntry(p, snap, b"x" * 100, "s1") for p in range(first, first + 5000)]
-        pg_store.apply_snapshot_batch("a", "policy", "s1", batch)
-    (queue,) = pg_store.list_queues("policy")
+        pg_store.recv.apply_snapshot_batch("a", "policy", "s1", batch)
+    (queue,) = pg_store.queues.list_queues("policy")
     with pg_store.write() as conn:
         before = int(conn.execute(FETCHED).scalar_one())
-        head = pg_store.read_head(conn, queue.queue_id, BATCH, 4 * 1024 * 1024)
+        head = pg_store.heads.read_head(conn, queue.queue_id, BATCH, 4 * 1024 * 1024)
         fetched = int(conn.execute(FETCHED).scalar_one()) - before
         sort = conn.execute(text("SHOW enable_sort")).scalar_one()
     assert [e.source_position for e in head] == list(range(1, BATCH + 1))

@@ -30,13 +30,13 @@ HEADERS = {"content-type": "application/json", "schema": "orders.v2", "note": "c
 def stored(store: SQLAlchemyQueueStore, dest: str = "site-b") -> list[tuple[bytes, dict[str, str]]]:
     return [
         (e.payload, dict(decode_headers(e.headers)))
-        for e in store.read_log_entries(dest, "policy", 0, 100)
+        for e in store.shipping.read_log_entries(dest, "policy", 0, 100)
     ]
 
 
 @pytest.fixture
 def app(store: SQLAlchemyQueueStore, make_app: Callable[..., App]) -> App:
-    store.register_sites(["site-b"])
+    store.sites.register_sites(["site-b"])
     return make_app(store)
 
 
@@ -61,7 +61,7 @@ def test_headers_are_stored_once_with_their_entry(app: App) -> None:
         (b"5", {}),
         (b"6", {"b": ""}),
     ]
-    log = app.store.read_client_log("policy", 0, 100)
+    log = app.store.shipping.read_client_log("policy", 0, 100)
     assert [e.headers is None for e in log] == [False, True, True, False, True, False]
 
 

@@ -101,8 +101,8 @@ def test_start_and_end_are_told_the_base_even_when_only_the_end_carries_it(
     store: SQLAlchemyQueueStore, subs: list[RoutingQueueSubscriber]
 ) -> None:
     """Complete delivery: the end is queued before the start is delivered, and it has the base."""
-    store.apply_snapshot_batch("a", CLIENT, "s1", snapshot("s1", 3, 17, on_entries=False))
-    store.apply_log_batch("a", CLIENT, [WireEntry(18, ReplicationType.LOG_ENTRY_SYNC, b"l")])
+    store.recv.apply_snapshot_batch("a", CLIENT, "s1", snapshot("s1", 3, 17, on_entries=False))
+    store.recv.apply_log_batch("a", CLIENT, [WireEntry(18, ReplicationType.LOG_ENTRY_SYNC, b"l")])
     listener = NewStyle()
     assert _sub(store, subs, listener, batch_size=2).poll_once() == 4
     assert listener.events == [
@@ -118,12 +118,12 @@ def test_streaming_delivery_tells_the_start_the_base_its_entries_carry(
     store: SQLAlchemyQueueStore, subs: list[RoutingQueueSubscriber]
 ) -> None:
     whole = snapshot("s1", 3, 40, on_entries=True)
-    store.apply_snapshot_batch("a", CLIENT, "s1", whole[:2])  # the end has not arrived
+    store.recv.apply_snapshot_batch("a", CLIENT, "s1", whole[:2])  # the end has not arrived
     listener = NewStyle()
     sub = _sub(store, subs, listener, snapshot_delivery="streaming")
     assert sub.poll_once() == 2
     assert listener.events == [("start", "s1", 40), ("rows", "a", (1, 2))]
-    store.apply_snapshot_batch("a", CLIENT, "s1", whole[2:])
+    store.recv.apply_snapshot_batch("a", CLIENT, "s1", whole[2:])
     assert sub.poll_once() == 1
     assert listener.events[2:] == [("rows", "a", (3,)), ("end", "s1", 40)]
 
@@ -132,12 +132,12 @@ def test_streaming_from_an_older_source_starts_without_a_base_and_ends_with_it(
     store: SQLAlchemyQueueStore, subs: list[RoutingQueueSubscriber]
 ) -> None:
     whole = snapshot("s1", 2, 40, on_entries=False)
-    store.apply_snapshot_batch("a", CLIENT, "s1", whole[:1])
+    store.recv.apply_snapshot_batch("a", CLIENT, "s1", whole[:1])
     listener = NewStyle()
     sub = _sub(store, subs, listener, snapshot_delivery="streaming")
     assert sub.poll_once() == 1
     assert listener.events == [("start", "s1", None), ("rows", "a", (1,))]  # not known yet
-    store.apply_snapshot_batch("a", CLIENT, "s1", whole[1:])
+    store.recv.apply_snapshot_batch("a", CLIENT, "s1", whole[1:])
     assert sub.poll_once() == 1
     assert listener.events[-1] == ("end", "s1", 40)
 
@@ -145,7 +145,7 @@ def test_streaming_from_an_older_source_starts_without_a_base_and_ends_with_it(
 def test_a_snapshot_based_at_zero_is_told_zero(
     store: SQLAlchemyQueueStore, subs: list[RoutingQueueSubscriber]
 ) -> None:
-    store.apply_snapshot_batch("a", CLIENT, "s0", snapshot("s0", 0, 0, on_entries=True))
+    store.recv.apply_snapshot_batch("a", CLIENT, "s0", snapshot("s0", 0, 0, on_entries=True))
     listener = NewStyle()
     assert _sub(store, subs, listener).poll_once() == 0
     assert listener.events == [("start", "s0", 0), ("end", "s0", 0)]
@@ -154,7 +154,7 @@ def test_a_snapshot_based_at_zero_is_told_zero(
 def test_a_listener_with_the_older_signature_is_called_as_before(
     store: SQLAlchemyQueueStore, subs: list[RoutingQueueSubscriber]
 ) -> None:
-    store.apply_snapshot_batch("a", CLIENT, "s1", snapshot("s1", 2, 9, on_entries=True))
+    store.recv.apply_snapshot_batch("a", CLIENT, "s1", snapshot("s1", 2, 9, on_entries=True))
     listener = OldStyle()
     assert _sub(store, subs, listener).poll_once() == 2
     assert listener.events == [("start", "s1", "old"), ("rows", "a", (1, 2)), ("end", "s1", "old")]
@@ -163,7 +163,7 @@ def test_a_listener_with_the_older_signature_is_called_as_before(
 def test_a_listener_taking_keywords_gets_the_base_by_name(
     store: SQLAlchemyQueueStore, subs: list[RoutingQueueSubscriber]
 ) -> None:
-    store.apply_snapshot_batch("a", CLIENT, "s1", snapshot("s1", 1, 5, on_entries=True))
+    store.recv.apply_snapshot_batch("a", CLIENT, "s1", snapshot("s1", 1, 5, on_entries=True))
     listener = Keywords()
     assert _sub(store, subs, listener).poll_once() == 1
     assert listener.events == [("start", "s1", {"base_position": 5}), ("rows", "a", (1,))]

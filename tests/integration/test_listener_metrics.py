@@ -51,7 +51,7 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 def test_batches_by_outcome_entries_and_apply_time(store: SQLAlchemyQueueStore) -> None:
-    store.apply_log_batch(
+    store.recv.apply_log_batch(
         "site-a", "policy", [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"x") for p in (1, 2, 3)]
     )
     registry = CollectorRegistry()

@@ -101,7 +101,7 @@ def test_two_members_never_ship_one_unit_at_once(pg_store: SQLAlchemyQueueStore)
             decided = time.monotonic()
             n += 1
             try:
-                pg_store.set_cursor("b", "policy", n, fence=fence)
+                pg_store.shipping.set_cursor("b", "policy", n, fence=fence)
             except FencedError:
                 with lock:
                     refused[0] += 1
@@ -157,8 +157,8 @@ def _member_config(tmp_path: Path, sites: Sites, member: str) -> SiteServer:
 
 
 def _owners(store: SQLAlchemyQueueStore) -> dict[str, str | None]:
-    live = {m.instance: m.member_id for m in store.list_members(3.0) if m.alive}
-    return {x.unit: live.get(x.owner or "") for x in store.list_leases()}
+    live = {m.instance: m.member_id for m in store.members.list_members(3.0) if m.alive}
+    return {x.unit: live.get(x.owner or "") for x in store.members.list_leases()}
 
 
 def test_two_servers_of_a_site_share_its_units_and_deliver_each_entry_once(
@@ -171,7 +171,7 @@ def test_two_servers_of_a_site_share_its_units_and_deliver_each_entry_once(
     store = open_store(sites.url("a"))
     assert isinstance(store, SQLAlchemyQueueStore)
     store.create_schema()
-    store.register_sites(["b"])
+    store.sites.register_sites(["b"])
     clients = {c: RoutingQueueClient(store, "a", c) for c in ("policy", "inventory")}
     sink = sites.store("b")
     try:
@@ -210,11 +210,11 @@ def test_two_servers_of_a_site_share_its_units_and_deliver_each_entry_once(
             what="first entries at the sink",
         )
         # Drain a-1: its units go to a-2 (and only its units move).
-        store.set_member_weight("a-1", 0)
+        store.members.set_member_weight("a-1", 0)
         wait_for(lambda: set(_owners(store).values()) == {"a-2"}, scaled(30), what="a-1 drained")
         send("y", 20)
         # a-2 stops cleanly: its leases are released, a-1 takes the units at once (weight 1).
-        store.set_member_weight("a-1", 1)
+        store.members.set_member_weight("a-1", 1)
         two.stop()
         stopped = time.monotonic()
         wait_for(lambda: set(_owners(store).values()) == {"a-1"}, scaled(30), what="a-1 owns all")
@@ -274,7 +274,7 @@ def test_two_receivers_of_one_sink_apply_each_batch_once(db_url: str) -> None:
     def receive(store: QueueStore) -> None:
         try:
             for batch in batches:
-                store.apply_log_batch("a", "policy", batch, batch[0].position - 1)
+                store.recv.apply_log_batch("a", "policy", batch, batch[0].position - 1)
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -285,9 +285,11 @@ def test_two_receivers_of_one_sink_apply_each_batch_once(db_url: str) -> None:
         t.join(scaled(60))
     try:
         assert not errors, errors
-        (queue,) = stores[0].list_queues("policy")
+        (queue,) = stores[0].queues.list_queues("policy")
         with stores[0].read() as conn:
-            got = [e.source_position for e in stores[0].read_queue(conn, queue.queue_id, 1000)]
+            got = [
+                e.source_position for e in stores[0].queues.read_queue(conn, queue.queue_id, 1000)
+            ]
         assert got == list(range(1, 301))  # each once, in order
     finally:
         for s in stores:
@@ -331,7 +333,7 @@ def test_a_member_cut_from_the_database_stops_and_the_other_takes_over(
         heartbeat_interval=0.1,
     )
     m1.join()
-    pg_store.set_member_weight("m1", 5)  # m1 wins both units while it lives
+    pg_store.members.set_member_weight("m1", 5)  # m1 wins both units while it lives
     m2.join()
     threads = [
         threading.Thread(target=f, args=(stop,), daemon=True)
@@ -350,7 +352,7 @@ def test_a_member_cut_from_the_database_stops_and_the_other_takes_over(
         taken = time.monotonic() - cut_at
         print(f"cut: m1 stopped after {stopped:.2f} s, m2 owned its units after {taken:.2f} s")
         assert stopped < taken  # never both
-        old = pg_store.list_leases()
+        old = pg_store.members.list_leases()
         assert {x.member_id for x in old} == {"m2"}
     finally:
         stop.set()
@@ -374,7 +376,7 @@ def test_a_second_server_with_a_running_members_id_takes_it_over(
     assert not old.heartbeat()  # it finds itself replaced and stops its work
     assert held["old"] == {}
     with pytest.raises(FencedError):
-        pg_store.set_cursor("b", "policy", 1, fence=first)
+        pg_store.shipping.set_cursor("b", "policy", 1, fence=first)
     new.leave()
 
 
@@ -413,7 +415,7 @@ def test_a_steady_round_writes_no_lease(
     held = dict(member.fences)
     assert set(held) == set(units)
     taken: list[str] = []
-    acquire = pg_store.acquire_unit
+    acquire = pg_store.members.acquire_unit
 
     def counted(unit: str, *args: object) -> Fence | None:
         taken.append(unit)
@@ -424,9 +426,11 @@ def test_a_steady_round_writes_no_lease(
     assert taken == [] and member.fences == held
     other = Membership(pg_store, "m2", [], lambda f: None, weight=0)  # places nothing
     other.join()
-    pg_store.remove_member("m1")  # an operator's clean-up: its leases are free ...
-    assert pg_store.acquire_unit(units[0], "m2", other.instance, 5.0) is not None  # ... taken
-    pg_store.join_member("m1", member.instance, "", 1)
+    pg_store.members.remove_member("m1")  # an operator's clean-up: its leases are free ...
+    assert (
+        pg_store.members.acquire_unit(units[0], "m2", other.instance, 5.0) is not None
+    )  # ... taken
+    pg_store.members.join_member("m1", member.instance, "", 1)
     taken.clear()
     member.round()  # none is held any more: each asked for, and m2 keeps the one it took
     assert sorted(taken) == sorted(units) and set(member.fences) == set(units[1:])

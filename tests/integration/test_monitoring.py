@@ -333,9 +333,9 @@ def test_retention_sets_the_backpressure_gauge_of_each_client(
 
     assert policy.run_once().backpressure == {"policy": True}  # b and c both slow
     assert gauge() == 1.0
-    head = store.head_position()
-    store.set_cursor("b", "policy", head)
-    store.set_cursor("c", "policy", head)
+    head = store.send.head_position()
+    store.shipping.set_cursor("b", "policy", head)
+    store.shipping.set_cursor("c", "policy", head)
     assert policy.run_once().backpressure == {"policy": False}
     assert gauge() == 0.0
 

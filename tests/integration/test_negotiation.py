@@ -359,29 +359,29 @@ def test_trim_marks_follow_each_destination(store: SQLAlchemyQueueStore) -> None
         new_slot(store)  # PostgreSQL: each apart, so a trim retires entry by entry
         with store.engine.begin() as conn:
             client.transmit_log_entry_message(conn, b"x", dests)
-    store.set_cursor("b", "policy", 4)
-    store.set_cursor("c", "policy", 2)
-    assert store.trim() == 3  # 1, 2 and 4 (3 and 5 wait for c)
-    assert store.trimmed_through("b", "policy") == 4
-    assert store.trimmed_through("c", "policy") == 2
-    assert store.trimmed_through("b", "other") == 0
-    store.set_cursor("c", "policy", 5)
-    assert store.trim() == 2
-    assert store.trimmed_through("c", "policy") == 5
-    assert store.trimmed_through("b", "policy") == 4
+    store.shipping.set_cursor("b", "policy", 4)
+    store.shipping.set_cursor("c", "policy", 2)
+    assert store.retention.trim() == 3  # 1, 2 and 4 (3 and 5 wait for c)
+    assert store.retention.trimmed_through("b", "policy") == 4
+    assert store.retention.trimmed_through("c", "policy") == 2
+    assert store.retention.trimmed_through("b", "other") == 0
+    store.shipping.set_cursor("c", "policy", 5)
+    assert store.retention.trim() == 2
+    assert store.retention.trimmed_through("c", "policy") == 5
+    assert store.retention.trimmed_through("b", "policy") == 4
 
 
 def test_a_drop_notice_is_queued_once_and_moves_a_sink_back(store: SQLAlchemyQueueStore) -> None:
     from lr_client.records import ReplicationType, WireEntry
 
     entries = [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"x") for p in (3, 9, 12)]
-    store.apply_log_batch("a", "policy", entries, 0)
-    assert store.apply_drop_notice("a", "policy", "d1", 10, "why") is True
-    assert store.sink_progress("a", "policy").last_position == 9
-    assert store.apply_drop_notice("a", "policy", "d1", 10, "why") is False  # a re-send
-    (queue,) = store.list_queues("policy")
+    store.recv.apply_log_batch("a", "policy", entries, 0)
+    assert store.recv.apply_drop_notice("a", "policy", "d1", 10, "why") is True
+    assert store.recv.sink_progress("a", "policy").last_position == 9
+    assert store.recv.apply_drop_notice("a", "policy", "d1", 10, "why") is False  # a re-send
+    (queue,) = store.queues.list_queues("policy")
     with store.read() as conn:
-        queued = store.read_queue(conn, queue.queue_id, 10)
+        queued = store.queues.read_queue(conn, queue.queue_id, 10)
     assert [(e.type, e.source_position) for e in queued] == [
         (ReplicationType.LOG_ENTRY_SYNC, 3),
         (ReplicationType.LOG_ENTRY_SYNC, 9),
@@ -390,9 +390,9 @@ def test_a_drop_notice_is_queued_once_and_moves_a_sink_back(store: SQLAlchemyQue
     ]
     assert queued[-1].payload == b"why" and queued[-1].snapshot_id == "d1"
     # Behind the notice's position already: the sink's position stays.
-    assert store.apply_drop_notice("a", "policy", "d2", 20, "again") is True
-    assert store.sink_progress("a", "policy").last_position == 9
-    (notice,) = store.list_sink_drops()
+    assert store.recv.apply_drop_notice("a", "policy", "d2", 20, "again") is True
+    assert store.recv.sink_progress("a", "policy").last_position == 9
+    (notice,) = store.recv.list_sink_drops()
     assert (notice.notice_id, notice.first_dropped_position) == ("d2", 20)
 
 
@@ -417,11 +417,11 @@ def test_the_receiver_checks_drop_notices(store: SQLAlchemyQueueStore) -> None:
     for bad in (notice("d1", "LOG_ENTRY_SYNC"), notice("d1", n=2), notice("not-alnum")):
         with pytest.raises(ProtocolError):
             receiver.apply("a", bad)
-    assert store.list_sink_drops() == []
+    assert store.recv.list_sink_drops() == []
     assert receiver.apply("a", notice("d1")).duplicate is False
     assert receiver.apply("a", notice("d1")).duplicate is True
-    (queue,) = store.list_queues("policy")
-    assert store.queue_depth(queue.queue_id) == 1
+    (queue,) = store.queues.list_queues("policy")
+    assert store.queues.queue_depth(queue.queue_id) == 1
 
 
 @pytest.mark.parametrize("action", ["sink made whole", "provider configured"])
@@ -559,12 +559,12 @@ def test_a_cursor_lowered_during_a_trim_waits_for_its_trim_marks(
     with store.engine.begin() as conn:
         refs = [client.transmit_log_entry_message(conn, b"x", ["b"]) for _ in range(5)]
     assert client.positions_of(refs) == [1, 2, 3, 4, 5]
-    store.set_cursor("b", "policy", 5)
+    store.shipping.set_cursor("b", "policy", 5)
     marks: list[int] = []
 
     def session_replays_after_2() -> None:
-        store.set_cursor("b", "policy", 2)
-        marks.append(store.trimmed_through("b", "policy"))
+        store.shipping.set_cursor("b", "policy", 2)
+        marks.append(store.retention.trimmed_through("b", "policy"))
 
     def trim_in(conn: Connection) -> int:
         """The trim's own transaction, left open: how many entries it retires."""

@@ -15,7 +15,7 @@ __all__ = ["site"]  # the fixture
 
 def test_parked_list_show_retry_discard(site: Path, store: SQLAlchemyQueueStore) -> None:
     Base.metadata.create_all(store.engine)
-    store.apply_log_batch("site-x", CLIENT, entries(1, 4, lambda p: b"k" if p >= 2 else None))
+    store.recv.apply_log_batch("site-x", CLIENT, entries(1, 4, lambda p: b"k" if p >= 2 else None))
     listener = Poisoned({2, 4})
     policy = FailurePolicy("park", max_attempts=1)
     with RoutingQueueSubscriber(store, CLIENT, listener, failure_policy=policy) as sub:
@@ -63,15 +63,15 @@ def test_status_shows_blocked_queues_and_parked_counts(
     site: Path, store: SQLAlchemyQueueStore
 ) -> None:
     Base.metadata.create_all(store.engine)
-    store.apply_log_batch("site-x", CLIENT, entries(1, 3))
-    store.apply_log_batch("site-y", CLIENT, entries(11, 2))
+    store.recv.apply_log_batch("site-x", CLIENT, entries(1, 3))
+    store.recv.apply_log_batch("site-y", CLIENT, entries(11, 2))
     park = FailurePolicy("park", max_attempts=1)
     with RoutingQueueSubscriber(store, CLIENT, Poisoned({2}), failure_policy=park) as sub:
         sub.poll_once()
     report = as_json("status", "--config", site)
     assert report["parked_entries"] == [{"client": CLIENT, "source": "site-x", "entries": 1}]
     assert report["blocked_queues"] == []
-    store.apply_log_batch("site-x", CLIENT, entries(4, 1))
+    store.recv.apply_log_batch("site-x", CLIENT, entries(4, 1))
     block = FailurePolicy("block", max_attempts=1)
     with RoutingQueueSubscriber(store, CLIENT, Poisoned({4}), failure_policy=block) as sub:
         sub.poll_once()

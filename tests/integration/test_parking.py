@@ -134,10 +134,10 @@ def drain(sub: RoutingQueueSubscriber, done: Callable[[], bool]) -> None:
 def test_a_poison_entry_among_1000_is_parked_alone_and_the_others_applied_once(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, entries(1, 1000))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 1000))
     listener = Poisoned({437})
     sub = make_sub(listener, batch_size=500)
-    drain(sub, lambda: sum(app_store.queue_depths().values()) == 0)
+    drain(sub, lambda: sum(app_store.inspection.queue_depths().values()) == 0)
     positions = [p for p, _ in applied(app_store)]
     assert positions == [p for p in range(1, 1001) if p != 437]
     assert parked_rows(app_store) == [(437, "parked")]
@@ -154,7 +154,7 @@ def test_a_poison_entry_among_1000_is_parked_alone_and_the_others_applied_once(
 def test_block_policy_delivers_nothing_after_the_failing_entry_and_records_it(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, entries(1, 20))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 20))
     listener = Poisoned({5})
     sub = make_sub(listener, batch_size=4, failure_policy=FailurePolicy("block", 3))
 
@@ -183,13 +183,15 @@ def test_later_entries_of_a_parked_key_are_held_until_retried_other_keys_flow(
     make_sub: Callable[..., RoutingQueueSubscriber],
     partitions: int,
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, entries(1, 40, _key))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 40, _key))
     listener = Poisoned({10})
     sub = make_sub(listener, batch_size=8, partitions=partitions)
     others = [(p, _key(p).decode()) for p in range(1, 41) if _key(p) != b"bad"]
 
     def settled() -> bool:
-        return sum(app_store.queue_depths().values()) == 0 and len(applied(app_store)) == 33
+        return (
+            sum(app_store.inspection.queue_depths().values()) == 0 and len(applied(app_store)) == 33
+        )
 
     drain(sub, settled)
     got = applied(app_store)
@@ -202,7 +204,7 @@ def test_later_entries_of_a_parked_key_are_held_until_retried_other_keys_flow(
         (p, "parked" if p == 10 else "held") for p in (10, 15, 20, 25, 30, 35, 40)
     ]
     # More of the key arrive: held too, in order.
-    app_store.apply_log_batch("src-a", CLIENT, entries(41, 5, lambda p: b"bad"))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(41, 5, lambda p: b"bad"))
     drain(sub, lambda: len(parked_rows(app_store)) == 12)
     # Fixed, then retried: the parked entry and all held behind it, in order, once.
     listener.poison.clear()
@@ -213,7 +215,7 @@ def test_later_entries_of_a_parked_key_are_held_until_retried_other_keys_flow(
     assert bad == [5, 10, 15, 20, 25, 30, 35, 40, 41, 42, 43, 44, 45]
     assert {st for _, st in parked_rows(app_store)} == {"retried"}
     # Later entries of the key flow again.
-    app_store.apply_log_batch("src-a", CLIENT, entries(46, 1, lambda p: b"bad"))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(46, 1, lambda p: b"bad"))
     drain(sub, lambda: applied(app_store)[-1] == (46, "bad"))
     assert len(parked_rows(app_store)) == 12
 
@@ -221,7 +223,7 @@ def test_later_entries_of_a_parked_key_are_held_until_retried_other_keys_flow(
 def test_a_discarded_entry_is_kept_with_who_and_when_and_its_held_entries_flow(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, entries(1, 6, lambda p: b"x"))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 6, lambda p: b"x"))
     listener = Poisoned({2})
     sub = make_sub(listener, batch_size=10)
     drain(sub, lambda: len(parked_rows(app_store)) == 5)
@@ -244,7 +246,7 @@ def test_a_discarded_entry_is_kept_with_who_and_when_and_its_held_entries_flow(
 def test_an_entry_retried_that_fails_again_is_parked_again(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 3))
     sub = make_sub(Poisoned({2}), batch_size=10)
     drain(sub, lambda: len(parked_rows(app_store)) == 1)
     (head,) = admin.list_parked(app_store)
@@ -258,8 +260,8 @@ def test_an_entry_retried_that_fails_again_is_parked_again(
 def test_an_entry_the_delivery_cannot_read_blocks_whatever_the_policy(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, entries(1, 2))
-    qid = app_store.list_queues(CLIENT)[0].queue_id
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 2))
+    qid = app_store.queues.list_queues(CLIENT)[0].queue_id
     with app_store.write() as conn:  # an entry of no type, behind the receiver's back
         row = {"queue_id": qid, "type": int(ReplicationType.NONE), "source_position": 3}
         row |= {"snapshot_id": "", "snapshot_count": 0, "payload": b"?", "received_at": 0.0}
@@ -291,8 +293,8 @@ def _gauges(store: SQLAlchemyQueueStore) -> dict[tuple[str, str], float]:
 def test_the_sinks_metrics_count_parked_entries_and_blocked_queues(
     app_store: SQLAlchemyQueueStore,
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, entries(1, 4, lambda p: b"k"))
-    app_store.apply_log_batch("src-b", CLIENT, entries(11, 1))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 4, lambda p: b"k"))
+    app_store.recv.apply_log_batch("src-b", CLIENT, entries(11, 1))
     assert _gauges(app_store) == {
         ("lr_parked_entries", "src-a"): 0,
         ("lr_parked_entries", "src-b"): 0,
@@ -303,7 +305,7 @@ def test_the_sinks_metrics_count_parked_entries_and_blocked_queues(
     with parking:
         drain(parking, lambda: len(parked_rows(app_store)) == 3)  # 2 parked, 3 and 4 held
     assert _gauges(app_store)[("lr_parked_entries", "src-a")] == 3
-    app_store.apply_log_batch("src-b", CLIENT, entries(12, 1))
+    app_store.recv.apply_log_batch("src-b", CLIENT, entries(12, 1))
     block = FailurePolicy("block", 1)
     with RoutingQueueSubscriber(app_store, CLIENT, Poisoned({12}), failure_policy=block) as sub:
         drain(sub, lambda: _gauges(app_store)[("lr_blocked_queues", "src-b")] == 1)
@@ -327,8 +329,8 @@ def test_a_failing_full_sync_blocks_under_the_park_policy(
     sid = "s1"
     rows = [WireEntry(i, ReplicationType.SNAPSHOT_SYNC, b"s", snapshot_id=sid) for i in (1, 2)]
     end = WireEntry(3, ReplicationType.LAST_FULL_SYNC_ENTRY, b"", snapshot_id=sid, snapshot_count=2)
-    app_store.apply_snapshot_batch("src-a", CLIENT, sid, [*rows, end])
-    app_store.apply_log_batch("src-a", CLIENT, entries(4, 2))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, sid, [*rows, end])
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(4, 2))
     sub = make_sub(FailingSnapshot(set()), batch_size=10)
     drain(sub, lambda: bool(admin.blocked_queues(app_store)))
     assert parked_rows(app_store) == [] and applied(app_store) == []
@@ -341,7 +343,7 @@ def test_block_policy_with_partitions_blocks_the_failing_partition_only(
     def key(p: int) -> bytes:
         return b"k%d" % (p % 3)
 
-    app_store.apply_log_batch("src-a", CLIENT, entries(1, 30, key))
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 30, key))
     listener = Poisoned({5})
     block = FailurePolicy("block", 2)
     sub = make_sub(listener, batch_size=4, partitions=3, failure_policy=block)
@@ -387,7 +389,7 @@ def test_a_parked_sealed_entry_keeps_its_ciphertext_and_headers_and_is_opened_on
         )
         for p in (1, 2, 3)
     ]
-    app_store.apply_log_batch("src-a", CLIENT, sealed)
+    app_store.recv.apply_log_batch("src-a", CLIENT, sealed)
     listener = Seen({2})
     sub = make_sub(listener, batch_size=10, keyring=keyring)
     drain(sub, lambda: len(parked_rows(app_store)) == 1)

@@ -23,7 +23,7 @@ def client(store: SQLAlchemyQueueStore) -> RoutingQueueClient:
 
 
 def stored(store: SQLAlchemyQueueStore) -> list[tuple[bytes, bytes | None]]:
-    return [(e.payload, e.key) for e in store.read_client_log("policy", 0, 100)]
+    return [(e.payload, e.key) for e in store.shipping.read_client_log("policy", 0, 100)]
 
 
 def test_a_key_is_stored_with_its_entry(client: RoutingQueueClient) -> None:

@@ -58,7 +58,7 @@ def test_a_too_old_source_gets_a_clear_refusal(sink: Sink, monkeypatch: pytest.M
     assert message.startswith("FAILED_PRECONDITION")
     assert "source 'site-a' speaks wire protocol 1" in message
     assert "needs 2 or newer" in message
-    assert sink.store.list_queues() == []
+    assert sink.store.queues.list_queues() == []
     # a source of an accepted version still gets in
     assert _negotiate(sink, 2).protocol_version == protocol.PROTOCOL_VERSION
 

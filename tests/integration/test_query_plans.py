@@ -37,8 +37,8 @@ def test_the_probe_for_a_full_syncs_end_reads_the_end_markers_index(
 ) -> None:
     for b in range(10):
         batch = [WireEntry(p, LOG, b"x") for p in range(b * 500 + 1, b * 500 + 501)]
-        store.apply_log_batch("a", "policy", batch)
-    (queue,) = store.list_queues("policy")
+        store.recv.apply_log_batch("a", "policy", batch)
+    (queue,) = store.queues.list_queues("policy")
     query = last_end_query(queue.queue_id)
     sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))
     explain = "EXPLAIN QUERY PLAN " if store.dialect == "sqlite" else "EXPLAIN "
@@ -68,8 +68,8 @@ def test_a_tick_looks_its_fresh_stamps_up_by_index(pg_store: SQLAlchemyQueueStor
         with store.engine.begin() as conn:
             client.transmit_log_entry_message(conn, b"x", ["b"])
         if i % 100 == 0:
-            store.sequence()
-    store.sequence()
+            store.send.sequence()
+    store.send.sequence()
     with store.engine.begin() as conn:  # a fresh stamp for the tick explained below
         client.transmit_log_entry_message(conn, b"x", ["b"])
     with store.engine.connect() as conn, conn.begin():
@@ -99,7 +99,7 @@ def test_the_slots_holding_rows_are_found_by_a_row_read_per_slot(
     with store.engine.begin() as conn:
         for _ in range(3000):
             client.transmit_log_entry_message(conn, b"x" * 100, ["b"])
-    store.sequence()
+    store.send.sequence()
     with store.engine.begin() as conn:
         closed = slots.rotate(conn, sequencer.lock_key(conn))
     assert closed is not None
@@ -123,7 +123,7 @@ def test_a_destinations_read_walks_its_own_entries_only(store: SQLAlchemyQueueSt
     not the position index filtering out every entry of the others."""
     client = RoutingQueueClient(store, source_id="a", client_name="policy")
     client.register_destinations(["b", "c"])
-    numbers = store.site_numbers()
+    numbers = store.sites.site_numbers()
     with store.engine.begin() as conn:
         client.transmit_log_entry_messages(
             conn, [LRMessageWithDestinations(b"y", ["b", "c"]) for _ in range(5)]
@@ -131,9 +131,9 @@ def test_a_destinations_read_walks_its_own_entries_only(store: SQLAlchemyQueueSt
         client.transmit_log_entry_messages(
             conn, [LRMessageWithDestinations(b"x", ["c"]) for _ in range(5000)]
         )
-    store.sequence()
-    store.analyze()
-    entries = store.read_log_entries("b", "policy", 0, 100)
+    store.send.sequence()
+    store.send.analyze()
+    entries = store.shipping.read_log_entries("b", "policy", 0, 100)
     assert [e.payload for e in entries] == [b"y"] * 5
     position = store._tagged_query(numbers["b"], "policy", 0).selected_columns[0]
     query = store._tagged_query(numbers["b"], "policy", 0).order_by(position).limit(100)
@@ -182,14 +182,16 @@ def test_a_destinations_index_waits_for_no_long_transaction(
         holder.exec_driver_sql("LOCK TABLE lrq_send_positions IN ROW EXCLUSIVE MODE")
         client.register_destinations(["b"])  # exists: found in the catalog, no wait
         client.register_destinations(["c"])  # deferred, not an error
-        numbers = store.site_numbers()
+        numbers = store.sites.site_numbers()
         assert numbers["c"] not in indexed() and numbers["b"] in indexed()
         with store.engine.begin() as conn:
             client.transmit_log_entry_message(conn, b"to-c", ["c"])
-        store.sequence()
-        assert [e.payload for e in store.read_log_entries("c", "policy", 0, 10)] == [b"to-c"]
+        store.send.sequence()
+        assert [e.payload for e in store.shipping.read_log_entries("c", "policy", 0, 10)] == [
+            b"to-c"
+        ]
         tx.rollback()
     finally:
         holder.close()
     client.register_destinations(["c"])
-    assert store.site_numbers()["c"] in indexed()
+    assert store.sites.site_numbers()["c"] in indexed()

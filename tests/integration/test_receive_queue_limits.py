@@ -96,7 +96,9 @@ def test_limits_are_per_client_validated_and_checked_on_entries_and_bytes(
     assert limits.limits == {"policy": (0, 10)}
     limits.check("a", "policy")  # empty: takes batches
     limits.check("a", "other")  # no limit
-    store.apply_log_batch("a", "policy", [WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"x" * 10)])
+    store.recv.apply_log_batch(
+        "a", "policy", [WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"x" * 10)]
+    )
     with pytest.raises(ReceiveQueueFullError, match="receive queue is full"):
         limits.check("a", "policy")
     bad = {**raw, "clients": [{"name": "policy", "receive_queue_max_entries": -1}]}
@@ -126,7 +128,7 @@ def test_a_source_waits_longer_each_time_a_full_queue_refuses_it(
         sink.apply_log_batch("a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
         receiver = Receiver(sink, "b", ["a"], limits=ReceiveLimits(sink, {"policy": (3, 0)}))
         transport = InProcessTransport(receiver, "a")
-        store.register_sites(["b"])
+        store.sites.register_sites(["b"])
         sender = RoutingQueueClient(store, source_id="a", client_name="policy")
         for _ in range(4):
             new_slot(store)

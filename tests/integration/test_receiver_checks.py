@@ -32,9 +32,9 @@ def receiver(store: SQLAlchemyQueueStore) -> Receiver:
 
 def _queued(store: SQLAlchemyQueueStore, client: str = CLIENT) -> list[tuple[object, ...]]:
     """(type, position, payload, snapshot id, snapshot count) of the client's queue, in order."""
-    (queue,) = store.list_queues(client)
+    (queue,) = store.queues.list_queues(client)
     with store.read() as conn:
-        got = store.read_queue(conn, queue.queue_id, 100)
+        got = store.queues.read_queue(conn, queue.queue_id, 100)
     return [(e.type, e.source_position, e.payload, e.snapshot_id, e.snapshot_count) for e in got]
 
 
@@ -147,10 +147,10 @@ def test_a_drop_notice_is_queued_once_acknowledged_and_logged(
         (log_entry, 7, b"log-7", "", 0),
         (ReplicationType.STREAM_DROPPED, 6, "lost ✓".encode(), "d1", 0),
     ]
-    (drop,) = store.list_sink_drops()
+    (drop,) = store.recv.list_sink_drops()
     assert (drop.source_id, drop.client_name, drop.notice_id) == (SOURCE, CLIENT, "d1")
     assert (drop.first_dropped_position, drop.reason) == (6, "lost ✓")
-    assert store.sink_progress(SOURCE, CLIENT).last_position == 5
+    assert store.recv.sink_progress(SOURCE, CLIENT).last_position == 5
 
 
 def _bad_notices() -> list[tuple[str, pb.ReplicationBatch, str]]:
@@ -188,7 +188,7 @@ def test_a_bad_drop_notice_is_refused_with_its_reason_and_stores_nothing(
     assert str(caught.value) == message or (
         message.startswith("invalid client name") and str(caught.value).startswith(message)
     ), str(caught.value)
-    assert store.list_sink_drops() == [] and store.list_queues() == []
+    assert store.recv.list_sink_drops() == [] and store.queues.list_queues() == []
 
 
 def test_a_drop_notice_of_the_longest_id_is_accepted(
@@ -196,7 +196,7 @@ def test_a_drop_notice_of_the_longest_id_is_accepted(
 ) -> None:
     longest = "D" * 64
     assert receiver.apply(SOURCE, notice(longest, 1, b"")).duplicate is False
-    assert [(d.notice_id, d.reason) for d in store.list_sink_drops()] == [(longest, "")]
+    assert [(d.notice_id, d.reason) for d in store.recv.list_sink_drops()] == [(longest, "")]
 
 
 # -- what an applied batch stores and counts ---------------------------------------------------
@@ -219,7 +219,7 @@ def test_snapshot_entries_are_stored_with_their_count_and_the_end_sets_the_base(
         (snap, 3, b"s1-3", "s1", 0),
         (end, 4, b"", "s1", 3),
     ]
-    progress = store.sink_progress(SOURCE, CLIENT)
+    progress = store.recv.sink_progress(SOURCE, CLIENT)
     assert (progress.last_position, progress.snapshot_state) == (17, SinkSnapshotState.COMPLETED)
     assert (progress.snapshot_id, progress.snapshot_position) == ("s1", 4)
 
@@ -304,7 +304,7 @@ def test_the_portable_receive_insert_stores_what_the_fast_paths_store(
         (end, 3, b"", "s1", 2),
         (ReplicationType.STREAM_DROPPED, 3, b"gone", "d1", 0),
     ]
-    (queue,) = store.list_queues(CLIENT)
+    (queue,) = store.queues.list_queues(CLIENT)
     r = schema.recv_entries
     with store.read() as conn:
         times = conn.execute(

@@ -78,11 +78,13 @@ class Sink:
         return tracker
 
     def received(self, source: str) -> list[bytes]:
-        queues = [q for q in self.store.list_queues("policy") if q.source_id == source]
+        queues = [q for q in self.store.queues.list_queues("policy") if q.source_id == source]
         if not queues:
             return []
         with self.store.read() as conn:
-            return [e.payload for e in self.store.read_queue(conn, queues[0].queue_id, 10_000)]
+            return [
+                e.payload for e in self.store.queues.read_queue(conn, queues[0].queue_id, 10_000)
+            ]
 
     def close(self) -> None:
         self.server.stop()
@@ -181,7 +183,7 @@ def test_unauthenticated_idle_calls_are_refused_without_waiting_for_a_message(
         assert code_of(replicate) == code
         assert n_feed.sent == r_feed.sent == 0
         assert sink.calls.open_calls() == []
-        assert sink.store.list_queues() == []
+        assert sink.store.queues.list_queues() == []
     finally:
         calls.close()
         sink.close()

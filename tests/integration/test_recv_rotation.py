@@ -356,7 +356,7 @@ def test_every_entry_is_delivered_once_in_order_whatever_the_interleaving(
         if op[0] == "log":
             source, n = str(op[1]), int(str(op[2]))
             entries = log(last[source] + 1, last[source] + n)
-            store.apply_log_batch(source, client, entries)
+            store.recv.apply_log_batch(source, client, entries)
             want.setdefault(source, []).extend(f"l{e.position}" for e in entries)
             last[source] += n
         elif op[0] == "snapshot":
@@ -368,7 +368,7 @@ def test_every_entry_is_delivered_once_in_order_whatever_the_interleaving(
                 for i in range(1, n + 1)
             ]
             end = WireEntry(n + 1, ReplicationType.LAST_FULL_SYNC_ENTRY, b"", sid, n, last[source])
-            store.apply_snapshot_batch(source, client, sid, [*rows, end])
+            store.recv.apply_snapshot_batch(source, client, sid, [*rows, end])
             want.setdefault(source, []).extend(
                 [f"start:{sid}", *(r.payload.decode() for r in rows), f"end:{sid}"]
             )
@@ -378,17 +378,17 @@ def test_every_entry_is_delivered_once_in_order_whatever_the_interleaving(
                 sub.poll_once()
             listener.fail_next = False
         else:
-            store.rotate_receive_queues(period=0.0)
+            store.queues.rotate_receive_queues(period=0.0)
 
     def undelivered() -> int:
-        return sum(store.queue_depth(q.queue_id) for q in store.list_queues(client))
+        return sum(store.queues.queue_depth(q.queue_id) for q in store.queues.list_queues(client))
 
     with subscriber(3) as sub:
         for _ in range(100):  # a batch may hold no message (an empty snapshot's markers)
             if not undelivered():
                 break
             sub.poll_once()
-            store.rotate_receive_queues(period=0.0)
+            store.queues.rotate_receive_queues(period=0.0)
     assert events(store.engine, client) == want
     assert undelivered() == 0
 

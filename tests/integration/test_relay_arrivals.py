@@ -94,7 +94,7 @@ def _running(
 
 
 def test_the_receiver_tells_of_each_log_batch_it_stores(store: SQLAlchemyQueueStore) -> None:
-    store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     told: list[tuple[str, str, int]] = []
     receiver = Receiver(store, "s3", ["s1"], on_stored=lambda s, c, last: told.append((s, c, last)))
     receiver.apply("s1", from_root(1))
@@ -168,7 +168,7 @@ def test_a_branch_relays_a_batch_stored_while_the_previous_one_is_in_flight(
 ) -> None:
     """The provider gathered the relayed entries into its batches: the branch sends
     each as it is stored, without waiting for the acknowledgement of the last."""
-    node = store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    node = store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     arrivals = Arrivals()
     receiver = Receiver(store, "s3", ["s1"], on_stored=arrivals.ring)
     sink = HeldAcks()
@@ -243,20 +243,20 @@ def test_a_relay_read_resumes_at_the_entry_the_last_one_ended_at(
 ) -> None:
     """A relayed queue keeps what the nodes below have not acknowledged; a read after
     the position where the last read ended does not pass those entries again."""
-    store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in (1, 2, 3):
         receiver.apply("s1", from_root(position))
-    assert [e.position for e in store.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
+    assert [e.position for e in store.cascade.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
     # A trap the queue never holds (an entry stored before the read's end with a higher
     # position): only a read that passes the entries before its start again finds it.
     e = schema.recv_entries
     with store.write() as conn:
         conn.execute(update(e).where(e.c.source_position == 1).values(source_position=99))
     receiver.apply("s1", from_root(4))
-    assert [e.position for e in store.read_relay("policy", "s1", 3, 10)] == [4]
+    assert [e.position for e in store.cascade.read_relay("policy", "s1", 3, 10)] == [4]
     # Where no read ended, it reads from the relay's start, as ever (and finds the trap).
-    assert [e.position for e in store.read_relay("policy", "s1", 2, 10)] == [99]
+    assert [e.position for e in store.cascade.read_relay("policy", "s1", 2, 10)] == [99]
 
 
 # -- forwarding before storing (lr_server.relay_inbox) ---------------------------------
@@ -271,13 +271,13 @@ def _forwarding_receiver(store: SQLAlchemyQueueStore, arrivals: Arrivals) -> Rec
 def test_a_branch_forwards_a_batch_before_it_has_stored_it(
     store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node = store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    node = store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     arrivals = Arrivals()
     receiver = _forwarding_receiver(store, arrivals)
     sink = HeldAcks()
     session = _relaying(store, node, arrivals, lambda: sink)
     release = threading.Event()
-    store_batch = store.apply_log_batch
+    store_batch = store.recv.apply_log_batch
 
     def held(*args: Any, **kwargs: Any) -> tuple[bool, int]:
         assert release.wait(scaled(60)), "the test never let the branch store"
@@ -290,14 +290,14 @@ def test_a_branch_forwards_a_batch_before_it_has_stored_it(
         applying.start()
         try:
             wait_for(lambda: len(sink.sent) == 1, timeout=scaled(30), what="the forwarded batch")
-            assert store.sink_progress("s1", "policy").last_position == 0  # not stored yet
+            assert store.recv.sink_progress("s1", "policy").last_position == 0  # not stored yet
         finally:
             release.set()
             join(applying, 30)
         batch = sink.sent[0]
         assert (batch.source_id, batch.previous_position) == ("s1", 0)
         assert [(e.position, e.opaque_payload) for e in batch.entries] == [(1, b"x1")]
-        assert store.sink_progress("s1", "policy").last_position == 1
+        assert store.recv.sink_progress("s1", "policy").last_position == 1
 
 
 def test_a_batch_the_branch_failed_to_store_reaches_the_leaf_once(
@@ -368,18 +368,18 @@ def test_a_relay_read_that_finds_nothing_marks_where_the_next_one_starts(
     """A branch that forwards batches before storing them reads after positions no read
     ended at, and finds nothing: that read marks the queue's end, so the next read after
     the same position does not pass the entries before it again."""
-    store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in (1, 2, 3):
         receiver.apply("s1", from_root(position))
-    assert store.read_relay("policy", "s1", 3, 10) == []  # no read ended at 3
+    assert store.cascade.read_relay("policy", "s1", 3, 10) == []  # no read ended at 3
     # The trap of the test above: only a read that passes the entries before 3 finds it.
     e = schema.recv_entries
     with store.write() as conn:
         conn.execute(update(e).where(e.c.source_position == 1).values(source_position=99))
-    assert store.read_relay("policy", "s1", 3, 10) == []
+    assert store.cascade.read_relay("policy", "s1", 3, 10) == []
     receiver.apply("s1", from_root(4))
-    assert [e.position for e in store.read_relay("policy", "s1", 3, 10)] == [4]
+    assert [e.position for e in store.cascade.read_relay("policy", "s1", 3, 10)] == [4]
 
 
 def test_arrivals_remember_what_was_stored_here_for_a_while() -> None:
@@ -402,7 +402,7 @@ def test_arrivals_remember_what_was_stored_here_for_a_while() -> None:
 def _counting_reads(store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The ``after`` of every read of the receive queue for relaying, as it happens."""
     reads: list[int] = []
-    read = store.read_relay
+    read = store.cascade.read_relay
 
     def counted(client: str, origin: str, after: int, *args: Any, **kwargs: Any) -> Any:
         reads.append(after)

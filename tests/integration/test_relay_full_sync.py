@@ -28,7 +28,7 @@ from tests.kit.relayed import Sent, TakesAll, from_root, no_transport
 def _branch(store: SQLAlchemyQueueStore, stored: int) -> SenderSession:
     """The branch ``s3`` (``policy`` from the root ``s1``), holding entries 1..``stored``
     of it, and its session to its child ``s4``."""
-    node = store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    node = store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in range(1, stored + 1):
         receiver.apply("s1", from_root(position))
@@ -56,21 +56,23 @@ def test_a_branchs_full_sync_is_based_on_what_it_stored_and_read_once_its_applic
     store: SQLAlchemyQueueStore,
 ) -> None:
     _branch(store, stored=6)
-    assert store.relay_delivered_position("policy", "s1") == 0  # its application applied none
-    sid = store.request_snapshot(None, "s4", "policy", "asked")
+    assert (
+        store.cascade.relay_delivered_position("policy", "s1") == 0
+    )  # its application applied none
+    sid = store.snapshots.request_snapshot(None, "s4", "policy", "asked")
     read: list[int] = []
     runner = SnapshotProviderRunner(store, "policy", lambda ctx: read.append(ctx.base_position))
     assert runner.poll_once() == 0  # started, and waiting for the branch's application
-    started = store.get_snapshot(sid)
+    started = store.snapshots.get_snapshot(sid)
     assert (started.status, started.base_position, read) == (SnapshotStatus.RUNNING, 6, [])
-    assert not store.snapshot_base_applied(sid)
+    assert not store.snapshots.snapshot_base_applied(sid)
     app = RoutingQueueSubscriber(store, "policy", TakesAll(), batch_size=5, max_batches=1)
     assert app.poll_once() == 5
     assert runner.poll_once() == 0 and read == []  # 5 of the 6: still waiting
     assert app.poll_once() == 1
-    assert store.snapshot_base_applied(sid)
+    assert store.snapshots.snapshot_base_applied(sid)
     assert runner.poll_once() == 1 and read == [6]
-    assert store.get_snapshot(sid).status is SnapshotStatus.READY
+    assert store.snapshots.get_snapshot(sid).status is SnapshotStatus.READY
 
 
 def test_a_stream_past_its_snapshots_base_asks_for_a_new_one_rather_than_repeat_entries(
@@ -82,23 +84,23 @@ def test_a_stream_past_its_snapshots_base_asks_for_a_new_one_rather_than_repeat_
     streams = s._plan(_at(8))
     cs = streams["policy"]
     assert (cs.mode, cs.sent) == (Mode.LOG, 8)
-    first = store.request_snapshot(None, "s4", "policy", "asked")
-    store.start_snapshot(first)
+    first = store.snapshots.request_snapshot(None, "s4", "policy", "asked")
+    store.snapshots.start_snapshot(first)
     s.requests.check(streams)
     assert cs.mode is Mode.SNAPSHOT and cs.snapshot.base_position == 6
     stream = Sent()
     assert not s._ship(stream, streams)
     assert stream.batches == []
-    old = store.get_snapshot(first, "s4")
+    old = store.snapshots.get_snapshot(first, "s4")
     assert old.status is SnapshotStatus.CANCELLED and old.reason.startswith("superseded by")
-    (new,) = store.list_snapshots("s4", "policy", [SnapshotStatus.REQUESTED])
+    (new,) = store.snapshots.list_snapshots("s4", "policy", [SnapshotStatus.REQUESTED])
     assert new.reason == f"the stream holds entries up to 8, past base 6 of full sync {first}"
     assert cs.snapshot == new and cs.sent == 8
     # Based as low again (nothing stored since): not asked again before the backoff.
-    store.start_snapshot(new.snapshot_id)
+    store.snapshots.start_snapshot(new.snapshot_id)
     s.requests.check(streams)
     assert not s._ship(stream, streams)
-    views = {r.snapshot_id: r.status for r in store.list_snapshots("s4", "policy")}
+    views = {r.snapshot_id: r.status for r in store.snapshots.list_snapshots("s4", "policy")}
     assert views == {first: SnapshotStatus.CANCELLED, new.snapshot_id: SnapshotStatus.RUNNING}
     assert cs.snapshot.snapshot_id == new.snapshot_id
 
@@ -107,19 +109,19 @@ def test_waiting_for_a_branchs_base_keeps_the_snapshot_alive_and_ends_with_it(
     store: SQLAlchemyQueueStore,
 ) -> None:
     _branch(store, stored=2)
-    sid = store.request_snapshot(None, "s4", "policy", "asked")
-    started = store.start_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, "s4", "policy", "asked")
+    started = store.snapshots.start_snapshot(sid)
     assert started is not None
     stop = threading.Event()
     stop.set()
     with pytest.raises(SnapshotError, match="stopped waiting for its base"):
         wait_for_base(store, sid, stop)
-    assert store.get_snapshot(sid).updated_at > started.updated_at  # kept alive
-    store.cancel_snapshot(sid, "operator")
+    assert store.snapshots.get_snapshot(sid).updated_at > started.updated_at  # kept alive
+    store.snapshots.cancel_snapshot(sid, "operator")
     with pytest.raises(SnapshotError, match="is no longer running"):
         wait_for_base(store, sid)
-    other = store.request_snapshot(None, "s4", "policy", "asked")
-    store.start_snapshot(other)
+    other = store.snapshots.request_snapshot(None, "s4", "policy", "asked")
+    store.snapshots.start_snapshot(other)
     app = RoutingQueueSubscriber(store, "policy", TakesAll())
     assert app.poll_once() == 2
     wait_for_base(store, other, stop)  # applied already: returns at once

@@ -31,7 +31,7 @@ class Branch:
     session's look-ups (``("look-up", 0)``) and sends in order."""
 
     def __init__(self, store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch) -> None:
-        node = store.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+        node = store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
         self.store = store
         self.storing = Receiver(store, "s3", ["s1"])  # stores only: nothing forwarded
         for position in (1, 2):
@@ -56,7 +56,7 @@ class Branch:
                 clients=[pb.ClientState(client_name="policy", last_position=2, origin_id="s1")],
             )
         )
-        checks = store.send_checks
+        checks = store.snapshots.send_checks
 
         def logged(*args: Any, **kwargs: Any) -> Any:
             self.events.append(("look-up", 0))
@@ -126,24 +126,24 @@ def test_a_full_sync_asked_after_the_look_up_stops_the_stream_within_its_ttl(
     sent, so none comes twice."""
     b = Branch(store, monkeypatch)
     b.forward(3, at=0.0)
-    sid = store.request_snapshot(None, "s4", "policy", "asked")
+    sid = store.snapshots.request_snapshot(None, "s4", "policy", "asked")
     b.forward(4, at=0.1)
     assert b.events == [("sent", 4)] and b.policy.sent == 4
     b.forward(5, at=1.1)
     assert b.events == [("look-up", 0)]  # nothing sent
     assert b.policy.mode is Mode.SNAPSHOT and b.policy.snapshot.snapshot_id == sid
-    started = store.start_snapshot(sid)
+    started = store.snapshots.start_snapshot(sid)
     assert started is not None and started.base_position == 5
-    assert store.get_snapshot(sid, "s4").status is SnapshotStatus.RUNNING
+    assert store.snapshots.get_snapshot(sid, "s4").status is SnapshotStatus.RUNNING
 
 
 def test_a_drop_recorded_after_the_look_up_stops_the_stream_within_its_ttl(
     store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.register_sites(["s4"])
+    store.sites.register_sites(["s4"])
     b = Branch(store, monkeypatch)
     b.forward(3, at=0.0)
-    assert store.drop_stream("s4", "policy", "asked") is not None
+    assert store.retention.drop_stream("s4", "policy", "asked") is not None
     b.forward(4, at=0.1)
     assert b.events == [("sent", 4)]  # the look-up predates the drop
     b.forward(5, at=1.1)
@@ -157,11 +157,13 @@ def test_a_look_up_that_found_a_full_sync_is_not_used_again_once_it_ended(
     """Only a clear look-up serves later batches: one that found a full sync would
     otherwise turn the stream back to it after it ended, and ship it again."""
     b = Branch(store, monkeypatch)
-    sid = store.request_snapshot(None, "s4", "policy", "asked")
+    sid = store.snapshots.request_snapshot(None, "s4", "policy", "asked")
     b.forward(3, at=0.0)
     assert b.events == [("look-up", 0)]  # found: nothing sent, the stream turns to it
     assert b.policy.mode is Mode.SNAPSHOT
-    assert store.cancel_snapshot(sid, "ended", "s4")  # and the stream went back to its log
+    assert store.snapshots.cancel_snapshot(
+        sid, "ended", "s4"
+    )  # and the stream went back to its log
     b.policy.mode, b.policy.snapshot = Mode.LOG, None
     b.events.clear()
     b.now = 0.1

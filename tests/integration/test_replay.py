@@ -124,7 +124,7 @@ def config(url: str) -> SiteConfig:
 def links(
     store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
 ) -> Iterator[dict[str, Link]]:
-    store.register_sites(["b", "c"])
+    store.sites.register_sites(["b", "c"])
     made = {d: Link(store, d, db_url_factory(d), batch=2) for d in ("b", "c")}
     try:
         yield made
@@ -145,15 +145,15 @@ def shipped(store: SQLAlchemyQueueStore, links: dict[str, Link]) -> list[int]:
     """Transmit policy to b and c, other to b; ship it all; deliver it once; policy's
     positions."""
     transmit(store, "policy", 5, ["b", "c"])
-    last = {"policy": store.head_position()}
+    last = {"policy": store.send.head_position()}
     transmit(store, "other", 2, ["b"])
-    last["other"] = store.head_position()
+    last["other"] = store.send.head_position()
     wanted = {"b": last, "c": {"policy": last["policy"]}}
     for dest, link in links.items():
         link.connect()
         link.run_until(
             lambda d=dest: all(  # type: ignore[misc]
-                store.get_cursor(d, c).position >= p for c, p in wanted[d].items()
+                store.shipping.get_cursor(d, c).position >= p for c, p in wanted[d].items()
             )
         )
     policy = [p for p, _ in links["b"].deliver("policy")]
@@ -167,12 +167,12 @@ def test_a_replay_delivers_exactly_its_range_again_flagged_and_nothing_else(
 ) -> None:
     policy = shipped(store, links)
     b, c = links["b"], links["c"]
-    cursor_c = store.get_cursor("c", "policy").position
+    cursor_c = store.shipping.get_cursor("c", "policy").position
     request = admin.replay(config(db_url), store, "b", "policy", policy[2])
     assert (request.status, request.from_position) == ("pending", policy[2])
     assert [r.replay_id for r in admin.list_replays(store)] == [request.replay_id]  # lr status
     b.run_until(lambda: not admin.list_replays(store))
-    done = store.list_replays()[0]
+    done = store.replays.list_replays()[0]
     assert (done.status, done.through_position, done.shipped_through) == (
         "done",
         policy[-1],
@@ -182,12 +182,14 @@ def test_a_replay_delivers_exactly_its_range_again_flagged_and_nothing_else(
     assert b.deliver("policy") == [(p, True) for p in policy[2:]]
     assert b.deliver("other") == []
     assert c.deliver("policy") == []
-    assert store.get_cursor("c", "policy").position == cursor_c
-    assert store.get_cursor("b", "policy").position == policy[-1]  # the cursor never moved back
+    assert store.shipping.get_cursor("c", "policy").position == cursor_c
+    assert (
+        store.shipping.get_cursor("b", "policy").position == policy[-1]
+    )  # the cursor never moved back
     # exactly-once holds again after the replay: new entries once, not flagged
     transmit(store, "policy", 1, ["b"])
-    b.run_until(lambda: store.get_cursor("b", "policy").position > policy[-1])
-    assert b.deliver("policy") == [(store.head_position(), False)]
+    b.run_until(lambda: store.shipping.get_cursor("b", "policy").position > policy[-1])
+    assert b.deliver("policy") == [(store.send.head_position(), False)]
 
 
 def test_a_replay_cut_by_a_lost_connection_resumes_after_what_was_acknowledged(
@@ -197,7 +199,7 @@ def test_a_replay_cut_by_a_lost_connection_resumes_after_what_was_acknowledged(
     b = links["b"]
     admin.replay(config(db_url), store, "b", "policy", policy[0])
     b.step()  # picked up, its first batch (2 entries) shipped and acknowledged
-    assert store.list_replays()[0].shipped_through == policy[1]
+    assert store.replays.list_replays()[0].shipped_through == policy[1]
     b.connect()  # a new connection (as after a restart): the request is picked up again
     b.run_until(lambda: not admin.list_replays(store))
     assert b.deliver("policy") == [(p, True) for p in policy]
@@ -208,11 +210,11 @@ def test_a_replay_below_the_trim_point_is_refused_with_a_full_sync_hint(
 ) -> None:
     policy = shipped(store, links)
     admin.trim(config(db_url), store)
-    assert store.trimmed_through("b", "policy") >= policy[0]
+    assert store.retention.trimmed_through("b", "policy") >= policy[0]
     with pytest.raises(admin.FullSyncNeededError, match="lr snapshot request") as refused:
         admin.replay(config(db_url), store, "b", "policy", policy[0])
     assert "full sync is needed" in str(refused.value)
-    assert store.list_replays() == []
+    assert store.replays.list_replays() == []
     with pytest.raises(admin.AdminInputError, match="shipped to it in their turn"):
         admin.replay(config(db_url), store, "b", "policy", policy[-1] + 1)
     with pytest.raises(admin.AdminInputError, match="not a destination"):
@@ -238,7 +240,7 @@ def test_a_replay_to_a_version_5_sink_is_refused(
     b.connect()
     admin.replay(config(db_url), store, "b", "policy", policy[0])
     b.step()
-    refused = store.list_replays()[0]
+    refused = store.replays.list_replays()[0]
     assert refused.status == "refused"
     assert "sink 'b' speaks wire protocol 5; replay needs 6 or newer" in refused.error
     assert b.deliver("policy") == []
@@ -291,8 +293,8 @@ class AsyncSeen(AsyncRoutingQueueListener):
 def test_the_async_listener_sees_replayed_entries_flagged(driver: str, tmp_path: Path) -> None:
     log = ReplicationType.LOG_ENTRY_SYNC
     with aio_site(driver, tmp_path) as site:
-        site.store.apply_log_batch("a", "policy", [WireEntry(p, log, b"x") for p in (1, 2)])
-        site.store.apply_replay_batch("a", "policy", [WireEntry(2, log, b"x")])
+        site.store.recv.apply_log_batch("a", "policy", [WireEntry(p, log, b"x") for p in (1, 2)])
+        site.store.replays.apply_replay_batch("a", "policy", [WireEntry(2, log, b"x")])
         listener = AsyncSeen()
 
         async def main() -> int:
@@ -313,8 +315,8 @@ def test_a_sink_rewind_delivers_again_what_its_queue_still_holds(
 ) -> None:
     log = ReplicationType.LOG_ENTRY_SYNC
     for source in ("a", "x"):
-        store.apply_log_batch(source, "policy", [WireEntry(p, log, b"x") for p in (2, 4, 6)])
-    store.apply_log_batch("a", "other", [WireEntry(p, log, b"x") for p in (3, 5)])
+        store.recv.apply_log_batch(source, "policy", [WireEntry(p, log, b"x") for p in (2, 4, 6)])
+    store.recv.apply_log_batch("a", "other", [WireEntry(p, log, b"x") for p in (3, 5)])
     for client in CLIENTS:
         with RoutingQueueSubscriber(store, client, Seen()) as sub:
             while sub.poll_once():
@@ -341,7 +343,7 @@ def test_a_sink_rewind_delivers_again_what_its_queue_still_holds(
         while sub.poll_once():
             pass
     assert seen.log == [(4, True), (6, True)]  # source x's queue and client other untouched
-    assert store.queue_depths() == {}
+    assert store.inspection.queue_depths() == {}
 
 
 def test_a_replay_requested_while_the_source_is_down_runs_once_it_is_up(

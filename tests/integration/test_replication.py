@@ -18,11 +18,11 @@ def transmit(store: SQLAlchemyQueueStore, source: str, rows: list[tuple[bytes, l
 
 
 def received(store: SQLAlchemyQueueStore, source: str, client: str = "policy") -> list[bytes]:
-    queues = [q for q in store.list_queues(client) if q.source_id == source]
+    queues = [q for q in store.queues.list_queues(client) if q.source_id == source]
     if not queues:
         return []
     with store.read() as conn:
-        return [e.payload for e in store.read_queue(conn, queues[0].queue_id, 100_000)]
+        return [e.payload for e in store.queues.read_queue(conn, queues[0].queue_id, 100_000)]
 
 
 def test_one_source_three_sinks_with_overlapping_destinations(sites: Sites) -> None:
@@ -40,7 +40,7 @@ def test_one_source_three_sinks_with_overlapping_destinations(sites: Sites) -> N
     expect = {s: [p for p, ds in rows * 10 if s in ds] for s in ("b", "c", "d")}
     stores = {s: sites.store(s) for s in expect}
     wait_for(lambda: all(received(stores[s], "a") == expect[s] for s in expect))
-    progress = stores["b"].sink_progress("a", "policy")
+    progress = stores["b"].recv.sink_progress("a", "policy")
     assert progress.entries_received == len(expect["b"])
     assert server.reader is not None and server.reader.hits > 0  # the shared reader served
 

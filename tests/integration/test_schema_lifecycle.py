@@ -200,7 +200,7 @@ def test_concurrent_init_db_processes_all_succeed(db_url: str, tmp_path: Path) -
     engine = create_engine(db_url)
     try:
         assert lifecycle.schema_status(engine).state is SchemaState.CURRENT
-        assert open_store(engine).site_numbers(refresh=True).keys() == {"site-b"}
+        assert open_store(engine).sites.site_numbers(refresh=True).keys() == {"site-b"}
     finally:
         engine.dispose()
 
@@ -489,14 +489,14 @@ def test_revision_0004_keeps_stored_positions_and_refuses_old_transmitters(
     with pytest.raises(SchemaError, match="revision 0003"):
         store.check_schema()
     store.create_schema()
-    read = store.read_log_entries("b", "policy", 0, 10)
+    read = store.shipping.read_log_entries("b", "policy", 0, 10)
     assert [(e.position, e.payload) for e in read] == [(1, b"old1"), (2, b"old2")]
-    assert store.head_position() == 3
+    assert store.send.head_position() == 3
     client = RoutingQueueClient(store, "a", "policy")
     with engine.begin() as conn:
         ref = client.transmit_log_entry_message(conn, b"new", ["b"])
     assert client.positions_of([ref]) == [4]
-    assert [e.payload for e in store.read_log_entries("b", "policy", 2, 10)] == [b"new"]
+    assert [e.payload for e in store.shipping.read_log_entries("b", "policy", 2, 10)] == [b"new"]
     with pytest.raises(DBAPIError, match="lrq_send_log_entries"), engine.begin() as conn:
         conn.execute(
             text(
@@ -504,7 +504,7 @@ def test_revision_0004_keeps_stored_positions_and_refuses_old_transmitters(
                 " VALUES ('policy', 'x', '{1}', 1.0) RETURNING position"
             )
         )
-    assert [e.payload for e in store.read_log_entries("b", "policy", 0, 10)] == [
+    assert [e.payload for e in store.shipping.read_log_entries("b", "policy", 0, 10)] == [
         b"old1",
         b"old2",
         b"new",
@@ -623,7 +623,7 @@ def test_revision_0006_moves_the_send_queue_into_slots_keeping_every_position(
     with engine.begin() as conn:
         ref = client.transmit_log_entry_message(conn, b"new", ["b"])
     assert client.positions_of([ref]) == [14]
-    read = store.read_log_entries("b", "policy", 0, 10)
+    read = store.shipping.read_log_entries("b", "policy", 0, 10)
     assert [(e.position, e.payload) for e in read] == [
         (10, b"old1"),
         (11, b"old2"),
@@ -632,11 +632,11 @@ def test_revision_0006_moves_the_send_queue_into_slots_keeping_every_position(
         (14, b"new"),
     ]
     assert {x.slot for x in store.send_slots() if x.entries} == {0}
-    store.set_cursor("b", "policy", 14)
+    store.shipping.set_cursor("b", "policy", 14)
     store.rotation_period = 0.0
-    assert store.trim() == 5
-    assert store.read_client_log("policy", 0, 10) == []
-    assert store.trimmed_through("b", "policy") == 14
+    assert store.retention.trim() == 5
+    assert store.shipping.read_client_log("policy", 0, 10) == []
+    assert store.retention.trimmed_through("b", "policy") == 14
 
 
 def _snapshot_row(conn: Connection, sid: str, dest: str, status: str, created: float) -> None:
@@ -688,15 +688,15 @@ def test_revision_0007_gives_a_running_snapshot_a_slot_and_its_entries_ship_once
         slots = {r[0]: r[1] for r in rows}
         assert slots == {"done": None, "run": 0, "asked": None}
         with store.write() as conn:  # the provider goes on where it was
-            store.write_snapshot_entries(conn, "run", 0, [b"c"], first_seq=2)
-        assert store.finish_snapshot("run") == 3
-        entries = store.read_snapshot_entries("run", 0, 100)
+            store.snapshot_entries.write_snapshot_entries(conn, "run", 0, [b"c"], first_seq=2)
+        assert store.snapshot_entries.finish_snapshot("run") == 3
+        entries = store.snapshot_entries.read_snapshot_entries("run", 0, 100)
         assert [e.payload for e in entries] == [b"a", b"b", b"c", b"3"]
         assert [e.position for e in entries] == [1, 2, 3, 4]
-        assert store.read_snapshot_entries("run", 4, 100) == []
-        store.trim()
-        assert store.count_snapshot_entries("done") == 0
-        assert store.start_snapshot("asked") is not None  # the next free slot
+        assert store.snapshot_entries.read_snapshot_entries("run", 4, 100) == []
+        store.retention.trim()
+        assert store.snapshot_entries.count_snapshot_entries("done") == 0
+        assert store.snapshots.start_snapshot("asked") is not None  # the next free slot
         with engine.connect() as conn:
             assert (
                 conn.execute(
@@ -739,7 +739,7 @@ def test_revision_0007_partitions_the_snapshot_queue_and_refuses_old_writers(
         "lrq_send_snapsync_key": "UNIQUE (snapshot_id, part, seq, snap_slot)",
     }
     with store.write() as conn:
-        store.write_snapshot_entries(conn, "run", 1, [b"c"])
+        store.snapshot_entries.write_snapshot_entries(conn, "run", 1, [b"c"])
     with engine.connect() as conn:
         new = conn.execute(
             text("SELECT position FROM lrq_send_snapsync WHERE snapshot_id = 'run' AND part = 1")
@@ -795,18 +795,20 @@ def test_revision_0008_delivers_what_a_0005_sink_had_queued_once(db_url: str) ->
         store = open_store(engine)
         assert "0008" in store.create_schema().pending
         with store.read() as conn:
-            assert [store.load_state(conn, q).delivered_seq for q in (1, 2, 3)] == [3, 0, 0]
-        assert store.queue_depths() == {1: 2, 3: 1}
-        store.apply_log_batch("a", "policy", [WireEntry(5, ReplicationType.LOG_ENTRY_SYNC, b"1:5")])
+            assert [store.queues.load_state(conn, q).delivered_seq for q in (1, 2, 3)] == [3, 0, 0]
+        assert store.inspection.queue_depths() == {1: 2, 3: 1}
+        store.recv.apply_log_batch(
+            "a", "policy", [WireEntry(5, ReplicationType.LOG_ENTRY_SYNC, b"1:5")]
+        )
         with store.read() as conn:
-            seqs = [e.seq for e in store.read_queue(conn, 1, 10)]
+            seqs = [e.seq for e in store.queues.read_queue(conn, 1, 10)]
         assert seqs[:2] == [4, 5] and seqs[2] > 6  # above every stored number
         listener = Recorder()
         with RoutingQueueSubscriber(store, "policy", listener) as sub:
             assert sub.poll_once() == 4
             assert sub.poll_once() == 0
         assert sorted(listener.seen) == ["1:3", "1:4", "1:5", "3:1"]
-        assert store.queue_depths() == {}
+        assert store.inspection.queue_depths() == {}
         if store.dialect == "postgresql":
             with engine.connect() as conn:
                 kinds = conn.execute(
@@ -873,7 +875,7 @@ def test_revision_0009_gives_each_snapshot_in_flight_its_destination_view(db_url
         with pytest.raises(SchemaError, match="revision 0008"):
             store.check_schema()
         assert "0009" in store.create_schema().pending
-        views = {v.snapshot_id: v for v in store.list_snapshots(client_name="policy")}
+        views = {v.snapshot_id: v for v in store.snapshots.list_snapshots(client_name="policy")}
         assert {
             k: (v.destination, v.status.value, v.shipped_position) for k, v in views.items()
         } == {
@@ -883,21 +885,29 @@ def test_revision_0009_gives_each_snapshot_in_flight_its_destination_view(db_url
         }
         assert views["ship"].reason == "why" and views["ship"].destinations == ("b",)
         # b ships the rest of its snapshot where it was, and completes it: released.
-        assert [e.payload for e in store.read_snapshot_entries("ship", 1, 10)] == [b"b", b"2"]
-        assert store.complete_snapshot("ship", "b")
+        assert [e.payload for e in store.snapshot_entries.read_snapshot_entries("ship", 1, 10)] == [
+            b"b",
+            b"2",
+        ]
+        assert store.snapshots.complete_snapshot("ship", "b")
         with engine.connect() as conn:
             left = conn.execute(
                 text("SELECT count(*) FROM lrq_send_snapsync WHERE snapshot_id = 'ship'")
             ).scalar_one()
         assert left == 0
         # The running one is shared from now on: e (cursor at its base) joins it.
-        store.set_cursor("e", "policy", 0)
-        assert store.request_snapshot(None, "e", "policy") == "run"
+        store.shipping.set_cursor("e", "policy", 0)
+        assert store.snapshots.request_snapshot(None, "e", "policy") == "run"
         with store.write() as conn:
-            store.write_snapshot_entries(conn, "run", 0, [b"x"])
-        assert store.finish_snapshot("run") == 1
-        assert [e.payload for e in store.read_snapshot_entries("run", 0, 10)] == [b"x", b"1"]
-        assert {store.get_snapshot("run", d).status for d in "ce"} == {SnapshotStatus.READY}  # type: ignore[union-attr]
+            store.snapshot_entries.write_snapshot_entries(conn, "run", 0, [b"x"])
+        assert store.snapshot_entries.finish_snapshot("run") == 1
+        assert [e.payload for e in store.snapshot_entries.read_snapshot_entries("run", 0, 10)] == [
+            b"x",
+            b"1",
+        ]
+        assert {store.snapshots.get_snapshot("run", d).status for d in "ce"} == {
+            SnapshotStatus.READY
+        }  # type: ignore[union-attr]
     finally:
         engine.dispose()
 
@@ -919,12 +929,12 @@ def test_revision_0010_adds_members_and_leases_keeping_the_cursors(db_url: str) 
         store = open_store(engine)
         assert "0010" in store.create_schema().pending
         store.check_schema()
-        assert store.get_cursor("b", "policy").position == 7
-        store.join_member("m1", "i1", "127.0.0.1:1", 1)
-        fence = store.acquire_unit("stream/b/policy", "m1", "i1", 5.0)
+        assert store.shipping.get_cursor("b", "policy").position == 7
+        store.members.join_member("m1", "i1", "127.0.0.1:1", 1)
+        fence = store.members.acquire_unit("stream/b/policy", "m1", "i1", 5.0)
         assert fence is not None and fence.token == 1
-        store.set_cursor("b", "policy", 8, fence=fence)
-        assert store.get_cursor("b", "policy").position == 8
+        store.shipping.set_cursor("b", "policy", 8, fence=fence)
+        assert store.shipping.get_cursor("b", "policy").position == 8
     finally:
         engine.dispose()
 
@@ -957,23 +967,23 @@ def test_revision_0011_keeps_queued_entries_unkeyed_and_adds_keys(db_url: str) -
         store = open_store(engine)
         assert "0011" in store.create_schema().pending
         with store.read() as conn:
-            assert [e.key for e in store.read_queue(conn, 1, 10)] == [None, None, None]
+            assert [e.key for e in store.queues.read_queue(conn, 1, 10)] == [None, None, None]
         keyed = [
             WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"a:%d" % p, key=b"k") for p in (4, 5)
         ]
-        store.apply_log_batch("a", "policy", keyed)
+        store.recv.apply_log_batch("a", "policy", keyed)
         listener = Recorder()
         with RoutingQueueSubscriber(store, "policy", listener, partitions=4) as sub:
             assert sub.poll_once() == 5
         assert listener.seen == ["a:1", "a:2", "a:3", "a:4", "a:5"]
         with store.read() as conn:
-            assert store.load_state(conn, 1).partitions == 4
-        nums = store.register_sites(["b"])
+            assert store.queues.load_state(conn, 1).partitions == 4
+        nums = store.sites.register_sites(["b"])
         with store.write() as conn:
-            store.append_log_entries(
+            store.send.append_log_entries(
                 conn, "policy", [(b"x", [nums["b"]], b"key-x"), (b"y", [nums["b"]])]
             )
-        found = store.read_client_log("policy", 0, 10)
+        found = store.shipping.read_client_log("policy", 0, 10)
         assert [(e.payload, e.key) for e in found] == [(b"x", b"key-x"), (b"y", None)]
     finally:
         engine.dispose()
@@ -991,18 +1001,18 @@ def test_revision_0012_keeps_a_sinks_progress_and_adds_lanes(db_url: str) -> Non
             )
         store = open_store(engine)
         assert "0012" in store.create_schema().pending
-        assert store.sink_progress("a", "policy").last_position == 3
+        assert store.recv.sink_progress("a", "policy").last_position == 3
         entries = [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"%d" % p) for p in (2, 3, 4)]
-        assert store.apply_lane_batch("a", "policy", 1, 2, entries, 3, 3) == (True, 4)
+        assert store.recv.apply_lane_batch("a", "policy", 1, 2, entries, 3, 3) == (True, 4)
         assert [p for p, _, _ in _queued_positions(store)] == [4]
     finally:
         engine.dispose()
 
 
 def _queued_positions(store: SQLAlchemyQueueStore) -> list[tuple[int, bytes, str]]:
-    (queue,) = store.list_queues("policy")
+    (queue,) = store.queues.list_queues("policy")
     with store.read() as conn:
-        got = store.read_queue(conn, queue.queue_id, 100)
+        got = store.queues.read_queue(conn, queue.queue_id, 100)
     return [(e.source_position, e.payload, e.snapshot_id) for e in got]
 
 
@@ -1017,7 +1027,7 @@ def test_revision_0013_keeps_a_sinks_progress_and_adds_cascade_tables(db_url: st
             )
         store = open_store(engine)
         assert "0013" in store.create_schema().pending
-        assert store.sink_progress("a", "policy").last_position == 3
+        assert store.recv.sink_progress("a", "policy").last_position == 3
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM lrq_cascade")).scalar() == 0
             assert conn.execute(text("SELECT count(*) FROM lrq_cascade_children")).scalar() == 0
@@ -1076,14 +1086,14 @@ def test_revision_0016_adds_headers_keeping_every_entry(db_url: str) -> None:
         with Session(engine) as session, session.begin():
             client.transmit_log_entry_message(session, b"new", ["site-b"], headers={"a": "1"})
         # PostgreSQL gives positions after commit, in commit order: wait for all three.
-        wait_for(lambda: len(list(store.read_client_log("policy", 0, 10))) == 3, 30.0)
-        found = store.read_client_log("policy", 0, 10)
+        wait_for(lambda: len(list(store.shipping.read_client_log("policy", 0, 10))) == 3, 30.0)
+        found = store.shipping.read_client_log("policy", 0, 10)
         assert [(e.payload, e.headers) for e in found] == [
             (b"old-1", None),
             (b"old-2", None),
             (b"new", b'{"a":"1"}'),
         ]
-        store.apply_log_batch(
+        store.recv.apply_log_batch(
             "a",
             "policy",
             [WireEntry(2, ReplicationType.LOG_ENTRY_SYNC, b"got-2", headers=b'{"b":"2"}')],

@@ -47,7 +47,7 @@ def _push(transport: GrpcTransport, batch: pb.ReplicationBatch) -> pb.Replicatio
 
 
 def _entries(store: SQLAlchemyQueueStore) -> int:
-    return sum(store.queue_depth(q.queue_id) for q in store.list_queues())
+    return sum(store.queues.queue_depth(q.queue_id) for q in store.queues.list_queues())
 
 
 class Sink:
@@ -111,7 +111,7 @@ def test_token_auth_rejects(
             _push(t, _batch())
     finally:
         t.close()
-    assert token_sink.store.list_queues() == []
+    assert token_sink.store.queues.list_queues() == []
     # and the sink keeps serving the good source
     good = token_sink.transport("site-a", _token("token-site-a"))
     try:
@@ -247,7 +247,7 @@ def test_mtls_rejects_bad_certificates(mtls_sink: Sink, pki: Pki, which: str) ->
         t.close()
     if which in ("unknown_site", "impersonation"):
         assert isinstance(info.value, PermissionDeniedError)
-    assert mtls_sink.store.list_queues() == []
+    assert mtls_sink.store.queues.list_queues() == []
 
 
 def test_plaintext_needs_to_be_explicit() -> None:

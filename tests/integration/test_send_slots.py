@@ -36,9 +36,11 @@ def store(pg_schema: PgSchema) -> Iterator[PostgresQueueStore]:
 
 
 def commit(store: PostgresQueueStore, n: int = 1, dests: tuple[str, ...] = ("b",)) -> list[int]:
-    nums = store.site_numbers()
+    nums = store.sites.site_numbers()
     with store.engine.begin() as conn:
-        refs = store.append_log_entries(conn, CLIENT, [(b"x" * 1000, [nums[d] for d in dests])] * n)
+        refs = store.send.append_log_entries(
+            conn, CLIENT, [(b"x" * 1000, [nums[d] for d in dests])] * n
+        )
     return positions(store, refs)
 
 
@@ -86,48 +88,48 @@ def test_a_passed_slot_is_truncated_never_deleted_row_by_row(
 ) -> None:
     p = commit(store, 50)
     before = {x.slot: x.bytes for x in store.send_slots()}
-    store.set_cursor("b", CLIENT, p[-1])
-    assert store.trim() == 50
+    store.shipping.set_cursor("b", CLIENT, p[-1])
+    assert store.retention.trim() == 50
     after = {x.slot: x for x in store.send_slots()}
     assert all(x.entries == 0 for x in after.values())
     assert sum(x.bytes for x in after.values()) < sum(before.values())
     assert deleted_rows(store, pg_schema.name) == 0
-    assert store.trimmed_through("b", CLIENT) == p[-1]
+    assert store.retention.trimmed_through("b", CLIENT) == p[-1]
 
 
 def test_a_slot_holding_an_unacknowledged_entry_is_kept_whole(store: PostgresQueueStore) -> None:
     (both,) = commit(store, 1, ("b", "c"))
     (only_b,) = commit(store, 1, ("b",))
-    store.set_cursor("b", CLIENT, only_b)
-    assert store.trim() == 0  # c has not passed the slot: b's entry stays with it
-    assert [e.position for e in store.read_client_log(CLIENT, 0, 10)] == [both, only_b]
-    assert store.trimmed_through("b", CLIENT) == 0
-    store.set_cursor("c", CLIENT, both)
-    assert store.trim() == 2
-    assert store.trimmed_through("c", CLIENT) == both
+    store.shipping.set_cursor("b", CLIENT, only_b)
+    assert store.retention.trim() == 0  # c has not passed the slot: b's entry stays with it
+    assert [e.position for e in store.shipping.read_client_log(CLIENT, 0, 10)] == [both, only_b]
+    assert store.retention.trimmed_through("b", CLIENT) == 0
+    store.shipping.set_cursor("c", CLIENT, both)
+    assert store.retention.trim() == 2
+    assert store.retention.trimmed_through("c", CLIENT) == both
 
 
 def test_a_slot_in_use_by_an_open_transaction_is_neither_waited_for_nor_retired(
     store: PostgresQueueStore,
 ) -> None:
-    nums = store.site_numbers()
+    nums = store.sites.site_numbers()
     with store.engine.connect() as app:
         app.begin()
-        (ref,) = store.append_log_entries(app, CLIENT, [(b"open", [nums["b"]])])
+        (ref,) = store.send.append_log_entries(app, CLIENT, [(b"open", [nums["b"]])])
         slot = current(store)
         assert store.rotate_send_log() is None  # nothing committed in it yet
         p = commit(store, 1)  # another transaction, same slot
-        store.set_cursor("b", CLIENT, p[0])
-        store.trim()  # rotates away; the open transaction holds the slot: not judged
+        store.shipping.set_cursor("b", CLIENT, p[0])
+        store.retention.trim()  # rotates away; the open transaction holds the slot: not judged
         assert current(store) != slot
-        assert [e.position for e in store.read_client_log(CLIENT, 0, 10)] == p
+        assert [e.position for e in store.shipping.read_client_log(CLIENT, 0, 10)] == p
         app.commit()
-    (late,) = store.positions_of([ref])
+    (late,) = store.send.positions_of([ref])
     assert late is not None and late > p[0]
-    assert [e.payload for e in store.read_log_entries("b", CLIENT, p[0], 10)] == [b"open"]
-    store.set_cursor("b", CLIENT, late)
-    assert store.trim() == 2
-    assert store.read_client_log(CLIENT, 0, 10) == []
+    assert [e.payload for e in store.shipping.read_log_entries("b", CLIENT, p[0], 10)] == [b"open"]
+    store.shipping.set_cursor("b", CLIENT, late)
+    assert store.retention.trim() == 2
+    assert store.shipping.read_client_log(CLIENT, 0, 10) == []
 
 
 def test_a_reader_holding_a_slot_defers_its_retirement_without_blocking_the_trim(
@@ -136,13 +138,13 @@ def test_a_reader_holding_a_slot_defers_its_retirement_without_blocking_the_trim
     p = commit(store, 2)
     slot = current(store)
     store.rotate_send_log()
-    store.set_cursor("b", CLIENT, p[-1])
+    store.shipping.set_cursor("b", CLIENT, p[-1])
     with store.engine.connect() as reader:
         reader.begin()
         reader.execute(text(f"LOCK TABLE lrq_send_entries_s{slot} IN ACCESS SHARE MODE"))
-        assert store.trim() == 0  # returns: the slot is tried again next time
+        assert store.retention.trim() == 0  # returns: the slot is tried again next time
         reader.rollback()
-    assert store.trim() == 2
+    assert store.retention.trim() == 2
 
 
 def test_slots_are_added_while_the_others_are_pinned_up_to_max_slots(
@@ -151,12 +153,12 @@ def test_slots_are_added_while_the_others_are_pinned_up_to_max_slots(
     store.max_slots = 6
     for _ in range(8):  # c never acknowledges: every slot stays pinned
         commit(store, 1, ("c",))
-        store.trim()
+        store.retention.trim()
     slots = store.send_slots()
     assert len(slots) == 6
     assert sum(x.entries for x in slots) == 8  # the last slot took the overflow
-    store.set_cursor("c", CLIENT, store.head_position())
-    store.trim()
+    store.shipping.set_cursor("c", CLIENT, store.send.head_position())
+    store.retention.trim()
     assert sum(x.entries for x in store.send_slots()) == 0
     assert len(store.send_slots()) == 6  # reused from now on
 
@@ -164,24 +166,24 @@ def test_slots_are_added_while_the_others_are_pinned_up_to_max_slots(
 def test_the_newest_tick_survives_every_retirement(store: PostgresQueueStore) -> None:
     for _ in range(6):
         p = commit(store, 2)
-        store.set_cursor("b", CLIENT, p[-1])
-        store.trim()
-    head = store.head_position()
+        store.shipping.set_cursor("b", CLIENT, p[-1])
+        store.retention.trim()
+    head = store.send.head_position()
     assert head == p[-1] == 12
     assert commit(store, 1) == [13]
 
 
 def test_a_position_is_known_while_its_slot_is_kept(store: PostgresQueueStore) -> None:
-    nums = store.site_numbers()
+    nums = store.sites.site_numbers()
     with store.engine.begin() as conn:
-        (ref,) = store.append_log_entries(conn, CLIENT, [(b"x", [nums["c"]])])
-    (position,) = store.positions_of([ref])
+        (ref,) = store.send.append_log_entries(conn, CLIENT, [(b"x", [nums["c"]])])
+    (position,) = store.send.positions_of([ref])
     assert position is not None
-    store.trim()
-    assert store.positions_of([ref]) == [position]  # c has not passed it
-    store.set_cursor("c", CLIENT, position)
-    store.trim()
-    assert store.positions_of([EntryRef(ref.txid, ref.ord)]) == [None]  # retired with it
+    store.retention.trim()
+    assert store.send.positions_of([ref]) == [position]  # c has not passed it
+    store.shipping.set_cursor("c", CLIENT, position)
+    store.retention.trim()
+    assert store.send.positions_of([EntryRef(ref.txid, ref.ord)]) == [None]  # retired with it
 
 
 def test_storage_stays_bounded_while_a_transaction_pins_vacuum(
@@ -196,8 +198,8 @@ def test_storage_stays_bounded_while_a_transaction_pins_vacuum(
         sizes = []
         for _ in range(30):
             p = commit(store, 100)
-            store.set_cursor("b", CLIENT, p[-1])
-            store.trim()
+            store.shipping.set_cursor("b", CLIENT, p[-1])
+            store.retention.trim()
             sizes.append(sum(x.bytes for x in store.send_slots()))
         pin.rollback()
     written = 30 * 100 * 1000
@@ -207,32 +209,32 @@ def test_storage_stays_bounded_while_a_transaction_pins_vacuum(
 
 def test_a_late_commit_into_a_closed_slot_is_judged_again(store: PostgresQueueStore) -> None:
     """A slot judged pinned is judged again once more entries were sequenced in it."""
-    nums = store.site_numbers()
+    nums = store.sites.site_numbers()
     (first,) = commit(store, 1, ("c",))
     with store.engine.connect() as app:
         app.begin()
-        store.append_log_entries(app, CLIENT, [(b"late", [nums["c"]])])
+        store.send.append_log_entries(app, CLIENT, [(b"late", [nums["c"]])])
         store.rotate_send_log()
-        store.trim()  # the slot is in use: not judged
+        store.retention.trim()  # the slot is in use: not judged
         app.commit()
-    store.set_cursor("c", CLIENT, first)
-    assert store.trim() == 0  # judged now: the late entry is not passed
-    store.set_cursor("c", CLIENT, store.head_position())
-    assert store.trim() == 2
-    assert store.read_client_log(CLIENT, 0, 10) == []
+    store.shipping.set_cursor("c", CLIENT, first)
+    assert store.retention.trim() == 0  # judged now: the late entry is not passed
+    store.shipping.set_cursor("c", CLIENT, store.send.head_position())
+    assert store.retention.trim() == 2
+    assert store.shipping.read_client_log(CLIENT, 0, 10) == []
 
 
 def test_a_closed_slot_is_kept_one_period_so_positions_stay_known(
     store: PostgresQueueStore,
 ) -> None:
-    nums = store.site_numbers()
+    nums = store.sites.site_numbers()
     with store.engine.begin() as conn:
-        (ref,) = store.append_log_entries(conn, CLIENT, [(b"x", [nums["b"]])])
-    (position,) = store.positions_of([ref])
+        (ref,) = store.send.append_log_entries(conn, CLIENT, [(b"x", [nums["b"]])])
+    (position,) = store.send.positions_of([ref])
     store.rotation_period = 3600.0
     assert store.rotate_send_log() is not None  # closed just now
-    store.set_cursor("b", CLIENT, store.head_position())
-    assert store.trim() == 0  # passed, but closed less than a period ago
-    assert store.positions_of([EntryRef(ref.txid, ref.ord)]) == [position]
+    store.shipping.set_cursor("b", CLIENT, store.send.head_position())
+    assert store.retention.trim() == 0  # passed, but closed less than a period ago
+    assert store.send.positions_of([EntryRef(ref.txid, ref.ord)]) == [position]
     store.rotation_period = 0.0
-    assert store.trim() == 1
+    assert store.retention.trim() == 1

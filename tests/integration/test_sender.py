@@ -48,12 +48,12 @@ def client(store: SQLAlchemyQueueStore) -> Iterator[RoutingQueueClient]:
 def app(store: SQLAlchemyQueueStore, make_app: Callable[..., App]) -> App:
     """The application of the test's flavour (sync, or async on a driver), as ``client``."""
     app_meta.create_all(store.engine)
-    store.register_sites(["site-b", "site-c"])
+    store.sites.register_sites(["site-b", "site-c"])
     return make_app(store, max_payload_bytes=1024)
 
 
 def counts(store: SQLAlchemyQueueStore) -> tuple[int, int]:
-    store.sequence()  # PostgreSQL: the send log shows entries once sequenced
+    store.send.sequence()  # PostgreSQL: the send log shows entries once sequenced
     with store.read() as conn:
         entries = conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar_one()
         apps = conn.execute(select(func.count()).select_from(orders)).scalar_one()
@@ -73,8 +73,11 @@ def test_commits_with_the_application(app: App) -> None:
             ],
         )
     assert counts(store) == (3, 1)
-    assert [e.payload for e in store.read_log_entries("site-b", "policy", 0, 9)] == [b"o1", b"o2"]
-    read_c = store.read_log_entries("site-c", "policy", 0, 9)
+    assert [e.payload for e in store.shipping.read_log_entries("site-b", "policy", 0, 9)] == [
+        b"o1",
+        b"o2",
+    ]
+    read_c = store.shipping.read_log_entries("site-c", "policy", 0, 9)
     assert [(e.payload, e.key) for e in read_c] == [(b"o1", None), (b"o3", b"k")]
 
 
@@ -109,7 +112,7 @@ def test_a_connection_without_begin_commits_what_it_transmitted(app: App, batch:
         tx.commit()
     finally:
         tx.close()
-    got = app.store.read_log_entries("site-b", "policy", 0, 9)
+    got = app.store.shipping.read_log_entries("site-b", "policy", 0, 9)
     assert [e.payload for e in got] == [b"x"]
 
 
@@ -180,11 +183,15 @@ def test_validated_destination_lists_are_remembered_but_never_trusted_blindly(
     client.register_destinations(["site-z"])  # now known: the refusal was not remembered
     with client.store.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"3", ["site-z"])
-    assert [e.payload for e in client.store.read_log_entries("site-c", "policy", 0, 9)] == [
+    assert [
+        e.payload for e in client.store.shipping.read_log_entries("site-c", "policy", 0, 9)
+    ] == [
         b"1",
         b"2",
     ]
-    assert [e.payload for e in client.store.read_log_entries("site-z", "policy", 0, 9)] == [b"3"]
+    assert [
+        e.payload for e in client.store.shipping.read_log_entries("site-z", "policy", 0, 9)
+    ] == [b"3"]
 
 
 def test_the_remembered_destination_lists_are_bounded(client: RoutingQueueClient) -> None:
@@ -197,7 +204,7 @@ def test_the_remembered_destination_lists_are_bounded(client: RoutingQueueClient
             client.transmit_log_entry_message(conn, b"x", dests)
     assert len(client.rules.resolved) == sending_module.RESOLVED_CACHE_SIZE
     # Lists past the bound still work, validated each time.
-    assert client.store.backlog("s49", "policy").entries == 49
+    assert client.store.shipping.backlog("s49", "policy").entries == 49
 
 
 def _must_not_run(*_args: object) -> str:
@@ -264,7 +271,9 @@ def root_client(store: SQLAlchemyQueueStore) -> RoutingQueueClient:
     """s1, the root of cascaded client ``policy`` (s2, s3 below it, s4 below s3), as
     ``lr server`` applies it; ``x`` is a registered site outside the set."""
     app_meta.create_all(store.engine)
-    store.apply_cascade_config("policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3", "s4"))
+    store.cascade.apply_cascade_config(
+        "policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3", "s4")
+    )
     c = RoutingQueueClient(store, source_id="s1", client_name="policy", flow_check_interval=60.0)
     c.register_destinations(["s2", "s3", "s4", "x"])
     return c
@@ -299,7 +308,9 @@ def test_a_cascaded_client_goes_to_nodes_of_its_set_only(
 
 
 def test_a_cascaded_client_is_transmitted_at_its_root_only(store: SQLAlchemyQueueStore) -> None:
-    store.apply_cascade_config("policy", "s1", "branch", "s1", ("s4",), nodes=("s2", "s3", "s4"))
+    store.cascade.apply_cascade_config(
+        "policy", "s1", "branch", "s1", ("s4",), nodes=("s2", "s3", "s4")
+    )
     branch = RoutingQueueClient(store, source_id="s3", client_name="policy")
     branch.register_destinations(["s4"])
     refused = pytest.raises(CascadeRouteError, match=r"cascaded from its root s1: only the root")
@@ -309,9 +320,9 @@ def test_a_cascaded_client_is_transmitted_at_its_root_only(store: SQLAlchemyQueu
     other = RoutingQueueClient(store, source_id="s3", client_name="inventory")
     with store.engine.begin() as conn:
         other.transmit_log_entry_message(conn, b"y", ["s4"])
-    store.sequence()
-    assert [e.payload for e in store.read_client_log("policy", 0, 10)] == []
-    assert [e.payload for e in store.read_client_log("inventory", 0, 10)] == [b"y"]
+    store.send.sequence()
+    assert [e.payload for e in store.shipping.read_client_log("policy", 0, 10)] == []
+    assert [e.payload for e in store.shipping.read_client_log("inventory", 0, 10)] == [b"y"]
 
 
 def test_a_cached_route_is_confirmed_before_a_refusal(root_client: RoutingQueueClient) -> None:
@@ -320,7 +331,9 @@ def test_a_cached_route_is_confirmed_before_a_refusal(root_client: RoutingQueueC
     with store.engine.begin() as conn:
         root_client.transmit_log_entry_message(conn, b"1", ["s2"])  # the route is cached
     # The set grows (the configuration applied again at a restart): x is now a node.
-    store.apply_cascade_config("policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3", "x"))
+    store.cascade.apply_cascade_config(
+        "policy", "s1", "root", "", ("s2", "s3"), nodes=("s2", "s3", "x")
+    )
     with store.engine.begin() as conn:
         root_client.transmit_log_entry_message(conn, b"2", ["x"])
     assert counts(store)[0] == 2
@@ -334,7 +347,7 @@ def test_threads_transmitting_while_the_state_is_read_again_do_not_read_it_too(
     app_meta.create_all(store.engine)
     c = RoutingQueueClient(store, "site-a", "policy", flow_check_interval=0.05)
     c.register_destinations(["site-b"])
-    real = store.flow_state
+    real = store.send.flow_state
     reads: list[str] = []
     inside, hold = threading.Event(), threading.Event()
 

@@ -27,7 +27,7 @@ def pg_store(pg_schema: PgSchema, **engine_args: object) -> SQLAlchemyQueueStore
     store = open_store(pg_schema.engine(**engine_args))
     assert isinstance(store, SQLAlchemyQueueStore)
     store.create_schema()
-    store.register_sites(["b"])
+    store.sites.register_sites(["b"])
     return store
 
 
@@ -39,9 +39,9 @@ def store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
 
 def commit(store: SQLAlchemyQueueStore, n: int) -> list[EntryRef]:
     """One committed transaction of ``n`` entries for site ``b``; their refs."""
-    num = store.site_numbers()["b"]
+    num = store.sites.site_numbers()["b"]
     with store.engine.begin() as conn:
-        return store.append_log_entries(conn, CLIENT, [(b"%d" % i, [num]) for i in range(n)])
+        return store.send.append_log_entries(conn, CLIENT, [(b"%d" % i, [num]) for i in range(n)])
 
 
 def count(store: SQLAlchemyQueueStore, table: str) -> int:
@@ -65,13 +65,13 @@ def test_a_tick_sequences_the_transactions_committed_since_the_last_one(
             second[0].txid: 2,
         }
         assert sequencer.bases(conn, [first[0].txid + 10_000]) == {}
-    assert store.positions_of([*first, *second]) == [1, 2, 3, 4, 5]
+    assert store.send.positions_of([*first, *second]) == [1, 2, 3, 4, 5]
 
 
 def test_an_empty_store_has_head_0(store: SQLAlchemyQueueStore) -> None:
     with store.read() as conn:
         assert sequencer.head(conn) == 0
-    assert store.head_position() == 0
+    assert store.send.head_position() == 0
 
 
 def test_ticks_take_the_documented_lock_of_their_own_schema(pg_schema: PgSchema) -> None:
@@ -125,7 +125,7 @@ def test_concurrent_ticks_sequence_each_transaction_once(pg_schema: PgSchema) ->
     def ticker() -> None:
         try:
             barrier.wait(30)
-            counts.append(store.sequence())
+            counts.append(store.send.sequence())
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -136,12 +136,12 @@ def test_concurrent_ticks_sequence_each_transaction_once(pg_schema: PgSchema) ->
         join(t, 60)
     assert errors == []
     assert sorted(counts) == [0, 0, 0, 0, 0, 20]
-    assert store.positions_of([r for pair in refs for r in pair]) == list(range(1, 21))
+    assert store.send.positions_of([r for pair in refs for r in pair]) == list(range(1, 21))
 
 
 def test_positions_of_keeps_the_positions_refs_already_carry(store: SQLAlchemyQueueStore) -> None:
     """A list mixing refs with a known position and refs just transmitted."""
     (fresh,) = commit(store, 1)
     known = EntryRef(0, 1, 7)
-    assert store.positions_of([known, fresh, known]) == [7, 1, 7]
-    assert store.positions_of([known]) == [7]
+    assert store.send.positions_of([known, fresh, known]) == [7, 1, 7]
+    assert store.send.positions_of([known]) == [7]

@@ -122,13 +122,13 @@ def test_an_accepted_loss_clears_a_partial_snapshot_at_the_sink(
         WireEntry(1, SNAP, b"s1", snapshot_id="s1"),
         WireEntry(2, SNAP, b"s2", snapshot_id="s1"),
     ]
-    store.apply_log_batch("a", CLIENT, [WireEntry(1, LOG, b"e1")], 0)
-    store.apply_snapshot_batch("a", CLIENT, "s1", snap, 0)
-    assert store.apply_drop_notice("a", CLIENT, "a1", 2, "loss accepted") is True
-    progress = store.sink_progress("a", CLIENT)
+    store.recv.apply_log_batch("a", CLIENT, [WireEntry(1, LOG, b"e1")], 0)
+    store.recv.apply_snapshot_batch("a", CLIENT, "s1", snap, 0)
+    assert store.recv.apply_drop_notice("a", CLIENT, "a1", 2, "loss accepted") is True
+    progress = store.recv.sink_progress("a", CLIENT)
     assert (progress.snapshot_id, progress.last_position) == ("", 1)
-    store.apply_log_batch("a", CLIENT, [WireEntry(5, LOG, b"e5")], 1)
-    (queue,) = store.list_queues(CLIENT)
+    store.recv.apply_log_batch("a", CLIENT, [WireEntry(5, LOG, b"e5")], 1)
+    (queue,) = store.queues.list_queues(CLIENT)
     with store.read() as conn:
-        queued = store.read_queue(conn, queue.queue_id, 10)
+        queued = store.queues.read_queue(conn, queue.queue_id, 10)
     assert [(e.type, e.source_position) for e in queued] == [(LOG, 1), (DROPPED, 2), (LOG, 5)]

@@ -37,7 +37,7 @@ def _no_transport() -> Transport:
 
 
 def session(store: SQLAlchemyQueueStore, **clients: SnapshotProvider) -> SenderSession:
-    store.register_sites([DEST, "c"])
+    store.sites.register_sites([DEST, "c"])
     configs = [ClientConfig(name, provider) for name, provider in clients.items()]
     return SenderSession(
         store, "a", DEST, configs, _no_transport, ReplicationConfig(window_batches=8)
@@ -69,15 +69,17 @@ def log_at(position: int) -> tuple[int, int, str, int]:
 
 def _write(store: SQLAlchemyQueueStore, n: int, client: str = "policy") -> None:
     """``n`` log entries of ``client`` for b, each apart (PostgreSQL: in a slot of its own)."""
-    nums = store.site_numbers()
+    nums = store.sites.site_numbers()
     for _ in range(n):
         new_slot(store)
         with store.write() as conn:
-            store.append_log_entries(conn, client, [(b"x", [nums[DEST]])])
+            store.send.append_log_entries(conn, client, [(b"x", [nums[DEST]])])
 
 
 def _ready(store: SQLAlchemyQueueStore, client: str = "policy", rows: int = 2) -> SnapshotRequest:
-    return ready_snapshot(store, store.request_snapshot(None, DEST, client, "asked"), rows)
+    return ready_snapshot(
+        store, store.snapshots.request_snapshot(None, DEST, client, "asked"), rows
+    )
 
 
 def _state(cs: ClientStream) -> tuple[object, ...]:
@@ -91,22 +93,22 @@ def test_log_streams_resume_where_the_sink_is_and_cursors_follow_it(
     s = session(store, policy=NONE, orders=NONE, audit=NONE)
     _write(store, 9)
     _write(store, 4, "orders")
-    store.set_cursor(DEST, "policy", 3)
-    store.set_cursor(DEST, "orders", 12)
-    store.set_cursor("c", "audit", 2)
+    store.shipping.set_cursor(DEST, "policy", 3)
+    store.shipping.set_cursor(DEST, "orders", 12)
+    store.shipping.set_cursor("c", "audit", 2)
     streams = s._plan(sink(policy=log_at(5), orders=log_at(11), audit=log_at(0)))
     assert list(streams) == ["policy", "orders", "audit"]
     assert _state(streams["policy"]) == (Mode.LOG, 5, None, 0, None, "")
     assert _state(streams["orders"]) == (Mode.LOG, 11, None, 0, None, "")
     assert _state(streams["audit"]) == (Mode.LOG, 0, None, 0, None, "")
     assert streams["policy"].config == ClientConfig("policy", NONE)
-    cursors = {(c.destination, c.client_name): c.position for c in store.list_cursors()}
+    cursors = {(c.destination, c.client_name): c.position for c in store.shipping.list_cursors()}
     # Raised to an ack that was lost; lowered to replay what the sink lacks; c's untouched.
     assert cursors == {(DEST, "policy"): 5, (DEST, "orders"): 11, ("c", "audit"): 2}
     assert s.stops.notices is True
     s._plan(sink(notices=False, policy=log_at(5)))
     assert s.stops.notices is False
-    assert store.list_snapshots() == [] and store.list_drops() == []
+    assert store.snapshots.list_snapshots() == [] and store.retention.list_drops() == []
 
 
 def test_a_sink_behind_the_trim_point_is_dropped_to_a_full_sync_with_a_notice_first(
@@ -114,25 +116,25 @@ def test_a_sink_behind_the_trim_point_is_dropped_to_a_full_sync_with_a_notice_fi
 ) -> None:
     s = session(store, policy=APP)
     _write(store, 9)
-    store.set_cursor(DEST, "policy", 6)
-    assert store.trim() == 6
+    store.shipping.set_cursor(DEST, "policy", 6)
+    assert store.retention.trim() == 6
     streams = s._plan(sink(policy=log_at(2)))
     reason = (
         "the sink is at position 2, behind what this source still holds "
         "(entries of the stream up to 6 were trimmed)"
     )
-    (drop,) = store.list_drops()
+    (drop,) = store.retention.list_drops()
     assert (drop.destination, drop.client_name, drop.first_dropped_position, drop.reason) == (
         DEST,
         "policy",
         3,
         reason,
     )
-    (req,) = store.list_snapshots(DEST, "policy")
+    (req,) = store.snapshots.list_snapshots(DEST, "policy")
     assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, reason)
     notice = Notice(f"d{int(drop.dropped_at * 1e6)}", 3, reason)
     assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 0, notice, "")
-    assert store.get_cursor(DEST, "policy").position == 2  # lowered before the trim mark
+    assert store.shipping.get_cursor(DEST, "policy").position == 2  # lowered before the trim mark
 
 
 def test_a_sink_behind_the_trim_point_without_provider_stops_its_stream(
@@ -140,17 +142,17 @@ def test_a_sink_behind_the_trim_point_without_provider_stops_its_stream(
 ) -> None:
     s = session(store, policy=NONE)
     _write(store, 9)
-    store.set_cursor(DEST, "policy", 6)
-    store.trim()
+    store.shipping.set_cursor(DEST, "policy", 6)
+    store.retention.trim()
     streams = s._plan(sink(policy=log_at(2)))
     reason = (
         "the sink is at position 2, behind what this source still holds "
         "(entries of the stream up to 6 were trimmed)"
     )
     assert _state(streams["policy"]) == (Mode.STOPPED, 0, None, 0, None, f"policy: {reason}")
-    stop = store.get_stream_stop(DEST, "policy")
+    stop = store.retention.get_stream_stop(DEST, "policy")
     assert stop is not None and (stop.reason, stop.resume_after) == (reason, 2)
-    assert store.list_snapshots() == [] and store.list_drops() == []
+    assert store.snapshots.list_snapshots() == [] and store.retention.list_drops() == []
 
 
 def test_first_contact_with_a_provider_requests_a_full_sync(
@@ -160,7 +162,7 @@ def test_first_contact_with_a_provider_requests_a_full_sync(
     s = session(store, policy=APP, orders=NONE)
     _write(store, 3)
     streams = s._plan(sink(policy=log_at(0), orders=log_at(0)))
-    (req,) = store.list_snapshots(DEST, "policy")
+    (req,) = store.snapshots.list_snapshots(DEST, "policy")
     assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, "first contact")
     assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 0, None, "")
     assert _state(streams["orders"]) == (Mode.LOG, 0, None, 0, None, "")  # checked, then log
@@ -174,15 +176,15 @@ def test_a_dropped_stream_is_told_of_its_drop_before_its_full_sync(
 ) -> None:
     s = session(store, policy=APP)
     _write(store, 9)
-    store.set_cursor(DEST, "policy", 4)
-    drop = store.drop_stream(DEST, "policy", "too far behind")
+    store.shipping.set_cursor(DEST, "policy", 4)
+    drop = store.retention.drop_stream(DEST, "policy", "too far behind")
     assert drop is not None
     streams = s._plan(sink(policy=log_at(4)))
-    (req,) = store.list_snapshots(DEST, "policy")
+    (req,) = store.snapshots.list_snapshots(DEST, "policy")
     assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, "dropped for falling behind")
     notice = Notice(f"d{int(drop.dropped_at * 1e6)}", 5, "too far behind")
     assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 0, notice, "")
-    assert store.list_drops() == [drop]
+    assert store.retention.list_drops() == [drop]
 
 
 def test_a_sink_past_a_restored_sources_head_is_dropped_from_the_head(
@@ -191,9 +193,9 @@ def test_a_sink_past_a_restored_sources_head_is_dropped_from_the_head(
     """The cursor (35) is past the head (30) too: the drop starts after the head."""
     s = session(store, policy=APP)
     _write(store, 30)
-    store.set_cursor(DEST, "policy", 35)
+    store.shipping.set_cursor(DEST, "policy", 35)
     s._plan(sink(policy=log_at(40)))
-    (drop,) = store.list_drops()
+    (drop,) = store.retention.list_drops()
     assert drop.first_dropped_position == 31
     assert drop.reason.startswith("the sink is at position 40 but this source's head is 30")
 
@@ -205,7 +207,7 @@ def test_a_transfer_in_progress_continues_after_what_the_sink_holds(
     req = _ready(store, rows=5)
     streams = s._plan(sink(policy=(7, pb.SNAPSHOT_ONGOING, req.snapshot_id, 3)))
     assert _state(streams["policy"]) == (Mode.SNAPSHOT, 0, req, 3, None, "")
-    assert store.list_snapshots(DEST) == [req]
+    assert store.snapshots.list_snapshots(DEST) == [req]
 
 
 def test_a_snapshot_the_sink_completed_is_finished_when_its_ack_was_lost(
@@ -213,18 +215,18 @@ def test_a_snapshot_the_sink_completed_is_finished_when_its_ack_was_lost(
 ) -> None:
     s = session(store, policy=APP)
     _write(store, 4)
-    store.set_cursor(DEST, "policy", 1, needs_snapshot=True)
-    store.drop_stream(DEST, "policy", "behind")
+    store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
+    store.retention.drop_stream(DEST, "policy", "behind")
     req = _ready(store)
     assert req.base_position == 4
     _write(store, 2)
     # The sink has the snapshot and the log entry after its base: both acks were lost.
     streams = s._plan(sink(policy=(5, pb.SNAPSHOT_COMPLETED, req.snapshot_id, 3)))
-    done = store.get_snapshot(req.snapshot_id)
+    done = store.snapshots.get_snapshot(req.snapshot_id)
     assert done is not None and done.status is SnapshotStatus.COMPLETED
-    cursor = store.get_cursor(DEST, "policy")
+    cursor = store.shipping.get_cursor(DEST, "policy")
     assert (cursor.position, cursor.needs_snapshot) == (5, False)
-    assert store.list_drops() == []
+    assert store.retention.list_drops() == []
     assert _state(streams["policy"]) == (Mode.LOG, 5, None, 0, None, "")
 
 
@@ -233,9 +235,9 @@ def test_an_open_request_of_a_client_without_provider_is_refused(
 ) -> None:
     s = session(store, policy=NONE)
     _write(store, 2)
-    sid = store.request_snapshot(None, DEST, "policy", "asked")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "asked")
     streams = s._plan(sink(policy=log_at(2)))
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status is SnapshotStatus.CANCELLED
     assert _state(streams["policy"]) == (Mode.LOG, 2, None, 0, None, "")
 
@@ -245,10 +247,10 @@ def test_a_provider_configured_since_a_stop_clears_it_and_syncs(
 ) -> None:
     s = session(store, policy=APP)
     _write(store, 3)
-    store.set_cursor(DEST, "policy", 3)
-    store.stop_stream(DEST, "policy", "needs a full sync", 1)
+    store.shipping.set_cursor(DEST, "policy", 3)
+    store.retention.stop_stream(DEST, "policy", "needs a full sync", 1)
     streams = s._plan(sink(policy=log_at(1)))
-    assert store.get_stream_stop(DEST, "policy") is None
+    assert store.retention.get_stream_stop(DEST, "policy") is None
     assert streams["policy"].mode is Mode.LOG and streams["policy"].sent == 1
 
 
@@ -257,29 +259,31 @@ def test_a_stop_whose_loss_was_accepted_resumes_with_a_notice(
 ) -> None:
     s = session(store, policy=NONE)
     _write(store, 3)
-    store.stop_stream(DEST, "policy", "needs a full sync", 2)
-    stop = store.accept_stream_loss(DEST, "policy")
+    store.retention.stop_stream(DEST, "policy", "needs a full sync", 2)
+    stop = store.retention.accept_stream_loss(DEST, "policy")
     assert stop is not None and stop.accepted_at is not None
     streams = s._plan(sink(policy=log_at(1)))
     notice = Notice(
         f"a{int(stop.accepted_at * 1e6)}", 3, "loss accepted by an operator: needs a full sync"
     )
     assert _state(streams["policy"]) == (Mode.LOG, 2, None, 0, notice, "")
-    assert store.get_stream_stop(DEST, "policy") == stop  # resumed once the sink has the notice
+    assert (
+        store.retention.get_stream_stop(DEST, "policy") == stop
+    )  # resumed once the sink has the notice
 
 
 def test_the_record_of_a_resumed_loss_is_kept(store: SQLAlchemyQueueStore) -> None:
     """It says what the operator accepted: a later negotiation needs it."""
     s = session(store, policy=NONE)
     _write(store, 3)
-    store.stop_stream(DEST, "policy", "lost", 1)
-    store.accept_stream_loss(DEST, "policy")
-    store.mark_stream_resumed(DEST, "policy")
-    record = store.get_stream_stop(DEST, "policy")
+    store.retention.stop_stream(DEST, "policy", "lost", 1)
+    store.retention.accept_stream_loss(DEST, "policy")
+    store.retention.mark_stream_resumed(DEST, "policy")
+    record = store.retention.get_stream_stop(DEST, "policy")
     assert record is not None and record.resumed_at is not None
     streams = s._plan(sink(policy=log_at(3)))
     assert _state(streams["policy"]) == (Mode.LOG, 3, None, 0, None, "")
-    assert store.get_stream_stop(DEST, "policy") == record
+    assert store.retention.get_stream_stop(DEST, "policy") == record
 
 
 def test_a_stopped_stream_whose_sink_holds_what_it_needs_runs_again(
@@ -288,10 +292,10 @@ def test_a_stopped_stream_whose_sink_holds_what_it_needs_runs_again(
     caplog.set_level(logging.INFO, logger="lr.session")
     s = session(store, policy=NONE)
     _write(store, 3)
-    store.stop_stream(DEST, "policy", "was behind", 1)
+    store.retention.stop_stream(DEST, "policy", "was behind", 1)
     streams = s._plan(sink(policy=log_at(3)))
     assert _state(streams["policy"]) == (Mode.LOG, 3, None, 0, None, "")
-    assert store.get_stream_stop(DEST, "policy") is None
+    assert store.retention.get_stream_stop(DEST, "policy") is None
     assert "b/policy: no longer stopped: was behind" in [r.getMessage() for r in caplog.records]
 
 
@@ -357,15 +361,15 @@ def test_log_acks_move_cursors_and_count_what_was_shipped(store: SQLAlchemyQueue
     _inflight(s, "orders", pb.BATCH_LOG_ENTRY, 9, entries=2, nbytes=7, age=0.5)
     third = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 12, entries=1, nbytes=5, age=0.5)
     s._on_ack(pb.ReplicationAck(batch_id=first - 1), streams)  # settles nothing
-    assert len(s.window) == 3 and store.list_cursors() == []
+    assert len(s.window) == 3 and store.shipping.list_cursors() == []
     s._on_ack(pb.ReplicationAck(batch_id=first + 1), streams)
     assert _sample("lr_inflight_batches", destination=DEST) == 1
     # The first flush of a connection is due at once; the window is not empty.
-    positions = {c.client_name: c.position for c in store.list_cursors()}
+    positions = {c.client_name: c.position for c in store.shipping.list_cursors()}
     assert positions == {"policy": 4, "orders": 9}
     assert s.window.cursors == {}
     s._on_ack(pb.ReplicationAck(batch_id=third), streams)
-    assert {c.client_name: c.position for c in store.list_cursors()} == {
+    assert {c.client_name: c.position for c in store.shipping.list_cursors()} == {
         "policy": 12,
         "orders": 9,
     }
@@ -392,11 +396,11 @@ def test_cursors_wait_while_batches_are_in_flight_and_a_flush_is_not_due(
     first = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)
     _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 8)
     s._on_ack(pb.ReplicationAck(batch_id=first), streams)
-    assert s.window.cursors == {"policy": 4} and store.list_cursors() == []
+    assert s.window.cursors == {"policy": 4} and store.shipping.list_cursors() == []
     s.window.flushed_at -= 1.0  # a while later
     before = time.monotonic()
     s._flush_cursors()
-    assert [(c.client_name, c.position) for c in store.list_cursors()] == [("policy", 4)]
+    assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
     assert s.window.cursors == {} and before <= s.window.flushed_at <= time.monotonic()
 
 
@@ -406,10 +410,10 @@ def test_acks_of_snapshot_batches_record_what_was_shipped(store: SQLAlchemyQueue
     streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
     bid = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id)
     s._on_ack(pb.ReplicationAck(batch_id=bid), streams)
-    got = store.get_snapshot(req.snapshot_id)
+    got = store.snapshots.get_snapshot(req.snapshot_id)
     assert got is not None and (got.status, got.shipped_position) == (SnapshotStatus.READY, 3)
     assert _sample("lr_snapshot_rows", destination=DEST, client="policy") == 3
-    assert store.list_cursors() == []
+    assert store.shipping.list_cursors() == []
 
 
 def test_the_ack_of_a_snapshots_end_completes_it_and_discards_earlier_log_cursors(
@@ -422,12 +426,12 @@ def test_the_ack_of_a_snapshots_end_completes_it_and_discards_earlier_log_cursor
     _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 9)  # an old log batch still in flight
     end = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id, is_end=True)
     s._on_ack(pb.ReplicationAck(batch_id=end), streams)
-    got = store.get_snapshot(req.snapshot_id)
+    got = store.snapshots.get_snapshot(req.snapshot_id)
     assert got is not None and got.status is SnapshotStatus.COMPLETED
     assert got.shipped_position == 0  # an end is not a shipped-rows update
     cs = streams["policy"]
     assert (cs.mode, cs.snapshot, cs.sent) == (Mode.LOG, None, 6)
-    cursor = store.get_cursor(DEST, "policy")
+    cursor = store.shipping.get_cursor(DEST, "policy")
     assert (cursor.position, cursor.needs_snapshot) == (6, False)
 
 
@@ -458,13 +462,13 @@ def test_the_end_of_a_superseded_snapshot_leaves_the_newer_one(
     s = session(store, policy=APP)
     old = _ready(store, rows=2)
     streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, old.snapshot_id, 0)))
-    newer = store.request_snapshot(None, DEST, "policy", "again")
-    streams["policy"].snapshot = store.get_snapshot(newer)
+    newer = store.snapshots.request_snapshot(None, DEST, "policy", "again")
+    streams["policy"].snapshot = store.snapshots.get_snapshot(newer)
     end = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=old.snapshot_id, is_end=True)
     s._on_ack(pb.ReplicationAck(batch_id=end), streams)
     cs = streams["policy"]
-    assert (cs.mode, cs.snapshot) == (Mode.SNAPSHOT, store.get_snapshot(newer))
-    assert [(r.snapshot_id, r.status) for r in store.list_snapshots(DEST)] == [
+    assert (cs.mode, cs.snapshot) == (Mode.SNAPSHOT, store.snapshots.get_snapshot(newer))
+    assert [(r.snapshot_id, r.status) for r in store.snapshots.list_snapshots(DEST)] == [
         (newer, SnapshotStatus.REQUESTED),
         (old.snapshot_id, SnapshotStatus.CANCELLED),
     ]
@@ -479,22 +483,22 @@ def test_the_ack_of_an_accepted_loss_notice_resumes_the_stream(
     s = session(store, policy=NONE, orders=NONE)
     _write(store, 3)
     streams = s._plan(sink(policy=log_at(0), orders=log_at(0)))
-    store.stop_stream(DEST, "policy", "lost", 2)
-    store.accept_stream_loss(DEST, "policy")
-    store.drop_stream(DEST, "orders", "behind")
+    store.retention.stop_stream(DEST, "policy", "lost", 2)
+    store.retention.accept_stream_loss(DEST, "policy")
+    store.retention.drop_stream(DEST, "orders", "behind")
     accepted = _inflight(s, "policy", pb.BATCH_DROP_NOTICE, 3, snapshot_id="a17")
     dropped = _inflight(s, "orders", pb.BATCH_DROP_NOTICE, 5, snapshot_id="d18")
     s._on_ack(pb.ReplicationAck(batch_id=dropped), streams)
     assert accepted < dropped
-    stop = store.get_stream_stop(DEST, "policy")
+    stop = store.retention.get_stream_stop(DEST, "policy")
     assert stop is not None and stop.resumed_at is not None
-    cursor = store.get_cursor(DEST, "policy")
+    cursor = store.shipping.get_cursor(DEST, "policy")
     assert (cursor.position, cursor.needs_snapshot) == (2, False)
     # A drop's notice moves nothing: its full sync follows.
-    orders = store.get_cursor(DEST, "orders")
+    orders = store.shipping.get_cursor(DEST, "orders")
     assert (orders.position, orders.needs_snapshot) == (0, True)
-    assert [d.client_name for d in store.list_drops()] == ["orders"]
-    assert store.list_snapshots() == []
+    assert [d.client_name for d in store.retention.list_drops()] == ["orders"]
+    assert store.snapshots.list_snapshots() == []
 
 
 def test_the_ack_of_a_batch_of_a_snapshot_no_longer_ready_changes_nothing(
@@ -504,8 +508,8 @@ def test_the_ack_of_a_batch_of_a_snapshot_no_longer_ready_changes_nothing(
     req = _ready(store, rows=5)
     streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
     bid = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id)
-    assert store.cancel_snapshot(req.snapshot_id, "by an operator")
-    cancelled = store.get_snapshot(req.snapshot_id)
+    assert store.snapshots.cancel_snapshot(req.snapshot_id, "by an operator")
+    cancelled = store.snapshots.get_snapshot(req.snapshot_id)
     s._on_ack(pb.ReplicationAck(batch_id=bid), streams)
-    assert store.get_snapshot(req.snapshot_id) == cancelled
+    assert store.snapshots.get_snapshot(req.snapshot_id) == cancelled
     assert cancelled is not None and cancelled.shipped_position == 0

@@ -58,9 +58,9 @@ class SilentTransport(Transport):
 
 
 def test_window_bounds_batches_and_bytes(store: SQLAlchemyQueueStore) -> None:
-    nums = store.register_sites(["b"])
+    nums = store.sites.register_sites(["b"])
     with store.write() as conn:
-        store.append_log_entries(conn, "policy", [(bytes(1000), [nums["b"]])] * 500)
+        store.send.append_log_entries(conn, "policy", [(bytes(1000), [nums["b"]])] * 500)
     for cfg, expect in (
         (ReplicationConfig(batch_max_entries=10, window_batches=3, poll_interval=0.01), 3),
         # 10 KB batches against a 25 KB byte window: the third batch fills it
@@ -85,7 +85,7 @@ def test_window_bounds_batches_and_bytes(store: SQLAlchemyQueueStore) -> None:
             polls = transport.polls
             wait_for(lambda t=transport, p=polls: t.polls >= p + 20, what="20 more rounds")
             assert len(transport.sent) == expect
-            assert store.get_cursor("b", "policy").position == 0
+            assert store.shipping.get_cursor("b", "policy").position == 0
         finally:
             transport.hung_up.set()
             stop.set()
@@ -133,12 +133,14 @@ def test_lost_end_marker_ack_completes_without_resending(
     sink = open_store(db_url_factory("sink"))
     sink.create_schema()
     try:
-        store.register_sites(["b"])
-        sid = store.request_snapshot(None, "b", "policy", "test")
-        store.start_snapshot(sid)
+        store.sites.register_sites(["b"])
+        sid = store.snapshots.request_snapshot(None, "b", "policy", "test")
+        store.snapshots.start_snapshot(sid)
         with store.write() as conn:
-            store.write_snapshot_entries(conn, sid, 0, [b"%d" % i for i in range(30)])
-        store.finish_snapshot(sid)
+            store.snapshot_entries.write_snapshot_entries(
+                conn, sid, 0, [b"%d" % i for i in range(30)]
+            )
+        store.snapshot_entries.finish_snapshot(sid)
         transport = LosesEndMarkerAck(InProcessTransport(Receiver(sink, "b", ["a"]), "a"))
         cfg = ReplicationConfig(batch_max_entries=10, poll_interval=0.01)
         retry = RetryConfig(initial_backoff=0.01, max_backoff=0.05)
@@ -149,7 +151,7 @@ def test_lost_end_marker_ack_completes_without_resending(
         worker = threading.Thread(target=session.run, args=(stop,))
         worker.start()
         try:
-            wait_for(lambda: store.get_snapshot(sid).status is SnapshotStatus.COMPLETED)  # type: ignore[union-attr]
+            wait_for(lambda: store.snapshots.get_snapshot(sid).status is SnapshotStatus.COMPLETED)  # type: ignore[union-attr]
         finally:
             stop.set()
             join(worker, 30)
@@ -162,11 +164,11 @@ def test_lost_end_marker_ack_completes_without_resending(
 
 def test_window_bounds_batches_across_clients(store: SQLAlchemyQueueStore) -> None:
     """A round reads every client's batch before sending: the reads count against the window."""
-    nums = store.register_sites(["b"])
+    nums = store.sites.register_sites(["b"])
     clients = ["c1", "c2", "c3"]
     with store.write() as conn:
         for name in clients:
-            store.append_log_entries(conn, name, [(b"x", [nums["b"]])] * 5)
+            store.send.append_log_entries(conn, name, [(b"x", [nums["b"]])] * 5)
     transport = SilentTransport()
     cfg = ReplicationConfig(batch_max_entries=10, window_batches=2, poll_interval=0.01)
     session = SenderSession(
@@ -193,11 +195,11 @@ def test_lanes_keep_every_batch_within_the_batch_limits(
     sink = open_store(db_url_factory("sink"))
     sink.create_schema()
     try:
-        nums = store.register_sites(["b"])
+        nums = store.sites.register_sites(["b"])
         rows = [(b"u%d" % i, [nums["b"]]) for i in range(70)]  # unkeyed, in a row
         rows += [(b"k%d" % i, [nums["b"]], b"key%d" % (i % 7)) for i in range(70)]
         with store.write() as conn:
-            store.append_log_entries(conn, "policy", rows)
+            store.send.append_log_entries(conn, "policy", rows)
         receiver = Receiver(sink, "b", ["a"], max_batch_entries=20)
         cfg = ReplicationConfig(batch_max_entries=20, poll_interval=0.01, streams_per_destination=3)
         session = SenderSession(
@@ -217,10 +219,10 @@ def test_lanes_keep_every_batch_within_the_batch_limits(
                 lambda: sink.sink_progress("a", "policy").entries_received == 140,
                 detail=lambda: f"{sink.sink_progress('a', 'policy')} {session.last_error}",
             )
-            last = store.read_client_log("policy", 0, 1000)[-1].position
+            last = store.shipping.read_client_log("policy", 0, 1000)[-1].position
             wait_for(  # the final low-water mark moves the cursor to the end
-                lambda: store.get_cursor("b", "policy").position == last,
-                detail=lambda: f"cursor {store.get_cursor('b', 'policy')}, last {last}",
+                lambda: store.shipping.get_cursor("b", "policy").position == last,
+                detail=lambda: f"cursor {store.shipping.get_cursor('b', 'policy')}, last {last}",
             )
         finally:
             stop.set()
@@ -243,9 +245,9 @@ def test_lanes_are_refused_by_a_sink_of_protocol_3_and_nothing_is_shipped(
             return response
 
     try:
-        nums = store.register_sites(["b"])
+        nums = store.sites.register_sites(["b"])
         with store.write() as conn:
-            store.append_log_entries(conn, "policy", [(b"x", [nums["b"]], b"k")])
+            store.send.append_log_entries(conn, "policy", [(b"x", [nums["b"]], b"k")])
         receiver = Receiver(sink, "b", ["a"])
         session = SenderSession(
             store,

@@ -227,7 +227,7 @@ def test_a_snapshot_batch_with_another_snapshots_entry_is_refused(
     with pytest.raises(ProtocolError, match="snapshot"):
         receiver.apply(SOURCE, foreign)
     # Nothing of them was stored: the sink still has entry 1 of s1 only.
-    progress = store.sink_progress(SOURCE, CLIENT)
+    progress = store.recv.sink_progress(SOURCE, CLIENT)
     assert (progress.snapshot_id, progress.snapshot_position) == ("s1", 1)
     receiver.apply(SOURCE, snapshot_batch("s1", 1, [2, 3], end=True))
     deliver(subscriber)
@@ -306,7 +306,7 @@ def test_a_bad_batch_is_refused_with_its_reason_and_stores_nothing(
     with pytest.raises(ProtocolError) as caught:
         receiver.apply(SOURCE, batch)
     assert str(caught.value).startswith(message), str(caught.value)
-    assert store.list_queues() == [] and store.list_sink_progress() == []
+    assert store.queues.list_queues() == [] and store.recv.list_sink_progress() == []
 
 
 def test_batch_limits_are_inclusive(store: SQLAlchemyQueueStore) -> None:
@@ -317,4 +317,4 @@ def test_batch_limits_are_inclusive(store: SQLAlchemyQueueStore) -> None:
     assert (ack.last_position, ack.duplicate) == (1, False)
     with pytest.raises(ProtocolError, match="gap in snapshot batch"):
         receiver.apply(SOURCE, snapshot_batch(longest, 2, [3]))
-    assert store.sink_progress(SOURCE, CLIENT).snapshot_position == 1
+    assert store.recv.sink_progress(SOURCE, CLIENT).snapshot_position == 1

@@ -37,11 +37,13 @@ def entries(*positions: int) -> list[WireEntry]:
 
 
 def test_depth_and_oldest_age_per_client_and_source(store: SQLAlchemyQueueStore) -> None:
-    store.apply_log_batch("site-a", "policy", entries(1, 2, 3))
-    store.apply_log_batch("site-b", "policy", entries(7))
-    store.apply_log_batch("site-a", "orders", entries(4))
-    (arrived,) = [b.oldest_received_at for b in store.sink_backlogs("orders")]
-    first = min(b.oldest_received_at or arrived or 0.0 for b in store.sink_backlogs("policy"))
+    store.recv.apply_log_batch("site-a", "policy", entries(1, 2, 3))
+    store.recv.apply_log_batch("site-b", "policy", entries(7))
+    store.recv.apply_log_batch("site-a", "orders", entries(4))
+    (arrived,) = [b.oldest_received_at for b in store.inspection.sink_backlogs("orders")]
+    first = min(
+        b.oldest_received_at or arrived or 0.0 for b in store.inspection.sink_backlogs("policy")
+    )
     assert arrived is not None and first <= arrived
     now = first + 5.0
     collector = SinkCollector(store, "policy", clock=lambda: now)
@@ -53,7 +55,7 @@ def test_depth_and_oldest_age_per_client_and_source(store: SQLAlchemyQueueStore)
     assert got[("lr_sink_oldest_undelivered_seconds", a)] == pytest.approx(5.0, abs=1e-3)
     assert not any(dict(labels).get("client") == "orders" for _, labels in got)
 
-    (queue,) = [q for q in store.list_queues("policy") if q.source_id == "site-a"]
+    (queue,) = [q for q in store.queues.list_queues("policy") if q.source_id == "site-a"]
     pass_entries(store, queue.queue_id, 3)  # delivered
     got = samples(collector)
     assert got[("lr_sink_queue_depth", a)] == 0
@@ -78,7 +80,7 @@ def test_a_failed_read_is_up_0_not_a_failed_scrape() -> None:
 
 
 def test_an_application_serves_the_registry_over_http(store: SQLAlchemyQueueStore) -> None:
-    store.apply_log_batch("site-a", "policy", entries(1, 2))
+    store.recv.apply_log_batch("site-a", "policy", entries(1, 2))
     port = reserve_port()
     endpoint = serve_metrics("127.0.0.1", port, registry=sink_registry(store, "policy"))
     try:
@@ -122,7 +124,7 @@ def test_a_stuck_partition_stands_behind_the_others(store: SQLAlchemyQueueStore)
         WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"%d" % p, key=keys[p % len(keys)])
         for p in range(1, 31)
     ]
-    store.apply_log_batch("site-a", "policy", batch)
+    store.recv.apply_log_batch("site-a", "policy", batch)
     collector = SinkCollector(store, "policy")
     sub = RoutingQueueSubscriber(store, "policy", FailsOnKey(), partitions=2, retry_initial=0.0)
     with sub:

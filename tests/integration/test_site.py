@@ -45,10 +45,10 @@ def test_two_embedded_sites_replicate_and_stop(
         client = RoutingQueueClient(source.store, "a", "policy")
         with Session(source.store.engine) as s, s.begin():
             client.transmit_log_entry_message(s, b"hello", ["b"])
-        wait_for(lambda: sink.store.sink_progress("a", "policy").entries_received == 1)
-        (queue,) = sink.store.list_queues("policy")
+        wait_for(lambda: sink.store.recv.sink_progress("a", "policy").entries_received == 1)
+        (queue,) = sink.store.queues.list_queues("policy")
         with sink.store.read() as conn:
-            assert [e.payload for e in sink.store.read_queue(conn, queue.queue_id, 10)] == [
+            assert [e.payload for e in sink.store.queues.read_queue(conn, queue.queue_id, 10)] == [
                 b"hello"
             ]
         assert set(source.server.sessions) == {"b"}

@@ -110,22 +110,22 @@ def test_with_no_open_request_log_entries_flow(rig: Rig) -> None:
 def test_open_snapshots_gives_each_listed_client_its_open_request(
     store: SQLAlchemyQueueStore,
 ) -> None:
-    store.register_sites(["b", "c"])
-    done = store.request_snapshot(None, "b", "p1", "first")
-    store.start_snapshot(done)
-    store.finish_snapshot(done)
-    store.complete_snapshot(done)
-    p1 = store.request_snapshot(None, "b", "p1", "second")
-    p2 = store.request_snapshot(None, "b", "p2", "x")
-    store.start_snapshot(p2)
-    store.request_snapshot(None, "b", "p3", "not asked for")
-    store.request_snapshot(None, "c", "p1", "another destination")
-    found = store.open_snapshots("b", ["p1", "p2", "p4"])
+    store.sites.register_sites(["b", "c"])
+    done = store.snapshots.request_snapshot(None, "b", "p1", "first")
+    store.snapshots.start_snapshot(done)
+    store.snapshot_entries.finish_snapshot(done)
+    store.snapshots.complete_snapshot(done)
+    p1 = store.snapshots.request_snapshot(None, "b", "p1", "second")
+    p2 = store.snapshots.request_snapshot(None, "b", "p2", "x")
+    store.snapshots.start_snapshot(p2)
+    store.snapshots.request_snapshot(None, "b", "p3", "not asked for")
+    store.snapshots.request_snapshot(None, "c", "p1", "another destination")
+    found = store.snapshots.open_snapshots("b", ["p1", "p2", "p4"])
     assert {k: (v.snapshot_id, v.status) for k, v in found.items()} == {
         "p1": (p1, SnapshotStatus.REQUESTED),
         "p2": (p2, SnapshotStatus.RUNNING),
     }
-    assert store.open_snapshots("b", []) == {}
+    assert store.snapshots.open_snapshots("b", []) == {}
 
 
 # -- end to end ---------------------------------------------------------------------------

@@ -53,26 +53,26 @@ def _slot_entries(store: SQLAlchemyQueueStore, slot: int) -> list[tuple[str, byt
 
 
 def _running(store: SQLAlchemyQueueStore, destination: str, payloads: list[bytes]) -> str:
-    sid = store.request_snapshot(None, destination, "policy")
-    assert store.start_snapshot(sid) is not None
+    sid = store.snapshots.request_snapshot(None, destination, "policy")
+    assert store.snapshots.start_snapshot(sid) is not None
     if payloads:
         with store.write() as conn:
-            store.write_snapshot_entries(conn, sid, 0, payloads)
+            store.snapshot_entries.write_snapshot_entries(conn, sid, 0, payloads)
     return sid
 
 
 def test_a_snapshot_holds_a_slot_from_its_start_until_its_entries_are_released(
     store: SQLAlchemyQueueStore,
 ) -> None:
-    sid = store.request_snapshot(None, "b", "policy")
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
     assert _slots(store) == {sid: None}  # requested: nothing to store yet
-    store.start_snapshot(sid)
+    store.snapshots.start_snapshot(sid)
     assert _slots(store) == {sid: 0}
     with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
-    store.finish_snapshot(sid)
+        store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [b"a", b"b"])
+    store.snapshot_entries.finish_snapshot(sid)
     assert _slot_entries(store, 0) == [(sid, b"a"), (sid, b"b"), (sid, b"2")]
-    assert store.complete_snapshot(sid)
+    assert store.snapshots.complete_snapshot(sid)
     assert _slots(store) == {sid: None}
     assert _slot_entries(store, 0) == []
 
@@ -81,7 +81,7 @@ def test_a_slot_is_reused_once_released(store: SQLAlchemyQueueStore) -> None:
     first = _running(store, "b", [b"a"])
     second = _running(store, "c", [b"b"])
     assert _slots(store) == {first: 0, second: 1}
-    store.cancel_snapshot(first)
+    store.snapshots.cancel_snapshot(first)
     third = _running(store, "d", [b"c"])
     assert _slots(store) == {first: None, second: 1, third: 0}
     assert _slot_entries(store, 0) == [(third, b"c")]
@@ -100,7 +100,7 @@ def test_a_slot_is_reused_once_released(store: SQLAlchemyQueueStore) -> None:
 def test_snapshots_started_at_once_get_distinct_slots(store: SQLAlchemyQueueStore) -> None:
     n = 6
     # Snapshots of distinct clients (destinations asking for one client share one).
-    sids = [store.request_snapshot(None, f"s{i}", f"policy{i}") for i in range(n)]
+    sids = [store.snapshots.request_snapshot(None, f"s{i}", f"policy{i}") for i in range(n)]
     stores = [_open(create_engine(str(store.engine.url))) for _ in range(n)]
     barrier = threading.Barrier(n)
     errors: list[BaseException] = []
@@ -132,13 +132,13 @@ def test_cancelling_one_snapshot_never_disturbs_anothers_entries(
 ) -> None:
     kept = _running(store, "b", [b"k1", b"k2"])
     gone = _running(store, "c", [b"g1"])
-    store.cancel_snapshot(gone)
-    assert store.count_snapshot_entries(gone) == 0
-    assert store.count_snapshot_entries(kept) == 2
+    store.snapshots.cancel_snapshot(gone)
+    assert store.snapshot_entries.count_snapshot_entries(gone) == 0
+    assert store.snapshot_entries.count_snapshot_entries(kept) == 2
     with store.write() as conn:
-        store.write_snapshot_entries(conn, kept, 1, [b"k3"])
-    assert store.finish_snapshot(kept) == 3
-    assert [e.payload for e in store.read_snapshot_entries(kept, 0, 10)] == [
+        store.snapshot_entries.write_snapshot_entries(conn, kept, 1, [b"k3"])
+    assert store.snapshot_entries.finish_snapshot(kept) == 3
+    assert [e.payload for e in store.snapshot_entries.read_snapshot_entries(kept, 0, 10)] == [
         b"k1",
         b"k2",
         b"k3",
@@ -151,13 +151,15 @@ def test_a_writer_of_a_cancelled_snapshot_writes_nothing_into_its_reused_slot(
     store: SQLAlchemyQueueStore, bulk: bool
 ) -> None:
     old = _running(store, "b", [b"old"])
-    store.cancel_snapshot(old)
+    store.snapshots.cancel_snapshot(old)
     new = _running(store, "b", [b"new"])
     assert _slots(store)[new] == 0  # the cancelled snapshot's slot
     with pytest.raises(SnapshotError, match="cancelled, not running"):
-        store.write_snapshot_part(old, 0, iter([b"late1", b"late2"]), 10, bulk=bulk)
+        store.snapshot_entries.write_snapshot_part(
+            old, 0, iter([b"late1", b"late2"]), 10, bulk=bulk
+        )
     with pytest.raises(SnapshotError, match="cancelled, not running"):
-        store.drop_unwritten_parts(old, {})
+        store.snapshot_entries.drop_unwritten_parts(old, {})
     assert _slot_entries(store, 0) == [(new, b"new")]
 
 
@@ -183,7 +185,7 @@ def test_a_write_in_flight_when_its_snapshot_is_cancelled_goes_with_it(
 
         thread = threading.Thread(target=cancel)
         with store.write() as conn:
-            store.write_snapshot_entries(conn, old, 0, [b"in flight"])
+            store.snapshot_entries.write_snapshot_entries(conn, old, 0, [b"in flight"])
             thread.start()
             if pg:  # the cancel waits for this write's share lock
                 wait_for(
@@ -192,7 +194,7 @@ def test_a_write_in_flight_when_its_snapshot_is_cancelled_goes_with_it(
             assert not done.is_set()
         thread.join(timeout=30)
         assert done.is_set()
-        assert store.count_snapshot_entries(old) == 0
+        assert store.snapshot_entries.count_snapshot_entries(old) == 0
         new = _running(store, "c", [b"new"])
         assert _slots(store) == {old: None, new: 0}
         assert _slot_entries(store, 0) == [(new, b"new")]
@@ -220,11 +222,11 @@ def test_progress_and_heartbeats_go_through_while_a_chunk_is_being_written(
 
         thread = threading.Thread(target=progress, daemon=True)
         with store.write() as conn:
-            store.write_snapshot_entries(conn, sid, 0, [b"open chunk"])
+            store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [b"open chunk"])
             thread.start()
             wait_for(done.is_set, timeout=30, what="the driver's updates, the chunk still open")
         thread.join(timeout=30)
-        req = store.get_snapshot(sid)
+        req = store.snapshots.get_snapshot(sid)
         assert req is not None and req.rows_written == 1
     finally:
         store.close()
@@ -269,17 +271,17 @@ def test_releasing_snapshots_deletes_no_row_and_gives_their_space_back(
     store = pg_store
     n = 2000
     done = _running(store, "b", [])
-    store.write_snapshot_part(done, 0, (b"x" * 100 for _ in range(n)), 500)
-    store.finish_snapshot(done)
+    store.snapshot_entries.write_snapshot_part(done, 0, (b"x" * 100 for _ in range(n)), 500)
+    store.snapshot_entries.finish_snapshot(done)
     gone = _running(store, "c", [b"y" * 100] * n)
     failed = _running(store, "d", [b"z" * 100] * n)
     assert _slots(store) == {done: 0, gone: 1, failed: 2}
     assert min(_size(store, slot) for slot in (0, 1, 2)) > 100 * n
-    store.complete_snapshot(done)
-    store.cancel_snapshot(gone)
-    req = store.get_snapshot(failed)
+    store.snapshots.complete_snapshot(done)
+    store.snapshots.cancel_snapshot(gone)
+    req = store.snapshots.get_snapshot(failed)
     assert req is not None
-    assert store.fail_stalled_snapshot(failed, req.updated_at + 1, "silent")
+    assert store.snapshots.fail_stalled_snapshot(failed, req.updated_at + 1, "silent")
     assert [_size(store, slot) for slot in (0, 1, 2)] == [0, 0, 0]
     # Every backend's counts flushed (its connection closed): the rows went, none deleted.
     store.engine.dispose()
@@ -300,20 +302,20 @@ def test_a_release_blocked_by_a_reader_does_not_wait_and_trim_finishes_it(
 ) -> None:
     store = pg_store
     sid = _running(store, "b", [b"a", b"b"])
-    store.finish_snapshot(sid)
+    store.snapshot_entries.finish_snapshot(sid)
     reader = pg_schema.engine(poolclass=sqlalchemy.pool.NullPool)
     with reader.connect() as conn, conn.begin():
         conn.execute(text(f"LOCK TABLE {partition_name(0)} IN ACCESS SHARE MODE"))
         started = time.monotonic()
-        assert store.complete_snapshot(sid)
+        assert store.snapshots.complete_snapshot(sid)
         assert time.monotonic() - started < 5
-        assert store.get_snapshot(sid).status is SnapshotStatus.COMPLETED  # type: ignore[union-attr]
+        assert store.snapshots.get_snapshot(sid).status is SnapshotStatus.COMPLETED  # type: ignore[union-attr]
         assert _slots(store) == {sid: 0}  # kept until the entries go
-        assert store.trim() == 0  # still held
+        assert store.retention.trim() == 0  # still held
         assert _slots(store) == {sid: 0}
         other = _running(store, "c", [b"c"])
         assert _slots(store)[other] == 1  # the held slot is not taken
-    assert store.trim() == 3  # the reader is gone: two entries and the end marker
+    assert store.retention.trim() == 3  # the reader is gone: two entries and the end marker
     assert _slots(store)[sid] is None
     assert _slot_entries(store, 0) == []
     assert _slot_entries(store, 1) == [(other, b"c")]
@@ -326,7 +328,7 @@ def test_a_request_in_the_applications_transaction_leaves_the_release_to_trim(
     store = pg_store
     old = _running(store, "b", [b"a"])
     with store.engine.begin() as conn:
-        new = store.request_snapshot(conn, "b", "policy")
+        new = store.snapshots.request_snapshot(conn, "b", "policy")
         # The application's transaction holds no lock of the old snapshot's partition.
         locks = conn.execute(
             text(
@@ -336,9 +338,9 @@ def test_a_request_in_the_applications_transaction_leaves_the_release_to_trim(
             {"name": partition_name(0)},
         ).scalar_one()
         assert locks == 0
-    assert store.get_snapshot(old).status is SnapshotStatus.CANCELLED  # type: ignore[union-attr]
+    assert store.snapshots.get_snapshot(old).status is SnapshotStatus.CANCELLED  # type: ignore[union-attr]
     assert _slots(store) == {old: 0, new: None}
-    assert store.trim() == 1
+    assert store.retention.trim() == 1
     assert _slots(store) == {old: None, new: None}
     assert _slot_entries(store, 0) == []
 

@@ -65,7 +65,7 @@ def launches() -> Launches:
 def requests(
     store: SQLAlchemyQueueStore, clock: Clock, launches: Launches
 ) -> Iterator[SnapshotRequests]:
-    store.register_sites([DEST, "c"])
+    store.sites.register_sites([DEST, "c"])
     log = logging.LoggerAdapter(logging.getLogger("lr.test.requests"), {})
     stops = StreamStops(store, DEST, log)
     stops.notices = True
@@ -90,9 +90,9 @@ def stream(name: str = "policy", provider: SnapshotProvider = SnapshotProvider.A
 
 def _head(store: SQLAlchemyQueueStore, n: int) -> None:
     """``n`` log entries of policy for b: the head moves to n."""
-    nums = store.site_numbers()
+    nums = store.sites.site_numbers()
     with store.write() as conn:
-        store.append_log_entries(conn, "policy", [(b"x", [nums[DEST]])] * n)
+        store.send.append_log_entries(conn, "policy", [(b"x", [nums[DEST]])] * n)
 
 
 # -- one request ---------------------------------------------------------------------------
@@ -107,15 +107,15 @@ def test_a_request_is_recorded_open_for_its_destination_and_client(
         SnapshotStatus.REQUESTED,
         "first contact",
     )
-    assert store.get_snapshot(req.snapshot_id) == req
+    assert store.snapshots.get_snapshot(req.snapshot_id) == req
     assert requests.open_snapshot("policy") == req
     assert requests.open_snapshot("orders") is None
-    store.request_snapshot(None, "c", "orders", "another destination")
+    store.snapshots.request_snapshot(None, "c", "orders", "another destination")
     assert requests.open_snapshot("orders") is None
-    assert store.start_snapshot(req.snapshot_id) is not None
+    assert store.snapshots.start_snapshot(req.snapshot_id) is not None
     running = requests.open_snapshot("policy")
     assert running is not None and running.status is SnapshotStatus.RUNNING
-    assert store.cancel_snapshot(req.snapshot_id)
+    assert store.snapshots.cancel_snapshot(req.snapshot_id)
     assert requests.open_snapshot("policy") is None
 
 
@@ -126,7 +126,7 @@ def test_a_request_of_a_client_without_provider_is_cancelled_with_the_reason(
     req = requests.request("policy", "asked by an operator")
     assert req is not None
     requests.refuse(req)
-    got = store.get_snapshot(req.snapshot_id)
+    got = store.snapshots.get_snapshot(req.snapshot_id)
     assert got is not None
     assert (got.status, got.reason) == (SnapshotStatus.CANCELLED, NO_PROVIDER)
     assert _messages(caplog) == [
@@ -135,7 +135,7 @@ def test_a_request_of_a_client_without_provider_is_cancelled_with_the_reason(
     caplog.clear()
     requests.refuse(req)  # no longer open: nothing to cancel, nothing logged
     assert _messages(caplog) == []
-    assert store.get_snapshot(req.snapshot_id) == got
+    assert store.snapshots.get_snapshot(req.snapshot_id) == got
 
 
 # -- launches -------------------------------------------------------------------------------
@@ -205,10 +205,10 @@ def test_a_finished_snapshot_completes_and_log_entries_resume_after_its_base(
 ) -> None:
     caplog.set_level(logging.INFO, logger="lr.test.requests")
     _head(store, entries)
-    store.set_cursor(DEST, "policy", 1, needs_snapshot=True)
-    store.drop_stream(DEST, "policy", "too far behind")
-    store.drop_stream("c", "policy", "too far behind as well")
-    sid = store.request_snapshot(None, DEST, "policy", "dropped")
+    store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
+    store.retention.drop_stream(DEST, "policy", "too far behind")
+    store.retention.drop_stream("c", "policy", "too far behind as well")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "dropped")
     req = ready_snapshot(store, sid)
     assert req.base_position == entries
     cs = stream()
@@ -227,11 +227,13 @@ def test_a_finished_snapshot_completes_and_log_entries_resume_after_its_base(
         0,
         False,
     )
-    got = store.get_snapshot(sid)
+    got = store.snapshots.get_snapshot(sid)
     assert got is not None and got.status is SnapshotStatus.COMPLETED
-    cursor = store.get_cursor(DEST, "policy")
+    cursor = store.shipping.get_cursor(DEST, "policy")
     assert (cursor.position, cursor.needs_snapshot) == (entries, False)
-    assert [(d.destination, d.client_name) for d in store.list_drops()] == [("c", "policy")]
+    assert [(d.destination, d.client_name) for d in store.retention.list_drops()] == [
+        ("c", "policy")
+    ]
     assert _messages(caplog) == [
         (
             "INFO",
@@ -243,11 +245,11 @@ def test_a_finished_snapshot_completes_and_log_entries_resume_after_its_base(
 def test_finishing_a_request_without_a_base_resumes_from_the_start(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
-    sid = store.request_snapshot(None, DEST, "policy", "r")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "r")
     req = ready_snapshot(store, sid)
-    store.set_cursor(DEST, "policy", 5, needs_snapshot=True)
+    store.shipping.set_cursor(DEST, "policy", 5, needs_snapshot=True)
     requests.finish("policy", replace(req, base_position=None))
-    cursor = store.get_cursor(DEST, "policy")
+    cursor = store.shipping.get_cursor(DEST, "policy")
     assert (cursor.position, cursor.needs_snapshot) == (0, False)
 
 
@@ -259,16 +261,16 @@ def test_a_running_snapshot_whose_worker_went_silent_is_failed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="lr.test.requests")
-    store.request_snapshot(None, DEST, "orders", "another client's")
-    sid = store.request_snapshot(None, DEST, "policy", "r")
-    running = store.start_snapshot(sid)
+    store.snapshots.request_snapshot(None, DEST, "orders", "another client's")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "r")
+    running = store.snapshots.start_snapshot(sid)
     assert running is not None
     clock.wall = running.updated_at + 30.0  # silent exactly as long as allowed: kept
     assert requests.reclaim_stalled(running) == running
-    assert store.get_snapshot(sid) == running
+    assert store.snapshots.get_snapshot(sid) == running
     clock.wall = running.updated_at + 30.5
     assert requests.reclaim_stalled(running) is None  # none of policy's is open now
-    failed = store.get_snapshot(sid)
+    failed = store.snapshots.get_snapshot(sid)
     assert failed is not None
     reason = "no heartbeat from its worker for 30s"
     assert (failed.status, failed.reason) == (SnapshotStatus.FAILED, reason)
@@ -279,20 +281,20 @@ def test_reclaiming_leaves_other_requests_and_returns_what_is_open_now(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests, clock: Clock
 ) -> None:
     assert requests.reclaim_stalled(None) is None
-    sid = store.request_snapshot(None, DEST, "policy", "r")
-    requested = store.get_snapshot(sid)
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "r")
+    requested = store.snapshots.get_snapshot(sid)
     assert requested is not None
     clock.wall += 3600
     assert requests.reclaim_stalled(requested) == requested  # not running: no worker yet
     ready = ready_snapshot(store, sid)
     assert requests.reclaim_stalled(ready) == ready
-    assert store.get_snapshot(sid) == ready
+    assert store.snapshots.get_snapshot(sid) == ready
     # A stale copy of a RUNNING row whose worker beat meanwhile: the store keeps it.
-    other = store.request_snapshot(None, DEST, "orders", "r")
-    running = store.start_snapshot(other)
+    other = store.snapshots.request_snapshot(None, DEST, "orders", "r")
+    running = store.snapshots.start_snapshot(other)
     assert running is not None
-    assert store.heartbeat_snapshot(other)
-    beaten = store.get_snapshot(other)
+    assert store.snapshots.heartbeat_snapshot(other)
+    beaten = store.snapshots.get_snapshot(other)
     assert beaten is not None
     clock.wall = beaten.updated_at + 29
     stale = replace(running, updated_at=beaten.updated_at - 100)
@@ -303,14 +305,14 @@ def test_reclaiming_leaves_other_requests_and_returns_what_is_open_now(
 def test_a_log_stream_without_request_or_drop_is_left_alone(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests, launches: Launches
 ) -> None:
-    store.drop_stream("c", "policy", "another destination's drop")
-    store.request_snapshot(None, "c", "policy", "another destination's request")
+    store.retention.drop_stream("c", "policy", "another destination's drop")
+    store.snapshots.request_snapshot(None, "c", "policy", "another destination's request")
     cs = stream("policy", SnapshotProvider.SPARK)
     cs.sent = 4
     requests.check({"policy": cs})
     assert (cs.mode, cs.snapshot, cs.sent, cs.notice) == (Mode.LOG, None, 4, None)
     assert launches.calls == []
-    assert store.list_snapshots(DEST) == []
+    assert store.snapshots.list_snapshots(DEST) == []
 
 
 @pytest.mark.parametrize("provider", [SnapshotProvider.APP, SnapshotProvider.SPARK])
@@ -320,11 +322,11 @@ def test_a_new_request_switches_a_log_stream_to_its_snapshot(
     launches: Launches,
     provider: SnapshotProvider,
 ) -> None:
-    sid = store.request_snapshot(None, DEST, "policy", "asked")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "asked")
     cs = stream("policy", provider)
     cs.snap_sent, cs.snap_done_sent = 5, True
     requests.check({"policy": cs})
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert (cs.mode, cs.snapshot, cs.snap_sent, cs.snap_done_sent, cs.notice) == (
         Mode.SNAPSHOT,
         req,
@@ -343,12 +345,12 @@ def test_a_dropped_stream_with_a_provider_asks_for_a_full_sync_with_a_notice_fir
     store: SQLAlchemyQueueStore, requests: SnapshotRequests, launches: Launches
 ) -> None:
     _head(store, 3)
-    store.set_cursor(DEST, "policy", 2)
-    drop = store.drop_stream(DEST, "policy", "too far behind")
+    store.shipping.set_cursor(DEST, "policy", 2)
+    drop = store.retention.drop_stream(DEST, "policy", "too far behind")
     assert isinstance(drop, DropRecord)
     cs = stream("policy", SnapshotProvider.SPARK)
     requests.check({"policy": cs})
-    (req,) = store.list_snapshots(DEST, "policy")
+    (req,) = store.snapshots.list_snapshots(DEST, "policy")
     assert (req.status, req.reason) == (SnapshotStatus.REQUESTED, "dropped for falling behind")
     assert (cs.mode, cs.snapshot, cs.snap_sent, cs.snap_done_sent) == (
         Mode.SNAPSHOT,
@@ -363,13 +365,13 @@ def test_a_dropped_stream_with_a_provider_asks_for_a_full_sync_with_a_notice_fir
 def test_a_dropped_stream_with_an_open_request_keeps_it(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
-    drop = store.drop_stream(DEST, "policy", "too far behind")
+    drop = store.retention.drop_stream(DEST, "policy", "too far behind")
     assert drop is not None
-    sid = store.request_snapshot(None, DEST, "policy", "asked before")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "asked before")
     cs = stream()
     requests.check({"policy": cs})
-    assert [r.snapshot_id for r in store.list_snapshots(DEST, "policy")] == [sid]
-    assert cs.snapshot == store.get_snapshot(sid) and cs.mode is Mode.SNAPSHOT
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots(DEST, "policy")] == [sid]
+    assert cs.snapshot == store.snapshots.get_snapshot(sid) and cs.mode is Mode.SNAPSHOT
     assert cs.notice == Notice(f"d{int(drop.dropped_at * 1e6)}", 1, "too far behind")
 
 
@@ -377,8 +379,8 @@ def test_a_dropped_stream_without_provider_stops_before_the_hole(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
     _head(store, 6)
-    store.set_cursor(DEST, "policy", 4)
-    store.drop_stream(DEST, "policy", "too far behind")
+    store.shipping.set_cursor(DEST, "policy", 4)
+    store.retention.drop_stream(DEST, "policy", "too far behind")
     cs = stream("policy", SnapshotProvider.NONE)
     requests.check({"policy": cs})
     assert (cs.mode, cs.snapshot, cs.stop_reason) == (
@@ -386,24 +388,24 @@ def test_a_dropped_stream_without_provider_stops_before_the_hole(
         None,
         "policy: dropped (too far behind)",
     )
-    stop = store.get_stream_stop(DEST, "policy")
+    stop = store.retention.get_stream_stop(DEST, "policy")
     assert stop is not None
     assert (stop.reason, stop.resume_after, stop.accepted_at) == (
         "dropped (too far behind)",
         4,
         None,
     )
-    assert store.list_snapshots(DEST) == []
+    assert store.snapshots.list_snapshots(DEST) == []
 
 
 def test_an_open_request_of_a_client_without_provider_is_refused_and_logs_go_on(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
-    sid = store.request_snapshot(None, DEST, "policy", "asked")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "asked")
     cs = stream("policy", SnapshotProvider.NONE)
     cs.sent = 7
     requests.check({"policy": cs})
-    got = store.get_snapshot(sid)
+    got = store.snapshots.get_snapshot(sid)
     assert got is not None and (got.status, got.reason) == (SnapshotStatus.CANCELLED, NO_PROVIDER)
     assert (cs.mode, cs.snapshot, cs.sent) == (Mode.LOG, None, 7)
 
@@ -415,14 +417,14 @@ def test_a_stopped_stream_resumes_once_its_loss_is_accepted(
     requests.stops.stop(cs, "needs a full sync", 4)
     requests.check({"policy": cs})
     assert cs.mode is Mode.STOPPED  # not accepted yet
-    stop = store.accept_stream_loss(DEST, "policy")
+    stop = store.retention.accept_stream_loss(DEST, "policy")
     assert stop is not None and stop.accepted_at is not None
     requests.check({"policy": cs})
     assert (cs.mode, cs.sent, cs.stop_reason) == (Mode.LOG, 4, "")
     assert cs.notice == Notice(
         f"a{int(stop.accepted_at * 1e6)}", 5, "loss accepted by an operator: needs a full sync"
     )
-    assert store.list_snapshots(DEST) == []
+    assert store.snapshots.list_snapshots(DEST) == []
 
 
 def test_a_stopped_stream_already_resumed_stays_as_it_is(
@@ -430,8 +432,8 @@ def test_a_stopped_stream_already_resumed_stays_as_it_is(
 ) -> None:
     cs = stream("policy", SnapshotProvider.NONE)
     requests.stops.stop(cs, "needs a full sync", 4)
-    store.accept_stream_loss(DEST, "policy")
-    store.mark_stream_resumed(DEST, "policy")
+    store.retention.accept_stream_loss(DEST, "policy")
+    store.retention.mark_stream_resumed(DEST, "policy")
     requests.check({"policy": cs})
     assert (cs.mode, cs.notice) == (Mode.STOPPED, None)
 
@@ -439,19 +441,19 @@ def test_a_stopped_stream_already_resumed_stays_as_it_is(
 def test_a_snapshot_stream_follows_its_request_and_a_newer_one_supersedes_it(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests, launches: Launches
 ) -> None:
-    first = store.request_snapshot(None, DEST, "policy", "r1")
+    first = store.snapshots.request_snapshot(None, DEST, "policy", "r1")
     cs = stream("policy", SnapshotProvider.SPARK)
     requests.check({"policy": cs})
     ready = ready_snapshot(store, first)
     cs.snap_sent = 2
     requests.check({"policy": cs})  # the same request, now READY: its row is refreshed
     assert (cs.mode, cs.snapshot, cs.snap_sent) == (Mode.SNAPSHOT, ready, 2)
-    second = store.request_snapshot(None, DEST, "policy", "r2")
+    second = store.snapshots.request_snapshot(None, DEST, "policy", "r2")
     cs.snap_done_sent = True
     requests.check({"policy": cs})
     assert (cs.mode, cs.snapshot, cs.snap_sent, cs.snap_done_sent) == (
         Mode.SNAPSHOT,
-        store.get_snapshot(second),
+        store.snapshots.get_snapshot(second),
         0,
         False,
     )
@@ -461,12 +463,12 @@ def test_a_snapshot_stream_follows_its_request_and_a_newer_one_supersedes_it(
 def test_a_snapshot_stream_whose_end_is_in_flight_waits_for_its_ack(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
-    sid = store.request_snapshot(None, DEST, "policy", "r")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "r")
     cs = stream()
     requests.check({"policy": cs})
     req = ready_snapshot(store, sid)
     cs.snapshot, cs.snap_sent, cs.snap_done_sent = req, 3, True
-    assert store.complete_snapshot(sid)
+    assert store.snapshots.complete_snapshot(sid)
     requests.check({"policy": cs})
     assert (cs.mode, cs.snapshot, cs.snap_sent, cs.snap_done_sent) == (
         Mode.SNAPSHOT,
@@ -474,34 +476,34 @@ def test_a_snapshot_stream_whose_end_is_in_flight_waits_for_its_ack(
         3,
         True,
     )
-    assert [r.snapshot_id for r in store.list_snapshots(DEST)] == [sid]
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots(DEST)] == [sid]
 
 
 def test_a_snapshot_that_did_not_complete_is_asked_for_again_not_too_often(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests, clock: Clock, launches: Launches
 ) -> None:
-    sid = store.request_snapshot(None, DEST, "policy", "r")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "r")
     cs = stream("policy", SnapshotProvider.SPARK)
     requests.check({"policy": cs})
-    assert store.cancel_snapshot(sid, "by an operator")
+    assert store.snapshots.cancel_snapshot(sid, "by an operator")
     cs.snap_sent = 2
     clock.mono = 2000.0
     requests.check({"policy": cs})
-    (again, _) = store.list_snapshots(DEST, "policy")
+    (again, _) = store.snapshots.list_snapshots(DEST, "policy")
     assert (again.status, again.reason) == (
         SnapshotStatus.REQUESTED,
         "previous snapshot did not complete",
     )
     assert (cs.mode, cs.snapshot, cs.snap_sent, cs.retry_at) == (Mode.SNAPSHOT, again, 0, 2007.0)
     assert launches.calls == [(sid, "policy"), (again.snapshot_id, "policy")]
-    assert store.cancel_snapshot(again.snapshot_id, "by an operator")
+    assert store.snapshots.cancel_snapshot(again.snapshot_id, "by an operator")
     clock.mono = 2006.5
     requests.check({"policy": cs})
-    assert len(store.list_snapshots(DEST, "policy")) == 2  # not before retry_at
+    assert len(store.snapshots.list_snapshots(DEST, "policy")) == 2  # not before retry_at
     assert cs.snapshot == again and cs.retry_at == 2007.0
     clock.mono = 2007.0
     requests.check({"policy": cs})
-    third = store.list_snapshots(DEST, "policy")[0]
+    third = store.snapshots.list_snapshots(DEST, "policy")[0]
     assert third.snapshot_id not in (sid, again.snapshot_id)
     assert third.status is SnapshotStatus.REQUESTED
     assert (cs.snapshot, cs.retry_at) == (third, 2014.0)
@@ -510,26 +512,29 @@ def test_a_snapshot_that_did_not_complete_is_asked_for_again_not_too_often(
 def test_a_snapshot_stream_without_its_request_row_takes_the_open_one(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
-    sid = store.request_snapshot(None, DEST, "policy", "r")
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "r")
     cs = stream()
     cs.mode, cs.snap_sent, cs.snap_done_sent = Mode.SNAPSHOT, 4, False
     requests.check({"policy": cs})
-    assert (cs.snapshot, cs.snap_sent) == (store.get_snapshot(sid), 0)
-    assert [r.snapshot_id for r in store.list_snapshots(DEST)] == [sid]
+    assert (cs.snapshot, cs.snap_sent) == (store.snapshots.get_snapshot(sid), 0)
+    assert [r.snapshot_id for r in store.snapshots.list_snapshots(DEST)] == [sid]
 
 
 def test_each_stream_is_checked_against_its_own_requests_and_drops(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
-    sid = store.request_snapshot(None, DEST, "orders", "asked")
-    store.drop_stream(DEST, "audit", "too far behind")
+    sid = store.snapshots.request_snapshot(None, DEST, "orders", "asked")
+    store.retention.drop_stream(DEST, "audit", "too far behind")
     streams = {n: stream(n) for n in ("policy", "orders", "audit")}
     requests.check(streams)
     assert streams["policy"].mode is Mode.LOG
-    assert streams["orders"].snapshot == store.get_snapshot(sid)
-    (audit,) = store.list_snapshots(DEST, "audit")
+    assert streams["orders"].snapshot == store.snapshots.get_snapshot(sid)
+    (audit,) = store.snapshots.list_snapshots(DEST, "audit")
     assert streams["audit"].snapshot == audit
-    assert sorted(r.client_name for r in store.list_snapshots(DEST)) == ["audit", "orders"]
+    assert sorted(r.client_name for r in store.snapshots.list_snapshots(DEST)) == [
+        "audit",
+        "orders",
+    ]
 
 
 def test_a_stream_left_as_it_is_does_not_end_the_check_of_the_streams_after_it(
@@ -538,15 +543,15 @@ def test_a_stream_left_as_it_is_does_not_end_the_check_of_the_streams_after_it(
     """Stopped, stopping, waiting for an end's ack, waiting to ask again: the last still moves."""
     stopped = stream("stopped", SnapshotProvider.NONE)
     requests.stops.stop(stopped, "needs a full sync", 0)
-    store.drop_stream(DEST, "stopping", "too far behind")
+    store.retention.drop_stream(DEST, "stopping", "too far behind")
     ending = stream("ending")
-    ending_sid = store.request_snapshot(None, DEST, "ending", "r")
-    ending.mode, ending.snapshot = Mode.SNAPSHOT, store.get_snapshot(ending_sid)
+    ending_sid = store.snapshots.request_snapshot(None, DEST, "ending", "r")
+    ending.mode, ending.snapshot = Mode.SNAPSHOT, store.snapshots.get_snapshot(ending_sid)
     ending.snap_done_sent = True
-    assert store.cancel_snapshot(ending_sid)
+    assert store.snapshots.cancel_snapshot(ending_sid)
     waiting = stream("waiting")
     waiting.mode, waiting.retry_at = Mode.SNAPSHOT, clock.mono + 1
-    last_sid = store.request_snapshot(None, DEST, "last", "asked")
+    last_sid = store.snapshots.request_snapshot(None, DEST, "last", "asked")
     streams = {
         "stopped": stopped,
         "stopping": stream("stopping", SnapshotProvider.NONE),
@@ -563,4 +568,4 @@ def test_a_stream_left_as_it_is_does_not_end_the_check_of_the_streams_after_it(
         Mode.SNAPSHOT,
     ]
     assert (waiting.snapshot, ending.snap_done_sent) == (None, True)
-    assert streams["last"].snapshot == store.get_snapshot(last_sid)
+    assert streams["last"].snapshot == store.snapshots.get_snapshot(last_sid)

@@ -27,14 +27,16 @@ def test_a_schema_of_a_newer_release_is_refused(store: SQLAlchemyQueueStore) -> 
 
 def test_payload_stored_once_whatever_the_destinations(store: SQLAlchemyQueueStore) -> None:
     dests = [f"s{i}" for i in range(8)]
-    nums = store.register_sites(dests)
+    nums = store.sites.register_sites(dests)
     with store.write() as conn:
-        store.append_log_entries(conn, "policy", [(b"x" * 1024, [nums[d] for d in dests])])
-    assert store.sequence() == (1 if store.dialect == "postgresql" else 0)
+        store.send.append_log_entries(conn, "policy", [(b"x" * 1024, [nums[d] for d in dests])])
+    assert store.send.sequence() == (1 if store.dialect == "postgresql" else 0)
     with store.read() as conn:
         assert conn.execute(select(func.count()).select_from(s.send_log_entries)).scalar() == 1
     for d in dests:
-        assert [e.payload for e in store.read_log_entries(d, "policy", 0, 10)] == [b"x" * 1024]
+        assert [e.payload for e in store.shipping.read_log_entries(d, "policy", 0, 10)] == [
+            b"x" * 1024
+        ]
 
 
 def test_a_burst_sequenced_at_once_refreshes_the_planners_statistics(
@@ -44,7 +46,7 @@ def test_a_burst_sequenced_at_once_refreshes_the_planners_statistics(
     monkeypatch.setattr(postgres, "ANALYZE_AFTER_TICK", 3)
     store = open_store(pg_schema.engine())
     store.create_schema()
-    nums = store.register_sites(["b"])
+    nums = store.sites.register_sites(["b"])
 
     def counted_rows() -> float:  # -1 until ANALYZE (or VACUUM) counted the table
         with store.read() as conn:
@@ -57,11 +59,11 @@ def test_a_burst_sequenced_at_once_refreshes_the_planners_statistics(
             )
 
     with store.write() as conn:
-        store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 2)
-    assert store.sequence() == 2 and counted_rows() == -1  # below the threshold
+        store.send.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 2)
+    assert store.send.sequence() == 2 and counted_rows() == -1  # below the threshold
     with store.write() as conn:
-        store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 3)
-    assert store.sequence() == 3
+        store.send.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 3)
+    assert store.send.sequence() == 3
     assert counted_rows() == 5
 
 
@@ -69,9 +71,11 @@ def test_sqlite_refs_carry_their_positions_and_no_transaction(sqlite_url: str) -
     """SQLite gives positions at insert: a ref's txid is 0, its ordinal and position the row's."""
     store = open_store(sqlite_url)
     store.create_schema()
-    nums = store.register_sites(["b"])
+    nums = store.sites.register_sites(["b"])
     with store.write() as conn:
-        refs = store.append_log_entries(conn, "policy", [(b"x", [nums["b"]]), (b"y", [nums["b"]])])
+        refs = store.send.append_log_entries(
+            conn, "policy", [(b"x", [nums["b"]]), (b"y", [nums["b"]])]
+        )
     assert refs == [EntryRef(0, 1, 1), EntryRef(0, 2, 2)]
 
 
@@ -80,37 +84,39 @@ def test_reads_are_in_position_order_whatever_the_rows_storage(
 ) -> None:
     """After a trim PostgreSQL puts new rows in a reused slot, a partition before the older
     rows', and after a VACUUM in freed space: reads go by position."""
-    nums = store.register_sites(["b"])
+    nums = store.sites.register_sites(["b"])
 
     def send(tag: bytes, n: int) -> list[int]:
         refs = []
         for i in range(n):  # each in a slot of its own on PostgreSQL
             new_slot(store)
             with store.write() as conn:
-                refs += store.append_log_entries(conn, "policy", [(tag + b"%d" % i, [nums["b"]])])
+                refs += store.send.append_log_entries(
+                    conn, "policy", [(tag + b"%d" % i, [nums["b"]])]
+                )
         return positions(store, refs)
 
     p = send(b"a", 10)
-    store.set_cursor("b", "policy", p[4])
-    store.trim()
+    store.shipping.set_cursor("b", "policy", p[4])
+    store.retention.trim()
     if store.dialect == "postgresql":  # SQLite keeps rows in a B-tree keyed by position
         with store.engine.connect() as conn:
             auto = conn.execution_options(isolation_level="AUTOCOMMIT")
             auto.exec_driver_sql("VACUUM lrq_send_positions")
     q = send(b"n", 3)
-    assert [e.position for e in store.read_client_log("policy", 0, 100)] == p[5:] + q
-    assert [e.position for e in store.read_log_entries("b", "policy", 0, 100)] == p[5:] + q
+    assert [e.position for e in store.shipping.read_client_log("policy", 0, 100)] == p[5:] + q
+    assert [e.position for e in store.shipping.read_log_entries("b", "policy", 0, 100)] == p[5:] + q
 
 
 def test_a_destination_registered_by_another_store_is_read(store: SQLAlchemyQueueStore) -> None:
     """The site numbers a store cached miss a site registered since: a read looks again."""
-    store.register_sites(["b"])
-    assert set(store.site_numbers()) == {"b"}  # cached
+    store.sites.register_sites(["b"])
+    assert set(store.sites.site_numbers()) == {"b"}  # cached
     other = open_store(store.engine)
     nums = other.register_sites(["c"])
     with other.write() as conn:
         refs = other.append_log_entries(conn, "policy", [(b"x", [nums["c"]])])
-    assert [e.position for e in store.read_log_entries("c", "policy", 0, 10)] == positions(
+    assert [e.position for e in store.shipping.read_log_entries("c", "policy", 0, 10)] == positions(
         other, refs
     )
 

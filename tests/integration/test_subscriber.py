@@ -155,7 +155,7 @@ def app_rows(store: SQLAlchemyQueueStore, kind: str | None = None) -> list[tuple
 
 def queued(store: SQLAlchemyQueueStore) -> int:
     """Entries received and not delivered yet, in every queue."""
-    return sum(store.queue_depths().values())
+    return sum(store.inspection.queue_depths().values())
 
 
 def poll_until(
@@ -217,8 +217,8 @@ def make_sub(
 def test_log_entries_arrive_in_order_in_bounded_batches(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 12))
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(13, 13))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 12))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(13, 13))
     listener = AppListener()
     sub = make_sub(listener, batch_size=10)
 
@@ -237,7 +237,7 @@ def test_log_entries_arrive_in_order_in_bounded_batches(
 def test_messages_expose_the_entry(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, [WireEntry(7, LOG, b"\x00payload")])
+    app_store.recv.apply_log_batch("src-a", CLIENT, [WireEntry(7, LOG, b"\x00payload")])
     seen: list[RoutingQueueMessage] = []
 
     class Keep(AppListener):
@@ -259,7 +259,7 @@ def test_messages_carry_their_headers_read_only(
 ) -> None:
     headers = encode_headers({"content-type": "application/json", "lr-traceparent": "00-x"})
     entries = [WireEntry(1, LOG, b"a", key=b"k", headers=headers), WireEntry(2, LOG, b"b")]
-    app_store.apply_log_batch("src-a", CLIENT, entries)
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries)
     seen: list[RoutingQueueMessage] = []
 
     class Keep(AppListener):
@@ -281,8 +281,8 @@ def test_messages_carry_their_headers_read_only(
 def test_other_clients_queues_are_not_delivered(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", "other", log_entries(1, 3))
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    app_store.recv.apply_log_batch("src-a", "other", log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
     listener = AppListener()
     assert make_sub(listener).poll_once() == 2
     assert queued(app_store) == 3
@@ -293,7 +293,7 @@ def test_other_clients_queues_are_not_delivered(
 def test_failed_batch_applies_nothing_and_is_redelivered(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber], how: str
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 8))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 8))
     listener = AppListener(fail=lambda cb, src, call: how if call <= 2 else None)
     sub = make_sub(listener, batch_size=5)
 
@@ -322,7 +322,7 @@ def test_failed_batch_applies_nothing_and_is_redelivered(
 def test_failed_queue_waits_for_its_backoff(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     listener = AppListener(fail=lambda cb, src, call: "false" if call == 1 else None)
     sub = make_sub(listener, retry_initial=30.0, retry_max=100.0, retry_jitter=0.0)
     assert sub.poll_once() == 0
@@ -347,7 +347,7 @@ def test_an_idle_subscriber_woken_on_arrival_polls_less_and_less(
     core.arrival_watch = Listening()
     waits = [core._idle_wait() for _ in range(6)]
     assert waits == [0.5, 1.0, 2.0, 4.0, subscriber_settings.IDLE_POLL_MAX, 5.0]
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
     assert sub.poll_once() == 2
     assert core._idle_wait() == 0.5  # a delivery: back to the fast poll
     core.lease_seconds = 3.0
@@ -357,7 +357,7 @@ def test_an_idle_subscriber_woken_on_arrival_polls_less_and_less(
 def test_listener_that_rolls_back_the_session_fails_the_batch(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
 
     class RollsBack(AppListener):
         def process_log_entries(
@@ -378,8 +378,8 @@ def test_listener_that_rolls_back_the_session_fails_the_batch(
 def test_one_failing_source_does_not_block_another(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("bad", CLIENT, log_entries(1, 4))
-    app_store.apply_log_batch("good", CLIENT, log_entries(1, 6))
+    app_store.recv.apply_log_batch("bad", CLIENT, log_entries(1, 4))
+    app_store.recv.apply_log_batch("good", CLIENT, log_entries(1, 6))
     listener = AppListener(fail=lambda cb, src, call: "raise" if src == "bad" else None)
     sub = make_sub(listener, batch_size=2)
 
@@ -397,8 +397,10 @@ def test_one_failing_source_does_not_block_another(
 def test_snapshot_batches_come_between_start_and_end_then_log_entries(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_snapshot_batch("src-a", CLIENT, "snap-1", snapshot_entries("snap-1", 5, 10))
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(11, 3))
+    app_store.recv.apply_snapshot_batch(
+        "src-a", CLIENT, "snap-1", snapshot_entries("snap-1", 5, 10)
+    )
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(11, 3))
     listener = AppListener()
     sub = make_sub(listener, batch_size=2)
 
@@ -419,7 +421,7 @@ def test_snapshot_batches_come_between_start_and_end_then_log_entries(
 def test_zero_row_snapshot_is_start_then_end(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_snapshot_batch("src-a", CLIENT, "empty", snapshot_entries("empty", 0))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "empty", snapshot_entries("empty", 0))
     listener = AppListener()
     assert make_sub(listener).poll_once() == 0
     assert listener.events == [("start", "src-a", "empty", ()), ("end", "src-a", "empty", ())]
@@ -430,10 +432,12 @@ def test_zero_row_snapshot_is_start_then_end(
 def test_a_snapshot_is_delivered_only_once_its_end_has_arrived(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     snap = snapshot_entries("s1", 4, base=3)
-    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snap[:3])  # the end is still on its way
-    app_store.apply_log_batch("src-b", CLIENT, log_entries(1, 2))
+    app_store.recv.apply_snapshot_batch(
+        "src-a", CLIENT, "s1", snap[:3]
+    )  # the end is still on its way
+    app_store.recv.apply_log_batch("src-b", CLIENT, log_entries(1, 2))
     listener = AppListener()
     sub = make_sub(listener, batch_size=2)
 
@@ -448,8 +452,8 @@ def test_a_snapshot_is_delivered_only_once_its_end_has_arrived(
     assert sub._poll() == (0, False)  # no progress: run() waits its poll interval
     assert queued(app_store) == 3 and len(listener.events) == 3
 
-    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snap[3:], previous_position=3)
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 1))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "s1", snap[3:], previous_position=3)
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 1))
     assert sub.poll_once() == 5
     assert listener.events[3:] == [
         ("start", "src-a", "s1", ()),
@@ -465,16 +469,16 @@ def test_a_snapshot_is_delivered_only_once_its_end_has_arrived(
 def test_a_snapshot_superseded_at_the_sink_never_reaches_the_listener(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
-    app_store.apply_snapshot_batch("src-a", CLIENT, "old", snapshot_entries("old", 6)[:4])
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "old", snapshot_entries("old", 6)[:4])
     listener = AppListener()
     sub = make_sub(listener, batch_size=2)
     assert sub.poll_once() == 2  # the log entries before it
     new = snapshot_entries("new", 3, base=2)
-    app_store.apply_snapshot_batch("src-a", CLIENT, "new", new[:2])  # drops what "old" queued
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "new", new[:2])  # drops what "old" queued
     assert sub.poll_once() == 0
     assert listener.events == [("log_entries", "src-a", "", (1, 2))]
-    app_store.apply_snapshot_batch("src-a", CLIENT, "new", new[2:], previous_position=2)
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "new", new[2:], previous_position=2)
     assert sub.poll_once() == 3
 
     assert listener.events == [
@@ -492,11 +496,11 @@ def test_streaming_delivery_may_deliver_part_of_a_superseded_snapshot(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
     old = snapshot_entries("old", 6)[:-1]  # interrupted: no end marker
-    app_store.apply_snapshot_batch("src-a", CLIENT, "old", old)
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "old", old)
     listener = AppListener()
     sub = make_sub(listener, batch_size=2, max_batches=1, snapshot_delivery="streaming")
     assert sub.poll_once() == 2  # part of the old snapshot was delivered
-    app_store.apply_snapshot_batch("src-a", CLIENT, "new", snapshot_entries("new", 3))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "new", snapshot_entries("new", 3))
     poll_until(sub, lambda: queued(app_store) == 0)
 
     assert listener.events == [
@@ -512,7 +516,7 @@ def test_streaming_delivery_may_deliver_part_of_a_superseded_snapshot(
 def test_failed_first_snapshot_batch_rolls_back_its_start(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 4))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 4))
 
     def fail(callback: str, source: str, call: int) -> str | None:
         # first transaction: start ok, batch fails; later the second batch fails once
@@ -540,7 +544,7 @@ def test_failed_first_snapshot_batch_rolls_back_its_start(
 def test_failing_end_callback_redelivers_the_end_only(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2))
     listener = AppListener(
         fail=lambda cb, src, call: "raise" if cb == "on_full_sync_end" and call < 5 else None
     )
@@ -553,7 +557,7 @@ def test_failing_end_callback_redelivers_the_end_only(
 
 def raw_append(store: SQLAlchemyQueueStore, rows: list[tuple[ReplicationType, int, str]]) -> None:
     """Append entries behind the receiver's back (what a faulty receiver could leave)."""
-    qid = store.list_queues(CLIENT)[0].queue_id
+    qid = store.queues.list_queues(CLIENT)[0].queue_id
     with store.write() as conn:
         conn.execute(
             insert(s.recv_entries),
@@ -575,7 +579,7 @@ def raw_append(store: SQLAlchemyQueueStore, rows: list[tuple[ReplicationType, in
 def test_entries_of_an_ended_snapshot_are_never_delivered(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2))
     listener = AppListener()
     sub = make_sub(listener)
     assert sub.poll_once() == 2
@@ -595,7 +599,7 @@ def test_entries_of_an_ended_snapshot_are_never_delivered(
 def test_an_entry_of_no_type_blocks_its_queue_with_a_protocol_error(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
     raw_append(app_store, [(ReplicationType.NONE, 2, "")])
     listener = AppListener()
     sub = make_sub(listener)
@@ -609,7 +613,7 @@ def test_an_entry_of_no_type_blocks_its_queue_with_a_protocol_error(
 def test_run_discovers_new_sources_without_restart(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     listener = AppListener()
     sub = make_sub(listener, poll_interval=0.02)
     stop = threading.Event()
@@ -617,8 +621,8 @@ def test_run_discovers_new_sources_without_restart(
     thread.start()
     try:
         wait_for(lambda: len(app_rows(app_store)) == 3)
-        app_store.apply_log_batch("src-b", CLIENT, log_entries(1, 4))  # a source seen later
-        app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 1))
+        app_store.recv.apply_log_batch("src-b", CLIENT, log_entries(1, 4))  # a source seen later
+        app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 1))
         wait_for(lambda: len(app_rows(app_store)) == 8)
     finally:
         stop.set()
@@ -635,7 +639,7 @@ def test_run_discovers_new_sources_without_restart(
 def test_a_leased_queue_is_left_to_its_holder(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 4))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 4))
     first = make_sub(AppListener(), owner="first", batch_size=2, max_batches=1)
     second_listener = AppListener()
     second = make_sub(second_listener, owner="second")
@@ -651,7 +655,7 @@ def test_a_leased_queue_is_left_to_its_holder(
 def test_an_expired_lease_is_taken_over(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 4))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 4))
     first = make_sub(AppListener(), owner="first", batch_size=2, max_batches=1, lease_seconds=0.2)
     second = make_sub(AppListener(), owner="second")
     assert first.poll_once() == 2
@@ -662,7 +666,7 @@ def test_an_expired_lease_is_taken_over(
 def test_delivery_rolls_back_when_the_lease_was_lost(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
 
     class LosesLease(AppListener):
         def process_log_entries(
@@ -685,7 +689,7 @@ def test_delivery_rolls_back_when_the_lease_was_lost(
 def test_a_delivery_another_one_passed_meanwhile_rolls_back(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
 
     class Overtaken(AppListener):
         def process_log_entries(
@@ -734,7 +738,7 @@ def stored_positions(store: SQLAlchemyQueueStore) -> list[int]:
 def test_whether_a_queue_is_relayed_is_read_once_per_lease_not_per_delivery(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 30))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 30))
     statements: list[str] = []
 
     def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
@@ -760,7 +764,7 @@ def test_a_drained_queue_is_probed_not_delivered_again(
     """After a delivery, whether more is queued is one probe of the queue, not another
     delivery transaction (state read, head read, commit) that finds nothing; a queue
     with more than one batch is still delivered batch after batch."""
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     sub = make_sub(AppListener(), batch_size=5)
     assert sub.poll_once() == 3  # the lease is taken
     statements: list[str] = []
@@ -773,11 +777,11 @@ def test_a_drained_queue_is_probed_not_delivered_again(
 
     event.listen(sub.store.engine, "before_cursor_execute", seen)
     try:
-        app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
+        app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
         statements.clear()
         assert sub.poll_once() == 3
         assert state_reads() == 1  # one delivery, then the probe found the queue drained
-        app_store.apply_log_batch("src-a", CLIENT, log_entries(7, 12), previous_position=6)
+        app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(7, 12), previous_position=6)
         statements.clear()
         assert sub.poll_once() == 12  # batches of 5, 5 and 2 in one poll
         assert state_reads() == 3
@@ -799,12 +803,12 @@ def test_a_drained_queue_waits_for_the_next_arrival_when_arrivals_wake_the_subsc
     stored meanwhile would not wake the subscriber (no arrival watch listening) or
     the queue may hold more; a drained queue of a woken subscriber waits instead."""
     sub = make_sub(AppListener(), batch_size=5, max_batches=2)
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     assert sub._poll() == (3, True)  # no watch: entries may arrive unannounced
     sub.arrival_watch = _Listening()  # type: ignore[assignment]
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
     assert sub._poll() == (3, False)  # drained: the next batch wakes it
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(7, 12), previous_position=6)
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(7, 12), previous_position=6)
     assert sub._poll() == (10, True)  # two batches of 5, and more queued
     assert sub._poll() == (2, False)
     assert sub._poll() == (0, False)
@@ -820,7 +824,7 @@ def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_i
     """The answer read with the lease is not kept past a change made elsewhere (here
     through another engine, as the site's server applies its config): the change takes
     the lease, the delivery holding it rolls back, the next one reads the new answer."""
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     listener = AppListener()
     sub = make_sub(listener, owner="me", lease_seconds=600.0)
     assert sub.poll_once() == 3
@@ -830,20 +834,23 @@ def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_i
     server = open_store(create_engine(db_url))
     try:
         server.apply_cascade_config(CLIENT, "src-a", "branch", "src-a", ("below",))
-        app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
+        app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
         poll_until(sub, lambda: len(app_rows(app_store)) == 6)
         assert stored_positions(app_store) == [*kept, 4, 5, 6]  # relayed: kept for "below"
 
         # Back to a leaf: delivery deletes again from the next lease on.
         server.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
-        app_store.apply_log_batch("src-a", CLIENT, log_entries(7, 2), previous_position=6)
+        app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(7, 2), previous_position=6)
         poll_until(sub, lambda: len(app_rows(app_store)) == 8)
         expected = [*kept, 4, 5, 6, 7, 8] if app_store.keeps_delivered else [4, 5, 6]
         assert stored_positions(app_store) == expected
         # The same configuration again changes nothing, and takes no lease.
         server.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
         with app_store.read() as conn:
-            (state,) = [app_store.load_state(conn, q.queue_id) for q in app_store.list_queues()]
+            (state,) = [
+                app_store.queues.load_state(conn, q.queue_id)
+                for q in app_store.queues.list_queues()
+            ]
         assert state.lease_owner == "me"
     finally:
         server.close()
@@ -856,8 +863,8 @@ def test_the_batch_is_built_with_the_collector_paused_and_the_listener_runs_with
     make_sub: Callable[..., RoutingQueueSubscriber],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 6, 10))
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(11, 3))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 6, 10))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(11, 3))
     seen: dict[str, list[bool]] = {"read": [], "listener": []}
 
     def reading(*args: object, **kwargs: object) -> object:
@@ -876,7 +883,7 @@ def test_the_batch_is_built_with_the_collector_paused_and_the_listener_runs_with
             return super()._apply(session, kind, source_id, messages)
 
     sub = make_sub(Watching(), batch_size=4)
-    read_head = sub.store.read_head
+    read_head = sub.store.heads.read_head
     monkeypatch.setattr(sub.store, "read_head", reading)
     assert gc.isenabled()
     poll_until(sub, lambda: len(app_rows(app_store, "log_entries")) == 3)
@@ -963,7 +970,7 @@ class _FailsOnce(_ErrorLog):
 
 
 def test_a_success_clears_the_queues_failures_and_retry_time(store: SQLAlchemyQueueStore) -> None:
-    store.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2)])
+    store.recv.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2)])
     listener = _FailsOnce()
     sub = RoutingQueueSubscriber(store, "policy", listener, retry_initial=0.0, retry_jitter=0)
     assert sub.poll_once() == 0
@@ -977,7 +984,7 @@ def test_a_success_clears_the_queues_failures_and_retry_time(store: SQLAlchemyQu
 def test_a_running_subscriber_delivers_and_reports_nothing_when_nothing_fails(
     store: SQLAlchemyQueueStore,
 ) -> None:
-    store.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
+    store.recv.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
     listener = _FailsOnce()
     listener.errors.append(ValueError("marker: already failed once"))  # so it never fails
     sub = RoutingQueueSubscriber(store, "policy", listener, poll_interval=0.01)
@@ -995,18 +1002,18 @@ def test_a_running_subscriber_delivers_and_reports_nothing_when_nothing_fails(
 def test_the_delivered_count_counts_entries_given_to_the_listener_not_drop_notices(
     store: SQLAlchemyQueueStore,
 ) -> None:
-    store.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
-    assert store.apply_drop_notice("site-a", "policy", "d1", 4, "dropped")
-    store.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (9, 10)])
+    store.recv.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
+    assert store.recv.apply_drop_notice("site-a", "policy", "d1", 4, "dropped")
+    store.recv.apply_log_batch("site-a", "policy", [WireEntry(p, LOG, b"x") for p in (9, 10)])
     listener = _FailsOnce()
     listener.errors.append(ValueError("marker: already failed once"))  # so it never fails
     sub = RoutingQueueSubscriber(store, "policy", listener)
     while sub.poll_once():
         pass
     assert listener.applied == [1, 2, 3, 9, 10]
-    (queue,) = store.list_queues("policy")
+    (queue,) = store.queues.list_queues("policy")
     with store.read() as conn:
-        assert store.load_state(conn, queue.queue_id).delivered == 5
+        assert store.queues.load_state(conn, queue.queue_id).delivered == 5
 
 
 # -- settings: defaults, bounds and messages ---------------------------------------------
@@ -1086,14 +1093,14 @@ def test_a_bad_client_name_is_refused_as_a_client_name(app_store: SQLAlchemyQueu
 
 
 def test_a_database_url_or_engine_opens_the_store(app_store: SQLAlchemyQueueStore) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 2))
     url = app_store.engine.url.render_as_string(hide_password=False)
     for target in (url, app_store.engine):
         listener = AppListener()
         sub = RoutingQueueSubscriber(target, CLIENT, listener)  # type: ignore[arg-type]
         try:
             assert isinstance(sub.store, SQLAlchemyQueueStore) and sub.store is not app_store
-            assert sub.store.list_queues(CLIENT) == app_store.list_queues(CLIENT)
+            assert sub.store.queues.list_queues(CLIENT) == app_store.queues.list_queues(CLIENT)
             assert sub.store.engine.pool.checkedin() == 1
         finally:
             sub.close()
@@ -1149,14 +1156,14 @@ def test_a_failing_callback_is_named_with_the_batch_and_the_reason(
     result: object,
     says: str,
 ) -> None:
-    app_store.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2, base=0))
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    app_store.recv.apply_snapshot_batch("src-a", CLIENT, "s1", snapshot_entries("s1", 2, base=0))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
     listener = _Fails(callback, result)
     sub = make_sub(listener, retry_initial=0.0)
     poll_until(sub, lambda: queued(app_store) == 0)
     (error,) = listener.errors
     assert isinstance(error, ListenerError)
-    (queue,) = app_store.list_queues(CLIENT)
+    (queue,) = app_store.queues.list_queues(CLIENT)
     assert (error.callback, error.source_id, error.client_name, error.attempt) == (
         callback,
         "src-a",
@@ -1170,7 +1177,7 @@ def test_a_failing_callback_is_named_with_the_batch_and_the_reason(
 def test_a_drop_notice_reaches_on_stream_dropped_with_its_position_and_reason(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
-    assert app_store.apply_drop_notice("src-a", CLIENT, "d1", 42, "over max_entries")
+    assert app_store.recv.apply_drop_notice("src-a", CLIENT, "d1", 42, "over max_entries")
     listener = _Fails("on_stream_dropped")
     sub = make_sub(listener, retry_initial=0.0)
     poll_until(sub, lambda: queued(app_store) == 0)
@@ -1282,11 +1289,11 @@ def test_a_failed_lease_release_is_logged_with_the_owner_and_the_error(
 def test_a_lease_is_renewed_only_in_the_second_half_of_its_time(
     app_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
-    (queue,) = app_store.list_queues(CLIENT)
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    (queue,) = app_store.queues.list_queues(CLIENT)
     sub = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=100.0)
     acquired: list[float] = []
-    real = app_store.acquire_lease
+    real = app_store.queues.acquire_lease
 
     def counting(conn: object, qid: int, owner: str, now: float, seconds: float) -> float | None:
         acquired.append(now)
@@ -1319,7 +1326,7 @@ def test_run_delivers_what_a_receiver_commits_without_waiting_for_its_poll(
     """An idle subscriber polling once an hour delivers each batch a receiver stores as it
     commits: PostgreSQL's notification wakes it, on SQLite the database file's
     ``data_version``."""
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
     sub = make_sub(AppListener(), poll_interval=3600.0, partitions=partitions)
     stop = threading.Event()
     thread = threading.Thread(target=sub.run, args=(stop,))
@@ -1330,7 +1337,7 @@ def test_run_delivers_what_a_receiver_commits_without_waiting_for_its_poll(
         # Each batch is stored once the one before was delivered, by then long idle: only a
         # wake-up delivers it before the hour is up.
         for n in (2, 3, 4):
-            app_store.apply_log_batch("src-a", CLIENT, log_entries(n, 1))
+            app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(n, 1))
             wait_for(lambda n=n: len(app_rows(app_store)) == n, what=f"entry {n} delivered")
     finally:
         stop.set()

@@ -64,7 +64,7 @@ def _reset(store: SQLAlchemyQueueStore) -> None:
 def run_program(store: SQLAlchemyQueueStore, program: list[Op]) -> None:
     """Run ``program`` against the store and the model, checking after every step."""
     _reset(store)
-    nums = store.register_sites(DESTS)
+    nums = store.sites.register_sites(DESTS)
     tagged: dict[str, list[int]] = {d: [] for d in DESTS}  # what each destination was sent
     acked = {d: 0 for d in DESTS}
     dropped: set[str] = set()
@@ -79,7 +79,9 @@ def run_program(store: SQLAlchemyQueueStore, program: list[Op]) -> None:
     for op in program:
         if op[0] == "transmit":
             with store.write() as conn:
-                (ref,) = store.append_log_entries(conn, CLIENT, [(b"x", [nums[d] for d in op[1]])])
+                (ref,) = store.send.append_log_entries(
+                    conn, CLIENT, [(b"x", [nums[d] for d in op[1]])]
+                )
             (pos,) = positions(store, [ref])
             for d in op[1]:
                 tagged[d].append(pos)
@@ -89,19 +91,19 @@ def run_program(store: SQLAlchemyQueueStore, program: list[Op]) -> None:
             pending = [p for p in tagged[d] if p > acked[d]]
             if pending and d not in dropped:
                 acked[d] = pending[min(op[2], len(pending) - 1)]
-                store.set_cursor(d, CLIENT, acked[d])
+                store.shipping.set_cursor(d, CLIENT, acked[d])
         elif op[0] == "trim":
-            store.trim(batch_size=op[1], max_batches=op[2])
+            store.retention.trim(batch_size=op[1], max_batches=op[2])
         elif op[0] == "rotate":
             new_slot(store)
         elif op[0] == "drop":
-            store.drop_stream(op[1], CLIENT, "test")
+            store.retention.drop_stream(op[1], CLIENT, "test")
             dropped.add(op[1])
         else:  # a full sync for the destination: requested, then its base fixed
-            sid = store.request_snapshot(None, op[1], CLIENT, "test")
-            started = store.start_snapshot(sid)
+            sid = store.snapshots.request_snapshot(None, op[1], CLIENT, "test")
+            started = store.snapshots.start_snapshot(sid)
             if started is None:  # it joined another's full sync, running: that one's base
-                started = store.get_snapshot(sid, op[1])
+                started = store.snapshots.get_snapshot(sid, op[1])
             assert started is not None and started.base_position is not None
             base[op[1]] = started.base_position
         for d in DESTS:
@@ -109,7 +111,7 @@ def run_program(store: SQLAlchemyQueueStore, program: list[Op]) -> None:
             if after is None:
                 continue
             needed = [p for p in tagged[d] if p > after]
-            got = [e.position for e in store.read_log_entries(d, CLIENT, after, 1000)]
+            got = [e.position for e in store.shipping.read_log_entries(d, CLIENT, after, 1000)]
             assert got == needed, (d, op)
         whole_slots = store.dialect == "postgresql"  # no batch bounds there
         if op[0] == "trim" and (op[2] is None or whole_slots):
@@ -117,7 +119,7 @@ def run_program(store: SQLAlchemyQueueStore, program: list[Op]) -> None:
             # on PostgreSQL, and those that share a slot with one.
             needed = {p for d in DESTS if (f := floor(d)) is not None for p in tagged[d] if p > f}
             kept = sorted(_slot_mates(store, needed) if whole_slots else needed)
-            assert [e.position for e in store.read_client_log(CLIENT, 0, 1000)] == kept, op
+            assert [e.position for e in store.shipping.read_client_log(CLIENT, 0, 1000)] == kept, op
 
 
 def _slot_mates(store: SQLAlchemyQueueStore, positions: set[int]) -> set[int]:

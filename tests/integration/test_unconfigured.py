@@ -125,8 +125,8 @@ def test_an_unconfigured_stream_is_kept_under_the_limits_and_warned_once(
     store: SQLAlchemyQueueStore,
 ) -> None:
     send(store, "policy", [(b"bz", ["b", "z"])] * 3 + [(b"b", ["b"])])
-    store.set_cursor("b", "policy", 4)  # b has everything
-    store.set_cursor("c", "policy", 4)
+    store.shipping.set_cursor("b", "policy", 4)  # b has everything
+    store.shipping.set_cursor("c", "policy", 4)
     policy = RetentionPolicy(store, site_config(store, RetentionConfig(max_entries=5)))
     handler = Recorder(logging.WARNING)
     logger = logging.getLogger("lr.retention")
@@ -151,8 +151,8 @@ def test_an_unconfigured_stream_is_kept_under_the_limits_and_warned_once(
 
     # Each run reads only what was appended since, and still measures what it found.
     send(store, "policy", [(b"by", ["b", "y"])])
-    store.set_cursor("b", "policy", 5)
-    store.set_cursor("c", "policy", 5)
+    store.shipping.set_cursor("b", "policy", 5)
+    store.shipping.set_cursor("c", "policy", 5)
     third = {(h.destination, h.client_name): h.backlog.entries for h in policy.run_once().streams}
     assert {k: v for k, v in third.items() if k[0] in "yz"} == {
         ("y", "policy"): 1,
@@ -160,9 +160,9 @@ def test_an_unconfigured_stream_is_kept_under_the_limits_and_warned_once(
     }
 
     # Kept meanwhile: trim removes only what no one needs any more (position 4).
-    assert store.trim() == 1
+    assert store.retention.trim() == 1
     assert positions(store) == [1, 2, 3, 5]
-    assert store.list_drops() == []
+    assert store.retention.list_drops() == []
 
 
 @pytest.mark.parametrize(
@@ -177,28 +177,28 @@ def test_an_unconfigured_stream_past_a_limit_is_dropped_then_trimmed(
 ) -> None:
     send(store, "policy", [(b"c", ["c"])] * 3)  # c is slow: a third of max_entries
     send(store, client, rows)
-    store.set_cursor("b", "policy", 9)
+    store.shipping.set_cursor("b", "policy", 9)
     # The client has no snapshot provider: a configured stream would never be dropped.
     policy = RetentionPolicy(
         store, site_config(store, RetentionConfig(max_entries=5, soft_fraction=0.5))
     )
     report = policy.run_once()
     assert report.dropped == [(dest, client)]
-    (drop,) = store.list_drops()
+    (drop,) = store.retention.list_drops()
     assert (drop.destination, drop.client_name, drop.first_dropped_position) == (dest, client, 1)
     assert drop.reason.startswith("not configured; over retention: 6 entries")
     # It takes no part in backpressure: of policy's two destinations only c is slow.
     assert report.backpressure == {"policy": False}
     assert unconfigured_metric(dest, client) == 0
 
-    store.set_cursor("c", "policy", 3)
-    store.trim()
+    store.shipping.set_cursor("c", "policy", 3)
+    store.retention.trim()
     assert positions(store) == []
     # Entries transmitted for it afterwards are released as they come.
     send(store, client, rows[:2])
-    store.set_cursor("b", "policy", 11)
+    store.shipping.set_cursor("b", "policy", 11)
     assert policy.run_once().dropped == []
-    store.trim()
+    store.retention.trim()
     assert positions(store) == []
 
 
@@ -240,12 +240,14 @@ def snapshot_rows(store: SQLAlchemyQueueStore) -> int:
 
 def ready_snapshot(store: SQLAlchemyQueueStore, dests: list[str], rows: int) -> str:
     """A READY snapshot of ``policy`` that every one of ``dests`` joined (one, shared)."""
-    store.register_sites(dests)
-    (sid,) = {store.request_snapshot(None, d, "policy") for d in dests}
-    assert store.start_snapshot(sid) is not None
+    store.sites.register_sites(dests)
+    (sid,) = {store.snapshots.request_snapshot(None, d, "policy") for d in dests}
+    assert store.snapshots.start_snapshot(sid) is not None
     with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, [b"row-%d" % i for i in range(rows)])
-    assert store.finish_snapshot(sid) == rows
+        store.snapshot_entries.write_snapshot_entries(
+            conn, sid, 0, [b"row-%d" % i for i in range(rows)]
+        )
+    assert store.snapshot_entries.finish_snapshot(sid) == rows
     return sid
 
 
@@ -256,16 +258,16 @@ def test_a_destination_removed_from_the_config_leaves_its_shared_snapshot_and_th
     it: z still held it, and its rows stayed. The policy's next run takes z out: the
     snapshot is done, its rows released."""
     sid = ready_snapshot(store, ["b", "z"], 5)
-    assert store.complete_snapshot(sid, "b")
-    assert store.get_snapshot(sid).status is SnapshotStatus.READY  # type: ignore[union-attr]
+    assert store.snapshots.complete_snapshot(sid, "b")
+    assert store.snapshots.get_snapshot(sid).status is SnapshotStatus.READY  # type: ignore[union-attr]
     assert snapshot_rows(store) == 6  # z holds them: nobody will ship them to z
 
     policy = RetentionPolicy(store, site_config(store, RetentionConfig()))
     report = policy.run_once()
-    store.trim()
+    store.retention.trim()
     assert snapshot_rows(store) == 0
-    assert store.get_snapshot(sid).status is SnapshotStatus.COMPLETED  # type: ignore[union-attr]
-    z = store.get_snapshot(sid, "z")
+    assert store.snapshots.get_snapshot(sid).status is SnapshotStatus.COMPLETED  # type: ignore[union-attr]
+    z = store.snapshots.get_snapshot(sid, "z")
     assert z is not None and z.status is SnapshotStatus.CANCELLED
     assert "not configured" in z.reason
     assert report.left_snapshots == [(sid, "z")]
@@ -276,17 +278,17 @@ def test_an_unconfigured_destination_alone_in_a_snapshot_ends_it_and_others_stay
     store: SQLAlchemyQueueStore,
 ) -> None:
     mine = ready_snapshot(store, ["z"], 3)  # only z: it ends with z's share
-    theirs = store.request_snapshot(None, "c", "policy")  # configured: left alone
+    theirs = store.snapshots.request_snapshot(None, "c", "policy")  # configured: left alone
     assert theirs != mine
-    assert store.start_snapshot(theirs) is not None
+    assert store.snapshots.start_snapshot(theirs) is not None
     with store.write() as conn:
-        store.write_snapshot_entries(conn, theirs, 0, [b"c-row"])
+        store.snapshot_entries.write_snapshot_entries(conn, theirs, 0, [b"c-row"])
 
     report = RetentionPolicy(store, site_config(store, RetentionConfig())).run_once()
-    store.trim()
+    store.retention.trim()
     assert snapshot_rows(store) == 1  # c's, still being written
-    assert store.get_snapshot(mine).status is SnapshotStatus.CANCELLED  # type: ignore[union-attr]
-    assert store.get_snapshot(theirs).status is SnapshotStatus.RUNNING  # type: ignore[union-attr]
+    assert store.snapshots.get_snapshot(mine).status is SnapshotStatus.CANCELLED  # type: ignore[union-attr]
+    assert store.snapshots.get_snapshot(theirs).status is SnapshotStatus.RUNNING  # type: ignore[union-attr]
     assert report.left_snapshots == [(mine, "z")]
 
 

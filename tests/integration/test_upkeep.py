@@ -36,7 +36,7 @@ def _upkeep(store: SQLAlchemyQueueStore, db_url: str) -> tuple[Upkeep, list[Rete
 def test_an_idle_send_queue_is_measured_again_once_it_moves_or_after_the_period(
     store: SQLAlchemyQueueStore, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.register_sites(["b"])
+    store.sites.register_sites(["b"])
     keeper, reports = _upkeep(store, db_url)
     fence = None  # one server: its writes unfenced
     keeper.round(fence)
@@ -50,11 +50,11 @@ def test_an_idle_send_queue_is_measured_again_once_it_moves_or_after_the_period(
     assert [h.backlog.entries for h in reports[-1].streams] == [1]
     assert keeper.round(fence)  # a stream behind is measured every round: busy
     assert len(reports) == 3
-    store.set_cursor("b", "policy", store.head_position())
+    store.shipping.set_cursor("b", "policy", store.send.head_position())
     assert keeper.round(fence)  # caught up, and its entry trimmed
     assert not keeper.round(fence)  # idle from here on: the next rounds come slower
     assert len(reports) == 4 and keeper.quiet_head is not None
-    assert store.read_client_log("policy", 0, 10) == []  # trimmed all the same
+    assert store.shipping.read_client_log("policy", 0, 10) == []  # trimmed all the same
     monkeypatch.setattr(upkeep, "IDLE_RETENTION_PERIOD", 0.0)
     keeper.round(fence)  # the period is over: measured again
     assert len(reports) == 5

@@ -43,11 +43,11 @@ def _transmit(source: Site, payloads: list[bytes]) -> None:
 
 
 def _received(sink: Site) -> list[bytes]:
-    queues = sink.store.list_queues("policy")
+    queues = sink.store.queues.list_queues("policy")
     if not queues:
         return []
     with sink.store.read() as conn:
-        return [e.payload for e in sink.store.read_queue(conn, queues[0].queue_id, 1000)]
+        return [e.payload for e in sink.store.queues.read_queue(conn, queues[0].queue_id, 1000)]
 
 
 @pytest.mark.stop_calls_at_once
@@ -94,16 +94,18 @@ def test_a_sqlite_watch_wakes_on_the_heads_it_watches_only(tmp_path: Path) -> No
     a watched head (the ``changed`` check); its own start wakes it once."""
     store = open_store(create_engine(f"sqlite:///{tmp_path / 'w.db'}"))
     store.create_schema()
-    store.register_sites(["b"])
+    store.sites.register_sites(["b"])
     rings: list[int] = []
-    watch = store.watch_sends(lambda: rings.append(1))
+    watch = store.shipping.watch_sends(lambda: rings.append(1))
     assert watch is not None
     try:
         wait_for(lambda: watch.listening and rings == [1], what="the watch started")
         status = {"inflight_batches": 0, "inflight_bytes": 0}
-        store.save_session_status("b", "connected", connected=True, **status)  # not a head
-        store.register_sites(["c"])
-        store.save_session_status("b", "idle", connected=False, **status)
+        store.inspection.save_session_status(
+            "b", "connected", connected=True, **status
+        )  # not a head
+        store.sites.register_sites(["c"])
+        store.inspection.save_session_status("b", "idle", connected=False, **status)
         client = RoutingQueueClient(store, "a", "policy")
         with Session(store.engine) as s, s.begin():
             client.transmit_log_entry_message(s, b"x", ["b"])
@@ -120,7 +122,7 @@ def pg_store(store: SQLAlchemyQueueStore) -> SQLAlchemyQueueStore:
     """A PostgreSQL store in a database of its own: notifications are per database."""
     if store.dialect != "postgresql":
         pytest.skip("PostgreSQL's notifications")
-    store.register_sites(["b"])
+    store.sites.register_sites(["b"])
     return store
 
 
@@ -136,7 +138,7 @@ def test_transmits_notify_at_most_once_per_interval(
         rings.append(1)
         got.set()
 
-    watch = pg_store.watch_sends(ring)
+    watch = pg_store.shipping.watch_sends(ring)
     assert watch is not None
     client = RoutingQueueClient(pg_store, "a", "policy")
     try:
@@ -181,7 +183,7 @@ def test_a_transmit_sends_no_notification_over_the_queues_limit(
     nobody and still commits: a listener that stopped reading never fails the
     application's transaction."""
     rings: list[int] = []
-    watch = pg_store.watch_sends(lambda: rings.append(1))
+    watch = pg_store.shipping.watch_sends(lambda: rings.append(1))
     assert watch is not None
     limit = f"< {watches.QUEUE_USAGE_LIMIT}) n)"
     for key in [(False, True), (True, True)]:  # (batch, notify): the notifying statements
@@ -201,7 +203,7 @@ def test_a_transmit_sends_no_notification_over_the_queues_limit(
             conn.exec_driver_sql(f"NOTIFY {watches.SENDS_CHANNEL}")
         wait_for(lambda: len(rings) >= 2, what="the marker's wake-up", detail=lambda: rings)
         assert len(rings) == 2  # the start and the marker: the transmits sent none
-        assert [e.payload for e in pg_store.read_log_entries("b", "policy", 0, 10)] == [
+        assert [e.payload for e in pg_store.shipping.read_log_entries("b", "policy", 0, 10)] == [
             b"1",
             b"2",
             b"3",

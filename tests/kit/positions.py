@@ -10,7 +10,7 @@ from lr_client.store.contract import SendLog
 
 def positions(store: SendLog, refs: Sequence[EntryRef]) -> list[int]:
     """The positions of committed entries; all must be known (the store sequences first)."""
-    found = store.positions_of(refs)
+    found = store.send.positions_of(refs)
     assert None not in found, f"entries without a position: {refs} -> {found}"
     return [p for p in found if p is not None]
 

@@ -8,10 +8,12 @@ from lr_client.store.contract import QueueStore
 
 def ready_snapshot(store: QueueStore, sid: str, rows: int = 2) -> SnapshotRequest:
     """Start ``sid``, write ``rows`` entries (``r0``, ``r1``, ...) and its end: READY."""
-    assert store.start_snapshot(sid) is not None
+    assert store.snapshots.start_snapshot(sid) is not None
     with store.write() as conn:
-        store.write_snapshot_entries(conn, sid, 0, [b"r%d" % i for i in range(rows)])
-    store.finish_snapshot(sid)
-    req = store.get_snapshot(sid)
+        store.snapshot_entries.write_snapshot_entries(
+            conn, sid, 0, [b"r%d" % i for i in range(rows)]
+        )
+    store.snapshot_entries.finish_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status is SnapshotStatus.READY
     return req

@@ -499,7 +499,7 @@ def read_sent(engine: Engine, source: str) -> list[SentEntry]:
             select(t.c.payload_id, t.c.client, t.c.txid, t.c.ord, t.c.position, t.c.dests)
         ).all()
     missing = [EntryRef(int(r.txid), int(r.ord)) for r in rows if r.position is None]
-    found = dict(zip(missing, open_store(engine).positions_of(missing), strict=True))
+    found = dict(zip(missing, open_store(engine).send.positions_of(missing), strict=True))
     known = [
         {"pid": r.payload_id, "pos": found[EntryRef(int(r.txid), int(r.ord))]}
         for r in rows

@@ -338,7 +338,9 @@ class Deployment:
 
     def received_backlog(self) -> int:
         """Entries received at the sinks and not yet delivered to their listeners."""
-        return sum(sum(open_store(self.engine(s)).queue_depths().values()) for s in self.sinks)
+        return sum(
+            sum(open_store(self.engine(s)).inspection.queue_depths().values()) for s in self.sinks
+        )
 
     def wait_drained(self, source: SourceApp | None = None, timeout: float = 120.0) -> Report:
         """Poll until nothing is missing and the receive queues are empty; the final report."""

@@ -399,9 +399,9 @@ class Trial:
             as_operator(lambda: api.request_snapshot_sync(f.target, reason="nemesis"))
         else:  # weight
             store = open_store(self.dep.engine("a"))
-            as_operator(lambda: store.set_member_weight(f.target, int(f.mode)))
+            as_operator(lambda: store.members.set_member_weight(f.target, int(f.mode)))
             time.sleep(f.hold)
-            as_operator(lambda: store.set_member_weight(f.target, 1))
+            as_operator(lambda: store.members.set_member_weight(f.target, 1))
 
     # -- the run ------------------------------------------------------------------------
     def deploy(self) -> None:
@@ -528,7 +528,7 @@ class Trial:
 def _open_snapshots(trial: Trial) -> int:
     """Snapshots of the source neither completed nor cancelled (the drain waits for them)."""
     store = open_store(trial.dep.engine("a"))
-    return sum(1 for s in store.list_snapshots() if SnapshotStatus(s.status).is_open)
+    return sum(1 for s in store.snapshots.list_snapshots() if SnapshotStatus(s.status).is_open)
 
 
 def run_plan(plan: Plan, tmp: Path, clusters: dict[str, PgCluster], tally: Tally) -> Report:

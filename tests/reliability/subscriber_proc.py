@@ -340,7 +340,7 @@ def peak_rss() -> int:
 
 
 def store_is_empty(store: SQLAlchemyQueueStore) -> bool:
-    return not store.queue_depths()  # nothing undelivered
+    return not store.inspection.queue_depths()  # nothing undelivered
 
 
 if __name__ == "__main__":

@@ -297,7 +297,7 @@ class Boundary:
 
     def stored_from(self, source: str) -> tuple[int, int, int]:
         """(progress rows, queues, received entries) of ``source`` at the sink."""
-        queues = [q.queue_id for q in self.store.list_queues() if q.source_id == source]
+        queues = [q.queue_id for q in self.store.queues.list_queues() if q.source_id == source]
         with self.store.read() as conn:
             progress = conn.execute(
                 select(func.count())
@@ -318,10 +318,12 @@ class Boundary:
     def sentinel(self) -> list[tuple[int, bytes]]:
         """(position, payload) of what ``a`` stored for ``policy`` (see :func:`shared_boundary`)."""
         queue = next(
-            q for q in self.store.list_queues() if (q.source_id, q.client_name) == ("a", "policy")
+            q
+            for q in self.store.queues.list_queues()
+            if (q.source_id, q.client_name) == ("a", "policy")
         )
         with self.store.read() as conn:
-            entries = self.store.read_queue(conn, queue.queue_id, 100)
+            entries = self.store.queues.read_queue(conn, queue.queue_id, 100)
         return [(e.source_position, bytes(e.payload)) for e in entries]
 
     def finish(self) -> None:
@@ -600,11 +602,11 @@ def test_replayed_batches_are_acked_as_duplicates_and_applied_once(boundary: Bou
     overlap = log_batch([4, 5, 6], previous=3)
     acks, _, _ = client.push(overlap)
     assert [(a.last_position, a.duplicate) for a in acks] == [(6, False)]
-    queue = next(q for q in boundary.store.list_queues() if q.source_id == "r")
+    queue = next(q for q in boundary.store.queues.list_queues() if q.source_id == "r")
     with boundary.store.read() as conn:
-        entries = boundary.store.read_queue(conn, queue.queue_id, 100)
+        entries = boundary.store.queues.read_queue(conn, queue.queue_id, 100)
     assert [e.source_position for e in entries] == [1, 2, 3, 4, 5, 6]
-    assert boundary.store.sink_progress("r", "policy").last_position == 6
+    assert boundary.store.recv.sink_progress("r", "policy").last_position == 6
 
 
 def test_unknown_client_is_accepted_into_its_own_queue(boundary: Boundary) -> None:
@@ -617,7 +619,7 @@ def test_unknown_client_is_accepted_into_its_own_queue(boundary: Boundary) -> No
     boundary.writes = {"u"}
     acks, code, _ = boundary.client("u").push(log_batch([1, 2], client="never-configured"))
     assert code == grpc.StatusCode.OK and acks[0].last_position == 2
-    names = {q.queue_name for q in boundary.store.list_queues()}
+    names = {q.queue_name for q in boundary.store.queues.list_queues()}
     assert recv_queue_name("never-configured", "u") in names
 
 
@@ -663,11 +665,11 @@ def test_look_alike_names_make_distinct_queues_and_underscores_are_refused(
     assert code == grpc.StatusCode.OK and acks[0].last_position == 1
     acks, code, _ = boundary.client("b-c").push(log_batch([1, 2], client="a"))
     assert code == grpc.StatusCode.OK and acks[0].last_position == 2
-    queues = {q.queue_name: q for q in boundary.store.list_queues()}
+    queues = {q.queue_name: q for q in boundary.store.queues.list_queues()}
     one, two = recv_queue_name("a-b", "c"), recv_queue_name("a", "b-c")
     assert one != two and {one, two} <= set(queues)
-    assert boundary.store.queue_depth(queues[one].queue_id) == 1
-    assert boundary.store.queue_depth(queues[two].queue_id) == 2
+    assert boundary.store.queues.queue_depth(queues[one].queue_id) == 1
+    assert boundary.store.queues.queue_depth(queues[two].queue_id) == 2
     # Underscores: refused on the wire, by the sender API and by the config.
     assert (
         boundary.client("c").push(log_batch([2], client="a_b"))[1]
@@ -694,10 +696,12 @@ def test_client_names_on_the_wire_are_validated(boundary: Boundary, client: str)
     acks, code, _ = boundary.client("g").push(log_batch([10**6], client=client))
     if _valid_name(client):
         assert code == grpc.StatusCode.OK and acks[0].last_position == 10**6
-        assert recv_queue_name(client, "g") in {q.queue_name for q in boundary.store.list_queues()}
+        assert recv_queue_name(client, "g") in {
+            q.queue_name for q in boundary.store.queues.list_queues()
+        }
     else:
         assert code == grpc.StatusCode.INVALID_ARGUMENT
-        assert all(_valid_name(q.client_name) for q in boundary.store.list_queues())
+        assert all(_valid_name(q.client_name) for q in boundary.store.queues.list_queues())
     # Every table is still there (no name ever became SQL).
     boundary.store.check_schema()
 
@@ -787,7 +791,7 @@ def test_tls_port_refuses_plaintext_and_clients_without_valid_certificates(
         assert results.pop("valid") == grpc.StatusCode.OK
         assert results.pop("certificate of b claiming a") == grpc.StatusCode.PERMISSION_DENIED
         assert all(code == grpc.StatusCode.UNAVAILABLE for code in results.values()), results
-        assert store.list_sink_progress() == []
+        assert store.recv.list_sink_progress() == []
     finally:
         store.engine.dispose()
         assert server.stop() == 0, server.log()

@@ -110,7 +110,7 @@ def with_metrics(dep: Deployment, site: str) -> int:
 
 
 def session_error(dep: Deployment) -> str:
-    rows = open_store(dep.engine("a")).list_session_status()
+    rows = open_store(dep.engine("a")).inspection.list_session_status()
     return " ".join(str(r["last_error"]) for r in rows if r["destination"] == "b")
 
 

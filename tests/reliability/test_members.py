@@ -58,13 +58,13 @@ def member_of(key: str) -> str:
 def placement(dep: Deployment) -> dict[str, str | None]:
     """unit -> the live member owning it (None: not owned by a live member)."""
     store = open_store(dep.engine("a"))
-    live = {m.instance: m.member_id for m in store.list_members(LEASE) if m.alive}
-    leases = {x.unit: x.owner for x in store.list_leases()}
+    live = {m.instance: m.member_id for m in store.members.list_members(LEASE) if m.alive}
+    leases = {x.unit: x.owner for x in store.members.list_leases()}
     return {u: live.get(leases.get(u) or "") for u in UNITS}
 
 
 def alive(dep: Deployment) -> set[str]:
-    return {m.member_id for m in open_store(dep.engine("a")).list_members(LEASE) if m.alive}
+    return {m.member_id for m in open_store(dep.engine("a")).members.list_members(LEASE) if m.alive}
 
 
 def wait_placed(dep: Deployment, members: set[str], timeout: float = 60.0) -> dict[str, str | None]:
@@ -186,13 +186,15 @@ def test_rolling_restart_of_every_member_under_traffic(
             before = wait_settled(dep, everyone)
             store = open_store(dep.engine("a"))
             (instance,) = [
-                m.instance for m in store.list_members(LEASE) if m.member_id == member_of(key)
+                m.instance
+                for m in store.members.list_members(LEASE)
+                if m.member_id == member_of(key)
             ]
             stop_server(dep.servers[key])  # SIGTERM: a clean stop releases its leases
             stopped = time.monotonic()
             # Released on leave, before the process ended: none is left to lapse.
-            assert all(x.owner != instance for x in store.list_leases())
-            assert member_of(key) not in {m.member_id for m in store.list_members(LEASE)}
+            assert all(x.owner != instance for x in store.members.list_leases())
+            assert member_of(key) not in {m.member_id for m in store.members.list_members(LEASE)}
             wait_placed(dep, everyone - {member_of(key)})
             took = time.monotonic() - stopped
             print(f"{member_of(key)} stopped: its units owned by the others {took:.2f} s after")

@@ -65,10 +65,10 @@ def peak_rss(pid: int) -> int:
 def _digests(store: SQLAlchemyQueueStore) -> list[tuple[int, str]]:
     """(source position, payload digest) of every queued entry from ``a``, in queue order."""
     out: list[tuple[int, str]] = []
-    for q in store.list_queues("policy"):
+    for q in store.queues.list_queues("policy"):
         assert q.source_id == "a"
         with store.read() as conn:
-            for e in store.read_queue(conn, q.queue_id, 100_000):
+            for e in store.queues.read_queue(conn, q.queue_id, 100_000):
                 out.append((e.source_position, hashlib.sha256(e.payload).hexdigest()))
     return out
 

@@ -108,7 +108,7 @@ def _noticed_stall(seen: set[str]) -> bool:
 
 def backlog(sink: SinkApp) -> int:
     """Entries received at the sink and not yet delivered."""
-    return sum(sink.store.queue_depth(q.queue_id) for q in sink.store.list_queues())
+    return sum(sink.store.queues.queue_depth(q.queue_id) for q in sink.store.queues.list_queues())
 
 
 def applied_count(sink: SinkApp) -> int:

@@ -55,7 +55,7 @@ def fill(store: SQLAlchemyQueueStore) -> None:
         snapshot_count=SNAP,
         base_position=SNAP,
     )
-    store.apply_snapshot_batch(SOURCE, CLIENT, SID, [*snapshot, marker])
+    store.recv.apply_snapshot_batch(SOURCE, CLIENT, SID, [*snapshot, marker])
     for first in range(SNAP + 1, SNAP + LOGS + 1, 50):
         entries = [
             WireEntry(
@@ -66,7 +66,7 @@ def fill(store: SQLAlchemyQueueStore) -> None:
             )
             for p in range(first, min(first + 50, SNAP + LOGS + 1))
         ]
-        store.apply_log_batch(SOURCE, CLIENT, entries)
+        store.recv.apply_log_batch(SOURCE, CLIENT, entries)
 
 
 def log_rows(store: SQLAlchemyQueueStore) -> int:
@@ -130,4 +130,4 @@ def test_sigkill_of_a_partitioned_subscriber_keeps_key_order_and_exactly_once(
     assert len(keyed - {""}) == KEYS and "" in keyed  # keys reached the listener
     # The full sync came first and whole, before every log entry.
     assert [a.kind for a in rows[: SNAP + 2]] == [START, *[SNAPSHOT] * SNAP, END]
-    assert store.queue_depths() == {}
+    assert store.inspection.queue_depths() == {}

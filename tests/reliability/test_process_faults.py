@@ -299,8 +299,8 @@ def test_sigkill_of_the_snapshot_provider(
         source.start()
 
         def writing() -> str:
-            for req in store.list_snapshots("b", "policy", [SnapshotStatus.RUNNING]):
-                if store.count_snapshot_entries(req.snapshot_id) > 0:
+            for req in store.snapshots.list_snapshots("b", "policy", [SnapshotStatus.RUNNING]):
+                if store.snapshot_entries.count_snapshot_entries(req.snapshot_id) > 0:
                     return req.snapshot_id
             return ""
 
@@ -309,19 +309,21 @@ def test_sigkill_of_the_snapshot_provider(
         provider.wait(timeout=scaled(10))
         # Its successor only has to complete a snapshot: no pause.
         provider = _start_provider(dep.raw_urls["a"], tmp_path / "provider-2.log", 0.0)
-        wait_for(lambda: store.get_snapshot(killed).status is SnapshotStatus.FAILED, timeout=60)  # type: ignore[union-attr]
         wait_for(
-            lambda: bool(store.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])),
+            lambda: store.snapshots.get_snapshot(killed).status is SnapshotStatus.FAILED, timeout=60
+        )  # type: ignore[union-attr]
+        wait_for(
+            lambda: bool(store.snapshots.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])),
             timeout=90,
         )
         source.stop()
         report = dep.wait_drained(source)
         print(f"provider killed mid-snapshot {killed}: {report.counts()}")
         report.assert_clean()
-        failed = store.get_snapshot(killed)
+        failed = store.snapshots.get_snapshot(killed)
         assert failed is not None and "heartbeat" in failed.reason
-        assert store.count_snapshot_entries(killed) == 0
-        (done,) = store.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])
+        assert store.snapshot_entries.count_snapshot_entries(killed) == 0
+        (done,) = store.snapshots.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])
         marks = _full_sync_marks(dep.engine("b"))
         assert marks[-2:] == [(START, done.snapshot_id), (END, done.snapshot_id)], marks
         assert sink_state(dep.engine("b"), "a") == source_state(source.engine)
@@ -397,7 +399,7 @@ def test_snapshot_end_lets_the_source_replay_entries_after_its_base(
     store: SQLAlchemyQueueStore,
 ) -> None:
     """Regression (found by this suite, fixed in 1b05c1b): entries after the base replay."""
-    store.apply_log_batch("a", "policy", _log(range(1, 11)))  # 7..10 went out after base 6
+    store.recv.apply_log_batch("a", "policy", _log(range(1, 11)))  # 7..10 went out after base 6
     snapshot = [
         WireEntry(1, ReplicationType.SNAPSHOT_SYNC, b"state as of 6", snapshot_id="s1"),
         WireEntry(
@@ -409,12 +411,12 @@ def test_snapshot_end_lets_the_source_replay_entries_after_its_base(
             base_position=6,
         ),
     ]
-    store.apply_snapshot_batch("a", "policy", "s1", snapshot)
+    store.recv.apply_snapshot_batch("a", "policy", "s1", snapshot)
     # The source resumes after the base (its cursor is set to 6): 7..10 must be applied again,
     # after the snapshot that may have overwritten them.
-    applied, last = store.apply_log_batch("a", "policy", _log(range(7, 11)))
+    applied, last = store.recv.apply_log_batch("a", "policy", _log(range(7, 11)))
     assert (applied, last) == (True, 10)
-    assert store.sink_progress("a", "policy").last_position == 10
+    assert store.recv.sink_progress("a", "policy").last_position == 10
 
 
 def test_trim_keeps_the_entries_after_an_open_snapshots_base(
@@ -426,16 +428,16 @@ def test_trim_keeps_the_entries_after_an_open_snapshots_base(
     with store.engine.begin() as conn:
         for i in range(5):
             api.transmit_log_entry_message(conn, b"%d" % i, ["b"])
-    sid = store.request_snapshot(None, "b", "policy", "test")
-    started = store.start_snapshot(sid)  # the provider fixes the base: 5
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "test")
+    started = store.snapshots.start_snapshot(sid)  # the provider fixes the base: 5
     assert started is not None and started.base_position == 5
     with store.engine.begin() as conn:  # the session still ships these, the sink acks them
         refs = [api.transmit_log_entry_message(conn, b"%d" % i, ["b"]) for i in range(5, 10)]
     after = api.positions_of(refs)
-    store.set_cursor("b", "policy", after[-1])
-    store.trim()
+    store.shipping.set_cursor("b", "policy", after[-1])
+    store.retention.trim()
     # After the snapshot the session resumes from the base: 6..10 must still be there.
-    replay = store.read_log_entries("b", "policy", 5, 100)
+    replay = store.shipping.read_log_entries("b", "policy", 5, 100)
     assert [e.position for e in replay] == after
 
 
@@ -455,12 +457,12 @@ def test_snapshot_requested_under_traffic_converges(sites: Sites) -> None:
         source.start()
         for _ in range(2):
             wait_for(lambda: runner.poll_once() >= 0 and not _open(source.engine), 60)
-            at = sink_store.sink_progress("a", "policy").last_position
+            at = sink_store.recv.sink_progress("a", "policy").last_position
             wait_for(  # the runner serves a first-contact request the session may file now
                 lambda at=at: (
                     runner.poll_once() >= 0
                     and not _open(source.engine)
-                    and sink_store.sink_progress("a", "policy").last_position > at
+                    and sink_store.recv.sink_progress("a", "policy").last_position > at
                 ),
                 60,
                 what="log entries flowing again, no snapshot open",
@@ -473,7 +475,10 @@ def test_snapshot_requested_under_traffic_converges(sites: Sites) -> None:
         wait_for(
             lambda: (
                 not verify_sites(source, sink).lost
-                and not sum(sink_store.queue_depth(q.queue_id) for q in sink_store.list_queues())
+                and not sum(
+                    sink_store.queues.queue_depth(q.queue_id)
+                    for q in sink_store.queues.list_queues()
+                )
             ),
             60,
             0.2,
@@ -547,7 +552,7 @@ def test_a_requested_snapshot_is_not_starved_by_steady_traffic(
     moment that steady traffic never gives."""
     sink = open_store(db_url_factory("sink"))
     sink.create_schema()
-    nums = store.register_sites(["b"])
+    nums = store.sites.register_sites(["b"])
     runner = SnapshotProviderRunner(store, "policy", lambda ctx: None)  # an empty state
     transport = LaggingTransport(InProcessTransport(Receiver(sink, "b", ["a"]), "a"))
     session = SenderSession(
@@ -563,7 +568,7 @@ def test_a_requested_snapshot_is_not_starved_by_steady_traffic(
     def write() -> None:  # steady traffic: an entry every 2 ms
         while not writing.wait(0.002):
             with store.write() as conn:
-                store.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
+                store.send.append_log_entries(conn, "policy", [(b"x", [nums["b"]])])
 
     threads = [threading.Thread(target=session.run, args=(stop,)), threading.Thread(target=write)]
     for t in threads:
@@ -572,7 +577,7 @@ def test_a_requested_snapshot_is_not_starved_by_steady_traffic(
         wait_for(
             lambda: runner.poll_once() >= 0 and sink.sink_progress("a", "policy").last_position > 20
         )
-        sid = store.request_snapshot(None, "b", "policy", "operator")
+        sid = store.snapshots.request_snapshot(None, "b", "policy", "operator")
         assert runner.poll_once() == 1  # READY at once
         started = time.monotonic()
         # The session notices requests every 0.5 s. The writer goes on until the switch:
@@ -634,13 +639,13 @@ def test_a_completed_snapshot_superseded_before_delivery_keeps_its_end(
     """Regression (found by test_sigkill_during_a_snapshot, 10 trials; fixed in c89affe)."""
     listener = CallbackLog()
     subscriber = RoutingQueueSubscriber(store, "policy", listener, batch_size=100)
-    store.apply_log_batch("a", "policy", _log(range(1, 11)))
+    store.recv.apply_log_batch("a", "policy", _log(range(1, 11)))
     while subscriber.poll_once():  # the listener applies 1..10
         pass
-    store.apply_snapshot_batch("a", "policy", "s1", _snapshot("s1", 2, base=5))  # complete
-    store.apply_log_batch("a", "policy", _log(range(6, 11)))  # the replay after s1's base
+    store.recv.apply_snapshot_batch("a", "policy", "s1", _snapshot("s1", 2, base=5))  # complete
+    store.recv.apply_log_batch("a", "policy", _log(range(6, 11)))  # the replay after s1's base
     # An operator's new full sync arrives before the subscriber delivered s1.
-    store.apply_snapshot_batch("a", "policy", "s2", _snapshot("s2", 1, base=10)[:1])
+    store.recv.apply_snapshot_batch("a", "policy", "s2", _snapshot("s2", 1, base=10)[:1])
     while subscriber.poll_once():
         pass
     replayed = listener.calls.index(("log", 6), listener.calls.index(("log", 10)))

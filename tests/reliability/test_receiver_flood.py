@@ -30,11 +30,11 @@ def transmit(store: SQLAlchemyQueueStore, payloads: list[bytes]) -> None:
 
 
 def received(store: SQLAlchemyQueueStore) -> list[bytes]:
-    queues = [q for q in store.list_queues("policy") if q.source_id == "a"]
+    queues = [q for q in store.queues.list_queues("policy") if q.source_id == "a"]
     if not queues:
         return []
     with store.read() as conn:
-        return [e.payload for e in store.read_queue(conn, queues[0].queue_id, 10_000)]
+        return [e.payload for e in store.queues.read_queue(conn, queues[0].queue_id, 10_000)]
 
 
 def test_a_restarted_source_gets_in_through_a_flood_of_idle_calls(

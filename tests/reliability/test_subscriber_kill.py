@@ -63,13 +63,13 @@ def fill(store: SQLAlchemyQueueStore, source: str, snapshot: int, log: int) -> N
             snapshot_count=snapshot,
             base_position=snapshot,
         )
-        store.apply_snapshot_batch(source, CLIENT, sid, [*entries, marker])
+        store.recv.apply_snapshot_batch(source, CLIENT, sid, [*entries, marker])
     for first in range(snapshot + 1, snapshot + log + 1, 50):
         last = min(snapshot + log, first + 49)
         entries = [
             WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"l%d" % p) for p in range(first, last + 1)
         ]
-        store.apply_log_batch(source, CLIENT, entries)
+        store.recv.apply_log_batch(source, CLIENT, entries)
 
 
 def applied(store: SQLAlchemyQueueStore) -> list[tuple[str, str, str, int]]:
@@ -236,8 +236,8 @@ def test_sigkill_mid_delivery_across_rotations_applies_each_entry_once_in_order(
     )
     wait_for_file(marker, victim)
     if postgres:  # SQLite: the victim holds the only write lock until it dies
-        assert [store.rotate_receive_queues(period=0.0) for _ in range(3)] == [None] * 3
-        store.apply_log_batch(
+        assert [store.queues.rotate_receive_queues(period=0.0) for _ in range(3)] == [None] * 3
+        store.recv.apply_log_batch(
             "src-a", CLIENT, [WireEntry(61, ReplicationType.LOG_ENTRY_SYNC, b"l61")]
         )
     victim.kill()  # SIGKILL inside the callback: its rows written, not committed
@@ -250,23 +250,23 @@ def test_sigkill_mid_delivery_across_rotations_applies_each_entry_once_in_order(
             WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"l%d" % p)
             for p in range(first, min(first + 10, 121))
         ]
-        store.apply_log_batch("src-a", CLIENT, log)
-        rotated.append(store.rotate_receive_queues(period=0.0))
+        store.recv.apply_log_batch("src-a", CLIENT, log)
+        rotated.append(store.queues.rotate_receive_queues(period=0.0))
     survivor = runner(db_url, "survivor", "--batch-size=4", "--exit-when-empty")
     while True:  # rotating while it delivers, as the server does
         try:
             survivor.wait(timeout=0.05)
             break
         except subprocess.TimeoutExpired:
-            rotated.append(store.rotate_receive_queues(period=0.0))
+            rotated.append(store.queues.rotate_receive_queues(period=0.0))
     finish(survivor)
-    rotated.append(store.rotate_receive_queues(period=0.0))
+    rotated.append(store.queues.rotate_receive_queues(period=0.0))
 
     assert applied_in_order(store) == {
         "src-a": in_order("src-a", 0, 120),
         "src-b": in_order("src-b", 5, 20),
     }
-    assert store.queue_depths() == {}
+    assert store.inspection.queue_depths() == {}
     if postgres:
         assert any(r is not None for r in rotated), rotated
     else:

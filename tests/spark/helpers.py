@@ -217,7 +217,7 @@ def branch_delivered(spark: Any) -> Any:
 
     store = open_store(create_engine(os.environ[DATABASE_URL_ENV]))
     try:
-        delivered = store.relay_delivered_position("policy", "s1")
+        delivered = store.cascade.relay_delivered_position("policy", "s1")
     finally:
         store.engine.dispose()
     return spark.createDataFrame([(delivered,)], "delivered long")

@@ -207,14 +207,14 @@ def cluster(
 
 def _entries(store: SQLAlchemyQueueStore, sid: str) -> list[dict[str, Any]]:
     """The rows of a READY snapshot, decoded; checks the end marker counts them."""
-    *rows, end = store.read_snapshot_entries(sid, 0, 10_000_000)
+    *rows, end = store.snapshot_entries.read_snapshot_entries(sid, 0, 10_000_000)
     assert end.type == ReplicationType.LAST_FULL_SYNC_ENTRY
     assert end.payload == str(len(rows)).encode()
     return [json.loads(e.payload) for e in rows]
 
 
 def _ready(store: SQLAlchemyQueueStore, sid: str) -> list[dict[str, Any]]:
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.READY
     assert req.entry_count == ROWS and req.rows_written == ROWS
     rows = _entries(store, sid)
@@ -234,7 +234,7 @@ def test_every_row_once_on_either_master(
     (a cluster job costs a JVM per executor: the suite runs three)."""
     require_spark()
     url, store = request.getfixturevalue("sqlite_site" if backend == "sqlite" else "pg_site")
-    sid = store.request_snapshot(None, "b", "policy", "test")
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "test")
     if master == "local":
         spark = request.getfixturevalue("spark")
         df = spark.range(0, ROWS, numPartitions=PARTS)
@@ -322,7 +322,7 @@ def test_an_executor_killed_mid_job_loses_and_duplicates_nothing(
     require_spark()
     method = "copy"
     url, store = pg_site
-    sid = store.request_snapshot(None, "b", "policy", "test")
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "test")
     barrier = tmp_path / "partition-0-blocked"
     config = _site_config(tmp_path, url)
     cluster.submit(url, sid, "killable_rows", method, **{GATE_ENV: str(barrier)})
@@ -423,8 +423,8 @@ def test_spark_submit_on_a_cluster(
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     result = json.loads(line)
     assert result["status"] == "ready" and result["entry_count"] == 300
-    (req,) = store.list_snapshots(destination="b", client_name="policy")
+    (req,) = store.snapshots.list_snapshots(destination="b", client_name="policy")
     assert req.snapshot_id == result["snapshot_id"] and req.status == SnapshotStatus.READY
-    *rows, end = store.read_snapshot_entries(req.snapshot_id, 0, 10_000)
+    *rows, end = store.snapshot_entries.read_snapshot_entries(req.snapshot_id, 0, 10_000)
     assert end.payload == b"300"
     assert sorted(r.payload for r in rows) == sorted(b"site:%d" % i for i in range(300))

@@ -155,16 +155,16 @@ def test_a_job_told_to_start_a_running_snapshot_leaves_it_to_its_writer(
 ) -> None:
     """Two servers of a site may both launch a shared snapshot: the second job exits 3."""
     url, store = site
-    sid = store.request_snapshot(None, "b", "policy", "server")
-    assert store.start_snapshot(sid) is not None  # another job took it
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "server")
+    assert store.snapshots.start_snapshot(sid) is not None  # another job took it
     again = launch_snapshot_job(
         url, sid, source=f"csv:{people_csv}", master="local[1]", env=_env(), cwd=tmp_path
     )
     out, _ = again.communicate(timeout=scaled(300))
     assert again.returncode == 3
     assert _result(out.decode())["status"] == "stopped"
-    assert store.count_snapshot_entries(sid) == 0
-    req = store.get_snapshot(sid)
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 0
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.RUNNING
 
 
@@ -175,7 +175,7 @@ def test_launch_snapshot_job_runs_a_requested_snapshot(
 ) -> None:
     require_spark()
     url, store = site
-    sid = store.request_snapshot(None, "b", "policy", "server")
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "server")
     log = tmp_path / "job.log"
     proc = launch_snapshot_job(
         url,
@@ -191,7 +191,7 @@ def test_launch_snapshot_job_runs_a_requested_snapshot(
     assert url not in " ".join(map(str, proc.args))  # the URL travels in the environment
     result = _result(log.read_text())
     assert result["status"] == "ready" and result["entry_count"] == 4
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.READY and req.entry_count == 4
     # Launched again for the same request: it is not REQUESTED any more, exit 3.
     again = launch_snapshot_job(
@@ -200,7 +200,7 @@ def test_launch_snapshot_job_runs_a_requested_snapshot(
     out, _ = again.communicate(timeout=scaled(300))
     assert again.returncode == 3
     assert _result(out.decode())["status"] == "stopped"
-    assert store.count_snapshot_entries(sid) == 4
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 4
 
 
 @pytest.mark.spark
@@ -209,14 +209,14 @@ def test_job_fixes_the_base_position_before_reading_its_source(
 ) -> None:
     """A change committed after an eager source read its rows follows the snapshot."""
     _, store = site
-    store.register_sites(["b"])
-    sid = store.request_snapshot(None, "b", "policy", "server")
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "server")
     source = "tests.spark.helpers:rows_then_a_change"
     assert main(["--snapshot-id", sid, "--source", source, "--start"]) == 0
     assert job_session.stops == 1
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.READY and req.entry_count == 2
-    after = store.read_log_entries("b", "policy", after=req.base_position or 0, limit=10)
+    after = store.shipping.read_log_entries("b", "policy", after=req.base_position or 0, limit=10)
     assert [e.payload for e in after] == [b"committed-after-the-read"]
 
 
@@ -227,18 +227,18 @@ def test_at_a_branch_the_job_reads_its_source_once_the_branchs_application_has_t
     """An eager source reads the branch's tables when the job loads it: the job waits
     until the branch's application has applied what the branch stored (the base)."""
     _, store = site
-    store.apply_cascade_config("policy", "s1", "branch", "s1", ["b"])
+    store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["b"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in (1, 2, 3):
         receiver.apply("s1", from_root(position))
-    sid = store.request_snapshot(None, "b", "policy", "server")
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "server")
     source = "tests.spark.helpers:branch_delivered"
     thread, codes = _main_in_thread(["--snapshot-id", sid, "--source", source, "--start"])
     beats: set[float] = set()
 
     def waiting() -> bool:
         assert thread.is_alive() and codes == [], f"the job ended: {codes}"
-        req = store.get_snapshot(sid)
+        req = store.snapshots.get_snapshot(sid)
         assert req is not None and req.rows_written == 0
         if req.status is SnapshotStatus.RUNNING:
             assert req.base_position == 3
@@ -251,9 +251,9 @@ def test_at_a_branch_the_job_reads_its_source_once_the_branchs_application_has_t
     finally:
         join(thread, 300)
     assert codes == [0]
-    done = store.get_snapshot(sid)
+    done = store.snapshots.get_snapshot(sid)
     assert done is not None and done.status is SnapshotStatus.READY
-    (entry, _end) = store.read_snapshot_entries(sid, 0, 10)
+    (entry, _end) = store.snapshot_entries.read_snapshot_entries(sid, 0, 10)
     assert json.loads(entry.payload) == {"delivered": 3}
 
 
@@ -264,12 +264,12 @@ def test_job_whose_source_fails_marks_the_request_failed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, store = site
-    sid = store.request_snapshot(None, "b", "policy", "server")
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "server")
     source = "tests.spark.helpers:broken_source"
     assert main(["--snapshot-id", sid, "--source", source, "--start"]) == 1
     assert job_session.stops == 1
     assert _result(capsys.readouterr().out)["status"] == "failed"
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.FAILED
     assert "the source is unreachable" in req.reason
 
@@ -282,7 +282,7 @@ def test_job_sends_heartbeats_while_its_source_loads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, store = site
-    sid = store.request_snapshot(None, "b", "policy", "server")
+    sid = store.snapshots.request_snapshot(None, "b", "policy", "server")
     gate = tmp_path / "gate"
     monkeypatch.setenv(GATE_ENV, str(gate))
     source = "tests.spark.helpers:gated_rows"
@@ -292,7 +292,7 @@ def test_job_sends_heartbeats_while_its_source_loads(
 
     def beating() -> bool:
         assert thread.is_alive() and codes == [], f"the job ended: {codes}"
-        req = store.get_snapshot(sid)
+        req = store.snapshots.get_snapshot(sid)
         assert req is not None and req.rows_written == 0  # the source is still loading
         if req.status is SnapshotStatus.RUNNING:
             beats.add(req.updated_at)
@@ -305,7 +305,7 @@ def test_job_sends_heartbeats_while_its_source_loads(
         gate.touch()
         join(thread, 300)
     assert codes == [0]
-    done = store.get_snapshot(sid)
+    done = store.snapshots.get_snapshot(sid)
     assert done is not None and done.status is SnapshotStatus.READY and done.entry_count == 2
 
 
@@ -322,7 +322,7 @@ def test_a_destination_and_client_record_and_fill_a_new_request(
     assert main(argv) == 0
     result = _result(capsys.readouterr().out)
     assert result["entry_count"] == 4
-    (req,) = store.list_snapshots(destination="b", client_name="policy")
+    (req,) = store.snapshots.list_snapshots(destination="b", client_name="policy")
     assert req.snapshot_id == result["snapshot_id"]
     assert req.status == SnapshotStatus.READY and req.reason == "lr snapshot run"
 

@@ -47,14 +47,14 @@ def sqlite_site(sqlite_url: str) -> Iterator[tuple[str, SQLAlchemyQueueStore]]:
 
 
 def _running(store: SQLAlchemyQueueStore, destination: str = "b") -> str:
-    sid = store.request_snapshot(None, destination, "policy", "test")
-    assert store.start_snapshot(sid) is not None
+    sid = store.snapshots.request_snapshot(None, destination, "policy", "test")
+    assert store.snapshots.start_snapshot(sid) is not None
     return sid
 
 
 def _payloads(store: SQLAlchemyQueueStore, snapshot_id: str) -> list[bytes]:
     """Entries of a READY snapshot; checks the end marker holds their count."""
-    entries = store.read_snapshot_entries(snapshot_id, 0, 10_000_000)
+    entries = store.snapshot_entries.read_snapshot_entries(snapshot_id, 0, 10_000_000)
     assert entries, "a READY snapshot has at least its end marker"
     *rows, end = entries
     assert end.type == ReplicationType.LAST_FULL_SYNC_ENTRY
@@ -64,7 +64,7 @@ def _payloads(store: SQLAlchemyQueueStore, snapshot_id: str) -> list[bytes]:
 
 
 def _status(store: SQLAlchemyQueueStore, snapshot_id: str) -> SnapshotStatus:
-    req = store.get_snapshot(snapshot_id)
+    req = store.snapshots.get_snapshot(snapshot_id)
     assert req is not None
     return req.status
 
@@ -76,7 +76,7 @@ def test_rows_land_with_the_count_in_the_end_marker(
     sid = _running(store)
     df = spark.range(0, 1000, numPartitions=3).selectExpr("id", "concat('row-', id) AS name")
     assert run_snapshot_job(spark, url, sid, df, chunk_rows=64) == 1000
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.READY
     assert req.entry_count == 1000 and req.rows_written == 1000
     got = sorted((json.loads(p) for p in _payloads(store, sid)), key=lambda d: d["id"])
@@ -121,7 +121,7 @@ def test_rerunning_the_job_never_duplicates(
             mark_failed=False,
         )
     assert _status(store, sid) == SnapshotStatus.RUNNING
-    partial = store.count_snapshot_entries(sid)
+    partial = store.snapshot_entries.count_snapshot_entries(sid)
     assert 100 + 40 <= partial < 300  # parts 0 (and maybe 2) whole, two chunks of part 1
     assert rows_committed(store, sid, 3) == partial  # what the progress thread reports
     # The re-run uses another partitioning: stale parts of the first run must go.
@@ -131,7 +131,7 @@ def test_rerunning_the_job_never_duplicates(
     # A READY snapshot is not rewritten.
     with pytest.raises(SnapshotError, match="not running"):
         run_snapshot_job(spark, url, sid, df, "tests.spark.helpers:id_encoder")
-    assert store.count_snapshot_entries(sid) == 300
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 300
 
 
 def test_zero_rows(spark: Any, site: tuple[str, SQLAlchemyQueueStore]) -> None:
@@ -165,13 +165,13 @@ def test_a_superseded_snapshot_stops_the_job_and_keeps_nothing(
     progress: list[int] = []
 
     def written() -> int:
-        req = store.get_snapshot(sid)
+        req = store.snapshots.get_snapshot(sid)
         return req.rows_written if req is not None else 0
 
     def supersede() -> None:
         try:
             progress.append(wait_for(written, 120, what="the job's progress recorded"))
-            newer.append(store.request_snapshot(None, "b", "policy", "operator"))
+            newer.append(store.snapshots.request_snapshot(None, "b", "policy", "operator"))
         finally:
             gate.touch()
 
@@ -195,8 +195,8 @@ def test_a_superseded_snapshot_stops_the_job_and_keeps_nothing(
     assert progress and 0 < progress[0] <= 200, "progress is recorded while the job runs"
     assert newer, "the snapshot was not superseded"
     assert _status(store, sid) == SnapshotStatus.CANCELLED
-    assert store.count_snapshot_entries(sid) == 0
-    assert store.read_snapshot_entries(sid, 0, 100) == []
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 0
+    assert store.snapshot_entries.read_snapshot_entries(sid, 0, 100) == []
     assert _status(store, newer[0]) == SnapshotStatus.REQUESTED
 
 
@@ -208,13 +208,13 @@ def test_a_copy_chunk_after_a_supersede_writes_nothing(pg_schema: Any) -> None:
     sink = open_sink(pg_schema.url, sid, "copy")
     try:
         assert sink.write_part(0, iter([b"a", b"b", b"c"]), 2) == 3
-        assert store.count_snapshot_entries(sid) == 3
-        newer = store.request_snapshot(None, "b", "policy", "operator")
+        assert store.snapshot_entries.count_snapshot_entries(sid) == 3
+        newer = store.snapshots.request_snapshot(None, "b", "policy", "operator")
         with pytest.raises(SnapshotError, match="cancelled, not running"):
             sink.write_part(1, iter([b"x", b"y", b"z"]), 2)
     finally:
         sink.close()
-    assert store.read_snapshot_entries(sid, 0, 100) == []
+    assert store.snapshot_entries.read_snapshot_entries(sid, 0, 100) == []
     assert _status(store, sid) == SnapshotStatus.CANCELLED
     assert _status(store, newer) == SnapshotStatus.REQUESTED
 
@@ -224,11 +224,11 @@ def test_a_cancelled_snapshot_is_refused_up_front(
 ) -> None:
     url, store = sqlite_site
     sid = _running(store)
-    store.cancel_snapshot(sid)
+    store.snapshots.cancel_snapshot(sid)
     with pytest.raises(SnapshotError, match="cancelled"):
         run_snapshot_job(spark, url, sid, spark.range(10))
-    assert store.count_snapshot_entries(sid) == 0
-    requested = store.request_snapshot(None, "c", "policy")
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 0
+    requested = store.snapshots.request_snapshot(None, "c", "policy")
     with pytest.raises(SnapshotError, match="start"):
         run_snapshot_job(spark, url, requested, spark.range(10))
     assert run_snapshot_job(spark, url, requested, spark.range(10), start=True) == 10
@@ -241,10 +241,10 @@ def test_an_encoder_returning_str_fails_the_snapshot(
     sid = _running(store)
     with pytest.raises(InvalidPayloadError, match="bytes"):
         run_snapshot_job(spark, url, sid, spark.range(10), "tests.spark.helpers:text_encoder")
-    req = store.get_snapshot(sid)
+    req = store.snapshots.get_snapshot(sid)
     assert req is not None and req.status == SnapshotStatus.FAILED
     assert "bytes" in req.reason
-    assert store.count_snapshot_entries(sid) == 0
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 0
 
 
 def test_the_default_encoder() -> None:
@@ -365,7 +365,7 @@ def test_a_key_column_gives_each_row_its_partition_key(
         "id", "IF(id % 10 = 0, NULL, concat('k', id % 7)) AS region"
     )
     assert run_snapshot_job(spark, url, sid, df, key_column="region", path=path) == 50
-    entries = store.read_snapshot_entries(sid, 0, 1000)[:-1]
+    entries = store.snapshot_entries.read_snapshot_entries(sid, 0, 1000)[:-1]
     got = {json.loads(e.payload)["id"]: e.key for e in entries}
     assert got == {i: None if i % 10 == 0 else b"k%d" % (i % 7) for i in range(50)}
     other = _running(store, "c")
@@ -379,12 +379,12 @@ def test_at_a_branch_the_job_reads_only_once_the_branchs_application_has_the_bas
     """The branch stored entries 1..3 its application has not applied: the job waits,
     keeping the snapshot alive and writing nothing, until the application has them."""
     url, store = site
-    store.apply_cascade_config("policy", "s1", "branch", "s1", ["b"])
+    store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["b"])
     receiver = Receiver(store, "s3", ["s1"])
     for position in (1, 2, 3):
         receiver.apply("s1", from_root(position))
     sid = _running(store)
-    started = store.get_snapshot(sid)
+    started = store.snapshots.get_snapshot(sid)
     assert started is not None and started.base_position == 3
     df = spark.range(0, 10, numPartitions=1).selectExpr("id")
     counts: list[int] = []
@@ -395,9 +395,9 @@ def test_at_a_branch_the_job_reads_only_once_the_branchs_application_has_the_bas
     beats = {started.updated_at}
 
     def beaten(times: int) -> bool:
-        req = store.get_snapshot(sid)
+        req = store.snapshots.get_snapshot(sid)
         assert req is not None and req.status is SnapshotStatus.RUNNING
-        assert store.count_snapshot_entries(sid) == 0  # not read yet
+        assert store.snapshot_entries.count_snapshot_entries(sid) == 0  # not read yet
         beats.add(req.updated_at)
         return len(beats) > times
 

@@ -53,10 +53,10 @@ DOC_FILES = [ROOT / "README.md"] + [
 def readme_effects(namespace: dict[str, Any]) -> None:
     """What the README's quickstart did: entries queued per destination, a full sync asked."""
     store = namespace["client"].store
-    b = [e.payload for e in store.read_log_entries("site-b", "policy", 0, 10)]
-    c = [e.payload for e in store.read_log_entries("site-c", "policy", 0, 10)]
+    b = [e.payload for e in store.shipping.read_log_entries("site-b", "policy", 0, 10)]
+    c = [e.payload for e in store.shipping.read_log_entries("site-c", "policy", 0, 10)]
     assert (b, c) == ([b"payload", b"p2", b"from-async"], [b"payload", b"from-async"])
-    (request,) = store.list_snapshots("site-b", "policy")
+    (request,) = store.snapshots.list_snapshots("site-b", "policy")
     assert request.status is SnapshotStatus.READY  # the provider wrote it
     info = namespace["info"]
     assert (info.snapshot_id, info.state, info.rows_written) == (
@@ -65,7 +65,7 @@ def readme_effects(namespace: dict[str, Any]) -> None:
         2,
     )
     assert namespace["delivered"] == 0  # nothing has reached the sink yet
-    assert namespace["subscriber"].store.list_queues() == []
+    assert namespace["subscriber"].store.queues.list_queues() == []
 
 
 #: Per document, a check of what its blocks did (a block may also assert for itself).
