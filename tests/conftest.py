@@ -222,7 +222,9 @@ def store(db_url: str) -> Iterator[SQLAlchemyQueueStore]:
     """A store with its schema and nothing else, on each backend (``db_url``'s database)."""
     st = open_store(create_engine(db_url))
     st.create_schema()
-    st.rotation_period = 0.0  # PostgreSQL: a trim closes the current slot, so what is passed goes
+    st.retention.rotation_period = (
+        0.0  # PostgreSQL: a trim closes the current slot, so what is passed goes
+    )
     yield st
     st.engine.dispose()
 

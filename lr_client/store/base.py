@@ -338,6 +338,14 @@ class StoreCore(abc.ABC):
         """Retire delivered entries in bulk (PostgreSQL); the new current slot, or None."""
         return None
 
+    def rotate_send_log(self) -> int | None:
+        """Close the send queue's current slot (PostgreSQL); the new one, or None."""
+        return None
+
+    def send_slots(self) -> list[QueueSlot]:
+        """The send queue's slots (PostgreSQL); SQLite trims rows."""
+        return []
+
     def queue_slots(self) -> list[QueueSlot]:
         """The slots of the send and receive queues (PostgreSQL); SQLite trims rows."""
         return []

@@ -15,7 +15,7 @@ from sqlalchemy import bindparam, case, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.cascade_roles import CascadeRole
-from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, Fence, StreamStop
+from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, Fence, QueueSlot, StreamStop
 from lr_client.store import schema as s
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
@@ -59,6 +59,15 @@ class RetentionStore(SnapshotPoolStore):
     @max_slots.setter
     def max_slots(self, count: int) -> None:
         self.core.max_slots = count
+
+    def rotate_send_log(self) -> int | None:
+        """PostgreSQL: close the current slot now (if it holds entries); the new current
+        slot. SQLite trims rows: None."""
+        return self.core.rotate_send_log()
+
+    def send_slots(self) -> list[QueueSlot]:
+        """PostgreSQL: the send queue's slots (current, entries, bytes); SQLite: none."""
+        return self.core.send_slots()
 
     def trim(
         self, batch_size: int = 5000, max_batches: int | None = None, fence: Fence | None = None

@@ -64,7 +64,9 @@ def bare_store(db_url: str) -> Iterator[SQLAlchemyQueueStore]:
 def _store_and_name(db_url: str) -> Iterator[tuple[SQLAlchemyQueueStore, str]]:
     st, name = _open(db_url)
     st.create_schema()
-    st.rotation_period = 0.0  # PostgreSQL: a trim closes the current slot, so what is passed goes
+    st.retention.rotation_period = (
+        0.0  # PostgreSQL: a trim closes the current slot, so what is passed goes
+    )
     yield st, name
     st.engine.dispose()
 

@@ -275,3 +275,14 @@ def test_the_views_survive_a_lost_connection(store: QueueStore, outage: Outage) 
     )
     queued = across_outage(outage, lambda: store.inspection.browse_queue(queue.queue_name, 0, 10))
     assert [e.position for e in queued or []] == [5]
+
+
+def test_sink_reads_count_what_waits_and_nothing_failed(store: QueueStore) -> None:
+    store.recv.apply_log_batch("a", "policy", log(1, 2, 3))
+    (backlog,) = store.inspection.sink_backlogs("policy")
+    assert (backlog.client_name, backlog.source_id, backlog.depth) == ("policy", "a", 3)
+    assert backlog.oldest_received_at is not None
+    assert store.inspection.sink_backlogs("other") == []
+    failures = store.inspection.sink_failures("policy")
+    assert (failures.parked, failures.blocked) == ({}, {})
+    assert store.inspection.sink_partition_lags("policy") == []  # no partitions claimed

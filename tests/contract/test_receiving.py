@@ -458,9 +458,9 @@ def test_a_store_told_not_to_notify_wakes_no_subscriber(store: QueueStore) -> No
         return
     try:
         wait_for(lambda: woken == [1], what="the wake-up after LISTEN")
-        store.notify_arrivals = False
+        store.recv.notify_arrivals = False
         assert store.recv.apply_log_batch("a", WATCHED, log(1)) == (True, 1)
-        store.notify_arrivals = True
+        store.recv.notify_arrivals = True
         store.recv.apply_log_batch("a", WATCHED, log(2))
         wait_for(lambda: len(woken) >= 2, what="the wake-up for position 2")
         assert len(woken) == 2

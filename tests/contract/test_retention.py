@@ -304,15 +304,15 @@ def test_a_slot_is_closed_by_a_trim_once_its_rotation_period_passed(store: Queue
     """PostgreSQL retires whole slots, and the current one only once closed; SQLite rows."""
     p = append_apart(store, "policy", (b"1", ["b"]))
     store.shipping.set_cursor("b", "policy", p[0])
-    store.rotation_period = 3600.0
+    store.retention.rotation_period = 3600.0
     assert store.retention.trim() == (0 if store.dialect == "postgresql" else 1)
-    store.rotation_period = 0.0
+    store.retention.rotation_period = 0.0
     store.retention.trim()
     assert store.shipping.read_client_log("policy", 0, 10) == []
 
 
 def test_a_slot_limit_never_costs_an_entry_a_destination_needs(store: QueueStore) -> None:
-    store.max_slots = 2
+    store.retention.max_slots = 2
     p = append_apart(store, "policy", *[(b"%d" % i, ["c"]) for i in range(5)])
     store.retention.trim()  # c acknowledged nothing: every slot is pinned
     assert _positions(store, "c") == p

@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import EntryRef
 from lr_client.store.contract import QueueStore
+from lr_client.store.lifecycle import SchemaState
 from tests.contract.calls import (
     across_outage,
     append,
@@ -173,3 +174,28 @@ def test_the_transmit_route_of_a_cascaded_client_is_what_its_node_applied(
     store.cascade.apply_cascade_config("billing", "s1", "branch", "s1")
     billing = store.send.transmit_route("billing")
     assert billing is not None and (billing.role, billing.nodes) == ("branch", None)
+
+
+def test_analyze_changes_no_data(store: QueueStore) -> None:
+    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
+    store.send.analyze()
+    assert [e.position for e in store.shipping.read_log_entries("b", "policy", 0, 10)] == p
+    assert [e.position for e in store.shipping.read_log_entries("c", "policy", 0, 10)] == p[1:]
+    store.check_schema()
+
+
+def test_analyze_on_an_empty_database(bare_store: Sites) -> None:
+    if bare_store.dialect == "sqlite":  # no statistics to refresh: nothing is read
+        bare_store.send.analyze()
+        assert bare_store.schema_status().state is SchemaState.EMPTY
+    else:
+        refused_for_no_schema(bare_store, bare_store.send.analyze)
+
+
+def test_analyze_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
+    p = append(store, "policy", (b"1", ["b"]))
+    if store.dialect != "sqlite":  # SQLite: a no-op, it touches no connection
+        across_outage(outage, store.send.analyze)
+    unknown = store.sites.site_numbers()["b"] + 1  # not cached: read from the database
+    assert across_outage(outage, lambda: store.sites.site_name(unknown)) == f"#{unknown}"
+    assert [e.position for e in store.shipping.read_log_entries("b", "policy", 0, 10)] == p

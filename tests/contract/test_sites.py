@@ -55,7 +55,7 @@ def test_sites_registered_elsewhere_are_seen_on_refresh(store: Sites, db_url: st
     store.sites.register_sites(["b"])
     other = open_store(create_engine(db_url))
     try:
-        nums = other.register_sites(["c"])
+        nums = other.sites.register_sites(["c"])
     finally:
         other.close()
     assert store.sites.site_numbers(refresh=True) == nums
@@ -68,14 +68,6 @@ def test_a_bad_site_name_registers_nothing(store: Sites, bad: str) -> None:
     with pytest.raises(InvalidNameError):
         store.sites.register_sites(["c", bad])
     assert sorted(store.sites.site_numbers(refresh=True)) == ["a"]
-
-
-def test_analyze_changes_no_data(store: QueueStore) -> None:
-    p = append(store, "policy", (b"1", ["b"]), (b"2", ["b", "c"]))
-    store.send.analyze()
-    assert [e.position for e in store.shipping.read_log_entries("b", "policy", 0, 10)] == p
-    assert [e.position for e in store.shipping.read_log_entries("c", "policy", 0, 10)] == p[1:]
-    store.check_schema()
 
 
 def test_dialect_names_the_backend(store: Sites, db_url: str) -> None:
@@ -133,18 +125,11 @@ def test_every_site_method_on_an_empty_database_is_a_schema_error(bare_store: Si
     bare_store.close()  # nothing to give back but the connections
 
 
-def test_analyze_on_an_empty_database(bare_store: Sites) -> None:
-    if bare_store.dialect == "sqlite":  # no statistics to refresh: nothing is read
-        bare_store.send.analyze()
-        assert bare_store.schema_status().state is SchemaState.EMPTY
-    else:
-        refused_for_no_schema(bare_store, bare_store.send.analyze)
-
-
-def test_analyze_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
-    p = append(store, "policy", (b"1", ["b"]))
-    if store.dialect != "sqlite":  # SQLite: a no-op, it touches no connection
-        across_outage(outage, store.send.analyze)
-    unknown = store.sites.site_numbers()["b"] + 1  # not cached: read from the database
-    assert across_outage(outage, lambda: store.sites.site_name(unknown)) == f"#{unknown}"
-    assert [e.position for e in store.shipping.read_log_entries("b", "policy", 0, 10)] == p
+def test_the_store_has_an_object_per_role(store: QueueStore, db_url: str) -> None:
+    roles = (store.sites, store.send, store.shipping, store.retention, store.snapshots)
+    roles += (store.snapshot_entries, store.recv, store.replays, store.queues, store.heads)
+    roles += (store.partitions, store.inspection, store.members, store.cascade_reports)
+    roles += (store.cascade,)
+    assert len({id(r) for r in roles}) == 15  # distinct objects, not the store itself
+    assert all(r is not store for r in roles)
+    assert store.single_writer is db_url.startswith("sqlite")

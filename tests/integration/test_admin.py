@@ -61,9 +61,9 @@ def test_status_and_trim(config: SiteConfig, store: SQLAlchemyQueueStore) -> Non
 
     assert admin.trim(config, store) == admin.TrimResult(0)
     store.shipping.set_cursor("site-b", "policy", 2)
-    store.rotation_period = 30.0
+    store.retention.rotation_period = 30.0
     assert admin.trim(config, store).to_dict() == {"entries": 1}
-    assert store.rotation_period == 30.0  # restored
+    assert store.retention.rotation_period == 30.0  # restored
     assert store.shipping.oldest_position() == 1  # site-c still needs it
 
 

@@ -113,7 +113,7 @@ def cascade(tmp_path: Path, db_url_factory: Callable[[str], str]) -> Iterator[Se
         config = load_config(path)
         store = open_store(create_engine(url))
         store.create_schema()
-        store.rotation_period = 0.0
+        store.retention.rotation_period = 0.0
         cascade_cfg = config.cascade(C)
         assert cascade_cfg is not None
         # As `lr server` applies the configuration at its start.

@@ -631,9 +631,9 @@ def test_revision_0006_moves_the_send_queue_into_slots_keeping_every_position(
         (13, b"late"),
         (14, b"new"),
     ]
-    assert {x.slot for x in store.send_slots() if x.entries} == {0}
+    assert {x.slot for x in store.retention.send_slots() if x.entries} == {0}
     store.shipping.set_cursor("b", "policy", 14)
-    store.rotation_period = 0.0
+    store.retention.rotation_period = 0.0
     assert store.retention.trim() == 5
     assert store.shipping.read_client_log("policy", 0, 10) == []
     assert store.retention.trimmed_through("b", "policy") == 14

@@ -31,7 +31,7 @@ def store(pg_schema: PgSchema) -> Iterator[PostgresQueueStore]:
     assert isinstance(st, PostgresQueueStore)
     st.create_schema()
     st.register_sites(["b", "c"])
-    st.rotation_period = 0.0
+    st.retention.rotation_period = 0.0
     yield st
 
 
@@ -50,7 +50,7 @@ def slot_of(store: PostgresQueueStore, table: str) -> set[int]:
 
 
 def current(store: PostgresQueueStore) -> int:
-    return next(x.slot for x in store.send_slots() if x.current)
+    return next(x.slot for x in store.retention.send_slots() if x.current)
 
 
 def deleted_rows(store: PostgresQueueStore, schema: str) -> int:
@@ -76,21 +76,21 @@ def test_a_transactions_rows_share_the_current_slot(store: PostgresQueueStore) -
     first = current(store)
     for table in TABLES:
         assert slot_of(store, table) == {first}, table
-    assert store.rotate_send_log() not in (None, first)
+    assert store.retention.rotate_send_log() not in (None, first)
     commit(store, 2)
     assert slot_of(store, "lrq_send_entries") == {first, current(store)}
-    assert store.rotate_send_log() is not None
-    assert store.rotate_send_log() is None  # the current slot is empty: nothing to close
+    assert store.retention.rotate_send_log() is not None
+    assert store.retention.rotate_send_log() is None  # the current slot is empty: nothing to close
 
 
 def test_a_passed_slot_is_truncated_never_deleted_row_by_row(
     store: PostgresQueueStore, pg_schema: PgSchema
 ) -> None:
     p = commit(store, 50)
-    before = {x.slot: x.bytes for x in store.send_slots()}
+    before = {x.slot: x.bytes for x in store.retention.send_slots()}
     store.shipping.set_cursor("b", CLIENT, p[-1])
     assert store.retention.trim() == 50
-    after = {x.slot: x for x in store.send_slots()}
+    after = {x.slot: x for x in store.retention.send_slots()}
     assert all(x.entries == 0 for x in after.values())
     assert sum(x.bytes for x in after.values()) < sum(before.values())
     assert deleted_rows(store, pg_schema.name) == 0
@@ -117,7 +117,7 @@ def test_a_slot_in_use_by_an_open_transaction_is_neither_waited_for_nor_retired(
         app.begin()
         (ref,) = store.send.append_log_entries(app, CLIENT, [(b"open", [nums["b"]])])
         slot = current(store)
-        assert store.rotate_send_log() is None  # nothing committed in it yet
+        assert store.retention.rotate_send_log() is None  # nothing committed in it yet
         p = commit(store, 1)  # another transaction, same slot
         store.shipping.set_cursor("b", CLIENT, p[0])
         store.retention.trim()  # rotates away; the open transaction holds the slot: not judged
@@ -137,7 +137,7 @@ def test_a_reader_holding_a_slot_defers_its_retirement_without_blocking_the_trim
 ) -> None:
     p = commit(store, 2)
     slot = current(store)
-    store.rotate_send_log()
+    store.retention.rotate_send_log()
     store.shipping.set_cursor("b", CLIENT, p[-1])
     with store.engine.connect() as reader:
         reader.begin()
@@ -150,17 +150,17 @@ def test_a_reader_holding_a_slot_defers_its_retirement_without_blocking_the_trim
 def test_slots_are_added_while_the_others_are_pinned_up_to_max_slots(
     store: PostgresQueueStore,
 ) -> None:
-    store.max_slots = 6
+    store.retention.max_slots = 6
     for _ in range(8):  # c never acknowledges: every slot stays pinned
         commit(store, 1, ("c",))
         store.retention.trim()
-    slots = store.send_slots()
+    slots = store.retention.send_slots()
     assert len(slots) == 6
     assert sum(x.entries for x in slots) == 8  # the last slot took the overflow
     store.shipping.set_cursor("c", CLIENT, store.send.head_position())
     store.retention.trim()
-    assert sum(x.entries for x in store.send_slots()) == 0
-    assert len(store.send_slots()) == 6  # reused from now on
+    assert sum(x.entries for x in store.retention.send_slots()) == 0
+    assert len(store.retention.send_slots()) == 6  # reused from now on
 
 
 def test_the_newest_tick_survives_every_retirement(store: PostgresQueueStore) -> None:
@@ -200,7 +200,7 @@ def test_storage_stays_bounded_while_a_transaction_pins_vacuum(
             p = commit(store, 100)
             store.shipping.set_cursor("b", CLIENT, p[-1])
             store.retention.trim()
-            sizes.append(sum(x.bytes for x in store.send_slots()))
+            sizes.append(sum(x.bytes for x in store.retention.send_slots()))
         pin.rollback()
     written = 30 * 100 * 1000
     assert max(sizes[10:]) <= max(sizes[:10]) * 1.1  # no upward trend
@@ -214,7 +214,7 @@ def test_a_late_commit_into_a_closed_slot_is_judged_again(store: PostgresQueueSt
     with store.engine.connect() as app:
         app.begin()
         store.send.append_log_entries(app, CLIENT, [(b"late", [nums["c"]])])
-        store.rotate_send_log()
+        store.retention.rotate_send_log()
         store.retention.trim()  # the slot is in use: not judged
         app.commit()
     store.shipping.set_cursor("c", CLIENT, first)
@@ -231,10 +231,10 @@ def test_a_closed_slot_is_kept_one_period_so_positions_stay_known(
     with store.engine.begin() as conn:
         (ref,) = store.send.append_log_entries(conn, CLIENT, [(b"x", [nums["b"]])])
     (position,) = store.send.positions_of([ref])
-    store.rotation_period = 3600.0
-    assert store.rotate_send_log() is not None  # closed just now
+    store.retention.rotation_period = 3600.0
+    assert store.retention.rotate_send_log() is not None  # closed just now
     store.shipping.set_cursor("b", CLIENT, store.send.head_position())
     assert store.retention.trim() == 0  # passed, but closed less than a period ago
     assert store.send.positions_of([EntryRef(ref.txid, ref.ord)]) == [position]
-    store.rotation_period = 0.0
+    store.retention.rotation_period = 0.0
     assert store.retention.trim() == 1

@@ -754,7 +754,7 @@ def test_whether_a_queue_is_relayed_is_read_once_per_lease_not_per_delivery(
     cascade_reads = [x for x in statements if "lrq_cascade " in x or "lrq_cascade\n" in x]
     # SQLite, which deletes delivered entries: once, when the lease was taken;
     # PostgreSQL keeps them until rotation and never asks.
-    assert len(cascade_reads) == (0 if app_store.keeps_delivered else 1), cascade_reads
+    assert len(cascade_reads) == (0 if app_store.core.keeps_delivered else 1), cascade_reads
     assert len(app_rows(app_store)) == 30
 
 
@@ -828,7 +828,7 @@ def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_i
     listener = AppListener()
     sub = make_sub(listener, owner="me", lease_seconds=600.0)
     assert sub.poll_once() == 3
-    kept = [] if not app_store.keeps_delivered else [1, 2, 3]
+    kept = [] if not app_store.core.keeps_delivered else [1, 2, 3]
     assert stored_positions(app_store) == kept  # SQLite deleted them at delivery
 
     server = open_store(create_engine(db_url))
@@ -842,7 +842,7 @@ def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_i
         server.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
         app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(7, 2), previous_position=6)
         poll_until(sub, lambda: len(app_rows(app_store)) == 8)
-        expected = [*kept, 4, 5, 6, 7, 8] if app_store.keeps_delivered else [4, 5, 6]
+        expected = [*kept, 4, 5, 6, 7, 8] if app_store.core.keeps_delivered else [4, 5, 6]
         assert stored_positions(app_store) == expected
         # The same configuration again changes nothing, and takes no lease.
         server.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")

@@ -352,9 +352,9 @@ def test_a_full_sync_started_during_a_trim_waits_for_it_and_keeps_what_follows(
 
     store = Interleaved(pg_schema.engine())
     store.create_schema()
-    store.rotation_period = 0.0
+    store.retention.rotation_period = 0.0
     send(store, ["c"])
-    store.rotate_send_log()  # its slot is closed: the trim judges it
+    store.retention.rotate_send_log()  # its slot is closed: the trim judges it
     assert store.retention.drop_stream("c", CLIENT, "too slow") is not None  # c needs nothing now
     added: list[int] = []
     errors: list[BaseException] = []

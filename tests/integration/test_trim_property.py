@@ -50,7 +50,7 @@ ops = st.lists(
 
 def _reset(store: SQLAlchemyQueueStore) -> None:
     if store.dialect == "postgresql":
-        store.rotation_period = 0.0  # a trim closes the current slot
+        store.retention.rotation_period = 0.0  # a trim closes the current slot
     with store.write() as conn:
         if store.dialect == "postgresql":  # the send log is a view of the sequencer's tables
             for name in ("lrq_send_positions", "lrq_send_entries", "lrq_send_blocks"):

@@ -281,7 +281,9 @@ class Sites:
     def store(self, site: str) -> SQLAlchemyQueueStore:
         st = open_store(self.url(site))
         st.create_schema()
-        st.rotation_period = 0.0  # PostgreSQL: a trim closes the current slot, as ``lr trim``
+        st.retention.rotation_period = (
+            0.0  # PostgreSQL: a trim closes the current slot, as ``lr trim``
+        )
         self.stores.append(st)
         return st
 

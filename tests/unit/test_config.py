@@ -504,7 +504,7 @@ def test_the_receiver_notifies_subscribers_unless_told_not_to(tmp_path: Path) ->
     assert cfg.receiver.notify_subscribers is False
     server = SiteServer(cfg)  # what the receiver's store is told
     try:
-        assert server.store.notify_arrivals is False
+        assert server.store.recv.notify_arrivals is False
     finally:
         server.store.close()
 
