@@ -11,32 +11,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, case, delete, insert, select, update
+from sqlalchemy import case, delete, insert, select, update
 from sqlalchemy.engine import Connection, Row
 
 from lr_client.cascade_roles import CascadeRole
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, DropRecord, Fence, QueueSlot, StreamStop
 from lr_client.store import schema as s
+from lr_client.store.drops import drop_record, read_drops
 from lr_client.store.snapshot_pool import SnapshotPoolStore
-
-
-def drop_record(row: Row[Any]) -> DropRecord:
-    return DropRecord(
-        row.destination, row.client_name, row.first_dropped_position, row.dropped_at, row.reason
-    )
-
-
-_DROPS = select(s.drops)
-_DROPS_OF = _DROPS.where(s.drops.c.destination == bindparam("destination"))
-
-
-def read_drops(conn: Connection, destination: str | None = None) -> list[DropRecord]:
-    """The drop records (of one destination, if given)."""
-    if destination is None:
-        rows = conn.execute(_DROPS)
-    else:
-        rows = conn.execute(_DROPS_OF, {"destination": destination})
-    return [drop_record(r) for r in rows.all()]
 
 
 class RetentionStore(SnapshotPoolStore):

@@ -53,7 +53,7 @@ from lr_client.records import (
 )
 from lr_client.store import schema as s
 from lr_client.store.cascade import relay_delivered, relay_head
-from lr_client.store.retention import read_drops
+from lr_client.store.drops import read_drops
 from lr_client.store.snapshot_pool import SnapshotPoolStore
 
 _OPEN = [x.value for x in OPEN_SNAPSHOT_STATUSES]
