@@ -651,7 +651,7 @@ def _snapsync_storage(store: Any) -> tuple[int, int]:
     """(rows, bytes) of ``lrq_send_snapsync`` (PostgreSQL: every partition)."""
     from sqlalchemy import func, select
 
-    from lr_client.store import schema as s
+    from lr_client.store.schema import tables as s
 
     with store.read() as conn:
         rows = int(conn.execute(select(func.count()).select_from(s.send_snapsync)).scalar_one())

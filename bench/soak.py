@@ -138,8 +138,8 @@ from bench.replicate import (
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client import create_engine as lr_create_engine
 from lr_client.store import SQLAlchemyQueueStore, create_app_tables, open_store
-from lr_client.store.recv_rotation import MAX_SLOTS
-from lr_client.store.schema import (
+from lr_client.store.recv.rotation import MAX_SLOTS
+from lr_client.store.schema.tables import (
     RECV_PARTITION_PREFIX,
     SEQUENCER_TABLES,
     SNAPSYNC_PARTITION_PREFIX,

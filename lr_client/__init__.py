@@ -56,7 +56,7 @@ from lr_client.sender import DEFAULT_MAX_PAYLOAD_BYTES, Backpressure, RoutingQue
 from lr_client.snapshot import SnapshotContext, SnapshotProviderRunner
 from lr_client.snapshot_status import SnapshotInfo
 from lr_client.store import QueueStore, create_app_tables, create_engine, create_schema, open_store
-from lr_client.store.lifecycle import SchemaState, SchemaStatus
+from lr_client.store.schema.lifecycle import SchemaState, SchemaStatus
 from lr_client.subscriber import RoutingQueueSubscriber, SnapshotDelivery
 
 __version__ = "0.1.0"

@@ -32,7 +32,7 @@ from tenacity import RetryCallState, Retrying, stop_after_attempt, wait_exponent
 
 from lr_client.errors import InvalidInputError
 from lr_client.listener import RoutingQueueMessage
-from lr_client.store.parked import OpenRow, ParkedState
+from lr_client.store.recv.parked import OpenRow, ParkedState
 
 #: Default attempts of a failing batch before the policy acts.
 DEFAULT_MAX_ATTEMPTS = 5

@@ -34,7 +34,7 @@ from lr_client.listener_calls import Callback, ListenerCalls
 from lr_client.partitioned import Conflict
 from lr_client.records import QueueInfo, ReplicationType
 from lr_client.store import DeliveryStore
-from lr_client.store import parked as pk
+from lr_client.store.recv import parked as pk
 
 #: The error text of an entry held behind a parked entry of its key.
 HELD = "held behind a parked entry of its key"

@@ -1,5 +1,5 @@
 """The leases of receive queues one subscriber holds (see
-:mod:`lr_client.store.subscriber_queues`), as it last took or renewed them.
+:mod:`lr_client.store.recv.queues`), as it last took or renewed them.
 
 What the subscriber (:mod:`lr_client.subscriber`) and delivery by partition
 (:mod:`lr_client.partitioned`) share: a lease is taken or renewed once less

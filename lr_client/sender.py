@@ -26,7 +26,7 @@ from lr_client.sending import (
 )
 from lr_client.snapshot_status import SnapshotInfo
 from lr_client.store import open_store
-from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.schema.lifecycle import SchemaStatus
 
 
 def _connection(session: Session | Connection) -> Connection:

@@ -59,7 +59,7 @@ from lr_client.records import (
 from lr_client.sealed_headers import seal_headers
 from lr_client.snapshot_status import SnapshotInfo, parse_states
 from lr_client.store import SendLog, Sites, SnapshotEntries, SnapshotRequests, Transactions
-from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.schema.lifecycle import SchemaStatus
 
 T = TypeVar("T")
 

@@ -8,9 +8,9 @@ subscriber still holds the queue's lease and that no other delivery of the
 queue committed since it read. The listener's writes and the state commit
 together or not at all, so a crash anywhere loses nothing and applies nothing
 twice (I3). Delivery deletes nothing: the store retires delivered entries in
-bulk (:mod:`lr_client.store.subscriber_queues`).
+bulk (:mod:`lr_client.store.recv.queues`).
 
-Leases (see :mod:`lr_client.store.subscriber_queues`) let several subscribers of one
+Leases (see :mod:`lr_client.store.recv.queues`) let several subscribers of one
 client run at once: each queue is delivered by one of them at a time, and one
 that lost its lease cannot commit. A lease outlives a crashed holder by at
 most ``lease_seconds``; a callback running longer than that may be rolled back
@@ -46,7 +46,7 @@ from lr_client.store import (
     DeliveryStore,
     open_store,
 )
-from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.schema.lifecycle import SchemaStatus
 from lr_client.store.watches import Watch
 from lr_client.subscriber_settings import (
     DEFAULT_BATCH_MAX_BYTES,

@@ -31,7 +31,7 @@ from lr_client.queue_delivery import QueueDelivery
 from lr_client.queue_leases import QueueLeases
 from lr_client.records import QueueInfo
 from lr_client.store import DeliveryStore
-from lr_client.store import parked as pk
+from lr_client.store.recv import parked as pk
 from lr_client.store.watches import Watch
 
 #: Default bound of the payload bytes one delivery reads (a larger entry comes alone).

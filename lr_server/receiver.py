@@ -40,7 +40,7 @@ from lr_client.records import (
     WireEntry,
 )
 from lr_client.store import Cascading, Receiving, Transactions
-from lr_client.store.replay_contract import Replays
+from lr_client.store.recv.replay_contract import Replays
 from lr_server import codecs, metrics, protocol
 from lr_server.receive_limits import ReceiveLimits
 

@@ -1,6 +1,6 @@
 """Replays of one destination's streams: ``lr replay`` carried out by its sender session.
 
-An operator's request (a row of ``lrq_replays``, :mod:`lr_client.store.replays`)
+An operator's request (a row of ``lrq_replays``, :mod:`lr_client.store.recv.replays`)
 is picked up by the session of its destination at its next check of requests:
 it is refused (``refused``, with the reason) when the destination speaks a
 protocol older than :data:`~lr_server.protocol.REPLAY_VERSION`, when the
@@ -25,7 +25,7 @@ from typing import Protocol
 
 from lr_client.errors import IncompatibleVersionError
 from lr_client.store import Retention, Shipping, Transactions
-from lr_client.store.replay_contract import DONE, REFUSED, RUNNING, ReplayRequest, Replays
+from lr_client.store.recv.replay_contract import DONE, REFUSED, RUNNING, ReplayRequest, Replays
 from lr_server import metrics, protocol, wire
 from lr_server.config import ReplicationConfig
 from lr_server.streams import ClientStream, Mode

@@ -41,7 +41,7 @@ from lr_client.store import (
     Transactions,
 )
 from lr_client.store import SnapshotRequests as SnapshotRequestRole
-from lr_client.store.replay_contract import Replays
+from lr_client.store.recv.replay_contract import Replays
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.arrivals import Arrivals
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider

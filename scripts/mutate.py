@@ -34,29 +34,29 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutate"
 COPY = ["lr_client", "lr_server", "tests", "setup.cfg", "pyproject.toml"]
 
-BASE = "lr_client.store.base.xǁStoreBaseǁ"
-SEND_LOG = "lr_client.store.send_log.xǁSendLogStoreǁ"
-SHIPPING = "lr_client.store.shipping.xǁShippingStoreǁ"
-REQUESTS = "lr_client.store.snapshots.xǁSnapshotRequestsStoreǁ"
-SNAPSHOTS = "lr_client.store.snapshot_entries.xǁSnapshotsStoreǁ"
-RETENTION = "lr_client.store.retention.xǁRetentionStoreǁ"
-RECEIVING = "lr_client.store.receiving.xǁReceivingStoreǁ"
+BASE = "lr_client.store.core.xǁStoreBaseǁ"
+SEND_LOG = "lr_client.store.send.log.xǁSendLogStoreǁ"
+SHIPPING = "lr_client.store.send.shipping.xǁShippingStoreǁ"
+REQUESTS = "lr_client.store.snapshots.requests.xǁSnapshotRequestsStoreǁ"
+SNAPSHOTS = "lr_client.store.snapshots.entries.xǁSnapshotsStoreǁ"
+RETENTION = "lr_client.store.retention.store.xǁRetentionStoreǁ"
+RECEIVING = "lr_client.store.recv.receiving.xǁReceivingStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteQueueStoreǁ"
 PG = "lr_client.store.postgres.xǁPostgresQueueStoreǁ"
 SESSION = "lr_server.session.xǁSenderSessionǁ"
 STORE_FILES = [
-    "lr_client/store/base.py",
+    "lr_client/store/core.py",
     "lr_client/store/byte_bounds.py",
-    "lr_client/store/send_log.py",
-    "lr_client/store/shipping.py",
-    "lr_client/store/snapshots.py",
-    "lr_client/store/snapshot_entries.py",
-    "lr_client/store/retention.py",
-    "lr_client/store/receiving.py",
+    "lr_client/store/send/log.py",
+    "lr_client/store/send/shipping.py",
+    "lr_client/store/snapshots/requests.py",
+    "lr_client/store/snapshots/entries.py",
+    "lr_client/store/retention/store.py",
+    "lr_client/store/recv/receiving.py",
     "lr_client/store/sqlite.py",
     "lr_client/store/postgres.py",
-    "lr_client/store/sequencer.py",
-    "lr_client/store/slots.py",
+    "lr_client/store/send/sequencer.py",
+    "lr_client/store/retention/slots.py",
     "lr_client/store/slot_ring.py",
 ]
 #: The store contract suite, one module per role. mutmut wants every selected test
@@ -110,7 +110,7 @@ TARGETS: dict[str, Target] = {
             ),
             *_methods(SQLITE, "_trim_send_log", "_trim_log", "_trim_client"),
             *_methods(PG, "_trim_send_log"),
-            "lr_client.store.slots.*",
+            "lr_client.store.retention.slots.*",
             "lr_client.store.slot_ring.*",
         ],
         [
@@ -208,7 +208,7 @@ TARGETS: dict[str, Target] = {
                 "sequence",
                 "_bases",
             ),
-            "lr_client.store.sequencer.*",
+            "lr_client.store.send.sequencer.*",
         ],
         [
             "tests/contract/test_send_log.py",

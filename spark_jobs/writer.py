@@ -42,7 +42,7 @@ from lr_client.store import (
     open_store,
 )
 from lr_client.store import SnapshotRequests as SnapshotRequestRole
-from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.schema.lifecycle import SchemaStatus
 from spark_jobs.encoders import Encoder, arrow_json, encode_json_dict
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from lr_client.partitioners import Partitioner
 from lr_client.records import QueueInfo
 from lr_client.store.async_engine import open_async_store, watch_arrivals
 from lr_client.store.db_errors import mapped_errors
-from lr_client.store.lifecycle import SchemaStatus
+from lr_client.store.schema.lifecycle import SchemaStatus
 from lr_client.store.watches import Watch
 from lr_client.subscriber_settings import (
     DEFAULT_BATCH_MAX_BYTES,

@@ -12,7 +12,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
-from lr_client.store import parked as parked  # its tables join the schema
+from lr_client.store.assembly import SQLAlchemyQueueStore
 from lr_client.store.contract import (
     CascadeReports,
     Cascading,
@@ -34,9 +34,9 @@ from lr_client.store.contract import (
     SubscriberQueues,
     Transactions,
 )
-from lr_client.store.lifecycle import SchemaStatus
 from lr_client.store.postgres import PostgresCore
-from lr_client.store.sqla import SQLAlchemyQueueStore
+from lr_client.store.recv import parked as parked  # its tables join the schema
+from lr_client.store.schema.lifecycle import SchemaStatus
 from lr_client.store.sqlite import SQLiteCore
 
 SQLITE_BUSY_TIMEOUT_S = 60.0

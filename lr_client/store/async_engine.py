@@ -12,8 +12,8 @@ import sqlalchemy
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lr_client.store import open_store
-from lr_client.store.arrival_watch import ArrivalWatch
 from lr_client.store.contract import QueueStore
+from lr_client.store.recv.arrival_watch import ArrivalWatch
 from lr_client.store.watches import Wake, Watch
 
 

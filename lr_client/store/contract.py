@@ -16,17 +16,20 @@ from typing import Protocol
 
 from sqlalchemy.engine import Connection
 
-from lr_client.store.cluster_contract import CascadeReports, Cascading, Inspection, Members
-from lr_client.store.lifecycle import SchemaStatus
-from lr_client.store.recv_contract import (
+from lr_client.store.cascade.contract import CascadeReports, Cascading
+from lr_client.store.cluster.contract import Members, Sites
+from lr_client.store.ops.contract import Inspection
+from lr_client.store.recv.contract import (
     QueueHeads,
     QueuePartitions,
     Receiving,
     SubscriberQueues,
 )
-from lr_client.store.replay_contract import Replays
-from lr_client.store.send_contract import Retention, SendLog, Shipping, Sites
-from lr_client.store.snapshot_contract import SnapshotEntries, SnapshotRequests
+from lr_client.store.recv.replay_contract import Replays
+from lr_client.store.retention.contract import Retention
+from lr_client.store.schema.lifecycle import SchemaStatus
+from lr_client.store.send.contract import SendLog, Shipping
+from lr_client.store.snapshots.contract import SnapshotEntries, SnapshotRequests
 
 
 class Transactions(Protocol):

@@ -1,7 +1,7 @@
 """PostgreSQL backend: positions after commit, in commit order, and a GIN tag index.
 
 Invariant I1 (no reader skips a committed entry) and commit order (I2) come
-from the sequencer (:mod:`lr_client.store.sequencer`): a transmitting
+from the sequencer (:mod:`lr_client.store.send.sequencer`): a transmitting
 transaction only inserts its entries and, at COMMIT, a stamp; positions are
 given to committed transactions in commit-stamp order by ticks, which every
 reader of positions runs first (:meth:`PostgresQueueStore.sequence`).
@@ -34,20 +34,16 @@ from lr_client.records import (
     ReplicationType,
     WireEntry,
 )
-from lr_client.store import (
-    arrival_watch,
-    pg_append,
-    pg_dest_index,
-    recv_rotation,
-    sequencer,
-    slots,
-    snapshot_pool,
-    watches,
-)
-from lr_client.store import schema as s
-from lr_client.store.base import StoreCore, TrimMarks
+from lr_client.store import watches
+from lr_client.store.core import StoreCore, TrimMarks
 from lr_client.store.db_errors import mapped_errors
-from lr_client.store.receiving import recv_base
+from lr_client.store.recv import arrival_watch
+from lr_client.store.recv import rotation as recv_rotation
+from lr_client.store.recv.receiving import recv_base
+from lr_client.store.retention import slots
+from lr_client.store.schema import tables as s
+from lr_client.store.send import pg_append, pg_dest_index, sequencer
+from lr_client.store.snapshots import pool as snapshot_pool
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +245,7 @@ class PostgresCore(StoreCore):
                 n += 1
         return n
 
-    # -- the pool of snapshot slots: a partition each (lr_client.store.snapshot_pool) -----
+    # -- the pool of snapshot slots: a partition each (lr_client.store.snapshots.pool) -----
     def lock_pool(self, conn: Connection) -> None:
         conn.execute(snapshot_pool.POOL_LOCK)
 
@@ -300,7 +296,7 @@ class PostgresCore(StoreCore):
         return arrival_watch.ArrivalWatch(self.engine, client_name, wake)
 
     def trim_send_log(self, batch_size: int, max_batches: int | None, marks: TrimMarks) -> int:
-        # Whole slots, not rows (see :mod:`lr_client.store.slots`): the batch
+        # Whole slots, not rows (see :mod:`lr_client.store.retention.slots`): the batch
         # bounds of the row trim do not apply.
         with self.write() as conn:
             done = slots.retire(

@@ -1,8 +1,8 @@
 """PostgreSQL's rings of slots: what the send queue and the receive queues rotate alike.
 
 Both queues keep their rows in slots (a partition per slot) retired whole by
-TRUNCATE, never row by row: the send queue (:mod:`lr_client.store.slots`)
-and the receive queues (:mod:`lr_client.store.recv_rotation`). Each has a
+TRUNCATE, never row by row: the send queue (:mod:`lr_client.store.retention.slots`)
+and the receive queues (:mod:`lr_client.store.recv.rotation`). Each has a
 one-row state table (:class:`StateRow`) naming the current slot, where new
 rows go, and when it became current. A rotation makes another slot current
 (:func:`next_slot`): the first of the others that can be reclaimed (its
@@ -11,7 +11,7 @@ ring has fewer than its maximum. What a queue still needs, how it locks a
 slot and in which order it tries them are its own.
 
 A table partitioned by slot in Python (:class:`Partitions`: the receive
-queues, and the snapshot entries' pool, :mod:`lr_client.store.snapshot_pool`)
+queues, and the snapshot entries' pool, :mod:`lr_client.store.snapshots.pool`)
 names, adds, locks and empties its partitions here, every name built from a
 checked slot number alone.
 """

@@ -27,10 +27,10 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_headers, new_entry_key
-from lr_client.store import schema as s
-from lr_client.store.base import StoreCore, TrimMarks
+from lr_client.store.core import StoreCore, TrimMarks
 from lr_client.store.db_errors import mapped_errors
-from lr_client.store.receiving import recv_base
+from lr_client.store.recv.receiving import recv_base
+from lr_client.store.schema import tables as s
 from lr_client.store.watches import DataVersionWatch, HeadChanged, Watch, sqlite_path
 
 _INSERT = (

@@ -9,7 +9,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from lr_client.errors import ConfigError
-from lr_client.store.lifecycle import SchemaState, SchemaStatus
+from lr_client.store.schema.lifecycle import SchemaState, SchemaStatus
 from lr_server.admin.records import DatabaseCheck
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from lr_client.store import parked as pk
-from lr_client.store import parked_views as pv
+from lr_client.store.recv import parked as pk
+from lr_client.store.recv import parked_views as pv
 from lr_server.admin.errors import AdminInputError, NotFoundError, StateError
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lr_client.records import SnapshotRequest
-from lr_client.store.lifecycle import SchemaState, SchemaStatus
+from lr_client.store.schema.lifecycle import SchemaState, SchemaStatus
 
 
 @dataclass(frozen=True)

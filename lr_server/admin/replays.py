@@ -11,7 +11,7 @@ from lr_server.replay import trimmed_message
 
 if TYPE_CHECKING:
     from lr_client.store import QueueStore
-    from lr_client.store.replay_contract import ReplayRequest, Rewind
+    from lr_client.store.recv.replay_contract import ReplayRequest, Rewind
     from lr_server.config import SiteConfig
 
 

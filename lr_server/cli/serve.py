@@ -110,7 +110,7 @@ def check_listen_address(address: str) -> None:
 @json_option
 def init_db(config_path: Path, check: bool, as_json: bool) -> None:
     """Create or upgrade the site's schema (concurrency-safe) and register its destinations."""
-    from lr_client.store.lifecycle import SchemaState
+    from lr_client.store.schema.lifecycle import SchemaState
     from lr_server import admin
 
     config = load_config(config_path)

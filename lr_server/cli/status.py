@@ -24,7 +24,7 @@ from lr_server.cli.render import (
 from lr_server.config import load_config
 
 if TYPE_CHECKING:
-    from lr_client.store.replay_contract import ReplayRequest
+    from lr_client.store.recv.replay_contract import ReplayRequest
     from lr_server.status import SiteStatus
 
 

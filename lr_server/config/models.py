@@ -263,7 +263,7 @@ class ReceiverConfig:
     idle_call_timeout: PositiveNumber = 10.0
     rotation_period: Number = 30.0  # seconds; 0: whenever a slot can be retired
     #: Wake subscribers of other processes when a batch is stored (PostgreSQL NOTIFY;
-    #: see lr_client.store.arrival_watch): they deliver at once instead of at their poll.
+    #: see lr_client.store.recv.arrival_watch): they deliver at once instead of at their poll.
     notify_subscribers: Flag = True
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store.contract import Inspection, QueueStore
-from lr_client.store.inspection import BROWSE_HEAD_BYTES
+from lr_client.store.ops.inspection import BROWSE_HEAD_BYTES
 from tests.contract.calls import (
     across_outage,
     append,

@@ -11,8 +11,8 @@ import pytest
 from lr_client.errors import InvalidNameError, ProtocolError, StoreUnavailableError
 from lr_client.lanes import lane_of
 from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, WireEntry
-from lr_client.store import arrival_watch
 from lr_client.store.contract import QueueStore, Receiving
+from lr_client.store.recv import arrival_watch
 from tests.contract.calls import across_outage, log, refused_for_no_schema
 from tests.contract.outage import Outage
 from tests.kit.wait import wait_for

@@ -1,4 +1,4 @@
-"""The replay role (:mod:`lr_client.store.replay_contract`) on each backend: requests at the
+"""The replay role (:mod:`lr_client.store.recv.replay_contract`) on each backend: requests at the
 source, replayed batches at the sink."""
 
 from __future__ import annotations

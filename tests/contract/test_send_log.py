@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import EntryRef
 from lr_client.store.contract import QueueStore
-from lr_client.store.lifecycle import SchemaState
+from lr_client.store.schema.lifecycle import SchemaState
 from tests.contract.calls import (
     across_outage,
     append,

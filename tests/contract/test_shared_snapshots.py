@@ -15,8 +15,8 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from lr_client.records import SnapshotStatus
-from lr_client.store import schema as s
 from lr_client.store.contract import QueueStore
+from lr_client.store.schema import tables as s
 from tests.contract.calls import append
 
 DESTS = ["b", "c", "d"]

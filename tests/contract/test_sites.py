@@ -9,7 +9,7 @@ import pytest
 from lr_client.errors import InvalidNameError, SchemaError
 from lr_client.store import create_engine, open_store
 from lr_client.store.contract import QueueStore, Sites
-from lr_client.store.lifecycle import SchemaState
+from lr_client.store.schema.lifecycle import SchemaState
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 

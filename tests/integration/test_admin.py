@@ -13,7 +13,7 @@ import pytest
 from lr_client import RoutingQueueClient
 from lr_client.errors import InvalidInputError, LRError
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_client.store.lifecycle import SchemaState
+from lr_client.store.schema.lifecycle import SchemaState
 from lr_server import admin, parse_config
 from lr_server.config import SiteConfig
 from tests.kit.positions import new_slot

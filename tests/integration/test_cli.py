@@ -20,7 +20,7 @@ from sqlalchemy import text
 from lr_client import LRMessageWithDestinations, RoutingQueueClient
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_client.store.lifecycle import LEGACY_REVISION, VERSION_TABLE, head_revision
+from lr_client.store.schema.lifecycle import LEGACY_REVISION, VERSION_TABLE, head_revision
 from lr_server.cli import EXIT_FAILED, EXIT_NEWER, EXIT_PENDING, EXIT_USAGE, cli
 from tests.integration.test_schema_lifecycle import make_legacy_v1
 from tests.kit.guards import need

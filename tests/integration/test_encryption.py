@@ -33,7 +33,7 @@ from lr_client.errors import InvalidHeadersError
 from lr_client.keys import generate_key
 from lr_client.listener import RoutingQueueMessage, Session
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from tests.kit.aio import AsAsync, async_engine
 from tests.kit.sites import CHAIN, Sites
 from tests.kit.wait import scaled, wait_for

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueClient
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from lr_client.subscriber import RoutingQueueSubscriber
 from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for

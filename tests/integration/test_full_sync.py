@@ -18,7 +18,7 @@ from lr_client import BackpressureError, RoutingQueueClient
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from lr_client.subscriber import RoutingQueueSubscriber
 from tests.kit import kvapp
 from tests.kit.sites import Sites

@@ -23,8 +23,8 @@ from lr_client import RoutingQueueClient
 from lr_client.listener_metrics import ListenerMetrics
 from lr_client.sink_metrics import SinkCollector
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_client.store.inspection import SinkBacklog, SinkFailures
-from lr_client.store.partition_lags import PartitionLag
+from lr_client.store.ops.inspection import SinkBacklog, SinkFailures
+from lr_client.store.ops.partition_lags import PartitionLag
 from lr_server import metrics
 from lr_server.config import RetentionConfig
 from lr_server.retention import RetentionPolicy

@@ -22,9 +22,10 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
-from lr_client.store import SQLAlchemyQueueStore, slots
-from lr_client.store import schema as s
+from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.retention import slots
+from lr_client.store.schema import tables as s
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.cli import cli
 from lr_server.status import StreamState, collect_status

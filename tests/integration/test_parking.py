@@ -19,9 +19,9 @@ from lr_client.partitioners import HashPartitioner, partition_of
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.sink_metrics import SinkCollector
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import parked as pk
-from lr_client.store import parked_views as pv
-from lr_client.store import schema as s
+from lr_client.store.recv import parked as pk
+from lr_client.store.recv import parked_views as pv
+from lr_client.store.schema import tables as s
 from lr_server import admin
 from tests.kit.aio import SyncDriven
 from tests.kit.wait import wait_for

@@ -26,7 +26,7 @@ from lr_client import (
 from lr_client.partitioners import HashPartitioner
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from lr_client.subscriber import PARTITION_INFO_KEY
 from tests.kit.aio import SyncDriven
 from tests.kit.wait import scaled, wait_for

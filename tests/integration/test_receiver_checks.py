@@ -18,8 +18,9 @@ from sqlalchemy import select
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import IncompatibleVersionError, ProtocolError
 from lr_client.records import ReplicationType, SinkSnapshotState
-from lr_client.store import SQLAlchemyQueueStore, schema
-from lr_client.store.receiving import ReceivingStore
+from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.recv.receiving import ReceivingStore
+from lr_client.store.schema import tables as schema
 from lr_server import protocol
 from lr_server.receiver import Receiver
 from tests.integration.test_sink_exactly_once import CLIENT, SOURCE, log_batch, snapshot_batch

@@ -29,7 +29,8 @@ from lr_client import (
     RoutingQueueSubscriber,
 )
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import PostgresQueueStore, SQLAlchemyQueueStore, open_store, recv_rotation
+from lr_client.store import PostgresQueueStore, SQLAlchemyQueueStore, open_store
+from lr_client.store.recv import rotation as recv_rotation
 from tests.conftest import PgSchema
 from tests.kit.sites import Sites
 from tests.kit.wait import wait_for

@@ -19,7 +19,8 @@ from sqlalchemy import update
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import StoreUnavailableError
 from lr_client.records import CascadeNode
-from lr_client.store import SQLAlchemyQueueStore, open_store, schema
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store.schema import tables as schema
 from lr_server.arrivals import Arrivals
 from lr_server.config import (
     ClientConfig,

@@ -25,11 +25,12 @@ from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueSubs
 from lr_client.errors import SchemaError
 from lr_client.listener import RoutingQueueMessage
 from lr_client.records import EntryRef, ReplicationType, SnapshotStatus, WireEntry
-from lr_client.store import SQLAlchemyQueueStore, create_engine, lifecycle, open_store
-from lr_client.store import schema as s
-from lr_client.store.lifecycle import SchemaState
+from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store.postgres import PostgresQueueStore
-from lr_client.store.snapshot_pool import pg_make_partition
+from lr_client.store.schema import lifecycle
+from lr_client.store.schema import tables as s
+from lr_client.store.schema.lifecycle import SchemaState
+from lr_client.store.snapshots.pool import pg_make_partition
 from tests.conftest import PgSchema
 from tests.kit.procs import lr_env
 from tests.kit.sites import Sites, SiteSpec, wait_for, write_config

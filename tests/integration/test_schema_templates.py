@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
-from lr_client.store import create_engine, lifecycle
+from lr_client.store import create_engine
+from lr_client.store.schema import lifecycle
 
 #: PostgreSQL's objects of the schema; a function body names its own schema,
 #: compared without the name.

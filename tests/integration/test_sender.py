@@ -27,7 +27,7 @@ from lr_client import (
     UnknownDestinationError,
 )
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from tests.kit.apps import App, Tx, every_flavour
 
 app_meta = MetaData()

@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy import text
 
 from lr_client.records import EntryRef
-from lr_client.store import SQLAlchemyQueueStore, open_store, sequencer
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store.send import sequencer
 from tests.conftest import PgSchema
 from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.wait import join, wait_for

@@ -16,8 +16,8 @@ from lr_client.partitioners import HashPartitioner, partition_of
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.sink_metrics import SinkCollector, sink_registry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.inspection import SinkBacklog, SinkFailures
-from lr_client.store.partition_lags import PartitionLag
+from lr_client.store.ops.inspection import SinkBacklog, SinkFailures
+from lr_client.store.ops.partition_lags import PartitionLag
 from lr_server.metrics_http import serve_metrics
 from tests.contract.calls import pass_entries
 from tests.kit.ports import reserve_port

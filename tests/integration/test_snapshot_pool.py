@@ -1,4 +1,4 @@
-"""Snapshot entries in a pool of slots (:mod:`lr_client.store.snapshot_pool`).
+"""Snapshot entries in a pool of slots (:mod:`lr_client.store.snapshots.pool`).
 
 On both backends: a snapshot takes a slot of its own at its start and frees it
 once its entries are released, and no writer of an ended snapshot reaches a
@@ -20,7 +20,7 @@ from sqlalchemy import text
 from lr_client.errors import SnapshotError
 from lr_client.records import SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_client.store.snapshot_pool import partition_name
+from lr_client.store.snapshots.pool import partition_name
 from tests.conftest import PgSchema
 from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.wait import wait_for

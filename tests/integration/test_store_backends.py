@@ -11,8 +11,9 @@ from sqlalchemy import func, select, text
 
 from lr_client.errors import SchemaError
 from lr_client.records import EntryRef
-from lr_client.store import SQLAlchemyQueueStore, lifecycle, open_store, postgres
-from lr_client.store import schema as s
+from lr_client.store import SQLAlchemyQueueStore, open_store, postgres
+from lr_client.store.schema import lifecycle
+from lr_client.store.schema import tables as s
 from tests.conftest import PgSchema
 from tests.kit.positions import new_slot, positions
 

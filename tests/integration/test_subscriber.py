@@ -31,7 +31,7 @@ from lr_client.errors import InvalidNameError
 from lr_client.headers import encode_headers
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from lr_client.subscriber import DEFAULT_BATCH_MAX_BYTES, default_owner
 from tests.kit.aio import SyncDriven
 from tests.kit.wait import join, wait_for

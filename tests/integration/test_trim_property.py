@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy import delete, text
 
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from tests.kit.positions import new_slot, positions
 
 DESTS = ["b", "c", "d"]

@@ -21,7 +21,7 @@ from lr_client import RoutingQueueClient
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from lr_server.config import ClientConfig, DestinationConfig, RetentionConfig, SiteConfig
 from lr_server.retention import RetentionPolicy
 from lr_server.status import collect_status

@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy.orm import Session
 
 from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine
-from lr_client.store import SQLAlchemyQueueStore, open_store, pg_append, watches
+from lr_client.store import SQLAlchemyQueueStore, open_store, watches
 from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.send import pg_append
 from lr_client.store.sqlite import SQLiteQueueStore
 from lr_server import Site
 from tests.kit.sites import SiteSpec, free_port, write_config

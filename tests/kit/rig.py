@@ -20,7 +20,7 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import ReplicationType, SnapshotStatus, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.config import ClientConfig, ReplicationConfig
 from lr_server.receiver import Receiver

@@ -3,7 +3,7 @@
 Running the 13 schema revisions costs about 0.1-0.2 s on SQLite and 0.5-1 s
 on PostgreSQL (the server's DDL); most tests want a current schema, not the
 migration. So each test process migrates once per backend, for real
-(:func:`lr_client.store.lifecycle.upgrade_schema`), and hands out copies:
+(:func:`lr_client.store.schema.lifecycle.upgrade_schema`), and hands out copies:
 
 - SQLite: the migrated file, copied to the test's path (WAL mode is kept in the file);
 - PostgreSQL: ``CREATE DATABASE ... TEMPLATE`` of a database migrated in its
@@ -31,7 +31,7 @@ import sqlalchemy
 from sqlalchemy.engine import make_url
 
 from lr_client.store import create_engine
-from lr_client.store.lifecycle import upgrade_schema
+from lr_client.store.schema.lifecycle import upgrade_schema
 
 #: The schema of a migrated PostgreSQL database.
 PG_SCHEMA = "lr"

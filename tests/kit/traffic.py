@@ -52,7 +52,7 @@ from lr_client import (
 )
 from lr_client.snapshot import SnapshotContext
 from lr_client.store import SQLAlchemyQueueStore, create_app_tables, create_engine, open_store
-from lr_client.store import schema as lrq
+from lr_client.store.schema import tables as lrq
 from tests.kit.verifier import END, LOG, SNAPSHOT, START, AppliedEntry, SentEntry, SnapshotInfo
 from tests.kit.wait import scaled
 

@@ -53,7 +53,7 @@ from lr_client import (
 from lr_client._proto import replication_pb2 as pb
 from lr_client.names import NAME_RE, recv_queue_name
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_client.store import schema as lrq
+from lr_client.store.schema import tables as lrq
 from lr_server.config import load_config, parse_config
 from lr_server.server import SiteServer
 from tests.conftest import PgSchema

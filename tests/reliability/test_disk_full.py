@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueClient
 from lr_client.errors import StoreUnavailableError
 from lr_client.store import create_engine, open_store
-from lr_client.store import schema as lrq
+from lr_client.store.schema import tables as lrq
 from tests.kit.guards import need
 from tests.kit.pgcluster import PgCluster, pg_bindir
 from tests.kit.procs import LrServer

@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import parked_views as pv
+from lr_client.store.recv import parked_views as pv
 from tests.kit.wait import scaled, wait_for
 from tests.reliability.subscriber_proc import app_applied, app_metadata
 

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, SnapshotStatus
 from lr_client.snapshot import SnapshotHeartbeat
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store import schema as s
+from lr_client.store.schema import tables as s
 from spark_jobs.snapshot_job import run_snapshot_job
 from tests.integration.test_full_sync import running, sink_app, source_app
 from tests.kit import kvapp

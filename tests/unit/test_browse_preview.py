@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lr_client.store.inspection import BROWSE_HEAD_BYTES
+from lr_client.store.ops.inspection import BROWSE_HEAD_BYTES
 from lr_server.browse import PREVIEW_CHARS, preview
 
 

@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from lr_client.records import SnapshotStatus
-from lr_client.store.inspection import SinkBacklog, SinkFailures
-from lr_client.store.partition_lags import PartitionLag
+from lr_client.store.ops.inspection import SinkBacklog, SinkFailures
+from lr_client.store.ops.partition_lags import PartitionLag
 from lr_server import config as config_module
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from lr_client.errors import InvalidInputError
 from lr_client.failure_policy import Bisection, FailurePolicy, OnFailure, backoff, releasable
 from lr_client.listener import RoutingQueueMessage
 from lr_client.records import ReplicationType
-from lr_client.store.parked import OpenRow, ParkedState
+from lr_client.store.recv.parked import OpenRow, ParkedState
 
 
 def msg(position: int, key: bytes | None = None) -> RoutingQueueMessage:

@@ -1,0 +1,128 @@
+"""The SQLAlchemy queue store: a core (engine, transactions, dialect hooks) and an
+object for each role, composed here and nowhere else.
+
+Each role of :mod:`lr_client.store.contract` is a class of its own holding the
+core; the dialect-specific pieces (commit-ordered positions, the tag index,
+upserts, bulk writes) are the hooks of :class:`~lr_client.store.core.StoreCore`
+that :mod:`lr_client.store.sqlite` and :mod:`lr_client.store.postgres` fill in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+from sqlalchemy.engine import Connection, Engine
+
+from lr_client.store import contract as c
+from lr_client.store.cascade.children import CascadeReportsStore
+from lr_client.store.cascade.nodes import CascadeStore
+from lr_client.store.cluster.members import MembersStore
+from lr_client.store.cluster.sites import SitesStore
+from lr_client.store.contract import QueueStore
+from lr_client.store.core import StoreCore
+from lr_client.store.ops.inspection import InspectionStore
+from lr_client.store.recv.heads import QueueHeadsStore
+from lr_client.store.recv.partitions import SubscriberPartitionsStore
+from lr_client.store.recv.queues import SubscriberQueuesStore
+from lr_client.store.recv.receiving import ReceivingStore
+from lr_client.store.recv.replays import ReplaysStore
+from lr_client.store.retention.store import RetentionStore
+from lr_client.store.schema import lifecycle
+from lr_client.store.schema.lifecycle import SchemaStatus
+from lr_client.store.send.log import SendLogStore
+from lr_client.store.send.shipping import ShippingStore
+from lr_client.store.snapshots.entries import SnapshotEntriesStore
+from lr_client.store.snapshots.requests import SnapshotRequestsStore
+
+
+class SQLAlchemyQueueStore:
+    """A site's queue store: transactions and the schema here, the rest by role
+    (``store.send``, ``store.recv``, ...); use :func:`lr_client.store.open_store`."""
+
+    def __init__(self, core: StoreCore) -> None:
+        self.core = core
+        self.sites = SitesStore(core)
+        self.send = SendLogStore(core)
+        self.shipping = ShippingStore(core)
+        self.snapshots = SnapshotRequestsStore(core)
+        self.snapshot_entries = SnapshotEntriesStore(core, self.snapshots)
+        self.retention = RetentionStore(core)
+        self.recv = ReceivingStore(core)
+        self.replays = ReplaysStore(core, self.recv)
+        self.queues = SubscriberQueuesStore(core)
+        self.heads = QueueHeadsStore(core)
+        self.partitions = SubscriberPartitionsStore(core)
+        self.inspection = InspectionStore(core)
+        self.members = MembersStore(core)
+        self.cascade_reports = CascadeReportsStore(core)
+        self.cascade = CascadeStore(core)
+
+    @property
+    def engine(self) -> Engine:
+        return self.core.engine
+
+    @property
+    def dialect(self) -> str:
+        return self.core.dialect
+
+    @property
+    def single_writer(self) -> bool:
+        return self.core.single_writer
+
+    # -- transactions ---------------------------------------------------------------------
+    def write(self, consistent: bool = False) -> AbstractContextManager[Connection]:
+        return self.core.write(consistent)
+
+    def read(self) -> AbstractContextManager[Connection]:
+        return self.core.read()
+
+    def read_statements(self) -> AbstractContextManager[Connection]:
+        return self.core.read_statements()
+
+    def late_write(
+        self, turn: AbstractContextManager[object]
+    ) -> AbstractContextManager[Connection]:
+        return self.core.late_write(turn)
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        with self.core.pinned():
+            yield
+
+    # -- the schema and the connections ---------------------------------------------------
+    def create_schema(self) -> SchemaStatus:
+        """Create or upgrade the schema (concurrency-safe; see :mod:`lifecycle`)."""
+        return lifecycle.upgrade_schema(self.core.engine)
+
+    def check_schema(self) -> None:
+        lifecycle.require_current(self.core.engine)
+
+    def schema_status(self) -> SchemaStatus:
+        return lifecycle.schema_status(self.core.engine)
+
+    def close(self) -> None:
+        """Close the store's connections (the engine's pool); the store can reconnect."""
+        self.core.engine.dispose()
+
+
+__all__ = ["SQLAlchemyQueueStore"]
+
+
+def _conforms(store: SQLAlchemyQueueStore) -> QueueStore:
+    _sites: c.Sites = store.sites
+    _send: c.SendLog = store.send
+    _shipping: c.Shipping = store.shipping
+    _retention: c.Retention = store.retention
+    _snapshots: c.SnapshotRequests = store.snapshots
+    _snapshot_entries: c.SnapshotEntries = store.snapshot_entries
+    _recv: c.Receiving = store.recv
+    _replays: c.Replays = store.replays
+    _queues: c.SubscriberQueues = store.queues
+    _heads: c.QueueHeads = store.heads
+    _partitions: c.QueuePartitions = store.partitions
+    _inspection: c.Inspection = store.inspection
+    _members: c.Members = store.members
+    _cascade_reports: c.CascadeReports = store.cascade_reports
+    _cascade: c.Cascading = store.cascade
+    return store  # mypy checks the assembly against the contract here

@@ -1,0 +1,109 @@
+"""The :class:`~lr_client.store.contract.CascadeReports` role: the control plane's rows.
+
+A child reports itself to its provider (the ``Cascade`` call): the provider
+records the report in ``lrq_cascade_children``; the reply's global watermark
+is stored in ``lrq_cascade.global_watermark``; ``lr provider switch`` moves a
+node to another provider (``lrq_cascade.provider_id``, ``epoch`` + 1).
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select, update
+
+from lr_client.cascade_roles import CascadeRole
+from lr_client.errors import InvalidInputError
+from lr_client.names import validate_name
+from lr_client.store.core import Role
+from lr_client.store.schema import tables as s
+
+_C, _K = s.cascade, s.cascade_children
+
+
+def _position(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"{what} must be a non-negative integer, not {value!r}")
+    return value
+
+
+class CascadeReportsStore(Role):
+    """Children's reports, the global watermark and provider switches."""
+
+    def record_cascade_report(
+        self,
+        client_name: str,
+        child_id: str,
+        epoch: int,
+        local_watermark: int,
+        acked_position: int,
+        reported_at: float | None = None,
+    ) -> bool:
+        validate_name(client_name, "client name")
+        validate_name(child_id, "site id")
+        _position(epoch, "epoch")
+        _position(local_watermark, "local watermark")
+        _position(acked_position, "acked position")
+        now = time.time() if reported_at is None else reported_at
+        with self.core.write() as conn:
+            row = conn.execute(
+                select(_K.c.epoch, _K.c.dropped)
+                .where(_K.c.client_name == client_name, _K.c.child_id == child_id)
+                .with_for_update()
+            ).first()
+            values = {
+                "epoch": epoch,
+                "local_watermark": local_watermark,
+                "acked_position": acked_position,
+                "reported_at": now,
+            }
+            if row is None:
+                conn.execute(
+                    _K.insert().values(
+                        client_name=client_name, child_id=child_id, dropped=False, **values
+                    )
+                )
+                return True
+            if epoch < int(row.epoch):
+                return False
+            if epoch > int(row.epoch):
+                values["dropped"] = False  # a newer epoch adopts the node
+            conn.execute(
+                update(_K)
+                .where(_K.c.client_name == client_name, _K.c.child_id == child_id)
+                .values(**values)
+            )
+        return True
+
+    def set_global_watermark(self, client_name: str, value: int) -> bool:
+        _position(value, "global watermark")
+        with self.core.write() as conn:
+            done = conn.execute(
+                update(_C)
+                .where(_C.c.client_name == client_name)
+                .values(global_watermark=value, updated_at=time.time())
+            )
+        return bool(done.rowcount)
+
+    def switch_cascade_provider(self, client_name: str, provider_id: str) -> int | None:
+        validate_name(provider_id, "site id")
+        with self.core.write() as conn:
+            row = conn.execute(
+                select(_C.c.role, _C.c.epoch, _C.c.origin_id)
+                .where(_C.c.client_name == client_name)
+                .with_for_update()
+            ).first()
+            if row is None:
+                return None
+            if row.role == CascadeRole.ROOT:
+                raise InvalidInputError(f"{client_name}: the root of a set has no provider")
+            epoch = int(row.epoch) + 1
+            conn.execute(
+                update(_C)
+                .where(_C.c.client_name == client_name)
+                .values(provider_id=provider_id, epoch=epoch, updated_at=time.time())
+            )
+        return epoch
+
+
+__all__ = ["CascadeReportsStore"]

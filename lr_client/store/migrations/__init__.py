@@ -1,1 +1,0 @@
-"""Alembic migration scripts of the queue store (run by :mod:`lr_client.store.lifecycle`)."""

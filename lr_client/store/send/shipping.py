@@ -1,0 +1,205 @@
+"""The :class:`~lr_client.store.contract.Shipping` role: a sender session's reads and cursors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Row
+
+from lr_client.headers import stored
+from lr_client.records import Backlog, Cursor, Fence, LogRange, ReplicationType, SendEntry
+from lr_client.store.byte_bounds import fill, payload_size, sized, within
+from lr_client.store.core import Role
+from lr_client.store.schema import tables as s
+from lr_client.store.watches import Watch
+
+
+class ShippingStore(Role):
+    """Reads of the send log by stream, and the acknowledged cursors."""
+
+    def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
+        return self.core.watch_sends(wake)
+
+    def read_log_entries(
+        self,
+        destination: str,
+        client_name: str,
+        after: int,
+        limit: int,
+        max_bytes: int | None = None,
+        up_to: int | None = None,
+    ) -> list[SendEntry]:
+        num = self.core.site_numbers().get(destination)
+        if num is None:
+            num = self.core.site_numbers(refresh=True).get(destination)
+            if num is None:
+                return []
+        self.core.sequence()
+        e = s.send_log_entries
+        query = self.core.tagged_query(num, client_name, after).add_columns(
+            e.c.partition_key, e.c.headers
+        )
+        query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
+        if up_to is not None:
+            query = query.where(e.c.position <= up_to)
+        query = query.order_by(e.c.position).limit(limit)
+        with self.core.read() as conn:
+            rows = fill(
+                conn, within(conn.execute(query).all(), max_bytes), e.c.position, e.c.payload
+            )
+        return [
+            SendEntry(
+                position=r.position,
+                client_name=client_name,
+                type=ReplicationType.LOG_ENTRY_SYNC,
+                payload=payload,
+                created_at=r.created_at,
+                key=None if r.partition_key is None else bytes(r.partition_key),
+                headers=stored(r.headers),
+            )
+            for r, payload in rows
+        ]
+
+    def read_client_log(
+        self, client_name: str, after: int, limit: int, max_bytes: int | None = None
+    ) -> LogRange:
+        self.core.sequence()
+        e = s.send_log_entries
+        query = (
+            select(
+                e.c.position,
+                e.c.dest_nums,
+                e.c.created_at,
+                e.c.partition_key,
+                e.c.headers,
+                *sized(e.c.payload, limit, max_bytes),
+            )
+            .where(e.c.client_name == client_name, e.c.position > after)
+            .order_by(e.c.position)
+            .limit(limit)
+        )
+        with self.core.read() as conn:
+            found = conn.execute(query).all()
+            rows = fill(conn, within(found, max_bytes), e.c.position, e.c.payload)
+        names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read
+
+        def destinations(value: Any) -> tuple[str, ...]:
+            key = value if isinstance(value, str) else tuple(value)
+            got = names.get(key)
+            if got is None:
+                got = names[key] = tuple(
+                    self.core.site_name(n) for n in self.core.dest_nums_of(value)
+                )
+            return got
+
+        return LogRange(
+            (
+                SendEntry(
+                    position=r.position,
+                    client_name=client_name,
+                    type=ReplicationType.LOG_ENTRY_SYNC,
+                    payload=payload,
+                    destinations=destinations(r.dest_nums),
+                    created_at=r.created_at,
+                    key=None if r.partition_key is None else bytes(r.partition_key),
+                    headers=stored(r.headers),
+                )
+                for r, payload in rows
+            ),
+            complete=len(found) < limit and len(rows) == len(found),
+        )
+
+    def oldest_position(self, client_name: str | None = None) -> int | None:
+        query = select(func.min(s.send_log_entries.c.position))
+        if client_name is not None:
+            query = query.where(s.send_log_entries.c.client_name == client_name)
+        with self.core.read() as conn:
+            value = conn.execute(query).scalar()
+        return None if value is None else int(value)
+
+    @staticmethod
+    def _cursor(row: Row[Any]) -> Cursor:
+        return Cursor(
+            destination=row.destination,
+            client_name=row.client_name,
+            position=row.position,
+            acked_at=row.acked_at,
+            needs_snapshot=bool(row.needs_snapshot),
+        )
+
+    def get_cursor(self, destination: str, client_name: str) -> Cursor:
+        with self.core.read() as conn:
+            row = conn.execute(
+                select(s.cursors).where(
+                    s.cursors.c.destination == destination, s.cursors.c.client_name == client_name
+                )
+            ).first()
+        return self._cursor(row) if row else Cursor(destination, client_name)
+
+    def list_cursors(self) -> list[Cursor]:
+        with self.core.read() as conn:
+            rows = conn.execute(
+                select(s.cursors).order_by(s.cursors.c.destination, s.cursors.c.client_name)
+            ).all()
+        return [self._cursor(r) for r in rows]
+
+    def set_cursor(
+        self,
+        destination: str,
+        client_name: str,
+        position: int,
+        *,
+        needs_snapshot: bool | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        with self.core.write() as conn:
+            self.core.hold_fence(conn, fence)
+            self.core.write_cursor(conn, destination, client_name, position, needs_snapshot)
+
+    def backlog(self, destination: str, client_name: str) -> Backlog:
+        cursor = self.get_cursor(destination, client_name)
+        num = self.core.site_numbers().get(destination)
+        if num is None:
+            return Backlog(destination, client_name)
+        self.core.sequence()
+        query = self.core.tagged_query(num, client_name, cursor.position)
+        sub = query.add_columns(payload_size(s.send_log_entries.c.payload)).subquery()
+        with self.core.read() as conn:
+            row = conn.execute(
+                select(
+                    func.count(),
+                    func.coalesce(func.sum(sub.c.size), 0),
+                    func.min(sub.c.created_at),
+                )
+            ).one()
+        return Backlog(destination, client_name, int(row[0]), int(row[1]), row[2])
+
+    def log_streams(self, after: int = 0) -> tuple[set[tuple[str, str]], int]:
+        """The (destination, client) pairs of the send queue's entries after ``after``.
+
+        Also the highest position read (``after`` when there is none), so a
+        caller can read only what was sequenced since: positions are assigned
+        in commit order, none can appear below it later.
+        """
+        self.core.sequence()
+        e = s.send_log_entries
+        with self.core.read() as conn:
+            top = conn.execute(select(func.max(e.c.position)).where(e.c.position > after)).scalar()
+            if top is None:
+                return set(), after
+            rows = conn.execute(
+                select(e.c.client_name, e.c.dest_nums)
+                .where(e.c.position > after, e.c.position <= top)
+                .distinct()
+            ).all()
+        pairs = {
+            (self.core.site_name(num), str(r.client_name))
+            for r in rows
+            for num in self.core.dest_nums_of(r.dest_nums)
+        }
+        return pairs, int(top)
+
+
+__all__ = ["ShippingStore"]
