@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.errors import SchemaError, StoreUnavailableError
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store.contract import QueueStore, Sites, SubscriberQueues, Transactions
+from lr_client.store.contract import QueueStore, Sites, Transactions
 from tests.contract.outage import Outage
 from tests.kit.positions import new_slot, positions
 
@@ -52,7 +52,7 @@ def append_apart(store: QueueStore, client: str, *rows: tuple[bytes, list[str]])
     return out
 
 
-def pass_entries(store: SubscriberQueues, queue_id: int, n: int, owner: str = "s1") -> list[int]:
+def pass_entries(store: QueueStore, queue_id: int, n: int, owner: str = "s1") -> list[int]:
     """Deliver the ``n`` oldest entries of a queue as a subscriber does; their positions."""
     with store.write() as conn:
         assert store.queues.acquire_lease(conn, queue_id, owner, 100.0, 1e9) is not None

@@ -17,7 +17,7 @@ plain ``engine.begin()``, as an application opens one). Nothing else of the
 engine is used, but by the fixtures: they dispose of it at the end, and a
 SQLite outage closes its pooled connections.
 
-Each test types its store as the role it exercises (``store: Shipping``), or
+Each test types its store as the role it exercises (``store: QueueStore``), or
 as :class:`~lr_client.store.contract.QueueStore` where another role arranges
 the state; the fixtures give the real store.
 

@@ -6,7 +6,7 @@ import pytest
 
 from lr_client.errors import InvalidNameError
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store.contract import Cascading, QueueStore
+from lr_client.store.contract import QueueStore
 from tests.contract.calls import log
 
 SNAP = ReplicationType.SNAPSHOT_SYNC
@@ -42,7 +42,7 @@ def _deliver(store: QueueStore, through_position: int, seq: int | None = None) -
         )
 
 
-def test_config_is_applied_once_and_a_changed_provider_is_a_switch(store: Cascading) -> None:
+def test_config_is_applied_once_and_a_changed_provider_is_a_switch(store: QueueStore) -> None:
     first = store.cascade.apply_cascade_config("policy", "s1", "leaf", "s3")
     assert (first.origin_id, first.role, first.provider_id, first.epoch) == ("s1", "leaf", "s3", 1)
     assert first.config_provider == "s3"
@@ -59,7 +59,7 @@ def test_config_is_applied_once_and_a_changed_provider_is_a_switch(store: Cascad
     assert store.cascade.cascade_children("policy") == []
 
 
-def test_bad_names_and_roles_change_nothing(store: Cascading) -> None:
+def test_bad_names_and_roles_change_nothing(store: QueueStore) -> None:
     with pytest.raises(InvalidNameError):
         store.cascade.apply_cascade_config("Policy", "s1", "leaf", "s3")
     with pytest.raises(InvalidNameError):
@@ -71,7 +71,7 @@ def test_bad_names_and_roles_change_nothing(store: Cascading) -> None:
     assert store.cascade.list_cascade_nodes() == []
 
 
-def test_a_child_is_marked_dropped_and_back(store: Cascading) -> None:
+def test_a_child_is_marked_dropped_and_back(store: QueueStore) -> None:
     store.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ("s4", "s5"))
     assert store.cascade.mark_child_dropped("policy", "s4")
     assert [(c.child_id, c.dropped) for c in store.cascade.cascade_children("policy")] == [

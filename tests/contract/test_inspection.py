@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store.contract import Inspection, QueueStore
+from lr_client.store.contract import QueueStore
 from lr_client.store.ops.inspection import BROWSE_HEAD_BYTES
 from tests.contract.calls import (
     across_outage,
@@ -16,7 +16,7 @@ from tests.contract.calls import (
 from tests.contract.outage import Outage
 
 
-def _summary(store: Inspection) -> list[tuple[object, ...]]:
+def _summary(store: QueueStore) -> list[tuple[object, ...]]:
     return [
         (
             r["destination"],
@@ -30,7 +30,7 @@ def _summary(store: Inspection) -> list[tuple[object, ...]]:
     ]
 
 
-def test_session_status_is_one_row_per_destination(store: Inspection) -> None:
+def test_session_status_is_one_row_per_destination(store: QueueStore) -> None:
     assert store.inspection.list_session_status() == []
     store.inspection.save_session_status(
         "c", "streaming", connected=True, inflight_batches=2, inflight_bytes=9
@@ -52,7 +52,7 @@ def test_session_status_is_one_row_per_destination(store: Inspection) -> None:
     assert all(r["updated_at"] > 0 for r in store.inspection.list_session_status())
 
 
-def test_a_long_error_is_kept_to_its_start(store: Inspection) -> None:
+def test_a_long_error_is_kept_to_its_start(store: QueueStore) -> None:
     error = "".join(chr(ord("a") + i % 26) for i in range(5000))
     store.inspection.save_session_status(
         "b", "backoff", connected=False, inflight_batches=0, inflight_bytes=0, last_error=error
@@ -73,7 +73,7 @@ def test_an_inspection_method_on_an_empty_database_is_a_schema_error(
     )
 
 
-def test_a_lost_connection_is_transient(store: Inspection, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     store.inspection.save_session_status(
         "b", "idle", connected=True, inflight_batches=0, inflight_bytes=0
     )

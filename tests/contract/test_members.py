@@ -6,13 +6,13 @@ import pytest
 
 from lr_client.errors import FencedError, InvalidInputError
 from lr_client.records import SnapshotStatus
-from lr_client.store.contract import Members, QueueStore
+from lr_client.store.contract import QueueStore
 from tests.contract.calls import append
 
 TIMEOUT = 5.0
 
 
-def test_a_member_joins_heartbeats_and_leaves(store: Members) -> None:
+def test_a_member_joins_heartbeats_and_leaves(store: QueueStore) -> None:
     before = store.members.db_now()
     joined = store.members.join_member("m1", "i1", "127.0.0.1:7001", 2)
     assert joined.joined_at >= before - 1.0
@@ -28,13 +28,13 @@ def test_a_member_joins_heartbeats_and_leaves(store: Members) -> None:
     assert not store.members.heartbeat_member("m1", "i1")
 
 
-def test_a_member_whose_heartbeat_is_older_than_the_timeout_is_gone(store: Members) -> None:
+def test_a_member_whose_heartbeat_is_older_than_the_timeout_is_gone(store: QueueStore) -> None:
     store.members.join_member("m1", "i1", "", 1)
     assert store.members.list_members(TIMEOUT)[0].alive
     assert not store.members.list_members(-1.0)[0].alive  # any heartbeat is older than that
 
 
-def test_weights_change_at_run_time_and_bad_values_change_nothing(store: Members) -> None:
+def test_weights_change_at_run_time_and_bad_values_change_nothing(store: QueueStore) -> None:
     store.members.join_member("m1", "i1", "", 1)
     assert store.members.set_member_weight("m1", 0)
     assert store.members.list_members(TIMEOUT)[0].weight == 0
@@ -48,7 +48,7 @@ def test_weights_change_at_run_time_and_bad_values_change_nothing(store: Members
     assert [(m.member_id, m.weight) for m in store.members.list_members(TIMEOUT)] == [("m1", 0)]
 
 
-def test_a_unit_has_one_owner_and_each_new_owner_a_higher_token(store: Members) -> None:
+def test_a_unit_has_one_owner_and_each_new_owner_a_higher_token(store: QueueStore) -> None:
     store.members.join_member("a", "ia", "", 1)
     store.members.join_member("b", "ib", "", 1)
     fa = store.members.acquire_unit("stream/x/policy", "a", "ia", TIMEOUT)
@@ -73,7 +73,7 @@ def test_a_unit_has_one_owner_and_each_new_owner_a_higher_token(store: Members) 
     )
 
 
-def test_a_unit_whose_owner_is_gone_or_replaced_is_taken_over(store: Members) -> None:
+def test_a_unit_whose_owner_is_gone_or_replaced_is_taken_over(store: QueueStore) -> None:
     store.members.join_member("a", "ia", "", 1)
     store.members.join_member("b", "ib", "", 1)
     fa = store.members.acquire_unit("trim", "a", "ia", TIMEOUT)
@@ -87,7 +87,7 @@ def test_a_unit_whose_owner_is_gone_or_replaced_is_taken_over(store: Members) ->
     assert fb2 is not None and fb2.token == fb.token + 1
 
 
-def test_leaving_or_being_removed_releases_every_lease(store: Members) -> None:
+def test_leaving_or_being_removed_releases_every_lease(store: QueueStore) -> None:
     store.members.join_member("a", "ia", "", 1)
     store.members.join_member("b", "ib", "", 1)
     for unit in ("u1", "u2"):

@@ -11,7 +11,7 @@ import pytest
 from lr_client.errors import InvalidNameError, ProtocolError, StoreUnavailableError
 from lr_client.lanes import lane_of
 from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, WireEntry
-from lr_client.store.contract import QueueStore, Receiving
+from lr_client.store.contract import QueueStore
 from lr_client.store.recv import arrival_watch
 from tests.contract.calls import across_outage, log, refused_for_no_schema
 from tests.contract.outage import Outage
@@ -169,7 +169,7 @@ def test_a_drop_notice_ends_a_partial_snapshot(store: QueueStore) -> None:
     assert (progress.snapshot_state, progress.snapshot_id) == (SinkSnapshotState.NONE, "")
 
 
-def test_sink_progress_is_listed_per_source_and_client(store: Receiving) -> None:
+def test_sink_progress_is_listed_per_source_and_client(store: QueueStore) -> None:
     assert store.recv.sink_progress("a", "policy").last_position == 0
     store.recv.apply_log_batch("b", "policy", log(7))
     store.recv.apply_log_batch("a", "zeta", log(5))

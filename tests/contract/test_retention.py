@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lr_client.records import SnapshotStatus
-from lr_client.store.contract import QueueStore, Retention
+from lr_client.store.contract import QueueStore
 from tests.contract.calls import across_outage, append_apart, refused_for_no_schema
 from tests.contract.outage import Outage
 
@@ -167,7 +167,7 @@ def test_a_stopped_stream_is_recorded_accepted_and_resumed(store: QueueStore) ->
     assert store.retention.get_stream_stop("b", "policy") is None
 
 
-def test_stream_stops_are_listed_by_destination_then_client(store: Retention) -> None:
+def test_stream_stops_are_listed_by_destination_then_client(store: QueueStore) -> None:
     store.retention.stop_stream("c", "policy", "x", 1)
     store.retention.stop_stream("b", "zeta", "y", 2)
     store.retention.stop_stream("b", "alpha", "z", 3)
@@ -221,7 +221,7 @@ def test_every_retention_method_on_an_empty_database_is_a_schema_error(
         refused_for_no_schema(bare_store, call)
 
 
-def test_unknown_streams_have_no_records(store: Retention) -> None:
+def test_unknown_streams_have_no_records(store: QueueStore) -> None:
     assert store.retention.list_drops("nobody") == []
     store.retention.clear_drop("nobody", "policy")
     assert store.retention.get_stream_stop("nobody", "policy") is None

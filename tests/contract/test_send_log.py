@@ -184,7 +184,7 @@ def test_analyze_changes_no_data(store: QueueStore) -> None:
     store.check_schema()
 
 
-def test_analyze_on_an_empty_database(bare_store: Sites) -> None:
+def test_analyze_on_an_empty_database(bare_store: QueueStore) -> None:
     if bare_store.dialect == "sqlite":  # no statistics to refresh: nothing is read
         bare_store.send.analyze()
         assert bare_store.schema_status().state is SchemaState.EMPTY

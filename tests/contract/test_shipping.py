@@ -9,7 +9,7 @@ import pytest
 
 from lr_client.records import ReplicationType
 from lr_client.store import watches
-from lr_client.store.contract import QueueStore, Shipping
+from lr_client.store.contract import QueueStore
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
 from tests.kit.wait import wait_for
@@ -141,14 +141,14 @@ def test_cursors_and_backlog(store: QueueStore) -> None:
     assert (unknown.destination, unknown.client_name, unknown.entries) == ("unknown", "policy", 0)
 
 
-def test_a_cursor_is_its_own_destinations_and_clients(store: Shipping) -> None:
+def test_a_cursor_is_its_own_destinations_and_clients(store: QueueStore) -> None:
     store.shipping.set_cursor("b", "policy", 5)
     assert store.shipping.get_cursor("b", "other").position == 0
     assert store.shipping.get_cursor("c", "policy").position == 0
     assert store.shipping.get_cursor("b", "policy").position == 5
 
 
-def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: Shipping) -> None:
+def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: QueueStore) -> None:
     store.shipping.set_cursor("b", "policy", 4, needs_snapshot=True)
     store.shipping.set_cursor("b", "policy", 7)
     cursor = store.shipping.get_cursor("b", "policy")
@@ -158,7 +158,7 @@ def test_set_cursor_keeps_the_snapshot_flag_unless_told(store: Shipping) -> None
     assert store.shipping.get_cursor("b", "policy").acked_at > 0
 
 
-def test_list_cursors_by_destination_then_client(store: Shipping) -> None:
+def test_list_cursors_by_destination_then_client(store: QueueStore) -> None:
     store.shipping.set_cursor("c", "policy", 3)
     store.shipping.set_cursor("b", "zeta", 2)
     store.shipping.set_cursor("b", "alpha", 1)

@@ -8,7 +8,7 @@ import pytest
 
 from lr_client.errors import InvalidNameError, SchemaError
 from lr_client.store import create_engine, open_store
-from lr_client.store.contract import QueueStore, Sites
+from lr_client.store.contract import QueueStore
 from lr_client.store.schema.lifecycle import SchemaState
 from tests.contract.calls import across_outage, append, refused_for_no_schema
 from tests.contract.outage import Outage
@@ -31,13 +31,13 @@ def test_the_schema_is_checked_and_created_idempotently(
 
 
 def test_a_site_method_on_an_empty_database_is_a_schema_error(
-    bare_store: Sites,
+    bare_store: QueueStore,
 ) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.sites.register_sites(["b"]))
     refused_for_no_schema(bare_store, lambda: bare_store.sites.site_numbers(refresh=True))
 
 
-def test_sites_get_distinct_stable_numbers(store: Sites) -> None:
+def test_sites_get_distinct_stable_numbers(store: QueueStore) -> None:
     assert store.sites.site_numbers(refresh=True) == {}
     first = store.sites.register_sites(["b", "c"])
     assert sorted(first) == ["b", "c"] and first["b"] != first["c"]
@@ -51,7 +51,7 @@ def test_sites_get_distinct_stable_numbers(store: Sites) -> None:
     assert store.sites.site_name(unknown) == f"#{unknown}"
 
 
-def test_sites_registered_elsewhere_are_seen_on_refresh(store: Sites, db_url: str) -> None:
+def test_sites_registered_elsewhere_are_seen_on_refresh(store: QueueStore, db_url: str) -> None:
     store.sites.register_sites(["b"])
     other = open_store(create_engine(db_url))
     try:
@@ -63,25 +63,25 @@ def test_sites_registered_elsewhere_are_seen_on_refresh(store: Sites, db_url: st
 
 
 @pytest.mark.parametrize("bad", ["B", "", "-b", "b_c", "b" * 64, "b c"])
-def test_a_bad_site_name_registers_nothing(store: Sites, bad: str) -> None:
+def test_a_bad_site_name_registers_nothing(store: QueueStore, bad: str) -> None:
     store.sites.register_sites(["a"])
     with pytest.raises(InvalidNameError):
         store.sites.register_sites(["c", bad])
     assert sorted(store.sites.site_numbers(refresh=True)) == ["a"]
 
 
-def test_dialect_names_the_backend(store: Sites, db_url: str) -> None:
+def test_dialect_names_the_backend(store: QueueStore, db_url: str) -> None:
     assert store.dialect == ("sqlite" if db_url.startswith("sqlite") else "postgresql")
 
 
-def test_a_lost_connection_is_transient(store: Sites, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     before = store.sites.register_sites(["b"])
     assert across_outage(outage, lambda: store.sites.register_sites(["b", "c"]))["b"] == before["b"]
     assert sorted(store.sites.site_numbers(refresh=True)) == ["b", "c"]
     store.check_schema()
 
 
-def test_schema_status_says_where_the_schema_stands(bare_store: Sites) -> None:
+def test_schema_status_says_where_the_schema_stands(bare_store: QueueStore) -> None:
     empty = bare_store.schema_status()
     assert (empty.state, empty.current) == (SchemaState.EMPTY, None)
     assert empty.pending and empty.pending[-1] == empty.expected
@@ -113,13 +113,13 @@ def test_close_gives_back_the_connections_and_a_later_call_reconnects(
     assert connections(closing=True) == 0
 
 
-def test_schema_status_on_a_lost_connection(store: Sites, outage: Outage) -> None:
+def test_schema_status_on_a_lost_connection(store: QueueStore, outage: Outage) -> None:
     assert across_outage(outage, store.schema_status).state is SchemaState.CURRENT
     across_outage(outage, store.check_schema)
     assert across_outage(outage, store.create_schema).state is SchemaState.CURRENT
 
 
-def test_every_site_method_on_an_empty_database_is_a_schema_error(bare_store: Sites) -> None:
+def test_every_site_method_on_an_empty_database_is_a_schema_error(bare_store: QueueStore) -> None:
     refused_for_no_schema(bare_store, lambda: bare_store.sites.site_name(1))
     assert bare_store.schema_status().state is SchemaState.EMPTY
     bare_store.close()  # nothing to give back but the connections

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
-from lr_client.store.contract import QueueStore, Snapshots
+from lr_client.store.contract import QueueStore
 from tests.contract.calls import (
     across_outage,
     append,
@@ -25,13 +25,13 @@ from tests.contract.outage import Outage
 OPEN = OPEN_SNAPSHOT_STATUSES
 
 
-def _status(store: Snapshots, sid: str) -> SnapshotStatus:
+def _status(store: QueueStore, sid: str) -> SnapshotStatus:
     req = store.snapshots.get_snapshot(sid)
     assert req is not None
     return req.status
 
 
-def _request_later(store: Snapshots, after: str, destination: str, client: str) -> str:
+def _request_later(store: QueueStore, after: str, destination: str, client: str) -> str:
     """A request created strictly after ``after`` (the listing is newest first)."""
     req = store.snapshots.get_snapshot(after)
     assert req is not None
@@ -40,12 +40,12 @@ def _request_later(store: Snapshots, after: str, destination: str, client: str) 
     return store.snapshots.request_snapshot(None, destination, client)
 
 
-def _write(store: Snapshots, sid: str, part: int, payloads: list[bytes]) -> int:
+def _write(store: QueueStore, sid: str, part: int, payloads: list[bytes]) -> int:
     with store.write() as conn:
         return store.snapshot_entries.write_snapshot_entries(conn, sid, part, payloads)
 
 
-def test_a_request_is_recorded(store: Snapshots) -> None:
+def test_a_request_is_recorded(store: QueueStore) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy", "new destination")
     req = store.snapshots.get_snapshot(sid)
     assert req is not None
@@ -59,7 +59,7 @@ def test_a_request_is_recorded(store: Snapshots) -> None:
 
 
 def test_a_request_in_the_callers_transaction_commits_with_it(
-    store: Snapshots, app_transaction: Callable[[], AbstractContextManager[Connection]]
+    store: QueueStore, app_transaction: Callable[[], AbstractContextManager[Connection]]
 ) -> None:
     with pytest.raises(RuntimeError), app_transaction() as conn:
         gone = store.snapshots.request_snapshot(conn, "b", "policy")
@@ -79,14 +79,14 @@ def test_a_request_in_the_callers_transaction_commits_with_it(
     ],
 )
 def test_a_bad_name_requests_nothing(
-    store: Snapshots, destination: str, client: str, says: str
+    store: QueueStore, destination: str, client: str, says: str
 ) -> None:
     with pytest.raises(InvalidNameError, match=f"^{re.escape(says)}:"):
         store.snapshots.request_snapshot(None, destination, client)
     assert store.snapshots.list_snapshots() == []
 
 
-def test_a_request_without_a_reason_has_an_empty_one(store: Snapshots) -> None:
+def test_a_request_without_a_reason_has_an_empty_one(store: QueueStore) -> None:
     req = store.snapshots.get_snapshot(store.snapshots.request_snapshot(None, "b", "policy"))
     assert req is not None and req.reason == ""
 
@@ -129,7 +129,7 @@ def test_start_fixes_the_base_at_the_head(store: QueueStore) -> None:
 
 
 def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
-    store: Snapshots,
+    store: QueueStore,
 ) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     store.snapshots.start_snapshot(sid)
@@ -156,7 +156,7 @@ def test_a_part_rewritten_from_a_sequence_replaces_only_that_range(
     ]
 
 
-def test_only_a_running_snapshot_takes_entries(store: Snapshots) -> None:
+def test_only_a_running_snapshot_takes_entries(store: QueueStore) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     with pytest.raises(SnapshotError):
         _write(store, sid, 0, [b"a"])  # REQUESTED
@@ -175,7 +175,7 @@ def test_only_a_running_snapshot_takes_entries(store: Snapshots) -> None:
     ]
 
 
-def test_new_request_cancels_the_open_one(store: Snapshots) -> None:
+def test_new_request_cancels_the_open_one(store: QueueStore) -> None:
     first = store.snapshots.request_snapshot(None, "b", "policy")
     store.snapshots.start_snapshot(first)
     _write(store, first, 0, [b"a"])
@@ -208,7 +208,7 @@ def test_a_request_in_the_callers_transaction_leaves_the_old_entries_to_trim(
     assert store.snapshot_entries.count_snapshot_entries(first) == 0
 
 
-def test_list_and_open_snapshots(store: Snapshots) -> None:
+def test_list_and_open_snapshots(store: QueueStore) -> None:
     a = store.snapshots.request_snapshot(None, "b", "policy")
     b = _request_later(store, a, "b", "other")
     c = _request_later(store, b, "c", "policy")
@@ -243,7 +243,7 @@ def test_the_send_checks_are_the_open_requests_and_the_drops_of_a_destination(
     assert store.snapshots.send_checks("d", ["policy"]) == ({}, {})
 
 
-def test_update_snapshot_only_from_expected_statuses(store: Snapshots) -> None:
+def test_update_snapshot_only_from_expected_statuses(store: QueueStore) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     assert not store.snapshots.update_snapshot(
         sid, expect=[SnapshotStatus.RUNNING], shipped_position=5
@@ -261,7 +261,7 @@ def test_update_snapshot_only_from_expected_statuses(store: Snapshots) -> None:
     assert req is not None and req.reason == "any status"
 
 
-def test_progress_is_recorded_while_running(store: Snapshots) -> None:
+def test_progress_is_recorded_while_running(store: QueueStore) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     store.snapshot_entries.set_snapshot_progress(sid, 10)  # not running yet: ignored
     req = store.snapshots.get_snapshot(sid)
@@ -272,7 +272,7 @@ def test_progress_is_recorded_while_running(store: Snapshots) -> None:
     assert req is not None and req.rows_written == 10
 
 
-def test_cancel_and_complete_release_the_entries(store: Snapshots) -> None:
+def test_cancel_and_complete_release_the_entries(store: QueueStore) -> None:
     done = store.snapshots.request_snapshot(None, "b", "policy")
     store.snapshots.start_snapshot(done)
     _write(store, done, 0, [b"a", b"b"])
@@ -295,7 +295,7 @@ def test_cancel_and_complete_release_the_entries(store: Snapshots) -> None:
     assert not store.snapshots.cancel_snapshot(gone)
 
 
-def test_heartbeat_keeps_a_running_snapshot_alive(store: Snapshots) -> None:
+def test_heartbeat_keeps_a_running_snapshot_alive(store: QueueStore) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     assert not store.snapshots.heartbeat_snapshot(sid)  # REQUESTED: no worker to hear from
     store.snapshots.start_snapshot(sid)
@@ -409,7 +409,7 @@ def test_a_snapshot_method_on_an_empty_database_is_a_schema_error(
     refused_for_no_schema(bare_store, lambda: bare_store.snapshots.list_snapshots())
 
 
-def test_a_lost_connection_is_transient(store: Snapshots, outage: Outage) -> None:
+def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     started = across_outage(outage, lambda: store.snapshots.start_snapshot(sid))
     assert _status(store, sid) is SnapshotStatus.RUNNING  # started once, by either call
@@ -417,19 +417,19 @@ def test_a_lost_connection_is_transient(store: Snapshots, outage: Outage) -> Non
     assert [r.snapshot_id for r in across_outage(outage, store.snapshots.list_snapshots)] == [sid]
 
 
-def _payloads(store: Snapshots, sid: str) -> list[bytes]:
+def _payloads(store: QueueStore, sid: str) -> list[bytes]:
     """What a READY snapshot ships, end marker aside."""
     return [e.payload for e in store.snapshot_entries.read_snapshot_entries(sid, 0, 100)[:-1]]
 
 
-def _running(store: Snapshots) -> str:
+def _running(store: QueueStore) -> str:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     assert store.snapshots.start_snapshot(sid) is not None
     return sid
 
 
 @pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
-def test_write_snapshot_part_writes_a_whole_part_in_chunks(store: Snapshots, bulk: bool) -> None:
+def test_write_snapshot_part_writes_a_whole_part_in_chunks(store: QueueStore, bulk: bool) -> None:
     sid = _running(store)
     produced = (b"p%d" % i for i in range(5))  # produced while it is written
     assert store.snapshot_entries.write_snapshot_part(sid, 1, produced, 2, bulk=bulk) == 5
@@ -444,7 +444,7 @@ def test_write_snapshot_part_writes_a_whole_part_in_chunks(store: Snapshots, bul
 
 
 @pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
-def test_snapshot_entries_keep_their_partition_keys(store: Snapshots, bulk: bool) -> None:
+def test_snapshot_entries_keep_their_partition_keys(store: QueueStore, bulk: bool) -> None:
     sid = _running(store)
     rows = [(b"a", b"ka"), b"b", (b"c", None), (b"d", b"kd")]
     assert store.snapshot_entries.write_snapshot_part(sid, 0, iter(rows), 3, bulk=bulk) == 4
@@ -465,7 +465,7 @@ def test_snapshot_entries_keep_their_partition_keys(store: Snapshots, bulk: bool
 
 
 @pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
-def test_a_rewritten_part_leaves_one_entry_per_payload(store: Snapshots, bulk: bool) -> None:
+def test_a_rewritten_part_leaves_one_entry_per_payload(store: QueueStore, bulk: bool) -> None:
     sid = _running(store)
     assert (
         store.snapshot_entries.write_snapshot_part(
@@ -484,7 +484,7 @@ def test_a_rewritten_part_leaves_one_entry_per_payload(store: Snapshots, bulk: b
 
 
 @pytest.mark.parametrize("bulk", [True, False], ids=["bulk", "rows"])
-def test_write_snapshot_part_needs_a_running_snapshot(store: Snapshots, bulk: bool) -> None:
+def test_write_snapshot_part_needs_a_running_snapshot(store: QueueStore, bulk: bool) -> None:
     with pytest.raises(SnapshotError):
         store.snapshot_entries.write_snapshot_part("no-such-snapshot", 0, [b"a"], 2, bulk=bulk)
     sid = store.snapshots.request_snapshot(None, "b", "policy")
@@ -498,7 +498,7 @@ def test_write_snapshot_part_needs_a_running_snapshot(store: Snapshots, bulk: bo
     assert store.snapshot_entries.count_snapshot_entries(sid) == 0
 
 
-def test_snapshot_rows_committed_counts_the_first_parts(store: Snapshots) -> None:
+def test_snapshot_rows_committed_counts_the_first_parts(store: QueueStore) -> None:
     sid = _running(store)
     store.snapshot_entries.write_snapshot_part(sid, 0, [b"a", b"b", b"c"], 2)
     store.snapshot_entries.write_snapshot_part(sid, 2, [b"d", b"e"], 2)
@@ -518,7 +518,7 @@ def test_snapshot_rows_committed_counts_the_first_parts(store: Snapshots) -> Non
     assert store.snapshot_entries.snapshot_rows_committed(other, 3) == 1
 
 
-def test_drop_unwritten_parts_empties_the_parts_a_run_did_not_write(store: Snapshots) -> None:
+def test_drop_unwritten_parts_empties_the_parts_a_run_did_not_write(store: QueueStore) -> None:
     sid = _running(store)
     for part in range(5):  # an earlier run, with five partitions
         store.snapshot_entries.write_snapshot_part(sid, part, [b"old%d" % part], 2)
@@ -531,7 +531,7 @@ def test_drop_unwritten_parts_empties_the_parts_a_run_did_not_write(store: Snaps
     assert _payloads(store, sid) == [b"a", b"b", b"c"]
 
 
-def test_drop_unwritten_parts_of_an_empty_run_empties_the_snapshot(store: Snapshots) -> None:
+def test_drop_unwritten_parts_of_an_empty_run_empties_the_snapshot(store: QueueStore) -> None:
     sid = _running(store)
     store.snapshot_entries.write_snapshot_part(sid, 0, [b"a"], 2)
     store.snapshot_entries.write_snapshot_part(sid, 3, [b"b"], 2)
@@ -539,7 +539,7 @@ def test_drop_unwritten_parts_of_an_empty_run_empties_the_snapshot(store: Snapsh
     assert store.snapshot_entries.count_snapshot_entries(sid) == 0
 
 
-def test_drop_unwritten_parts_needs_a_running_snapshot(store: Snapshots) -> None:
+def test_drop_unwritten_parts_needs_a_running_snapshot(store: QueueStore) -> None:
     with pytest.raises(SnapshotError):
         store.snapshot_entries.drop_unwritten_parts("no-such-snapshot", {0: 1})
     sid = _running(store)
@@ -563,7 +563,7 @@ def test_the_part_writes_on_an_empty_database_are_schema_errors(bare_store: Queu
     )
 
 
-def test_the_part_writes_survive_a_lost_connection(store: Snapshots, outage: Outage) -> None:
+def test_the_part_writes_survive_a_lost_connection(store: QueueStore, outage: Outage) -> None:
     sid = _running(store)
     assert (
         across_outage(
@@ -640,7 +640,7 @@ def test_every_snapshot_method_on_an_empty_database_is_a_schema_error(
         refused_for_no_schema(bare_store, call)
 
 
-def test_the_lifecycle_survives_a_lost_connection(store: Snapshots, outage: Outage) -> None:
+def test_the_lifecycle_survives_a_lost_connection(store: QueueStore, outage: Outage) -> None:
     sid = _running(store)
     assert across_outage(outage, lambda: store.snapshots.heartbeat_snapshot(sid))
     across_outage(outage, lambda: store.snapshot_entries.set_snapshot_progress(sid, 1))
@@ -707,7 +707,7 @@ def test_snapshots_never_share_counts_or_end_markers(store: QueueStore) -> None:
         assert req is not None and (req.entry_count, req.rows_written) == (count, count)
 
 
-def test_writing_to_a_snapshot_that_is_not_running_says_its_state(store: Snapshots) -> None:
+def test_writing_to_a_snapshot_that_is_not_running_says_its_state(store: QueueStore) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     with pytest.raises(SnapshotError, match=rf"^snapshot {sid} is requested, not running$"):
         _write(store, sid, 0, [b"a"])
@@ -715,14 +715,14 @@ def test_writing_to_a_snapshot_that_is_not_running_says_its_state(store: Snapsho
         _write(store, "nope", 0, [b"a"])
 
 
-def test_a_cancel_without_a_reason_says_cancelled(store: Snapshots) -> None:
+def test_a_cancel_without_a_reason_says_cancelled(store: QueueStore) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     assert store.snapshots.cancel_snapshot(sid)
     req = store.snapshots.get_snapshot(sid)
     assert req is not None and (req.status, req.reason) == (SnapshotStatus.CANCELLED, "cancelled")
 
 
-def test_a_snapshot_heard_of_exactly_at_the_limit_is_not_stalled(store: Snapshots) -> None:
+def test_a_snapshot_heard_of_exactly_at_the_limit_is_not_stalled(store: QueueStore) -> None:
     sid = store.snapshots.request_snapshot(None, "b", "policy")
     store.snapshots.start_snapshot(sid)
     req = store.snapshots.get_snapshot(sid)

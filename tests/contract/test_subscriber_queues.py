@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.errors import PartitionCountError
 from lr_client.records import ReplicationType, SubscriberState, WireEntry
-from lr_client.store.contract import QueueStore, SubscriberQueues
+from lr_client.store.contract import QueueStore
 from tests.contract.calls import (
     across_outage,
     log,
@@ -29,12 +29,12 @@ from tests.kit.wait import wait_for
 WATCHED = "watched-" + uuid.uuid4().hex[:8]
 
 
-def _queue_id(store: SubscriberQueues, client: str) -> int:
+def _queue_id(store: QueueStore, client: str) -> int:
     (queue,) = store.queues.list_queues(client)
     return queue.queue_id
 
 
-def _positions(store: SubscriberQueues, queue_id: int) -> list[int]:
+def _positions(store: QueueStore, queue_id: int) -> list[int]:
     with store.write() as conn:
         return [e.source_position for e in store.queues.read_queue(conn, queue_id, 100)]
 
@@ -194,17 +194,17 @@ def test_a_lost_connection_is_transient(store: QueueStore, outage: Outage) -> No
     assert across_outage(outage, lambda: store.queues.queue_depth(got[0].queue_id)) == 2
 
 
-def _lease(store: SubscriberQueues, qid: int, owner: str, now: float) -> float | None:
+def _lease(store: QueueStore, qid: int, owner: str, now: float) -> float | None:
     with store.write() as conn:
         return store.queues.acquire_lease(conn, qid, owner, now, 30.0)
 
 
-def _state(store: SubscriberQueues, qid: int) -> SubscriberState:
+def _state(store: QueueStore, qid: int) -> SubscriberState:
     with store.read() as conn:
         return store.queues.load_state(conn, qid)
 
 
-def _save(store: SubscriberQueues, qid: int, owner: str, delivered: int) -> bool:
+def _save(store: QueueStore, qid: int, owner: str, delivered: int) -> bool:
     with store.write() as conn:
         return store.queues.save_state(
             conn,

@@ -19,7 +19,7 @@ from sqlalchemy import text
 from lr_client import LRMessageWithDestinations, RoutingQueueClient
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_client.store.cascade.nodes import last_end_query, last_end_seq
+from lr_client.store.cascade.relays import last_end_query, last_end_seq
 from lr_client.store.retention import slots
 from lr_client.store.send import pg_dest_index, sequencer
 from tests.conftest import PgSchema

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lr_client.records import EntryRef
-from lr_client.store.contract import SendLog
+from lr_client.store.contract import QueueStore
 
 
-def positions(store: SendLog, refs: Sequence[EntryRef]) -> list[int]:
+def positions(store: QueueStore, refs: Sequence[EntryRef]) -> list[int]:
     """The positions of committed entries; all must be known (the store sequences first)."""
     found = store.send.positions_of(refs)
     assert None not in found, f"entries without a position: {refs} -> {found}"
     return [p for p in found if p is not None]
 
 
-def new_slot(store: SendLog) -> None:
+def new_slot(store: QueueStore) -> None:
     """PostgreSQL: close the send queue's current slot, so what follows goes to another.
 
     A trim retires whole slots there; tests that check which entries a trim

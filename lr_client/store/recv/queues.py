@@ -33,11 +33,11 @@ bound. SQLite has no dead tuples (the pages of deleted rows are reused), so
 it deletes them in the delivering transaction, one range per delivery, and
 its rotation does nothing.
 
-Whether a queue is relayed (:func:`~lr_client.store.cascade.nodes.is_relayed`: its
+Whether a queue is relayed (:func:`~lr_client.store.cascade.relays.is_relayed`: its
 entries stay past delivery) is read once per lease, when
 :meth:`~SubscriberQueuesStore.acquire_lease` takes or renews it, not at every
 delivery. A configuration that changes it takes the leases of the queues it
-changes (:func:`~lr_client.store.cascade.nodes.revoke_leases`, in the same
+changes (:func:`~lr_client.store.cascade.relays.revoke_leases`, in the same
 transaction): a delivery holding an older answer fails its fence and rolls
 back, and the next one takes the lease again and reads the new answer.
 """
@@ -56,7 +56,7 @@ from lr_client.records import (
     ReplicationType,
     SubscriberState,
 )
-from lr_client.store.cascade.nodes import is_relayed, relayed_as_leased
+from lr_client.store.cascade.relays import is_relayed, relayed_as_leased
 from lr_client.store.core import Role
 from lr_client.store.schema import tables as s
 from lr_client.store.watches import Watch
@@ -136,7 +136,7 @@ def save_fenced(
 
     Then the entries it passed are deleted (SQLite), unless the queue is relayed:
     ``relayed`` is the store's answers read when it took its leases
-    (:func:`~lr_client.store.cascade.nodes.relayed_as_leased`), None for a store that
+    (:func:`~lr_client.store.cascade.relays.relayed_as_leased`), None for a store that
     keeps delivered entries until rotation (PostgreSQL).
     """
     check_forward(previous_seq, delivered_seq)

@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from lr_client.records import QueueSlot, ReplicationType
-from lr_client.store.cascade.nodes import relay_keep
+from lr_client.store.cascade.relays import relay_keep
 from lr_client.store.schema import tables as s
 from lr_client.store.slot_ring import (
     Partitions,

@@ -51,7 +51,7 @@ from lr_client.records import (
     SnapshotRequest,
     SnapshotStatus,
 )
-from lr_client.store.cascade.nodes import relay_delivered, relay_head
+from lr_client.store.cascade.relays import relay_delivered, relay_head
 from lr_client.store.schema import tables as s
 from lr_client.store.send.drops import read_drops
 from lr_client.store.snapshots.pool import SnapshotPoolStore
