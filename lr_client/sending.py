@@ -80,17 +80,10 @@ class TransmitStore(Transactions, Protocol):
     def close(self) -> None:
         """Close the store's connections; a later call reconnects."""
 
-    @property
-    def sites(self) -> Sites: ...
-
-    @property
-    def send(self) -> SendLog: ...
-
-    @property
-    def snapshots(self) -> SnapshotRequests: ...
-
-    @property
-    def snapshot_entries(self) -> SnapshotEntries: ...
+    sites: Sites
+    send: SendLog
+    snapshots: SnapshotRequests
+    snapshot_entries: SnapshotEntries
 
 
 class Backpressure(enum.StrEnum):

@@ -52,8 +52,7 @@ class SinkReads(Protocol):
     """What the collector reads: a store's inspection role (every receive queue's
     backlog, failures and partitions' lag)."""
 
-    @property
-    def inspection(self) -> Inspection: ...
+    inspection: Inspection
 
 
 class SinkCollector(Collector):

@@ -38,11 +38,8 @@ PREVIEW_CHARS = 32
 class BrowseStore(Transactions, Protocol):
     """What the queue listing needs: the queues' sizes and the sites (their tags)."""
 
-    @property
-    def inspection(self) -> Inspection: ...
-
-    @property
-    def sites(self) -> Sites: ...
+    inspection: Inspection
+    sites: Sites
 
 
 @dataclass

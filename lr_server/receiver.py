@@ -61,14 +61,9 @@ CASCADE_ROWS_TTL = 1.0
 class ReceiverStore(Transactions, Protocol):
     """What the receiver needs of the store: receive queues, cascade rows, replays."""
 
-    @property
-    def recv(self) -> Receiving: ...
-
-    @property
-    def cascade(self) -> Cascading: ...
-
-    @property
-    def replays(self) -> Replays: ...
+    recv: Receiving
+    cascade: Cascading
+    replays: Replays
 
 
 #: Serves one ``Cascade`` call: (the authenticated caller, its report) -> the reply.

@@ -36,14 +36,9 @@ from lr_server.window import InFlight, Window
 class ReplayStore(Transactions, Protocol):
     """What it needs of the store: log reads, cursors, trim marks, replay requests."""
 
-    @property
-    def shipping(self) -> Shipping: ...
-
-    @property
-    def retention(self) -> Retention: ...
-
-    @property
-    def replays(self) -> Replays: ...
+    shipping: Shipping
+    retention: Retention
+    replays: Replays
 
 
 def trimmed_message(destination: str, client: str, position: int, trimmed: int) -> str:

@@ -68,20 +68,11 @@ class PolicyStore(Transactions, Protocol):
     """What the policy needs of the store: retention, backlogs, the flow state it sets,
     the open snapshots."""
 
-    @property
-    def retention(self) -> Retention: ...
-
-    @property
-    def shipping(self) -> Shipping: ...
-
-    @property
-    def send(self) -> SendLog: ...
-
-    @property
-    def snapshots(self) -> SnapshotRequestRole: ...
-
-    @property
-    def snapshot_entries(self) -> SnapshotEntries: ...
+    retention: Retention
+    shipping: Shipping
+    send: SendLog
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
 
 
 class RetentionPolicy:

@@ -75,29 +75,14 @@ class SessionStore(Transactions, Protocol):
     records of dropped and stopped streams, its status row, and for cascaded
     clients the relay reads and what this node received of them."""
 
-    @property
-    def shipping(self) -> Shipping: ...
-
-    @property
-    def snapshots(self) -> SnapshotRequestRole: ...
-
-    @property
-    def snapshot_entries(self) -> SnapshotEntries: ...
-
-    @property
-    def retention(self) -> Retention: ...
-
-    @property
-    def inspection(self) -> Inspection: ...
-
-    @property
-    def cascade(self) -> Cascading: ...
-
-    @property
-    def recv(self) -> Receiving: ...
-
-    @property
-    def replays(self) -> Replays: ...
+    shipping: Shipping
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
+    retention: Retention
+    inspection: Inspection
+    cascade: Cascading
+    recv: Receiving
+    replays: Replays
 
 
 class SenderSession:

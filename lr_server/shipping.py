@@ -72,20 +72,11 @@ class ShipperStore(Transactions, Protocol):
     """What it needs of the store: log reads, open snapshots, their entries, drop records,
     relay reads."""
 
-    @property
-    def shipping(self) -> Shipping: ...
-
-    @property
-    def snapshots(self) -> SnapshotRequestRole: ...
-
-    @property
-    def snapshot_entries(self) -> SnapshotEntries: ...
-
-    @property
-    def retention(self) -> Retention: ...
-
-    @property
-    def cascade(self) -> Cascading: ...
+    shipping: Shipping
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
+    retention: Retention
+    cascade: Cascading
 
 
 class Shipper:

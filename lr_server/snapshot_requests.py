@@ -58,17 +58,10 @@ def once_per_snapshot(launcher: SnapshotLauncher) -> SnapshotLauncher:
 class RequestStore(Transactions, Protocol):
     """What it needs of the store: snapshot requests, drop records, cursors."""
 
-    @property
-    def snapshots(self) -> SnapshotRequestRole: ...
-
-    @property
-    def snapshot_entries(self) -> SnapshotEntries: ...
-
-    @property
-    def retention(self) -> Retention: ...
-
-    @property
-    def shipping(self) -> Shipping: ...
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
+    retention: Retention
+    shipping: Shipping
 
 
 class SnapshotRequests:

@@ -32,11 +32,8 @@ from lr_server.streams import ClientStream, Mode, Notice
 class StopStore(Transactions, Protocol):
     """What it needs of the store: stream stops, drop records, cursors."""
 
-    @property
-    def retention(self) -> Retention: ...
-
-    @property
-    def shipping(self) -> Shipping: ...
+    retention: Retention
+    shipping: Shipping
 
 
 class StreamStops:

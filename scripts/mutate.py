@@ -34,15 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutate"
 COPY = ["lr_client", "lr_server", "tests", "setup.cfg", "pyproject.toml"]
 
-BASE = "lr_client.store.core.xǁStoreBaseǁ"
+BASE = "lr_client.store.core.xǁStoreCoreǁ"
 SEND_LOG = "lr_client.store.send.log.xǁSendLogStoreǁ"
 SHIPPING = "lr_client.store.send.shipping.xǁShippingStoreǁ"
 REQUESTS = "lr_client.store.snapshots.requests.xǁSnapshotRequestsStoreǁ"
 SNAPSHOTS = "lr_client.store.snapshots.entries.xǁSnapshotsStoreǁ"
 RETENTION = "lr_client.store.retention.store.xǁRetentionStoreǁ"
 RECEIVING = "lr_client.store.recv.receiving.xǁReceivingStoreǁ"
-SQLITE = "lr_client.store.sqlite.xǁSQLiteQueueStoreǁ"
-PG = "lr_client.store.postgres.xǁPostgresQueueStoreǁ"
+SQLITE = "lr_client.store.sqlite.xǁSQLiteCoreǁ"
+PG = "lr_client.store.postgres.xǁPostgresCoreǁ"
 SESSION = "lr_server.session.xǁSenderSessionǁ"
 STORE_FILES = [
     "lr_client/store/core.py",
@@ -106,10 +106,10 @@ TARGETS: dict[str, Target] = {
         STORE_FILES,
         [
             *_methods(
-                RETENTION, "trim", "_acked_positions", "drop_stream", "list_drops", "clear_drop"
+                RETENTION, "trim", "acked_positions", "drop_stream", "list_drops", "clear_drop"
             ),
-            *_methods(SQLITE, "_trim_send_log", "_trim_log", "_trim_client"),
-            *_methods(PG, "_trim_send_log"),
+            *_methods(SQLITE, "trim_send_log", "_trim_log", "_trim_client"),
+            *_methods(PG, "trim_send_log"),
             "lr_client.store.retention.slots.*",
             "lr_client.store.slot_ring.*",
         ],
@@ -132,13 +132,13 @@ TARGETS: dict[str, Target] = {
                 "_save_progress",
                 "_progress",
                 "_progress_row",
-                "_locked_progress",
+                "locked_progress",
                 "sink_progress",
-                "_ensure_queue",
-                "_append_recv",
+                "ensure_queue",
+                "append_recv",
             ),
-            *_methods(SQLITE, "_append_recv"),
-            *_methods(PG, "_append_recv", "_lock_stream"),
+            *_methods(SQLITE, "append_recv"),
+            *_methods(PG, "append_recv", "lock_stream"),
             "lr_server.receiver.*",
         ],
         [
@@ -170,7 +170,7 @@ TARGETS: dict[str, Target] = {
                 "complete_snapshot",
                 "fail_stalled_snapshot",
                 "heartbeat_snapshot",
-                "_update_snapshot",
+                "change_snapshot",
             ),
             *_methods(
                 SNAPSHOTS,
@@ -194,19 +194,19 @@ TARGETS: dict[str, Target] = {
             *_methods(SEND_LOG, "append_log_entries", "positions_of"),
             *_methods(SHIPPING, "read_log_entries", "read_client_log", "backlog"),
             *_methods(SHIPPING, "get_cursor", "set_cursor", "oldest_position"),
-            *_methods(BASE, "_set_cursor"),
+            *_methods(BASE, "write_cursor"),
             "lr_client.store.byte_bounds.x_within__mutmut_*",
             "lr_client.store.byte_bounds.xǁByteCutǁtake__mutmut_*",
-            *_methods(SQLITE, "_insert_entries", "_with_tag", "_tagged_query", "head_position"),
+            *_methods(SQLITE, "insert_entries", "with_tag", "tagged_query", "head_position"),
             "lr_client.store.sqlite.x__names*",
             *_methods(
                 PG,
-                "_insert_entries",
-                "_tagged_query",
-                "_with_tag",
+                "insert_entries",
+                "tagged_query",
+                "with_tag",
                 "head_position",
                 "sequence",
-                "_bases",
+                "txn_bases",
             ),
             "lr_client.store.send.sequencer.*",
         ],

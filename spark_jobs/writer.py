@@ -87,14 +87,9 @@ class JobStore(Transactions, Protocol):
     def close(self) -> None:
         """Close the store's connections; a later call reconnects."""
 
-    @property
-    def sites(self) -> Sites: ...
-
-    @property
-    def snapshots(self) -> SnapshotRequestRole: ...
-
-    @property
-    def snapshot_entries(self) -> SnapshotEntries: ...
+    sites: Sites
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
 
 
 class _StoreSink:

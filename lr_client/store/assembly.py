@@ -19,7 +19,6 @@ from lr_client.store.cascade.children import CascadeReportsStore
 from lr_client.store.cascade.nodes import CascadeStore
 from lr_client.store.cluster.members import MembersStore
 from lr_client.store.cluster.sites import SitesStore
-from lr_client.store.contract import QueueStore
 from lr_client.store.core import StoreCore
 from lr_client.store.ops.inspection import InspectionStore
 from lr_client.store.recv.heads import QueueHeadsStore
@@ -42,21 +41,23 @@ class SQLAlchemyQueueStore:
 
     def __init__(self, core: StoreCore) -> None:
         self.core = core
-        self.sites = SitesStore(core)
-        self.send = SendLogStore(core)
-        self.shipping = ShippingStore(core)
-        self.snapshots = SnapshotRequestsStore(core)
-        self.snapshot_entries = SnapshotEntriesStore(core, self.snapshots)
-        self.retention = RetentionStore(core)
-        self.recv = ReceivingStore(core)
-        self.replays = ReplaysStore(core, self.recv)
-        self.queues = SubscriberQueuesStore(core)
-        self.heads = QueueHeadsStore(core)
-        self.partitions = SubscriberPartitionsStore(core)
-        self.inspection = InspectionStore(core)
-        self.members = MembersStore(core)
-        self.cascade_reports = CascadeReportsStore(core)
-        self.cascade = CascadeStore(core)
+        recv = ReceivingStore(core)
+        requests = SnapshotRequestsStore(core)
+        self.sites: c.Sites = SitesStore(core)
+        self.send: c.SendLog = SendLogStore(core)
+        self.shipping: c.Shipping = ShippingStore(core)
+        self.retention: c.Retention = RetentionStore(core)
+        self.snapshots: c.SnapshotRequests = requests
+        self.snapshot_entries: c.SnapshotEntries = SnapshotEntriesStore(core, requests)
+        self.recv: c.Receiving = recv
+        self.replays: c.Replays = ReplaysStore(core, recv)
+        self.queues: c.SubscriberQueues = SubscriberQueuesStore(core)
+        self.heads: c.QueueHeads = QueueHeadsStore(core)
+        self.partitions: c.QueuePartitions = SubscriberPartitionsStore(core)
+        self.inspection: c.Inspection = InspectionStore(core)
+        self.members: c.Members = MembersStore(core)
+        self.cascade_reports: c.CascadeReports = CascadeReportsStore(core)
+        self.cascade: c.Cascading = CascadeStore(core)
 
     @property
     def engine(self) -> Engine:
@@ -109,20 +110,5 @@ class SQLAlchemyQueueStore:
 __all__ = ["SQLAlchemyQueueStore"]
 
 
-def _conforms(store: SQLAlchemyQueueStore) -> QueueStore:
-    _sites: c.Sites = store.sites
-    _send: c.SendLog = store.send
-    _shipping: c.Shipping = store.shipping
-    _retention: c.Retention = store.retention
-    _snapshots: c.SnapshotRequests = store.snapshots
-    _snapshot_entries: c.SnapshotEntries = store.snapshot_entries
-    _recv: c.Receiving = store.recv
-    _replays: c.Replays = store.replays
-    _queues: c.SubscriberQueues = store.queues
-    _heads: c.QueueHeads = store.heads
-    _partitions: c.QueuePartitions = store.partitions
-    _inspection: c.Inspection = store.inspection
-    _members: c.Members = store.members
-    _cascade_reports: c.CascadeReports = store.cascade_reports
-    _cascade: c.Cascading = store.cascade
+def _conforms(store: SQLAlchemyQueueStore) -> c.QueueStore:
     return store  # mypy checks the assembly against the contract here

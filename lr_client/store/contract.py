@@ -61,18 +61,16 @@ class Transactions(Protocol):
 class DeliveryStore(Transactions, Protocol):
     """What a subscriber needs: transactions and the receive queues' roles."""
 
-    #: Whether one transaction at a time writes (SQLite): partitions then take turns.
     @property
-    def single_writer(self) -> bool: ...
+    def single_writer(self) -> bool:
+        """Whether one transaction at a time writes (SQLite): partitions then take turns."""
 
-    @property
-    def queues(self) -> SubscriberQueues: ...
-
-    @property
-    def heads(self) -> QueueHeads: ...
-
-    @property
-    def partitions(self) -> QueuePartitions: ...
+    #: Receive queues, their state and leases (:class:`SubscriberQueues`).
+    queues: SubscriberQueues
+    #: The oldest undelivered entries of a receive queue (:class:`QueueHeads`).
+    heads: QueueHeads
+    #: Delivery by partition (:class:`QueuePartitions`).
+    partitions: QueuePartitions
 
     def create_schema(self) -> SchemaStatus:
         """Create or upgrade every table (idempotent); the schema's status before."""
@@ -81,54 +79,53 @@ class DeliveryStore(Transactions, Protocol):
 class SnapshotStore(Transactions, Protocol):
     """What a snapshot provider needs: transactions, requests and the snapshot queue."""
 
-    @property
-    def snapshots(self) -> SnapshotRequests: ...
-
-    @property
-    def snapshot_entries(self) -> SnapshotEntries: ...
+    #: Snapshot requests (:class:`SnapshotRequests`).
+    snapshots: SnapshotRequests
+    #: The snapshot queue (:class:`SnapshotEntries`).
+    snapshot_entries: SnapshotEntries
 
 
 class QueueStore(Transactions, Protocol):
     """A site's store: its transactions, its schema, and an object per role."""
 
-    #: The backend: ``"sqlite"`` or ``"postgresql"``.
     @property
-    def dialect(self) -> str: ...
-
-    #: Whether one transaction at a time writes (SQLite).
-    @property
-    def single_writer(self) -> bool: ...
+    def dialect(self) -> str:
+        """The backend: ``"sqlite"`` or ``"postgresql"``."""
 
     @property
-    def sites(self) -> Sites: ...
-    @property
-    def send(self) -> SendLog: ...
-    @property
-    def shipping(self) -> Shipping: ...
-    @property
-    def retention(self) -> Retention: ...
-    @property
-    def snapshots(self) -> SnapshotRequests: ...
-    @property
-    def snapshot_entries(self) -> SnapshotEntries: ...
-    @property
-    def recv(self) -> Receiving: ...
-    @property
-    def replays(self) -> Replays: ...
-    @property
-    def queues(self) -> SubscriberQueues: ...
-    @property
-    def heads(self) -> QueueHeads: ...
-    @property
-    def partitions(self) -> QueuePartitions: ...
-    @property
-    def inspection(self) -> Inspection: ...
-    @property
-    def members(self) -> Members: ...
-    @property
-    def cascade_reports(self) -> CascadeReports: ...
-    @property
-    def cascade(self) -> Cascading: ...
+    def single_writer(self) -> bool:
+        """Whether one transaction at a time writes (SQLite): partitions then take turns."""
+
+    #: The sites this database knows (:class:`Sites`).
+    sites: Sites
+    #: The application's transmit path (:class:`SendLog`).
+    send: SendLog
+    #: A sender session's reads and cursors (:class:`Shipping`).
+    shipping: Shipping
+    #: Trim, drop and stop records, flow control (:class:`Retention`).
+    retention: Retention
+    #: Snapshot requests (:class:`SnapshotRequests`).
+    snapshots: SnapshotRequests
+    #: The snapshot queue (:class:`SnapshotEntries`).
+    snapshot_entries: SnapshotEntries
+    #: A sink's receiver (:class:`Receiving`).
+    recv: Receiving
+    #: Replay requests and rewinds (:class:`Replays`).
+    replays: Replays
+    #: Receive queues, their state and leases (:class:`SubscriberQueues`).
+    queues: SubscriberQueues
+    #: The oldest undelivered entries of a receive queue (:class:`QueueHeads`).
+    heads: QueueHeads
+    #: Delivery by partition (:class:`QueuePartitions`).
+    partitions: QueuePartitions
+    #: Read-only views and status rows (:class:`Inspection`).
+    inspection: Inspection
+    #: The members serving the site (:class:`Members`).
+    members: Members
+    #: Children's cascade reports (:class:`CascadeReports`).
+    cascade_reports: CascadeReports
+    #: This node's place in cascaded clients (:class:`Cascading`).
+    cascade: Cascading
 
     def create_schema(self) -> SchemaStatus:
         """Create or upgrade every table (idempotent); the schema's status before."""

@@ -143,6 +143,10 @@ def substituted(expr: str) -> str:
 
 # -- names ------------------------------------------------------------------------------------
 class _NoBacklog:
+    @property
+    def inspection(self) -> _NoBacklog:  # the store's inspection role: this fake plays it
+        return self
+
     def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
         return []
 

@@ -23,9 +23,10 @@ from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueMess
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.postgres import PostgresCore
 from lr_client.store.retention import slots
 from lr_client.store.schema import tables as s
+from lr_client.store.sqlite import SQLiteCore
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.cli import cli
 from lr_server.status import StreamState, collect_status
@@ -569,11 +570,12 @@ def test_a_cursor_lowered_during_a_trim_waits_for_its_trim_marks(
 
     def trim_in(conn: Connection) -> int:
         """The trim's own transaction, left open: how many entries it retires."""
-        if isinstance(store, PostgresQueueStore):
-            key = store._tick_lock(conn)
-            acked, record = store._acked_positions, store._record_trim_marks
+        if isinstance(store.core, PostgresCore):
+            key = store.core._tick_lock(conn)
+            acked, record = store.retention.acked_positions, store.retention.record_trim_marks
             return slots.retire(conn, key, acked, record, period=0.0).entries
-        return store._trim_log(conn, 100)
+        assert isinstance(store.core, SQLiteCore)
+        return store.core._trim_log(conn, 100, store.retention)
 
     replay = threading.Thread(target=session_replays_after_2)
     with store.write(consistent=store.dialect == "sqlite") as conn:

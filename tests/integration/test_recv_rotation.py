@@ -29,7 +29,8 @@ from lr_client import (
     RoutingQueueSubscriber,
 )
 from lr_client.records import ReplicationType, WireEntry
-from lr_client.store import PostgresQueueStore, SQLAlchemyQueueStore, open_store
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store.postgres import PostgresCore
 from lr_client.store.recv import rotation as recv_rotation
 from tests.conftest import PgSchema
 from tests.kit.sites import Sites
@@ -109,11 +110,11 @@ def log(first: int, last: int, size: int = 0) -> list[WireEntry]:
 
 
 @pytest.fixture
-def pg() -> Iterator[PostgresQueueStore]:
+def pg() -> Iterator[SQLAlchemyQueueStore]:
     schema = PgSchema()
     try:
         store = open_store(schema.engine())
-        assert isinstance(store, PostgresQueueStore)
+        assert isinstance(store.core, PostgresCore)
         store.create_schema()
         app_metadata.create_all(store.engine)
         yield store
@@ -160,7 +161,7 @@ def _drain(sub: RoutingQueueSubscriber) -> int:
 
 
 @pytest.mark.postgres
-def test_delivery_deletes_no_row_on_postgresql(pg: PostgresQueueStore) -> None:
+def test_delivery_deletes_no_row_on_postgresql(pg: SQLAlchemyQueueStore) -> None:
     for i in range(5):
         pg.apply_log_batch("a", CLIENT, log(20 * i + 1, 20 * i + 20))
         pg.apply_log_batch("b", CLIENT, log(10 * i + 1, 10 * i + 10))
@@ -182,7 +183,7 @@ def test_delivery_deletes_no_row_on_postgresql(pg: PostgresQueueStore) -> None:
 
 @pytest.mark.postgres
 def test_rotation_truncates_delivered_slots_never_an_undelivered_entry(
-    pg: PostgresQueueStore,
+    pg: SQLAlchemyQueueStore,
 ) -> None:
     sub = RoutingQueueSubscriber(pg, CLIENT, Recorder(), batch_size=50)
     pg.apply_log_batch("a", CLIENT, log(1, 200, size=2000))
@@ -228,7 +229,7 @@ def test_rotation_truncates_delivered_slots_never_an_undelivered_entry(
 
 
 @pytest.mark.postgres
-def test_storage_stays_bounded_while_a_transaction_pins_vacuum(pg: PostgresQueueStore) -> None:
+def test_storage_stays_bounded_while_a_transaction_pins_vacuum(pg: SQLAlchemyQueueStore) -> None:
     """30 rounds of 100 entries of 1 KiB received, delivered and rotated, with an open
     transaction holding a transaction id all along: no dead row is ever reclaimable,
     yet the receive queue's size stays that of a slot or two."""
@@ -251,7 +252,7 @@ def test_storage_stays_bounded_while_a_transaction_pins_vacuum(pg: PostgresQueue
 
 
 @pytest.mark.postgres
-def test_a_slot_is_added_when_every_other_is_pinned(pg: PostgresQueueStore) -> None:
+def test_a_slot_is_added_when_every_other_is_pinned(pg: SQLAlchemyQueueStore) -> None:
     pg.apply_log_batch("a", CLIENT, log(1, 1))
     for i in range(4):  # one undelivered entry in every slot, then a fifth slot
         assert pg.rotate_receive_queues(period=0.0) == i + 1
@@ -265,7 +266,7 @@ def test_a_slot_is_added_when_every_other_is_pinned(pg: PostgresQueueStore) -> N
 
 
 @pytest.mark.postgres
-def test_a_busy_slot_is_left_for_later_and_stalls_nobody(pg: PostgresQueueStore) -> None:
+def test_a_busy_slot_is_left_for_later_and_stalls_nobody(pg: SQLAlchemyQueueStore) -> None:
     pg.apply_log_batch("a", CLIENT, log(1, 3))
     with RoutingQueueSubscriber(pg, CLIENT, Recorder()) as sub:
         assert _drain(sub) == 3
@@ -282,7 +283,7 @@ def test_a_busy_slot_is_left_for_later_and_stalls_nobody(pg: PostgresQueueStore)
 
 @pytest.mark.postgres
 def test_a_subscriber_that_lost_its_lease_rolls_back_after_another_delivered(
-    pg: PostgresQueueStore,
+    pg: SQLAlchemyQueueStore,
 ) -> None:
     """Two owners: the stale one's state update matches nothing, its writes roll back."""
     pg.apply_log_batch("a", CLIENT, log(1, 3))
@@ -432,7 +433,7 @@ def test_a_sink_server_rotates_its_receive_queues(sites: Sites) -> None:
 
 
 @pytest.mark.postgres
-def test_rotation_keeps_a_relayed_queue_above_its_relay_floor(pg: PostgresQueueStore) -> None:
+def test_rotation_keeps_a_relayed_queue_above_its_relay_floor(pg: SQLAlchemyQueueStore) -> None:
     """A branch relays ``(CLIENT, a)``: its delivered entries stay until its child has
     them; then rotation truncates their slot, still without deleting a row."""
     pg.apply_cascade_config(CLIENT, "a", "branch", "a", ["child"])

@@ -26,7 +26,7 @@ from lr_client.errors import SchemaError
 from lr_client.listener import RoutingQueueMessage
 from lr_client.records import EntryRef, ReplicationType, SnapshotStatus, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.postgres import PostgresCore
 from lr_client.store.schema import lifecycle
 from lr_client.store.schema import tables as s
 from lr_client.store.schema.lifecycle import SchemaState
@@ -617,7 +617,7 @@ def test_revision_0006_moves_the_send_queue_into_slots_keeping_every_position(
     with engine.begin() as conn:  # committed, not sequenced before the upgrade
         late = EntryRef(conn.execute(insert, {"p": b"late"}).scalar_one(), 1)
     store = open_store(engine)
-    assert isinstance(store, PostgresQueueStore)
+    assert isinstance(store.core, PostgresCore)
     assert store.create_schema().pending[0] == "0006"
     client = RoutingQueueClient(store, "a", "policy")
     assert client.positions_of([late]) == [13]

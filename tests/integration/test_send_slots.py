@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import text
 
 from lr_client.records import EntryRef
-from lr_client.store import open_store
-from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store.postgres import PostgresCore
 from tests.conftest import PgSchema
 from tests.kit.positions import positions
 
@@ -26,16 +26,16 @@ TABLES = ("lrq_send_entries", "lrq_send_commits", "lrq_send_positions", "lrq_sen
 
 
 @pytest.fixture
-def store(pg_schema: PgSchema) -> Iterator[PostgresQueueStore]:
+def store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
     st = open_store(pg_schema.engine())
-    assert isinstance(st, PostgresQueueStore)
+    assert isinstance(st.core, PostgresCore)
     st.create_schema()
     st.register_sites(["b", "c"])
     st.retention.rotation_period = 0.0
     yield st
 
 
-def commit(store: PostgresQueueStore, n: int = 1, dests: tuple[str, ...] = ("b",)) -> list[int]:
+def commit(store: SQLAlchemyQueueStore, n: int = 1, dests: tuple[str, ...] = ("b",)) -> list[int]:
     nums = store.sites.site_numbers()
     with store.engine.begin() as conn:
         refs = store.send.append_log_entries(
@@ -44,16 +44,16 @@ def commit(store: PostgresQueueStore, n: int = 1, dests: tuple[str, ...] = ("b",
     return positions(store, refs)
 
 
-def slot_of(store: PostgresQueueStore, table: str) -> set[int]:
+def slot_of(store: SQLAlchemyQueueStore, table: str) -> set[int]:
     with store.read() as conn:
         return set(conn.execute(text(f"SELECT DISTINCT slot FROM {table}")).scalars())
 
 
-def current(store: PostgresQueueStore) -> int:
+def current(store: SQLAlchemyQueueStore) -> int:
     return next(x.slot for x in store.retention.send_slots() if x.current)
 
 
-def deleted_rows(store: PostgresQueueStore, schema: str) -> int:
+def deleted_rows(store: SQLAlchemyQueueStore, schema: str) -> int:
     """Rows ever deleted from the send queue's partitions (statistics flushed first)."""
     with store.engine.connect() as conn:
         conn.execute(text("SELECT pg_stat_force_next_flush()"))
@@ -71,7 +71,7 @@ def deleted_rows(store: PostgresQueueStore, schema: str) -> int:
         )
 
 
-def test_a_transactions_rows_share_the_current_slot(store: PostgresQueueStore) -> None:
+def test_a_transactions_rows_share_the_current_slot(store: SQLAlchemyQueueStore) -> None:
     commit(store, 3)
     first = current(store)
     for table in TABLES:
@@ -84,7 +84,7 @@ def test_a_transactions_rows_share_the_current_slot(store: PostgresQueueStore) -
 
 
 def test_a_passed_slot_is_truncated_never_deleted_row_by_row(
-    store: PostgresQueueStore, pg_schema: PgSchema
+    store: SQLAlchemyQueueStore, pg_schema: PgSchema
 ) -> None:
     p = commit(store, 50)
     before = {x.slot: x.bytes for x in store.retention.send_slots()}
@@ -97,7 +97,7 @@ def test_a_passed_slot_is_truncated_never_deleted_row_by_row(
     assert store.retention.trimmed_through("b", CLIENT) == p[-1]
 
 
-def test_a_slot_holding_an_unacknowledged_entry_is_kept_whole(store: PostgresQueueStore) -> None:
+def test_a_slot_holding_an_unacknowledged_entry_is_kept_whole(store: SQLAlchemyQueueStore) -> None:
     (both,) = commit(store, 1, ("b", "c"))
     (only_b,) = commit(store, 1, ("b",))
     store.shipping.set_cursor("b", CLIENT, only_b)
@@ -110,7 +110,7 @@ def test_a_slot_holding_an_unacknowledged_entry_is_kept_whole(store: PostgresQue
 
 
 def test_a_slot_in_use_by_an_open_transaction_is_neither_waited_for_nor_retired(
-    store: PostgresQueueStore,
+    store: SQLAlchemyQueueStore,
 ) -> None:
     nums = store.sites.site_numbers()
     with store.engine.connect() as app:
@@ -133,7 +133,7 @@ def test_a_slot_in_use_by_an_open_transaction_is_neither_waited_for_nor_retired(
 
 
 def test_a_reader_holding_a_slot_defers_its_retirement_without_blocking_the_trim(
-    store: PostgresQueueStore,
+    store: SQLAlchemyQueueStore,
 ) -> None:
     p = commit(store, 2)
     slot = current(store)
@@ -148,7 +148,7 @@ def test_a_reader_holding_a_slot_defers_its_retirement_without_blocking_the_trim
 
 
 def test_slots_are_added_while_the_others_are_pinned_up_to_max_slots(
-    store: PostgresQueueStore,
+    store: SQLAlchemyQueueStore,
 ) -> None:
     store.retention.max_slots = 6
     for _ in range(8):  # c never acknowledges: every slot stays pinned
@@ -163,7 +163,7 @@ def test_slots_are_added_while_the_others_are_pinned_up_to_max_slots(
     assert len(store.retention.send_slots()) == 6  # reused from now on
 
 
-def test_the_newest_tick_survives_every_retirement(store: PostgresQueueStore) -> None:
+def test_the_newest_tick_survives_every_retirement(store: SQLAlchemyQueueStore) -> None:
     for _ in range(6):
         p = commit(store, 2)
         store.shipping.set_cursor("b", CLIENT, p[-1])
@@ -173,7 +173,7 @@ def test_the_newest_tick_survives_every_retirement(store: PostgresQueueStore) ->
     assert commit(store, 1) == [13]
 
 
-def test_a_position_is_known_while_its_slot_is_kept(store: PostgresQueueStore) -> None:
+def test_a_position_is_known_while_its_slot_is_kept(store: SQLAlchemyQueueStore) -> None:
     nums = store.sites.site_numbers()
     with store.engine.begin() as conn:
         (ref,) = store.send.append_log_entries(conn, CLIENT, [(b"x", [nums["c"]])])
@@ -187,7 +187,7 @@ def test_a_position_is_known_while_its_slot_is_kept(store: PostgresQueueStore) -
 
 
 def test_storage_stays_bounded_while_a_transaction_pins_vacuum(
-    store: PostgresQueueStore, pg_schema: PgSchema
+    store: SQLAlchemyQueueStore, pg_schema: PgSchema
 ) -> None:
     """30 rounds of 100 entries of 1 KiB, each acknowledged and trimmed, with an open
     transaction holding a transaction id all along: no dead row is ever reclaimable,
@@ -207,7 +207,7 @@ def test_storage_stays_bounded_while_a_transaction_pins_vacuum(
     assert sizes[-1] < written / 4
 
 
-def test_a_late_commit_into_a_closed_slot_is_judged_again(store: PostgresQueueStore) -> None:
+def test_a_late_commit_into_a_closed_slot_is_judged_again(store: SQLAlchemyQueueStore) -> None:
     """A slot judged pinned is judged again once more entries were sequenced in it."""
     nums = store.sites.site_numbers()
     (first,) = commit(store, 1, ("c",))
@@ -225,7 +225,7 @@ def test_a_late_commit_into_a_closed_slot_is_judged_again(store: PostgresQueueSt
 
 
 def test_a_closed_slot_is_kept_one_period_so_positions_stay_known(
-    store: PostgresQueueStore,
+    store: SQLAlchemyQueueStore,
 ) -> None:
     nums = store.sites.site_numbers()
     with store.engine.begin() as conn:

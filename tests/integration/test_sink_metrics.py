@@ -65,6 +65,10 @@ def test_depth_and_oldest_age_per_client_and_source(store: SQLAlchemyQueueStore)
 
 
 class Unreachable:
+    @property
+    def inspection(self) -> Unreachable:  # the store's inspection role: this fake plays it
+        return self
+
     def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
         raise StoreUnavailableError("the database could not be reached")
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from sqlalchemy.engine import Connection
 
 from lr_client.store import SQLAlchemyQueueStore, open_store
-from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.retention.store import RetentionStore
 from tests.conftest import PgSchema
 from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.positions import new_slot, positions
@@ -340,17 +340,18 @@ def test_a_full_sync_started_during_a_trim_waits_for_it_and_keeps_what_follows(
     """
     admin = pg_schema.admin
 
-    class Interleaved(PostgresQueueStore):
+    class Interleaved(RetentionStore):
         meanwhile: Callable[[], None] | None = None
 
-        def _acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
-            out = super()._acked_positions(conn)
+        def acked_positions(self, conn: Connection) -> dict[tuple[int, str], int]:
+            out = super().acked_positions(conn)
             if self.meanwhile is not None:
                 run, self.meanwhile = self.meanwhile, None
                 run()
             return out
 
-    store = Interleaved(pg_schema.engine())
+    store = open_store(pg_schema.engine())
+    interleaved = store.retention = Interleaved(store.core)
     store.create_schema()
     store.retention.rotation_period = 0.0
     send(store, ["c"])
@@ -374,10 +375,10 @@ def test_a_full_sync_started_during_a_trim_waits_for_it_and_keeps_what_follows(
         thread.start()
         wait_for(lambda: waiting_for_a_lock(admin, "full-sync"), timeout=30)
 
-    store.meanwhile = start_and_wait_until_blocked
+    interleaved.meanwhile = start_and_wait_until_blocked
     store.retention.trim()
     join(thread)
     assert errors == []
-    assert store.meanwhile is None and len(added) == 2  # the interleaving happened
+    assert interleaved.meanwhile is None and len(added) == 2  # the interleaving happened
     # The entries after the new base are needed by c's full sync: still there.
     assert left(store) == added

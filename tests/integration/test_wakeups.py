@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session
 
 from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine
 from lr_client.store import SQLAlchemyQueueStore, open_store, watches
-from lr_client.store.postgres import PostgresQueueStore
+from lr_client.store.postgres import PostgresCore
 from lr_client.store.send import pg_append
-from lr_client.store.sqlite import SQLiteQueueStore
+from lr_client.store.sqlite import SQLiteCore
 from lr_server import Site
 from tests.kit.sites import SiteSpec, free_port, write_config
 from tests.kit.wait import scaled, wait_for
@@ -76,7 +76,7 @@ def test_every_wakeup_lost_still_ships_everything_in_order_within_the_safety_pol
 ) -> None:
     """No watch at all (every signal lost): the sessions' safety poll ships every entry,
     in order, once each."""
-    for backend in (SQLiteQueueStore, PostgresQueueStore):
+    for backend in (SQLiteCore, PostgresCore):
         monkeypatch.setattr(backend, "watch_sends", lambda self, wake: None)
     sink, source = _pair(tmp_path, db_url_factory, 0.05)
     with sink, source:

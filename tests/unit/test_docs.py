@@ -194,6 +194,10 @@ def documented_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
 class OneQueue:
     """A sink with one receive queue, for :class:`SinkCollector`."""
 
+    @property
+    def inspection(self) -> OneQueue:  # the store's inspection role: this fake plays it
+        return self
+
     def sink_backlogs(self, client_name: str | None = None) -> list[SinkBacklog]:
         return [SinkBacklog("policy", "site-a", 1, 0.0)]
 
