@@ -278,9 +278,8 @@ class PartitionSteps:
         if head is None or is_keyed(head):
             return None
         with collector_paused():  # a batch of new objects: scanned once, after
-            entries = store.heads.read_head(
-                conn, qid, self.batch_size, self.batch_max_bytes, after=low
-            )
+            size, max_bytes = self.batch_size, self.batch_max_bytes
+            entries = store.heads.read_head(conn, qid, size, max_bytes, after=low)
             run = []
             for e in entries:
                 if is_keyed(e):

@@ -313,7 +313,7 @@ class SnapshotProviderRunner:
 
     At a branch of a cascade the provider is called once the node's
     subscriber has delivered the relayed entries through the snapshot's base
-    (:meth:`~lr_client.store.contract.SnapshotStore.snapshot_base_applied`): a
+    (:meth:`~lr_client.store.contract.SnapshotRequests.snapshot_base_applied`): a
     started snapshot waits for that across polls, kept alive by each one. With
     ``keyring`` and ``source_id`` (the client's origin: this site, or a cascade's
     root) each row is encrypted as it is written, for every key of the keyring.
@@ -357,9 +357,8 @@ class SnapshotProviderRunner:
 
     def pending(self) -> list[SnapshotRequest]:
         """REQUESTED snapshots this runner would handle, oldest first."""
-        found = self.store.snapshots.list_snapshots(
-            client_name=self.client_name, statuses=[SnapshotStatus.REQUESTED]
-        )
+        wanted = [SnapshotStatus.REQUESTED]
+        found = self.store.snapshots.list_snapshots(client_name=self.client_name, statuses=wanted)
         if self.destinations is not None:
             found = [r for r in found if r.destination in self.destinations]
         # A shared snapshot is listed once per destination: handled once.
@@ -378,10 +377,9 @@ class SnapshotProviderRunner:
             if started is not None:  # else another runner took it, or it was cancelled
                 self._waiting[started.snapshot_id] = started
         for sid, started in list(self._waiting.items()):
-            if not self.store.snapshots.snapshot_base_applied(sid):
-                if not self.store.snapshots.heartbeat_snapshot(
-                    sid
-                ):  # cancelled or failed meanwhile
+            requests = self.store.snapshots
+            if not requests.snapshot_base_applied(sid):
+                if not requests.heartbeat_snapshot(sid):  # cancelled or failed meanwhile
                     del self._waiting[sid]
                 continue
             del self._waiting[sid]

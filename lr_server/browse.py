@@ -14,7 +14,7 @@ Queues (see ``lr_client.names``):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from lr_client.errors import InvalidInputError, InvalidNameError
 from lr_client.names import (
@@ -30,16 +30,10 @@ from lr_client.names import (
     validate_name,
 )
 from lr_client.records import ReplicationType, StoredEntry
-from lr_client.store import Inspection, Sites, Transactions
+from lr_client.store import Inspection, Sites
+from lr_server.stores import BrowseStore
 
 PREVIEW_CHARS = 32
-
-
-class BrowseStore(Transactions, Protocol):
-    """What the queue listing needs: the queues' sizes and the sites (their tags)."""
-
-    inspection: Inspection
-    sites: Sites
 
 
 @dataclass

@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Protocol
 
 from lr_client import tracing
 from lr_client._proto import replication_pb2 as pb
@@ -39,10 +38,9 @@ from lr_client.records import (
     SinkSnapshotState,
     WireEntry,
 )
-from lr_client.store import Cascading, Receiving, Transactions
-from lr_client.store.recv.replay_contract import Replays
 from lr_server import codecs, metrics, protocol
 from lr_server.receive_limits import ReceiveLimits
+from lr_server.stores import ReceiverStore
 
 log = logging.getLogger("lr.receiver")
 
@@ -56,14 +54,6 @@ _LOG_TYPES = {ReplicationType.LOG_ENTRY_SYNC}
 
 #: Seconds a cascade row read is used before it is read again (a refusal reads it again).
 CASCADE_ROWS_TTL = 1.0
-
-
-class ReceiverStore(Transactions, Protocol):
-    """What the receiver needs of the store: receive queues, cascade rows, replays."""
-
-    recv: Receiving
-    cascade: Cascading
-    replays: Replays
 
 
 #: Serves one ``Cascade`` call: (the authenticated caller, its report) -> the reply.

@@ -21,24 +21,15 @@ import logging
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from lr_client.errors import IncompatibleVersionError
-from lr_client.store import Retention, Shipping, Transactions
-from lr_client.store.recv.replay_contract import DONE, REFUSED, RUNNING, ReplayRequest, Replays
+from lr_client.store.recv.replay_contract import DONE, REFUSED, RUNNING, ReplayRequest
 from lr_server import metrics, protocol, wire
 from lr_server.config import ReplicationConfig
+from lr_server.stores import ReplayStore
 from lr_server.streams import ClientStream, Mode
 from lr_server.transport.base import BatchStream
 from lr_server.window import InFlight, Window
-
-
-class ReplayStore(Transactions, Protocol):
-    """What it needs of the store: log reads, cursors, trim marks, replay requests."""
-
-    shipping: Shipping
-    retention: Retention
-    replays: Replays
 
 
 def trimmed_message(destination: str, client: str, position: int, trimmed: int) -> str:

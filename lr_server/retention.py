@@ -32,14 +32,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, Backlog
-from lr_client.store import Retention, SendLog, Shipping, SnapshotEntries, Transactions
-from lr_client.store import SnapshotRequests as SnapshotRequestRole
 from lr_server import metrics
 from lr_server.config import SiteConfig, SnapshotProvider
 from lr_server.status import shipped_streams, unconfigured_streams
+from lr_server.stores import PolicyStore
 
 log = logging.getLogger("lr.retention")
 
@@ -62,17 +60,6 @@ class RetentionReport:
     backpressure: dict[str, bool]
     #: (snapshot id, destination) of the open snapshots unconfigured destinations left.
     left_snapshots: list[tuple[str, str]] = field(default_factory=list)
-
-
-class PolicyStore(Transactions, Protocol):
-    """What the policy needs of the store: retention, backlogs, the flow state it sets,
-    the open snapshots."""
-
-    retention: Retention
-    shipping: Shipping
-    send: SendLog
-    snapshots: SnapshotRequestRole
-    snapshot_entries: SnapshotEntries
 
 
 class RetentionPolicy:

@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
 
 import tenacity
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
@@ -31,17 +30,6 @@ from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
 from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
-from lr_client.store import (
-    Cascading,
-    Inspection,
-    Receiving,
-    Retention,
-    Shipping,
-    SnapshotEntries,
-    Transactions,
-)
-from lr_client.store import SnapshotRequests as SnapshotRequestRole
-from lr_client.store.recv.replay_contract import Replays
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.arrivals import Arrivals
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
@@ -53,6 +41,7 @@ from lr_server.shipping import Shipper
 from lr_server.snapshot_requests import SnapshotLauncher, SnapshotRequests
 from lr_server.status import head_position as assigned_head
 from lr_server.stops import StreamStops, is_accepted_notice
+from lr_server.stores import SessionStore
 from lr_server.streams import ClientStream, Mode, SessionState, summary
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.lanes import LaneStreams, LaneTransport
@@ -68,21 +57,6 @@ REQUEST_CHECK = 0.5
 STOP_CHECK = 0.25
 #: Seconds between writes of an unchanged session status row (``updated_at`` stays fresh).
 STATUS_REFRESH = 30.0
-
-
-class SessionStore(Transactions, Protocol):
-    """What a sender session needs of the store: reads and cursors, snapshots, the
-    records of dropped and stopped streams, its status row, and for cascaded
-    clients the relay reads and what this node received of them."""
-
-    shipping: Shipping
-    snapshots: SnapshotRequestRole
-    snapshot_entries: SnapshotEntries
-    retention: Retention
-    inspection: Inspection
-    cascade: Cascading
-    recv: Receiving
-    replays: Replays
 
 
 class SenderSession:
@@ -364,11 +338,7 @@ class SenderSession:
 
     def _gather(self, sink: dict[str, SinkState]) -> list[ClientFacts]:
         """What the plan needs to know of each configured client (all but the trim marks)."""
-        drops = {
-            d.client_name: d
-            for d in self.store.retention.list_drops()
-            if d.destination == self.destination
-        }
+        drops = {d.client_name: d for d in self.store.retention.list_drops(self.destination)}
         return [
             ClientFacts(
                 name,

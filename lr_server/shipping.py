@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Protocol
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.lanes import lane_of
@@ -35,14 +34,6 @@ from lr_client.records import (
     SnapshotRequest,
     SnapshotStatus,
 )
-from lr_client.store import (
-    Cascading,
-    Retention,
-    Shipping,
-    SnapshotEntries,
-    Transactions,
-)
-from lr_client.store import SnapshotRequests as SnapshotRequestRole
 from lr_client.store.byte_bounds import ByteCut
 from lr_server import metrics, outbound, protocol, wire
 from lr_server.arrivals import Arrivals
@@ -51,6 +42,7 @@ from lr_server.fanout import LogFanout
 from lr_server.relay_inbox import RelayInbox
 from lr_server.snapshot_requests import SnapshotRequests
 from lr_server.stops import StreamStops
+from lr_server.stores import ShipperStore
 from lr_server.streams import ClientStream, Lanes, Mode
 from lr_server.transport.base import BatchStream
 from lr_server.window import InFlight, Window
@@ -66,17 +58,6 @@ class _Clear:
 
     at: float  # the shipper's clock before the look-up
     clients: frozenset[str]
-
-
-class ShipperStore(Transactions, Protocol):
-    """What it needs of the store: log reads, open snapshots, their entries, drop records,
-    relay reads."""
-
-    shipping: Shipping
-    snapshots: SnapshotRequestRole
-    snapshot_entries: SnapshotEntries
-    retention: Retention
-    cascade: Cascading
 
 
 class Shipper:

@@ -16,11 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, SnapshotRequest, SnapshotStatus
-from lr_client.store import Retention, Shipping, SnapshotEntries, Transactions
-from lr_client.store import SnapshotRequests as SnapshotRequestRole
 from lr_server.config import (
     ClientConfig,
     ReplicationConfig,
@@ -29,6 +26,7 @@ from lr_server.config import (
     SnapshotProvider,
 )
 from lr_server.stops import StreamStops
+from lr_server.stores import RequestStore
 from lr_server.streams import ClientStream, Mode
 from spark_jobs.launch import launch_snapshot_job
 
@@ -53,15 +51,6 @@ def once_per_snapshot(launcher: SnapshotLauncher) -> SnapshotLauncher:
         launcher(req, config)
 
     return launch
-
-
-class RequestStore(Transactions, Protocol):
-    """What it needs of the store: snapshot requests, drop records, cursors."""
-
-    snapshots: SnapshotRequestRole
-    snapshot_entries: SnapshotEntries
-    retention: Retention
-    shipping: Shipping
 
 
 class SnapshotRequests:

@@ -267,14 +267,12 @@ def _send_streams(
     drops = {(d.destination, d.client_name): d for d in store.retention.list_drops()}
     stops = {(x.destination, x.client_name): x for x in store.retention.list_stream_stops()}
     open_snaps: dict[tuple[str, str], SnapshotRequest] = {}
-    for req in store.snapshots.list_snapshots(
-        statuses=OPEN_SNAPSHOT_STATUSES
-    ):  # newest first: keep the newest
+    # Newest first: keep the newest.
+    for req in store.snapshots.list_snapshots(statuses=OPEN_SNAPSHOT_STATUSES):
         open_snaps.setdefault((req.destination, req.client_name), req)
     recorded = configured | set(cursors) | set(drops) | set(open_snaps)
-    backlogs = {
-        key: store.shipping.backlog(*key) for key in unconfigured_streams(config, store.shipping)[0]
-    }
+    unlisted = unconfigured_streams(config, store.shipping)[0]
+    backlogs = {key: store.shipping.backlog(*key) for key in unlisted}
     keys = sorted(recorded | {key for key, b in backlogs.items() if b.entries})
     throttled = flow_states(store.send, {c for _, c in keys})
     owners = {x.unit: x.member_id for x in store.members.list_leases() if x.owner is not None}

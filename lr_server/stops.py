@@ -19,21 +19,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.records import DropRecord, Fence, SendEntry, StreamStop
-from lr_client.store import Retention, Shipping, Transactions
 from lr_server import metrics
 from lr_server.config.models import WIRE_BYTES_PER_BATCH, WIRE_BYTES_PER_ENTRY
+from lr_server.stores import StopStore
 from lr_server.streams import ClientStream, Mode, Notice
-
-
-class StopStore(Transactions, Protocol):
-    """What it needs of the store: stream stops, drop records, cursors."""
-
-    retention: Retention
-    shipping: Shipping
 
 
 class StreamStops:

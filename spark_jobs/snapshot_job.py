@@ -54,12 +54,7 @@ from lr_client.snapshot import HEARTBEAT_INTERVAL_S, SnapshotHeartbeat, wait_for
 from lr_client.store import create_engine, open_store
 from spark_jobs.encoders import Encoder, arrow_compatible, json_encoder, load_encoder
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job
-from spark_jobs.sources import (
-    DEBIAN_POSTGRESQL_JAR,
-    SourceSpec,
-    load_dataframe,
-    parse_source,
-)
+from spark_jobs.sources import DEBIAN_POSTGRESQL_JAR, SourceSpec, load_dataframe, parse_source
 from spark_jobs.writer import (
     DEFAULT_CHUNK_ROWS,
     METHODS,
@@ -335,13 +330,10 @@ def _run(
         raise SnapshotError(
             f"snapshot {snapshot_id}: {found} entries in the queue, the partitions wrote {total}"
         )
-    count = store.snapshot_entries.finish_snapshot(
-        snapshot_id
-    )  # counts them and writes the end marker
+    count = store.snapshot_entries.finish_snapshot(snapshot_id)  # counts, writes the end marker
     if count != total:  # cannot happen unless something else writes this snapshot
-        store.snapshots.cancel_snapshot(
-            snapshot_id, f"end marker counted {count}, job wrote {total}"
-        )
+        why = f"end marker counted {count}, job wrote {total}"
+        store.snapshots.cancel_snapshot(snapshot_id, why)
         raise SnapshotError(f"snapshot {snapshot_id}: counted {count}, the job wrote {total}")
     done = time.monotonic()
     log.info(
@@ -495,26 +487,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     snapshot_id: str = args.snapshot_id or ""
     start = bool(args.start)
     store = open_store(create_engine(args.database_url))
+    requests = store.snapshots
     try:
         if not snapshot_id:
-            snapshot_id = store.snapshots.request_snapshot(
+            snapshot_id = requests.request_snapshot(
                 None, args.destination, args.client, args.reason
             )
             start = True
             log.info("recorded snapshot request %s", snapshot_id)
         else:  # refuse early, before Spark starts, a request there is nothing to do for
-            req = store.snapshots.get_snapshot(snapshot_id)
+            req = requests.get_snapshot(snapshot_id)
             usable = [SnapshotStatus.RUNNING] + ([SnapshotStatus.REQUESTED] if start else [])
             if req is None or req.status not in usable:
                 return _nothing_to_do(snapshot_id, req)
-        if start and store.snapshots.start_snapshot(snapshot_id) is None:
+        if start and requests.start_snapshot(snapshot_id) is None:
             # Started here, before the source is read: a source that reads eagerly
             # (a ``module:function`` that collects rows) must not read before the
             # base position is fixed, or changes committed in between would be in
             # neither the snapshot nor the log entries that follow it. A request
             # another job started (a shared snapshot launched by two servers of a
             # site) is that job's to write: two writers of one part would race.
-            return _nothing_to_do(snapshot_id, store.snapshots.get_snapshot(snapshot_id))
+            return _nothing_to_do(snapshot_id, requests.get_snapshot(snapshot_id))
     except LRError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

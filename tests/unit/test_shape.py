@@ -123,18 +123,15 @@ MAX_LINES = 400
 #: listed may not pass MAX_LINES, one listed only shrink (lower its ceiling as it
 #: does; remove it once it is within the limit).
 OVER_LIMIT: dict[str, int] = {
-    "lr_client/store/contract.py": 902,
-    "spark_jobs/snapshot_job.py": 598,
-    "lr_server/session.py": 581,
-    "lr_client/store/snapshots/requests.py": 590,
+    "spark_jobs/snapshot_job.py": 597,
+    "lr_server/session.py": 578,
+    "lr_client/store/snapshots/requests.py": 585,
     "lr_client/subscriber.py": 453,
-    "lr_client/store/cascade/nodes.py": 552,
     "lr_client/snapshot.py": 474,
     "lr_client/store/schema/tables.py": 500,
-    "lr_server/shipping.py": 477,
-    "lr_client/store/recv/receiving.py": 453,
+    "lr_server/shipping.py": 473,
+    "lr_client/store/recv/receiving.py": 436,
     "lr_server/status.py": 435,
-    "lr_client/store/recv/queues.py": 407,
 }
 
 

@@ -1,0 +1,109 @@
+"""What each part of the server needs of the store, by role: the one place naming
+which roles a component uses (the site's assembly alone holds the whole store).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from lr_client.store import (
+    Cascading,
+    Inspection,
+    Receiving,
+    Replays,
+    Retention,
+    SendLog,
+    Shipping,
+    Sites,
+    SnapshotEntries,
+    Transactions,
+)
+from lr_client.store import SnapshotRequests as SnapshotRequestRole
+
+
+class SessionStore(Transactions, Protocol):
+    """What a sender session needs of the store: reads and cursors, snapshots, the
+    records of dropped and stopped streams, its status row, and for cascaded
+    clients the relay reads and what this node received of them."""
+
+    shipping: Shipping
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
+    retention: Retention
+    inspection: Inspection
+    cascade: Cascading
+    recv: Receiving
+    replays: Replays
+
+
+class ShipperStore(Transactions, Protocol):
+    """What it needs of the store: log reads, open snapshots, their entries, drop records,
+    relay reads."""
+
+    shipping: Shipping
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
+    retention: Retention
+    cascade: Cascading
+
+
+class RequestStore(Transactions, Protocol):
+    """What it needs of the store: snapshot requests, drop records, cursors."""
+
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
+    retention: Retention
+    shipping: Shipping
+
+
+class StopStore(Transactions, Protocol):
+    """What it needs of the store: stream stops, drop records, cursors."""
+
+    retention: Retention
+    shipping: Shipping
+
+
+class ReplayStore(Transactions, Protocol):
+    """What it needs of the store: log reads, cursors, trim marks, replay requests."""
+
+    shipping: Shipping
+    retention: Retention
+    replays: Replays
+
+
+class ReceiverStore(Transactions, Protocol):
+    """What the receiver needs of the store: receive queues, cascade rows, replays."""
+
+    recv: Receiving
+    cascade: Cascading
+    replays: Replays
+
+
+class BrowseStore(Transactions, Protocol):
+    """What the queue listing needs: the queues' sizes and the sites (their tags)."""
+
+    inspection: Inspection
+    sites: Sites
+
+
+class PolicyStore(Transactions, Protocol):
+    """What the policy needs of the store: retention, backlogs, the flow state it sets,
+    the open snapshots."""
+
+    retention: Retention
+    shipping: Shipping
+    send: SendLog
+    snapshots: SnapshotRequestRole
+    snapshot_entries: SnapshotEntries
+
+
+__all__ = [
+    "BrowseStore",
+    "PolicyStore",
+    "ReceiverStore",
+    "ReplayStore",
+    "RequestStore",
+    "SessionStore",
+    "ShipperStore",
+    "StopStore",
+]
