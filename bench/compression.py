@@ -7,7 +7,7 @@ codec's and the cipher's alone. Two payload shapes: ``json-1k`` (1 KiB JSON-like
 documents, 100 per batch, as an application's rows) and ``json-64k`` (64 KiB
 documents, 16 per batch). Per shape and codec (``none``, ``zlib``, ``zstd``): the
 bytes per entry of the serialized batch (what gRPC carries), the source's CPU
-per entry to pack it (``lr_server.codecs.pack``: serialize the entries and
+per entry to pack it (``lr_server.protocol.codecs.pack``: serialize the entries and
 compress them) and the sink's to unpack it (expand and parse), in microseconds
 of process time, median over ``--rounds`` rounds.
 
@@ -41,7 +41,7 @@ from bench.common import machine_facts, print_table, write_json  # noqa: E402
 from lr_client._proto import replication_pb2 as pb  # noqa: E402
 from lr_client.encryption import open_sealed, seal  # noqa: E402
 from lr_client.keys import Keyring, generate_key  # noqa: E402
-from lr_server import codecs  # noqa: E402
+from lr_server.protocol import codecs  # noqa: E402
 
 #: (name, payload bytes, entries per batch)
 SHAPES = (("json-1k", 1024, 100), ("json-64k", 64 * 1024, 16))

@@ -71,8 +71,8 @@ from bench.replicate import (
     wait_delivered,
     write_site_config,
 )
+from lr_server.cluster.placement import TRIM_UNIT, place, stream_unit
 from lr_server.config import MembersConfig
-from lr_server.placement import TRIM_UNIT, place, stream_unit
 from tests.kit.procs import LrServer
 
 LEASE = MembersConfig().lease_timeout  # the default: the benchmark runs with it

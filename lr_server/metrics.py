@@ -1,5 +1,5 @@
 """Prometheus metrics of an ``lr`` server (documented in docs/configuration.md); served by
-:mod:`lr_server.metrics_http`."""
+:mod:`lr_server.ops.metrics_http`."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ owns, the sink receiver, trim (when it owns the trim unit) and metrics.
 
 Several servers may run a site on one database: each unit of work (a sender
 stream, the trim job) is run by the member that owns its lease
-(:mod:`lr_server.membership`); every server receives.
+(:mod:`lr_server.cluster.membership`); every server receives.
 """
 
 from __future__ import annotations
@@ -23,24 +23,25 @@ from lr_client.cascade_roles import CascadeRole
 from lr_client.records import CascadeChild, CascadeNode, Fence, SnapshotRequest
 from lr_client.store import QueueStore, open_store
 from lr_client.store.watches import Watch
-from lr_server import codecs, compression
-from lr_server.arrivals import Arrivals
-from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
+from lr_server.cascade.control import CascadeReporter, branch_floor, grpc_sender, serve_report
+from lr_server.cluster.membership import Membership, default_member_id
+from lr_server.cluster.placement import TRIM_UNIT, stream_unit
+from lr_server.cluster.upkeep import Upkeep
 from lr_server.config import ClientConfig, SiteConfig
-from lr_server.fanout import LogFanout
-from lr_server.logs import configure_logging
-from lr_server.membership import Membership, default_member_id
-from lr_server.memory import map_large_blocks
-from lr_server.metrics_http import MetricsEndpoint, serve_site_metrics
-from lr_server.placement import TRIM_UNIT, stream_unit
-from lr_server.readiness import problems
-from lr_server.receive_limits import ReceiveLimits
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
-from lr_server.snapshot_requests import once_per_snapshot, spark_launcher
+from lr_server.ops.logs import configure_logging
+from lr_server.ops.memory import map_large_blocks
+from lr_server.ops.metrics_http import MetricsEndpoint, serve_site_metrics
+from lr_server.ops.readiness import problems
+from lr_server.protocol import codecs
+from lr_server.receiving.limits import ReceiveLimits
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.arrivals import Arrivals
+from lr_server.sending.fanout import LogFanout
+from lr_server.sending.session import SenderSession
+from lr_server.sending.snapshot_requests import once_per_snapshot, spark_launcher
+from lr_server.transport import compression
 from lr_server.transport.base import Transport
 from lr_server.transport.dialing import grpc_connector
-from lr_server.upkeep import Upkeep
 
 log = logging.getLogger("lr.server")
 

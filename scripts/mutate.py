@@ -43,7 +43,7 @@ RETENTION = "lr_client.store.retention.store.xǁRetentionStoreǁ"
 RECEIVING = "lr_client.store.recv.receiving.xǁReceivingStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteCoreǁ"
 PG = "lr_client.store.postgres.xǁPostgresCoreǁ"
-SESSION = "lr_server.session.xǁSenderSessionǁ"
+SESSION = "lr_server.sending.session.xǁSenderSessionǁ"
 STORE_FILES = [
     "lr_client/store/core.py",
     "lr_client/store/byte_bounds.py",
@@ -123,7 +123,7 @@ TARGETS: dict[str, Target] = {
         (("LR_TRIM_EXAMPLES", "25"),),
     ),
     "receive": Target(
-        [*STORE_FILES, "lr_server/receiver.py"],
+        [*STORE_FILES, "lr_server/receiving/receiver.py"],
         [
             *_methods(
                 RECEIVING,
@@ -139,7 +139,7 @@ TARGETS: dict[str, Target] = {
             ),
             *_methods(SQLITE, "append_recv"),
             *_methods(PG, "append_recv", "lock_stream"),
-            "lr_server.receiver.*",
+            "lr_server.receiving.receiver.*",
         ],
         [
             *CONTRACT,
@@ -149,8 +149,8 @@ TARGETS: dict[str, Target] = {
         "the sink receiver: batch checks, duplicates, snapshot supersession, drop notices",
     ),
     "receiver": Target(
-        ["lr_server/receiver.py"],
-        ["lr_server.receiver.*"],
+        ["lr_server/receiving/receiver.py"],
+        ["lr_server.receiving.receiver.*"],
         [
             "tests/integration/test_sink_exactly_once.py",
             "tests/integration/test_receiver_checks.py",
@@ -247,15 +247,15 @@ TARGETS: dict[str, Target] = {
     ),
     "session": Target(
         [
-            "lr_server/negotiation.py",
-            "lr_server/window.py",
-            "lr_server/snapshot_requests.py",
-            "lr_server/session.py",
+            "lr_server/sending/negotiation.py",
+            "lr_server/sending/window.py",
+            "lr_server/sending/snapshot_requests.py",
+            "lr_server/sending/session.py",
         ],
         [
-            "lr_server.negotiation.*",
-            "lr_server.window.*",
-            "lr_server.snapshot_requests.*",
+            "lr_server.sending.negotiation.*",
+            "lr_server.sending.window.*",
+            "lr_server.sending.snapshot_requests.*",
             *_methods(SESSION, "_plan", "_apply", "_on_ack", "_flush_cursors"),
         ],
         [
@@ -268,8 +268,8 @@ TARGETS: dict[str, Target] = {
         "(unit tables; the session's steps and requests on a store, without a transport)",
     ),
     "lanes": Target(
-        ["lr_client/lanes.py", "lr_server/transport/lanes.py", "lr_server/streams.py"],
-        ["lr_client.lanes.*", "lr_server.transport.lanes.*", "lr_server.streams.*"],
+        ["lr_client/lanes.py", "lr_server/transport/lanes.py", "lr_server/sending/streams.py"],
+        ["lr_client.lanes.*", "lr_server.transport.lanes.*", "lr_server.sending.streams.*"],
         [
             "tests/unit/test_window.py",
             "tests/contract/test_receiving.py",

@@ -10,7 +10,7 @@ seq`` says: every log entry of the queue with a position above ``p`` has a
 
 Marks are recorded where a read ended (its last entry), and where a read found
 nothing past ``p`` (the queue's highest ``seq``, read before it): a branch that
-forwards batches before storing them (``lr_server.relay_inbox``) reads after
+forwards batches before storing them (``lr_server.sending.relay_inbox``) reads after
 positions no read ended at, and these reads find nothing.
 """
 

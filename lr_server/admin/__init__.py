@@ -62,8 +62,8 @@ from lr_server.admin.snapshots import (
     snapshot_job_command,
 )
 from lr_server.admin.streams import accept_loss, status, trim
-from lr_server.browse import BrowsedEntry, QueueSummary, browse, list_queues
-from lr_server.status import SiteStatus
+from lr_server.ops.browse import BrowsedEntry, QueueSummary, browse, list_queues
+from lr_server.ops.status import SiteStatus
 
 __all__ = [
     "AdminError",

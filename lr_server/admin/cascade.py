@@ -29,7 +29,7 @@ def switch_provider(
     :class:`NotFoundError` if the client is not cascaded in the database yet,
     :class:`StateError` if ``to`` already provides it here.
     """
-    from lr_server.cascade_control import make_report
+    from lr_server.cascade.control import make_report
     from lr_server.transport.grpc_client import call_cascade
 
     check_switch(config, client, to)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from lr_server.admin.checks import check_stream
 from lr_server.admin.errors import AdminInputError, FullSyncNeededError, StateError
-from lr_server.replay import trimmed_message
+from lr_server.sending.replay import trimmed_message
 
 if TYPE_CHECKING:
     from lr_client.store import QueueStore

@@ -1,4 +1,4 @@
-"""``lr browse``: the outstanding entries of a queue, decoded, read by :mod:`lr_server.browse`."""
+"""``lr browse``: the outstanding entries of a queue, decoded (:mod:`lr_server.ops.browse`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from lr_server.cli.render import console, print_json, short_id, table
 from lr_server.config import load_config
 
 if TYPE_CHECKING:
-    from lr_server.browse import BrowsedEntry, QueueSummary
+    from lr_server.ops.browse import BrowsedEntry, QueueSummary
 
 #: Short labels of entry types in ``lr browse`` tables.
 TYPE_LABELS = {"LOG_ENTRY_SYNC": "log", "SNAPSHOT_SYNC": "snapshot", "LAST_FULL_SYNC_ENTRY": "end"}

@@ -15,7 +15,6 @@ from typing import Any
 from pydantic_core import PydanticCustomError
 
 from lr_client.errors import ConfigError
-from lr_server.codecs import check_codec
 from lr_server.config.checks import (
     cascades,
     check_members,
@@ -43,6 +42,7 @@ from lr_server.config.models import (
     TracingConfig,
 )
 from lr_server.config.values import DatabaseUrl, Flag, Listen, Name, Port, Text, host_port
+from lr_server.protocol.codecs import check_codec
 
 
 @dataclass(frozen=True)

@@ -192,7 +192,7 @@ class ReplicationConfig:
     #: Seconds between a cascaded node's reports to its provider (docs/cascading.md).
     cascade_report_interval: PositiveNumber = 1.0
     #: Seconds a dropped child whose last report is newer still counts in the watermarks
-    #: (a node that just switched providers: see lr_server.watermarks).
+    #: (a node that just switched providers: see lr_server.cascade.watermarks).
     cascade_grace: Number = 30.0
 
     @property

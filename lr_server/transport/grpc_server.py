@@ -19,7 +19,7 @@ from lr_client.errors import (
 )
 from lr_server import metrics
 from lr_server.config import SiteConfig
-from lr_server.receiver import Receiver
+from lr_server.receiving.receiver import Receiver
 from lr_server.transport.calls import CallLimitError, CallTracker, OpenCall
 from lr_server.transport.errors import status_for
 

@@ -1,4 +1,5 @@
-"""In-process transport: calls a :class:`~lr_server.receiver.Receiver` directly (for tests)."""
+"""In-process transport: calls a :class:`~lr_server.receiving.receiver.Receiver` directly (for
+tests)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import LRError, TransportError
-from lr_server.receiver import Receiver
+from lr_server.receiving.receiver import Receiver
 from lr_server.transport.base import BatchStream, Transport
 
 

@@ -193,7 +193,7 @@ def test_without_opentelemetry_loaded_nothing_of_it_is_imported(tmp_path: Path) 
         from lr_client import RoutingQueueClient, RoutingQueueSubscriber, RoutingQueueListener
         from lr_client.records import ReplicationType, WireEntry
         from lr_client.store import open_store
-        import lr_server.server, lr_server.receiver, lr_server.outbound
+        import lr_server.server, lr_server.receiving.receiver, lr_server.sending.outbound
         from lr_server.config import load_config
 
         store = open_store("sqlite:///{tmp_path / "app.db"}")

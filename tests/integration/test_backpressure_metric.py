@@ -8,8 +8,8 @@ from prometheus_client import REGISTRY
 from lr_client import BackpressureError, RoutingQueueClient
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server import metrics
+from lr_server.cluster.retention import RetentionPolicy
 from lr_server.config import RetentionConfig
-from lr_server.retention import RetentionPolicy
 from tests.integration.test_unconfigured import send, site_config
 
 

@@ -32,7 +32,7 @@ from bench.idle_report import (
     report,
     target_met,
 )
-from lr_server.placement import TRIM_UNIT, place, stream_unit
+from lr_server.cluster.placement import TRIM_UNIT, place, stream_unit
 
 WINDOW = 20.0
 

@@ -20,7 +20,7 @@ from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSub
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store.byte_bounds import ENTRY_OVERHEAD
-from lr_server.fanout import LogFanout
+from lr_server.sending.fanout import LogFanout
 
 MIB = 1024 * 1024
 COUNT = 24

@@ -20,7 +20,7 @@ import pytest
 
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server.browse import PREVIEW_CHARS
+from lr_server.ops.browse import PREVIEW_CHARS
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024

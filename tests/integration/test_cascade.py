@@ -19,9 +19,9 @@ from lr_client.errors import NotProviderError, ProtocolError
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server import wire
-from lr_server.receiver import Receiver
-from lr_server.streams import SessionState
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending import wire
+from lr_server.sending.streams import SessionState
 from tests.kit.sites import CHAIN, SEED_TREE, CascadeTree, Sites
 from tests.kit.traffic import (
     LOG,

@@ -27,11 +27,11 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import PermissionDeniedError, ProtocolError
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
-from lr_server.cascade_control import CascadeReporter, branch_floor, grpc_sender, serve_report
+from lr_server.cascade.control import CascadeReporter, branch_floor, grpc_sender, serve_report
 from lr_server.cli import EXIT_FAILED, EXIT_USAGE, cli
+from lr_server.cluster.streams import unconfigured_streams
 from lr_server.config import SiteConfig, SourceConfig, load_config
-from lr_server.receiver import Receiver
-from lr_server.status import unconfigured_streams
+from lr_server.receiving.receiver import Receiver
 from lr_server.transport.grpc_client import call_cascade
 from lr_server.transport.grpc_server import start_grpc_server
 from tests.kit.positions import new_slot, positions

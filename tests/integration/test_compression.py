@@ -11,8 +11,8 @@ import pytest
 from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueSubscriber
 from lr_client._proto import replication_pb2 as pb
 from lr_client.listener import RoutingQueueMessage, Session
-from lr_server import codecs
-from lr_server.receiver import Receiver
+from lr_server.protocol import codecs
+from lr_server.receiving.receiver import Receiver
 from tests.kit.sites import Sites
 from tests.kit.wait import scaled, wait_for
 

@@ -11,9 +11,9 @@ import pytest
 from lr_client.records import LogRange, SendEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_server.config import ClientConfig, ReplicationConfig
-from lr_server.fanout import LogFanout
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.fanout import LogFanout
+from lr_server.sending.session import SenderSession
 from lr_server.transport.inproc import InProcessTransport
 from tests.kit.wait import join, wait_for
 

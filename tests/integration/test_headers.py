@@ -19,7 +19,7 @@ from lr_client import (
 )
 from lr_client.headers import MAX_HEADERS, MAX_VALUE_BYTES, decode_headers
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server import protocol
+from lr_server.protocol import versions as protocol
 from tests.kit.apps import App, every_flavour
 from tests.kit.sites import CHAIN, Sites
 from tests.kit.wait import scaled, wait_for

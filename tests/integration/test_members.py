@@ -27,9 +27,9 @@ from lr_client.errors import FencedError, StoreUnavailableError
 from lr_client.records import Fence, ReplicationType, WireEntry
 from lr_client.store import QueueStore, SQLAlchemyQueueStore, open_store
 from lr_server import Site
+from lr_server.cluster.membership import Membership
+from lr_server.cluster.placement import TRIM_UNIT, place, stream_unit
 from lr_server.config import MembersConfig, load_config
-from lr_server.membership import Membership
-from lr_server.placement import TRIM_UNIT, place, stream_unit
 from lr_server.server import SiteServer
 from tests.kit.sites import Sites, SiteSpec, free_port, write_config
 from tests.kit.wait import scaled, wait_for

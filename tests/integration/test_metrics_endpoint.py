@@ -17,7 +17,7 @@ import pytest
 from lr_client.errors import ConfigError
 from lr_server import Site, parse_config
 from lr_server.config import SiteConfig
-from lr_server.metrics_http import MetricsEndpoint, serve_metrics, serve_site_metrics
+from lr_server.ops.metrics_http import MetricsEndpoint, serve_metrics, serve_site_metrics
 from tests.kit.certs import Pki, make_pki
 from tests.kit.ports import reserve_port
 

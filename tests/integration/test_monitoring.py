@@ -26,8 +26,8 @@ from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.ops.inspection import SinkBacklog, SinkFailures
 from lr_client.store.ops.partition_lags import PartitionLag
 from lr_server import metrics
+from lr_server.cluster.retention import RetentionPolicy
 from lr_server.config import RetentionConfig
-from lr_server.retention import RetentionPolicy
 from tests.integration.test_unconfigured import send, site_config
 from tests.kit.procs import ROOT, LrServer, stop_all
 from tests.kit.prometheus import Prometheus, binary, promtool

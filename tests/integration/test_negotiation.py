@@ -29,7 +29,7 @@ from lr_client.store.schema import tables as s
 from lr_client.store.sqlite import SQLiteCore
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.cli import cli
-from lr_server.status import StreamState, collect_status
+from lr_server.ops.status import StreamState, collect_status
 from tests.kit import kvapp
 from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for
@@ -401,7 +401,7 @@ def test_a_drop_notice_is_queued_once_and_moves_a_sink_back(store: SQLAlchemyQue
 def test_the_receiver_checks_drop_notices(store: SQLAlchemyQueueStore) -> None:
     from lr_client._proto import replication_pb2 as pb
     from lr_client.errors import ProtocolError
-    from lr_server.receiver import Receiver
+    from lr_server.receiving.receiver import Receiver
 
     receiver = Receiver(store, "b", ["a"])
     assert receiver.negotiate("a", pb.NegotiateRequest(clients=["policy"])).drop_notices
@@ -518,7 +518,7 @@ def test_a_destination_dropped_by_retention_is_told_before_its_full_sync(
 def test_a_sink_without_drop_notices_gets_none_and_the_stream_still_resumes(
     sites: Sites, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lr_server.receiver import Receiver
+    from lr_server.receiving.receiver import Receiver
 
     plain = Receiver.negotiate
 

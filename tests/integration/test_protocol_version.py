@@ -12,9 +12,9 @@ import pytest
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import IncompatibleVersionError
-from lr_server import protocol
 from lr_server.config import ClientConfig
-from lr_server.session import SenderSession
+from lr_server.protocol import versions as protocol
+from lr_server.sending.session import SenderSession
 from lr_server.transport.grpc_client import GrpcTransport
 from tests.integration.test_security import Sink, _token
 

@@ -1,4 +1,4 @@
-"""``/ready`` of a running site (:mod:`lr_server.readiness`) over real HTTP: 200 while its
+"""``/ready`` of a running site (:mod:`lr_server.ops.readiness`) over real HTTP: 200 while its
 database answers and its heartbeat is recorded; 503, saying why, once the database is
 gone; no credentials needed where ``/metrics`` wants them."""
 

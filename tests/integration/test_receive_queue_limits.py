@@ -19,9 +19,9 @@ from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server import parse_config
 from lr_server.config import ClientConfig, RetryConfig
-from lr_server.receive_limits import ReceiveLimits
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
+from lr_server.receiving.limits import ReceiveLimits
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.session import SenderSession
 from lr_server.transport.inproc import InProcessTransport
 from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for

@@ -21,8 +21,8 @@ from lr_client.records import ReplicationType, SinkSnapshotState
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store.recv.receiving import ReceivingStore
 from lr_client.store.schema import tables as schema
-from lr_server import protocol
-from lr_server.receiver import Receiver
+from lr_server.protocol import versions as protocol
+from lr_server.receiving.receiver import Receiver
 from tests.integration.test_sink_exactly_once import CLIENT, SOURCE, log_batch, snapshot_batch
 
 

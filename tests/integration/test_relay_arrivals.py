@@ -1,5 +1,5 @@
 """A branch relays a batch as soon as its receiver stores it: the receiver rings the
-sessions relaying the client (:mod:`lr_server.arrivals`), which wait neither for
+sessions relaying the client (:mod:`lr_server.sending.arrivals`), which wait neither for
 their next poll nor for an acknowledgement, and a relay read resumes where the
 last one ended. On both backends, with in-process transports (the sessions' poll
 is an hour: a session that waited for it would relay nothing while a test runs)."""
@@ -21,7 +21,6 @@ from lr_client.errors import StoreUnavailableError
 from lr_client.records import CascadeNode
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.schema import tables as schema
-from lr_server.arrivals import Arrivals
 from lr_server.config import (
     ClientConfig,
     DestinationConfig,
@@ -29,10 +28,11 @@ from lr_server.config import (
     SecurityConfig,
     load_config,
 )
-from lr_server.protocol import PROTOCOL_VERSION
-from lr_server.receiver import Receiver
+from lr_server.protocol.versions import PROTOCOL_VERSION
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.arrivals import Arrivals
+from lr_server.sending.session import SenderSession
 from lr_server.server import SiteServer
-from lr_server.session import SenderSession
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.grpc_client import GrpcTransport
 from lr_server.transport.inproc import InProcessTransport
@@ -260,7 +260,7 @@ def test_a_relay_read_resumes_at_the_entry_the_last_one_ended_at(
     assert [e.position for e in store.cascade.read_relay("policy", "s1", 2, 10)] == [99]
 
 
-# -- forwarding before storing (lr_server.relay_inbox) ---------------------------------
+# -- forwarding before storing (lr_server.sending.relay_inbox) ---------------------------------
 
 
 def _forwarding_receiver(store: SQLAlchemyQueueStore, arrivals: Arrivals) -> Receiver:

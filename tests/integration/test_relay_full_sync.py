@@ -18,10 +18,10 @@ from lr_client.snapshot import SnapshotProviderRunner, wait_for_base
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
-from lr_server.protocol import PROTOCOL_VERSION
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
-from lr_server.streams import Mode
+from lr_server.protocol.versions import PROTOCOL_VERSION
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.session import SenderSession
+from lr_server.sending.streams import Mode
 from tests.kit.relayed import Sent, TakesAll, from_root, no_transport
 
 

@@ -7,7 +7,7 @@ import time
 from prometheus_client import REGISTRY
 
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server.receiver import Receiver
+from lr_server.receiving.receiver import Receiver
 from tests.integration.test_sink_exactly_once import CLIENT, SOURCE, log_batch
 
 

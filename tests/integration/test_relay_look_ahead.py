@@ -1,7 +1,7 @@
 """A branch forwarding batches as received checks them against its last look-up of the
 client's full syncs and drops while that is under ``relay_checks_ttl`` old, and looks
 up again after a forward once it is half that old, rather than between a batch's
-arrival and its forward (:meth:`lr_server.shipping.Shipper.checks`); a batch read from
+arrival and its forward (:meth:`lr_server.sending.shipping.Shipper.checks`); a batch read from
 the receive queue is looked up at once. The session's steps are called directly (no
 transport, the shipper's clock set by the test), on SQLite and PostgreSQL."""
 
@@ -15,12 +15,12 @@ import pytest
 from lr_client._proto import replication_pb2 as pb
 from lr_client.records import ReplicationType, SnapshotStatus, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server.arrivals import Arrivals
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
-from lr_server.protocol import PROTOCOL_VERSION
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
-from lr_server.streams import ClientStream, Mode
+from lr_server.protocol.versions import PROTOCOL_VERSION
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.arrivals import Arrivals
+from lr_server.sending.session import SenderSession
+from lr_server.sending.streams import ClientStream, Mode
 from tests.kit.relayed import Sent, from_root, no_transport
 
 

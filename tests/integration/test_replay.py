@@ -23,11 +23,12 @@ from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server import admin, load_config, parse_config, protocol
+from lr_server import admin, load_config, parse_config
 from lr_server.config import ClientConfig, ReplicationConfig, SiteConfig
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
-from lr_server.streams import ClientStream
+from lr_server.protocol import versions as protocol
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.session import SenderSession
+from lr_server.sending.streams import ClientStream
 from lr_server.transport.base import BatchStream
 from lr_server.transport.inproc import InProcessTransport
 from tests.kit.aio import DRIVER_PARAMS, aio_site

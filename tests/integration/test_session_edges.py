@@ -13,7 +13,7 @@ import pytest
 from lr_client.records import ReplicationType, SnapshotStatus, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server.config import ClientConfig
-from lr_server.streams import Mode
+from lr_server.sending.streams import Mode
 from tests.kit.rig import CLIENT, Rig, make_rig
 
 LOG, SNAP, END, DROPPED = (

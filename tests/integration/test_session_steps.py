@@ -19,12 +19,12 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import IncompatibleVersionError
 from lr_client.records import SnapshotRequest, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server import protocol
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
-from lr_server.session import SenderSession
-from lr_server.streams import ClientStream, Mode, Notice, SessionState
+from lr_server.protocol import versions as protocol
+from lr_server.sending.session import SenderSession
+from lr_server.sending.streams import ClientStream, Mode, Notice, SessionState
+from lr_server.sending.window import InFlight
 from lr_server.transport.base import Transport
-from lr_server.window import InFlight
 from tests.kit.positions import new_slot
 from tests.kit.snapshots import ready_snapshot
 

@@ -10,8 +10,8 @@ from lr_client.errors import TransportError
 from lr_client.records import SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.session import SenderSession
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.inproc import InProcessTransport
 from tests.kit.wait import join, wait_for

@@ -18,7 +18,7 @@ from lr_client import ProtocolError, RoutingQueueListener, RoutingQueueMessage
 from lr_client._proto import replication_pb2 as pb
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server.receiver import Receiver
+from lr_server.receiving.receiver import Receiver
 from tests.kit.aio import SyncDriven
 
 SOURCE = "src-a"

@@ -18,7 +18,7 @@ from lr_client.sink_metrics import SinkCollector, sink_registry
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store.ops.inspection import SinkBacklog, SinkFailures
 from lr_client.store.ops.partition_lags import PartitionLag
-from lr_server.metrics_http import serve_metrics
+from lr_server.ops.metrics_http import serve_metrics
 from tests.contract.calls import pass_entries
 from tests.kit.ports import reserve_port
 from tests.kit.wait import wait_for

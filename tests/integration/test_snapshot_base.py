@@ -21,7 +21,7 @@ from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server.streams import Mode
+from lr_server.sending.streams import Mode
 from tests.kit import kvapp
 from tests.kit.rig import CLIENT, Rig, make_rig
 from tests.kit.sites import Sites, wait_for

@@ -14,7 +14,7 @@ import pytest
 
 from lr_client.records import ReplicationType
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server.streams import Mode
+from lr_server.sending.streams import Mode
 from tests.kit.rig import CLIENT, Rig, make_rig
 
 SNAP = ReplicationType.SNAPSHOT_SYNC

@@ -1,6 +1,6 @@
 """A destination's full-sync requests, from request to completion, on SQLite and PostgreSQL.
 
-:class:`~lr_server.snapshot_requests.SnapshotRequests` on a real store, its
+:class:`~lr_server.sending.snapshot_requests.SnapshotRequests` on a real store, its
 clocks set by the test: refusals, launches, stalled workers, drops, supersession
 and the streams it switches between log entries and snapshots.
 """
@@ -16,11 +16,11 @@ import pytest
 
 from lr_client.records import DropRecord, SnapshotRequest, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server import snapshot_requests
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
-from lr_server.snapshot_requests import SnapshotRequests
-from lr_server.stops import StreamStops
-from lr_server.streams import ClientStream, Mode, Notice
+from lr_server.sending import snapshot_requests
+from lr_server.sending.snapshot_requests import SnapshotRequests
+from lr_server.sending.stops import StreamStops
+from lr_server.sending.streams import ClientStream, Mode, Notice
 from tests.kit.snapshots import ready_snapshot
 
 DEST = "b"

@@ -22,9 +22,9 @@ from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.schema import tables as s
+from lr_server.cluster.retention import RetentionPolicy
 from lr_server.config import ClientConfig, DestinationConfig, RetentionConfig, SiteConfig
-from lr_server.retention import RetentionPolicy
-from lr_server.status import collect_status
+from lr_server.ops.status import collect_status
 from tests.integration.test_cli import as_json, ok, write_config
 from tests.integration.test_full_sync import running, sink_app
 from tests.integration.test_replication import received

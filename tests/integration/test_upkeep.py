@@ -7,9 +7,10 @@ from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server import parse_config, upkeep
-from lr_server.retention import RetentionReport
-from lr_server.upkeep import Upkeep
+from lr_server import parse_config
+from lr_server.cluster import upkeep
+from lr_server.cluster.retention import RetentionReport
+from lr_server.cluster.upkeep import Upkeep
 
 
 def _upkeep(store: SQLAlchemyQueueStore, db_url: str) -> tuple[Upkeep, list[RetentionReport]]:

@@ -23,9 +23,9 @@ from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.schema import tables as s
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.config import ClientConfig, ReplicationConfig
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
-from lr_server.streams import ClientStream
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.session import SenderSession
+from lr_server.sending.streams import ClientStream
 from lr_server.transport.base import BatchStream
 from lr_server.transport.inproc import InProcessTransport
 from tests.kit.sites import wait_for

@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from lr_client.store import open_store
-from lr_server.placement import TRIM_UNIT, place, stream_unit
+from lr_server.cluster.placement import TRIM_UNIT, place, stream_unit
 from tests.kit.procs import LrServer
 from tests.kit.scrape import metric_sum
 from tests.kit.sites import free_port

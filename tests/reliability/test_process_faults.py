@@ -41,8 +41,8 @@ from lr_client.records import ReplicationType, SnapshotStatus, WireEntry
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_server.config import ClientConfig, ReplicationConfig
-from lr_server.receiver import Receiver
-from lr_server.session import SenderSession
+from lr_server.receiving.receiver import Receiver
+from lr_server.sending.session import SenderSession
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.inproc import InProcessTransport
 from tests.conftest import PG_URL

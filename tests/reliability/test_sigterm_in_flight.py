@@ -38,7 +38,7 @@ from tests.reliability.harness import Deployment, reliability_seed, tune_config
 
 pytestmark = pytest.mark.slow
 
-#: The session's clean-shutdown wait for acknowledgements (lr_server/session.py).
+#: The session's clean-shutdown wait for acknowledgements (lr_server/sending/session.py).
 GRACE = 5.0
 
 

@@ -26,7 +26,7 @@ import pytest
 from lr_client.records import SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server.receiver import Receiver
+from lr_server.receiving.receiver import Receiver
 from spark_jobs import snapshot_job
 from spark_jobs.launch import DATABASE_URL_ENV, launch_snapshot_job, snapshot_job_command
 from spark_jobs.snapshot_job import main

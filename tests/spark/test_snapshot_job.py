@@ -17,7 +17,7 @@ from lr_client.errors import ConfigError, InvalidPayloadError, SnapshotError
 from lr_client.records import ReplicationType, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server.receiver import Receiver
+from lr_server.receiving.receiver import Receiver
 from spark_jobs.encoders import json_encoder
 from spark_jobs.snapshot_job import run_snapshot_job
 from spark_jobs.sources import load_dataframe, parse_source

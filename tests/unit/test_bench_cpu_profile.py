@@ -24,10 +24,12 @@ def test_process_cpu_counts_user_and_system_seconds() -> None:
 def test_collapsed_stacks_give_inclusive_and_exclusive_shares(tmp_path: Path) -> None:
     raw = tmp_path / "ship.pyspy"
     raw.write_text(
-        "run (lr_server/session.py:10);ship (lr_server/shipping.py:20);read (a/store.py:5) 6\n"
-        "run (lr_server/session.py:10);ship (lr_server/shipping.py:21) 2\n"
-        "run (lr_server/session.py:10);wait (threading.py:300) 2\n"
-        "run (lr_server/session.py:10);ship (lr_server/shipping.py:20);read (a/store.py:5) 1\n"
+        "run (lr_server/sending/session.py:10);ship (lr_server/sending/shipping.py:20);"
+        "read (a/store.py:5) 6\n"
+        "run (lr_server/sending/session.py:10);ship (lr_server/sending/shipping.py:21) 2\n"
+        "run (lr_server/sending/session.py:10);wait (threading.py:300) 2\n"
+        "run (lr_server/sending/session.py:10);ship (lr_server/sending/shipping.py:20);"
+        "read (a/store.py:5) 1\n"
     )
     stacks = read_collapsed(raw)
     assert sum(stacks.values()) == 11
@@ -35,8 +37,8 @@ def test_collapsed_stacks_give_inclusive_and_exclusive_shares(tmp_path: Path) ->
     assert top["samples"] == 11
     # The same function at two lines is one function.
     assert top["cumulative"] == [
-        ["run (lr_server/session.py)", 1.0],
-        ["ship (lr_server/shipping.py)", round(9 / 11, 3)],
+        ["run (lr_server/sending/session.py)", 1.0],
+        ["ship (lr_server/sending/shipping.py)", round(9 / 11, 3)],
         ["read (a/store.py)", round(7 / 11, 3)],
     ]
     assert top["self"][0] == ["read (a/store.py)", round(7 / 11, 3)]

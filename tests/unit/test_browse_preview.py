@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lr_client.store.ops.inspection import BROWSE_HEAD_BYTES
-from lr_server.browse import PREVIEW_CHARS, preview
+from lr_server.ops.browse import PREVIEW_CHARS, preview
 
 
 def test_a_head_shorter_than_the_payload_is_marked_cut() -> None:

@@ -8,9 +8,9 @@ import pytest
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import ConfigError, DecompressionError
-from lr_server import codecs
-from lr_server.compression import CompressingTransport, Negotiated
+from lr_server.protocol import codecs
 from lr_server.transport.base import BatchStream, Transport
+from lr_server.transport.compression import CompressingTransport, Negotiated
 
 
 def _batch(n: int = 50, size: int = 200) -> pb.ReplicationBatch:

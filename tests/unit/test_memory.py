@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 
-from lr_server.memory import LARGE_BLOCK, map_large_blocks
+from lr_server.ops.memory import LARGE_BLOCK, map_large_blocks
 from tests.kit.guards import need
 
 

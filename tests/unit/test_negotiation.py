@@ -14,7 +14,7 @@ from lr_client.records import (
     SnapshotStatus,
     StreamStop,
 )
-from lr_server.negotiation import (
+from lr_server.sending.negotiation import (
     Action,
     ClientFacts,
     ClientPlan,

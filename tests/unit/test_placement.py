@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lr_server.placement import (
+from lr_server.cluster.placement import (
     TRIM_UNIT,
     owner,
     parse_stream_unit,

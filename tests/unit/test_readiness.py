@@ -1,4 +1,4 @@
-"""``/ready``'s verdict (:mod:`lr_server.readiness`) from a server's parts, without sockets."""
+"""``/ready``'s verdict (:mod:`lr_server.ops.readiness`) from a server's parts, without sockets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from lr_client.errors import SchemaError, StoreUnavailableError
-from lr_server.readiness import Serving, problems, ready_app, route_ready
+from lr_server.ops.readiness import Serving, problems, ready_app, route_ready
 
 
 class _Store:

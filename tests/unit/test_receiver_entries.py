@@ -7,7 +7,7 @@ import pytest
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import ProtocolError
 from lr_client.records import ReplicationType
-from lr_server.receiver import _entries
+from lr_server.receiving.receiver import _entries
 
 
 def _msg(kind: int, position: int = 1, **fields: object) -> pb.RoutingTableEntryMsg:

@@ -17,7 +17,7 @@ import pytest
 
 from lr_client.errors import TransportError
 from lr_server.config import ClientConfig, RetryConfig
-from lr_server.session import SenderSession, SessionStore
+from lr_server.sending.session import SenderSession, SessionStore
 from lr_server.transport.base import Transport
 
 

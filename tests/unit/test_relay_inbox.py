@@ -1,4 +1,4 @@
-"""The batches a branch forwards before it stores them (:mod:`lr_server.relay_inbox`) and
+"""The batches a branch forwards before it stores them (:mod:`lr_server.sending.relay_inbox`) and
 where its relay reads start (:mod:`lr_client.store.relay_marks`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store.byte_bounds import ENTRY_OVERHEAD
 from lr_client.store.relay_marks import RelayMarks
-from lr_server.relay_inbox import RelayInbox
+from lr_server.sending.relay_inbox import RelayInbox
 
 LOG = ReplicationType.LOG_ENTRY_SYNC
 

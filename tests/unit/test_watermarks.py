@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lr_server.watermarks import (
+from lr_server.cascade.watermarks import (
     DEFAULT_GRACE,
     ChildReport,
     counts,

@@ -8,8 +8,8 @@ import pytest
 
 from lr_client._proto import replication_pb2 as pb
 from lr_server.config import ClientConfig
-from lr_server.streams import ClientStream, Mode, SessionState, summary
-from lr_server.window import FLUSH_INTERVAL, InFlight, Window
+from lr_server.sending.streams import ClientStream, Mode, SessionState, summary
+from lr_server.sending.window import FLUSH_INTERVAL, InFlight, Window
 
 LOG, SNAP, NOTICE = pb.BATCH_LOG_ENTRY, pb.BATCH_SNAPSHOT, pb.BATCH_DROP_NOTICE
 
@@ -212,7 +212,7 @@ def test_lane_batches_leave_the_cursor_to_the_session() -> None:
 
 
 def test_lanes_move_acked_only_once_every_batch_of_the_oldest_ranges_is_acknowledged() -> None:
-    from lr_server.streams import Lanes
+    from lr_server.sending.streams import Lanes
 
     ls = Lanes.at(2, 5)
     ls.chunks.extend([(10, {1, 2}), (20, {3}), (30, {4, 5})])

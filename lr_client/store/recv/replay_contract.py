@@ -1,6 +1,6 @@
 """The replay role's contract: the record of a request and what a store does with it.
 
-Implemented by :mod:`lr_client.store.recv.replays`; see :mod:`lr_server.replay` for how a
+Implemented by :mod:`lr_client.store.recv.replays`; see :mod:`lr_server.sending.replay` for how a
 sender session carries a request out.
 """
 

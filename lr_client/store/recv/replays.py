@@ -2,7 +2,7 @@
 
 At the source, :meth:`ReplaysStore.request_replay` records a request in
 ``lrq_replays`` (:mod:`lr_client.store.recv.replay_tables`); the sender session of
-its destination picks it up and moves it along (:mod:`lr_server.replay`). At
+its destination picks it up and moves it along (:mod:`lr_server.sending.replay`). At
 the sink, :meth:`ReplaysStore.apply_replay_batch` queues a replayed batch
 again, flagged (:data:`~lr_client.replayed.REPLAYED_MARK`), without moving the
 stream's position: exactly-once holds for everything else.

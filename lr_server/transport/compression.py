@@ -1,4 +1,5 @@
-"""Compression negotiated per destination: a transport wrapper (see :mod:`lr_server.codecs`).
+"""Compression negotiated per destination: a transport wrapper (see
+:mod:`lr_server.protocol.codecs`).
 
 :func:`compressing` wraps a destination's transport factory: each transport
 offers the configured codec at negotiation, and its streams compress batches
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lr_client._proto import replication_pb2 as pb
-from lr_server.codecs import NONE, check_codec, pack
+from lr_server.protocol.codecs import NONE, check_codec, pack
 from lr_server.transport.base import BatchStream, Transport
 
 

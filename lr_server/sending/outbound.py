@@ -1,9 +1,9 @@
 """A batch leaving a sender session: counted in flight, checked against what the sink
 speaks, then sent.
 
-Every batch :class:`~lr_server.shipping.Shipper` sends goes through :func:`send`:
+Every batch :class:`~lr_server.sending.shipping.Shipper` sends goes through :func:`send`:
 it refuses entries with headers to a sink of a wire protocol older than
-:data:`~lr_server.protocol.HEADERS_VERSION` (that sink would drop them unseen),
+:data:`~lr_server.protocol.versions.HEADERS_VERSION` (that sink would drop them unseen),
 before anything is counted or sent; with tracing on, the send is the batch's
 ``lr.ship`` span (:mod:`lr_client.tracing`).
 """
@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from lr_client import tracing
 from lr_client._proto import replication_pb2 as pb
 from lr_client.records import SendEntry
-from lr_server import metrics, protocol
+from lr_server import metrics
+from lr_server.protocol import versions as protocol
+from lr_server.sending.window import InFlight, Window
 from lr_server.transport.base import BatchStream
-from lr_server.window import InFlight, Window
 
 
 def send(

@@ -6,7 +6,7 @@ local watermark, its delivered position and its provider epoch. The provider
 records the report in ``lrq_cascade_children`` and replies with the set's
 global watermark, which the node stores (``lrq_cascade.global_watermark``);
 the root computes it from its children's reports. See
-:mod:`lr_server.watermarks` for the rules and docs/cascading.md.
+:mod:`lr_server.cascade.watermarks` for the rules and docs/cascading.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from lr_client._proto import replication_pb2 as pb
 from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import LRError, PermissionDeniedError, ProtocolError, TransportError
-from lr_server import metrics, watermarks
+from lr_server import metrics
+from lr_server.cascade import watermarks
 from lr_server.config import SiteConfig
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def node_watermarks(
 
 def branch_floor(store: QueueStore, config: SiteConfig, client_name: str) -> int | None:
     """The bound this node's relay floor of ``client_name`` must not pass (see
-    :func:`lr_server.watermarks.relay_floor`: the global watermark it was told, its own
+    :func:`lr_server.cascade.watermarks.relay_floor`: the global watermark it was told, its own
     delivered position, what the children that count still need); None unless this node
     is a branch of the client."""
     node = store.cascade.cascade_node(client_name)

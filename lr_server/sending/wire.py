@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from lr_client._proto import replication_pb2 as pb
 from lr_client.headers import decode_headers
 from lr_client.records import CascadeNode, ReplicationType, SendEntry
-from lr_server.negotiation import SinkState
-from lr_server.streams import Notice
+from lr_server.sending.negotiation import SinkState
+from lr_server.sending.streams import Notice
 
 
 def sink_states(response: pb.NegotiateResponse) -> dict[str, SinkState]:
@@ -39,7 +39,7 @@ def entry(e: SendEntry, origin_time: bool = False) -> pb.RoutingTableEntryMsg:
         partition_key=e.key or b"",
         origin_time=e.created_at if origin_time else 0.0,
     )
-    if e.headers is not None:  # sent to sinks of HEADERS_VERSION on (lr_server.outbound)
+    if e.headers is not None:  # sent to sinks of HEADERS_VERSION on (lr_server.sending.outbound)
         msg.headers.update(decode_headers(e.headers))
     return msg
 

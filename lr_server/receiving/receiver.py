@@ -14,7 +14,7 @@ queue only when the caller is this node's current provider of the client
 docs/cascading.md). A cascaded client's batches from the origin itself are
 refused the same way once this node has another provider.
 
-A compressed batch (protocol 6, :mod:`lr_server.codecs`) is expanded
+A compressed batch (protocol 6, :mod:`lr_server.protocol.codecs`) is expanded
 first, up to ``max_message_bytes``, then checked and applied as any other.
 """
 
@@ -38,8 +38,10 @@ from lr_client.records import (
     SinkSnapshotState,
     WireEntry,
 )
-from lr_server import codecs, metrics, protocol
-from lr_server.receive_limits import ReceiveLimits
+from lr_server import metrics
+from lr_server.protocol import codecs
+from lr_server.protocol import versions as protocol
+from lr_server.receiving.limits import ReceiveLimits
 from lr_server.stores import ReceiverStore
 
 log = logging.getLogger("lr.receiver")
@@ -95,10 +97,10 @@ class Receiver:
         #: Serves ``Cascade`` calls (a child's report); None: not served here.
         self.cascade_reports = cascade_reports
         #: Told of every log batch stored: a branch's sessions relay it at once
-        #: (:class:`lr_server.arrivals.Arrivals`).
+        #: (:class:`lr_server.sending.arrivals.Arrivals`).
         self.on_stored = on_stored
         #: Given every log batch accepted, before it is stored: a branch's sessions
-        #: forward it while this node stores it (:mod:`lr_server.relay_inbox`).
+        #: forward it while this node stores it (:mod:`lr_server.sending.relay_inbox`).
         self.on_received = on_received
         self._cascade: dict[str, CascadeNode] = {}
         self._cascade_read_at = -CASCADE_ROWS_TTL

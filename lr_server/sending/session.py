@@ -3,12 +3,13 @@
 Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or a full
 snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base. Batches are bounded
 in entries and bytes, at most ``window_batches`` / ``window_bytes`` unacknowledged
-(:mod:`lr_server.window`); the cursor is saved when the sink acknowledges. Connection loss:
-reconnect with backoff and jitter, renegotiate (:mod:`lr_server.negotiation`), resume where the
-sink stopped; a sink whose receive queue is full is tried again after a wait that doubles up to
-``max_backoff``. Full syncs are followed by :mod:`lr_server.snapshot_requests`, stopped streams
-by :mod:`lr_server.stops`, replays by :mod:`lr_server.replay`. A branch's session relaying a
-cascaded client is woken when its receiver stores a batch of it (:mod:`lr_server.arrivals`).
+(:mod:`lr_server.sending.window`); the cursor is saved when the sink acknowledges. Connection
+loss: reconnect with backoff and jitter, renegotiate (:mod:`lr_server.sending.negotiation`),
+resume where the sink stopped; a sink whose receive queue is full is tried again after a wait
+that doubles up to ``max_backoff``. Full syncs are followed by
+:mod:`lr_server.sending.snapshot_requests`, stopped streams by :mod:`lr_server.sending.stops`,
+replays by :mod:`lr_server.sending.replay`. A branch's session relaying a cascaded client is
+woken when its receiver stores a batch of it (:mod:`lr_server.sending.arrivals`).
 
 Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of the send
 queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack. Its safety poll
@@ -30,22 +31,23 @@ from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
 from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
-from lr_server import metrics, negotiation, protocol, wire
-from lr_server.arrivals import Arrivals
+from lr_server import metrics
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
-from lr_server.fanout import LogFanout
-from lr_server.negotiation import ClientFacts, ClientPlan, SinkState, Step
-from lr_server.relay_inbox import RelayInbox
-from lr_server.replay import Replayer
-from lr_server.shipping import Shipper
-from lr_server.snapshot_requests import SnapshotLauncher, SnapshotRequests
-from lr_server.status import head_position as assigned_head
-from lr_server.stops import StreamStops, is_accepted_notice
+from lr_server.protocol import versions as protocol
+from lr_server.sending import negotiation, wire
+from lr_server.sending.arrivals import Arrivals
+from lr_server.sending.fanout import LogFanout
+from lr_server.sending.negotiation import ClientFacts, ClientPlan, SinkState, Step
+from lr_server.sending.relay_inbox import RelayInbox
+from lr_server.sending.replay import Replayer
+from lr_server.sending.shipping import Shipper
+from lr_server.sending.snapshot_requests import SnapshotLauncher, SnapshotRequests
+from lr_server.sending.stops import StreamStops, is_accepted_notice
+from lr_server.sending.streams import ClientStream, Mode, SessionState, summary
+from lr_server.sending.window import Window
 from lr_server.stores import SessionStore
-from lr_server.streams import ClientStream, Mode, SessionState, summary
 from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.lanes import LaneStreams, LaneTransport
-from lr_server.window import Window
 
 log = logging.getLogger("lr.session")
 
@@ -100,7 +102,7 @@ class SenderSession:
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
         #: The batches of the clients it relays received here and not stored yet, which
-        #: it may forward at once (:mod:`lr_server.relay_inbox`); None: none relayed.
+        #: it may forward at once (:mod:`lr_server.sending.relay_inbox`); None: none relayed.
         self.inbox: RelayInbox | None = None
         relayed = [n for n, node in self.cascade.items() if node.origin_id != source_id]
         if arrivals is not None and relayed:
@@ -299,7 +301,7 @@ class SenderSession:
             marks = {n: self._trimmed_through(n) for n in checks}
             # The highest position assigned, read without waiting for
             # transmitters: the sink can never be past it.
-            head = assigned_head(self.store.inspection)
+            head = self.store.inspection.head_position_estimate()
             sinks = {f.name: f.sink.last_position for f in facts}
             heads = {n: self._head(n, head, sinks[n]) for n in checks}
             facts = [
@@ -327,7 +329,7 @@ class SenderSession:
     def _head(self, name: str, head: int, sink_position: int) -> int:
         """The highest position of the stream here (relayed: the last one received, or
         the sink's if higher: a child may hold entries this branch forwarded before it
-        stored them (:mod:`lr_server.relay_inbox`), and their positions are the
+        stored them (:mod:`lr_server.sending.relay_inbox`), and their positions are the
         origin's, so a child past what is stored here is not a sign of a database
         restored from a backup; it resumes where it is, and this node relays what
         follows once it has it)."""

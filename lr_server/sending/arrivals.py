@@ -6,7 +6,7 @@ A branch relays a cascaded client from its own receive queue
 * the receiver calls :meth:`Arrivals.offer` with each log batch of a relayed
   client it accepts from the client's provider, *before* storing it: every
   session relaying that client keeps the batch (its
-  :class:`~lr_server.relay_inbox.RelayInbox`) and is woken to forward it at
+  :class:`~lr_server.sending.relay_inbox.RelayInbox`) and is woken to forward it at
   once, while the branch stores it (cut-through);
 * it calls :meth:`Arrivals.ring` once a log batch is stored (its transaction
   committed): every session relaying that client is woken (its wait for

@@ -3,7 +3,7 @@
 An operator's request (a row of ``lrq_replays``, :mod:`lr_client.store.recv.replays`)
 is picked up by the session of its destination at its next check of requests:
 it is refused (``refused``, with the reason) when the destination speaks a
-protocol older than :data:`~lr_server.protocol.REPLAY_VERSION`, when the
+protocol older than :data:`~lr_server.protocol.versions.REPLAY_VERSION`, when the
 stream is shipped over lanes or is of a cascaded client, or when trim deleted an
 entry of the range (a full sync is then the way: ``lr snapshot request``).
 Otherwise it runs: its range ends at ``through_position``, the position the
@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 
 from lr_client.errors import IncompatibleVersionError
 from lr_client.store.recv.replay_contract import DONE, REFUSED, RUNNING, ReplayRequest
-from lr_server import metrics, protocol, wire
+from lr_server import metrics
 from lr_server.config import ReplicationConfig
+from lr_server.protocol import versions as protocol
+from lr_server.sending import wire
+from lr_server.sending.streams import ClientStream, Mode
+from lr_server.sending.window import InFlight, Window
 from lr_server.stores import ReplayStore
-from lr_server.streams import ClientStream, Mode
 from lr_server.transport.base import BatchStream
-from lr_server.window import InFlight, Window
 
 
 def trimmed_message(destination: str, client: str, position: int, trimmed: int) -> str:

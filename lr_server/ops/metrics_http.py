@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
 
 from lr_client.sink_metrics import SinkCollector, SinkReads
 from lr_server.config import SiteConfig
-from lr_server.readiness import ready_app, route_ready
+from lr_server.ops.readiness import ready_app, route_ready
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -107,7 +107,7 @@ def serve_metrics(
 ) -> MetricsEndpoint:
     """Serve ``registry`` on ``host:port`` from a daemon thread: HTTPS with
     ``cert_file`` and ``key_file``, basic auth with ``username``; with ``ready`` (why
-    not ready: :mod:`lr_server.readiness`), ``/ready`` too, without credentials. An
+    not ready: :mod:`lr_server.ops.readiness`), ``/ready`` too, without credentials. An
     ``OSError`` names the address (a port in use, a host not local)."""
     app: WSGIApp = make_wsgi_app(registry)
     if username:

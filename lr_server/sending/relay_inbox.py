@@ -4,7 +4,7 @@ A branch relays a cascaded client to the nodes below it (docs/cascading.md).
 Its receiver hands every log batch of a relayed client that it accepts from
 the client's provider (checked: the caller is the provider, positions
 increase, log entries only) to the sessions relaying the client *before* it
-stores it (:meth:`lr_server.arrivals.Arrivals.offer`); a session keeps the
+stores it (:meth:`lr_server.sending.arrivals.Arrivals.offer`); a session keeps the
 last few in its :class:`RelayInbox` and sends the next one on at once
 (cut-through), while the branch's own transaction stores it. The hop then
 costs the child a gRPC round trip, not the branch's receive transaction and a
@@ -20,10 +20,10 @@ again; the child already has those entries and skips them as duplicates (it
 dedupes by origin position). A child may so hold entries its branch has not
 stored yet: a relayed stream's sink past the branch's head is not a restored
 database (the origin assigns the positions), and resumes where it is
-(:meth:`lr_server.session.SenderSession._head`).
+(:meth:`lr_server.sending.session.SenderSession._head`).
 
 Nothing else changes: the session still looks up the client's open full syncs
-and drops before it sends (:meth:`lr_server.shipping.Shipper.ship`), and with
+and drops before it sends (:meth:`lr_server.sending.shipping.Shipper.ship`), and with
 nothing in the inbox that follows the stream it reads the receive queue, as
 before. The inbox is bounded (batches and bytes): when full, the oldest batch
 goes, and a stream that needs it reads it from the store.

@@ -25,9 +25,9 @@ from lr_server.config import (
     SiteConfig,
     SnapshotProvider,
 )
-from lr_server.stops import StreamStops
+from lr_server.sending.stops import StreamStops
+from lr_server.sending.streams import ClientStream, Mode
 from lr_server.stores import RequestStore
-from lr_server.streams import ClientStream, Mode
 from spark_jobs.launch import launch_snapshot_job
 
 SnapshotLauncher = Callable[[SnapshotRequest, ClientConfig], None]

@@ -33,7 +33,7 @@ class InFlight:
     is_end: bool = False
     lane: int = 0  # 0: the whole stream; else the lane of a log batch
     low_water: int = 0  # a lane batch's: every entry up to it was acknowledged when sent
-    replay: bool = False  # entries shipped again (lr_server.replay): no cursor moves
+    replay: bool = False  # entries shipped again (lr_server.sending.replay): no cursor moves
 
     @property
     def stream(self) -> int:

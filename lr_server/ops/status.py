@@ -45,9 +45,10 @@ from lr_client.records import (
     SinkSnapshotState,
     SnapshotRequest,
 )
-from lr_client.store import Inspection, QueueStore, SendLog, Shipping
+from lr_client.store import Inspection, QueueStore, SendLog
+from lr_server.cluster.placement import stream_unit
+from lr_server.cluster.streams import configured_streams, unconfigured_streams
 from lr_server.config import SiteConfig
-from lr_server.placement import stream_unit
 
 
 class StreamState(enum.StrEnum):
@@ -145,7 +146,7 @@ class CascadeChildInfo:
     reported_at: float | None  # None: never reported
     report_age: float | None
     dropped: bool
-    counts: bool  # still part of the watermarks (see lr_server.watermarks)
+    counts: bool  # still part of the watermarks (see lr_server.cascade.watermarks)
 
 
 @dataclass
@@ -231,31 +232,6 @@ def flow_states(store: SendLog, clients: set[str]) -> dict[str, set[str]]:
         if on:
             out[client] = set(slow)
     return out
-
-
-def configured_streams(config: SiteConfig) -> set[tuple[str, str]]:
-    """The (destination, client) streams the config's sessions ship."""
-    return {(d.id, c) for d in config.destinations for c in config.clients_for(d)}
-
-
-def unconfigured_streams(
-    config: SiteConfig, store: Shipping, after: int = 0
-) -> tuple[list[tuple[str, str]], int]:
-    """(destination, client) streams of the entries after ``after`` that no session ships.
-
-    Sorted; with the highest position read, from which a caller that keeps
-    what it found can go on next time.
-    """
-    pairs, top = store.log_streams(after)
-    return sorted(pairs - shipped_streams(config)), top
-
-
-def shipped_streams(config: SiteConfig) -> set[tuple[str, str]]:
-    """The (destination, client) streams this site's entries reach: those its sessions
-    ship, and each node of a cascade set, through the tree (an entry naming a node this
-    site does not ship to directly is not left behind)."""
-    in_sets = {(node, c.client) for c in config.cascades for node in c.members()}
-    return configured_streams(config) | in_sets
 
 
 def _send_streams(
@@ -361,8 +337,8 @@ def _sink_streams(config: SiteConfig, store: QueueStore) -> list[SinkStream]:
 
 
 def _cascades(config: SiteConfig, store: QueueStore, now: float) -> list[CascadeInfo]:
-    from lr_server.cascade_control import children_of, node_watermarks
-    from lr_server.watermarks import counts
+    from lr_server.cascade.control import children_of, node_watermarks
+    from lr_server.cascade.watermarks import counts
 
     grace = config.replication.cascade_grace
     out = []

@@ -24,8 +24,8 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.records import DropRecord, Fence, SendEntry, StreamStop
 from lr_server import metrics
 from lr_server.config.models import WIRE_BYTES_PER_BATCH, WIRE_BYTES_PER_ENTRY
+from lr_server.sending.streams import ClientStream, Mode, Notice
 from lr_server.stores import StopStore
-from lr_server.streams import ClientStream, Mode, Notice
 
 
 class StreamStops:

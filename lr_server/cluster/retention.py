@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, Backlog
 from lr_server import metrics
+from lr_server.cluster.streams import shipped_streams, unconfigured_streams
 from lr_server.config import SiteConfig, SnapshotProvider
-from lr_server.status import shipped_streams, unconfigured_streams
 from lr_server.stores import PolicyStore
 
 log = logging.getLogger("lr.retention")

@@ -36,7 +36,7 @@ is version 1):
    Compression (``NegotiateRequest.codecs``, ``NegotiateResponse.codecs``,
    ``ReplicationBatch.codec`` and ``compressed``): a source offers the codec its
    destination is configured with, the sink answers those it accepts, and only
-   then are batches compressed (:mod:`lr_server.codecs`). A sink of version 5
+   then are batches compressed (:mod:`lr_server.protocol.codecs`). A sink of version 5
    answers none and gets batches uncompressed, as before.
    Replay (``ReplicationBatch.replay``): entries the sink already holds, sent
    again on an operator's request (``lr replay``); the sink queues them again,

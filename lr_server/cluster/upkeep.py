@@ -20,8 +20,8 @@ from lr_client.errors import FencedError
 from lr_client.records import Fence
 from lr_client.store import QueueStore
 from lr_server import metrics
+from lr_server.cluster.retention import RetentionPolicy
 from lr_server.config import SiteConfig
-from lr_server.retention import RetentionPolicy
 
 log = logging.getLogger("lr.server")
 

@@ -2,7 +2,7 @@
 
 Every ``heartbeat_interval`` the member records its heartbeat (by the
 database's clock), reads the live members, places every unit of the site
-(:mod:`lr_server.placement`), gives up the units it holds but no longer
+(:mod:`lr_server.cluster.placement`), gives up the units it holds but no longer
 wins (the work stops first, then the lease is released), and takes the
 units it wins once they are free (released, or their owner's heartbeat is
 older than ``lease_timeout``). The work it runs follows the units it holds
@@ -29,8 +29,8 @@ from lr_client.errors import LRError
 from lr_client.records import Fence, Member
 from lr_client.store import Members
 from lr_server import metrics
+from lr_server.cluster.placement import place
 from lr_server.config import SiteConfig
-from lr_server.placement import place
 
 log = logging.getLogger("lr.members")
 

@@ -1,9 +1,9 @@
 """``/ready``: whether this ``lr server`` should be given traffic (a load balancer's or
-Kubernetes' readiness probe), on the metrics endpoint (:mod:`lr_server.metrics_http`).
+Kubernetes' readiness probe), on the metrics endpoint (:mod:`lr_server.ops.metrics_http`).
 
 Ready (200) only when the server is not stopping, its database answers (the schema is
 read and current) and, as a member of its site, its heartbeat was recorded lately (its
-leases are live: :meth:`~lr_server.membership.Membership.valid`); otherwise 503 with
+leases are live: :meth:`~lr_server.cluster.membership.Membership.valid`); otherwise 503 with
 one line per reason. The probe needs no credentials, also when ``/metrics`` does.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from lr_client.store import QueueStore
-from lr_server.membership import Membership
+from lr_server.cluster.membership import Membership
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 

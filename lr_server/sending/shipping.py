@@ -13,7 +13,7 @@ instead of delaying a batch, and is made a few times a second, not per batch.
 This is safe for a relayed stream only: a full sync or drop recorded since is
 one recorded up to that much later, and a snapshot whose base is below what
 the stream sent is asked for again (:meth:`SnapshotRequests.rebase
-<lr_server.snapshot_requests.SnapshotRequests.rebase>`), as for a batch
+<lr_server.sending.snapshot_requests.SnapshotRequests.rebase>`), as for a batch
 forwarded before the branch stored it (docs/cascading.md).
 """
 
@@ -35,17 +35,19 @@ from lr_client.records import (
     SnapshotStatus,
 )
 from lr_client.store.byte_bounds import ByteCut
-from lr_server import metrics, outbound, protocol, wire
-from lr_server.arrivals import Arrivals
+from lr_server import metrics
 from lr_server.config import ReplicationConfig, SnapshotProvider
-from lr_server.fanout import LogFanout
-from lr_server.relay_inbox import RelayInbox
-from lr_server.snapshot_requests import SnapshotRequests
-from lr_server.stops import StreamStops
+from lr_server.protocol import versions as protocol
+from lr_server.sending import outbound, wire
+from lr_server.sending.arrivals import Arrivals
+from lr_server.sending.fanout import LogFanout
+from lr_server.sending.relay_inbox import RelayInbox
+from lr_server.sending.snapshot_requests import SnapshotRequests
+from lr_server.sending.stops import StreamStops
+from lr_server.sending.streams import ClientStream, Lanes, Mode
+from lr_server.sending.window import InFlight, Window
 from lr_server.stores import ShipperStore
-from lr_server.streams import ClientStream, Lanes, Mode
 from lr_server.transport.base import BatchStream
-from lr_server.window import InFlight, Window
 
 #: Seconds a look-up of relayed clients' full syncs and drops serves the batches
 #: forwarded as received.
@@ -225,7 +227,7 @@ class Shipper:
         self, name: str, origin: str, after: int, limit: int, max_bytes: int
     ) -> list[SendEntry]:
         """A relayed client's entries after ``after``: from a batch received and perhaps
-        not stored yet, if one follows ``after`` (:mod:`lr_server.relay_inbox`), else
+        not stored yet, if one follows ``after`` (:mod:`lr_server.sending.relay_inbox`), else
         from the receive queue (not read when this process stored nothing past
         ``after`` lately: :meth:`Arrivals.nothing_stored_past`)."""
         if self.inbox is not None:
@@ -465,7 +467,7 @@ class Shipper:
         lane: int = 0,
         low_water: int = 0,
     ) -> None:
-        """Count ``batch`` in flight, check it, send it (:func:`lr_server.outbound.send`)."""
+        """Count ``batch`` in flight, check it, send it (:func:`.outbound.send`)."""
         args = (self.window, self.destination, self.peer_version, stream, batch, name, entries)
         outbound.send(*args, is_end, lane, low_water)
 
