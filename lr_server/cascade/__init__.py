@@ -1,1 +1,1 @@
-"""cascade."""
+"""Cascaded clients' control plane: reports up, the global watermark down."""

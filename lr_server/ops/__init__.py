@@ -1,1 +1,2 @@
-"""ops."""
+"""What operators read: ``lr status``, ``lr browse``, metrics over HTTP, ``/ready``, logs
+and memory upkeep."""

@@ -1,1 +1,1 @@
-"""protocol."""
+"""The wire protocol's version and its codecs (compressed batches)."""

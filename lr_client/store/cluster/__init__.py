@@ -1,1 +1,2 @@
-"""cluster."""
+"""The site's cluster in the store: registered sites and members, leases of units
+(:class:`Sites`, :class:`Members`)."""

@@ -1,1 +1,1 @@
-"""ops."""
+"""Read-only views for operators: status, browsing, metrics (:class:`Inspection`)."""

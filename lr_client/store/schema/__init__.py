@@ -1,1 +1,1 @@
-"""schema."""
+"""The store's schema: its tables, its migrations and their lifecycle."""
