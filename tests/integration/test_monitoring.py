@@ -40,7 +40,7 @@ ALERTS = HERE / "alerts.yml"
 ALERTS_TEST = HERE / "alerts_test.yml"
 SCRAPE_CONFIG = HERE / "prometheus.yml"
 README = HERE / "README.md"
-OPERATIONS = ROOT / "docs" / "operations.md"
+MONITORING = ROOT / "docs" / "monitoring.md"
 
 #: What the dashboard must show: send lag, shipped and applied rates, backpressure,
 #: drops, full-sync state and progress, stream errors, process memory.
@@ -107,11 +107,11 @@ def rule_test_cases() -> list[dict[str, Any]]:
     return tests
 
 
-def operations_tables() -> list[list[list[str]]]:
-    """The tables of docs/operations.md's Prometheus section: rows of cells, header skipped."""
-    text = OPERATIONS.read_text()
-    section = text[text.index("### Prometheus, alerts and a dashboard") :]
-    section = section[: section.index("\n### ", 1)]
+def monitoring_tables() -> list[list[list[str]]]:
+    """The tables of docs/monitoring.md's Prometheus section: rows of cells, header skipped."""
+    text = MONITORING.read_text()
+    section = text[text.index("\n## Prometheus, alerts and a dashboard") :]
+    section = section[: section.index("\n## ", 1)]
     return markdown_tables(section)
 
 
@@ -128,8 +128,8 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
 
 
 def documented_expressions() -> list[str]:
-    """The PromQL of the further-expressions table of docs/operations.md."""
-    further = operations_tables()[1]
+    """The PromQL of the further-expressions table of docs/monitoring.md."""
+    further = monitoring_tables()[1]
     return [row[1].strip("`") for row in further]
 
 
@@ -182,7 +182,7 @@ def test_every_metric_the_dashboard_and_the_rules_read_is_exported() -> None:
     used = {
         "dashboard": dashboard_queries(),
         "alerts.yml": [rule["expr"] for rule in alert_rules()],
-        "docs/operations.md": documented_expressions(),
+        "docs/monitoring.md": documented_expressions(),
         "alerts_test.yml input series": [
             s["series"] for case in rule_test_cases() for s in case["input_series"]
         ],
@@ -256,7 +256,7 @@ def test_the_docs_show_the_rules_as_they_are() -> None:
 
     documented = {
         row[0].split(":")[0].strip("`"): (one_line(row[1].strip("`")), row[2], row[3])
-        for row in operations_tables()[0]
+        for row in monitoring_tables()[0]
     }
     assert documented == {
         r["alert"]: (one_line(r["expr"]), r.get("for", ""), r["labels"]["severity"])
