@@ -345,8 +345,8 @@ def experiment_kind(name: str) -> type[System]:
                 for stmt in exp.ddl:
                     conn.exec_driver_sql(stmt)
             if exp.insert is not None:
-                store = self.client.store
-                store._insert_entries = types.MethodType(exp.insert, store)  # type: ignore[method-assign]
+                core = self.client.store.core  # type: ignore[attr-defined]
+                core.insert_entries = types.MethodType(exp.insert, core)
 
     Patched.name = f"ours:{name}"
     return Patched

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any, Protocol
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from lr_client.errors import FencedError
-from lr_client.records import EntryRef, Fence, NewLogEntry, QueueSlot, WireEntry
+from lr_client.records import EntryRef, Fence, NewLogEntry, QueueSlot, ReplicationType, WireEntry
 from lr_client.store.db_errors import DATABASE_ERRORS, mapped_errors
 from lr_client.store.relay_marks import RelayMarks
 from lr_client.store.schema import tables as s
@@ -351,9 +351,29 @@ class StoreCore(abc.ABC):
         return []
 
     # -- receive queues ---------------------------------------------------------------------
-    @abc.abstractmethod
     def append_recv(self, conn: Connection, queue_id: int, entries: Sequence[WireEntry]) -> None:
-        """Insert received entries into a receive queue (each backend bulk-loads them)."""
+        """Insert received entries into a receive queue: the portable insert (each backend
+        has a faster one)."""
+        now = time.time()
+        snapshot = ReplicationType.SNAPSHOT_SYNC
+        conn.execute(
+            insert(s.recv_entries),
+            [
+                {
+                    "queue_id": queue_id,
+                    "type": int(e.type),
+                    "source_position": e.position,
+                    "snapshot_id": e.snapshot_id,
+                    "snapshot_count": e.snapshot_count,
+                    "payload": e.payload,
+                    "received_at": e.origin_time or now,
+                    "base_position": e.base_position
+                    if e.type is snapshot and e.base_position
+                    else None,
+                }
+                for e in entries
+            ],
+        )
 
     def announce_arrivals(self, conn: Connection, client_name: str) -> None:  # noqa: B027
         """Entries of ``client_name`` were appended in ``conn``'s transaction: wake its

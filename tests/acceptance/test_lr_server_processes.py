@@ -59,11 +59,13 @@ def test_two_sites_as_processes(tmp_path: Path, db_url_factory: Callable[[str], 
         # The sender's cursors are durable and its status is visible.
         for dest in ("b", "c"):
             wait_for(
-                lambda d=dest: src.get_cursor(d, "policy").position == src.head_position(),
+                lambda d=dest: (
+                    src.shipping.get_cursor(d, "policy").position == src.send.head_position()
+                ),
                 30,
                 what=f"the cursor of {dest} at the head",
             )
-        status = {r["destination"]: r for r in src.list_session_status()}
+        status = {r["destination"]: r for r in src.inspection.list_session_status()}
         assert set(status) == {"b", "c"}
     finally:
         codes = stop_all(servers)

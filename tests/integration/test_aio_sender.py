@@ -88,7 +88,7 @@ def test_the_clients_own_readings_leave_the_event_loop_free(
         assert release.wait(30), "the event loop never ran while the reading was held"
         return real(client_name)
 
-    monkeypatch.setattr(app.store, "flow_state", held_flow_state)
+    monkeypatch.setattr(app.store.send, "flow_state", held_flow_state)
     _, engine = app.loop()
 
     async def scenario() -> None:
@@ -131,7 +131,7 @@ def test_backpressure_wait_lets_other_tasks_run_and_ends_when_it_lifts(
             polling.set()
         return real(client_name)
 
-    monkeypatch.setattr(store, "flow_state", flow_state)
+    monkeypatch.setattr(store.send, "flow_state", flow_state)
     app = make_app(store, backpressure="wait", backpressure_timeout=60, flow_check_interval=0.01)
     client = app.client
     assert isinstance(client, AsyncRoutingQueueClient)

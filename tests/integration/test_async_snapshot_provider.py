@@ -122,7 +122,7 @@ def test_heartbeats_go_on_while_the_provider_awaits(
             assert asyncio.get_running_loop().time() < deadline, "no heartbeats"
             await asyncio.sleep(0.01)
 
-    store_cls = type(site.store)
+    store_cls = type(site.store.snapshots)
     real = store_cls.heartbeat_snapshot
 
     def counting(self: object, snapshot_id: str) -> bool:

@@ -139,7 +139,7 @@ def test_the_shared_window_and_its_reads_stay_within_its_bytes(
         held.append(fanout._windows[client].nbytes + sum(len(e.payload) for e in rows))
         return rows
 
-    monkeypatch.setattr(store, "read_client_log", watched)
+    monkeypatch.setattr(store.shipping, "read_client_log", watched)
     got: dict[str, list[bytes]] = {"b": [], "c": []}
     while any(len(v) < len(payloads) for v in got.values()):
         for dest, out in got.items():

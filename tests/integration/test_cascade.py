@@ -144,7 +144,7 @@ def test_the_seed_tree_delivers_every_entry_once_in_order_at_every_node(
     assert {a.source for a in leaf} == {"s1"}
     # S3 relays from its receive queue: S1 ships nothing to S4.
     assert "s4" not in sites.running["s1"].server.sessions
-    assert c.store("s3").cascade_node("policy").role == "branch"  # type: ignore[union-attr]
+    assert c.store("s3").cascade.cascade_node("policy").role == "branch"  # type: ignore[union-attr]
 
 
 def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
@@ -162,10 +162,10 @@ def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
     wait_for(lambda: c.settled("c2"), timeout=scaled(60))
     branch = c.store("c2")
     # c3 has never connected: release what c2 holds for it, as retention would.
-    assert branch.mark_child_dropped("policy", "c3")
-    branch.trim_relay("policy", "c1")
-    assert branch.relay_resume_floor("policy", "c1") > 0
-    assert branch.mark_child_dropped("policy", "c3", dropped=False)
+    assert branch.cascade.mark_child_dropped("policy", "c3")
+    branch.cascade.trim_relay("policy", "c1")
+    assert branch.cascade.relay_resume_floor("policy", "c1") > 0
+    assert branch.cascade.mark_child_dropped("policy", "c3", dropped=False)
     runner = SnapshotProviderRunner(
         branch, "policy", relay_snapshot_provider(c.sinks["c2"].engine, "c1")
     )
@@ -176,17 +176,17 @@ def test_a_leaf_that_missed_entries_gets_a_full_sync_from_its_branch(
         c.source.stop()
         for node in ("c2", "c3"):
             wait_for(lambda node=node: c.settled(node, "c2"), timeout=scaled(60))
-    (snap,) = branch.list_snapshots("c3", "policy")
+    (snap,) = branch.snapshots.list_snapshots("c3", "policy")
     # Its base: an origin position c2 had delivered (c2's first 150 entries at least).
     assert snap.base_position is not None
-    assert 150 <= snap.base_position <= branch.relay_delivered_position("policy", "c1")
+    assert 150 <= snap.base_position <= branch.cascade.relay_delivered_position("policy", "c1")
     leaf = c.report("c3", snapshots_from="c2")
     leaf.assert_clean()
     assert sum(r.snapshots_completed for r in leaf.streams.values()) == 1
     applied = read_applied(c.sinks["c3"].engine, "c3")
     assert [a.kind for a in applied].count(START) == 1
     assert {a.source for a in applied} == {"c1"}
-    assert c.store("c1").list_snapshots() == []  # the root served no full sync
+    assert c.store("c1").snapshots.list_snapshots() == []  # the root served no full sync
     c.report("c2").assert_clean()
 
 
@@ -216,17 +216,19 @@ def test_a_full_sync_a_lagging_branch_serves_mid_stream_waits_for_its_applicatio
         c.source.start()
         wait_for(lambda: c.source.committed >= 50, timeout=scaled(60))
         c.sinks["c2"].stop()  # c2's application stops applying; its server still relays
-        delivered = branch.relay_delivered_position("policy", "c1")
+        delivered = branch.cascade.relay_delivered_position("policy", "c1")
         wait_for(lambda: c.source.committed >= 150, timeout=scaled(60))
         c.source.stop()
         wait_for(lambda: synced(1), timeout=scaled(60))
         logs = [a for a in read_applied(c.sinks["c3"].engine, "c3") if a.kind == LOG]
         held = max(a.position for a in logs)
         assert held > delivered
-        sid = branch.request_snapshot(None, "c3", "policy", "requested by an operator")
-        wait_for(lambda: branch.get_snapshot(sid).status is SnapshotStatus.RUNNING)
-        assert branch.get_snapshot(sid).base_position >= held
-        assert not branch.snapshot_base_applied(sid)  # the provider waits for c2's application
+        sid = branch.snapshots.request_snapshot(None, "c3", "policy", "requested by an operator")
+        wait_for(lambda: branch.snapshots.get_snapshot(sid).status is SnapshotStatus.RUNNING)
+        assert branch.snapshots.get_snapshot(sid).base_position >= held
+        assert not branch.snapshots.snapshot_base_applied(
+            sid
+        )  # the provider waits for c2's application
         c.sinks["c2"].start()
         wait_for(lambda: synced(2), timeout=scaled(60))
     c.report("c3", snapshots_from="c2").assert_clean()  # in order, nothing lost
@@ -253,7 +255,7 @@ def test_a_restarted_branch_resumes_its_leaf_without_a_full_sync(
         wait_for(lambda node=node: c.settled(node), timeout=scaled(60))
         c.report(node).assert_clean()
     assert [a.kind for a in read_applied(c.sinks["c3"].engine, "c3")].count(START) == 0
-    assert c.store("c2").list_snapshots() == []
+    assert c.store("c2").snapshots.list_snapshots() == []
 
 
 def _relayed(source: str, client: str = "policy") -> pb.ReplicationBatch:
@@ -321,11 +323,11 @@ def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dro
     # Traffic keeps flowing: s4 is never caught up at an instant, only receiving.
     wait_for(lambda: c.report("s4").applied >= 100, timeout=scaled(60))
     # The operator moves S4 to S1 (the same as an edited configuration applied at start).
-    switched = c.store("s4").apply_cascade_config("policy", "s1", "leaf", "s1")
+    switched = c.store("s4").cascade.apply_cascade_config("policy", "s1", "leaf", "s1")
     assert (switched.provider_id, switched.epoch) == ("s1", 2)
     branch = c.store("s3")
     wait_for(
-        lambda: [ch.dropped for ch in branch.cascade_children("policy")] == [True],
+        lambda: [ch.dropped for ch in branch.cascade.cascade_children("policy")] == [True],
         timeout=scaled(30),
     )
     server = sites.running["s3"].server
@@ -354,7 +356,7 @@ def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dro
     assert server.sessions["s4"] is session and "s4" not in server._runs
     # Moved back (epoch 3): s3 adopts s4 at its report and ships to it again, from
     # where it stands.
-    back = c.store("s4").apply_cascade_config("policy", "s1", "leaf", "s3")
+    back = c.store("s4").cascade.apply_cascade_config("policy", "s1", "leaf", "s3")
     assert (back.provider_id, back.epoch) == ("s3", 3)
     wait_for(
         lambda: server.sessions["s4"] is not session and bool(server.sessions["s4"].clients),

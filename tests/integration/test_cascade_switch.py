@@ -60,9 +60,9 @@ def assert_complete(c: Cascade, *nodes: str) -> None:
 
 def assert_adopted(c: Cascade, node: str, provider: str) -> None:
     """``node`` was switched once, to ``provider``, which counts it as its child."""
-    moved = c.store(node).cascade_node("policy")
+    moved = c.store(node).cascade.cascade_node("policy")
     assert moved is not None and (moved.provider_id, moved.epoch) == (provider, 2)
-    adopted = {ch.child_id: ch for ch in c.store(provider).cascade_children("policy")}[node]
+    adopted = {ch.child_id: ch for ch in c.store(provider).cascade.cascade_children("policy")}[node]
     assert (adopted.epoch, adopted.dropped) == (2, False)
 
 
@@ -87,7 +87,7 @@ def test_a_leaf_whose_branch_is_lost_is_switched_to_the_root_without_a_full_sync
     wait_for(lambda: c.source.committed >= seen + 100, timeout=scaled(60))
     c.source.stop()
     assert_complete(c, "s4", "s2")
-    assert c.store("s1").list_snapshots("s4") == []  # no full sync was asked for
+    assert c.store("s1").snapshots.list_snapshots("s4") == []  # no full sync was asked for
     assert_adopted(c, "s4", "s1")
 
 
@@ -109,10 +109,10 @@ def test_when_the_root_is_lost_its_branch_is_switched_to_the_other_branch_withou
     wait_for(lambda: c.source.committed >= seen + 150, timeout=scaled(60))
     c.source.stop()
     wait_for(lambda: c.settled("s2"), timeout=scaled(90))
-    s3_at = c.store("s3").sink_progress("s1", "policy").last_position
+    s3_at = c.store("s3").recv.sink_progress("s1", "policy").last_position
     assert c.report("s3").lost > 0 and c.report("s4").lost > 0
     # s2 keeps what s3 lacks: the global watermark is at or below s3's position.
-    assert c.store("s2").relay_resume_floor("policy", "s1") <= s3_at
+    assert c.store("s2").cascade.relay_resume_floor("policy", "s1") <= s3_at
     sites.stop("s1")  # the root is lost
     c.start("s3")  # s3 is back; its provider is gone
 
@@ -120,8 +120,8 @@ def test_when_the_root_is_lost_its_branch_is_switched_to_the_other_branch_withou
     assert (out["provider"], out["previous_provider"], out["adopted"]) == ("s2", "s1", True)
 
     assert_complete(c, "s2", "s3", "s4")
-    assert c.store("s2").list_snapshots() == []  # no full sync was asked for
-    assert c.store("s3").list_snapshots() == []
+    assert c.store("s2").snapshots.list_snapshots() == []  # no full sync was asked for
+    assert c.store("s3").snapshots.list_snapshots() == []
     for node in ("s3", "s4"):
         assert START not in [a.kind for a in read_applied(c.sinks[node].engine, node)]
     assert_adopted(c, "s3", "s2")
@@ -146,9 +146,9 @@ def test_a_node_switched_to_a_provider_that_trimmed_past_it_gets_a_full_sync(
     c.source.stop()
     wait_for(lambda: c.settled("s2"), timeout=scaled(90))
     s2 = c.store("s2")
-    s4_at = c.store("s4").sink_progress("s1", "policy").last_position
-    s2.trim_relay("policy", "s1")  # nobody below s2: it releases all it delivered
-    assert s2.relay_resume_floor("policy", "s1") > s4_at  # s2 no longer holds what s4 lacks
+    s4_at = c.store("s4").recv.sink_progress("s1", "policy").last_position
+    s2.cascade.trim_relay("policy", "s1")  # nobody below s2: it releases all it delivered
+    assert s2.cascade.relay_resume_floor("policy", "s1") > s4_at  # s2 no longer holds what s4 lacks
 
     out = switch(sites, "s4", "s2")
     assert (out["provider"], out["previous_provider"], out["adopted"]) == ("s2", "s3", True)
@@ -163,12 +163,12 @@ def test_a_node_switched_to_a_provider_that_trimmed_past_it_gets_a_full_sync(
         c.source.stop()
         for node in ("s2", "s3", "s4"):
             wait_for(lambda node=node: c.settled(node, "s2"), timeout=scaled(90))
-    (snap,) = s2.list_snapshots("s4", "policy")
+    (snap,) = s2.snapshots.list_snapshots("s4", "policy")
     assert snap.base_position is not None and snap.base_position > s4_at
     leaf = c.report("s4", snapshots_from="s2")
     leaf.assert_clean()
     assert sum(r.snapshots_completed for r in leaf.streams.values()) == 1
     assert [a.kind for a in read_applied(c.sinks["s4"].engine, "s4")].count(START) == 1
-    assert c.store("s1").list_snapshots() == []  # the root served no full sync
+    assert c.store("s1").snapshots.list_snapshots() == []  # the root served no full sync
     for node in ("s2", "s3"):
         c.report(node).assert_clean()

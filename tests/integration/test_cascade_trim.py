@@ -47,7 +47,7 @@ def test_under_traffic_the_global_watermark_rises_and_the_root_and_the_branch_tr
     c.source.start()
 
     def global_wm(node: str) -> int:
-        row = c.store(node).cascade_node("policy")
+        row = c.store(node).cascade.cascade_node("policy")
         assert row is not None
         return row.global_watermark
 
@@ -57,16 +57,17 @@ def test_under_traffic_the_global_watermark_rises_and_the_root_and_the_branch_tr
     wait_for(lambda: global_wm("c2") >= first, timeout=scaled(60))  # and travels down
 
     def root_trimmed() -> bool:
-        oldest = c.store("c1").oldest_position("policy")
+        oldest = c.store("c1").shipping.oldest_position("policy")
         return oldest is not None and oldest > first
 
     wait_for(root_trimmed, timeout=scaled(60))  # the root released what all nodes have
     wait_for(
-        lambda: c.store("c2").relay_resume_floor("policy", "c1") >= first, timeout=scaled(60)
+        lambda: c.store("c2").cascade.relay_resume_floor("policy", "c1") >= first,
+        timeout=scaled(60),
     )  # the branch released its relay copy too
-    children = {ch.child_id: ch for ch in c.store("c1").cascade_children("policy")}
+    children = {ch.child_id: ch for ch in c.store("c1").cascade.cascade_children("policy")}
     assert children["c2"].local_watermark >= first and not children["c2"].dropped
-    children = {ch.child_id: ch for ch in c.store("c2").cascade_children("policy")}
+    children = {ch.child_id: ch for ch in c.store("c2").cascade.cascade_children("policy")}
     assert children["c3"].local_watermark >= first and not children["c3"].dropped
 
     c.source.stop()
@@ -75,4 +76,4 @@ def test_under_traffic_the_global_watermark_rises_and_the_root_and_the_branch_tr
         report = c.report(node)
         report.assert_clean()  # nothing lost, repeated or out of order
         assert report.applied == report.expected
-    assert c.store("c2").list_snapshots("c3") == []  # no full sync was needed
+    assert c.store("c2").snapshots.list_snapshots("c3") == []  # no full sync was needed

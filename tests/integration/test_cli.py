@@ -246,7 +246,7 @@ def test_status_per_destination_and_client(site: Path, store: SQLAlchemyQueueSto
         "policy",
         [WireEntry(position=p, type=ReplicationType.LOG_ENTRY_SYNC, payload=b"x") for p in (4, 7)],
     )
-    has_sessions = hasattr(store, "save_session_status")
+    has_sessions = hasattr(store.inspection, "save_session_status")
     if has_sessions:
         store.inspection.save_session_status(
             "site-b", "streaming", connected=True, inflight_batches=3, inflight_bytes=4096

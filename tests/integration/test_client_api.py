@@ -153,7 +153,7 @@ def test_snapshot_progress_from_request_to_completed(sites: Sites) -> None:
     ready = client.snapshot(sid)
     assert ready is not None and ready.state is SnapshotStatus.READY
     assert (ready.rows_written, ready.rows_total, ready.rows_shipped) == (3, 3, 0)
-    assert ready.base_position == src.head_position()
+    assert ready.base_position == src.send.head_position()
 
     sites.start("b", sources=["a"])
     sites.start("a", dests=["b"], snapshot="app")
@@ -170,9 +170,9 @@ def test_snapshot_progress_from_request_to_completed(sites: Sites) -> None:
     assert (done.rows_total, done.rows_shipped, done.reason) == (3, 3, "from code")
     assert done.base_position == ready.base_position and not done.is_open
     sink = sites.store("b")  # every snapshot entry reached the sink with the base
-    (queue,) = sink.list_queues("policy")
+    (queue,) = sink.queues.list_queues("policy")
     with sink.read() as conn:
-        head = sink.read_head(conn, queue.queue_id, 100)
+        head = sink.heads.read_head(conn, queue.queue_id, 100)
     snap = [e for e in head if e.type is not ReplicationType.LOG_ENTRY_SYNC]
     assert [e.payload for e in snap[:3]] == [b"r1", b"r2", b"r3"]
     assert {e.base_position for e in snap} == {ready.base_position}

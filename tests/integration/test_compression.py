@@ -146,7 +146,7 @@ def test_a_zip_bomb_is_refused_with_invalid_argument(sites: Sites) -> None:
             wait_for(lambda: stream.next_ack(0.2), scaled(10))
     finally:
         transport.close()
-    assert sites.store("b").list_queues() == []
+    assert sites.store("b").queues.list_queues() == []
 
 
 def test_every_lane_of_a_destination_compresses(sites: Sites, received: list[str]) -> None:

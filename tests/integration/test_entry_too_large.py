@@ -63,16 +63,16 @@ def test_an_entry_too_large_for_its_destination_stops_its_stream_until_accept_lo
     caplog.set_level(logging.ERROR, logger="lr.session")
     sites.start("b", sources=["a"], replication=SINK_LIMITS)
     src = sites.store("a")
-    src.register_sites(["b"])
+    src.sites.register_sites(["b"])
     before, big, after = transmit(src, b"s"), transmit(src, b"x" * BIG), transmit(src, b"t")
     sites.start("a", dests=["b"])
-    wait_for(lambda: src.get_stream_stop("b", "policy") is not None, timeout=30)
-    stop = src.get_stream_stop("b", "policy")
+    wait_for(lambda: src.retention.get_stream_stop("b", "policy") is not None, timeout=30)
+    stop = src.retention.get_stream_stop("b", "policy")
     assert stop is not None and stop.resume_after == big
     for part in (f"policy@{big}", "300000 bytes", "b accepts", f"{BIG + 4352} bytes"):
         assert part in stop.reason
     assert stopped() == 1
-    assert src.get_cursor("b", "policy").position == before  # what came before went
+    assert src.shipping.get_cursor("b", "policy").position == before  # what came before went
     sink = sites.store("b")
     r = s.recv_entries
     with sink.read() as conn:
@@ -80,8 +80,8 @@ def test_an_entry_too_large_for_its_destination_stops_its_stream_until_accept_lo
     named = [m for m in caplog.messages if f"policy@{big}" in m]
     assert len(named) == 1 and "lr accept-loss" in named[0]
 
-    assert src.accept_stream_loss("b", "policy") is not None
-    wait_for(lambda: src.get_cursor("b", "policy").position == after, timeout=30)
+    assert src.retention.accept_stream_loss("b", "policy") is not None
+    wait_for(lambda: src.shipping.get_cursor("b", "policy").position == after, timeout=30)
     events = Events()
     with RoutingQueueSubscriber(sink, "policy", events) as sub:
         while sub.poll_once():

@@ -44,7 +44,7 @@ def _client_log_reads(store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPat
         calls.append(after)
         return real(client_name, after, limit, max_bytes)
 
-    monkeypatch.setattr(store, "read_client_log", counted)
+    monkeypatch.setattr(store.shipping, "read_client_log", counted)
     return calls
 
 
@@ -139,7 +139,7 @@ def test_the_root_ships_a_cascaded_client_to_its_children_from_one_read(
         for child in ("s2", "s3"):
             leaf = leaves[child] = open_store(db_url_factory(child))
             leaf.create_schema()
-            leaf.apply_cascade_config("policy", "s1", "leaf", "s1")
+            leaf.cascade.apply_cascade_config("policy", "s1", "leaf", "s1")
             at_leaf = Receiver(leaf, child, ["s1"])
             session = SenderSession(
                 store,
@@ -161,7 +161,7 @@ def test_the_root_ships_a_cascaded_client_to_its_children_from_one_read(
                 what=f"{child} has every entry",
                 detail=lambda: [(x.state, x.last_error) for x in sessions],
             )
-            got = leaf.read_relay("policy", "s1", 0, 100)
+            got = leaf.cascade.read_relay("policy", "s1", 0, 100)
             assert [e.payload for e in got] == [b"x%d" % i for i in range(40)]
         assert calls == [0]  # one read of the database, for both children
         assert fanout.hits >= 8  # four batches of ten for each child

@@ -86,7 +86,7 @@ def test_first_contact_snapshot_then_log_entries_while_writing(sites: Sites) -> 
         w.join()
         wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
     assert len(listener.full_syncs) == 1
-    (snap,) = src.list_snapshots("b", "policy")
+    (snap,) = src.snapshots.list_snapshots("b", "policy")
     assert snap.status is SnapshotStatus.COMPLETED and snap.entry_count is not None
     with sink.read() as conn:
         kinds = [r.kind for r in conn.execute(select(kvapp.applied).order_by(kvapp.applied.c.id))]
@@ -121,7 +121,7 @@ def test_down_destination_is_dropped_then_fully_synced(sites: Sites) -> None:
             if i % 20 == 0:
                 sizes.append(queue_size())
         # b was dropped (its backlog released) and the queue stayed bounded
-        wait_for(lambda: any(d.destination == "b" for d in src.list_drops()), timeout=30)
+        wait_for(lambda: any(d.destination == "b" for d in src.retention.list_drops()), timeout=30)
         assert max(sizes) < 300
         wait_for(lambda: queue_size() < 100, timeout=30)
         for site in healthy:
@@ -136,9 +136,11 @@ def test_down_destination_is_dropped_then_fully_synced(sites: Sites) -> None:
         wait_for(lambda: kvapp.table(sinks["b"][0].engine) == kvapp.table(src.engine), timeout=60)
         # On a loaded machine a healthy destination can fall 40 entries behind the write
         # loop too: it is dropped and fully synced the same way, and its record goes then.
-        wait_for(lambda: src.list_drops() == [], timeout=60, what="every drop record gone")
+        wait_for(
+            lambda: src.retention.list_drops() == [], timeout=60, what="every drop record gone"
+        )
     assert sinks["b"][2].full_syncs
-    assert src.get_cursor("b", "policy").needs_snapshot is False
+    assert src.shipping.get_cursor("b", "policy").needs_snapshot is False
 
 
 def test_majority_down_applies_backpressure_until_they_recover(sites: Sites) -> None:
@@ -159,11 +161,11 @@ def test_majority_down_applies_backpressure_until_they_recover(sites: Sites) -> 
                 client.transmit_log_entry_message(conn, b"x", dests)
             sent += 1
             if sent > 60:
-                wait_for(lambda: src.flow_state("policy")[0], timeout=10)
-    assert src.list_drops() == []  # a majority is never dropped
+                wait_for(lambda: src.send.flow_state("policy")[0], timeout=10)
+    assert src.retention.list_drops() == []  # a majority is never dropped
     sites.start("b", sources=["a"])
     sites.start("c", sources=["a"])
-    wait_for(lambda: not src.flow_state("policy")[0], timeout=60)
+    wait_for(lambda: not src.send.flow_state("policy")[0], timeout=60)
     with src.engine.begin() as conn:
         client.transmit_log_entry_message(conn, b"after", dests)
     # Everything accepted reaches every destination once, in order, the last one too.
@@ -173,11 +175,11 @@ def test_majority_down_applies_backpressure_until_they_recover(sites: Sites) -> 
 
 def queued(sink: SQLAlchemyQueueStore) -> list[bytes]:
     """The payloads waiting in a sink's receive queue from source ``a``."""
-    queues = [q for q in sink.list_queues("policy") if q.source_id == "a"]
+    queues = [q for q in sink.queues.list_queues("policy") if q.source_id == "a"]
     if not queues:
         return []
     with sink.read() as conn:
-        return [e.payload for e in sink.read_queue(conn, queues[0].queue_id, 100_000)]
+        return [e.payload for e in sink.queues.read_queue(conn, queues[0].queue_id, 100_000)]
 
 
 def test_wait_mode_waits_then_raises(store: SQLAlchemyQueueStore) -> None:

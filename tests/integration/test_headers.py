@@ -114,11 +114,11 @@ def test_the_async_client_refuses_bad_headers_before_writing(app: App) -> None:
 
 
 def received(sink: SQLAlchemyQueueStore, source: str) -> list[tuple[bytes, dict[str, str]]]:
-    queues = [q for q in sink.list_queues("policy") if q.source_id == source]
+    queues = [q for q in sink.queues.list_queues("policy") if q.source_id == source]
     if not queues:
         return []
     with sink.read() as conn:
-        entries = sink.read_queue(conn, queues[0].queue_id, 100)
+        entries = sink.queues.read_queue(conn, queues[0].queue_id, 100)
     return [(e.payload, dict(decode_headers(e.headers))) for e in entries]
 
 

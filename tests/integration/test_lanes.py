@@ -47,11 +47,11 @@ class Writer:
 
 
 def received(sink: SQLAlchemyQueueStore) -> list[tuple[int, bytes, bytes | None]]:
-    queues = sink.list_queues("policy")
+    queues = sink.queues.list_queues("policy")
     if not queues:
         return []
     with sink.read() as conn:
-        rows = sink.read_queue(conn, queues[0].queue_id, 1_000_000)
+        rows = sink.queues.read_queue(conn, queues[0].queue_id, 1_000_000)
     return [(e.source_position, e.payload, e.key) for e in rows]
 
 
@@ -122,7 +122,7 @@ def test_a_sender_restart_resumes_without_a_full_sync(sites: Sites, proxied: Fau
     sites.start("a", dests=["b"], replication=LANES)
     wait_for(lambda: len(received(sink)) >= writer.sent, timeout=60)
     check(received(sink), writer.sent)
-    assert sink.list_sink_drops() == []
+    assert sink.recv.list_sink_drops() == []
     assert not [e for e in received(sink) if not e[1].startswith(b"p")]  # no snapshot
 
 
@@ -162,7 +162,7 @@ def test_a_restart_with_another_stream_count_applies_nothing_twice(
     sites.stop("a")
     # The sink holds entries past its position, known only by their lanes' progress.
     held = max(pos for pos, _, _ in received(sink))
-    assert held > sink.sink_progress("a", "policy").last_position
+    assert held > sink.recv.sink_progress("a", "policy").last_position
     writer.write(100)
     sites.start("a", dests=["b"], replication=LANES.replace("= 3", "= 2"))
     wait_for(lambda: len(received(sink)) >= writer.sent, timeout=60)

@@ -197,11 +197,11 @@ def test_two_servers_of_a_site_share_its_units_and_deliver_each_entry_once(
                         client.transmit_log_entry_message(s, f"{prefix}{i}".encode(), ["b"])
 
         def received(c: str) -> list[bytes]:
-            queues = sink.list_queues(c)
+            queues = sink.queues.list_queues(c)
             if not queues:
                 return []
             with sink.read() as conn:
-                return [e.payload for e in sink.read_queue(conn, queues[0].queue_id, 1000)]
+                return [e.payload for e in sink.queues.read_queue(conn, queues[0].queue_id, 1000)]
 
         send("x", 20)
         wait_for(
@@ -255,7 +255,7 @@ def test_a_destination_with_several_addresses_is_reached_through_the_one_that_an
             client.transmit_log_entry_message(s, b"via the second address", ["b"])
         sink = sites.store("b")
         wait_for(
-            lambda: sink.sink_progress("a", "policy").entries_received == 1,
+            lambda: sink.recv.sink_progress("a", "policy").entries_received == 1,
             scaled(30),
             what="the entry at the sink",
         )
@@ -421,7 +421,7 @@ def test_a_steady_round_writes_no_lease(
         taken.append(unit)
         return acquire(unit, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(pg_store, "acquire_unit", counted)
+    monkeypatch.setattr(pg_store.members, "acquire_unit", counted)
     member.round()
     assert taken == [] and member.fences == held
     other = Membership(pg_store, "m2", [], lambda f: None, weight=0)  # places nothing

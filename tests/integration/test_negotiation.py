@@ -161,7 +161,7 @@ class Pair:
         """With a provider, the first contact is a full sync: let it complete."""
 
         def done() -> bool:
-            snaps = self.src.list_snapshots("b", "policy")
+            snaps = self.src.snapshots.list_snapshots("b", "policy")
             return any(x.status is SnapshotStatus.COMPLETED for x in snaps)
 
         wait_for(done, timeout=60)
@@ -187,7 +187,7 @@ class Pair:
 
 def wait_stopped(pair: Pair, reason: str) -> None:
     def session_says_stopped() -> bool:
-        rows = pair.src.list_session_status()
+        rows = pair.src.inspection.list_session_status()
         return (
             bool(rows) and rows[0]["state"] == "stream_stopped" and reason in rows[0]["last_error"]
         )
@@ -206,11 +206,11 @@ def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
     with running(*pair.loops()):
         pair.write(20)
         wait_for(lambda: logs(pair.sink) == list(range(1, 21)), timeout=60)
-        wait_for(lambda: pair.src.get_cursor("b", "policy").position == 20)
+        wait_for(lambda: pair.src.shipping.get_cursor("b", "policy").position == 20)
     if case == "behind the trim point":
         pair.restore_sink(5)
-        assert pair.src.trim() == 20
-        assert pair.src.trimmed_through("b", "policy") == 20
+        assert pair.src.retention.trim() == 20
+        assert pair.src.retention.trimmed_through("b", "policy") == 20
         first_missing, reason = 6, "behind what this source still holds"
     else:  # the source's database is older than the sink's
         pair.restore_sink(1000)
@@ -222,7 +222,7 @@ def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
         wait_stopped(pair, reason)
         # Stopped: nothing after the hole reached the sink, status and metric say so.
         assert seen(pair.sink) == before
-        assert pair.sink.sink_progress("a", "policy").last_position in (5, 1000)
+        assert pair.sink.recv.sink_progress("a", "policy").last_position in (5, 1000)
         assert stopped_gauge() == 1.0
         report = collect_status(sites.running["a"].config, pair.src)
         (stream,) = report.send
@@ -238,10 +238,10 @@ def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
         wait_for(lambda: logs(pair.sink)[-1:] == [30], timeout=60)
     after = seen(pair.sink)[len(before) :]
     assert after == [("dropped", first_missing)] + [("log", p) for p in range(21, 31)]
-    record = pair.src.get_stream_stop("b", "policy")
+    record = pair.src.retention.get_stream_stop("b", "policy")
     assert record is not None and record.resumed_at is not None and not record.is_stopped
     assert stopped_gauge() == 0.0
-    (notice,) = pair.sink.list_sink_drops()
+    (notice,) = pair.sink.recv.list_sink_drops()
     assert notice.first_dropped_position == first_missing
     assert "accepted" in notice.reason
     (sink_stream,) = collect_status(sites.running["b"].config, pair.sink).sink
@@ -254,7 +254,7 @@ def test_a_stream_the_source_cannot_complete_stops_until_the_loss_is_accepted(
     with running(*pair.loops()):
         wait_for(lambda: logs(pair.sink)[-1:] == [33], timeout=60)
     assert seen(pair.sink)[len(before) + 11 :] == [("log", 31), ("log", 32), ("log", 33)]
-    assert pair.src.list_session_status()[0]["state"] != "stream_stopped"
+    assert pair.src.inspection.list_session_status()[0]["state"] != "stream_stopped"
     again = CliRunner().invoke(
         cli, ["accept-loss", "--config", pair.config_path(), "-d", "b", "--client", "policy"]
     )
@@ -272,18 +272,18 @@ def test_behind_the_trim_point_with_a_provider_gets_one_notice_then_a_full_sync(
         pair.wait_first_contact()
         pair.write(20)
         wait_for(lambda: len(logs(pair.sink)) == 20, timeout=60)
-        wait_for(lambda: pair.src.get_cursor("b", "policy").position == pair.n)
-    cursor = pair.src.get_cursor("b", "policy").position
+        wait_for(lambda: pair.src.shipping.get_cursor("b", "policy").position == pair.n)
+    cursor = pair.src.shipping.get_cursor("b", "policy").position
     sink_at = cursor - 15
     pair.restore_sink(sink_at)
-    assert pair.src.trim() > 0
+    assert pair.src.retention.trim() > 0
     before = seen(pair.sink)
     pair.write(10)
     pair.start_sink()
     with running(*pair.loops()):
 
         def synced() -> bool:
-            snaps = pair.src.list_snapshots("b", "policy")
+            snaps = pair.src.snapshots.list_snapshots("b", "policy")
             return any(x.status is SnapshotStatus.COMPLETED and "behind" in x.reason for x in snaps)
 
         wait_for(synced, timeout=60)
@@ -300,9 +300,12 @@ def test_behind_the_trim_point_with_a_provider_gets_one_notice_then_a_full_sync(
     assert [k for k, _ in after[after.index(("end", 0)) + 1 :]] == ["log"] * (
         len(after) - after.index(("end", 0)) - 1
     )
-    (snap,) = [x for x in pair.src.list_snapshots("b", "policy") if "behind" in x.reason]
+    (snap,) = [x for x in pair.src.snapshots.list_snapshots("b", "policy") if "behind" in x.reason]
     assert snap.status is SnapshotStatus.COMPLETED
-    assert pair.src.list_drops() == [] and pair.src.get_stream_stop("b", "policy") is None
+    assert (
+        pair.src.retention.list_drops() == []
+        and pair.src.retention.get_stream_stop("b", "policy") is None
+    )
 
 
 def test_behind_the_cursor_with_nothing_trimmed_replays_without_a_full_sync(
@@ -315,7 +318,7 @@ def test_behind_the_cursor_with_nothing_trimmed_replays_without_a_full_sync(
         pair.wait_first_contact()
         pair.write(20)
         wait_for(lambda: len(logs(pair.sink)) == 20, timeout=60)
-        wait_for(lambda: pair.src.get_cursor("b", "policy").position == pair.n)
+        wait_for(lambda: pair.src.shipping.get_cursor("b", "policy").position == pair.n)
     delivered = logs(pair.sink)
     syncs = [k for k, _ in seen(pair.sink)].count("start")
     pair.restore_sink(delivered[4])
@@ -339,18 +342,18 @@ def test_a_full_sync_request_for_a_client_without_provider_is_cancelled(sites: S
     with running(*pair.loops()):
         pair.write(5)
         wait_for(lambda: logs(pair.sink) == [1, 2, 3, 4, 5], timeout=60)
-        sid = pair.src.request_snapshot(None, "b", "policy", "by the library")
+        sid = pair.src.snapshots.request_snapshot(None, "b", "policy", "by the library")
 
         def cancelled() -> bool:
-            req = pair.src.get_snapshot(sid)
+            req = pair.src.snapshots.get_snapshot(sid)
             return req is not None and req.status is SnapshotStatus.CANCELLED
 
         wait_for(cancelled, timeout=60)
-        req = pair.src.get_snapshot(sid)
+        req = pair.src.snapshots.get_snapshot(sid)
         assert req is not None and "no snapshot provider" in req.reason
         pair.write(5)
         wait_for(lambda: logs(pair.sink) == list(range(1, 11)), timeout=60)
-    assert pair.src.list_snapshots("b", "policy") == [req]
+    assert pair.src.snapshots.list_snapshots("b", "policy") == [req]
     assert [k for k, _ in seen(pair.sink)] == ["log"] * 10
 
 
@@ -437,9 +440,9 @@ def test_a_stopped_stream_resumes_when_the_operator_fixes_the_cause(
     with running(*pair.loops()):
         pair.write(20)
         wait_for(lambda: logs(pair.sink) == list(range(1, 21)), timeout=60)
-        wait_for(lambda: pair.src.get_cursor("b", "policy").position == 20)
+        wait_for(lambda: pair.src.shipping.get_cursor("b", "policy").position == 20)
     pair.restore_sink(5)
-    assert pair.src.trim() == 20
+    assert pair.src.retention.trim() == 20
     pair.start_sink()
     with running(*pair.loops()):
         wait_stopped(pair, "behind what this source still holds")
@@ -460,7 +463,7 @@ def test_a_stopped_stream_resumes_when_the_operator_fixes_the_cause(
         with running(*pair.loops()):
 
             def synced() -> bool:
-                snaps = pair.src.list_snapshots("b", "policy")
+                snaps = pair.src.snapshots.list_snapshots("b", "policy")
                 return any(x.status is SnapshotStatus.COMPLETED for x in snaps)
 
             wait_for(synced, timeout=60)
@@ -470,9 +473,9 @@ def test_a_stopped_stream_resumes_when_the_operator_fixes_the_cause(
         kinds = [k for k, _ in seen(pair.sink)]
         assert kinds == ["log"] * 5 + ["dropped", "start", "end"]
         assert seen(pair.sink)[5] == ("dropped", 6)
-    assert pair.src.get_stream_stop("b", "policy") is None
+    assert pair.src.retention.get_stream_stop("b", "policy") is None
     assert stopped_gauge() == 0.0
-    assert pair.src.list_session_status()[0]["last_error"] == ""
+    assert pair.src.inspection.list_session_status()[0]["last_error"] == ""
 
 
 def test_a_destination_dropped_by_retention_is_told_before_its_full_sync(
@@ -497,12 +500,12 @@ def test_a_destination_dropped_by_retention_is_told_before_its_full_sync(
         pair.sites.stop("b")
         before = seen(pair.sink)
         pair.write(30)
-        wait_for(lambda: bool(pair.src.list_drops()), timeout=60)
-        (drop,) = pair.src.list_drops()
+        wait_for(lambda: bool(pair.src.retention.list_drops()), timeout=60)
+        (drop,) = pair.src.retention.list_drops()
         pair.start_sink()
 
         def resynced() -> bool:
-            snaps = pair.src.list_snapshots("b", "policy")
+            snaps = pair.src.snapshots.list_snapshots("b", "policy")
             return any(
                 x.status is SnapshotStatus.COMPLETED and "dropped" in x.reason for x in snaps
             )
@@ -512,7 +515,7 @@ def test_a_destination_dropped_by_retention_is_told_before_its_full_sync(
     after = seen(pair.sink)[len(before) :]
     assert after[:2] == [("dropped", drop.first_dropped_position), ("start", 0)]
     assert [k for k, _ in after].count("dropped") == 1 and listener.drop_calls == 2
-    assert pair.sink.list_sink_drops()[0].reason == drop.reason
+    assert pair.sink.recv.list_sink_drops()[0].reason == drop.reason
 
 
 def test_a_sink_without_drop_notices_gets_none_and_the_stream_still_resumes(
@@ -534,19 +537,19 @@ def test_a_sink_without_drop_notices_gets_none_and_the_stream_still_resumes(
     with running(*pair.loops()):
         pair.write(20)
         wait_for(lambda: logs(pair.sink) == list(range(1, 21)), timeout=60)
-        wait_for(lambda: pair.src.get_cursor("b", "policy").position == 20)
+        wait_for(lambda: pair.src.shipping.get_cursor("b", "policy").position == 20)
     pair.restore_sink(5)
-    assert pair.src.trim() == 20
+    assert pair.src.retention.trim() == 20
     pair.write(10)
     pair.start_sink()
     with running(*pair.loops()):
         wait_stopped(pair, "behind what this source still holds")
         assert logs(pair.sink) == [1, 2, 3, 4, 5]
-        assert pair.src.accept_stream_loss("b", "policy") is not None
+        assert pair.src.retention.accept_stream_loss("b", "policy") is not None
         wait_for(lambda: logs(pair.sink)[-1:] == [30], timeout=60)
     assert seen(pair.sink) == [("log", p) for p in [1, 2, 3, 4, 5, *range(21, 31)]]
-    assert pair.sink.list_sink_drops() == []
-    record = pair.src.get_stream_stop("b", "policy")
+    assert pair.sink.recv.list_sink_drops() == []
+    record = pair.src.retention.get_stream_stop("b", "policy")
     assert record is not None and record.resumed_at is not None
 
 

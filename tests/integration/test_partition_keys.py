@@ -82,11 +82,13 @@ def test_keys_reach_the_sinks_receive_queue(sites: Sites) -> None:
             client.transmit_log_entry_message(session, payload, ["b"], key=key)
 
     def received() -> list[tuple[bytes, bytes | None]]:
-        queues = sink.list_queues("policy")
+        queues = sink.queues.list_queues("policy")
         if not queues:
             return []
         with sink.read() as conn:
-            return [(e.payload, e.key) for e in sink.read_queue(conn, queues[0].queue_id, 100)]
+            return [
+                (e.payload, e.key) for e in sink.queues.read_queue(conn, queues[0].queue_id, 100)
+            ]
 
     wait_for(lambda: received() == rows)
 
@@ -94,23 +96,25 @@ def test_keys_reach_the_sinks_receive_queue(sites: Sites) -> None:
 def test_snapshot_keys_reach_the_sinks_receive_queue(sites: Sites) -> None:
     """A snapshot's rows keep their keys over the wire, as log entries do."""
     src = sites.store("a")
-    src.register_sites(["b"])
-    sid = src.request_snapshot(None, "b", "policy", "test")
-    assert src.start_snapshot(sid) is not None
+    src.sites.register_sites(["b"])
+    sid = src.snapshots.request_snapshot(None, "b", "policy", "test")
+    assert src.snapshots.start_snapshot(sid) is not None
     rows = [(b"s%d" % i, None if i == 2 else b"k%d" % i) for i in range(5)]
     with src.write() as conn:
-        src.write_snapshot_entries(conn, sid, 0, [p for p, _ in rows], keys=[k for _, k in rows])
-    src.finish_snapshot(sid)
+        src.snapshot_entries.write_snapshot_entries(
+            conn, sid, 0, [p for p, _ in rows], keys=[k for _, k in rows]
+        )
+    src.snapshot_entries.finish_snapshot(sid)
     sites.start("b", sources=["a"])
     sites.start("a", dests=["b"], snapshot="app")  # the rows are written already
     sink = sites.store("b")
 
     def received() -> list[tuple[bytes, bytes | None]]:
-        queues = sink.list_queues("policy")
+        queues = sink.queues.list_queues("policy")
         if not queues:
             return []
         with sink.read() as conn:
-            found = sink.read_queue(conn, queues[0].queue_id, 100)
+            found = sink.queues.read_queue(conn, queues[0].queue_id, 100)
         return [(e.payload, e.key) for e in found if e.snapshot_id == sid][: len(rows)]
 
     wait_for(lambda: received() == rows)

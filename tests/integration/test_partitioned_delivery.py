@@ -193,7 +193,7 @@ def make(app: SQLAlchemyQueueStore, api: str) -> Iterator[Make]:
 def test_each_key_is_delivered_in_order_by_its_partition_once(
     app: SQLAlchemyQueueStore, make: Make
 ) -> None:
-    app.apply_log_batch("a", CLIENT, keyed(range(1, 201), 13))
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(1, 201), 13))
     listener = Recorder()
     sub = make(listener, 4)
     assert sub.poll_once() == 200
@@ -207,18 +207,18 @@ def test_each_key_is_delivered_in_order_by_its_partition_once(
         assert mine == sorted(mine)
     assert sub.poll_once() == 0
     with app.read() as conn:
-        (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
-        state = app.load_state(conn, qid)
-        marks = app.load_partitions(conn, qid)
+        (qid,) = [q.queue_id for q in app.queues.list_queues(CLIENT)]
+        state = app.queues.load_state(conn, qid)
+        marks = app.partitions.load_partitions(conn, qid)
     assert state.partitions == 4
     assert len(marks) == 4 and state.delivered_seq == min(marks.values())
-    assert app.queue_depth(qid) == 0
+    assert app.queues.queue_depth(qid) == 0
 
 
 def test_an_entry_without_a_key_is_a_barrier(app: SQLAlchemyQueueStore, make: Make) -> None:
     entries = keyed(range(1, 41), 5)
     entries[19] = WireEntry(20, LOG, b"20")  # no key
-    app.apply_log_batch("a", CLIENT, entries)
+    app.recv.apply_log_batch("a", CLIENT, entries)
     listener = Recorder()
     sub = make(listener, 3, batch_size=4)
     assert sub.poll_once() == 40
@@ -233,8 +233,8 @@ def test_an_entry_without_a_key_is_a_barrier(app: SQLAlchemyQueueStore, make: Ma
 def test_a_full_sync_comes_first_and_whole_then_keyed_entries(
     app: SQLAlchemyQueueStore, make: Make
 ) -> None:
-    app.apply_snapshot_batch("a", CLIENT, "s1", full_sync("s1", 5))
-    app.apply_log_batch("a", CLIENT, keyed(range(6, 30), 4))
+    app.recv.apply_snapshot_batch("a", CLIENT, "s1", full_sync("s1", 5))
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(6, 30), 4))
     listener = Recorder()
     sub = make(listener, 4, batch_size=3)
     sub.poll_once()
@@ -251,7 +251,7 @@ def test_parallel_workers_with_a_slow_listener_keep_order_and_exactly_once(
     entries = keyed(positions, 17)
     for p in (100, 250):
         entries[p - 1] = WireEntry(p, LOG, b"%d" % p)  # barriers
-    app.apply_log_batch("a", CLIENT, entries)
+    app.recv.apply_log_batch("a", CLIENT, entries)
     listener = Recorder(sleep=0.01, fail_rate=0.1)
     sub = make(listener, 8, batch_size=5)
     stop = threading.Event()
@@ -294,15 +294,17 @@ def test_the_queue_mark_follows_its_lowest_partition_while_the_workers_run(
 ) -> None:
     """Partition deliveries do not write the queue's state row; the workers raise its
     ``delivered_seq`` to the lowest partition apart, though the queue never drains."""
-    app.apply_log_batch("a", CLIENT, keyed(range(1, 121), 11))
-    (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(1, 121), 11))
+    (qid,) = [q.queue_id for q in app.queues.list_queues(CLIENT)]
     sub = make(Poisoned(poison=60), 3, batch_size=4)
     stop = threading.Event()
     runner = threading.Thread(target=sub.run, args=(stop,))
 
     def marks() -> tuple[int, dict[int, int]]:
         with app.read() as conn:
-            return app.load_state(conn, qid).delivered_seq, app.load_partitions(conn, qid)
+            return app.queues.load_state(conn, qid).delivered_seq, app.partitions.load_partitions(
+                conn, qid
+            )
 
     def raised() -> bool:
         own, parts = marks()
@@ -319,7 +321,7 @@ def test_the_queue_mark_follows_its_lowest_partition_while_the_workers_run(
     own, parts = marks()
     assert own == min(parts.values()) > 0 and len(set(parts.values())) > 1
     assert 60 not in {r.position for r in applied(app)}
-    assert app.queue_depth(qid) > 0
+    assert app.queues.queue_depth(qid) > 0
 
 
 def test_a_drained_queue_has_its_partitions_together_for_another_count(
@@ -332,17 +334,17 @@ def test_a_drained_queue_has_its_partitions_together_for_another_count(
     entries = keyed(range(1, 31), 5) + [
         WireEntry(31 + i, LOG, b"%d" % (31 + i), key=b"k%d" % k) for i, k in enumerate(tail)
     ]
-    app.apply_log_batch("a", CLIENT, entries)
+    app.recv.apply_log_batch("a", CLIENT, entries)
     two = subscriber(app, Recorder(), 2, batch_size=4)
     first = two._poll_partitions(range(1, 2))[0]  # partition 1 first: its tail goes first
     assert first + two.poll_once() == 33
     two.release_leases()
-    (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
+    (qid,) = [q.queue_id for q in app.queues.list_queues(CLIENT)]
     with app.read() as conn:
-        marks = app.load_partitions(conn, qid)
+        marks = app.partitions.load_partitions(conn, qid)
         assert len(set(marks.values())) == 1
-        assert app.load_state(conn, qid).delivered_seq == marks[0]
-    app.apply_log_batch("a", CLIENT, keyed(range(34, 41), 5))
+        assert app.queues.load_state(conn, qid).delivered_seq == marks[0]
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(34, 41), 5))
     assert subscriber(app, Recorder(), 3).poll_once() == 7  # another count: taken
     assert sorted(r.position for r in applied(app)) == list(range(1, 41))
 
@@ -350,39 +352,45 @@ def test_a_drained_queue_has_its_partitions_together_for_another_count(
 def test_a_different_partition_count_is_refused_until_the_queue_is_drained(
     app: SQLAlchemyQueueStore,
 ) -> None:
-    app.apply_log_batch("a", CLIENT, keyed(range(1, 21), 5))
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(1, 21), 5))
     four = subscriber(app, Recorder(), 4, batch_size=2, max_batches=1)
     four._poll_partitions(range(1))  # partition 0 alone: the queue is not drained
     four.release_leases()
     with app.read() as conn:
-        (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
-        before = (app.load_state(conn, qid).partitions, app.load_partitions(conn, qid))
+        (qid,) = [q.queue_id for q in app.queues.list_queues(CLIENT)]
+        before = (
+            app.queues.load_state(conn, qid).partitions,
+            app.partitions.load_partitions(conn, qid),
+        )
     for other in (2, 1):
         with pytest.raises(PartitionCountError, match="not drained"):
             subscriber(app, Recorder(), other).poll_once()
     with app.read() as conn:
-        assert (app.load_state(conn, qid).partitions, app.load_partitions(conn, qid)) == before
+        assert (
+            app.queues.load_state(conn, qid).partitions,
+            app.partitions.load_partitions(conn, qid),
+        ) == before
     # Drain with the stored count, then switch: nothing redelivered, nothing lost.
     four = subscriber(app, Recorder(), 4)
     four.poll_once()
     four.release_leases()
     two = subscriber(app, Recorder(), 2)
     assert two.poll_once() == 0
-    app.apply_log_batch("a", CLIENT, keyed(range(21, 31), 5))
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(21, 31), 5))
     assert two.poll_once() == 10
     two.release_leases()
     rows = applied(app)
     assert sorted(r.position for r in rows) == list(range(1, 31))
     with app.read() as conn:
-        assert app.load_state(conn, qid).partitions == 2
-        assert set(app.load_partitions(conn, qid)) == {0, 1}
-    app.apply_log_batch("a", CLIENT, keyed(range(31, 34), 5))
+        assert app.queues.load_state(conn, qid).partitions == 2
+        assert set(app.partitions.load_partitions(conn, qid)) == {0, 1}
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(31, 34), 5))
     one = subscriber(app, Recorder(), 1)
     assert one.poll_once() == 3  # the two partitions stood together at 30
     with Session(app.engine) as session:
         assert session.scalar(select(func.count()).select_from(Applied)) == 33
     with app.read() as conn:
-        assert app.load_state(conn, qid).partitions == 0
+        assert app.queues.load_state(conn, qid).partitions == 0
         assert conn.execute(select(func.count()).select_from(s.subscriber_partitions)).scalar() == 0
 
 
@@ -427,7 +435,7 @@ def test_listeners_that_wait_without_writing_overlap_across_partitions(
     listener), and every entry is still delivered once."""
     hashing = HashPartitioner()
     assert {hashing(b"k%d" % k, 4) for k in range(13)} == {0, 1, 2, 3}
-    app.apply_log_batch("a", CLIENT, keyed(range(1, 81), 13))
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(1, 81), 13))
     listener = Rendezvous(4)
     sub = subscriber(app, listener, 4, batch_size=2)
     stop = threading.Event()
@@ -435,8 +443,8 @@ def test_listeners_that_wait_without_writing_overlap_across_partitions(
     runner.start()
     try:
         wait_for(lambda: len(listener.seen) >= 80, timeout=60)
-        (qid,) = [q.queue_id for q in app.list_queues(CLIENT)]
-        wait_for(lambda: app.queue_depth(qid) == 0, timeout=60)
+        (qid,) = [q.queue_id for q in app.queues.list_queues(CLIENT)]
+        wait_for(lambda: app.queues.queue_depth(qid) == 0, timeout=60)
     finally:
         stop.set()
         runner.join(timeout=60)
@@ -476,7 +484,7 @@ def test_sqlite_a_listener_takes_the_write_lock_at_its_first_statement(
             self.locks.append((before, free()))
             return super().process_log_entries(session, source_id, messages)
 
-    app.apply_log_batch("a", CLIENT, keyed(range(1, 21), 5))
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(1, 21), 5))
     listener = Probe()
     try:
         assert subscriber(app, listener, 2, batch_size=4).poll_once() == 20
@@ -512,13 +520,13 @@ def test_two_workers_at_a_full_sync_start_it_once(
     the partitions that run passed: the full sync starts once, comes whole, once."""
     if app.dialect == "sqlite":
         pytest.skip("SQLite's one writer: barrier deliveries of one subscriber never overlap")
-    app.apply_snapshot_batch("a", CLIENT, "s1", full_sync("s1", 6))
+    app.recv.apply_snapshot_batch("a", CLIENT, "s1", full_sync("s1", 6))
     listener = StartRecorder()
     sub = subscriber(app, listener, 2, batch_size=3)
-    (queue,) = app.list_queues(CLIENT)
+    (queue,) = app.queues.list_queues(CLIENT)
     assert sub._hold_lease(queue.queue_id)
     first_done = threading.Event()
-    real_load_state = app.load_state
+    real_load_state = app.queues.load_state
 
     def load_state(conn, queue_id, **kw):  # type: ignore[no-untyped-def]
         if listener.first in (None, threading.get_ident()):
@@ -528,7 +536,7 @@ def test_two_workers_at_a_full_sync_start_it_once(
         assert first_done.wait(scaled(30))  # its run committed before this worker goes on
         return state
 
-    monkeypatch.setattr(app, "load_state", load_state)
+    monkeypatch.setattr(app.queues, "load_state", load_state)
     results: dict[str, int | None] = {}
 
     def deliver(name: str) -> None:

@@ -130,8 +130,8 @@ def test_a_destinations_read_walks_its_own_entries_only(store: SQLAlchemyQueueSt
     store.send.analyze()
     entries = store.shipping.read_log_entries("b", "policy", 0, 100)
     assert [e.payload for e in entries] == [b"y"] * 5
-    position = store._tagged_query(numbers["b"], "policy", 0).selected_columns[0]
-    query = store._tagged_query(numbers["b"], "policy", 0).order_by(position).limit(100)
+    position = store.core.tagged_query(numbers["b"], "policy", 0).selected_columns[0]
+    query = store.core.tagged_query(numbers["b"], "policy", 0).order_by(position).limit(100)
     with store.read() as conn:
         if store.dialect == "sqlite":
             sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))

@@ -52,7 +52,7 @@ def full() -> float | None:
 def test_a_full_receive_queue_refuses_batches_and_resumes_once_drained(sites: Sites) -> None:
     sites.start("b", sources=["a"], client_options="receive_queue_max_entries = 3")
     src = sites.store("a")
-    src.register_sites(["b"])
+    src.sites.register_sites(["b"])
     sender = RoutingQueueClient(src, source_id="a", client_name="policy")
     for i in range(10):
         new_slot(src)
@@ -61,13 +61,15 @@ def test_a_full_receive_queue_refuses_batches_and_resumes_once_drained(sites: Si
     sites.start("a", dests=["b"], replication="batch_max_entries = 2")
     wait_for(lambda: full() == 1, timeout=30)
     sink = sites.store("b")
-    (queue,) = sink.list_queues("policy")
-    assert 3 <= sink.queue_depth(queue.queue_id) <= 4  # the limit, plus at most one batch
+    (queue,) = sink.queues.list_queues("policy")
+    assert 3 <= sink.queues.queue_depth(queue.queue_id) <= 4  # the limit, plus at most one batch
     wait_for(
-        lambda: any("receive queue is full" in s["last_error"] for s in src.list_session_status()),
+        lambda: any(
+            "receive queue is full" in s["last_error"] for s in src.inspection.list_session_status()
+        ),
         timeout=30,
     )  # what lr status shows at the source
-    assert src.get_cursor("b", "policy").position < 10  # the source holds the rest back
+    assert src.shipping.get_cursor("b", "policy").position < 10  # the source holds the rest back
     listener = Positions()
     with RoutingQueueSubscriber(sink, "policy", listener) as sub:
 
@@ -77,7 +79,7 @@ def test_a_full_receive_queue_refuses_batches_and_resumes_once_drained(sites: Si
 
         wait_for(all_delivered, timeout=60)
     assert listener.seen == list(range(1, 11))  # in order, nothing lost or twice
-    wait_for(lambda: src.get_cursor("b", "policy").position == 10, timeout=30)
+    wait_for(lambda: src.shipping.get_cursor("b", "policy").position == 10, timeout=30)
     assert full() == 0
 
 
@@ -125,7 +127,7 @@ def test_a_source_waits_longer_each_time_a_full_queue_refuses_it(
 ) -> None:
     sink = open_store(db_url_factory("sink"))
     try:
-        sink.apply_log_batch("a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
+        sink.recv.apply_log_batch("a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
         receiver = Receiver(sink, "b", ["a"], limits=ReceiveLimits(sink, {"policy": (3, 0)}))
         transport = InProcessTransport(receiver, "a")
         store.sites.register_sites(["b"])
@@ -146,6 +148,6 @@ def test_a_source_waits_longer_each_time_a_full_queue_refuses_it(
         session.run(stop)
         assert stop.waits == [0.1, 0.2, 0.4, 0.5]  # doubling up to max_backoff
         assert "receive queue is full" in session.last_error
-        assert sink.sink_progress("a", "policy").last_position == 3  # nothing stored
+        assert sink.recv.sink_progress("a", "policy").last_position == 3  # nothing stored
     finally:
         sink.engine.dispose()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 
 import pytest
 from prometheus_client import REGISTRY
@@ -18,8 +19,8 @@ from sqlalchemy import select
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import IncompatibleVersionError, ProtocolError
 from lr_client.records import ReplicationType, SinkSnapshotState
-from lr_client.store import SQLAlchemyQueueStore
-from lr_client.store.recv.receiving import ReceivingStore
+from lr_client.store import SQLAlchemyQueueStore, open_store
+from lr_client.store.core import StoreCore
 from lr_client.store.schema import tables as schema
 from lr_server.protocol import versions as protocol
 from lr_server.receiving.receiver import Receiver
@@ -274,10 +275,10 @@ def test_negotiation_refuses_a_source_older_than_the_oldest_version_accepted(
 
 def _portable(store: SQLAlchemyQueueStore) -> SQLAlchemyQueueStore:
     """The same store with the portable receive insert instead of its dialect's fast path."""
-    base = type(store)
-    portable = type(f"Portable{base.__name__}", (base,), {})
-    portable._append_recv = ReceivingStore._append_recv  # type: ignore[method-assign]
-    return portable(store.engine)  # type: ignore[no-any-return]
+    portable = open_store(store.engine)
+    core = portable.core
+    core.append_recv = types.MethodType(StoreCore.append_recv, core)  # type: ignore[method-assign]
+    return portable
 
 
 def test_the_portable_receive_insert_stores_what_the_fast_paths_store(

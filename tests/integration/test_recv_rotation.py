@@ -163,13 +163,13 @@ def _drain(sub: RoutingQueueSubscriber) -> int:
 @pytest.mark.postgres
 def test_delivery_deletes_no_row_on_postgresql(pg: SQLAlchemyQueueStore) -> None:
     for i in range(5):
-        pg.apply_log_batch("a", CLIENT, log(20 * i + 1, 20 * i + 20))
-        pg.apply_log_batch("b", CLIENT, log(10 * i + 1, 10 * i + 10))
+        pg.recv.apply_log_batch("a", CLIENT, log(20 * i + 1, 20 * i + 20))
+        pg.recv.apply_log_batch("b", CLIENT, log(10 * i + 1, 10 * i + 10))
     with RoutingQueueSubscriber(pg, CLIENT, Recorder(), batch_size=7) as sub:
         assert _drain(sub) == 150
     got = events(pg.engine)
     assert got == {"a": [f"l{p}" for p in range(1, 101)], "b": [f"l{p}" for p in range(1, 51)]}
-    assert pg.queue_depths() == {}
+    assert pg.inspection.queue_depths() == {}
     pg.engine.dispose()  # the backends exit: their statistics are flushed
     with pg.engine.connect() as conn:
         stats = wait_for(
@@ -186,39 +186,39 @@ def test_rotation_truncates_delivered_slots_never_an_undelivered_entry(
     pg: SQLAlchemyQueueStore,
 ) -> None:
     sub = RoutingQueueSubscriber(pg, CLIENT, Recorder(), batch_size=50)
-    pg.apply_log_batch("a", CLIENT, log(1, 200, size=2000))
-    pg.apply_log_batch("b", CLIENT, log(1, 1))  # stays undelivered until the end
-    qb = pg.list_queues(CLIENT)[1].queue_id
+    pg.recv.apply_log_batch("a", CLIENT, log(1, 200, size=2000))
+    pg.recv.apply_log_batch("b", CLIENT, log(1, 1))  # stays undelivered until the end
+    qb = pg.queues.list_queues(CLIENT)[1].queue_id
     with pg.write() as conn:  # b's lease is another subscriber's: only a is delivered
-        assert pg.acquire_lease(conn, qb, "elsewhere", 0.0, 1e12) is not None
+        assert pg.queues.acquire_lease(conn, qb, "elsewhere", 0.0, 1e12) is not None
     assert _drain(sub) == 200
     with pg.engine.connect() as conn:
         assert _rows(conn) == {0: 201}
         before = _sizes(conn)
-    assert pg.rotate_receive_queues(period=3600.0) is None  # slot 0 is not due yet
-    assert pg.rotate_receive_queues(period=0.0) == 1  # an empty slot was free
-    assert pg.rotate_receive_queues(period=0.0) is None  # slot 1 holds nothing yet
+    assert pg.queues.rotate_receive_queues(period=3600.0) is None  # slot 0 is not due yet
+    assert pg.queues.rotate_receive_queues(period=0.0) == 1  # an empty slot was free
+    assert pg.queues.rotate_receive_queues(period=0.0) is None  # slot 1 holds nothing yet
 
     seen = [1]
     for i in range(6):  # around the ring and back: slot 0 is pinned by b's entry
-        pg.apply_log_batch("a", CLIENT, log(201 + 10 * i, 210 + 10 * i, size=2000))
+        pg.recv.apply_log_batch("a", CLIENT, log(201 + 10 * i, 210 + 10 * i, size=2000))
         assert _drain(sub) == 10
-        seen.append(pg.rotate_receive_queues(period=0.0))
+        seen.append(pg.queues.rotate_receive_queues(period=0.0))
     assert 0 not in seen and None not in seen
     with pg.engine.connect() as conn:
         assert _rows(conn)[0] == 201  # never truncated: b's entry is there
     with pg.read() as conn:
-        assert [e.source_position for e in pg.read_queue(conn, qb, 10)] == [1]
+        assert [e.source_position for e in pg.queues.read_queue(conn, qb, 10)] == [1]
     assert events(pg.engine)["a"] == [f"l{p}" for p in range(1, 261)]
 
     with pg.write() as conn:
-        pg.release_leases(conn, "elsewhere")
+        pg.queues.release_leases(conn, "elsewhere")
     assert _drain(sub) == 1  # b's entry: now slot 0 is passed too
     last = 260
     for _ in range(4):  # the ring comes round to slot 0, and retires it
         last += 1
-        pg.apply_log_batch("a", CLIENT, log(last, last))
-        if pg.rotate_receive_queues(period=0.0) == 0:
+        pg.recv.apply_log_batch("a", CLIENT, log(last, last))
+        if pg.queues.rotate_receive_queues(period=0.0) == 0:
             break
     with pg.engine.connect() as conn:
         assert _rows(conn).get(0, 0) == 0
@@ -239,9 +239,9 @@ def test_storage_stays_bounded_while_a_transaction_pins_vacuum(pg: SQLAlchemyQue
         pin.begin()
         pin.execute(text("SELECT pg_current_xact_id()"))
         for i in range(30):
-            pg.apply_log_batch("a", CLIENT, log(100 * i + 1, 100 * i + 100, size=1000))
+            pg.recv.apply_log_batch("a", CLIENT, log(100 * i + 1, 100 * i + 100, size=1000))
             assert _drain(sub) == 100
-            pg.rotate_receive_queues(period=0.0)
+            pg.queues.rotate_receive_queues(period=0.0)
             with pg.engine.connect() as conn:
                 sizes.append(sum(_sizes(conn).values()))
         pin.rollback()
@@ -253,32 +253,32 @@ def test_storage_stays_bounded_while_a_transaction_pins_vacuum(pg: SQLAlchemyQue
 
 @pytest.mark.postgres
 def test_a_slot_is_added_when_every_other_is_pinned(pg: SQLAlchemyQueueStore) -> None:
-    pg.apply_log_batch("a", CLIENT, log(1, 1))
+    pg.recv.apply_log_batch("a", CLIENT, log(1, 1))
     for i in range(4):  # one undelivered entry in every slot, then a fifth slot
-        assert pg.rotate_receive_queues(period=0.0) == i + 1
-        pg.apply_log_batch("a", CLIENT, log(i + 2, i + 2))
+        assert pg.queues.rotate_receive_queues(period=0.0) == i + 1
+        pg.recv.apply_log_batch("a", CLIENT, log(i + 2, i + 2))
     with pg.engine.connect() as conn:
         assert recv_rotation.slots(conn) == [0, 1, 2, 3, 4]
         assert sorted(_rows(conn)) == [0, 1, 2, 3, 4]
     with RoutingQueueSubscriber(pg, CLIENT, Recorder()) as sub:
         assert _drain(sub) == 5
-    assert pg.rotate_receive_queues(period=0.0) in (0, 1, 2, 3)  # free again: no new slot
+    assert pg.queues.rotate_receive_queues(period=0.0) in (0, 1, 2, 3)  # free again: no new slot
 
 
 @pytest.mark.postgres
 def test_a_busy_slot_is_left_for_later_and_stalls_nobody(pg: SQLAlchemyQueueStore) -> None:
-    pg.apply_log_batch("a", CLIENT, log(1, 3))
+    pg.recv.apply_log_batch("a", CLIENT, log(1, 3))
     with RoutingQueueSubscriber(pg, CLIENT, Recorder()) as sub:
         assert _drain(sub) == 3
     with pg.engine.connect() as reader, reader.begin():
         # A long reader of the queues (a delivery, a dump) holds every partition.
         reader.execute(text("SELECT count(*) FROM lrq_recv_entries"))
-        assert pg.rotate_receive_queues(period=0.0) is None  # waited 50 ms, no more
-        pg.apply_log_batch("a", CLIENT, log(4, 4))  # appliers are not held up
+        assert pg.queues.rotate_receive_queues(period=0.0) is None  # waited 50 ms, no more
+        pg.recv.apply_log_batch("a", CLIENT, log(4, 4))  # appliers are not held up
         with pg.engine.connect() as conn:
             assert recv_rotation.slots(conn) == [0, 1, 2, 3]  # and no slot was added for it
-    assert pg.rotate_receive_queues(period=0.0) == 1
-    assert pg.queue_depths() == {pg.list_queues(CLIENT)[0].queue_id: 1}
+    assert pg.queues.rotate_receive_queues(period=0.0) == 1
+    assert pg.inspection.queue_depths() == {pg.queues.list_queues(CLIENT)[0].queue_id: 1}
 
 
 @pytest.mark.postgres
@@ -286,7 +286,7 @@ def test_a_subscriber_that_lost_its_lease_rolls_back_after_another_delivered(
     pg: SQLAlchemyQueueStore,
 ) -> None:
     """Two owners: the stale one's state update matches nothing, its writes roll back."""
-    pg.apply_log_batch("a", CLIENT, log(1, 3))
+    pg.recv.apply_log_batch("a", CLIENT, log(1, 3))
     other = RoutingQueueSubscriber(pg, CLIENT, Recorder(), owner="fresh", retry_initial=0.0)
 
     class Stale(Recorder):
@@ -306,9 +306,9 @@ def test_a_subscriber_that_lost_its_lease_rolls_back_after_another_delivered(
     assert stale.poll_once() == 0  # rolled back
     assert events(pg.engine) == {"a": ["l1", "l2", "l3"]}  # once: the other's delivery
     with pg.read() as conn:
-        state = pg.load_state(conn, pg.list_queues(CLIENT)[0].queue_id)
+        state = pg.queues.load_state(conn, pg.queues.list_queues(CLIENT)[0].queue_id)
     assert (state.lease_owner, state.delivered) == ("fresh", 3)
-    pg.apply_log_batch("a", CLIENT, log(4, 4))
+    pg.recv.apply_log_batch("a", CLIENT, log(4, 4))
     assert other.poll_once() == 1
     assert events(pg.engine) == {"a": ["l1", "l2", "l3", "l4"]}
     other.close()
@@ -436,8 +436,8 @@ def test_a_sink_server_rotates_its_receive_queues(sites: Sites) -> None:
 def test_rotation_keeps_a_relayed_queue_above_its_relay_floor(pg: SQLAlchemyQueueStore) -> None:
     """A branch relays ``(CLIENT, a)``: its delivered entries stay until its child has
     them; then rotation truncates their slot, still without deleting a row."""
-    pg.apply_cascade_config(CLIENT, "a", "branch", "a", ["child"])
-    pg.apply_log_batch("a", CLIENT, log(1, 50))  # slot 0
+    pg.cascade.apply_cascade_config(CLIENT, "a", "branch", "a", ["child"])
+    pg.recv.apply_log_batch("a", CLIENT, log(1, 50))  # slot 0
     sub = RoutingQueueSubscriber(pg, CLIENT, Recorder(), batch_size=20)
     assert _drain(sub) == 50
     written = 0
@@ -448,23 +448,23 @@ def test_rotation_keeps_a_relayed_queue_above_its_relay_floor(pg: SQLAlchemyQueu
         out = []
         for _ in range(rounds):
             written += 1
-            pg.apply_log_batch("b", CLIENT, log(written, written))
+            pg.recv.apply_log_batch("b", CLIENT, log(written, written))
             _drain(sub)
-            out.append(pg.rotate_receive_queues(period=0.0))
+            out.append(pg.queues.rotate_receive_queues(period=0.0))
         return out
 
-    pg.set_cursor("child", CLIENT, 30)
-    pg.trim_relay(CLIENT, "a")
-    assert pg.relay_resume_floor(CLIENT, "a") == 30
+    pg.shipping.set_cursor("child", CLIENT, 30)
+    pg.cascade.trim_relay(CLIENT, "a")
+    assert pg.cascade.relay_resume_floor(CLIENT, "a") == 30
     churn(12)  # the ring went round several times: slot 0 holds 31..50, kept
     with pg.engine.connect() as conn:
         assert _rows(conn)[0] >= 50  # with the first entry of b
-    assert [e.position for e in pg.read_relay(CLIENT, "a", 30, 100)] == list(range(31, 51))
-    pg.set_cursor("child", CLIENT, 50)
-    pg.trim_relay(CLIENT, "a")
+    assert [e.position for e in pg.cascade.read_relay(CLIENT, "a", 30, 100)] == list(range(31, 51))
+    pg.shipping.set_cursor("child", CLIENT, 50)
+    pg.cascade.trim_relay(CLIENT, "a")
     churn(8)
     with pg.engine.connect() as conn:
         assert _rows(conn).get(0, 0) <= 1  # truncated (one entry of b may have come since)
         assert sum(d for _, d in _stats(conn).values()) == 0
-    assert pg.read_relay(CLIENT, "a", 0, 100) == []
+    assert pg.cascade.read_relay(CLIENT, "a", 0, 100) == []
     sub.close()

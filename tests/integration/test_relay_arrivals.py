@@ -71,7 +71,7 @@ def leaf(db_url_factory: Callable[[str], str]) -> Iterator[SQLAlchemyQueueStore]
     leaf = open_store(db_url_factory("s4"))
     leaf.create_schema()
     try:
-        leaf.apply_cascade_config("policy", "s1", "leaf", "s3")
+        leaf.cascade.apply_cascade_config("policy", "s1", "leaf", "s3")
         yield leaf
     finally:
         leaf.engine.dispose()
@@ -187,20 +187,20 @@ def test_a_branch_relays_a_stored_batch_without_waiting_for_its_poll(
     store: SQLAlchemyQueueStore, leaf: SQLAlchemyQueueStore
 ) -> None:
     branch = store
-    node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    node = branch.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     arrivals = Arrivals()
     receiver = Receiver(branch, "s3", ["s1"], on_stored=arrivals.ring)
     receiver.apply("s1", from_root(1))  # stored before the session starts
     at_leaf = Receiver(leaf, "s4", ["s3"])
     session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
     with _running(session, arrivals):
-        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+        received = lambda: leaf.recv.sink_progress("s1", "policy").last_position  # noqa: E731
         wait_for(lambda: received() == 1, timeout=scaled(30), what="the first entry")
         # Caught up with nothing in flight: the session waits. What is stored now
         # goes at once, not after the hour's poll.
         receiver.apply("s1", from_root(2))
         wait_for(lambda: received() == 2, timeout=scaled(30), what="the entry stored later")
-        assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
+        assert [e.position for e in leaf.cascade.read_relay("policy", "s1", 0, 10)] == [1, 2]
 
 
 def test_every_stream_s_wait_for_an_acknowledgement_ends_when_interrupted(
@@ -284,7 +284,7 @@ def test_a_branch_forwards_a_batch_before_it_has_stored_it(
         assert release.wait(scaled(60)), "the test never let the branch store"
         return store_batch(*args, **kwargs)
 
-    monkeypatch.setattr(store, "apply_log_batch", held)
+    monkeypatch.setattr(store.recv, "apply_log_batch", held)
     with _running(session, arrivals, sink):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
         applying = threading.Thread(target=receiver.apply, args=("s1", from_root(1)))
@@ -309,31 +309,31 @@ def test_a_batch_the_branch_failed_to_store_reaches_the_leaf_once(
     """Forwarded, then the branch's transaction fails: the provider sends the batch
     again, the branch stores it, and the leaf, which has it, keeps it once."""
     branch = store
-    node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    node = branch.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     arrivals = Arrivals()
     receiver = _forwarding_receiver(branch, arrivals)
     at_leaf = Receiver(leaf, "s4", ["s3"])
     session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
-    store_batch = branch.apply_log_batch
+    store_batch = branch.recv.apply_log_batch
 
     def failing(*args: Any, **kwargs: Any) -> tuple[bool, int]:
         raise StoreUnavailableError("the branch's database went away")
 
     with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
-        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
-        monkeypatch.setattr(branch, "apply_log_batch", failing)
+        received = lambda: leaf.recv.sink_progress("s1", "policy").last_position  # noqa: E731
+        monkeypatch.setattr(branch.recv, "apply_log_batch", failing)
         with pytest.raises(StoreUnavailableError):
             receiver.apply("s1", from_root(1))
         wait_for(lambda: received() == 1, timeout=scaled(30), what="the forwarded entry")
-        assert branch.sink_progress("s1", "policy").last_position == 0
-        monkeypatch.setattr(branch, "apply_log_batch", store_batch)
+        assert branch.recv.sink_progress("s1", "policy").last_position == 0
+        monkeypatch.setattr(branch.recv, "apply_log_batch", store_batch)
         assert not receiver.apply("s1", from_root(1)).duplicate  # sent again, stored
         receiver.apply("s1", from_root(2))
         wait_for(lambda: received() == 2, timeout=scaled(30), what="the next entry")
-    assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2]
-    assert leaf.sink_progress("s1", "policy").entries_received == 2
-    assert branch.list_snapshots() == []  # no full sync anywhere
+    assert [e.position for e in leaf.cascade.read_relay("policy", "s1", 0, 10)] == [1, 2]
+    assert leaf.recv.sink_progress("s1", "policy").entries_received == 2
+    assert branch.snapshots.list_snapshots() == []  # no full sync anywhere
 
 
 def test_a_child_past_what_its_branch_stored_resumes_where_it_is(
@@ -344,7 +344,7 @@ def test_a_child_past_what_its_branch_stored_resumes_where_it_is(
     is no restored database. It resumes where it is, without a full sync or a stop, and
     gets what follows once the branch has it."""
     branch = store
-    node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    node = branch.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     at_leaf = Receiver(leaf, "s4", ["s3"])
     for position in (1, 2):
         at_leaf.apply("s3", from_root(position))
@@ -356,11 +356,11 @@ def test_a_child_past_what_its_branch_stored_resumes_where_it_is(
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
         for position in (2, 3):
             receiver.apply("s1", from_root(position))
-        received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+        received = lambda: leaf.recv.sink_progress("s1", "policy").last_position  # noqa: E731
         wait_for(lambda: received() == 3, timeout=scaled(30), what="the entry after it")
-    assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
-    assert branch.list_snapshots() == []
-    assert branch.get_stream_stop("s4", "policy") is None
+    assert [e.position for e in leaf.cascade.read_relay("policy", "s1", 0, 10)] == [1, 2, 3]
+    assert branch.snapshots.list_snapshots() == []
+    assert branch.retention.get_stream_stop("s4", "policy") is None
 
 
 def test_a_relay_read_that_finds_nothing_marks_where_the_next_one_starts(
@@ -409,7 +409,7 @@ def _counting_reads(store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
         reads.append(after)
         return read(client, origin, after, *args, **kwargs)
 
-    monkeypatch.setattr(store, "read_relay", counted)
+    monkeypatch.setattr(store.cascade, "read_relay", counted)
     return reads
 
 
@@ -424,12 +424,12 @@ def test_a_branch_that_forwarded_all_it_stored_does_not_read_its_queue_again(
     after it would find nothing, and is not made while this process's stores are recent
     (``stored_ttl``; with none trusted, every wake-up reads, as before)."""
     branch = store
-    node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    node = branch.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     arrivals = Arrivals(stored_ttl=stored_ttl)
     receiver = _forwarding_receiver(branch, arrivals)
     at_leaf = Receiver(leaf, "s4", ["s3"])
     session = _relaying(branch, node, arrivals, lambda: InProcessTransport(at_leaf, "s3"))
-    received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+    received = lambda: leaf.recv.sink_progress("s1", "policy").last_position  # noqa: E731
     with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
         receiver.apply("s1", from_root(1))
@@ -442,7 +442,7 @@ def test_a_branch_that_forwarded_all_it_stored_does_not_read_its_queue_again(
         assert reads == []
     else:
         assert reads  # read after each wake-up, finding nothing
-    assert [e.position for e in leaf.read_relay("policy", "s1", 0, 10)] == [1, 2, 3, 4]
+    assert [e.position for e in leaf.cascade.read_relay("policy", "s1", 0, 10)] == [1, 2, 3, 4]
 
 
 def test_a_batch_stored_by_another_process_is_relayed_once_the_last_store_here_is_old(
@@ -452,7 +452,7 @@ def test_a_batch_stored_by_another_process_is_relayed_once_the_last_store_here_i
     here rings, and the session reads the queue at its poll once what it knows of the
     stores here is older than ``stored_ttl``."""
     branch = store
-    node = branch.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
+    node = branch.cascade.apply_cascade_config("policy", "s1", "branch", "s1", ["s4"])
     arrivals = Arrivals(stored_ttl=0.2)
     here = _forwarding_receiver(branch, arrivals)
     elsewhere = Receiver(branch, "s3", ["s1"])  # another member: tells this one nothing
@@ -467,7 +467,7 @@ def test_a_batch_stored_by_another_process_is_relayed_once_the_last_store_here_i
         cascade={"policy": node},
         arrivals=arrivals,
     )
-    received = lambda: leaf.sink_progress("s1", "policy").last_position  # noqa: E731
+    received = lambda: leaf.recv.sink_progress("s1", "policy").last_position  # noqa: E731
     with _running(session, arrivals):
         wait_for(lambda: session.connected, timeout=scaled(30), what="the session connected")
         here.apply("s1", from_root(1))

@@ -62,7 +62,7 @@ class Branch:
             self.events.append(("look-up", 0))
             return checks(*args, **kwargs)
 
-        monkeypatch.setattr(store, "send_checks", logged)
+        monkeypatch.setattr(store.snapshots, "send_checks", logged)
         self.now = 0.0
         self.session.shipper.clock = lambda: self.now
 

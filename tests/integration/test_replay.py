@@ -267,7 +267,7 @@ def test_a_sink_refuses_a_replayed_batch_from_a_version_5_source(
     request.protocol_version = protocol.PROTOCOL_VERSION
     receiver.negotiate("a", request)
     assert receiver.apply("a", batch).duplicate
-    links["b"].sink.apply_log_batch(
+    links["b"].sink.recv.apply_log_batch(
         "a", "policy", [WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"x")]
     )
     assert not receiver.apply("a", batch).duplicate
@@ -331,7 +331,7 @@ def test_a_sink_rewind_delivers_again_what_its_queue_still_holds(
     )
     with pytest.raises(admin.AdminInputError, match="not a source"):
         admin.rewind(sink, store, "z", "policy", 3)
-    if not store.keeps_delivered:  # SQLite deleted them as it delivered them
+    if not store.core.keeps_delivered:  # SQLite deleted them as it delivered them
         with pytest.raises(admin.StateError, match="holds no delivered entry at or after 3"):
             admin.rewind(sink, store, "a", "policy", 3)
         return
@@ -356,13 +356,13 @@ def test_a_replay_requested_while_the_source_is_down_runs_once_it_is_up(
     sites.start("a", dests=["b"])
     src = sites.store("a")
     transmit(src, "policy", 3, ["b"])
-    last = src.head_position()
-    wait_for(lambda: src.get_cursor("b", "policy").position == last, timeout=30)
+    last = src.send.head_position()
+    wait_for(lambda: src.shipping.get_cursor("b", "policy").position == last, timeout=30)
     sites.stop("a")
     request = admin.replay(load_config(tmp_path / "a.toml"), src, "b", "policy", last - 1)
     sites.start("a", dests=["b"])
-    wait_for(lambda: src.list_replays()[0].status == "done", timeout=30)
-    assert src.list_replays()[0].replay_id == request.replay_id
+    wait_for(lambda: src.replays.list_replays()[0].status == "done", timeout=30)
+    assert src.replays.list_replays()[0].replay_id == request.replay_id
     seen = Seen()
     with RoutingQueueSubscriber(sites.store("b"), "policy", seen) as sub:
         while sub.poll_once():

@@ -57,7 +57,7 @@ def test_three_sources_one_sink(sites: Sites) -> None:
             for src in ("s1", "s2", "s3")
         )
     )
-    names = sorted(q.queue_name for q in sink.list_queues("policy"))
+    names = sorted(q.queue_name for q in sink.queues.list_queues("policy"))
     assert names == ["LRQ_Recv_policy__s1", "LRQ_Recv_policy__s2", "LRQ_Recv_policy__s3"]
 
 
@@ -77,7 +77,7 @@ def test_sink_restarted_mid_stream_loses_and_duplicates_nothing(sites: Sites) ->
     if "b" not in sites.running:
         sites.start("b", sources=["a"])
     wait_for(lambda: len(received(sink, "a")) >= len(expected))
-    wait_for(lambda: src.get_cursor("b", "policy").position == src.head_position())
+    wait_for(lambda: src.shipping.get_cursor("b", "policy").position == src.send.head_position())
     assert received(sink, "a") == expected
 
 
@@ -87,10 +87,11 @@ def test_a_destination_that_never_comes_up_does_not_stop_others(sites: Sites) ->
     src, sink_c = sites.store("a"), sites.store("c")
     transmit(src, "a", [(b"%d" % i, ["b", "c"]) for i in range(30)])
     wait_for(lambda: len(received(sink_c, "a")) == 30)
-    assert src.get_cursor("b", "policy").position == 0
-    assert src.backlog("b", "policy").entries == 30
+    assert src.shipping.get_cursor("b", "policy").position == 0
+    assert src.shipping.backlog("b", "policy").entries == 30
     wait_for(
         lambda: any(
-            s["destination"] == "b" and not s["connected"] for s in src.list_session_status()
+            s["destination"] == "b" and not s["connected"]
+            for s in src.inspection.list_session_status()
         )
     )

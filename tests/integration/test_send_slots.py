@@ -30,7 +30,7 @@ def store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
     st = open_store(pg_schema.engine())
     assert isinstance(st.core, PostgresCore)
     st.create_schema()
-    st.register_sites(["b", "c"])
+    st.sites.register_sites(["b", "c"])
     st.retention.rotation_period = 0.0
     yield st
 

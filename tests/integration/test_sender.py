@@ -358,7 +358,7 @@ def test_threads_transmitting_while_the_state_is_read_again_do_not_read_it_too(
             assert hold.wait(60), "the test never let the reading finish"
         return real(client_name)
 
-    monkeypatch.setattr(store, "flow_state", flow_state)
+    monkeypatch.setattr(store.send, "flow_state", flow_state)
 
     def transmit(payload: bytes) -> None:
         with store.engine.connect() as conn:  # begins at its first write, after the checks

@@ -92,7 +92,7 @@ def test_ticks_take_the_documented_lock_of_their_own_schema(pg_schema: PgSchema)
         results: dict[str, int] = {}
 
         def tick(name: str, st: SQLAlchemyQueueStore) -> None:
-            results[name] = st.sequence()
+            results[name] = st.send.sequence()
 
         with pg_schema.admin.connect() as holder, holder.begin():
             holder.execute(

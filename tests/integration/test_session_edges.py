@@ -35,12 +35,12 @@ def test_a_request_for_a_client_without_provider_never_stops_its_log_entries(rig
     first = rig.log_at_sink()
     rig.connect()
     # The library accepts the request (it cannot see the server's config) ...
-    sid = rig.src.request_snapshot(None, "b", CLIENT, "asked by the application")
+    sid = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "asked by the application")
     more = rig.transmit(3)
     rig.step()  # ... and the very next round, before any periodic check, refuses it
     assert rig.log_at_sink() == first + more
     assert rig.streams[CLIENT].mode is Mode.LOG
-    snap = rig.src.get_snapshot(sid)
+    snap = rig.src.snapshots.get_snapshot(sid)
     assert snap is not None and snap.status is SnapshotStatus.CANCELLED
     assert "has no snapshot provider" in snap.reason
     later = rig.transmit(2)
@@ -55,7 +55,7 @@ def test_a_dropped_stream_ships_nothing_past_the_hole_before_its_notice(rig: Rig
     rig.step()
     first = rig.log_at_sink()
     assert first[-3:] == shipped
-    drop = rig.src.drop_stream("b", CLIENT, "over max_entries")
+    drop = rig.src.retention.drop_stream("b", CLIENT, "over max_entries")
     assert drop is not None and drop.first_dropped_position == shipped[-1] + 1
     rig.transmit(2)  # after the drop: the full sync will hold their effect
     rig.step()  # before the periodic check has seen the drop
@@ -64,7 +64,7 @@ def test_a_dropped_stream_ships_nothing_past_the_hole_before_its_notice(rig: Rig
     rig.session._check_requests(rig.streams)  # requests the full sync, with the notice
     assert rig.streams[CLIENT].mode is Mode.SNAPSHOT
     sid = rig.streams[CLIENT].snapshot.snapshot_id  # type: ignore[union-attr]
-    assert rig.src.start_snapshot(sid) is not None
+    assert rig.src.snapshots.start_snapshot(sid) is not None
     rig.provide(sid, [b"row"])
     rig.until_complete(sid)
     kinds = [t for t, _ in rig.at_sink()]
@@ -77,13 +77,13 @@ def test_a_drop_found_with_an_open_request_is_still_told_before_the_full_sync(ri
     rig.transmit(2)
     rig.step()
     first = rig.log_at_sink()
-    sid = rig.src.request_snapshot(None, "b", CLIENT, "operator")
-    drop = rig.src.drop_stream("b", CLIENT, "over max_bytes")
+    sid = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "operator")
+    drop = rig.src.retention.drop_stream("b", CLIENT, "over max_bytes")
     assert drop is not None
     rig.transmit(1)
     rig.step()  # the gate switches to the full sync before the periodic check runs
     assert rig.streams[CLIENT].mode is Mode.SNAPSHOT
-    assert rig.src.start_snapshot(sid) is not None
+    assert rig.src.snapshots.start_snapshot(sid) is not None
     rig.provide(sid, [b"row"])
     rig.until_complete(sid)
     assert [t for t, _ in rig.at_sink()] == [LOG] * len(first) + [DROPPED, SNAP, END]
@@ -91,22 +91,22 @@ def test_a_drop_found_with_an_open_request_is_still_told_before_the_full_sync(ri
 
 def test_the_end_of_a_superseded_snapshot_does_not_complete_the_newer_one(rig: Rig) -> None:
     rig.connect()
-    old = rig.src.request_snapshot(None, "b", CLIENT, "operator")
-    assert rig.src.start_snapshot(old) is not None
+    old = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "operator")
+    assert rig.src.snapshots.start_snapshot(old) is not None
     rig.provide(old, [b"old"])
     rig.session._check_requests(rig.streams)
     assert rig.stream is not None
     rig.session._ship(rig.stream, rig.streams)  # the whole old snapshot, end included
     assert rig.streams[CLIENT].snap_done_sent
-    new = rig.src.request_snapshot(None, "b", CLIENT, "operator again")  # cancels the old
+    new = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "operator again")  # cancels the old
     rig.session._check_requests(rig.streams)
     assert rig.streams[CLIENT].snapshot.snapshot_id == new  # type: ignore[union-attr]
     rig.session._drain_acks(rig.stream, rig.streams, 0.0)  # the old end's ack arrives
 
-    snap = rig.src.get_snapshot(new)
+    snap = rig.src.snapshots.get_snapshot(new)
     assert snap is not None and snap.status is SnapshotStatus.REQUESTED  # not completed
     assert rig.streams[CLIENT].mode is Mode.SNAPSHOT
-    assert rig.src.start_snapshot(new) is not None
+    assert rig.src.snapshots.start_snapshot(new) is not None
     rig.provide(new, [b"new"])
     rig.until_complete(new)
     events = rig.deliver()

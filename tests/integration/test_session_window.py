@@ -157,7 +157,7 @@ def test_lost_end_marker_ack_completes_without_resending(
             join(worker, 30)
         assert transport.lost
         assert transport.snapshot_batches_after_loss == 0
-        assert sink.sink_progress("a", "policy").entries_received == 31
+        assert sink.recv.sink_progress("a", "policy").entries_received == 31
     finally:
         sink.engine.dispose()
 
@@ -216,8 +216,8 @@ def test_lanes_keep_every_batch_within_the_batch_limits(
         worker.start()
         try:
             wait_for(
-                lambda: sink.sink_progress("a", "policy").entries_received == 140,
-                detail=lambda: f"{sink.sink_progress('a', 'policy')} {session.last_error}",
+                lambda: sink.recv.sink_progress("a", "policy").entries_received == 140,
+                detail=lambda: f"{sink.recv.sink_progress('a', 'policy')} {session.last_error}",
             )
             last = store.shipping.read_client_log("policy", 0, 1000)[-1].position
             wait_for(  # the final low-water mark moves the cursor to the end
@@ -267,6 +267,6 @@ def test_lanes_are_refused_by_a_sink_of_protocol_3_and_nothing_is_shipped(
             stop.set()
             join(worker, 30)
         assert session.last_error.startswith("IncompatibleVersionError")
-        assert sink.list_queues() == []
+        assert sink.queues.list_queues() == []
     finally:
         sink.engine.dispose()

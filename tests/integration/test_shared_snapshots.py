@@ -52,7 +52,7 @@ def _stored(src: SQLAlchemyQueueStore) -> int:
 
 
 def _one_open_snapshot_with(src: SQLAlchemyQueueStore, dests: list[str]) -> str | None:
-    views = src.list_snapshots(client_name="policy", statuses=OPEN_SNAPSHOT_STATUSES)
+    views = src.snapshots.list_snapshots(client_name="policy", statuses=OPEN_SNAPSHOT_STATUSES)
     ids = {v.snapshot_id for v in views}
     if len(ids) != 1 or sorted(v.destination for v in views) != sorted(dests):
         return None
@@ -78,7 +78,9 @@ def test_destinations_syncing_together_share_one_snapshot_each_row_once(sites: S
             wait_for(
                 lambda d=d: kvapp.table(sinks[d][0].engine) == kvapp.table(src.engine), timeout=60
             )
-        wait_for(lambda: src.get_snapshot(sid).status is SnapshotStatus.COMPLETED, timeout=30)  # type: ignore[union-attr]
+        wait_for(
+            lambda: src.snapshots.get_snapshot(sid).status is SnapshotStatus.COMPLETED, timeout=30
+        )  # type: ignore[union-attr]
         for i in range(10):
             kvapp.write(src.engine, client, {f"k{i}": 1000 + i}, DESTS)
         for d in DESTS:
@@ -86,10 +88,10 @@ def test_destinations_syncing_together_share_one_snapshot_each_row_once(sites: S
                 lambda d=d: kvapp.table(sinks[d][0].engine) == kvapp.table(src.engine), timeout=60
             )
     assert calls == [sid]  # one provider run, one copy of the rows
-    snap = src.get_snapshot(sid)
+    snap = src.snapshots.get_snapshot(sid)
     assert snap is not None and snap.entry_count == 60
     for d in DESTS:
-        view = src.get_snapshot(sid, d)
+        view = src.snapshots.get_snapshot(sid, d)
         assert view is not None and view.status is SnapshotStatus.COMPLETED
         assert _applied_snapshot_rows(sinks[d][0]) == 60  # every row exactly once
         assert sinks[d][2].full_syncs == [sid] and sinks[d][2].errors == []
@@ -109,13 +111,13 @@ def test_one_destination_cancelled_the_others_complete_from_the_shared_copy(
     wait_for(lambda: _one_open_snapshot_with(src, DESTS) is not None, timeout=30)
     sid = _one_open_snapshot_with(src, DESTS)
     assert sid is not None
-    assert src.cancel_snapshot(sid, "operator", destination="c")
+    assert src.snapshots.cancel_snapshot(sid, "operator", destination="c")
     calls: list[str] = []
     runner = SnapshotProviderRunner(src, "policy", _counting_provider(src, calls))
     others = ["b", "d", "e"]
 
     def status(snapshot_id: str, d: str) -> SnapshotStatus | None:
-        view = src.get_snapshot(snapshot_id, d)
+        view = src.snapshots.get_snapshot(snapshot_id, d)
         return None if view is None else view.status
 
     def c_completed() -> str | None:

@@ -41,9 +41,9 @@ def test_a_running_snapshot_stops_log_entries_at_its_base(rig: Rig) -> None:
     rig.step()
     assert rig.log_at_sink() == first + shipped
 
-    sid = rig.src.request_snapshot(None, "b", CLIENT, "operator")
+    sid = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "operator")
     below = rig.transmit(2)  # committed before the base is fixed
-    started = rig.src.start_snapshot(sid)
+    started = rig.src.snapshots.start_snapshot(sid)
     assert started is not None and started.base_position == below[-1]
     above = rig.transmit(3)
     rig.step()  # the session has not run its periodic request check since
@@ -70,13 +70,13 @@ def test_a_requested_snapshot_stops_log_entries_at_once(rig: Rig) -> None:
     rig.step()
     assert rig.log_at_sink() == first + shipped
 
-    sid = rig.src.request_snapshot(None, "b", CLIENT, "operator")
+    sid = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "operator")
     rig.transmit(2)  # before the base: the snapshot holds their effect
     rig.step()
     assert rig.log_at_sink() == first + shipped
     assert rig.streams[CLIENT].mode is Mode.SNAPSHOT
 
-    started = rig.src.start_snapshot(sid)
+    started = rig.src.snapshots.start_snapshot(sid)
     assert started is not None and started.base_position is not None
     above = rig.transmit(2)
     rig.step()
@@ -166,7 +166,7 @@ def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
                 stop.wait(0.005)
 
     def completed(sid: str) -> bool:
-        req = src.get_snapshot(sid)
+        req = src.snapshots.get_snapshot(sid)
         return req is not None and req.status is SnapshotStatus.COMPLETED
 
     def logs_after_snapshot(number: int) -> int:
@@ -209,7 +209,7 @@ def test_full_syncs_requested_mid_stream_keep_every_log_entry_once_and_in_place(
     while sub.poll_once():  # whatever reached the sink before the stop
         pass
 
-    snaps = {x.snapshot_id: x for x in src.list_snapshots("b", CLIENT)}
+    snaps = {x.snapshot_id: x for x in src.snapshots.list_snapshots("b", CLIENT)}
     bases: list[int] = []
     for sid in listener.full_syncs:
         base = snaps[sid].base_position

@@ -32,8 +32,8 @@ def test_a_snapshot_superseded_mid_transfer_never_reaches_the_listener(rig: Rig)
     rig.step()
     assert rig.log_at_sink() == logs
 
-    old = rig.src.request_snapshot(None, "b", CLIENT, "operator")
-    assert rig.src.start_snapshot(old) is not None
+    old = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "operator")
+    assert rig.src.snapshots.start_snapshot(old) is not None
     rig.provide(old, [b"old-%d" % i for i in range(30)])
     rig.session._check_requests(rig.streams)
     assert rig.streams[CLIENT].mode is Mode.SNAPSHOT
@@ -43,8 +43,10 @@ def test_a_snapshot_superseded_mid_transfer_never_reaches_the_listener(rig: Rig)
     # The log entries before it were delivered: the subscriber ran past it.
     assert rig.deliver() == [("log", tuple(logs))]
 
-    new = rig.src.request_snapshot(None, "b", CLIENT, "operator")  # supersedes the old one
-    assert rig.src.start_snapshot(new) is not None
+    new = rig.src.snapshots.request_snapshot(
+        None, "b", CLIENT, "operator"
+    )  # supersedes the old one
+    assert rig.src.snapshots.start_snapshot(new) is not None
     rig.provide(new, [b"new-1", b"new-2"])
     rig.until_complete(new)
     assert rig.deliver() == [
@@ -66,8 +68,8 @@ def test_a_snapshot_travels_and_is_delivered_in_snapshot_sized_batches(
         rig.step()
         before = rig.log_at_sink()
         assert rig.deliver() == [("log", tuple(before))]
-        sid = rig.src.request_snapshot(None, "b", CLIENT, "operator")
-        assert rig.src.start_snapshot(sid) is not None
+        sid = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "operator")
+        assert rig.src.snapshots.start_snapshot(sid) is not None
         after = rig.transmit(30)  # past the snapshot's base: replayed after it
         rig.provide(sid, [b"row-%d" % i for i in range(60)])
         rig.session._check_requests(rig.streams)

@@ -108,7 +108,7 @@ def test_snapshots_started_at_once_get_distinct_slots(store: SQLAlchemyQueueStor
     def start(st: SQLAlchemyQueueStore, sid: str) -> None:
         barrier.wait()
         try:
-            assert st.start_snapshot(sid) is not None
+            assert st.snapshots.start_snapshot(sid) is not None
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
 
@@ -180,7 +180,7 @@ def test_a_write_in_flight_when_its_snapshot_is_cancelled_goes_with_it(
         done = threading.Event()
 
         def cancel() -> None:
-            canceller.cancel_snapshot(old)
+            canceller.snapshots.cancel_snapshot(old)
             done.set()
 
         thread = threading.Thread(target=cancel)
@@ -217,7 +217,9 @@ def test_progress_and_heartbeats_go_through_while_a_chunk_is_being_written(
         done = threading.Event()
 
         def progress() -> None:
-            if driver.heartbeat_snapshot(sid) and driver.update_snapshot(sid, rows_written=1):
+            if driver.snapshots.heartbeat_snapshot(sid) and driver.snapshots.update_snapshot(
+                sid, rows_written=1
+            ):
                 done.set()
 
         thread = threading.Thread(target=progress, daemon=True)

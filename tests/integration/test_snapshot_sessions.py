@@ -75,16 +75,16 @@ def test_sender_restarted_mid_snapshot_resumes_without_duplicates(sites: Sites) 
     sites.start("b", sources=["a"])
     with Loops(runner):
         sites.start("a", dests=["b"], snapshot="app", replication=SMALL_BATCHES)
-        wait_for(lambda: sink.sink_progress("a", "policy").snapshot_position > 100, timeout=60)
+        wait_for(lambda: sink.recv.sink_progress("a", "policy").snapshot_position > 100, timeout=60)
         sites.stop("a")  # mid-transfer
-        progress = sink.sink_progress("a", "policy")
+        progress = sink.recv.sink_progress("a", "policy")
         assert progress.snapshot_position < 3000
         # The rest in batches of the default size: the restarted session resumes from
         # the position the sink holds, whatever batches came before.
         sites.start("a", dests=["b"], snapshot="app")
         with Loops(subscriber):
             wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
-    (snap,) = src.list_snapshots("b", "policy")
+    (snap,) = src.snapshots.list_snapshots("b", "policy")
     assert snap.status is SnapshotStatus.COMPLETED
     # resumed, not restarted: each snapshot entry was delivered exactly once, in order
     assert snap.entry_count == 3008
@@ -95,13 +95,13 @@ def test_sender_restarted_mid_snapshot_resumes_without_duplicates(sites: Sites) 
 def test_superseded_snapshot_delivers_nothing_of_itself(sites: Sites) -> None:
     src, client, sink = setup(sites)
     kvapp.write(src.engine, client, {"k": 1}, ["b"])
-    first = src.request_snapshot(None, "b", "policy", "operator")
-    src.start_snapshot(first)
+    first = src.snapshots.request_snapshot(None, "b", "policy", "operator")
+    src.snapshots.start_snapshot(first)
     with src.write() as conn:
-        src.write_snapshot_entries(conn, first, 0, [kvapp.encode("stale", 666)])
-    src.finish_snapshot(first)  # READY, but the sink is not up yet
+        src.snapshot_entries.write_snapshot_entries(conn, first, 0, [kvapp.encode("stale", 666)])
+    src.snapshot_entries.finish_snapshot(first)  # READY, but the sink is not up yet
     second = client.request_snapshot_sync("b")
-    old = src.get_snapshot(first)
+    old = src.snapshots.get_snapshot(first)
     assert old is not None and old.status is SnapshotStatus.CANCELLED
     listener = kvapp.KvListener()
     subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
@@ -136,13 +136,16 @@ def test_three_successive_full_syncs_deliver_five_each(sites: Sites) -> None:
             wait_for(lambda round_=round_: len(listener.full_syncs) == round_ + 1, timeout=60)
             wait_for(
                 lambda: all(
-                    s.status is SnapshotStatus.COMPLETED for s in src.list_snapshots("b", "policy")
+                    s.status is SnapshotStatus.COMPLETED
+                    for s in src.snapshots.list_snapshots("b", "policy")
                 )
             )
             wait_for(
                 lambda round_=round_: (
                     len(got) == round_ + 1
-                    and all(sink.queue_depth(q.queue_id) == 0 for q in sink.list_queues())
+                    and all(
+                        sink.queues.queue_depth(q.queue_id) == 0 for q in sink.queues.list_queues()
+                    )
                 ),
                 timeout=60,
             )
@@ -152,7 +155,7 @@ def test_three_successive_full_syncs_deliver_five_each(sites: Sites) -> None:
     rows = [(i + 1, kvapp.encode(f"k{i}", i)) for i in range(5)]
     assert listener.full_syncs == list(got)
     assert list(got.values()) == [rows, rows, rows]
-    snapshots = src.list_snapshots("b", "policy")
+    snapshots = src.snapshots.list_snapshots("b", "policy")
     assert sorted(s.snapshot_id for s in snapshots) == sorted(got)
 
 
@@ -172,7 +175,7 @@ def test_zero_row_snapshot(sites: Sites) -> None:
         kvapp.write(src.engine, client, {"after": 1}, ["b"])
         wait_for(lambda: kvapp.table(sink.engine) == {"after": 1}, timeout=60)
     # The empty snapshot applied nothing; the one log entry after it applied once.
-    assert (applied(sink, "snapshot"), applied(sink, "log")) == ([], [src.head_position()])
+    assert (applied(sink, "snapshot"), applied(sink, "log")) == ([], [src.send.head_position()])
 
 
 def test_a_snapshot_whose_provider_died_is_replaced(sites: Sites) -> None:
@@ -180,10 +183,12 @@ def test_a_snapshot_whose_provider_died_is_replaced(sites: Sites) -> None:
     src, client, sink = setup(sites)
     for i in range(5):
         kvapp.write(src.engine, client, {f"k{i}": i}, ["b"])
-    dead = src.request_snapshot(None, "b", "policy", "first contact")
-    src.start_snapshot(dead)  # taken by a provider that then crashed: no heartbeat
+    dead = src.snapshots.request_snapshot(None, "b", "policy", "first contact")
+    src.snapshots.start_snapshot(dead)  # taken by a provider that then crashed: no heartbeat
     with src.write() as conn:
-        src.write_snapshot_entries(conn, dead, 0, [kvapp.encode("half-written", 1)])
+        src.snapshot_entries.write_snapshot_entries(
+            conn, dead, 0, [kvapp.encode("half-written", 1)]
+        )
     listener = kvapp.KvListener()
     subscriber = RoutingQueueSubscriber(sink, "policy", listener, poll_interval=0.02)
     runner = SnapshotProviderRunner(
@@ -193,14 +198,14 @@ def test_a_snapshot_whose_provider_died_is_replaced(sites: Sites) -> None:
     sites.start("a", dests=["b"], snapshot="app", replication=STALL)
     with Loops(runner, subscriber):
         wait_for(
-            lambda: src.get_snapshot(dead).status is SnapshotStatus.FAILED,  # type: ignore[union-attr]
+            lambda: src.snapshots.get_snapshot(dead).status is SnapshotStatus.FAILED,  # type: ignore[union-attr]
             timeout=30,
         )
         wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
-    failed = src.get_snapshot(dead)
+    failed = src.snapshots.get_snapshot(dead)
     assert failed is not None and "heartbeat" in failed.reason
-    assert src.count_snapshot_entries(dead) == 0
-    (done,) = src.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])
+    assert src.snapshot_entries.count_snapshot_entries(dead) == 0
+    (done,) = src.snapshots.list_snapshots("b", "policy", [SnapshotStatus.COMPLETED])
     assert listener.full_syncs == [done.snapshot_id]
     assert "half-written" not in kvapp.table(sink.engine)
 
@@ -212,7 +217,7 @@ def test_a_slow_provider_keeps_its_snapshot_by_heartbeat(sites: Sites) -> None:
     slow = kvapp.provider(src.engine)
 
     def beaten_for(sid: str, since: float, seconds: float) -> bool:
-        req = src.get_snapshot(sid)
+        req = src.snapshots.get_snapshot(sid)
         return req is not None and req.updated_at >= since + seconds
 
     def provide(ctx: SnapshotContext) -> None:
@@ -233,6 +238,6 @@ def test_a_slow_provider_keeps_its_snapshot_by_heartbeat(sites: Sites) -> None:
     sites.start("a", dests=["b"], snapshot="app", replication=STALL)
     with Loops(runner, subscriber):
         wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
-    snaps = src.list_snapshots("b", "policy")
+    snaps = src.snapshots.list_snapshots("b", "policy")
     assert [x.status for x in snaps] == [SnapshotStatus.COMPLETED]
     assert len(listener.full_syncs) == 1

@@ -114,9 +114,9 @@ def test_a_destination_registered_by_another_store_is_read(store: SQLAlchemyQueu
     store.sites.register_sites(["b"])
     assert set(store.sites.site_numbers()) == {"b"}  # cached
     other = open_store(store.engine)
-    nums = other.register_sites(["c"])
+    nums = other.sites.register_sites(["c"])
     with other.write() as conn:
-        refs = other.append_log_entries(conn, "policy", [(b"x", [nums["c"]])])
+        refs = other.send.append_log_entries(conn, "policy", [(b"x", [nums["c"]])])
     assert [e.position for e in store.shipping.read_log_entries("c", "policy", 0, 10)] == positions(
         other, refs
     )

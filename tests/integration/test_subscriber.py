@@ -833,19 +833,19 @@ def test_a_configuration_that_relays_a_queue_takes_its_lease_so_delivery_keeps_i
 
     server = open_store(create_engine(db_url))
     try:
-        server.apply_cascade_config(CLIENT, "src-a", "branch", "src-a", ("below",))
+        server.cascade.apply_cascade_config(CLIENT, "src-a", "branch", "src-a", ("below",))
         app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
         poll_until(sub, lambda: len(app_rows(app_store)) == 6)
         assert stored_positions(app_store) == [*kept, 4, 5, 6]  # relayed: kept for "below"
 
         # Back to a leaf: delivery deletes again from the next lease on.
-        server.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
+        server.cascade.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
         app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(7, 2), previous_position=6)
         poll_until(sub, lambda: len(app_rows(app_store)) == 8)
         expected = [*kept, 4, 5, 6, 7, 8] if app_store.core.keeps_delivered else [4, 5, 6]
         assert stored_positions(app_store) == expected
         # The same configuration again changes nothing, and takes no lease.
-        server.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
+        server.cascade.apply_cascade_config(CLIENT, "src-a", "leaf", "src-a")
         with app_store.read() as conn:
             (state,) = [
                 app_store.queues.load_state(conn, q.queue_id)
@@ -884,7 +884,7 @@ def test_the_batch_is_built_with_the_collector_paused_and_the_listener_runs_with
 
     sub = make_sub(Watching(), batch_size=4)
     read_head = sub.store.heads.read_head
-    monkeypatch.setattr(sub.store, "read_head", reading)
+    monkeypatch.setattr(sub.store.heads, "read_head", reading)
     assert gc.isenabled()
     poll_until(sub, lambda: len(app_rows(app_store, "log_entries")) == 3)
     assert seen["read"] and not any(seen["read"])  # every read: paused
@@ -1299,7 +1299,7 @@ def test_a_lease_is_renewed_only_in_the_second_half_of_its_time(
         acquired.append(now)
         return real(conn, qid, owner, now, seconds)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(app_store, "acquire_lease", counting)
+    monkeypatch.setattr(app_store.queues, "acquire_lease", counting)
     clock = [1_000_000.0]
     monkeypatch.setattr(subscriber_module.time, "time", lambda: clock[0])
     assert sub._hold_lease(queue.queue_id) and acquired == [1_000_000.0]

@@ -239,8 +239,8 @@ def test_a_store_that_never_read_its_sites_trims_too(store: SQLAlchemyQueueStore
     p = send(store, ["b"], ["b"])
     store.shipping.set_cursor("b", CLIENT, p[0])
     fresh = open_store(store.engine)  # a new process: no cached site numbers
-    fresh.rotation_period = 0.0
-    assert fresh.trim() == 1
+    fresh.retention.rotation_period = 0.0
+    assert fresh.retention.trim() == 1
     assert left(store) == p[1:]
 
 
@@ -363,8 +363,8 @@ def test_a_full_sync_started_during_a_trim_waits_for_it_and_keeps_what_follows(
 
     def full_sync_starts_and_entries_follow() -> None:
         try:
-            sid = other.request_snapshot(None, "c", CLIENT, "dropped")
-            assert other.start_snapshot(sid) is not None
+            sid = other.snapshots.request_snapshot(None, "c", CLIENT, "dropped")
+            assert other.snapshots.start_snapshot(sid) is not None
             added.extend(send(other, ["c"], ["c"]))
         except BaseException as exc:
             errors.append(exc)

@@ -205,15 +205,15 @@ def test_an_unconfigured_stream_past_a_limit_is_dropped_then_trimmed(
 def test_trim_keeps_what_a_destination_registered_since_still_needs(db_url: str) -> None:
     server = open_store(db_url)  # the server's store: its site cache predates z
     server.create_schema()
-    server.rotation_period = 0.0
-    server.register_sites(["b"])
+    server.retention.rotation_period = 0.0
+    server.sites.register_sites(["b"])
     app = open_store(db_url)
     try:
         send(app, "policy", [(b"bz", ["b", "z"])] * 3 + [(b"b", ["b"])])
-        server.set_cursor("b", "policy", 4)
-        assert server.trim() == 1
+        server.shipping.set_cursor("b", "policy", 4)
+        assert server.retention.trim() == 1
         assert positions(server) == [1, 2, 3]
-        assert app.backlog("z", "policy").entries == 3
+        assert app.shipping.backlog("z", "policy").entries == 3
     finally:
         server.engine.dispose()
         app.engine.dispose()
@@ -226,7 +226,10 @@ def test_a_site_without_destinations_bounds_them_too(sites: Sites) -> None:
     )
     send(src, "policy", [(b"z", ["z"])] * 6)
     wait_for(
-        lambda: [(d.destination, d.client_name) for d in src.list_drops()] == [("z", "policy")]
+        lambda: (
+            [(d.destination, d.client_name) for d in src.retention.list_drops()]
+            == [("z", "policy")]
+        )
     )
     wait_for(lambda: positions(src) == [])
 
@@ -307,7 +310,7 @@ def test_configured_later_it_receives_its_whole_backlog(sites: Sites) -> None:
     # b acknowledged everything and trim removed what only b needed: c's entries stay.
     wait_for(lambda: positions(src) == list(range(1, 14)), timeout=60)
     wait_for(lambda: unconfigured_metric("c", "policy") == 13)
-    assert received(c, "a") == [] and src.list_drops() == []
+    assert received(c, "a") == [] and src.retention.list_drops() == []
 
     sites.stop("a")
     sites.start("a", dests=["b", "c"], extra=FAST_TRIM)
@@ -331,8 +334,8 @@ def test_dropped_then_configured_it_gets_a_full_sync(sites: Sites) -> None:
             kvapp.write(src.engine, client, {f"k{i % 25}": i}, ["b", "c"])
             if i % 10 == 9:  # b keeps up: only c passes the limit of 40 entries
                 wait_for(lambda: kvapp.table(sinks["b"][0].engine) == kvapp.table(src.engine), 60)
-        wait_for(lambda: any(d.destination == "c" for d in src.list_drops()), timeout=60)
-        (drop,) = src.list_drops()
+        wait_for(lambda: any(d.destination == "c" for d in src.retention.list_drops()), timeout=60)
+        (drop,) = src.retention.list_drops()
         assert drop.reason.startswith("not configured; over retention")
         wait_for(lambda: positions(src) == [], timeout=60)  # c's backlog released and trimmed
         assert kvapp.table(sinks["c"][0].engine) == {}
@@ -347,7 +350,7 @@ def test_dropped_then_configured_it_gets_a_full_sync(sites: Sites) -> None:
                 lambda x=x: kvapp.table(sinks[x][0].engine) == kvapp.table(src.engine), timeout=60
             )
     assert sinks["c"][2].full_syncs and sinks["c"][2].errors == []
-    wait_for(lambda: src.list_drops() == [])
+    wait_for(lambda: src.retention.list_drops() == [])
 
 
 def test_dropped_without_a_provider_it_stops_when_configured(sites: Sites) -> None:
@@ -359,7 +362,10 @@ def test_dropped_without_a_provider_it_stops_when_configured(sites: Sites) -> No
     first = [(b"bc-%d" % i, ["b", "c"]) for i in range(6)]
     send(src, "policy", first)
     wait_for(
-        lambda: [(d.destination, d.client_name) for d in src.list_drops()] == [("c", "policy")]
+        lambda: (
+            [(d.destination, d.client_name) for d in src.retention.list_drops()]
+            == [("c", "policy")]
+        )
     )
     wait_for(lambda: positions(src) == [], timeout=60)  # b has them; c's were released
 
@@ -375,7 +381,7 @@ def test_dropped_without_a_provider_it_stops_when_configured(sites: Sites) -> No
     wait_for(lambda: received(b, "a") == [p for p, _ in first + later], timeout=60)
 
     def c_reported_after(t: float) -> float | None:
-        rows = [r for r in src.list_session_status() if r["destination"] == "c"]
+        rows = [r for r in src.inspection.list_session_status() if r["destination"] == "c"]
         if rows and rows[0]["connected"] and rows[0]["updated_at"] > t:
             return float(rows[0]["updated_at"])
         return None
@@ -386,6 +392,6 @@ def test_dropped_without_a_provider_it_stops_when_configured(sites: Sites) -> No
     assert seen is not None
     wait_for(lambda: c_reported_after(seen) is not None, timeout=60)
     assert received(c, "a") == []  # never the entries after the hole: no silent skip
-    assert [(d.destination, d.client_name) for d in src.list_drops()] == [("c", "policy")]
+    assert [(d.destination, d.client_name) for d in src.retention.list_drops()] == [("c", "policy")]
     streams = {(x.destination, x.client): x for x in collect_status(server.config, src).send}
     assert streams[("c", "policy")].state == "stopped"  # until an operator acts

@@ -21,6 +21,4 @@ def new_slot(store: QueueStore) -> None:
     A trim retires whole slots there; tests that check which entries a trim
     keeps, entry by entry, write each in a slot of its own. SQLite trims rows.
     """
-    rotate = getattr(store, "rotate_send_log", None)
-    if rotate is not None:
-        rotate()
+    store.retention.rotate_send_log()  # type: ignore[attr-defined]

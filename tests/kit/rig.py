@@ -70,7 +70,7 @@ class Rig:
         snapshot_batch_max_entries: int | None = None,
     ) -> None:
         self.src, self.sink = src, sink
-        self.num = src.register_sites(["b"])["b"]
+        self.num = src.sites.register_sites(["b"])["b"]
         self.transport = InProcessTransport(Receiver(sink, "b", ["a"]), "a")
         self.session = SenderSession(
             src,
@@ -92,8 +92,8 @@ class Rig:
         refs = []
         for _ in range(n):
             with self.src.write() as conn:
-                refs += self.src.append_log_entries(conn, CLIENT, [(b"e", [self.num])])
-        return [p for p in self.src.positions_of(refs) if p is not None]
+                refs += self.src.send.append_log_entries(conn, CLIENT, [(b"e", [self.num])])
+        return [p for p in self.src.send.positions_of(refs) if p is not None]
 
     def connect(self) -> None:
         request = pb.NegotiateRequest(source_id="a", clients=[CLIENT])
@@ -118,8 +118,8 @@ class Rig:
 
     def provide(self, sid: str, payloads: list[bytes]) -> None:
         with self.src.write() as conn:
-            self.src.write_snapshot_entries(conn, sid, 0, payloads)
-        self.src.finish_snapshot(sid)
+            self.src.snapshot_entries.write_snapshot_entries(conn, sid, 0, payloads)
+        self.src.snapshot_entries.finish_snapshot(sid)
 
     def until_complete(self, sid: str) -> None:
         """Run the session (request checks included) until the sink has the whole snapshot."""
@@ -127,7 +127,7 @@ class Rig:
         def done() -> bool:
             self.session._check_requests(self.streams)
             self.step()
-            snap = self.src.get_snapshot(sid)
+            snap = self.src.snapshots.get_snapshot(sid)
             return snap is not None and snap.status is SnapshotStatus.COMPLETED
 
         wait_for(done, timeout=60, interval=0.01)
@@ -137,7 +137,7 @@ class Rig:
 
         def done() -> bool:
             self.step()
-            return self.sink.sink_progress("a", CLIENT).last_position >= last
+            return self.sink.recv.sink_progress("a", CLIENT).last_position >= last
 
         wait_for(done, timeout=60, interval=0.01)
 
@@ -167,7 +167,7 @@ def make_rig(
         r = Rig(src, sink, batch_max_entries, snapshot_batch_max_entries)
         first = r.transmit(1)[0]
         # The sink already has the first entry: the session starts in log entry sync.
-        sink.apply_log_batch("a", CLIENT, [WireEntry(first, LOG, b"e")])
+        sink.recv.apply_log_batch("a", CLIENT, [WireEntry(first, LOG, b"e")])
         yield r
     finally:
         sink.engine.dispose()

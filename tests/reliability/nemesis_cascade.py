@@ -158,7 +158,7 @@ class CascadeRun:
             if result.exit_code == 0:
                 assert json.loads(result.output)["provider"] == to, result.output
                 break
-            node = as_operator(lambda: self.c.store("s4").cascade_node("policy"))
+            node = as_operator(lambda: self.c.store("s4").cascade.cascade_node("policy"))
             if node is not None and node.provider_id == to:
                 break  # it did switch: the answer was lost
             assert time.monotonic() < deadline, result.output

@@ -83,8 +83,8 @@ def trial(c: Processes, kill_after: int, to: str) -> None:
         assert report.applied == report.expected
         assert START not in [a.kind for a in read_applied(c.sinks[node].engine, node)]
     for node in ("s1", "s2", "s3"):
-        assert c.store(node).list_snapshots() == []  # no full sync anywhere
-    leaf = c.store("s4").cascade_node("policy")
+        assert c.store(node).snapshots.list_snapshots() == []  # no full sync anywhere
+    leaf = c.store("s4").cascade.cascade_node("policy")
     assert leaf is not None and (leaf.provider_id, leaf.epoch) == (to, 2)
 
 

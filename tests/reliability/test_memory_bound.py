@@ -115,7 +115,8 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
             client.transmit_log_entry_message(session, b"warm-up", list(SINKS))
         wait_for(
             lambda: all(
-                st.sink_progress("a", "policy").last_position == 1 for st in sink_stores.values()
+                st.recv.sink_progress("a", "policy").last_position == 1
+                for st in sink_stores.values()
             ),
             timeout=60,
         )
@@ -132,7 +133,8 @@ def test_a_backlog_of_large_payloads_stays_within_the_byte_limits(
         last = expected[-1][0]
         wait_for(
             lambda: all(
-                st.sink_progress("a", "policy").last_position == last for st in sink_stores.values()
+                st.recv.sink_progress("a", "policy").last_position == last
+                for st in sink_stores.values()
             ),
             timeout=180,
         )
@@ -190,7 +192,7 @@ def test_a_large_snapshot_is_delivered_in_bounded_memory(
                 WireEntry(i, ReplicationType.SNAPSHOT_SYNC, os.urandom(ROW_BYTES), snapshot_id=sid)
                 for i in range(first, last + 1)
             ]
-            sink.apply_snapshot_batch("a", "policy", sid, entries, first - 1)
+            sink.recv.apply_snapshot_batch("a", "policy", sid, entries, first - 1)
         end = WireEntry(
             SNAPSHOT_ROWS + 1,
             ReplicationType.LAST_FULL_SYNC_ENTRY,
@@ -198,7 +200,7 @@ def test_a_large_snapshot_is_delivered_in_bounded_memory(
             snapshot_id=sid,
             snapshot_count=SNAPSHOT_ROWS,
         )
-        sink.apply_snapshot_batch("a", "policy", sid, [end], SNAPSHOT_ROWS)
+        sink.recv.apply_snapshot_batch("a", "policy", sid, [end], SNAPSHOT_ROWS)
     finally:
         sink.close()
     proc = subprocess.run(

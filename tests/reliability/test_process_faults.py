@@ -136,7 +136,7 @@ def _snapshot_status(engine: Engine, snapshot_id: str = "") -> Counter[str]:
 
 def _sink_snapshot_is(sink: SQLAlchemyQueueStore, snapshot_id: str) -> bool:
     """Whether the sink has begun receiving ``snapshot_id`` (the session switched to it)."""
-    return sink.sink_progress("a", "policy").snapshot_id == snapshot_id
+    return sink.recv.sink_progress("a", "policy").snapshot_id == snapshot_id
 
 
 def _latest_snapshot(engine: Engine) -> str:
@@ -575,7 +575,10 @@ def test_a_requested_snapshot_is_not_starved_by_steady_traffic(
         t.start()
     try:
         wait_for(
-            lambda: runner.poll_once() >= 0 and sink.sink_progress("a", "policy").last_position > 20
+            lambda: (
+                runner.poll_once() >= 0
+                and sink.recv.sink_progress("a", "policy").last_position > 20
+            )
         )
         sid = store.snapshots.request_snapshot(None, "b", "policy", "operator")
         assert runner.poll_once() == 1  # READY at once

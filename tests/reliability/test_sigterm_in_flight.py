@@ -91,7 +91,7 @@ def test_sigterm_with_batches_in_flight_loses_and_repeats_nothing(
     server = dep.servers["a"]
 
     def sink_position() -> int:
-        return sink.sink_progress("a", "policy").last_position
+        return sink.recv.sink_progress("a", "policy").last_position
 
     try:
         dep.start()
@@ -107,7 +107,7 @@ def test_sigterm_with_batches_in_flight_loses_and_repeats_nothing(
         # it sends what comes next, which the stalled proxy holds.
         wait_for(steadily(in_flight, 1.0), 30, what="batches in flight", detail=dep.logs)
         at_sigterm = sink_position()
-        acked_before = src.get_cursor("b", "policy").position
+        acked_before = src.shipping.get_cursor("b", "policy").position
         started = time.monotonic()
         server.signal(signal.SIGTERM)
         if case == "within_grace":
@@ -116,7 +116,7 @@ def test_sigterm_with_batches_in_flight_loses_and_repeats_nothing(
             proxy.restore()
         assert _wait_exit(server, 60) == 0, server.log()
         took = time.monotonic() - started
-        cursor = src.get_cursor("b", "policy").position
+        cursor = src.shipping.get_cursor("b", "policy").position
         after_exit = sink_position()
         print(f"{case}: sink at {at_sigterm} at SIGTERM, {after_exit} at exit, cursor {cursor}")
         if case == "within_grace":

@@ -47,13 +47,13 @@ def test_first_contact_runs_the_spark_job(
     sink = sites.store("b")
 
     def snapshot_done() -> bool:
-        snaps = src.list_snapshots("b", "policy")
+        snaps = src.snapshots.list_snapshots("b", "policy")
         return bool(snaps) and snaps[0].status is SnapshotStatus.COMPLETED
 
     wait_for(snapshot_done, timeout=240)
-    (queue,) = sink.list_queues("policy")
+    (queue,) = sink.queues.list_queues("policy")
     with sink.read() as conn:
-        entries = sink.read_queue(conn, queue.queue_id, 1000)
+        entries = sink.queues.read_queue(conn, queue.queue_id, 1000)
     rows = sorted(json.loads(e.payload)["key"] for e in entries[:-1])
     assert rows == sorted(f"k{i}" for i in range(250))
     assert int(entries[-1].snapshot_count) == 250

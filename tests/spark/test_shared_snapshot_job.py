@@ -26,7 +26,7 @@ ROWS = 300
 
 def _joined(src: SQLAlchemyQueueStore) -> str | None:
     """The one open snapshot every destination joined, once they all have."""
-    views = src.list_snapshots(client_name="policy", statuses=OPEN_SNAPSHOT_STATUSES)
+    views = src.snapshots.list_snapshots(client_name="policy", statuses=OPEN_SNAPSHOT_STATUSES)
     ids = {v.snapshot_id for v in views}
     if len(ids) != 1 or sorted(v.destination for v in views) != DESTS:
         return None
@@ -58,7 +58,7 @@ def test_one_job_run_serves_three_destinations_each_row_once(spark: Any, sites: 
     sites.start("a", dests=DESTS, snapshot="app")
     # Every destination asks on first contact and joins the same snapshot.
     sid = wait_for(lambda: _joined(src), timeout=60, what="one snapshot joined by b, c and d")
-    assert src.start_snapshot(sid) is not None  # the base is fixed: now read the rows
+    assert src.snapshots.start_snapshot(sid) is not None  # the base is fixed: now read the rows
     table = kvapp.table(src.engine)
     with running(*(sinks[d][1] for d in DESTS)):
         # Heartbeats while the job runs, as `lr snapshot-job` sends them: a slow
@@ -81,10 +81,10 @@ def test_one_job_run_serves_three_destinations_each_row_once(spark: Any, sites: 
         assert len(applied) == ROWS and len(set(applied)) == ROWS  # every row, once
         assert set(sinks[d][2].full_syncs) == {sid} and sinks[d][2].errors == []
         wait_for(
-            lambda d=d: src.get_snapshot(sid, d).status is SnapshotStatus.COMPLETED,  # type: ignore[union-attr]
+            lambda d=d: src.snapshots.get_snapshot(sid, d).status is SnapshotStatus.COMPLETED,  # type: ignore[union-attr]
             timeout=60,
             what=f"{d}'s view completed",
         )
-    snap = src.get_snapshot(sid)
+    snap = src.snapshots.get_snapshot(sid)
     assert snap is not None and snap.entry_count == ROWS  # written once for the three
     wait_for(lambda: _stored(src) == 0, timeout=60, what="the shared rows released")
