@@ -71,7 +71,7 @@ def test_a_queue_registered_by_a_receive_rolled_back_is_registered_again(
         raise StoreUnavailableError("the connection is lost")
 
     with monkeypatch.context() as patched:
-        patched.setattr(store, "_append_recv", lost)
+        patched.setattr(store.core, "append_recv", lost)
         with pytest.raises(StoreUnavailableError):
             store.recv.apply_log_batch("site-a", "policy", log(1, 2))
     assert store.queues.list_queues("policy") == []

@@ -157,7 +157,7 @@ def test_the_root_ships_a_cascaded_client_to_its_children_from_one_read(
             worker.start()
         for child, leaf in leaves.items():
             wait_for(
-                lambda s=leaf: s.sink_progress("s1", "policy").last_position == head,
+                lambda s=leaf: s.recv.sink_progress("s1", "policy").last_position == head,
                 what=f"{child} has every entry",
                 detail=lambda: [(x.state, x.last_error) for x in sessions],
             )
