@@ -20,7 +20,7 @@ is version 1):
    ``RoutingTableEntryMsg.origin_time``, the ``Cascade`` call): a branch
    forwards a cascaded client's entries with their origin's identity (see
    docs/cascading.md). A peer of version 4 ignores the new fields; a branch
-   relays only to sinks of version 5 or newer (:func:`require_cascade`
+   relays only to sinks of version 5 or newer (:func:`require`
    refuses an older one), since an older sink would take relayed entries for
    the branch's own. Streams of clients that are not cascaded send what
    version 4 sends.
@@ -30,7 +30,7 @@ is version 1):
    A sink of version 5 would drop the field unseen, so a source never sends
    an entry with headers to it: the session stops with
    :class:`~lr_client.errors.IncompatibleVersionError`, which names both
-   versions, before the batch goes (:func:`require_headers`), and retries
+   versions, before the batch goes (:func:`require`), and retries
    until the sink is upgraded; nothing is lost or skipped. Entries without
    headers go to older sinks as before.
    Compression (``NegotiateRequest.codecs``, ``NegotiateResponse.codecs``,
@@ -41,7 +41,7 @@ is version 1):
    Replay (``ReplicationBatch.replay``): entries the sink already holds, sent
    again on an operator's request (``lr replay``); the sink queues them again,
    flagged replayed, and leaves its position as it is. Only sent to sinks of
-   version 6 or newer (:func:`require_replay`: the request is refused for an
+   version 6 or newer (:func:`require`: the request is refused for an
    older one), and only accepted from sources that announced 6 or newer.
 
 A release accepts peers from :data:`MIN_PEER_VERSION` on, so sites can be
@@ -86,58 +86,41 @@ def require_compatible(announced: int, peer: str) -> int:
     return version
 
 
-def require_lanes(announced: int, peer: str) -> None:
-    """:class:`IncompatibleVersionError` unless the sink accepts batches of lanes."""
+#: What each feature needs of a sink: (version, what needs it, the way out).
+FEATURES: dict[str, tuple[int, str, str]] = {
+    "lanes": (
+        LANES_VERSION,
+        "streams_per_destination > 1 needs",
+        "upgrade it or set streams_per_destination = 1",
+    ),
+    "cascade": (CASCADE_VERSION, "relaying a cascaded client needs", "upgrade it"),
+    "headers": (HEADERS_VERSION, "entries with headers need", "upgrade it"),
+    "replay": (REPLAY_VERSION, "replay needs", "upgrade it"),
+}
+
+
+def require(feature: str, announced: int, peer: str) -> None:
+    """:class:`IncompatibleVersionError` unless the sink ``peer`` (which announced
+    ``announced``) speaks the version ``feature`` needs (:data:`FEATURES`)."""
+    needed, what, fix = FEATURES[feature]
     version = peer_version(announced)
-    if version < LANES_VERSION:
+    if version < needed:
         raise IncompatibleVersionError(
-            f"sink {peer} speaks wire protocol {version}; streams_per_destination > 1 needs "
-            f"{LANES_VERSION} or newer: upgrade it or set streams_per_destination = 1"
-        )
-
-
-def require_cascade(announced: int, peer: str) -> None:
-    """:class:`IncompatibleVersionError` unless the sink accepts relayed clients."""
-    version = peer_version(announced)
-    if version < CASCADE_VERSION:
-        raise IncompatibleVersionError(
-            f"sink {peer} speaks wire protocol {version}; relaying a cascaded client needs "
-            f"{CASCADE_VERSION} or newer: upgrade it"
-        )
-
-
-def require_headers(version: int, peer: str) -> None:
-    """:class:`IncompatibleVersionError` unless the sink (of negotiated ``version``)
-    accepts entry headers."""
-    if version < HEADERS_VERSION:
-        raise IncompatibleVersionError(
-            f"sink {peer} speaks wire protocol {version}; entries with headers need "
-            f"{HEADERS_VERSION} or newer (this source speaks {PROTOCOL_VERSION}): upgrade it"
-        )
-
-
-def require_replay(announced: int, peer: str) -> None:
-    """:class:`IncompatibleVersionError` unless the sink accepts replayed batches."""
-    version = peer_version(announced)
-    if version < REPLAY_VERSION:
-        raise IncompatibleVersionError(
-            f"sink {peer} speaks wire protocol {version}; replay needs "
-            f"{REPLAY_VERSION} or newer: upgrade it"
+            f"sink {peer} speaks wire protocol {version}; {what} {needed} or newer "
+            f"(this source speaks {PROTOCOL_VERSION}): {fix}"
         )
 
 
 __all__ = [
     "CASCADE_VERSION",
     "COMPRESSION_VERSION",
+    "FEATURES",
     "HEADERS_VERSION",
     "LANES_VERSION",
     "MIN_PEER_VERSION",
     "PROTOCOL_VERSION",
     "REPLAY_VERSION",
     "peer_version",
-    "require_cascade",
+    "require",
     "require_compatible",
-    "require_headers",
-    "require_lanes",
-    "require_replay",
 ]

@@ -36,7 +36,7 @@ def send(
 ) -> None:
     """Count ``batch`` in flight (``lane``, ``low_water``: a lane batch's), then send it."""
     if peer_version < protocol.HEADERS_VERSION and any(e.headers is not None for e in entries):
-        protocol.require_headers(peer_version, repr(destination))
+        protocol.require("headers", peer_version, repr(destination))
     window.add(
         InFlight(
             batch.batch_id,

@@ -113,7 +113,7 @@ class Replayer:
         if name not in streams:
             return f"{self.destination}/{name}: the client is not replicated to the destination"
         try:
-            protocol.require_replay(self.version, repr(self.destination))
+            protocol.require("replay", self.version, repr(self.destination))
         except IncompatibleVersionError as exc:
             return str(exc)
         if self.cfg.streams_per_destination > 1:

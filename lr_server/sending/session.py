@@ -254,9 +254,9 @@ class SenderSession:
                         )
                         response = transport.negotiate(request, timeout=10.0)
                         if request.relays:
-                            protocol.require_cascade(response.protocol_version, self.destination)
+                            protocol.require("cascade", response.protocol_version, self.destination)
                         if self.lanes > 1:
-                            protocol.require_lanes(response.protocol_version, self.destination)
+                            protocol.require("lanes", response.protocol_version, self.destination)
                         streams = self._plan(response)
                         self.replays.connected(response.protocol_version)
                         stream = transport.open_stream()

@@ -202,7 +202,8 @@ def test_without_opentelemetry_loaded_nothing_of_it_is_imported(tmp_path: Path) 
         client.register_destinations(["b"])
         with Session(store.engine) as session, session.begin():
             client.transmit_log_entry_message(session, b"x", ["b"], headers={{"k": "v"}})
-        store.recv.apply_log_batch("b", "policy", [WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"y")])
+        entry = WireEntry(1, ReplicationType.LOG_ENTRY_SYNC, b"y")
+        store.recv.apply_log_batch("b", "policy", [entry])
 
         class L(RoutingQueueListener):
             def process_log_entries(self, session, source_id, messages):

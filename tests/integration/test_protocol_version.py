@@ -79,6 +79,6 @@ def test_a_source_refuses_a_too_old_sink(sink: Sink, monkeypatch: pytest.MonkeyP
 
 
 def test_lanes_need_a_sink_of_version_4() -> None:
-    protocol.require_lanes(protocol.LANES_VERSION, "'sink'")
+    protocol.require("lanes", protocol.LANES_VERSION, "'sink'")
     with pytest.raises(IncompatibleVersionError, match="streams_per_destination > 1 needs 4"):
-        protocol.require_lanes(3, "'sink'")
+        protocol.require("lanes", 3, "'sink'")
