@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -20,6 +21,7 @@ from lr_client.store.cascade.nodes import CascadeStore
 from lr_client.store.cluster.members import MembersStore
 from lr_client.store.cluster.sites import SitesStore
 from lr_client.store.core import StoreCore
+from lr_client.store.moved import forward
 from lr_client.store.ops.inspection import InspectionStore
 from lr_client.store.recv.heads import QueueHeadsStore
 from lr_client.store.recv.partitions import SubscriberPartitionsStore
@@ -90,6 +92,12 @@ class SQLAlchemyQueueStore:
     def pinned(self) -> Iterator[None]:
         with self.core.pinned():
             yield
+
+    if not TYPE_CHECKING:  # the type checker sees only the roles
+
+        def __getattr__(self, name: str) -> Any:
+            """A method from before the roles (``store.trim``): forwarded, with a warning."""
+            return forward(self, name)
 
     # -- the schema and the connections ---------------------------------------------------
     def create_schema(self) -> SchemaStatus:

@@ -133,3 +133,15 @@ def test_the_store_has_an_object_per_role(store: QueueStore, db_url: str) -> Non
     assert len({id(r) for r in roles}) == 15  # distinct objects, not the store itself
     assert all(r is not store for r in roles)
     assert store.single_writer is db_url.startswith("sqlite")
+
+
+def test_a_method_from_before_the_roles_is_forwarded_with_a_warning(store: QueueStore) -> None:
+    """``store.register_sites`` (before the roles) still works for a release, and says where
+    it went; a name no role has is an AttributeError, with no warning."""
+    with pytest.warns(DeprecationWarning, match=r"store\.sites\.register_sites\(\) now"):
+        numbers = store.register_sites(["moved"])  # type: ignore[attr-defined]
+    assert numbers == store.sites.site_numbers()
+    with pytest.warns(DeprecationWarning, match=r"store\.retention\.trim\(\)"):
+        assert store.trim() == 0  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no attribute 'no_such_method'"):
+        store.no_such_method  # type: ignore[attr-defined]  # noqa: B018
