@@ -130,7 +130,7 @@ def test_the_shared_window_and_its_reads_stay_within_its_bytes(
         store.send.append_log_entries(
             conn, "policy", [(p, [nums["b"], nums["c"]]) for p in payloads]
         )
-    fanout = LogFanout(store, max_bytes=10_000, read_batch=100, min_refresh_interval=0)
+    fanout = LogFanout(store.shipping, max_bytes=10_000, read_batch=100, min_refresh_interval=0)
     held: list[int] = []
     real = store.shipping.read_client_log
 

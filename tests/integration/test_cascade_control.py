@@ -243,7 +243,7 @@ def test_entries_naming_every_node_of_the_set_are_trimmed_at_the_global_watermar
     p = originate(s1.store, 6, ["s2", "s3", "s4"])
     for dest in ("s2", "s3"):
         s1.store.shipping.set_cursor(dest, C, p[-1])
-    assert unconfigured_streams(s1.config, s1.store)[0] == []  # s4 is reached through s3
+    assert unconfigured_streams(s1.config, s1.store.shipping)[0] == []  # s4 is reached through s3
     s1.store.cascade_reports.set_global_watermark(C, p[3])
     s1.store.retention.trim()
     assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == p[4:]

@@ -60,7 +60,9 @@ def test_fanout_reads_equal_direct_reads(store: SQLAlchemyQueueStore, seed: int)
     """
     rng = random.Random(seed)
     store.sites.register_sites(DESTS)
-    fanout = LogFanout(store, max_entries=7, max_bytes=900, read_batch=3, min_refresh_interval=0)
+    fanout = LogFanout(
+        store.shipping, max_entries=7, max_bytes=900, read_batch=3, min_refresh_interval=0
+    )
     streams: list[tuple[str | None, str]] = [(d, c) for d in [*DESTS, None] for c in CLIENTS]
     sent = dict.fromkeys(streams, 0)
     acked = dict(sent)
@@ -105,7 +107,7 @@ def test_one_read_of_the_database_serves_every_destination(
             conn, "policy", [(b"x%d" % i, [nums[d] for d in DESTS]) for i in range(50)]
         )
     calls = _client_log_reads(store, monkeypatch)
-    fanout = LogFanout(store, min_refresh_interval=60.0)
+    fanout = LogFanout(store.shipping, min_refresh_interval=60.0)
     for dest in DESTS:
         got = fanout.read(dest, "policy", 0, 100)
         assert [e.payload for e in got] == [b"x%d" % i for i in range(50)]
@@ -130,7 +132,7 @@ def test_the_root_ships_a_cascaded_client_to_its_children_from_one_read(
         )
     head = store.send.head_position()
     calls = _client_log_reads(store, monkeypatch)
-    fanout = LogFanout(store, min_refresh_interval=3600.0)
+    fanout = LogFanout(store.shipping, min_refresh_interval=3600.0)
     leaves: dict[str, SQLAlchemyQueueStore] = {}
     stop = threading.Event()
     workers = []
@@ -183,5 +185,5 @@ def test_the_first_read_of_a_client_fills_the_window_whatever_the_refresh_interv
     nums = store.sites.site_numbers()
     with store.write() as conn:
         store.send.append_log_entries(conn, "policy", [(b"x%d" % i, [nums["b"]]) for i in range(3)])
-    fanout = LogFanout(store, min_refresh_interval=1e12)
+    fanout = LogFanout(store.shipping, min_refresh_interval=1e12)
     assert [e.payload for e in fanout.read("b", "policy", 0, 10)] == [b"x0", b"x1", b"x2"]

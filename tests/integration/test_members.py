@@ -68,7 +68,7 @@ def test_two_members_never_ship_one_unit_at_once(pg_store: SQLAlchemyQueueStore)
     lock = threading.Lock()
     members = [
         Membership(
-            pg_store,
+            pg_store.members,
             f"m{i}",
             [UNIT],
             lambda fences: None,
@@ -299,7 +299,7 @@ def test_two_receivers_of_one_sink_apply_each_batch_once(db_url: str) -> None:
 class CutStore:
     """The store as a member sees it; ``cut`` makes every call fail as a lost database."""
 
-    def __init__(self, store: SQLAlchemyQueueStore) -> None:
+    def __init__(self, store: object) -> None:
         self.store = store
         self.cut = False
 
@@ -313,7 +313,7 @@ def test_a_member_cut_from_the_database_stops_and_the_other_takes_over(
     pg_store: SQLAlchemyQueueStore,
 ) -> None:
     lease = 1.0
-    cut = CutStore(pg_store)
+    cut = CutStore(pg_store.members)
     held: dict[str, dict[str, object]] = {"m1": {}, "m2": {}}
     stop = threading.Event()
     m1 = Membership(
@@ -325,7 +325,7 @@ def test_a_member_cut_from_the_database_stops_and_the_other_takes_over(
         heartbeat_interval=0.1,
     )
     m2 = Membership(
-        pg_store,
+        pg_store.members,
         "m2",
         [UNIT, TRIM_UNIT],
         lambda f: held.__setitem__("m2", dict(f)),
@@ -365,8 +365,8 @@ def test_a_second_server_with_a_running_members_id_takes_it_over(
     pg_store: SQLAlchemyQueueStore,
 ) -> None:
     held: dict[str, dict[str, object]] = {"old": {}, "new": {}}
-    old = Membership(pg_store, "a-1", [UNIT], lambda f: held.__setitem__("old", dict(f)))
-    new = Membership(pg_store, "a-1", [UNIT], lambda f: held.__setitem__("new", dict(f)))
+    old = Membership(pg_store.members, "a-1", [UNIT], lambda f: held.__setitem__("old", dict(f)))
+    new = Membership(pg_store.members, "a-1", [UNIT], lambda f: held.__setitem__("new", dict(f)))
     old.join()
     assert set(held["old"]) == {UNIT}
     new.join()  # the old run's lease is free at once: its instance is no longer the member's
@@ -385,8 +385,8 @@ def test_units_kept_through_a_lapse_are_released_when_they_move(
 ) -> None:
     """A member whose work stopped for a late heartbeat still gives up what moves away."""
     units = [stream_unit("b", f"c{i}") for i in range(10)]
-    m1 = Membership(pg_store, "m1", units, lambda f: None)
-    m2 = Membership(pg_store, "m2", units, lambda f: None)
+    m1 = Membership(pg_store.members, "m1", units, lambda f: None)
+    m2 = Membership(pg_store.members, "m2", units, lambda f: None)
     m1.join()
     assert set(m1.fences) == set(units)
     m1._valid_until = 0.0  # its heartbeat is late: the next round stops its work
@@ -410,7 +410,7 @@ def test_a_steady_round_writes_no_lease(
     idle member costs a read per round, not a write per unit); a lease lost meanwhile
     is still seen as lost."""
     units = [stream_unit("b", f"c{i}") for i in range(5)]
-    member = Membership(pg_store, "m1", units, lambda f: None)
+    member = Membership(pg_store.members, "m1", units, lambda f: None)
     member.join()
     held = dict(member.fences)
     assert set(held) == set(units)
@@ -424,7 +424,7 @@ def test_a_steady_round_writes_no_lease(
     monkeypatch.setattr(pg_store.members, "acquire_unit", counted)
     member.round()
     assert taken == [] and member.fences == held
-    other = Membership(pg_store, "m2", [], lambda f: None, weight=0)  # places nothing
+    other = Membership(pg_store.members, "m2", [], lambda f: None, weight=0)  # places nothing
     other.join()
     pg_store.members.remove_member("m1")  # an operator's clean-up: its leases are free ...
     assert (

@@ -94,7 +94,7 @@ def test_limits_are_per_client_validated_and_checked_on_entries_and_bytes(
             {"name": "other"},
         ],
     }
-    limits = ReceiveLimits.from_config(store, parse_config(raw))
+    limits = ReceiveLimits.from_config(store.heads, parse_config(raw))
     assert limits.limits == {"policy": (0, 10)}
     limits.check("a", "policy")  # empty: takes batches
     limits.check("a", "other")  # no limit
@@ -128,7 +128,7 @@ def test_a_source_waits_longer_each_time_a_full_queue_refuses_it(
     sink = open_store(db_url_factory("sink"))
     try:
         sink.recv.apply_log_batch("a", "policy", [WireEntry(p, LOG, b"x") for p in (1, 2, 3)])
-        receiver = Receiver(sink, "b", ["a"], limits=ReceiveLimits(sink, {"policy": (3, 0)}))
+        receiver = Receiver(sink, "b", ["a"], limits=ReceiveLimits(sink.heads, {"policy": (3, 0)}))
         transport = InProcessTransport(receiver, "a")
         store.sites.register_sites(["b"])
         sender = RoutingQueueClient(store, source_id="a", client_name="policy")
