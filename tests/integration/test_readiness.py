@@ -28,6 +28,8 @@ def _get(port: int, path: str, auth: tuple[str, str] | None = None) -> tuple[int
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read().decode()
+    except TimeoutError:  # a probe still waiting for a database that went away: ask again
+        return 0, ""
 
 
 def _config(tmp_path: Path, url: str, port: int, site_lines: str = "", extra: str = "") -> Path:
