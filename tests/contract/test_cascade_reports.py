@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from functools import partial
+
 import pytest
 
 from lr_client.errors import InvalidInputError, InvalidNameError
@@ -24,6 +28,45 @@ def test_a_report_adopts_the_child_then_updates_it(store: QueueStore) -> None:
     # A node that was never seeded (switched here) is adopted by its first report.
     assert store.cascade_reports.record_cascade_report(C, "s5", 3, 2, 2, reported_at=102.0)
     assert _child(store, "s5") == (3, 2, 2, 102.0, False)
+
+
+def _at_once(calls: list[Callable[[], bool]]) -> tuple[list[bool], list[BaseException]]:
+    """Run ``calls`` on threads released together; their results and errors."""
+    barrier = threading.Barrier(len(calls), timeout=60)
+    got: list[bool] = []
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], bool]) -> None:
+        barrier.wait()
+        try:
+            got.append(call())
+        except BaseException as exc:  # collected and asserted by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return got, errors
+
+
+def test_two_first_reports_of_a_child_at_once_both_succeed(store: QueueStore) -> None:
+    """A new child reported twice at the same moment (``lr provider switch``'s report and
+    the server's periodic one): both are recorded, no key conflict; the row holds one."""
+    store.cascade.apply_cascade_config(C, "s1", "branch", "s1", [])
+    for round_ in range(20):
+        child = f"n{round_}"
+        got, errors = _at_once(
+            [
+                partial(store.cascade_reports.record_cascade_report, C, child, 1, w, w)
+                for w in (5, 6)
+            ]
+        )
+        assert errors == [], f"round {round_}: {errors[0]!r}"
+        assert got == [True, True]
+        epoch, watermark, acked, _, dropped = _child(store, child)
+        assert (epoch, dropped) == (1, False) and watermark == acked and watermark in (5, 6)
 
 
 def test_the_same_epoch_keeps_a_drop_and_a_newer_one_adopts_again(store: QueueStore) -> None:

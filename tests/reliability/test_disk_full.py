@@ -139,6 +139,25 @@ def fill_then_grow(dep: Deployment, source: SourceApp, fs: SmallFs, full_site: s
             what="a transmit refused with StoreUnavailableError",
             detail=lambda: f"{source.errors[-3:]}",
         )
+
+        # lr_errors tells nothing of the full disk here: the source's server writes little
+        # (positions of what committed, a slot rotation now and then), and what it counts
+        # may be only its session's first attempts, made before b listened. Settled when it
+        # shipped every committed entry, or when its tick found no room for their positions
+        # and its session counts the store's error.
+        def settled() -> str | None:
+            if (metric_sum(metrics, "lr_errors_total", kind="StoreUnavailableError") or 0) > 0:
+                return "sequencing refused"
+            return "all shipped" if dep.verify(source).lost == 0 else None
+
+        state = wait_for(
+            settled,
+            scaled(60),
+            0.25,
+            what="the source's server shipping what committed, or counting the store's error",
+            detail=dep.logs,
+        )
+        print(f"a full: {state}")
     else:
         wait_for(
             lambda: is_full(session_error(dep)),
@@ -147,9 +166,14 @@ def fill_then_grow(dep: Deployment, source: SourceApp, fs: SmallFs, full_site: s
             what="the source's session showing the sink's full database",
             detail=lambda: f"{session_error(dep)}\n{dep.logs()}",
         )
+        wait_for(
+            lambda: (metric_sum(metrics, "lr_errors_total", kind="StoreUnavailableError") or 0) > 0,
+            scaled(30),
+            0.2,
+            what="the sink's receiver counting a rejection",
+        )
     # Full: the server runs on, retrying at its backoff, not in a busy loop.
     before, cpu = fs.used_bytes(), cpu_seconds(server.proc.pid)
-    wait_for(lambda: (metric_sum(metrics, "lr_errors_total") or 0) > 0, scaled(30), 0.2)
     window = 3.0
     time.sleep(window)  # the measurement: CPU time over a stretch of wall time while full
     spent = cpu_seconds(server.proc.pid) - cpu

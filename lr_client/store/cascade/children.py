@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 
 from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import InvalidInputError
@@ -45,35 +45,32 @@ class CascadeReportsStore(Role):
         _position(local_watermark, "local watermark")
         _position(acked_position, "acked position")
         now = time.time() if reported_at is None else reported_at
+        # One statement: two reports of a new child at once (``lr provider switch``'s and
+        # the server's periodic one) must not both find no row and both insert it.
+        stmt = self.core.dialect_insert(_K).values(
+            client_name=client_name,
+            child_id=child_id,
+            epoch=epoch,
+            local_watermark=local_watermark,
+            acked_position=acked_position,
+            reported_at=now,
+            dropped=False,
+        )
+        new = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[_K.c.client_name, _K.c.child_id],
+            set_={
+                "epoch": new.epoch,
+                "local_watermark": new.local_watermark,
+                "acked_position": new.acked_position,
+                "reported_at": new.reported_at,
+                # A newer epoch adopts the node; the same one keeps a drop.
+                "dropped": case((new.epoch > _K.c.epoch, False), else_=_K.c.dropped),
+            },
+            where=new.epoch >= _K.c.epoch,  # an older epoch is refused
+        ).returning(_K.c.epoch)
         with self.core.write() as conn:
-            row = conn.execute(
-                select(_K.c.epoch, _K.c.dropped)
-                .where(_K.c.client_name == client_name, _K.c.child_id == child_id)
-                .with_for_update()
-            ).first()
-            values = {
-                "epoch": epoch,
-                "local_watermark": local_watermark,
-                "acked_position": acked_position,
-                "reported_at": now,
-            }
-            if row is None:
-                conn.execute(
-                    _K.insert().values(
-                        client_name=client_name, child_id=child_id, dropped=False, **values
-                    )
-                )
-                return True
-            if epoch < int(row.epoch):
-                return False
-            if epoch > int(row.epoch):
-                values["dropped"] = False  # a newer epoch adopts the node
-            conn.execute(
-                update(_K)
-                .where(_K.c.client_name == client_name, _K.c.child_id == child_id)
-                .values(**values)
-            )
-        return True
+            return conn.execute(stmt).first() is not None
 
     def set_global_watermark(self, client_name: str, value: int) -> bool:
         _position(value, "global watermark")
