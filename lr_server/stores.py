@@ -56,6 +56,31 @@ class RequestStore(Transactions, Protocol):
     shipping: Shipping
 
 
+class ResumeStore(Transactions, Protocol):
+    """What the resume plan needs of the store: cursors, trim marks, drop and stop
+    records, the head, what this node received of relayed clients, full syncs."""
+
+    shipping: Shipping
+    snapshots: SnapshotRequestRole
+    retention: Retention
+    inspection: Inspection
+    cascade: Cascading
+    recv: Receiving
+
+
+class AckStore(Transactions, Protocol):
+    """What acknowledgements need of the store: cursors, the progress of full syncs."""
+
+    shipping: Shipping
+    snapshots: SnapshotRequestRole
+
+
+class StatusStore(Protocol):
+    """What a session's status row needs of the store: the row's write."""
+
+    inspection: Inspection
+
+
 class StopStore(Transactions, Protocol):
     """What it needs of the store: stream stops, drop records, cursors."""
 
@@ -98,12 +123,15 @@ class PolicyStore(Transactions, Protocol):
 
 
 __all__ = [
+    "AckStore",
     "BrowseStore",
     "PolicyStore",
     "ReceiverStore",
     "ReplayStore",
     "RequestStore",
+    "ResumeStore",
     "SessionStore",
     "ShipperStore",
+    "StatusStore",
     "StopStore",
 ]
