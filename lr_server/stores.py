@@ -47,6 +47,12 @@ class ShipperStore(Transactions, Protocol):
     cascade: Cascading
 
 
+class SendCheckStore(Protocol):
+    """What the look-up before a send needs of the store: open full syncs and drops."""
+
+    snapshots: SnapshotRequestRole
+
+
 class RequestStore(Transactions, Protocol):
     """What it needs of the store: snapshot requests, drop records, cursors."""
 
@@ -130,6 +136,7 @@ __all__ = [
     "ReplayStore",
     "RequestStore",
     "ResumeStore",
+    "SendCheckStore",
     "SessionStore",
     "ShipperStore",
     "StatusStore",
