@@ -123,7 +123,6 @@ MAX_LINES = 400
 #: listed may not pass MAX_LINES, one listed only shrink (lower its ceiling as it
 #: does; remove it once it is within the limit).
 OVER_LIMIT: dict[str, int] = {
-    "spark_jobs/snapshot_job.py": 597,
     "lr_client/store/snapshots/requests.py": 585,
     "lr_client/subscriber.py": 453,
     "lr_client/snapshot.py": 474,
