@@ -3,9 +3,9 @@
 An acknowledged log batch moves its client's cursor, saved in coalesced writes
 (:meth:`~lr_server.sending.window.Window.flush_due`); over lanes, only to the lowest
 position acknowledged on every lane. An acknowledged snapshot batch records how far
-the full sync shipped, its end batch ends it
-(:meth:`~lr_server.sending.snapshot_requests.SnapshotRequests.end_acked`); an accepted
-loss's notice lets its stream run again; a replay's batch moves the replay.
+the full sync shipped; the acknowledgement of its end completes it, unless a newer one
+superseded it (:meth:`~lr_server.sending.snapshot_requests.SnapshotRequests.end_acked`);
+an accepted loss's notice lets its stream run again; a replay's batch moves the replay.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or a full
 snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base. Batches are bounded
 in entries and bytes, at most ``window_batches`` / ``window_bytes`` unacknowledged
-(:mod:`lr_server.sending.window`); the cursor is saved when the sink acknowledges. Connection
-loss: reconnect with backoff and jitter, renegotiate (:mod:`lr_server.sending.negotiation`),
-resume where the sink stopped; a sink whose receive queue is full is tried again after a wait
+(:mod:`lr_server.sending.window`); the cursor is saved when the sink acknowledges
+(:mod:`lr_server.sending.acks`). Connection loss: reconnect with backoff and jitter,
+renegotiate (:mod:`lr_server.sending.negotiation`), resume where the sink stopped
+(:mod:`lr_server.sending.resume`); a sink whose receive queue is full is tried again after a wait
 that doubles up to ``max_backoff``. Full syncs are followed by
 :mod:`lr_server.sending.snapshot_requests`, stopped streams by :mod:`lr_server.sending.stops`,
 replays by :mod:`lr_server.sending.replay`. A branch's session relaying a cascaded client is
