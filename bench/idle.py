@@ -76,7 +76,7 @@ from bench.idle_report import (  # noqa: E402
 from bench.idle_subscriber import Subscriber  # noqa: E402
 from bench.replicate import Databases, code_state, stop_process, write_site_config  # noqa: E402
 from lr_server.cluster.placement import TRIM_UNIT, place, stream_unit  # noqa: E402
-from lr_server.ops.status import StreamState  # noqa: E402
+from lr_server.ops.status_records import StreamState  # noqa: E402
 from lr_server.sending.streams import SessionState  # noqa: E402
 from tests.kit.procs import ROOT as KIT_ROOT  # noqa: E402
 from tests.kit.procs import LrServer, lr_env  # noqa: E402

@@ -47,6 +47,12 @@ class ShipperStore(Transactions, Protocol):
     cascade: Cascading
 
 
+class SendCheckStore(Protocol):
+    """What the look-up before a send needs of the store: open full syncs and drops."""
+
+    snapshots: SnapshotRequestRole
+
+
 class RequestStore(Transactions, Protocol):
     """What it needs of the store: snapshot requests, drop records, cursors."""
 
@@ -54,6 +60,31 @@ class RequestStore(Transactions, Protocol):
     snapshot_entries: SnapshotEntries
     retention: Retention
     shipping: Shipping
+
+
+class ResumeStore(Transactions, Protocol):
+    """What the resume plan needs of the store: cursors, trim marks, drop and stop
+    records, the head, what this node received of relayed clients, full syncs."""
+
+    shipping: Shipping
+    snapshots: SnapshotRequestRole
+    retention: Retention
+    inspection: Inspection
+    cascade: Cascading
+    recv: Receiving
+
+
+class AckStore(Transactions, Protocol):
+    """What acknowledgements need of the store: cursors, the progress of full syncs."""
+
+    shipping: Shipping
+    snapshots: SnapshotRequestRole
+
+
+class StatusStore(Protocol):
+    """What a session's status row needs of the store: the row's write."""
+
+    inspection: Inspection
 
 
 class StopStore(Transactions, Protocol):
@@ -98,12 +129,16 @@ class PolicyStore(Transactions, Protocol):
 
 
 __all__ = [
+    "AckStore",
     "BrowseStore",
     "PolicyStore",
     "ReceiverStore",
     "ReplayStore",
     "RequestStore",
+    "ResumeStore",
+    "SendCheckStore",
     "SessionStore",
     "ShipperStore",
+    "StatusStore",
     "StopStore",
 ]

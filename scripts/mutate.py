@@ -44,6 +44,8 @@ RECEIVING = "lr_client.store.recv.receiving.xǁReceivingStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteCoreǁ"
 PG = "lr_client.store.postgres.xǁPostgresCoreǁ"
 SESSION = "lr_server.sending.session.xǁSenderSessionǁ"
+RESUMER = "lr_server.sending.resume.xǁResumerǁ"
+ACKS = "lr_server.sending.acks.xǁAcknowledgementsǁ"
 STORE_FILES = [
     "lr_client/store/core.py",
     "lr_client/store/byte_bounds.py",
@@ -251,12 +253,16 @@ TARGETS: dict[str, Target] = {
             "lr_server/sending/window.py",
             "lr_server/sending/snapshot_requests.py",
             "lr_server/sending/session.py",
+            "lr_server/sending/resume.py",
+            "lr_server/sending/acks.py",
         ],
         [
             "lr_server.sending.negotiation.*",
             "lr_server.sending.window.*",
             "lr_server.sending.snapshot_requests.*",
-            *_methods(SESSION, "_plan", "_apply", "_on_ack", "_flush_cursors"),
+            *_methods(SESSION, "_plan"),
+            *_methods(RESUMER, "plan", "_apply"),
+            *_methods(ACKS, "on_ack", "flush_cursors"),
         ],
         [
             "tests/unit/test_negotiation.py",

@@ -9,9 +9,9 @@ this package does not import pyspark.
 
 from __future__ import annotations
 
+from spark_jobs.driver import run_snapshot_job
 from spark_jobs.encoders import json_encoder, load_encoder
 from spark_jobs.launch import launch_snapshot_job, snapshot_job_command
-from spark_jobs.snapshot_job import run_snapshot_job
 from spark_jobs.sources import SourceSpec, load_dataframe, parse_source
 
 __all__ = [

@@ -63,7 +63,7 @@ from lr_server.admin.snapshots import (
 )
 from lr_server.admin.streams import accept_loss, status, trim
 from lr_server.ops.browse import BrowsedEntry, QueueSummary, browse, list_queues
-from lr_server.ops.status import SiteStatus
+from lr_server.ops.status_records import SiteStatus
 
 __all__ = [
     "AdminError",

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 from lr_server.admin.checks import check_stream
 from lr_server.admin.errors import StateError
 from lr_server.admin.records import TrimResult
-from lr_server.ops.status import SiteStatus, collect_status
+from lr_server.ops.status import collect_status
+from lr_server.ops.status_records import SiteStatus
 
 if TYPE_CHECKING:
     from lr_client.records import StreamStop

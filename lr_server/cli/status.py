@@ -25,7 +25,7 @@ from lr_server.config import load_config
 
 if TYPE_CHECKING:
     from lr_client.store.recv.replay_contract import ReplayRequest
-    from lr_server.ops.status import SiteStatus
+    from lr_server.ops.status_records import SiteStatus
 
 
 @click.command()
@@ -77,7 +77,7 @@ def render_status(report: SiteStatus) -> None:
     sink streams, drop notices and cascades (the tables with no rows left out)."""
     from rich.text import Text
 
-    from lr_server.ops.status import StreamState
+    from lr_server.ops.status_records import StreamState
 
     out = console()
     now = report.time

@@ -33,15 +33,11 @@ retention limit (entries, bytes, age of the oldest unacknowledged entry).
 
 from __future__ import annotations
 
-import enum
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from lr_client.names import recv_queue_name
 from lr_client.records import (
     OPEN_SNAPSHOT_STATUSES,
-    QueueSlot,
     SinkSnapshotState,
     SnapshotRequest,
 )
@@ -49,137 +45,18 @@ from lr_client.store import Inspection, QueueStore, SendLog
 from lr_server.cluster.placement import stream_unit
 from lr_server.cluster.streams import configured_streams, unconfigured_streams
 from lr_server.config import SiteConfig
-
-
-class StreamState(enum.StrEnum):
-    """Where a send stream stands, as ``lr status`` shows it."""
-
-    NOT_CONFIGURED = "not configured"
-    LOG_ENTRY_SYNC = "log entry sync"
-    SNAPSHOT_SYNC = "snapshot sync"
-    DROPPED = "dropped"
-    STOPPED = "stopped"
-    BACKPRESSURE = "backpressure"
-
-
-@dataclass
-class SnapshotProgress:
-    snapshot_id: str
-    status: str
-    rows_written: int
-    entry_count: int | None
-    base_position: int | None
-    shipped_position: int
-
-
-@dataclass
-class DropInfo:
-    first_dropped_position: int
-    dropped_at: float
-    reason: str
-
-
-@dataclass
-class StopInfo:
-    reason: str
-    resume_after: int
-    stopped_at: float
-    accepted: bool
-
-
-@dataclass
-class SessionInfo:
-    """One row of ``lrq_session_status`` (written by the running server)."""
-
-    destination: str
-    state: str = ""
-    connected: bool = False
-    inflight_batches: int = 0
-    inflight_bytes: int = 0
-    last_error: str = ""
-    updated_at: float = 0.0
-
-
-@dataclass
-class SendStream:
-    destination: str
-    client: str
-    state: StreamState
-    cursor: int
-    lag_entries: int
-    lag_bytes: int
-    lag_seconds: float
-    slow: bool
-    last_ack: float | None
-    inflight_batches: int | None  # None: no session has reported for the destination
-    configured: bool
-    snapshot: SnapshotProgress | None = None
-    drop: DropInfo | None = None
-    stop: StopInfo | None = None
-    owner: str = ""  # the member that owns the stream's lease ("": none)
-
-
-@dataclass
-class SinkStream:
-    source: str
-    client: str
-    queue: str
-    last_position: int
-    snapshot_state: str
-    snapshot_id: str
-    snapshot_position: int
-    entries_received: int
-    queue_depth: int
-    updated_at: float
-    configured: bool
-    drop: DropInfo | None = None  # the last drop notice received
-
-
-@dataclass
-class CascadeChildInfo:
-    """A node below this one, as it last reported itself (``lrq_cascade_children``)."""
-
-    child_id: str
-    epoch: int
-    local_watermark: int
-    acked_position: int
-    reported_at: float | None  # None: never reported
-    report_age: float | None
-    dropped: bool
-    counts: bool  # still part of the watermarks (see lr_server.cascade.watermarks)
-
-
-@dataclass
-class CascadeInfo:
-    """This node's place in a cascaded client's set (``lrq_cascade``)."""
-
-    client: str
-    origin: str
-    role: str
-    provider: str
-    epoch: int
-    config_provider: str
-    local_watermark: int
-    global_watermark: int
-    children: list[CascadeChildInfo] = field(default_factory=list)
-
-
-@dataclass
-class SiteStatus:
-    site: str
-    time: float
-    head_position: int
-    oldest_position: int | None
-    sessions_known: bool
-    sessions: list[SessionInfo] = field(default_factory=list)
-    send: list[SendStream] = field(default_factory=list)
-    sink: list[SinkStream] = field(default_factory=list)
-    slots: list[QueueSlot] = field(default_factory=list)  # PostgreSQL's queue partitions
-    cascades: list[CascadeInfo] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (``lr status --json``)."""
-        return asdict(self)
+from lr_server.ops.status_records import (
+    CascadeChildInfo,
+    CascadeInfo,
+    DropInfo,
+    SendStream,
+    SessionInfo,
+    SinkStream,
+    SiteStatus,
+    SnapshotProgress,
+    StopInfo,
+    StreamState,
+)
 
 
 def read_session_status(store: Inspection) -> list[SessionInfo] | None:
@@ -392,16 +269,6 @@ def collect_status(config: SiteConfig, store: QueueStore) -> SiteStatus:
 
 
 __all__ = [
-    "CascadeChildInfo",
-    "CascadeInfo",
-    "DropInfo",
-    "SendStream",
-    "SessionInfo",
-    "SinkStream",
-    "SiteStatus",
-    "SnapshotProgress",
-    "StopInfo",
-    "StreamState",
     "collect_status",
     "configured_streams",
     "flow_states",

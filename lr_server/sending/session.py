@@ -3,9 +3,10 @@
 Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or a full
 snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base. Batches are bounded
 in entries and bytes, at most ``window_batches`` / ``window_bytes`` unacknowledged
-(:mod:`lr_server.sending.window`); the cursor is saved when the sink acknowledges. Connection
-loss: reconnect with backoff and jitter, renegotiate (:mod:`lr_server.sending.negotiation`),
-resume where the sink stopped; a sink whose receive queue is full is tried again after a wait
+(:mod:`lr_server.sending.window`); the cursor is saved when the sink acknowledges
+(:mod:`lr_server.sending.acks`). Connection loss: reconnect with backoff and jitter,
+renegotiate (:mod:`lr_server.sending.negotiation`), resume where the sink stopped
+(:mod:`lr_server.sending.resume`); a sink whose receive queue is full is tried again after a wait
 that doubles up to ``max_backoff``. Full syncs are followed by
 :mod:`lr_server.sending.snapshot_requests`, stopped streams by :mod:`lr_server.sending.stops`,
 replays by :mod:`lr_server.sending.replay`. A branch's session relaying a cascaded client is
@@ -22,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 
 import tenacity
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
@@ -30,24 +30,26 @@ from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wai
 from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
-from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
+from lr_client.records import CascadeNode, Fence, WireEntry
 from lr_server import metrics
-from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
+from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig
 from lr_server.protocol import versions as protocol
-from lr_server.sending import negotiation, wire
+from lr_server.sending import wire
+from lr_server.sending.acks import Acknowledgements
 from lr_server.sending.arrivals import Arrivals
 from lr_server.sending.fanout import LogFanout
-from lr_server.sending.negotiation import ClientFacts, ClientPlan, SinkState, Step
 from lr_server.sending.relay_inbox import RelayInbox
 from lr_server.sending.replay import Replayer
+from lr_server.sending.resume import Resumer
 from lr_server.sending.shipping import Shipper
 from lr_server.sending.snapshot_requests import SnapshotLauncher, SnapshotRequests
-from lr_server.sending.stops import StreamStops, is_accepted_notice
+from lr_server.sending.status_row import STATUS_REFRESH, StatusRow
+from lr_server.sending.stops import StreamStops
 from lr_server.sending.streams import ClientStream, Mode, SessionState, summary
 from lr_server.sending.window import Window
 from lr_server.stores import SessionStore
 from lr_server.transport.base import BatchStream, Transport
-from lr_server.transport.lanes import LaneStreams, LaneTransport
+from lr_server.transport.lanes import LaneTransport
 
 log = logging.getLogger("lr.session")
 
@@ -55,10 +57,6 @@ log = logging.getLogger("lr.session")
 IDLE_POLL_MAX = 5.0
 #: Seconds between two reads of full-sync requests, drops and stops while shipping.
 REQUEST_CHECK = 0.5
-#: Seconds an idle session takes at most to see its stop.
-STOP_CHECK = 0.25
-#: Seconds between writes of an unchanged session status row (``updated_at`` stays fresh).
-STATUS_REFRESH = 30.0
 
 
 class SenderSession:
@@ -96,9 +94,6 @@ class SenderSession:
         self._woken = False  # set by wake(): the next round polls fast again
         #: Seconds an idle session waits at most between reads; between status rows.
         self.idle_poll_max, self.status_refresh = IDLE_POLL_MAX, STATUS_REFRESH
-        #: The status last written, and when (time.monotonic()).
-        self._status_written: tuple[object, ...] | None = None
-        self._status_at = float("-inf")
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
         #: The batches of the clients it relays received here and not stored yet, which
@@ -121,6 +116,7 @@ class SenderSession:
         )
         self._stopped = ""  # why streams are stopped, for the session status
         self._log = logging.LoggerAdapter(log, {"destination": destination})
+        self.status_row = StatusRow(store, destination, self._log)
         self.stops = StreamStops(store, destination, self._log, self.fence)
         self.requests = SnapshotRequests(
             store, destination, self.stops, self._log, self.cfg, self.retry, snapshot_launcher
@@ -140,6 +136,26 @@ class SenderSession:
             arrivals if self.inbox is not None else None,
         )
         self.replays = Replayer(store, source_id, destination, self.cfg, self.window, self._log)
+        self.resume = Resumer(
+            store,
+            source_id,
+            destination,
+            self.cascade,
+            self.requests,
+            self.stops,
+            self.fence,
+            self._log,
+        )
+        self.acks = Acknowledgements(
+            store,
+            destination,
+            self.window,
+            self.stops,
+            self.requests,
+            self.replays,
+            self.fence,
+            lambda: self._woken,
+        )
 
     def wake(self) -> None:
         """Entries may have come: end the session's wait, and poll fast again."""
@@ -282,126 +298,11 @@ class SenderSession:
 
     # -- negotiation ----------------------------------------------------------------------------
     def _plan(self, response: pb.NegotiateResponse) -> dict[str, ClientStream]:
-        """Decide, per client, where to resume: read, plan (:func:`negotiation.plan`), apply."""
+        """Decide, per client, where to resume (:mod:`lr_server.sending.resume`)."""
         peer = protocol.require_compatible(response.protocol_version, f"sink {self.destination!r}")
         self.shipper.peer_version = peer
         self.stops.negotiated(response, self.cfg.max_message_bytes)
-        facts = self._gather(wire.sink_states(response))
-        plans = negotiation.plan(facts)
-        checks = [name for name, p in plans.items() if p.step is Step.CHECK]
-        if checks:
-            for name in checks:
-                lower = plans[name].lower_cursor_to
-                if lower is not None:
-                    # Lower the cursor first: a trim from now on keeps what the
-                    # replay needs, and the trim mark read next covers any before.
-                    self.store.shipping.set_cursor(
-                        self.destination, name, lower, fence=self.fence(name)
-                    )
-            marks = {n: self._trimmed_through(n) for n in checks}
-            # The highest position assigned, read without waiting for
-            # transmitters: the sink can never be past it.
-            head = self.store.inspection.head_position_estimate()
-            sinks = {f.name: f.sink.last_position for f in facts}
-            heads = {n: self._head(n, head, sinks[n]) for n in checks}
-            facts = [
-                replace(f, trimmed_through=marks[f.name], head=heads[f.name])
-                if f.name in marks
-                else f
-                for f in facts
-            ]
-            plans = negotiation.plan(facts)
-        return {name: self._apply(p) for name, p in plans.items()}
-
-    def _origin(self, name: str) -> str | None:
-        """The origin of a client this session relays (None: shipped from this node's log)."""
-        node = self.cascade.get(name)
-        return None if node is None or node.origin_id == self.source_id else node.origin_id
-
-    def _trimmed_through(self, name: str) -> int:
-        """Every entry of the stream above it is still held here (relayed: in the receive
-        queue, after the base of the last full sync this node applied)."""
-        origin = self._origin(name)
-        if origin is None:
-            return self.store.retention.trimmed_through(self.destination, name)
-        return self.store.cascade.relay_resume_floor(name, origin)
-
-    def _head(self, name: str, head: int, sink_position: int) -> int:
-        """The highest position of the stream here (relayed: the last one received, or
-        the sink's if higher: a child may hold entries this branch forwarded before it
-        stored them (:mod:`lr_server.sending.relay_inbox`), and their positions are the
-        origin's, so a child past what is stored here is not a sign of a database
-        restored from a backup; it resumes where it is, and this node relays what
-        follows once it has it)."""
-        origin = self._origin(name)
-        if origin is None:
-            return head
-        return max(self.store.recv.sink_progress(origin, name).last_position, sink_position)
-
-    def _gather(self, sink: dict[str, SinkState]) -> list[ClientFacts]:
-        """What the plan needs to know of each configured client (all but the trim marks)."""
-        drops = {d.client_name: d for d in self.store.retention.list_drops(self.destination)}
-        return [
-            ClientFacts(
-                name,
-                config.snapshot != SnapshotProvider.NONE,
-                sink.get(name, SinkState()),
-                self.store.shipping.get_cursor(self.destination, name),
-                self.requests.open_snapshot(name),
-                drops.get(name),
-                self.store.retention.get_stream_stop(self.destination, name),
-            )
-            for name, config in self.clients.items()
-        ]
-
-    def _apply(self, p: ClientPlan) -> ClientStream:
-        """Carry out one client's plan; the client's stream for this connection."""
-        name, stream = p.name, ClientStream(self.clients[p.name])
-        if p.refuse is not None:
-            self.requests.refuse(p.refuse)
-        if p.clear_stop:
-            self.stops.clear(name)
-        if p.step is Step.RESUME_ACCEPTED:
-            assert p.stop is not None
-            self.stops.resume_accepted(stream, p.stop)
-            return stream
-        if p.finish is not None:
-            self.requests.finish(name, p.finish)
-            self.store.shipping.set_cursor(
-                self.destination, name, p.sink_position, fence=self.fence(name)
-            )
-        drop = p.drop
-        if p.record_drop is not None:
-            d = p.record_drop
-            drop = (
-                self.store.retention.drop_stream(self.destination, name, d.reason, d.first_missing)
-                or drop
-            )
-        if p.unstop and p.stop is not None:
-            self.stops.clear(name)
-            self._log.info("%s/%s: no longer stopped: %s", self.destination, name, p.stop.reason)
-        if p.step is Step.STOP:
-            self.stops.stop(stream, p.reason, p.resume_after)
-        elif p.step is Step.SNAPSHOT:
-            stream.mode, stream.snap_sent, stream.snapshot = (
-                Mode.SNAPSHOT,
-                p.snapshot_after,
-                p.snapshot,
-            )
-            if p.snapshot is None:
-                sid = self.store.snapshots.request_snapshot(None, self.destination, name, p.reason)
-                stream.snapshot = self.store.snapshots.get_snapshot(sid, self.destination)
-                self._log.info("%s/%s: full sync %s (%s)", self.destination, name, sid, p.reason)
-            if p.notify:
-                stream.notice = self.stops.drop_notice(drop)
-        else:
-            assert p.step is Step.LOG  # a CHECK is planned again, with the trim mark
-            stream.sent = p.resume_after
-            if p.raise_cursor:
-                self.store.shipping.set_cursor(
-                    self.destination, name, p.resume_after, fence=self.fence(name)
-                )
-        return stream
+        return self.resume.plan(wire.sink_states(response), self.clients)
 
     def _check_requests(self, streams: dict[str, ClientStream]) -> None:
         self.requests.check(streams)  # a step of its own, for tests to take
@@ -425,7 +326,7 @@ class SenderSession:
             if sent_any or woken:
                 idle = fast
             timeout = 0.0 if sent_any and not self.window.full() else idle
-            if self._wait_acks(stop, stream, streams, timeout) or sent_any:
+            if self.acks.wait(stop, stream, streams, timeout) or sent_any:
                 idle = fast
             elif not self._woken:
                 idle = min(max(fast, self.idle_poll_max), idle * 2)
@@ -438,8 +339,8 @@ class SenderSession:
         # Clean shutdown: give in-flight batches a moment to be acknowledged.
         deadline = time.monotonic() + 5.0
         while self.window.batches and time.monotonic() < deadline:
-            self._drain_acks(stream, streams, 0.1)
-        self._flush_cursors()
+            self.acks.drain(stream, streams, 0.1)
+        self.acks.flush_cursors()
 
     def _arrived(self) -> None:
         """A batch of a client this session relays was stored: end its wait, if any."""
@@ -462,86 +363,6 @@ class SenderSession:
             raise FencedError(f"{self.destination}: this member's leases lapsed; not shipping")
         return self.shipper.ship(stream, streams) | self.replays.ship(stream, streams)
 
-    def _wait_acks(
-        self,
-        stop: threading.Event,
-        stream: BatchStream,
-        streams: dict[str, ClientStream],
-        timeout: float,
-    ) -> int:
-        """Handle acknowledgements for up to ``timeout`` s, or until a wake-up or the stop
-        (seen within ``STOP_CHECK`` s); how many came."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            n = self._drain_acks(stream, streams, max(0.0, min(left, STOP_CHECK)))
-            if n or left <= STOP_CHECK or self._woken or stop.is_set():
-                return n
-
-    def _drain_acks(
-        self, stream: BatchStream, streams: dict[str, ClientStream], timeout: float
-    ) -> int:
-        """Handle the acknowledgements that come within ``timeout``; how many."""
-        n = 0
-        if isinstance(stream, LaneStreams):
-            got = stream.next_ack_from(timeout)
-            while got is not None:
-                self._on_ack(got[1], streams, got[0])
-                n += 1
-                got = stream.next_ack_from(0.0)
-            return n
-        ack = stream.next_ack(timeout)
-        while ack is not None:
-            self._on_ack(ack, streams)
-            n += 1
-            ack = stream.next_ack(0.0)
-        return n
-
-    def _on_ack(
-        self, ack: pb.ReplicationAck, streams: dict[str, ClientStream], index: int = 0
-    ) -> None:
-        done = self.window.acknowledge(ack.batch_id, index)
-        now = time.monotonic()
-        for f in done:
-            if f.replay:
-                self.replays.acked(f)
-                continue
-            if f.lane:  # the cursor: the lowest position acknowledged on every lane
-                ls = streams[f.client].lanes
-                if ls is not None and ls.settled(f.batch_id, f.low_water):
-                    self.window.cursors[f.client] = ls.cursor
-            metrics.BATCH_LATENCY.labels(self.destination).observe(now - f.sent_at)
-            metrics.BATCHES_ACKED.labels(self.destination).inc()
-            metrics.ENTRIES_SHIPPED.labels(self.destination, f.client).inc(f.entries)
-            metrics.BYTES_SHIPPED.labels(self.destination, f.client).inc(f.nbytes)
-            if f.kind == pb.BATCH_LOG_ENTRY:
-                continue  # its cursor is coalesced below
-            if f.kind == pb.BATCH_DROP_NOTICE:
-                if is_accepted_notice(f.snapshot_id):  # an accepted loss: the stream runs again
-                    self.stops.resumed(f.client, f.last_position - 1)
-            elif f.is_end:
-                self.requests.end_acked(f.snapshot_id, streams[f.client])
-            else:
-                metrics.SNAPSHOT_ROWS.labels(self.destination, f.client).set(f.last_position)
-                self.store.snapshots.update_snapshot(
-                    f.snapshot_id,
-                    expect=[SnapshotStatus.READY],
-                    destination=self.destination,
-                    shipped_position=f.last_position,
-                )
-        # Log acks from before a snapshot's end must not move the cursor past its base.
-        self.window.coalesce(done)
-        if self.window.flush_due(now):
-            self._flush_cursors()
-        metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))
-
-    def _flush_cursors(self) -> None:
-        for client, position in self.window.cursors.items():
-            self.store.shipping.set_cursor(
-                self.destination, client, position, fence=self.fence(client)
-            )
-        self.window.flushed(time.monotonic())
-
     # -- status ----------------------------------------------------------------------------------
     def _report(self, streams: dict[str, ClientStream]) -> None:
         """Record the session's state and whether each stream is in a full sync."""
@@ -552,29 +373,9 @@ class SenderSession:
         self._save_status()
 
     def _save_status(self) -> None:
-        """Write the status row if it changed, or if it is ``STATUS_REFRESH`` old."""
-        status = (
-            self.state,
-            self.connected,
-            len(self.window),
-            self.window.nbytes,
-            self.last_error or self._stopped,
-        )
-        now = time.monotonic()
-        if status == self._status_written and now - self._status_at < self.status_refresh:
-            return
-        try:
-            self.store.inspection.save_session_status(
-                self.destination,
-                status[0],
-                connected=status[1],
-                inflight_batches=status[2],
-                inflight_bytes=status[3],
-                last_error=status[4],
-            )
-            self._status_written, self._status_at = status, now
-        except LRError as exc:
-            self._log.warning("cannot save session status: %s", exc)
+        """Write the status row if it changed, or if it is ``status_refresh`` s old."""
+        status = (self.state, self.connected, len(self.window), self.window.nbytes)
+        self.status_row.save((*status, self.last_error or self._stopped), self.status_refresh)
 
 
 __all__ = ["SenderSession"]

@@ -5,27 +5,17 @@ read for are looked up in one query, and only then are the entries sent, cut
 at an open snapshot's base (see :meth:`Shipper.ship_log` and
 docs/architecture.md). Snapshot batches and drop notices go as they come.
 
-A branch forwarding a relayed client's batches as received (its relay inbox)
-checks them against its last look-up if that found them clear and is less
-than ``RELAY_CHECKS_TTL`` old, and looks up again once a batch is sent when
-that look-up is half as old: the look-up overlaps the child's round trip
-instead of delaying a batch, and is made a few times a second, not per batch.
-This is safe for a relayed stream only: a full sync or drop recorded since is
-one recorded up to that much later, and a snapshot whose base is below what
-the stream sent is asked for again (:meth:`SnapshotRequests.rebase
-<lr_server.sending.snapshot_requests.SnapshotRequests.rebase>`), as for a batch
-forwarded before the branch stored it (docs/cascading.md).
+The look-up of open full syncs and drops is :mod:`lr_server.sending.send_checks`
+(with its reuse for batches a branch forwards as received); a client shipped over
+several lanes goes through :mod:`lr_server.sending.lane_shipping`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
 
 from lr_client._proto import replication_pb2 as pb
-from lr_client.lanes import lane_of
 from lr_client.records import (
     CascadeNode,
     DropRecord,
@@ -34,32 +24,21 @@ from lr_client.records import (
     SnapshotRequest,
     SnapshotStatus,
 )
-from lr_client.store.byte_bounds import ByteCut
 from lr_server import metrics
 from lr_server.config import ReplicationConfig, SnapshotProvider
 from lr_server.protocol import versions as protocol
 from lr_server.sending import outbound, wire
 from lr_server.sending.arrivals import Arrivals
 from lr_server.sending.fanout import LogFanout
+from lr_server.sending.lane_shipping import LaneShipper
 from lr_server.sending.relay_inbox import RelayInbox
+from lr_server.sending.send_checks import SendChecks
 from lr_server.sending.snapshot_requests import SnapshotRequests
 from lr_server.sending.stops import StreamStops
-from lr_server.sending.streams import ClientStream, Lanes, Mode
+from lr_server.sending.streams import ClientStream, Mode
 from lr_server.sending.window import InFlight, Window
 from lr_server.stores import ShipperStore
 from lr_server.transport.base import BatchStream
-
-#: Seconds a look-up of relayed clients' full syncs and drops serves the batches
-#: forwarded as received.
-RELAY_CHECKS_TTL = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Clear:
-    """The clients a look-up found with no open full sync and no drop, and when."""
-
-    at: float  # the shipper's clock before the look-up
-    clients: frozenset[str]
 
 
 class Shipper:
@@ -96,14 +75,10 @@ class Shipper:
         self.inbox = inbox
         #: What this process's receiver stored of them, and when (None: not known).
         self.arrivals = arrivals
-        #: Seconds a look-up serves the batches forwarded as received.
-        self.relay_checks_ttl = RELAY_CHECKS_TTL
-        #: The relayed clients read from the inbox this round.
-        self._forwarded: set[str] = set()
-        #: What the last look-up of full syncs and drops found clear (None: none yet).
-        self._clear: _Clear | None = None
-        #: The clock a look-up's age is read on.
-        self.clock: Callable[[], float] = time.monotonic
+        #: The look-ups of full syncs and drops before log entries are sent.
+        self.lookup = SendChecks(store, destination)
+        #: The sending of clients shipped over lanes.
+        self.lane_shipper = LaneShipper(cfg, window, self.source_of, self.send)
         #: The sink's wire protocol, as negotiated (the session sets it on each connect).
         self.peer_version = protocol.PROTOCOL_VERSION
 
@@ -111,20 +86,20 @@ class Shipper:
         """One round over the clients: send what each may send now; whether any went."""
         sent_any = False
         reads: dict[str, list[SendEntry]] = {}
-        self._forwarded = set()
+        self.lookup.new_round()
         batches = nbytes = 0  # what the reads will add to the window
         lanes = self.cfg.streams_per_destination
         for name, cs in streams.items():
             if self.window.full(batches, nbytes):
                 break
-            if lanes > 1 and name not in self.cascade and not self.lanes_may_ship(name, cs):
+            if lanes > 1 and name not in self.cascade and not self.lane_shipper.may_ship(name, cs):
                 continue
             if cs.notice is not None:  # a drop notice goes before anything else
                 sent_any |= self.send_notice(stream, name, cs)
             elif cs.mode is Mode.LOG:
                 entries = self.stops.sized(cs, self.read_log(name, cs))
                 if lanes > 1 and not entries and name not in self.cascade:
-                    sent_any |= self.send_mark(stream, name, cs)
+                    sent_any |= self.lane_shipper.send_mark(stream, name, cs)
                     continue
                 if entries:
                     reads[name] = entries
@@ -133,7 +108,7 @@ class Shipper:
             elif cs.mode is Mode.SNAPSHOT:
                 sent_any |= self.send_snapshot(stream, name, cs)
         if reads:
-            requests, drops = self.checks(reads.keys())
+            requests, drops = self.lookup.checks(reads.keys())
             for name, entries in reads.items():
                 cs, request = streams[name], requests.get(name)
                 if request is not None and cs.config.snapshot == SnapshotProvider.NONE:
@@ -146,48 +121,8 @@ class Shipper:
                     if request is None:
                         continue
                 sent_any |= self.ship_log(stream, name, cs, entries, request, drops.get(name))
-            if self._forwarded and self._look_ahead_due():
-                self._look_up(frozenset(self._forwarded))  # while the batches travel
+            self.lookup.look_ahead()  # while the batches travel
         return sent_any
-
-    def checks(
-        self, clients: Collection[str]
-    ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
-        """The open full syncs of ``clients`` and the destination's drops, for entries
-        about to be sent: looked up now, or, when every one of them was forwarded as
-        received and the last look-up, less than ``relay_checks_ttl`` old, found them
-        all clear, none. Only a clear answer is kept: one that found a full sync or a
-        drop could outlive it (a full sync ended meanwhile must not start again)."""
-        clear = self._clear
-        if (
-            clear is not None
-            and self._forwarded.issuperset(clients)
-            and clear.clients.issuperset(clients)
-            and self.clock() - clear.at < self.relay_checks_ttl
-        ):
-            return {}, {}
-        return self._look_up(frozenset(clients))
-
-    def _look_ahead_due(self) -> bool:
-        """Whether to look up again after this round's forwards: the look-up they went
-        with found them clear and is half ``relay_checks_ttl`` old (one that did not
-        is made again before the next batch)."""
-        clear = self._clear
-        return (
-            clear is not None
-            and clear.clients.issuperset(self._forwarded)
-            and self.clock() - clear.at >= self.relay_checks_ttl / 2
-        )
-
-    def _look_up(
-        self, clients: frozenset[str]
-    ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
-        """Look up now; what it finds clear serves the batches forwarded next."""
-        at = self.clock()
-        requests, drops = self.store.snapshots.send_checks(self.destination, list(clients))
-        clear = frozenset(c for c in clients if c not in requests and c not in drops)
-        self._clear = _Clear(at, clear)
-        return requests, drops
 
     def source_of(self, name: str) -> str:
         """The source id of the client's batches: its origin when this node relays it."""
@@ -234,7 +169,7 @@ class Shipper:
             entries = self.inbox.take(name, after, limit, max_bytes)
             if entries:
                 metrics.RELAY_BATCHES.labels(self.destination, name, "forwarded").inc()
-                self._forwarded.add(name)
+                self.lookup.forwarded(name)
                 return entries
         if self.arrivals is not None and self.arrivals.nothing_stored_past(origin, name, after):
             return []  # all stored here was forwarded: the read would find nothing
@@ -267,7 +202,7 @@ class Shipper:
             base = request.base_position
             entries = [] if base is None else [e for e in entries if e.position <= base]
         if entries and cs.lanes is not None:
-            entries = self.send_lanes(stream, name, cs, entries)
+            entries = self.lane_shipper.send_entries(stream, name, cs, entries)
         elif entries:
             batch_id = self.window.next_batch_id()
             batch = wire.log_batch(
@@ -291,106 +226,6 @@ class Shipper:
         cs.notice = self.stops.drop_notice(drop)  # the listener learns of a drop before its sync
         if request.status is SnapshotStatus.REQUESTED:
             self.requests.launch(request, cs.config)
-        return True
-
-    # -- lanes ----------------------------------------------------------------------------------
-    def lanes_may_ship(self, name: str, cs: ClientStream) -> bool:
-        """Whether a client shipped over lanes may send now (see docs/architecture.md).
-
-        A drop notice waits until nothing of the client is in flight, a snapshot
-        until no lane batch is; log entries wait while an unkeyed batch is in
-        flight or any lane's window is full.
-        """
-        if cs.notice is not None:
-            return not self.window.busy(name)
-        if cs.mode is Mode.SNAPSHOT:
-            return not self.window.busy(name, lanes_only=True)
-        if cs.mode is not Mode.LOG:
-            return True
-        count = self.cfg.streams_per_destination
-        ls = cs.lanes
-        if ls is None or (ls.acked != cs.sent and not self.window.busy(name)):
-            # New, or the stream moved (a snapshot's end, an accepted loss): start again.
-            ls = cs.lanes = Lanes.at(count, cs.sent)
-        if ls.barrier:
-            return False
-        return not any(self.window.stream_full(i) for i in range(count))
-
-    def send_lanes(
-        self, stream: BatchStream, name: str, cs: ClientStream, entries: list[SendEntry]
-    ) -> list[SendEntry]:
-        """Send entries on their lanes; those sent (a prefix).
-
-        Keyed entries up to the first unkeyed one go at once, a batch per lane.
-        Unkeyed entries go only when nothing of the client is in flight, alone
-        on lane 1, and nothing else goes until they are acknowledged: they
-        neither overtake nor are overtaken by any keyed entry.
-        """
-        ls = cs.lanes
-        assert ls is not None
-        unkeyed = next((i for i, e in enumerate(entries) if e.key is None), len(entries))
-        if unkeyed == 0:
-            if self.window.busy(name):
-                return []
-            end = next((i for i, e in enumerate(entries) if e.key is not None), len(entries))
-            cut = ByteCut(self.cfg.batch_max_bytes)  # one batch: within the batch limits
-            sent = []
-            for e in entries[: min(end, self.cfg.batch_max_entries)]:
-                if not cut.take(len(e.payload)):
-                    break
-                sent.append(e)
-            ls.barrier = self.send_lane(stream, name, cs, 1, sent)
-            ls.chunks.append((sent[-1].position, {ls.barrier}))
-        else:
-            sent = entries[:unkeyed]
-            groups: dict[int, list[list[SendEntry]]] = {}
-            cuts: dict[int, ByteCut] = {}
-            for e in sent:  # each lane's entries, cut at the batch limits
-                lane = lane_of(e.key, ls.count)
-                batches = groups.setdefault(lane, [[]])
-                cut = cuts.setdefault(lane, ByteCut(self.cfg.batch_max_bytes))
-                if len(batches[-1]) >= self.cfg.batch_max_entries or not cut.take(len(e.payload)):
-                    batches.append([])
-                    cut = cuts[lane] = ByteCut(self.cfg.batch_max_bytes)
-                    cut.take(len(e.payload))
-                batches[-1].append(e)
-            ids = {
-                self.send_lane(stream, name, cs, lane, batch)
-                for lane, batches in groups.items()
-                for batch in batches
-            }
-            ls.chunks.append((sent[-1].position, ids))
-        cs.sent = sent[-1].position
-        return sent
-
-    def send_lane(
-        self, stream: BatchStream, name: str, cs: ClientStream, lane: int, entries: list[SendEntry]
-    ) -> int:
-        """Send one lane's batch (no entries: only the low-water mark); its id."""
-        ls = cs.lanes
-        assert ls is not None
-        batch = wire.lane_batch(
-            self.window.next_batch_id(),
-            self.source_of(name),
-            name,
-            lane,
-            ls.count,
-            entries,
-            ls.sent[lane - 1],
-            ls.acked,
-        )
-        self.send(stream, batch, name, entries, lane=lane, low_water=ls.acked)
-        if entries:
-            ls.sent[lane - 1] = entries[-1].position
-        ls.marked = ls.acked
-        return batch.batch_id
-
-    def send_mark(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:
-        """Caught up and all acknowledged: tell the sink how far (its durable position)."""
-        ls = cs.lanes
-        if ls is None or ls.acked <= ls.marked or self.window.busy(name):
-            return False
-        self.send_lane(stream, name, cs, 1, [])
         return True
 
     def send_snapshot(self, stream: BatchStream, name: str, cs: ClientStream) -> bool:

@@ -29,7 +29,8 @@ from lr_client.store.schema import tables as s
 from lr_client.store.sqlite import SQLiteCore
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server.cli import cli
-from lr_server.ops.status import StreamState, collect_status
+from lr_server.ops.status import collect_status
+from lr_server.ops.status_records import StreamState
 from tests.kit import kvapp
 from tests.kit.positions import new_slot
 from tests.kit.sites import Sites, wait_for

@@ -1,9 +1,9 @@
 """A branch forwarding batches as received checks them against its last look-up of the
 client's full syncs and drops while that is under ``relay_checks_ttl`` old, and looks
 up again after a forward once it is half that old, rather than between a batch's
-arrival and its forward (:meth:`lr_server.sending.shipping.Shipper.checks`); a batch read from
-the receive queue is looked up at once. The session's steps are called directly (no
-transport, the shipper's clock set by the test), on SQLite and PostgreSQL."""
+arrival and its forward (:meth:`lr_server.sending.send_checks.SendChecks.checks`); a batch read
+from the receive queue is looked up at once. The session's steps are called directly (no
+transport, the look-ups' clock set by the test), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class Branch:
 
         monkeypatch.setattr(store.snapshots, "send_checks", logged)
         self.now = 0.0
-        self.session.shipper.clock = lambda: self.now
+        self.session.shipper.lookup.clock = lambda: self.now
 
     def _offer(self, origin: str, client: str, previous: int, entries: Sequence[WireEntry]) -> None:
         inbox = self.session.inbox

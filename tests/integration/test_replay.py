@@ -90,7 +90,7 @@ class Link:
         assert self.stream is not None
         self.session._check_requests(self.streams)
         self.session._ship(self.stream, self.streams)
-        self.session._drain_acks(self.stream, self.streams, 0.0)
+        self.session.acks.drain(self.stream, self.streams, 0.0)
 
     def run_until(self, done: Callable[[], bool]) -> None:
         def stepped() -> bool:

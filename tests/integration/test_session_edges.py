@@ -101,7 +101,7 @@ def test_the_end_of_a_superseded_snapshot_does_not_complete_the_newer_one(rig: R
     new = rig.src.snapshots.request_snapshot(None, "b", CLIENT, "operator again")  # cancels the old
     rig.session._check_requests(rig.streams)
     assert rig.streams[CLIENT].snapshot.snapshot_id == new  # type: ignore[union-attr]
-    rig.session._drain_acks(rig.stream, rig.streams, 0.0)  # the old end's ack arrives
+    rig.session.acks.drain(rig.stream, rig.streams, 0.0)  # the old end's ack arrives
 
     snap = rig.src.snapshots.get_snapshot(new)
     assert snap is not None and snap.status is SnapshotStatus.REQUESTED  # not completed

@@ -1,7 +1,7 @@
 """A sender session's steps without a transport, on SQLite and PostgreSQL.
 
 The negotiation response goes to :meth:`SenderSession._plan` as the transport
-would hand it over; acknowledgements go to :meth:`SenderSession._on_ack` for
+would hand it over; acknowledgements go to its :meth:`Acknowledgements.on_ack` for
 batches placed in its window. What the session then holds per client (its
 streams) and what the store holds (cursors, requests, drops, stops) is compared
 field by field.
@@ -360,15 +360,15 @@ def test_log_acks_move_cursors_and_count_what_was_shipped(store: SQLAlchemyQueue
     first = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4, entries=3, nbytes=30, age=0.5)
     _inflight(s, "orders", pb.BATCH_LOG_ENTRY, 9, entries=2, nbytes=7, age=0.5)
     third = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 12, entries=1, nbytes=5, age=0.5)
-    s._on_ack(pb.ReplicationAck(batch_id=first - 1), streams)  # settles nothing
+    s.acks.on_ack(pb.ReplicationAck(batch_id=first - 1), streams)  # settles nothing
     assert len(s.window) == 3 and store.shipping.list_cursors() == []
-    s._on_ack(pb.ReplicationAck(batch_id=first + 1), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=first + 1), streams)
     assert _sample("lr_inflight_batches", destination=DEST) == 1
     # The first flush of a connection is due at once; the window is not empty.
     positions = {c.client_name: c.position for c in store.shipping.list_cursors()}
     assert positions == {"policy": 4, "orders": 9}
     assert s.window.cursors == {}
-    s._on_ack(pb.ReplicationAck(batch_id=third), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=third), streams)
     assert {c.client_name: c.position for c in store.shipping.list_cursors()} == {
         "policy": 12,
         "orders": 9,
@@ -395,11 +395,11 @@ def test_cursors_wait_while_batches_are_in_flight_and_a_flush_is_not_due(
     s.window.flushed(time.monotonic())  # just flushed
     first = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)
     _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 8)
-    s._on_ack(pb.ReplicationAck(batch_id=first), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=first), streams)
     assert s.window.cursors == {"policy": 4} and store.shipping.list_cursors() == []
     s.window.flushed_at -= 1.0  # a while later
     before = time.monotonic()
-    s._flush_cursors()
+    s.acks.flush_cursors()
     assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
     assert s.window.cursors == {} and before <= s.window.flushed_at <= time.monotonic()
 
@@ -409,7 +409,7 @@ def test_acks_of_snapshot_batches_record_what_was_shipped(store: SQLAlchemyQueue
     req = _ready(store, rows=5)
     streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
     bid = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id)
-    s._on_ack(pb.ReplicationAck(batch_id=bid), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=bid), streams)
     got = store.snapshots.get_snapshot(req.snapshot_id)
     assert got is not None and (got.status, got.shipped_position) == (SnapshotStatus.READY, 3)
     assert _sample("lr_snapshot_rows", destination=DEST, client="policy") == 3
@@ -425,7 +425,7 @@ def test_the_ack_of_a_snapshots_end_completes_it_and_discards_earlier_log_cursor
     streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
     _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 9)  # an old log batch still in flight
     end = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id, is_end=True)
-    s._on_ack(pb.ReplicationAck(batch_id=end), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=end), streams)
     got = store.snapshots.get_snapshot(req.snapshot_id)
     assert got is not None and got.status is SnapshotStatus.COMPLETED
     assert got.shipped_position == 0  # an end is not a shipped-rows update
@@ -449,7 +449,7 @@ def test_the_full_sync_gauge_follows_each_streams_mode(store: SQLAlchemyQueueSto
     assert (active("policy"), active("orders")) == (1.0, 0.0)
     assert s.state is SessionState.SNAPSHOT_SYNC
     end = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id, is_end=True)
-    s._on_ack(pb.ReplicationAck(batch_id=end), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=end), streams)
     s._report(streams)
     assert (active("policy"), active("orders")) == (0.0, 0.0)
     assert s.state is SessionState.LOG_ENTRY_SYNC
@@ -465,7 +465,7 @@ def test_the_end_of_a_superseded_snapshot_leaves_the_newer_one(
     newer = store.snapshots.request_snapshot(None, DEST, "policy", "again")
     streams["policy"].snapshot = store.snapshots.get_snapshot(newer)
     end = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=old.snapshot_id, is_end=True)
-    s._on_ack(pb.ReplicationAck(batch_id=end), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=end), streams)
     cs = streams["policy"]
     assert (cs.mode, cs.snapshot) == (Mode.SNAPSHOT, store.snapshots.get_snapshot(newer))
     assert [(r.snapshot_id, r.status) for r in store.snapshots.list_snapshots(DEST)] == [
@@ -488,7 +488,7 @@ def test_the_ack_of_an_accepted_loss_notice_resumes_the_stream(
     store.retention.drop_stream(DEST, "orders", "behind")
     accepted = _inflight(s, "policy", pb.BATCH_DROP_NOTICE, 3, snapshot_id="a17")
     dropped = _inflight(s, "orders", pb.BATCH_DROP_NOTICE, 5, snapshot_id="d18")
-    s._on_ack(pb.ReplicationAck(batch_id=dropped), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=dropped), streams)
     assert accepted < dropped
     stop = store.retention.get_stream_stop(DEST, "policy")
     assert stop is not None and stop.resumed_at is not None
@@ -510,6 +510,6 @@ def test_the_ack_of_a_batch_of_a_snapshot_no_longer_ready_changes_nothing(
     bid = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id)
     assert store.snapshots.cancel_snapshot(req.snapshot_id, "by an operator")
     cancelled = store.snapshots.get_snapshot(req.snapshot_id)
-    s._on_ack(pb.ReplicationAck(batch_id=bid), streams)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=bid), streams)
     assert store.snapshots.get_snapshot(req.snapshot_id) == cancelled
     assert cancelled is not None and cancelled.shipped_position == 0

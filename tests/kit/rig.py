@@ -104,7 +104,7 @@ class Rig:
         """One round of the session's pump: send what it may, take the acknowledgements."""
         assert self.stream is not None
         self.session._ship(self.stream, self.streams)
-        self.session._drain_acks(self.stream, self.streams, 0.0)
+        self.session.acks.drain(self.stream, self.streams, 0.0)
 
     def at_sink(self) -> list[tuple[ReplicationType, int]]:
         """(type, source position) of every entry in the sink's receive queue, in order."""

@@ -123,15 +123,11 @@ MAX_LINES = 400
 #: listed may not pass MAX_LINES, one listed only shrink (lower its ceiling as it
 #: does; remove it once it is within the limit).
 OVER_LIMIT: dict[str, int] = {
-    "spark_jobs/snapshot_job.py": 597,
-    "lr_server/sending/session.py": 578,
     "lr_client/store/snapshots/requests.py": 585,
     "lr_client/subscriber.py": 453,
     "lr_client/snapshot.py": 474,
     "lr_client/store/schema/tables.py": 500,
-    "lr_server/sending/shipping.py": 473,
     "lr_client/store/recv/receiving.py": 436,
-    "lr_server/ops/status.py": 435,
 }
 
 
