@@ -38,7 +38,8 @@ BASE = "lr_client.store.core.xǁStoreCoreǁ"
 SEND_LOG = "lr_client.store.send.log.xǁSendLogStoreǁ"
 SHIPPING = "lr_client.store.send.shipping.xǁShippingStoreǁ"
 REQUESTS = "lr_client.store.snapshots.requests.xǁSnapshotRequestsStoreǁ"
-SNAPSHOTS = "lr_client.store.snapshots.entries.xǁSnapshotsStoreǁ"
+LIFECYCLE = "lr_client.store.snapshots.lifecycle.xǁSnapshotLifecycleStoreǁ"
+SNAPSHOTS = "lr_client.store.snapshots.entries.xǁSnapshotEntriesStoreǁ"
 RETENTION = "lr_client.store.retention.store.xǁRetentionStoreǁ"
 RECEIVING = "lr_client.store.recv.receiving.xǁReceivingStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteCoreǁ"
@@ -50,6 +51,8 @@ STORE_FILES = [
     "lr_client/store/send/log.py",
     "lr_client/store/send/shipping.py",
     "lr_client/store/snapshots/requests.py",
+    "lr_client/store/snapshots/lifecycle.py",
+    "lr_client/store/snapshots/views.py",
     "lr_client/store/snapshots/entries.py",
     "lr_client/store/retention/store.py",
     "lr_client/store/recv/receiving.py",
@@ -160,10 +163,9 @@ TARGETS: dict[str, Target] = {
     "snapshot": Target(
         STORE_FILES,
         [
+            *_methods(REQUESTS, "request_snapshot", "_request_snapshot"),
             *_methods(
-                REQUESTS,
-                "request_snapshot",
-                "_request_snapshot",
+                LIFECYCLE,
                 "start_snapshot",
                 "_cancel",
                 "cancel_snapshot",
