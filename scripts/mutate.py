@@ -42,6 +42,7 @@ LIFECYCLE = "lr_client.store.snapshots.lifecycle.xǁSnapshotLifecycleStoreǁ"
 SNAPSHOTS = "lr_client.store.snapshots.entries.xǁSnapshotEntriesStoreǁ"
 RETENTION = "lr_client.store.retention.store.xǁRetentionStoreǁ"
 RECEIVING = "lr_client.store.recv.receiving.xǁReceivingStoreǁ"
+SINK_STATE = "lr_client.store.recv.sink_state.xǁSinkStateStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteCoreǁ"
 PG = "lr_client.store.postgres.xǁPostgresCoreǁ"
 SESSION = "lr_server.sending.session.xǁSenderSessionǁ"
@@ -56,6 +57,7 @@ STORE_FILES = [
     "lr_client/store/snapshots/entries.py",
     "lr_client/store/retention/store.py",
     "lr_client/store/recv/receiving.py",
+    "lr_client/store/recv/sink_state.py",
     "lr_client/store/sqlite.py",
     "lr_client/store/postgres.py",
     "lr_client/store/send/sequencer.py",
@@ -128,17 +130,16 @@ TARGETS: dict[str, Target] = {
     "receive": Target(
         [*STORE_FILES, "lr_server/receiving/receiver.py"],
         [
+            *_methods(RECEIVING, "apply_log_batch", "apply_snapshot_batch"),
             *_methods(
-                RECEIVING,
-                "apply_log_batch",
-                "apply_snapshot_batch",
+                SINK_STATE,
                 "_save_progress",
                 "_progress",
                 "_progress_row",
                 "locked_progress",
                 "sink_progress",
                 "ensure_queue",
-                "append_recv",
+                "append",
             ),
             *_methods(SQLITE, "append_recv"),
             *_methods(PG, "append_recv", "lock_stream"),
