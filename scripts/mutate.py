@@ -231,12 +231,14 @@ TARGETS: dict[str, Target] = {
         [
             "lr_client/delivery.py",
             "lr_client/subscriber.py",
+            "lr_client/partition_workers.py",
             "lr_client/listener_calls.py",
             "lr_client/queue_leases.py",
         ],
         [
             "lr_client.delivery.*",
             "lr_client.subscriber.*",
+            "lr_client.partition_workers.*",
             "lr_client.listener_calls.*",
             "lr_client.queue_leases.*",
         ],
