@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from sqlalchemy.engine import Engine
 
@@ -38,6 +37,7 @@ from lr_client.keys import Keyring
 from lr_client.listener import RoutingQueueListener
 from lr_client.listener_calls import PARTITION_INFO_KEY
 from lr_client.parking import ParkingCalls
+from lr_client.partition_workers import PartitionWorkers
 from lr_client.partitioned import Conflict, LeaseLost, PartitionedDelivery
 from lr_client.partitioners import Partitioner
 from lr_client.queue_marks import QueueMarks
@@ -52,21 +52,13 @@ from lr_client.subscriber_settings import (
     DEFAULT_BATCH_MAX_BYTES,
     DEFAULT_SNAPSHOT_BATCH_SIZE,
     SnapshotDelivery,
-    SubscriberCore,
     default_owner,
 )
 
 log = logging.getLogger("lr_client.subscriber")
 
 
-#: Seconds between raises of a queue's own ``delivered_seq`` to the minimum over its
-#: partitions while they deliver (it lags by at most this; never runs ahead).
-QUEUE_MARK_INTERVAL = 0.5
-#: Seconds at most between looks at the stop event while idle.
-STOP_CHECK = 0.1
-
-
-class RoutingQueueSubscriber(SubscriberCore):
+class RoutingQueueSubscriber(PartitionWorkers):
     """Delivers one client's receive queues ``LRQ_Recv_<client>__*`` to a listener.
 
     ``batch_size`` bounds the entries per callback and ``batch_max_bytes``
@@ -232,23 +224,6 @@ class RoutingQueueSubscriber(SubscriberCore):
         finally:
             self.release_leases()
 
-    def _idle(self, stop: threading.Event, turn: int) -> None:
-        """Wait for the poll interval, a ring after ``turn`` or the stop, whichever first."""
-        deadline = time.monotonic() + self._idle_wait()
-        while not stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0 or self._doorbell.wait(turn, min(left, STOP_CHECK)):
-                return
-
-    def release_leases(self) -> None:
-        """Let other subscribers take this one's queues at once."""
-        self._leases.until.clear()
-        try:
-            with self.store.write() as conn:
-                self.store.queues.release_leases(conn, self.owner)
-        except Exception as exc:  # they expire anyway
-            log.warning("could not release leases of %s: %s", self.owner, exc)
-
     def close(self) -> None:
         """Release the leases; close the connections if this subscriber opened them from a URL.
 
@@ -287,90 +262,6 @@ class RoutingQueueSubscriber(SubscriberCore):
             delivered += n
             again = again or more
         return delivered, again
-
-    def _run_workers(self, stop: threading.Event) -> None:
-        threads = [
-            threading.Thread(
-                target=self._work,
-                args=(range(w, self.partitions, self.workers), stop),
-                name=f"lr-partition-worker-{w}",
-                daemon=True,
-            )
-            for w in range(self.workers)
-        ]
-        try:
-            for thread in threads:
-                thread.start()
-            stop.wait()
-            self._doorbell.ring()
-            for thread in threads:
-                thread.join()
-            try:
-                self._marks.raise_due(0.0)
-            except Exception as exc:  # raised by the next subscriber
-                self._report(exc)
-        finally:
-            self.release_leases()
-
-    def _work(self, parts: range, stop: threading.Event) -> None:
-        with self.store.pinned():  # one connection per worker, not a checkout per batch
-            self._work_pinned(parts, stop)
-
-    def _work_pinned(self, parts: range, stop: threading.Event) -> None:
-        while not stop.is_set():
-            turn = self._doorbell.turn()
-            try:
-                progressed = self._poll_partitions(parts)[1]
-                self._marks.raise_due(
-                    QUEUE_MARK_INTERVAL
-                    if progressed
-                    else min(self.poll_interval, QUEUE_MARK_INTERVAL)
-                )
-            except Exception as exc:  # the registry could not be read, or a count refused
-                self._report(exc)
-                progressed = False
-            if not progressed:
-                self._idle(stop, turn)
-
-    def _poll_partitions(self, parts: range) -> tuple[int, bool]:
-        """One turn of ``parts`` over every queue: (messages delivered, any progress)."""
-        delivered, progressed = 0, False
-        for queue in self.store.queues.list_queues(self.client_name):
-            qid = queue.queue_id
-            for p in parts:
-                key = (qid, p)
-                if self._retry_at.get(key, 0.0) > time.monotonic():
-                    continue
-                try:
-                    if not self._hold_lease(qid):
-                        break
-                    for _ in range(self.max_batches):
-                        attempt = self._failures.get(key, 0) + 1
-                        n = self._partitioned.deliver_partition(queue, p, attempt)
-                        barrier = n is None or self._partitioned.stopped_at_barrier()
-                        if n is None:
-                            n = self._partitioned.deliver_barrier(queue, attempt)
-                            if n is None:
-                                break
-                        self._succeeded(key)
-                        delivered += n
-                        progressed = True
-                        self._marks.moved(qid)
-                        if barrier:  # the workers waiting there look again
-                            self._doorbell.ring()
-                except PartitionCountError:
-                    raise
-                except LeaseLost:
-                    self._leases.lost(qid)
-                    self._partitioned.forget(qid)
-                    break
-                except Conflict:  # retried at its next turn
-                    log.debug("partition %d of %s changed; retrying", p, queue.queue_name)
-                    self._partitioned.forget(qid)
-                except Exception as exc:
-                    self._partitioned.forget(qid)
-                    self._fail(key, exc)
-        return delivered, progressed
 
     def _drain(self, queue: QueueInfo) -> tuple[int, bool]:
         """Deliver up to ``max_batches`` batches of ``queue``: (entries delivered, whether
@@ -414,19 +305,6 @@ class RoutingQueueSubscriber(SubscriberCore):
     def _has_entries(self, queue_id: int) -> bool:
         with self.store.read_statements() as conn:
             return self.store.heads.has_entries(conn, queue_id)
-
-    def _hold_lease(self, queue_id: int) -> bool:
-        return self._leases.hold(queue_id)
-
-    def _fail(self, queue_id: object, error: BaseException) -> None:
-        self._report(error := self._failed(queue_id, error))
-        self._note_failure(queue_id, error)
-
-    def _report(self, error: BaseException) -> None:
-        try:
-            self.listener.on_error(error)
-        except Exception:
-            log.exception("listener.on_error raised")
 
     # -- one delivery transaction -------------------------------------------------
     def _deliver(self, queue: QueueInfo, attempt: int) -> int | None:

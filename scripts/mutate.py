@@ -38,9 +38,11 @@ BASE = "lr_client.store.core.xǁStoreCoreǁ"
 SEND_LOG = "lr_client.store.send.log.xǁSendLogStoreǁ"
 SHIPPING = "lr_client.store.send.shipping.xǁShippingStoreǁ"
 REQUESTS = "lr_client.store.snapshots.requests.xǁSnapshotRequestsStoreǁ"
-SNAPSHOTS = "lr_client.store.snapshots.entries.xǁSnapshotsStoreǁ"
+LIFECYCLE = "lr_client.store.snapshots.lifecycle.xǁSnapshotLifecycleStoreǁ"
+SNAPSHOTS = "lr_client.store.snapshots.entries.xǁSnapshotEntriesStoreǁ"
 RETENTION = "lr_client.store.retention.store.xǁRetentionStoreǁ"
 RECEIVING = "lr_client.store.recv.receiving.xǁReceivingStoreǁ"
+SINK_STATE = "lr_client.store.recv.sink_state.xǁSinkStateStoreǁ"
 SQLITE = "lr_client.store.sqlite.xǁSQLiteCoreǁ"
 PG = "lr_client.store.postgres.xǁPostgresCoreǁ"
 SESSION = "lr_server.sending.session.xǁSenderSessionǁ"
@@ -52,9 +54,12 @@ STORE_FILES = [
     "lr_client/store/send/log.py",
     "lr_client/store/send/shipping.py",
     "lr_client/store/snapshots/requests.py",
+    "lr_client/store/snapshots/lifecycle.py",
+    "lr_client/store/snapshots/views.py",
     "lr_client/store/snapshots/entries.py",
     "lr_client/store/retention/store.py",
     "lr_client/store/recv/receiving.py",
+    "lr_client/store/recv/sink_state.py",
     "lr_client/store/sqlite.py",
     "lr_client/store/postgres.py",
     "lr_client/store/send/sequencer.py",
@@ -127,17 +132,16 @@ TARGETS: dict[str, Target] = {
     "receive": Target(
         [*STORE_FILES, "lr_server/receiving/receiver.py"],
         [
+            *_methods(RECEIVING, "apply_log_batch", "apply_snapshot_batch"),
             *_methods(
-                RECEIVING,
-                "apply_log_batch",
-                "apply_snapshot_batch",
+                SINK_STATE,
                 "_save_progress",
                 "_progress",
                 "_progress_row",
                 "locked_progress",
                 "sink_progress",
                 "ensure_queue",
-                "append_recv",
+                "append",
             ),
             *_methods(SQLITE, "append_recv"),
             *_methods(PG, "append_recv", "lock_stream"),
@@ -162,10 +166,9 @@ TARGETS: dict[str, Target] = {
     "snapshot": Target(
         STORE_FILES,
         [
+            *_methods(REQUESTS, "request_snapshot", "_request_snapshot"),
             *_methods(
-                REQUESTS,
-                "request_snapshot",
-                "_request_snapshot",
+                LIFECYCLE,
                 "start_snapshot",
                 "_cancel",
                 "cancel_snapshot",
@@ -230,12 +233,14 @@ TARGETS: dict[str, Target] = {
         [
             "lr_client/delivery.py",
             "lr_client/subscriber.py",
+            "lr_client/partition_workers.py",
             "lr_client/listener_calls.py",
             "lr_client/queue_leases.py",
         ],
         [
             "lr_client.delivery.*",
             "lr_client.subscriber.*",
+            "lr_client.partition_workers.*",
             "lr_client.listener_calls.*",
             "lr_client.queue_leases.*",
         ],

@@ -1,9 +1,8 @@
 """What every role of the SQLAlchemy store stands on: the engine, transactions,
 the site cache, upserts, and the hooks a dialect (SQLite, PostgreSQL) fills in.
 
-Each role is an object of its own holding the core (:class:`Role`);
-:mod:`~lr_client.store.assembly` assembles them. The dialect classes override
-the hooks.
+Each role holds the core (:class:`~lr_client.store.role.Role`); the dialects override
+the hooks; :mod:`~lr_client.store.assembly` assembles them.
 """
 
 from __future__ import annotations
@@ -377,8 +376,7 @@ class StoreCore(abc.ABC):
 
     def announce_arrivals(self, conn: Connection, client_name: str) -> None:  # noqa: B027
         """Entries of ``client_name`` were appended in ``conn``'s transaction: wake its
-        subscribers at commit where the backend can (PostgreSQL: :mod:`arrival_watch
-        <lr_client.store.recv.arrival_watch>`)."""
+        subscribers at commit where the backend can (PostgreSQL's arrival watch)."""
 
     # -- the pool of snapshot slots (:mod:`.snapshot_pool`) ---------------------------------
     def lock_pool(self, conn: Connection) -> None:  # noqa: B027 - a hook
@@ -399,11 +397,4 @@ class StoreCore(abc.ABC):
         return n if count else 0
 
 
-class Role:
-    """A role of the store: an object holding the :class:`StoreCore` it works through."""
-
-    def __init__(self, core: StoreCore) -> None:
-        self.core = core
-
-
-__all__ = ["Role", "StoreCore"]
+__all__ = ["StoreCore", "TrimMarks"]

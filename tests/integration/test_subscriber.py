@@ -15,7 +15,6 @@ from sqlalchemy import String, event, insert, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-import lr_client.subscriber as subscriber_module
 import lr_client.subscriber_settings as subscriber_settings
 from lr_client import (
     InvalidInputError,
@@ -1301,7 +1300,7 @@ def test_a_lease_is_renewed_only_in_the_second_half_of_its_time(
 
     monkeypatch.setattr(app_store.queues, "acquire_lease", counting)
     clock = [1_000_000.0]
-    monkeypatch.setattr(subscriber_module.time, "time", lambda: clock[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0])
     assert sub._hold_lease(queue.queue_id) and acquired == [1_000_000.0]
     for later in (1.0, 49.9):  # more than half of the lease left: no round trip
         clock[0] = 1_000_000.0 + later

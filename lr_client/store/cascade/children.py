@@ -15,7 +15,7 @@ from sqlalchemy import case, select, update
 from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import InvalidInputError
 from lr_client.names import validate_name
-from lr_client.store.core import Role
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
 _C, _K = s.cascade, s.cascade_children

@@ -55,7 +55,7 @@ from lr_client.store.cascade.relays import (
     relayed_queue_ids,
     revoke_leases,
 )
-from lr_client.store.core import Role
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
 _R, _C, _K, _G = s.recv_entries, s.cascade, s.cascade_children, s.queue_registry

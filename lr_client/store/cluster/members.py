@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Row
 
 from lr_client.errors import InvalidInputError
 from lr_client.records import Fence, Member, UnitLease
-from lr_client.store.core import Role
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
 #: The longest member id and unit name the tables hold.

@@ -16,10 +16,10 @@ from sqlalchemy import ColumnElement, LargeBinary, and_, func, or_, select
 
 from lr_client.records import QueueInfo, QueueSlot, ReplicationType, StoredEntry
 from lr_client.store.byte_bounds import payload_size
-from lr_client.store.core import Role
 from lr_client.store.ops.partition_lags import PartitionLag, partition_lags
 from lr_client.store.recv import parked_views as pv
 from lr_client.store.recv.queues import depth, undelivered
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
 #: The bytes of a payload browsing reads: enough for a preview of 32 characters of UTF-8.

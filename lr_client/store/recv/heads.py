@@ -9,8 +9,8 @@ from sqlalchemy.engine import Connection
 from lr_client.names import recv_queue_name
 from lr_client.records import TYPES_BY_VALUE, HeadEntry, ReplicationType
 from lr_client.store.byte_bounds import fill, sized, within
-from lr_client.store.core import Role
 from lr_client.store.recv.queues import above, optional_bytes, undelivered
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
 _R = s.recv_entries

@@ -39,8 +39,8 @@ from sqlalchemy.engine import Connection
 from lr_client.errors import PartitionCountError
 from lr_client.records import TYPES_BY_VALUE, HeadEntry
 from lr_client.store.cascade.relays import is_relayed, relayed_as_leased
-from lr_client.store.core import Role
 from lr_client.store.recv.queues import check_forward, save_fenced
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
 _T = s.subscriber_state

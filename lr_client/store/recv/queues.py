@@ -57,7 +57,7 @@ from lr_client.records import (
     SubscriberState,
 )
 from lr_client.store.cascade.relays import is_relayed, relayed_as_leased
-from lr_client.store.core import Role
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 from lr_client.store.watches import Watch
 

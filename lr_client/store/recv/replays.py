@@ -22,10 +22,11 @@ from lr_client.errors import InvalidInputError
 from lr_client.names import recv_queue_name, validate_name
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.replayed import REPLAYED_MARK
-from lr_client.store.core import Role, StoreCore
+from lr_client.store.core import StoreCore
 from lr_client.store.recv.receiving import ReceivingStore
 from lr_client.store.recv.replay_contract import OPEN, PENDING, ReplayRequest, Rewind
 from lr_client.store.recv.replay_tables import replays as _P
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
 

@@ -9,8 +9,8 @@ from sqlalchemy.engine import Connection
 
 from lr_client.records import CascadeRoute, EntryRef, NewLogEntry
 from lr_client.store.cascade.relays import transmit_route
-from lr_client.store.core import Role
 from lr_client.store.db_errors import mapped_errors
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
 

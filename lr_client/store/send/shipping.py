@@ -11,7 +11,7 @@ from sqlalchemy.engine import Row
 from lr_client.headers import stored
 from lr_client.records import Backlog, Cursor, Fence, LogRange, ReplicationType, SendEntry
 from lr_client.store.byte_bounds import fill, payload_size, sized, within
-from lr_client.store.core import Role
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 from lr_client.store.watches import Watch
 

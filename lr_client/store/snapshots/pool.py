@@ -64,7 +64,7 @@ from sqlalchemy import delete, select, text, update
 from sqlalchemy.engine import Connection
 
 from lr_client.records import SnapshotStatus
-from lr_client.store.core import Role
+from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 from lr_client.store.slot_ring import Partitions
 
