@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lr_client.records import SnapshotRequest
 from lr_client.store.schema.lifecycle import SchemaState, SchemaStatus
+from lr_server.ops.status_records import SnapshotView
 
 
 @dataclass(frozen=True)
@@ -27,44 +27,6 @@ class MemberView:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object ``lr members --json`` prints for it."""
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class SnapshotView:
-    """One destination's view of a snapshot request (``lr snapshot list``)."""
-
-    snapshot_id: str
-    destination: str
-    client: str
-    status: str
-    base_position: int | None
-    rows_written: int
-    entry_count: int | None
-    shipped_position: int
-    reason: str
-    created_at: float
-    updated_at: float
-
-    @classmethod
-    def of(cls, x: SnapshotRequest) -> SnapshotView:
-        """The view of the store's record."""
-        return cls(
-            snapshot_id=x.snapshot_id,
-            destination=x.destination,
-            client=x.client_name,
-            status=x.status.value,
-            base_position=x.base_position,
-            rows_written=x.rows_written,
-            entry_count=x.entry_count,
-            shipped_position=x.shipped_position,
-            reason=x.reason,
-            created_at=x.created_at,
-            updated_at=x.updated_at,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object ``lr snapshot list --json`` prints for it."""
         return asdict(self)
 
 

@@ -53,7 +53,7 @@ from lr_server.ops.status_records import (
     SessionInfo,
     SinkStream,
     SiteStatus,
-    SnapshotProgress,
+    SnapshotView,
     StopInfo,
     StreamState,
 )
@@ -88,17 +88,6 @@ def queue_depths(store: Inspection) -> dict[int, int]:
 def head_position(store: Inspection) -> int:
     """The highest position assigned so far, read without waiting for transmitters."""
     return store.head_position_estimate()
-
-
-def _progress(req: SnapshotRequest) -> SnapshotProgress:
-    return SnapshotProgress(
-        snapshot_id=req.snapshot_id,
-        status=req.status.value,
-        rows_written=req.rows_written,
-        entry_count=req.entry_count,
-        base_position=req.base_position,
-        shipped_position=req.shipped_position,
-    )
 
 
 def flow_states(store: SendLog, clients: set[str]) -> dict[str, set[str]]:
@@ -165,7 +154,7 @@ def _send_streams(
                 last_ack=cursor.acked_at if cursor and cursor.acked_at else None,
                 inflight_batches=inflight,
                 configured=(dest, client) in configured,
-                snapshot=_progress(snap) if snap else None,
+                snapshot=SnapshotView.of(snap) if snap else None,
                 drop=DropInfo(drop.first_dropped_position, drop.dropped_at, drop.reason)
                 if drop
                 else None,

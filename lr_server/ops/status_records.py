@@ -8,7 +8,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lr_client.records import QueueSlot
+from lr_client.records import QueueSlot, SnapshotRequest
 
 
 class StreamState(enum.StrEnum):
@@ -22,14 +22,43 @@ class StreamState(enum.StrEnum):
     BACKPRESSURE = "backpressure"
 
 
-@dataclass
-class SnapshotProgress:
+@dataclass(frozen=True)
+class SnapshotView:
+    """One destination's view of a snapshot request: ``lr snapshot list``, and ``lr status``
+    for a stream with an open one."""
+
     snapshot_id: str
+    destination: str
+    client: str
     status: str
+    base_position: int | None
     rows_written: int
     entry_count: int | None
-    base_position: int | None
     shipped_position: int
+    reason: str
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def of(cls, x: SnapshotRequest) -> SnapshotView:
+        """The view of the store's record."""
+        return cls(
+            snapshot_id=x.snapshot_id,
+            destination=x.destination,
+            client=x.client_name,
+            status=x.status.value,
+            base_position=x.base_position,
+            rows_written=x.rows_written,
+            entry_count=x.entry_count,
+            shipped_position=x.shipped_position,
+            reason=x.reason,
+            created_at=x.created_at,
+            updated_at=x.updated_at,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``lr snapshot list --json`` prints for it."""
+        return asdict(self)
 
 
 @dataclass
@@ -73,7 +102,7 @@ class SendStream:
     last_ack: float | None
     inflight_batches: int | None  # None: no session has reported for the destination
     configured: bool
-    snapshot: SnapshotProgress | None = None
+    snapshot: SnapshotView | None = None
     drop: DropInfo | None = None
     stop: StopInfo | None = None
     owner: str = ""  # the member that owns the stream's lease ("": none)
@@ -150,7 +179,7 @@ __all__ = [
     "SessionInfo",
     "SinkStream",
     "SiteStatus",
-    "SnapshotProgress",
+    "SnapshotView",
     "StopInfo",
     "StreamState",
 ]
