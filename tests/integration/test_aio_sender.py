@@ -16,10 +16,12 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.util import greenlet_spawn
 
 from lr_client import BackpressureError, ConfigError, LRMessageWithDestinations
 from lr_client.aio import AsyncRoutingQueueClient, create_async_engine, sync_url
 from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.async_engine import open_async_store
 from tests.conftest import PG_URL, require_pg
 from tests.kit.apps import App, Tx, every_flavour
 from tests.kit.templates import migrated_sqlite
@@ -131,12 +133,6 @@ def test_a_transmit_on_aiosqlite_is_one_trip_to_its_thread(
     """aiosqlite runs each call in its connection's thread: through SQLAlchemy a
     statement is three or four of them (cursor, execute, fetch, close); a transmit
     makes one (a batch two: its rows, then the last rowid)."""
-    trips: list[str] = []
-    real = aiosqlite.Connection._execute
-
-    async def counted(conn: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        trips.append(getattr(fn, "__name__", repr(fn)))
-        return await real(conn, fn, *args, **kwargs)
 
     async def scenario() -> tuple[list[str], list[str]]:
         engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
@@ -145,14 +141,12 @@ def test_a_transmit_on_aiosqlite_is_one_trip_to_its_thread(
                 await c.register_destinations(["site-b"])
                 async with AsyncSession(engine) as session, session.begin():
                     await c.transmit_log_entry_message(session, b"warm", ["site-b"])
-                    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
-                    await c.transmit_log_entry_message(session, b"one", ["site-b"])
-                    single = list(trips)
-                    trips.clear()
+                    with aiosqlite_trips(monkeypatch) as single:
+                        await c.transmit_log_entry_message(session, b"one", ["site-b"])
                     batch = [LRMessageWithDestinations(b"%d" % i, ["site-b"]) for i in range(3)]
-                    await c.transmit_log_entry_messages(session, batch)
-                    monkeypatch.undo()
-                return single, list(trips)
+                    with aiosqlite_trips(monkeypatch) as many:
+                        await c.transmit_log_entry_messages(session, batch)
+                return single, many
         finally:
             await engine.dispose()
 
@@ -301,6 +295,92 @@ def test_create_async_engine_gives_sqlite_the_stores_settings(sqlite_site: Path)
             await engine.dispose()
 
     assert asyncio.run(scenario()) == ("wal", 60_000, None)  # BEGIN is the engine's
+
+
+@contextmanager
+def aiosqlite_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The calls aiosqlite runs in its connections' threads (one trip each), by name."""
+    trips: list[str] = []
+    real = aiosqlite.Connection._execute
+
+    async def counted(conn: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(getattr(fn, "__name__", repr(fn)))
+        return await real(conn, fn, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(aiosqlite.Connection, "_execute", counted)
+        yield trips
+
+
+def test_an_aiosqlite_connection_back_in_the_pool_is_rolled_back_only_if_in_a_transaction(
+    sqlite_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call is a trip to aiosqlite's thread: one that committed has nothing to
+    undo; one left in a transaction SQLAlchemy did not begin is still rolled back."""
+
+    async def scenario() -> tuple[list[str], int, list[str]]:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
+        try:
+            async with engine.connect() as conn:  # the pool's connection, opened
+                await conn.exec_driver_sql("SELECT 1")
+            with aiosqlite_trips(monkeypatch) as committed:
+                async with engine.connect() as conn, conn.begin():
+                    await conn.exec_driver_sql("SELECT 1")
+            with aiosqlite_trips(monkeypatch) as left_open:
+                async with engine.connect() as conn:
+                    raw = (await conn.get_raw_connection()).driver_connection
+                    assert raw is not None
+                    await raw.execute("BEGIN")
+                    await raw.execute("CREATE TABLE t (x INTEGER)")
+            async with engine.connect() as conn:
+                query = "SELECT count(*) FROM sqlite_master WHERE name = 't'"
+                tables = (await conn.exec_driver_sql(query)).scalar_one()
+            return committed, tables, left_open
+        finally:
+            await engine.dispose()
+
+    committed, tables, left_open = asyncio.run(scenario())
+    assert "commit" in committed and "rollback" not in committed
+    assert tables == 0 and left_open.count("rollback") == 1
+
+
+def test_the_stores_own_transactions_on_aiosqlite_begin_on_its_connection(
+    sqlite_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's BEGIN on an async engine is one trip to aiosqlite's thread (through
+    SQLAlchemy, three: cursor, execute, close); an application's goes through
+    SQLAlchemy, its errors SQLAlchemy's."""
+    seen: list[str] = []
+
+    def count(_conn: Any, _cur: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
+        store = open_async_store(engine)
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+
+        def read_and_write() -> None:
+            with store.read():
+                pass
+            with store.write():
+                pass
+
+        try:
+            await greenlet_spawn(read_and_write)  # the pool's connection, opened
+            with aiosqlite_trips(monkeypatch) as trips:
+                await greenlet_spawn(read_and_write)
+            stores = list(seen)
+            seen.clear()
+            async with engine.begin() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+            return trips, stores, list(seen)
+        finally:
+            await engine.dispose()
+
+    trips, stores, apps = asyncio.run(scenario())
+    assert trips == ["execute", "commit"] * 2 and stores == []  # BEGIN, BEGIN IMMEDIATE
+    assert apps == ["BEGIN", "SELECT 1"]
 
 
 @pytest.mark.postgres
