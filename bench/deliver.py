@@ -1,7 +1,8 @@
 """Delivery throughput: ``RoutingQueueSubscriber`` against reading + deleting with plain SQL.
 
     python bench/deliver.py [--entries N] [--batch-size B] [--rounds R] [--async]
-                            [--backend sqlite|postgresql|both] [--out bench/results/deliver.json]
+                            [--cases C,...] [--backend sqlite|postgresql|both]
+                            [--out bench/results/deliver.json]
 
 A receive queue is pre-filled (untimed, through ``apply_log_batch``) with
 ``--entries`` log entries of 256-byte payloads, then drained; the rate is
@@ -17,15 +18,18 @@ entries per second of wall time until the queue is empty. Cases:
 
 With ``--async``, two more: ``aio-noop`` and ``aio-insert``, the same listeners
 awaited by ``AsyncRoutingQueueSubscriber`` (aiosqlite; PostgreSQL through
-psycopg's async driver) in one event loop; target: at least ``ASYNC_TARGET`` of
-the sync subscriber's rate.
+psycopg's async driver) in one event loop, and on PostgreSQL the same through
+asyncpg (``aio-noop-asyncpg``, ``aio-insert-asyncpg``); target: at least
+``ASYNC_TARGET`` of the sync subscriber's rate. ``--cases`` runs only the cases
+named (a ratio needs both of its cases).
 
 Each case drains ``--entries`` in total, as ``--rounds`` slices in rotating
 order (the queue is refilled before each slice, untimed), so load drift on a
-shared machine hits every case alike. PostgreSQL tables are VACUUMed after each
-refill, also untimed. SQLite: a file in a temporary directory; PostgreSQL: a
-throwaway schema on ``LR_BENCH_PG_URL`` (default
-``postgresql://postgres@127.0.0.1:5432/test``).
+shared machine hits every case alike; a ratio is the median of the per-round
+ratios of the two cases' rates (``ratios_of_totals``: of their total rates).
+PostgreSQL tables are VACUUMed after each refill, also untimed. SQLite: a file
+in a temporary directory; PostgreSQL: a throwaway schema on ``LR_BENCH_PG_URL``
+(default ``postgresql://postgres@127.0.0.1:5432/test``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from bench.common import (  # noqa: E402
     fmt_rate,
     fmt_ratio,
     machine_facts,
+    paired_ratio,
     pg_facts,
     print_table,
     queue_store,
@@ -80,6 +85,20 @@ SOURCE_ID = "bench-src"
 CLIENT_NAME = "bench"
 CASES = ("raw", "raw+insert", "noop", "insert")
 ASYNC_CASES = ("aio-noop", "aio-insert")
+#: The async cases through asyncpg (PostgreSQL only).
+ASYNCPG_CASES = ("aio-noop-asyncpg", "aio-insert-asyncpg")
+#: The async drivers of PostgreSQL, by the suffix of their cases.
+PG_ASYNC_DRIVERS = {"": "postgresql+psycopg", "-asyncpg": "postgresql+asyncpg"}
+#: (ratio, case, baseline): each reported when both cases ran.
+RATIOS = (
+    ("noop_vs_raw", "noop", "raw"),
+    ("insert_vs_raw", "insert", "raw"),
+    ("insert_vs_raw_insert", "insert", "raw+insert"),
+    ("aio_noop_vs_noop", "aio-noop", "noop"),
+    ("aio_insert_vs_insert", "aio-insert", "insert"),
+    ("aio_noop_asyncpg_vs_noop", "aio-noop-asyncpg", "noop"),
+    ("aio_insert_asyncpg_vs_insert", "aio-insert-asyncpg", "insert"),
+)
 #: Target: the subscriber delivers at least half the raw read+delete rate.
 TARGET = 0.5
 #: Target: the async subscriber delivers at least this share of the sync one's rate.
@@ -174,7 +193,8 @@ class Bench:
         app_meta.create_all(store.engine)
         self.payload = os.urandom(PAYLOAD_BYTES)
         self.loop: asyncio.Runner | None = None
-        self.async_engine: AsyncEngine | None = None
+        #: The async engines of this database, by driver suffix ("" or "-asyncpg").
+        self.async_engines: dict[str, AsyncEngine] = {}
 
     def refill(self, count: int) -> None:
         """Append ``count`` log entries to the queue and tidy up (untimed)."""
@@ -231,30 +251,41 @@ class Bench:
         )
         return sub.poll_once
 
-    def async_subscriber(self, listener: AsyncRoutingQueueListener) -> Callable[[], int]:
-        """``poll_once`` of an async subscriber, run in this bench's event loop."""
+    def async_subscriber(
+        self, listener: AsyncRoutingQueueListener, driver: str = ""
+    ) -> Callable[[], int]:
+        """``poll_once`` of an async subscriber, run in this bench's event loop (``driver``:
+        "" for aiosqlite or psycopg's async driver, "-asyncpg")."""
         if self.loop is None:
             self.loop = asyncio.Runner()
-            url = self.store.engine.url.render_as_string(hide_password=False)
-            self.async_engine = create_async_engine(url)
-        assert self.async_engine is not None
+        if driver not in self.async_engines:
+            url = self.store.engine.url
+            if url.get_backend_name() == "postgresql":
+                url = url.set(drivername=PG_ASYNC_DRIVERS[driver])
+            self.async_engines[driver] = create_async_engine(
+                url.render_as_string(hide_password=False)
+            )
         sub = AsyncRoutingQueueSubscriber(
-            self.async_engine, CLIENT_NAME, listener, batch_size=self.batch_size, owner="bench"
+            self.async_engines[driver],
+            CLIENT_NAME,
+            listener,
+            batch_size=self.batch_size,
+            owner="bench",
         )
         loop = self.loop
         return lambda: loop.run(sub.poll_once())
 
     def close(self) -> None:
         if self.loop is not None:
-            if self.async_engine is not None:
-                self.loop.run(self.async_engine.dispose())
+            for engine in self.async_engines.values():
+                self.loop.run(engine.dispose())
             self.loop.close()
 
     def step_for(self, case: str) -> Callable[[], int]:
-        if case == "aio-noop":
-            return self.async_subscriber(AsyncNoop())
-        if case == "aio-insert":
-            return self.async_subscriber(AsyncInsert())
+        if case.startswith("aio-"):
+            driver = "-asyncpg" if case.endswith("-asyncpg") else ""
+            insert = case.removesuffix(driver) == "aio-insert"
+            return self.async_subscriber(AsyncInsert() if insert else AsyncNoop(), driver)
         if case == "raw":
             return self.raw(with_insert=False)
         if case == "raw+insert":
@@ -296,6 +327,14 @@ def measure(
     return totals
 
 
+def cases_of(backend: str, aio: bool, only: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The cases run on ``backend``: ``only`` (those that apply), else every case."""
+    every = CASES + ASYNC_CASES + (ASYNCPG_CASES if backend == "postgresql" else ())
+    if only is not None:
+        return tuple(c for c in every if c in only)
+    return every if aio else CASES
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=50_000, help="per case (default 50000)")
@@ -303,6 +342,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--async", dest="aio", action="store_true", help="also the async subscriber"
+    )
+    parser.add_argument(
+        "--cases",
+        type=lambda v: tuple(c for c in v.split(",") if c),
+        default=None,
+        help="only these cases, comma-separated (default: all, with --async the async ones)",
     )
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "deliver.json")
@@ -314,7 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     pg_url = os.environ.get("LR_BENCH_PG_URL", DEFAULT_PG_URL)
     console = Console(width=120)
     names = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    cases = CASES + ASYNC_CASES if args.aio else CASES
+    known = CASES + ASYNC_CASES + ASYNCPG_CASES
+    unknown = [c for c in args.cases or () if c not in known]
+    if unknown:
+        raise SystemExit(f"unknown cases: {', '.join(unknown)} (known: {', '.join(known)})")
     started = time.perf_counter()
     result: dict[str, Any] = {
         "benchmark": "deliver",
@@ -326,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": args.rounds,
             "payload_bytes": PAYLOAD_BYTES,
             "backends": names,
+            "cases": {name: list(cases_of(name, args.aio, args.cases)) for name in names},
         },
         "machine": machine_facts(),
         "backend_facts": {},
@@ -335,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     rows: list[list[str]] = []
     for name in names:
+        cases = cases_of(name, args.aio, args.cases)
         with backend_store(name, pg_url) as (store, schema):
             if schema is not None:
                 with store.engine.connect() as conn:
@@ -345,14 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 bench.close()
         rate = {c: totals[c].rate for c in cases}
-        ratios = {
-            "noop_vs_raw": rate["noop"] / rate["raw"],
-            "insert_vs_raw": rate["insert"] / rate["raw"],
-            "insert_vs_raw_insert": rate["insert"] / rate["raw+insert"],
-        }
-        if args.aio:
-            ratios["aio_noop_vs_noop"] = rate["aio-noop"] / rate["noop"]
-            ratios["aio_insert_vs_insert"] = rate["aio-insert"] / rate["insert"]
+        pairs = [(k, a, b) for k, a, b in RATIOS if a in cases and b in cases]
+        ratios = {k: paired_ratio(totals[a], totals[b]) for k, a, b in pairs}
         result["results"][name] = {
             "cases": {
                 c: {
@@ -364,30 +408,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for c in cases
             },
             "ratios": {k: round(v, 3) for k, v in ratios.items()},
+            "ratios_of_totals": {k: round(rate[a] / rate[b], 3) for k, a, b in pairs},
         }
-        row = [
-            name,
-            *(fmt_rate(rate[c]) for c in cases),
-            fmt_ratio(ratios["noop_vs_raw"], TARGET),
-            fmt_ratio(ratios["insert_vs_raw"], TARGET),
-            fmt_ratio(ratios["insert_vs_raw_insert"], TARGET),
-        ]
-        if args.aio:
-            row.append(fmt_ratio(ratios["aio_insert_vs_insert"], ASYNC_TARGET))
-        rows.append(row)
+        for c in cases:
+            rows.append([name, c, fmt_rate(rate[c]), ""])
+        for k, a, b in pairs:
+            target = ASYNC_TARGET if a.startswith("aio-") else TARGET
+            rows.append([name, f"{a} / {b}", "", fmt_ratio(ratios[k], target)])
     result["elapsed_seconds"] = round(time.perf_counter() - started, 1)
     print_table(
         console,
         f"Delivery, entries/s ({args.entries:,} per case, batch {args.batch_size}, "
         f"{PAYLOAD_BYTES}-byte payloads)",
-        [
-            "backend",
-            *cases,
-            "noop/raw",
-            "insert/raw",
-            "insert/raw+insert",
-            *(["aio-insert/insert"] if args.aio else []),
-        ],
+        ["backend", "case", "entries/s", "ratio (median of rounds)"],
         rows,
         caption=f"target: subscriber >= {TARGET}x raw; async >= {ASYNC_TARGET}x sync",
     )

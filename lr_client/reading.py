@@ -34,13 +34,17 @@ class CachedReading(Generic[T]):
         self._last: tuple[float, T] | None = None
 
     def cached(self) -> tuple[T] | None:
-        """The last reading, in a 1-tuple, if it is younger than ``interval``; else None.
+        """What :meth:`get` would give without reading, in a 1-tuple: the last reading if
+        it is younger than ``interval``, or while another caller reads it again; else None.
 
         Never reads: a caller that must not block (an event loop) reads with
-        :meth:`get` elsewhere when this gives None.
+        :meth:`get` elsewhere when this gives None, so a stale reading sends one
+        caller there, not each of them.
         """
         last = self._last
-        if last is not None and self.interval > 0 and self._clock() - last[0] < self.interval:
+        if last is None or self.interval <= 0:
+            return None
+        if self._clock() - last[0] < self.interval or self._lock.locked():
             return (last[1],)
         return None
 

@@ -10,7 +10,8 @@ SQLAlchemy's ``create_async_engine`` and one of the async drivers:
 
 :func:`create_async_engine` does that with the queue store's SQLite settings
 (WAL, a busy timeout, transactions that begin when the application begins
-them), reads a bare ``postgresql://`` as psycopg, and gives asyncpg the
+them; a connection back in the pool is rolled back only if a transaction is
+still open), reads a bare ``postgresql://`` as psycopg, and gives asyncpg the
 ``options=-c name=value`` of a libpq URL (a ``search_path``, say) as its
 ``server_settings``, so one URL serves every driver. The client still keeps
 its own bookkeeping (flow state, route, registered sites) on a sync engine of
@@ -22,8 +23,10 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext import asyncio as sa_asyncio
+from sqlalchemy.pool import PoolResetState
 
 from lr_client.errors import ConfigError
 from lr_client.store import SQLITE_BUSY_TIMEOUT_S, configure_sqlite_engine
@@ -60,9 +63,26 @@ def create_async_engine(url: str | URL, **kwargs: Any) -> sa_asyncio.AsyncEngine
     if not text.startswith("sqlite"):
         return sa_asyncio.create_async_engine(text, **kwargs)
     kwargs.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_S)
+    reset = "pool_reset_on_return" not in kwargs
+    if reset:
+        kwargs["pool_reset_on_return"] = None  # rolled back by _reset_open below
     engine = sa_asyncio.create_async_engine(text, **kwargs)
     configure_sqlite_engine(engine.sync_engine)
+    if reset:
+        event.listen(engine.sync_engine, "reset", _reset_open)
     return engine
+
+
+def _reset_open(dbapi_conn: Any, _record: Any, state: PoolResetState) -> None:
+    """The pool's reset of an aiosqlite connection: a rollback only if a transaction is
+    open. Each call is a trip to aiosqlite's thread, and the engine's transactions
+    begin with an explicit BEGIN: one returned after its COMMIT has none to undo."""
+    if (
+        state.asyncio_safe
+        and not state.terminate_only
+        and dbapi_conn.driver_connection.in_transaction
+    ):
+        dbapi_conn.rollback()
 
 
 def _server_settings(options: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.util import await_only
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from lr_client.store.assembly import SQLAlchemyQueueStore
@@ -96,8 +97,14 @@ def configure_sqlite_engine(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
-        immediate = conn.get_execution_options().get("lr_immediate", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        immediate = conn.get_execution_options().get("lr_immediate")  # None: not the store's
+        sql = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+        if immediate is not None and conn.dialect.is_async:
+            # The store's own transaction on aiosqlite (its errors mapped by the store):
+            # on the driver's connection, one trip to aiosqlite's thread, not three.
+            await_only(conn.connection.driver_connection.execute(sql))
+        else:
+            conn.exec_driver_sql(sql)
 
     @event.listens_for(engine, "before_cursor_execute")
     def _first_statement(conn: Any, *_args: Any) -> None:

@@ -25,6 +25,7 @@ from sqlalchemy import delete, func, literal_column, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.util import await_only
 
 from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_headers, new_entry_key
 from lr_client.store.core import StoreCore, TrimMarks
@@ -110,6 +111,18 @@ def _names_only(dest_nums: Any, nums: Sequence[int]) -> ColumnElement[bool]:
 _TAKE_WRITE_LOCK = "UPDATE lrq_subscriber_partitions SET delivered = delivered WHERE 0"
 
 
+def driver_rows(conn: Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    """The rows of ``sql`` (qmark parameters) on ``conn``'s driver connection, as tuples:
+    sqlite3's, or aiosqlite's awaited in the greenlet of ``run_sync`` (one trip to its
+    thread). Not seen by the engine's statement hooks: never a late write's first."""
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    if isinstance(raw, sqlite3.Connection):
+        rows: list[Any] = raw.execute(sql, params).fetchall()
+        return rows
+    return list(await_only(raw.execute_fetchall(sql, params)))
+
+
 class LateTurn:
     """A late write's locks, taken at its first statement: the process's writers'
     ``turn``, then SQLite's write lock, so no commit comes between the transaction's
@@ -193,15 +206,10 @@ class SQLiteCore(StoreCore):
     ) -> Sequence[Any]:
         # The driver's own rows: SQLAlchemy's result processing per row cost a
         # read of 4,000 entries about as much as the driver's fetch itself.
-        if conn.dialect.is_async:  # aiosqlite: its driver connection is awaited
-            return super().fetch_rows(conn, query, in_index_order)
         compiled = query.compile(dialect=conn.dialect)
         params = compiled.construct_params()
         names = compiled.positiontup or ()
-        raw = conn.connection.driver_connection
-        assert raw is not None
-        rows: list[Any] = raw.execute(str(compiled), [params[n] for n in names]).fetchall()
-        return rows
+        return driver_rows(conn, str(compiled), [params[n] for n in names])
 
     def insert_entries(
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
@@ -213,6 +221,7 @@ class SQLiteCore(StoreCore):
         ]
         one = len(rows) == 1 and _RETURNING
         raw = conn.connection.driver_connection
+        assert raw is not None
         if isinstance(raw, sqlite3.Connection):
             cur = raw.cursor()
             try:
@@ -223,13 +232,14 @@ class SQLiteCore(StoreCore):
                     last = int(cur.execute(_LAST_ROWID).fetchone()[0])
             finally:
                 cur.close()
-        elif one:
-            # Another driver (aiosqlite, on an application's AsyncConnection through
-            # run_sync): the same statements through SQLAlchemy, qmark as sqlite3's.
-            last = int(conn.exec_driver_sql(_INSERT_RETURNING, rows[0]).scalar_one())
+        elif len(rows) == 1:
+            # aiosqlite (an application's AsyncConnection, through run_sync): the same
+            # statements on its own connection, each one trip to its thread (through
+            # SQLAlchemy a statement is three or four: cursor, execute, fetch, close).
+            last = int(await_only(raw.execute(_INSERT, rows[0])).lastrowid)
         else:
-            conn.exec_driver_sql(_INSERT, rows)
-            last = int(conn.exec_driver_sql(_LAST_ROWID).scalar_one())
+            await_only(raw.executemany(_INSERT, rows))
+            last = int(driver_rows(conn, _LAST_ROWID, ())[0][0])
         # This transaction holds SQLite's only write lock, so the rows got
         # consecutive rowids: the last one and the count give them all.
         return [EntryRef(0, p, p) for p in range(last - len(messages) + 1, last + 1)]

@@ -6,19 +6,24 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
+import psycopg
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.util import greenlet_spawn
 
 from lr_client import BackpressureError, ConfigError, LRMessageWithDestinations
 from lr_client.aio import AsyncRoutingQueueClient, create_async_engine, sync_url
 from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.async_engine import open_async_store
 from tests.conftest import PG_URL, require_pg
-from tests.kit.apps import App, every_flavour
+from tests.kit.apps import App, Tx, every_flavour
 from tests.kit.templates import migrated_sqlite
 
 
@@ -32,43 +37,121 @@ def sent(store: SQLAlchemyQueueStore) -> list[bytes]:
     return [e.payload for e in store.shipping.read_log_entries("site-b", "policy", 0, 100)]
 
 
-@every_flavour(only_async=True)
-def test_a_transmit_adds_no_statement_of_its_own(app: App) -> None:
-    """Readings cached, a transmit is its INSERT alone on the application's connection
-    (a batch: on SQLite its rows, then the last rowid; on PostgreSQL its ordinals, then
-    its rows)."""
-    _, engine = app.loop()
+@contextmanager
+def driver_statements(app: App, tx: Tx, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The statements the driver runs on ``tx``'s connection from now on, whether
+    through SQLAlchemy or on the driver's own connection: SQLite's trace of them
+    (aiosqlite), psycopg's cursors, SQLAlchemy's (asyncpg: only through it)."""
     statements: list[str] = []
+
+    async def raw_connection() -> Any:
+        handle = tx.handle
+        conn = await handle.connection() if isinstance(handle, AsyncSession) else handle
+        return (await conn.get_raw_connection()).driver_connection
 
     def count(_conn: Any, _cur: Any, statement: str, *_args: Any) -> None:
         statements.append(statement)
 
+    if app.flavour == "aiosqlite":
+        raw = app.run(raw_connection())
+        app.run(raw.set_trace_callback(statements.append))
+        yield statements
+        app.run(raw.set_trace_callback(None))
+    elif app.flavour == "psycopg_async":
+        for name in ("execute", "executemany"):
+            real = getattr(psycopg.AsyncCursor, name)
+
+            def run(cur: Any, query: Any, *args: Any, _real: Any = real, **kw: Any) -> Any:
+                statements.append(str(query))
+                return _real(cur, query, *args, **kw)
+
+            monkeypatch.setattr(psycopg.AsyncCursor, name, run)
+        yield statements
+        monkeypatch.undo()
+    else:
+        _, engine = app.loop()
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        yield statements
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+
+
+@every_flavour(only_async=True)
+def test_a_transmit_adds_no_statement_of_its_own(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readings cached, a transmit is its INSERT alone on the application's connection
+    (a batch: on SQLite its rows, then the last rowid; on PostgreSQL its ordinals, then
+    its rows)."""
     with app.transaction() as tx:  # the client's readings: read once, cached
         tx.transmit(b"warm", ["site-b"])
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    tx = app.open()
     try:
-        tx = app.open()
-        try:
-            tx.execute(text("SELECT 1"))  # the application's own first statement
-            before = len(statements)
+        tx.execute(text("SELECT 1"))  # the application's own first statement
+        with driver_statements(app, tx, monkeypatch) as statements:
             tx.transmit(b"one", ["site-b"])
-            single = statements[before:]
-            before = len(statements)
+            single = list(statements)
+            statements.clear()
             tx.transmit_many([LRMessageWithDestinations(b"%d" % i, ["site-b"]) for i in range(3)])
-            batch = statements[before:]
-            tx.commit()
-        finally:
-            tx.close()
+            batch = list(statements)
+        tx.commit()
     finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", count)
+        tx.close()
     if app.store.dialect == "sqlite":
-        assert [s.split()[0] for s in single] == ["INSERT"]  # RETURNING its position
-        assert [s.split()[0] for s in batch] == ["INSERT", "SELECT"]  # executemany, rowid
+        assert [s.split()[0] for s in single] == ["INSERT"]  # its rowid: its position
+        assert [s.split()[0] for s in batch] == ["INSERT"] * 3 + ["SELECT"]  # rows, rowid
     else:
         assert len(single) == 1 and "INSERT INTO lrq_send_entries" in single[0]
         assert len(batch) == 2 and "pg_current_xact_id" in batch[0]
         assert "INSERT INTO lrq_send_entries" in batch[1]
     assert sent(app.store) == [b"warm", b"one", b"0", b"1", b"2"]
+
+
+@every_flavour(backends=["postgresql"], only_async=True)
+def test_one_entry_on_psycopgs_async_connection_is_run_on_its_own_cursor(app: App) -> None:
+    """As on psycopg's sync connection: SQLAlchemy's execution (which costs more than
+    the driver's own work) sees none of it; asyncpg, whose transaction SQLAlchemy's
+    adapter begins at its first statement, goes through it."""
+    _, engine = app.loop()
+    seen: list[str] = []
+
+    def count(_conn: Any, _cur: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    with app.transaction() as tx:
+        tx.transmit(b"warm", ["site-b"])
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        with app.transaction() as tx:
+            tx.transmit(b"one", ["site-b"])
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+    assert len(seen) == (0 if app.flavour == "psycopg_async" else 1), seen
+    assert sent(app.store) == [b"warm", b"one"]
+
+
+def test_a_transmit_on_aiosqlite_is_one_trip_to_its_thread(
+    sqlite_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiosqlite runs each call in its connection's thread: through SQLAlchemy a
+    statement is three or four of them (cursor, execute, fetch, close); a transmit
+    makes one (a batch two: its rows, then the last rowid)."""
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
+        try:
+            async with AsyncRoutingQueueClient.from_async_engine(engine, "site-a", "policy") as c:
+                await c.register_destinations(["site-b"])
+                async with AsyncSession(engine) as session, session.begin():
+                    await c.transmit_log_entry_message(session, b"warm", ["site-b"])
+                    with aiosqlite_trips(monkeypatch) as single:
+                        await c.transmit_log_entry_message(session, b"one", ["site-b"])
+                    batch = [LRMessageWithDestinations(b"%d" % i, ["site-b"]) for i in range(3)]
+                    with aiosqlite_trips(monkeypatch) as many:
+                        await c.transmit_log_entry_messages(session, batch)
+                return single, many
+        finally:
+            await engine.dispose()
+
+    single, batch = asyncio.run(scenario())
+    assert len(single) == 1 and len(batch) == 2, (single, batch)
 
 
 @every_flavour(only_async=True)
@@ -212,6 +295,92 @@ def test_create_async_engine_gives_sqlite_the_stores_settings(sqlite_site: Path)
             await engine.dispose()
 
     assert asyncio.run(scenario()) == ("wal", 60_000, None)  # BEGIN is the engine's
+
+
+@contextmanager
+def aiosqlite_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The calls aiosqlite runs in its connections' threads (one trip each), by name."""
+    trips: list[str] = []
+    real = aiosqlite.Connection._execute
+
+    async def counted(conn: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(getattr(fn, "__name__", repr(fn)))
+        return await real(conn, fn, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(aiosqlite.Connection, "_execute", counted)
+        yield trips
+
+
+def test_an_aiosqlite_connection_back_in_the_pool_is_rolled_back_only_if_in_a_transaction(
+    sqlite_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call is a trip to aiosqlite's thread: one that committed has nothing to
+    undo; one left in a transaction SQLAlchemy did not begin is still rolled back."""
+
+    async def scenario() -> tuple[list[str], int, list[str]]:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
+        try:
+            async with engine.connect() as conn:  # the pool's connection, opened
+                await conn.exec_driver_sql("SELECT 1")
+            with aiosqlite_trips(monkeypatch) as committed:
+                async with engine.connect() as conn, conn.begin():
+                    await conn.exec_driver_sql("SELECT 1")
+            with aiosqlite_trips(monkeypatch) as left_open:
+                async with engine.connect() as conn:
+                    raw = (await conn.get_raw_connection()).driver_connection
+                    assert raw is not None
+                    await raw.execute("BEGIN")
+                    await raw.execute("CREATE TABLE t (x INTEGER)")
+            async with engine.connect() as conn:
+                query = "SELECT count(*) FROM sqlite_master WHERE name = 't'"
+                tables = (await conn.exec_driver_sql(query)).scalar_one()
+            return committed, tables, left_open
+        finally:
+            await engine.dispose()
+
+    committed, tables, left_open = asyncio.run(scenario())
+    assert "commit" in committed and "rollback" not in committed
+    assert tables == 0 and left_open.count("rollback") == 1
+
+
+def test_the_stores_own_transactions_on_aiosqlite_begin_on_its_connection(
+    sqlite_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's BEGIN on an async engine is one trip to aiosqlite's thread (through
+    SQLAlchemy, three: cursor, execute, close); an application's goes through
+    SQLAlchemy, its errors SQLAlchemy's."""
+    seen: list[str] = []
+
+    def count(_conn: Any, _cur: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
+        store = open_async_store(engine)
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+
+        def read_and_write() -> None:
+            with store.read():
+                pass
+            with store.write():
+                pass
+
+        try:
+            await greenlet_spawn(read_and_write)  # the pool's connection, opened
+            with aiosqlite_trips(monkeypatch) as trips:
+                await greenlet_spawn(read_and_write)
+            stores = list(seen)
+            seen.clear()
+            async with engine.begin() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+            return trips, stores, list(seen)
+        finally:
+            await engine.dispose()
+
+    trips, stores, apps = asyncio.run(scenario())
+    assert trips == ["execute", "commit"] * 2 and stores == []  # BEGIN, BEGIN IMMEDIATE
+    assert apps == ["BEGIN", "SELECT 1"]
 
 
 @pytest.mark.postgres

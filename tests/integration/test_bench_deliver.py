@@ -16,15 +16,32 @@ def test_deliver_reports_every_case_and_the_async_subscriber_against_the_sync_on
     tmp_path: Path, backend: str
 ) -> None:
     out = tmp_path / "deliver.json"
-    args = ["--entries", "120", "--rounds", "1", "--batch-size", "40", "--backend", backend]
+    args = ["--entries", "120", "--rounds", "2", "--batch-size", "40", "--backend", backend]
     assert deliver.main([*args, "--async", "--out", str(out)]) == 0
     result = json.loads(out.read_text())["results"][backend]
-    assert set(result["cases"]) == {*deliver.CASES, *deliver.ASYNC_CASES}
+    asyncpg = set(deliver.ASYNCPG_CASES) if backend == "postgresql" else set()
+    assert set(result["cases"]) == {*deliver.CASES, *deliver.ASYNC_CASES, *asyncpg}
     assert all(c["entries"] == 120 and c["rate"] > 0 for c in result["cases"].values())
-    ratios = result["ratios"]
-    rates = {k: v["rate"] for k, v in result["cases"].items()}
-    assert ratios["aio_noop_vs_noop"] == pytest.approx(rates["aio-noop"] / rates["noop"], rel=0.01)
+    ratios, cases = result["ratios"], result["cases"]
+    # The median of the per-round ratios (two rounds: their mean).
+    aio, sync = (cases[c]["round_rates"] for c in ("aio-noop", "noop"))
+    per_round = [a / b for a, b in zip(aio, sync, strict=True)]
+    assert ratios["aio_noop_vs_noop"] == pytest.approx(sum(per_round) / 2, rel=0.01)
+    totals = result["ratios_of_totals"]
+    rates = {k: v["rate"] for k, v in cases.items()}
+    assert totals["aio_noop_vs_noop"] == pytest.approx(rates["aio-noop"] / rates["noop"], rel=0.01)
     assert "aio_insert_vs_insert" in ratios
+    assert ("aio_noop_asyncpg_vs_noop" in ratios) == (backend == "postgresql")
+
+
+def test_deliver_runs_only_the_cases_named(tmp_path: Path) -> None:
+    out = tmp_path / "deliver.json"
+    args = ["--entries", "80", "--rounds", "1", "--batch-size", "40", "--backend", "postgresql"]
+    cases = "noop,aio-noop-asyncpg"
+    assert deliver.main([*args, "--cases", cases, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())["results"]["postgresql"]
+    assert set(result["cases"]) == {"noop", "aio-noop-asyncpg"}
+    assert set(result["ratios"]) == {"aio_noop_asyncpg_vs_noop"}
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])

@@ -159,3 +159,19 @@ def test_cached_gives_a_fresh_reading_and_never_reads() -> None:
     assert reading.cached() is None
     assert reads == [1]
     assert CachedReading(read, 0.0, clock).cached() is None  # interval 0: always read
+
+
+def test_cached_gives_the_last_reading_while_another_caller_reads_it_again(clock: Clock) -> None:
+    src = Source()
+    r = CachedReading(src, 0.25, clock)
+    assert r.get() == "v0"
+    clock.now += 1.0  # stale: the first caller to look reads it again
+    assert r.cached() is None
+    src.value, src.hold, src.inside = "v1", threading.Event(), threading.Event()
+    refresher = threading.Thread(target=r.get)
+    refresher.start()
+    assert src.inside.wait(30)
+    assert r.cached() == ("v0",)  # as get() gives meanwhile: no second caller sent to read
+    src.hold.set()
+    refresher.join(30)
+    assert r.cached() == ("v1",) and src.reads == 2

@@ -5,8 +5,10 @@ An application's transaction runs them (:meth:`SendLog.append_log_entries
 connection they go through the driver's own cursor (a batch's rows in one
 binary COPY): this runs in every transmitting transaction, and SQLAlchemy's
 statement machinery costs the application several times the driver's own work
-per call. On any other driver (asyncpg, psycopg's async connection, reached
-from an ``AsyncConnection`` through ``run_sync``) the same statements go
+per call. So does one entry on psycopg's async connection (reached from an
+``AsyncConnection`` through ``run_sync``: awaited in its greenlet). Otherwise
+(asyncpg, whose transaction SQLAlchemy's adapter begins at its first
+statement; a batch on psycopg's async connection) the same statements go
 through SQLAlchemy's driver-level execution (``exec_driver_sql``, the text
 compiled once per dialect), a batch's rows in one executemany: the same rows,
 the same round trips (one per entry, two per batch).
@@ -21,6 +23,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.util import await_only
 
 from lr_client.records import EntryRef, NewLogEntry, new_entry_headers, new_entry_key
 from lr_client.store import watches
@@ -109,6 +112,14 @@ def insert_entries(
     now = time.time()
     named, own = _STATEMENTS[(len(messages) > 1, notify)]
     raw = conn.connection.driver_connection
+    if psycopg is not None and isinstance(raw, psycopg.AsyncConnection) and len(messages) == 1:
+        # psycopg's async connection, in the greenlet of run_sync: the statement on it
+        # as on the sync one (SQLAlchemy's execution cost more than the driver's work).
+        m = messages[0]
+        acur = await_only(raw.execute(own, _row(client_name, m, now, _array(m[1]))))
+        found = await_only(acur.fetchone())
+        assert found is not None
+        return [EntryRef(int(found[0]), int(found[1]))]
     if psycopg is None or not isinstance(raw, psycopg.Connection):
         return _through_sqlalchemy(conn, named, client_name, messages, now)
     with raw.cursor() as cur:
