@@ -37,8 +37,8 @@ def test_collapsed_stacks_give_inclusive_and_exclusive_shares(tmp_path: Path) ->
     assert top["samples"] == 11
     # The same function at two lines is one function.
     assert top["cumulative"] == [
-        ["run (lr_server/sending/session.py)", 1.0],
-        ["ship (lr_server/sending/shipping.py)", round(9 / 11, 3)],
+        ["run (sending/session.py)", 1.0],
+        ["ship (sending/shipping.py)", round(9 / 11, 3)],
         ["read (a/store.py)", round(7 / 11, 3)],
     ]
     assert top["self"][0] == ["read (a/store.py)", round(7 / 11, 3)]
