@@ -275,7 +275,7 @@ class RoutingQueueSubscriber(PartitionWorkers):
             if not self._hold_lease(qid):
                 return 0, False
             for i in range(self.max_batches):
-                if i and not self._has_entries(qid):
+                if self._probe_first(i, delivered) and not self._has_entries(qid):
                     drained = True  # a probe, not a delivery transaction that finds nothing
                     break
                 n = self._deliver(queue, self._failures.get(qid, 0) + 1)

@@ -231,6 +231,13 @@ class SubscriberCore:
         except Exception as exc:  # the next failure records it
             log.warning("could not record queue %s blocked: %s", qid, exc)
 
+    def _probe_first(self, batches: int, delivered: int) -> bool:
+        """Whether to probe a queue before its next batch, after ``batches`` batches that
+        delivered ``delivered`` messages: not while each was full (more are likely
+        waiting, and the delivery finds out as cheaply); else yes, so a drained queue
+        costs a probe rather than a delivery transaction that finds nothing."""
+        return batches > 0 and delivered < batches * self.batch_size
+
     def _waiting(self, conn: Connection, queue_id: int) -> bool:
         """Whether a queue has entries to deliver, or (parking) parked ones released."""
         if self._store.heads.has_entries(conn, queue_id):

@@ -241,7 +241,7 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
             if not await self._hold(qid):
                 return 0, False
             for i in range(self.max_batches):
-                if i and not await in_greenlet(self._ready, [queue]):
+                if self._probe_first(i, delivered) and not await in_greenlet(self._ready, [queue]):
                     drained = True
                     break
                 n = await self._deliver(queue, self._failures.get(qid, 0) + 1)

@@ -789,6 +789,42 @@ def test_a_drained_queue_is_probed_not_delivered_again(
     assert [r[2] for r in app_rows(app_store)] == list(range(1, 19))
 
 
+def test_while_each_batch_is_full_the_next_goes_without_a_probe(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    """A full batch says more is likely queued: the next delivery goes ahead (it finds
+    out as cheaply as a probe would); after a short one, a probe finds the queue
+    drained."""
+    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    sub = make_sub(AppListener(), batch_size=5)
+    assert sub.poll_once() == 3  # the lease is taken
+    statements: list[str] = []
+    probe = re.compile(rf"SELECT {s.recv_entries.name}\.seq\s+FROM")
+
+    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        statements.append(statement)
+
+    def counts() -> tuple[int, int]:  # (delivery transactions, probes)
+        state = f"SELECT {s.subscriber_state.name}."
+        return sum(x.startswith(state) for x in statements), sum(
+            bool(probe.match(x)) for x in statements
+        )
+
+    event.listen(sub.store.engine, "before_cursor_execute", seen)
+    try:
+        app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 10), previous_position=3)
+        statements.clear()
+        assert sub.poll_once() == 10  # 5 and 5, then a delivery that finds nothing
+        assert counts() == (3, 1)  # the one probe: the poll's, before the first
+        app_store.apply_log_batch("src-a", CLIENT, log_entries(14, 7), previous_position=13)
+        statements.clear()
+        assert sub.poll_once() == 7  # 5 and 2, then a probe
+        assert counts() == (2, 2)
+    finally:
+        event.remove(sub.store.engine, "before_cursor_execute", seen)
+    assert [r[2] for r in app_rows(app_store)] == list(range(1, 21))
+
+
 class _Listening:
     """An arrival watch that is listening: every batch stored wakes the subscriber."""
 
