@@ -795,7 +795,7 @@ def test_while_each_batch_is_full_the_next_goes_without_a_probe(
     """A full batch says more is likely queued: the next delivery goes ahead (it finds
     out as cheaply as a probe would); after a short one, a probe finds the queue
     drained."""
-    app_store.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     sub = make_sub(AppListener(), batch_size=5)
     assert sub.poll_once() == 3  # the lease is taken
     statements: list[str] = []
@@ -812,11 +812,11 @@ def test_while_each_batch_is_full_the_next_goes_without_a_probe(
 
     event.listen(sub.store.engine, "before_cursor_execute", seen)
     try:
-        app_store.apply_log_batch("src-a", CLIENT, log_entries(4, 10), previous_position=3)
+        app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 10), previous_position=3)
         statements.clear()
         assert sub.poll_once() == 10  # 5 and 5, then a delivery that finds nothing
         assert counts() == (3, 1)  # the one probe: the poll's, before the first
-        app_store.apply_log_batch("src-a", CLIENT, log_entries(14, 7), previous_position=13)
+        app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(14, 7), previous_position=13)
         statements.clear()
         assert sub.poll_once() == 7  # 5 and 2, then a probe
         assert counts() == (2, 2)
