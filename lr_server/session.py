@@ -13,7 +13,8 @@ cascaded client is woken when its receiver stores a batch of it (:mod:`lr_server
 Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of the send
 queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack. Its safety poll
 doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX`: a lost wake-up costs at most that,
-never an entry."""
+never an entry; a steady session backs off to ``steady_poll_max``, longer under a server that
+probes the send queue's head for its sessions (:mod:`lr_server.send_probe`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from lr_server.fanout import LogFanout
 from lr_server.negotiation import ClientFacts, ClientPlan, SinkState, Step
 from lr_server.relay_inbox import RelayInbox
 from lr_server.replay import Replayer
+from lr_server.session_status import StatusRow
 from lr_server.shipping import Shipper
 from lr_server.snapshot_requests import SnapshotLauncher, SnapshotRequests
 from lr_server.status import head_position as assigned_head
@@ -55,10 +57,9 @@ log = logging.getLogger("lr.session")
 IDLE_POLL_MAX = 5.0
 #: Seconds between two reads of full-sync requests, drops and stops while shipping.
 REQUEST_CHECK = 0.5
-#: Seconds an idle session takes at most to see its stop.
+#: Seconds an idle session takes at most to see its stop, unless whoever stops it wakes it
+#: (``stop_check = None``: a server does).
 STOP_CHECK = 0.25
-#: Seconds between writes of an unchanged session status row (``updated_at`` stays fresh).
-STATUS_REFRESH = 30.0
 
 
 class SessionStore(
@@ -102,11 +103,12 @@ class SenderSession:
         self.arrivals = arrivals
         self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
         self._woken = False  # set by wake(): the next round polls fast again
-        #: Seconds an idle session waits at most between reads; between status rows.
-        self.idle_poll_max, self.status_refresh = IDLE_POLL_MAX, STATUS_REFRESH
-        #: The status last written, and when (time.monotonic()).
-        self._status_written: tuple[object, ...] | None = None
-        self._status_at = float("-inf")
+        #: Seconds an idle session waits at most between reads.
+        self.idle_poll_max = IDLE_POLL_MAX
+        #: The same while :meth:`steady` (longer under the server's probe of the head).
+        self.steady_poll_max = IDLE_POLL_MAX
+        #: Seconds between looks at the stop while waiting; None: none, the stop wakes it.
+        self.stop_check: float | None = STOP_CHECK
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
         #: The batches of the clients it relays received here and not stored yet, which
@@ -129,6 +131,7 @@ class SenderSession:
         )
         self._stopped = ""  # why streams are stopped, for the session status
         self._log = logging.LoggerAdapter(log, {"destination": destination})
+        self.status = StatusRow(store, destination, self._log)
         self.stops = StreamStops(store, destination, self._log, self.fence)
         self.requests = SnapshotRequests(
             store, destination, self.stops, self._log, self.cfg, self.retry, snapshot_launcher
@@ -431,7 +434,8 @@ class SenderSession:
             if self._wait_acks(stop, stream, streams, timeout) or sent_any:
                 idle = fast
             elif not self._woken:
-                idle = min(max(fast, self.idle_poll_max), idle * 2)
+                most = self.steady_poll_max if self.steady(streams) else self.idle_poll_max
+                idle = min(max(fast, most), idle * 2)
             oldest = self.window.oldest_sent_at()
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
                 raise TransportError("no acknowledgement within stream_idle_timeout")
@@ -443,6 +447,17 @@ class SenderSession:
         while self.window.batches and time.monotonic() < deadline:
             self._drain_acks(stream, streams, 0.1)
         self._flush_cursors()
+
+    def steady(self, streams: dict[str, ClientStream]) -> bool:
+        """Every stream in log entry sync, nothing in flight or replayed, nothing relayed:
+        all it waits for is new entries or requests, which wake it (and the server's probe
+        of the send queue's head covers a lost wake-up)."""
+        return (
+            not self.window.batches
+            and self.inbox is None
+            and not self.replays.runs
+            and all(cs.mode is Mode.LOG for cs in streams.values())
+        )
 
     def _arrived(self) -> None:
         """A batch of a client this session relays was stored: end its wait, if any."""
@@ -473,12 +488,16 @@ class SenderSession:
         timeout: float,
     ) -> int:
         """Handle acknowledgements for up to ``timeout`` s, or until a wake-up or the stop
-        (seen within ``STOP_CHECK`` s); how many came."""
+        (seen within ``stop_check`` s, or at once where the stop wakes it); how many came."""
         deadline = time.monotonic() + timeout
+        check = self.stop_check
+        if check is None and type(stream).interrupt is BatchStream.interrupt:
+            check = STOP_CHECK  # a wake-up cannot end its wait
         while True:
             left = deadline - time.monotonic()
-            n = self._drain_acks(stream, streams, max(0.0, min(left, STOP_CHECK)))
-            if n or left <= STOP_CHECK or self._woken or stop.is_set():
+            slice_ = left if check is None else min(left, check)
+            n = self._drain_acks(stream, streams, max(0.0, slice_))
+            if n or left <= slice_ or self._woken or stop.is_set():
                 return n
 
     def _drain_acks(
@@ -553,29 +572,8 @@ class SenderSession:
         self._save_status()
 
     def _save_status(self) -> None:
-        """Write the status row if it changed, or if it is ``STATUS_REFRESH`` old."""
-        status = (
-            self.state,
-            self.connected,
-            len(self.window),
-            self.window.nbytes,
-            self.last_error or self._stopped,
-        )
-        now = time.monotonic()
-        if status == self._status_written and now - self._status_at < self.status_refresh:
-            return
-        try:
-            self.store.save_session_status(
-                self.destination,
-                status[0],
-                connected=status[1],
-                inflight_batches=status[2],
-                inflight_bytes=status[3],
-                last_error=status[4],
-            )
-            self._status_written, self._status_at = status, now
-        except LRError as exc:
-            self._log.warning("cannot save session status: %s", exc)
+        error = self.last_error or self._stopped
+        self.status.save((self.state, self.connected, len(self.window), self.window.nbytes, error))
 
 
 __all__ = ["SenderSession"]
