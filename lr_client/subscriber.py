@@ -1,14 +1,12 @@
 """The sink subscriber: delivers receive queues to a listener, exactly once.
 
-One delivery is one database transaction: read the oldest undelivered entries
-of a queue, call the listener with an ORM session bound to that transaction,
-and record the queue's state (snapshot started or not, entries delivered, and
-``delivered_seq`` raised past the entries) while checking that this
-subscriber still holds the queue's lease and that no other delivery of the
-queue committed since it read. The listener's writes and the state commit
-together or not at all, so a crash anywhere loses nothing and applies nothing
-twice (I3). Delivery deletes nothing: the store retires delivered entries in
-bulk (:mod:`lr_client.store.subscriber_queues`).
+One delivery is one database transaction: read the oldest undelivered entries of a queue,
+call the listener with an ORM session bound to that transaction, and record the queue's
+state (snapshot started or not, entries delivered, and ``delivered_seq`` raised past the
+entries) while checking that this subscriber still holds the queue's lease and that no other
+delivery of the queue committed since it read. The listener's writes and the state commit
+together or not at all (I3): a crash loses nothing and applies nothing twice. Delivery
+deletes nothing: the store retires them in bulk (:mod:`lr_client.store.subscriber_queues`).
 
 Leases (see :mod:`lr_client.store.subscriber_queues`) let several subscribers of one
 client run at once: each queue is delivered by one of them at a time, and one
@@ -440,6 +438,8 @@ class RoutingQueueSubscriber(SubscriberCore):
                 self._calls.call(conn, queue, opened.plan, attempt, calls=opened.callbacks)
             expires = self._delivery.mark(conn, queue, opened)
         self._leases.renewed(queue.queue_id, expires)
+        if self._applied(queue, opened.plan):  # the stages' latency is due to be written
+            self._flush_stages()
         return len(opened.plan.messages) + redone
 
 

@@ -30,11 +30,11 @@ class SendProbe:
     """Calls ``wake()`` when ``head()`` answers differently than at its last call."""
 
     def __init__(
-        self, head: Callable[[], int], wake: Callable[[], None], interval: float = PROBE_INTERVAL
+        self, head: Callable[[], int], wake: Callable[[], None], interval: float | None = None
     ) -> None:
         self.head = head
         self.wake = wake
-        self.interval = interval
+        self.interval = PROBE_INTERVAL if interval is None else interval
         self.last: int | None = None
 
     def check(self) -> bool:

@@ -32,7 +32,7 @@ from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import FencedError, LRError, NotProviderError, TransportError
 from lr_client.records import CascadeNode, Fence, SnapshotStatus, WireEntry
-from lr_client.store import Cascading, Inspection, Receiving, Retention, Shipping, Snapshots
+from lr_client.store import Cascading, Receiving, Retention, Shipping, Snapshots
 from lr_client.store.replay_contract import Replays
 from lr_server import metrics, negotiation, protocol, wire
 from lr_server.arrivals import Arrivals
@@ -41,7 +41,7 @@ from lr_server.fanout import LogFanout
 from lr_server.negotiation import ClientFacts, ClientPlan, SinkState, Step
 from lr_server.relay_inbox import RelayInbox
 from lr_server.replay import Replayer
-from lr_server.session_status import StatusRow
+from lr_server.session_status import StatusRow, StatusStore
 from lr_server.shipping import Shipper
 from lr_server.snapshot_requests import SnapshotLauncher, SnapshotRequests
 from lr_server.status import head_position as assigned_head
@@ -63,7 +63,7 @@ STOP_CHECK = 0.25
 
 
 class SessionStore(
-    Shipping, Snapshots, Retention, Inspection, Cascading, Receiving, Replays, Protocol
+    Shipping, Snapshots, Retention, StatusStore, Cascading, Receiving, Replays, Protocol
 ):
     """What a sender session needs of the store: reads and cursors, snapshots, the
     records of dropped and stopped streams, its status row, and for cascaded
@@ -532,7 +532,7 @@ class SenderSession:
                 ls = streams[f.client].lanes
                 if ls is not None and ls.settled(f.batch_id, f.low_water):
                     self.window.cursors[f.client] = ls.cursor
-            metrics.BATCH_LATENCY.labels(self.destination).observe(now - f.sent_at)
+            self.status.stages.acked(f, now)  # the stages' latency
             metrics.BATCHES_ACKED.labels(self.destination).inc()
             metrics.ENTRIES_SHIPPED.labels(self.destination, f.client).inc(f.entries)
             metrics.BYTES_SHIPPED.labels(self.destination, f.client).inc(f.nbytes)

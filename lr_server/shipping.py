@@ -62,8 +62,7 @@ class _Clear:
 
 
 class ShipperStore(Shipping, Snapshots, Retention, Cascading, Protocol):
-    """What it needs of the store: log reads, open snapshots, their entries, drop records,
-    relay reads."""
+    """What it needs of the store: log reads, open snapshots, drop records, relay reads."""
 
 
 class Shipper:
@@ -100,14 +99,13 @@ class Shipper:
         self.inbox = inbox
         #: What this process's receiver stored of them, and when (None: not known).
         self.arrivals = arrivals
-        #: Seconds a look-up serves the batches forwarded as received.
-        self.relay_checks_ttl = RELAY_CHECKS_TTL
+        self.relay_checks_ttl = RELAY_CHECKS_TTL  # seconds a look-up serves forwarded batches
         #: The relayed clients read from the inbox this round.
         self._forwarded: set[str] = set()
         #: What the last look-up of full syncs and drops found clear (None: none yet).
         self._clear: _Clear | None = None
-        #: The clock a look-up's age is read on.
-        self.clock: Callable[[], float] = time.monotonic
+        self.clock: Callable[[], float] = time.monotonic  # a look-up's age is read on it
+        self.read_at: dict[str, float] = {}  # each client's last read of log entries (time.time)
         #: The sink's wire protocol, as negotiated (the session sets it on each connect).
         self.peer_version = protocol.PROTOCOL_VERSION
 
@@ -127,6 +125,7 @@ class Shipper:
                 sent_any |= self.send_notice(stream, name, cs)
             elif cs.mode is Mode.LOG:
                 entries = self.stops.sized(cs, self.read_log(name, cs))
+                self.read_at[name] = time.time()
                 if lanes > 1 and not entries and name not in self.cascade:
                     sent_any |= self.send_mark(stream, name, cs)
                     continue
@@ -471,7 +470,7 @@ class Shipper:
     ) -> None:
         """Count ``batch`` in flight, check it, send it (:func:`lr_server.outbound.send`)."""
         args = (self.window, self.destination, self.peer_version, stream, batch, name, entries)
-        outbound.send(*args, is_end, lane, low_water)
+        outbound.send(*args, is_end, lane, low_water, self.read_at.get(name, 0.0))
 
 
 __all__ = ["Shipper"]

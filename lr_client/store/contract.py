@@ -1,12 +1,9 @@
 """The queue store contract, split by role: what each caller needs of the store.
 
-Callers type against the role(s) they play (:class:`Shipping` for a sender session's
-reads, :class:`Receiving` for a sink's receiver, :class:`Replays` for ``lr replay``, ...);
-:class:`QueueStore` combines them all and is what :func:`~lr_client.store.open_store`
-returns. Methods that take a ``conn`` run inside the caller's transaction (the
-application's, or a subscriber's) and commit or roll back with it; the others run their
-own short transactions.
-"""
+Callers type against the role(s) they play (:class:`Shipping` for a sender session's reads,
+:class:`Receiving` for a sink's receiver, ...); :class:`QueueStore` combines them all and is
+what :func:`~lr_client.store.open_store` returns. Methods that take a ``conn`` run inside the
+caller's transaction and commit or roll back with it; the others run their own."""
 
 from __future__ import annotations
 
@@ -43,6 +40,7 @@ from lr_client.records import (
     UnitLease,
     WireEntry,
 )
+from lr_client.store.latency import StageLatencies
 from lr_client.store.lifecycle import SchemaStatus
 from lr_client.store.replay_contract import Replays
 from lr_client.store.watches import Watch
@@ -880,6 +878,7 @@ class QueueStore(
     CascadeReports,
     Cascading,
     Replays,
+    StageLatencies,
     Protocol,
 ):
     """Every role: routing queues, stream tags and replication metadata in one database."""

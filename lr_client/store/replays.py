@@ -68,6 +68,7 @@ class ReplaysStore(ReceivingStore):
         }
         with self.write() as conn:
             rid = conn.execute(insert(_P).values(**row).returning(_P.c.replay_id)).scalar_one()
+            self._announce_sends(conn)  # the destination's session picks it up now
         return ReplayRequest(
             int(rid),
             destination,

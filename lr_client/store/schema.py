@@ -58,7 +58,7 @@ from sqlalchemy.dialects import postgresql
 from lr_client.records import ReplicationType
 
 #: The current schema revision (``lr_client/store/migrations``), as a number.
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 
 metadata = MetaData()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from lr_client.store.cascade import CascadeStore
 from lr_client.store.cascade_children import CascadeReportsStore
 from lr_client.store.inspection import InspectionStore
+from lr_client.store.latency import StageLatencyStore
 from lr_client.store.members import MembersStore
 from lr_client.store.queue_sizes import QueueSizesStore
 from lr_client.store.receiving import ReceivingStore
@@ -39,6 +40,7 @@ class SQLAlchemyQueueStore(
     MembersStore,
     CascadeReportsStore,
     CascadeStore,
+    StageLatencyStore,
 ):
     """Every role in one store; use :func:`lr_client.store.open_store`."""
 

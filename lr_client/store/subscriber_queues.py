@@ -1,8 +1,7 @@
 """The :class:`~lr_client.store.contract.SubscriberQueues` role: a sink's subscriber.
 
-Receive queues, and the per-queue subscriber state and leases in
-``lrq_subscriber_state``; the methods that take a ``Connection`` run in the
-caller's (the delivering) transaction.
+Receive queues, the per-queue subscriber state and leases (``lrq_subscriber_state``);
+the methods that take a ``Connection`` run in the caller's (delivering) transaction.
 
 A lease row says which subscriber (``lease_owner``) may deliver a receive
 queue until ``lease_expires`` (wall-clock seconds). It is taken with one
@@ -338,6 +337,7 @@ class SubscriberQueuesStore(StoreBase):
                 _R.c.base_position,
                 _R.c.partition_key,
                 _R.c.headers,
+                _R.c.received_at,
             )
             .add_columns(*sized(_R.c.payload, limit, max_bytes))
             .where(_above(queue_id, after))
@@ -349,9 +349,9 @@ class SubscriberQueuesStore(StoreBase):
             rows = [(*r[:-1], p) for r, p in fill(conn, rows, _R.c.seq, _R.c.payload)]
         # Each row's last column is its payload (the drivers give bytes); one tuple
         # per entry, HeadEntry._make without its length check.
-        new, types = tuple.__new__, TYPES_BY_VALUE
+        new, types, k = tuple.__new__, TYPES_BY_VALUE, _key
         return [
-            new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], _key(r[5]), _key(r[6])))
+            new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], k(r[5]), k(r[6]), r[7]))
             for r in rows
         ]
 

@@ -123,15 +123,15 @@ MAX_LINES = 400
 #: listed may not pass MAX_LINES, one listed only shrink (lower its ceiling as it
 #: does; remove it once it is within the limit).
 OVER_LIMIT: dict[str, int] = {
-    "lr_client/store/contract.py": 902,
+    "lr_client/store/contract.py": 901,
     "spark_jobs/snapshot_job.py": 598,
-    "lr_server/session.py": 581,
+    "lr_server/session.py": 579,
     "lr_client/store/snapshots.py": 590,
     "lr_client/subscriber.py": 453,
     "lr_client/store/cascade.py": 552,
     "lr_client/snapshot.py": 474,
     "lr_client/store/schema.py": 500,
-    "lr_server/shipping.py": 477,
+    "lr_server/shipping.py": 476,
     "lr_client/store/receiving.py": 453,
     "lr_server/status.py": 435,
     "lr_client/store/subscriber_queues.py": 407,
