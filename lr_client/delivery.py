@@ -46,6 +46,8 @@ class Plan:
     in_snapshot: bool
     #: A snapshot's base position, as its entries carry it (None: not among them).
     base_position: int | None = None
+    #: When the sink stored a log plan's first entry (0: not known; lr_client.latency).
+    received_at: float = 0.0
 
 
 def run_length(
@@ -124,6 +126,7 @@ def plan_delivery(queue: QueueInfo, state: SubscriberState, entries: Sequence[He
             start=False,
             end=False,
             in_snapshot=state.in_snapshot,
+            received_at=first.received_at,
         )
     if first.type not in SNAPSHOT_TYPES:
         raise ProtocolError(f"entry seq {first.seq} has type {first.type.name}")

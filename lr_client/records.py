@@ -288,8 +288,7 @@ class SubscriberState:
     delivered: int = 0  # entries delivered to the listener so far
     lease_owner: str = ""
     lease_expires: float = 0.0
-    #: Every entry of the queue with ``seq <= delivered_seq`` has been delivered
-    #: (or passed: the left-overs of an ended snapshot); readers see those above.
+    #: Every entry with ``seq <= delivered_seq`` was delivered (or passed); reads see those above.
     delivered_seq: int = 0
     #: The partition count the queue is delivered with (0: not by partition).
     partitions: int = 0
@@ -306,6 +305,7 @@ class HeadEntry(NamedTuple):
     base_position: int | None = None  # a snapshot entry's: its snapshot's base, if sent
     key: bytes | None = None  # the partition key (None: none)
     headers: bytes | None = None  # stored form (lr_client.headers; None: none)
+    received_at: float = 0.0  # when the sink stored it (a relayed entry: its origin's transmit)
 
 
 @dataclass(frozen=True, slots=True)

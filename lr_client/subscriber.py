@@ -318,6 +318,8 @@ class RoutingQueueSubscriber(PartitionWorkers):
                 self._calls.call(conn, queue, opened.plan, attempt, calls=opened.callbacks)
             expires = self._delivery.mark(conn, queue, opened)
         self._leases.renewed(queue.queue_id, expires)
+        if self._applied(queue, opened.plan):  # the stages' latency is due to be written
+            self._flush_stages()
         return len(opened.plan.messages) + redone
 
 

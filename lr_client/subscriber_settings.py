@@ -21,9 +21,11 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
+from lr_client.delivery import Plan, PlanKind
 from lr_client.errors import InvalidInputError, StoreUnavailableError
 from lr_client.failure_policy import FailurePolicy, backoff
 from lr_client.keys import Keyring
+from lr_client.latency import StageBook
 from lr_client.listener_calls import CallPlanner
 from lr_client.names import validate_name
 from lr_client.partitioners import Partitioner, load_partitioner
@@ -120,6 +122,7 @@ class SubscriberCore:
         self.retry_max = retry_max
         self.retry_jitter = retry_jitter
         self._quiet = 0  # idle waits since the last delivery
+        self._stages = StageBook()  # the applied stage's latency (lr_client.latency)
         self._failures: dict[object, int] = {}  # by queue id, or (queue id, partition)
         #: The last error of each queue (id, or (id, partition)) failing now.
         self._errors: dict[object, BaseException] = {}
@@ -237,6 +240,18 @@ class SubscriberCore:
         waiting, and the delivery finds out as cheaply); else yes, so a drained queue
         costs a probe rather than a delivery transaction that finds nothing."""
         return batches > 0 and delivered < batches * self.batch_size
+
+    def _applied(self, queue: QueueInfo, plan: Plan) -> bool:
+        """The delivery of ``plan`` committed: note its ``applied`` stage (a log plan's,
+        :mod:`lr_client.latency`); whether the summaries are due to be written."""
+        if plan.kind is PlanKind.LOG and plan.received_at:
+            seconds = time.time() - plan.received_at
+            self._stages.add(queue.source_id, queue.client_name, "applied", seconds)
+        return self._stages.due()
+
+    def _flush_stages(self) -> None:
+        """Write the stages' summaries (sync I/O: the async subscriber runs it in a greenlet)."""
+        self._stages.flush(self._store.latency)
 
     def _waiting(self, conn: Connection, queue_id: int) -> bool:
         """Whether a queue has entries to deliver, or (parking) parked ones released."""

@@ -18,6 +18,13 @@ BATCH_LATENCY = Histogram(
     ["destination"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+STAGE_LATENCY = Histogram(
+    "lr_stage_latency_seconds",
+    "Time of a log batch's first entry in each stage before the sink's acknowledgement: "
+    "queued (transmit to read), sent (read to send), stored (send to acknowledgement)",
+    ["destination", "client", "stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 INFLIGHT_BATCHES = Gauge("lr_inflight_batches", "Unacknowledged batches", ["destination"])
 LAG_ENTRIES = Gauge("lr_lag_entries", "Unacknowledged entries", ["destination", "client"])
 LAG_BYTES = Gauge("lr_lag_bytes", "Unacknowledged payload bytes", ["destination", "client"])
@@ -136,6 +143,7 @@ __all__ = [
     "REPLAYS_SHIPPED",
     "SNAPSHOT_ACTIVE",
     "SNAPSHOT_ROWS",
+    "STAGE_LATENCY",
     "STREAM_STOPPED",
     "TRIMMED",
     "UNCONFIGURED_ENTRIES",

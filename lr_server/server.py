@@ -37,6 +37,7 @@ from lr_server.receiving.limits import ReceiveLimits
 from lr_server.receiving.receiver import Receiver
 from lr_server.sending.arrivals import Arrivals
 from lr_server.sending.fanout import LogFanout
+from lr_server.sending.send_probe import STEADY_POLL_MAX, SendProbe
 from lr_server.sending.session import SenderSession
 from lr_server.sending.snapshot_requests import once_per_snapshot, spark_launcher
 from lr_server.transport import compression
@@ -72,6 +73,9 @@ class SiteServer:
         #: Wakes the sender sessions when entries may have come (None: they poll).
         self.send_watch: Watch | None = None
         self.membership: Membership | None = None
+        self.upkeep = Upkeep(
+            self.store, config, lambda: self.fences.get(TRIM_UNIT), self._after_trim
+        )
         #: The units this member owns now, and each destination's running session.
         self.fences: dict[str, Fence] = {}
         self._runs: dict[str, tuple[threading.Event, threading.Thread]] = {}
@@ -117,6 +121,8 @@ class SiteServer:
         )
         if cfg.destinations:
             self.send_watch = self.store.shipping.watch_sends(self.wake_sessions)
+            probe = SendProbe(self.store.send.head_position, self.wake_sessions)
+            self._spawn("lr-send-probe", probe.run)
         units = [stream_unit(d.id, c) for d in cfg.destinations for c in cfg.clients_for(d)]
         members = cfg.members
         self.membership = Membership(
@@ -132,14 +138,15 @@ class SiteServer:
         self.membership.join()  # the units that are free are taken, their work started
         self._spawn("lr-members", self.membership.run)
         self._spawn("lr-heartbeat", self.membership.beat)
-        self._spawn("lr-trim", self._trim_loop)
+        self._spawn("lr-trim", self.upkeep.run)
         if cfg.cascades:
             self._spawn("lr-cascade", CascadeReporter(self.store, cfg, grpc_sender(cfg)).run)
 
     def wake_sessions(self) -> None:
-        """Entries may have come: every sender session reads at once."""
+        """Entries may have come: every sender session reads at once (the upkeep soon)."""
         for session in list(self.sessions.values()):
             session.wake()
+        self.upkeep.wake()
 
     def apply_cascades(self) -> None:
         """Write each ``[cascade.<client>]`` table into ``lrq_cascade`` (see
@@ -224,6 +231,7 @@ class SiteServer:
         owned; a session whose clients or leases changed is stopped (and restarted)."""
         with self._placing:
             self.fences = dict(fences)
+            self.upkeep.wake()  # the trim unit may have come
             for dest in self.config.destinations:
                 mine = {
                     c: fences[stream_unit(dest.id, c)]
@@ -268,6 +276,9 @@ class SiteServer:
             cascade=cascade,
             arrivals=self.arrivals,
         )
+        session.stop_check = None  # its stop wakes it (_signal_stop)
+        if self.send_watch is not None:  # woken by it, the probe under it
+            session.steady_poll_max = STEADY_POLL_MAX
         stop = threading.Event()
         thread = threading.Thread(
             target=session.run, args=(stop,), name=f"lr-session-{dest_id}", daemon=True
@@ -307,11 +318,6 @@ class SiteServer:
         t.start()
         self._threads.append(t)
 
-    def _trim_loop(self, stop: threading.Event) -> None:
-        Upkeep(self.store, self.config, lambda: self.fences.get(TRIM_UNIT), self._after_trim).run(
-            stop
-        )
-
     def _after_trim(self) -> None:
         """What each round of the upkeep does after retention and trim."""
         self._reap()
@@ -330,6 +336,7 @@ class SiteServer:
         receiver's open calls get ``call_grace`` s to end before they are cancelled
         (a sender's stream never ends by itself), and their handlers are drained."""
         self.stop_event.set()
+        self.upkeep.wake()
         watch, self.send_watch = self.send_watch, None
         if watch is not None:
             watch.close()
@@ -372,7 +379,10 @@ class SiteServer:
 
 def run_server(config: SiteConfig, stop: threading.Event | None = None) -> None:
     """Run a site until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    from lr_server.transport.grpc_client import quiet_waits
+
     configure_logging(config.id)
+    quiet_waits()  # this process's main thread never waits in grpc
     if config.tracing.enabled:  # spans through the process's global tracer provider
         tracing.enable()
     server = SiteServer(config)

@@ -16,6 +16,7 @@ from lr_client.store import (
     Shipping,
     Sites,
     SnapshotEntries,
+    StageLatencies,
     Transactions,
 )
 from lr_client.store import SnapshotRequests as SnapshotRequestRole
@@ -34,6 +35,7 @@ class SessionStore(Transactions, Protocol):
     cascade: Cascading
     recv: Receiving
     replays: Replays
+    latency: StageLatencies
 
 
 class ShipperStore(Transactions, Protocol):
@@ -82,9 +84,10 @@ class AckStore(Transactions, Protocol):
 
 
 class StatusStore(Protocol):
-    """What a session's status row needs of the store: the row's write."""
+    """What a session's status row needs of the store: the row's write, the stages' latency."""
 
     inspection: Inspection
+    latency: StageLatencies
 
 
 class StopStore(Transactions, Protocol):

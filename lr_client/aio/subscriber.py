@@ -289,6 +289,8 @@ class AsyncRoutingQueueSubscriber(AsyncPartitionWorkers):
                         await self._calls.call(conn, queue, opened.plan, attempt, calls=calls)
                     expires = await conn.run_sync(steps.mark, queue, opened)
         self._leases.renewed(queue.queue_id, expires)
+        if self._applied(queue, opened.plan):  # the stages' latency is due to be written
+            await in_greenlet(self._flush_stages)
         return len(opened.plan.messages) + redone
 
 

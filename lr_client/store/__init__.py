@@ -32,6 +32,7 @@ from lr_client.store.contract import (
     SnapshotEntries,
     SnapshotRequests,
     SnapshotStore,
+    StageLatencies,
     SubscriberQueues,
     Transactions,
 )
@@ -204,6 +205,7 @@ __all__ = [
     "SnapshotEntries",
     "SnapshotRequests",
     "SnapshotStore",
+    "StageLatencies",
     "SubscriberQueues",
     "Transactions",
     "configure_sqlite_engine",

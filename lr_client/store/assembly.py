@@ -23,6 +23,7 @@ from lr_client.store.cluster.sites import SitesStore
 from lr_client.store.core import StoreCore
 from lr_client.store.moved import forward
 from lr_client.store.ops.inspection import InspectionStore
+from lr_client.store.ops.latency import StageLatencyStore
 from lr_client.store.recv.heads import QueueHeadsStore
 from lr_client.store.recv.partitions import SubscriberPartitionsStore
 from lr_client.store.recv.queues import SubscriberQueuesStore
@@ -60,6 +61,7 @@ class SQLAlchemyQueueStore:
         self.members: c.Members = MembersStore(core)
         self.cascade_reports: c.CascadeReports = CascadeReportsStore(core)
         self.cascade: c.Cascading = CascadeStore(core)
+        self.latency: c.StageLatencies = StageLatencyStore(core)
 
     @property
     def engine(self) -> Engine:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from lr_client.store.cascade.contract import CascadeReports, Cascading
 from lr_client.store.cluster.contract import Members, Sites
-from lr_client.store.ops.contract import Inspection
+from lr_client.store.ops.contract import Inspection, StageLatencies
 from lr_client.store.recv.contract import (
     QueueHeads,
     QueuePartitions,
@@ -71,6 +71,8 @@ class DeliveryStore(Transactions, Protocol):
     heads: QueueHeads
     #: Delivery by partition (:class:`QueuePartitions`).
     partitions: QueuePartitions
+    #: Where the applied stage's latency is written (:class:`StageLatencies`).
+    latency: StageLatencies
 
     def create_schema(self) -> SchemaStatus:
         """Create or upgrade every table (idempotent); the schema's status before."""
@@ -126,6 +128,8 @@ class QueueStore(Transactions, Protocol):
     cascade_reports: CascadeReports
     #: This node's place in cascaded clients (:class:`Cascading`).
     cascade: Cascading
+    #: Per-stage latency of the hops through this site (:class:`StageLatencies`).
+    latency: StageLatencies
 
     def create_schema(self) -> SchemaStatus:
         """Create or upgrade every table (idempotent); the schema's status before."""
@@ -158,6 +162,7 @@ __all__ = [
     "SnapshotEntries",
     "SnapshotRequests",
     "SnapshotStore",
+    "StageLatencies",
     "SubscriberQueues",
     "Transactions",
 ]

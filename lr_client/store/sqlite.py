@@ -53,7 +53,8 @@ _SENDS_HEAD = (
     " (SELECT max(updated_at) FROM lrq_snapshots),"
     " (SELECT max(updated_at) FROM lrq_snapshot_destinations),"
     " (SELECT count(*) FROM lrq_drops), (SELECT max(dropped_at) FROM lrq_drops),"
-    " (SELECT max(accepted_at) FROM lrq_stream_stops)"
+    " (SELECT max(accepted_at) FROM lrq_stream_stops),"
+    " (SELECT seq FROM sqlite_sequence WHERE name = 'lrq_replays')"
 )
 #: The head of the receive queues: it moves when a receiver stores entries only.
 _ARRIVALS_HEAD = "SELECT seq FROM sqlite_sequence WHERE name = 'lrq_recv_entries'"

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -48,8 +50,9 @@ NOTIFY_INTERVAL = 0.005
 #: listener that stopped reading holds the queue's tail, and a full queue would
 #: make the notifying transaction (the application's) fail.
 QUEUE_USAGE_LIMIT = 0.5
-#: Seconds between waits for notifications: how soon :meth:`ChannelWatch.close` is seen.
-WAIT_SLICE = 0.5
+#: Seconds a watch waits at most before it looks at its connection again (a slow safety
+#: net: a notification or :meth:`Watch.close` ends the wait at once).
+WAIT_SLICE = 60.0
 #: Seconds between reads of SQLite's ``data_version`` where file changes are not told.
 DATA_VERSION_INTERVAL = 0.01
 #: Seconds after a write of the database file at which it is read again.
@@ -67,6 +70,9 @@ class Watch:
         #: Connections that were watching so far (one more after each reconnection).
         self.connections = 0
         self._listening = False
+        #: Written by :meth:`close`: a wait that polls this pipe too ends at once.
+        self._wake_r, self._wake_w = os.pipe()
+        self._pipe_open = True
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -78,10 +84,23 @@ class Watch:
         return self._listening
 
     def close(self) -> None:
-        """Stop watching and close the connection (within about half a second)."""
+        """Stop watching and close the connection."""
         self._closed.set()
+        if self._pipe_open:
+            os.write(self._wake_w, b"x")
         if self._thread is not threading.current_thread():
             self._thread.join()
+            if self._pipe_open:
+                self._pipe_open = False
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+
+    def _poller(self, fd: int) -> select.poll:
+        """A poll of ``fd`` and of the pipe :meth:`close` writes to."""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        return poller
 
     def _run(self) -> None:
         backoff = _BACKOFF_MIN
@@ -132,10 +151,14 @@ class ChannelWatch(Watch):
             raw.autocommit = True
             raw.execute(f"LISTEN {self.channel}")  # an identifier, checked above
             self._started()
+            # Asleep until the socket has something (psycopg's own wait would wake ten
+            # times a second to look for signals) or close() writes to the pipe.
+            poller = self._poller(raw.fileno())
             while not self._closed.is_set():
-                for n in raw.notifies(timeout=WAIT_SLICE):
+                for n in raw.notifies(timeout=0):  # what came (or was read already)
                     if self._payload is None or n.payload == self._payload:
                         self._wake()
+                poller.poll(WAIT_SLICE * 1000)
         finally:
             fairy.close()
 
@@ -146,7 +169,8 @@ class DataVersionWatch(Watch):
 
     Where the kernel tells of file changes (Linux inotify, through ``inotify_simple``)
     it reads ``data_version`` only when the database or its write-ahead log was
-    written: an idle watch costs nothing. Elsewhere it reads it every ``interval``.
+    written (those two files are watched, not the other files of their folder): an
+    idle watch costs nothing. Elsewhere it reads it every ``interval``.
     """
 
     def __init__(
@@ -188,11 +212,17 @@ class DataVersionWatch(Watch):
                 yield
             return
         assert inotify_simple is not None
+        flags = inotify_simple.flags
         folder, name = os.path.split(os.path.abspath(self.path))
         names = {name, name + "-wal"}
-        events = inotify_simple.flags.MODIFY | inotify_simple.flags.CREATE
         with inotify_simple.INotify() as notify:
-            notify.add_watch(folder, events)
+            # The database and its log, each watched for writes (not the folder's other
+            # files); the folder only for the files of ours made anew (a new log).
+            mine = {notify.add_watch(folder, flags.CREATE | flags.MOVED_TO)}
+            files: set[int] = set()
+            for n in names:
+                files |= _watch_file(notify, os.path.join(folder, n))
+            poller = self._poller(notify.fileno())
             self._started()
             yield  # what was written before the watch began
             # A commit's log is written before it is published (the WAL index): a read
@@ -200,14 +230,29 @@ class DataVersionWatch(Watch):
             # little later, once each.
             again: list[float] = []
             while not self._closed.is_set():
-                timeout = again[0] if again else WAIT_SLICE
-                written = notify.read(timeout=max(1, int(timeout * 1000)))
-                if any(e.name in names for e in written):
+                poller.poll(max(1, int(again[0] * 1000)) if again else None)
+                if self._closed.is_set():
+                    return
+                written = False
+                for e in notify.read(timeout=0):
+                    if e.wd in mine and e.name in names:  # made anew: watch it
+                        files |= _watch_file(notify, os.path.join(folder, e.name))
+                    written = written or e.wd in files or e.name in names
+                if written:
                     again = list(RECHECKS)
                     yield
                 elif again:
                     again.pop(0)
                     yield
+
+
+def _watch_file(notify: Any, path: str) -> set[int]:
+    """Watch ``path`` for writes; its watch descriptor (none if it does not exist)."""
+    assert inotify_simple is not None
+    try:
+        return {notify.add_watch(path, inotify_simple.flags.MODIFY)}
+    except OSError:  # not there (yet): the folder's watch tells when it is made
+        return set()
 
 
 def sqlite_path(engine: Engine) -> str | None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from lr_client.latency import STAGES
 from lr_server.cli.database import open_site_store
 from lr_server.cli.options import config_option, json_option
 from lr_server.cli.parked import render_failures
@@ -24,6 +25,7 @@ from lr_server.cli.render import (
 from lr_server.config import load_config
 
 if TYPE_CHECKING:
+    from lr_client.store.ops.latency import StageLatency
     from lr_client.store.recv.replay_contract import ReplayRequest
     from lr_server.ops.status_records import SiteStatus
 
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
 @config_option
 @json_option
 def status(config_path: Path, as_json: bool) -> None:
-    """Where every stream stands: lag, state, acks, in-flight, snapshots, drops, replays."""
+    """Where every stream stands: lag, state, acks, in-flight, snapshots, drops, replays,
+    and where a hop's batches spend their time (latency per stage)."""
     from lr_server import admin
 
     config = load_config(config_path)
@@ -40,17 +43,48 @@ def status(config_path: Path, as_json: bool) -> None:
         report = admin.status(config, store)
         blocked, parked = admin.blocked_queues(store), admin.parked_counts(store)
         replays = admin.list_replays(store)
+        stages = store.latency.list_stage_latency()
     if as_json:
         extra = {
             "blocked_queues": [b.to_dict() for b in blocked],
             "parked_entries": [p.to_dict() for p in parked],
             "replays": [r.to_dict() for r in replays],
+            "stage_latency": [x.to_dict() for x in stages],
         }
         print_json({**report.to_dict(), **extra})
     else:
         render_status(report)
         render_failures(blocked, parked, report.time)
         render_replays(replays)
+        render_stages(stages, report.time)
+
+
+def render_stages(rows: list[StageLatency], now: float) -> None:
+    """Print where the hops' batches spend their time (``lrq_stage_latency``), if known:
+    per peer (a destination here, or a source) and client, each stage's last batches."""
+    if not rows:
+        return
+    order = {stage: i for i, stage in enumerate(STAGES)}
+    t = table(
+        "latency per stage", "peer", "client", "stage", "batches", "p50", "p99", "max", "as of"
+    )
+    for r in sorted(rows, key=lambda r: (r.peer, r.client_name, order.get(r.stage, len(order)))):
+        t.add_row(
+            r.peer,
+            r.client_name,
+            r.stage,
+            str(r.batches),
+            millis(r.p50),
+            millis(r.p99),
+            millis(r.max),
+            ago(r.updated_at, now),
+        )
+    console().print(t)
+
+
+def millis(sec: float) -> str:
+    """A short duration in milliseconds (longer ones as :func:`human_seconds`)."""
+    return f"{sec * 1000:.1f} ms" if sec < 10 else human_seconds(sec)
 
 
 def render_replays(replays: list[ReplayRequest]) -> None:

@@ -6,7 +6,10 @@ It runs in the member that owns the trim unit. While the send queue is idle
 waits for the head to move, or for :data:`IDLE_RETENTION_PERIOD`: an idle site
 does not measure every stream's backlog and rewrite every client's flow state
 each ``trim_interval``. Trim runs every round; rounds that find nothing to do
-come at doubling intervals, from ``trim_interval`` up to :data:`IDLE_UPKEEP_MAX`.
+come at doubling intervals, from ``trim_interval`` up to :data:`IDLE_UPKEEP_MAX`,
+and a wake-up (:meth:`Upkeep.wake`: entries came, or the units moved) ends that
+wait, though rounds never come closer than ``trim_interval``. The planner's
+statistics are refreshed only after a round that found something to do.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ log = logging.getLogger("lr.server")
 #: Seconds between refreshes of the send queue's planner statistics.
 ANALYZE_INTERVAL = 15.0
 #: Seconds between retention rounds while the send queue is idle.
-IDLE_RETENTION_PERIOD = 30.0
+IDLE_RETENTION_PERIOD = 120.0
 #: Seconds between upkeep rounds at most, while rounds find nothing to do.
-IDLE_UPKEEP_MAX = 5.0
+IDLE_UPKEEP_MAX = 30.0
 
 
 class Upkeep:
@@ -53,15 +56,29 @@ class Upkeep:
         self.quiet_head: int | None = None
         self._full_at = float("-inf")
         self._analyzed = time.monotonic()
+        self._changed = True  # the queue may have changed since the last refresh
+        self._woken = threading.Event()
+
+    def wake(self) -> None:
+        """Something may have changed (entries came, the units moved, the stop): the next
+        round comes ``trim_interval`` after the last, not at the idle back-off."""
+        self._woken.set()
 
     def run(self, stop: threading.Event) -> None:
+        """Rounds until ``stop`` is set (whoever sets it calls :meth:`wake`)."""
         self.store.retention.rotation_period = self.config.retention.rotation_period
         self.store.retention.max_slots = self.config.retention.max_slots
         every = self.config.retention.trim_interval
         wait = every
-        while not stop.wait(wait):
+        while not stop.wait(every):
+            if wait > every:
+                self._woken.wait(wait - every)
+            self._woken.clear()
+            if stop.is_set():
+                break
             fence = self.fence()
             if fence is None:  # another member runs the trim job
+                wait = max(every, IDLE_UPKEEP_MAX)
                 continue
             busy = True
             try:
@@ -95,10 +112,12 @@ class Upkeep:
             rotated = self.store.queues.rotate_receive_queues(self.config.receiver.rotation_period)
             if rotated is not None:
                 metrics.RECV_ROTATIONS.inc()
-        if time.monotonic() - self._analyzed > ANALYZE_INTERVAL:
+        busy = busy or bool(n) or rotated is not None
+        self._changed = self._changed or busy
+        if time.monotonic() - self._analyzed > ANALYZE_INTERVAL and self._changed:
             self.store.send.analyze()
-            self._analyzed = time.monotonic()
-        return busy or bool(n) or rotated is not None
+            self._analyzed, self._changed = time.monotonic(), False
+        return busy
 
 
 __all__ = ["ANALYZE_INTERVAL", "IDLE_RETENTION_PERIOD", "IDLE_UPKEEP_MAX", "Upkeep"]

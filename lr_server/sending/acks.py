@@ -19,6 +19,7 @@ from lr_client.records import Fence, SnapshotStatus
 from lr_server import metrics
 from lr_server.sending.replay import Replayer
 from lr_server.sending.snapshot_requests import SnapshotRequests
+from lr_server.sending.status_row import SendStages
 from lr_server.sending.stops import StreamStops, is_accepted_notice
 from lr_server.sending.streams import ClientStream
 from lr_server.sending.window import Window
@@ -26,7 +27,8 @@ from lr_server.stores import AckStore
 from lr_server.transport.base import BatchStream
 from lr_server.transport.lanes import LaneStreams
 
-#: Seconds an idle session takes at most to see its stop.
+#: Seconds an idle session takes at most to see its stop, unless whoever stops it wakes it
+#: (``stop_check = None``: a server does).
 STOP_CHECK = 0.25
 
 
@@ -43,6 +45,7 @@ class Acknowledgements:
         replays: Replayer,
         fence: Callable[[str], Fence | None],
         woken: Callable[[], bool] = lambda: False,
+        stages: SendStages | None = None,
     ) -> None:
         self.store = store
         self.destination = destination
@@ -51,6 +54,10 @@ class Acknowledgements:
         self.fence = fence
         #: Whether the session was woken meanwhile (its wait for acknowledgements ends).
         self.woken = woken
+        #: The latency of the stages its log batches went through (SendStages).
+        self.stages = stages if stages is not None else SendStages(destination)
+        #: Seconds between looks at the stop while waiting; None: none, the stop wakes it.
+        self.stop_check: float | None = STOP_CHECK
 
     def wait(
         self,
@@ -60,12 +67,16 @@ class Acknowledgements:
         timeout: float,
     ) -> int:
         """Handle acknowledgements for up to ``timeout`` s, or until a wake-up or the stop
-        (seen within ``STOP_CHECK`` s); how many came."""
+        (seen within ``stop_check`` s, or at once where the stop wakes it); how many came."""
         deadline = time.monotonic() + timeout
+        check = self.stop_check
+        if check is None and type(stream).interrupt is BatchStream.interrupt:
+            check = STOP_CHECK  # a wake-up cannot end its wait
         while True:
             left = deadline - time.monotonic()
-            n = self.drain(stream, streams, max(0.0, min(left, STOP_CHECK)))
-            if n or left <= STOP_CHECK or self.woken() or stop.is_set():
+            slice_ = left if check is None else min(left, check)
+            n = self.drain(stream, streams, max(0.0, slice_))
+            if n or left <= slice_ or self.woken() or stop.is_set():
                 return n
 
     def drain(self, stream: BatchStream, streams: dict[str, ClientStream], timeout: float) -> int:
@@ -99,7 +110,7 @@ class Acknowledgements:
                 ls = streams[f.client].lanes
                 if ls is not None and ls.settled(f.batch_id, f.low_water):
                     self.window.cursors[f.client] = ls.cursor
-            metrics.BATCH_LATENCY.labels(self.destination).observe(now - f.sent_at)
+            self.stages.acked(f, now)  # the stages' latency
             metrics.BATCHES_ACKED.labels(self.destination).inc()
             metrics.ENTRIES_SHIPPED.labels(self.destination, f.client).inc(f.entries)
             metrics.BYTES_SHIPPED.labels(self.destination, f.client).inc(f.nbytes)

@@ -33,10 +33,16 @@ def send(
     is_end: bool = False,
     lane: int = 0,
     low_water: int = 0,
+    read_at: float = 0.0,
 ) -> None:
-    """Count ``batch`` in flight (``lane``, ``low_water``: a lane batch's), then send it."""
+    """Count ``batch`` in flight (``lane``, ``low_water``: a lane batch's), then send it.
+    ``read_at``: when its entries were read (``time.time()``; 0: not known), for the
+    latency of a log batch's stages before the send (:mod:`lr_client.latency`)."""
     if peer_version < protocol.HEADERS_VERSION and any(e.headers is not None for e in entries):
         protocol.require("headers", peer_version, repr(destination))
+    queued = sending = -1.0
+    if read_at and entries and batch.kind == pb.BATCH_LOG_ENTRY and not batch.replay:
+        queued, sending = read_at - entries[0].created_at, time.time() - read_at
     window.add(
         InFlight(
             batch.batch_id,
@@ -50,6 +56,8 @@ def send(
             is_end,
             lane,
             low_water,
+            queued=queued,
+            sending=sending,
         )
     )
     metrics.INFLIGHT_BATCHES.labels(destination).set(len(window))

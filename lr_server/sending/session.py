@@ -15,7 +15,8 @@ woken when its receiver stores a batch of it (:mod:`lr_server.sending.arrivals`)
 Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of the send
 queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack. Its safety poll
 doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX`: a lost wake-up costs at most that,
-never an entry."""
+never an entry; a steady session backs off to ``steady_poll_max``, longer under a server that
+probes the send queue's head for its sessions (:mod:`lr_server.send_probe`)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ class SenderSession:
         self._woken = False  # set by wake(): the next round polls fast again
         #: Seconds an idle session waits at most between reads; between status rows.
         self.idle_poll_max, self.status_refresh = IDLE_POLL_MAX, STATUS_REFRESH
+        #: The same while :meth:`steady` (longer under the server's probe of the head).
+        self.steady_poll_max = IDLE_POLL_MAX
         self.transport_factory = transport_factory
         self.cfg = replication or ReplicationConfig()
         #: The batches of the clients it relays received here and not stored yet, which
@@ -155,7 +158,17 @@ class SenderSession:
             self.replays,
             self.fence,
             lambda: self._woken,
+            self.status_row.stages,
         )
+
+    @property
+    def stop_check(self) -> float | None:
+        """Seconds between looks at the stop while waiting; None: none, the stop wakes it."""
+        return self.acks.stop_check
+
+    @stop_check.setter
+    def stop_check(self, seconds: float | None) -> None:
+        self.acks.stop_check = seconds
 
     def wake(self) -> None:
         """Entries may have come: end the session's wait, and poll fast again."""
@@ -329,7 +342,8 @@ class SenderSession:
             if self.acks.wait(stop, stream, streams, timeout) or sent_any:
                 idle = fast
             elif not self._woken:
-                idle = min(max(fast, self.idle_poll_max), idle * 2)
+                most = self.steady_poll_max if self.steady(streams) else self.idle_poll_max
+                idle = min(max(fast, most), idle * 2)
             oldest = self.window.oldest_sent_at()
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
                 raise TransportError("no acknowledgement within stream_idle_timeout")
@@ -341,6 +355,17 @@ class SenderSession:
         while self.window.batches and time.monotonic() < deadline:
             self.acks.drain(stream, streams, 0.1)
         self.acks.flush_cursors()
+
+    def steady(self, streams: dict[str, ClientStream]) -> bool:
+        """Every stream in log entry sync, nothing in flight or replayed, nothing relayed:
+        all it waits for is new entries or requests, which wake it (and the server's probe
+        of the send queue's head covers a lost wake-up)."""
+        return (
+            not self.window.batches
+            and self.inbox is None
+            and not self.replays.runs
+            and all(cs.mode is Mode.LOG for cs in streams.values())
+        )
 
     def _arrived(self) -> None:
         """A batch of a client this session relays was stored: end its wait, if any."""

@@ -79,6 +79,7 @@ class Shipper:
         self.lookup = SendChecks(store, destination)
         #: The sending of clients shipped over lanes.
         self.lane_shipper = LaneShipper(cfg, window, self.source_of, self.send)
+        self.read_at: dict[str, float] = {}  # each client's last read of log entries (time.time)
         #: The sink's wire protocol, as negotiated (the session sets it on each connect).
         self.peer_version = protocol.PROTOCOL_VERSION
 
@@ -98,6 +99,7 @@ class Shipper:
                 sent_any |= self.send_notice(stream, name, cs)
             elif cs.mode is Mode.LOG:
                 entries = self.stops.sized(cs, self.read_log(name, cs))
+                self.read_at[name] = time.time()
                 if lanes > 1 and not entries and name not in self.cascade:
                     sent_any |= self.lane_shipper.send_mark(stream, name, cs)
                     continue
@@ -304,7 +306,7 @@ class Shipper:
     ) -> None:
         """Count ``batch`` in flight, check it, send it (:func:`.outbound.send`)."""
         args = (self.window, self.destination, self.peer_version, stream, batch, name, entries)
-        outbound.send(*args, is_end, lane, low_water)
+        outbound.send(*args, is_end, lane, low_water, self.read_at.get(name, 0.0))
 
 
 __all__ = ["Shipper"]

@@ -10,7 +10,11 @@ from __future__ import annotations
 import logging
 import time
 
+from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import LRError
+from lr_client.latency import StageBook
+from lr_server import metrics
+from lr_server.sending.window import InFlight
 from lr_server.stores import StatusStore
 
 #: Seconds between writes of an unchanged session status row (``updated_at`` stays fresh).
@@ -18,6 +22,28 @@ STATUS_REFRESH = 30.0
 
 #: What the row says: state, connected, batches and bytes in flight, last error.
 Status = tuple[str, bool, int, int, str]
+
+
+class SendStages:
+    """The stages of a destination's log batches that the session sees end: ``queued``
+    and ``sent`` (known for the batches it read itself) and ``stored`` (the acknowledgement)."""
+
+    def __init__(self, destination: str) -> None:
+        self.destination = destination
+        self.book = StageBook()
+
+    def acked(self, f: InFlight, now: float) -> None:
+        """``f`` was acknowledged at ``now`` (``time.monotonic()``)."""
+        stored = now - f.sent_at
+        metrics.BATCH_LATENCY.labels(self.destination).observe(stored)
+        if f.kind != pb.BATCH_LOG_ENTRY or f.replay:
+            return
+        stages = [("stored", stored)]
+        if f.queued >= 0:
+            stages += [("queued", f.queued), ("sent", f.sending)]
+        for stage, seconds in stages:
+            self.book.add(self.destination, f.client, stage, seconds)
+            metrics.STAGE_LATENCY.labels(self.destination, f.client, stage).observe(seconds)
 
 
 class StatusRow:
@@ -29,12 +55,16 @@ class StatusRow:
         self.store = store
         self.destination = destination
         self._log = log
+        #: The latency of the stages of its log batches (written with the row).
+        self.stages = SendStages(destination)
         #: The status last written, and when (time.monotonic()).
         self._written: Status | None = None
         self._at = float("-inf")
 
     def save(self, status: Status, refresh: float = STATUS_REFRESH) -> None:
-        """Write ``status`` if it changed, or if the row is ``refresh`` seconds old."""
+        """Write ``status`` if it changed, or if the row is ``refresh`` seconds old; the
+        stages' latency at most every :data:`~lr_client.latency.FLUSH_INTERVAL` s."""
+        self.stages.book.flush(self.store.latency)
         now = time.monotonic()
         if status == self._written and now - self._at < refresh:
             return
@@ -52,4 +82,4 @@ class StatusRow:
             self._log.warning("cannot save session status: %s", exc)
 
 
-__all__ = ["STATUS_REFRESH", "Status", "StatusRow"]
+__all__ = ["STATUS_REFRESH", "SendStages", "Status", "StatusRow"]

@@ -34,6 +34,8 @@ class InFlight:
     lane: int = 0  # 0: the whole stream; else the lane of a log batch
     low_water: int = 0  # a lane batch's: every entry up to it was acknowledged when sent
     replay: bool = False  # entries shipped again (lr_server.sending.replay): no cursor moves
+    queued: float = -1.0  # a log batch's first entry: seconds from its transmit to its read
+    sending: float = -1.0  # and from its read to the send (-1: not known)
 
     @property
     def stream(self) -> int:

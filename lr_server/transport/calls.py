@@ -70,6 +70,7 @@ class CallTracker:
         self._working = 0  # handlers inside :meth:`working` (using the receiver's store)
         self._closed = False
         self._idle = threading.Condition(self._lock)
+        self._waits = threading.Condition(self._lock)  # a call began to wait, or the stop
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -82,6 +83,8 @@ class CallTracker:
 
     def stop(self) -> None:
         self._stop.set()
+        with self._lock:
+            self._waits.notify_all()
         if self._watchdog is not None:
             self._watchdog.join(timeout=5)
 
@@ -129,6 +132,7 @@ class CallTracker:
         """While inside, the call waits for its peer and is cancelled once idle too long."""
         with self._lock:
             call.waiting_since = self._clock()
+            self._waits.notify_all()
         try:
             yield
         finally:
@@ -194,8 +198,18 @@ class CallTracker:
         return idle
 
     def _watch(self) -> None:
-        interval = min(0.25, self.idle_timeout / 4)
-        while not self._stop.wait(interval):
+        """Expire idle calls, sleeping until the first waiting call could be (or one
+        begins to wait): an idle receiver's watchdog does not wake on a timer."""
+        while not self._stop.is_set():
+            with self._lock:
+                since = [
+                    c.waiting_since for c in self._calls.values() if c.waiting_since is not None
+                ]
+                timeout = None
+                if since:
+                    timeout = max(0.0, min(since) + self.idle_timeout - self._clock()) + 0.01
+                if not self._stop.is_set():
+                    self._waits.wait(timeout)
             try:
                 self.expire_idle()
             except Exception:  # pragma: no cover - never let the watchdog die

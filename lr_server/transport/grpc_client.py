@@ -16,6 +16,24 @@ from lr_server.transport.base import BatchStream, Transport
 from lr_server.transport.errors import map_rpc_error
 
 _END = object()
+#: Seconds a thread blocked in a grpc call (a stream's acknowledgements) sleeps at most
+#: before it looks again, in an ``lr server`` process (:func:`quiet_waits`).
+WAIT_SLICE = 30.0
+
+
+def quiet_waits() -> bool:
+    """Let the threads blocked in grpc calls sleep until woken, at most ``WAIT_SLICE`` s.
+
+    grpc's synchronous calls wait in slices of 0.1 s (``grpc._common``), so that a
+    signal handler of a main thread blocked in a call runs soon: each open stream's
+    reader wakes 10 times a second for nothing. ``lr server`` handles its signals on a
+    main thread that never waits in grpc, so it sets a longer slice; an application
+    that embeds a site keeps grpc's own. Whether grpc still has the setting."""
+    common = getattr(grpc, "_common", None)
+    if not isinstance(getattr(common, "MAXIMUM_WAIT_TIMEOUT", None), float):
+        return False
+    common.MAXIMUM_WAIT_TIMEOUT = WAIT_SLICE  # type: ignore[union-attr]
+    return True
 
 
 def channel_options(max_message_bytes: int) -> list[tuple[str, int | str]]:

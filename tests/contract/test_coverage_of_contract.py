@@ -38,6 +38,7 @@ ROLES: dict[type, str] = {
     contract.CascadeReports: "test_cascade_reports.py",
     contract.Cascading: "test_cascading.py",
     contract.Transactions: "test_subscriber_queues.py",
+    contract.StageLatencies: "test_stage_latency.py",
     contract.QueueStore: "test_sites.py",
 }
 #: The store's role attributes and the protocol of each.
@@ -57,6 +58,7 @@ ROLE_ATTRIBUTES = {
     "members": contract.Members,
     "cascade_reports": contract.CascadeReports,
     "cascade": contract.Cascading,
+    "latency": contract.StageLatencies,
 }
 
 

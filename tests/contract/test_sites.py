@@ -129,8 +129,8 @@ def test_the_store_has_an_object_per_role(store: QueueStore, db_url: str) -> Non
     roles = (store.sites, store.send, store.shipping, store.retention, store.snapshots)
     roles += (store.snapshot_entries, store.recv, store.replays, store.queues, store.heads)
     roles += (store.partitions, store.inspection, store.members, store.cascade_reports)
-    roles += (store.cascade,)
-    assert len({id(r) for r in roles}) == 15  # distinct objects, not the store itself
+    roles += (store.cascade, store.latency)
+    assert len({id(r) for r in roles}) == 16  # distinct objects, not the store itself
     assert all(r is not store for r in roles)
     assert store.single_writer is db_url.startswith("sqlite")
 

@@ -531,3 +531,23 @@ def test_by_partition_listeners_awaiting_before_their_writes_overlap(site: Site)
     asyncio.run(main())
     assert listener.all_in.is_set()  # they overlapped
     assert sorted(r[3] for r in rows(store)) == list(range(1, 81))
+
+
+def test_the_async_subscriber_records_the_applied_stage_of_its_deliveries(site: Site) -> None:
+    """The ``applied`` stage (:mod:`lr_client.latency`) of a log batch it delivered."""
+    store = site.store
+    store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
+
+    async def main() -> int:
+        engine = site.engine()
+        sub = AsyncRoutingQueueSubscriber(engine, CLIENT, Applier())
+        try:
+            return await sub.poll_once()
+        finally:
+            await sub.close()
+            await engine.dispose()
+
+    assert asyncio.run(main()) == 3
+    (row,) = store.latency.list_stage_latency()
+    assert (row.peer, row.client_name, row.stage, row.batches) == ("src-a", CLIENT, "applied", 1)
+    assert 0 <= row.p50 <= row.max

@@ -1,8 +1,11 @@
 """Woken, not polling (I11): sender sessions wake on a commit that transmitted, and a
-lost wake-up costs at most the safety poll, never an entry."""
+lost wake-up costs at most the safety poll, never an entry; an idle site's sessions,
+upkeep and watches sleep until something happens, and the server's probe of the send
+queue's head bounds what a lost wake-up costs."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -11,11 +14,18 @@ import pytest
 from sqlalchemy.orm import Session
 
 from lr_client import LRMessageWithDestinations, RoutingQueueClient, create_engine
+from lr_client.records import Fence
 from lr_client.store import SQLAlchemyQueueStore, open_store, watches
 from lr_client.store.postgres import PostgresCore
 from lr_client.store.send import pg_append
 from lr_client.store.sqlite import SQLiteCore
-from lr_server import Site
+from lr_server import Site, parse_config
+from lr_server.cluster import upkeep
+from lr_server.cluster.upkeep import Upkeep
+from lr_server.sending import send_probe, session
+from lr_server.sending.send_probe import STEADY_POLL_MAX, SendProbe
+from lr_server.sending.streams import Mode
+from tests.kit.rig import CLIENT, make_rig
 from tests.kit.sites import SiteSpec, free_port, write_config
 from tests.kit.wait import scaled, wait_for
 
@@ -211,3 +221,165 @@ def test_a_transmit_sends_no_notification_over_the_queues_limit(
         ]
     finally:
         watch.close()
+
+
+def test_the_probe_wakes_only_when_the_head_moved() -> None:
+    heads = iter([5, 5, 6, 6, 9])
+    rings: list[int] = []
+    probe = SendProbe(lambda: next(heads), lambda: rings.append(1))
+    assert [probe.check() for _ in range(5)] == [False, False, True, False, True]
+    assert len(rings) == 2
+
+
+@pytest.mark.stop_calls_at_once
+def test_with_every_wakeup_of_the_watch_lost_the_probe_ships_everything_in_order(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch listens but its wake-ups are lost and the sessions never poll on their
+    own: the server's probe of the head alone ships every entry, in order, once each."""
+    for backend in (SQLiteCore, PostgresCore):
+        watch = backend.watch_sends
+        monkeypatch.setattr(backend, "watch_sends", lambda self, wake, w=watch: w(self, _lost))
+    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", 0.1)
+    sink, source = _pair(tmp_path, db_url_factory, NEVER)
+    with sink, source:
+        sess = source.server.sessions["b"]
+        sess.idle_poll_max = sess.steady_poll_max = NEVER
+        assert source.server.send_watch is not None
+        payloads = [b"p%03d" % i for i in range(30)]
+        for i in range(0, 30, 10):  # three bursts, the session idle in between
+            _transmit(source, payloads[i : i + 10])
+            wait_for(lambda i=i: len(_received(sink)) == i + 10, timeout=30)
+        assert _received(sink) == payloads
+
+
+def _lost() -> None:
+    """A wake-up that never arrives."""
+
+
+@pytest.mark.stop_calls_at_once
+def test_a_servers_idle_session_waits_whole_and_stops_when_told(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a server an idle session waits for acknowledgements in one wait, not in
+    slices to look at its stop: the server's stop wakes it, and it ends."""
+    waits: list[float] = []
+    drain = session.SenderSession._drain_acks
+
+    def recorded(self: session.SenderSession, stream: object, streams: object, t: float) -> int:
+        waits.append(t)
+        return drain(self, stream, streams, t)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(session.SenderSession, "_drain_acks", recorded)
+    sink, source = _pair(tmp_path, db_url_factory, NEVER)
+    with sink:
+        with source:
+            sess = source.server.sessions["b"]
+            assert sess.stop_check is None and sess.steady_poll_max == STEADY_POLL_MAX
+            thread = source.server._runs["b"][1]
+            wait_for(lambda: any(t > session.STOP_CHECK for t in waits), what="an idle wait")
+        assert not thread.is_alive()  # the server's stop ended its wait
+
+
+def test_a_session_is_steady_only_in_log_entry_sync_with_nothing_in_flight(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    with make_rig(store, db_url_factory) as r:
+        r.connect()
+        assert r.session.steady(r.streams)
+        r.transmit(2)
+        assert r.stream is not None
+        r.session._ship(r.stream, r.streams)  # sent, not acknowledged yet
+        assert not r.session.steady(r.streams)
+        r.session._drain_acks(r.stream, r.streams, 10.0)
+        assert r.session.steady(r.streams)
+        r.streams[CLIENT].mode = Mode.SNAPSHOT
+        assert not r.session.steady(r.streams)
+
+
+def test_an_idle_upkeep_comes_again_at_once_when_woken(
+    store: SQLAlchemyQueueStore, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle rounds back off (here without end); a wake-up brings the next one at
+    once: rounds go on only as long as something wakes the upkeep."""
+    monkeypatch.setattr(upkeep, "IDLE_UPKEEP_MAX", NEVER)
+    config = parse_config(
+        {
+            "site": {"id": "a", "database_url": db_url},
+            "security": {"transport": "plaintext"},
+            "clients": [{"name": "policy"}],
+            "retention": {"trim_interval": 0.01},
+        }
+    )
+    keeper = Upkeep(store, config, lambda: Fence("trim", "me", 1), lambda: None)
+    rounds: list[int] = []
+    monkeypatch.setattr(keeper, "round", lambda fence: rounds.append(1) and False)
+    stop = threading.Event()
+    worker = threading.Thread(target=keeper.run, args=(stop,))
+    worker.start()
+    try:
+        # Unwoken, the 30th round would come after 0.01 * 2**29 s.
+        wait_for(lambda: keeper.wake() or len(rounds) >= 30, what="rounds on wake-ups")
+    finally:
+        stop.set()
+        keeper.wake()
+        worker.join()
+
+
+def _inotify_watches() -> list[tuple[int, str]]:
+    """(inode, mask) of every inotify watch this process holds (``/proc`` fdinfo)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith("inotify"):
+                fields = dict(part.split(":", 1) for part in line.split()[1:])
+                found.append((int(fields["ino"], 16), fields["mask"]))
+    return found
+
+
+@pytest.mark.skipif(watches.inotify_simple is None, reason="inotify: Linux")
+def test_a_sqlite_watch_asks_for_the_writes_of_its_database_and_log_only(
+    tmp_path: Path,
+) -> None:
+    """Other files of the folder (other databases, logs) written never wake the watch:
+    the kernel is asked for the writes of the database file and its log, and for the
+    folder's new files only."""
+    store = open_store(create_engine(f"sqlite:///{tmp_path / 'w.db'}"))
+    store.create_schema()
+    before = set(_inotify_watches())
+    watch = store.shipping.watch_sends(lambda: None)
+    assert watch is not None
+    try:
+        wait_for(lambda: watch.listening, what="the watch started")
+        mine = {ino: int(mask, 16) for ino, mask in set(_inotify_watches()) - before}
+        modify, create = 0x2, 0x100
+        inodes = {os.stat(tmp_path / n).st_ino: n for n in ("w.db", "w.db-wal", ".")}
+        assert {inodes[i] for i in mine} == {"w.db", "w.db-wal", "."}
+        assert all(mine[i] & modify for i, n in inodes.items() if n != ".")
+        folder = next(i for i, n in inodes.items() if n == ".")
+        assert mine[folder] & create and not mine[folder] & modify
+    finally:
+        watch.close()
+        store.close()
+
+
+def test_a_transmit_wakes_the_session_and_the_upkeep(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The send queue's wake-up reaches the upkeep too (its next round comes soon)."""
+    woken: list[int] = []
+    monkeypatch.setattr(Upkeep, "wake", lambda self: woken.append(1))
+    sink, source = _pair(tmp_path, db_url_factory, 0.05)
+    with sink, source:
+        count = len(woken)
+        client = RoutingQueueClient(source.store, "a", "policy")
+        with Session(source.store.engine) as s, s.begin():
+            client.transmit_log_entry_message(s, b"x", ["b"])
+        wait_for(lambda: len(woken) > count, what="the upkeep woken")

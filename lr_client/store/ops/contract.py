@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from lr_client.records import (
@@ -10,6 +11,7 @@ from lr_client.records import (
     StoredEntry,
 )
 from lr_client.store.ops.inspection import SinkBacklog, SinkFailures
+from lr_client.store.ops.latency import StageLatency
 from lr_client.store.ops.partition_lags import PartitionLag
 
 
@@ -67,4 +69,14 @@ class Inspection(Protocol):
         """A receive queue's entries after ``seq`` ``after``; None if there is no such queue."""
 
 
-__all__ = ["Inspection"]
+class StageLatencies(Protocol):
+    """The store's role for the per-stage latency rows (both ends of a hop)."""
+
+    def save_stage_latency(self, rows: Sequence[StageLatency]) -> None:
+        """Write ``rows`` (each replaces the row of its peer, client and stage)."""
+
+    def list_stage_latency(self) -> list[StageLatency]:
+        """Every row, by peer, client and stage."""
+
+
+__all__ = ["Inspection", "StageLatencies"]

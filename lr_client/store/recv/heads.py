@@ -43,6 +43,7 @@ class QueueHeadsStore(Role):
                 _R.c.base_position,
                 _R.c.partition_key,
                 _R.c.headers,
+                _R.c.received_at,
             )
             .add_columns(*sized(_R.c.payload, limit, max_bytes))
             .where(above(queue_id, after))
@@ -55,20 +56,9 @@ class QueueHeadsStore(Role):
         # Each row's last column is its payload (the drivers give bytes); one tuple
         # per entry, HeadEntry._make without its length check.
         new, types = tuple.__new__, TYPES_BY_VALUE
+        k = optional_bytes
         return [
-            new(
-                HeadEntry,
-                (
-                    r[0],
-                    types[r[1]],
-                    r[2],
-                    r[3],
-                    r[-1],
-                    r[4],
-                    optional_bytes(r[5]),
-                    optional_bytes(r[6]),
-                ),
-            )
+            new(HeadEntry, (r[0], types[r[1]], r[2], r[3], r[-1], r[4], k(r[5]), k(r[6]), r[7]))
             for r in rows
         ]
 

@@ -1,8 +1,7 @@
 """The :class:`~lr_client.store.contract.SubscriberQueues` role: a sink's subscriber.
 
-Receive queues, and the per-queue subscriber state and leases in
-``lrq_subscriber_state``; the methods that take a ``Connection`` run in the
-caller's (the delivering) transaction.
+Receive queues, the per-queue subscriber state and leases (``lrq_subscriber_state``);
+the methods that take a ``Connection`` run in the caller's (delivering) transaction.
 
 A lease row says which subscriber (``lease_owner``) may deliver a receive
 queue until ``lease_expires`` (wall-clock seconds). It is taken with one

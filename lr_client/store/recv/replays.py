@@ -74,6 +74,7 @@ class ReplaysStore(Role):
         }
         with self.core.write() as conn:
             rid = conn.execute(insert(_P).values(**row).returning(_P.c.replay_id)).scalar_one()
+            self.core.announce_sends(conn)  # the destination's session picks it up now
         return ReplayRequest(
             int(rid),
             destination,
