@@ -16,7 +16,7 @@ Each stage is measured by the process it ends in, per batch, on the batch's firs
 The first two compare wall clocks of the transmitting application and the server, the
 last one those of the sink's server and the subscriber (the same host's, or skew
 shows in them). A :class:`StageBook` keeps the samples; the process writes its
-summaries to the store (:mod:`lr_client.store.latency`) at most every
+summaries to the store (:mod:`lr_client.store.ops.latency`) at most every
 :data:`FLUSH_INTERVAL` s while batches come, and ``lr status`` shows them.
 """
 

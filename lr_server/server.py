@@ -276,7 +276,7 @@ class SiteServer:
             cascade=cascade,
             arrivals=self.arrivals,
         )
-        session.stop_check = None  # its stop wakes it (_signal_stop)
+        session.acks.stop_check = None  # its stop wakes it (_signal_stop)
         if self.send_watch is not None:  # woken by it, the probe under it
             session.steady_poll_max = STEADY_POLL_MAX
         stop = threading.Event()

@@ -12,11 +12,10 @@ that doubles up to ``max_backoff``. Full syncs are followed by
 replays by :mod:`lr_server.sending.replay`. A branch's session relaying a cascaded client is
 woken when its receiver stores a batch of it (:mod:`lr_server.sending.arrivals`).
 
-Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the watch of the send
-queue :meth:`~lr_client.store.contract.Shipping.watch_sends`) or an ack. Its safety poll
-doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX`: a lost wake-up costs at most that,
-never an entry; a steady session backs off to ``steady_poll_max``, longer under a server that
-probes the send queue's head for its sessions (:mod:`lr_server.send_probe`)."""
+Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the send queue's watch)
+or an ack. Its safety poll doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX` (a lost
+wake-up costs at most that, never an entry); a steady session backs off to ``steady_poll_max``,
+longer under a server that probes the send queue's head (:mod:`.send_probe`)."""
 
 from __future__ import annotations
 
@@ -160,15 +159,6 @@ class SenderSession:
             lambda: self._woken,
             self.status_row.stages,
         )
-
-    @property
-    def stop_check(self) -> float | None:
-        """Seconds between looks at the stop while waiting; None: none, the stop wakes it."""
-        return self.acks.stop_check
-
-    @stop_check.setter
-    def stop_check(self, seconds: float | None) -> None:
-        self.acks.stop_check = seconds
 
     def wake(self) -> None:
         """Entries may have come: end the session's wait, and poll fast again."""

@@ -1,11 +1,11 @@
-"""The per-stage latency rows (:mod:`lr_client.store.latency`) on each backend."""
+"""The per-stage latency rows (:mod:`lr_client.store.ops.latency`) on each backend."""
 
 from __future__ import annotations
 
 import time
 
 from lr_client.store.contract import QueueStore
-from lr_client.store.latency import StageLatency
+from lr_client.store.ops.latency import StageLatency
 
 
 def test_rows_are_written_replaced_and_listed_in_order(store: QueueStore) -> None:

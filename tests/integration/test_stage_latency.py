@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
-from lr_client.store.latency import StageLatency
+from lr_client.store.ops.latency import StageLatency
 from lr_client.subscriber import RoutingQueueSubscriber
 from lr_server import Site
 from lr_server.cli import cli

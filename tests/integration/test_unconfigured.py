@@ -373,7 +373,7 @@ def test_dropped_without_a_provider_it_stops_when_configured(sites: Sites) -> No
     server = sites.start("a", dests=["b", "c"], extra=retention)
     # Its status row written at every report (once a second), changed or not: each
     # report after the commit below is a pump pass of c's session.
-    server.sessions["c"].status.refresh = 0.0
+    server.sessions["c"].status_refresh = 0.0
     committed = time.time()
     later = [(b"later-%d" % i, ["b", "c"]) for i in range(2)]
     send(src, "policy", later)

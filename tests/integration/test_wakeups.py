@@ -22,7 +22,7 @@ from lr_client.store.sqlite import SQLiteCore
 from lr_server import Site, parse_config
 from lr_server.cluster import upkeep
 from lr_server.cluster.upkeep import Upkeep
-from lr_server.sending import send_probe, session
+from lr_server.sending import acks, send_probe
 from lr_server.sending.send_probe import STEADY_POLL_MAX, SendProbe
 from lr_server.sending.streams import Mode
 from tests.kit.rig import CLIENT, make_rig
@@ -264,20 +264,20 @@ def test_a_servers_idle_session_waits_whole_and_stops_when_told(
     """Under a server an idle session waits for acknowledgements in one wait, not in
     slices to look at its stop: the server's stop wakes it, and it ends."""
     waits: list[float] = []
-    drain = session.SenderSession._drain_acks
+    drain = acks.Acknowledgements.drain
 
-    def recorded(self: session.SenderSession, stream: object, streams: object, t: float) -> int:
+    def recorded(self: acks.Acknowledgements, stream: object, streams: object, t: float) -> int:
         waits.append(t)
         return drain(self, stream, streams, t)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(session.SenderSession, "_drain_acks", recorded)
+    monkeypatch.setattr(acks.Acknowledgements, "drain", recorded)
     sink, source = _pair(tmp_path, db_url_factory, NEVER)
     with sink:
         with source:
             sess = source.server.sessions["b"]
-            assert sess.stop_check is None and sess.steady_poll_max == STEADY_POLL_MAX
+            assert sess.acks.stop_check is None and sess.steady_poll_max == STEADY_POLL_MAX
             thread = source.server._runs["b"][1]
-            wait_for(lambda: any(t > session.STOP_CHECK for t in waits), what="an idle wait")
+            wait_for(lambda: any(t > acks.STOP_CHECK for t in waits), what="an idle wait")
         assert not thread.is_alive()  # the server's stop ended its wait
 
 
@@ -291,7 +291,7 @@ def test_a_session_is_steady_only_in_log_entry_sync_with_nothing_in_flight(
         assert r.stream is not None
         r.session._ship(r.stream, r.streams)  # sent, not acknowledged yet
         assert not r.session.steady(r.streams)
-        r.session._drain_acks(r.stream, r.streams, 10.0)
+        r.session.acks.drain(r.stream, r.streams, 10.0)
         assert r.session.steady(r.streams)
         r.streams[CLIENT].mode = Mode.SNAPSHOT
         assert not r.session.steady(r.streams)

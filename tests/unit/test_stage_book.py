@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from lr_client.errors import StoreUnavailableError
 from lr_client.latency import StageBook, percentile
-from lr_client.store.latency import StageLatency
+from lr_client.store.ops.latency import StageLatency
 
 
 class Store:

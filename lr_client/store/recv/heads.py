@@ -68,14 +68,22 @@ class QueueHeadsStore(Role):
         """The oldest entry of a receive queue (above ``after``, as for
         :meth:`read_head`), without its payload (``b""``)."""
         row = conn.execute(
-            select(_R.c.seq, _R.c.type, _R.c.source_position, _R.c.snapshot_id, _R.c.base_position)
+            select(
+                _R.c.seq,
+                _R.c.type,
+                _R.c.source_position,
+                _R.c.snapshot_id,
+                _R.c.base_position,
+                _R.c.received_at,
+            )
             .where(above(queue_id, after))
             .order_by(_R.c.seq)
             .limit(1)
         ).first()
         if row is None:
             return None
-        return HeadEntry(row[0], TYPES_BY_VALUE[row[1]], row[2], row[3], b"", row[4])
+        kind = TYPES_BY_VALUE[row[1]]
+        return HeadEntry(row[0], kind, row[2], row[3], b"", row[4], received_at=row[5])
 
     def has_snapshot_end(self, conn: Connection, queue_id: int, snapshot_id: str) -> bool:
         """Whether the end marker of ``snapshot_id`` is in the receive queue (an index probe)."""
