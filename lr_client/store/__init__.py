@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -100,12 +101,21 @@ def configure_sqlite_engine(engine: Engine) -> None:
     def _begin(conn: Any) -> None:
         immediate = conn.get_execution_options().get("lr_immediate")  # None: not the store's
         sql = "BEGIN IMMEDIATE" if immediate else "BEGIN"
-        if immediate is not None and conn.dialect.is_async:
-            # The store's own transaction on aiosqlite (its errors mapped by the store):
-            # on the driver's connection, one trip to aiosqlite's thread, not three.
-            await_only(conn.connection.driver_connection.execute(sql))
-        else:
-            conn.exec_driver_sql(sql)
+        try:
+            if immediate is not None and conn.dialect.is_async:
+                # The store's own transaction on aiosqlite (its errors mapped by the
+                # store): on the driver's connection, one trip to its thread, not three.
+                await_only(conn.connection.driver_connection.execute(sql))
+            else:
+                conn.exec_driver_sql(sql)
+        except BaseException:
+            if conn.dialect.is_async:
+                # Cancelled while aiosqlite's thread had the BEGIN still to run: undo it
+                # there, in turn (its calls run in order), before the pool takes the
+                # connection back, or the next user finds a transaction open.
+                with contextlib.suppress(Exception):
+                    await_only(conn.connection.driver_connection.rollback())
+            raise
 
     @event.listens_for(engine, "before_cursor_execute")
     def _first_statement(conn: Any, *_args: Any) -> None:

@@ -409,3 +409,51 @@ def test_asyncpg_gets_a_urls_options_as_server_settings(options: str) -> None:
 def test_asyncpg_refuses_other_options() -> None:
     with pytest.raises(ConfigError, match="-c name=value"):
         create_async_engine("postgresql+asyncpg://u@h/db?options=--single")
+
+
+def test_a_begin_cancelled_before_aiosqlites_thread_ran_it_leaves_no_transaction_open(
+    sqlite_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task cancelled while its store transaction's BEGIN waits in aiosqlite's thread
+    (behind another call there) still has that BEGIN run later: the connection must not
+    go back to the pool in a transaction."""
+
+    async def scenario() -> int:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{sqlite_site}")
+        release = threading.Event()
+        loop = asyncio.get_running_loop()
+        try:
+            conn = await engine.connect()
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert raw is not None
+            await raw.create_function("hold", 0, lambda: release.wait(30))
+            with aiosqlite_trips(monkeypatch) as trips:
+                held = asyncio.ensure_future(raw.execute("SELECT hold()"))
+                store_conn = await conn.execution_options(lr_immediate=False)
+                begin = asyncio.ensure_future(store_conn.begin())
+                deadline = loop.time() + 30
+                while trips.count("execute") < 2:  # the BEGIN waits behind hold()
+                    assert loop.time() < deadline, trips
+                    await asyncio.sleep(0)
+                begin.cancel()
+                while not begin.done() and "rollback" not in trips:
+                    assert loop.time() < deadline, trips
+                    await asyncio.sleep(0)
+                if begin.done():  # back in the pool while the BEGIN is still to run
+                    await conn.close()
+                release.set()
+                await held
+                with pytest.raises(asyncio.CancelledError):
+                    await begin
+                await conn.close()
+            async with engine.connect() as again:
+                async with again.begin():  # no "transaction within a transaction"
+                    await again.exec_driver_sql("SELECT 1")
+                raw_again = (await again.get_raw_connection()).driver_connection
+                assert raw_again is raw  # the same connection, back from the pool
+                return int(raw_again.in_transaction)
+        finally:
+            release.set()
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == 0
