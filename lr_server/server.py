@@ -32,6 +32,7 @@ from lr_server.ops.logs import configure_logging
 from lr_server.ops.memory import map_large_blocks
 from lr_server.ops.metrics_http import MetricsEndpoint, serve_site_metrics
 from lr_server.ops.readiness import problems
+from lr_server.ops.startup import prepare_database, until_reachable
 from lr_server.protocol import codecs
 from lr_server.receiving.limits import ReceiveLimits
 from lr_server.receiving.receiver import Receiver
@@ -90,10 +91,7 @@ class SiteServer:
     def start(self) -> None:
         cfg = self.config
         map_large_blocks()
-        self.store.create_schema()
-        self.store.check_schema()
-        self.store.sites.register_sites([d.id for d in cfg.destinations])
-        self.apply_cascades()
+        until_reachable(lambda: prepare_database(self.store, cfg), "preparing the database")
         if cfg.cascades:
             self.relay_extra_floor = partial(branch_floor, self.store, cfg)
         self.metrics_endpoint = serve_site_metrics(cfg, self.store, partial(problems, self))
@@ -135,7 +133,8 @@ class SiteServer:
             lease_timeout=members.lease_timeout,
             heartbeat_interval=members.heartbeat_interval,
         )
-        self.membership.join()  # the units that are free are taken, their work started
+        # The units that are free are taken, their work started.
+        until_reachable(self.membership.join, "joining the site's members")
         self._spawn("lr-members", self.membership.run)
         self._spawn("lr-heartbeat", self.membership.beat)
         self._spawn("lr-trim", self.upkeep.run)
@@ -147,27 +146,6 @@ class SiteServer:
         for session in list(self.sessions.values()):
             session.wake()
         self.upkeep.wake()
-
-    def apply_cascades(self) -> None:
-        """Write each ``[cascade.<client>]`` table into ``lrq_cascade`` (see
-        :meth:`~lr_client.store.contract.Cascading.apply_cascade_config`)."""
-        cfg = self.config
-        for c in cfg.cascades:
-            node = self.store.cascade.apply_cascade_config(
-                c.client,
-                c.root,
-                c.role_of(cfg.id).value,
-                c.provider_of(cfg.id),
-                c.children_of(cfg.id),
-                sorted(c.nodes),
-            )
-            log.info(
-                "cascade %s: %s, provider %s (epoch %d)",
-                c.client,
-                node.role,
-                node.provider_id or "-",
-                node.epoch,
-            )
 
     def cascade_for(self, dest_id: str) -> dict[str, CascadeNode]:
         """This node's rows of the cascaded clients ``dest_id`` is a child of here

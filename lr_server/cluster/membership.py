@@ -91,7 +91,7 @@ class Membership:
         started = self.clock()
         before = {m.member_id: m for m in self.store.list_members(self.lease_timeout)}
         old = before.get(self.member_id)
-        if old is not None and old.alive:
+        if old is not None and old.alive and old.instance != self.instance:
             log.warning(
                 "member %s was still alive (instance %s): this process takes it over",
                 self.member_id,

@@ -1,0 +1,53 @@
+"""A server's start while its database cannot be reached: the database steps and the
+member's join are retried (a connection cut, a database not up yet), other errors
+are not."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lr_client.errors import StoreUnavailableError
+from lr_client.store import open_store
+from lr_server.config import load_config
+from lr_server.server import SiteServer
+from tests.kit.sites import Sites, SiteSpec, write_config
+
+
+def failing(times: int, real: Callable[..., Any], calls: list[str]) -> Callable[..., Any]:
+    """``real``, failing its first ``times`` calls as a cut connection does."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        calls.append(real.__name__)
+        if calls.count(real.__name__) <= times:
+            raise StoreUnavailableError("terminating connection due to administrator command")
+        return real(*args, **kwargs)
+
+    return call
+
+
+def test_a_start_retries_the_database_steps_and_the_join_through_cut_connections(
+    tmp_path: Path, sites: Sites, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = SiteSpec("a", sites.url("a"), destinations=[("b", sites.port("b"))])
+    config = load_config(write_config(tmp_path, spec))
+    store = open_store(config.database_url)
+    calls: list[str] = []
+    store.sites.register_sites = failing(2, store.sites.register_sites, calls)  # type: ignore[method-assign]
+    store.members.join_member = failing(1, store.members.join_member, calls)  # type: ignore[method-assign]
+    server = SiteServer(config, store=store, member_id="a-1")
+    try:
+        with caplog.at_level(logging.WARNING, logger="lr.server"):
+            server.start()
+        assert calls == ["register_sites"] * 3 + ["join_member"] * 2
+        assert "b" in store.sites.site_numbers(refresh=True)
+        assert [m.member_id for m in store.members.list_members(5.0) if m.alive] == ["a-1"]
+        retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+        assert len(retried) == 3 and "administrator command" in retried[0]
+    finally:
+        server.stop()
+        store.engine.dispose()
