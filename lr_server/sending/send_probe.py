@@ -27,7 +27,9 @@ STEADY_POLL_MAX = 60.0
 
 
 class SendProbe:
-    """Calls ``wake()`` when ``head()`` answers differently than at its last call."""
+    """Calls ``wake()`` when ``head()`` answers differently than at its last call, and at
+    its first: what committed before it (its first read may come late on a busy machine,
+    after the sessions' first reads) may have no other wake-up."""
 
     def __init__(
         self, head: Callable[[], int], wake: Callable[[], None], interval: float | None = None
@@ -40,7 +42,7 @@ class SendProbe:
     def check(self) -> bool:
         """One read; whether the head moved since the last one (and the wake-up went)."""
         head = self.head()
-        moved = self.last is not None and head != self.last
+        moved = head != self.last
         self.last = head
         if moved:
             self.wake()

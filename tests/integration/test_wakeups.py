@@ -223,12 +223,14 @@ def test_a_transmit_sends_no_notification_over_the_queues_limit(
         watch.close()
 
 
-def test_the_probe_wakes_only_when_the_head_moved() -> None:
+def test_the_probe_wakes_at_its_first_read_and_when_the_head_moved() -> None:
+    """The first read wakes too: entries that committed before it, after the sessions'
+    first reads and with their wake-up lost, would otherwise wait for the safety poll."""
     heads = iter([5, 5, 6, 6, 9])
     rings: list[int] = []
     probe = SendProbe(lambda: next(heads), lambda: rings.append(1))
-    assert [probe.check() for _ in range(5)] == [False, False, True, False, True]
-    assert len(rings) == 2
+    assert [probe.check() for _ in range(5)] == [True, False, True, False, True]
+    assert len(rings) == 3
 
 
 @pytest.mark.stop_calls_at_once
@@ -251,6 +253,35 @@ def test_with_every_wakeup_of_the_watch_lost_the_probe_ships_everything_in_order
             _transmit(source, payloads[i : i + 10])
             wait_for(lambda i=i: len(_received(sink)) == i + 10, timeout=30)
         assert _received(sink) == payloads
+
+
+@pytest.mark.stop_calls_at_once
+def test_entries_committed_before_the_probes_first_read_are_shipped(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe's first read comes late (a busy machine): after the session's first read
+    and after a burst committed with its wake-up lost. That read alone must wake it."""
+    for backend in (SQLiteCore, PostgresCore):
+        watch = backend.watch_sends
+        monkeypatch.setattr(backend, "watch_sends", lambda self, wake, w=watch: w(self, _lost))
+    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", 0.1)
+    gate = threading.Event()
+    run = SendProbe.run
+
+    def late(self: SendProbe, stop: threading.Event) -> None:
+        gate.wait(scaled(30))
+        run(self, stop)
+
+    monkeypatch.setattr(SendProbe, "run", late)
+    sink, source = _pair(tmp_path, db_url_factory, NEVER)
+    with sink, source:
+        sess = source.server.sessions["b"]
+        sess.idle_poll_max = sess.steady_poll_max = NEVER
+        wait_for(lambda: CLIENT in sess.shipper.read_at, what="the session's first read")
+        payloads = [b"p%03d" % i for i in range(10)]
+        _transmit(source, payloads)
+        gate.set()
+        wait_for(lambda: _received(sink) == payloads, timeout=30, what="the burst shipped")
 
 
 def _lost() -> None:
