@@ -88,10 +88,13 @@ class SiteServer:
         #: watermark), or None: none (see :meth:`trim_relays`).
         self.relay_extra_floor: Callable[[str], int | None] = lambda client: None
 
-    def start(self) -> None:
+    def start(self, interrupt: threading.Event | None = None) -> None:
+        """Start serving; the database steps are retried while it cannot be reached,
+        until ``interrupt`` (or :meth:`stop`) ends the wait."""
         cfg = self.config
+        halt = interrupt or self.stop_event
         map_large_blocks()
-        until_reachable(lambda: prepare_database(self.store, cfg), "preparing the database")
+        until_reachable(lambda: prepare_database(self.store, cfg), "preparing the database", halt)
         if cfg.cascades:
             self.relay_extra_floor = partial(branch_floor, self.store, cfg)
         self.metrics_endpoint = serve_site_metrics(cfg, self.store, partial(problems, self))
@@ -134,7 +137,7 @@ class SiteServer:
             heartbeat_interval=members.heartbeat_interval,
         )
         # The units that are free are taken, their work started.
-        until_reachable(self.membership.join, "joining the site's members")
+        until_reachable(self.membership.join, "joining the site's members", halt)
         self._spawn("lr-members", self.membership.run)
         self._spawn("lr-heartbeat", self.membership.beat)
         self._spawn("lr-trim", self.upkeep.run)
@@ -368,7 +371,7 @@ def run_server(config: SiteConfig, stop: threading.Event | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    server.start()
+    server.start(interrupt=stop)  # a signal ends its retries too
     log.info("site %s running", config.id)
     try:
         while not stop.wait(0.5):

@@ -5,6 +5,7 @@ destinations and the configured cascades, retried while the database cannot be r
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -13,6 +14,7 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_delay,
+    stop_when_event_set,
     wait_exponential,
 )
 
@@ -28,9 +30,12 @@ T = TypeVar("T")
 START_RETRY_S = 60.0
 
 
-def until_reachable(step: Callable[[], T], what: str, within: float = START_RETRY_S) -> T:
+def until_reachable(
+    step: Callable[[], T], what: str, stop: threading.Event, within: float = START_RETRY_S
+) -> T:
     """``step()``, retried on a transient store error at growing intervals (0.1 s up to
-    5 s) for up to ``within`` seconds, then that error; any other error at once."""
+    5 s) for up to ``within`` seconds or until ``stop`` is set, then that error; any
+    other error at once."""
 
     def warn(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -38,8 +43,9 @@ def until_reachable(step: Callable[[], T], what: str, within: float = START_RETR
 
     retrying: Retrying = Retrying(
         retry=retry_if_exception_type(TransientError),
-        stop=stop_after_delay(within),
+        stop=stop_after_delay(within) | stop_when_event_set(stop),
         wait=wait_exponential(multiplier=0.1, max=5.0),
+        sleep=stop.wait,  # type: ignore[arg-type]  # returns early on stop
         before_sleep=warn,
         reraise=True,
     )

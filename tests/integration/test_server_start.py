@@ -18,14 +18,19 @@ from lr_server.server import SiteServer
 from tests.kit.sites import Sites, SiteSpec, write_config
 
 
-def failing(times: int, real: Callable[..., Any], calls: list[str]) -> Callable[..., Any]:
-    """``real``, failing its first ``times`` calls as a cut connection does."""
+def failing(
+    times: int, real: Callable[..., Any], calls: list[str], after: bool = False
+) -> Callable[..., Any]:
+    """``real``, failing its first ``times`` calls as a cut connection does: before it
+    ran, or (``after``) once it committed and before its answer came."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         calls.append(real.__name__)
-        if calls.count(real.__name__) <= times:
-            raise StoreUnavailableError("terminating connection due to administrator command")
-        return real(*args, **kwargs)
+        if calls.count(real.__name__) > times:
+            return real(*args, **kwargs)
+        if after:
+            real(*args, **kwargs)
+        raise StoreUnavailableError("terminating connection due to administrator command")
 
     return call
 
@@ -38,16 +43,19 @@ def test_a_start_retries_the_database_steps_and_the_join_through_cut_connections
     store = open_store(config.database_url)
     calls: list[str] = []
     store.sites.register_sites = failing(2, store.sites.register_sites, calls)  # type: ignore[method-assign]
-    store.members.join_member = failing(1, store.members.join_member, calls)  # type: ignore[method-assign]
+    # The join committed, its answer lost: the retry finds the member's row alive.
+    store.members.join_member = failing(1, store.members.join_member, calls, after=True)  # type: ignore[method-assign]
     server = SiteServer(config, store=store, member_id="a-1")
     try:
-        with caplog.at_level(logging.WARNING, logger="lr.server"):
+        with caplog.at_level(logging.WARNING):
             server.start()
         assert calls == ["register_sites"] * 3 + ["join_member"] * 2
         assert "b" in store.sites.site_numbers(refresh=True)
         assert [m.member_id for m in store.members.list_members(5.0) if m.alive] == ["a-1"]
         retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
         assert len(retried) == 3 and "administrator command" in retried[0]
+        # Its own row, from the attempt that was cut: not another process to take over.
+        assert not [r for r in caplog.records if "takes it over" in r.getMessage()]
     finally:
         server.stop()
         store.engine.dispose()
