@@ -7,11 +7,13 @@ import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from lr_client.headers import EMPTY
 from lr_client.records import ReplicationType
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger("lr_client.subscriber")
 

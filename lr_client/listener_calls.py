@@ -18,7 +18,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
 
 from lr_client import tracing
 from lr_client.delivery import Plan, PlanKind, awaits_end
@@ -193,6 +192,8 @@ class ListenerCalls(CallPlanner):
         """
         if calls is None:
             calls = self.callbacks(conn, queue, plan)
+        from sqlalchemy.orm import Session  # the ORM only where a listener is called
+
         txn = conn.get_transaction()
         session = Session(bind=conn, join_transaction_mode="rollback_only")
         session.info[PARTITION_INFO_KEY] = partition

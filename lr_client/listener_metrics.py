@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from sqlalchemy.orm import Session
 
 from lr_client.listener import RoutingQueueListener, RoutingQueueMessage, takes_base_position
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 LABELS = ("client", "source", "kind")
 APPLY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

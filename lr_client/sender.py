@@ -7,12 +7,12 @@ operation's steps are :mod:`lr_client.sending`'s, shared with the async client
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import overload
+from typing import TYPE_CHECKING, TypeGuard, overload
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import Session
 
 from lr_client.errors import InvalidSessionError
 from lr_client.keys import Keyring
@@ -28,9 +28,18 @@ from lr_client.snapshot_status import SnapshotInfo
 from lr_client.store import open_store
 from lr_client.store.schema.lifecycle import SchemaStatus
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+
+def _is_orm_session(session: object) -> TypeGuard[Session]:
+    """A SQLAlchemy ``Session`` (none exists unless the application imported the ORM)."""
+    orm = sys.modules.get("sqlalchemy.orm")
+    return orm is not None and isinstance(session, orm.Session)
+
 
 def _connection(session: Session | Connection) -> Connection:
-    if isinstance(session, Session):
+    if _is_orm_session(session):
         return session.connection()
     if isinstance(session, Connection):
         return session

@@ -37,7 +37,6 @@ from lr_client.store.contract import (
     SubscriberQueues,
     Transactions,
 )
-from lr_client.store.postgres import PostgresCore
 from lr_client.store.recv import parked as parked  # its tables join the schema
 from lr_client.store.schema.lifecycle import SchemaStatus
 from lr_client.store.sqlite import SQLiteCore
@@ -152,6 +151,8 @@ def open_store(engine_or_url: Engine | str) -> SQLAlchemyQueueStore:
     if name == "sqlite":
         return SQLAlchemyQueueStore(SQLiteCore(engine))
     if name == "postgresql":
+        from lr_client.store.postgres import PostgresCore  # imports the PostgreSQL driver
+
         return SQLAlchemyQueueStore(PostgresCore(engine))
     raise ValueError(f"unsupported database dialect {name!r} (SQLite and PostgreSQL are)")
 

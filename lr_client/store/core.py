@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from lr_client.errors import FencedError
 from lr_client.records import EntryRef, Fence, NewLogEntry, QueueSlot, ReplicationType, WireEntry
-from lr_client.store.db_errors import DATABASE_ERRORS, mapped_errors
+from lr_client.store.db_errors import database_errors, mapped_errors
 from lr_client.store.relay_marks import RelayMarks
 from lr_client.store.schema import tables as s
 from lr_client.store.watches import Watch
@@ -96,7 +96,7 @@ class StoreCore(abc.ABC):
             self._pins.on = False
             conn, self._pins.conn = getattr(self._pins, "conn", None), None
             if conn is not None:
-                with suppress(*DATABASE_ERRORS):
+                with suppress(*database_errors()):
                     conn.close()
 
     def _connect(self, immediate: bool) -> AbstractContextManager[Connection]:
@@ -105,7 +105,7 @@ class StoreCore(abc.ABC):
         if getattr(self._pins, "on", False):
             conn: Connection | None = getattr(self._pins, "conn", None)
             if conn is not None and (conn.closed or conn.invalidated):
-                with suppress(*DATABASE_ERRORS):
+                with suppress(*database_errors()):
                     conn.close()
                 conn = None
             if conn is None:

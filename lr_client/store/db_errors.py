@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -10,20 +11,21 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from lr_client.errors import LRError, SchemaError, StoreUnavailableError
 
-try:  # the PostgreSQL driver is an optional extra
-    import psycopg
-except ImportError:  # pragma: no cover - only without the extra
-    psycopg = None  # type: ignore[assignment]
-
 #: SQLSTATEs of a missing or older schema: undefined table, schema, column.
 MISSING_SCHEMA_STATES = frozenset({"42P01", "3F000", "42703"})
-#: Errors of the drivers' own cursors, which some hot paths write through.
-RAW_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error,) + (
-    (psycopg.Error,) if psycopg is not None else ()
-)
-RAW_OPERATIONAL: tuple[type[Exception], ...] = (sqlite3.OperationalError,) + (
-    (psycopg.OperationalError,) if psycopg is not None else ()
-)
+
+
+def raw_errors(operational: bool = False) -> tuple[type[Exception], ...]:
+    """Errors of the drivers' own cursors, which some hot paths write through.
+
+    psycopg's count once it is imported (a PostgreSQL engine imports it): a
+    process that only opens SQLite does not pay for importing the driver.
+    """
+    psycopg = sys.modules.get("psycopg")
+    if operational:
+        base: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
+        return base + ((psycopg.OperationalError,) if psycopg is not None else ())
+    return (sqlite3.Error,) + ((psycopg.Error,) if psycopg is not None else ())
 
 
 def map_error(exc: Exception) -> LRError | None:
@@ -38,7 +40,7 @@ def map_error(exc: Exception) -> LRError | None:
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     detail = str(orig) if orig else str(exc)
     state = getattr(orig, "sqlstate", None)
-    operational = isinstance(exc, (OperationalError, *RAW_OPERATIONAL))
+    operational = isinstance(exc, (OperationalError, *raw_errors(operational=True)))
     if state in MISSING_SCHEMA_STATES or (
         operational and ("no such table" in detail or "no such column" in detail)
     ):
@@ -51,7 +53,9 @@ def map_error(exc: Exception) -> LRError | None:
     return None
 
 
-DATABASE_ERRORS: tuple[type[Exception], ...] = (DBAPIError, *RAW_ERRORS)
+def database_errors() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's database errors and the drivers' own (:func:`raw_errors`)."""
+    return (DBAPIError, *raw_errors())
 
 
 @contextmanager
@@ -59,11 +63,11 @@ def mapped_errors() -> Iterator[None]:
     """Raise the store's error (:func:`map_error`) for a database error in the block."""
     try:
         yield
-    except DATABASE_ERRORS as exc:
+    except database_errors() as exc:
         mapped = map_error(exc)
         if mapped is None:
             raise
         raise mapped from exc
 
 
-__all__ = ["DATABASE_ERRORS", "RAW_ERRORS", "map_error", "mapped_errors"]
+__all__ = ["database_errors", "map_error", "mapped_errors", "raw_errors"]

@@ -28,7 +28,6 @@ from lr_server.config import (
 from lr_server.sending.stops import StreamStops
 from lr_server.sending.streams import ClientStream, Mode
 from lr_server.stores import RequestStore
-from spark_jobs.launch import launch_snapshot_job
 
 SnapshotLauncher = Callable[[SnapshotRequest, ClientConfig], None]
 
@@ -266,6 +265,8 @@ def spark_launcher(
     """Start the PySpark snapshot job for a request, as a child process."""
 
     def launch(req: SnapshotRequest, client: ClientConfig) -> None:
+        from spark_jobs.launch import launch_snapshot_job  # only a site that runs snapshots
+
         log_path = Path(tempfile.gettempdir()) / f"lr-snapshot-{req.snapshot_id}.log"
         proc = launch_snapshot_job(
             config.database_url,

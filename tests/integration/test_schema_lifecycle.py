@@ -157,6 +157,43 @@ def test_schema_version_constant_is_the_head_revision() -> None:
     assert int(lifecycle.head_revision()) == s.SCHEMA_VERSION
 
 
+def test_the_newest_revision_file_is_alembics_only_head() -> None:
+    """The check of a current schema reads the head from the file names, not Alembic."""
+    script = lifecycle._script()
+    assert script.get_heads() == [lifecycle.head_revision()]
+    revisions = [rev.revision for rev in script.walk_revisions()]
+    assert sorted(revisions) == [f"{n:04d}" for n in range(1, len(revisions) + 1)]
+
+
+def test_a_version_table_with_two_rows_is_refused_not_guessed(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        lifecycle.upgrade_schema(engine)
+        with engine.begin() as conn:
+            conn.execute(text(f"INSERT INTO {lifecycle.VERSION_TABLE} VALUES ('0003')"))
+        with pytest.raises(SchemaError, match="holds"):
+            lifecycle.schema_status(engine)
+    finally:
+        engine.dispose()
+
+
+def test_opening_a_current_store_imports_no_alembic(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        lifecycle.upgrade_schema(engine)
+    finally:
+        engine.dispose()
+    code = (
+        "import sys; from lr_client.store import create_engine, open_store; "
+        f"e = create_engine({db_url!r}); open_store(e).check_schema(); e.dispose(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'mako')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=lr_env(), check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_concurrent_setup_from_threads_succeeds_once(db_url: str) -> None:
     engines = [create_engine(db_url) for _ in range(8)]
     barrier = threading.Barrier(len(engines))

@@ -13,26 +13,33 @@ SQLite: ``BEGIN IMMEDIATE``, the database's single writer lock). Exactly one
 process migrates; the others wait, then find the schema current. PostgreSQL
 and SQLite both run DDL inside transactions, so an interrupted upgrade
 leaves the previous version intact and can simply be run again.
+
+Checking a current schema (every store's open) reads the version table and
+compares it with the newest revision file; Alembic is imported only to
+migrate or to explain a schema that is not current.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, select, text, update
+from sqlalchemy import column, inspect, select, table, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from lr_client.errors import SchemaError, StoreUnavailableError
 from lr_client.store.schema import migrations
 from lr_client.store.schema import tables as s
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 log = logging.getLogger("lr_client.schema")
 
@@ -81,7 +88,14 @@ class SchemaStatus:
         )
 
 
+_version = table(VERSION_TABLE, column("version_num"))
+#: A revision file: ``NNNN_name.py`` holding revision ``NNNN`` (one linear chain).
+_REVISION_FILE = re.compile(r"^(\d{4})_\w+\.py$")
+
+
 def _config(conn: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     cfg.attributes["connection"] = conn
@@ -90,22 +104,28 @@ def _config(conn: Connection | None = None) -> Config:
 
 
 def _script() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(_config())
 
 
+@functools.cache
 def head_revision() -> str:
-    """This release's schema revision."""
-    head = _script().get_current_head()
-    assert head is not None
-    return head
+    """This release's schema revision: the newest revision file (Alembic's head:
+    ``tests/integration/test_schema_lifecycle.py`` checks they agree)."""
+    versions = Path(migrations.__file__).parent / "versions"
+    found = [m.group(1) for p in versions.iterdir() if (m := _REVISION_FILE.match(p.name))]
+    return max(found)
 
 
 def _applied(conn: Connection) -> str | None:
     """The database's revision (the legacy one for a first-release database)."""
     names = set(inspect(conn).get_table_names())
     if VERSION_TABLE in names:
-        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        return ctx.get_current_revision()
+        rows = conn.execute(select(_version.c.version_num)).scalars().all()
+        if len(rows) > 1:
+            raise SchemaError(f"unrecognised schema: {VERSION_TABLE} holds {sorted(rows)}")
+        return rows[0] if rows else None
     if s.meta.name in names:
         version = conn.execute(
             select(s.meta.c.value).where(s.meta.c.key == "schema_version")
@@ -117,11 +137,11 @@ def _applied(conn: Connection) -> str | None:
 
 
 def _status(conn: Connection) -> SchemaStatus:
-    script = _script()
     expected = head_revision()
     current = _applied(conn)
     if current == expected:
         return SchemaStatus(SchemaState.CURRENT, current, expected, ())
+    script = _script()
     known = {rev.revision for rev in script.walk_revisions()}
     if current is not None and current not in known:
         return SchemaStatus(SchemaState.AHEAD, current, expected, ())
@@ -170,6 +190,8 @@ def upgrade_schema(engine: Engine) -> SchemaStatus:
                     raise SchemaError(before.describe())
                 if before.state is SchemaState.CURRENT:
                     return before
+                from alembic import command
+
                 cfg = _config(conn)
                 if before.current == LEGACY_REVISION and VERSION_TABLE not in set(
                     inspect(conn).get_table_names()
