@@ -7,10 +7,11 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
+from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient, RoutingQueueListener, RoutingQueueSubscriber
 from lr_client._proto import replication_pb2 as pb
-from lr_client.listener import RoutingQueueMessage, Session
+from lr_client.listener import RoutingQueueMessage
 from lr_server.protocol import codecs
 from lr_server.receiving.receiver import Receiver
 from tests.kit.sites import Sites

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import MetaData, select
 from sqlalchemy.exc import SAWarning
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from lr_client import (
     ConfigError,
@@ -31,7 +32,7 @@ from lr_client.aio import AsyncRoutingQueueClient, AsyncRoutingQueueSubscriber
 from lr_client.encryption import is_sealed, key_ids
 from lr_client.errors import InvalidHeadersError
 from lr_client.keys import generate_key
-from lr_client.listener import RoutingQueueMessage, Session
+from lr_client.listener import RoutingQueueMessage
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store.schema import tables as s
 from tests.kit.aio import AsAsync, async_engine

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client.errors import StoreUnavailableError
-from lr_client.listener import Session
 from lr_client.partitioners import HashPartitioner, partition_of
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.sink_metrics import SinkCollector, sink_registry

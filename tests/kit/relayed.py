@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from sqlalchemy.orm import Session
+
 from lr_client._proto import replication_pb2 as pb
-from lr_client.listener import RoutingQueueListener, RoutingQueueMessage, Session
+from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_server.transport.base import BatchStream, Transport
 
 
