@@ -398,6 +398,10 @@ def test_spark_submit_on_a_cluster(
             "client",
             "--executor-cores",
             "1",
+            # The driver compiles with the JVM's quick compiler, as every driver the
+            # suite starts through PySpark does (tests/kit/spark_jvm.py).
+            "--driver-java-options",
+            "-XX:TieredStopAtLevel=1",
             "--py-files",
             str(_package(tmp_path / "lr.zip")),
             *(arg for c in conf for arg in ("--conf", c)),
