@@ -21,11 +21,8 @@ def raw_errors(operational: bool = False) -> tuple[type[Exception], ...]:
     psycopg's count once it is imported (a PostgreSQL engine imports it): a
     process that only opens SQLite does not pay for importing the driver.
     """
-    psycopg = sys.modules.get("psycopg")
-    if operational:
-        base: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
-        return base + ((psycopg.OperationalError,) if psycopg is not None else ())
-    return (sqlite3.Error,) + ((psycopg.Error,) if psycopg is not None else ())
+    drivers = [sqlite3, *filter(None, [sys.modules.get("psycopg")])]
+    return tuple(d.OperationalError if operational else d.Error for d in drivers)
 
 
 def map_error(exc: Exception) -> LRError | None:
