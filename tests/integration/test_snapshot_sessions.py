@@ -238,6 +238,13 @@ def test_a_slow_provider_keeps_its_snapshot_by_heartbeat(sites: Sites) -> None:
     sites.start("a", dests=["b"], snapshot="app", replication=STALL)
     with Loops(runner, subscriber):
         wait_for(lambda: kvapp.table(sink.engine) == kvapp.table(src.engine), timeout=60)
-    snaps = src.snapshots.list_snapshots("b", "policy")
-    assert [x.status for x in snaps] == [SnapshotStatus.COMPLETED]
+        # Applied at the sink first; completed once the sink's acknowledgement is back.
+        wait_for(
+            lambda: (
+                [x.status for x in src.snapshots.list_snapshots("b", "policy")]
+                == [SnapshotStatus.COMPLETED]
+            ),
+            timeout=30,
+            what="the one snapshot completed",
+        )
     assert len(listener.full_syncs) == 1
