@@ -1,12 +1,16 @@
 """This server as a member of its site: heartbeat, placement rounds, leases.
 
 Every ``heartbeat_interval`` the member records its heartbeat (by the
-database's clock), reads the live members, places every unit of the site
+database's clock) and, in the same transaction, reads the members and the
+leases. When they show a change (a member came, went or was reweighted, a
+lease it holds was lost, a unit it wins is not yet its own) a placement
+round follows: it places every unit of the site
 (:mod:`lr_server.cluster.placement`), gives up the units it holds but no longer
 wins (the work stops first, then the lease is released), and takes the
 units it wins once they are free (released, or their owner's heartbeat is
-older than ``lease_timeout``). The work it runs follows the units it holds
-(``on_change``).
+older than ``lease_timeout``). Rounds go on each interval until one changes
+nothing; a steady member runs one anyway every :data:`STEADY_ROUND_PERIOD`
+intervals. The work it runs follows the units it holds (``on_change``).
 
 Self-fencing: a member that cannot record its heartbeat stops all its work
 once ``lease_timeout`` minus a margin has passed since the start of its last
@@ -28,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from lr_client.errors import LRError
 from lr_client.records import Fence, Member
 from lr_client.store import Members
+from lr_client.store.cluster.contract import Roster
 from lr_server import metrics
 from lr_server.cluster.placement import place
 from lr_server.config import SiteConfig
@@ -36,6 +41,8 @@ log = logging.getLogger("lr.members")
 
 #: Fraction of the lease timeout a member keeps working without a recorded heartbeat.
 SELF_FENCE_FRACTION = 0.75
+#: Heartbeat intervals between placement rounds at most while nothing changes.
+STEADY_ROUND_PERIOD = 30
 
 
 def default_member_id(config: SiteConfig) -> str:
@@ -81,6 +88,8 @@ class Membership:
         self.clock = clock
         self._valid_until = 0.0  # monotonic: work stops past it without a heartbeat
         self._weights: dict[str, int] | None = None  # live members at the last round
+        self._wanted: dict[str, str] = {}  # the placement of the last round
+        self._round_due = threading.Event()  # a heartbeat or a round saw a change
         self._lock = threading.Lock()
         self._replaced = False  # another process took this member id over
         self._left = False
@@ -103,12 +112,21 @@ class Membership:
         self.round()
 
     def run(self, stop: threading.Event) -> None:
-        """Place until ``stop`` is set (heartbeats are :meth:`beat`'s, on their own thread)."""
+        """Place until ``stop`` is set: after a heartbeat or a round that saw a change, and
+        every :data:`STEADY_ROUND_PERIOD` intervals anyway (heartbeats are :meth:`beat`'s,
+        on their own thread)."""
+        quiet = 0
         while not stop.wait(self.heartbeat_interval):
+            quiet += 1
+            if not self._round_due.is_set() and quiet < STEADY_ROUND_PERIOD:
+                continue
+            self._round_due.clear()
+            quiet = 0
             try:
                 self.round()
             except Exception:  # a bug: log it, keep placing
                 log.exception("member %s: placement round failed", self.member_id)
+                self._round_due.set()
 
     def beat(self, stop: threading.Event) -> None:
         """Record a heartbeat every ``heartbeat_interval`` until ``stop`` is set.
@@ -128,17 +146,37 @@ class Membership:
             return False
         started = self.clock()
         try:
-            if not self.store.heartbeat_member(self.member_id, self.instance):
+            roster = self.store.heartbeat_member(self.member_id, self.instance, self.lease_timeout)
+            if roster is None:
+                self._round_due.set()
                 self._lost_row()
                 return False
         except LRError as exc:
             log.warning("member %s: heartbeat failed: %s", self.member_id, exc)
+            self._round_due.set()
             if not self.valid() and self.fences:
                 self.round()  # stops the work at once
             return False
         self._valid_until = started + self.lease_timeout * SELF_FENCE_FRACTION
         metrics.MEMBER_HEARTBEATS.labels(self.member_id).inc()
+        if not self._steady(roster):
+            self._round_due.set()
         return True
+
+    def _steady(self, roster: Roster) -> bool:
+        """Whether a round would change nothing: the same live members and weights as the
+        last round's, and this run holds exactly the units it wins, all running."""
+        weights = {m.member_id: m.weight for m in roster.members if m.alive}
+        wanted, claimed, fences = self._wanted, self._claimed, self.fences
+        if weights != self._weights:
+            return False
+        held = {
+            lease.unit: Fence(lease.unit, self.instance, lease.token)
+            for lease in roster.leases
+            if lease.owner == self.instance
+        }
+        mine = {unit for unit, winner in wanted.items() if winner == self.member_id}
+        return held == claimed == fences and set(held) == mine
 
     def _lost_row(self) -> None:
         """The member's row is gone (an operator removed it) or another process holds it."""
@@ -200,8 +238,11 @@ class Membership:
             return
         members = self.store.list_members(self.lease_timeout)
         weights = {m.member_id: m.weight for m in members if m.alive}
+        before = (dict(self._claimed), dict(self.fences))
+        steady = weights == self._weights
         reason = self._reason(weights)
         wanted = place(self.units, weights)
+        self._wanted = wanted
         claimed = dict(self._claimed)
         gone = {u: f for u, f in claimed.items() if wanted.get(u) != self.member_id}
         if gone:
@@ -231,6 +272,7 @@ class Membership:
             if unit in held:
                 taken[unit] = held[unit]
                 continue
+            steady = False
             got = self.store.acquire_unit(unit, self.member_id, self.instance, self.lease_timeout)
             if got is None:
                 continue  # still held by a live member: it gives it up on its own round
@@ -243,9 +285,12 @@ class Membership:
             if unit not in self._claimed:
                 log.info("unit %s: now owned by %s (%s)", unit, self.member_id, reason)
                 metrics.PLACEMENT_CHANGES.labels(self.member_id, "acquired").inc()
+        steady = steady and taken == before[0] == before[1]
         self._claimed = dict(taken)
         if taken != self.fences:
             self._set(taken)
+        if not steady:  # the next interval places again, until a round changes nothing
+            self._round_due.set()
 
     def _reason(self, weights: dict[str, int]) -> str:
         """Why placement may have changed since the last round, in words."""
@@ -270,4 +315,4 @@ class Membership:
         return self.store.list_members(self.lease_timeout)
 
 
-__all__ = ["SELF_FENCE_FRACTION", "Membership", "default_member_id"]
+__all__ = ["SELF_FENCE_FRACTION", "STEADY_ROUND_PERIOD", "Membership", "default_member_id"]

@@ -20,12 +20,36 @@ def test_a_member_joins_heartbeats_and_leaves(store: QueueStore) -> None:
         (m.member_id, m.instance, m.address, m.weight, m.alive)
         for m in store.members.list_members(TIMEOUT)
     ] == [("m1", "i1", "127.0.0.1:7001", 2, True)]
-    assert store.members.heartbeat_member("m1", "i1")
-    assert not store.members.heartbeat_member("m1", "other")  # not this process run's row
+    assert store.members.heartbeat_member("m1", "i1", TIMEOUT)
+    assert store.members.heartbeat_member("m1", "other", TIMEOUT) is None  # another run's row
     assert store.members.list_members(TIMEOUT)[0].heartbeat_at >= joined.heartbeat_at
     assert store.members.leave_member("m1", "i1") == 0
     assert store.members.list_members(TIMEOUT) == []
-    assert not store.members.heartbeat_member("m1", "i1")
+    assert store.members.heartbeat_member("m1", "i1", TIMEOUT) is None
+
+
+def test_a_heartbeat_reads_the_roster_it_recorded(store: QueueStore) -> None:
+    """The members and leases come from the heartbeat's own transaction: the member's
+    new heartbeat is in them, and so is every unit's owner."""
+    store.members.join_member("m1", "i1", "", 2)
+    store.members.join_member("m2", "i2", "", 1)
+    fence = store.members.acquire_unit("stream/x/policy", "m1", "i1", TIMEOUT)
+    assert fence is not None
+    before = store.members.list_members(TIMEOUT)[0].heartbeat_at
+    roster = store.members.heartbeat_member("m1", "i1", TIMEOUT)
+    assert roster is not None
+    assert [(m.member_id, m.weight, m.alive) for m in roster.members] == [
+        ("m1", 2, True),
+        ("m2", 1, True),
+    ]
+    assert roster.members[0].heartbeat_at >= before
+    assert roster.members == store.members.list_members(TIMEOUT)
+    assert roster.leases == store.members.list_leases()
+    assert [(x.unit, x.owner, x.token) for x in roster.leases] == [
+        ("stream/x/policy", "i1", fence.token)
+    ]
+    gone = store.members.heartbeat_member("m1", "i1", -1.0)  # every heartbeat is too old
+    assert gone is not None and not any(m.alive for m in gone.members)
 
 
 def test_a_member_whose_heartbeat_is_older_than_the_timeout_is_gone(store: QueueStore) -> None:

@@ -436,3 +436,75 @@ def test_a_steady_round_writes_no_lease(
     assert sorted(taken) == sorted(units) and set(member.fences) == set(units[1:])
     member.leave()
     other.leave()
+
+
+class CountedMembers:
+    """The members role, counting heartbeats and the rounds' reads of the members."""
+
+    def __init__(self, store: object) -> None:
+        self.store = store
+        self.beats_since_round = 0
+
+    def heartbeat_member(self, *args: object) -> object:
+        self.beats_since_round += 1
+        return self.store.heartbeat_member(*args)  # type: ignore[attr-defined]
+
+    def list_members(self, *args: object) -> object:
+        self.beats_since_round = 0
+        return self.store.list_members(*args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+
+def test_a_steady_member_places_only_when_its_heartbeat_sees_a_change(
+    pg_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Heartbeats of a member whose placement is settled run no round; one that sees a
+    member come, or a lease of its own lost, starts one at once (the steady period, which
+    would also place, is set out of reach)."""
+    monkeypatch.setattr("lr_server.cluster.membership.STEADY_ROUND_PERIOD", 10**6)
+    units = [stream_unit("b", f"c{i}") for i in range(6)]
+    counted = CountedMembers(pg_store.members)
+    m1 = Membership(
+        counted, "m1", units, lambda f: None, lease_timeout=5.0, heartbeat_interval=0.05
+    )  # type: ignore[arg-type]
+    m2 = Membership(
+        pg_store.members, "m2", units, lambda f: None, lease_timeout=5.0, heartbeat_interval=0.05
+    )
+    stop = threading.Event()
+    m1.join()
+    threads = [threading.Thread(target=f, args=(stop,), daemon=True) for f in (m1.run, m1.beat)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(
+            lambda: counted.beats_since_round >= 10, scaled(10), what="10 heartbeats, no round"
+        )
+        assert set(m1.fences) == set(units)
+        m2.join()  # only its join: m1's heartbeat must notice it and give its share up
+        share = {u for u, w in place(units, {"m1": 1, "m2": 1}).items() if w == "m1"}
+        wait_for(lambda: set(m1.fences) == share, scaled(10), what="m1 gives m2 its share")
+        m2.round()
+        assert set(m2.fences) == set(units) - share != set()
+        wait_for(lambda: counted.beats_since_round >= 10, scaled(10), what="steady again")
+        m2.leave()
+        wait_for(lambda: set(m1.fences) == set(units), scaled(10), what="m1 takes all back")
+        wait_for(lambda: counted.beats_since_round >= 10, scaled(10), what="steady again")
+        tokens = {u: f.token for u, f in m1.fences.items()}
+        pg_store.members.remove_member("m1")  # an operator's clean-up: its leases are freed
+        wait_for(
+            lambda: (
+                set(m1.fences) == set(units)
+                and all(f.token > tokens[u] for u, f in m1.fences.items())
+            ),
+            scaled(10),
+            what="m1 joined again and took its units anew",
+        )
+        held = {x.unit: x.token for x in pg_store.members.list_leases() if x.owner == m1.instance}
+        assert held == {u: f.token for u, f in m1.fences.items()}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        m1.leave()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from sqlalchemy.engine import Connection
 
@@ -12,6 +12,13 @@ from lr_client.records import (
     Member,
     UnitLease,
 )
+
+
+class Roster(NamedTuple):
+    """The site's members and every unit's lease, as one transaction read them."""
+
+    members: list[Member]
+    leases: list[UnitLease]
 
 
 class Sites(Protocol):
@@ -40,8 +47,11 @@ class Members(Protocol):
     def join_member(self, member_id: str, instance: str, address: str, weight: int) -> Member:
         """Register (or take over, with a new ``instance``) a member; heartbeat now."""
 
-    def heartbeat_member(self, member_id: str, instance: str) -> bool:
-        """Record that the member is alive; False if its row is gone or another instance's."""
+    def heartbeat_member(
+        self, member_id: str, instance: str, lease_timeout: float
+    ) -> Roster | None:
+        """Record that the member is alive and read the roster in the same transaction
+        (``alive`` within ``lease_timeout``); None if its row is gone or another instance's."""
 
     def leave_member(self, member_id: str, instance: str) -> int:
         """Release every lease of ``instance`` and remove the member; how many were released."""

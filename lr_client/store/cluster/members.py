@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection, Row
 
 from lr_client.errors import InvalidInputError
 from lr_client.records import Fence, Member, UnitLease
+from lr_client.store.cluster.contract import Roster
 from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
@@ -72,7 +73,9 @@ class MembersStore(Role):
             self.core.upsert(conn, s.members, row, ["member_id"])
         return Member(member_id, instance, address, weight, now, now)
 
-    def heartbeat_member(self, member_id: str, instance: str) -> bool:
+    def heartbeat_member(
+        self, member_id: str, instance: str, lease_timeout: float
+    ) -> Roster | None:
         m = s.members
         with self.core.write() as conn:
             now = self.db_now(conn)
@@ -81,7 +84,9 @@ class MembersStore(Role):
                 .where(m.c.member_id == member_id, m.c.instance == instance)
                 .values(heartbeat_at=now)
             ).rowcount
-        return bool(n)
+            if not n:
+                return None
+            return Roster(self._members(conn, now, lease_timeout), self._leases(conn))
 
     def leave_member(self, member_id: str, instance: str) -> int:
         leases = s.unit_leases
@@ -98,8 +103,10 @@ class MembersStore(Role):
 
     def list_members(self, lease_timeout: float) -> list[Member]:
         with self.core.read() as conn:
-            now = self.db_now(conn)
-            rows = conn.execute(select(s.members).order_by(s.members.c.member_id)).all()
+            return self._members(conn, self.db_now(conn), lease_timeout)
+
+    def _members(self, conn: Connection, now: float, lease_timeout: float) -> list[Member]:
+        rows = conn.execute(select(s.members).order_by(s.members.c.member_id)).all()
         return [self._member(r, now - r.heartbeat_at <= lease_timeout) for r in rows]
 
     @staticmethod
@@ -140,9 +147,13 @@ class MembersStore(Role):
 
     # -- leases ---------------------------------------------------------------------------
     def list_leases(self) -> list[UnitLease]:
-        u = s.unit_leases
         with self.core.read() as conn:
-            rows = conn.execute(select(u).order_by(u.c.unit)).all()
+            return self._leases(conn)
+
+    @staticmethod
+    def _leases(conn: Connection) -> list[UnitLease]:
+        u = s.unit_leases
+        rows = conn.execute(select(u).order_by(u.c.unit)).all()
         return [
             UnitLease(
                 str(r.unit),
