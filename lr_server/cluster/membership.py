@@ -88,7 +88,7 @@ class Membership:
         self.clock = clock
         self._valid_until = 0.0  # monotonic: work stops past it without a heartbeat
         self._weights: dict[str, int] | None = None  # live members at the last round
-        self._wanted: dict[str, str] = {}  # the placement of the last round
+        self._wanted: dict[str, str | None] = {}  # the placement of the last round
         self._round_due = threading.Event()  # a heartbeat or a round saw a change
         self._lock = threading.Lock()
         self._replaced = False  # another process took this member id over

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -19,6 +20,10 @@ _END = object()
 #: Seconds a thread blocked in a grpc call (a stream's acknowledgements) sleeps at most
 #: before it looks again, in an ``lr server`` process (:func:`quiet_waits`).
 WAIT_SLICE = 30.0
+#: Seconds a stream with nothing in flight keeps its call open without a batch.
+PARK_AFTER = 10.0
+#: Seconds an ending call is given to end (then, once cancelled, to be gone).
+END_WAIT = 5.0
 
 
 def quiet_waits() -> bool:
@@ -72,18 +77,25 @@ def open_channel(
     return grpc.secure_channel(dest.address, creds, options=options)
 
 
-class GrpcStream(BatchStream):
-    def __init__(self, stub: pb_grpc.LogReplicationStub, metadata: list[tuple[str, str]]) -> None:
-        self._requests: queue.Queue[object] = queue.Queue()
-        self._acks: queue.Queue[pb.ReplicationAck | LRError | None] = queue.Queue()  # None: wake
-        self._closed = threading.Event()
-        self._call = stub.Replicate(self._iter_requests(), metadata=metadata)
-        self._reader = threading.Thread(target=self._read, name="lr-grpc-acks", daemon=True)
-        self._reader.start()
+class _Call:
+    """One ``Replicate`` call: its requests, and the thread that hands its acks over."""
+
+    def __init__(
+        self,
+        stub: pb_grpc.LogReplicationStub,
+        metadata: list[tuple[str, str]],
+        acks: queue.Queue[pb.ReplicationAck | LRError | None],
+    ) -> None:
+        self.requests: queue.Queue[object] = queue.Queue()
+        self.acks = acks
+        self.ending = False  # ended by this side: its end is no error
+        self.rpc = stub.Replicate(self._iter_requests(), metadata=metadata)
+        self.reader = threading.Thread(target=self._read, name="lr-grpc-acks", daemon=True)
+        self.reader.start()
 
     def _iter_requests(self) -> Iterator[pb.ReplicationBatch]:
         while True:
-            item = self._requests.get()
+            item = self.requests.get()
             if item is _END:
                 return
             assert isinstance(item, pb.ReplicationBatch)
@@ -91,27 +103,91 @@ class GrpcStream(BatchStream):
 
     def _read(self) -> None:
         try:
-            for ack in self._call:
-                self._acks.put(ack)
-            self._acks.put(TransportError("stream ended by the sink"))
+            for ack in self.rpc:
+                self.acks.put(ack)
+            failure: LRError = TransportError("stream ended by the sink")
         except grpc.RpcError as exc:
-            self._acks.put(map_rpc_error(exc))
+            failure = map_rpc_error(exc)
         except Exception as exc:  # grpc can surface other errors on teardown
-            self._acks.put(TransportError(repr(exc)))
+            failure = TransportError(repr(exc))
+        if not self.ending:
+            self.acks.put(failure)
+
+    def end(self, cancel: bool) -> None:
+        """End the call: its requests first (the sink then ends it), or cancelled."""
+        self.ending = True
+        self.requests.put(_END)
+        if cancel:
+            self.rpc.cancel()
+        self.reader.join(timeout=END_WAIT)
+        if self.reader.is_alive():  # the sink did not end it in time
+            self.rpc.cancel()
+            self.reader.join(timeout=END_WAIT)
+
+
+class GrpcStream(BatchStream):
+    """A replication stream over ``Replicate`` calls: one open while batches travel.
+
+    A stream with nothing in flight and no batch for ``park_after`` seconds ends its
+    call (and so grpc's threads for it, which each wake 5 times a second while it is
+    open); its next batch opens a new call on the same channel, which stays connected
+    (its keepalive pings go on). A sink lost meanwhile shows at that batch, as the
+    call's failure: the session reconnects and renegotiates as for any lost stream."""
+
+    def __init__(
+        self,
+        stub: pb_grpc.LogReplicationStub,
+        metadata: list[tuple[str, str]],
+        park_after: float = PARK_AFTER,
+    ) -> None:
+        self._stub, self._metadata, self.park_after = stub, metadata, park_after
+        self._acks: queue.Queue[pb.ReplicationAck | LRError | None] = queue.Queue()  # None: wake
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._in_flight = 0  # batches sent and not acknowledged (one ack per batch)
+        self._used_at = time.monotonic()
+        self._call: _Call | None = _Call(stub, metadata, self._acks)
+
+    @property
+    def parked(self) -> bool:
+        """Whether no call is open (the stream is idle)."""
+        return self._call is None and not self._closed.is_set()
 
     def send(self, batch: pb.ReplicationBatch) -> None:
         if self._closed.is_set():
             raise TransportError("stream closed")
-        self._requests.put(batch)
+        with self._lock:
+            if self._call is None:
+                self._call = _Call(self._stub, self._metadata, self._acks)
+            self._in_flight += 1
+            self._used_at = time.monotonic()
+            self._call.requests.put(batch)
 
     def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
+        self._park_if_idle()
         try:
             item = self._acks.get(timeout=timeout)
         except queue.Empty:
             return None
         if isinstance(item, LRError):
             raise item
+        if item is not None:
+            with self._lock:
+                self._in_flight = max(0, self._in_flight - 1)
+                self._used_at = time.monotonic()
         return item
+
+    def _park_if_idle(self) -> None:
+        with self._lock:
+            call = self._call
+            if (
+                call is None
+                or self._in_flight
+                or time.monotonic() - self._used_at < self.park_after
+            ):
+                return
+            self._call = None
+        call.end(cancel=False)
 
     def interrupt(self) -> None:
         self._acks.put(None)
@@ -120,9 +196,10 @@ class GrpcStream(BatchStream):
         if self._closed.is_set():
             return
         self._closed.set()
-        self._requests.put(_END)
-        self._call.cancel()
-        self._reader.join(timeout=5)
+        with self._lock:
+            call, self._call = self._call, None
+        if call is not None:
+            call.end(cancel=True)
 
 
 class GrpcTransport(Transport):
@@ -135,7 +212,10 @@ class GrpcTransport(Transport):
         security: SecurityConfig,
         max_message_bytes: int,
         own_connection: bool = False,
+        park_after: float = PARK_AFTER,
     ) -> None:
+        #: Seconds a stream of this transport stays open idle (:class:`GrpcStream`).
+        self.park_after = park_after
         self._channel = open_channel(dest, security, max_message_bytes, own_connection)
         self._stub = pb_grpc.LogReplicationStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = [("x-lr-source", source_id)]
@@ -154,7 +234,7 @@ class GrpcTransport(Transport):
 
     def open_stream(self) -> BatchStream:
         try:
-            return GrpcStream(self._stub, self._metadata)
+            return GrpcStream(self._stub, self._metadata, self.park_after)
         except grpc.RpcError as exc:
             raise map_rpc_error(exc) from exc
 

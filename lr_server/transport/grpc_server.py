@@ -157,8 +157,9 @@ class LogReplicationService:
     ) -> Iterator[pb.ReplicationAck]:
         call = self._admit(context, "Replicate")
         try:
-            # No idle time-out here: a source with nothing to send keeps its stream open
-            # (its channel pings the sink every 10 s); the per-source cap bounds these.
+            # No idle time-out here: a source keeps its stream open while it ships, and
+            # ends it after some time with nothing to send (its channel stays connected,
+            # pinging the sink every 10 s); the per-source cap bounds these.
             for batch in request_iterator:
                 try:
                     with self.calls.working():

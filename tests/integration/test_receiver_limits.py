@@ -20,12 +20,14 @@ from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
 from lr_client._proto import replication_pb2 as pb
+from lr_client.errors import TransportError
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_server import metrics
 from lr_server._proto import replication_pb2_grpc as pb_grpc
-from lr_server.config import load_config
+from lr_server.config import DestinationConfig, SecurityConfig, load_config
 from lr_server.server import SiteServer
 from lr_server.transport.calls import CallTracker
+from lr_server.transport.grpc_client import GrpcStream, GrpcTransport
 from tests.kit.certs import Pki, make_pki
 from tests.kit.rawgrpc import DEADLINE, Calls, Metadata, code_of, next_ack, token_meta
 from tests.kit.sites import SiteSpec, free_port, wait_for, write_config
@@ -393,3 +395,65 @@ def test_calls_that_would_wait_for_a_thread_are_refused_not_queued(
         release.set()
         calls.close()
         sink.close()
+
+
+# -- an idle stream ends its call; the next batch opens another ------------------------------
+def test_an_idle_stream_ends_its_call_and_its_next_batch_opens_another(tmp_path: Path) -> None:
+    """With nothing in flight for ``park_after`` s the sender's stream ends its call (the
+    sink holds no call of it any more, the call's threads end); the next batch opens a
+    new call on the same channel and is applied after the ones before it."""
+    sink = Sink(tmp_path, ["a"])
+    security = SecurityConfig(transport="plaintext", client_auth="token", token="token-a")
+    dest = DestinationConfig(id="sink", address=sink.target)
+    transport = GrpcTransport("a", dest, security, 1 << 20, park_after=0.2)
+    stream = transport.open_stream()
+    assert isinstance(stream, GrpcStream)
+    try:
+        stream.send(log_batch([1]))
+        ack = stream.next_ack(DEADLINE)
+        assert ack is not None and ack.last_position == 1
+        assert [c.method for c in sink.calls.open_calls("a")] == ["Replicate"]
+        readers = [t for t in threading.enumerate() if t.name == "lr-grpc-acks"]
+        wait_for(lambda: stream.next_ack(0.05) is None and stream.parked, what="parked")
+        wait_for(lambda: sink.calls.open_calls("a") == [], what="the sink's call ended")
+        assert not any(t.is_alive() for t in readers)
+        stream.send(log_batch([2, 3], previous=1))
+        ack = stream.next_ack(DEADLINE)
+        assert ack is not None and ack.last_position == 3 and not stream.parked
+        assert sink.received("a") == [b"p1", b"p2", b"p3"]
+        assert [c.method for c in sink.calls.open_calls("a")] == ["Replicate"]
+        # A batch in flight keeps the call open, however long its ack takes to come.
+        stream.park_after = 0.0
+        stream.send(log_batch([4], previous=3))
+        ack = stream.next_ack(DEADLINE)
+        assert ack is not None and ack.last_position == 4
+        assert stream.next_ack(0.0) is None and stream.parked  # then nothing is in flight
+    finally:
+        stream.close()
+        transport.close()
+        sink.close()
+
+
+def test_a_sink_lost_while_a_stream_is_parked_shows_at_the_next_batch(tmp_path: Path) -> None:
+    """No call is open to notice the loss; the next batch's call fails, as a lost
+    stream's would, so the session reconnects and renegotiates."""
+    sink = Sink(tmp_path, ["a"])
+    security = SecurityConfig(transport="plaintext", client_auth="token", token="token-a")
+    transport = GrpcTransport(
+        "a", DestinationConfig(id="sink", address=sink.target), security, 1 << 20, park_after=0.1
+    )
+    stream = transport.open_stream()
+    assert isinstance(stream, GrpcStream)
+    try:
+        stream.send(log_batch([1]))
+        assert stream.next_ack(DEADLINE) is not None
+        wait_for(lambda: stream.next_ack(0.05) is None and stream.parked, what="parked")
+    finally:
+        sink.close()
+    try:
+        stream.send(log_batch([2], previous=1))
+        with pytest.raises(TransportError):
+            stream.next_ack(DEADLINE)
+    finally:
+        stream.close()
+        transport.close()
