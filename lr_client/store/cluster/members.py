@@ -77,16 +77,20 @@ class MembersStore(Role):
         self, member_id: str, instance: str, lease_timeout: float
     ) -> Roster | None:
         m = s.members
+        mine = update(m).where(m.c.member_id == member_id, m.c.instance == instance)
         with self.core.write() as conn:
-            now = self.db_now(conn)
-            n = conn.execute(
-                update(m)
-                .where(m.c.member_id == member_id, m.c.instance == instance)
-                .values(heartbeat_at=now)
-            ).rowcount
-            if not n:
-                return None
-            return Roster(self._members(conn, now, lease_timeout), self._leases(conn))
+            if self.core.dialect == "postgresql":  # the database's clock, in the one statement
+                clock = func.extract("epoch", func.clock_timestamp())
+                now = conn.execute(mine.values(heartbeat_at=clock).returning(m.c.heartbeat_at))
+                found = now.scalar()
+                if found is None:
+                    return None
+                at = float(found)
+            else:
+                at = time.time()
+                if not conn.execute(mine.values(heartbeat_at=at)).rowcount:
+                    return None
+            return Roster(self._members(conn, at, lease_timeout), self._leases(conn))
 
     def leave_member(self, member_id: str, instance: str) -> int:
         leases = s.unit_leases
