@@ -38,6 +38,8 @@ from tests.kit.verifier import Report, verify
 from tests.kit.wait import scaled, wait_for
 
 SINK_APP = Path(__file__).with_name("sink_app.py")
+#: Seconds after SIGTERM past which a sink application's stop counts as slow.
+SLOW_STOP = 10.0
 
 
 # -- knobs --------------------------------------------------------------------------------
@@ -166,13 +168,22 @@ class SinkProc:
             self.proc.wait(timeout=scaled(10))
 
     def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, then wait; a stop slower than :data:`SLOW_STOP` s has the process
+        write its threads' stacks to its log (SIGUSR1), one past ``timeout`` is killed."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
         try:
+            self.proc.wait(timeout=scaled(SLOW_STOP))
+            return
+        except subprocess.TimeoutExpired:
+            print(f"sink app {self.log_path.stem}: still running {SLOW_STOP} s after SIGTERM")
+            self.proc.send_signal(signal.SIGUSR1)
+        try:
             self.proc.wait(timeout=scaled(timeout))
         except subprocess.TimeoutExpired:
             self.kill()
+        print(tail(self.log_path, 12000))
 
     def log(self) -> str:
         return tail(self.log_path, 4000)

@@ -3,12 +3,15 @@
 Runs one :class:`~lr_client.RoutingQueueSubscriber` per ``--client`` (threads),
 each applying with :class:`tests.kit.traffic.RecordingListener`, until SIGTERM
 (clean stop: leases released) or SIGKILL (the tests' fault). Writes
-``--ready`` once its tables exist.
+``--ready`` once its tables exist. SIGUSR1 writes every thread's stack to its
+output (:meth:`tests.reliability.harness.SinkProc.stop` asks for it when a stop
+is slow).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import threading
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     wait_for_schema(args.url, stop)
     app = SinkApp(
         args.url,
