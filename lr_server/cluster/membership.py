@@ -165,18 +165,14 @@ class Membership:
 
     def _steady(self, roster: Roster) -> bool:
         """Whether a round would change nothing: the same live members and weights as the
-        last round's, and this run holds exactly the units it wins, all running."""
+        last round's, and this run still holds every unit it claimed (between its rounds
+        only others change its leases, and they can only take them), which are exactly
+        the units it wins, all running."""
         weights = {m.member_id: m.weight for m in roster.members if m.alive}
         wanted, claimed, fences = self._wanted, self._claimed, self.fences
-        if weights != self._weights:
+        if weights != self._weights or roster.held != len(claimed) or claimed != fences:
             return False
-        held = {
-            lease.unit: Fence(lease.unit, self.instance, lease.token)
-            for lease in roster.leases
-            if lease.owner == self.instance
-        }
-        mine = {unit for unit, winner in wanted.items() if winner == self.member_id}
-        return held == claimed == fences and set(held) == mine
+        return set(claimed) == {unit for unit, winner in wanted.items() if winner == self.member_id}
 
     def _lost_row(self) -> None:
         """The member's row is gone (an operator removed it) or another process holds it."""

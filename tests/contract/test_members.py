@@ -29,12 +29,14 @@ def test_a_member_joins_heartbeats_and_leaves(store: QueueStore) -> None:
 
 
 def test_a_heartbeat_reads_the_roster_it_recorded(store: QueueStore) -> None:
-    """The members and leases come from the heartbeat's own transaction: the member's
-    new heartbeat is in them, and so is every unit's owner."""
+    """The members come from the heartbeat's own transaction, the member's new heartbeat
+    in them, with how many units the heartbeating instance holds."""
     store.members.join_member("m1", "i1", "", 2)
     store.members.join_member("m2", "i2", "", 1)
     fence = store.members.acquire_unit("stream/x/policy", "m1", "i1", TIMEOUT)
     assert fence is not None
+    assert store.members.acquire_unit("stream/x/other", "m2", "i2", TIMEOUT) is not None
+    assert store.members.acquire_unit("trim", "m1", "i1", TIMEOUT) is not None
     before = store.members.list_members(TIMEOUT)[0].heartbeat_at
     roster = store.members.heartbeat_member("m1", "i1", TIMEOUT)
     assert roster is not None
@@ -44,10 +46,10 @@ def test_a_heartbeat_reads_the_roster_it_recorded(store: QueueStore) -> None:
     ]
     assert roster.members[0].heartbeat_at >= before
     assert roster.members == store.members.list_members(TIMEOUT)
-    assert roster.leases == store.members.list_leases()
-    assert [(x.unit, x.owner, x.token) for x in roster.leases] == [
-        ("stream/x/policy", "i1", fence.token)
-    ]
+    assert roster.held == 2
+    assert store.members.release_unit(fence)
+    after = store.members.heartbeat_member("m1", "i1", TIMEOUT)
+    assert after is not None and after.held == 1
     gone = store.members.heartbeat_member("m1", "i1", -1.0)  # every heartbeat is too old
     assert gone is not None and not any(m.alive for m in gone.members)
 

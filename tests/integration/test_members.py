@@ -503,6 +503,14 @@ def test_a_steady_member_places_only_when_its_heartbeat_sees_a_change(
         )
         held = {x.unit: x.token for x in pg_store.members.list_leases() if x.owner == m1.instance}
         assert held == {u: f.token for u, f in m1.fences.items()}
+        wait_for(lambda: counted.beats_since_round >= 10, scaled(10), what="steady again")
+        lost = m1.fences[units[0]]
+        assert pg_store.members.release_unit(lost)  # freed behind its back, its row intact
+        wait_for(
+            lambda: (f := m1.fences.get(units[0])) is not None and f.token > lost.token,
+            scaled(10),
+            what="m1 took the freed unit again",
+        )
     finally:
         stop.set()
         for t in threads:

@@ -15,10 +15,11 @@ from lr_client.records import (
 
 
 class Roster(NamedTuple):
-    """The site's members and every unit's lease, as one transaction read them."""
+    """What a heartbeat reads in its transaction: every member, and how many units the
+    heartbeating instance holds (only that instance's own rounds can add to them)."""
 
     members: list[Member]
-    leases: list[UnitLease]
+    held: int
 
 
 class Sites(Protocol):

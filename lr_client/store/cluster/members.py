@@ -90,7 +90,9 @@ class MembersStore(Role):
                 at = time.time()
                 if not conn.execute(mine.values(heartbeat_at=at)).rowcount:
                     return None
-            return Roster(self._members(conn, at, lease_timeout), self._leases(conn))
+            u = s.unit_leases
+            held = conn.execute(select(func.count()).where(u.c.owner == instance)).scalar_one()
+            return Roster(self._members(conn, at, lease_timeout), int(held))
 
     def leave_member(self, member_id: str, instance: str) -> int:
         leases = s.unit_leases
