@@ -112,21 +112,20 @@ class Membership:
         self.round()
 
     def run(self, stop: threading.Event) -> None:
-        """Place until ``stop`` is set: after a heartbeat or a round that saw a change, and
-        every :data:`STEADY_ROUND_PERIOD` intervals anyway (heartbeats are :meth:`beat`'s,
-        on their own thread)."""
-        quiet = 0
-        while not stop.wait(self.heartbeat_interval):
-            quiet += 1
-            if not self._round_due.is_set() and quiet < STEADY_ROUND_PERIOD:
-                continue
+        """Place until ``stop`` is set: as soon as a heartbeat or a round saw a change (at
+        most once an interval), and every :data:`STEADY_ROUND_PERIOD` intervals anyway.
+        Heartbeats are :meth:`beat`'s, on their own thread, whose end wakes this one."""
+        while not stop.is_set():
+            self._round_due.wait(self.heartbeat_interval * STEADY_ROUND_PERIOD)
+            if stop.is_set():
+                break
             self._round_due.clear()
-            quiet = 0
             try:
                 self.round()
             except Exception:  # a bug: log it, keep placing
                 log.exception("member %s: placement round failed", self.member_id)
                 self._round_due.set()
+            stop.wait(self.heartbeat_interval)
 
     def beat(self, stop: threading.Event) -> None:
         """Record a heartbeat every ``heartbeat_interval`` until ``stop`` is set.
@@ -134,11 +133,14 @@ class Membership:
         On a thread of its own, so a round that waits for work to stop (a
         session finishing its in-flight batches) never delays a heartbeat.
         """
-        while not stop.wait(self.heartbeat_interval):
-            try:
-                self.heartbeat()
-            except Exception:  # a bug: log it, keep beating
-                log.exception("member %s: heartbeat failed", self.member_id)
+        try:
+            while not stop.wait(self.heartbeat_interval):
+                try:
+                    self.heartbeat()
+                except Exception:  # a bug: log it, keep beating
+                    log.exception("member %s: heartbeat failed", self.member_id)
+        finally:
+            self._round_due.set()  # :meth:`run` sees the stop at once
 
     def heartbeat(self) -> bool:
         """Record one heartbeat; whether it was recorded (this member may go on working)."""

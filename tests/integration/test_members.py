@@ -511,6 +511,10 @@ def test_a_steady_member_places_only_when_its_heartbeat_sees_a_change(
             scaled(10),
             what="m1 took the freed unit again",
         )
+        stop.set()  # the heartbeat's end wakes the placement loop, however long its wait
+        for t in threads:
+            t.join(scaled(5))
+        assert not any(t.is_alive() for t in threads)
     finally:
         stop.set()
         for t in threads:
