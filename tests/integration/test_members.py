@@ -511,6 +511,7 @@ def test_a_steady_member_places_only_when_its_heartbeat_sees_a_change(
             scaled(10),
             what="m1 took the freed unit again",
         )
+        wait_for(lambda: counted.beats_since_round >= 10, scaled(10), what="steady again")
         stop.set()  # the heartbeat's end wakes the placement loop, however long its wait
         for t in threads:
             t.join(scaled(5))
