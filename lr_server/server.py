@@ -9,7 +9,6 @@ stream, the trim job) is run by the member that owns its lease
 from __future__ import annotations
 
 import logging
-import signal
 import subprocess
 import threading
 import time
@@ -360,6 +359,7 @@ class SiteServer:
 
 def run_server(config: SiteConfig, stop: threading.Event | None = None) -> None:
     """Run a site until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    from lr_server.ops.stop_signals import stop_on_signals
     from lr_server.transport.grpc_client import quiet_waits
 
     configure_logging(config.id)
@@ -369,8 +369,7 @@ def run_server(config: SiteConfig, stop: threading.Event | None = None) -> None:
     server = SiteServer(config)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        stop_on_signals(stop)  # no lock taken in the handler (see the module)
     server.start(interrupt=stop)  # a signal ends its retries too
     log.info("site %s running", config.id)
     try:

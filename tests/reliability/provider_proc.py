@@ -20,6 +20,7 @@ if __package__ in (None, ""):
 
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import create_engine, open_store
+from lr_server.ops.stop_signals import stop_on_signals
 from tests.kit.traffic import snapshot_provider
 
 
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         heartbeat_interval=args.heartbeat,
     )
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_on_signals(stop, [signal.SIGTERM])
     runner.run(stop, interval=0.1)
     engine.dispose()
     return 0

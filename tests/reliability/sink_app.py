@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:
 
 from lr_client.errors import SchemaError, StoreUnavailableError  # noqa: E402
 from lr_client.store import open_store  # noqa: E402
+from lr_server.ops.stop_signals import stop_on_signals  # noqa: E402
 from tests.kit.traffic import SinkApp  # noqa: E402
 from tests.kit.wait import Deadline  # noqa: E402
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_on_signals(stop, [signal.SIGTERM])
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     wait_for_schema(args.url, stop)
     app = SinkApp(
