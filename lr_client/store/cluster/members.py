@@ -22,9 +22,11 @@ and the new owner reads what it wrote.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from sqlalchemy import delete, func, literal_column, select, update
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql.elements import ColumnElement
 
 from lr_client.errors import InvalidInputError
 from lr_client.records import Fence, Member, UnitLease
@@ -35,6 +37,11 @@ from lr_client.store.schema import tables as s
 #: The longest member id and unit name the tables hold.
 MAX_MEMBER_ID = 128
 MAX_UNIT = 200
+
+
+def _db_clock() -> ColumnElement[Any]:
+    """PostgreSQL's clock, in seconds since the epoch."""
+    return func.extract("epoch", func.clock_timestamp())
 
 
 def _check_member_id(member_id: str) -> None:
@@ -49,7 +56,7 @@ class MembersStore(Role):
         """The database's clock, in seconds since the epoch (SQLite: this process's)."""
         if self.core.dialect != "postgresql":
             return time.time()
-        stmt = select(func.extract("epoch", func.clock_timestamp()))
+        stmt = select(_db_clock())
         if conn is not None:
             return float(conn.execute(stmt).scalar_one())
         with self.core.read() as own:
@@ -80,9 +87,8 @@ class MembersStore(Role):
         mine = update(m).where(m.c.member_id == member_id, m.c.instance == instance)
         with self.core.write() as conn:
             if self.core.dialect == "postgresql":  # the database's clock, in the one statement
-                clock = func.extract("epoch", func.clock_timestamp())
-                now = conn.execute(mine.values(heartbeat_at=clock).returning(m.c.heartbeat_at))
-                found = now.scalar()
+                stamped = mine.values(heartbeat_at=_db_clock()).returning(m.c.heartbeat_at)
+                found = conn.execute(stamped).scalar()
                 if found is None:
                     return None
                 at = float(found)
@@ -153,13 +159,9 @@ class MembersStore(Role):
 
     # -- leases ---------------------------------------------------------------------------
     def list_leases(self) -> list[UnitLease]:
-        with self.core.read() as conn:
-            return self._leases(conn)
-
-    @staticmethod
-    def _leases(conn: Connection) -> list[UnitLease]:
         u = s.unit_leases
-        rows = conn.execute(select(u).order_by(u.c.unit)).all()
+        with self.core.read() as conn:
+            rows = conn.execute(select(u).order_by(u.c.unit)).all()
         return [
             UnitLease(
                 str(r.unit),
