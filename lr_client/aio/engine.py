@@ -28,6 +28,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext import asyncio as sa_asyncio
 from sqlalchemy.pool import PoolResetState
 
+from lr_client.aio import sqlite_driver
 from lr_client.errors import ConfigError
 from lr_client.store import SQLITE_BUSY_TIMEOUT_S, configure_sqlite_engine
 
@@ -68,9 +69,19 @@ def create_async_engine(url: str | URL, **kwargs: Any) -> sa_asyncio.AsyncEngine
         kwargs["pool_reset_on_return"] = None  # rolled back by _reset_open below
     engine = sa_asyncio.create_async_engine(text, **kwargs)
     configure_sqlite_engine(engine.sync_engine)
+    if "async_creator" not in kwargs:
+        event.listen(engine.sync_engine, "do_connect", _one_trip_statements)
     if reset:
         event.listen(engine.sync_engine, "reset", _reset_open)
     return engine
+
+
+def _one_trip_statements(
+    _dialect: Any, _record: Any, _cargs: list[Any], cparams: dict[str, Any]
+) -> None:
+    """Connect with :func:`lr_client.aio.sqlite_driver.connect`: a statement is one
+    trip to aiosqlite's thread, not four."""
+    cparams["async_creator_fn"] = sqlite_driver.connect
 
 
 def _reset_open(dbapi_conn: Any, _record: Any, state: PoolResetState) -> None:
