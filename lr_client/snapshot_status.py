@@ -7,7 +7,8 @@ The same facts as ``lr snapshot list --json``, read from the source's store
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from lr_client.errors import InvalidInputError
 from lr_client.records import SnapshotRequest, SnapshotStatus
@@ -44,6 +45,12 @@ class SnapshotInfo:
     def is_open(self) -> bool:
         """Whether it may still be shipped (requested, running or ready)."""
         return self.state.is_open
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields as JSON values (``lr snapshot list --json``, ``lr status --json``)."""
+        out = asdict(self)
+        out["state"] = self.state.value
+        return out
 
     @classmethod
     def from_request(cls, req: SnapshotRequest) -> SnapshotInfo:

@@ -51,7 +51,7 @@ from lr_server.admin.records import (
     DatabaseCheck,
     MemberView,
     ProviderSwitch,
-    SnapshotView,
+    SnapshotInfo,
     TrimResult,
 )
 from lr_server.admin.replays import list_replays, replay, rewind
@@ -79,7 +79,7 @@ __all__ = [
     "ProviderSwitch",
     "QueueSummary",
     "SiteStatus",
-    "SnapshotView",
+    "SnapshotInfo",
     "StateError",
     "TrimResult",
     "accept_loss",

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lr_client.snapshot_status import SnapshotInfo
 from lr_client.store.schema.lifecycle import SchemaState, SchemaStatus
-from lr_server.ops.status_records import SnapshotView
 
 
 @dataclass(frozen=True)
@@ -89,4 +89,4 @@ class TrimResult:
         return asdict(self)
 
 
-__all__ = ["DatabaseCheck", "MemberView", "ProviderSwitch", "SnapshotView", "TrimResult"]
+__all__ = ["DatabaseCheck", "MemberView", "ProviderSwitch", "SnapshotInfo", "TrimResult"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from lr_client.records import OPEN_SNAPSHOT_STATUSES
 from lr_server.admin.checks import check_snapshot_request, check_stream
 from lr_server.admin.errors import AdminInputError, NotFoundError, StateError
-from lr_server.admin.records import SnapshotView
+from lr_server.admin.records import SnapshotInfo
 
 if TYPE_CHECKING:
     from lr_client.store import QueueStore
@@ -40,14 +40,14 @@ def list_snapshots(
     *,
     only_open: bool = False,
     limit: int = 50,
-) -> list[SnapshotView]:
+) -> list[SnapshotInfo]:
     """Snapshot requests newest first, one per destination's view (``lr snapshot list``):
     of one destination, one client, only the open ones (requested, running, ready)."""
     if limit <= 0:
         raise AdminInputError("limit must be positive", "limit")
     wanted = OPEN_SNAPSHOT_STATUSES if only_open else None
     return [
-        SnapshotView.of(x)
+        SnapshotInfo.from_request(x)
         for x in store.snapshots.list_snapshots(destination, client, wanted, limit)
     ]
 
@@ -57,10 +57,10 @@ def cancel_snapshot(
     snapshot_id: str,
     reason: str = "cancelled by operator",
     destination: str | None = None,
-) -> SnapshotView:
+) -> SnapshotInfo:
     """Cancel an open snapshot, given its id or a unique prefix of it (``lr snapshot
     cancel``); with ``destination`` only for it (the others keep the shared snapshot).
-    The snapshot's view after the cancel.
+    The snapshot's record after the cancel.
 
     Raises :class:`NotFoundError` if no snapshot (or several open ones) match the prefix,
     :class:`StateError` if it is not open.
@@ -85,7 +85,7 @@ def cancel_snapshot(
     if not store.snapshots.cancel_snapshot(found.snapshot_id, reason, destination):
         raise StateError(f"snapshot {found.snapshot_id} is {found.status.value}, not open")
     after = store.snapshots.get_snapshot(found.snapshot_id, destination)
-    return SnapshotView.of(after if after is not None else found)
+    return SnapshotInfo.from_request(after if after is not None else found)
 
 
 def snapshot_job_command(

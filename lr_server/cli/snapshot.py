@@ -19,7 +19,7 @@ from lr_server.cli.render import ago, console, print_json, short_id, table
 from lr_server.config import load_config
 
 if TYPE_CHECKING:
-    from lr_server.admin import SnapshotView
+    from lr_client.snapshot_status import SnapshotInfo
 
 
 @click.group()
@@ -73,22 +73,24 @@ def snapshot_list(
     with open_site_store(config) as store:
         snaps = admin.list_snapshots(store, destination, client, only_open=only_open, limit=limit)
     if as_json:
-        print_json([x.to_dict() for x in snaps])
+        from lr_server.ops.status_records import snapshot_json
+
+        print_json([snapshot_json(x) for x in snaps])
         return
     render_snapshots(snaps)
 
 
-def render_snapshots(snaps: Sequence[SnapshotView]) -> None:
+def render_snapshots(snaps: Sequence[SnapshotInfo]) -> None:
     """Print snapshot requests as a table, one row per destination's view."""
     now = time.time()
     t = table("snapshots", "id", "dest", "client", "status", "rows", "created", "reason")
     for x in snaps:
-        total = "?" if x.entry_count is None else str(x.entry_count)
+        total = "?" if x.rows_total is None else str(x.rows_total)
         t.add_row(
             short_id(x.snapshot_id),
             x.destination,
-            x.client,
-            x.status,
+            x.client_name,
+            x.state.value,
             f"{x.rows_written}/{total}",
             ago(x.created_at, now),
             x.reason,

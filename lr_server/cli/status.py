@@ -145,12 +145,12 @@ def render_status(report: SiteStatus) -> None:
         t = table("open snapshots", "dest", "client", "id", "status", "rows", "base")
         for x in snaps:
             assert x.snapshot is not None
-            total = "?" if x.snapshot.entry_count is None else str(x.snapshot.entry_count)
+            total = "?" if x.snapshot.rows_total is None else str(x.snapshot.rows_total)
             t.add_row(
                 x.destination,
                 x.client,
                 short_id(x.snapshot.snapshot_id),
-                x.snapshot.status,
+                x.snapshot.state.value,
                 f"{x.snapshot.rows_written}/{total}",
                 "-" if x.snapshot.base_position is None else str(x.snapshot.base_position),
             )

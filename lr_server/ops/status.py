@@ -41,6 +41,7 @@ from lr_client.records import (
     SinkSnapshotState,
     SnapshotRequest,
 )
+from lr_client.snapshot_status import SnapshotInfo
 from lr_client.store import Inspection, QueueStore, SendLog
 from lr_server.cluster.placement import stream_unit
 from lr_server.cluster.streams import configured_streams, unconfigured_streams
@@ -53,7 +54,6 @@ from lr_server.ops.status_records import (
     SessionInfo,
     SinkStream,
     SiteStatus,
-    SnapshotView,
     StopInfo,
     StreamState,
 )
@@ -154,7 +154,7 @@ def _send_streams(
                 last_ack=cursor.acked_at if cursor and cursor.acked_at else None,
                 inflight_batches=inflight,
                 configured=(dest, client) in configured,
-                snapshot=SnapshotView.of(snap) if snap else None,
+                snapshot=SnapshotInfo.from_request(snap) if snap else None,
                 drop=DropInfo(drop.first_dropped_position, drop.dropped_at, drop.reason)
                 if drop
                 else None,

@@ -8,7 +8,8 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lr_client.records import QueueSlot, SnapshotRequest
+from lr_client.records import QueueSlot
+from lr_client.snapshot_status import SnapshotInfo
 
 
 class StreamState(enum.StrEnum):
@@ -22,43 +23,22 @@ class StreamState(enum.StrEnum):
     BACKPRESSURE = "backpressure"
 
 
-@dataclass(frozen=True)
-class SnapshotView:
-    """One destination's view of a snapshot request: ``lr snapshot list``, and ``lr status``
-    for a stream with an open one."""
+#: The keys ``lr snapshot list --json`` and ``lr status --json`` printed before a
+#: snapshot's record was :class:`SnapshotInfo`'s, and the field each now is: printed
+#: beside the new ones for one more release (docs/upgrading.md).
+DEPRECATED_SNAPSHOT_KEYS = {
+    "client": "client_name",
+    "status": "state",
+    "entry_count": "rows_total",
+    "shipped_position": "rows_shipped",
+}
 
-    snapshot_id: str
-    destination: str
-    client: str
-    status: str
-    base_position: int | None
-    rows_written: int
-    entry_count: int | None
-    shipped_position: int
-    reason: str
-    created_at: float
-    updated_at: float
 
-    @classmethod
-    def of(cls, x: SnapshotRequest) -> SnapshotView:
-        """The view of the store's record."""
-        return cls(
-            snapshot_id=x.snapshot_id,
-            destination=x.destination,
-            client=x.client_name,
-            status=x.status.value,
-            base_position=x.base_position,
-            rows_written=x.rows_written,
-            entry_count=x.entry_count,
-            shipped_position=x.shipped_position,
-            reason=x.reason,
-            created_at=x.created_at,
-            updated_at=x.updated_at,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object ``lr snapshot list --json`` prints for it."""
-        return asdict(self)
+def snapshot_json(info: SnapshotInfo) -> dict[str, Any]:
+    """A snapshot's JSON object: :meth:`SnapshotInfo.to_dict`, and the deprecated keys."""
+    out = info.to_dict()
+    out.update({old: out[new] for old, new in DEPRECATED_SNAPSHOT_KEYS.items()})
+    return out
 
 
 @dataclass
@@ -102,7 +82,7 @@ class SendStream:
     last_ack: float | None
     inflight_batches: int | None  # None: no session has reported for the destination
     configured: bool
-    snapshot: SnapshotView | None = None
+    snapshot: SnapshotInfo | None = None
     drop: DropInfo | None = None
     stop: StopInfo | None = None
     owner: str = ""  # the member that owns the stream's lease ("": none)
@@ -168,10 +148,15 @@ class SiteStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``lr status --json``)."""
-        return asdict(self)
+        out = asdict(self)
+        for stream, row in zip(self.send, out["send"], strict=True):
+            if stream.snapshot is not None:
+                row["snapshot"] = snapshot_json(stream.snapshot)
+        return out
 
 
 __all__ = [
+    "DEPRECATED_SNAPSHOT_KEYS",
     "CascadeChildInfo",
     "CascadeInfo",
     "DropInfo",
@@ -179,7 +164,7 @@ __all__ = [
     "SessionInfo",
     "SinkStream",
     "SiteStatus",
-    "SnapshotView",
     "StopInfo",
     "StreamState",
+    "snapshot_json",
 ]

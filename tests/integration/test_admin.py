@@ -51,6 +51,12 @@ def transmit(store: SQLAlchemyQueueStore, client: str, rows: list[tuple[bytes, l
             sender.transmit_log_entry_message(conn, payload, dests)
 
 
+def client_view(store: SQLAlchemyQueueStore, snapshot_id: str, destination: str) -> Any:
+    """The record an application reads of a snapshot (``client.snapshot``)."""
+    client = RoutingQueueClient(store, source_id="site-a", client_name="policy")
+    return client.snapshot(snapshot_id, destination)
+
+
 def test_status_and_trim(config: SiteConfig, store: SQLAlchemyQueueStore) -> None:
     transmit(store, "policy", [(b"a", ["site-b", "site-c"]), (b"b", ["site-b"])])
     report = admin.status(config, store)
@@ -88,19 +94,20 @@ def test_snapshots_requested_listed_cancelled(
     shared = admin.request_snapshot(config, store, "site-c", "policy", reason="for c")
     assert shared == first  # one snapshot for both
     views = admin.list_snapshots(store)
-    assert sorted((x.snapshot_id, x.destination, x.status) for x in views) == [
+    assert sorted((x.snapshot_id, x.destination, x.state) for x in views) == [
         (first, "site-b", "requested"),
         (first, "site-c", "requested"),
     ]
+    assert views[0] == client_view(store, first, views[0].destination)  # one record
     assert set(views[0].to_dict()) == {
-        "snapshot_id", "destination", "client", "status", "base_position", "rows_written",
-        "entry_count", "shipped_position", "reason", "created_at", "updated_at",
+        "snapshot_id", "destination", "client_name", "state", "base_position", "reason",
+        "rows_written", "rows_total", "rows_shipped", "created_at", "updated_at",
     }  # fmt: skip
     assert len(admin.list_snapshots(store, limit=1)) == 1
     assert admin.list_snapshots(store, "site-b", "inventory") == []
 
     done = admin.cancel_snapshot(store, first[:10], destination="site-b")
-    assert (done.snapshot_id, done.destination, done.status) == (first, "site-b", "cancelled")
+    assert (done.snapshot_id, done.destination, done.state) == (first, "site-b", "cancelled")
     assert [x.destination for x in admin.list_snapshots(store, only_open=True)] == ["site-c"]
     with pytest.raises(admin.StateError, match="not open"):
         admin.cancel_snapshot(store, first, destination="site-b")

@@ -22,6 +22,7 @@ from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store.schema.lifecycle import LEGACY_REVISION, VERSION_TABLE, head_revision
 from lr_server.cli import EXIT_FAILED, EXIT_NEWER, EXIT_PENDING, EXIT_USAGE, cli
+from lr_server.ops.status_records import DEPRECATED_SNAPSHOT_KEYS
 from tests.integration.test_schema_lifecycle import make_legacy_v1
 from tests.kit.guards import need
 from tests.kit.positions import new_slot
@@ -270,6 +271,8 @@ def test_status_per_destination_and_client(site: Path, store: SQLAlchemyQueueSto
     assert cp["state"] == "snapshot sync"
     assert cp["snapshot"]["snapshot_id"] == snapshot_id
     assert cp["snapshot"]["status"] == "requested"
+    assert cp["snapshot"]["state"] == "requested" and cp["snapshot"]["client_name"] == "policy"
+    assert cp["snapshot"]["rows_total"] is None and cp["snapshot"]["rows_shipped"] == 0
     assert cp["lag_entries"] == 2 and cp["last_ack"] is None
 
     bi = send[("site-b", "inventory")]
@@ -419,6 +422,10 @@ def test_snapshot_request_list_cancel(site: Path, store: SQLAlchemyQueueStore) -
     listed = as_json("snapshot", "list", "--config", site)
     assert [(x["snapshot_id"], x["status"]) for x in listed] == [(first_id, "requested")]
     assert listed[0]["reason"] == "operator request"
+    # SnapshotInfo's keys, and for one more release the old ones with the same values
+    for old, new in DEPRECATED_SNAPSHOT_KEYS.items():
+        assert listed[0][old] == listed[0][new], old
+    assert (listed[0]["client_name"], listed[0]["state"]) == ("policy", "requested")
 
     # A second request for the same stream supersedes the first.
     second_id = ok(
