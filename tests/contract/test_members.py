@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import update
 
 from lr_client.errors import FencedError, InvalidInputError
 from lr_client.records import SnapshotStatus
 from lr_client.store.contract import QueueStore
+from lr_client.store.schema import tables
 from tests.contract.calls import append
 
 TIMEOUT = 5.0
@@ -52,6 +54,22 @@ def test_a_heartbeat_reads_the_roster_it_recorded(store: QueueStore) -> None:
     assert after is not None and after.held == 1
     gone = store.members.heartbeat_member("m1", "i1", -1.0)  # every heartbeat is too old
     assert gone is not None and not any(m.alive for m in gone.members)
+
+
+def test_a_member_back_from_a_stall_reads_itself_alive(store: QueueStore) -> None:
+    """A heartbeat after a stall longer than the timeout: the member's own row in the
+    roster has the new stamp and is alive; another's old heartbeat is not."""
+    store.members.join_member("m1", "i1", "", 1)
+    store.members.join_member("m2", "i2", "", 1)
+    m = tables.members
+    with store.write() as conn:
+        conn.execute(update(m).values(heartbeat_at=m.c.heartbeat_at - 100 * TIMEOUT))
+    roster = store.members.heartbeat_member("m1", "i1", TIMEOUT)
+    assert roster is not None
+    mine, other = roster.members
+    assert (mine.member_id, mine.alive, other.alive) == ("m1", True, False)
+    assert mine.heartbeat_at == store.members.list_members(TIMEOUT)[0].heartbeat_at
+    assert roster.members == store.members.list_members(TIMEOUT)
 
 
 def test_a_member_whose_heartbeat_is_older_than_the_timeout_is_gone(store: QueueStore) -> None:

@@ -24,13 +24,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import delete, func, literal_column, select, update
+from sqlalchemy import bindparam, delete, func, literal_column, select, true, update
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
 from lr_client.errors import InvalidInputError
 from lr_client.records import Fence, Member, UnitLease
 from lr_client.store.cluster.contract import Roster
+from lr_client.store.db_errors import mapped_errors
 from lr_client.store.role import Role
 from lr_client.store.schema import tables as s
 
@@ -42,6 +44,32 @@ MAX_UNIT = 200
 def _db_clock() -> ColumnElement[Any]:
     """PostgreSQL's clock, in seconds since the epoch."""
     return func.extract("epoch", func.clock_timestamp())
+
+
+def _pg_heartbeat() -> Select[Any]:
+    """PostgreSQL's heartbeat in one statement: the stamp, then every member and the
+    count of leases the instance holds. The roster is read in the statement's snapshot,
+    from before its own update (the caller puts the new stamp in the member's row);
+    no row: the member is not this instance's."""
+    m, u = s.members, s.unit_leases
+    beat = (
+        update(m)
+        .where(
+            m.c.member_id == bindparam("beat_member"), m.c.instance == bindparam("beat_instance")
+        )
+        .values(heartbeat_at=_db_clock())
+        .returning(m.c.heartbeat_at.label("beat_at"))
+        .cte("beat")
+    )
+    held = select(func.count()).where(u.c.owner == bindparam("beat_instance")).scalar_subquery()
+    return (
+        select(beat.c.beat_at, held.label("held"), *m.c)
+        .select_from(beat.join(m, true()))
+        .order_by(m.c.member_id)
+    )
+
+
+_PG_HEARTBEAT = _pg_heartbeat()
 
 
 def _check_member_id(member_id: str) -> None:
@@ -83,22 +111,45 @@ class MembersStore(Role):
     def heartbeat_member(
         self, member_id: str, instance: str, lease_timeout: float
     ) -> Roster | None:
+        if self.core.dialect == "postgresql":
+            return self._pg_heartbeat(member_id, instance, lease_timeout)
         m = s.members
         mine = update(m).where(m.c.member_id == member_id, m.c.instance == instance)
         with self.core.write() as conn:
-            if self.core.dialect == "postgresql":  # the database's clock, in the one statement
-                stamped = mine.values(heartbeat_at=_db_clock()).returning(m.c.heartbeat_at)
-                found = conn.execute(stamped).scalar()
-                if found is None:
-                    return None
-                at = float(found)
-            else:
-                at = time.time()
-                if not conn.execute(mine.values(heartbeat_at=at)).rowcount:
-                    return None
+            at = time.time()
+            if not conn.execute(mine.values(heartbeat_at=at)).rowcount:
+                return None
             u = s.unit_leases
             held = conn.execute(select(func.count()).where(u.c.owner == instance)).scalar_one()
             return Roster(self._members(conn, at, lease_timeout), int(held))
+
+    def _pg_heartbeat(self, member_id: str, instance: str, lease_timeout: float) -> Roster | None:
+        """One statement, without a transaction of its own (a member beats every
+        second: no BEGIN and COMMIT round trips)."""
+        with mapped_errors(), self.core.engine.connect() as conn:
+            auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+            rows = auto.execute(
+                _PG_HEARTBEAT, {"beat_member": member_id, "beat_instance": instance}
+            ).all()
+        if not rows:
+            return None
+        at = float(rows[0].beat_at)
+        members = []
+        for r in rows:
+            own = (r.member_id, r.instance) == (member_id, instance)
+            beat = at if own else float(r.heartbeat_at)
+            members.append(
+                Member(
+                    str(r.member_id),
+                    str(r.instance),
+                    str(r.address),
+                    int(r.weight),
+                    float(r.joined_at),
+                    beat,
+                    at - beat <= lease_timeout,
+                )
+            )
+        return Roster(members, int(rows[0].held))
 
     def leave_member(self, member_id: str, instance: str) -> int:
         leases = s.unit_leases
