@@ -83,15 +83,21 @@ class RetentionPolicy:
         streams: list[StreamHealth] = []
         backpressure: dict[str, bool] = {}
         # A site without destinations has no flow to control (a pure sink).
-        for client in self.config.clients if self.config.destinations else ():
-            dests = [
-                d.id for d in self.config.destinations if client.name in self.config.clients_for(d)
-            ]
+        clients = self.config.clients if self.config.destinations else []
+        dests_of = {
+            c.name: [d.id for d in self.config.destinations if c.name in self.config.clients_for(d)]
+            for c in clients
+        }
+        # Released streams are not measured: the full sync will catch them up.
+        measured = [(d, c) for c, ds in dests_of.items() for d in ds if (d, c) not in already]
+        backlogs = dict(zip(measured, self.store.shipping.backlogs(measured), strict=True))
+        for client in clients:
+            dests = dests_of[client.name]
             health = []
             for dest in dests:
-                if (dest, client.name) in already:
-                    continue  # its backlog is released; the full sync will catch it up
-                backlog = self.store.shipping.backlog(dest, client.name)
+                backlog = backlogs.get((dest, client.name))
+                if backlog is None:
+                    continue
                 age, is_slow, over = limits.measure(backlog, now)
                 health.append(StreamHealth(dest, client.name, backlog, age, is_slow, over))
                 metrics.LAG_ENTRIES.labels(dest, client.name).set(backlog.entries)
@@ -164,11 +170,9 @@ class RetentionPolicy:
         reported = set()
         found, self._scanned = unconfigured_streams(self.config, self.store.shipping, self._scanned)
         self._found |= set(found)
-        for dest, client in sorted(self._found):
-            if (dest, client) in already:
-                self._found.discard((dest, client))
-                continue  # released: new entries are trimmed as they come
-            backlog = self.store.shipping.backlog(dest, client)
+        self._found -= already  # released: new entries are trimmed as they come
+        found = sorted(self._found)
+        for (dest, client), backlog in zip(found, self.store.shipping.backlogs(found), strict=True):
             if not backlog.entries:
                 self._found.discard((dest, client))  # new entries will find it again
                 continue

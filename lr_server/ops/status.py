@@ -114,14 +114,16 @@ def _send_streams(
         open_snaps.setdefault((req.destination, req.client_name), req)
     recorded = configured | set(cursors) | set(drops) | set(open_snaps)
     unlisted = unconfigured_streams(config, store.shipping)[0]
-    backlogs = {key: store.shipping.backlog(*key) for key in unlisted}
+    backlogs = dict(zip(unlisted, store.shipping.backlogs(unlisted), strict=True))
     keys = sorted(recorded | {key for key, b in backlogs.items() if b.entries})
+    missing = [key for key in keys if key not in backlogs]
+    backlogs.update(zip(missing, store.shipping.backlogs(missing), strict=True))
     throttled = flow_states(store.send, {c for _, c in keys})
     owners = {x.unit: x.member_id for x in store.members.list_leases() if x.owner is not None}
 
     streams = []
     for dest, client in keys:
-        backlog = backlogs.get((dest, client)) or store.shipping.backlog(dest, client)
+        backlog = backlogs[(dest, client)]
         age = now - backlog.oldest_created_at if backlog.oldest_created_at else 0.0
         cursor = cursors.get((dest, client))
         drop = drops.get((dest, client))

@@ -141,6 +141,22 @@ def test_cursors_and_backlog(store: QueueStore) -> None:
     assert (unknown.destination, unknown.client_name, unknown.entries) == ("unknown", "policy", 0)
 
 
+def test_the_backlogs_of_several_streams_are_each_ones_backlog(store: QueueStore) -> None:
+    p = append(store, "policy", (b"ab", ["b", "c"]), (b"cde", ["b"]), (b"f", ["c"]))
+    append(store, "other", (b"xyz", ["b"]))
+    store.shipping.set_cursor("c", "policy", p[0])
+    streams = [("c", "policy"), ("unknown", "policy"), ("b", "other"), ("b", "policy")]
+    got = store.shipping.backlogs(streams)
+    assert got == [store.shipping.backlog(d, c) for d, c in streams]
+    assert [(b.destination, b.client_name, b.entries, b.bytes) for b in got] == [
+        ("c", "policy", 1, 1),
+        ("unknown", "policy", 0, 0),
+        ("b", "other", 1, 3),
+        ("b", "policy", 2, 5),
+    ]
+    assert store.shipping.backlogs([]) == []
+
+
 def test_a_cursor_is_its_own_destinations_and_clients(store: QueueStore) -> None:
     store.shipping.set_cursor("b", "policy", 5)
     assert store.shipping.get_cursor("b", "other").position == 0

@@ -124,6 +124,10 @@ class Shipping(Protocol):
     def backlog(self, destination: str, client_name: str) -> Backlog:
         """Unacknowledged log entries of one stream."""
 
+    def backlogs(self, streams: Sequence[tuple[str, str]]) -> list[Backlog]:
+        """:meth:`backlog` of each (destination, client) stream, in their order: the
+        queue sequenced once and one transaction for them all."""
+
     def log_streams(self, after: int = 0) -> tuple[set[tuple[str, str]], int]:
         """The (destination, client) pairs of the entries after ``after``, and the highest
         position read (``after`` if none): positions commit in order, so a caller can go

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import func, select
@@ -159,22 +159,37 @@ class ShippingStore(Role):
             self.core.write_cursor(conn, destination, client_name, position, needs_snapshot)
 
     def backlog(self, destination: str, client_name: str) -> Backlog:
-        cursor = self.get_cursor(destination, client_name)
-        num = self.core.site_numbers().get(destination)
-        if num is None:
-            return Backlog(destination, client_name)
-        self.core.sequence()
-        query = self.core.tagged_query(num, client_name, cursor.position)
-        sub = query.add_columns(payload_size(s.send_log_entries.c.payload)).subquery()
+        return self.backlogs([(destination, client_name)])[0]
+
+    def backlogs(self, streams: Sequence[tuple[str, str]]) -> list[Backlog]:
+        if not streams:
+            return []
+        nums = self.core.site_numbers()
+        self.core.sequence()  # once for them all
+        out = []
         with self.core.read() as conn:
-            row = conn.execute(
-                select(
-                    func.count(),
-                    func.coalesce(func.sum(sub.c.size), 0),
-                    func.min(sub.c.created_at),
-                )
-            ).one()
-        return Backlog(destination, client_name, int(row[0]), int(row[1]), row[2])
+            c = s.cursors
+            cursors = {
+                (r.destination, r.client_name): r.position
+                for r in conn.execute(select(c.c.destination, c.c.client_name, c.c.position))
+            }
+            for destination, client_name in streams:
+                num = nums.get(destination)
+                if num is None:
+                    out.append(Backlog(destination, client_name))
+                    continue
+                after = cursors.get((destination, client_name), 0)
+                query = self.core.tagged_query(num, client_name, after)
+                sub = query.add_columns(payload_size(s.send_log_entries.c.payload)).subquery()
+                row = conn.execute(
+                    select(
+                        func.count(),
+                        func.coalesce(func.sum(sub.c.size), 0),
+                        func.min(sub.c.created_at),
+                    )
+                ).one()
+                out.append(Backlog(destination, client_name, int(row[0]), int(row[1]), row[2]))
+        return out
 
     def log_streams(self, after: int = 0) -> tuple[set[tuple[str, str]], int]:
         """The (destination, client) pairs of the send queue's entries after ``after``.
