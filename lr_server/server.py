@@ -121,7 +121,9 @@ class SiteServer:
         )
         if cfg.destinations:
             self.send_watch = self.store.shipping.watch_sends(self.wake_sessions)
-            probe = SendProbe(self.store.send.head_position, self.wake_sessions)
+            probe = SendProbe(
+                self.store.send.head_position, self.wake_sessions, self.sweep_sessions
+            )
             self._spawn("lr-send-probe", probe.run)
         units = [stream_unit(d.id, c) for d in cfg.destinations for c in cfg.clients_for(d)]
         members = cfg.members
@@ -148,6 +150,11 @@ class SiteServer:
         for session in list(self.sessions.values()):
             session.wake()
         self.upkeep.wake()
+
+    def sweep_sessions(self) -> None:
+        """Every sender session takes its safety poll now (:meth:`SenderSession.sweep`)."""
+        for session in list(self.sessions.values()):
+            session.sweep()
 
     def cascade_for(self, dest_id: str) -> dict[str, CascadeNode]:
         """This node's rows of the cascaded clients ``dest_id`` is a child of here
@@ -257,7 +264,7 @@ class SiteServer:
             arrivals=self.arrivals,
         )
         session.acks.stop_check = None  # its stop wakes it (_signal_stop)
-        if self.send_watch is not None:  # woken by it, the probe under it
+        if self.send_watch is not None:  # woken by it, swept by the probe under it
             session.steady_poll_max = STEADY_POLL_MAX
         stop = threading.Event()
         thread = threading.Thread(

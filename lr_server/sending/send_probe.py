@@ -6,14 +6,17 @@ at most once per :data:`~lr_client.store.watches.NOTIFY_INTERVAL`, so a transact
 transmitted just after another one and commits later is never announced. Every
 :data:`PROBE_INTERVAL` the server reads the head of the send queue (on PostgreSQL the read
 gives positions to what committed first) and wakes its sessions if it moved: what a lost
-wake-up costs stays bounded by that, while each idle session reads on its own only
-rarely (``steady_poll_max``), whatever the number of destinations.
+wake-up costs stays bounded by that. The sessions' safety poll is the probe's too: every
+:data:`SWEEP_INTERVAL` without a move it sweeps them (each reads once, at once, so the
+shared reader serves them all with one read per client); on their own they read only
+every :data:`STEADY_POLL_MAX`, in case the probe is gone.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from lr_client.errors import LRError
@@ -22,22 +25,33 @@ log = logging.getLogger("lr.server")
 
 #: Seconds between two reads of the send queue's head.
 PROBE_INTERVAL = 5.0
+#: Seconds between the sessions' safety polls, taken together by the probe (:meth:`SendProbe.run`).
+SWEEP_INTERVAL = 60.0
 #: Seconds a steady idle session waits at most between its own reads, under the probe.
-STEADY_POLL_MAX = 60.0
+STEADY_POLL_MAX = 300.0
 
 
 class SendProbe:
     """Calls ``wake()`` when ``head()`` answers differently than at its last call, and at
     its first: what committed before it (its first read may come late on a busy machine,
-    after the sessions' first reads) may have no other wake-up."""
+    after the sessions' first reads) may have no other wake-up. Calls ``sweep()`` when
+    ``sweep_interval`` passed without a wake-up."""
 
     def __init__(
-        self, head: Callable[[], int], wake: Callable[[], None], interval: float | None = None
+        self,
+        head: Callable[[], int],
+        wake: Callable[[], None],
+        sweep: Callable[[], None] = lambda: None,
+        interval: float | None = None,
+        sweep_interval: float | None = None,
     ) -> None:
         self.head = head
         self.wake = wake
+        self.sweep = sweep
         self.interval = PROBE_INTERVAL if interval is None else interval
+        self.sweep_interval = SWEEP_INTERVAL if sweep_interval is None else sweep_interval
         self.last: int | None = None
+        self.swept_at = time.monotonic()  # the last wake-up or sweep
 
     def check(self) -> bool:
         """One read; whether the head moved since the last one (and the wake-up went)."""
@@ -48,12 +62,21 @@ class SendProbe:
             self.wake()
         return moved
 
+    def step(self, now: float) -> None:
+        """One read at ``now`` (``time.monotonic()``), and the sweep if it is due."""
+        if self.check():  # the sessions read now anyway
+            self.swept_at = now
+        elif now - self.swept_at >= self.sweep_interval:
+            self.sweep()
+            self.swept_at = now
+
     def run(self, stop: threading.Event) -> None:
+        self.swept_at = time.monotonic()
         while not stop.wait(self.interval):
             try:
-                self.check()
+                self.step(time.monotonic())
             except LRError as exc:  # the database is away: the next read tries again
                 log.info("send queue probe: %s", exc)
 
 
-__all__ = ["PROBE_INTERVAL", "STEADY_POLL_MAX", "SendProbe"]
+__all__ = ["PROBE_INTERVAL", "STEADY_POLL_MAX", "SWEEP_INTERVAL", "SendProbe"]

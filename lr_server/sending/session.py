@@ -92,6 +92,7 @@ class SenderSession:
         self.arrivals = arrivals
         self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
         self._woken = False  # set by wake(): the next round polls fast again
+        self._swept = False  # set by sweep(): the next round reads, at its back-off
         #: Seconds an idle session waits at most between reads; between status rows.
         self.idle_poll_max, self.status_refresh = IDLE_POLL_MAX, STATUS_REFRESH
         #: The same while :meth:`steady` (longer under the server's probe of the head).
@@ -156,13 +157,22 @@ class SenderSession:
             self.requests,
             self.replays,
             self.fence,
-            lambda: self._woken,
+            lambda: self._woken or self._swept,
             self.status_row.stages,
         )
 
     def wake(self) -> None:
         """Entries may have come: end the session's wait, and poll fast again."""
         self._woken = True
+        stream = self._stream
+        if stream is not None:
+            stream.interrupt()
+
+    def sweep(self) -> None:
+        """Read now, as its safety poll would, without polling fast again (the server's
+        probe takes every session's safety poll at once: one read of each client
+        serves them all)."""
+        self._swept = True
         stream = self._stream
         if stream is not None:
             stream.interrupt()
@@ -321,8 +331,9 @@ class SenderSession:
         while not stop.is_set():
             now = time.monotonic()
             woken, self._woken = self._woken, False
+            swept, self._swept = self._swept, False
             # Requests, drops, stops: on a wake-up (at most every REQUEST_CHECK s), or polled.
-            if now - last_check > (REQUEST_CHECK if woken else max(REQUEST_CHECK, idle)):
+            if now - last_check > (REQUEST_CHECK if woken or swept else max(REQUEST_CHECK, idle)):
                 self._check_requests(streams)
                 last_check = now
             sent_any = self._ship(stream, streams)

@@ -233,6 +233,52 @@ def test_the_probe_wakes_at_its_first_read_and_when_the_head_moved() -> None:
     assert len(rings) == 3
 
 
+def test_the_probe_sweeps_the_sessions_when_nothing_woke_them_for_a_sweep_interval() -> None:
+    """The sessions' safety poll, taken by the probe for them all at once: a sweep after
+    ``sweep_interval`` without a wake-up, none while the head moves."""
+    heads = iter([5, 5, 5, 6, 6, 6, 6])
+    calls: list[str] = []
+    probe = SendProbe(
+        lambda: next(heads),
+        lambda: calls.append("wake"),
+        lambda: calls.append("sweep"),
+        sweep_interval=60.0,
+    )
+    for now in (0.0, 30.0, 61.0, 62.0, 100.0, 121.0, 122.0):
+        probe.step(now)
+    assert calls == ["wake", "sweep", "wake", "sweep"]
+
+
+@pytest.mark.stop_calls_at_once
+def test_the_probes_sweep_alone_shows_the_sessions_an_operators_request(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sessions never poll on their own and every wake-up is lost: the probe's sweep
+    alone makes them look at requests (an operator's full sync is started)."""
+    for backend in (SQLiteCore, PostgresCore):
+        watch = backend.watch_sends
+        monkeypatch.setattr(backend, "watch_sends", lambda self, wake, w=watch: w(self, _lost))
+    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", 0.1)
+    monkeypatch.setattr(send_probe, "SWEEP_INTERVAL", 0.3)
+    sink, source = _pair(tmp_path, db_url_factory, NEVER)
+    with sink, source:
+        sess = source.server.sessions["b"]
+        sess.idle_poll_max = sess.steady_poll_max = NEVER
+        wait_for(lambda: CLIENT in sess.shipper.read_at, what="the session's first read")
+        # Written as `lr snapshot request` writes it, from another process: no wake-up.
+        snapshot_id = source.store.snapshots.request_snapshot(None, "b", CLIENT, "operator")
+        wait_for(
+            lambda: _started(source, snapshot_id),
+            timeout=30,
+            what="the request seen by a swept session",
+        )
+
+
+def _started(site: Site, snapshot_id: str) -> bool:
+    found = site.store.snapshots.get_snapshot(snapshot_id, "b")
+    return found is not None and found.status.value != "requested"
+
+
 @pytest.mark.stop_calls_at_once
 def test_with_every_wakeup_of_the_watch_lost_the_probe_ships_everything_in_order(
     tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
