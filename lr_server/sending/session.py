@@ -14,8 +14,9 @@ woken when its receiver stores a batch of it (:mod:`lr_server.sending.arrivals`)
 
 Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the send queue's watch)
 or an ack. Its safety poll doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX` (a lost
-wake-up costs at most that, never an entry); a steady session backs off to ``steady_poll_max``,
-longer under a server that probes the send queue's head (:mod:`.send_probe`)."""
+wake-up costs at most that, never an entry); a steady session then waits ``steady_poll_max``,
+longer under a server that probes the send queue's head and sweeps its sessions
+(:mod:`.send_probe`)."""
 
 from __future__ import annotations
 
@@ -343,8 +344,7 @@ class SenderSession:
             if self.acks.wait(stop, stream, streams, timeout) or sent_any:
                 idle = fast
             elif not self._woken:
-                most = self.steady_poll_max if self.steady(streams) else self.idle_poll_max
-                idle = min(max(fast, most), idle * 2)
+                idle = self._next_idle(idle, self.steady(streams))
             oldest = self.window.oldest_sent_at()
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
                 raise TransportError("no acknowledgement within stream_idle_timeout")
@@ -356,6 +356,15 @@ class SenderSession:
         while self.window.batches and time.monotonic() < deadline:
             self.acks.drain(stream, streams, 0.1)
         self.acks.flush_cursors()
+
+    def _next_idle(self, idle: float, steady: bool) -> float:
+        """The wait after a round that found nothing: double, up to ``idle_poll_max``;
+        a steady session then waits ``steady_poll_max`` at once (under a server's probe
+        the probe's sweep is its safety poll: reads in between would only cost)."""
+        fast = self.cfg.poll_interval
+        if steady and idle >= self.idle_poll_max:
+            return max(fast, self.steady_poll_max)
+        return min(max(fast, self.idle_poll_max), idle * 2)
 
     def steady(self, streams: dict[str, ClientStream]) -> bool:
         """Every stream in log entry sync, nothing in flight or replayed, nothing relayed:

@@ -358,6 +358,37 @@ def test_a_servers_idle_session_waits_whole_and_stops_when_told(
         assert not thread.is_alive()  # the server's stop ended its wait
 
 
+@pytest.mark.stop_calls_at_once
+def test_a_steady_session_backs_off_to_the_safety_poll_then_waits_the_steady_poll(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its waits double from ``poll_interval`` up to ``idle_poll_max``, then go straight to
+    ``steady_poll_max``: under the probe no read in between."""
+    waits: list[float] = []
+    drain = acks.Acknowledgements.drain
+
+    def recorded(self: acks.Acknowledgements, stream: object, streams: object, t: float) -> int:
+        waits.append(t)
+        return drain(self, stream, streams, t)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(acks.Acknowledgements, "drain", recorded)
+    sink, source = _pair(tmp_path, db_url_factory, 0.01)
+    with sink, source:
+        sess = source.server.sessions["b"]
+        sess.idle_poll_max, sess.steady_poll_max = 0.08, NEVER
+        wait_for(lambda: steady(waits) == 1, what="the steady wait")
+        sess.wake()  # back to fast polls, then the same again
+        wait_for(lambda: steady(waits) == 2, what="the steady wait again")
+    last = max(i for i, t in enumerate(waits) if t > NEVER / 2)
+    backoff = [round(t, 2) for t in waits[last - 4 : last + 1]]
+    assert backoff == [0.01, 0.02, 0.04, 0.08, NEVER]
+
+
+def steady(waits: list[float]) -> int:
+    """How many of ``waits`` were the steady poll's (NEVER)."""
+    return sum(t > NEVER / 2 for t in waits)
+
+
 def test_a_session_is_steady_only_in_log_entry_sync_with_nothing_in_flight(
     store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
 ) -> None:
