@@ -94,6 +94,7 @@ class LogFanout:
     ) -> list[SendEntry]:
         """The next entries of one stream, as ``store.read_log_entries`` returns them;
         with no ``destination``, every entry of the client, as ``store.read_client_log``."""
+        asked = time.monotonic()  # a refresh begun since answers this read too
         w = self._window(client_name)
         with w.lock:
             if w.lo < 0:
@@ -104,7 +105,7 @@ class LogFanout:
                     self._restart(w, after)
             if after >= w.lo:
                 self.hits += 1
-                return self._serve(w, destination, client_name, after, limit, max_bytes)
+                return self._serve(w, destination, client_name, after, limit, max_bytes, asked)
         self.misses += 1
         return self._read_own(destination, client_name, after, limit, max_bytes)
 
@@ -132,6 +133,7 @@ class LogFanout:
         after: int,
         limit: int,
         max_bytes: int | None,
+        asked: float,
     ) -> list[SendEntry]:
         out: list[SendEntry] = []
         cut = ByteCut(max_bytes)
@@ -141,7 +143,9 @@ class LogFanout:
             if i >= len(w.entries):
                 # The end of the window: read the next range for every session, once.
                 # A read that reached the end of the queue is not repeated at once.
-                if (w.at_end and refreshed) or not self._refresh(w, client_name, refreshed):
+                if (w.at_end and refreshed) or not self._refresh(
+                    w, client_name, refreshed, None if refreshed else asked
+                ):
                     break
                 refreshed = True
                 reached = out[-1].position if out else after
@@ -165,10 +169,17 @@ class LogFanout:
                 out.append(entry)
         return out
 
-    def _refresh(self, w: _Window, client_name: str, force: bool = False) -> bool:
-        """Append the entries after ``hi``; whether any came."""
+    def _refresh(
+        self, w: _Window, client_name: str, force: bool = False, asked: float | None = None
+    ) -> bool:
+        """Append the entries after ``hi``; whether any came. Not when another refresh
+        began within ``min_refresh_interval``, or after ``asked`` and reached the end of the
+        queue (it read what committed before the reader asked: sessions woken at once share
+        one read), unless ``force``."""
         now = time.monotonic()
-        if not force and now - w.refreshed_at < self.min_refresh_interval:
+        recent = now - w.refreshed_at < self.min_refresh_interval
+        shared = asked is not None and w.refreshed_at >= asked and w.at_end
+        if not force and (recent or shared):
             return False
         w.refreshed_at = now
         # Room first, so the window and the read together stay within the limits.

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -187,3 +189,56 @@ def test_the_first_read_of_a_client_fills_the_window_whatever_the_refresh_interv
         store.send.append_log_entries(conn, "policy", [(b"x%d" % i, [nums["b"]]) for i in range(3)])
     fanout = LogFanout(store.shipping, min_refresh_interval=1e12)
     assert [e.payload for e in fanout.read("b", "policy", 0, 10)] == [b"x0", b"x1", b"x2"]
+
+
+def test_sessions_at_the_end_of_the_queue_asking_at_once_share_one_read(
+    store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions swept or woken together, all caught up: a refresh that began after a
+    session asked, and reached the end of the queue, answers it too, however long reads
+    take. One that began before it asked does not (what woke it may have committed since)."""
+    store.sites.register_sites(DESTS)
+    _transmit(store, random.Random(4), 5)
+    fanout = LogFanout(store.shipping, min_refresh_interval=0)  # shared by asking alone
+    head = store.send.head_position()
+    for client in CLIENTS:
+        fanout.read("b", client, 0, 100)
+    real = store.shipping.read_client_log
+    reads: list[int] = []
+    inside, go = threading.Event(), threading.Event()
+
+    def slow(client_name: str, after: int, limit: int, max_bytes: int | None) -> LogRange:
+        reads.append(after)
+        inside.set()
+        go.wait(10)
+        time.sleep(0.05)  # a database read longer than the refresh interval
+        return real(client_name, after, limit, max_bytes)
+
+    monkeypatch.setattr(fanout.store, "read_client_log", slow)
+    asked: list[str] = []
+    window = fanout._window
+
+    def asking(client_name: str) -> Any:
+        asked.append(client_name)
+        return window(client_name)
+
+    monkeypatch.setattr(fanout, "_window", asking)
+    got: dict[str, list[SendEntry]] = {}
+
+    def session(dest: str) -> threading.Thread:
+        def read() -> None:
+            got[dest] = fanout.read(dest, "policy", head, 100)
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        return thread
+
+    threads = [session("b")]
+    assert inside.wait(10)  # b's refresh has begun; c, d and e ask after it
+    threads += [session(d) for d in DESTS[1:]]
+    wait_for(lambda: len(asked) == len(DESTS), what="every session asked")
+    go.set()
+    for t in threads:
+        join(t)
+    assert got == {dest: [] for dest in DESTS}
+    assert reads == [head, head]  # b's, then one for c, d and e
