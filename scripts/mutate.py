@@ -87,6 +87,20 @@ COMMIT_ORDER = [
 ]
 
 
+#: The receiver's tests of what it learnt after the first runs (headers and codecs of
+#: entries, replays, relays and their lag, bounded receive queues, negotiation).
+RECEIVER_FEATURES = [
+    "tests/unit/test_receiver_calls.py",
+    "tests/unit/test_receiver_entries.py",
+    "tests/unit/test_replicate_handler.py",
+    "tests/integration/test_replay.py",
+    "tests/integration/test_relay_lag_metric.py",
+    "tests/integration/test_negotiation.py",
+    "tests/integration/test_receive_queue_limits.py",
+    "tests/integration/test_cascade.py",
+]
+
+
 @dataclass(frozen=True)
 class Target:
     """Functions to mutate (mutmut names, globs allowed) and the tests that must kill them."""
@@ -151,6 +165,7 @@ TARGETS: dict[str, Target] = {
             *CONTRACT,
             "tests/integration/test_sink_exactly_once.py",
             "tests/integration/test_receiver_checks.py",
+            *RECEIVER_FEATURES,
         ],
         "the sink receiver: batch checks, duplicates, snapshot supersession, drop notices",
     ),
@@ -160,6 +175,7 @@ TARGETS: dict[str, Target] = {
         [
             "tests/integration/test_sink_exactly_once.py",
             "tests/integration/test_receiver_checks.py",
+            *RECEIVER_FEATURES,
         ],
         "the receiver's checks of batches from the wire (a quick subset of 'receive')",
     ),
