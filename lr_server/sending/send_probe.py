@@ -31,6 +31,15 @@ SWEEP_INTERVAL = 60.0
 STEADY_POLL_MAX = 300.0
 
 
+def next_wait(idle: float, steady: bool, fast: float, idle_max: float, steady_max: float) -> float:
+    """A session's wait after a round that found nothing: double from ``fast`` up to
+    ``idle_max`` (a lost wake-up costs at most that); a steady session then waits
+    ``steady_max`` at once (under the probe, its sweep is the safety poll)."""
+    if steady and idle >= idle_max:
+        return max(fast, steady_max)
+    return min(max(fast, idle_max), idle * 2)
+
+
 class SendProbe:
     """Calls ``wake()`` when ``head()`` answers differently than at its last call, and at
     its first: what committed before it (its first read may come late on a busy machine,
@@ -79,4 +88,4 @@ class SendProbe:
                 log.info("send queue probe: %s", exc)
 
 
-__all__ = ["PROBE_INTERVAL", "STEADY_POLL_MAX", "SWEEP_INTERVAL", "SendProbe"]
+__all__ = ["PROBE_INTERVAL", "STEADY_POLL_MAX", "SWEEP_INTERVAL", "SendProbe", "next_wait"]

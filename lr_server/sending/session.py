@@ -12,11 +12,8 @@ that doubles up to ``max_backoff``. Full syncs are followed by
 replays by :mod:`lr_server.sending.replay`. A branch's session relaying a cascaded client is
 woken when its receiver stores a batch of it (:mod:`lr_server.sending.arrivals`).
 
-Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the send queue's watch)
-or an ack. Its safety poll doubles from ``poll_interval`` to :data:`IDLE_POLL_MAX` (a lost
-wake-up costs at most that, never an entry); a steady session then waits ``steady_poll_max``,
-longer under a server that probes the send queue's head and sweeps its sessions
-(:mod:`.send_probe`)."""
+Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the send queue's watch),
+an ack or the probe's sweep; its safety poll backs off as :func:`.send_probe.next_wait` says."""
 
 from __future__ import annotations
 
@@ -42,6 +39,7 @@ from lr_server.sending.fanout import LogFanout
 from lr_server.sending.relay_inbox import RelayInbox
 from lr_server.sending.replay import Replayer
 from lr_server.sending.resume import Resumer
+from lr_server.sending.send_probe import next_wait
 from lr_server.sending.shipping import Shipper
 from lr_server.sending.snapshot_requests import SnapshotLauncher, SnapshotRequests
 from lr_server.sending.status_row import STATUS_REFRESH, StatusRow
@@ -165,17 +163,15 @@ class SenderSession:
     def wake(self) -> None:
         """Entries may have come: end the session's wait, and poll fast again."""
         self._woken = True
-        stream = self._stream
-        if stream is not None:
-            stream.interrupt()
+        self._interrupt()
 
     def sweep(self) -> None:
-        """Read now, as its safety poll would, without polling fast again (the server's
-        probe takes every session's safety poll at once: one read of each client
-        serves them all)."""
+        """Read now, as its safety poll would, without polling fast again (the probe's)."""
         self._swept = True
-        stream = self._stream
-        if stream is not None:
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        if (stream := self._stream) is not None:
             stream.interrupt()
 
     def fence(self, client: str) -> Fence | None:
@@ -240,12 +236,8 @@ class SenderSession:
             self.store.cascade.mark_child_dropped(name, self.destination)
             self.clients.pop(name, None)
             self.cascade.pop(name)
-            self._log.warning(
-                "%s/%s: the child left (it refused this node as its provider): %s",
-                self.destination,
-                name,
-                exc,
-            )
+            left = "the child left (it refused this node as its provider)"
+            self._log.warning("%s/%s: %s: %s", self.destination, name, left, exc)
         return bool(self.clients)
 
     def _failed(self, exc: BaseException) -> None:
@@ -344,7 +336,8 @@ class SenderSession:
             if self.acks.wait(stop, stream, streams, timeout) or sent_any:
                 idle = fast
             elif not self._woken:
-                idle = self._next_idle(idle, self.steady(streams))
+                steady = self.steady(streams)
+                idle = next_wait(idle, steady, fast, self.idle_poll_max, self.steady_poll_max)
             oldest = self.window.oldest_sent_at()
             if oldest is not None and now - oldest > self.cfg.stream_idle_timeout:
                 raise TransportError("no acknowledgement within stream_idle_timeout")
@@ -357,19 +350,9 @@ class SenderSession:
             self.acks.drain(stream, streams, 0.1)
         self.acks.flush_cursors()
 
-    def _next_idle(self, idle: float, steady: bool) -> float:
-        """The wait after a round that found nothing: double, up to ``idle_poll_max``;
-        a steady session then waits ``steady_poll_max`` at once (under a server's probe
-        the probe's sweep is its safety poll: reads in between would only cost)."""
-        fast = self.cfg.poll_interval
-        if steady and idle >= self.idle_poll_max:
-            return max(fast, self.steady_poll_max)
-        return min(max(fast, self.idle_poll_max), idle * 2)
-
     def steady(self, streams: dict[str, ClientStream]) -> bool:
-        """Every stream in log entry sync, nothing in flight or replayed, nothing relayed:
-        all it waits for is new entries or requests, which wake it (and the server's probe
-        of the send queue's head covers a lost wake-up)."""
+        """Every stream in log entry sync, nothing in flight, replayed or relayed: all it
+        waits for is new entries or requests, which wake it (the probe covers a lost one)."""
         return (
             not self.window.batches
             and self.inbox is None
