@@ -334,12 +334,8 @@ def _lost() -> None:
     """A wake-up that never arrives."""
 
 
-@pytest.mark.stop_calls_at_once
-def test_a_servers_idle_session_waits_whole_and_stops_when_told(
-    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Under a server an idle session waits for acknowledgements in one wait, not in
-    slices to look at its stop: the server's stop wakes it, and it ends."""
+def _recorded_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The timeout of every wait for acknowledgements from now on, as it happens."""
     waits: list[float] = []
     drain = acks.Acknowledgements.drain
 
@@ -348,6 +344,16 @@ def test_a_servers_idle_session_waits_whole_and_stops_when_told(
         return drain(self, stream, streams, t)  # type: ignore[arg-type]
 
     monkeypatch.setattr(acks.Acknowledgements, "drain", recorded)
+    return waits
+
+
+@pytest.mark.stop_calls_at_once
+def test_a_servers_idle_session_waits_whole_and_stops_when_told(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a server an idle session waits for acknowledgements in one wait, not in
+    slices to look at its stop: the server's stop wakes it, and it ends."""
+    waits = _recorded_waits(monkeypatch)
     sink, source = _pair(tmp_path, db_url_factory, NEVER)
     with sink:
         with source:
@@ -364,14 +370,7 @@ def test_a_steady_session_backs_off_to_the_safety_poll_then_waits_the_steady_pol
 ) -> None:
     """Its waits double from ``poll_interval`` up to ``idle_poll_max``, then go straight to
     ``steady_poll_max``: under the probe no read in between."""
-    waits: list[float] = []
-    drain = acks.Acknowledgements.drain
-
-    def recorded(self: acks.Acknowledgements, stream: object, streams: object, t: float) -> int:
-        waits.append(t)
-        return drain(self, stream, streams, t)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(acks.Acknowledgements, "drain", recorded)
+    waits = _recorded_waits(monkeypatch)
     sink, source = _pair(tmp_path, db_url_factory, 0.01)
     with sink, source:
         sess = source.server.sessions["b"]
