@@ -37,6 +37,7 @@ from lr_server.receiving.limits import ReceiveLimits
 from lr_server.receiving.receiver import Receiver
 from lr_server.sending.arrivals import Arrivals
 from lr_server.sending.fanout import LogFanout
+from lr_server.sending.request_board import RequestBoard
 from lr_server.sending.send_probe import STEADY_POLL_MAX, SendProbe
 from lr_server.sending.session import SenderSession
 from lr_server.sending.snapshot_requests import once_per_snapshot, spark_launcher
@@ -119,6 +120,7 @@ class SiteServer:
             if rep.shared_reader and len(cfg.destinations) > 1
             else None
         )
+        self.board = RequestBoard(self.store)  # the sessions' reads of requests, shared
         if cfg.destinations:
             self.send_watch = self.store.shipping.watch_sends(self.wake_sessions)
             probe = SendProbe(
@@ -262,6 +264,7 @@ class SiteServer:
             lease_valid=membership.valid if membership is not None else (lambda: True),
             cascade=cascade,
             arrivals=self.arrivals,
+            board=self.board,
         )
         session.acks.stop_check = None  # its stop wakes it (_signal_stop)
         if self.send_watch is not None:  # woken by it, swept by the probe under it

@@ -55,13 +55,23 @@ class SendCheckStore(Protocol):
     snapshots: SnapshotRequestRole
 
 
+class BoardStore(Protocol):
+    """What the board of requests reads: open full syncs, drop records, open replays."""
+
+    snapshots: SnapshotRequestRole
+    retention: Retention
+    replays: Replays
+
+
 class RequestStore(Transactions, Protocol):
-    """What it needs of the store: snapshot requests, drop records, cursors."""
+    """What it needs of the store: snapshot requests, drop records, cursors (and the
+    open replays, read with the requests it checks)."""
 
     snapshots: SnapshotRequestRole
     snapshot_entries: SnapshotEntries
     retention: Retention
     shipping: Shipping
+    replays: Replays
 
 
 class ResumeStore(Transactions, Protocol):
@@ -133,6 +143,7 @@ class PolicyStore(Transactions, Protocol):
 
 __all__ = [
     "AckStore",
+    "BoardStore",
     "BrowseStore",
     "PolicyStore",
     "ReceiverStore",

@@ -104,9 +104,10 @@ class Arrivals:
 
 
 def _drop(table: dict[str, list[Any]], fn: object) -> None:
-    """Take ``fn`` out of every client's list of ``table`` (and a list left empty)."""
+    """Take ``fn`` out of every client's list of ``table`` (and a list left empty); equal
+    is enough: a bound method is a new object each time it is named."""
     for client in list(table):
-        kept = [f for f in table[client] if f is not fn]
+        kept = [f for f in table[client] if f != fn]
         if kept:
             table[client] = kept
         else:

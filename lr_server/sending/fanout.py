@@ -91,10 +91,13 @@ class LogFanout:
         after: int,
         limit: int,
         max_bytes: int | None = None,
+        asked: float | None = None,
     ) -> list[SendEntry]:
         """The next entries of one stream, as ``store.read_log_entries`` returns them;
-        with no ``destination``, every entry of the client, as ``store.read_client_log``."""
-        asked = time.monotonic()  # a refresh begun since answers this read too
+        with no ``destination``, every entry of the client, as ``store.read_client_log``.
+        ``asked``: when the reader needed them (now if None; ``time.monotonic()``): a
+        refresh begun since then answers this read too."""
+        asked = time.monotonic() if asked is None else asked
         w = self._window(client_name)
         with w.lock:
             if w.lo < 0:

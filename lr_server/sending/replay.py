@@ -79,9 +79,17 @@ class Replayer:
         self.version = protocol.peer_version(announced)
         self.runs.clear()
 
-    def check(self, streams: dict[str, ClientStream], cascaded: Collection[str]) -> None:
-        """Pick up the destination's open requests (one at a time per client)."""
-        for req in self.store.replays.list_replays(self.destination, open_only=True):
+    def check(
+        self,
+        streams: dict[str, ClientStream],
+        cascaded: Collection[str],
+        seen: list[ReplayRequest] | None = None,
+    ) -> None:
+        """Pick up the destination's open requests (one at a time per client); ``seen``:
+        them as a read begun since the check was asked found them (None: read now)."""
+        if seen is None:
+            seen = self.store.replays.list_replays(self.destination, open_only=True)
+        for req in seen:
             if req.client_name in self.runs:
                 continue
             error = self.refusal(req, streams, cascaded)

@@ -40,6 +40,13 @@ def next_wait(idle: float, steady: bool, fast: float, idle_max: float, steady_ma
     return min(max(fast, idle_max), idle * 2)
 
 
+def on_grid(wait: float) -> float:
+    """``wait`` shortened to end on the next multiple of itself (of ``time.monotonic()``):
+    sessions backing off wake at the same moments, each level's among the level's below,
+    so that the shared reader and the board of requests serve them with one read."""
+    return wait - time.monotonic() % wait if wait > 0 else wait
+
+
 class SendProbe:
     """Calls ``wake()`` when ``head()`` answers differently than at its last call, and at
     its first: what committed before it (its first read may come late on a busy machine,
@@ -88,4 +95,11 @@ class SendProbe:
                 log.info("send queue probe: %s", exc)
 
 
-__all__ = ["PROBE_INTERVAL", "STEADY_POLL_MAX", "SWEEP_INTERVAL", "SendProbe", "next_wait"]
+__all__ = [
+    "PROBE_INTERVAL",
+    "STEADY_POLL_MAX",
+    "SWEEP_INTERVAL",
+    "SendProbe",
+    "next_wait",
+    "on_grid",
+]

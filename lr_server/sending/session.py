@@ -1,19 +1,16 @@
 """The sender session: one replication stream from this site to one destination.
 
-Per client it ships log entries tagged ``lrq_logentry_<dest>`` after its cursor, or a full
-snapshot (``LRQ_Send_SnapSync``) then log entries from the snapshot's base. Batches are bounded
-in entries and bytes, at most ``window_batches`` / ``window_bytes`` unacknowledged
-(:mod:`lr_server.sending.window`); the cursor is saved when the sink acknowledges
-(:mod:`lr_server.sending.acks`). Connection loss: reconnect with backoff and jitter,
-renegotiate (:mod:`lr_server.sending.negotiation`), resume where the sink stopped
-(:mod:`lr_server.sending.resume`); a sink whose receive queue is full is tried again after a wait
-that doubles up to ``max_backoff``. Full syncs are followed by
-:mod:`lr_server.sending.snapshot_requests`, stopped streams by :mod:`lr_server.sending.stops`,
-replays by :mod:`lr_server.sending.replay`. A branch's session relaying a cascaded client is
-woken when its receiver stores a batch of it (:mod:`lr_server.sending.arrivals`).
+Per client it ships log entries after its cursor, or a full sync then log entries from its
+base, in batches bounded in entries and bytes, a window of them unacknowledged at most
+(:mod:`.window`); acknowledgements move the cursors (:mod:`.acks`). A lost connection is
+opened again with backoff and jitter, and resumes where the sink stopped (:mod:`.resume`);
+a sink whose receive queue is full is tried again after a wait doubling up to ``max_backoff``.
+Full syncs: :mod:`.snapshot_requests`; stopped streams: :mod:`.stops`; replays:
+:mod:`.replay`; relayed clients, woken as their batches arrive: :mod:`.arrivals`.
 
 Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the send queue's watch),
-an ack or the probe's sweep; its safety poll backs off as :func:`.send_probe.next_wait` says."""
+an ack or the probe's sweep; its safety poll backs off as :func:`.send_probe.next_wait` says,
+each wait ending on the grid of :func:`.send_probe.on_grid`."""
 
 from __future__ import annotations
 
@@ -21,9 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-
-import tenacity
-from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
 from lr_client import ReceiveQueueFullError
 from lr_client._proto import replication_pb2 as pb
@@ -36,10 +30,12 @@ from lr_server.sending import wire
 from lr_server.sending.acks import Acknowledgements
 from lr_server.sending.arrivals import Arrivals
 from lr_server.sending.fanout import LogFanout
+from lr_server.sending.reconnect import reconnecting
 from lr_server.sending.relay_inbox import RelayInbox
 from lr_server.sending.replay import Replayer
+from lr_server.sending.request_board import RequestBoard
 from lr_server.sending.resume import Resumer
-from lr_server.sending.send_probe import next_wait
+from lr_server.sending.send_probe import next_wait, on_grid
 from lr_server.sending.shipping import Shipper
 from lr_server.sending.snapshot_requests import SnapshotLauncher, SnapshotRequests
 from lr_server.sending.status_row import STATUS_REFRESH, StatusRow
@@ -76,8 +72,11 @@ class SenderSession:
         lease_valid: Callable[[], bool] = lambda: True,
         cascade: Mapping[str, CascadeNode] | None = None,
         arrivals: Arrivals | None = None,
+        board: RequestBoard | None = None,
     ) -> None:
         self.store = store
+        #: Where it reads requests: the server's, shared by its sessions, or its own.
+        self.board = board or RequestBoard(store)
         #: This node's rows of the cascaded clients it ships to the destination (a child).
         self.cascade = dict(cascade or {})
         #: The leases (per client) this session writes under; None: unfenced (one server).
@@ -92,6 +91,7 @@ class SenderSession:
         self._stream: BatchStream | None = None  # the open stream, whose wait a ring ends
         self._woken = False  # set by wake(): the next round polls fast again
         self._swept = False  # set by sweep(): the next round reads, at its back-off
+        self._rung_at = 0.0  # the last wake-up or sweep (time.monotonic())
         #: Seconds an idle session waits at most between reads; between status rows.
         self.idle_poll_max, self.status_refresh = IDLE_POLL_MAX, STATUS_REFRESH
         #: The same while :meth:`steady` (longer under the server's probe of the head).
@@ -104,7 +104,7 @@ class SenderSession:
         relayed = [n for n, node in self.cascade.items() if node.origin_id != source_id]
         if arrivals is not None and relayed:
             self.inbox = RelayInbox(self.cfg.window_batches, self.cfg.batch_max_bytes * 2)
-            arrivals.listen(relayed, self._arrived, self._received)
+            arrivals.listen(relayed, self.wake, self._received)  # stored, received
         self.retry = retry or RetryConfig()
         self.state = SessionState.STARTING
         self.connected = False
@@ -171,6 +171,7 @@ class SenderSession:
         self._interrupt()
 
     def _interrupt(self) -> None:
+        self._rung_at = time.monotonic()  # a read begun since serves it (shared with others)
         if (stream := self._stream) is not None:
             stream.interrupt()
 
@@ -225,7 +226,7 @@ class SenderSession:
                 if transport is not None:
                     transport.close()
         if self.arrivals is not None:
-            self.arrivals.forget(self._arrived, self._received)
+            self.arrivals.forget(self.wake, self._received)
         self.state = SessionState.STOPPED
         self._save_status()
 
@@ -250,21 +251,8 @@ class SenderSession:
     def _connect(
         self, stop: threading.Event
     ) -> tuple[Transport | None, BatchStream | None, dict[str, ClientStream]]:
-        retrying = Retrying(
-            retry=retry_if_exception_type(LRError),
-            wait=wait_exponential(multiplier=self.retry.initial_backoff, max=self.retry.max_backoff)
-            + tenacity.wait_random(0, self.retry.jitter),
-            stop=stop_when_event_set(stop),
-            sleep=stop.wait,  # type: ignore[arg-type]  # returns early on stop
-            before_sleep=lambda rs: (
-                self._failed(rs.outcome.exception())  # type: ignore[arg-type]
-                if rs.outcome
-                else None
-            ),
-            reraise=True,
-        )
         try:
-            for attempt in retrying:
+            for attempt in reconnecting(self.retry, stop, self._failed):
                 with attempt:
                     transport = self._transport()
                     try:
@@ -310,9 +298,10 @@ class SenderSession:
         self.stops.negotiated(response, self.cfg.max_message_bytes)
         return self.resume.plan(wire.sink_states(response), self.clients)
 
-    def _check_requests(self, streams: dict[str, ClientStream]) -> None:
-        self.requests.check(streams)  # a step of its own, for tests to take
-        self.replays.check(streams, self.cascade)
+    def _check_requests(self, streams: dict[str, ClientStream], asked: float | None = None) -> None:
+        seen = self.board.read(asked)  # a step of its own, for tests to take
+        self.requests.check(streams, seen)
+        self.replays.check(streams, self.cascade, seen.replays_of(self.destination))
 
     # -- pumping ----------------------------------------------------------------------------------
     def _pump(
@@ -321,18 +310,23 @@ class SenderSession:
         last_status = last_check = 0.0
         fast = self.cfg.poll_interval
         idle = fast  # the next idle wait: doubles with each round that finds nothing
+        due = time.monotonic()  # when the wait before the round was to end
         while not stop.is_set():
             now = time.monotonic()
             woken, self._woken = self._woken, False
             swept, self._swept = self._swept, False
+            # Reads begun since the round was due serve it: since the wake-up that ended
+            # its wait, or the wait's end (on the grid, where other sessions end theirs).
+            asked = min(now, self._rung_at if woken or swept else due)
             # Requests, drops, stops: on a wake-up (at most every REQUEST_CHECK s), or polled.
             if now - last_check > (REQUEST_CHECK if woken or swept else max(REQUEST_CHECK, idle)):
-                self._check_requests(streams)
+                self._check_requests(streams, asked)
                 last_check = now
-            sent_any = self._ship(stream, streams)
+            sent_any = self._ship(stream, streams, asked)
             if sent_any or woken:
                 idle = fast
-            timeout = 0.0 if sent_any and not self.window.full() else idle
+            timeout = (idle if self.window.full() else 0.0) if sent_any else on_grid(idle)
+            due = time.monotonic() + timeout
             if self.acks.wait(stop, stream, streams, timeout) or sent_any:
                 idle = fast
             elif not self._woken:
@@ -360,10 +354,6 @@ class SenderSession:
             and all(cs.mode is Mode.LOG for cs in streams.values())
         )
 
-    def _arrived(self) -> None:
-        """A batch of a client this session relays was stored: end its wait, if any."""
-        self.wake()
-
     def _received(
         self, origin: str, client: str, previous: int, entries: Sequence[WireEntry]
     ) -> None:
@@ -376,10 +366,12 @@ class SenderSession:
         if inbox.put(client, previous, entries):
             self.wake()
 
-    def _ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
+    def _ship(
+        self, stream: BatchStream, streams: dict[str, ClientStream], asked: float | None = None
+    ) -> bool:
         if not self.lease_valid():  # this member's heartbeat lapsed: others may own it now
             raise FencedError(f"{self.destination}: this member's leases lapsed; not shipping")
-        return self.shipper.ship(stream, streams) | self.replays.ship(stream, streams)
+        return self.shipper.ship(stream, streams, asked) | self.replays.ship(stream, streams)
 
     # -- status ----------------------------------------------------------------------------------
     def _report(self, streams: dict[str, ClientStream]) -> None:

@@ -80,11 +80,16 @@ class Shipper:
         #: The sending of clients shipped over lanes.
         self.lane_shipper = LaneShipper(cfg, window, self.source_of, self.send)
         self.read_at: dict[str, float] = {}  # each client's last read of log entries (time.time)
+        self.asked: float | None = None  # when the round now shipping was due
         #: The sink's wire protocol, as negotiated (the session sets it on each connect).
         self.peer_version = protocol.PROTOCOL_VERSION
 
-    def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
-        """One round over the clients: send what each may send now; whether any went."""
+    def ship(
+        self, stream: BatchStream, streams: dict[str, ClientStream], asked: float | None = None
+    ) -> bool:
+        """One round over the clients: send what each may send now; whether any went.
+        ``asked``: when the round was due (a shared read begun since then serves it)."""
+        self.asked = asked
         sent_any = False
         reads: dict[str, list[SendEntry]] = {}
         self.lookup.new_round()
@@ -146,18 +151,16 @@ class Shipper:
             if relayed:  # a branch: as received, or from the receive queue
                 return self.read_relay(name, node.origin_id, cs.sent, limit, max_bytes)
             if self.reader is not None:  # the root: one read for all its children
-                return self.reader.read(None, name, cs.sent, limit, max_bytes=max_bytes)
+                return self.reader.read(None, name, cs.sent, limit, max_bytes, self.asked)
             return list(
                 self.store.shipping.read_client_log(name, cs.sent, limit, max_bytes=max_bytes)
             )
-        read = self.reader.read if self.reader is not None else self.store.shipping.read_log_entries
         lanes = self.cfg.streams_per_destination  # a batch's worth per lane
-        return read(
-            self.destination,
-            name,
-            cs.sent,
-            self.cfg.batch_max_entries * lanes,
-            max_bytes=self.cfg.batch_max_bytes * lanes,
+        limit, max_bytes = self.cfg.batch_max_entries * lanes, self.cfg.batch_max_bytes * lanes
+        if self.reader is not None:
+            return self.reader.read(self.destination, name, cs.sent, limit, max_bytes, self.asked)
+        return self.store.shipping.read_log_entries(
+            self.destination, name, cs.sent, limit, max_bytes=max_bytes
         )
 
     def read_relay(

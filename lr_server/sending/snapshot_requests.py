@@ -25,6 +25,7 @@ from lr_server.config import (
     SiteConfig,
     SnapshotProvider,
 )
+from lr_server.sending.request_board import Requests, read_requests
 from lr_server.sending.stops import StreamStops
 from lr_server.sending.streams import ClientStream, Mode
 from lr_server.stores import RequestStore
@@ -140,15 +141,15 @@ class SnapshotRequests:
         cs.mode, cs.snapshot, cs.sent = Mode.LOG, None, base
         cs.snap_sent, cs.snap_done_sent = 0, False
 
-    def check(self, streams: dict[str, ClientStream]) -> None:
-        """Pick up drops and new or changed snapshot requests; launch providers."""
-        dropped = {
-            d.client_name: d
-            for d in self.store.retention.list_drops()
-            if d.destination == self.destination
-        }
+    def check(self, streams: dict[str, ClientStream], seen: Requests | None = None) -> None:
+        """Pick up drops and new or changed snapshot requests; launch providers.
+
+        ``seen``: the requests as a read begun since the check was asked saw them
+        (:class:`~lr_server.sending.request_board.RequestBoard`); None: read them now."""
+        seen = read_requests(self.store) if seen is None else seen
+        dropped = seen.drops_of(self.destination)
         for name, cs in streams.items():
-            open_req = self.reclaim_stalled(self.open_snapshot(name))
+            open_req = self.reclaim_stalled(seen.open_snapshot(self.destination, name))
             if open_req is not None and cs.config.snapshot == SnapshotProvider.NONE:
                 self.refuse(open_req)
                 open_req = None

@@ -242,3 +242,30 @@ def test_sessions_at_the_end_of_the_queue_asking_at_once_share_one_read(
         join(t)
     assert got == {dest: [] for dest in DESTS}
     assert reads == [head, head]  # b's, then one for c, d and e
+
+
+def test_a_read_due_before_a_refresh_began_is_answered_by_it(
+    store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions whose waits ended together (on the grid, or woken at once) pass when their
+    round was due: the refresh one began since then answers the others, however late the
+    scheduler runs them; a read due after it began reads again."""
+    store.sites.register_sites(DESTS)
+    _transmit(store, random.Random(5), 5)
+    fanout = LogFanout(store.shipping, min_refresh_interval=0)
+    head = store.send.head_position()
+    fanout.read("b", "policy", 0, 100)
+    real = store.shipping.read_client_log
+    reads: list[int] = []
+
+    def counted(client_name: str, after: int, limit: int, max_bytes: int | None) -> LogRange:
+        reads.append(after)
+        return real(client_name, after, limit, max_bytes)
+
+    monkeypatch.setattr(fanout.store, "read_client_log", counted)
+    due = time.monotonic()
+    assert fanout.read("b", "policy", head, 100, asked=due) == []  # refreshes: one read
+    assert fanout.read("c", "policy", head, 100, asked=due) == []  # answered by b's
+    assert len(reads) == 1
+    assert fanout.read("d", "policy", head, 100) == []  # due now: after b's began
+    assert len(reads) == 2

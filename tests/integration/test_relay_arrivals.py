@@ -118,6 +118,25 @@ def test_arrivals_wake_the_listeners_of_the_client_until_forgotten() -> None:
     assert woken == ["policy", "other", "other"]
 
 
+def test_a_listener_s_bound_methods_are_forgotten() -> None:
+    """A session listens with its bound methods and forgets them with new ones, equal
+    but not the same objects: a stopped session is woken no more."""
+
+    class Listener:
+        def __init__(self) -> None:
+            self.woken = 0
+
+        def wake(self) -> None:
+            self.woken += 1
+
+    arrivals, listener = Arrivals(), Listener()
+    arrivals.listen(["policy"], listener.wake)
+    arrivals.ring("s1", "policy")
+    arrivals.forget(listener.wake)
+    arrivals.ring("s1", "policy")
+    assert listener.woken == 1
+
+
 class HeldAcks(Transport):
     """A sink that takes batches and acknowledges none; its waits end only when
     interrupted (or after their timeout)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from lr_server import Site, parse_config
 from lr_server.cluster import upkeep
 from lr_server.cluster.upkeep import Upkeep
 from lr_server.sending import acks, send_probe
+from lr_server.sending import session as session_module
 from lr_server.sending.send_probe import STEADY_POLL_MAX, SendProbe
 from lr_server.sending.streams import Mode
 from tests.kit.rig import CLIENT, make_rig
@@ -369,18 +371,36 @@ def test_a_steady_session_backs_off_to_the_safety_poll_then_waits_the_steady_pol
     tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its waits double from ``poll_interval`` up to ``idle_poll_max``, then go straight to
-    ``steady_poll_max``: under the probe no read in between."""
+    ``steady_poll_max``: under the probe no read in between. Each ends on the next
+    multiple of itself, where the other sessions at its level or below wake too."""
     waits = _recorded_waits(monkeypatch)
+    levels: list[float] = []
+
+    def recorded(wait: float) -> float:
+        levels.append(wait)
+        return send_probe.on_grid(wait)
+
+    monkeypatch.setattr(session_module, "on_grid", recorded)
     sink, source = _pair(tmp_path, db_url_factory, 0.01)
     with sink, source:
         sess = source.server.sessions["b"]
         sess.idle_poll_max, sess.steady_poll_max = 0.08, NEVER
-        wait_for(lambda: steady(waits) == 1, what="the steady wait")
+        wait_for(lambda: steady(levels) == 1, what="the steady wait")
         sess.wake()  # back to fast polls, then the same again
-        wait_for(lambda: steady(waits) == 2, what="the steady wait again")
-    last = max(i for i, t in enumerate(waits) if t > NEVER / 2)
-    backoff = [round(t, 2) for t in waits[last - 4 : last + 1]]
+        wait_for(lambda: steady(levels) == 2, what="the steady wait again")
+    last = max(i for i, t in enumerate(levels) if t > NEVER / 2)
+    backoff = [round(t, 2) for t in levels[last - 4 : last + 1]]
     assert backoff == [0.01, 0.02, 0.04, 0.08, NEVER]
+    assert steady(waits) == 2 and all(0 < t <= NEVER for t in waits)
+
+
+def test_a_wait_on_the_grid_ends_on_a_multiple_of_itself() -> None:
+    for wait in (0.01, 0.32, 5.0, 300.0):
+        timeout = send_probe.on_grid(wait)
+        end = time.monotonic() + timeout
+        assert 0 < timeout <= wait
+        assert min(end % wait, wait - end % wait) < 0.005  # its end, as the clock went on
+    assert send_probe.on_grid(0.0) == 0.0
 
 
 def steady(waits: list[float]) -> int:
