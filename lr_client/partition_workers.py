@@ -29,8 +29,8 @@ log = logging.getLogger("lr_client.subscriber")
 #: Seconds between raises of a queue's own ``delivered_seq`` to the minimum over its
 #: partitions while they deliver (it lags by at most this; never runs ahead).
 QUEUE_MARK_INTERVAL = 0.5
-#: Seconds at most between looks at the stop event while idle.
-STOP_CHECK = 0.1
+#: Seconds between the stop relay's looks at whether the delivery it serves has ended.
+RELAY_CHECK = 30.0
 
 
 class PartitionWorkers(SubscriberCore):
@@ -44,12 +44,18 @@ class PartitionWorkers(SubscriberCore):
     _partitioned: PartitionedDelivery
 
     def _idle(self, stop: threading.Event, turn: int) -> None:
-        """Wait for the poll interval, a ring after ``turn`` or the stop, whichever first."""
-        deadline = time.monotonic() + self._idle_wait()
-        while not stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0 or self._doorbell.wait(turn, min(left, STOP_CHECK)):
+        """Wait for the poll interval or a ring after ``turn``, whichever first: the stop
+        rings (:meth:`_ring_at_stop`), so the wait is one, not slices looking at it."""
+        if not stop.is_set():  # set after ``turn`` was read: its ring is in ``turn``
+            self._doorbell.wait(turn, self._idle_wait())
+
+    def _ring_at_stop(self, stop: threading.Event, done: threading.Event) -> None:
+        """Ring once ``stop`` is set (its setter may be the application's, which cannot
+        ring); give up when ``done`` is set first (the delivery ended on an error)."""
+        while not stop.wait(RELAY_CHECK):
+            if done.is_set():
                 return
+        self._doorbell.ring()
 
     def release_leases(self) -> None:
         """Let other subscribers take this one's queues at once."""
@@ -158,4 +164,4 @@ class PartitionWorkers(SubscriberCore):
             log.exception("listener.on_error raised")
 
 
-__all__ = ["QUEUE_MARK_INTERVAL", "STOP_CHECK", "PartitionWorkers"]
+__all__ = ["QUEUE_MARK_INTERVAL", "RELAY_CHECK", "PartitionWorkers"]

@@ -211,6 +211,14 @@ class RoutingQueueSubscriber(PartitionWorkers):
                 watch.close()
 
     def _run_single(self, stop: threading.Event) -> None:
+        done = threading.Event()
+        relay = threading.Thread(
+            target=self._ring_at_stop,
+            args=(stop, done),
+            name=f"lr-stop-relay-{self.client_name}",
+            daemon=True,
+        )
+        relay.start()
         try:
             while not stop.is_set():
                 turn = self._doorbell.turn()
@@ -222,6 +230,7 @@ class RoutingQueueSubscriber(PartitionWorkers):
                 if not again:
                     self._idle(stop, turn)
         finally:
+            done.set()
             self.release_leases()
 
     def close(self) -> None:

@@ -1282,12 +1282,38 @@ def test_an_idle_wait_ends_at_a_ring_after_its_turn_or_at_the_stop(
     turn = sub._doorbell.turn()
     sub._doorbell.ring()  # while the round looked for work: the wait ends at once
     sub._idle(stop, turn)
-    for end in (sub._doorbell.ring, stop.set):  # during the wait, from another thread
-        turn = sub._doorbell.turn()
-        waiter = threading.Thread(target=sub._idle, args=(stop, turn))
-        waiter.start()
-        end()
-        join(waiter, 30)
+    turn = sub._doorbell.turn()
+    waiter = threading.Thread(target=sub._idle, args=(stop, turn))
+    waiter.start()
+    sub._doorbell.ring()  # during the wait, from another thread
+    join(waiter, 30)
+    stop.set()
+    sub._idle(stop, sub._doorbell.turn())  # stopped: no wait at all
+
+
+def test_an_idle_run_waits_in_one_wait_and_its_stop_ends_it(
+    app_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle, the subscriber does not wake to look at its stop: the stop (an event the
+    application sets, which cannot ring) is relayed to the doorbell and ends the wait."""
+    sub = RoutingQueueSubscriber(
+        app_store, CLIENT, AppListener(), poll_interval=3600.0, wake_on_arrival=False
+    )
+    waits: list[float] = []
+    real = sub._doorbell.wait
+
+    def recorded(turn: int, timeout: float) -> bool:
+        waits.append(timeout)
+        return real(turn, timeout)
+
+    monkeypatch.setattr(sub._doorbell, "wait", recorded)
+    stop = threading.Event()
+    runner = threading.Thread(target=sub.run, args=(stop,), daemon=True)
+    runner.start()
+    wait_for(lambda: bool(waits), what="the idle wait")
+    stop.set()
+    join(runner, 30)
+    assert waits == [3600.0]
 
 
 def test_an_on_error_that_raises_is_logged_not_propagated(
