@@ -123,9 +123,7 @@ class SiteServer:
         self.board = RequestBoard(self.store)  # the sessions' reads of requests, shared
         if cfg.destinations:
             self.send_watch = self.store.shipping.watch_sends(self.wake_sessions)
-            probe = SendProbe(
-                self.store.send.head_position, self.wake_sessions, self.sweep_sessions
-            )
+            probe = SendProbe(self.store.send.head_position, self.head_moved, self.sweep_sessions)
             self._spawn("lr-send-probe", probe.run)
         units = [stream_unit(d.id, c) for d in cfg.destinations for c in cfg.clients_for(d)]
         members = cfg.members
@@ -151,6 +149,13 @@ class SiteServer:
         """Entries may have come: every sender session reads at once (the upkeep soon)."""
         for session in list(self.sessions.values()):
             session.wake()
+        self.upkeep.wake()
+
+    def head_moved(self) -> None:
+        """The probe read a new head: every session reads now, at its back-off (its read
+        gives positions to all that committed; a session that finds entries polls fast
+        again), and the upkeep soon. Transmits that come next are announced by the watch."""
+        self.sweep_sessions()
         self.upkeep.wake()
 
     def sweep_sessions(self) -> None:

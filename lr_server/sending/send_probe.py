@@ -5,8 +5,9 @@ sessions when entries come, but a wake-up may be lost: on PostgreSQL a process n
 at most once per :data:`~lr_client.store.watches.NOTIFY_INTERVAL`, so a transaction that
 transmitted just after another one and commits later is never announced. Every
 :data:`PROBE_INTERVAL` the server reads the head of the send queue (on PostgreSQL the read
-gives positions to what committed first) and wakes its sessions if it moved: what a lost
-wake-up costs stays bounded by that. The sessions' safety poll is the probe's too: every
+gives positions to what committed first) and, if it moved, has its sessions read at once
+(the server's ``head_moved``: a sweep, which keeps their back-off): what a lost wake-up
+costs stays bounded by that. The sessions' safety poll is the probe's too: every
 :data:`SWEEP_INTERVAL` without a move it sweeps them (each reads once, at once, so the
 shared reader serves them all with one read per client); on their own they read only
 every :data:`STEADY_POLL_MAX`, in case the probe is gone.

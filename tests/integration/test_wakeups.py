@@ -381,6 +381,7 @@ def test_a_steady_session_backs_off_to_the_safety_poll_then_waits_the_steady_pol
         return send_probe.on_grid(wait)
 
     monkeypatch.setattr(session_module, "on_grid", recorded)
+    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", NEVER)  # no sweep but the test's
     sink, source = _pair(tmp_path, db_url_factory, 0.01)
     with sink, source:
         sess = source.server.sessions["b"]
@@ -391,7 +392,36 @@ def test_a_steady_session_backs_off_to_the_safety_poll_then_waits_the_steady_pol
     last = max(i for i, t in enumerate(levels) if t > NEVER / 2)
     backoff = [round(t, 2) for t in levels[last - 4 : last + 1]]
     assert backoff == [0.01, 0.02, 0.04, 0.08, NEVER]
-    assert steady(waits) == 2 and all(0 < t <= NEVER for t in waits)
+    assert waits and all(0 <= t <= NEVER for t in waits)  # on the grid: within each level
+
+
+@pytest.mark.stop_calls_at_once
+def test_a_head_the_probe_saw_move_is_read_at_once_at_the_sessions_back_off(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe's wake-up is a sweep: the session reads now (its read gives positions to
+    all that committed) and, finding nothing, goes back to its steady wait, not through
+    the fast polls again; the watch's wake-up starts them over."""
+    levels: list[float] = []
+
+    def recorded(wait: float) -> float:
+        levels.append(wait)
+        return send_probe.on_grid(wait)
+
+    monkeypatch.setattr(session_module, "on_grid", recorded)
+    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", NEVER)  # no sweep but the test's
+    sink, source = _pair(tmp_path, db_url_factory, 0.01)
+    with sink, source:
+        sess = source.server.sessions["b"]
+        sess.idle_poll_max, sess.steady_poll_max = 0.08, NEVER
+        wait_for(lambda: steady(levels) == 1, what="the steady wait")
+        seen = len(levels)
+        source.server.head_moved()
+        wait_for(lambda: steady(levels) == 2, what="the read the probe asked for")
+        assert levels[seen:] == [NEVER]
+        source.server.wake_sessions()
+        wait_for(lambda: steady(levels) == 3, what="the steady wait after the wake-up")
+    assert levels[seen + 1 : seen + 3] == [0.01, 0.02]
 
 
 def test_a_wait_on_the_grid_ends_on_a_multiple_of_itself() -> None:
