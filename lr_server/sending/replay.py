@@ -28,6 +28,7 @@ from lr_server import metrics
 from lr_server.config import ReplicationConfig
 from lr_server.protocol import versions as protocol
 from lr_server.sending import wire
+from lr_server.sending.request_board import Requests
 from lr_server.sending.streams import ClientStream, Mode
 from lr_server.sending.window import InFlight, Window
 from lr_server.stores import ReplayStore
@@ -73,6 +74,13 @@ class Replayer:
         self._log = log
         self.version = 1  # the destination's protocol, as negotiated
         self.runs: dict[str, ReplayRun] = {}
+        self.wrote = float("-inf")  # when it last changed a request (time.monotonic())
+
+    def _update(self, replay_id: int, **values: object) -> None:
+        """Change a request (``Replays.update_replay``), noting when: reads begun before
+        miss it (:meth:`check`)."""
+        self.store.replays.update_replay(replay_id, **values)
+        self.wrote = time.monotonic()
 
     def connected(self, announced: int) -> None:
         """A new connection: the requests are picked up again, after what was acknowledged."""
@@ -83,13 +91,16 @@ class Replayer:
         self,
         streams: dict[str, ClientStream],
         cascaded: Collection[str],
-        seen: list[ReplayRequest] | None = None,
+        seen: Requests | None = None,
     ) -> None:
         """Pick up the destination's open requests (one at a time per client); ``seen``:
-        them as a read begun since the check was asked found them (None: read now)."""
-        if seen is None:
-            seen = self.store.replays.list_replays(self.destination, open_only=True)
-        for req in seen:
+        them as a read begun since the check was asked found them (None, or begun before
+        its own last change of them: read now)."""
+        if seen is None or seen.began < self.wrote:
+            opened = self.store.replays.list_replays(self.destination, open_only=True)
+        else:
+            opened = seen.replays_of(self.destination)
+        for req in opened:
             if req.client_name in self.runs:
                 continue
             error = self.refusal(req, streams, cascaded)
@@ -99,9 +110,7 @@ class Replayer:
             through = req.through_position
             if through is None:
                 through = self.store.shipping.get_cursor(self.destination, req.client_name).position
-                self.store.replays.update_replay(
-                    req.replay_id, status=RUNNING, through_position=through
-                )
+                self._update(req.replay_id, status=RUNNING, through_position=through)
                 self._log.info(
                     "%s/%s: replay %d of positions %d..%d",
                     self.destination,
@@ -135,7 +144,7 @@ class Replayer:
 
     def refuse(self, req: ReplayRequest, error: str) -> None:
         self.runs.pop(req.client_name, None)
-        self.store.replays.update_replay(req.replay_id, status=REFUSED, error=error)
+        self._update(req.replay_id, status=REFUSED, error=error)
         self._log.error("replay %d refused: %s", req.replay_id, error)
 
     def ship(self, stream: BatchStream, streams: dict[str, ClientStream]) -> bool:
@@ -195,16 +204,14 @@ class Replayer:
             return
         run.inflight.discard(f.batch_id)
         metrics.REPLAYS_SHIPPED.labels(self.destination, f.client).inc(f.entries)
-        self.store.replays.update_replay(run.request.replay_id, shipped_through=f.last_position)
+        self._update(run.request.replay_id, shipped_through=f.last_position)
         self.finish(run)
 
     def finish(self, run: ReplayRun) -> None:
         """End the request once its range was shipped and acknowledged."""
         if run.sent < run.through or run.inflight:
             return
-        self.store.replays.update_replay(
-            run.request.replay_id, status=DONE, shipped_through=run.through
-        )
+        self._update(run.request.replay_id, status=DONE, shipped_through=run.through)
         self.runs.pop(run.request.client_name, None)
         self._log.info(
             "%s/%s: replay %d done (positions %d..%d)",

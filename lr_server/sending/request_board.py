@@ -6,7 +6,10 @@ on their own cost twenty times three reads (and one read per client for the full
 syncs); the board reads the requests of every destination at once and serves each
 session from the last read that *began after the session asked*: everything committed
 before it asked is in it, exactly as in a read of its own. Sessions woken together (a
-sweep, a send queue's wake-up) share one read.
+sweep, a send queue's wake-up) share one read. A session's own writes of requests (a
+full sync it completed, a replay it finished) are newer than a read begun before them:
+the parts that write refuse such a read and make their own
+(:meth:`~lr_server.sending.snapshot_requests.SnapshotRequests.check`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ class Requests:
     drops: dict[tuple[str, str], DropRecord] = field(default_factory=dict)
     #: Each destination's pending or running replays, oldest first.
     replays: dict[str, list[ReplayRequest]] = field(default_factory=dict)
+    #: When the read began (``time.monotonic()``): it holds what committed before.
+    began: float = float("-inf")
 
     def open_snapshot(self, destination: str, client: str) -> SnapshotRequest | None:
         return self.snapshots.get((destination, client))
@@ -44,6 +49,7 @@ class Requests:
 
 def read_requests(store: BoardStore) -> Requests:
     """Every destination's open requests (three reads)."""
+    began = time.monotonic()
     snapshots: dict[tuple[str, str], SnapshotRequest] = {}
     for req in store.snapshots.list_snapshots(statuses=OPEN_SNAPSHOT_STATUSES):
         snapshots.setdefault((req.destination, req.client_name), req)  # newest first
@@ -51,7 +57,7 @@ def read_requests(store: BoardStore) -> Requests:
     replays: dict[str, list[ReplayRequest]] = {}
     for r in store.replays.list_replays(open_only=True):
         replays.setdefault(r.destination, []).append(r)
-    return Requests(snapshots, drops, replays)
+    return Requests(snapshots, drops, replays, began)
 
 
 class RequestBoard:
@@ -61,7 +67,6 @@ class RequestBoard:
         self.store = store
         self._lock = threading.Lock()
         self._view: Requests | None = None
-        self._began = float("-inf")  # when the read of ``_view`` began (time.monotonic())
         #: Checks served by a read another session began, and reads made.
         self.shared = 0
         self.reads = 0
@@ -71,14 +76,12 @@ class RequestBoard:
         None): a read begun since then serves it, else one is made now."""
         asked = time.monotonic() if asked is None else asked
         with self._lock:
-            if self._view is not None and self._began >= asked:
+            if self._view is not None and self._view.began >= asked:
                 self.shared += 1
                 return self._view
-            began = time.monotonic()
-            view = read_requests(self.store)
-            self._view, self._began = view, began
+            self._view = read_requests(self.store)
             self.reads += 1
-            return view
+            return self._view
 
 
 __all__ = ["RequestBoard", "Requests", "read_requests"]

@@ -301,7 +301,7 @@ class SenderSession:
     def _check_requests(self, streams: dict[str, ClientStream], asked: float | None = None) -> None:
         seen = self.board.read(asked)  # a step of its own, for tests to take
         self.requests.check(streams, seen)
-        self.replays.check(streams, self.cascade, seen.replays_of(self.destination))
+        self.replays.check(streams, self.cascade, seen)
 
     # -- pumping ----------------------------------------------------------------------------------
     def _pump(

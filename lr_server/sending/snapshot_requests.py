@@ -74,6 +74,8 @@ class SnapshotRequests:
         self.launcher = launcher
         self._launched: set[str] = set()
         self._log = log
+        #: When it last wrote requests or drops (``time.monotonic()``): older reads miss it.
+        self.wrote = float("-inf")
 
     def open_snapshot(self, client: str) -> SnapshotRequest | None:
         """The client's open (requested, running or ready) request, if any."""
@@ -85,6 +87,7 @@ class SnapshotRequests:
     def request(self, client: str, reason: str) -> SnapshotRequest | None:
         """Ask for a full sync of ``client``; the new request."""
         sid = self.store.snapshots.request_snapshot(None, self.destination, client, reason)
+        self.wrote = time.monotonic()
         return self.store.snapshots.get_snapshot(sid, self.destination)
 
     def refuse(self, req: SnapshotRequest) -> None:
@@ -93,7 +96,9 @@ class SnapshotRequests:
             f'client {req.client_name} has no snapshot provider (snapshot = "none"): '
             "log entries go on"
         )
-        if self.store.snapshots.cancel_snapshot(req.snapshot_id, reason, self.destination):
+        cancelled = self.store.snapshots.cancel_snapshot(req.snapshot_id, reason, self.destination)
+        self.wrote = time.monotonic()
+        if cancelled:
             self._log.warning(
                 "%s/%s: snapshot %s cancelled: %s",
                 self.destination,
@@ -110,6 +115,7 @@ class SnapshotRequests:
             self.destination, client, req.base_position or 0, needs_snapshot=False, fence=fence
         )
         self.store.retention.clear_drop(self.destination, client)
+        self.wrote = time.monotonic()
 
     def end_acked(self, snapshot_id: str, cs: ClientStream) -> None:
         """The sink acknowledged the end marker of ``snapshot_id``, a snapshot of ``cs``."""
@@ -145,8 +151,10 @@ class SnapshotRequests:
         """Pick up drops and new or changed snapshot requests; launch providers.
 
         ``seen``: the requests as a read begun since the check was asked saw them
-        (:class:`~lr_server.sending.request_board.RequestBoard`); None: read them now."""
-        seen = read_requests(self.store) if seen is None else seen
+        (:class:`~lr_server.sending.request_board.RequestBoard`); None, or begun before
+        this destination's own last write of them: read them now."""
+        if seen is None or seen.began < self.wrote:
+            seen = read_requests(self.store)
         dropped = seen.drops_of(self.destination)
         for name, cs in streams.items():
             open_req = self.reclaim_stalled(seen.open_snapshot(self.destination, name))
@@ -233,7 +241,9 @@ class SnapshotRequests:
             return req
         reason = f"no heartbeat from its worker for {self.cfg.snapshot_stall_timeout:g}s"
         # Conditional on the silence, so a beat that came meanwhile keeps it.
-        if self.store.snapshots.fail_stalled_snapshot(req.snapshot_id, silent_since, reason):
+        failed = self.store.snapshots.fail_stalled_snapshot(req.snapshot_id, silent_since, reason)
+        self.wrote = time.monotonic()
+        if failed:
             self._log.warning(
                 "%s/%s: snapshot %s failed: %s",
                 self.destination,

@@ -193,6 +193,22 @@ def test_a_replay_delivers_exactly_its_range_again_flagged_and_nothing_else(
     assert b.deliver("policy") == [(store.send.head_position(), False)]
 
 
+def test_a_read_of_requests_begun_before_the_replay_ended_does_not_start_it_again(
+    store: SQLAlchemyQueueStore, db_url: str, links: dict[str, Link]
+) -> None:
+    """The sessions share their reads of requests (request_board.py); one begun before
+    this session finished a replay still shows it open, and must not run it twice."""
+    policy = shipped(store, links)
+    b = links["b"]
+    admin.replay(config(db_url), store, "b", "policy", policy[2])
+    stale = b.session.board.read()
+    assert [r.status for r in stale.replays_of("b")] == ["pending"]
+    b.run_until(lambda: not admin.list_replays(store))
+    b.session.replays.check(b.streams, b.session.cascade, stale)
+    assert not b.session.replays.runs
+    assert store.replays.list_replays()[0].status == "done"
+
+
 def test_a_replay_cut_by_a_lost_connection_resumes_after_what_was_acknowledged(
     store: SQLAlchemyQueueStore, db_url: str, links: dict[str, Link]
 ) -> None:

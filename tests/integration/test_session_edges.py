@@ -132,3 +132,22 @@ def test_an_accepted_loss_clears_a_partial_snapshot_at_the_sink(
     with store.read() as conn:
         queued = store.queues.read_queue(conn, queue.queue_id, 10)
     assert [(e.type, e.source_position) for e in queued] == [(LOG, 1), (DROPPED, 2), (LOG, 5)]
+
+
+def test_a_read_of_requests_begun_before_a_full_sync_completed_does_not_reopen_it(
+    store: SQLAlchemyQueueStore, db_url_factory: Callable[[str], str]
+) -> None:
+    """The sessions share their reads of requests (request_board.py); one begun before
+    this session completed a full sync still shows it open: the stream stays in log
+    entry sync rather than shipping the snapshot again."""
+    with make_rig(store, db_url_factory) as r:
+        r.connect()
+        sid = store.snapshots.request_snapshot(None, "b", CLIENT, "test")
+        assert store.snapshots.start_snapshot(sid) is not None
+        r.provide(sid, [b"s1", b"s2"])
+        stale = r.session.board.read()
+        assert stale.open_snapshot("b", CLIENT) is not None
+        r.until_complete(sid)
+        assert r.streams[CLIENT].mode is Mode.LOG
+        r.session.requests.check(r.streams, stale)
+        assert r.streams[CLIENT].mode is Mode.LOG and r.streams[CLIENT].snapshot is None
