@@ -311,6 +311,7 @@ class SenderSession:
         fast = self.cfg.poll_interval
         idle = fast  # the next idle wait: doubles with each round that finds nothing
         due = time.monotonic()  # when the wait before the round was to end
+        owed = 0.0  # the wake-up whose read of requests is owed still (0.0: none)
         while not stop.is_set():
             now = time.monotonic()
             woken, self._woken = self._woken, False
@@ -318,14 +319,19 @@ class SenderSession:
             # Reads begun since the round was due serve it: since the wake-up that ended
             # its wait, or the wait's end (on the grid, where other sessions end theirs).
             asked = min(now, self._rung_at if woken or swept else due)
-            # Requests, drops, stops: on a wake-up (at most every REQUEST_CHECK s), or polled.
-            if now - last_check > (REQUEST_CHECK if woken or swept else max(REQUEST_CHECK, idle)):
-                self._check_requests(streams, asked)
-                last_check = now
+            owed = (owed or asked) if woken or swept else owed
+            # Requests, drops, stops: owed by a wake-up (read at most every REQUEST_CHECK s;
+            # the wait ends when it is due), or polled.
+            if now - last_check > (REQUEST_CHECK if owed else max(REQUEST_CHECK, idle)):
+                self._check_requests(streams, owed or asked)
+                last_check, owed = now, 0.0
             sent_any = self._ship(stream, streams, asked)
             if sent_any or woken:
                 idle = fast
             timeout = (idle if self.window.full() else 0.0) if sent_any else on_grid(idle)
+            if owed:
+                left = last_check + REQUEST_CHECK + 0.001 - time.monotonic()
+                timeout = max(0.0, min(timeout, left))
             due = time.monotonic() + timeout
             if self.acks.wait(stop, stream, streams, timeout) or sent_any:
                 idle = fast

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session
@@ -422,6 +423,35 @@ def test_a_head_the_probe_saw_move_is_read_at_once_at_the_sessions_back_off(
         source.server.wake_sessions()
         wait_for(lambda: steady(levels) == 3, what="the steady wait after the wake-up")
     assert levels[seen + 1 : seen + 3] == [0.01, 0.02]
+
+
+@pytest.mark.stop_calls_at_once
+def test_a_wake_up_too_soon_after_a_read_of_requests_is_owed_one_when_it_is_due(
+    tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests are read at most every REQUEST_CHECK s: a wake-up that comes sooner (a
+    full sync requested just after the last read) gets its read when that is due, not
+    at the next sweep."""
+    checks: list[float] = []
+    real = session_module.SenderSession._check_requests
+
+    def recorded(self: session_module.SenderSession, *args: Any) -> None:
+        checks.append(time.monotonic())
+        real(self, *args)
+
+    monkeypatch.setattr(session_module.SenderSession, "_check_requests", recorded)
+    monkeypatch.setattr(session_module, "REQUEST_CHECK", 2.0)
+    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", NEVER)  # no sweep but the test's
+    sink, source = _pair(tmp_path, db_url_factory, 0.01)
+    with sink, source:
+        sess = source.server.sessions["b"]
+        sess.idle_poll_max, sess.steady_poll_max = 0.08, NEVER
+        sess.wake()
+        wait_for(lambda: checks and time.monotonic() - checks[-1] < 1.0, what="a read")
+        seen = len(checks)
+        sess.wake()  # within REQUEST_CHECK of that read
+        wait_for(lambda: len(checks) > seen, what="the owed read of requests")
+    assert checks[seen] - checks[seen - 1] >= 2.0
 
 
 def test_a_wait_on_the_grid_ends_on_a_multiple_of_itself() -> None:
