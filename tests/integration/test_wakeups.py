@@ -367,6 +367,20 @@ def test_a_servers_idle_session_waits_whole_and_stops_when_told(
         assert not thread.is_alive()  # the server's stop ended its wait
 
 
+def _recorded_levels(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The back-off level of every idle wait of the sessions from now on (each wait ends
+    on its grid); no probe, so no sweep but the test's."""
+    levels: list[float] = []
+
+    def recorded(wait: float) -> float:
+        levels.append(wait)
+        return send_probe.on_grid(wait)
+
+    monkeypatch.setattr(session_module, "on_grid", recorded)
+    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", NEVER)
+    return levels
+
+
 @pytest.mark.stop_calls_at_once
 def test_a_steady_session_backs_off_to_the_safety_poll_then_waits_the_steady_poll(
     tmp_path: Path, db_url_factory: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
@@ -375,14 +389,7 @@ def test_a_steady_session_backs_off_to_the_safety_poll_then_waits_the_steady_pol
     ``steady_poll_max``: under the probe no read in between. Each ends on the next
     multiple of itself, where the other sessions at its level or below wake too."""
     waits = _recorded_waits(monkeypatch)
-    levels: list[float] = []
-
-    def recorded(wait: float) -> float:
-        levels.append(wait)
-        return send_probe.on_grid(wait)
-
-    monkeypatch.setattr(session_module, "on_grid", recorded)
-    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", NEVER)  # no sweep but the test's
+    levels = _recorded_levels(monkeypatch)
     sink, source = _pair(tmp_path, db_url_factory, 0.01)
     with sink, source:
         sess = source.server.sessions["b"]
@@ -403,14 +410,7 @@ def test_a_head_the_probe_saw_move_is_read_at_once_at_the_sessions_back_off(
     """The probe's wake-up is a sweep: the session reads now (its read gives positions to
     all that committed) and, finding nothing, goes back to its steady wait, not through
     the fast polls again; the watch's wake-up starts them over."""
-    levels: list[float] = []
-
-    def recorded(wait: float) -> float:
-        levels.append(wait)
-        return send_probe.on_grid(wait)
-
-    monkeypatch.setattr(session_module, "on_grid", recorded)
-    monkeypatch.setattr(send_probe, "PROBE_INTERVAL", NEVER)  # no sweep but the test's
+    levels = _recorded_levels(monkeypatch)
     sink, source = _pair(tmp_path, db_url_factory, 0.01)
     with sink, source:
         sess = source.server.sessions["b"]
