@@ -1,7 +1,8 @@
 """A session's acknowledgements: the window settled, cursors saved, full syncs advanced.
 
-An acknowledged log batch moves its client's cursor, saved in coalesced writes
-(:meth:`~lr_server.sending.window.Window.flush_due`); over lanes, only to the lowest
+An acknowledged log batch moves its client's cursor, saved in coalesced writes at
+most every ``FLUSH_INTERVAL`` s (:meth:`~lr_server.sending.window.Window.flush_due`),
+by the wait for acknowledgements when none comes; over lanes, only to the lowest
 position acknowledged on every lane. An acknowledged snapshot batch records how far
 the full sync shipped; the acknowledgement of its end completes it, unless a newer one
 superseded it (:meth:`~lr_server.sending.snapshot_requests.SnapshotRequests.end_acked`);
@@ -67,15 +68,22 @@ class Acknowledgements:
         timeout: float,
     ) -> int:
         """Handle acknowledgements for up to ``timeout`` s, or until a wake-up or the stop
-        (seen within ``stop_check`` s, or at once where the stop wakes it); how many came."""
+        (seen within ``stop_check`` s, or at once where the stop wakes it); how many came.
+        Cursors that acknowledgements moved are saved when due, within the wait too."""
         deadline = time.monotonic() + timeout
         check = self.stop_check
         if check is None and type(stream).interrupt is BatchStream.interrupt:
             check = STOP_CHECK  # a wake-up cannot end its wait
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             slice_ = left if check is None else min(left, check)
+            flush = self.window.flush_in(now)
+            if flush is not None:
+                slice_ = min(slice_, flush)
             n = self.drain(stream, streams, max(0.0, slice_))
+            if self.window.flush_due(time.monotonic()):
+                self.flush_cursors()
             if n or left <= slice_ or self.woken() or stop.is_set():
                 return n
 
@@ -134,6 +142,16 @@ class Acknowledgements:
         if self.window.flush_due(now):
             self.flush_cursors()
         metrics.INFLIGHT_BATCHES.labels(self.destination).set(len(self.window))
+
+    def settle(
+        self, stream: BatchStream, streams: dict[str, ClientStream], seconds: float = 5.0
+    ) -> None:
+        """Before the stream closes: the acknowledgements of the batches in flight, for
+        up to ``seconds``, and the cursors they moved saved."""
+        deadline = time.monotonic() + seconds
+        while self.window.batches and time.monotonic() < deadline:
+            self.drain(stream, streams, 0.1)
+        self.flush_cursors()
 
     def flush_cursors(self) -> None:
         """Save the cursors the acknowledgements moved."""

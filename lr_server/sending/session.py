@@ -312,6 +312,7 @@ class SenderSession:
         idle = fast  # the next idle wait: doubles with each round that finds nothing
         due = time.monotonic()  # when the wait before the round was to end
         owed = 0.0  # the wake-up whose read of requests is owed still (0.0: none)
+        acked = 0  # acknowledgements that ended the last wait
         while not stop.is_set():
             now = time.monotonic()
             woken, self._woken = self._woken, False
@@ -325,7 +326,10 @@ class SenderSession:
             if now - last_check > (REQUEST_CHECK if owed else max(REQUEST_CHECK, idle)):
                 self._check_requests(streams, owed or asked)
                 last_check, owed = now, 0.0
-            sent_any = self._ship(stream, streams, asked)
+            # A round after a wake-up or acknowledgements skips the streams caught up
+            # since the last wake-up; one after a wait that ran out reads them all.
+            rung = self._rung_at if (woken or acked) and not swept else None
+            sent_any = self._ship(stream, streams, asked, rung)
             if sent_any or woken:
                 idle = fast
             timeout = (idle if self.window.full() else 0.0) if sent_any else on_grid(idle)
@@ -333,7 +337,8 @@ class SenderSession:
                 left = last_check + REQUEST_CHECK + 0.001 - time.monotonic()
                 timeout = max(0.0, min(timeout, left))
             due = time.monotonic() + timeout
-            if self.acks.wait(stop, stream, streams, timeout) or sent_any:
+            acked = self.acks.wait(stop, stream, streams, timeout)
+            if acked or sent_any:
                 idle = fast
             elif not self._woken:
                 steady = self.steady(streams)
@@ -344,11 +349,7 @@ class SenderSession:
             if now - last_status > 1.0:
                 self._report(streams)
                 last_status = now
-        # Clean shutdown: give in-flight batches a moment to be acknowledged.
-        deadline = time.monotonic() + 5.0
-        while self.window.batches and time.monotonic() < deadline:
-            self.acks.drain(stream, streams, 0.1)
-        self.acks.flush_cursors()
+        self.acks.settle(stream, streams)  # a clean shutdown
 
     def steady(self, streams: dict[str, ClientStream]) -> bool:
         """Every stream in log entry sync, nothing in flight, replayed or relayed: all it
@@ -373,19 +374,21 @@ class SenderSession:
             self.wake()
 
     def _ship(
-        self, stream: BatchStream, streams: dict[str, ClientStream], asked: float | None = None
+        self,
+        stream: BatchStream,
+        streams: dict[str, ClientStream],
+        asked: float | None = None,
+        rung: float | None = None,
     ) -> bool:
         if not self.lease_valid():  # this member's heartbeat lapsed: others may own it now
             raise FencedError(f"{self.destination}: this member's leases lapsed; not shipping")
-        return self.shipper.ship(stream, streams, asked) | self.replays.ship(stream, streams)
+        return self.shipper.ship(stream, streams, asked, rung) | self.replays.ship(stream, streams)
 
     # -- status ----------------------------------------------------------------------------------
     def _report(self, streams: dict[str, ClientStream]) -> None:
         """Record the session's state and whether each stream is in a full sync."""
         self.state, self._stopped = summary(streams.values())
-        for name, cs in streams.items():
-            active = 1 if cs.mode is Mode.SNAPSHOT else 0
-            metrics.SNAPSHOT_ACTIVE.labels(self.destination, name).set(active)
+        self.status_row.full_syncs(streams)
         self._save_status()
 
     def _save_status(self) -> None:

@@ -24,6 +24,7 @@ from lr_client.records import (
     SnapshotRequest,
     SnapshotStatus,
 )
+from lr_client.store.byte_bounds import ENTRY_OVERHEAD
 from lr_server import metrics
 from lr_server.config import ReplicationConfig, SnapshotProvider
 from lr_server.protocol import versions as protocol
@@ -81,15 +82,22 @@ class Shipper:
         self.lane_shipper = LaneShipper(cfg, window, self.source_of, self.send)
         self.read_at: dict[str, float] = {}  # each client's last read of log entries (time.time)
         self.asked: float | None = None  # when the round now shipping was due
+        self.rung: float | None = None  # the session's last wake-up (None: a poll)
         #: The sink's wire protocol, as negotiated (the session sets it on each connect).
         self.peer_version = protocol.PROTOCOL_VERSION
 
     def ship(
-        self, stream: BatchStream, streams: dict[str, ClientStream], asked: float | None = None
+        self,
+        stream: BatchStream,
+        streams: dict[str, ClientStream],
+        asked: float | None = None,
+        rung: float | None = None,
     ) -> bool:
         """One round over the clients: send what each may send now; whether any went.
-        ``asked``: when the round was due (a shared read begun since then serves it)."""
-        self.asked = asked
+        ``asked``: when the round was due (a shared read begun since then serves it);
+        ``rung``: the session's last wake-up, when a wake-up or an acknowledgement ended
+        its wait (None: the wait ran out, a poll, or a sweep: every stream is read)."""
+        self.asked, self.rung = asked, rung
         sent_any = False
         reads: dict[str, list[SendEntry]] = {}
         self.lookup.new_round()
@@ -146,6 +154,12 @@ class Shipper:
             # A relayed client's entries arrive in its provider's batches, gathered
             # already: they go on as they are stored, within the window.
             return []
+        if self.rung is not None and cs.caught_up is not None:
+            # Sent all that a read saw, current after the last wake-up: the entries the
+            # wake-ups told of were read (a lost one costs the safety poll).
+            at, position = cs.caught_up
+            if self.rung <= at and cs.sent == position:
+                return []
         if node is not None:  # one lane: every entry of the client, in origin positions
             limit, max_bytes = self.cfg.batch_max_entries, self.cfg.batch_max_bytes
             if relayed:  # a branch: as received, or from the receive queue
@@ -157,11 +171,21 @@ class Shipper:
             )
         lanes = self.cfg.streams_per_destination  # a batch's worth per lane
         limit, max_bytes = self.cfg.batch_max_entries * lanes, self.cfg.batch_max_bytes * lanes
+        began = time.monotonic() if self.asked is None else self.asked  # what it reflects
         if self.reader is not None:
-            return self.reader.read(self.destination, name, cs.sent, limit, max_bytes, self.asked)
-        return self.store.shipping.read_log_entries(
-            self.destination, name, cs.sent, limit, max_bytes=max_bytes
-        )
+            asked = self.asked
+            entries = self.reader.read(self.destination, name, cs.sent, limit, max_bytes, asked)
+        else:
+            entries = self.store.shipping.read_log_entries(
+                self.destination, name, cs.sent, limit, max_bytes=max_bytes
+            )
+        # Fewer than the limits allow: all there was (a read cut by the bytes of an entry
+        # over half of them is taken for one that was not: the next poll reads again).
+        nbytes = sum(len(e.payload) + ENTRY_OVERHEAD for e in entries)
+        short = len(entries) < limit and 2 * nbytes <= max_bytes
+        last = entries[-1].position if entries else cs.sent
+        cs.caught_up = (began, last) if short and lanes == 1 else None
+        return entries
 
     def read_relay(
         self, name: str, origin: str, after: int, limit: int, max_bytes: int

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from lr_client._proto import replication_pb2 as pb
 from lr_client.errors import LRError
 from lr_client.latency import StageBook
 from lr_server import metrics
+from lr_server.sending.streams import ClientStream, Mode
 from lr_server.sending.window import InFlight
 from lr_server.stores import StatusStore
 
@@ -60,6 +62,12 @@ class StatusRow:
         #: The status last written, and when (time.monotonic()).
         self._written: Status | None = None
         self._at = float("-inf")
+
+    def full_syncs(self, streams: Mapping[str, ClientStream]) -> None:
+        """The gauge of which streams are in a full sync."""
+        for name, cs in streams.items():
+            active = 1 if cs.mode is Mode.SNAPSHOT else 0
+            metrics.SNAPSHOT_ACTIVE.labels(self.destination, name).set(active)
 
     def save(self, status: Status, refresh: float = STATUS_REFRESH) -> None:
         """Write ``status`` if it changed, or if the row is ``refresh`` seconds old; the

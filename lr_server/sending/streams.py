@@ -87,6 +87,11 @@ class ClientStream:
     snap_done_sent: bool = False
     retry_at: float = 0.0  # when a failed snapshot may be asked for again
     partial_batch: int = 0  # id of the last log batch sent that was not full
+    #: The last read found no more entries than it returned: when the state it saw was
+    #: current at the latest (``time.monotonic()``) and the position it read up to. Once
+    #: sent up to there, there is nothing new to read until a wake-up rings after it
+    #: (``Shipper.read_log``). None: the last read may have left some.
+    caught_up: tuple[float, int] | None = None
     notice: Notice | None = None  # sent before the stream's next batch
     stop_reason: str = ""
     lanes: Lanes | None = None  # shipped over several lanes: their state

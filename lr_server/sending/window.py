@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from lr_client._proto import replication_pb2 as pb
 
-FLUSH_INTERVAL = 0.1  # seconds between cursor writes while batches are in flight
+FLUSH_INTERVAL = 0.1  # seconds between cursor writes (one per acknowledgement at live rates)
 
 
 @dataclass
@@ -137,8 +137,16 @@ class Window:
         self.cursors.update(log_cursors)
 
     def flush_due(self, now: float) -> bool:
-        """Whether to save the pending cursors now: the window is empty, or a while passed."""
-        return bool(self.cursors) and (not self.batches or now - self.flushed_at > FLUSH_INTERVAL)
+        """Whether to save the pending cursors now: ``FLUSH_INTERVAL`` s passed since the
+        last save (at live rates a batch is acknowledged every millisecond or so, each
+        alone in the window: a write per acknowledgement would cost more than the batch)."""
+        return bool(self.cursors) and now - self.flushed_at > FLUSH_INTERVAL
+
+    def flush_in(self, now: float) -> float | None:
+        """Seconds until the pending cursors are due to be saved (None: none pending)."""
+        if not self.cursors:
+            return None
+        return max(0.0, self.flushed_at + FLUSH_INTERVAL + 0.001 - now)
 
     def flushed(self, now: float) -> None:
         """The pending cursors were saved at ``now``."""

@@ -8,6 +8,7 @@ session's and receiver's own code.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -90,7 +91,7 @@ class Link:
         assert self.stream is not None
         self.session._check_requests(self.streams)
         self.session._ship(self.stream, self.streams)
-        self.session.acks.drain(self.stream, self.streams, 0.0)
+        self.session.acks.wait(threading.Event(), self.stream, self.streams, 0.0)
 
     def run_until(self, done: Callable[[], bool]) -> None:
         def stepped() -> bool:

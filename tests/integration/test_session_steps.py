@@ -9,7 +9,9 @@ field by field.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 import time
 
 import pytest
@@ -23,8 +25,8 @@ from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
 from lr_server.protocol import versions as protocol
 from lr_server.sending.session import SenderSession
 from lr_server.sending.streams import ClientStream, Mode, Notice, SessionState
-from lr_server.sending.window import InFlight
-from lr_server.transport.base import Transport
+from lr_server.sending.window import FLUSH_INTERVAL, InFlight
+from lr_server.transport.base import BatchStream, Transport
 from tests.kit.positions import new_slot
 from tests.kit.snapshots import ready_snapshot
 
@@ -369,6 +371,9 @@ def test_log_acks_move_cursors_and_count_what_was_shipped(store: SQLAlchemyQueue
     assert positions == {"policy": 4, "orders": 9}
     assert s.window.cursors == {}
     s.acks.on_ack(pb.ReplicationAck(batch_id=third), streams)
+    assert s.window.cursors == {"policy": 12}  # the window is empty; saved when due
+    s.window.flushed_at -= 1.0  # a while later
+    s.acks.on_ack(pb.ReplicationAck(batch_id=third), streams)  # a repeated ack: settles nothing
     assert {c.client_name: c.position for c in store.shipping.list_cursors()} == {
         "policy": 12,
         "orders": 9,
@@ -402,6 +407,88 @@ def test_cursors_wait_while_batches_are_in_flight_and_a_flush_is_not_due(
     s.acks.flush_cursors()
     assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
     assert s.window.cursors == {} and before <= s.window.flushed_at <= time.monotonic()
+
+
+class _Quiet(BatchStream):
+    """A stream that acknowledges nothing (more): keeps what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[pb.ReplicationBatch] = []
+
+    def send(self, batch: pb.ReplicationBatch) -> None:
+        self.sent.append(batch)
+
+    def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
+        time.sleep(timeout)
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_cursor_moved_by_the_last_ack_is_saved_by_the_wait_once_due(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """At live rates each batch is alone in the window: its ack does not save the cursor
+    at once (a write per batch); the wait for the next one saves it when it is due."""
+    s = session(store, policy=NONE)
+    streams = s._plan(sink(policy=log_at(0)))
+    s.window.flushed(time.monotonic())  # just saved
+    s.acks.on_ack(
+        pb.ReplicationAck(batch_id=_inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)), streams
+    )
+    assert len(s.window) == 0 and s.window.cursors == {"policy": 4}
+    assert store.shipping.list_cursors() == []  # too soon after the last save
+    assert s.acks.wait(threading.Event(), _Quiet(), streams, 10 * FLUSH_INTERVAL) == 0
+    assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
+    assert s.window.cursors == {}
+
+
+def test_a_stream_caught_up_since_the_last_wake_up_is_read_again_only_when_polled_or_woken(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """After the ack of a caught-up read's batch, a round with no wake-up since that read
+    skips the read (at live rates it would find nothing); a poll or a wake-up reads."""
+    s = session(store, policy=NONE)
+    streams, stream = s._plan(sink(policy=log_at(0))), _Quiet()
+    _write(store, 2)
+
+    def ship(rung: float | None) -> list[int]:
+        for f in list(s.window.batches):  # the sink acknowledges what it got
+            s.acks.on_ack(pb.ReplicationAck(batch_id=f.batch_id), streams)
+        before = len(stream.sent)
+        s._ship(stream, streams, None, rung)
+        return [e.position for b in stream.sent[before:] for e in b.entries]
+
+    assert ship(None) == [1, 2]  # caught up
+    _write(store, 1)  # its wake-up lost
+    assert ship(s._rung_at) == []  # an acknowledgement ended the wait: not read
+    assert ship(None) == [3]  # the safety poll reads it
+    _write(store, 1)
+    s.wake()
+    assert ship(s._rung_at) == [4]  # rung after the read: read
+    assert ship(s._rung_at) == []
+    streams["policy"].sent = 2  # sent back (a full sync's base): what it read is not sent
+    assert ship(s._rung_at) == [3, 4]
+
+
+def test_a_read_cut_by_its_bytes_is_not_taken_for_a_caught_up_one(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE)
+    # Two entries of 1 byte: over half of 100 bytes, not of 140 (ENTRY_OVERHEAD: 32).
+    s.shipper.cfg = dataclasses.replace(s.cfg, batch_max_bytes=100)
+    streams, stream = s._plan(sink(policy=log_at(0))), _Quiet()
+    _write(store, 2)
+    s._ship(stream, streams, None, s._rung_at)
+    assert [e.position for e in stream.sent[0].entries] == [1, 2]
+    assert streams["policy"].caught_up is None
+    s.shipper.cfg = dataclasses.replace(s.cfg, batch_max_bytes=140)
+    streams["policy"].sent = 0  # read again (its batch acknowledged)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=stream.sent[0].batch_id), streams)
+    s._ship(stream, streams, None, None)
+    assert [e.position for e in stream.sent[1].entries] == [1, 2]
+    assert streams["policy"].caught_up is not None
 
 
 def test_acks_of_snapshot_batches_record_what_was_shipped(store: SQLAlchemyQueueStore) -> None:

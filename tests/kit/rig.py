@@ -9,6 +9,7 @@ periodic request check); only the loop around them is the test's.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -104,7 +105,7 @@ class Rig:
         """One round of the session's pump: send what it may, take the acknowledgements."""
         assert self.stream is not None
         self.session._ship(self.stream, self.streams)
-        self.session.acks.drain(self.stream, self.streams, 0.0)
+        self.session.acks.wait(threading.Event(), self.stream, self.streams, 0.0)
 
     def at_sink(self) -> list[tuple[ReplicationType, int]]:
         """(type, source position) of every entry in the sink's receive queue, in order."""

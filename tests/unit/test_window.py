@@ -116,7 +116,7 @@ def test_coalesce(
 
 def test_cursor_writes_are_coalesced() -> None:
     w = Window(10, 10_000)
-    assert not w.flush_due(100.0)  # nothing pending
+    assert not w.flush_due(100.0) and w.flush_in(100.0) is None  # nothing pending
     f = batch(w, "c", LOG, 1)
     batch(w, "c", LOG, 2)
     w.coalesce(w.acknowledge(f.batch_id))
@@ -127,7 +127,9 @@ def test_cursor_writes_are_coalesced() -> None:
     assert not w.flush_due(100.0 + FLUSH_INTERVAL)  # batches in flight, too soon
     assert w.flush_due(100.0 + FLUSH_INTERVAL + 0.01)
     w.acknowledge(99)
-    assert w.flush_due(100.0)  # the window is empty: save now
+    assert not w.flush_due(100.0 + FLUSH_INTERVAL)  # the window is empty: not sooner
+    assert w.flush_in(100.0) == pytest.approx(FLUSH_INTERVAL + 0.001)
+    assert w.flush_in(100.0 + 2 * FLUSH_INTERVAL) == 0.0
     batch(w, "c", LOG, 3)
     w.flushed(0.0)
     w.cursors["c"] = 3
