@@ -286,8 +286,8 @@ class StoreCore(abc.ABC):
         """``query`` (over the send log) narrowed to the entries tagged for ``dest_num``."""
 
     @abc.abstractmethod
-    def tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
-        """``position, created_at`` of a stream's entries after ``after`` (no payloads)."""
+    def tagged_query(self, dest_num: int, client_name: Any, after: Any) -> Any:
+        """``position, created_at`` of a stream's entries after ``after`` (values or binds)."""
 
     @abc.abstractmethod
     def trim_send_log(self, batch_size: int, max_batches: int | None, marks: TrimMarks) -> int:

@@ -26,6 +26,7 @@ from sqlalchemy import literal, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.elements import BindParameter
 
 from lr_client.records import (
     EntryRef,
@@ -206,7 +207,9 @@ class PostgresCore(StoreCore):
         arr = literal([dest_num], postgresql.ARRAY(postgresql.SMALLINT))
         return query.where(e.c.dest_nums.op("@>")(arr))
 
-    def tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+    def tagged_query(
+        self, dest_num: int, client_name: str | BindParameter[str], after: int | BindParameter[int]
+    ) -> Any:
         e = s.send_log_entries
         query = select(e.c.position, e.c.created_at).where(
             e.c.client_name == client_name, e.c.position > after

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import delete, func, literal_column, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.util import await_only
 
 from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_headers, new_entry_key
@@ -248,7 +248,9 @@ class SQLiteCore(StoreCore):
     def with_tag(self, query: Any, dest_num: int) -> Any:
         return query.where(_names(s.send_log_entries.c.dest_nums, dest_num))
 
-    def tagged_query(self, dest_num: int, client_name: str, after: int) -> Any:
+    def tagged_query(
+        self, dest_num: int, client_name: str | BindParameter[str], after: int | BindParameter[int]
+    ) -> Any:
         e = s.send_log_entries
         query = select(e.c.position, e.c.created_at).where(
             e.c.client_name == client_name, e.c.position > after

@@ -122,6 +122,32 @@ def test_a_destination_registered_by_another_store_is_read(store: SQLAlchemyQueu
     )
 
 
+def test_a_streams_read_built_once_per_shape_reads_each_stream_its_own_entries(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The statement of a stream's read is kept per destination and limits: the client,
+    the position after which and the upper bound are its parameters, never baked in."""
+    nums = store.sites.register_sites(["b", "c"])
+    refs = {}
+    for client, dests in (("policy", ["b", "c"]), ("orders", ["b"]), ("policy", ["c"])):
+        new_slot(store)
+        with store.write() as conn:
+            added = store.send.append_log_entries(conn, client, [(b"x", [nums[d] for d in dests])])
+        refs.setdefault(client, []).extend(added)
+    p1, p3 = positions(store, refs["policy"])
+    (p2,) = positions(store, refs["orders"])
+
+    def read(dest: str, client: str, after: int = 0, up_to: int | None = None) -> list[int]:
+        entries = store.shipping.read_log_entries(dest, client, after, 10, 1 << 20, up_to)
+        return [e.position for e in entries]
+
+    for _ in range(2):  # built, then reused
+        assert read("b", "policy") == [p1] and read("b", "orders") == [p2]
+        assert read("c", "policy") == [p1, p3] and read("c", "policy", p1) == [p3]
+        assert read("c", "policy", up_to=p1) == [p1] and read("c", "orders") == []
+    assert len(store.shipping.__dict__["_log_reads"]) == 3  # b, c, c bounded
+
+
 def test_read_statements_need_no_transaction_on_postgresql(store: SQLAlchemyQueueStore) -> None:
     """``read_statements`` (a sender's checks before each batch, a branch's relay read):
     on PostgreSQL each statement is a transaction of its own (no BEGIN and COMMIT round

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Row
 
 from lr_client.headers import stored
@@ -38,16 +38,14 @@ class ShippingStore(Role):
                 return []
         self.core.sequence()
         e = s.send_log_entries
-        query = self.core.tagged_query(num, client_name, after).add_columns(
-            e.c.partition_key, e.c.headers
-        )
-        query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
-        if up_to is not None:
-            query = query.where(e.c.position <= up_to)
-        query = query.order_by(e.c.position).limit(limit)
+        query = self._log_read(num, limit, max_bytes, up_to is not None)
+        params = {"client_name": client_name, "after": after, "up_to": up_to}
         with self.core.read() as conn:
             rows = fill(
-                conn, within(conn.execute(query).all(), max_bytes), e.c.position, e.c.payload
+                conn,
+                within(conn.execute(query, params).all(), max_bytes),
+                e.c.position,
+                e.c.payload,
             )
         return [
             SendEntry(
@@ -61,6 +59,24 @@ class ShippingStore(Role):
             )
             for r, payload in rows
         ]
+
+    def _log_read(self, num: int, limit: int, max_bytes: int | None, bounded: bool) -> Any:
+        """The statement of :meth:`read_log_entries`, built once per shape (a sender reads
+        every few milliseconds at live rates: building it cost as much as running it)."""
+        built: dict[tuple[int, int, int | None, bool], Any] = self.__dict__.setdefault(
+            "_log_reads", {}
+        )
+        key = (num, limit, max_bytes, bounded)
+        query = built.get(key)
+        if query is None:
+            e = s.send_log_entries
+            query = self.core.tagged_query(num, bindparam("client_name"), bindparam("after"))
+            query = query.add_columns(e.c.partition_key, e.c.headers)
+            query = query.add_columns(*sized(e.c.payload, limit, max_bytes))
+            if bounded:
+                query = query.where(e.c.position <= bindparam("up_to"))
+            built[key] = query = query.order_by(e.c.position).limit(limit)
+        return query
 
     def read_client_log(
         self, client_name: str, after: int, limit: int, max_bytes: int | None = None
