@@ -14,14 +14,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any, Protocol
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, select
 from sqlalchemy.engine import Connection, Engine
 
-from lr_client.errors import FencedError
 from lr_client.records import EntryRef, Fence, NewLogEntry, QueueSlot, ReplicationType, WireEntry
 from lr_client.store.db_errors import database_errors, mapped_errors
 from lr_client.store.relay_marks import RelayMarks
 from lr_client.store.schema import tables as s
+from lr_client.store.statements import Upserts, hold_fence
 from lr_client.store.watches import Watch
 
 
@@ -62,6 +62,7 @@ class StoreCore(abc.ABC):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.upserts = Upserts(self.dialect_insert)
         self._sites: dict[str, int] = {}
         self._site_names: dict[int, str] = {}
         self.queue_ids: dict[str, int] = {}
@@ -206,7 +207,7 @@ class StoreCore(abc.ABC):
     def insert_ignore(
         self, conn: Connection, table: Any, rows: list[dict[str, Any]], keys: list[str]
     ) -> None:
-        conn.execute(self.dialect_insert(table).on_conflict_do_nothing(index_elements=keys), rows)
+        conn.execute(self.upserts.ignore(table, keys), rows)
 
     def upsert(
         self,
@@ -217,12 +218,7 @@ class StoreCore(abc.ABC):
         keep: Sequence[str] = (),
     ) -> None:
         """Insert ``row``, or update it on a key conflict (except the ``keep`` columns)."""
-        stmt = self.dialect_insert(table).values(**row)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=keys,
-            set_={k: v for k, v in row.items() if k not in keys and k not in keep},
-        )
-        conn.execute(stmt)
+        conn.execute(self.upserts.upsert(table, list(row), keys, keep), row)
 
     def write_cursor(
         self,
@@ -245,18 +241,8 @@ class StoreCore(abc.ABC):
 
     def hold_fence(self, conn: Connection, fence: Fence | None) -> None:
         """Hold ``fence``'s lease row for the transaction, or raise :class:`FencedError`."""
-        if fence is None:
-            return
-        u = s.unit_leases
-        n = conn.execute(
-            update(u)
-            .where(u.c.unit == fence.unit, u.c.owner == fence.owner, u.c.token == fence.token)
-            .values(token=u.c.token)
-        ).rowcount
-        if not n:
-            raise FencedError(
-                f"unit {fence.unit}: the lease of token {fence.token} is no longer this member's"
-            )
+        if fence is not None:
+            hold_fence(conn, fence)
 
     # -- dialect hooks ------------------------------------------------------------------
     @abc.abstractmethod
