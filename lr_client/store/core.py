@@ -59,6 +59,8 @@ class StoreCore(abc.ABC):
     snapsync_slotted = False
     #: Whether appends to receive queues wake their subscribers (where the backend can).
     notify_arrivals = True
+    #: Whether the watch of sends rings for every committed transmit (not some only).
+    every_send_wakes = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

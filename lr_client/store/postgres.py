@@ -337,6 +337,7 @@ class PostgresCore(StoreCore):
             return slots.slot_sizes(conn) + recv_rotation.slot_sizes(conn)
 
     keeps_delivered = True  # until rotation truncates their partition
+    every_send_wakes = False  # a notification per process per NOTIFY_INTERVAL at most
 
     def rotate_receive_queues(self, period: float = 30.0) -> int | None:
         with mapped_errors():

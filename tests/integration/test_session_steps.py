@@ -448,7 +448,8 @@ def test_a_stream_caught_up_since_the_last_wake_up_is_read_again_only_when_polle
     store: SQLAlchemyQueueStore,
 ) -> None:
     """After the ack of a caught-up read's batch, a round with no wake-up since that read
-    skips the read (at live rates it would find nothing); a poll or a wake-up reads."""
+    skips the read (at live rates it would find nothing); a poll or a wake-up reads. Not
+    where some transmits ring no one (PostgreSQL's notifications are rationed)."""
     s = session(store, policy=NONE)
     streams, stream = s._plan(sink(policy=log_at(0))), _Quiet()
     _write(store, 2)
@@ -461,7 +462,10 @@ def test_a_stream_caught_up_since_the_last_wake_up_is_read_again_only_when_polle
         return [e.position for b in stream.sent[before:] for e in b.entries]
 
     assert ship(None) == [1, 2]  # caught up
-    _write(store, 1)  # its wake-up lost
+    _write(store, 1)  # its wake-up lost, or never rung
+    if not store.shipping.every_send_wakes:
+        assert ship(s._rung_at) == [3]  # read after each acknowledgement
+        return
     assert ship(s._rung_at) == []  # an acknowledgement ended the wait: not read
     assert ship(None) == [3]  # the safety poll reads it
     _write(store, 1)

@@ -72,6 +72,12 @@ class Shipping(Protocol):
         sessions poll). A wake-up may be spurious or coalesced with others, never
         needed for correctness: see :mod:`lr_client.store.watches`."""
 
+    @property
+    def every_send_wakes(self) -> bool:
+        """Whether that watch rings for every committed transmit, soon after its commit
+        (SQLite: each write of the file is looked at), not for some of them only
+        (PostgreSQL: a process notifies at most once per ``NOTIFY_INTERVAL``)."""
+
     def read_log_entries(
         self,
         destination: str,

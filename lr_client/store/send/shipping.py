@@ -22,6 +22,10 @@ class ShippingStore(Role):
     def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
         return self.core.watch_sends(wake)
 
+    @property
+    def every_send_wakes(self) -> bool:
+        return self.core.every_send_wakes
+
     def read_log_entries(
         self,
         destination: str,
