@@ -47,6 +47,7 @@ class _Window:
     entries: list[SendEntry] = field(default_factory=list)
     nbytes: int = 0
     refreshed_at: float = float("-inf")  # never: the first read refreshes
+    read_end: float = float("-inf")  # when the last refresh's read returned
     at_end: bool = False  # the last refresh reached the end of the queue
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -97,6 +98,19 @@ class LogFanout:
         with no ``destination``, every entry of the client, as ``store.read_client_log``.
         ``asked``: when the reader needed them (now if None; ``time.monotonic()``): a
         refresh begun since then answers this read too."""
+        return self.read_stated(destination, client_name, after, limit, max_bytes, asked)[0]
+
+    def read_stated(
+        self,
+        destination: str | None,
+        client_name: str,
+        after: int,
+        limit: int,
+        max_bytes: int | None = None,
+        asked: float | None = None,
+    ) -> tuple[list[SendEntry], float]:
+        """:meth:`read`, and when the database's state it returns was read, at the latest
+        (``time.monotonic()``): a read begun since sees all that committed before it."""
         asked = time.monotonic() if asked is None else asked
         w = self._window(client_name)
         with w.lock:
@@ -108,9 +122,11 @@ class LogFanout:
                     self._restart(w, after)
             if after >= w.lo:
                 self.hits += 1
-                return self._serve(w, destination, client_name, after, limit, max_bytes, asked)
+                out, own = self._serve(w, destination, client_name, after, limit, max_bytes, asked)
+                return out, time.monotonic() if own else w.read_end
         self.misses += 1
-        return self._read_own(destination, client_name, after, limit, max_bytes)
+        out = self._read_own(destination, client_name, after, limit, max_bytes)
+        return out, time.monotonic()
 
     def _read_own(
         self,
@@ -137,7 +153,8 @@ class LogFanout:
         limit: int,
         max_bytes: int | None,
         asked: float,
-    ) -> list[SendEntry]:
+    ) -> tuple[list[SendEntry], bool]:
+        """The stream's entries from the window; whether some were read on its own."""
         out: list[SendEntry] = []
         cut = ByteCut(max_bytes)
         i = bisect.bisect_right(w.positions, after)
@@ -161,7 +178,7 @@ class LogFanout:
                         if not cut.take(len(entry.payload)):
                             break
                         out.append(entry)
-                    break
+                    return out, True
                 i = bisect.bisect_right(w.positions, reached)
                 continue
             entry = w.entries[i]
@@ -170,7 +187,7 @@ class LogFanout:
                 if not cut.take(len(entry.payload)):
                     break
                 out.append(entry)
-        return out
+        return out, False
 
     def _refresh(
         self, w: _Window, client_name: str, force: bool = False, asked: float | None = None
@@ -190,6 +207,7 @@ class LogFanout:
         rows = self.store.read_client_log(
             client_name, w.hi, self.read_batch, max_bytes=self.read_bytes
         )
+        w.read_end = time.monotonic()
         w.at_end = rows.complete
         if not rows:
             return False

@@ -11,6 +11,13 @@ one recorded up to that much later, and a snapshot whose base is below what
 the stream sent is asked for again (:meth:`SnapshotRequests.rebase
 <lr_server.sending.snapshot_requests.SnapshotRequests.rebase>`), as for a batch
 forwarded before the branch stored it (docs/cascading.md).
+
+Entries served by the shared reader (:mod:`lr_server.sending.fanout`) are checked
+against the server's request board (:mod:`lr_server.sending.request_board`), one read
+of every destination's requests, when that read began after the entries' state was
+read and after this destination's own last write of full syncs or drops: a request
+it misses was made after that state, so its base lies at or after every entry
+read, as with a look-up of its own. Sessions woken by one commit share one read.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from lr_client.records import DropRecord, SnapshotRequest
+from lr_server.sending.request_board import RequestBoard
 from lr_server.stores import SendCheckStore
 
 #: Seconds a look-up of relayed clients' full syncs and drops serves the batches
@@ -38,9 +46,21 @@ class _Clear:
 class SendChecks:
     """One destination's look-ups of full syncs and drops, and what the last found clear."""
 
-    def __init__(self, store: SendCheckStore, destination: str) -> None:
+    def __init__(
+        self,
+        store: SendCheckStore,
+        destination: str,
+        board: RequestBoard | None = None,
+        wrote: Callable[[], float] = lambda: float("-inf"),
+    ) -> None:
         self.store = store
         self.destination = destination
+        #: The server's shared reads of requests (None: every look-up is its own).
+        self.board = board
+        #: When the session last wrote full syncs or drops (``time.monotonic()``).
+        self.wrote = wrote
+        #: Look-ups served by the board.
+        self.shared = 0
         #: Seconds a look-up serves the batches forwarded as received.
         self.relay_checks_ttl = RELAY_CHECKS_TTL
         #: The relayed clients read from the inbox this round.
@@ -59,13 +79,15 @@ class SendChecks:
         self._forwarded.add(client)
 
     def checks(
-        self, clients: Collection[str]
+        self, clients: Collection[str], read_at: float | None = None
     ) -> tuple[dict[str, SnapshotRequest], dict[str, DropRecord]]:
         """The open full syncs of ``clients`` and the destination's drops, for entries
         about to be sent: looked up now, or, when every one of them was forwarded as
         received and the last look-up, less than ``relay_checks_ttl`` old, found them
         all clear, none. Only a clear answer is kept: one that found a full sync or a
-        drop could outlive it (a full sync ended meanwhile must not start again)."""
+        drop could outlive it (a full sync ended meanwhile must not start again).
+        ``read_at``: when the state the entries come from was read at the latest (None:
+        not known); a read of the board begun since then serves."""
         clear = self._clear
         if (
             clear is not None
@@ -74,6 +96,11 @@ class SendChecks:
             and self.clock() - clear.at < self.relay_checks_ttl
         ):
             return {}, {}
+        if read_at is not None and self.board is not None:
+            seen = self.board.read(max(read_at, self.wrote()))
+            self.shared += 1
+            requests = {c: r for c in clients if (r := seen.open_snapshot(self.destination, c))}
+            return requests, seen.drops_of(self.destination)
         return self._look_up(frozenset(clients))
 
     def look_ahead(self) -> None:

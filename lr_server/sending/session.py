@@ -9,8 +9,7 @@ Full syncs: :mod:`.snapshot_requests`; stopped streams: :mod:`.stops`; replays:
 :mod:`.replay`; relayed clients, woken as their batches arrive: :mod:`.arrivals`.
 
 Idle, a session waits for a wake-up (:meth:`SenderSession.wake`, from the send queue's watch),
-an ack or the probe's sweep; its safety poll backs off as :func:`.send_probe.next_wait` says,
-each wait ending on the grid of :func:`.send_probe.on_grid`."""
+an ack or the probe's sweep; its safety poll backs off (:func:`.send_probe.next_wait`)."""
 
 from __future__ import annotations
 
@@ -136,6 +135,7 @@ class SenderSession:
             self.cascade,
             self.inbox,
             arrivals if self.inbox is not None else None,
+            self.board,
         )
         self.replays = Replayer(store, source_id, destination, self.cfg, self.window, self._log)
         self.resume = Resumer(

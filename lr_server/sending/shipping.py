@@ -33,6 +33,7 @@ from lr_server.sending.arrivals import Arrivals
 from lr_server.sending.fanout import LogFanout
 from lr_server.sending.lane_shipping import LaneShipper
 from lr_server.sending.relay_inbox import RelayInbox
+from lr_server.sending.request_board import RequestBoard
 from lr_server.sending.send_checks import SendChecks
 from lr_server.sending.snapshot_requests import SnapshotRequests
 from lr_server.sending.stops import StreamStops
@@ -59,6 +60,7 @@ class Shipper:
         cascade: dict[str, CascadeNode] | None = None,
         inbox: RelayInbox | None = None,
         arrivals: Arrivals | None = None,
+        board: RequestBoard | None = None,
     ) -> None:
         self.store = store
         self.source_id = source_id
@@ -77,7 +79,12 @@ class Shipper:
         #: What this process's receiver stored of them, and when (None: not known).
         self.arrivals = arrivals
         #: The look-ups of full syncs and drops before log entries are sent.
-        self.lookup = SendChecks(store, destination)
+        self.lookup = SendChecks(
+            store, destination, board, lambda: max(requests.wrote, stops.wrote)
+        )
+        #: When the state the round's reads returned was read at the latest (None: a
+        #: read of its own, whose look-up is its own too).
+        self.state_at: float | None = None
         #: The sending of clients shipped over lanes.
         self.lane_shipper = LaneShipper(cfg, window, self.source_of, self.send)
         self.read_at: dict[str, float] = {}  # each client's last read of log entries (time.time)
@@ -101,6 +108,7 @@ class Shipper:
         ``rung``: the session's last wake-up, when a wake-up or an acknowledgement ended
         its wait (None: the wait ran out, a poll, or a sweep: every stream is read)."""
         self.asked, self.rung = asked, rung
+        self.state_at = float("-inf")
         sent_any = False
         reads: dict[str, list[SendEntry]] = {}
         self.lookup.new_round()
@@ -126,7 +134,7 @@ class Shipper:
             elif cs.mode is Mode.SNAPSHOT:
                 sent_any |= self.send_snapshot(stream, name, cs)
         if reads:
-            requests, drops = self.lookup.checks(reads.keys())
+            requests, drops = self.lookup.checks(reads.keys(), self.state_at)
             for name, entries in reads.items():
                 cs, request = streams[name], requests.get(name)
                 if request is not None and cs.config.snapshot == SnapshotProvider.NONE:
@@ -169,7 +177,10 @@ class Shipper:
             if relayed:  # a branch: as received, or from the receive queue
                 return self.read_relay(name, node.origin_id, cs.sent, limit, max_bytes)
             if self.reader is not None:  # the root: one read for all its children
-                return self.reader.read(None, name, cs.sent, limit, max_bytes, self.asked)
+                return self._stated(
+                    self.reader.read_stated(None, name, cs.sent, limit, max_bytes, self.asked)
+                )
+            self.state_at = None
             return list(
                 self.store.shipping.read_client_log(name, cs.sent, limit, max_bytes=max_bytes)
             )
@@ -177,9 +188,13 @@ class Shipper:
         limit, max_bytes = self.cfg.batch_max_entries * lanes, self.cfg.batch_max_bytes * lanes
         began = time.monotonic() if self.asked is None else self.asked  # what it reflects
         if self.reader is not None:
-            asked = self.asked
-            entries = self.reader.read(self.destination, name, cs.sent, limit, max_bytes, asked)
+            entries = self._stated(
+                self.reader.read_stated(
+                    self.destination, name, cs.sent, limit, max_bytes, self.asked
+                )
+            )
         else:
+            self.state_at = None
             entries = self.store.shipping.read_log_entries(
                 self.destination, name, cs.sent, limit, max_bytes=max_bytes
             )
@@ -191,6 +206,13 @@ class Shipper:
         cs.caught_up = (began, last) if short and lanes == 1 else None
         return entries
 
+    def _stated(self, read: tuple[list[SendEntry], float]) -> list[SendEntry]:
+        """The entries of a shared read; when their state was read joins the round's."""
+        entries, at = read
+        if self.state_at is not None:
+            self.state_at = max(self.state_at, at)
+        return entries
+
     def read_relay(
         self, name: str, origin: str, after: int, limit: int, max_bytes: int
     ) -> list[SendEntry]:
@@ -198,6 +220,7 @@ class Shipper:
         not stored yet, if one follows ``after`` (:mod:`lr_server.sending.relay_inbox`), else
         from the receive queue (not read when this process stored nothing past
         ``after`` lately: :meth:`Arrivals.nothing_stored_past`)."""
+        self.state_at = None  # its look-up is its own
         if self.inbox is not None:
             entries = self.inbox.take(name, after, limit, max_bytes)
             if entries:

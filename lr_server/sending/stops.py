@@ -18,6 +18,7 @@ clear such a stop: a full sync would not make the entry fit.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from lr_client._proto import replication_pb2 as pb
@@ -44,6 +45,8 @@ class StreamStops:
         self.notices = False  # the sink accepts drop notices (it said so when negotiating)
         self.max_message_bytes = 0  # the largest message the destination accepts (0: any)
         self._log = log
+        #: When it last cleared a drop (``time.monotonic()``): older reads still have it.
+        self.wrote = float("-inf")
 
     def negotiated(self, response: pb.NegotiateResponse, own_limit: int) -> None:
         """Note what the sink said of itself: drop notices, its largest message."""
@@ -137,6 +140,7 @@ class StreamStops:
     def resumed(self, name: str, resume_after: int) -> None:
         """The stream runs again after an accepted loss (the sink has the notice)."""
         self.store.retention.clear_drop(self.destination, name)
+        self.wrote = time.monotonic()
         self.store.shipping.set_cursor(
             self.destination, name, resume_after, needs_snapshot=False, fence=self.fence(name)
         )

@@ -269,3 +269,23 @@ def test_a_read_due_before_a_refresh_began_is_answered_by_it(
     assert len(reads) == 1
     assert fanout.read("d", "policy", head, 100) == []  # due now: after b's began
     assert len(reads) == 2
+
+
+def test_a_read_tells_when_the_state_it_returns_was_read(store: SQLAlchemyQueueStore) -> None:
+    """From the window: when the refresh's read returned (a look-up begun since sees all
+    that committed before those entries); read on its own: after that read."""
+    store.sites.register_sites(DESTS)
+    nums = store.sites.site_numbers()
+    with store.write() as conn:
+        store.send.append_log_entries(conn, "policy", [(b"x", [nums["b"]])] * 5)
+    fanout = LogFanout(store.shipping, min_refresh_interval=60.0)
+    before = time.monotonic()
+    got, at = fanout.read_stated("b", "policy", 0, 2)
+    assert [e.position for e in got] == [1, 2] and before <= at <= time.monotonic()
+    later = time.monotonic()
+    got, again = fanout.read_stated("b", "policy", 2, 1)
+    assert [e.position for e in got] == [3] and again == at < later  # served: the same read
+    small = LogFanout(store.shipping, max_entries=2, min_refresh_interval=60.0)
+    small.read_stated("b", "policy", 0, 5)  # the window keeps the last two
+    got, own = small.read_stated("b", "policy", 0, 1)  # behind the window: its own read
+    assert [e.position for e in got] == [1] and own >= later and small.misses == 1
