@@ -9,7 +9,9 @@ before it asked is in it, exactly as in a read of its own. Sessions woken togeth
 sweep, a send queue's wake-up) share one read. A session's own writes of requests (a
 full sync it completed, a replay it finished) are newer than a read begun before them:
 the parts that write refuse such a read and make their own
-(:meth:`~lr_server.sending.snapshot_requests.SnapshotRequests.check`).
+(:meth:`~lr_server.sending.snapshot_requests.SnapshotRequests.check`). The board also
+serves the look-ups before a send of entries from the shared reader
+(:mod:`lr_server.sending.send_checks`).
 """
 
 from __future__ import annotations
