@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
+from math import inf
 from typing import Any
 
 from lr_client import tracing
@@ -240,7 +241,9 @@ class SiteServer:
 
     def _start_session(self, dest_id: str, fences: dict[str, Fence]) -> None:
         cfg = self.config
-        cascade = self.cascade_for(dest_id)
+        # Read again while the database is away: a session stopped to restart must start.
+        what = f"reading the cascades of the session to {dest_id}"
+        cascade = until_reachable(partial(self.cascade_for, dest_id), what, self.stop_event, inf)
         # A cascaded client goes down its tree only: to a node that is a child here.
         clients = [
             c

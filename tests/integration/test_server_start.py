@@ -16,6 +16,7 @@ from lr_client.store import open_store
 from lr_server.config import load_config
 from lr_server.server import SiteServer
 from tests.kit.sites import Sites, SiteSpec, write_config
+from tests.kit.wait import wait_for
 
 
 def failing(
@@ -59,3 +60,29 @@ def test_a_start_retries_the_database_steps_and_the_join_through_cut_connections
     finally:
         server.stop()
         store.engine.dispose()
+
+
+def test_a_session_restarted_while_the_database_is_away_starts_once_it_is_back(
+    tmp_path: Path, sites: Sites, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child's adoption restarts its session: stopped, then started from the cascades
+    read anew. A database away at that moment (a crash) delays the start, never loses
+    it (the session was gone for good: nothing shipped to that child again)."""
+    spec = SiteSpec("a", sites.url("a"), destinations=[("b", sites.port("b"))])
+    server = SiteServer(load_config(write_config(tmp_path, spec)), member_id="a-1")
+    try:
+        server.start()
+        wait_for(lambda: "b" in server._runs, timeout=30)
+        before = server._runs["b"][1]
+        calls: list[str] = []
+        server.cascade_for = failing(2, server.cascade_for, calls)  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING):
+            server._restart_session("b")
+        assert calls == ["cascade_for"] * 3
+        stop, thread = server._runs["b"]
+        assert thread is not before and thread.is_alive() and not stop.is_set()
+        assert not before.is_alive()
+        retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+        assert len(retried) == 2 and "session to b" in retried[0]
+    finally:
+        server.stop()
