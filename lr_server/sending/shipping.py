@@ -90,9 +90,6 @@ class Shipper:
         self.read_at: dict[str, float] = {}  # each client's last read of log entries (time.time)
         self.asked: float | None = None  # when the round now shipping was due
         self.rung: float | None = None  # the session's last wake-up (None: a poll)
-        #: Whether every transmit rings the sessions (else no read is skipped for want
-        #: of a wake-up: see :meth:`read_log`).
-        self.every_send_wakes = store.shipping.every_send_wakes
         #: The sink's wire protocol, as negotiated (the session sets it on each connect).
         self.peer_version = protocol.PROTOCOL_VERSION
 
@@ -165,7 +162,11 @@ class Shipper:
             # A relayed client's entries arrive in its provider's batches, gathered
             # already: they go on as they are stored, within the window.
             return []
-        if self.rung is not None and cs.caught_up is not None and self.every_send_wakes:
+        if (
+            self.rung is not None
+            and cs.caught_up is not None
+            and self.store.shipping.every_send_wakes
+        ):
             # Sent all that a read saw, current after the last wake-up: the entries the
             # wake-ups told of were read (a lost one costs the safety poll). Where some
             # transmits ring no one, one after an acknowledgement is read at once.

@@ -272,3 +272,24 @@ def test_watch_sends_is_woken_by_work_for_the_sessions_only(
         wait_for(lambda: len(wakes) >= 6, what="an accepted loss's wake-up")
     finally:
         watch.close()
+
+
+def test_every_send_wakes_says_whether_each_transmit_rings_however_soon(
+    store: QueueStore,
+) -> None:
+    """Where it says so (SQLite), each transmit rings the watch, however soon after the
+    last (the sessions skip reads on it); PostgreSQL rations its notifications (one per
+    process per ``NOTIFY_INTERVAL``) and says so."""
+    wakes: list[int] = []
+    watch = store.shipping.watch_sends(lambda: wakes.append(1))
+    assert watch is not None
+    try:
+        wait_for(lambda: watch.listening and len(wakes) == 1, what="the watch's first wake")
+        append(store, "policy", (b"0", ["b"]))
+        wait_for(lambda: len(wakes) == 2, what="the first transmit's wake-up")
+        if store.shipping.every_send_wakes:
+            for i in range(1, 4):
+                append(store, "policy", (b"%d" % i, ["b"]))
+                wait_for(lambda i=i: len(wakes) == 2 + i, what=f"transmit {i}'s wake-up")
+    finally:
+        watch.close()
