@@ -38,6 +38,7 @@ from spark_jobs.snapshot_job import run_snapshot_job
 from spark_jobs.writer import rows_committed
 from tests.kit.guards import need
 from tests.kit.procs import tail, track
+from tests.kit.spark_jvm import java_options
 from tests.kit.wait import scaled, wait_for
 from tests.spark.conftest import require_spark
 from tests.spark.helpers import GATE_ENV, PARTS_ENV, ROWS_ENV, process_gone
@@ -49,14 +50,14 @@ CLUSTER = "local-cluster[2,1,1024]"
 #: spark-submit's own application: one executor JVM is enough to show that the
 #: executors find the encoder in the shipped zip only (two is the other tests' point).
 SUBMIT_CLUSTER = "local-cluster[1,1,1024]"
-#: Spark settings of every cluster job: no UI, small executors compiling with the
-#: JVM's quick compiler only (as the drivers do: tests/kit/spark_jvm.py), and the job
+#: Spark settings of every cluster job: no UI, small executors with the drivers' JVM
+#: options (the quick compiler, the shared class archive: tests/kit/spark_jvm.py), and the job
 #: waits until both executors have registered, so both take tasks from the start.
 CLUSTER_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.executor.memory": "512m",
-    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    "spark.executor.extraJavaOptions": java_options(),
     "spark.scheduler.minRegisteredResourcesRatio": "1.0",
     "spark.scheduler.maxRegisteredResourcesWaitingTime": "600s",
 }
@@ -398,10 +399,10 @@ def test_spark_submit_on_a_cluster(
             "client",
             "--executor-cores",
             "1",
-            # The driver compiles with the JVM's quick compiler, as every driver the
-            # suite starts through PySpark does (tests/kit/spark_jvm.py).
+            # The driver's JVM options are those of every driver the suite starts
+            # through PySpark (tests/kit/spark_jvm.py).
             "--driver-java-options",
-            "-XX:TieredStopAtLevel=1",
+            java_options(),
             "--py-files",
             str(_package(tmp_path / "lr.zip")),
             *(arg for c in conf for arg in ("--conf", c)),
