@@ -164,11 +164,19 @@ class GrpcStream(BatchStream):
             self._call.requests.put(batch)
 
     def next_ack(self, timeout: float) -> pb.ReplicationAck | None:
-        self._park_if_idle()
-        try:
-            item = self._acks.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        # A wait past the moment the call falls idle ends the call then, not after it.
+        deadline = time.monotonic() + timeout
+        while True:
+            park_in = self._park_if_idle()
+            left = deadline - time.monotonic()
+            try:
+                item = self._acks.get(
+                    timeout=max(0.0, left if park_in is None else min(left, park_in))
+                )
+                break
+            except queue.Empty:
+                if park_in is None or park_in >= left:
+                    return None
         if isinstance(item, LRError):
             raise item
         if item is not None:
@@ -177,17 +185,19 @@ class GrpcStream(BatchStream):
                 self._used_at = time.monotonic()
         return item
 
-    def _park_if_idle(self) -> None:
+    def _park_if_idle(self) -> float | None:
+        """End the call if it is idle; else the seconds until it is (None: not while
+        no call is open or batches are in flight)."""
         with self._lock:
             call = self._call
-            if (
-                call is None
-                or self._in_flight
-                or time.monotonic() - self._used_at < self.park_after
-            ):
-                return
+            if call is None or self._in_flight:
+                return None
+            idle_in = self._used_at + self.park_after - time.monotonic()
+            if idle_in > 0:
+                return idle_in
             self._call = None
         call.end(cancel=False)
+        return None
 
     def interrupt(self) -> None:
         self._acks.put(None)

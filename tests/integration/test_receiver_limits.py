@@ -434,6 +434,38 @@ def test_an_idle_stream_ends_its_call_and_its_next_batch_opens_another(tmp_path:
         sink.close()
 
 
+def test_a_stream_waiting_past_its_idle_moment_ends_its_call_then(tmp_path: Path) -> None:
+    """An idle session waits for acknowledgements far longer than ``park_after`` (until
+    its sweep, a minute): its call ends ``park_after`` s after the last batch, during
+    that wait, not when the wait is over."""
+    sink = Sink(tmp_path, ["a"])
+    security = SecurityConfig(transport="plaintext", client_auth="token", token="token-a")
+    dest = DestinationConfig(id="sink", address=sink.target)
+    transport = GrpcTransport("a", dest, security, 1 << 20, park_after=0.2)
+    stream = transport.open_stream()
+    assert isinstance(stream, GrpcStream)
+    got: list[pb.ReplicationAck | None] = []
+    try:
+        stream.send(log_batch([1]))
+        ack = stream.next_ack(DEADLINE)
+        assert ack is not None and ack.last_position == 1
+        waiting = threading.Thread(target=lambda: got.append(stream.next_ack(600.0)))
+        waiting.start()
+        wait_for(lambda: stream.parked, what="parked while waiting")
+        wait_for(lambda: sink.calls.open_calls("a") == [], what="the sink's call ended")
+        assert waiting.is_alive() and got == []  # the wait goes on, parked
+        stream.interrupt()  # a wake-up ends it, as before
+        waiting.join(DEADLINE)
+        assert got == [None]
+        stream.send(log_batch([2], previous=1))
+        ack = stream.next_ack(DEADLINE)
+        assert ack is not None and ack.last_position == 2 and not stream.parked
+    finally:
+        stream.close()
+        transport.close()
+        sink.close()
+
+
 def test_a_sink_lost_while_a_stream_is_parked_shows_at_the_next_batch(tmp_path: Path) -> None:
     """No call is open to notice the loss; the next batch's call fails, as a lost
     stream's would, so the session reconnects and renegotiates."""
