@@ -466,11 +466,13 @@ def test_a_steady_member_places_only_when_its_heartbeat_sees_a_change(
     monkeypatch.setattr("lr_server.cluster.membership.STEADY_ROUND_PERIOD", 10**6)
     units = [stream_unit("b", f"c{i}") for i in range(6)]
     counted = CountedMembers(pg_store.members)
+    # m2 never beats (its rounds are the test's): a lease timeout no wait here reaches,
+    # so no step depends on a member expiring (on a busy machine the waits are long).
     m1 = Membership(
-        counted, "m1", units, lambda f: None, lease_timeout=5.0, heartbeat_interval=0.05
+        counted, "m1", units, lambda f: None, lease_timeout=120.0, heartbeat_interval=0.05
     )  # type: ignore[arg-type]
     m2 = Membership(
-        pg_store.members, "m2", units, lambda f: None, lease_timeout=5.0, heartbeat_interval=0.05
+        pg_store.members, "m2", units, lambda f: None, lease_timeout=120.0, heartbeat_interval=0.05
     )
     stop = threading.Event()
     m1.join()
