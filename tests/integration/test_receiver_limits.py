@@ -398,16 +398,22 @@ def test_calls_that_would_wait_for_a_thread_are_refused_not_queued(
 
 
 # -- an idle stream ends its call; the next batch opens another ------------------------------
+def _parking_stream(tmp_path: Path, park_after: float) -> tuple[Sink, GrpcTransport, GrpcStream]:
+    """A sink taking site ``a``'s token, and ``a``'s stream to it parking after ``park_after`` s."""
+    sink = Sink(tmp_path, ["a"])
+    security = SecurityConfig(transport="plaintext", client_auth="token", token="token-a")
+    dest = DestinationConfig(id="sink", address=sink.target)
+    transport = GrpcTransport("a", dest, security, 1 << 20, park_after=park_after)
+    stream = transport.open_stream()
+    assert isinstance(stream, GrpcStream)
+    return sink, transport, stream
+
+
 def test_an_idle_stream_ends_its_call_and_its_next_batch_opens_another(tmp_path: Path) -> None:
     """With nothing in flight for ``park_after`` s the sender's stream ends its call (the
     sink holds no call of it any more, the call's threads end); the next batch opens a
     new call on the same channel and is applied after the ones before it."""
-    sink = Sink(tmp_path, ["a"])
-    security = SecurityConfig(transport="plaintext", client_auth="token", token="token-a")
-    dest = DestinationConfig(id="sink", address=sink.target)
-    transport = GrpcTransport("a", dest, security, 1 << 20, park_after=0.2)
-    stream = transport.open_stream()
-    assert isinstance(stream, GrpcStream)
+    sink, transport, stream = _parking_stream(tmp_path, 0.2)
     try:
         stream.send(log_batch([1]))
         ack = stream.next_ack(DEADLINE)
@@ -438,12 +444,7 @@ def test_a_stream_waiting_past_its_idle_moment_ends_its_call_then(tmp_path: Path
     """An idle session waits for acknowledgements far longer than ``park_after`` (until
     its sweep, a minute): its call ends ``park_after`` s after the last batch, during
     that wait, not when the wait is over."""
-    sink = Sink(tmp_path, ["a"])
-    security = SecurityConfig(transport="plaintext", client_auth="token", token="token-a")
-    dest = DestinationConfig(id="sink", address=sink.target)
-    transport = GrpcTransport("a", dest, security, 1 << 20, park_after=0.2)
-    stream = transport.open_stream()
-    assert isinstance(stream, GrpcStream)
+    sink, transport, stream = _parking_stream(tmp_path, 0.2)
     got: list[pb.ReplicationAck | None] = []
     try:
         stream.send(log_batch([1]))
@@ -469,13 +470,7 @@ def test_a_stream_waiting_past_its_idle_moment_ends_its_call_then(tmp_path: Path
 def test_a_sink_lost_while_a_stream_is_parked_shows_at_the_next_batch(tmp_path: Path) -> None:
     """No call is open to notice the loss; the next batch's call fails, as a lost
     stream's would, so the session reconnects and renegotiates."""
-    sink = Sink(tmp_path, ["a"])
-    security = SecurityConfig(transport="plaintext", client_auth="token", token="token-a")
-    transport = GrpcTransport(
-        "a", DestinationConfig(id="sink", address=sink.target), security, 1 << 20, park_after=0.1
-    )
-    stream = transport.open_stream()
-    assert isinstance(stream, GrpcStream)
+    sink, transport, stream = _parking_stream(tmp_path, 0.1)
     try:
         stream.send(log_batch([1]))
         assert stream.next_ack(DEADLINE) is not None

@@ -53,12 +53,14 @@ def java_options() -> str:
     return "-XX:TieredStopAtLevel=1" + sharing
 
 
-def submit_args() -> str:
-    """What pyspark passes to spark-submit (``pyspark-shell`` last, as its default)."""
+def submit_args(options: str | None = None) -> str:
+    """What pyspark passes to spark-submit (``pyspark-shell`` last, as its default): no UI,
+    and the JVM ``options`` (default: :func:`java_options`) for the driver and executors."""
+    options = java_options() if options is None else options
     return (
         "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false "
-        f"--conf 'spark.executor.extraJavaOptions={java_options()}' "
-        f"--driver-java-options '{java_options()}' pyspark-shell"
+        f"--conf 'spark.executor.extraJavaOptions={options}' "
+        f"--driver-java-options '{options}' pyspark-shell"
     )
 
 
@@ -99,10 +101,7 @@ def build_archive() -> Path | None:
             **os.environ,
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-            "PYSPARK_SUBMIT_ARGS": (
-                "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false "
-                f"--driver-java-options '{options}' pyspark-shell"
-            ),
+            "PYSPARK_SUBMIT_ARGS": submit_args(options),
         }
         subprocess.run(
             [sys.executable, "-c", _WORKLOAD, str(data)],
