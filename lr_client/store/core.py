@@ -313,6 +313,17 @@ class StoreCore(abc.ABC):
         """Make sure of each registered destination's index of the send log, if the
         backend keeps one per destination."""
 
+    def tagged_read_walked_others(
+        self, conn: Connection, num: int, client_name: str, after: int, end: int | None, own: int
+    ) -> bool:
+        """Whether a read of site ``num``'s entries of ``client_name`` in ``(after, end]``
+        (``end`` None: to the head) that found ``own`` walked so many entries of others
+        that the destination should get its index (:meth:`index_destination`)."""
+        return False
+
+    def index_destination(self, num: int) -> None:  # noqa: B027 - a hook
+        """Make site ``num``'s index of the send log, if the backend makes them on need."""
+
     def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
         """A watch calling ``wake`` when entries may be ready to ship (None: poll)."""
         return None

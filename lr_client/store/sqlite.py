@@ -7,17 +7,19 @@ assigned in commit order and invariant I1 holds by construction.
 An entry's destinations are its ``dest_nums`` text (``",1,5,"``): transmit
 writes one row per entry whatever the number of destinations (I4). A
 stream's reads walk the ``(client_name, position)`` index and keep the rows
-naming the destination; trim deletes, per client and per range between two
-distinct acknowledged positions, the entries whose every destination has
-acknowledged that range.
+naming the destination, or the destination's partial index once its reads
+walked many entries of others (:mod:`lr_client.store.send.sqlite_dest_index`);
+trim deletes, per client and per range between two distinct acknowledged
+positions, the entries whose every destination has acknowledged that range.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -32,7 +34,10 @@ from lr_client.store.core import StoreCore, TrimMarks
 from lr_client.store.db_errors import mapped_errors
 from lr_client.store.recv.receiving import recv_base
 from lr_client.store.schema import tables as s
+from lr_client.store.send import sqlite_dest_index as dest_index
 from lr_client.store.watches import DataVersionWatch, HeadChanged, Watch, sqlite_path
+
+log = logging.getLogger(__name__)
 
 _INSERT = (
     "INSERT INTO lrq_send_log_entries (client_name, payload, dest_nums, created_at,"
@@ -72,30 +77,13 @@ def _encoded(nums: tuple[int, ...]) -> str:
 
 def _names(dest_nums: Any, num: int) -> ColumnElement[bool]:
     """``dest_nums`` (``",1,5,"``) names site ``num``: the term of that site's partial
-    index (:func:`dest_index_ddl`), in literals, as SQLite uses a partial index only
-    for a query whose terms are its own (a bound parameter never is)."""
+    index (:func:`~lr_client.store.send.sqlite_dest_index.ddl`), in literals, as SQLite
+    uses a partial index only for a query whose terms are its own (a bound parameter
+    never is)."""
     named: ColumnElement[bool] = func.instr(
-        dest_nums, literal_column(f"',{_site_number(num)},'")
+        dest_nums, literal_column(f"',{dest_index.site_number(num)},'")
     ) > literal_column("0")
     return named
-
-
-def _site_number(num: int) -> int:
-    """A site number, checked before it becomes part of a statement's text."""
-    if isinstance(num, bool) or not isinstance(num, int) or num < 0:
-        raise ValueError(f"not a site number: {num!r}")
-    return num
-
-
-def dest_index_ddl(num: int) -> str:
-    """The partial index of the entries addressed to site ``num`` (the seed's stream tag
-    ``lrq_logentry_<dest>``): a destination's read walks its own entries only,
-    whatever others hold. One index entry per destination of an entry."""
-    n = _site_number(num)
-    return (
-        f"CREATE INDEX IF NOT EXISTS lrq_send_dest_{n} ON lrq_send_log_entries"
-        f" (client_name, position) WHERE instr(dest_nums, ',{n},') > 0"
-    )
 
 
 def _names_only(dest_nums: Any, nums: Sequence[int]) -> ColumnElement[bool]:
@@ -165,8 +153,8 @@ class SQLiteCore(StoreCore):
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
-        #: The site numbers whose partial index this store made sure of.
-        self._dest_indexes: set[int] = set()
+        #: The site numbers whose partial index exists (read at the first need).
+        self._dest_indexes: set[int] | None = None
 
     @contextmanager
     def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:
@@ -181,13 +169,22 @@ class SQLiteCore(StoreCore):
         finally:
             late.release()
 
-    def index_destinations(self, numbers: Iterable[int]) -> None:
-        missing = [n for n in numbers if n not in self._dest_indexes]
-        if missing:
-            with self.write() as conn:
-                for n in missing:
-                    conn.exec_driver_sql(dest_index_ddl(n))
-            self._dest_indexes.update(missing)
+    def tagged_read_walked_others(
+        self, conn: Connection, num: int, client_name: str, after: int, end: int | None, own: int
+    ) -> bool:
+        if self._dest_indexes is None:
+            self._dest_indexes = dest_index.existing(conn)
+        if num in self._dest_indexes:
+            return False
+        last = self.head_position(conn) if end is None else end
+        return dest_index.walked_others(conn, client_name, after, last, own)
+
+    def index_destination(self, num: int) -> None:
+        with self.write() as conn:
+            conn.exec_driver_sql(dest_index.ddl(num))
+        if self._dest_indexes is not None:
+            self._dest_indexes.add(num)
+        log.info("destination %d: its reads walked others' entries; its index made", num)
 
     def watch_sends(self, wake: Callable[[], None]) -> Watch | None:
         path = sqlite_path(self.engine)

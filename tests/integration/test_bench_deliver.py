@@ -52,3 +52,4 @@ def test_dest_read_reports_each_count_of_others_against_none(tmp_path: Path, bac
     cells = json.loads(out.read_text())["results"][backend]
     assert [c["others"] for c in cells] == [0, 300]  # the control is always measured
     assert cells[0]["vs_control"] == 1.0 and cells[1]["median_ms"] > 0
+    assert all(c["first_ms"] > 0 for c in cells)

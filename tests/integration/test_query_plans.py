@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -21,8 +22,9 @@ from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store.cascade.relays import last_end_query, last_end_seq
 from lr_client.store.retention import slots
-from lr_client.store.send import pg_dest_index, sequencer
+from lr_client.store.send import pg_dest_index, sequencer, sqlite_dest_index
 from tests.conftest import PgSchema
+from tests.kit.templates import migrated_sqlite
 
 LOG = ReplicationType.LOG_ENTRY_SYNC
 
@@ -114,7 +116,8 @@ def test_the_slots_holding_rows_are_found_by_a_row_read_per_slot(
 def test_a_destinations_read_walks_its_own_entries_only(store: SQLAlchemyQueueStore) -> None:
     """The seed's stream tags: the read of one destination's entries, in position order
     a batch at a time as a session reads them, walks that destination's partial index
-    (``lrq_send_dest_<n>`` on SQLite, ``lrq_send_positions_dest_<n>`` on PostgreSQL),
+    (``lrq_send_dest_<n>`` on SQLite, made by the first read that walked 5,000 entries
+    of others; ``lrq_send_positions_dest_<n>`` on PostgreSQL, made at registration),
     not the position index filtering out every entry of the others."""
     client = RoutingQueueClient(store, source_id="a", client_name="policy")
     client.register_destinations(["b", "c"])
@@ -134,6 +137,9 @@ def test_a_destinations_read_walks_its_own_entries_only(store: SQLAlchemyQueueSt
     query = store.core.tagged_query(numbers["b"], "policy", 0).order_by(position).limit(100)
     with store.read() as conn:
         if store.dialect == "sqlite":
+            # A statement first, as a read would: it reloads the schema the index
+            # changed (an EXPLAIN on its own plans with the connection's last one).
+            assert len(conn.execute(query).all()) == 5
             sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))
             rows = conn.execute(text("EXPLAIN QUERY PLAN " + sql))
             plan = "\n".join(str(r[-1]) for r in rows)
@@ -151,6 +157,52 @@ def test_a_destinations_read_walks_its_own_entries_only(store: SQLAlchemyQueueSt
             {"term": f"%WHERE (dest_nums @> '{{{numbers['b']}}}'%"},
         ).scalar_one()
     assert f"Index Scan using {partial} on lrq_send_positions_s0" in plan, plan
+
+
+def test_sqlite_makes_a_destinations_index_when_its_reads_first_walk_others(
+    sqlite_url: str,
+) -> None:
+    """SQLite: no destination's index while reads find their own entries (every transmit
+    would write one per destination of each entry); a destination's index once one
+    of its reads walks ``SPARSE_WALK`` entries of others, and that read's only."""
+    migrated_sqlite(Path(sqlite_url.removeprefix("sqlite:///")))
+    store = open_store(create_engine(sqlite_url))
+    sites = [f"d{n}" for n in range(8)]
+    client = RoutingQueueClient(store, source_id="a", client_name="policy")
+    client.register_destinations(sites)
+    numbers = store.sites.site_numbers()
+    with store.engine.begin() as conn:
+        client.transmit_log_entry_messages(
+            conn, [LRMessageWithDestinations(b"x", sites) for _ in range(3000)]
+        )
+    for site in sites:  # every destination read to the end, batch by batch
+        after, read = 0, 1
+        while read:
+            entries = store.shipping.read_log_entries(site, "policy", after, 500)
+            after, read = (entries[-1].position if entries else after), len(entries)
+        assert after == 3000
+    with store.read() as conn:
+        assert sqlite_dest_index.existing(conn) == set()
+
+    def others(n: int) -> None:
+        with store.engine.begin() as conn:
+            client.transmit_log_entry_messages(
+                conn, [LRMessageWithDestinations(b"o", ["d1"]) for _ in range(n)]
+            )
+
+    others(sqlite_dest_index.SPARSE_WALK - 1)
+    assert store.shipping.read_log_entries("d0", "policy", 3000, 500) == []
+    with store.read() as conn:
+        assert sqlite_dest_index.existing(conn) == set()
+    others(1)
+    assert store.shipping.read_log_entries("d0", "policy", 3000, 500) == []
+    with store.read() as conn:
+        assert sqlite_dest_index.existing(conn) == {numbers["d0"]}
+    # d1's reads of the same entries find their own: no index of its own.
+    assert len(store.shipping.read_log_entries("d1", "policy", 3000, 5000)) == 2000
+    with store.read() as conn:
+        assert sqlite_dest_index.existing(conn) == {numbers["d0"]}
+    store.engine.dispose()
 
 
 def test_a_destinations_index_waits_for_no_long_transaction(

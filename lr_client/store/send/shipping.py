@@ -45,12 +45,14 @@ class ShippingStore(Role):
         query = self._log_read(num, limit, max_bytes, up_to is not None)
         params = {"client_name": client_name, "after": after, "up_to": up_to}
         with self.core.read() as conn:
-            rows = fill(
-                conn,
-                within(conn.execute(query, params).all(), max_bytes),
-                e.c.position,
-                e.c.payload,
+            found = conn.execute(query, params).all()
+            rows = fill(conn, within(found, max_bytes), e.c.position, e.c.payload)
+            end = found[-1].position if len(found) >= limit else up_to
+            sparse = self.core.tagged_read_walked_others(
+                conn, num, client_name, after, end, len(found)
             )
+        if sparse:
+            self.core.index_destination(num)
         return [
             SendEntry(
                 position=r.position,
