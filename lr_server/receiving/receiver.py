@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import NoReturn
 
 from lr_client import tracing
 from lr_client._proto import replication_pb2 as pb
@@ -335,8 +336,8 @@ def _entries(msgs: Sequence[pb.RoutingTableEntryMsg], previous: int) -> list[Wir
     add, types = out.append, TYPES_BY_VALUE
     for msg in msgs:
         kind = types.get(msg.type)
-        if not kind or msg.destinations:  # unknown, or NONE (0): _entry says what is wrong
-            kind = _entry(msg).type  # raises the error that says what is wrong
+        if not kind or msg.destinations:  # unknown, or NONE (0): _refuse says what is wrong
+            _refuse(msg)
         position = msg.position
         if position <= previous:
             raise ProtocolError("batch positions must be strictly increasing")
@@ -357,22 +358,13 @@ def _entries(msgs: Sequence[pb.RoutingTableEntryMsg], previous: int) -> list[Wir
     return out
 
 
-def _entry(msg: pb.RoutingTableEntryMsg) -> WireEntry:
+def _refuse(msg: pb.RoutingTableEntryMsg) -> NoReturn:
+    """Raise the error that says what is wrong with an entry :func:`_entries` refused:
+    destinations not stripped, an unknown type, or none."""
     if msg.destinations:
         raise ProtocolError("entries must arrive with destinations stripped")
     try:
-        kind = ReplicationType(msg.type)
+        ReplicationType(msg.type)
     except ValueError as exc:
         raise ProtocolError(f"unknown entry type {msg.type}") from exc
-    if kind is ReplicationType.NONE:
-        raise ProtocolError("entry without a type")
-    return WireEntry(
-        position=msg.position,
-        type=kind,
-        payload=msg.opaque_payload,
-        snapshot_id=msg.snapshot_id,
-        snapshot_count=msg.snapshot_count,
-        base_position=msg.base_position,
-        key=msg.partition_key or None,
-        headers=received_headers(msg.headers) if msg.headers else None,
-    )
+    raise ProtocolError("entry without a type")  # NONE (0)

@@ -315,3 +315,73 @@ def test_the_portable_receive_insert_stores_what_the_fast_paths_store(
         stamped = [t for t in times]
     assert len(stamped) == 6 and stamped[0] == stamped[1]  # one time stamp per batch
     assert all(before <= t <= time.time() for t in stamped)
+
+
+# -- replayed batches -------------------------------------------------------------------------
+def _replayed(positions: list[int], batch_id: int = 51, **fields: object) -> pb.ReplicationBatch:
+    batch = log_batch(0, positions)
+    batch.batch_id, batch.replay = batch_id, True
+    if "lane" in fields:
+        batch.lane = fields["lane"]  # type: ignore[assignment]
+    if fields.get("empty"):
+        del batch.entries[:]
+    return batch
+
+
+def test_a_replayed_batch_is_queued_again_acknowledged_counted_and_logged(
+    store: SQLAlchemyQueueStore, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver.apply(SOURCE, log_batch(0, [1, 2, 3]))
+    before = _applied("lr_entries_replayed", SOURCE, CLIENT)
+    caplog.set_level(logging.INFO, logger="lr.receiver")
+    # Negotiated or not (a sink restarted since), a source may replay.
+    ack = receiver.apply(SOURCE, _replayed([2, 3]))
+    assert (ack.batch_id, ack.client_name, ack.last_position, ack.duplicate) == (
+        51,
+        CLIENT,
+        3,
+        False,
+    )
+    assert _applied("lr_entries_replayed", SOURCE, CLIENT) == before + 2
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "src-a/policy: replayed 2..3 queued again")
+    ]
+    assert [q[1] for q in _queued(store)] == [1, 2, 3, 2, 3]
+    assert store.recv.sink_progress(SOURCE, CLIENT).last_position == 3  # the position stays
+    caplog.clear()
+    beyond = receiver.apply(SOURCE, _replayed([9], batch_id=52))  # nothing held there
+    assert (beyond.batch_id, beyond.client_name, beyond.last_position, beyond.duplicate) == (
+        52,
+        CLIENT,
+        9,
+        True,
+    )
+    assert _applied("lr_entries_replayed", SOURCE, CLIENT) == before + 2
+    assert caplog.records == []
+
+
+def test_a_replayed_batch_the_sink_cannot_take_is_refused_with_its_reason(
+    store: SQLAlchemyQueueStore, receiver: Receiver
+) -> None:
+    receiver.apply(SOURCE, log_batch(0, [1, 2]))
+    held = _queued(store)
+    snapshot = snapshot_batch("s1", 0, [1])
+    snapshot.replay = True
+    bad = [
+        (_replayed([2], lane=1), "a replayed batch holds log entries, on no lane"),
+        (snapshot, "a replayed batch holds log entries, on no lane"),
+        (_replayed([2], empty=True), "a replayed batch holds log entries, on no lane"),
+    ]
+    wrong_type = _replayed([2])
+    wrong_type.entries[0].type = "SNAPSHOT_SYNC"  # type: ignore[assignment]
+    bad.append((wrong_type, "log entry batch holds entries of another type"))
+    for batch, reason in bad:
+        with pytest.raises(ProtocolError) as refused:
+            receiver.apply(SOURCE, batch)
+        assert str(refused.value) == reason
+    old = pb.NegotiateRequest(source_id=SOURCE, clients=[CLIENT], protocol_version=5)
+    receiver.negotiate(SOURCE, old)
+    with pytest.raises(ProtocolError) as refused:
+        receiver.apply(SOURCE, _replayed([2]))
+    assert str(refused.value) == f"{SOURCE} negotiated a protocol without replay"
+    assert _queued(store) == held
