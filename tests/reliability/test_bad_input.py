@@ -185,6 +185,7 @@ def test_sender_api_bad_input_is_typed_and_changes_nothing(
 
 @FUZZ
 @given(source=names, client=names)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the names alone: no database read
 def test_sender_api_names_are_validated(
     api: RoutingQueueClient, source: object, client: object
 ) -> None:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 INITIAL, CAP, JITTER = 0.2, 1.6, 0.1
 #: Waits after the first attempts: 0.2, 0.4, 0.8, then 1.6 from the 4th on.
-ATTEMPTS = 9
+ATTEMPTS = 7  # three waits at the cap
 
 
 class ClosingListener:
