@@ -22,9 +22,9 @@ from lr_client.sending import (
     Backpressure,
     SenderRules,
     TransmitStore,
-    run,
 )
 from lr_client.snapshot_status import SnapshotInfo
+from lr_client.steps import run
 from lr_client.store import open_store
 from lr_client.store.schema.lifecycle import SchemaStatus
 

@@ -5,32 +5,31 @@ positions) is written once, here, as a generator that does no I/O of its own
 (httpx/h11's sans-I/O core). It validates its input, then yields what it needs
 done, and returns its result:
 
-- :class:`Blocking`: a call that reads the client's own store (its sync engine:
-  the flow state, the cascade route, the registered sites) or writes in a
-  transaction of its own; the result is sent back;
-- :class:`InTransaction`: a call to run on the caller's connection, inside its
-  transaction (the append itself); the result is sent back;
+- :class:`~lr_client.steps.Blocking`: a call that reads the client's own store
+  (its sync engine: the flow state, the cascade route, the registered sites) or
+  writes in a transaction of its own; the result is sent back;
+- :class:`~lr_client.steps.InTransaction`: a call to run on the caller's
+  connection, inside its transaction (the append itself); the result is sent back;
 - a ``float``: seconds to wait before going on (backpressure in ``"wait"`` mode,
   a poll for positions).
 
 A step is yielded only when needed: a transmit whose readings are cached and
-fresh yields its :class:`InTransaction` alone. :func:`run` drives the steps for
-the sync client (:class:`~lr_client.sender.RoutingQueueClient`);
-:mod:`lr_client.aio.sender` drives the same steps from an event loop. The
-rules, the records, the SQL and the typed errors are therefore one
+fresh yields its :class:`~lr_client.steps.InTransaction` alone.
+:func:`~lr_client.steps.run` drives the steps for the sync client
+(:class:`~lr_client.sender.RoutingQueueClient`); :mod:`lr_client.aio.sender`
+drives the same steps from an event loop. The rules, the records, the SQL and
+the typed errors are therefore one
 implementation; only execution differs. Every error of bad input is raised
-before the first :class:`InTransaction`: nothing is written.
+before the first :class:`~lr_client.steps.InTransaction`: nothing is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
-
-from sqlalchemy.engine import Connection
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from lr_client import tracing
 from lr_client.cascade_roles import CascadeRole
@@ -58,6 +57,7 @@ from lr_client.records import (
 )
 from lr_client.sealed_headers import seal_headers
 from lr_client.snapshot_status import SnapshotInfo, parse_states
+from lr_client.steps import Blocking, InTransaction, Steps, read_cached
 from lr_client.store import SendLog, Sites, SnapshotEntries, SnapshotRequests, Transactions
 from lr_client.store.schema.lifecycle import SchemaStatus
 
@@ -92,51 +92,6 @@ class Backpressure(enum.StrEnum):
     RAISE = "raise"  # raise BackpressureError at once
     WAIT = "wait"  # wait up to backpressure_timeout for it to lift, then raise
     IGNORE = "ignore"  # never check
-
-
-@dataclass(frozen=True, slots=True)
-class Blocking(Generic[T]):
-    """A step: ``call()`` on the client's own store (it may wait for the database)."""
-
-    call: Callable[[], T]
-
-
-@dataclass(frozen=True, slots=True)
-class InTransaction(Generic[T]):
-    """A step: ``call(conn)`` on the caller's connection, in its transaction."""
-
-    call: Callable[[Connection], T]
-
-
-Step = float | Blocking[Any] | InTransaction[Any]
-#: An operation: yields steps, is sent each step's result, returns its own.
-Steps = Generator[Step, Any, T]
-
-
-def run(steps: Steps[T], conn: Connection | None = None) -> T:
-    """Drive ``steps`` in this thread; :class:`InTransaction` steps run on ``conn``."""
-    try:
-        step = next(steps)
-        while True:
-            if isinstance(step, Blocking):
-                step = steps.send(step.call())
-            elif isinstance(step, InTransaction):
-                assert conn is not None, "an operation with no connection wrote in one"
-                step = steps.send(step.call(conn))
-            else:
-                time.sleep(step)  # a pause the rules asked for (a poll with a deadline)
-                step = steps.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-def _read(reading: CachedReading[T], fresh: bool = False) -> Steps[T]:
-    """A cached reading without a step, or a :class:`Blocking` step that reads it."""
-    hit = None if fresh else reading.cached()
-    if hit is not None:
-        return hit[0]
-    value: T = yield Blocking(lambda: reading.get(fresh))
-    return value
 
 
 class SenderRules:
@@ -191,13 +146,7 @@ class SenderRules:
         stamp = tracing.transmit_stamp(self.source_id, self.client_name)
         data = check_payload(payload, self.max_payload_bytes)
         nums = yield from self.dest_nums(destinations)
-        partition_key = check_partition_key(key)
-        checked = check_headers(headers)
-        if self.keyring is not None:
-            data = self.seal(data, destinations)  # type: ignore[arg-type]  # validated
-            checked = self.seal_headers(checked, destinations)  # type: ignore[arg-type]
-        encoded = encode_headers(stamp(checked))
-        row = (data, nums, partition_key, encoded)
+        row = self._row(data, destinations, nums, key, headers, stamp)
         yield from self._check_route([destinations])  # type: ignore[list-item]
         yield from self._check_backpressure()
         refs: list[EntryRef] = yield InTransaction(
@@ -208,28 +157,48 @@ class SenderRules:
     def transmit_many(self, messages: Sequence[object]) -> Steps[list[EntryRef]]:
         """Append several payloads in the caller's transaction; all or none are valid."""
         rows: list[NewLogEntry] = []
-        checked: list[LRMessageWithDestinations] = []
+        routes: dict[int, Sequence[str]] = {}  # each destination list once (the cache's)
         stamp = tracing.transmit_stamp(self.source_id, self.client_name)
+        resolved, limit = self.resolved, self.max_payload_bytes
         for m in messages:
             if not isinstance(m, LRMessageWithDestinations):
                 raise InvalidPayloadError(
                     f"expected LRMessageWithDestinations, got {type(m).__name__}"
                 )
-            payload = check_payload(m.payload, self.max_payload_bytes)
-            nums = yield from self.dest_nums(m.destinations)
-            given = check_headers(m.headers)
-            if self.keyring is not None:
-                payload = self.seal(payload, m.destinations)
-                given = self.seal_headers(given, m.destinations)
-            headers = encode_headers(stamp(given))
-            rows.append((payload, nums, check_partition_key(m.key), headers))
-            checked.append(m)
-        yield from self._check_route([m.destinations for m in checked])
+            payload = check_payload(m.payload, limit)
+            dests, nums = m.destinations, None
+            if isinstance(dests, (list, tuple)):  # a list resolved already: no step
+                with contextlib.suppress(TypeError):  # unhashable: dest_nums says what is wrong
+                    nums = resolved.get(tuple(dests))
+            if nums is None:
+                nums = yield from self.dest_nums(dests)
+            rows.append(self._row(payload, dests, nums, m.key, m.headers, stamp))
+            routes[id(nums)] = dests  # the numbers' lists are alive in rows: ids are unique
+        yield from self._check_route(routes.values())
         yield from self._check_backpressure()
         refs: list[EntryRef] = yield InTransaction(
             lambda conn: self.store.send.append_log_entries(conn, self.client_name, rows)
         )
         return refs
+
+    def _row(
+        self,
+        data: bytes,
+        destinations: Any,
+        nums: list[int],
+        key: object,
+        headers: object,
+        stamp: tracing.Stamp,
+    ) -> NewLogEntry:
+        """The row of a checked payload to checked ``destinations``: its key and headers
+        checked, sealed under the keyring, stamped with the trace context if traced."""
+        partition_key = None if key is None else check_partition_key(key)
+        given = None if headers is None else check_headers(headers)
+        if self.keyring is not None:
+            data = self.seal(data, destinations)
+            given = self.seal_headers(given, destinations)
+        untraced = given is None and stamp is tracing.UNCHANGED
+        return (data, nums, partition_key, None if untraced else encode_headers(stamp(given)))
 
     def request_snapshot(
         self, destination: object, in_transaction: bool, reason: str
@@ -351,22 +320,22 @@ class SenderRules:
 
     def _check_route(self, destinations: Iterable[Sequence[str]]) -> Steps[None]:
         names = {d for ds in destinations for d in ds}
-        if not self.route_refusal((yield from _read(self.route)), names):
+        if not self.route_refusal((yield from read_cached(self.route)), names):
             return
         # A refusal is confirmed on a fresh reading.
-        why = self.route_refusal((yield from _read(self.route, fresh=True)), names)
+        why = self.route_refusal((yield from read_cached(self.route, fresh=True)), names)
         if why:
             raise CascadeRouteError(why)
 
     def _check_backpressure(self) -> Steps[None]:
         if self.backpressure is Backpressure.IGNORE:
             return
-        on, slow = yield from _read(self.flow)
+        on, slow = yield from read_cached(self.flow)
         if not on:
             return
         # The cached state said "on": confirm it before refusing, so a caller that
         # saw backpressure lift is never refused on a stale reading.
-        on, slow = yield from _read(self.flow, fresh=True)
+        on, slow = yield from read_cached(self.flow, fresh=True)
         if not on:
             return
         if self.backpressure is Backpressure.WAIT:
@@ -374,7 +343,7 @@ class SenderRules:
             while on and time.monotonic() < deadline:
                 pause = max(self.flow_check_interval, 0.01)  # never a busy loop
                 yield min(pause, max(0.0, deadline - time.monotonic()))
-                on, slow = yield from _read(self.flow)
+                on, slow = yield from read_cached(self.flow)
             if not on:
                 return
         raise BackpressureError(
@@ -387,11 +356,6 @@ __all__ = [
     "POSITION_POLL_S",
     "RESOLVED_CACHE_SIZE",
     "Backpressure",
-    "Blocking",
-    "InTransaction",
     "SenderRules",
-    "Step",
-    "Steps",
     "TransmitStore",
-    "run",
 ]

@@ -67,6 +67,10 @@ def _unchanged(headers: dict[str, str] | None) -> dict[str, str] | None:
     return headers
 
 
+#: The stamp of a transmit while tracing is off: the headers as given.
+UNCHANGED: Stamp = _unchanged
+
+
 def transmit_stamp(source: str, client: str) -> Stamp:
     """Make the ``lr.transmit`` span of one transmit call (a child of the caller's
     current span, ended at once: it marks the moment) and return what adds its
@@ -93,6 +97,7 @@ def batch_span(
 __all__ = [
     "TRACEPARENT",
     "TRACESTATE",
+    "UNCHANGED",
     "Contexts",
     "Stamp",
     "active",

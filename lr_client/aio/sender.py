@@ -23,13 +23,11 @@ from lr_client.sender import SenderSettings
 from lr_client.sending import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Backpressure,
-    Blocking,
-    InTransaction,
     SenderRules,
-    Steps,
     TransmitStore,
 )
 from lr_client.snapshot_status import SnapshotInfo
+from lr_client.steps import Blocking, InTransaction, Steps
 from lr_client.store import open_store
 from lr_client.store.schema.lifecycle import SchemaStatus
 
@@ -39,14 +37,14 @@ T = TypeVar("T")
 async def run_steps(steps: Steps[T], conn: AsyncSession | AsyncConnection | None = None) -> T:
     """Drive an operation's steps (:mod:`lr_client.sending`) without blocking the loop.
 
-    - :class:`~lr_client.sending.InTransaction` (the append, a snapshot request
+    - :class:`~lr_client.steps.InTransaction` (the append, a snapshot request
       in the caller's transaction) runs on ``conn`` through its ``run_sync``
       (``AsyncConnection``'s, or ``AsyncSession``'s with the session's
       connection): SQLAlchemy's greenlet bridge hands the store a sync
       ``Connection`` on the same DBAPI connection and transaction, so the
       store's SQL runs unchanged, in the application's transaction, with no
       round trip of its own.
-    - :class:`~lr_client.sending.Blocking` (a reading of the client's own store:
+    - :class:`~lr_client.steps.Blocking` (a reading of the client's own store:
       flow state, cascade route, registered sites; a snapshot request or a
       read of positions in a transaction of the store's own) runs in a worker
       thread (``asyncio.to_thread``), on the store's sync engine. Not on the
