@@ -123,7 +123,7 @@ class RetentionPolicy:
                                 extra={"destination": h.destination, "client": client.name},
                             )
                             dropped_now.append((h.destination, client.name))
-            previous, _ = self.store.send.flow_state(client.name)
+            previous, was_slow = self.store.send.flow_state(client.name)
             if on and not previous:
                 metrics.BACKPRESSURE_EVENTS.inc()
             if on != previous:
@@ -133,7 +133,8 @@ class RetentionPolicy:
                     client.name,
                     ", ".join(slow) or "none",
                 )
-            self.store.retention.set_flow_state(client.name, on, slow)
+            if on != previous or sorted(slow) != sorted(was_slow):  # a write when it changes
+                self.store.retention.set_flow_state(client.name, on, slow)
             metrics.BACKPRESSURE.labels(client.name).set(1 if on else 0)
             backpressure[client.name] = on
         streams += self._unconfigured(already, now, dropped_now)
