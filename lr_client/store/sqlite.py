@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.util import await_only
 
+from lr_client.errors import LRError
 from lr_client.records import EntryRef, NewLogEntry, WireEntry, new_entry_headers, new_entry_key
 from lr_client.store.core import StoreCore, TrimMarks
 from lr_client.store.db_errors import mapped_errors
@@ -180,8 +181,12 @@ class SQLiteCore(StoreCore):
         return dest_index.walked_others(conn, client_name, after, last, own)
 
     def index_destination(self, num: int) -> None:
-        with self.write() as conn:
-            conn.exec_driver_sql(dest_index.ddl(num))
+        try:
+            with self.write() as conn:
+                conn.exec_driver_sql(dest_index.ddl(num))
+        except LRError as exc:  # the read has its entries: a later one makes it
+            log.warning("destination %d: its index not made now: %s", num, exc)
+            return
         if self._dest_indexes is not None:
             self._dest_indexes.add(num)
         log.info("destination %d: its reads walked others' entries; its index made", num)

@@ -205,6 +205,34 @@ def test_sqlite_makes_a_destinations_index_when_its_reads_first_walk_others(
     store.engine.dispose()
 
 
+def test_sqlite_a_destinations_index_that_cannot_be_made_leaves_its_read_whole(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Making the index is the read's afterthought: if it fails (the database busy,
+    full or read-only) the read still returns its entries, and a later read tries again."""
+    migrated_sqlite(Path(sqlite_url.removeprefix("sqlite:///")))
+    store = open_store(create_engine(sqlite_url))
+    client = RoutingQueueClient(store, source_id="a", client_name="policy")
+    client.register_destinations(["b", "c"])
+    with store.engine.begin() as conn:
+        client.transmit_log_entry_messages(conn, [LRMessageWithDestinations(b"y", ["b"])] * 3)
+        client.transmit_log_entry_messages(
+            conn, [LRMessageWithDestinations(b"x", ["c"])] * sqlite_dest_index.SPARSE_WALK
+        )
+    made = sqlite_dest_index.ddl
+    monkeypatch.setattr(sqlite_dest_index, "ddl", lambda num: "CREATE INDEX broken ON nowhere (x)")
+    entries = store.shipping.read_log_entries("b", "policy", 0, 100)
+    assert [e.payload for e in entries] == [b"y"] * 3
+    assert "its index not made now" in caplog.text
+    with store.read() as conn:
+        assert sqlite_dest_index.existing(conn) == set()
+    monkeypatch.setattr(sqlite_dest_index, "ddl", made)
+    assert len(store.shipping.read_log_entries("b", "policy", 0, 100)) == 3
+    with store.read() as conn:
+        assert sqlite_dest_index.existing(conn) == {store.sites.site_numbers()["b"]}
+    store.engine.dispose()
+
+
 def test_a_destinations_index_waits_for_no_long_transaction(
     store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
