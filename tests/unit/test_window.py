@@ -163,9 +163,11 @@ def test_summary(modes: list[Mode], state: SessionState) -> None:
 
 
 # -- lanes: several streams, each with its own window and cumulative acks ---------------
-def lane_batch(w: Window, client: str, lane: int, entries: int, low_water: int = 0) -> InFlight:
+def lane_batch(
+    w: Window, client: str, lane: int, entries: int, low_water: int = 0, nbytes: int = 10
+) -> InFlight:
     f = InFlight(
-        w.next_batch_id(), client, LOG, 0, entries, 10, 0.0, lane=lane, low_water=low_water
+        w.next_batch_id(), client, LOG, 0, entries, nbytes, 0.0, lane=lane, low_water=low_water
     )
     w.add(f)
     return f
@@ -196,6 +198,26 @@ def test_a_lanes_window_counts_full_batches_worth_of_entries() -> None:
     assert w.stream_full(0) and not w.stream_full(1)
     assert not w.full()  # 5 batches, but 29 entries of the 40 both streams allow
     assert w.full(batches=2)  # with 2 more (full) batches about to be sent: 49
+
+
+def test_each_streams_window_and_the_whole_one_are_full_at_their_limits_exactly() -> None:
+    w = Window(max_batches=2, max_bytes=100, streams=2, batch_entries=10)
+    lane_batch(w, "c", 1, 1, nbytes=99)
+    assert not w.stream_full(0) and not w.full()
+    lane_batch(w, "c", 1, 1, nbytes=1)  # stream 0 at its 100 bytes
+    assert w.stream_full(0) and not w.stream_full(1)
+    assert not w.full(nbytes=99) and w.full(nbytes=100)  # both streams' 200 bytes
+    w = Window(max_batches=2, max_bytes=1000, streams=2, batch_entries=10)
+    lane_batch(w, "c", 2, 19)
+    assert not w.stream_full(1)
+    lane_batch(w, "c", 2, 1)  # 20 entries: two full batches' worth
+    assert w.stream_full(1) and not w.stream_full(0)
+    assert not w.full(batches=1) and w.full(batches=2)  # 20 + 10 of 40, 20 + 20 of 40
+    plain = Window(max_batches=2, max_bytes=1000, streams=3)  # counted in batches
+    for lane in (1, 2, 3, 3):
+        lane_batch(plain, "c", lane, 1)
+    assert plain.stream_full(2) and not plain.stream_full(1)
+    assert not plain.full(batches=1) and plain.full(batches=2)  # 4 + 2 of 2 x 3
 
 
 def test_busy_tells_a_clients_batches_and_lane_batches_apart() -> None:
