@@ -421,14 +421,19 @@ def test_a_head_the_probe_saw_move_is_read_at_once_at_the_sessions_back_off(
     with sink, source:
         sess = source.server.sessions["b"]
         sess.idle_poll_max, sess.steady_poll_max = 0.08, NEVER
-        wait_for(lambda: steady(levels) == 1, what="the steady wait")
+        wait_for(lambda: steady(levels) >= 1, what="the steady wait")
         seen = len(levels)
         source.server.head_moved()
-        wait_for(lambda: steady(levels) == 2, what="the read the probe asked for")
+        wait_for(lambda: steady(levels[seen:]) >= 1, what="the read the probe asked for")
         assert levels[seen:] == [NEVER]
+        seen = len(levels)
         source.server.wake_sessions()
-        wait_for(lambda: steady(levels) == 3, what="the steady wait after the wake-up")
-    assert levels[seen + 1 : seen + 3] == [0.01, 0.02]
+        wait_for(
+            lambda: steady(levels[seen:]) >= 1,
+            what="the steady wait after the wake-up",
+            detail=lambda: f"levels since the wake-up: {levels[seen:][:40]}",
+        )
+    assert levels[seen : seen + 2] == [0.01, 0.02]
 
 
 @pytest.mark.stop_calls_at_once
