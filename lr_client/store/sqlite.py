@@ -181,10 +181,20 @@ class SQLiteCore(StoreCore):
         return dest_index.walked_others(conn, client_name, after, last, own)
 
     def index_destination(self, num: int) -> None:
+        # Not worth a wait for the write lock (a transmitter's long transaction): the
+        # read that asked has its entries, and a later one asks again.
         try:
-            with self.write() as conn:
-                conn.exec_driver_sql(dest_index.ddl(num))
-        except LRError as exc:  # the read has its entries: a later one makes it
+            with mapped_errors(), self.engine.connect() as conn:
+                waits = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {dest_index.LOCK_WAIT_MS}")
+                conn.commit()
+                try:
+                    with conn.begin():
+                        conn.exec_driver_sql(dest_index.ddl(num))
+                finally:
+                    conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(waits or 0)}")
+                    conn.commit()
+        except LRError as exc:
             log.warning("destination %d: its index not made now: %s", num, exc)
             return
         if self._dest_indexes is not None:

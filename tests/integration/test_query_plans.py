@@ -10,6 +10,7 @@ keeps. These tests read the plans the backends choose on thousands of rows.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from lr_client.store.retention import slots
 from lr_client.store.send import pg_dest_index, sequencer, sqlite_dest_index
 from tests.conftest import PgSchema
 from tests.kit.templates import migrated_sqlite
+from tests.kit.wait import scaled
 
 LOG = ReplicationType.LOG_ENTRY_SYNC
 
@@ -230,6 +232,35 @@ def test_sqlite_a_destinations_index_that_cannot_be_made_leaves_its_read_whole(
     assert len(store.shipping.read_log_entries("b", "policy", 0, 100)) == 3
     with store.read() as conn:
         assert sqlite_dest_index.existing(conn) == {store.sites.site_numbers()["b"]}
+    store.engine.dispose()
+
+
+def test_sqlite_a_destinations_index_waits_for_no_writer(sqlite_url: str) -> None:
+    """A transmitter holding SQLite's write lock does not hold up the read that would
+    make the index (the busy timeout is a minute): the read returns, the index comes
+    with a read after the lock is released."""
+    migrated_sqlite(Path(sqlite_url.removeprefix("sqlite:///")))
+    store = open_store(create_engine(sqlite_url))
+    client = RoutingQueueClient(store, source_id="a", client_name="policy")
+    client.register_destinations(["b", "c"])
+    with store.engine.begin() as conn:
+        client.transmit_log_entry_messages(conn, [LRMessageWithDestinations(b"y", ["b"])] * 3)
+        client.transmit_log_entry_messages(
+            conn, [LRMessageWithDestinations(b"x", ["c"])] * sqlite_dest_index.SPARSE_WALK
+        )
+    writer = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    assert len(store.shipping.read_log_entries("b", "policy", 0, 100)) == 3
+    assert time.monotonic() - started < scaled(20)  # not the minute of the busy timeout
+    with store.read() as conn:
+        assert sqlite_dest_index.existing(conn) == set()
+    writer.rollback()
+    writer.close()
+    assert len(store.shipping.read_log_entries("b", "policy", 0, 100)) == 3
+    with store.read() as conn:
+        assert sqlite_dest_index.existing(conn) == {store.sites.site_numbers()["b"]}
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 60_000
     store.engine.dispose()
 
 

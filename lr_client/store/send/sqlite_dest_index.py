@@ -26,6 +26,8 @@ from sqlalchemy.engine import Connection
 SPARSE_WALK = 2_000
 #: ... and how many of them per entry of its own (a dense read never makes one).
 SPARSE_RATIO = 4
+#: How long making it waits for SQLite's write lock (ms): held, it is made later.
+LOCK_WAIT_MS = 100
 
 _PREFIX = "lrq_send_dest_"
 _EXISTING = text(
@@ -75,4 +77,12 @@ def walked_others(conn: Connection, client_name: str, after: int, end: int, own:
     return others >= max(SPARSE_WALK, SPARSE_RATIO * own)
 
 
-__all__ = ["SPARSE_RATIO", "SPARSE_WALK", "ddl", "existing", "site_number", "walked_others"]
+__all__ = [
+    "LOCK_WAIT_MS",
+    "SPARSE_RATIO",
+    "SPARSE_WALK",
+    "ddl",
+    "existing",
+    "site_number",
+    "walked_others",
+]
