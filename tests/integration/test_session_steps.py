@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from lr_client._proto import replication_pb2 as pb
-from lr_client.errors import IncompatibleVersionError
+from lr_client.errors import FencedError, IncompatibleVersionError
 from lr_client.records import SnapshotRequest, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
@@ -407,6 +407,59 @@ def test_cursors_wait_while_batches_are_in_flight_and_a_flush_is_not_due(
     s.acks.flush_cursors()
     assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
     assert s.window.cursors == {} and before <= s.window.flushed_at <= time.monotonic()
+
+
+def test_a_cursor_is_saved_only_under_the_streams_current_lease(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """Another member took the stream over: the deposed owner's acks save nothing."""
+    s = session(store, policy=NONE)
+    streams = s._plan(sink(policy=log_at(0)))
+    store.members.join_member("a", "ia", "", 1)
+    store.members.join_member("a2", "ib", "", 1)
+    mine = store.members.acquire_unit("stream/b/policy", "a", "ia", 5.0)
+    assert mine is not None
+    s.fences = {"policy": mine}
+    s.window.flushed_at -= 1.0
+    s.acks.on_ack(
+        pb.ReplicationAck(batch_id=_inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)), streams
+    )
+    assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
+    assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+    s.window.flushed(time.monotonic())
+    s.acks.on_ack(
+        pb.ReplicationAck(batch_id=_inflight(s, "policy", pb.BATCH_LOG_ENTRY, 8)), streams
+    )
+    assert s.window.cursors == {"policy": 8}
+    with pytest.raises(FencedError):
+        s.acks.flush_cursors()
+    assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
+
+
+def test_the_ack_of_a_replayed_batch_moves_no_cursor_and_counts_no_shipment(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE)
+    streams = s._plan(sink(policy=log_at(0)))
+    labels = {"destination": DEST, "client": "policy"}
+    before = (
+        _sample("lr_entries_shipped_total", **labels),
+        _sample("lr_batches_acked_total", destination=DEST),
+    )
+    s.window.flushed_at -= 1.0
+    bid = s.window.next_batch_id()
+    s.window.add(
+        InFlight(bid, "policy", pb.BATCH_LOG_ENTRY, 20, 5, 50, time.monotonic(), replay=True)
+    )
+    first = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 3)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=first), streams)  # settles both
+    assert len(s.window) == 0
+    assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 3)]
+    after = (
+        _sample("lr_entries_shipped_total", **labels),
+        _sample("lr_batches_acked_total", destination=DEST),
+    )
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1.0, 1.0]
 
 
 class _Quiet(BatchStream):

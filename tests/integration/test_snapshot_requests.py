@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from lr_client.errors import FencedError
 from lr_client.records import DropRecord, SnapshotRequest, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
@@ -136,6 +137,45 @@ def test_a_request_of_a_client_without_provider_is_cancelled_with_the_reason(
     requests.refuse(req)  # no longer open: nothing to cancel, nothing logged
     assert _messages(caplog) == []
     assert store.snapshots.get_snapshot(req.snapshot_id) == got
+
+
+def test_refusing_a_shared_request_cancels_it_for_this_destination_only(
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests
+) -> None:
+    sid = store.snapshots.request_snapshot(None, "c", "policy", "c's first contact")
+    req = requests.request("policy", "b's first contact")
+    assert req is not None and req.snapshot_id == sid  # b joined c's
+    requests.refuse(req)
+    mine, theirs = store.snapshots.get_snapshot(sid, DEST), store.snapshots.get_snapshot(sid, "c")
+    assert mine is not None and (mine.status, mine.reason) == (
+        SnapshotStatus.CANCELLED,
+        NO_PROVIDER,
+    )
+    assert theirs is not None and theirs.status is SnapshotStatus.REQUESTED
+    assert requests.open_snapshot("policy") is None
+
+
+def test_finishing_a_snapshot_under_a_lost_lease_changes_nothing(
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests
+) -> None:
+    """Another member took the stream over: the deposed owner's completion is refused."""
+    store.members.join_member("a", "ia", "", 1)
+    store.members.join_member("a2", "ib", "", 1)
+    mine = store.members.acquire_unit("stream/b/policy", "a", "ia", 5.0)
+    assert mine is not None
+    requests.stops.fence = lambda _client: mine
+    _head(store, 3)
+    store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
+    store.retention.drop_stream(DEST, "policy", "too far behind")
+    req = ready_snapshot(store, store.snapshots.request_snapshot(None, DEST, "policy", "r"))
+    assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+    with pytest.raises(FencedError):
+        requests.finish("policy", req)
+    got = store.snapshots.get_snapshot(req.snapshot_id, DEST)
+    assert got is not None and got.status is SnapshotStatus.READY
+    cursor = store.shipping.get_cursor(DEST, "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (1, True)
+    assert [d.client_name for d in store.retention.list_drops()] == ["policy"]
 
 
 # -- launches -------------------------------------------------------------------------------
@@ -507,6 +547,70 @@ def test_a_snapshot_that_did_not_complete_is_asked_for_again_not_too_often(
     assert third.snapshot_id not in (sid, again.snapshot_id)
     assert third.status is SnapshotStatus.REQUESTED
     assert (cs.snapshot, cs.retry_at) == (third, 2014.0)
+
+
+@pytest.mark.parametrize("provider", [SnapshotProvider.APP, SnapshotProvider.SPARK])
+def test_a_snapshot_whose_base_is_below_what_the_stream_sent_is_asked_for_again(
+    store: SQLAlchemyQueueStore,
+    requests: SnapshotRequests,
+    clock: Clock,
+    launches: Launches,
+    caplog: pytest.LogCaptureFixture,
+    provider: SnapshotProvider,
+) -> None:
+    """A relaying branch's snapshot based below entries it already forwarded: shipped,
+    it would bring them to the listener again; a new one is asked for, not too often."""
+    caplog.set_level(logging.INFO, logger="lr.test.requests")
+    _head(store, 3)
+    sid = store.snapshots.request_snapshot(None, DEST, "policy", "first contact")
+    old = ready_snapshot(store, sid)
+    assert old.base_position == 3
+    cs = stream("policy", provider)
+    cs.mode, cs.snapshot, cs.sent, cs.snap_sent, cs.snap_done_sent = (
+        Mode.SNAPSHOT,
+        old,
+        5,
+        2,
+        True,
+    )
+    clock.mono = 2000.0
+    requests.rebase(cs)
+    reason = f"the stream holds entries up to 5, past base 3 of full sync {sid}"
+    new = requests.open_snapshot("policy")
+    assert new is not None and new.snapshot_id != sid
+    assert (new.status, new.reason) == (SnapshotStatus.REQUESTED, reason)
+    assert (cs.mode, cs.snapshot, cs.sent, cs.snap_sent, cs.snap_done_sent, cs.retry_at) == (
+        Mode.SNAPSHOT,
+        new,
+        5,
+        0,
+        False,
+        2007.0,
+    )
+    gone = store.snapshots.get_snapshot(sid, DEST)
+    assert gone is not None and gone.status is SnapshotStatus.CANCELLED
+    spark = provider is SnapshotProvider.SPARK
+    assert launches.calls == ([(new.snapshot_id, "policy")] if spark else [])
+    asked = ("INFO", f"b/policy: full sync asked again: {reason}")
+    launched = ("INFO", f"b/policy: launching snapshot job {new.snapshot_id}")
+    assert _messages(caplog) == ([asked, launched] if spark else [asked])
+    # Its base is read when it starts, as low again: asked again at most every max_backoff.
+    again = ready_snapshot(store, new.snapshot_id)
+    cs.snapshot = again
+    clock.mono = 2006.5
+    requests.rebase(cs)
+    assert cs.snapshot == again and cs.retry_at == 2007.0
+    assert requests.open_snapshot("policy") == again
+    clock.mono = 2007.0
+    requests.rebase(cs)
+    third = requests.open_snapshot("policy")
+    assert third is not None and third.snapshot_id not in (sid, new.snapshot_id)
+    assert (
+        third.reason
+        == f"the stream holds entries up to 5, past base 3 of full sync {new.snapshot_id}"
+    )
+    assert (cs.snapshot, cs.retry_at) == (third, 2014.0)
+    assert len(_messages(caplog)) == (4 if spark else 2)
 
 
 def test_a_snapshot_stream_without_its_request_row_takes_the_open_one(
