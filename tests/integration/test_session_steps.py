@@ -113,6 +113,26 @@ def test_log_streams_resume_where_the_sink_is_and_cursors_follow_it(
     assert store.snapshots.list_snapshots() == [] and store.retention.list_drops() == []
 
 
+@pytest.mark.parametrize(("cursor", "sink_at"), [(3, 5), (5, 2)], ids=["raised", "lowered"])
+def test_a_cursor_moved_by_negotiation_needs_the_streams_current_lease(
+    store: SQLAlchemyQueueStore, cursor: int, sink_at: int
+) -> None:
+    """Another member took the stream over while this one negotiated: its plan's cursor
+    writes are refused and the cursor stays where the owner left it."""
+    s = session(store, policy=NONE)
+    _write(store, 9)
+    store.shipping.set_cursor(DEST, "policy", cursor)
+    store.members.join_member("a", "ia", "", 1)
+    store.members.join_member("a2", "ib", "", 1)
+    mine = store.members.acquire_unit("stream/b/policy", "a", "ia", 5.0)
+    assert mine is not None
+    s.fences = {"policy": mine}
+    assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+    with pytest.raises(FencedError):
+        s._plan(sink(policy=log_at(sink_at)))
+    assert store.shipping.get_cursor(DEST, "policy").position == cursor
+
+
 def test_a_sink_behind_the_trim_point_is_dropped_to_a_full_sync_with_a_notice_first(
     store: SQLAlchemyQueueStore,
 ) -> None:
