@@ -24,7 +24,7 @@ from lr_client.store import SQLAlchemyQueueStore
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
 from lr_server.protocol import versions as protocol
 from lr_server.sending.session import SenderSession
-from lr_server.sending.streams import ClientStream, Mode, Notice, SessionState
+from lr_server.sending.streams import ClientStream, Lanes, Mode, Notice, SessionState
 from lr_server.sending.window import FLUSH_INTERVAL, InFlight
 from lr_server.transport.base import BatchStream, Transport
 from tests.kit.positions import new_slot
@@ -454,6 +454,39 @@ def test_a_cursor_is_saved_only_under_the_streams_current_lease(
     with pytest.raises(FencedError):
         s.acks.flush_cursors()
     assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
+
+
+def test_lane_acks_move_the_cursor_to_what_every_lane_acknowledged(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=NONE)
+    streams = s._plan(sink(policy=log_at(0)))
+    streams["policy"].lanes = Lanes.at(2, 0)
+    s.window.flushed(time.monotonic())  # just saved: cursors wait in the window
+
+    def lane_batch(lane: int, last: int, low_water: int) -> int:
+        bid = s.window.next_batch_id()
+        s.window.add(
+            InFlight(
+                bid,
+                "policy",
+                pb.BATCH_LOG_ENTRY,
+                last,
+                2,
+                20,
+                time.monotonic(),
+                lane=lane,
+                low_water=low_water,
+            )
+        )
+        return bid
+
+    before = _sample("lr_entries_shipped_total", destination=DEST, client="policy")
+    s.acks.on_ack(pb.ReplicationAck(batch_id=lane_batch(1, 10, 0)), streams)
+    assert s.window.cursors == {}  # lane 2 may still lack entries below 10
+    s.acks.on_ack(pb.ReplicationAck(batch_id=lane_batch(2, 20, 10)), streams)
+    assert s.window.cursors == {"policy": 10}  # up to 10 acknowledged on every lane
+    assert _sample("lr_entries_shipped_total", destination=DEST, client="policy") - before == 4.0
 
 
 def test_the_ack_of_a_replayed_batch_moves_no_cursor_and_counts_no_shipment(
