@@ -145,6 +145,7 @@ def test_refusing_a_shared_request_cancels_it_for_this_destination_only(
     sid = store.snapshots.request_snapshot(None, "c", "policy", "c's first contact")
     req = requests.request("policy", "b's first contact")
     assert req is not None and req.snapshot_id == sid  # b joined c's
+    assert (req.destination, req.reason) == (DEST, "b's first contact")  # b's view of it
     requests.refuse(req)
     mine, theirs = store.snapshots.get_snapshot(sid, DEST), store.snapshots.get_snapshot(sid, "c")
     assert mine is not None and (mine.status, mine.reason) == (
