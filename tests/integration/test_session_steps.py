@@ -25,7 +25,7 @@ from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
 from lr_server.protocol import versions as protocol
 from lr_server.sending.session import SenderSession
 from lr_server.sending.streams import ClientStream, Lanes, Mode, Notice, SessionState
-from lr_server.sending.window import FLUSH_INTERVAL, InFlight
+from lr_server.sending.window import FLUSH_INTERVAL, InFlight, Window
 from lr_server.transport.base import BatchStream, Transport
 from tests.kit.positions import new_slot
 from tests.kit.snapshots import ready_snapshot
@@ -84,6 +84,14 @@ def _ready(store: SQLAlchemyQueueStore, client: str = "policy", rows: int = 2) -
     )
 
 
+def _lease(store: SQLAlchemyQueueStore, s: SenderSession, *clients: str) -> None:
+    """This member holds the streams of ``clients`` (the session writes under their fences)."""
+    store.members.join_member("a", "ia", "", 1)
+    fences = {c: store.members.acquire_unit(f"stream/{DEST}/{c}", "a", "ia", 60.0) for c in clients}
+    s.fences = {c: f for c, f in fences.items() if f is not None}
+    assert list(s.fences) == list(clients)
+
+
 def _state(cs: ClientStream) -> tuple[object, ...]:
     return (cs.mode, cs.sent, cs.snapshot, cs.snap_sent, cs.notice, cs.stop_reason)
 
@@ -111,6 +119,19 @@ def test_log_streams_resume_where_the_sink_is_and_cursors_follow_it(
     s._plan(sink(notices=False, policy=log_at(5)))
     assert s.stops.notices is False
     assert store.snapshots.list_snapshots() == [] and store.retention.list_drops() == []
+
+
+@pytest.mark.parametrize(("cursor", "sink_at"), [(3, 5), (5, 2)], ids=["raised", "lowered"])
+def test_a_cursor_moved_by_negotiation_is_written_under_the_streams_lease(
+    store: SQLAlchemyQueueStore, cursor: int, sink_at: int
+) -> None:
+    s = session(store, policy=NONE, orders=NONE)
+    _lease(store, s, "policy", "orders")
+    _write(store, 9)
+    store.shipping.set_cursor(DEST, "policy", cursor)
+    streams = s._plan(sink(policy=log_at(sink_at), orders=log_at(0)))
+    assert streams["policy"].sent == sink_at
+    assert store.shipping.get_cursor(DEST, "policy").position == sink_at
 
 
 @pytest.mark.parametrize(("cursor", "sink_at"), [(3, 5), (5, 2)], ids=["raised", "lowered"])
@@ -193,6 +214,18 @@ def test_first_contact_with_a_provider_requests_a_full_sync(
     ]
 
 
+def test_first_contact_joining_another_destinations_full_sync_holds_its_own_view(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    s = session(store, policy=APP)
+    sid = store.snapshots.request_snapshot(None, "c", "policy", "c's first contact")
+    streams = s._plan(sink(policy=log_at(0)))
+    req = streams["policy"].snapshot
+    assert req is not None and req.snapshot_id == sid
+    assert req == store.snapshots.get_snapshot(sid, DEST)
+    assert (req.destination, req.reason) == (DEST, "first contact")
+
+
 def test_a_dropped_stream_is_told_of_its_drop_before_its_full_sync(
     store: SQLAlchemyQueueStore,
 ) -> None:
@@ -236,6 +269,7 @@ def test_a_snapshot_the_sink_completed_is_finished_when_its_ack_was_lost(
     store: SQLAlchemyQueueStore,
 ) -> None:
     s = session(store, policy=APP)
+    _lease(store, s, "policy")
     _write(store, 4)
     store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
     store.retention.drop_stream(DEST, "policy", "behind")
@@ -462,6 +496,7 @@ def test_lane_acks_move_the_cursor_to_what_every_lane_acknowledged(
     s = session(store, policy=NONE)
     streams = s._plan(sink(policy=log_at(0)))
     streams["policy"].lanes = Lanes.at(2, 0)
+    s.window = s.acks.window = Window(8, 1 << 20, streams=2)  # a stream per lane
     s.window.flushed(time.monotonic())  # just saved: cursors wait in the window
 
     def lane_batch(lane: int, last: int, low_water: int) -> int:
@@ -482,10 +517,17 @@ def test_lane_acks_move_the_cursor_to_what_every_lane_acknowledged(
         return bid
 
     before = _sample("lr_entries_shipped_total", destination=DEST, client="policy")
-    s.acks.on_ack(pb.ReplicationAck(batch_id=lane_batch(1, 10, 0)), streams)
+    ls = streams["policy"].lanes
+    assert ls is not None
+    first, second = lane_batch(1, 10, 0), lane_batch(2, 20, 10)
+    ls.chunks.extend([(10, {first}), (20, {second})])
+    ls.barrier = second
+    s.acks.on_ack(pb.ReplicationAck(batch_id=first), streams)
     assert s.window.cursors == {}  # lane 2 may still lack entries below 10
-    s.acks.on_ack(pb.ReplicationAck(batch_id=lane_batch(2, 20, 10)), streams)
+    assert (ls.acked, ls.barrier) == (10, second)
+    s.acks.on_ack(pb.ReplicationAck(batch_id=second), streams, 1)
     assert s.window.cursors == {"policy": 10}  # up to 10 acknowledged on every lane
+    assert (ls.acked, ls.barrier, len(ls.chunks)) == (20, 0, 0)
     assert _sample("lr_entries_shipped_total", destination=DEST, client="policy") - before == 4.0
 
 
@@ -603,12 +645,15 @@ def test_a_read_cut_by_its_bytes_is_not_taken_for_a_caught_up_one(
 
 def test_acks_of_snapshot_batches_record_what_was_shipped(store: SQLAlchemyQueueStore) -> None:
     s = session(store, policy=APP)
+    store.snapshots.request_snapshot(None, "c", "policy", "c's")  # shared with c
     req = _ready(store, rows=5)
     streams = s._plan(sink(policy=(0, pb.SNAPSHOT_ONGOING, req.snapshot_id, 0)))
     bid = _inflight(s, "policy", pb.BATCH_SNAPSHOT, 3, snapshot_id=req.snapshot_id)
     s.acks.on_ack(pb.ReplicationAck(batch_id=bid), streams)
-    got = store.snapshots.get_snapshot(req.snapshot_id)
+    got = store.snapshots.get_snapshot(req.snapshot_id, DEST)
     assert got is not None and (got.status, got.shipped_position) == (SnapshotStatus.READY, 3)
+    theirs = store.snapshots.get_snapshot(req.snapshot_id, "c")
+    assert theirs is not None and theirs.shipped_position == 0
     assert _sample("lr_snapshot_rows", destination=DEST, client="policy") == 3
     assert store.shipping.list_cursors() == []
 

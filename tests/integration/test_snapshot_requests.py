@@ -19,6 +19,7 @@ from lr_client.records import DropRecord, SnapshotRequest, SnapshotStatus
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server.config import ClientConfig, ReplicationConfig, RetryConfig, SnapshotProvider
 from lr_server.sending import snapshot_requests
+from lr_server.sending.request_board import Requests
 from lr_server.sending.snapshot_requests import SnapshotRequests
 from lr_server.sending.stops import StreamStops
 from lr_server.sending.streams import ClientStream, Mode, Notice
@@ -140,13 +141,15 @@ def test_a_request_of_a_client_without_provider_is_cancelled_with_the_reason(
 
 
 def test_refusing_a_shared_request_cancels_it_for_this_destination_only(
-    store: SQLAlchemyQueueStore, requests: SnapshotRequests
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests, clock: Clock
 ) -> None:
     sid = store.snapshots.request_snapshot(None, "c", "policy", "c's first contact")
     req = requests.request("policy", "b's first contact")
     assert req is not None and req.snapshot_id == sid  # b joined c's
     assert (req.destination, req.reason) == (DEST, "b's first contact")  # b's view of it
+    clock.mono = 1234.0
     requests.refuse(req)
+    assert requests.wrote == 1234.0
     mine, theirs = store.snapshots.get_snapshot(sid, DEST), store.snapshots.get_snapshot(sid, "c")
     assert mine is not None and (mine.status, mine.reason) == (
         SnapshotStatus.CANCELLED,
@@ -154,6 +157,27 @@ def test_refusing_a_shared_request_cancels_it_for_this_destination_only(
     )
     assert theirs is not None and theirs.status is SnapshotStatus.REQUESTED
     assert requests.open_snapshot("policy") is None
+
+
+def test_finishing_a_shared_snapshot_completes_it_for_this_destination_under_its_lease(
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests, clock: Clock
+) -> None:
+    store.members.join_member("a", "ia", "", 1)
+    fences = {"policy": store.members.acquire_unit("stream/b/policy", "a", "ia", 60.0)}
+    requests.stops.fence = fences.__getitem__  # the stream's own lease, by client name
+    _head(store, 3)
+    store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
+    sid = store.snapshots.request_snapshot(None, "c", "policy", "c's")
+    assert store.snapshots.request_snapshot(None, DEST, "policy", "b's") == sid
+    req = ready_snapshot(store, sid)
+    clock.mono = 1234.0
+    requests.finish("policy", req)
+    assert requests.wrote == 1234.0  # a check with an older read of requests reads anew
+    mine, theirs = store.snapshots.get_snapshot(sid, DEST), store.snapshots.get_snapshot(sid, "c")
+    assert mine is not None and mine.status is SnapshotStatus.COMPLETED
+    assert theirs is not None and theirs.status is SnapshotStatus.READY
+    cursor = store.shipping.get_cursor(DEST, "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (3, False)
 
 
 def test_finishing_a_snapshot_under_a_lost_lease_changes_nothing(
@@ -177,6 +201,19 @@ def test_finishing_a_snapshot_under_a_lost_lease_changes_nothing(
     cursor = store.shipping.get_cursor(DEST, "policy")
     assert (cursor.position, cursor.needs_snapshot) == (1, True)
     assert [d.client_name for d in store.retention.list_drops()] == ["policy"]
+
+
+def test_a_check_given_a_read_older_than_its_own_request_reads_again(
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests, clock: Clock
+) -> None:
+    cs = stream()
+    clock.mono = 1234.0
+    req = requests.request("policy", "asked")
+    assert req is not None
+    requests.check({"policy": cs}, Requests(began=1234.5))  # began after: taken as it is
+    assert (cs.mode, cs.snapshot) == (Mode.LOG, None)
+    requests.check({"policy": cs}, Requests(began=1233.5))  # began before: read again
+    assert (cs.mode, cs.snapshot) == (Mode.SNAPSHOT, req)
 
 
 # -- launches -------------------------------------------------------------------------------
@@ -612,6 +649,23 @@ def test_a_snapshot_whose_base_is_below_what_the_stream_sent_is_asked_for_again(
     )
     assert (cs.snapshot, cs.retry_at) == (third, 2014.0)
     assert len(_messages(caplog)) == (4 if spark else 2)
+
+
+def test_a_snapshot_asked_again_that_joins_a_running_one_launches_nothing(
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests, launches: Launches
+) -> None:
+    _head(store, 3)
+    old = ready_snapshot(store, store.snapshots.request_snapshot(None, DEST, "policy", "r"))
+    _head(store, 3)
+    store.shipping.set_cursor(DEST, "policy", 5)
+    theirs = store.snapshots.request_snapshot(None, "c", "policy", "c's")
+    assert store.snapshots.start_snapshot(theirs) is not None  # its base: 6
+    cs = stream("policy", SnapshotProvider.SPARK)
+    cs.mode, cs.snapshot, cs.sent = Mode.SNAPSHOT, old, 5
+    requests.rebase(cs)
+    assert cs.snapshot is not None and cs.snapshot.snapshot_id == theirs
+    assert cs.snapshot.status is SnapshotStatus.RUNNING
+    assert launches.calls == []  # its worker runs already
 
 
 def test_a_snapshot_stream_without_its_request_row_takes_the_open_one(
