@@ -18,8 +18,15 @@ import pytest
 from prometheus_client import REGISTRY
 
 from lr_client._proto import replication_pb2 as pb
+from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import FencedError, IncompatibleVersionError
-from lr_client.records import SnapshotRequest, SnapshotStatus
+from lr_client.records import (
+    CascadeNode,
+    ReplicationType,
+    SnapshotRequest,
+    SnapshotStatus,
+    WireEntry,
+)
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
 from lr_server.protocol import versions as protocol
@@ -152,6 +159,31 @@ def test_a_cursor_moved_by_negotiation_needs_the_streams_current_lease(
     with pytest.raises(FencedError):
         s._plan(sink(policy=log_at(sink_at)))
     assert store.shipping.get_cursor(DEST, "policy").position == cursor
+
+
+@pytest.mark.parametrize("child_at", [5, 9])
+def test_a_relayed_stream_resumes_where_the_child_is_within_what_the_branch_received(
+    store: SQLAlchemyQueueStore, child_at: int
+) -> None:
+    """A branch relays ``policy`` of the root: the stream's head is the last entry it
+    received, or the child's if higher (entries it forwarded before storing them)."""
+    store.sites.register_sites([DEST, "c"])
+    node = CascadeNode("policy", "root", CascadeRole.BRANCH, provider_id="root")
+    s = SenderSession(
+        store,
+        "a",
+        DEST,
+        [ClientConfig("policy", NONE)],
+        _no_transport,
+        ReplicationConfig(window_batches=8),
+        cascade={"policy": node},
+    )
+    entries = [WireEntry(p, ReplicationType.LOG_ENTRY_SYNC, b"x") for p in range(1, 8)]
+    store.recv.apply_log_batch("root", "policy", entries)
+    streams = s._plan(sink(policy=log_at(child_at)))
+    assert _state(streams["policy"]) == (Mode.LOG, child_at, None, 0, None, "")
+    assert store.retention.get_stream_stop(DEST, "policy") is None
+    assert store.retention.list_drops(DEST) == []
 
 
 def test_a_sink_behind_the_trim_point_is_dropped_to_a_full_sync_with_a_notice_first(
