@@ -318,6 +318,29 @@ def test_a_snapshot_the_sink_completed_is_finished_when_its_ack_was_lost(
     assert _state(streams["policy"]) == (Mode.LOG, 5, None, 0, None, "")
 
 
+def test_a_lease_lost_while_finishing_a_completed_snapshot_keeps_the_new_owners_cursor(
+    store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = session(store, policy=APP)
+    _lease(store, s, "policy")
+    _write(store, 4)
+    store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
+    req = _ready(store)
+    _write(store, 2)
+    finish = s.requests.finish
+
+    def finish_then_lose_the_lease(client: str, done: SnapshotRequest) -> None:
+        finish(client, done)
+        store.members.join_member("a2", "ib", "", 1)
+        assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+
+    monkeypatch.setattr(s.requests, "finish", finish_then_lose_the_lease)
+    with pytest.raises(FencedError):
+        s._plan(sink(policy=(5, pb.SNAPSHOT_COMPLETED, req.snapshot_id, 3)))
+    cursor = store.shipping.get_cursor(DEST, "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (4, False)  # the base, not 5
+
+
 def test_an_open_request_of_a_client_without_provider_is_refused(
     store: SQLAlchemyQueueStore,
 ) -> None:

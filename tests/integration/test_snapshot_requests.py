@@ -180,6 +180,31 @@ def test_finishing_a_shared_snapshot_completes_it_for_this_destination_under_its
     assert (cursor.position, cursor.needs_snapshot) == (3, False)
 
 
+def test_a_lease_lost_right_after_the_completion_keeps_the_cursor_of_the_new_owner(
+    store: SQLAlchemyQueueStore, requests: SnapshotRequests, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.members.join_member("a", "ia", "", 1)
+    store.members.join_member("a2", "ib", "", 1)
+    mine = store.members.acquire_unit("stream/b/policy", "a", "ia", 5.0)
+    assert mine is not None
+    requests.stops.fence = lambda _client: mine
+    _head(store, 3)
+    store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
+    req = ready_snapshot(store, store.snapshots.request_snapshot(None, DEST, "policy", "r"))
+    complete = store.snapshots.complete_snapshot
+
+    def complete_then_lose_the_lease(*args: object, **kwargs: object) -> bool:
+        done = complete(*args, **kwargs)  # type: ignore[arg-type]
+        assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+        return done
+
+    monkeypatch.setattr(store.snapshots, "complete_snapshot", complete_then_lose_the_lease)
+    with pytest.raises(FencedError):
+        requests.finish("policy", req)
+    cursor = store.shipping.get_cursor(DEST, "policy")
+    assert (cursor.position, cursor.needs_snapshot) == (1, True)  # the new owner's to move
+
+
 def test_finishing_a_snapshot_under_a_lost_lease_changes_nothing(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
