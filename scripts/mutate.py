@@ -11,6 +11,7 @@ out. Survivors are printed as diffs and kept in ``.mutate/<target>/survivors.txt
     scripts/mutate --list              # the targets, their code and tests
     scripts/mutate receive --jobs 1    # one mutant at a time (the default)
     scripts/mutate trim --survivors    # only the last run's survivors, after adding tests
+    scripts/mutate session --only 'lr_server.sending.acks.*'   # some of its functions
 
 PostgreSQL tests need the server of ``LR_TEST_PG_URL`` (``CI=true`` is set, so
 an unreachable server fails instead of skipping). docs/reliability.md records
@@ -365,7 +366,12 @@ def last_survivors(name: str) -> list[str]:
 
 
 def run(
-    name: str, target: Target, jobs: int, report_only: bool = False, survivors: bool = False
+    name: str,
+    target: Target,
+    jobs: int,
+    report_only: bool = False,
+    survivors: bool = False,
+    only: list[str] | None = None,
 ) -> dict[str, int]:
     mutmut = str(Path(sys.executable).with_name("mutmut"))
     env = {**os.environ, "CI": "true", **dict(target.env)}
@@ -373,6 +379,10 @@ def run(
     print(f"== {name}: {target.about}", flush=True)
     work = WORK / name
     started = time.monotonic()
+    if only:
+        # Some functions of the target only (mutmut names, globs allowed).
+        target = Target(target.files, only, target.tests, target.about, target.env)
+        print(f"   only: {', '.join(only)}", flush=True)
     if survivors:
         # Only the last run's survivors, against the tests as they are now.
         target = Target(target.files, last_survivors(name), target.tests, target.about, target.env)
@@ -432,6 +442,13 @@ def main() -> None:
         action="store_true",
         help="test only the mutants that survived the last run (after adding tests)",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="PATTERN",
+        help="mutate only the functions whose mutmut names match (repeatable), e.g. "
+        "'lr_server.sending.acks.*'",
+    )
     args = parser.parse_args()
     if args.list or not args.targets:
         for name, t in TARGETS.items():
@@ -442,7 +459,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown targets: {', '.join(unknown)}")
     for name in names:
-        run(name, TARGETS[name], args.jobs, args.report, args.survivors)
+        run(name, TARGETS[name], args.jobs, args.report, args.survivors, args.only)
 
 
 if __name__ == "__main__":
