@@ -300,6 +300,7 @@ TARGETS: dict[str, Target] = {
         ["lr_client.lanes.*", "lr_server.transport.lanes.*", "lr_server.sending.streams.*"],
         [
             "tests/unit/test_window.py",
+            "tests/unit/test_lane_streams.py",
             "tests/contract/test_receiving.py",
             "tests/integration/test_lanes.py",
         ],
