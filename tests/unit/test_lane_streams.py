@@ -99,6 +99,7 @@ def test_close_ends_every_stream_and_its_waiter(fakes: list[FakeStream]) -> None
     lanes = LaneStreams(list(fakes))
     waiters = [t for t in threading.enumerate() if t not in before]
     assert sorted(t.name for t in waiters) == [f"lr-lane-acks-{i}" for i in range(3)]
+    assert all(t.daemon for t in waiters)  # a waiter never holds the process up
     lanes.close()
     assert [f.closed for f in fakes] == [True, True, True]
     assert not any(t.is_alive() for t in waiters)
