@@ -207,11 +207,9 @@ def test_sqlite_makes_a_destinations_index_when_its_reads_first_walk_others(
     store.engine.dispose()
 
 
-def test_sqlite_a_destinations_index_that_cannot_be_made_leaves_its_read_whole(
-    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Making the index is the read's afterthought: if it fails (the database busy,
-    full or read-only) the read still returns its entries, and a later read tries again."""
+def _sparse_b(sqlite_url: str) -> SQLAlchemyQueueStore:
+    """A SQLite store whose 3 entries for ``b`` come before ``SPARSE_WALK`` for ``c``:
+    ``b``'s first read walks enough of others' to make its index."""
     migrated_sqlite(Path(sqlite_url.removeprefix("sqlite:///")))
     store = open_store(create_engine(sqlite_url))
     client = RoutingQueueClient(store, source_id="a", client_name="policy")
@@ -221,6 +219,15 @@ def test_sqlite_a_destinations_index_that_cannot_be_made_leaves_its_read_whole(
         client.transmit_log_entry_messages(
             conn, [LRMessageWithDestinations(b"x", ["c"])] * sqlite_dest_index.SPARSE_WALK
         )
+    return store
+
+
+def test_sqlite_a_destinations_index_that_cannot_be_made_leaves_its_read_whole(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Making the index is the read's afterthought: if it fails (the database busy,
+    full or read-only) the read still returns its entries, and a later read tries again."""
+    store = _sparse_b(sqlite_url)
     made = sqlite_dest_index.ddl
     monkeypatch.setattr(sqlite_dest_index, "ddl", lambda num: "CREATE INDEX broken ON nowhere (x)")
     entries = store.shipping.read_log_entries("b", "policy", 0, 100)
@@ -239,15 +246,7 @@ def test_sqlite_a_destinations_index_waits_for_no_writer(sqlite_url: str) -> Non
     """A transmitter holding SQLite's write lock does not hold up the read that would
     make the index (the busy timeout is a minute): the read returns, the index comes
     with a read after the lock is released."""
-    migrated_sqlite(Path(sqlite_url.removeprefix("sqlite:///")))
-    store = open_store(create_engine(sqlite_url))
-    client = RoutingQueueClient(store, source_id="a", client_name="policy")
-    client.register_destinations(["b", "c"])
-    with store.engine.begin() as conn:
-        client.transmit_log_entry_messages(conn, [LRMessageWithDestinations(b"y", ["b"])] * 3)
-        client.transmit_log_entry_messages(
-            conn, [LRMessageWithDestinations(b"x", ["c"])] * sqlite_dest_index.SPARSE_WALK
-        )
+    store = _sparse_b(sqlite_url)
     writer = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
     writer.execute("BEGIN IMMEDIATE")
     started = time.monotonic()

@@ -34,6 +34,7 @@ from lr_server.sending.session import SenderSession
 from lr_server.sending.streams import ClientStream, Lanes, Mode, Notice, SessionState
 from lr_server.sending.window import FLUSH_INTERVAL, InFlight, Window
 from lr_server.transport.base import BatchStream, Transport
+from tests.kit import leases
 from tests.kit.positions import new_slot
 from tests.kit.snapshots import ready_snapshot
 
@@ -93,10 +94,7 @@ def _ready(store: SQLAlchemyQueueStore, client: str = "policy", rows: int = 2) -
 
 def _lease(store: SQLAlchemyQueueStore, s: SenderSession, *clients: str) -> None:
     """This member holds the streams of ``clients`` (the session writes under their fences)."""
-    store.members.join_member("a", "ia", "", 1)
-    fences = {c: store.members.acquire_unit(f"stream/{DEST}/{c}", "a", "ia", 60.0) for c in clients}
-    s.fences = {c: f for c, f in fences.items() if f is not None}
-    assert list(s.fences) == list(clients)
+    s.fences = {c: leases.hold(store, f"stream/{DEST}/{c}") for c in clients}
 
 
 def _state(cs: ClientStream) -> tuple[object, ...]:
@@ -150,12 +148,8 @@ def test_a_cursor_moved_by_negotiation_needs_the_streams_current_lease(
     s = session(store, policy=NONE)
     _write(store, 9)
     store.shipping.set_cursor(DEST, "policy", cursor)
-    store.members.join_member("a", "ia", "", 1)
-    store.members.join_member("a2", "ib", "", 1)
-    mine = store.members.acquire_unit("stream/b/policy", "a", "ia", 5.0)
-    assert mine is not None
-    s.fences = {"policy": mine}
-    assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+    _lease(store, s, "policy")
+    leases.take_over(store, "stream/b/policy")
     with pytest.raises(FencedError):
         s._plan(sink(policy=log_at(sink_at)))
     assert store.shipping.get_cursor(DEST, "policy").position == cursor
@@ -331,8 +325,7 @@ def test_a_lease_lost_while_finishing_a_completed_snapshot_keeps_the_new_owners_
 
     def finish_then_lose_the_lease(client: str, done: SnapshotRequest) -> None:
         finish(client, done)
-        store.members.join_member("a2", "ib", "", 1)
-        assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+        leases.take_over(store, "stream/b/policy")
 
     monkeypatch.setattr(s.requests, "finish", finish_then_lose_the_lease)
     with pytest.raises(FencedError):
@@ -524,17 +517,13 @@ def test_a_cursor_is_saved_only_under_the_streams_current_lease(
     """Another member took the stream over: the deposed owner's acks save nothing."""
     s = session(store, policy=NONE)
     streams = s._plan(sink(policy=log_at(0)))
-    store.members.join_member("a", "ia", "", 1)
-    store.members.join_member("a2", "ib", "", 1)
-    mine = store.members.acquire_unit("stream/b/policy", "a", "ia", 5.0)
-    assert mine is not None
-    s.fences = {"policy": mine}
+    _lease(store, s, "policy")
     s.window.flushed_at -= 1.0
     s.acks.on_ack(
         pb.ReplicationAck(batch_id=_inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)), streams
     )
     assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
-    assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+    leases.take_over(store, "stream/b/policy")
     s.window.flushed(time.monotonic())
     s.acks.on_ack(
         pb.ReplicationAck(batch_id=_inflight(s, "policy", pb.BATCH_LOG_ENTRY, 8)), streams

@@ -23,6 +23,7 @@ from lr_server.sending.request_board import Requests
 from lr_server.sending.snapshot_requests import SnapshotRequests
 from lr_server.sending.stops import StreamStops
 from lr_server.sending.streams import ClientStream, Mode, Notice
+from tests.kit import leases
 from tests.kit.snapshots import ready_snapshot
 
 DEST = "b"
@@ -162,8 +163,7 @@ def test_refusing_a_shared_request_cancels_it_for_this_destination_only(
 def test_finishing_a_shared_snapshot_completes_it_for_this_destination_under_its_lease(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests, clock: Clock
 ) -> None:
-    store.members.join_member("a", "ia", "", 1)
-    fences = {"policy": store.members.acquire_unit("stream/b/policy", "a", "ia", 60.0)}
+    fences = {"policy": leases.hold(store, "stream/b/policy")}
     requests.stops.fence = fences.__getitem__  # the stream's own lease, by client name
     _head(store, 3)
     store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
@@ -183,10 +183,7 @@ def test_finishing_a_shared_snapshot_completes_it_for_this_destination_under_its
 def test_a_lease_lost_right_after_the_completion_keeps_the_cursor_of_the_new_owner(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.members.join_member("a", "ia", "", 1)
-    store.members.join_member("a2", "ib", "", 1)
-    mine = store.members.acquire_unit("stream/b/policy", "a", "ia", 5.0)
-    assert mine is not None
+    mine = leases.hold(store, "stream/b/policy")
     requests.stops.fence = lambda _client: mine
     _head(store, 3)
     store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
@@ -195,7 +192,7 @@ def test_a_lease_lost_right_after_the_completion_keeps_the_cursor_of_the_new_own
 
     def complete_then_lose_the_lease(*args: object, **kwargs: object) -> bool:
         done = complete(*args, **kwargs)  # type: ignore[arg-type]
-        assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+        leases.take_over(store, "stream/b/policy")
         return done
 
     monkeypatch.setattr(store.snapshots, "complete_snapshot", complete_then_lose_the_lease)
@@ -209,16 +206,13 @@ def test_finishing_a_snapshot_under_a_lost_lease_changes_nothing(
     store: SQLAlchemyQueueStore, requests: SnapshotRequests
 ) -> None:
     """Another member took the stream over: the deposed owner's completion is refused."""
-    store.members.join_member("a", "ia", "", 1)
-    store.members.join_member("a2", "ib", "", 1)
-    mine = store.members.acquire_unit("stream/b/policy", "a", "ia", 5.0)
-    assert mine is not None
+    mine = leases.hold(store, "stream/b/policy")
     requests.stops.fence = lambda _client: mine
     _head(store, 3)
     store.shipping.set_cursor(DEST, "policy", 1, needs_snapshot=True)
     store.retention.drop_stream(DEST, "policy", "too far behind")
     req = ready_snapshot(store, store.snapshots.request_snapshot(None, DEST, "policy", "r"))
-    assert store.members.acquire_unit("stream/b/policy", "a2", "ib", -1.0) is not None
+    leases.take_over(store, "stream/b/policy")
     with pytest.raises(FencedError):
         requests.finish("policy", req)
     got = store.snapshots.get_snapshot(req.snapshot_id, DEST)
