@@ -90,7 +90,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     release_ports()
     # Test databases are dropped in the background (tests/kit/templates.py): wait for them.
     for database, error in finish_drops():
-        sys.stderr.write(f"\ntest database {database} not dropped: {error}\n")
+        sys.stderr.write(f"\ntest database {database} not released: {error}\n")
 
 
 _pg_state: dict[str, object] = {}

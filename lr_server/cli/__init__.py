@@ -13,8 +13,8 @@ One module per command group: :mod:`~lr_server.cli.serve` (``server``,
 ``init-db``), :mod:`~lr_server.cli.status`, :mod:`~lr_server.cli.browse`,
 :mod:`~lr_server.cli.snapshot`, :mod:`~lr_server.cli.members`,
 :mod:`~lr_server.cli.provider`, :mod:`~lr_server.cli.streams` (``trim``,
-``accept-loss``), :mod:`~lr_server.cli.parked` and :mod:`~lr_server.cli.demo`; what they share is in
-``accept-loss``, ``replay``, ``rewind``) and :mod:`~lr_server.cli.demo`; what they share is in
+``accept-loss``, ``replay``, ``rewind``), :mod:`~lr_server.cli.parked` and
+:mod:`~lr_server.cli.demo`; what they share is in
 :mod:`~lr_server.cli.errors`, :mod:`~lr_server.cli.options`,
 :mod:`~lr_server.cli.database` and :mod:`~lr_server.cli.render`.
 

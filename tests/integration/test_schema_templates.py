@@ -14,9 +14,14 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
-from lr_client.store import create_engine
+from lr_client import RoutingQueueClient
+from lr_client.store import create_engine, open_store
 from lr_client.store.schema import lifecycle
+from tests.conftest import PG_URL, require_pg
+from tests.kit import pgreuse, templates
 
 #: PostgreSQL's objects of the schema; a function body names its own schema,
 #: compared without the name.
@@ -68,3 +73,67 @@ def test_a_copied_database_is_the_migrated_schema(
     finally:
         migrated.dispose()
         copied.dispose()
+
+
+def _read(url: str, query: str | None = None) -> Any:
+    """The database's shape and contents (:class:`pgreuse.Template`), or ``query``'s value."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            if query is not None:
+                return conn.exec_driver_sql(query).scalar()
+            return pgreuse.Template.read(conn)
+    finally:
+        engine.dispose()
+
+
+def _released(name: str) -> set[str]:
+    """Release ``name`` as a test's end does; the databases it put in the pool."""
+    before = set(templates.pooled(PG_URL))
+    templates.drop_pg_database(PG_URL, name)
+    templates.wait_queued()
+    return set(templates.pooled(PG_URL)) - before
+
+
+@pytest.mark.postgres
+def test_a_released_database_is_renewed_as_a_fresh_copy_or_dropped() -> None:
+    """A database a test wrote comes back under a new name with no trace of it (rows,
+    sequences, planner statistics); one whose shape a test changed is dropped."""
+    require_pg()
+    used = templates.migrated_pg_database(PG_URL)
+    url = templates.database_url(PG_URL, used)
+    fresh = _read(url)
+    store = open_store(create_engine(url))
+    try:
+        client = RoutingQueueClient(store, source_id="a", client_name="policy")
+        client.register_destinations(["b", "c"])
+        with Session(store.engine) as session, session.begin():
+            client.transmit_log_entry_message(session, b"x" * 5000, ["b", "c"])
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
+    finally:
+        store.engine.dispose()
+    assert _read(url) != fresh
+    assert _read(url, _STATISTICS)
+
+    (renewed,) = _released(used)
+    assert renewed != used and not _exists(used)  # a process still trying it finds nothing
+    assert _read(templates.database_url(PG_URL, renewed)) == fresh
+    assert _read(templates.database_url(PG_URL, renewed), _STATISTICS) == 0
+
+    taken = templates.migrated_pg_database(PG_URL)
+    assert taken == renewed
+    with create_engine(templates.database_url(PG_URL, taken), poolclass=NullPool).begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE lr.lrq_meta ADD COLUMN extra int")
+    assert _released(taken) == set()
+    assert not _exists(taken)
+
+
+_STATISTICS = (
+    "SELECT count(*) FROM pg_statistic s JOIN pg_class c ON c.oid = s.starelid"
+    " WHERE c.relnamespace = CAST('lr' AS regnamespace)"
+)
+
+
+def _exists(database: str) -> bool:
+    return bool(_read(PG_URL, f"SELECT count(*) FROM pg_database WHERE datname = '{database}'"))

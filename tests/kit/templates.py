@@ -8,8 +8,9 @@ migration. So each test process migrates once per backend, for real
 - SQLite: the migrated file, copied to the test's path (WAL mode is kept in the file);
 - PostgreSQL: ``CREATE DATABASE ... TEMPLATE`` of a database migrated in its
   schema ``lr`` (a copy of the files, about 0.1 s), with ``synchronous_commit``
-  off (commits do not wait for the disk: no test crashes the server), dropped
-  ``WITH (FORCE)`` after the test, by a thread of its own (:func:`drop_pg_database`).
+  off (commits do not wait for the disk: no test crashes the server), released
+  after the test to a thread of its own (:func:`drop_pg_database`), which renews it
+  for a later test (:mod:`tests.kit.pgreuse`) or drops it ``WITH (FORCE)``.
 
 A copy equals a migration: ``tests/integration/test_schema_templates.py``
 compares them, and ``test_schema_lifecycle.py`` still migrates every revision
@@ -32,6 +33,7 @@ from sqlalchemy.engine import make_url
 
 from lr_client.store import create_engine
 from lr_client.store.schema.lifecycle import upgrade_schema
+from tests.kit import pgreuse
 
 #: The schema of a migrated PostgreSQL database.
 PG_SCHEMA = "lr"
@@ -105,17 +107,35 @@ def _pg_template(server_url: str) -> str:
     return _pg_templates[server_url]
 
 
+#: Released databases made as new (:mod:`tests.kit.pgreuse`), per server, at most
+#: ``POOL`` each; a test takes one before a copy is made.
+POOL = 8
+_pool: dict[str, list[str]] = {}
+_pool_lock = threading.Lock()
+_pg_contents: dict[str, pgreuse.Template] = {}
+
+
 def migrated_pg_database(server_url: str) -> str:
-    """A new database holding the migrated schema ``lr``; returns its name."""
+    """A database holding the migrated schema ``lr`` as new; returns its name."""
+    with _pool_lock:
+        if _pool.get(server_url):
+            return _pool[server_url].pop()
     template = _pg_template(server_url)
     name = "t_" + uuid.uuid4().hex[:12]
     # Commits visible at once as ever, only not waiting for the WAL's flush: no test
-    # crashes the PostgreSQL server, and a test database is dropped at its end.
+    # crashes the PostgreSQL server, and a test database is renewed or dropped at its end.
     _server_sql(
         server_url,
         f'CREATE DATABASE "{name}" TEMPLATE "{template}"',
         f'ALTER DATABASE "{name}" SET synchronous_commit = off',
     )
+    if server_url not in _pg_contents:  # what a fresh copy holds, read from the first
+        engine = create_engine(database_url(server_url, name), poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with engine.connect() as conn:
+                _pg_contents[server_url] = pgreuse.Template.read(conn)
+        finally:
+            engine.dispose()
     return name
 
 
@@ -128,13 +148,55 @@ _drops: queue.Queue[tuple[str, str]] = queue.Queue(DROP_BACKLOG)
 _dropper: list[threading.Thread] = []
 #: Drops that failed (database, error), reported by :func:`finish_drops`.
 drop_errors: list[tuple[str, str]] = []
+_finishing = threading.Event()
+
+
+def _release(server_url: str, database: str) -> None:
+    """Pool ``database`` made as new, under a new name, or drop it."""
+    template = _pg_contents.get(server_url)
+    with _pool_lock:
+        room = template is not None and len(_pool.get(server_url, ())) < POOL
+    if not room or _finishing.is_set():
+        _drop(server_url, database)
+        return
+    renamed = "t_" + uuid.uuid4().hex[:12]
+    try:  # its sessions ended, and a process of the test that tries again finds no database
+        _server_sql(
+            server_url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{database}' AND pid <> pg_backend_pid()",
+            f'ALTER DATABASE "{database}" RENAME TO "{renamed}"',
+        )
+    except sqlalchemy.exc.DBAPIError:
+        _drop(server_url, database)
+        return
+    engine = create_engine(
+        database_url(server_url, renamed),
+        poolclass=sqlalchemy.pool.NullPool,
+        isolation_level="AUTOCOMMIT",
+    )
+    try:
+        with engine.connect() as conn:
+            renewed = pgreuse.renew(conn, template)
+    except sqlalchemy.exc.DBAPIError:
+        renewed = False
+    except AssertionError as exc:  # reported at the end of the run; the database dropped
+        drop_errors.append((database, repr(exc)))
+        renewed = False
+    finally:
+        engine.dispose()
+    if renewed:
+        with _pool_lock:
+            _pool.setdefault(server_url, []).append(renamed)
+    else:
+        _drop(server_url, renamed)
 
 
 def _drop_loop() -> None:
     while True:
         server_url, database = _drops.get()
         try:
-            _drop(server_url, database)
+            _release(server_url, database)
         except Exception as exc:  # reported at the end of the run
             drop_errors.append((database, repr(exc)))
         finally:
@@ -142,14 +204,16 @@ def _drop_loop() -> None:
 
 
 def drop_pg_database(server_url: str, database: str) -> None:
-    """Drop a database made by :func:`migrated_pg_database`, closing its sessions.
+    """Release a database made by :func:`migrated_pg_database`: its sessions are ended
+    and the name is gone; it is renewed for a later test, or dropped.
 
-    The drop is queued to threads of this process and the call returns at
-    once (unless :data:`DROP_BACKLOG` drops are pending): ``DROP DATABASE``
-    waits for a checkpoint (0.1-2 s, several seconds when the server is busy),
+    The release is queued to threads of this process and the call returns at
+    once (unless :data:`DROP_BACKLOG` are pending): ``DROP DATABASE`` waits
+    for a checkpoint (0.1-2 s, several seconds when the server is busy),
     which the test that made the database no longer needs.
-    The caller must have closed its own connections (``WITH (FORCE)`` ends
-    any left). :func:`finish_drops` waits for the queue; it runs at exit.
+    The caller should have closed its own connections (the release ends any
+    left). :func:`finish_drops` waits for the queue and drops the pooled
+    databases; it runs at exit.
     """
     if not _dropper:
         for n in range(DROP_THREADS):
@@ -160,9 +224,29 @@ def drop_pg_database(server_url: str, database: str) -> None:
     _drops.put((server_url, database))
 
 
-def finish_drops() -> list[tuple[str, str]]:
-    """Wait until every queued drop is done; the drops that failed (database, error)."""
+def pooled(server_url: str) -> list[str]:
+    """The databases waiting in the pool for a test, oldest first."""
+    with _pool_lock:
+        return list(_pool.get(server_url, ()))
+
+
+def wait_queued() -> None:
+    """Wait until every queued release (renewal or drop) is done."""
     if _dropper:
+        _drops.join()
+
+
+def finish_drops() -> list[tuple[str, str]]:
+    """Wait until every queued drop is done, then drop the pooled databases; the drops
+    that failed (database, error)."""
+    if _dropper:
+        _drops.join()
+        _finishing.set()
+        with _pool_lock:
+            pooled = [(url, name) for url, names in _pool.items() for name in names]
+            _pool.clear()
+        for server_url, database in pooled:
+            _drops.put((server_url, database))
         _drops.join()
     return list(drop_errors)
 
