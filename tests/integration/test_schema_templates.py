@@ -101,32 +101,40 @@ def test_a_released_database_is_renewed_as_a_fresh_copy_or_dropped() -> None:
     sequences, planner statistics); one whose shape a test changed is dropped."""
     require_pg()
     used = templates.migrated_pg_database(PG_URL)
-    url = templates.database_url(PG_URL, used)
-    fresh = _read(url)
-    store = open_store(create_engine(url))
+    held = [used]  # released at the end whatever fails: no database is left behind
     try:
-        client = RoutingQueueClient(store, source_id="a", client_name="policy")
-        client.register_destinations(["b", "c"])
-        with Session(store.engine) as session, session.begin():
-            client.transmit_log_entry_message(session, b"x" * 5000, ["b", "c"])
-        with store.engine.begin() as conn:
-            conn.exec_driver_sql("ANALYZE")
+        url = templates.database_url(PG_URL, used)
+        fresh = _read(url)
+        store = open_store(create_engine(url))
+        try:
+            client = RoutingQueueClient(store, source_id="a", client_name="policy")
+            client.register_destinations(["b", "c"])
+            with Session(store.engine) as session, session.begin():
+                client.transmit_log_entry_message(session, b"x" * 5000, ["b", "c"])
+            with store.engine.begin() as conn:
+                conn.exec_driver_sql("ANALYZE")
+        finally:
+            store.engine.dispose()
+        assert _read(url) != fresh
+        assert _read(url, _STATISTICS)
+
+        (renewed,) = _released(used)
+        assert renewed != used and not _exists(used)  # a process still trying it finds nothing
+        assert _read(templates.database_url(PG_URL, renewed)) == fresh
+        assert _read(templates.database_url(PG_URL, renewed), _STATISTICS) == 0
+
+        taken = templates.migrated_pg_database(PG_URL)
+        held.append(taken)
+        assert taken == renewed
+        with create_engine(
+            templates.database_url(PG_URL, taken), poolclass=NullPool
+        ).begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE lr.lrq_meta ADD COLUMN extra int")
+        assert _released(taken) == set()
+        assert not _exists(taken)
     finally:
-        store.engine.dispose()
-    assert _read(url) != fresh
-    assert _read(url, _STATISTICS)
-
-    (renewed,) = _released(used)
-    assert renewed != used and not _exists(used)  # a process still trying it finds nothing
-    assert _read(templates.database_url(PG_URL, renewed)) == fresh
-    assert _read(templates.database_url(PG_URL, renewed), _STATISTICS) == 0
-
-    taken = templates.migrated_pg_database(PG_URL)
-    assert taken == renewed
-    with create_engine(templates.database_url(PG_URL, taken), poolclass=NullPool).begin() as conn:
-        conn.exec_driver_sql("ALTER TABLE lr.lrq_meta ADD COLUMN extra int")
-    assert _released(taken) == set()
-    assert not _exists(taken)
+        for name in held:
+            templates.drop_pg_database(PG_URL, name)  # gone already: nothing to do
 
 
 _STATISTICS = (
