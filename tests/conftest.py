@@ -88,7 +88,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     release_ports()
-    # Test databases are dropped in the background (tests/kit/templates.py): wait for them.
+    # Test databases are released (renewed or dropped) in the background
+    # (tests/kit/templates.py): wait for them, then drop the renewed ones.
     for database, error in finish_drops():
         sys.stderr.write(f"\ntest database {database} not released: {error}\n")
 
