@@ -238,3 +238,58 @@ def test_a_closed_slot_is_kept_one_period_so_positions_stay_known(
     assert store.send.positions_of([EntryRef(ref.txid, ref.ord)]) == [position]
     store.retention.rotation_period = 0.0
     assert store.retention.trim() == 1
+
+
+def test_a_slot_judged_pinned_is_judged_anew_once_a_late_writer_added_to_it(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """What was read of a pinned slot serves only while its highest position stays: a
+    writer that took the slot as current before it closed and wrote after it was judged
+    (the slot is its transaction's setting) makes it be read again, or the late entry
+    would go with the slot once the earlier ones are passed."""
+    nums = store.sites.site_numbers()
+    (first,) = commit(store, 1, ("c",))
+    slot = current(store)
+    assert store.retention.rotate_send_log() is not None
+    assert store.retention.trim() == 0  # judged: c is behind; what was read is kept
+    with store.engine.begin() as app:
+        app.execute(
+            text(
+                "SELECT set_config('lrq.slot_' || CAST(CAST('lrq_send_entries' AS regclass)"
+                " AS oid), :slot, true)"
+            ),
+            {"slot": str(slot)},
+        )
+        (ref,) = store.send.append_log_entries(app, CLIENT, [(b"late", [nums["c"]])])
+    (late,) = positions(store, [ref])
+    with store.read() as conn:
+        found = conn.execute(
+            text("SELECT slot FROM lrq_send_positions WHERE position = :p"), {"p": late}
+        ).scalar_one()
+    assert found == slot != current(store) and late > first
+    store.shipping.set_cursor("c", CLIENT, first)  # past what was judged, not the late entry
+    assert store.retention.trim() == 0
+    assert [e.payload for e in store.shipping.read_log_entries("c", CLIENT, first, 10)] == [b"late"]
+    store.shipping.set_cursor("c", CLIENT, late)
+    assert store.retention.trim() == 2
+    assert store.shipping.read_client_log(CLIENT, 0, 10) == []
+
+
+def test_a_busy_slot_does_not_keep_the_next_passed_slot_from_retiring(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    nums = store.sites.site_numbers()
+    with store.engine.connect() as app:
+        app.begin()
+        store.send.append_log_entries(app, CLIENT, [(b"open", [nums["b"]])])
+        busy = current(store)
+        commit(store, 1)
+        assert store.retention.rotate_send_log() is not None
+        passed = current(store)
+        assert passed > busy  # judged after the busy one
+        (p,) = commit(store, 1)
+        assert store.retention.rotate_send_log() is not None
+        store.shipping.set_cursor("b", CLIENT, p)
+        assert store.retention.trim() == 1  # the passed slot's entry; the busy slot waits
+        assert {x.slot for x in store.retention.send_slots() if x.entries} == {busy}
+        app.rollback()
