@@ -252,6 +252,31 @@ def test_entries_naming_every_node_of_the_set_are_trimmed_at_the_global_watermar
     assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == []
 
 
+def test_the_root_keeps_what_follows_an_open_full_syncs_base_past_the_global_watermark(
+    cascade: Set,
+) -> None:
+    """A child's full sync resumes its log after its base: the root keeps what follows the
+    base even once the global watermark passed it, and only for that child's own stream
+    (another client's open full sync to another child holds nothing of this client)."""
+    s1 = cascade["s1"]
+    (a,) = originate(s1.store, 1, ["s2", "s3"])
+    other = s1.store.snapshots.request_snapshot(None, "s3", "inventory", "test")
+    assert s1.store.snapshots.start_snapshot(other).base_position == a  # type: ignore[union-attr]
+    p = originate(s1.store, 2, ["s2", "s3"])
+    sid = s1.store.snapshots.request_snapshot(None, "s2", C, "test")
+    assert s1.store.snapshots.start_snapshot(sid).base_position == p[-1]  # type: ignore[union-attr]
+    q = originate(s1.store, 3, ["s2", "s3"])
+    for dest in ("s2", "s3"):
+        s1.store.shipping.set_cursor(dest, C, q[-1])
+    s1.store.cascade_reports.set_global_watermark(C, q[-1])  # every node has everything
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == q
+    s1.store.snapshot_entries.finish_snapshot(sid)
+    s1.store.snapshots.complete_snapshot(sid)  # done: the global watermark alone counts again
+    s1.store.retention.trim()
+    assert [e.position for e in s1.store.shipping.read_client_log(C, 0, 100)] == []
+
+
 def test_a_dead_leaf_dropped_by_retention_does_not_pin_the_root(cascade: Set) -> None:
     s1 = cascade["s1"]
     p = originate(s1.store, 6, ["s2", "s3"])
