@@ -139,6 +139,7 @@ TARGETS: dict[str, Target] = {
             "tests/integration/test_trim.py",
             "tests/integration/test_trim_property.py",
             "tests/integration/test_send_slots.py",
+            "tests/unit/test_slot_ring.py",
             # The root of a cascaded client: its trim at the global watermark.
             "tests/integration/test_cascade_control.py",
             *CONTRACT,

@@ -293,3 +293,41 @@ def test_a_busy_slot_does_not_keep_the_next_passed_slot_from_retiring(
         assert store.retention.trim() == 1  # the passed slot's entry; the busy slot waits
         assert {x.slot for x in store.retention.send_slots() if x.entries} == {busy}
         app.rollback()
+
+
+def test_a_slot_made_current_again_is_emptied_of_what_rolled_back_writers_left(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """A retired slot written to afterwards by a transaction that rolled back (one that
+    took it as current before it closed) holds no row but pages: it is emptied when it
+    becomes current again, so a ring's reuse never carries dead pages along."""
+    (p,) = commit(store, 1)
+    old = current(store)
+    assert store.retention.rotate_send_log() is not None
+    store.shipping.set_cursor("b", CLIENT, p)
+    assert store.retention.trim() == 1  # the old slot retired: truncated
+    nums = store.sites.site_numbers()
+    with store.engine.connect() as app, app.begin() as txn:
+        app.execute(
+            text(
+                "SELECT set_config('lrq.slot_' || CAST(CAST('lrq_send_entries' AS regclass)"
+                " AS oid), :slot, true)"
+            ),
+            {"slot": str(old)},
+        )
+        store.send.append_log_entries(app, CLIENT, [(b"x" * 1000, [nums["b"]])] * 50)
+        txn.rollback()
+
+    def pages() -> int:
+        with store.read() as conn:
+            return int(
+                conn.execute(
+                    text("SELECT pg_relation_size(CAST(:t AS regclass))"),
+                    {"t": f"lrq_send_entries_s{old}"},
+                ).scalar_one()
+            )
+
+    assert pages() > 0
+    commit(store, 1)
+    assert store.retention.rotate_send_log() == old  # the ring's free slot, reused
+    assert pages() == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lr_client.store.slot_ring import Reclaim, next_slot
+from lr_client.store.slot_ring import Partitions, Reclaim, next_slot
 
 FREED, BUSY, PINNED = Reclaim.FREED, Reclaim.BUSY, Reclaim.PINNED
 
@@ -56,3 +56,13 @@ def test_candidates_are_tried_in_the_order_given() -> None:
     got = next_slot([0, 1, 2, 3], [3, 1, 2], reclaim, lambda _: None, max_slots=4, busy_waits=False)
     assert got is None
     assert tried == [3, 1, 2]
+
+
+def test_a_partitions_name_is_its_prefix_and_a_checked_slot_number() -> None:
+    parts = Partitions("lrq_recv_entries", "lrq_recv_entries_p")
+    assert parts.name(0) == "lrq_recv_entries_p0"
+    assert parts.name(12) == "lrq_recv_entries_p12"
+    # A name becomes SQL: nothing but a non-negative integer makes one.
+    for bad in (-1, True, "1", "1; DROP TABLE x", 1.0, None):
+        with pytest.raises(ValueError, match="a slot is a non-negative integer"):
+            parts.name(bad)  # type: ignore[arg-type]
