@@ -331,3 +331,27 @@ def test_a_slot_made_current_again_is_emptied_of_what_rolled_back_writers_left(
     commit(store, 1)
     assert store.retention.rotate_send_log() == old  # the ring's free slot, reused
     assert pages() == 0
+
+
+def test_the_trim_rotates_the_current_slot_once_a_period_passed_and_only_if_it_holds_entries(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    store.retention.rotation_period = 3600.0
+    first = current(store)
+
+    def a_period_passes() -> None:
+        with store.write() as conn:
+            conn.execute(text("UPDATE lrq_send_state SET rotated_at = rotated_at - 7200"))
+
+    store.retention.trim()
+    assert current(store) == first  # neither a period passed nor an entry written
+    a_period_passes()
+    store.retention.trim()
+    assert current(store) == first  # a period passed, but the slot is empty
+    commit(store, 1)
+    store.retention.trim()
+    second = current(store)
+    assert second != first  # both: rotated
+    commit(store, 1)
+    store.retention.trim()
+    assert current(store) == second  # entries, but rotated less than a period ago
