@@ -517,7 +517,17 @@ def test_a_destination_dropped_by_retention_is_told_before_its_full_sync(
                 x.status is SnapshotStatus.COMPLETED and "dropped" in x.reason for x in snaps
             )
 
-        wait_for(resynced, timeout=60)
+        def state() -> str:  # where it stopped, if it does
+            snaps = [
+                (x.snapshot_id, x.status.value, x.reason)
+                for x in pair.src.snapshots.list_snapshots("b", "policy")
+            ]
+            return (
+                f"snapshots of b: {snaps}; the sink's events since the stop:"
+                f" {seen(pair.sink)[len(before) :][-10:]}; drop calls {listener.drop_calls}"
+            )
+
+        wait_for(resynced, timeout=60, what="b's full sync after its drop", detail=state)
         wait_for(lambda: kvapp.table(pair.sink.engine) == kvapp.table(pair.src.engine))
     after = seen(pair.sink)[len(before) :]
     assert after[:2] == [("dropped", drop.first_dropped_position), ("start", 0)]
