@@ -260,11 +260,14 @@ def test_the_root_keeps_what_follows_an_open_full_syncs_base_past_the_global_wat
     (another client's open full sync to another child holds nothing of this client)."""
     s1 = cascade["s1"]
     (a,) = originate(s1.store, 1, ["s2", "s3"])
-    other = s1.store.snapshots.request_snapshot(None, "s3", "inventory", "test")
-    assert s1.store.snapshots.start_snapshot(other).base_position == a  # type: ignore[union-attr]
+    other = s1.store.snapshots.start_snapshot(
+        s1.store.snapshots.request_snapshot(None, "s3", "inventory", "test")
+    )
+    assert other is not None and other.base_position == a
     p = originate(s1.store, 2, ["s2", "s3"])
     sid = s1.store.snapshots.request_snapshot(None, "s2", C, "test")
-    assert s1.store.snapshots.start_snapshot(sid).base_position == p[-1]  # type: ignore[union-attr]
+    started = s1.store.snapshots.start_snapshot(sid)
+    assert started is not None and started.base_position == p[-1]
     q = originate(s1.store, 3, ["s2", "s3"])
     for dest in ("s2", "s3"):
         s1.store.shipping.set_cursor(dest, C, q[-1])

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import Connection
 
 from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, open_store
@@ -51,6 +52,19 @@ def slot_of(store: SQLAlchemyQueueStore, table: str) -> set[int]:
 
 def current(store: SQLAlchemyQueueStore) -> int:
     return next(x.slot for x in store.retention.send_slots() if x.current)
+
+
+def write_late(app: Connection, slot: int) -> None:
+    """Make ``app``'s transaction write into ``slot`` as a late writer does: one that took
+    the slot as current before it closed (a transaction's slot is its setting
+    ``lrq.slot_<oid>``, revision 0006)."""
+    app.execute(
+        text(
+            "SELECT set_config('lrq.slot_' || CAST(CAST('lrq_send_entries' AS regclass)"
+            " AS oid), :slot, true)"
+        ),
+        {"slot": str(slot)},
+    )
 
 
 def deleted_rows(store: SQLAlchemyQueueStore, schema: str) -> int:
@@ -253,13 +267,7 @@ def test_a_slot_judged_pinned_is_judged_anew_once_a_late_writer_added_to_it(
     assert store.retention.rotate_send_log() is not None
     assert store.retention.trim() == 0  # judged: c is behind; what was read is kept
     with store.engine.begin() as app:
-        app.execute(
-            text(
-                "SELECT set_config('lrq.slot_' || CAST(CAST('lrq_send_entries' AS regclass)"
-                " AS oid), :slot, true)"
-            ),
-            {"slot": str(slot)},
-        )
+        write_late(app, slot)
         (ref,) = store.send.append_log_entries(app, CLIENT, [(b"late", [nums["c"]])])
     (late,) = positions(store, [ref])
     with store.read() as conn:
@@ -308,13 +316,7 @@ def test_a_slot_made_current_again_is_emptied_of_what_rolled_back_writers_left(
     assert store.retention.trim() == 1  # the old slot retired: truncated
     nums = store.sites.site_numbers()
     with store.engine.connect() as app, app.begin() as txn:
-        app.execute(
-            text(
-                "SELECT set_config('lrq.slot_' || CAST(CAST('lrq_send_entries' AS regclass)"
-                " AS oid), :slot, true)"
-            ),
-            {"slot": str(old)},
-        )
+        write_late(app, old)
         store.send.append_log_entries(app, CLIENT, [(b"x" * 1000, [nums["b"]])] * 50)
         txn.rollback()
 
