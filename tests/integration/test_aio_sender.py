@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import asyncpg
+import asyncpg.prepared_stmt
 import psycopg
 import pytest
 from sqlalchemy import event, text
@@ -20,6 +22,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from lr_client import BackpressureError, ConfigError, LRMessageWithDestinations
 from lr_client.aio import AsyncRoutingQueueClient, create_async_engine, sync_url
+from lr_client.errors import SchemaError
 from lr_client.store import SQLAlchemyQueueStore
 from lr_client.store.async_engine import open_async_store
 from tests.conftest import PG_URL, require_pg
@@ -41,16 +44,13 @@ def sent(store: SQLAlchemyQueueStore) -> list[bytes]:
 def driver_statements(app: App, tx: Tx, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The statements the driver runs on ``tx``'s connection from now on, whether
     through SQLAlchemy or on the driver's own connection: SQLite's trace of them
-    (aiosqlite), psycopg's cursors, SQLAlchemy's (asyncpg: only through it)."""
+    (aiosqlite), psycopg's cursors, asyncpg's prepared statements and executemany."""
     statements: list[str] = []
 
     async def raw_connection() -> Any:
         handle = tx.handle
         conn = await handle.connection() if isinstance(handle, AsyncSession) else handle
         return (await conn.get_raw_connection()).driver_connection
-
-    def count(_conn: Any, _cur: Any, statement: str, *_args: Any) -> None:
-        statements.append(statement)
 
     if app.flavour == "aiosqlite":
         raw = app.run(raw_connection())
@@ -69,10 +69,21 @@ def driver_statements(app: App, tx: Tx, monkeypatch: pytest.MonkeyPatch) -> Iter
         yield statements
         monkeypatch.undo()
     else:
-        _, engine = app.loop()
-        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        fetch = asyncpg.prepared_stmt.PreparedStatement.fetch
+        executemany = asyncpg.Connection.executemany
+
+        async def fetched(stmt: Any, *args: Any, **kw: Any) -> Any:
+            statements.append(stmt.get_query())
+            return await fetch(stmt, *args, **kw)
+
+        async def many(conn: Any, query: str, *args: Any, **kw: Any) -> Any:
+            statements.append(query)
+            return await executemany(conn, query, *args, **kw)
+
+        monkeypatch.setattr(asyncpg.prepared_stmt.PreparedStatement, "fetch", fetched)
+        monkeypatch.setattr(asyncpg.Connection, "executemany", many)
         yield statements
-        event.remove(engine.sync_engine, "before_cursor_execute", count)
+        monkeypatch.undo()
 
 
 @every_flavour(only_async=True)
@@ -105,10 +116,13 @@ def test_a_transmit_adds_no_statement_of_its_own(app: App, monkeypatch: pytest.M
 
 
 @every_flavour(backends=["postgresql"], only_async=True)
-def test_one_entry_on_psycopgs_async_connection_is_run_on_its_own_cursor(app: App) -> None:
-    """As on psycopg's sync connection: SQLAlchemy's execution (which costs more than
-    the driver's own work) sees none of it; asyncpg, whose transaction SQLAlchemy's
-    adapter begins at its first statement, goes through it."""
+def test_a_transmit_on_an_async_postgresql_connection_skips_sqlalchemys_execution(
+    app: App,
+) -> None:
+    """As on psycopg's sync connection: SQLAlchemy's execution (its context, result and
+    events cost more than the driver's work) sees none of a transmit, one entry or a
+    batch, even as the transaction's first statement (asyncpg's adapter begins the
+    transaction there); what commits is sent, what rolls back is not."""
     _, engine = app.loop()
     seen: list[str] = []
 
@@ -121,10 +135,43 @@ def test_one_entry_on_psycopgs_async_connection_is_run_on_its_own_cursor(app: Ap
     try:
         with app.transaction() as tx:
             tx.transmit(b"one", ["site-b"])
+        with app.transaction() as tx:
+            tx.transmit_many([LRMessageWithDestinations(b"%d" % i, ["site-b"]) for i in (1, 2)])
+        tx = app.open()
+        try:
+            tx.transmit(b"undone", ["site-b"])
+            tx.rollback()
+        finally:
+            tx.close()
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", count)
-    assert len(seen) == (0 if app.flavour == "psycopg_async" else 1), seen
-    assert sent(app.store) == [b"warm", b"one"]
+    assert seen == []
+    assert sent(app.store) == [b"warm", b"one", b"1", b"2"]
+
+
+@every_flavour(backends=["postgresql"])
+def test_a_drivers_error_in_a_transmit_is_the_stores_and_nothing_is_sent(app: App) -> None:
+    """A transmit's statement failing in the driver (here the send queue's table is gone,
+    as in a database never migrated) raises the store's :class:`SchemaError`, whichever
+    way the statement went (the driver's own cursor, the DB-API cursor of SQLAlchemy's
+    adapter), one entry or a batch; the transaction rolls back and sends nothing."""
+    with app.transaction() as tx:
+        tx.transmit(b"warm", ["site-b"])
+    for batch in (False, True):
+        tx = app.open()
+        try:
+            tx.execute(text("ALTER TABLE lrq_send_entries RENAME TO lrq_send_entries_gone"))
+            with pytest.raises(SchemaError, match="lr init-db"):
+                if batch:
+                    tx.transmit_many([LRMessageWithDestinations(b"lost", ["site-b"])] * 2)
+                else:
+                    tx.transmit(b"lost", ["site-b"])
+            tx.rollback()
+        finally:
+            tx.close()
+    with app.transaction() as tx:
+        tx.transmit(b"after", ["site-b"])
+    assert sent(app.store) == [b"warm", b"after"]
 
 
 def test_a_transmit_on_aiosqlite_is_one_trip_to_its_thread(

@@ -1146,3 +1146,63 @@ def test_revision_0016_adds_headers_keeping_every_entry(db_url: str) -> None:
         assert listener.seen == [(b"got", {}), (b"got-2", {"b": "2"})]
     finally:
         engine.dispose()
+
+
+def test_revision_0018_keeps_an_open_transactions_slot_and_plans_the_slot_once(
+    pg_schema: PgSchema,
+) -> None:
+    """``lrq_send_slot`` becomes PL/pgSQL (a SQL function reading a table is planned
+    again at every transmit; PL/pgSQL keeps its plan for the session) with the same
+    results: a transaction that took its slot before the upgrade keeps it after a
+    rotation, and a rolled back savepoint forgets the slot it took."""
+    engine = pg_schema.engine()
+    with engine.connect() as conn, conn.begin():
+        command.upgrade(lifecycle._config(conn), "0017")
+        conn.execute(text("INSERT INTO lrq_sites (site_num, site_id) VALUES (1, 'b')"))
+    insert = text(
+        "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at)"
+        " VALUES ('policy', :p, '{1}', 1.0) RETURNING slot"
+    )
+
+    def make_current(slot: int) -> None:  # what a rotation writes
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE lrq_send_state SET cur_slot = :s"), {"s": slot})
+
+    def language() -> str:
+        with engine.connect() as conn:
+            return str(
+                conn.execute(
+                    text(
+                        "SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+                        " WHERE p.oid = CAST('lrq_send_slot' AS regproc)"
+                    )
+                ).scalar_one()
+            )
+
+    assert language() == "sql"
+    with engine.connect() as app:
+        app.begin()
+        assert app.execute(insert, {"p": b"before"}).scalar_one() == 0
+        assert open_store(engine).create_schema().pending == ("0018",)
+        assert language() == "plpgsql"
+        make_current(1)
+        assert app.execute(insert, {"p": b"after"}).scalar_one() == 0
+        app.commit()
+        outer = app.begin()
+        savepoint = app.begin_nested()
+        assert app.execute(insert, {"p": b"undone"}).scalar_one() == 1
+        savepoint.rollback()
+        assert outer.is_active
+        make_current(2)
+        assert app.execute(insert, {"p": b"kept"}).scalar_one() == 2
+        make_current(3)
+        assert app.execute(insert, {"p": b"kept too"}).scalar_one() == 2
+        outer.commit()
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT slot, payload FROM lrq_send_entries ORDER BY txid, ord"))
+        assert [(r.slot, bytes(r.payload)) for r in rows] == [
+            (0, b"before"),
+            (0, b"after"),
+            (2, b"kept"),
+            (2, b"kept too"),
+        ]

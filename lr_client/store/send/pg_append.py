@@ -9,9 +9,9 @@ per call. So does one entry on psycopg's async connection (reached from an
 ``AsyncConnection`` through ``run_sync``: awaited in its greenlet). Otherwise
 (asyncpg, whose transaction SQLAlchemy's adapter begins at its first
 statement; a batch on psycopg's async connection) the same statements go
-through SQLAlchemy's driver-level execution (``exec_driver_sql``, the text
-compiled once per dialect), a batch's rows in one executemany: the same rows,
-the same round trips (one per entry, two per batch).
+through the DB-API cursor of SQLAlchemy's adapter (the text compiled once per
+dialect), a batch's rows in one executemany: the same rows, the same round
+trips (one per entry, two per batch).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.util import await_only
 
 from lr_client.records import EntryRef, NewLogEntry, new_entry_headers, new_entry_key
@@ -121,7 +122,7 @@ def insert_entries(
         assert found is not None
         return [EntryRef(int(found[0]), int(found[1]))]
     if psycopg is None or not isinstance(raw, psycopg.Connection):
-        return _through_sqlalchemy(conn, named, client_name, messages, now)
+        return _through_dbapi(conn, named, client_name, messages, now)
     with raw.cursor() as cur:
         if len(messages) == 1:
             m = messages[0]
@@ -159,19 +160,24 @@ def _array(nums: Sequence[int]) -> str:
     return "{" + ",".join(str(n) for n in nums) + "}"
 
 
-def _through_sqlalchemy(
+def _through_dbapi(
     conn: Connection,
     named: str,
     client_name: str,
     messages: Sequence[NewLogEntry],
     now: float,
 ) -> list[EntryRef]:
-    """The same statements through SQLAlchemy's driver-level execution, in the driver's
-    own paramstyle (compiled once per dialect): no statement compiling or type
-    processing per call. asyncpg types the array parameter from the statement
-    (smallint[]) and takes a list; psycopg takes the literal, as on its own cursor."""
+    """The same statements on the connection's DB-API cursor (SQLAlchemy's adapter of
+    an async driver: it begins the transaction at the first statement, as
+    ``exec_driver_sql`` would), in the driver's paramstyle (compiled once per
+    dialect): no execution context, result or type processing per call, which
+    cost the application more than the statement. asyncpg types the array
+    parameter from the statement (smallint[]) and takes a list; psycopg takes the
+    literal, as on its own cursor. A driver's error is raised as SQLAlchemy's, as
+    ``exec_driver_sql`` raises it."""
     dialect = conn.dialect
     as_list = dialect.driver == "asyncpg"
+    cursor = conn.connection.cursor()
 
     def run(sql: str, rows: list[dict[str, Any]], many: bool = False) -> Any:
         key = (sql, type(dialect), dialect.paramstyle)
@@ -180,22 +186,35 @@ def _through_sqlalchemy(
             found = _DRIVER_TEXT[key] = _compiled(sql, dialect)
         string, order = found
         params: list[Any] = [r if order is None else tuple(r[n] for n in order) for r in rows]
-        return conn.exec_driver_sql(string, params if many else params[0])
+        try:
+            if many:
+                cursor.executemany(string, params)
+                return None
+            cursor.execute(string, params[0])
+            return cursor.fetchone()
+        except dialect.loaded_dbapi.Error as exc:
+            raise DBAPIError.instance(
+                string, params, exc, dialect.loaded_dbapi.Error, dialect=dialect
+            ) from exc
 
     def dests(m: NewLogEntry) -> Any:
         return list(m[1]) if as_list else _array(m[1])
 
-    if len(messages) == 1:
-        m = messages[0]
-        row = run(named, [_row(client_name, m, now, dests(m))]).one()
-        return [EntryRef(int(row[0]), int(row[1]))]
-    reserved = run(named, [{"n": len(messages)}]).one()
-    txid, first = int(reserved[0]), int(reserved[1])
-    rows = [
-        {**_row(client_name, m, now, dests(m)), "ord": first + i} for i, m in enumerate(messages)
-    ]
-    run(_INSERT_ROWS_SQL, rows, many=True)
-    return [EntryRef(txid, first + i) for i in range(len(messages))]
+    try:
+        if len(messages) == 1:
+            m = messages[0]
+            row = run(named, [_row(client_name, m, now, dests(m))])
+            return [EntryRef(int(row[0]), int(row[1]))]
+        reserved = run(named, [{"n": len(messages)}])
+        txid, first = int(reserved[0]), int(reserved[1])
+        rows = [
+            {**_row(client_name, m, now, dests(m)), "ord": first + i}
+            for i, m in enumerate(messages)
+        ]
+        run(_INSERT_ROWS_SQL, rows, many=True)
+        return [EntryRef(txid, first + i) for i in range(len(messages))]
+    finally:
+        cursor.close()
 
 
 __all__ = ["NOTIFY_SENDS", "insert_entries"]
