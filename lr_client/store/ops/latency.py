@@ -5,8 +5,7 @@ measures the stage at most every few seconds while batches go through it: the se
 session of a destination (stages ``queued``, ``sent``, ``stored``; the peer is the
 destination) and a subscriber of a receive queue (stage ``applied``; the peer is the
 source). Each row sums up the stage's last batches: how many, the median, the 99th
-percentile and the largest, in seconds. ``lr status`` shows them
-.
+percentile and the largest, in seconds. ``lr status`` shows them.
 """
 
 from __future__ import annotations
