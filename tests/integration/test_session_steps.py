@@ -421,6 +421,16 @@ def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
+def save_not_due(s: SenderSession) -> None:
+    """No cursor save due, however slow the machine: as if one was just made."""
+    s.window.flushed_at = time.monotonic() + 3600.0
+
+
+def save_due(s: SenderSession) -> None:
+    """A cursor save due: as if the last was made long ago."""
+    s.window.flushed_at = time.monotonic() - 3600.0
+
+
 def _inflight(
     s: SenderSession,
     client: str,
@@ -472,9 +482,10 @@ def test_log_acks_move_cursors_and_count_what_was_shipped(store: SQLAlchemyQueue
     positions = {c.client_name: c.position for c in store.shipping.list_cursors()}
     assert positions == {"policy": 4, "orders": 9}
     assert s.window.cursors == {}
+    save_not_due(s)  # as if just saved
     s.acks.on_ack(pb.ReplicationAck(batch_id=third), streams)
     assert s.window.cursors == {"policy": 12}  # the window is empty; saved when due
-    s.window.flushed_at -= 1.0  # a while later
+    save_due(s)  # a while later
     s.acks.on_ack(pb.ReplicationAck(batch_id=third), streams)  # a repeated ack: settles nothing
     assert {c.client_name: c.position for c in store.shipping.list_cursors()} == {
         "policy": 12,
@@ -499,12 +510,12 @@ def test_cursors_wait_while_batches_are_in_flight_and_a_flush_is_not_due(
 ) -> None:
     s = session(store, policy=NONE)
     streams = s._plan(sink(policy=log_at(0)))
-    s.window.flushed(time.monotonic())  # just flushed
+    save_not_due(s)  # just saved
     first = _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)
     _inflight(s, "policy", pb.BATCH_LOG_ENTRY, 8)
     s.acks.on_ack(pb.ReplicationAck(batch_id=first), streams)
     assert s.window.cursors == {"policy": 4} and store.shipping.list_cursors() == []
-    s.window.flushed_at -= 1.0  # a while later
+    save_due(s)  # a while later
     before = time.monotonic()
     s.acks.flush_cursors()
     assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
@@ -518,13 +529,13 @@ def test_a_cursor_is_saved_only_under_the_streams_current_lease(
     s = session(store, policy=NONE)
     streams = s._plan(sink(policy=log_at(0)))
     _lease(store, s, "policy")
-    s.window.flushed_at -= 1.0
+    save_due(s)
     s.acks.on_ack(
         pb.ReplicationAck(batch_id=_inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)), streams
     )
     assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
     leases.take_over(store, "stream/b/policy")
-    s.window.flushed(time.monotonic())
+    save_not_due(s)
     s.acks.on_ack(
         pb.ReplicationAck(batch_id=_inflight(s, "policy", pb.BATCH_LOG_ENTRY, 8)), streams
     )
@@ -541,7 +552,7 @@ def test_lane_acks_move_the_cursor_to_what_every_lane_acknowledged(
     streams = s._plan(sink(policy=log_at(0)))
     streams["policy"].lanes = Lanes.at(2, 0)
     s.window = s.acks.window = Window(8, 1 << 20, streams=2)  # a stream per lane
-    s.window.flushed(time.monotonic())  # just saved: cursors wait in the window
+    save_not_due(s)  # just saved: cursors wait in the window
 
     def lane_batch(lane: int, last: int, low_water: int) -> int:
         bid = s.window.next_batch_id()
@@ -585,7 +596,7 @@ def test_the_ack_of_a_replayed_batch_moves_no_cursor_and_counts_no_shipment(
         _sample("lr_entries_shipped_total", **labels),
         _sample("lr_batches_acked_total", destination=DEST),
     )
-    s.window.flushed_at -= 1.0
+    save_due(s)
     bid = s.window.next_batch_id()
     s.window.add(
         InFlight(bid, "policy", pb.BATCH_LOG_ENTRY, 20, 5, 50, time.monotonic(), replay=True)
@@ -625,12 +636,13 @@ def test_a_cursor_moved_by_the_last_ack_is_saved_by_the_wait_once_due(
     at once (a write per batch); the wait for the next one saves it when it is due."""
     s = session(store, policy=NONE)
     streams = s._plan(sink(policy=log_at(0)))
-    s.window.flushed(time.monotonic())  # just saved
+    save_not_due(s)  # just saved
     s.acks.on_ack(
         pb.ReplicationAck(batch_id=_inflight(s, "policy", pb.BATCH_LOG_ENTRY, 4)), streams
     )
     assert len(s.window) == 0 and s.window.cursors == {"policy": 4}
     assert store.shipping.list_cursors() == []  # too soon after the last save
+    s.window.flushed_at = time.monotonic()  # the next save due within the wait
     assert s.acks.wait(threading.Event(), _Quiet(), streams, 10 * FLUSH_INTERVAL) == 0
     assert [(c.client_name, c.position) for c in store.shipping.list_cursors()] == [("policy", 4)]
     assert s.window.cursors == {}
