@@ -154,8 +154,11 @@ class Resumer:
                 p.snapshot,
             )
             if p.snapshot is None:
-                sid = self.store.snapshots.request_snapshot(None, self.destination, name, p.reason)
-                stream.snapshot = self.store.snapshots.get_snapshot(sid, self.destination)
+                # Through the requests, which note the write: a read of the requests
+                # begun before it (the board's, shared by the sessions) is not taken
+                # for this one's, or its request would seem gone and be made again.
+                stream.snapshot = req = self.requests.request(name, p.reason)
+                sid = "?" if req is None else req.snapshot_id
                 self._log.info("%s/%s: full sync %s (%s)", self.destination, name, sid, p.reason)
             if p.notify:
                 stream.notice = self.stops.drop_notice(drop)

@@ -21,6 +21,7 @@ from lr_client._proto import replication_pb2 as pb
 from lr_client.cascade_roles import CascadeRole
 from lr_client.errors import FencedError, IncompatibleVersionError
 from lr_client.records import (
+    OPEN_SNAPSHOT_STATUSES,
     CascadeNode,
     ReplicationType,
     SnapshotRequest,
@@ -30,6 +31,7 @@ from lr_client.records import (
 from lr_client.store import SQLAlchemyQueueStore
 from lr_server.config import ClientConfig, ReplicationConfig, SnapshotProvider
 from lr_server.protocol import versions as protocol
+from lr_server.sending.request_board import read_requests
 from lr_server.sending.session import SenderSession
 from lr_server.sending.streams import ClientStream, Lanes, Mode, Notice, SessionState
 from lr_server.sending.window import FLUSH_INTERVAL, InFlight, Window
@@ -238,6 +240,32 @@ def test_first_contact_with_a_provider_requests_a_full_sync(
     assert f"b/policy: full sync {req.snapshot_id} (first contact)" in [
         r.getMessage() for r in caplog.records
     ]
+
+
+def test_a_full_sync_asked_at_resume_is_not_asked_again_from_an_older_shared_read(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The sessions share reads of the requests (the board): one begun before this
+    session asked for its full sync at resume does not hold it. Taken for this
+    session's, its request would seem gone ("previous snapshot did not complete")
+    and be made again, leaving the one it shares with other destinations."""
+    s = session(store, policy=APP)
+    store.snapshots.request_snapshot(None, "c", "policy", "c's first contact")
+    older = read_requests(store)  # another session's read, begun before b asked
+    streams = s._plan(sink(policy=log_at(0)))
+    shared = streams["policy"].snapshot
+    assert shared is not None and older.open_snapshot(DEST, "policy") is None
+    s.requests.check(streams, older)
+    assert streams["policy"].snapshot == store.snapshots.get_snapshot(shared.snapshot_id, DEST)
+    assert [x.snapshot_id for x in store.snapshots.list_snapshots(DEST, "policy")] == [
+        shared.snapshot_id
+    ]
+    assert sorted(
+        x.destination
+        for x in store.snapshots.list_snapshots(
+            client_name="policy", statuses=OPEN_SNAPSHOT_STATUSES
+        )
+    ) == [DEST, "c"]
 
 
 def test_first_contact_joining_another_destinations_full_sync_holds_its_own_view(
