@@ -693,6 +693,7 @@ class LatencyCell:
     cpu: CpuUse = field(default_factory=CpuUse)
     writers: int = 1  # transmitting threads sharing the offered load
     idle_transaction: bool = False  # a session idle in transaction on the source meanwhile
+    entries_per_batch: float = 0.0  # the healthy sinks' entries over the batches they applied
 
     @property
     def worst_p99_ms(self) -> float:
@@ -999,6 +1000,7 @@ def latency_cell(
             warm_until = load_started + min(WARMUP_SECONDS, seconds / 4)
             pooled: list[float] = []
             per_dest: dict[str, Latency] = {}
+            applied = batches = 0
             for sink in src.healthy:
                 values = [
                     (received - committed[pos]) * 1000.0
@@ -1007,6 +1009,8 @@ def latency_cell(
                 ]
                 pooled += values
                 per_dest[sink] = latency_of(values)
+                for _, n in cluster.received_groups(sink, site_id):
+                    applied, batches = applied + n, batches + 1
             drops = [
                 {
                     "destination": d.destination,
@@ -1040,6 +1044,7 @@ def latency_cell(
         cpu,
         writers,
         idle,
+        applied / batches if batches else 0.0,
     )
 
 
@@ -1243,7 +1248,7 @@ def report(console: Console, results: list[BackendResult], ratios: dict[str, Any
         ctl = r.control
         rows.append(
             [r.backend, "none (control)", fmt_rate(ctl.achieved_rate), f"{ctl.txn.p99_ms:.1f}"]
-            + ["-"] * 9
+            + ["-"] * 10
         )
         for lc in r.latency:
             label = f"{lc.destinations}" + (" (1 stalled)" if lc.stalled else "")
@@ -1263,6 +1268,7 @@ def report(console: Console, results: list[BackendResult], ratios: dict[str, Any
                     ", ".join(f"{d['destination']}@{d['dropped_after_s']}s" for d in lc.drops)
                     or "-",
                     f"{lc.cpu.ms_per_1k_deliveries:,.0f}",
+                    f"{lc.entries_per_batch:.1f}",
                     "yes" if lc.complete else "[red]no[/]",
                 ]
             )
@@ -1282,12 +1288,13 @@ def report(console: Console, results: list[BackendResult], ratios: dict[str, Any
             "max send queue",
             "dropped",
             "CPU ms/1k",
+            "per batch",
             "complete",
         ],
         rows,
         caption=f"target: p99 <= {TARGET_P99_MS:.0f} ms; the first {WARMUP_SECONDS:g} s is "
         "warm-up (excluded); txn p99: the transmitter's own BEGIN..COMMIT; control: the "
-        "transmitter with no site running",
+        "transmitter with no site running; per batch: entries per batch the sinks applied",
     )
     rows = []
     for r in results:

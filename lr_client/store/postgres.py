@@ -136,7 +136,9 @@ class PostgresCore(StoreCore):
         return pg_append.insert_entries(conn, client_name, messages, self._notify_now())
 
     def sequence(self) -> int:
-        with mapped_errors(), self.engine.connect() as conn, conn.begin():
+        # One statement in autocommit: the tick's own transaction, one round trip.
+        with mapped_errors(), self.engine.connect() as own:
+            conn = own.execution_options(isolation_level="AUTOCOMMIT")
             n = sequencer.tick(conn, self._tick_lock(conn))[1]
         if n >= ANALYZE_AFTER_TICK:
             # A burst (a backlog committed while nothing read): the readers'

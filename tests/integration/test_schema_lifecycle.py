@@ -16,7 +16,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import MetaData, inspect, text
+from sqlalchemy import MetaData, event, inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -1183,7 +1183,7 @@ def test_revision_0018_keeps_an_open_transactions_slot_and_plans_the_slot_once(
     with engine.connect() as app:
         app.begin()
         assert app.execute(insert, {"p": b"before"}).scalar_one() == 0
-        assert open_store(engine).create_schema().pending == ("0018",)
+        assert open_store(engine).create_schema().pending == ("0018", "0019")
         assert language() == "plpgsql"
         make_current(1)
         assert app.execute(insert, {"p": b"after"}).scalar_one() == 0
@@ -1206,3 +1206,45 @@ def test_revision_0018_keeps_an_open_transactions_slot_and_plans_the_slot_once(
             (2, b"kept"),
             (2, b"kept too"),
         ]
+
+
+def test_revision_0019_ticks_in_one_statement_and_sequences_what_committed_before(
+    pg_schema: PgSchema,
+) -> None:
+    """The sequencer's tick becomes one call of ``lrq_send_tick`` (five round trips
+    before): entries committed under revision 0018 get their positions from it in
+    commit order, the tick after them finds nothing, and a tick is one statement."""
+    engine = pg_schema.engine()
+    with engine.connect() as conn, conn.begin():
+        command.upgrade(lifecycle._config(conn), "0018")
+        conn.execute(text("INSERT INTO lrq_sites (site_num, site_id) VALUES (1, 'b')"))
+    insert = text(
+        "INSERT INTO lrq_send_entries (client_name, payload, dest_nums, created_at)"
+        " VALUES ('policy', :p, '{1}', 1.0)"
+    )
+    for payload in (b"first", b"second"):
+        with engine.begin() as conn:
+            conn.execute(insert, {"p": payload})
+    store = open_store(engine)
+    assert store.create_schema().pending == ("0019",)
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    core = store.core
+    assert isinstance(core, PostgresCore)
+    with engine.connect() as conn:
+        core._tick_lock(conn)  # the lock's key, read once per store
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert store.send.sequence() == 2
+        assert store.send.sequence() == 0
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(statements) == 2 and all("lrq_send_tick" in s for s in statements)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT position, payload FROM lrq_send_log_entries ORDER BY position")
+        ).all()
+    assert [(r.position, bytes(r.payload)) for r in rows] == [(1, b"first"), (2, b"second")]

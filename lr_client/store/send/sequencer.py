@@ -9,7 +9,8 @@ transactions but that sequence, so they never wait for each other.
 
 A **tick** (:func:`tick`) gives positions to the transactions that committed
 since the previous tick. Ticks run one at a time (a transaction-scoped
-advisory lock), each in one statement, so with one snapshot ``S``:
+advisory lock), each in one statement (the function ``lrq_send_tick`` of
+revision 0019, one call), so with one snapshot ``S``:
 
 * the fresh stamps are those visible in ``S`` and not in the previous tick's
   snapshot: ids at or above its ``xmax``, or in its in-progress list (PgQ's
@@ -47,68 +48,13 @@ TICK_LOCK_KEY = 0x4C525132
 
 _TABLE_OID = text("SELECT CAST(CAST('lrq_send_entries' AS regclass) AS oid)")
 
-_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
-#: The tick's plan, for its transaction only. Its estimates are blind (the fresh
-#: stamps are bounded by a snapshot read in the same statement, so the planner
-#: guesses thousands where a tick finds a few): left to them it scans and sorts
-#: every stamp and entry of the current slot on every tick, a cost that grows with
-#: the slot (tens of thousands of rows per tick at 1,000 transactions/s). Index
-#: look-ups per fresh stamp cost what the tick does. JIT off: the estimate over
-#: many slots' partitions can pass its threshold, and compiling costs far more
-#: than the tick.
-_PLAN = text(
-    "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true), "
-    "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
-)
-
-# One statement, so one snapshot: pg_current_snapshot() is the snapshot the
-# statement reads the stamps with.
-_TICK = text(
-    """
-    WITH last AS (
-        SELECT tick_id, snap, head,
-               pg_snapshot_xmax(pg_current_snapshot()) < pg_snapshot_xmax(snap) AS went_back
-        FROM lrq_send_ticks ORDER BY tick_id DESC LIMIT 1
-    ), fresh AS (
-        SELECT c.slot, c.txid, c.commit_seq FROM lrq_send_commits c, last
-        WHERE NOT last.went_back AND c.txid >= pg_snapshot_xmax(last.snap)
-        UNION ALL
-        SELECT c.slot, c.txid, c.commit_seq FROM lrq_send_commits c, last
-        WHERE NOT last.went_back AND c.txid = ANY(ARRAY(SELECT pg_snapshot_xip(last.snap)))
-        UNION ALL
-        -- Transaction ids went back (a database restored from a logical dump):
-        -- the last snapshot means nothing here; take every stamp not sequenced.
-        SELECT c.slot, c.txid, c.commit_seq FROM lrq_send_commits c, last
-        WHERE last.went_back
-          AND NOT EXISTS (SELECT 1 FROM lrq_send_blocks b
-                          WHERE b.txid = c.txid AND b.slot = c.slot)
-    ), sized AS (
-        SELECT f.slot, f.txid, f.commit_seq,
-               coalesce((SELECT max(e.ord) FROM lrq_send_entries e
-                         WHERE e.txid = f.txid AND e.slot = f.slot), 0) AS size
-        FROM fresh f
-    ), blocks AS (
-        SELECT s.slot, s.txid, s.size,
-               last.head + sum(s.size) OVER (ORDER BY s.commit_seq) - s.size AS base
-        FROM sized s, last
-    ), new_blocks AS (
-        INSERT INTO lrq_send_blocks (slot, txid, base, size, tick_id)
-        SELECT b.slot, b.txid, b.base, b.size, last.tick_id + 1 FROM blocks b, last
-    ), new_positions AS (
-        INSERT INTO lrq_send_positions
-            (slot, position, txid, ord, client_name, dest_nums, created_at)
-        SELECT e.slot, b.base + e.ord, e.txid, e.ord, e.client_name, e.dest_nums, e.created_at
-        FROM blocks b JOIN lrq_send_entries e ON e.txid = b.txid AND e.slot = b.slot
-    ), new_tick AS (
-        -- The newest tick is always in the current slot, which is never retired.
-        INSERT INTO lrq_send_ticks (slot, tick_id, snap, head, ticked_at)
-        SELECT (SELECT cur_slot FROM lrq_send_state), last.tick_id + 1, pg_current_snapshot(),
-               last.head + (SELECT sum(size) FROM blocks), :now
-        FROM last WHERE EXISTS (SELECT 1 FROM blocks)
-    )
-    SELECT count(*), coalesce(sum(size), 0) FROM blocks
-    """
-)
+#: The tick: the lock, then the statement (revision 0019's ``lrq_send_tick``). Its plan
+#: is set by the function: estimates are blind (the fresh stamps are bounded by a
+#: snapshot read in the same statement, so the planner guesses thousands where a tick
+#: finds a few), and left to them it would scan and sort every stamp and entry of the
+#: current slot on every tick; JIT is off, as its threshold is passed by estimates
+#: over many slots' partitions, and compiling costs far more than the tick.
+_TICK = text("SELECT ticked_txns, ticked_entries FROM lrq_send_tick(:key, :now)")
 
 _HEAD = text("SELECT head FROM lrq_send_ticks ORDER BY tick_id DESC LIMIT 1")
 
@@ -127,13 +73,11 @@ def lock_key(conn: Connection) -> int:
 def tick(conn: Connection, key: int) -> tuple[int, int]:
     """Sequence what committed since the last tick: (transactions, entries).
 
-    ``conn`` must be in a READ COMMITTED transaction of its own: the lock is
-    taken first, so the tick's statement (a new snapshot) sees the previous
-    tick. Commit right after.
+    One statement: in autocommit, its own transaction; in a READ COMMITTED
+    transaction, commit right after (the lock is held until then). The function
+    takes the lock first, so its statement (a new snapshot) sees the previous tick.
     """
-    conn.execute(_LOCK, {"key": key})
-    conn.execute(_PLAN)
-    row = conn.execute(_TICK, {"now": time.time()}).one()
+    row = conn.execute(_TICK, {"key": key, "now": time.time()}).one()
     return int(row[0]), int(row[1])
 
 
