@@ -96,7 +96,7 @@ class ReplaysStore(Role):
             query = query.where(_P.c.destination == destination)
         if open_only:
             query = query.where(_P.c.status.in_(OPEN))
-        with self.core.read() as conn:
+        with self.core.read_statements() as conn:  # one statement
             return [_request(r) for r in conn.execute(query).all()]
 
     def update_replay(self, replay_id: int, **values: Any) -> None:

@@ -169,7 +169,7 @@ class RetentionStore(SnapshotPoolStore):
         return DropRecord(destination, client_name, first, now, reason)
 
     def list_drops(self, destination: str | None = None) -> list[DropRecord]:
-        with self.core.read() as conn:
+        with self.core.read_statements() as conn:  # one statement
             return read_drops(conn, destination)
 
     def clear_drop(self, destination: str, client_name: str) -> None:

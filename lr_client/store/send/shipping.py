@@ -44,7 +44,9 @@ class ShippingStore(Role):
         e = s.send_log_entries
         query = self._log_read(num, limit, max_bytes, up_to is not None)
         params = {"client_name": client_name, "after": after, "up_to": up_to}
-        with self.core.read() as conn:
+        # Statements, not a transaction (PostgreSQL: no BEGIN and COMMIT round trips per
+        # batch): the rows found are immutable, and ``fill`` stops before one trimmed since.
+        with self.core.read_statements() as conn:
             found = conn.execute(query, params).all()
             rows = fill(conn, within(found, max_bytes), e.c.position, e.c.payload)
             end = found[-1].position if len(found) >= limit else up_to
@@ -102,7 +104,7 @@ class ShippingStore(Role):
             .order_by(e.c.position)
             .limit(limit)
         )
-        with self.core.read() as conn:
+        with self.core.read_statements() as conn:  # as read_log_entries
             found = conn.execute(query).all()
             rows = fill(conn, within(found, max_bytes), e.c.position, e.c.payload)
         names: dict[Any, tuple[str, ...]] = {}  # few distinct destination sets per read

@@ -212,7 +212,7 @@ class SnapshotRequestsStore(SnapshotLifecycleStore):
         if statuses is not None:
             query = query.where(d.c.status.in_([x.value for x in statuses]))
         query = query.order_by(d.c.created_at.desc(), d.c.destination).limit(limit)
-        with self.core.read() as conn:
+        with self.core.read_statements() as conn:  # read by every round's request board
             return destination_views(conn, conn.execute(query).all())
 
     def open_snapshots(
