@@ -284,10 +284,10 @@ class StoreCore(abc.ABC):
         Returns how many entries went.
         """
 
-    def lock_stream(  # noqa: B027 (a hook: SQLite needs no lock)
-        self, conn: Connection, source_id: str, client_name: str
-    ) -> None:
-        """Serialise appends to one receive queue (SQLite already serialises writers)."""
+    def lock_stream(self, conn: Connection, source_id: str, client_name: str) -> tuple[bool, Any]:
+        """Serialise appends to one receive queue (SQLite already serialises writers):
+        (True, the stream's progress row or None) where the lock read it, else (False, None)."""
+        return False, None
 
     def copy_snapshot_rows(
         self,

@@ -11,8 +11,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from lr_client.errors import LRError, SchemaError, StoreUnavailableError
 
-#: SQLSTATEs of a missing or older schema: undefined table, schema, column.
-MISSING_SCHEMA_STATES = frozenset({"42P01", "3F000", "42703"})
+#: SQLSTATEs of a missing or older schema: undefined table, schema, column, function.
+MISSING_SCHEMA_STATES = frozenset({"42P01", "3F000", "42703", "42883"})
 
 
 def raw_errors(operational: bool = False) -> tuple[type[Exception], ...]:

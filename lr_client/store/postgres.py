@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import literal, select, text
+from sqlalchemy import literal, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Engine
@@ -41,6 +41,7 @@ from lr_client.store.db_errors import mapped_errors
 from lr_client.store.recv import arrival_watch
 from lr_client.store.recv import rotation as recv_rotation
 from lr_client.store.recv.receiving import recv_base
+from lr_client.store.recv.stream_lock import StreamLocks
 from lr_client.store.retention import slots
 from lr_client.store.schema import tables as s
 from lr_client.store.send import pg_append, pg_dest_index, sequencer
@@ -104,6 +105,8 @@ class PostgresCore(StoreCore):
         self._dest_indexes: set[int] = set()  # the destinations whose index exists
         #: When this store last notified the sender sessions (time.monotonic()).
         self._notified_at = float("-inf")
+        #: Receive streams' locks and the slot each transaction read with one.
+        self.stream_locks = StreamLocks()
 
     def index_destinations(self, numbers: Iterable[int]) -> None:
         wanted = set(numbers)
@@ -196,13 +199,10 @@ class PostgresCore(StoreCore):
             cur.execute(_SORT_BACK, (previous[0],))
         return rows
 
-    def lock_stream(self, conn: Connection, source_id: str, client_name: str) -> None:
+    def lock_stream(self, conn: Connection, source_id: str, client_name: str) -> tuple[bool, Any]:
         # Two appends to one queue must commit in sequence order, or a
         # subscriber could pass a sequence number that commits later.
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
-            {"k": f"lrq_recv:{client_name}:{source_id}"},
-        )
+        return True, self.stream_locks.lock(conn, source_id, client_name)
 
     def with_tag(self, query: Any, dest_num: int) -> Any:
         e = s.send_log_entries
@@ -271,7 +271,9 @@ class PostgresCore(StoreCore):
         now = time.time()
         raw = conn.connection.driver_connection
         assert raw is not None
-        slot = recv_rotation.current_slot(raw)
+        slot = self.stream_locks.slot(conn)
+        if slot is None:  # no stream lock taken in this transaction
+            slot = recv_rotation.current_slot(raw)
         with raw.cursor() as cur, cur.copy(_COPY_RECV) as copy:
             copy.set_types(list(_RECV_TYPES))
             for e in entries:

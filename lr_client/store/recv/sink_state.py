@@ -126,8 +126,9 @@ class SinkStateStore(Role):
 
     def locked_progress(self, conn: Connection, source_id: str, client_name: str) -> SinkProgress:
         """The stream's progress, read under its lock (batches of one stream apply in turn)."""
-        self.core.lock_stream(conn, source_id, client_name)
-        row = self._progress_row(conn, source_id, client_name)
+        read, row = self.core.lock_stream(conn, source_id, client_name)
+        if not read:
+            row = self._progress_row(conn, source_id, client_name)
         return self._progress(row) if row else SinkProgress(source_id, client_name)
 
     def _clear_lanes(

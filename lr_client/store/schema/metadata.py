@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, Text
 
 #: The current schema revision (``lr_client/store/schema/migrations``), as a number.
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 
 metadata = MetaData()
 
