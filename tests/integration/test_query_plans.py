@@ -58,6 +58,15 @@ def pg_store(pg_schema: PgSchema) -> Iterator[SQLAlchemyQueueStore]:
     st.engine.dispose()
 
 
+#: auto_explain's settings that report every nested statement's plan to the client.
+AUTO_EXPLAIN = {
+    "auto_explain.log_min_duration": "0",
+    "auto_explain.log_nested_statements": "on",
+    "auto_explain.log_analyze": "on",
+    "auto_explain.log_level": "notice",
+}
+
+
 @pytest.mark.postgres
 def test_a_tick_looks_its_fresh_stamps_up_by_index(pg_store: SQLAlchemyQueueStore) -> None:
     store = pg_store
@@ -71,14 +80,20 @@ def test_a_tick_looks_its_fresh_stamps_up_by_index(pg_store: SQLAlchemyQueueStor
     store.send.sequence()
     with store.engine.begin() as conn:  # a fresh stamp for the tick explained below
         client.transmit_log_entry_message(conn, b"x", ["b"])
+    notices: list[str] = []
     with store.engine.connect() as conn, conn.begin():
-        conn.execute(sequencer._LOCK, {"key": sequencer.lock_key(conn)})
-        conn.execute(sequencer._PLAN)
-        explained = conn.execute(
-            text("EXPLAIN ANALYZE " + str(sequencer._TICK.text)), {"now": time.time()}
-        ).all()
+        # The tick's statement runs inside lrq_send_tick (revision 0019), with the
+        # function's plan settings: auto_explain reports its plan as a notice.
+        raw = conn.connection.driver_connection
+        raw.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        conn.execute(text("LOAD 'auto_explain'"))
+        for setting, value in AUTO_EXPLAIN.items():
+            conn.execute(text("SELECT set_config(:s, :v, true)"), {"s": setting, "v": value})
+        assert sequencer.tick(conn, sequencer.lock_key(conn)) == (1, 1)
         conn.rollback()
-    plan = "\n".join(r[0] for r in explained)
+    plans = [n for n in notices if "lrq_send_commits" in n]
+    assert len(plans) == 1, notices
+    plan = plans[0]
     assert "rows=1 loops=1" in plan  # the tick found the one fresh stamp
     scans = [
         line
