@@ -202,7 +202,7 @@ class PostgresCore(StoreCore):
     def lock_stream(self, conn: Connection, source_id: str, client_name: str) -> tuple[bool, Any]:
         # Two appends to one queue must commit in sequence order, or a
         # subscriber could pass a sequence number that commits later.
-        return True, self.stream_locks.lock(conn, source_id, client_name)
+        return True, self.stream_locks.lock(conn, source_id, client_name, self.notify_arrivals)
 
     def with_tag(self, query: Any, dest_num: int) -> Any:
         e = s.send_log_entries
@@ -294,7 +294,7 @@ class PostgresCore(StoreCore):
                 )
 
     def announce_arrivals(self, conn: Connection, client_name: str) -> None:
-        if self.notify_arrivals:
+        if self.notify_arrivals and not self.stream_locks.announced(conn, client_name):
             arrival_watch.notify(conn.connection.driver_connection, client_name)
 
     def watch_arrivals(

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from lr_client import RoutingQueueClient
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
+from lr_client.store.recv import arrival_watch
 from lr_server.sending.request_board import read_requests
 
 pytestmark = pytest.mark.postgres
@@ -81,7 +82,7 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
-def test_a_sink_locks_a_stream_and_reads_its_progress_and_slot_in_one_statement(
+def test_a_sink_locks_a_stream_reads_under_it_and_notifies_in_one_statement(
     db_url: str, store: SQLAlchemyQueueStore, statements: list[str]
 ) -> None:
     def batch(first: int, previous: int) -> list[WireEntry]:
@@ -90,12 +91,25 @@ def test_a_sink_locks_a_stream_and_reads_its_progress_and_slot_in_one_statement(
         ]
 
     assert store.recv.apply_log_batch("a", "app", batch(1, 0), 0) == (True, 2)
+    listener = psycopg.connect(pg_url(store), autocommit=True)
+    listener.execute(f"LISTEN {arrival_watch.CHANNEL}")
     statements.clear()
     assert store.recv.apply_log_batch("a", "app", batch(3, 2), 2) == (True, 4)
+    assert [(n.channel, n.payload) for n in listener.notifies(timeout=5.0, stop_after=1)] == [
+        (arrival_watch.CHANNEL, "app")
+    ]
+    listener.close()
     assert store.recv.apply_log_batch("a", "app", batch(3, 2), 2) == (False, 4)  # a repeat
 
     copies = [i for i, q in enumerate(statements) if q.startswith("COPY")]
     assert len(copies) == 1
     assert ["lrq_recv_lock" in q for q in statements[: copies[0]]] == [True]
-    assert not [q for q in statements if "pg_advisory_xact_lock" in q or "lrq_recv_state" in q]
+    separate = ("pg_advisory_xact_lock", "lrq_recv_state", "pg_notify")
+    assert not [q for q in statements if any(word in q for word in separate)]
     assert store.recv.sink_progress("a", "app").last_position == 4
+
+
+def pg_url(store: SQLAlchemyQueueStore) -> str:
+    """A libpq URL of the store's database (psycopg's own connection, to listen on)."""
+    url = store.engine.url.set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)

@@ -1,15 +1,17 @@
-"""PostgreSQL: a receive batch's stream lock, progress and slot in one call.
+"""PostgreSQL: a receive batch's stream lock, progress, slot and notification in one call.
 
 Revision ID: 0020
 Revises: 0019
 
 Every batch a sink applies took its stream's lock, then read the stream's
 progress, then the receive queues' current slot: three round trips, paid per
-batch at live rates. ``lrq_recv_lock`` takes the same lock (the key is the
-caller's, as before) and then reads both, so the reads take their snapshot
-after the lock is granted, as the separate statements did (a VOLATILE
-function's statements each take a new one). No row is rewritten; SQLite is
-unchanged.
+batch at live rates, and a fourth to notify the subscribers. ``lrq_recv_lock``
+takes the same lock (the key is the caller's, as before), then reads both, so
+the reads take their snapshot after the lock is granted, as the separate
+statements did (a VOLATILE function's statements each take a new one), and
+notifies ``channel`` (NULL: none) unless PostgreSQL's notification queue is
+past ``usage_limit``; a notification is sent at commit, as before. No row is
+rewritten; SQLite is unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ depends_on = None
 _LOCK = """
 DO $do$ BEGIN EXECUTE format($f$
   CREATE OR REPLACE FUNCTION %1$I.lrq_recv_lock(
-    stream_key text, source text, client text,
+    stream_key text, source text, client text, channel text, usage_limit double precision,
     OUT cur_slot smallint, OUT known boolean,
     OUT source_id varchar, OUT client_name varchar, OUT last_position bigint,
     OUT snapshot_state smallint, OUT snapshot_id varchar, OUT snapshot_position bigint,
@@ -43,6 +45,9 @@ DO $do$ BEGIN EXECUTE format($f$
            snapshot_id, snapshot_position, entries_received, updated_at
       FROM lrq_sink_progress p
      WHERE p.source_id = source AND p.client_name = client;
+    IF channel IS NOT NULL AND pg_notification_queue_usage() < usage_limit THEN
+      PERFORM pg_notify(channel, client);
+    END IF;
   END
   $b$ $f$, current_schema());
 END $do$
@@ -56,4 +61,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute("DROP FUNCTION IF EXISTS lrq_recv_lock(text, text, text)")
+        op.execute(
+            "DROP FUNCTION IF EXISTS lrq_recv_lock(text, text, text, text, double precision)"
+        )
