@@ -52,8 +52,7 @@ class StoreCore(abc.ABC):
     #: Whether delivered entries stay until rotation truncates their partition
     #: (PostgreSQL); else the delivery deletes them (SQLite).
     keeps_delivered = False
-    #: Whether one transaction at a time writes (SQLite): the partitions' deliveries
-    #: then queue on a lock of their own, woken at once, not on the busy handler's sleeps.
+    #: One transaction at a time writes (SQLite): partitions' deliveries queue on a lock.
     single_writer = False
     #: PostgreSQL: snapshot entries carry their snapshot's slot, the partition key.
     snapsync_slotted = False
@@ -284,9 +283,11 @@ class StoreCore(abc.ABC):
         Returns how many entries went.
         """
 
-    def lock_stream(self, conn: Connection, source_id: str, client_name: str) -> tuple[bool, Any]:
-        """Serialise appends to one receive queue (SQLite already serialises writers):
-        (True, the stream's progress row or None) where the lock read it, else (False, None)."""
+    def lock_stream(
+        self, conn: Connection, source_id: str, client_name: str, through: int | None = None
+    ) -> tuple[bool, Any]:
+        """Serialise appends to one queue (SQLite's writers are): (True, progress row or
+        None) where the lock read it, else (False, None); ``through``: a log batch's end."""
         return False, None
 
     def copy_snapshot_rows(

@@ -199,10 +199,13 @@ class PostgresCore(StoreCore):
             cur.execute(_SORT_BACK, (previous[0],))
         return rows
 
-    def lock_stream(self, conn: Connection, source_id: str, client_name: str) -> tuple[bool, Any]:
+    def lock_stream(
+        self, conn: Connection, source_id: str, client_name: str, through: int | None = None
+    ) -> tuple[bool, Any]:
         # Two appends to one queue must commit in sequence order, or a
         # subscriber could pass a sequence number that commits later.
-        return True, self.stream_locks.lock(conn, source_id, client_name, self.notify_arrivals)
+        announce = through if self.notify_arrivals else None
+        return True, self.stream_locks.lock(conn, source_id, client_name, announce)
 
     def with_tag(self, query: Any, dest_num: int) -> Any:
         e = s.send_log_entries

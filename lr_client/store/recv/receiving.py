@@ -52,8 +52,9 @@ class ReceivingStore(SinkStateStore):
         entries: Sequence[WireEntry],
         previous_position: int | None = None,
     ) -> tuple[bool, int]:
+        through = max((e.position for e in entries), default=None)
         with self.core.write() as conn:
-            progress = self.locked_progress(conn, source_id, client_name)
+            progress = self.locked_progress(conn, source_id, client_name, through)
             if previous_position is not None and previous_position > progress.last_position:
                 raise ProtocolError(
                     f"gap: batch follows position {previous_position}, "

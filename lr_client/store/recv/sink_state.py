@@ -124,9 +124,12 @@ class SinkStateStore(Role):
         self.core.append_recv(conn, queue_id, entries)
         self.core.announce_arrivals(conn, client_name)
 
-    def locked_progress(self, conn: Connection, source_id: str, client_name: str) -> SinkProgress:
-        """The stream's progress, read under its lock (batches of one stream apply in turn)."""
-        read, row = self.core.lock_stream(conn, source_id, client_name)
+    def locked_progress(
+        self, conn: Connection, source_id: str, client_name: str, through: int | None = None
+    ) -> SinkProgress:
+        """The stream's progress, read under its lock (batches of one stream apply in turn);
+        ``through``: the last position of the log batch to apply."""
+        read, row = self.core.lock_stream(conn, source_id, client_name, through)
         if not read:
             row = self._progress_row(conn, source_id, client_name)
         return self._progress(row) if row else SinkProgress(source_id, client_name)

@@ -8,10 +8,11 @@ progress, then the receive queues' current slot: three round trips, paid per
 batch at live rates, and a fourth to notify the subscribers. ``lrq_recv_lock``
 takes the same lock (the key is the caller's, as before), then reads both, so
 the reads take their snapshot after the lock is granted, as the separate
-statements did (a VOLATILE function's statements each take a new one), and
-notifies ``channel`` (NULL: none) unless PostgreSQL's notification queue is
-past ``usage_limit``; a notification is sent at commit, as before. No row is
-rewritten; SQLite is unchanged.
+statements did (a VOLATILE function's statements each take a new one), and,
+for a log batch reaching ``through``, past the stream's position, notifies
+``channel`` (NULL: none) unless PostgreSQL's notification queue is past
+``usage_limit``; a notification is sent at commit, as before, and a repeated
+batch sends none. No row is rewritten; SQLite is unchanged.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ depends_on = None
 _LOCK = """
 DO $do$ BEGIN EXECUTE format($f$
   CREATE OR REPLACE FUNCTION %1$I.lrq_recv_lock(
-    stream_key text, source text, client text, channel text, usage_limit double precision,
+    stream_key text, source text, client text,
+    channel text, through bigint, usage_limit double precision,
     OUT cur_slot smallint, OUT known boolean,
     OUT source_id varchar, OUT client_name varchar, OUT last_position bigint,
     OUT snapshot_state smallint, OUT snapshot_id varchar, OUT snapshot_position bigint,
@@ -45,7 +47,8 @@ DO $do$ BEGIN EXECUTE format($f$
            snapshot_id, snapshot_position, entries_received, updated_at
       FROM lrq_sink_progress p
      WHERE p.source_id = source AND p.client_name = client;
-    IF channel IS NOT NULL AND pg_notification_queue_usage() < usage_limit THEN
+    IF channel IS NOT NULL AND through > coalesce(last_position, 0)
+       AND pg_notification_queue_usage() < usage_limit THEN
       PERFORM pg_notify(channel, client);
     END IF;
   END
@@ -62,5 +65,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(
-            "DROP FUNCTION IF EXISTS lrq_recv_lock(text, text, text, text, double precision)"
+            "DROP FUNCTION IF EXISTS"
+            " lrq_recv_lock(text, text, text, text, bigint, double precision)"
         )
