@@ -52,7 +52,8 @@ class StoreCore(abc.ABC):
     #: Whether delivered entries stay until rotation truncates their partition
     #: (PostgreSQL); else the delivery deletes them (SQLite).
     keeps_delivered = False
-    #: One transaction at a time writes (SQLite): partitions' deliveries queue on a lock.
+    #: Whether one transaction at a time writes (SQLite): the partitions' deliveries
+    #: then queue on a lock of their own, woken at once, not on the busy handler's sleeps.
     single_writer = False
     #: PostgreSQL: snapshot entries carry their snapshot's slot, the partition key.
     snapsync_slotted = False
@@ -149,10 +150,8 @@ class StoreCore(abc.ABC):
     def late_write(self, turn: AbstractContextManager[object]) -> Iterator[Connection]:
         """A read-write transaction that takes the database's write lock at its first
         statement, not at BEGIN, after ``turn`` (a lock of the process's writers): what
-        runs before its first statement (a listener's wait) holds no lock.
-
-        Row locks (PostgreSQL) need neither: this is :meth:`write`.
-        """
+        runs before its first statement (a listener's wait) holds no lock. Row locks
+        (PostgreSQL) need neither: this is :meth:`write`."""
         with self.write() as conn:
             yield conn
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg._connection_base import BaseConnection
 from sqlalchemy.orm import Session
 
 from lr_client import RoutingQueueClient
@@ -27,15 +28,14 @@ def commands(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
     this thread."""
     sent: list[bytes] = []
     me = threading.get_ident()
-    base = psycopg.Connection.__mro__[1]  # psycopg's BaseConnection
-    real = base._exec_command
+    real = BaseConnection._exec_command
 
     def recorded(self: Any, command: Any, *args: Any, **kw: Any) -> Any:
         if threading.get_ident() == me:
             sent.append(command if isinstance(command, bytes) else str(command).encode())
         return real(self, command, *args, **kw)
 
-    monkeypatch.setattr(base, "_exec_command", recorded)
+    monkeypatch.setattr(BaseConnection, "_exec_command", recorded)
     yield sent
 
 

@@ -162,7 +162,7 @@ class SinkStateStore(Role):
         """
         t = s.sink_drops
         with self.core.write() as conn:
-            self.core.lock_stream(conn, source_id, client_name)
+            progress = self.locked_progress(conn, source_id, client_name)
             last = conn.execute(
                 select(t.c.notice_id).where(
                     t.c.source_id == source_id, t.c.client_name == client_name
@@ -171,8 +171,6 @@ class SinkStateStore(Role):
             if last == notice_id:
                 return False
             qid = self.ensure_queue(conn, source_id, client_name)
-            row = self._progress_row(conn, source_id, client_name)
-            progress = self._progress(row) if row else SinkProgress(source_id, client_name)
             if progress.snapshot_state == SinkSnapshotState.ONGOING and progress.snapshot_id:
                 # An unfinished snapshot is dead once its stream was dropped: what
                 # follows is a new full sync or, after an accepted loss, log entries.
