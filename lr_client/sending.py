@@ -160,20 +160,29 @@ class SenderRules:
         routes: dict[int, Sequence[str]] = {}  # each destination list once (the cache's)
         stamp = tracing.transmit_stamp(self.source_id, self.client_name)
         resolved, limit = self.resolved, self.max_payload_bytes
+        bare = self.keyring is None and stamp is tracing.UNCHANGED  # rows as given
+        last: object = None  # the previous message's destination list and its numbers
+        nums: list[int] | None = None
         for m in messages:
             if not isinstance(m, LRMessageWithDestinations):
                 raise InvalidPayloadError(
                     f"expected LRMessageWithDestinations, got {type(m).__name__}"
                 )
             payload = check_payload(m.payload, limit)
-            dests, nums = m.destinations, None
-            if isinstance(dests, (list, tuple)):  # a list resolved already: no step
-                with contextlib.suppress(TypeError):  # unhashable: dest_nums says what is wrong
-                    nums = resolved.get(tuple(dests))
-            if nums is None:
-                nums = yield from self.dest_nums(dests)
-            rows.append(self._row(payload, dests, nums, m.key, m.headers, stamp))
-            routes[id(nums)] = dests  # the numbers' lists are alive in rows: ids are unique
+            dests = m.destinations
+            if dests is not last or nums is None:  # the same list again: the same numbers
+                nums = None
+                if isinstance(dests, (list, tuple)):  # a list resolved already: no step
+                    with contextlib.suppress(TypeError):  # unhashable: dest_nums says why
+                        nums = resolved.get(tuple(dests))
+                if nums is None:
+                    nums = yield from self.dest_nums(dests)
+                routes[id(nums)] = dests  # the numbers' lists are alive in rows: ids are unique
+                last = dests
+            if bare and m.key is None and m.headers is None:
+                rows.append((payload, nums, None, None))
+            else:
+                rows.append(self._row(payload, dests, nums, m.key, m.headers, stamp))
         yield from self._check_route(routes.values())
         yield from self._check_backpressure()
         refs: list[EntryRef] = yield InTransaction(

@@ -45,9 +45,6 @@ _INSERT = (
     " partition_key, headers) VALUES (?, ?, ?, ?, ?, ?)"
 )
 _LAST_ROWID = "SELECT last_insert_rowid()"
-#: One entry: its position in the INSERT's own answer (SQLite 3.35+), no second statement.
-_INSERT_RETURNING = _INSERT + " RETURNING position"
-_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 #: What a sender session may have to ship: the heads of the send queues, the latest
@@ -228,18 +225,23 @@ class SQLiteCore(StoreCore):
         self, conn: Connection, client_name: str, messages: Sequence[NewLogEntry]
     ) -> list[EntryRef]:
         now = time.time()
-        rows = [
-            (client_name, m[0], encode_dests(m[1]), now, new_entry_key(m), new_entry_headers(m))
-            for m in messages
-        ]
-        one = len(rows) == 1 and _RETURNING
+        codes: dict[int, str] = {}  # each list of site numbers encoded once (a batch shares one)
+        rows: list[tuple[Any, ...]] = []
+        for m in messages:
+            nums = m[1]
+            code = codes.get(id(nums))  # the lists are alive in messages: ids are unique
+            if code is None:
+                code = codes[id(nums)] = encode_dests(nums)
+            rows.append((client_name, m[0], code, now, new_entry_key(m), new_entry_headers(m)))
         raw = conn.connection.driver_connection
         assert raw is not None
         if isinstance(raw, sqlite3.Connection):
             cur = raw.cursor()
             try:
-                if one:
-                    last = int(cur.execute(_INSERT_RETURNING, rows[0]).fetchone()[0])
+                if len(rows) == 1:  # the cursor's lastrowid: cheaper than RETURNING
+                    rowid = cur.execute(_INSERT, rows[0]).lastrowid
+                    assert rowid is not None  # set by every INSERT that succeeds
+                    last = rowid
                 else:
                     cur.executemany(_INSERT, rows)
                     last = int(cur.execute(_LAST_ROWID).fetchone()[0])

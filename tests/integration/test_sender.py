@@ -82,6 +82,30 @@ def test_commits_with_the_application(app: App) -> None:
 
 
 @every_flavour()
+def test_a_batch_routes_each_message_by_its_own_list(app: App) -> None:
+    """One list object shared by several messages, others between them: each entry
+    goes where its own message says (the batch resolves and encodes a list once)."""
+    shared, other = ["site-b"], ["site-c"]
+    batch = [
+        LRMessageWithDestinations(b"1", shared),
+        LRMessageWithDestinations(b"2", shared),
+        LRMessageWithDestinations(b"3", other),
+        LRMessageWithDestinations(b"4", shared, key=b"k"),
+        LRMessageWithDestinations(b"5", ["site-b", "site-c"]),
+    ]
+    with app.transaction() as tx:
+        tx.transmit_many(batch)
+    read = app.store.shipping.read_log_entries
+    assert [(e.payload, e.key) for e in read("site-b", "policy", 0, 9)] == [
+        (b"1", None),
+        (b"2", None),
+        (b"4", b"k"),
+        (b"5", None),
+    ]
+    assert [e.payload for e in read("site-c", "policy", 0, 9)] == [b"3", b"5"]
+
+
+@every_flavour()
 def test_rolls_back_with_the_application(app: App) -> None:
     with pytest.raises(RuntimeError), app.transaction() as tx:
         tx.execute(insert(orders).values(name="o1"))
