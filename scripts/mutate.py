@@ -78,7 +78,7 @@ COMMIT_ORDER = [
     _ORDER + "test_out_of_order_commits_are_never_skipped",
     _ORDER + "test_many_concurrent_writers_never_skip",
     _ORDER
-    + "test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order[postgresql]",
+    + "test_writers_with_rollbacks_and_think_times_are_read_once_in_commit_order[postgresql-sync]",
     _ORDER + "test_an_idle_transaction_does_not_hold_back_delivery",
     _ORDER + "test_transactions_that_conflict_on_a_row_are_delivered_in_commit_order",
     _ORDER + "test_savepoints_keep_a_transactions_entries_dense_and_in_order",

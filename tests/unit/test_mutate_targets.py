@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -50,3 +51,20 @@ def test_every_target_names_code_and_tests_that_exist(name: str) -> None:
         assert any(fnmatch.fnmatchcase(k, function) for k in known), pattern
     for test in target.tests:
         assert (ROOT / test.split("::")[0]).exists(), test
+
+
+def test_every_test_id_a_target_names_is_collected() -> None:
+    """A test named with its parameters (``test_x[postgresql-sync]``) is one pytest still
+    collects: a renamed parameter would make mutmut's first run fail."""
+    ids = sorted({t for target in MUTATE.TARGETS.values() for t in target.tests if "::" in t})
+    found = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert found.returncode == 0, found.stdout[-2000:] + found.stderr[-2000:]
+    collected = found.stdout.splitlines()
+    for test in ids:
+        assert any(line == test or line.startswith(test + "[") for line in collected), test
