@@ -328,8 +328,11 @@ class SenderRules:
         return ""
 
     def _check_route(self, destinations: Iterable[Sequence[str]]) -> Steps[None]:
+        route = yield from read_cached(self.route)
+        if route is None:  # not cascaded: any registered destination
+            return
         names = {d for ds in destinations for d in ds}
-        if not self.route_refusal((yield from read_cached(self.route)), names):
+        if not self.route_refusal(route, names):
             return
         # A refusal is confirmed on a fresh reading.
         why = self.route_refusal((yield from read_cached(self.route, fresh=True)), names)
