@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
+from lr_client.headers import encode_headers
 from lr_client.records import ReplicationType
 from lr_client.store import watches
 from lr_client.store.contract import QueueStore
-from tests.contract.calls import across_outage, append, refused_for_no_schema
+from tests.contract.calls import across_outage, append, positions, refused_for_no_schema
 from tests.contract.outage import Outage
 from tests.kit.wait import wait_for
 
@@ -293,3 +294,32 @@ def test_every_send_wakes_says_whether_each_transmit_rings_however_soon(
                 wait_for(lambda i=i: len(wakes) == 2 + i, what=f"transmit {i}'s wake-up")
     finally:
         watch.close()
+
+
+def test_both_reads_give_each_entry_its_key_headers_and_destinations(store: QueueStore) -> None:
+    """A destination's read and a client's read (a cascade root's) return each entry's
+    partition key and stored headers as written; the client's read its destinations."""
+    nums = store.sites.register_sites(["b", "c"])
+    blob = encode_headers({"content-type": "application/json"})
+    with store.write() as conn:
+        refs = store.send.append_log_entries(
+            conn,
+            "policy",
+            [
+                (b"1", [nums["b"]], b"k1", blob),
+                (b"2", [nums["b"], nums["c"]], None, None),
+                (b"3", [nums["b"]], b"k3", None),
+            ],
+        )
+    positions(store, refs)  # PostgreSQL: sequenced
+    want = [(b"k1", blob), (None, None), (b"k3", None)]
+    assert [
+        (e.key, e.headers) for e in store.shipping.read_log_entries("b", "policy", 0, 9)
+    ] == want
+    mine = store.shipping.read_client_log("policy", 0, 9)
+    assert [(e.payload, e.key, e.headers) for e in mine] == [
+        (b"1", b"k1", blob),
+        (b"2", None, None),
+        (b"3", b"k3", None),
+    ]
+    assert [sorted(e.destinations) for e in mine] == [["b"], ["b", "c"], ["b"]]
