@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lr_client.store.byte_bounds import ENTRY_OVERHEAD, bytes_prefix, within
+from lr_client.store.byte_bounds import ENTRY_OVERHEAD, ByteCut, bytes_prefix, within
 
 
 @given(
@@ -26,3 +26,13 @@ def test_the_first_entry_is_taken_even_beyond_the_limit() -> None:
     assert within([], 100) == []
     exact = [(1, 100 - ENTRY_OVERHEAD, None), (2, 0, None)]
     assert within(exact, 100) == exact[:1]
+
+
+def test_the_byte_cut_counts_each_entrys_overhead_and_takes_an_exact_fit() -> None:
+    fill = 2 * (10 + ENTRY_OVERHEAD)  # two payloads of 10 bytes, overhead included
+    assert bytes_prefix([10, 10, 0], fill) == 2  # the second fills the limit exactly
+    assert bytes_prefix([10, 10], fill - 1) == 1  # one byte short: the overhead counts
+    assert bytes_prefix([10, 10], None) == 2
+    cut = ByteCut(fill)
+    assert cut.take(10) and cut.take(10) and not cut.take(0)
+    assert (cut.count, cut.total) == (2, fill)
