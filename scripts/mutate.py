@@ -140,6 +140,7 @@ TARGETS: dict[str, Target] = {
             "tests/integration/test_trim_property.py",
             "tests/integration/test_send_slots.py",
             "tests/unit/test_slot_ring.py",
+            "tests/integration/test_slot_ring_tables.py",
             # The root of a cascaded client: its trim at the global watermark.
             "tests/integration/test_cascade_control.py",
             *CONTRACT,
