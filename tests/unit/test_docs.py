@@ -235,3 +235,14 @@ def test_metric_names_in_docs_match_lr_server_metrics() -> None:
     assert set(defined) - set(docs) == set(), "defined in lr_server/metrics.py but not documented"
     for name, (kind, labels) in docs.items():
         assert defined[name] == (kind, labels), f"{name}: doc {kind}{labels}, code {defined[name]}"
+
+
+#: The pages a reader meets first show the present: dated runs move to their history.
+SHORT_PAGES = ("benchmarks.md", "operations.md", "architecture.md")
+MAX_PAGE_LINES = 400
+
+
+@pytest.mark.parametrize("name", SHORT_PAGES)
+def test_the_pages_that_show_the_present_stay_short(name: str) -> None:
+    lines = len((DOCS / name).read_text().splitlines())
+    assert lines <= MAX_PAGE_LINES, f"docs/{name}: {lines} lines (limit {MAX_PAGE_LINES})"
