@@ -37,6 +37,34 @@ def test_a_state_row_reads_and_switches_row_one_only(engine: Engine) -> None:
         assert [tuple(r) for r in rows] == [(1, 4, 20.25), (2, 9, 99.0)]
 
 
+def _row_one_is_free(engine: Engine) -> bool:
+    """Whether another session can lock the state's row 1 at once."""
+    with engine.connect() as other, other.begin():
+        other.exec_driver_sql("SET LOCAL lock_timeout = '50ms'")
+        try:
+            other.exec_driver_sql("SELECT 1 FROM ring_state WHERE id = 1 FOR UPDATE NOWAIT")
+        except sqlalchemy.exc.OperationalError:
+            return False
+        return True
+
+
+@pytest.mark.postgres
+def test_a_state_rows_read_for_update_holds_the_row(pg_schema: PgSchema) -> None:
+    engine = pg_schema.engine(poolclass=sqlalchemy.pool.NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE ring_state (id integer PRIMARY KEY, cur_slot integer NOT NULL,"
+            " rotated_at double precision NOT NULL)"
+        )
+        conn.exec_driver_sql("INSERT INTO ring_state VALUES (1, 3, 10.5)")
+    state = StateRow("ring_state")
+    with engine.connect() as conn, conn.begin():
+        assert state.read(conn) == (3, 10.5)
+        assert _row_one_is_free(engine)  # a plain read locks nothing
+        assert state.read(conn, for_update=True) == (3, 10.5)
+        assert not _row_one_is_free(engine)  # until this transaction ends
+
+
 @pytest.fixture
 def parent(pg_schema: PgSchema) -> Engine:
     eng = pg_schema.engine(poolclass=sqlalchemy.pool.NullPool)
@@ -77,6 +105,7 @@ def test_a_partition_is_locked_then_emptied_or_refused_in_time(parent: Engine) -
         with conn.begin():
             savepoint = ring.lock(conn, 1, "5s")
             assert savepoint is not None
+            assert conn.exec_driver_sql("SHOW lock_timeout").scalar_one() == before
             ring.truncate(conn, 1)
             savepoint.commit()
         assert conn.exec_driver_sql("SELECT count(*) FROM ring_parent").scalar_one() == 0
