@@ -103,9 +103,10 @@ def test_a_partition_is_locked_then_emptied_or_refused_in_time(parent: Engine) -
             assert conn.exec_driver_sql("SELECT count(*) FROM ring_p1").scalar_one() == 2
         held.commit()
         with conn.begin():
+            conn.exec_driver_sql("SET LOCAL lock_timeout = '7s'")  # the transaction's own
             savepoint = ring.lock(conn, 1, "5s")
             assert savepoint is not None
-            assert conn.exec_driver_sql("SHOW lock_timeout").scalar_one() == before
+            assert conn.exec_driver_sql("SHOW lock_timeout").scalar_one() == "7s"
             ring.truncate(conn, 1)
             savepoint.commit()
         assert conn.exec_driver_sql("SELECT count(*) FROM ring_parent").scalar_one() == 0
