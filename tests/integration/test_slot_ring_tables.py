@@ -13,15 +13,20 @@ from lr_client.store.slot_ring import Partitions, StateRow
 from tests.conftest import PgSchema
 
 
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    eng = sqlalchemy.create_engine(db_url, poolclass=sqlalchemy.pool.NullPool)
-    with eng.begin() as conn:
+def _state_table(engine: Engine) -> None:
+    """``ring_state`` with its row 1 (slot 3 since 10.5) and another row, 2."""
+    with engine.begin() as conn:
         conn.exec_driver_sql(
             "CREATE TABLE ring_state (id integer PRIMARY KEY, cur_slot integer NOT NULL,"
             " rotated_at double precision NOT NULL)"
         )
         conn.exec_driver_sql("INSERT INTO ring_state VALUES (1, 3, 10.5), (2, 9, 99.0)")
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = sqlalchemy.create_engine(db_url, poolclass=sqlalchemy.pool.NullPool)
+    _state_table(eng)
     yield eng
     eng.dispose()
 
@@ -40,7 +45,6 @@ def test_a_state_row_reads_and_switches_row_one_only(engine: Engine) -> None:
 def _row_one_is_free(engine: Engine) -> bool:
     """Whether another session can lock the state's row 1 at once."""
     with engine.connect() as other, other.begin():
-        other.exec_driver_sql("SET LOCAL lock_timeout = '50ms'")
         try:
             other.exec_driver_sql("SELECT 1 FROM ring_state WHERE id = 1 FOR UPDATE NOWAIT")
         except sqlalchemy.exc.OperationalError:
@@ -51,12 +55,7 @@ def _row_one_is_free(engine: Engine) -> bool:
 @pytest.mark.postgres
 def test_a_state_rows_read_for_update_holds_the_row(pg_schema: PgSchema) -> None:
     engine = pg_schema.engine(poolclass=sqlalchemy.pool.NullPool)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "CREATE TABLE ring_state (id integer PRIMARY KEY, cur_slot integer NOT NULL,"
-            " rotated_at double precision NOT NULL)"
-        )
-        conn.exec_driver_sql("INSERT INTO ring_state VALUES (1, 3, 10.5)")
+    _state_table(engine)
     state = StateRow("ring_state")
     with engine.connect() as conn, conn.begin():
         assert state.read(conn) == (3, 10.5)
