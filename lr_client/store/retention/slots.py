@@ -134,7 +134,6 @@ def retire(
     *,
     period: float = DEFAULT_PERIOD,
     max_slots: int = DEFAULT_MAX_SLOTS,
-    now: float | None = None,
     cache: MarksCache | None = None,
 ) -> Retirement:
     """Retire every passed slot and rotate if due; ``conn`` is a READ COMMITTED transaction.
@@ -144,7 +143,7 @@ def retire(
     slots from one call to the next. Commit right after.
     """
     cache = {} if cache is None else cache
-    now = time.time() if now is None else now
+    now = time.time()
     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": tick_key})
     conn.execute(text("LOCK TABLE lrq_cursors IN SHARE MODE"))
     cur, rotated_at = _STATE.read(conn, for_update=True)
@@ -238,11 +237,9 @@ class _Judge:
             self.retired.append(slot)
 
 
-def rotate(
-    conn: Connection, tick_key: int, *, max_slots: int = DEFAULT_MAX_SLOTS, now: float | None = None
-) -> int | None:
+def rotate(conn: Connection, tick_key: int, *, max_slots: int = DEFAULT_MAX_SLOTS) -> int | None:
     """Close the current slot now if it holds entries: the new current slot, or None."""
-    now = time.time() if now is None else now
+    now = time.time()
     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": tick_key})
     cur = _STATE.read(conn, for_update=True)[0]
     if not conn.execute(_HAS_ENTRIES, {"slot": cur}).scalar():
