@@ -11,14 +11,17 @@ transaction pins the vacuum horizon.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 
 from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.postgres import PostgresCore
+from lr_client.store.retention import slots
 from tests.conftest import PgSchema
 from tests.kit.positions import positions
 
@@ -65,6 +68,30 @@ def write_late(app: Connection, slot: int) -> None:
         ),
         {"slot": str(slot)},
     )
+
+
+@contextmanager
+def statements(store: SQLAlchemyQueueStore) -> Iterator[list[str]]:
+    """The SQL the store's engine sends meanwhile, in order."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+
+
+def naming(seen: list[str], part: str) -> list[str]:
+    return [x for x in seen if part in x]
+
+
+LOCK = "lrq_lock_send_slot("
+SCAN = "unnest(p.dest_nums)"  # the per-stream scan of a slot's positions
+TICK = "lrq_send_tick("
 
 
 def deleted_rows(store: SQLAlchemyQueueStore, schema: str) -> int:
@@ -357,3 +384,68 @@ def test_the_trim_rotates_the_current_slot_once_a_period_passed_and_only_if_it_h
     commit(store, 1)
     store.retention.trim()
     assert current(store) == second  # entries, but rotated less than a period ago
+
+
+def test_a_slot_judged_pinned_is_neither_locked_nor_scanned_again_while_nothing_was_added(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """The trim runs under the tick lock: a slot pinned by a stream behind costs one
+    read of its highest position per trim, not its lock and a scan of its positions."""
+    commit(store, 3, ("c",))
+    with statements(store) as seen:
+        assert store.retention.trim() == 0  # rotates, then judges the closed slot: c pins it
+    assert len(naming(seen, SCAN)) == 1
+    for _ in range(2):
+        with statements(store) as seen:
+            assert store.retention.trim() == 0
+        assert naming(seen, LOCK) == [] and naming(seen, SCAN) == []
+    store.shipping.set_cursor("c", CLIENT, store.send.head_position())
+    with statements(store) as seen:
+        assert store.retention.trim() == 3  # passed now: locked and retired
+    assert len(naming(seen, LOCK)) == 1
+
+
+def test_the_sequencer_ticks_once_per_trim_however_many_slots_it_locks(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    for _ in range(3):
+        commit(store, 2)
+        assert store.retention.rotate_send_log() is not None
+    store.shipping.set_cursor("b", CLIENT, store.send.head_position())
+    with statements(store) as seen:
+        assert store.retention.trim() == 6
+    assert len(naming(seen, LOCK)) == 3
+    assert len(naming(seen, TICK)) == 1
+
+
+def test_a_retirement_reports_the_slots_it_retired_and_those_in_use(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """Called without a cache, as a one-off trim is: what it did, slot by slot."""
+    commit(store, 2)
+    first = current(store)
+    store.retention.rotate_send_log()
+    commit(store, 1)
+    second = current(store)
+    store.retention.rotate_send_log()
+    store.shipping.set_cursor("b", CLIENT, store.send.head_position())
+    acked, record = store.retention.acked_positions, store.retention.record_trim_marks
+    assert isinstance(store.core, PostgresCore)
+    with store.engine.connect() as reader:
+        reader.begin()
+        reader.execute(text(f"LOCK TABLE lrq_send_entries_s{second} IN ACCESS SHARE MODE"))
+        with store.write() as conn:
+            done = slots.retire(conn, store.core._tick_lock(conn), acked, record, period=0.0)
+        reader.rollback()
+    assert (done.retired, done.busy, done.entries) == ((first,), (second,), 2)
+    assert done.rotated_to is None  # the current slot is empty
+    with store.write() as conn:
+        done = slots.retire(conn, store.core._tick_lock(conn), acked, record, period=0.0)
+    assert (done.retired, done.busy, done.entries) == ((second,), (), 1)
+    assert done.rotated_to is None
+    third = current(store)
+    commit(store, 1)  # b has not passed it: closed, judged and kept
+    with store.write() as conn:
+        done = slots.retire(conn, store.core._tick_lock(conn), acked, record, period=0.0)
+    assert done.rotated_to == current(store) != third
+    assert (done.retired, done.busy, done.entries) == ((), (), 0)
