@@ -10,6 +10,7 @@ transaction pins the vacuum horizon.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,8 +23,11 @@ from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.postgres import PostgresCore
 from lr_client.store.retention import slots
+from lr_client.store.send import sequencer
 from tests.conftest import PgSchema
+from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.positions import positions
+from tests.kit.wait import join, wait_for
 
 CLIENT = "policy"
 TABLES = ("lrq_send_entries", "lrq_send_commits", "lrq_send_positions", "lrq_send_blocks")
@@ -449,3 +453,30 @@ def test_a_retirement_reports_the_slots_it_retired_and_those_in_use(
         done = slots.retire(conn, store.core._tick_lock(conn), acked, record, period=0.0)
     assert done.rotated_to == current(store) != third
     assert (done.retired, done.busy, done.entries) == ((), (), 0)
+
+
+def test_the_trim_waits_for_a_tick_running_elsewhere(
+    store: SQLAlchemyQueueStore, pg_schema: PgSchema
+) -> None:
+    """No slot is judged while positions are being given: the trim takes the
+    sequencer's lock first, for its whole transaction."""
+    p = commit(store, 2)
+    store.retention.rotate_send_log()
+    store.shipping.set_cursor("b", CLIENT, p[-1])
+    trimmer = open_store(pg_schema.engine(connect_args={"application_name": "trimmer"}))
+    trimmer.retention.rotation_period = 0.0
+    done: list[int] = []
+    with store.engine.connect() as ticker:
+        ticker.begin()
+        key = sequencer.lock_key(ticker)
+        ticker.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        thread = threading.Thread(target=lambda: done.append(trimmer.retention.trim()))
+        thread.start()
+        wait_for(
+            lambda: done or waiting_for_a_lock(pg_schema.admin, "trimmer"),
+            what="the trim waiting for the lock, or done",
+        )
+        assert done == []  # waiting
+        ticker.rollback()
+    join(thread)
+    assert done == [2]
