@@ -325,6 +325,7 @@ class PostgresCore(StoreCore):
                     "rotated_to": done.rotated_to,
                     "retired": list(done.retired),
                     "entries": done.entries,
+                    "busy": list(done.busy),
                 },
             )
         return done.entries

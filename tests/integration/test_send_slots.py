@@ -10,6 +10,7 @@ transaction pins the vacuum horizon.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -480,3 +481,32 @@ def test_the_trim_waits_for_a_tick_running_elsewhere(
         ticker.rollback()
     join(thread)
     assert done == [2]
+
+
+def test_a_trim_that_rotated_retired_or_met_a_busy_slot_logs_what_it_did(
+    store: SQLAlchemyQueueStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="lr_client.store.postgres")
+
+    def logged() -> list[tuple[Any, ...]]:
+        found = [r for r in caplog.records if r.getMessage() == "send queue slots"]
+        caplog.clear()
+        return [(r.rotated_to, r.retired, r.entries, r.busy) for r in found]
+
+    store.retention.trim()
+    assert logged() == []  # nothing done: nothing logged
+    commit(store, 2)
+    slot = current(store)
+    store.retention.rotate_send_log()
+    store.shipping.set_cursor("b", CLIENT, store.send.head_position())
+    with store.engine.connect() as reader:
+        reader.begin()
+        reader.execute(text(f"LOCK TABLE lrq_send_entries_s{slot} IN ACCESS SHARE MODE"))
+        store.retention.trim()
+        reader.rollback()
+    assert logged() == [(None, [], 0, [slot])]
+    store.retention.trim()
+    assert logged() == [(None, [slot], 2, [])]
+    commit(store, 1)  # not acknowledged: rotated away from, kept
+    store.retention.trim()
+    assert logged() == [(current(store), [], 0, [])]
