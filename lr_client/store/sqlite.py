@@ -284,8 +284,9 @@ class SQLiteCore(StoreCore):
         batches = 0
         while max_batches is None or batches < max_batches:
             # One transaction for the acknowledgements read and the delete, so an
-            # entry committed meanwhile is never judged by stale acknowledgements.
-            with self.write(consistent=True) as conn:
+            # entry committed meanwhile is never judged by stale acknowledgements:
+            # every write begins IMMEDIATE, holding SQLite's one write lock throughout.
+            with self.write() as conn:
                 n = self._trim_log(conn, batch_size, marks)
             total += n
             batches += 1
