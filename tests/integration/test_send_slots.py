@@ -13,11 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from lr_client.records import EntryRef
@@ -28,6 +27,7 @@ from lr_client.store.send import sequencer
 from tests.conftest import PgSchema
 from tests.kit.pglocks import waiting_for_a_lock
 from tests.kit.positions import positions
+from tests.kit.statements import recorded
 from tests.kit.wait import join, wait_for
 
 CLIENT = "policy"
@@ -73,21 +73,6 @@ def write_late(app: Connection, slot: int) -> None:
         ),
         {"slot": str(slot)},
     )
-
-
-@contextmanager
-def statements(store: SQLAlchemyQueueStore) -> Iterator[list[str]]:
-    """The SQL the store's engine sends meanwhile, in order."""
-    seen: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(store.engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(store.engine, "before_cursor_execute", record)
 
 
 def naming(seen: list[str], part: str) -> list[str]:
@@ -397,15 +382,15 @@ def test_a_slot_judged_pinned_is_neither_locked_nor_scanned_again_while_nothing_
     """The trim runs under the tick lock: a slot pinned by a stream behind costs one
     read of its highest position per trim, not its lock and a scan of its positions."""
     commit(store, 3, ("c",))
-    with statements(store) as seen:
+    with recorded(store.engine) as seen:
         assert store.retention.trim() == 0  # rotates, then judges the closed slot: c pins it
     assert len(naming(seen, SCAN)) == 1
     for _ in range(2):
-        with statements(store) as seen:
+        with recorded(store.engine) as seen:
             assert store.retention.trim() == 0
         assert naming(seen, LOCK) == [] and naming(seen, SCAN) == []
     store.shipping.set_cursor("c", CLIENT, store.send.head_position())
-    with statements(store) as seen:
+    with recorded(store.engine) as seen:
         assert store.retention.trim() == 3  # passed now: locked and retired
     assert len(naming(seen, LOCK)) == 1
 
@@ -417,7 +402,7 @@ def test_the_sequencer_ticks_once_per_trim_however_many_slots_it_locks(
         commit(store, 2)
         assert store.retention.rotate_send_log() is not None
     store.shipping.set_cursor("b", CLIENT, store.send.head_position())
-    with statements(store) as seen:
+    with recorded(store.engine) as seen:
         assert store.retention.trim() == 6
     assert len(naming(seen, LOCK)) == 3
     assert len(naming(seen, TICK)) == 1

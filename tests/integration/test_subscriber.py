@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
-from sqlalchemy import String, event, insert, select, text, update
+from sqlalchemy import String, insert, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -33,6 +33,7 @@ from lr_client.store import SQLAlchemyQueueStore, create_engine, open_store
 from lr_client.store.schema import tables as s
 from lr_client.subscriber import DEFAULT_BATCH_MAX_BYTES, default_owner
 from tests.kit.aio import SyncDriven
+from tests.kit.statements import recorded
 from tests.kit.wait import join, wait_for
 
 CLIENT = "policy"
@@ -738,18 +739,10 @@ def test_whether_a_queue_is_relayed_is_read_once_per_lease_not_per_delivery(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
     app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 30))
-    statements: list[str] = []
-
-    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
-        statements.append(statement)
-
     sub = make_sub(AppListener(), batch_size=5)
-    engine = sub.store.engine  # the async subscriber's: its engine's sync facade
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
+    # the async subscriber's engine: its sync facade
+    with recorded(sub.store.engine) as statements:
         assert sub.poll_once() == 30  # six deliveries under one lease
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
     cascade_reads = [x for x in statements if "lrq_cascade " in x or "lrq_cascade\n" in x]
     # SQLite, which deletes delivered entries: once, when the lease was taken;
     # PostgreSQL keeps them until rotation and never asks.
@@ -766,16 +759,12 @@ def test_a_drained_queue_is_probed_not_delivered_again(
     app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     sub = make_sub(AppListener(), batch_size=5)
     assert sub.poll_once() == 3  # the lease is taken
-    statements: list[str] = []
+    with recorded(sub.store.engine) as statements:
 
-    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
-        statements.append(statement)
+        def state_reads() -> int:  # one per delivery transaction
+            state = f"SELECT {s.subscriber_state.name}."
+            return sum(1 for x in statements if x.startswith(state))
 
-    def state_reads() -> int:  # one per delivery transaction
-        return sum(1 for x in statements if x.startswith(f"SELECT {s.subscriber_state.name}."))
-
-    event.listen(sub.store.engine, "before_cursor_execute", seen)
-    try:
         app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 3), previous_position=3)
         statements.clear()
         assert sub.poll_once() == 3
@@ -784,8 +773,6 @@ def test_a_drained_queue_is_probed_not_delivered_again(
         statements.clear()
         assert sub.poll_once() == 12  # batches of 5, 5 and 2 in one poll
         assert state_reads() == 3
-    finally:
-        event.remove(sub.store.engine, "before_cursor_execute", seen)
     assert [r[2] for r in app_rows(app_store)] == list(range(1, 19))
 
 
@@ -798,20 +785,15 @@ def test_while_each_batch_is_full_the_next_goes_without_a_probe(
     app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 3))
     sub = make_sub(AppListener(), batch_size=5)
     assert sub.poll_once() == 3  # the lease is taken
-    statements: list[str] = []
     probe = re.compile(rf"SELECT {s.recv_entries.name}\.seq\s+FROM")
+    with recorded(sub.store.engine) as statements:
 
-    def seen(conn: object, cursor: object, statement: str, *rest: object) -> None:
-        statements.append(statement)
+        def counts() -> tuple[int, int]:  # (delivery transactions, probes)
+            state = f"SELECT {s.subscriber_state.name}."
+            return sum(x.startswith(state) for x in statements), sum(
+                bool(probe.match(x)) for x in statements
+            )
 
-    def counts() -> tuple[int, int]:  # (delivery transactions, probes)
-        state = f"SELECT {s.subscriber_state.name}."
-        return sum(x.startswith(state) for x in statements), sum(
-            bool(probe.match(x)) for x in statements
-        )
-
-    event.listen(sub.store.engine, "before_cursor_execute", seen)
-    try:
         app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(4, 10), previous_position=3)
         statements.clear()
         assert sub.poll_once() == 10  # 5 and 5, then a delivery that finds nothing
@@ -820,8 +802,6 @@ def test_while_each_batch_is_full_the_next_goes_without_a_probe(
         statements.clear()
         assert sub.poll_once() == 7  # 5 and 2, then a probe
         assert counts() == (2, 2)
-    finally:
-        event.remove(sub.store.engine, "before_cursor_execute", seen)
     assert [r[2] for r in app_rows(app_store)] == list(range(1, 21))
 
 
