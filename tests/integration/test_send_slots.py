@@ -411,7 +411,7 @@ def test_the_sequencer_ticks_once_per_trim_however_many_slots_it_locks(
 def test_a_retirement_reports_the_slots_it_retired_and_those_in_use(
     store: SQLAlchemyQueueStore,
 ) -> None:
-    """Called without a cache, as a one-off trim is: what it did, slot by slot."""
+    """What one retirement did, slot by slot (here without the store's cache of judgments)."""
     commit(store, 2)
     first = current(store)
     store.retention.rotate_send_log()
