@@ -116,6 +116,14 @@ def test_a_receiver_keeps_its_settings(store: SQLAlchemyQueueStore) -> None:
     assert receiver.max_batch_entries == 100_000
 
 
+def test_a_sink_that_serves_no_cascade_refuses_a_report_and_says_which_sink(
+    receiver: Receiver,
+) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        receiver.cascade("leaf-c", pb.CascadeReport())
+    assert str(caught.value) == "sink-b does not serve cascade reports"
+
+
 # -- drop notices -----------------------------------------------------------------------------
 def test_a_drop_notice_is_queued_once_acknowledged_and_logged(
     store: SQLAlchemyQueueStore, receiver: Receiver, caplog: pytest.LogCaptureFixture
