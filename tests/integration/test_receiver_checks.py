@@ -101,6 +101,11 @@ def test_negotiation_reports_what_the_sink_holds_of_each_client_of_that_source(
     # A request without a source id is the caller's; one naming another source is refused.
     unnamed = receiver.negotiate(SOURCE, pb.NegotiateRequest(clients=[CLIENT]))
     assert [(c.client_name, c.last_position) for c in unnamed.clients] == [(CLIENT, 5)]
+    # It answers with the codecs offered that it can decode, and its own message limit.
+    offered = pb.NegotiateRequest(clients=[CLIENT], codecs=["brotli", "zlib"])
+    answer = Receiver(store, "sink-b", [SOURCE], max_message_bytes=4096).negotiate(SOURCE, offered)
+    assert (list(answer.codecs), answer.max_message_bytes) == (["zlib"], 4096)
+    assert list(unnamed.codecs) == [] and unnamed.max_message_bytes == 65 * 1024 * 1024
     with pytest.raises(ProtocolError) as caught:
         receiver.negotiate(SOURCE, pb.NegotiateRequest(source_id="src-z", clients=[CLIENT]))
     assert str(caught.value) == "negotiation names source 'src-z', not 'src-a'"
