@@ -101,6 +101,21 @@ def test_negotiation_reports_what_the_sink_holds_of_each_client_of_that_source(
     # A request without a source id is the caller's; one naming another source is refused.
     unnamed = receiver.negotiate(SOURCE, pb.NegotiateRequest(clients=[CLIENT]))
     assert [(c.client_name, c.last_position) for c in unnamed.clients] == [(CLIENT, 5)]
+    # A relayed client's progress is its origin's, and the answer names that origin.
+    relayed = pb.NegotiateRequest(
+        clients=["fresh", CLIENT], relays=[pb.RelayedClient(client_name="fresh", origin_id="src-c")]
+    )
+    got = [
+        (c.client_name, c.last_position, c.origin_id)
+        for c in receiver.negotiate(SOURCE, relayed).clients
+    ]
+    assert got == [("fresh", 4, "src-c"), (CLIENT, 5, "")]
+    for bad, what in (("Bad_Name", "client name"), ("-c", "origin id")):
+        relay = pb.RelayedClient(client_name=bad if what == "client name" else "fresh")
+        relay.origin_id = bad if what == "origin id" else "src-c"
+        with pytest.raises(ProtocolError) as caught:
+            receiver.negotiate(SOURCE, pb.NegotiateRequest(clients=["fresh"], relays=[relay]))
+        assert str(caught.value).startswith(f"invalid {what} {bad!r}")
     # It answers with the codecs offered that it can decode, and its own message limit.
     offered = pb.NegotiateRequest(clients=[CLIENT], codecs=["brotli", "zlib"])
     answer = Receiver(store, "sink-b", [SOURCE], max_message_bytes=4096).negotiate(SOURCE, offered)
