@@ -40,3 +40,16 @@ def test_entries_without_an_origin_time_are_not_observed(store: SQLAlchemyQueueS
     count = _lag("count")
     receiver.apply(SOURCE, log_batch(0, [1, 2]))
     assert _lag("count") == count
+
+
+def test_a_recent_entry_observes_its_lag_and_a_skewed_clock_observes_zero(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    receiver = Receiver(store, "sink-b", [SOURCE])
+    count, total = _lag("count"), _lag("sum")
+    batch = log_batch(0, [1, 2])
+    batch.entries[0].origin_time = time.time() - 0.25
+    batch.entries[1].origin_time = time.time() + 60.0  # the origin's clock runs ahead
+    receiver.apply(SOURCE, batch)
+    assert _lag("count") - count == 2
+    assert 0.25 <= _lag("sum") - total < 1.0  # the first's lag; the second's is 0, not -60
