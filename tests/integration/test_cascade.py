@@ -312,6 +312,22 @@ def test_the_receiver_takes_relayed_batches_from_the_current_provider_only(
     assert (state.last_position, state.origin_id) == (5, "s1")
 
 
+def test_a_switched_provider_is_taken_at_once_and_the_root_has_none(sites: Sites) -> None:
+    store: SQLAlchemyQueueStore = sites.store("s4")
+    store.cascade.apply_cascade_config("policy", "s1", "leaf", "s3")
+    receiver = Receiver(store, "s4", ["s1", "s2", "s3"])
+    assert not receiver.apply("s3", _relayed("s1")).duplicate  # the rows are read (and kept)
+    assert store.cascade_reports.switch_cascade_provider("policy", "s2") == 2
+    # The kept rows name s3: they are read again before s2 is refused, so s2 is taken.
+    assert receiver.apply("s2", _relayed("s1")).duplicate
+    with pytest.raises(NotProviderError, match=r"^s3 is not the provider of policy here \(s2 is"):
+        receiver.apply("s3", _relayed("s1"))
+    root: SQLAlchemyQueueStore = sites.store("s1")
+    root.cascade.apply_cascade_config("policy", "s1", "root", "")
+    with pytest.raises(NotProviderError, match=r"^s2 is not the provider of policy here \(nobody"):
+        Receiver(root, "s1", ["s2"]).apply("s2", _relayed("s1"))
+
+
 def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dropped(
     sites: Sites, cascades: list[Cascade]
 ) -> None:
