@@ -19,7 +19,7 @@ from lr_client.errors import NotProviderError, ProtocolError
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
-from lr_server.receiving.receiver import Receiver
+from lr_server.receiving.receiver import CASCADE_ROWS_TTL, Receiver
 from lr_server.sending import wire
 from lr_server.sending.streams import SessionState
 from tests.kit.sites import CHAIN, SEED_TREE, CascadeTree, Sites
@@ -318,10 +318,13 @@ def test_a_switched_provider_is_taken_at_once_and_the_root_has_none(sites: Sites
     receiver = Receiver(store, "s4", ["s1", "s2", "s3"])
     assert not receiver.apply("s3", _relayed("s1")).duplicate  # the rows are read (and kept)
     assert store.cascade_reports.switch_cascade_provider("policy", "s2") == 2
-    # The kept rows name s3: they are read again before s2 is refused, so s2 is taken.
-    assert receiver.apply("s2", _relayed("s1")).duplicate
+    # Kept rows older than their time to live are read again: the old provider is refused.
+    receiver._cascade_read_at -= CASCADE_ROWS_TTL
     with pytest.raises(NotProviderError, match=r"^s3 is not the provider of policy here \(s2 is"):
         receiver.apply("s3", _relayed("s1"))
+    assert store.cascade_reports.switch_cascade_provider("policy", "s3") == 3
+    # Fresh kept rows name s2: they are read again before s3 is refused, so s3 is taken.
+    assert receiver.apply("s3", _relayed("s1")).duplicate
     root: SQLAlchemyQueueStore = sites.store("s1")
     root.cascade.apply_cascade_config("policy", "s1", "root", "")
     with pytest.raises(NotProviderError, match=r"^s2 is not the provider of policy here \(nobody"):
