@@ -17,7 +17,7 @@ from lr_client.listener import RoutingQueueListener, RoutingQueueMessage
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.subscriber import RoutingQueueSubscriber
-from lr_server import parse_config
+from lr_server import metrics, parse_config
 from lr_server.config import ClientConfig, RetryConfig
 from lr_server.receiving.limits import ReceiveLimits
 from lr_server.receiving.receiver import Receiver
@@ -50,6 +50,8 @@ def full() -> float | None:
 
 
 def test_a_full_receive_queue_refuses_batches_and_resumes_once_drained(sites: Sites) -> None:
+    # The gauge is the process's: a test run before in this process may have left it at 1.
+    metrics.RECEIVE_QUEUE_FULL.labels("a", "policy").set(0)
     sites.start("b", sources=["a"], client_options="receive_queue_max_entries = 3")
     src = sites.store("a")
     src.sites.register_sites(["b"])
