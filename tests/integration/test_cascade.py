@@ -7,6 +7,7 @@ reliability verifier checks each of them against what the root committed.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -19,10 +20,12 @@ from lr_client.errors import NotProviderError, ProtocolError
 from lr_client.records import SnapshotStatus
 from lr_client.snapshot import SnapshotProviderRunner
 from lr_client.store import SQLAlchemyQueueStore
+from lr_server.receiving import receiver as receiving
 from lr_server.receiving.receiver import CASCADE_ROWS_TTL, Receiver
 from lr_server.sending import wire
 from lr_server.sending.streams import SessionState
 from tests.kit.sites import CHAIN, SEED_TREE, CascadeTree, Sites
+from tests.kit.statements import recorded
 from tests.kit.traffic import (
     LOG,
     START,
@@ -329,6 +332,23 @@ def test_a_switched_provider_is_taken_at_once_and_the_root_has_none(sites: Sites
     root.cascade.apply_cascade_config("policy", "s1", "root", "")
     with pytest.raises(NotProviderError, match=r"^s2 is not the provider of policy here \(nobody"):
         Receiver(root, "s1", ["s2"]).apply("s2", _relayed("s1"))
+
+
+def test_the_cascade_rows_are_read_once_per_time_to_live_not_per_batch(
+    sites: Sites, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(receiving, "CASCADE_ROWS_TTL", 3600.0)  # no batch outlives it here
+    store: SQLAlchemyQueueStore = sites.store("s4")
+    store.cascade.apply_cascade_config("policy", "s1", "leaf", "s3")
+    receiver = Receiver(store, "s4", ["s1", "s3"])
+    rows_read = re.compile(r"FROM (\S+\.)?lrq_cascade ORDER BY")
+    with recorded(store.engine) as statements:
+        assert not receiver.apply("s3", _relayed("s1")).duplicate
+        assert len([q for q in statements if rows_read.search(q)]) == 1
+        statements.clear()
+        assert receiver.apply("s3", _relayed("s1")).duplicate
+        assert receiver.apply("s3", _relayed("s1")).duplicate
+        assert not [q for q in statements if rows_read.search(q)]
 
 
 def test_an_old_provider_refused_by_its_child_stops_that_stream_and_marks_it_dropped(
