@@ -110,12 +110,16 @@ def test_negotiation_reports_what_the_sink_holds_of_each_client_of_that_source(
         for c in receiver.negotiate(SOURCE, relayed).clients
     ]
     assert got == [("fresh", 4, "src-c"), (CLIENT, 5, "")]
-    for bad, what in (("Bad_Name", "client name"), ("-c", "origin id")):
-        relay = pb.RelayedClient(client_name=bad if what == "client name" else "fresh")
-        relay.origin_id = bad if what == "origin id" else "src-c"
+    for relay, error in (
+        (
+            pb.RelayedClient(client_name="Bad_Name", origin_id="src-c"),
+            "invalid client name 'Bad_Name'",
+        ),
+        (pb.RelayedClient(client_name="fresh", origin_id="-c"), "invalid origin id '-c'"),
+    ):
         with pytest.raises(ProtocolError) as caught:
             receiver.negotiate(SOURCE, pb.NegotiateRequest(clients=["fresh"], relays=[relay]))
-        assert str(caught.value).startswith(f"invalid {what} {bad!r}")
+        assert str(caught.value).startswith(error)
     # It answers with the codecs offered that it can decode, and its own message limit.
     offered = pb.NegotiateRequest(clients=[CLIENT], codecs=["brotli", "zlib"])
     answer = Receiver(store, "sink-b", [SOURCE], max_message_bytes=4096).negotiate(SOURCE, offered)
