@@ -1356,6 +1356,30 @@ def test_a_lease_is_renewed_only_in_the_second_half_of_its_time(
     assert queue.queue_id not in other._lease_until
 
 
+def test_a_lease_taken_by_another_is_forgotten_and_forgetting_twice_is_harmless(
+    app_store: SQLAlchemyQueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once another owner holds the queue, this subscriber keeps no expiry of its own for
+    it; a lease lost again (a worker's ``LeaseLost`` after the leases were released) is
+    no error."""
+    app_store.recv.apply_log_batch("src-a", CLIENT, log_entries(1, 1))
+    (queue,) = app_store.queues.list_queues(CLIENT)
+    clock = [1_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    first = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=100.0)
+    other = RoutingQueueSubscriber(app_store, CLIENT, AppListener(), lease_seconds=100.0)
+    assert first._hold_lease(queue.queue_id)
+    clock[0] = 1_000_101.0  # the first one's lease expired: the other takes it
+    assert other._hold_lease(queue.queue_id)
+    assert not first._hold_lease(queue.queue_id)
+    assert queue.queue_id not in first._lease_until
+    other._leases.lost(queue.queue_id)
+    assert queue.queue_id not in other._lease_until
+    other._leases.lost(queue.queue_id)  # not held any more: nothing to forget
+    first._leases.lost(queue.queue_id)
+    assert first._lease_until == {} and other._lease_until == {}
+
+
 # -- wake-ups on arrival ----------------------------------------------------------------------
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_run_delivers_what_a_receiver_commits_without_waiting_for_its_poll(
