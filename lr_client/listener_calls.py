@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, NestedTransaction, Transaction
 
 from lr_client import tracing
 from lr_client.delivery import Plan, PlanKind, awaits_end
@@ -159,6 +159,14 @@ class CallPlanner:
     #: The failure when the listener ended the delivery's transaction itself.
     ROLLED_BACK = "the listener rolled back the delivery transaction"
 
+    @staticmethod
+    def rolled_back(txn: Transaction | None, savepoint: NestedTransaction | None) -> bool:
+        """Whether the listener ended the delivery's transaction ``txn``, or the
+        ``savepoint`` it was called in (a part of a batch the failure policy isolates:
+        its session's rollback ends that savepoint only)."""
+        ended = savepoint is not None and not savepoint.is_active
+        return txn is None or not txn.is_active or ended
+
 
 class ListenerCalls(CallPlanner):
     """Calls a sync ``listener`` for planned batches, in the delivering transaction."""
@@ -194,7 +202,7 @@ class ListenerCalls(CallPlanner):
             calls = self.callbacks(conn, queue, plan)
         from sqlalchemy.orm import Session  # the ORM only where a listener is called
 
-        txn = conn.get_transaction()
+        txn, savepoint = conn.get_transaction(), conn.get_nested_transaction()
         session = Session(bind=conn, join_transaction_mode="rollback_only")
         session.info[PARTITION_INFO_KEY] = partition
         name = ""
@@ -212,7 +220,7 @@ class ListenerCalls(CallPlanner):
             raise self.failure(queue, plan, attempt, name, f"{type(exc).__name__}: {exc}") from exc
         finally:
             session.close()
-        if txn is None or not txn.is_active:
+        if self.rolled_back(txn, savepoint):
             raise self.failure(queue, plan, attempt, name, self.ROLLED_BACK)
 
     def redeliver(self, conn: Connection, queue: QueueInfo) -> int:

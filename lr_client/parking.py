@@ -167,11 +167,13 @@ class Parking:
 
 def undone(conn: Connection, savepoint: NestedTransaction) -> bool:
     """Roll ``savepoint`` back after a failed call: whether the delivery can go on (not
-    if the listener ended the delivery's transaction itself)."""
+    if the listener ended the delivery's transaction itself; yes if it rolled back
+    only that savepoint, undone already)."""
     txn = conn.get_transaction()
-    if txn is None or not txn.is_active or not savepoint.is_active:
+    if txn is None or not txn.is_active:
         return False
-    savepoint.rollback()
+    if savepoint.is_active:
+        savepoint.rollback()
     return True
 
 

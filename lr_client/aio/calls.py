@@ -47,7 +47,9 @@ class AsyncListenerCalls(CallPlanner):
         false value for a batch, or rolled the transaction back. A cancellation
         is not caught: the caller's transaction rolls back as it unwinds.
         """
-        txn = conn.sync_connection.get_transaction() if conn.sync_connection else None
+        sync = conn.sync_connection
+        txn = sync.get_transaction() if sync else None
+        savepoint = sync.get_nested_transaction() if sync else None
         session = AsyncSession(bind=conn, join_transaction_mode="rollback_only")
         session.info[PARTITION_INFO_KEY] = partition
         name = ""
@@ -65,7 +67,7 @@ class AsyncListenerCalls(CallPlanner):
             raise self.failure(queue, plan, attempt, name, f"{type(exc).__name__}: {exc}") from exc
         finally:
             await session.close()
-        if txn is None or not txn.is_active:
+        if self.rolled_back(txn, savepoint):
             raise self.failure(queue, plan, attempt, name, self.ROLLED_BACK)
 
 

@@ -22,9 +22,10 @@ from lr_client.store import DeliveryStore
 async def undone(conn: AsyncConnection, savepoint: AsyncTransaction) -> bool:
     """As :func:`lr_client.parking.undone`, for an async connection."""
     txn = conn.sync_connection.get_transaction() if conn.sync_connection else None
-    if txn is None or not txn.is_active or not savepoint.is_active:
+    if txn is None or not txn.is_active:
         return False
-    await savepoint.rollback()
+    if savepoint.is_active:
+        await savepoint.rollback()
     return True
 
 

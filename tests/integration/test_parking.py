@@ -407,3 +407,42 @@ def test_a_parked_sealed_entry_keeps_its_ciphertext_and_headers_and_is_opened_on
         {"schema": "v2"},
     )
     assert [p for p, _ in applied(app_store)] == [1, 3, 2]
+
+
+class RollsBack(Poisoned):
+    """Writes a row per message; on a batch holding a position in ``poison`` it rolls the
+    session back and reports success."""
+
+    def process_log_entries(
+        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+    ) -> bool:
+        for m in messages:
+            session.add(Applied(position=m.source_position))
+        session.flush()
+        if self.poison & {m.source_position for m in messages}:
+            session.rollback()
+        return True
+
+
+def test_a_listener_rolling_back_while_a_batch_is_bisected_parks_its_entry_alone(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    """The bisection calls the listener in savepoints, where its session's rollback ends
+    only that savepoint: the part fails (never counted as applied with its writes undone,
+    never an error of the savepoint's own), the others apply once, the entry is parked;
+    retried, it fails and is parked again."""
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 8))
+    listener = RollsBack({5})
+    sub = make_sub(listener, batch_size=8)
+    drain(sub, lambda: sum(app_store.inspection.queue_depths().values()) == 0)
+    assert [p for p, _ in applied(app_store)] == [1, 2, 3, 4, 6, 7, 8]
+    assert parked_rows(app_store) == [(5, "parked")]
+    (error,) = listener.errors  # the whole batch, before the bisection
+    assert str(error).endswith("attempt 1): the listener rolled back the delivery transaction")
+    (view,) = admin.list_parked(app_store, CLIENT)
+    assert view.attempts == 2
+    assert view.error.endswith("the listener rolled back the delivery transaction")
+    admin.retry_parked(app_store, [view.parked_id])
+    drain(sub, lambda: admin.show_parked(app_store, view.parked_id).attempts == 3)
+    assert admin.show_parked(app_store, view.parked_id).state == "parked"
+    assert [p for p, _ in applied(app_store)] == [1, 2, 3, 4, 6, 7, 8]
