@@ -273,8 +273,11 @@ TARGETS: dict[str, Target] = {
             "tests/integration/test_subscriber.py",
             "tests/integration/test_sink_exactly_once.py",
             "tests/integration/test_bounded_reads.py",
+            "tests/integration/test_listener_base_position.py",
+            "tests/integration/test_parking.py",
+            "tests/integration/test_partitioned_delivery.py",
         ],
-        "delivery plans (snapshot filter), exactly-once delivery, leases",
+        "delivery plans (snapshot filter), exactly-once delivery, leases, listener calls",
     ),
     "session": Target(
         [

@@ -372,7 +372,8 @@ def test_listener_that_rolls_back_the_session_fails_the_batch(
     assert queued(app_store) == 2
     (error,) = listener.errors
     assert isinstance(error, ListenerError) and error.callback == "process_log_entries"
-    assert str(error).endswith("): the listener rolled back the delivery transaction")
+    assert error.attempt == 1 and error.first_seq == 1 and error.last_seq == 2
+    assert str(error).endswith("attempt 1): the listener rolled back the delivery transaction")
 
 
 def test_one_failing_source_does_not_block_another(
