@@ -276,6 +276,8 @@ TARGETS: dict[str, Target] = {
             "tests/integration/test_listener_base_position.py",
             "tests/integration/test_parking.py",
             "tests/integration/test_partitioned_delivery.py",
+            "tests/acceptance/test_tracing.py::"
+            "test_a_listener_applies_a_batch_in_a_span_linked_to_each_traced_entry",
         ],
         "delivery plans (snapshot filter), exactly-once delivery, leases, listener calls",
     ),

@@ -175,7 +175,7 @@ def test_a_listener_applies_a_batch_in_a_span_linked_to_each_traced_entry(
     assert (apply["trace_id"], apply["parent_id"]) == (traces[0], parents[0])
     links = [(x["trace_id"], x["span_id"], x["attributes"]["lr.position"]) for x in apply["links"]]
     assert links == [(traces[0], parents[0], 1), (traces[1], parents[1], 3)]
-    assert apply["attributes"]["lr.source"] == "src"
+    assert (apply["attributes"]["lr.source"], apply["attributes"]["lr.client"]) == ("src", "policy")
     spans.clear()
     store.recv.apply_log_batch("src", "policy", [WireEntry(4, LOG, b"4")], previous_position=3)
     with RoutingQueueSubscriber(store, "policy", listener) as again:
