@@ -11,7 +11,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
 from lr_client.encryption import seal
-from lr_client.errors import InvalidInputError, ProtocolError
+from lr_client.errors import InvalidInputError, KeyUnavailableError, ProtocolError
 from lr_client.failure_policy import FailurePolicy
 from lr_client.headers import decode_headers, encode_headers
 from lr_client.keys import Keyring, generate_key
@@ -407,6 +407,24 @@ def test_a_parked_sealed_entry_keeps_its_ciphertext_and_headers_and_is_opened_on
         {"schema": "v2"},
     )
     assert [p for p, _ in applied(app_store)] == [1, 3, 2]
+
+
+def test_a_sealed_entry_without_its_key_blocks_whatever_the_policy_naming_queue_and_position(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    writer = Keyring({"k1": generate_key()})
+    sealed = [
+        WireEntry(p, LOG, seal(writer, b"s%d" % p, ["sink"], "src-a", CLIENT)) for p in (1, 2)
+    ]
+    app_store.recv.apply_log_batch("src-a", CLIENT, sealed)
+    listener = Seen(set())
+    sub = make_sub(listener, keyring=Keyring({"k2": generate_key()}))
+    assert sub.poll_once() == 0
+    (queue,) = app_store.queues.list_queues(CLIENT)
+    error = listener.errors[-1]
+    assert isinstance(error, KeyUnavailableError)
+    assert str(error).startswith(f"{queue.queue_name}: delivery blocked at source position 1: ")
+    assert listener.seen == [] and applied(app_store) == [] and parked_rows(app_store) == []
 
 
 class RollsBack(Poisoned):
