@@ -21,6 +21,7 @@ from tests.contract.calls import (
     refused_for_no_schema,
 )
 from tests.contract.outage import Outage
+from tests.kit.statements import recorded
 
 OPEN = OPEN_SNAPSHOT_STATUSES
 
@@ -398,6 +399,70 @@ def test_snapshot_reads_continue_and_resume_in_order(store: QueueStore) -> None:
     assert 0 < len(short) < 22
     more = store.snapshot_entries.read_snapshot_entries(sid, len(short), 100)
     assert [e.payload for e in short + more] == expected
+
+
+def test_reads_continuing_a_ready_snapshot_seek_where_the_last_one_ended(
+    store: QueueStore,
+) -> None:
+    """A read from where the previous one ended (or from the start) is an index range;
+    only a read resuming elsewhere (a reconnect) counts its way there with OFFSET."""
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
+    _write(store, sid, 0, [b"%d" % i for i in range(10)])
+    assert store.snapshot_entries.finish_snapshot(sid) == 10
+
+    def offsets(seen: list[str]) -> list[str]:
+        return [q for q in seen if "OFFSET" in q.upper()]
+
+    with recorded(store.engine) as seen:
+        ends, after = [], 0
+        while batch := store.snapshot_entries.read_snapshot_entries(sid, after, 3):
+            after = batch[-1].position
+            ends.append(after)
+        assert ends == [3, 6, 9, 11]
+        assert offsets(seen) == []
+        resumed = store.snapshot_entries.read_snapshot_entries(sid, 5, 3)
+        assert [e.payload for e in resumed] == [b"5", b"6", b"7"]
+        assert len(offsets(seen)) == 1
+
+
+def test_completing_a_snapshot_leaves_another_ready_one_ready(store: QueueStore) -> None:
+    store.sites.register_sites(["b"])
+    sids = []
+    for client in ("policy", "orders"):
+        sid = store.snapshots.request_snapshot(None, "b", client)
+        store.snapshots.start_snapshot(sid)
+        _write(store, sid, 0, [client.encode()])
+        assert store.snapshot_entries.finish_snapshot(sid) == 1
+        sids.append(sid)
+    done, other = sids
+    assert store.snapshots.complete_snapshot(done, "b")
+    assert _status(store, done) is SnapshotStatus.COMPLETED
+    assert _status(store, other) is SnapshotStatus.READY
+    view = store.snapshots.get_snapshot(other, "b")
+    assert view is not None and view.status is SnapshotStatus.READY
+    read = store.snapshot_entries.read_snapshot_entries(other, 0, 10)
+    assert [e.payload for e in read] == [b"orders", b"1"]
+
+
+def test_another_snapshots_silence_does_not_fail_one_heard_of(store: QueueStore) -> None:
+    store.sites.register_sites(["b"])
+    quiet = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(quiet)
+    silent = store.snapshots.get_snapshot(quiet)
+    assert silent is not None
+    while time.time() <= silent.updated_at:  # the other one is heard of strictly later
+        pass
+    heard = store.snapshots.request_snapshot(None, "b", "orders")
+    store.snapshots.start_snapshot(heard)
+    alive = store.snapshots.get_snapshot(heard)
+    assert alive is not None and alive.updated_at > silent.updated_at
+    assert not store.snapshots.fail_stalled_snapshot(heard, alive.updated_at, "stalled")
+    assert _status(store, heard) is SnapshotStatus.RUNNING
+    assert store.snapshots.fail_stalled_snapshot(quiet, alive.updated_at, "stalled")
+    assert _status(store, quiet) is SnapshotStatus.FAILED
+    assert _status(store, heard) is SnapshotStatus.RUNNING
 
 
 def test_a_snapshot_method_on_an_empty_database_is_a_schema_error(

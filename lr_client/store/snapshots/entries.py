@@ -178,6 +178,8 @@ class SnapshotEntriesStore(SnapshotPoolStore):
             ).first()
             if req is None or req.status != SnapshotStatus.READY.value:
                 return []
+            if req.entry_count is not None and after > req.entry_count:
+                return []  # past its end marker (ordinal count + 1): nothing to scan for
             mine = (t.c.snapshot_id == snapshot_id, *self._in_slot(req.snap_slot))
             # Ordinals: the entries by (part, seq), then the end marker (part -1). A READY
             # snapshot no longer changes, so where the previous read of this snapshot
