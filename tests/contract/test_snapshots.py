@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 from lr_client.errors import InvalidNameError, SnapshotError
 from lr_client.records import OPEN_SNAPSHOT_STATUSES, ReplicationType, SnapshotStatus
 from lr_client.store.contract import QueueStore
+from lr_client.store.snapshots.entries import _MAX_MARKS
 from tests.contract.calls import (
     across_outage,
     append,
@@ -425,6 +426,25 @@ def test_reads_continuing_a_ready_snapshot_seek_where_the_last_one_ended(
         resumed = store.snapshot_entries.read_snapshot_entries(sid, 5, 3)
         assert [e.payload for e in resumed] == [b"5", b"6", b"7"]
         assert len(offsets(seen)) == 1
+
+
+def test_read_marks_are_bounded_the_oldest_going_first(store: QueueStore) -> None:
+    """Each read that ends inside a snapshot leaves a mark to continue from; a full
+    set of marks gives up its oldest, and reading goes on."""
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
+    _write(store, sid, 0, [b"%d" % i for i in range(4)])
+    assert store.snapshot_entries.finish_snapshot(sid) == 4
+    marks = store.snapshot_entries.core.snapshot_marks
+    marks.update({("gone", n): (n, 0, n) for n in range(1, _MAX_MARKS + 1)})
+    first = store.snapshot_entries.read_snapshot_entries(sid, 0, 2)
+    assert [e.payload for e in first] == [b"0", b"1"]
+    assert len(marks) == _MAX_MARKS
+    assert ("gone", 1) not in marks and ("gone", 2) in marks
+    assert marks[(sid, 2)] == (2, 0, 1)
+    rest = store.snapshot_entries.read_snapshot_entries(sid, 2, 10)
+    assert [e.payload for e in rest] == [b"2", b"3", b"4"]
 
 
 def test_completing_a_snapshot_leaves_another_ready_one_ready(store: QueueStore) -> None:
