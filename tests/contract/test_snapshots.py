@@ -447,6 +447,22 @@ def test_read_marks_are_bounded_the_oldest_going_first(store: QueueStore) -> Non
     assert [e.payload for e in rest] == [b"2", b"3", b"4"]
 
 
+def test_keys_not_matching_the_payloads_are_refused_and_nothing_is_written(
+    store: QueueStore,
+) -> None:
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    store.snapshots.start_snapshot(sid)
+    with (
+        store.write() as conn,
+        pytest.raises(ValueError, match=r"^keys must be as many as payloads$"),
+    ):
+        store.snapshot_entries.write_snapshot_entries(conn, sid, 0, [b"a", b"b"], keys=[b"k"])
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 0
+    _write(store, sid, 0, [b"a"])
+    assert store.snapshot_entries.count_snapshot_entries(sid) == 1
+
+
 def test_completing_a_snapshot_leaves_another_ready_one_ready(store: QueueStore) -> None:
     store.sites.register_sites(["b"])
     sids = []
@@ -457,6 +473,9 @@ def test_completing_a_snapshot_leaves_another_ready_one_ready(store: QueueStore)
         assert store.snapshot_entries.finish_snapshot(sid) == 1
         sids.append(sid)
     done, other = sids
+    # Finishing the second left the first's end marker in place.
+    read = store.snapshot_entries.read_snapshot_entries(done, 0, 10)
+    assert [e.payload for e in read] == [b"policy", b"1"]
     assert store.snapshots.complete_snapshot(done, "b")
     assert _status(store, done) is SnapshotStatus.COMPLETED
     assert _status(store, other) is SnapshotStatus.READY
