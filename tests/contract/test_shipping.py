@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from lr_client.headers import encode_headers
-from lr_client.records import ReplicationType
+from lr_client.records import ReplicationType, SnapshotStatus
 from lr_client.store import watches
 from lr_client.store.contract import QueueStore
 from tests.contract.calls import across_outage, append, positions, refused_for_no_schema
@@ -271,6 +271,34 @@ def test_watch_sends_is_woken_by_work_for_the_sessions_only(
         store.retention.stop_stream("c", "policy", "test", 1)
         assert store.retention.accept_stream_loss("c", "policy") is not None
         wait_for(lambda: len(wakes) >= 6, what="an accepted loss's wake-up")
+    finally:
+        watch.close()
+
+
+def test_a_snapshots_new_status_wakes_the_sessions_its_heartbeat_does_not(
+    store: QueueStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session may have a step to take when a snapshot's status changes (failed,
+    cancelled, ready); a heartbeat or progress of a running one is no work for it."""
+    monkeypatch.setattr(watches, "NOTIFY_INTERVAL", 0.0)
+    store.sites.register_sites(["b"])
+    sid = store.snapshots.request_snapshot(None, "b", "policy")
+    assert store.snapshots.start_snapshot(sid) is not None
+    wakes: list[int] = []
+    watch = store.shipping.watch_sends(lambda: wakes.append(1))
+    assert watch is not None
+    try:
+        wait_for(lambda: watch.listening and len(wakes) == 1, what="the watch's first wake")
+        assert store.snapshots.update_snapshot(sid, expect=[SnapshotStatus.RUNNING], rows_written=3)
+        assert store.snapshots.update_snapshot(
+            sid, expect=[SnapshotStatus.RUNNING], status=SnapshotStatus.FAILED, reason="test"
+        )
+        wait_for(lambda: len(wakes) >= 2, what="a failed snapshot's wake-up")
+        assert len(wakes) == 2  # the progress woke nobody
+        assert store.snapshots.update_snapshot(
+            sid, expect=[SnapshotStatus.FAILED], status=SnapshotStatus.CANCELLED
+        )
+        wait_for(lambda: len(wakes) == 3, what="a cancelled snapshot's wake-up")
     finally:
         watch.close()
 
