@@ -175,6 +175,25 @@ def test_asking_again_leaves_the_shared_one_to_the_others(store: QueueStore) -> 
     assert _status(store, again, "c") is SnapshotStatus.REQUESTED
 
 
+def test_asking_again_before_the_start_never_rejoins_the_one_it_leaves(
+    store: QueueStore,
+) -> None:
+    """A REQUESTED snapshot is joinable, but not by the destination leaving it: another
+    client's snapshot of the same destination is no reason to start a new one either."""
+    store.sites.register_sites(["b", "c"])
+    others = store.snapshots.request_snapshot(None, "b", "orders")
+    first = store.snapshots.request_snapshot(None, "b", "policy")
+    shared = store.snapshots.request_snapshot(None, "c", "policy")
+    assert shared == first
+    again = store.snapshots.request_snapshot(None, "b", "policy", "restore")
+    assert again not in (first, others)
+    view = store.snapshots.get_snapshot(first, "b")
+    assert view is not None and view.status is SnapshotStatus.CANCELLED and again in view.reason
+    assert _status(store, first, "c") is SnapshotStatus.REQUESTED
+    assert _status(store, again, "b") is SnapshotStatus.REQUESTED
+    assert _status(store, others, "b") is SnapshotStatus.REQUESTED
+
+
 def test_cancelling_the_snapshot_ends_it_for_every_destination(store: QueueStore) -> None:
     sid = _ready(store, DESTS, [b"a"])
     assert store.snapshots.cancel_snapshot(sid, "operator")
