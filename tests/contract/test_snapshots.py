@@ -371,6 +371,11 @@ def test_snapshot_reads_continue_and_resume_in_order(store: QueueStore) -> None:
     expected = [b"%d-%d" % (p, i) for p, n in parts.items() for i in range(n)] + [b"21"]
     assert [e.payload for e in every] == expected
     assert every[-1].type is ReplicationType.LAST_FULL_SYNC_ENTRY
+    # A snapshot's entries name their snapshot; no destinations, origin time or headers.
+    assert {(e.snapshot_id, e.client_name, e.destinations, e.created_at) for e in every} == {
+        (sid, "policy", (), 0.0)
+    }
+    assert {e.headers for e in every} == {None}
     # Continuing from where each read ended, 4 at a time (across parts and the end).
     got, after = [], 0
     while batch := store.snapshot_entries.read_snapshot_entries(sid, after, 4):
