@@ -178,8 +178,8 @@ def test_asking_again_leaves_the_shared_one_to_the_others(store: QueueStore) -> 
 def test_asking_again_before_the_start_never_rejoins_the_one_it_leaves(
     store: QueueStore,
 ) -> None:
-    """A REQUESTED snapshot is joinable, but not by the destination leaving it: another
-    client's snapshot of the same destination is no reason to start a new one either."""
+    """A REQUESTED snapshot is joinable, but not by the destination leaving it; the
+    destination's snapshot of another client stays as it was."""
     store.sites.register_sites(["b", "c"])
     others = store.snapshots.request_snapshot(None, "b", "orders")
     first = store.snapshots.request_snapshot(None, "b", "policy")
