@@ -9,8 +9,10 @@ import pytest
 
 from lr_client.delivery import PlanKind, awaits_end, messages, plan_delivery, run_length
 from lr_client.errors import ProtocolError
+from lr_client.headers import EMPTY, encode_headers
 from lr_client.listener import RoutingQueueMessage
 from lr_client.records import HeadEntry, QueueInfo, ReplicationType, SubscriberState
+from lr_client.replayed import REPLAYED_MARK
 
 LOG = ReplicationType.LOG_ENTRY_SYNC
 SNAP = ReplicationType.SNAPSHOT_SYNC
@@ -182,3 +184,57 @@ def test_a_snapshot_at_the_head_waits_for_its_end_unless_it_was_delivered(
     has_end = _has_end(*ended)
     assert awaits_end(state, entries[0] if entries else None, has_end) is expected
     assert has_end.asked == asked  # type: ignore[attr-defined]
+
+
+def test_a_replayed_entry_is_marked_and_carries_no_snapshot_id() -> None:
+    again = HeadEntry(3, LOG, 5, REPLAYED_MARK, b"again")
+    fresh = HeadEntry(4, LOG, 6, "", b"fresh")
+    replayed, first_time = messages(QUEUE, [again, fresh])
+    assert (replayed.replayed, replayed.snapshot_id, replayed.source_position) == (True, "", 5)
+    assert (first_time.replayed, first_time.snapshot_id) == (False, "")
+
+
+def test_messages_carry_each_entrys_key_and_decoded_headers() -> None:
+    with_both = HeadEntry(3, LOG, 5, "", b"a", None, b"k1", encode_headers({"trace": "t1"}))
+    without = HeadEntry(4, LOG, 6, "", b"b")
+    first, second = messages(QUEUE, [with_both, without])
+    assert (first.key, dict(first.headers)) == (b"k1", {"trace": "t1"})
+    assert (second.key, second.headers) == (None, EMPTY)
+
+
+def test_a_log_plan_takes_its_first_entrys_receive_time_and_no_base() -> None:
+    run = [HeadEntry(10, LOG, 3, "", b"a", received_at=5.5), HeadEntry(11, LOG, 4, "", b"b")]
+    plan = plan_delivery(QUEUE, IDLE, run)
+    assert (plan.received_at, plan.base_position) == (5.5, None)
+
+
+@pytest.mark.parametrize(
+    ("entries", "base"),
+    [
+        pytest.param([HeadEntry(10, SNAP, 1, "s1", b"a", 40)], 40, id="the-runs-first-entrys"),
+        pytest.param(
+            [HeadEntry(10, SNAP, 1, "s1", b"a", None), HeadEntry(11, END, 2, "s1", b"", 41)],
+            41,
+            id="the-end-markers-when-it-is-taken",
+        ),
+        pytest.param([HeadEntry(10, END, 2, "s1", b"", 42)], 42, id="an-end-markers-alone"),
+        pytest.param(
+            [HeadEntry(10, SNAP, 1, "s1", b"a", 40), HeadEntry(11, END, 2, "s2", b"", 41)],
+            40,
+            id="not-another-snapshots-end",
+        ),
+    ],
+)
+def test_a_snapshot_plan_carries_the_base_position_its_entries_sent(
+    entries: list[HeadEntry], base: int | None
+) -> None:
+    plan = plan_delivery(QUEUE, IN_S1, entries)
+    assert (plan.base_position, plan.received_at) == (base, 0.0)
+
+
+def test_a_drop_notice_is_delivered_alone_with_its_own_fields() -> None:
+    entries = [HeadEntry(10, DROPPED, 5, "", b"gone"), HeadEntry(11, DROPPED, 6, "", b"too")]
+    plan = plan_delivery(QUEUE, IN_S1, entries)
+    (notice,) = plan.messages
+    assert (notice.type, notice.payload, notice.source_position) == (DROPPED, b"gone", 5)
+    assert (plan.seqs, plan.base_position, plan.received_at) == ([10], None, 0.0)
