@@ -389,7 +389,7 @@ def run(
     only: list[str] | None = None,
 ) -> dict[str, int]:
     mutmut = str(Path(sys.executable).with_name("mutmut"))
-    env = {**os.environ, "CI": "true", **dict(target.env)}
+    env = {**os.environ, "CI": "true", "LR_TEST_ORDER": "fastest-first", **dict(target.env)}
     env.pop("PYTHONPATH", None)
     print(f"== {name}: {target.about}", flush=True)
     work = WORK / name
