@@ -279,6 +279,7 @@ TARGETS: dict[str, Target] = {
             "tests/integration/test_parking.py",
             "tests/integration/test_partitioned_delivery.py",
             "tests/integration/test_subscriber_threads.py",
+            "tests/integration/test_partition_workers.py",
             "tests/acceptance/test_tracing.py::"
             "test_a_listener_applies_a_batch_in_a_span_linked_to_each_traced_entry",
         ],

@@ -109,7 +109,7 @@ def test_partition_workers_are_named_daemons(
     store.recv.apply_log_batch("src-a", CLIENT, entries(6))
     listener = Held()
     sub = RoutingQueueSubscriber(
-        store, CLIENT, listener, partitions=4, workers=2, poll_interval=30.0
+        store, CLIENT, listener, partitions=2, workers=2, poll_interval=30.0
     )
     stop = threading.Event()
     started.append(threading.Thread(target=sub.run, args=(stop,)))
