@@ -163,3 +163,28 @@ def test_a_turn_that_fails_is_reported_and_the_workers_go_on(
     run_sub(listener, poll_interval=0.05)  # the next turn: at the next poll
     wait_for(lambda: listener.of("src-a") == [1, 2, 3], 30)
     assert [str(e) for e in listener.errors] == ["the registry could not be read"]
+
+
+def test_a_partitions_attempts_count_from_one_again_once_it_delivered(
+    store: SQLAlchemyQueueStore, run_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    class RefusingEachOnce(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[int] = set()
+
+        def process_log_entries(
+            self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
+        ) -> bool:
+            fresh = {m.source_position for m in messages} - self.seen
+            self.seen |= fresh
+            return not fresh and super().process_log_entries(session, source_id, messages)
+
+    listener = RefusingEachOnce()
+    run_sub(listener, poll_interval=0.05, retry_initial=0.01, retry_max=0.01)
+    store.recv.apply_log_batch("src-a", CLIENT, keyed(1, 1, lambda p: b"k"))
+    wait_for(lambda: listener.of("src-a") == [1], 30)
+    store.recv.apply_log_batch("src-a", CLIENT, keyed(2, 1, lambda p: b"k"), previous_position=1)
+    wait_for(lambda: listener.of("src-a") == [1, 2], 30)
+    refusals = [str(e) for e in listener.errors if isinstance(e, ListenerError)]
+    assert len(refusals) == 2 and all("attempt 1)" in e for e in refusals), refusals
