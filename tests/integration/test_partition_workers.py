@@ -62,29 +62,41 @@ def keyed(first: int, count: int, key: Callable[[int], bytes] | None = None) -> 
     return [WireEntry(p, LOG, b"%d" % p, key=name(p)) for p in range(first, first + count)]
 
 
-@pytest.fixture
-def run_sub(store: SQLAlchemyQueueStore) -> Iterator[Callable[..., RoutingQueueSubscriber]]:
-    """Start ``run`` of a subscriber by partition in a thread; stopped at the end."""
-    running: list[tuple[RoutingQueueSubscriber, threading.Event, threading.Thread]] = []
+class Runs:
+    """Subscribers by partition, each running ``run`` in a thread of its own."""
 
-    def start(listener: RoutingQueueListener, **kw: object) -> RoutingQueueSubscriber:
+    def __init__(self, store: SQLAlchemyQueueStore) -> None:
+        self.store = store
+        self.running: list[tuple[RoutingQueueSubscriber, threading.Event, threading.Thread]] = []
+
+    def __call__(self, listener: RoutingQueueListener, **kw: object) -> RoutingQueueSubscriber:
         kw = {"partitions": 3, "workers": 1, "poll_interval": HOUR, **kw}
-        sub = RoutingQueueSubscriber(store, CLIENT, listener, **kw)  # type: ignore[arg-type]
+        sub = RoutingQueueSubscriber(self.store, CLIENT, listener, **kw)  # type: ignore[arg-type]
         stop = threading.Event()
         thread = threading.Thread(target=sub.run, args=(stop,))
-        running.append((sub, stop, thread))
+        self.running.append((sub, stop, thread))
         thread.start()
         return sub
 
-    yield start
-    for sub, stop, thread in running:
-        stop.set()
-        join(thread, 60)
-        sub.close()
+    def stop(self) -> None:
+        """Stop every subscriber started and wait for its ``run`` to return."""
+        while self.running:
+            sub, stop, thread = self.running.pop()
+            stop.set()
+            join(thread, 60)
+            sub.close()
+
+
+@pytest.fixture
+def run_sub(store: SQLAlchemyQueueStore) -> Iterator[Runs]:
+    """Start ``run`` of a subscriber by partition in a thread; stopped at the end."""
+    runs = Runs(store)
+    yield runs
+    runs.stop()
 
 
 def test_a_backlog_past_one_turns_batches_is_delivered_without_waiting_for_the_poll(
-    store: SQLAlchemyQueueStore, run_sub: Callable[..., RoutingQueueSubscriber]
+    store: SQLAlchemyQueueStore, run_sub: Runs
 ) -> None:
     """A turn delivers at most ``max_batches`` batches of each partition; one that
     delivered turns again at once."""
@@ -95,7 +107,7 @@ def test_a_backlog_past_one_turns_batches_is_delivered_without_waiting_for_the_p
 
 
 def test_only_the_subscribers_client_is_delivered(
-    store: SQLAlchemyQueueStore, run_sub: Callable[..., RoutingQueueSubscriber]
+    store: SQLAlchemyQueueStore, run_sub: Runs
 ) -> None:
     store.recv.apply_log_batch("src-a", "other", keyed(1, 4))
     store.recv.apply_log_batch("src-a", CLIENT, keyed(1, 3))
@@ -107,7 +119,7 @@ def test_only_the_subscribers_client_is_delivered(
 
 
 def test_a_partition_waiting_to_retry_holds_back_neither_the_others_nor_its_attempts(
-    store: SQLAlchemyQueueStore, run_sub: Callable[..., RoutingQueueSubscriber]
+    store: SQLAlchemyQueueStore, run_sub: Runs
 ) -> None:
     """The refused entry's partition, the first of the turn, waits its retry (an hour
     here) while the partitions after it deliver what comes; the refusal is its
@@ -131,7 +143,7 @@ def test_a_partition_waiting_to_retry_holds_back_neither_the_others_nor_its_atte
 
 
 def test_a_queue_another_subscriber_leases_holds_back_no_other_queue(
-    store: SQLAlchemyQueueStore, run_sub: Callable[..., RoutingQueueSubscriber]
+    store: SQLAlchemyQueueStore, run_sub: Runs
 ) -> None:
     store.recv.apply_log_batch("src-a", CLIENT, keyed(1, 3))
     store.recv.apply_log_batch("src-b", CLIENT, keyed(1, 3))
@@ -146,7 +158,7 @@ def test_a_queue_another_subscriber_leases_holds_back_no_other_queue(
 
 def test_a_turn_that_fails_is_reported_and_the_workers_go_on(
     store: SQLAlchemyQueueStore,
-    run_sub: Callable[..., RoutingQueueSubscriber],
+    run_sub: Runs,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = store.queues.list_queues
@@ -166,7 +178,7 @@ def test_a_turn_that_fails_is_reported_and_the_workers_go_on(
 
 
 def test_a_partitions_attempts_count_from_one_again_once_it_delivered(
-    store: SQLAlchemyQueueStore, run_sub: Callable[..., RoutingQueueSubscriber]
+    store: SQLAlchemyQueueStore, run_sub: Runs
 ) -> None:
     class RefusingEachOnce(Recorder):
         def __init__(self) -> None:
@@ -188,3 +200,49 @@ def test_a_partitions_attempts_count_from_one_again_once_it_delivered(
     wait_for(lambda: listener.of("src-a") == [1, 2], 30)
     refusals = [str(e) for e in listener.errors if isinstance(e, ListenerError)]
     assert len(refusals) == 2 and all("attempt 1)" in e for e in refusals), refusals
+
+
+def stop_below_a_refused_entry(store: SQLAlchemyQueueStore, run_sub: Runs) -> tuple[int, Recorder]:
+    """Run a subscriber by partition until every entry but the refused 12 is applied,
+    then stop it: (the queue's id, the listener). The partition of 12 stops below it
+    (the queue never drains, so no barrier raises the queue's mark), and the poll and
+    the retry are far away: the queue's own mark is left for the stop to raise."""
+    store.recv.apply_log_batch("src-a", CLIENT, keyed(1, 12))
+    (qid,) = [q.queue_id for q in store.queues.list_queues(CLIENT)]
+    part = HashPartitioner()
+    blocked = [p for p in range(1, 13) if part(b"k%d" % p, 3) == part(b"k12", 3)]
+    assert len(blocked) > 1  # the refused 12 comes after others of its partition
+    listener = Recorder(refused=12)
+    run_sub(listener, batch_size=1, retry_initial=HOUR, retry_max=HOUR)
+    try:
+        wait_for(lambda: listener.of("src-a") == list(range(1, 12)), 30)
+    finally:
+        run_sub.stop()
+    return qid, listener
+
+
+def test_stopping_raises_the_queue_mark_its_partitions_reached(
+    store: SQLAlchemyQueueStore, run_sub: Runs
+) -> None:
+    """Partition deliveries write their own marks; the queue's, which retires entries
+    and which a status reads, is raised behind them now and then, and at the stop for
+    what moved since."""
+    qid, _ = stop_below_a_refused_entry(store, run_sub)
+    with store.read() as conn:
+        own = store.queues.load_state(conn, qid).delivered_seq
+        parts = store.partitions.load_partitions(conn, qid)
+    assert own == min(parts.values()) > 0
+
+
+def test_a_queue_mark_the_stop_cannot_raise_is_reported_to_on_error(
+    store: SQLAlchemyQueueStore, run_sub: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object) -> None:
+        raise OSError("the database went away")
+
+    monkeypatch.setattr(store.partitions, "raise_queue_mark", refuse)
+    qid, listener = stop_below_a_refused_entry(store, run_sub)
+    others = [e for e in listener.errors if not isinstance(e, ListenerError)]  # not the refusal
+    assert others and all(str(e) == "the database went away" for e in others), others
+    with store.read() as conn:  # the mark stays; the next subscriber raises it
+        assert store.queues.load_state(conn, qid).delivered_seq == 0

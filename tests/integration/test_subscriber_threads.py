@@ -14,8 +14,6 @@ from sqlalchemy.orm import Session
 
 import lr_client.partition_workers as partition_workers
 from lr_client import RoutingQueueListener, RoutingQueueMessage, RoutingQueueSubscriber
-from lr_client.errors import ListenerError
-from lr_client.partitioners import HashPartitioner
 from lr_client.records import ReplicationType, WireEntry
 from lr_client.store import SQLAlchemyQueueStore
 from tests.kit.wait import join, wait_for
@@ -131,93 +129,3 @@ def test_partition_workers_are_named_daemons(
     join(started[0], 60)
     assert not threads_named("lr-partition-worker-")
     sub.close()
-
-
-class Refusing(RoutingQueueListener):
-    """Applies every log entry but the one at ``refused``; keeps what ``on_error`` got."""
-
-    def __init__(self, refused: int) -> None:
-        self.refused = refused
-        self.positions: list[int] = []
-        self.errors: list[BaseException] = []
-
-    def process_log_entries(
-        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
-    ) -> bool:
-        if any(m.source_position == self.refused for m in messages):
-            return False
-        self.positions += [m.source_position for m in messages]
-        return True
-
-    def process_full_sync(
-        self, session: Session, source_id: str, messages: Sequence[RoutingQueueMessage]
-    ) -> bool:
-        return True
-
-    def on_error(self, error: BaseException) -> None:
-        self.errors.append(error)
-
-
-def stop_below_a_refused_entry(
-    store: SQLAlchemyQueueStore, started: list[threading.Thread]
-) -> tuple[int, Refusing]:
-    """Run a subscriber by partition until every entry but the refused 12 is applied,
-    then stop it: (the queue's id, the listener). The partition of 12 stops below it
-    (the queue never drains, so no barrier raises the queue's mark), and the poll and
-    the retry are far away: the queue's own mark is left for the stop to raise."""
-    store.recv.apply_log_batch("src-a", CLIENT, entries(12))
-    (qid,) = [q.queue_id for q in store.queues.list_queues(CLIENT)]
-    part = HashPartitioner()
-    blocked = [p for p in range(1, 13) if part(b"k%d" % p, 3) == part(b"k12", 3)]
-    assert len(blocked) > 1  # the refused 12 comes after others of its partition
-    listener = Refusing(12)
-    sub = RoutingQueueSubscriber(
-        store,
-        CLIENT,
-        listener,
-        partitions=3,
-        workers=1,
-        batch_size=1,
-        poll_interval=30.0,
-        retry_initial=30.0,
-        retry_max=30.0,
-    )
-    stop = threading.Event()
-    started.append(threading.Thread(target=sub.run, args=(stop,)))
-    started[-1].start()
-    try:
-        wait_for(lambda: sorted(listener.positions) == list(range(1, 12)), 60)
-    finally:
-        stop.set()
-        join(started[-1], 60)
-        sub.close()
-    return qid, listener
-
-
-def test_stopping_raises_the_queue_mark_its_partitions_reached(
-    store: SQLAlchemyQueueStore, started: list[threading.Thread]
-) -> None:
-    """Partition deliveries write their own marks; the queue's, which retires entries
-    and which a status reads, is raised behind them now and then, and at the stop for
-    what moved since."""
-    qid, _ = stop_below_a_refused_entry(store, started)
-    with store.read() as conn:
-        own = store.queues.load_state(conn, qid).delivered_seq
-        parts = store.partitions.load_partitions(conn, qid)
-    assert own == min(parts.values()) > 0
-
-
-def test_a_queue_mark_the_stop_cannot_raise_is_reported_to_on_error(
-    store: SQLAlchemyQueueStore,
-    started: list[threading.Thread],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def refuse(*args: object) -> None:
-        raise OSError("the database went away")
-
-    monkeypatch.setattr(store.partitions, "raise_queue_mark", refuse)
-    qid, listener = stop_below_a_refused_entry(store, started)
-    others = [e for e in listener.errors if not isinstance(e, ListenerError)]  # not the refusal
-    assert others and all(str(e) == "the database went away" for e in others), others
-    with store.read() as conn:  # the mark stays; the next subscriber raises it
-        assert store.queues.load_state(conn, qid).delivered_seq == 0
