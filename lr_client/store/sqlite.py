@@ -327,25 +327,30 @@ class SQLiteCore(StoreCore):
         deleted, low = 0, 0
         for high in sorted(set(acks.values())):
             done = [num for num, position in acks.items() if position >= high]
-            victims = (
+            victim = _names_only(e.c.dest_nums, done)
+            # The range's top: the last victim that fits, or the range's own top. The
+            # range is then deleted whole, in one statement returning nothing: cheaper
+            # than deleting a list of positions and reading each row back.
+            top = conn.execute(
                 select(e.c.position)
-                .where(
-                    e.c.client_name == client,
-                    e.c.position > low,
-                    e.c.position <= high,
-                    _names_only(e.c.dest_nums, done),
-                )
+                .where(e.c.client_name == client, e.c.position > low, e.c.position <= high, victim)
                 .order_by(e.c.position)
-                .limit(limit - deleted)
-            )
-            rows = conn.execute(
-                delete(e).where(e.c.position.in_(victims)).returning(e.c.position, e.c.dest_nums)
-            ).all()
-            for position, dests in rows:
+                .limit(1)
+                .offset(limit - deleted - 1)
+            ).scalar()
+            top = high if top is None else int(top)
+            within = (e.c.client_name == client, e.c.position > low, e.c.position <= top, victim)
+            # Each stream's highest position deleted, per distinct set of destinations.
+            for dests, highest, count in conn.execute(
+                select(e.c.dest_nums, func.max(e.c.position), func.count())
+                .where(*within)
+                .group_by(e.c.dest_nums)
+            ).all():
                 for num in self.dest_nums_of(dests):
                     key = (num, client)
-                    marks[key] = max(marks.get(key, 0), int(position))
-            deleted += len(rows)
+                    marks[key] = max(marks.get(key, 0), int(highest))
+                deleted += int(count)
+            conn.execute(delete(e).where(*within))
             if deleted >= limit:
                 break
             low = high

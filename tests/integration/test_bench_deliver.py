@@ -1,5 +1,5 @@
-"""bench/deliver.py and bench/dest_read.py run and report what docs/benchmarks.md says
-(tiny runs: the figures themselves come from the benchmarks' own runs)."""
+"""bench/deliver.py, bench/dest_read.py and bench/trim.py run and report what
+docs/benchmarks.md says (tiny runs: the figures come from the benchmarks' own runs)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import deliver, dest_read
+from bench import deliver, dest_read, trim
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -53,3 +53,18 @@ def test_dest_read_reports_each_count_of_others_against_none(tmp_path: Path, bac
     assert [c["others"] for c in cells] == [0, 300]  # the control is always measured
     assert cells[0]["vs_control"] == 1.0 and cells[1]["median_ms"] > 0
     assert all(c["first_ms"] > 0 for c in cells)
+
+
+def test_trim_reports_the_trim_against_a_raw_delete_per_count_of_destinations(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "trim.json"
+    args = ["--entries", "1200", "--destinations", "1,3", "--rounds", "2", "--json", str(out)]
+    assert trim.main(args) == 0
+    cells = json.loads(out.read_text())["results"]["sqlite"]
+    assert [c["destinations"] for c in cells] == [1, 3]
+    for c in cells:  # each kind ran each round, in turns, and deleted every entry
+        assert [len(c["rounds"][k]) for k in ("raw", "trim")] == [2, 2]
+        assert c["trim_vs_raw"] == pytest.approx(
+            c["trim_cpu_ms_per_1k"] / c["raw_cpu_ms_per_1k"], rel=0.01
+        )

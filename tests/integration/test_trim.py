@@ -71,6 +71,20 @@ def test_an_entry_is_trimmed_only_once_every_destination_acknowledged_it(
     assert left(store) == []
 
 
+def test_each_streams_trim_mark_is_the_last_of_its_own_entries_trimmed(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    p = send(store, ["b", "c"], ["b"], ["c"], ["b", "c"], ["d"])
+    store.shipping.set_cursor("b", CLIENT, p[3])
+    store.shipping.set_cursor("c", CLIENT, p[2])
+    store.shipping.set_cursor("d", CLIENT, p[4])
+    store.retention.trim()  # in one range: b, c and d are past p[2]
+    assert left(store) == [p[3]]
+    assert store.retention.trimmed_through("b", CLIENT) == p[1]
+    assert store.retention.trimmed_through("c", CLIENT) == p[2]
+    assert store.retention.trimmed_through("d", CLIENT) == p[4]
+
+
 def test_a_destination_without_a_cursor_keeps_everything_it_was_sent(
     store: SQLAlchemyQueueStore,
 ) -> None:
