@@ -243,6 +243,24 @@ def test_a_discarded_entry_is_kept_with_who_and_when_and_its_held_entries_flow(
         admin.show_parked(app_store, 99999)
 
 
+def test_a_poll_counts_the_held_entries_it_delivers_once_released(
+    app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
+) -> None:
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(1, 4, lambda p: b"x"))
+    sub = make_sub(Poisoned({2, 6}), batch_size=10)
+    drain(sub, lambda: len(parked_rows(app_store)) == 3)
+    (head,) = admin.list_parked(app_store, states=["parked"])
+    admin.discard_parked(app_store, [head.parked_id], by="ops")
+    assert sub.poll_once() == 2  # 3 and 4, released: nothing else is queued
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(5, 4, lambda p: b"x"))
+    drain(sub, lambda: len(parked_rows(app_store)) == 6)  # 6 parked, 7 and 8 held
+    (head,) = admin.list_parked(app_store, states=["parked"])
+    admin.discard_parked(app_store, [head.parked_id], by="ops")
+    app_store.recv.apply_log_batch("src-a", CLIENT, entries(9, 3, lambda p: b"y"))
+    assert sub.poll_once() == 5  # 7 and 8 released, with the 3 that came meanwhile
+    assert [p for p, _ in applied(app_store)] == [1, 3, 4, 5, 7, 8, 9, 10, 11]
+
+
 def test_an_entry_retried_that_fails_again_is_parked_again(
     app_store: SQLAlchemyQueueStore, make_sub: Callable[..., RoutingQueueSubscriber]
 ) -> None:
