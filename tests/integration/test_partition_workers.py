@@ -246,3 +246,45 @@ def test_a_queue_mark_the_stop_cannot_raise_is_reported_to_on_error(
     assert others and all(str(e) == "the database went away" for e in others), others
     with store.read() as conn:  # the mark stays; the next subscriber raises it
         assert store.queues.load_state(conn, qid).delivered_seq == 0
+
+
+def test_a_poll_by_partition_raises_the_queue_mark_its_partitions_reached(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """``poll_once`` turns until no partition moves, then raises the queue's own mark
+    behind them: no barrier does here (the refused 12 keeps the queue from draining)."""
+    store.recv.apply_log_batch("src-a", CLIENT, keyed(1, 12))
+    (qid,) = [q.queue_id for q in store.queues.list_queues(CLIENT)]
+    listener = Recorder(refused=12)
+    sub = RoutingQueueSubscriber(
+        store, CLIENT, listener, partitions=3, batch_size=1, retry_initial=HOUR, retry_max=HOUR
+    )
+    try:
+        wait_for(lambda: sub.poll_once() >= 0 and listener.of("src-a") == list(range(1, 12)), 30)
+        with store.read() as conn:
+            own = store.queues.load_state(conn, qid).delivered_seq
+            parts = store.partitions.load_partitions(conn, qid)
+    finally:
+        sub.close()
+    assert own == min(parts.values()) > 0
+
+
+def test_workers_waiting_at_a_barrier_go_on_once_another_delivers_it(
+    store: SQLAlchemyQueueStore, run_sub: Runs
+) -> None:
+    """An entry without a key is a barrier: each partition stops there until the last
+    one reaches it and its worker delivers it. The workers that stopped first wait for
+    that delivery's ring, not for the poll (an hour here); three barriers in turn."""
+    part = HashPartitioner()
+    zero = [b"z%d" % i for i in range(200) if part(b"z%d" % i, 2) == 0]
+    one = [b"o%d" % i for i in range(200) if part(b"o%d" % i, 2) == 1]
+    entries, p = [], 0
+    for round_ in range(3):  # partition 0 reaches each barrier first: 1 entry against 3
+        for key in [zero[round_], *one[3 * round_ : 3 * round_ + 3], None]:
+            p += 1
+            entries.append(WireEntry(p, LOG, b"%d" % p, key=key))
+    entries.append(WireEntry(p + 1, LOG, b"last", key=zero[3]))
+    store.recv.apply_log_batch("src-a", CLIENT, entries)
+    listener = Recorder()
+    run_sub(listener, partitions=2, workers=2, batch_size=1, wake_on_arrival=False)
+    wait_for(lambda: listener.of("src-a") == list(range(1, p + 2)), 30)
