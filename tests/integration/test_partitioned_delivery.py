@@ -561,3 +561,30 @@ def test_two_workers_at_a_full_sync_start_it_once(
     kinds = [r.kind for r in applied(app)]
     assert kinds == ["start", *["snap"] * 6], kinds  # started once, whole, once
     assert sorted(r.position for r in applied(app) if r.kind == "snap") == list(range(1, 7))
+
+
+def test_by_default_a_subscriber_delivers_in_one_partition(
+    app: SQLAlchemyQueueStore, api: str
+) -> None:
+    """No partition unless asked: every entry, keyed or not, in one order, in whole batches."""
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(1, 21), 5))
+    listener = Recorder()
+    if api == "sync":
+        sub: object = RoutingQueueSubscriber(app, CLIENT, listener)
+    else:
+        sub = SyncDriven(app.engine.url.render_as_string(hide_password=False), CLIENT, listener)
+    try:
+        assert sub.poll_once() == 20  # type: ignore[attr-defined]
+    finally:
+        sub.close()  # type: ignore[attr-defined]
+    rows = applied(app)
+    assert [r.position for r in rows] == list(range(1, 21))
+    assert {r.partition for r in rows} == {-1}  # no partition given to the listener
+
+
+def test_a_range_partitioner_takes_its_boundaries(app: SQLAlchemyQueueStore, make: Make) -> None:
+    app.recv.apply_log_batch("a", CLIENT, keyed(range(1, 41), 10))
+    listener = Recorder()
+    sub = make(listener, 2, partitioner="range", partition_boundaries=["k5"])
+    assert sub.poll_once() == 40
+    assert listener.partitions_seen == {b"k%d" % i: {0 if i < 5 else 1} for i in range(10)}

@@ -106,8 +106,8 @@ def test_partition_workers_are_named_daemons(
 ) -> None:
     store.recv.apply_log_batch("src-a", CLIENT, entries(6))
     listener = Held()
-    sub = RoutingQueueSubscriber(
-        store, CLIENT, listener, partitions=2, workers=2, poll_interval=30.0
+    sub = RoutingQueueSubscriber(  # two workers for three partitions
+        store, CLIENT, listener, partitions=3, workers=2, poll_interval=30.0
     )
     stop = threading.Event()
     started.append(threading.Thread(target=sub.run, args=(stop,)))
