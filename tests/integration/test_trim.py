@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import Connection
 
+from lr_client.records import EntryRef
 from lr_client.store import SQLAlchemyQueueStore, open_store
 from lr_client.store.retention.store import RetentionStore
 from tests.conftest import PgSchema
@@ -229,6 +230,46 @@ def test_a_bounded_batch_counts_across_clients(store: SQLAlchemyQueueStore) -> N
     store.shipping.set_cursor("b", "alpha", positions(store, more["alpha"])[-1])
     store.shipping.set_cursor("b", "beta", positions(store, more["beta"])[-1])
     assert store.retention.trim(batch_size=10) == 4  # both clients' deletions counted in one batch
+
+
+def test_a_bounded_batch_counts_what_it_deletes_and_stops_once_full(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    """b acknowledged 5, c 0: ranges (0, 0] and (0, 5]. Row by row (SQLite), a batch
+    counts the entries it deletes, not c's it passes over, and a batch filled at a
+    range's end goes no further."""
+    p = send(store, ["b"], ["c"], ["b"], ["c"], ["b"], ["b"])
+    store.shipping.set_cursor("b", CLIENT, p[5])
+    store.shipping.set_cursor("c", CLIENT, p[0])
+    if not whole_slots(store):
+        assert store.retention.trim(batch_size=1, max_batches=1) == 1
+        assert left(store) == p[1:]
+        assert store.retention.trim(batch_size=2, max_batches=1) == 2
+        assert left(store) == [p[1], p[3], p[5]]
+    store.retention.trim()
+    assert left(store) == [p[1], p[3]]
+
+
+def test_a_bounded_batch_counts_only_its_clients_entries_among_others(
+    store: SQLAlchemyQueueStore,
+) -> None:
+    nums = store.sites.register_sites(["b"])
+    refs: dict[str, list[EntryRef]] = {"alpha": [], "beta": []}
+    for _ in range(3):  # interleaved: alpha, beta, alpha, beta, ...
+        for client in ("alpha", "beta"):
+            new_slot(store)
+            with store.write() as conn:
+                refs[client] += store.send.append_log_entries(conn, client, [(b"x", [nums["b"]])])
+    alpha, beta = positions(store, refs["alpha"]), positions(store, refs["beta"])
+    store.shipping.set_cursor("b", "alpha", alpha[-1])
+    store.shipping.set_cursor("b", "beta", beta[-1])
+    if not whole_slots(store):
+        assert store.retention.trim(batch_size=2, max_batches=1) == 2  # alpha's first two
+        assert [e.position for e in store.shipping.read_client_log("alpha", 0, 10)] == alpha[2:]
+        assert [e.position for e in store.shipping.read_client_log("beta", 0, 10)] == beta
+    store.retention.trim()
+    assert store.shipping.read_client_log("alpha", 0, 10) == []
+    assert store.shipping.read_client_log("beta", 0, 10) == []
 
 
 def test_one_clients_acknowledgement_trims_nothing_of_another(
