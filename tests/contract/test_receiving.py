@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from lr_client.errors import InvalidNameError, ProtocolError, StoreUnavailableError
-from lr_client.lanes import lane_of
+from lr_client.lanes import MAX_LANES, lane_of
 from lr_client.records import ReplicationType, SinkProgress, SinkSnapshotState, WireEntry
 from lr_client.store.contract import QueueStore
 from lr_client.store.recv import arrival_watch
@@ -434,6 +434,46 @@ def test_entries_applied_under_one_lane_count_are_skipped_under_another(
     for n, k in enumerate([*keys, b"x", b"y"], start=1):
         store.recv.apply_lane_batch("a", "policy", lane_of(k, 3), 3, _keyed(k, n), 0, 0)
     assert sorted(p for p, _, _ in _queued(store)) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_each_streams_lanes_are_its_own(store: QueueStore) -> None:
+    """Lane rows are kept per source and client: another stream's lanes neither hold
+    back this one's entries nor are forgotten when this one's low-water mark passes them."""
+    one, two = _key(1, 2), _key(2, 2)
+    store.recv.apply_lane_batch("b", "policy", 1, 2, _keyed(one, 9), 0, 0)
+    store.recv.apply_lane_batch("a", "other", 1, 2, _keyed(one, 9), 0, 0)
+    # a/policy's entries below those positions are its own, fresh.
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 2, 3), 0, 0) == (True, 3)
+    assert store.recv.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 12), 0, 0) == (True, 12)
+    # Its low-water mark reaches 10: it forgets its own lane rows up to 10, no other.
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, [], 3, 10) == (False, 10)
+    # Sent again from the start (a source restarted): nothing is applied twice.
+    assert store.recv.apply_lane_batch("b", "policy", 1, 2, _keyed(one, 9), 0, 0) == (False, 9)
+    assert store.recv.apply_lane_batch("a", "other", 1, 2, _keyed(one, 9), 0, 0) == (False, 9)
+    assert store.recv.apply_lane_batch("a", "policy", 2, 2, _keyed(two, 12), 10, 10) == (
+        False,
+        12,
+    )
+    assert sorted(p for p, _, _ in _queued(store, "other")) == [9]
+    assert store.recv.sink_progress("a", "policy").entries_received == 3
+
+
+def test_a_lane_batch_is_checked_against_its_bounds_and_the_mark(store: QueueStore) -> None:
+    one = _key(1, 2)
+    last = _key(MAX_LANES, MAX_LANES)
+    assert store.recv.apply_lane_batch("a", "policy", MAX_LANES, MAX_LANES, [], 0, 0) == (False, 0)
+    assert store.recv.apply_lane_batch(
+        "a", "policy", MAX_LANES, MAX_LANES, _keyed(last, 1), 0, 0
+    ) == (True, 1)
+    with pytest.raises(ProtocolError, match="out of range"):
+        store.recv.apply_lane_batch("a", "policy", 1, MAX_LANES + 1, [], 0, 0)
+    with pytest.raises(ProtocolError, match="gap"):  # nothing of lane 1 held: it follows 0
+        store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 1, 0)
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 2, 3), 0, 0) == (True, 3)
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, [], 3, 3) == (False, 3)
+    # The entry at the low-water mark itself is held by the mark, its lane row forgotten.
+    assert store.recv.apply_lane_batch("a", "policy", 1, 2, _keyed(one, 3), 2, 3) == (False, 3)
+    assert [p for p, _, _ in _queued(store)] == [1, 2, 3]
 
 
 def test_a_snapshots_end_and_a_drop_notice_forget_the_lanes(store: QueueStore) -> None:
