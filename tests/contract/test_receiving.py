@@ -514,6 +514,21 @@ def test_a_store_told_not_to_notify_wakes_no_subscriber(store: QueueStore) -> No
         watch.close()
 
 
+def test_a_snapshot_batch_wakes_its_clients_subscribers(store: QueueStore) -> None:
+    """As a log batch does: on PostgreSQL by a notification naming the client (a
+    snapshot batch's stream lock announces nothing), on SQLite by the commit."""
+    woken: list[int] = []
+    watch = store.queues.watch_arrivals(WATCHED, lambda: woken.append(1))
+    assert watch is not None
+    try:
+        wait_for(lambda: woken == [1], what="the wake-up after LISTEN")
+        store.recv.apply_snapshot_batch("a", WATCHED, "s1", _snap("s1", 1, 2))
+        wait_for(lambda: len(woken) >= 2, what="the wake-up for the snapshot batch")
+        assert [p for p, _, _ in _queued(store, WATCHED)] == [1, 2]
+    finally:
+        watch.close()
+
+
 def test_no_notification_is_sent_once_the_notification_queue_is_at_its_limit(
     store: QueueStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
