@@ -160,6 +160,43 @@ def test_a_drop_notice_is_queued_once_and_rewinds(store: QueueStore) -> None:
     assert store.recv.sink_progress("a", "policy").last_position == 2  # never moved forward
 
 
+def test_a_drop_notice_is_its_own_streams(store: QueueStore) -> None:
+    """A notice id repeats per stream only; the rewind and the lanes forgotten are the
+    stream's own; the snapshot state it had stays; a drop of the first entry rewinds to 0."""
+    one = _key(1, 2)
+    before = time.time()
+    store.recv.apply_lane_batch("b", "policy", 1, 2, _keyed(one, 5), 0, 0)
+    store.recv.apply_snapshot_batch("a", "policy", "s1", _snap("s1", 1, end=2, base=3))
+    had = store.recv.sink_progress("a", "policy")
+    assert store.recv.apply_drop_notice("b", "policy", "n1", 1, "gone")
+    assert store.recv.apply_drop_notice("a", "policy", "n1", 1, "gone")  # not a repeat here
+    assert store.recv.apply_drop_notice("a", "other", "n1", 1, "gone")
+    now = store.recv.sink_progress("a", "policy")
+    assert (now.snapshot_state, now.snapshot_id, now.snapshot_position) == (
+        had.snapshot_state,
+        had.snapshot_id,
+        had.snapshot_position,
+    )
+    assert now.entries_received == had.entries_received > 0
+    assert store.recv.sink_progress("b", "policy").last_position == 0
+    drops = store.recv.list_sink_drops()
+    assert [(d.source_id, d.client_name) for d in drops] == [
+        ("a", "other"),
+        ("a", "policy"),
+        ("b", "policy"),
+    ]
+    assert all(before <= d.received_at <= time.time() for d in drops)
+    store.recv.apply_lane_batch("c", "policy", 1, 2, _keyed(one, 7), 0, 0)
+    store.recv.apply_lane_batch("b", "other", 1, 2, _keyed(one, 7), 0, 0)
+    assert store.recv.apply_drop_notice("b", "policy", "n2", 1, "again")
+    # The other streams' lane rows stay: their entries sent again are not applied twice.
+    assert store.recv.apply_lane_batch("c", "policy", 1, 2, _keyed(one, 7), 0, 0) == (False, 7)
+    assert store.recv.apply_lane_batch("b", "other", 1, 2, _keyed(one, 7), 0, 0) == (False, 7)
+    # A loss an operator accepted (an id "a..."): the position goes on past it.
+    assert store.recv.apply_drop_notice("b", "policy", "a1", 6, "skipped")
+    assert store.recv.sink_progress("b", "policy").last_position == 5
+
+
 def test_a_drop_notice_ends_a_partial_snapshot(store: QueueStore) -> None:
     store.recv.apply_log_batch("a", "policy", log(1))
     store.recv.apply_snapshot_batch("a", "policy", "s1", [WireEntry(1, SNAP, b"part", "s1")])
